@@ -1,0 +1,53 @@
+import type * as tf from '@tensorflow/tfjs-core';
+
+/** How a parameter's initial values are drawn (on the host, from the run's seed). */
+export type Init =
+  | { kind: 'zeros' }
+  | { kind: 'ones' }
+  | { kind: 'normal'; std: number }
+  /** Glorot/He-style uniform in [-limit, limit]. */
+  | { kind: 'uniform'; limit: number };
+
+/** One parameter of a block: its name (unique within the block), shape and initializer. */
+export interface ParamSpec {
+  name: string;
+  shape: number[];
+  init: Init;
+}
+
+/** A block's parameters as tensors, keyed by {@link ParamSpec.name}. */
+export type BlockParams = Record<string, tf.Tensor>;
+
+/**
+ * The unit of partitioning: a block declares its parameters and a pure forward function of
+ * (parameters, input) to output. It owns no device memory, so any strategy can place it on any
+ * device: the strategy creates the tensors for `params` and passes them in.
+ */
+export interface Block {
+  /** Human-readable name, e.g. `decoder3`. */
+  name: string;
+  params: ParamSpec[];
+  /** Output shape for an input of the given shape (batch dimension included). */
+  outputShape(inputShape: number[]): number[];
+  /** Forward pass. `x` has the shape the previous block produces (or the model's input). */
+  forward(p: BlockParams, x: tf.Tensor): tf.Tensor;
+  /** Floating-point operations of one forward pass for an input of this shape (for balancing). */
+  flops(inputShape: number[]): number;
+}
+
+/** Number of elements of a shape. */
+export function sizeOf(shape: readonly number[]): number {
+  let n = 1;
+  for (const d of shape) n *= d;
+  return n;
+}
+
+/** Number of parameters (elements) of a block. */
+export function paramCount(block: Block): number {
+  return block.params.reduce((s, p) => s + sizeOf(p.shape), 0);
+}
+
+/** Global parameter key: `<block index>.<param name>`, unique within a model. */
+export function paramKey(blockIndex: number, name: string): string {
+  return `${blockIndex}.${name}`;
+}

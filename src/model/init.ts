@@ -1,0 +1,41 @@
+import { Rng } from '../util/rng.js';
+import type { Block, Init } from './block.js';
+import { paramKey, sizeOf } from './block.js';
+
+/** A model's parameter values on the host, keyed by {@link paramKey}. fp32. */
+export type HostParams = Map<string, Float32Array>;
+
+function fill(init: Init, out: Float32Array, rng: Rng): void {
+  switch (init.kind) {
+    case 'zeros':
+      return;
+    case 'ones':
+      out.fill(1);
+      return;
+    case 'normal':
+      for (let i = 0; i < out.length; i++) out[i] = rng.normal() * init.std;
+      return;
+    case 'uniform':
+      for (let i = 0; i < out.length; i++) out[i] = (rng.next() * 2 - 1) * init.limit;
+      return;
+  }
+}
+
+/**
+ * Draws the initial parameters of blocks `[from, to)` on the host. Each parameter has its own
+ * random stream seeded by (seed, block index, parameter index), so the values do not depend on
+ * how the model is partitioned, on the device or on the backend: every strategy starts from
+ * exactly the same weights.
+ */
+export function initParams(blocks: readonly Block[], seed: number, from = 0, to = blocks.length): HostParams {
+  const out: HostParams = new Map();
+  for (let b = from; b < to; b++) {
+    blocks[b].params.forEach((spec, j) => {
+      const values = new Float32Array(sizeOf(spec.shape));
+      const rng = new Rng((Math.imul(seed + 1, 0x01000193) ^ Math.imul(b + 1, 0x9e3779b1) ^ Math.imul(j + 1, 0x85ebca6b)) >>> 0);
+      fill(spec.init, values, rng);
+      out.set(paramKey(b, spec.name), values);
+    });
+  }
+  return out;
+}

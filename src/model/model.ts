@@ -1,0 +1,109 @@
+/**
+ * A model is an ordered list of blocks plus a loss. It is built from a {@link ModelConfig},
+ * plain JSON, so that every worker thread can rebuild the same model from the same config.
+ */
+import type * as tf from '@tensorflow/tfjs-core';
+import { LayerwiseError, check } from '../errors.js';
+import type { Block } from './block.js';
+import { paramCount } from './block.js';
+import { softmaxCrossEntropy } from './layers.js';
+import { decoderBlock, embedding, lmHead } from './transformer.js';
+import { convBlock, denseBlock, features } from './vision.js';
+
+/** Character-level causal Transformer language model. */
+export interface CharLmConfig {
+  arch: 'charlm';
+  layers: number;
+  dModel: number;
+  heads: number;
+  context: number;
+  vocab: number;
+}
+/** Multi-layer perceptron classifier over images [H, W, C]. */
+export interface MlpConfig {
+  arch: 'mlp';
+  inputShape: [number, number, number];
+  hidden: number[];
+  classes: number;
+}
+/** Convolutional classifier: conv+pool blocks, then a hidden dense layer and the classifier. */
+export interface CnnConfig {
+  arch: 'cnn';
+  inputShape: [number, number, number];
+  channels: number[];
+  hidden: number;
+  classes: number;
+}
+export type ModelConfig = CharLmConfig | MlpConfig | CnnConfig;
+
+/** A built model: its blocks in order, input type and loss. */
+export interface Model {
+  config: ModelConfig;
+  blocks: Block[];
+  /** dtype of the model's input: int32 token ids or float32 pixels. */
+  inputDtype: 'int32' | 'float32';
+  /** Input shape for a batch of `n` examples. */
+  inputShape(n: number): number[];
+  /** Scalar mean loss of the last block's output (logits) against the labels. */
+  loss(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar;
+}
+
+/**
+ * Builds the blocks of a model. Throws {@link LayerwiseError} when the shape makes no sense
+ * (for example d_model not divisible by the number of heads).
+ */
+export function buildModel(config: ModelConfig): Model {
+  switch (config.arch) {
+    case 'charlm': {
+      const { layers, dModel, heads, context, vocab } = config;
+      for (const [k, v] of Object.entries({ layers, dModel, heads, context, vocab })) {
+        check(Number.isInteger(v) && v > 0, `model ${k} must be a positive integer, got ${v}`);
+      }
+      check(dModel % heads === 0, `--d-model ${dModel} must be divisible by --heads ${heads}`);
+      const blocks: Block[] = [embedding('embed', vocab, context, dModel)];
+      for (let i = 0; i < layers; i++) blocks.push(decoderBlock(`decoder${i}`, dModel, heads, layers));
+      blocks.push(lmHead('head', dModel, vocab));
+      return {
+        config, blocks, inputDtype: 'int32',
+        inputShape: (n) => [n, context],
+        loss: softmaxCrossEntropy,
+      };
+    }
+    case 'mlp': {
+      const sizes = [features(config.inputShape), ...config.hidden, config.classes];
+      const blocks = sizes.slice(1).map((out, i) => denseBlock(`dense${i}`, sizes[i], out, i < sizes.length - 2));
+      return {
+        config, blocks, inputDtype: 'float32',
+        inputShape: (n) => [n, ...config.inputShape],
+        loss: softmaxCrossEntropy,
+      };
+    }
+    case 'cnn': {
+      const [h, w, c] = config.inputShape;
+      const blocks: Block[] = [];
+      let shape = [1, h, w, c];
+      let cin = c;
+      config.channels.forEach((cout, i) => {
+        const b = convBlock(`conv${i}`, cin, cout);
+        blocks.push(b);
+        shape = b.outputShape(shape);
+        cin = cout;
+      });
+      const flat = features(shape.slice(1));
+      blocks.push(denseBlock('dense0', flat, config.hidden, true));
+      blocks.push(denseBlock('classifier', config.hidden, config.classes, false));
+      return {
+        config, blocks, inputDtype: 'float32',
+        inputShape: (n) => [n, ...config.inputShape],
+        loss: softmaxCrossEntropy,
+      };
+    }
+    default:
+      throw new LayerwiseError(`unknown model architecture ${(config as { arch: string }).arch}`);
+  }
+}
+
+/** Total number of parameters (elements) of a model. */
+export function modelParamCount(model: Model): number {
+  return model.blocks.reduce((s, b) => s + paramCount(b), 0);
+}

@@ -1,0 +1,138 @@
+/**
+ * Optimizers that run on a device, on one stage's parameters. Every strategy uses these, so a
+ * pipeline's per-stage updates are exactly the single-device updates.
+ *
+ * - SGD with momentum, PyTorch convention: v <- mu v + g; p <- p - lr v.
+ * - AdamW (Loshchilov & Hutter, 2019): Adam with bias correction and decoupled weight decay
+ *   p <- p - lr (m^ / (sqrt(v^) + eps) + wd p); weight decay applies to matrices and kernels
+ *   (rank >= 2), not to biases and layer-norm gains.
+ * Gradients are first multiplied by the global clipping scale (see {@link clipScale}).
+ */
+import * as tf from '@tensorflow/tfjs-core';
+import { LayerwiseError } from '../errors.js';
+
+export type OptimizerKind = 'sgd' | 'adamw';
+export const OPTIMIZER_KINDS: readonly OptimizerKind[] = ['sgd', 'adamw'];
+
+/** Optimizer hyper-parameters (plain JSON, sent to every stage). */
+export interface OptimizerConfig {
+  kind: OptimizerKind;
+  /** SGD momentum mu. */
+  momentum: number;
+  beta1: number;
+  beta2: number;
+  eps: number;
+  weightDecay: number;
+  /** Maximum global gradient L2 norm; 0 disables clipping. */
+  clipNorm: number;
+}
+
+/** Defaults: AdamW(0.9, 0.95, 1e-8), weight decay 0.01, clipping at norm 1. */
+export function defaultOptimizerConfig(kind: OptimizerKind = 'adamw'): OptimizerConfig {
+  if (!OPTIMIZER_KINDS.includes(kind)) {
+    throw new LayerwiseError(`unknown optimizer '${kind}'; valid: ${OPTIMIZER_KINDS.join(', ')}`);
+  }
+  return { kind, momentum: 0.9, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: kind === 'adamw' ? 0.01 : 0, clipNorm: 1 };
+}
+
+/**
+ * Global-norm clipping scale: min(1, maxNorm / (norm + 1e-6)) where norm = sqrt(sumSquares)
+ * is summed over every parameter of every stage. Returns 1 when maxNorm is 0.
+ */
+export function clipScale(sumSquares: number, maxNorm: number): number {
+  if (!(maxNorm > 0)) return 1;
+  const norm = Math.sqrt(sumSquares);
+  return Math.min(1, maxNorm / (norm + 1e-6));
+}
+
+/** Serialized optimizer state: step count and, per parameter, its slot arrays (m, v or velocity). */
+export interface OptimizerState {
+  step: number;
+  slots: Record<string, Record<string, Float32Array>>;
+}
+
+/** A device-side optimizer over named parameters. */
+export class DeviceOptimizer {
+  private step = 0;
+  private readonly slots = new Map<string, Record<string, tf.Variable>>();
+  constructor(readonly config: OptimizerConfig) {}
+
+  private slot(name: string, p: tf.Variable, key: string): tf.Variable {
+    let s = this.slots.get(name);
+    if (!s) this.slots.set(name, (s = {}));
+    if (!s[key]) s[key] = tf.variable(tf.zerosLike(p), false);
+    return s[key];
+  }
+
+  /**
+   * One update of every parameter that has a gradient. `grads` are the accumulated gradients
+   * (same shapes as the parameters); `lr` the learning rate of this step; `scale` the global
+   * clipping scale. Gradients are not disposed.
+   */
+  apply(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, lr: number, scale: number): void {
+    this.step++;
+    const c = this.config;
+    const t = this.step;
+    for (const [name, p] of params) {
+      const g0 = grads.get(name);
+      if (!g0) continue;
+      tf.tidy(() => {
+        const g = scale === 1 ? g0 : tf.mul(g0, scale);
+        if (c.kind === 'sgd') {
+          const gw = c.weightDecay > 0 ? tf.add(g, tf.mul(p, c.weightDecay)) : g;
+          if (c.momentum > 0) {
+            const v = this.slot(name, p, 'velocity');
+            v.assign(tf.add(tf.mul(v, c.momentum), gw));
+            p.assign(tf.sub(p, tf.mul(v, lr)));
+          } else {
+            p.assign(tf.sub(p, tf.mul(gw, lr)));
+          }
+        } else {
+          const m = this.slot(name, p, 'm');
+          const v = this.slot(name, p, 'v');
+          m.assign(tf.add(tf.mul(m, c.beta1), tf.mul(g, 1 - c.beta1)));
+          v.assign(tf.add(tf.mul(v, c.beta2), tf.mul(tf.square(g), 1 - c.beta2)));
+          const mhat = tf.div(m, 1 - c.beta1 ** t);
+          const vhat = tf.div(v, 1 - c.beta2 ** t);
+          let upd = tf.div(mhat, tf.add(tf.sqrt(vhat), c.eps));
+          if (c.weightDecay > 0 && p.rank >= 2) upd = tf.add(upd, tf.mul(p, c.weightDecay));
+          p.assign(tf.sub(p, tf.mul(upd, lr)));
+        }
+      });
+    }
+  }
+
+  /** Copies the state to the host (for checkpoints). */
+  getState(): OptimizerState {
+    const slots: OptimizerState['slots'] = {};
+    for (const [name, s] of this.slots) {
+      slots[name] = {};
+      for (const [k, v] of Object.entries(s)) slots[name][k] = (v.dataSync() as Float32Array).slice();
+    }
+    return { step: this.step, slots };
+  }
+
+  /** Restores a state from {@link getState}; shapes are taken from the parameters. */
+  setState(state: OptimizerState, params: Map<string, tf.Variable>): void {
+    this.dispose();
+    this.step = state.step;
+    for (const [name, s] of Object.entries(state.slots)) {
+      const p = params.get(name);
+      if (!p) throw new LayerwiseError(`optimizer state names parameter '${name}', which this model does not have`);
+      const rec: Record<string, tf.Variable> = {};
+      for (const [k, arr] of Object.entries(s)) {
+        if (arr.length !== p.size) {
+          throw new LayerwiseError(`optimizer state '${name}.${k}' has ${arr.length} values, parameter has ${p.size}`);
+        }
+        rec[k] = tf.variable(tf.tensor(arr, p.shape), false);
+      }
+      this.slots.set(name, rec);
+    }
+  }
+
+  /** Frees the slot tensors. */
+  dispose(): void {
+    for (const s of this.slots.values()) for (const v of Object.values(s)) v.dispose();
+    this.slots.clear();
+  }
+}

@@ -1,0 +1,85 @@
+/**
+ * Partitioning: cutting a model's blocks into K contiguous stages. A balance is the number of
+ * blocks per stage (torchgpipe's convention), e.g. [2, 3, 3] for 8 blocks on 3 stages.
+ */
+import { LayerwiseError } from '../errors.js';
+
+/** Half-open block range [from, to) of one stage. */
+export interface StageRange {
+  from: number;
+  to: number;
+}
+
+/**
+ * Checks a balance against the model: one entry per stage, each >= 1, summing to the number
+ * of blocks. Throws {@link LayerwiseError} saying which rule is broken and the valid range.
+ */
+export function validateBalance(balance: readonly number[], nBlocks: number, stages: number): void {
+  if (balance.length !== stages) {
+    throw new LayerwiseError(`balance ${balance.join(',')} has ${balance.length} entries but --stages is ${stages}; give one block count per stage`);
+  }
+  if (balance.some((b) => !Number.isInteger(b) || b < 1)) {
+    throw new LayerwiseError(`balance ${balance.join(',')} leaves a stage empty or is not whole numbers; every stage needs at least 1 block`);
+  }
+  const sum = balance.reduce((a, b) => a + b, 0);
+  if (sum !== nBlocks) {
+    throw new LayerwiseError(`balance ${balance.join(',')} sums to ${sum}, but the model has ${nBlocks} blocks; the entries must sum to ${nBlocks}`);
+  }
+}
+
+/** Parses `--balance 2,3,3`. Throws {@link LayerwiseError} on anything but comma-separated integers. */
+export function parseBalance(text: string): number[] {
+  const parts = text.split(',').map((s) => s.trim());
+  if (parts.some((p) => !/^\d+$/.test(p))) {
+    throw new LayerwiseError(`--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3`);
+  }
+  return parts.map(Number);
+}
+
+/**
+ * Exact block partition: splits `costs` (one per block, any unit) into `k` contiguous non-empty
+ * parts minimising the most expensive part (dynamic programme, O(k n^2)), as torchgpipe's
+ * balance does with its block-partition algorithm. Ties prefer earlier cuts.
+ * Throws {@link LayerwiseError} when k exceeds the number of blocks.
+ */
+export function balanceByCost(costs: readonly number[], k: number): number[] {
+  const n = costs.length;
+  if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
+  if (k > n) throw new LayerwiseError(`cannot cut ${n} blocks into ${k} stages: use at most ${n} stages`);
+  const prefix = [0];
+  for (const c of costs) prefix.push(prefix[prefix.length - 1] + c);
+  // best[j][i]: minimal max cost of cutting the first i blocks into j parts
+  const best = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(Infinity));
+  const cut = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(-1));
+  best[0][0] = 0;
+  for (let j = 1; j <= k; j++) {
+    for (let i = j; i <= n - (k - j); i++) {
+      for (let p = j - 1; p < i; p++) {
+        const v = Math.max(best[j - 1][p], prefix[i] - prefix[p]);
+        if (v < best[j][i]) {
+          best[j][i] = v;
+          cut[j][i] = p;
+        }
+      }
+    }
+  }
+  const sizes: number[] = [];
+  let i = n;
+  for (let j = k; j >= 1; j--) {
+    const p = cut[j][i];
+    sizes.unshift(i - p);
+    i = p;
+  }
+  return sizes;
+}
+
+/** Block ranges of each stage for a balance. */
+export function stageRanges(balance: readonly number[]): StageRange[] {
+  const out: StageRange[] = [];
+  let from = 0;
+  for (const b of balance) {
+    out.push({ from, to: from + b });
+    from += b;
+  }
+  return out;
+}

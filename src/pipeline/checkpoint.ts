@@ -1,0 +1,86 @@
+/**
+ * Re-materialization (activation checkpointing, Chen et al., 2016; GPipe section 2.3;
+ * torchgpipe's checkpoint.py), on TF.js's autodiff.
+ *
+ * TF.js computes gradients in one call (`tf.grads` runs f's forward on a tape and backprops at
+ * once), so on its own it can only *recompute*: keep the stage input, run forward again at
+ * backward time. That is {@link backwardRecompute}, used by `--checkpoint always` and for
+ * every micro-batch but the last under `except_last`.
+ *
+ * To really *keep* the forward activations (`--checkpoint never`) this module splits the
+ * engine's gradient call in two: {@link recordForward} runs the forward with the engine's tape
+ * on and takes the tape (its nodes hold the saved activations), and {@link backwardRecorded}
+ * later hands that tape back to the engine's own backprop, which then frees the saved tensors.
+ * This relies on the engine's tape fields (`startTape`, `endTape`, `state.activeTape`), which
+ * are internal to tfjs-core 4.x; the tests in checkpoint.test.ts pin that behaviour.
+ */
+import * as tf from '@tensorflow/tfjs-core';
+
+interface TapeEngine {
+  startTape(): void;
+  endTape(): void;
+  state: { activeTape: unknown[] | null; gradientDepth: number };
+}
+
+function engine(): TapeEngine {
+  return tf.engine() as unknown as TapeEngine;
+}
+
+/** A forward pass whose activations are kept on the device until {@link backwardRecorded}. */
+export interface Recorded {
+  /** Output of the forward function. */
+  y: tf.Tensor;
+  /** The engine's tape nodes of the forward; each holds the activations its gradient needs. */
+  tape: unknown[];
+}
+
+/**
+ * Runs `f` with the gradient tape on and keeps the tape (and with it the activations) for a
+ * later backward. Must not be called inside another gradient computation.
+ */
+export function recordForward(f: () => tf.Tensor): Recorded {
+  const e = engine();
+  if (e.state.gradientDepth !== 0) throw new Error('recordForward cannot run inside a gradient computation');
+  e.startTape();
+  let y: tf.Tensor;
+  let tape: unknown[];
+  try {
+    y = tf.tidy(f);
+  } finally {
+    tape = e.state.activeTape ?? [];
+    e.endTape();
+    e.state.activeTape = null;
+  }
+  return { y, tape };
+}
+
+/**
+ * Backward of a recorded forward: gradients of rec.y (weighted by `dy`, same shape as rec.y)
+ * with respect to `xs`, which must have been inputs of the recorded forward. Frees the kept
+ * activations and rec.y. Throws when some x does not influence y.
+ */
+export function backwardRecorded(rec: Recorded, xs: tf.Tensor[], dy: tf.Tensor): tf.Tensor[] {
+  const grads = tf.grads(() => {
+    engine().state.activeTape!.push(...rec.tape);
+    return rec.y;
+  })(xs, dy);
+  rec.tape = [];
+  rec.y.dispose(); // created outside tf.grads' scope, so not freed by it
+  return grads;
+}
+
+/** Frees a recorded forward that will never be backpropagated (for example after an error). */
+export function disposeRecorded(rec: Recorded): void {
+  for (const node of rec.tape as Array<{ saved?: tf.Tensor[] }>) node.saved?.forEach((t) => t.dispose());
+  rec.tape = [];
+  rec.y.dispose();
+}
+
+/**
+ * Backward by re-materialization: runs `f(...xs)` again and backpropagates `dy` through it in
+ * one engine call. Returns the gradients with respect to `xs`; the recomputed activations are
+ * freed before returning.
+ */
+export function backwardRecompute(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], dy: tf.Tensor): tf.Tensor[] {
+  return tf.grads(f)(xs, dy);
+}

@@ -1,0 +1,113 @@
+/**
+ * The one executor: interprets a stage's action list (see schedule/schedule.ts) against a
+ * {@link Stage} and the stage's links to its neighbours. Every schedule (GPipe fill-drain,
+ * 1F1B, evaluation) runs through this loop; strategies only choose the lists.
+ */
+import type { tf } from '../runtime/tfjs.js';
+import type { Action } from '../schedule/schedule.js';
+import type { Stage } from './stage.js';
+
+/** How a stage talks to the rest of the pipeline. */
+export interface StageLinks {
+  /** Next activation from the previous stage (FIFO). */
+  recvActivation(): Promise<{ mb: number; t: tf.Tensor }>;
+  /** Sends an activation to the next stage; the tensor is disposed by the link. */
+  sendActivation(mb: number, t: tf.Tensor): void;
+  /** Next output gradient from the next stage (FIFO). */
+  recvGradient(): Promise<{ mb: number; t: tf.Tensor }>;
+  /** Sends an input gradient to the previous stage; the tensor is disposed by the link. */
+  sendGradient(mb: number, t: tf.Tensor): void;
+  /** All-reduce of squared gradient norms: returns the global clipping scale. */
+  reduceGradNorm(sumSquares: number): Promise<number>;
+}
+
+/** What one step of the executor is given. */
+export interface StepInputs {
+  /** First stage: the inputs of each micro-batch. */
+  inputs?: tf.Tensor[];
+  /** Last stage: the labels of each micro-batch. */
+  labels?: tf.Tensor[];
+  /** Number of micro-batches M. */
+  m: number;
+  /** Learning rate of this step. */
+  lr: number;
+}
+
+/** One executed action: op, micro-batch and its start/end in ms since the step began. */
+export interface TraceSpan {
+  label: string;
+  op: Action['op'];
+  mb: number;
+  start: number;
+  end: number;
+}
+
+/**
+ * Runs `actions` in order. Receives must match the schedule's micro-batch order (channels are
+ * FIFO); a mismatch is a schedule bug and throws. Returns the trace of the step.
+ */
+export async function execute(stage: Stage, actions: readonly Action[], links: StageLinks, inp: StepInputs): Promise<TraceSpan[]> {
+  const t0 = performance.now();
+  const trace: TraceSpan[] = [];
+  const pendingIn = new Map<number, tf.Tensor>();
+  const pendingOut = new Map<number, tf.Tensor>();
+  const pendingGradIn = new Map<number, tf.Tensor>();
+  const pendingGradOut = new Map<number, tf.Tensor>();
+  let scale = 1;
+  const expect = (got: number, want: number, what: string) => {
+    if (got !== want) throw new Error(`stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`);
+  };
+  for (const a of actions) {
+    const start = performance.now() - t0;
+    const mb = 'mb' in a ? a.mb : -1;
+    switch (a.op) {
+      case 'recv_act': {
+        const { mb: got, t } = await links.recvActivation();
+        expect(got, a.mb, 'activation');
+        pendingIn.set(a.mb, t);
+        break;
+      }
+      case 'forward': {
+        const x = stage.isFirst ? inp.inputs![a.mb] : pendingIn.get(a.mb);
+        if (!x) throw new Error(`forward of micro-batch ${a.mb} has no input`);
+        pendingIn.delete(a.mb);
+        const y = stage.forward(a.mb, x, { keep: a.keep, grad: a.grad, labels: stage.isLast ? inp.labels![a.mb] : undefined });
+        if (y) pendingOut.set(a.mb, y);
+        break;
+      }
+      case 'send_act':
+        links.sendActivation(a.mb, take(pendingOut, a.mb, 'send_act'));
+        break;
+      case 'recv_grad': {
+        const { mb: got, t } = await links.recvGradient();
+        expect(got, a.mb, 'gradient');
+        pendingGradIn.set(a.mb, t);
+        break;
+      }
+      case 'backward': {
+        const dy = stage.isLast ? null : take(pendingGradIn, a.mb, 'backward');
+        const dx = stage.backward(a.mb, dy, inp.m);
+        if (dx) pendingGradOut.set(a.mb, dx);
+        break;
+      }
+      case 'send_grad':
+        links.sendGradient(a.mb, take(pendingGradOut, a.mb, 'send_grad'));
+        break;
+      case 'reduce_grad_norm':
+        scale = await links.reduceGradNorm(stage.gradSquaredNorm());
+        break;
+      case 'optimizer_step':
+        stage.step(inp.lr, scale);
+        break;
+    }
+    trace.push({ label: a.op, op: a.op, mb, start, end: performance.now() - t0 });
+  }
+  return trace;
+}
+
+function take(m: Map<number, tf.Tensor>, mb: number, what: string): tf.Tensor {
+  const t = m.get(mb);
+  if (!t) throw new Error(`${what} of micro-batch ${mb}: nothing to use (schedule out of order)`);
+  m.delete(mb);
+  return t;
+}

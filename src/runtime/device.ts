@@ -1,0 +1,73 @@
+/**
+ * The main thread's handle on one device: a worker thread running runtime/worker.js, spoken to
+ * with a small request/reply protocol over a {@link Channel}. A worker that crashes or exits
+ * rejects every pending call, so a failing stage stops the whole run.
+ */
+import { Worker, type TransferListItem } from 'node:worker_threads';
+import { Channel, type Message } from './channel.js';
+import type { StageApi } from './protocol.js';
+
+interface Reply extends Message {
+  id: number;
+  result?: unknown;
+  error?: { name: string; message: string; stack?: string };
+}
+
+/** Error raised in a stage worker, carrying the stage index. */
+export class StageError extends Error {
+  override readonly name = 'StageError';
+  constructor(readonly stage: number, message: string, readonly causeName?: string) {
+    super(`stage ${stage}: ${message}`);
+  }
+}
+
+export class StageWorker {
+  private readonly worker: Worker;
+  private readonly ch: Channel;
+  private nextId = 0;
+  private closed = false;
+  /** Resolves when the worker thread has exited. */
+  readonly exited: Promise<number>;
+
+  constructor(readonly index: number) {
+    this.worker = new Worker(new URL('./worker.js', import.meta.url));
+    this.ch = new Channel(this.worker);
+    this.worker.on('error', (e) => this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)));
+    this.exited = new Promise((resolve) => {
+      this.worker.on('exit', (code) => {
+        if (!this.closed) this.ch.fail(new StageError(index, `worker exited with code ${code}`));
+        resolve(code);
+      });
+    });
+  }
+
+  /** Calls a worker method and waits for its reply. Throws {@link StageError} on failure. */
+  async call<K extends keyof StageApi>(method: K, args: StageApi[K][0], transfer: readonly TransferListItem[] = []): Promise<StageApi[K][1]> {
+    const id = this.nextId++;
+    this.ch.send({ type: 'request', id, method, args }, transfer);
+    const r = await this.ch.recv<Reply>('reply');
+    if (r.id !== id) throw new StageError(this.index, `protocol error: reply ${r.id} to request ${id}`);
+    if (r.error) {
+      const e = new StageError(this.index, r.error.message, r.error.name);
+      if (r.error.stack) e.stack = `${e.message}\n--- in the worker ---\n${r.error.stack}`;
+      throw e;
+    }
+    return r.result as StageApi[K][1];
+  }
+
+  /** Waits for the stage's squared gradient norm (during a step's reduce_grad_norm). */
+  async recvGradNorm(): Promise<number> {
+    return (await this.ch.recv<Message & { sumSquares: number }>('norm')).sumSquares;
+  }
+
+  /** Sends the global clipping scale back. */
+  sendScale(scale: number): void {
+    this.ch.send({ type: 'scale', scale });
+  }
+
+  /** Stops the worker thread at once. */
+  async terminate(): Promise<void> {
+    this.closed = true;
+    await this.worker.terminate();
+  }
+}

@@ -1,0 +1,55 @@
+import type { MessagePort } from 'node:worker_threads';
+/** Messages between the main thread and a stage worker, and between neighbouring stages. */
+import type { ModelConfig } from '../model/model.js';
+import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
+import type { StageRange } from '../partition/balance.js';
+import type { Action } from '../schedule/schedule.js';
+import type { TraceSpan } from '../pipeline/executor.js';
+import type { WireTensor } from './serialize.js';
+
+/** Everything a worker needs to become stage `index` of a pipeline. */
+export interface StageInit {
+  index: number;
+  backend: string;
+  model: ModelConfig;
+  range: StageRange;
+  /** Initial parameter values of this stage's blocks, by parameter key. */
+  params: Record<string, Float32Array>;
+  optimizer: OptimizerConfig;
+  /** Port to the previous stage (absent on the first stage). */
+  prev?: MessagePort;
+  /** Port to the next stage (absent on the last stage). */
+  next?: MessagePort;
+}
+
+/** One training (or evaluation) step of one stage. */
+export interface StageStep {
+  actions: Action[];
+  inputs?: WireTensor[];
+  labels?: WireTensor[];
+  m: number;
+  lr: number;
+}
+
+/** What a stage reports after a step. */
+export interface StageStepResult {
+  /** Loss of each micro-batch (last stage only), in micro-batch order. */
+  losses: number[];
+  trace: TraceSpan[];
+  /** Peak bytes held by the device during the step. */
+  peakBytes: number;
+  /** Bytes held after the step (parameters, optimizer state). */
+  bytes: number;
+  /** Wall time of the step on this stage, ms. */
+  ms: number;
+}
+
+/** Methods of the worker's request/reply protocol and their arguments and results. */
+export interface StageApi {
+  init: [StageInit, { bytes: number }];
+  step: [StageStep, StageStepResult];
+  getParams: [null, Record<string, Float32Array>];
+  getOptimizerState: [null, OptimizerState];
+  setOptimizerState: [OptimizerState, null];
+  dispose: [null, null];
+}

@@ -1,0 +1,37 @@
+/**
+ * Moving tensors between devices: a tensor becomes {shape, dtype, data} with its own
+ * ArrayBuffer, which postMessage transfers (zero-copy between threads) when listed in the
+ * transfer list.
+ */
+import { tf } from './tfjs.js';
+
+/** A tensor on the wire. `data` holds exactly the tensor's elements (float32 or int32). */
+export interface WireTensor {
+  shape: number[];
+  dtype: 'float32' | 'int32';
+  data: Float32Array | Int32Array;
+}
+
+/**
+ * Copies a tensor to the host and disposes it. The copy is always fresh: some backends (cpu)
+ * return their own storage from dataSync, which other tensors may share and which must not be
+ * transferred away.
+ */
+export function toWire(t: tf.Tensor): WireTensor {
+  const data = (t.dataSync() as Float32Array | Int32Array).slice();
+  const w: WireTensor = { shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32', data };
+  t.dispose();
+  return w;
+}
+
+/** Creates a device tensor from a wire tensor. */
+export function fromWire(w: WireTensor): tf.Tensor {
+  return tf.tensor(w.data, w.shape, w.dtype);
+}
+
+/** The transfer list for wire tensors (their buffers). */
+export function transferables(ws: Iterable<WireTensor | undefined>): ArrayBuffer[] {
+  const out: ArrayBuffer[] = [];
+  for (const w of ws) if (w && !out.includes(w.data.buffer as ArrayBuffer)) out.push(w.data.buffer as ArrayBuffer);
+  return out;
+}

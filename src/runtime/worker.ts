@@ -1,0 +1,133 @@
+/**
+ * Entry point of a stage worker: one worker thread = one device = one TF.js engine with its own
+ * backend. It owns one {@link Stage} and runs the schedule the main thread sends for each step,
+ * exchanging activations and gradients directly with its neighbour stages over MessagePorts.
+ */
+import { parentPort } from 'node:worker_threads';
+import { initBackend } from '../backend/index.js';
+import { buildModel } from '../model/model.js';
+import { execute, type StageLinks } from '../pipeline/executor.js';
+import { Stage } from '../pipeline/stage.js';
+import { Channel, type Message } from './channel.js';
+import { peakBytes, deviceBytes, resetPeakBytes } from './memory.js';
+import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
+import { fromWire, toWire, transferables, type WireTensor } from './serialize.js';
+import { tf } from './tfjs.js';
+
+if (!parentPort) throw new Error('runtime/worker.js must run in a worker thread');
+const main = new Channel(parentPort);
+let stage: Stage | null = null;
+let prev: Channel | null = null;
+let next: Channel | null = null;
+
+interface TensorMessage extends Message {
+  mb: number;
+  tensor: WireTensor;
+}
+
+function sendTensor(ch: Channel | null, type: string, mb: number, t: tf.Tensor): void {
+  if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
+  const w = toWire(t);
+  ch.send({ type, mb, tensor: w }, transferables([w]));
+}
+
+async function recvTensor(ch: Channel | null, type: string): Promise<{ mb: number; t: tf.Tensor }> {
+  if (!ch) throw new Error(`stage has no neighbour to receive ${type} from`);
+  const m = await ch.recv<TensorMessage>(type);
+  return { mb: m.mb, t: fromWire(m.tensor) };
+}
+
+const links: StageLinks = {
+  recvActivation: () => recvTensor(prev, 'act'),
+  sendActivation: (mb, t) => sendTensor(next, 'act', mb, t),
+  recvGradient: () => recvTensor(next, 'grad'),
+  sendGradient: (mb, t) => sendTensor(prev, 'grad', mb, t),
+  async reduceGradNorm(sumSquares) {
+    main.send({ type: 'norm', sumSquares });
+    const m = await main.recv<Message & { scale: number }>('scale');
+    return m.scale;
+  },
+};
+
+function need(): Stage {
+  if (!stage) throw new Error('stage used before init');
+  return stage;
+}
+
+const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]> } = {
+  async init(a: StageInit) {
+    await initBackend(a.backend);
+    const model = buildModel(a.model);
+    stage = new Stage(model, a.range, new Map(Object.entries(a.params)), a.optimizer);
+    prev = a.prev ? new Channel(a.prev) : null;
+    next = a.next ? new Channel(a.next) : null;
+    resetPeakBytes();
+    return { bytes: deviceBytes() };
+  },
+  async step(a: StageStep) {
+    const s = need();
+    const t0 = performance.now();
+    resetPeakBytes();
+    s.losses.clear();
+    const inputs = a.inputs?.map(fromWire);
+    const labels = a.labels?.map(fromWire);
+    const trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
+    const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
+    const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), ms: performance.now() - t0 };
+    return r;
+  },
+  async getParams() {
+    return Object.fromEntries(need().getParams());
+  },
+  async getOptimizerState() {
+    return need().getOptimizerState();
+  },
+  async setOptimizerState(st) {
+    need().setOptimizerState(st);
+    return null;
+  },
+  async dispose() {
+    stage?.dispose();
+    stage = null;
+    return null;
+  },
+};
+
+interface Request extends Message {
+  id: number;
+  method: keyof StageApi;
+  args: unknown;
+}
+
+async function serve(): Promise<void> {
+  for (;;) {
+    const req = await main.recv<Request>('request');
+    try {
+      const handler = handlers[req.method] as (a: unknown) => Promise<unknown>;
+      if (!handler) throw new Error(`unknown worker method ${req.method}`);
+      const result = await handler(req.args);
+      main.send({ type: 'reply', id: req.id, result }, collectBuffers(result));
+    } catch (e) {
+      const err = e as Error;
+      main.send({ type: 'reply', id: req.id, error: { name: err.name, message: err.message, stack: err.stack } });
+      stage?.zeroGrad();
+    }
+  }
+}
+
+/** Typed-array buffers in a reply, transferred rather than copied. */
+function collectBuffers(v: unknown): ArrayBuffer[] {
+  const out = new Set<ArrayBuffer>();
+  const walk = (x: unknown, depth: number) => {
+    if (depth > 4 || x === null || typeof x !== 'object') return;
+    if (ArrayBuffer.isView(x)) {
+      if (x.byteOffset === 0 && x.byteLength === x.buffer.byteLength && !(x.buffer instanceof SharedArrayBuffer)) out.add(x.buffer as ArrayBuffer);
+      return;
+    }
+    for (const y of Object.values(x)) walk(y, depth + 1);
+  };
+  walk(v, 0);
+  return [...out];
+}
+
+void serve();

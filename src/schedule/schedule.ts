@@ -1,0 +1,178 @@
+/**
+ * Pipeline schedules as plain data, in the spirit of PyTorch pipelining
+ * (torch/distributed/pipelining/schedules.py): a schedule is, for each stage, the ordered list
+ * of actions it performs in one training step. One executor ({@link ../pipeline/executor.ts})
+ * interprets any schedule; a new schedule is only a new list.
+ *
+ * Actions print compactly as `<stage><kind><micro-batch>` (e.g. `1F3` = stage 1, forward of
+ * micro-batch 3), which makes schedules easy to test, to compare and to show in a trace.
+ */
+import { LayerwiseError } from '../errors.js';
+
+/** Re-materialization (activation checkpointing) modes, as in torchgpipe. */
+export type CheckpointMode = 'always' | 'except_last' | 'never';
+export const CHECKPOINT_MODES: readonly CheckpointMode[] = ['always', 'except_last', 'never'];
+
+/** Schedules this executor understands. */
+export type ScheduleKind = 'gpipe' | '1f1b';
+export const SCHEDULE_KINDS: readonly ScheduleKind[] = ['gpipe', '1f1b'];
+
+/** One step of one stage's work. `mb` is the micro-batch index in [0, M). */
+export type Action =
+  /** Wait for micro-batch mb's activation from the previous stage. */
+  | { op: 'recv_act'; mb: number }
+  /**
+   * Forward pass of micro-batch mb. `keep`: keep the forward activations for backward
+   * (no re-materialization); otherwise only the input is kept and backward recomputes.
+   * `grad: false` (evaluation) keeps nothing.
+   */
+  | { op: 'forward'; mb: number; keep: boolean; grad: boolean }
+  /** Send micro-batch mb's output activation to the next stage. */
+  | { op: 'send_act'; mb: number }
+  /** Wait for the gradient of micro-batch mb's output from the next stage. */
+  | { op: 'recv_grad'; mb: number }
+  /** Backward pass of micro-batch mb, accumulating parameter gradients. */
+  | { op: 'backward'; mb: number }
+  /** Send the gradient of micro-batch mb's input to the previous stage. */
+  | { op: 'send_grad'; mb: number }
+  /** Contribute this stage's squared gradient norm and receive the global clipping scale. */
+  | { op: 'reduce_grad_norm' }
+  /** One optimizer step on the accumulated gradients; gradients are reset. */
+  | { op: 'optimizer_step' };
+
+/** Per stage, the list of its actions for one mini-batch. */
+export type Schedule = Action[][];
+
+const SHORT: Record<Action['op'], string> = {
+  recv_act: 'RA', forward: 'F', send_act: 'SA', recv_grad: 'RG', backward: 'B', send_grad: 'SG',
+  reduce_grad_norm: 'NORM', optimizer_step: 'STEP',
+};
+
+/** Compact text form of an action: `1F3`, `0B0`, `2STEP`. Forwards that recompute nothing print `F`, kept ones `Fk`. */
+export function formatAction(stage: number, a: Action): string {
+  const kind = a.op === 'forward' && a.keep && a.grad ? 'Fk' : SHORT[a.op];
+  return 'mb' in a ? `${stage}${kind}${a.mb}` : `${stage}${kind}`;
+}
+
+/** One line per stage, actions separated by spaces. */
+export function formatSchedule(s: Schedule): string {
+  return s.map((acts, k) => acts.map((a) => formatAction(k, a)).join(' ')).join('\n');
+}
+
+function checkArgs(m: number, k: number): void {
+  if (!Number.isInteger(m) || m < 1) throw new LayerwiseError(`micro-batches must be a positive integer, got ${m}`);
+  if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
+}
+
+/** Whether micro-batch mb keeps its forward activations under a re-materialization mode. */
+export function keepsActivations(mode: CheckpointMode, mb: number, m: number): boolean {
+  return mode === 'never' || (mode === 'except_last' && mb === m - 1);
+}
+
+/**
+ * GPipe's clock cycles (Huang et al., 2019; torchgpipe's `clock_cycles`): at tick t, every
+ * (micro-batch i, stage j) with i + j = t runs. For m = 4 micro-batches and n = 3 stages:
+ *
+ *     tick  stage0  stage1  stage2
+ *      0     F0
+ *      1     F1      F0
+ *      2     F2      F1      F0
+ *      3     F3      F2      F1
+ *      4             F3      F2
+ *      5                     F3
+ *
+ * Backward runs the same table mirrored (last micro-batch first, from the last stage).
+ * Yields, per tick, the list of [micro-batch, stage] pairs.
+ */
+export function* clockCycles(m: number, n: number): Generator<Array<[number, number]>> {
+  for (let t = 0; t < m + n - 1; t++) {
+    const pairs: Array<[number, number]> = [];
+    for (let j = Math.max(0, t - m + 1); j < Math.min(n, t + 1); j++) pairs.push([t - j, j]);
+    yield pairs;
+  }
+}
+
+function fwd(stage: number, k: number, mb: number, keep: boolean, grad = true): Action[] {
+  const out: Action[] = [];
+  if (stage > 0) out.push({ op: 'recv_act', mb });
+  out.push({ op: 'forward', mb, keep, grad });
+  if (stage < k - 1) out.push({ op: 'send_act', mb });
+  return out;
+}
+
+function bwd(stage: number, k: number, mb: number): Action[] {
+  const out: Action[] = [];
+  if (stage < k - 1) out.push({ op: 'recv_grad', mb });
+  out.push({ op: 'backward', mb });
+  if (stage > 0) out.push({ op: 'send_grad', mb });
+  return out;
+}
+
+const STEP: Action[] = [{ op: 'reduce_grad_norm' }, { op: 'optimizer_step' }];
+
+/**
+ * GPipe fill-drain schedule for m micro-batches on k stages: every stage runs all forwards in
+ * order, then all backwards in reverse order, then one synchronous optimizer step.
+ * Throws {@link LayerwiseError} for m < 1 or k < 1.
+ */
+export function gpipeSchedule(m: number, k: number, mode: CheckpointMode): Schedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const acts: Action[] = [];
+    for (let i = 0; i < m; i++) acts.push(...fwd(s, k, i, keepsActivations(mode, i, m)));
+    for (let i = m - 1; i >= 0; i--) acts.push(...bwd(s, k, i));
+    return [...acts, ...STEP];
+  });
+}
+
+/**
+ * 1F1B (PipeDream-Flush, Narayanan et al., 2021): stage s runs min(k - s - 1, m) warm-up
+ * forwards, then alternates one forward and one backward, then drains the remaining
+ * backwards. Same bubble as GPipe, but at most k - s micro-batches are in flight per stage.
+ */
+export function oneFOneBSchedule(m: number, k: number, mode: CheckpointMode): Schedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const acts: Action[] = [];
+    const warm = Math.min(k - s - 1, m);
+    let f = 0;
+    let b = 0;
+    for (; f < warm; f++) acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
+    while (b < m) {
+      if (f < m) {
+        acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
+        f++;
+      }
+      acts.push(...bwd(s, k, b));
+      b++;
+    }
+    return [...acts, ...STEP];
+  });
+}
+
+/** Forward-only schedule for evaluation: nothing is kept for backward. */
+export function evalSchedule(m: number, k: number): Schedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const acts: Action[] = [];
+    for (let i = 0; i < m; i++) acts.push(...fwd(s, k, i, false, false));
+    return acts;
+  });
+}
+
+/** The training schedule of a kind. */
+export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: CheckpointMode): Schedule {
+  switch (kind) {
+    case 'gpipe':
+      return gpipeSchedule(m, k, mode);
+    case '1f1b':
+      return oneFOneBSchedule(m, k, mode);
+    default:
+      throw new LayerwiseError(`unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`);
+  }
+}
+
+/** Bubble fraction of a fill-drain pipeline with equal stages: (K - 1) / (M + K - 1). */
+export function idealBubble(m: number, k: number): number {
+  return (k - 1) / (m + k - 1);
+}

@@ -1,0 +1,167 @@
+/**
+ * Pipeline-parallel training on worker-thread stages (GPipe, Huang et al., 2019): the blocks
+ * are cut into K stages, each on its own device (worker thread, own TF.js engine); the
+ * mini-batch is split into M micro-batches that flow through the stages following a schedule
+ * (fill-drain or 1F1B); gradients accumulate over the micro-batches and every stage steps its
+ * optimizer once per mini-batch, after an all-reduce of the gradient norm for global clipping.
+ *
+ * The single-device reference is the same machinery with K = 1 and M = 1 and no
+ * re-materialization: one worker runs plain backprop over the whole model.
+ */
+import type { Batch } from '../data/batcher.js';
+import type { HostParams } from '../model/init.js';
+import type { ModelConfig } from '../model/model.js';
+import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
+import { splitMicroBatches } from '../pipeline/microbatch.js';
+import type { StageRange } from '../partition/balance.js';
+import { StageWorker } from '../runtime/device.js';
+import type { StageStepResult } from '../runtime/protocol.js';
+import { transferables, type WireTensor } from '../runtime/serialize.js';
+import { evalSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import type { StepReport, Strategy } from './strategy.js';
+import { MessageChannel } from 'node:worker_threads';
+
+export interface PipelineOptions {
+  name: string;
+  backend: string;
+  model: ModelConfig;
+  ranges: StageRange[];
+  microBatches: number;
+  checkpoint: CheckpointMode;
+  schedule: ScheduleKind;
+  optimizer: OptimizerConfig;
+}
+
+export class PipelineStrategy implements Strategy {
+  readonly name: string;
+  readonly devices: number;
+  private readonly train: Schedule;
+  private closed = false;
+
+  private constructor(private readonly opts: PipelineOptions, private readonly workers: StageWorker[]) {
+    this.name = opts.name;
+    this.devices = workers.length;
+    this.train = makeSchedule(opts.schedule, opts.microBatches, workers.length, opts.checkpoint);
+  }
+
+  /**
+   * Starts one worker per stage, links neighbours with MessageChannels and uploads each stage's
+   * initial parameters. Throws (after stopping the workers) if any stage fails to start.
+   */
+  static async create(opts: PipelineOptions, params: HostParams): Promise<PipelineStrategy> {
+    const k = opts.ranges.length;
+    const workers = Array.from({ length: k }, (_, i) => new StageWorker(i));
+    const s = new PipelineStrategy(opts, workers);
+    try {
+      const links = Array.from({ length: k - 1 }, () => new MessageChannel());
+      await Promise.all(workers.map((w, i) => {
+        const r = opts.ranges[i];
+        const own: Record<string, Float32Array> = {};
+        for (const [key, v] of params) {
+          const block = Number(key.slice(0, key.indexOf('.')));
+          if (block >= r.from && block < r.to) own[key] = v.slice();
+        }
+        const prev = i > 0 ? links[i - 1].port2 : undefined;
+        const next = i < k - 1 ? links[i].port1 : undefined;
+        const transfer = [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev] : []), ...(next ? [next] : [])];
+        return w.call('init', { index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, prev, next }, transfer);
+      }));
+    } catch (e) {
+      await s.close();
+      throw e;
+    }
+    return s;
+  }
+
+  /** Runs one schedule on every stage; all-reduces the gradient norm when the schedule steps. */
+  private async run(schedule: Schedule, batch: Batch, lr: number, reduce: boolean): Promise<StageStepResult[]> {
+    const m = this.opts.microBatches;
+    const k = this.workers.length;
+    const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
+    const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
+    const calls = this.workers.map((w, i) => {
+      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: i === k - 1 ? labels : undefined };
+      return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as WireTensor[]));
+    });
+    const all = Promise.all(calls);
+    try {
+      if (reduce) {
+        const norms = Promise.all(this.workers.map((w) => w.recvGradNorm())).then((sq) => {
+          const scale = clipScale(sq.reduce((a, b) => a + b, 0), this.opts.optimizer.clipNorm);
+          for (const w of this.workers) w.sendScale(scale);
+        });
+        norms.catch(() => undefined); // a failing stage is reported through `all`
+        // a stage that fails before its norm rejects `all`, which ends the wait
+        await Promise.race([norms, all]);
+      }
+      return await all;
+    } catch (e) {
+      all.catch(() => undefined);
+      await this.close();
+      throw e;
+    }
+  }
+
+  async trainStep(batch: Batch, lr: number): Promise<StepReport> {
+    const results = await this.run(this.train, batch, lr, true);
+    return report(results);
+  }
+
+  async evaluate(batches: Batch[]): Promise<number> {
+    const sched = evalSchedule(this.opts.microBatches, this.workers.length);
+    let sum = 0;
+    let n = 0;
+    for (const b of batches) {
+      const rs = await this.run(sched, b, 0, false);
+      for (const l of rs[rs.length - 1].losses) {
+        sum += l;
+        n++;
+      }
+    }
+    return n ? sum / n : NaN;
+  }
+
+  async getParams(): Promise<HostParams> {
+    const parts = await Promise.all(this.workers.map((w) => w.call('getParams', null)));
+    return new Map(parts.flatMap((p) => Object.entries(p)));
+  }
+
+  async getOptimizerState(): Promise<OptimizerState> {
+    const parts = await Promise.all(this.workers.map((w) => w.call('getOptimizerState', null)));
+    return { step: parts[0].step, slots: Object.assign({}, ...parts.map((p) => p.slots)) };
+  }
+
+  async setOptimizerState(s: OptimizerState): Promise<void> {
+    await Promise.all(this.workers.map((w, i) => {
+      const r = this.opts.ranges[i];
+      const slots: OptimizerState['slots'] = {};
+      for (const [key, v] of Object.entries(s.slots)) {
+        const block = Number(key.slice(0, key.indexOf('.')));
+        if (block >= r.from && block < r.to) slots[key] = v;
+      }
+      return w.call('setOptimizerState', { step: s.step, slots });
+    }));
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.all(this.workers.map((w) => w.terminate()));
+  }
+}
+
+/** Mean loss and per-stage measurements of one step. */
+function report(results: StageStepResult[]): StepReport {
+  const losses = results[results.length - 1].losses;
+  const waits = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm']);
+  return {
+    loss: losses.reduce((a, b) => a + b, 0) / losses.length,
+    peakBytes: results.map((r) => r.peakBytes),
+    stageSeconds: results.map((r) => r.ms / 1000),
+    bubble: results.map((r) => {
+      const idle = r.trace.filter((t) => waits.has(t.op)).reduce((a, t) => a + (t.end - t.start), 0);
+      return r.ms > 0 ? idle / r.ms : 0;
+    }),
+    traces: results.map((r) => r.trace),
+  };
+}

@@ -1,0 +1,42 @@
+/**
+ * The interface every training strategy implements, so that one trainer loop serves them all.
+ * Parameters and optimizer state cross this interface on the host, keyed by parameter key
+ * (`<block>.<name>`), independent of how the model is partitioned: a checkpoint written by one
+ * strategy resumes under another.
+ */
+import type { Batch } from '../data/batcher.js';
+import type { HostParams } from '../model/init.js';
+import type { OptimizerState } from '../optim/optimizer.js';
+import type { TraceSpan } from '../pipeline/executor.js';
+
+/** What one training step reports. */
+export interface StepReport {
+  /** Mean loss over the mini-batch (nats per target). */
+  loss: number;
+  /** Per stage (device): peak bytes held during the step. */
+  peakBytes: number[];
+  /** Per stage: wall time of the step, seconds. */
+  stageSeconds: number[];
+  /** Per stage: fraction of the step spent waiting for other stages (the measured bubble). */
+  bubble: number[];
+  /** Per stage: the executed actions (ms since the stage began the step). */
+  traces: TraceSpan[][];
+}
+
+export interface Strategy {
+  readonly name: string;
+  /** Number of devices (stages) used. */
+  readonly devices: number;
+  /** One synchronous training step on a mini-batch with learning rate `lr`. */
+  trainStep(batch: Batch, lr: number): Promise<StepReport>;
+  /** Mean loss over these batches, without updating anything. */
+  evaluate(batches: Batch[]): Promise<number>;
+  /** Current parameters (host copies). */
+  getParams(): Promise<HostParams>;
+  /** Current optimizer state, merged over devices. */
+  getOptimizerState(): Promise<OptimizerState>;
+  /** Restores an optimizer state from {@link getOptimizerState}. */
+  setOptimizerState(s: OptimizerState): Promise<void>;
+  /** Stops every worker. Safe to call twice. */
+  close(): Promise<void>;
+}
