@@ -1,0 +1,146 @@
+#!/usr/bin/env node
+/**
+ * The `layerwise` command: `train` a model with a strategy, `sample` text from a checkpoint,
+ * `presets` to list models. User errors print one line and exit with status 2; a failing stage
+ * or any other error exits with status 1.
+ */
+import { Command, InvalidArgumentError } from 'commander';
+import cliProgress from 'cli-progress';
+import { LayerwiseError } from '../errors.js';
+import { PRESETS } from '../model/presets.js';
+import { sampleText } from '../train/sample.js';
+import { train, type TrainHooks } from '../train/trainer.js';
+
+function int(v: string): number {
+  if (!/^-?\d+$/.test(v.trim())) throw new InvalidArgumentError('must be an integer');
+  return Number(v);
+}
+function num(v: string): number {
+  const x = Number(v);
+  if (v.trim() === '' || !Number.isFinite(x)) throw new InvalidArgumentError('must be a number');
+  return x;
+}
+
+/** Human-readable bytes (binary units). */
+export function formatBytes(b: number): string {
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (b >= 1024 && i < u.length - 1) {
+    b /= 1024;
+    i++;
+  }
+  return `${b.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
+function hooks(): TrainHooks {
+  const tty = process.stderr.isTTY;
+  let bar: cliProgress.SingleBar | null = null;
+  let every = 1;
+  return {
+    onStart({ config, model, params, bytes, ranges, startStep }) {
+      const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
+      console.log(`model ${config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
+      console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
+      if (config.strategy !== 'single') console.log(`micro-batches ${config.microBatches} of ${config.batchSize / config.microBatches}, schedule ${config.schedule}, checkpoint ${config.checkpoint}`);
+      if (startStep) console.log(`resuming at step ${startStep}`);
+      every = Math.max(1, Math.round(config.steps / 20));
+      if (tty) {
+        bar = new cliProgress.SingleBar({
+          format: 'step {value}/{total} [{bar}] loss {loss} | {rate} | ETA {eta_formatted}',
+          hideCursor: true, etaBuffer: 20,
+        }, cliProgress.Presets.shades_classic);
+        bar.start(config.steps, startStep, { loss: '-', rate: '-' });
+      }
+    },
+    onStep(m, total) {
+      const rate = m.tokens_per_s !== undefined ? `${m.tokens_per_s.toFixed(0)} tokens/s` : `${(m.examples_per_s ?? 0).toFixed(0)} examples/s`;
+      const val = m.val_loss !== undefined ? ` val ${m.val_loss.toFixed(4)}` : '';
+      if (bar) {
+        bar.update(m.step, { loss: m.loss.toFixed(4) + val, rate });
+        if (m.step === total) bar.stop();
+      } else if (m.step % every === 0 || m.step === total || m.val_loss !== undefined) {
+        console.log(`step ${m.step}/${total} loss ${m.loss.toFixed(4)}${val} ${rate}`);
+      }
+    },
+  };
+}
+
+const program = new Command();
+program.name('layerwise').description('Train deep networks split by layers: GPipe pipelines on worker-thread devices (TensorFlow.js)');
+
+program
+  .command('train')
+  .description('train a model; writes metrics.jsonl, summary.json and a checkpoint into --out')
+  .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
+  .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path or idx:IMAGES,LABELS (default: the preset's)")
+  .option('--strategy <name>', 'single | gpipe')
+  .option('--stages <K>', 'pipeline stages (devices)', int)
+  .option('--micro-batches <M>', 'micro-batches per mini-batch', int)
+  .option('--batch-size <N>', 'mini-batch size (examples)', int)
+  .option('--checkpoint <mode>', 're-materialization: always | except_last | never')
+  .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
+  .option('--balance <list>', "blocks per stage, e.g. 2,3,3 (default: balanced by parameter count)")
+  .option('--steps <n>', 'optimizer steps', int)
+  .option('--lr <x>', 'peak learning rate', num)
+  .option('--warmup <n>', 'linear warm-up steps', int)
+  .option('--decay <kind>', 'constant | cosine')
+  .option('--optimizer <kind>', 'adamw | sgd')
+  .option('--weight-decay <x>', 'weight decay', num)
+  .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', num)
+  .option('--seed <n>', 'seed for initialisation and data order', int)
+  .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu')
+  .option('--layers <n>', 'override the preset: layers', int)
+  .option('--d-model <n>', 'override the preset: model width', int)
+  .option('--heads <n>', 'override the preset: attention heads', int)
+  .option('--context <n>', 'override the preset: context length (tokens)', int)
+  .option('--eval-every <n>', 'validation every n steps (0: at the end only)', int)
+  .option('--eval-batches <n>', 'validation batches per evaluation', int)
+  .option('--save-every <n>', 'checkpoint every n steps (0: at the end only)', int)
+  .option('--out <dir>', 'output folder')
+  .option('--resume <dir>', 'continue the run in this folder exactly where it stopped')
+  .action(async (o) => {
+    if (!o.preset && !o.resume) throw new LayerwiseError('--preset is required (or --resume DIR); see layerwise train --help');
+    const { resume, ...raw } = o;
+    const r = await train(raw, resume, hooks());
+    const s = r.summary;
+    const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
+    console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}, ${rate}, ` +
+      `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}, ${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`);
+  });
+
+program
+  .command('sample')
+  .description('generate text from a trained character model')
+  .requiredOption('--checkpoint <dir>', 'run folder (or its checkpoint folder)')
+  .option('--prompt <text>', 'text to continue', '\n')
+  .option('--length <n>', 'characters to generate', int, 300)
+  .option('--temperature <x>', 'sampling temperature', num, 0.8)
+  .option('--seed <n>', 'sampling seed', int, 1)
+  .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu', 'wasm')
+  .action(async (o) => {
+    process.stdout.write((await sampleText(o)) + '\n');
+  });
+
+program
+  .command('presets')
+  .description('list the model presets')
+  .action(() => {
+    for (const [name, p] of Object.entries(PRESETS)) console.log(`${name.padEnd(14)} ${p.description} (data: ${p.defaultData})`);
+  });
+
+program.exitOverride((err) => {
+  process.exit(err.exitCode === 0 ? 0 : 2);
+});
+
+try {
+  await program.parseAsync(process.argv);
+  process.exit(0);
+} catch (e) {
+  if (e instanceof LayerwiseError) {
+    console.error(`layerwise: error: ${e.message}`);
+    process.exit(2);
+  }
+  const err = e as Error;
+  console.error(`layerwise: ${err.name === 'StageError' ? err.message : err.stack ?? String(err)}`);
+  process.exit(1);
+}

@@ -1,0 +1,107 @@
+/**
+ * The training configuration: one plain object, validated once, saved with every checkpoint.
+ * Every field maps to a `layerwise train` flag of the same name in kebab-case.
+ */
+import { LayerwiseError, check } from '../errors.js';
+import { OPTIMIZER_KINDS, type OptimizerKind } from '../optim/optimizer.js';
+import { CHECKPOINT_MODES, SCHEDULE_KINDS, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
+import { getPreset } from '../model/presets.js';
+import { parseBalance } from '../partition/balance.js';
+
+export const STRATEGIES = ['single', 'gpipe'] as const;
+export type StrategyName = (typeof STRATEGIES)[number];
+export const BACKENDS = ['wasm', 'cpu', 'tensorflow', 'webgpu'] as const;
+
+export interface TrainConfig {
+  preset: string;
+  /** Data set name or path (see data/index.ts); defaults to the preset's. */
+  data: string;
+  strategy: StrategyName;
+  /** Number of pipeline stages K (devices). */
+  stages: number;
+  /** Micro-batches M per mini-batch. */
+  microBatches: number;
+  /** Mini-batch size N (examples). */
+  batchSize: number;
+  checkpoint: CheckpointMode;
+  schedule: ScheduleKind;
+  /** Blocks per stage, or 'params' to balance by parameter count. */
+  balance: number[] | 'params';
+  steps: number;
+  lr: number;
+  warmup: number;
+  decay: 'constant' | 'cosine';
+  optimizer: OptimizerKind;
+  weightDecay?: number;
+  clipNorm: number;
+  seed: number;
+  backend: string;
+  out: string;
+  /** Evaluate the validation loss every this many steps (and at the end); 0 = only at the end. */
+  evalEvery: number;
+  /** Validation batches per evaluation. */
+  evalBatches: number;
+  /** Save a checkpoint every this many steps (and at the end); 0 = only at the end. */
+  saveEvery: number;
+  layers?: number;
+  dModel?: number;
+  heads?: number;
+  context?: number;
+}
+
+export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
+  strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, checkpoint: 'except_last', schedule: 'gpipe',
+  balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
+  seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0,
+};
+
+function oneOf<T extends string>(name: string, v: string, valid: readonly T[]): T {
+  if (!valid.includes(v as T)) throw new LayerwiseError(`unknown ${name} '${v}'; valid: ${valid.join(', ')}`);
+  return v as T;
+}
+
+function posInt(name: string, v: number, min = 1): number {
+  check(Number.isInteger(v) && v >= min, `--${name} must be an integer >= ${min}, got ${v}`);
+  return v;
+}
+
+/**
+ * Fills defaults and validates everything that can be checked without the data or the model.
+ * Throws {@link LayerwiseError} naming the flag and the valid values.
+ */
+export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { preset: string; balance?: string | number[] }): TrainConfig {
+  const preset = getPreset(raw.preset);
+  const c: TrainConfig = {
+    ...DEFAULTS,
+    ...Object.fromEntries(Object.entries(raw).filter(([, v]) => v !== undefined)),
+    data: raw.data ?? preset.defaultData,
+    out: raw.out ?? `runs/${raw.preset}-${raw.strategy ?? DEFAULTS.strategy}`,
+    balance: typeof raw.balance === 'string' ? (raw.balance === 'params' ? 'params' : parseBalance(raw.balance)) : raw.balance ?? 'params',
+  } as TrainConfig;
+  oneOf('strategy', c.strategy, STRATEGIES);
+  oneOf('backend', c.backend, BACKENDS);
+  oneOf('checkpoint mode', c.checkpoint, CHECKPOINT_MODES);
+  oneOf('schedule', c.schedule, SCHEDULE_KINDS);
+  oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);
+  oneOf('decay', c.decay, ['constant', 'cosine'] as const);
+  posInt('stages', c.stages);
+  posInt('micro-batches', c.microBatches);
+  posInt('batch-size', c.batchSize);
+  posInt('steps', c.steps);
+  posInt('warmup', c.warmup, 0);
+  posInt('eval-every', c.evalEvery, 0);
+  posInt('eval-batches', c.evalBatches);
+  posInt('save-every', c.saveEvery, 0);
+  check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
+  check(c.lr > 0 && Number.isFinite(c.lr), `--lr must be a positive number, got ${c.lr}`);
+  check(c.clipNorm >= 0, `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`);
+  if (c.strategy === 'single') {
+    check(c.stages === 1, `--strategy single runs on one device; drop --stages ${c.stages} or use --strategy gpipe`);
+  }
+  check(c.batchSize % c.microBatches === 0,
+    `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`);
+  for (const k of ['layers', 'dModel', 'heads', 'context'] as const) {
+    if (c[k] !== undefined) posInt(k.replace(/[A-Z]/g, (m) => `-${m.toLowerCase()}`), c[k]!);
+  }
+  return c;
+}

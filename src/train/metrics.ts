@@ -1,0 +1,59 @@
+/** Run outputs: metrics.jsonl (one JSON line per step) and summary.json. */
+import { appendFile, mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { writeFileAtomic } from '../util/fsx.js';
+
+/** One line of metrics.jsonl. Units: seconds, bytes, targets (tokens or examples) per second. */
+export interface StepMetrics {
+  step: number;
+  loss: number;
+  lr: number;
+  /** Seconds of this training step (excluding evaluation and checkpointing). */
+  step_s: number;
+  tokens_per_s?: number;
+  examples_per_s?: number;
+  /** Peak device bytes per stage during the step. */
+  peak_device_bytes: number[];
+  /** Measured idle (bubble) fraction per stage. */
+  bubble: number[];
+  val_loss?: number;
+}
+
+/** summary.json, written at the end of a run. */
+export interface Summary {
+  strategy: string;
+  backend: string;
+  preset: string;
+  params: number;
+  stages: number;
+  micro_batches: number;
+  checkpoint: string;
+  schedule: string;
+  balance: number[];
+  batch_size: number;
+  steps: number;
+  initial_loss: number;
+  final_loss: number;
+  val_loss: number;
+  tokens_per_s?: number;
+  examples_per_s?: number;
+  peak_device_bytes: number[];
+  bubble: number[];
+  wall_s: number;
+}
+
+/** Appends step lines to `<out>/metrics.jsonl`. */
+export class MetricsLog {
+  private readonly path: string;
+  constructor(private readonly out: string) {
+    this.path = join(out, 'metrics.jsonl');
+  }
+  async append(m: StepMetrics): Promise<void> {
+    await mkdir(this.out, { recursive: true });
+    await appendFile(this.path, JSON.stringify(m) + '\n');
+  }
+  /** Writes summary.json atomically. */
+  async summary(s: Summary): Promise<void> {
+    await writeFileAtomic(join(this.out, 'summary.json'), JSON.stringify(s, null, 2) + '\n');
+  }
+}

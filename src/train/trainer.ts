@@ -1,0 +1,225 @@
+/**
+ * The one training loop for every strategy: data -> model -> strategy -> steps, with the
+ * learning-rate schedule, periodic validation, metrics, atomic checkpoints and exact resume.
+ *
+ * Everything that can be wrong with the input (config, data, checkpoint, balance) is checked
+ * before anything is written, so a bad run leaves no files behind.
+ */
+import { existsSync } from 'node:fs';
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
+import { loadDataset, Vocab, type Dataset } from '../data/index.js';
+import { LayerwiseError } from '../errors.js';
+import { sizeOf } from '../model/block.js';
+import { initParams, type HostParams } from '../model/init.js';
+import { buildModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
+import { getPreset } from '../model/presets.js';
+import { learningRate } from '../optim/lr.js';
+import type { OptimizerState } from '../optim/optimizer.js';
+import { createStrategy, planStages } from '../strategies/index.js';
+import type { Strategy } from '../strategies/strategy.js';
+import { writeFileAtomic } from '../util/fsx.js';
+import { loadCheckpoint, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
+import { resolveConfig, type TrainConfig } from './config.js';
+import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
+
+/** Flags that define the model and data stream; a resumed run must not change them. */
+const FIXED_ON_RESUME = ['preset', 'data', 'layers', 'dModel', 'heads', 'context', 'batchSize', 'seed'] as const;
+
+/** Progress callbacks (the CLI draws a progress bar with them). */
+export interface TrainHooks {
+  /** Once, before the first step. */
+  onStart?(info: { config: TrainConfig; model: Model; params: number; bytes: number; ranges: Array<{ from: number; to: number }>; startStep: number }): void;
+  onStep?(m: StepMetrics, total: number): void;
+  log?(msg: string): void;
+}
+
+export interface TrainResult {
+  summary: Summary;
+  outDir: string;
+}
+
+/** The model configuration a preset gives on a data set, with shape overrides. */
+export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
+  const preset = getPreset(cfg.preset);
+  if (preset.data !== ds.kind) {
+    throw new LayerwiseError(`preset ${cfg.preset} trains on ${preset.data} data but --data ${cfg.data} is ${ds.kind} data; use e.g. --data ${preset.defaultData}`);
+  }
+  const shape = ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes };
+  return preset.make(shape, cfg);
+}
+
+/** Where a run's checkpoint lives. */
+export function checkpointDir(out: string): string {
+  return join(out, 'checkpoint');
+}
+
+/** Accepts a run folder or its checkpoint folder. */
+function resolveCheckpointDir(dir: string): string {
+  return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
+}
+
+interface Prepared {
+  cfg: TrainConfig;
+  ds: Dataset;
+  model: Model;
+  params: HostParams;
+  optimizer?: OptimizerState;
+  data?: BatcherState;
+  startStep: number;
+  stats: { initialLoss?: number; wallS: number };
+}
+
+/**
+ * Validates the configuration, loads data, builds the model and the initial (or resumed)
+ * state. Writes nothing.
+ */
+export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?: string): Promise<Prepared> {
+  let ck: Checkpoint | undefined;
+  let cfg: TrainConfig;
+  if (resume) {
+    ck = await loadCheckpoint(resolveCheckpointDir(resume));
+    const saved = ck.config as unknown as TrainConfig;
+    for (const k of FIXED_ON_RESUME) {
+      const given = (raw as Record<string, unknown>)[k];
+      if (given !== undefined && JSON.stringify(given) !== JSON.stringify(saved[k])) {
+        throw new LayerwiseError(`checkpoint ${resume} was trained with ${k} = ${JSON.stringify(saved[k])}, not ${JSON.stringify(given)}; drop that flag to resume, or start a new run`);
+      }
+    }
+    const merged: Record<string, unknown> = { ...saved };
+    for (const [k, v] of Object.entries(raw)) if (v !== undefined) merged[k] = v;
+    if (raw.out === undefined) merged.out = saved.out ?? resume;
+    cfg = resolveConfig(merged as Parameters<typeof resolveConfig>[0]);
+  } else {
+    cfg = resolveConfig(raw);
+  }
+  const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
+  const ds = await loadDataset(cfg.data, { vocab });
+  const modelConfig = modelConfigFor(cfg, ds);
+  if (ck && JSON.stringify(ck.model) !== JSON.stringify(modelConfig)) {
+    throw new LayerwiseError(`checkpoint model ${JSON.stringify(ck.model)} does not match this configuration's ${JSON.stringify(modelConfig)}; resume with the same preset and data`);
+  }
+  const model = buildModel(modelConfig);
+  planStages(cfg, model); // validates the balance now, before any file or worker exists
+  if (ck && ck.step >= cfg.steps) {
+    throw new LayerwiseError(`checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`);
+  }
+  return {
+    cfg, ds, model,
+    params: ck ? ck.params : initParams(model.blocks, cfg.seed),
+    optimizer: ck?.optimizer,
+    data: ck?.data as BatcherState | undefined,
+    startStep: ck?.step ?? 0,
+    stats: ck?.stats ?? { wallS: 0 },
+  };
+}
+
+/** Keeps only the metrics lines of steps <= `step` (a resumed run rewrites what came after). */
+async function truncateMetrics(out: string, step: number): Promise<void> {
+  const path = join(out, 'metrics.jsonl');
+  if (!existsSync(path)) return;
+  const lines = (await readFile(path, 'utf8')).split('\n').filter((l) => l.trim() !== '');
+  const keep = lines.filter((l) => {
+    try {
+      return (JSON.parse(l) as StepMetrics).step <= step;
+    } catch {
+      return false;
+    }
+  });
+  await writeFileAtomic(path, keep.map((l) => l + '\n').join(''));
+}
+
+/**
+ * Trains as configured. `raw` holds the CLI flags (undefined = default); `resume` a run or
+ * checkpoint folder to continue exactly from. Returns the summary written to summary.json.
+ * Throws {@link LayerwiseError} for bad input (before writing anything) and StageError when a
+ * stage fails (after stopping every worker).
+ */
+export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: string, hooks: TrainHooks = {}): Promise<TrainResult> {
+  const t0 = performance.now();
+  const p = await prepare(raw, resume);
+  const { cfg, ds, model } = p;
+  const targetName = ds.kind === 'text' ? 'tokens_per_s' : 'examples_per_s';
+  const batcher = makeBatcher(ds, { batchSize: cfg.batchSize, context: cfg.context ?? (model.config.arch === 'charlm' ? model.config.context : undefined), seed: cfg.seed }, p.data);
+  const context = model.config.arch === 'charlm' ? model.config.context : undefined;
+  const valBatches = validationBatches(ds, { batchSize: cfg.batchSize, context, maxBatches: cfg.evalBatches });
+  if (valBatches.length === 0) throw new LayerwiseError(`the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`);
+  const nParams = modelParamCount(model);
+  const ranges = planStages(cfg, model);
+  hooks.onStart?.({ config: cfg, model, params: nParams, bytes: nParams * 4, ranges, startStep: p.startStep });
+
+  const strategy: Strategy = await createStrategy(cfg, model, p.params);
+  const log = new MetricsLog(cfg.out);
+  const stats = { ...p.stats };
+  let last: StepMetrics | undefined;
+  let valLoss = NaN;
+  let targets = 0;
+  let trainSeconds = 0;
+  const peak = new Array<number>(strategy.devices).fill(0);
+  const bubbleSum = new Array<number>(strategy.devices).fill(0);
+  let measured = 0;
+  try {
+    if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
+    if (resume) await truncateMetrics(cfg.out, p.startStep);
+    const lrOf = (step: number) => learningRate(step, { lr: cfg.lr, warmup: cfg.warmup, decay: cfg.decay, totalSteps: cfg.steps, minRatio: 0.1 });
+    const save = async (step: number) => {
+      await saveCheckpoint(checkpointDir(cfg.out), {
+        step, config: cfg as unknown as Record<string, unknown>, model: model.config,
+        stats: { initialLoss: stats.initialLoss, wallS: stats.wallS + (performance.now() - t0) / 1000 },
+        vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null, data: batcher.state(),
+        params: await strategy.getParams(), optimizer: await strategy.getOptimizerState(),
+      });
+    };
+    for (let step = p.startStep; step < cfg.steps; step++) {
+      const batch = batcher.next();
+      const lr = lrOf(step);
+      const ts = performance.now();
+      const r = await strategy.trainStep(batch, lr);
+      const secs = (performance.now() - ts) / 1000;
+      if (!Number.isFinite(r.loss)) throw new Error(`loss became ${r.loss} at step ${step + 1}; lower --lr`);
+      stats.initialLoss ??= r.loss;
+      if (step > p.startStep || cfg.steps - p.startStep === 1) {
+        // the first step of a process warms kernels up; throughput counts the rest
+        targets += batch.tokens;
+        trainSeconds += secs;
+        r.bubble.forEach((b, i) => (bubbleSum[i] += b));
+        measured++;
+      }
+      r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
+      const m: StepMetrics = {
+        step: step + 1, loss: r.loss, lr, step_s: secs, [targetName]: batch.tokens / secs,
+        peak_device_bytes: r.peakBytes, bubble: r.bubble,
+      };
+      const done = step + 1;
+      if ((cfg.evalEvery > 0 && done % cfg.evalEvery === 0) || done === cfg.steps) {
+        valLoss = await strategy.evaluate(valBatches);
+        m.val_loss = valLoss;
+      }
+      await log.append(m);
+      last = m;
+      hooks.onStep?.(m, cfg.steps);
+      if ((cfg.saveEvery > 0 && done % cfg.saveEvery === 0) || done === cfg.steps) await save(done);
+    }
+  } finally {
+    await strategy.close();
+  }
+  const wall = stats.wallS + (performance.now() - t0) / 1000;
+  const summary: Summary = {
+    strategy: cfg.strategy, backend: cfg.backend, preset: cfg.preset, params: nParams,
+    stages: ranges.length, micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
+    checkpoint: cfg.checkpoint, schedule: cfg.schedule, balance: ranges.map((r) => r.to - r.from),
+    batch_size: cfg.batchSize, steps: cfg.steps,
+    initial_loss: stats.initialLoss ?? NaN, final_loss: last?.loss ?? NaN, val_loss: valLoss,
+    [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
+    peak_device_bytes: peak, bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
+    wall_s: wall,
+  };
+  await log.summary(summary);
+  return { summary, outDir: cfg.out };
+}
+
+/** Bytes of a model's fp32 parameters. */
+export function paramBytes(model: Model): number {
+  return model.blocks.reduce((s, b) => s + b.params.reduce((t, q) => t + sizeOf(q.shape) * 4, 0), 0);
+}
