@@ -1,0 +1,125 @@
+/**
+ * The device substrate: choose and initialise the TF.js backend of this thread ("device"), with
+ * layerwise's extra kernels and gradients. Each Node worker_thread has its own tfjs-core engine,
+ * so each worker calls {@link initBackend} itself.
+ */
+import * as tf from '@tensorflow/tfjs-core';
+// tfjs-core 4.x registers no gradients itself; the union package's Node bundle registers all stock
+// gradients into tfjs-core's global registry. It must load before our gradient overrides.
+import '@tensorflow/tfjs';
+import '@tensorflow/tfjs-backend-cpu';
+import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
+import { LayerwiseError, check } from '../errors.js';
+import { registerMatMulGrad } from './matmul-grad.js';
+import { registerWasmKernels } from './wasm-kernels.js';
+import { registerWasmMatMul } from './wasm-matmul.js';
+
+/** Backends layerwise can run on. 'wasm' and 'cpu' ship with it; the others are optional installs. */
+export type BackendName = 'wasm' | 'cpu' | 'tensorflow' | 'webgpu';
+
+const BACKENDS: readonly BackendName[] = ['wasm', 'cpu', 'tensorflow', 'webgpu'];
+
+/** npm packages that provide the optional backends (not dependencies of layerwise). */
+const OPTIONAL_PACKAGE: Record<'tensorflow' | 'webgpu', string> = {
+  tensorflow: '@tensorflow/tfjs-node',
+  webgpu: '@tensorflow/tfjs-backend-webgpu',
+};
+
+let registered = false;
+
+/** Register layerwise's kernels and gradients into this thread's tfjs-core, once. */
+function registerExtensions(): void {
+  if (registered) return;
+  registerWasmKernels();
+  registerWasmMatMul();
+  registerMatMulGrad();
+  registered = true;
+}
+
+/** Import a package that may not be installed; `undefined` if it is not resolvable. */
+async function importOptional(specifier: string): Promise<unknown> {
+  try {
+    return await import(specifier);
+  } catch (err) {
+    const code = (err as { code?: string }).code;
+    if (code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') return undefined;
+    throw err;
+  }
+}
+
+/** Make the optional backend `name` available by importing its package, or explain how to. */
+async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
+  if (tf.findBackendFactory(name) !== null) return;
+  const pkg = OPTIONAL_PACKAGE[name];
+  const candidates = name === 'tensorflow' ? [pkg, '@tensorflow/tfjs-node-gpu'] : [pkg];
+  let found = false;
+  for (const specifier of candidates) {
+    if ((await importOptional(specifier)) !== undefined) {
+      found = true;
+      break;
+    }
+  }
+  check(found, `backend '${name}' needs the npm package ${pkg}` +
+    (name === 'tensorflow' ? ' (or @tensorflow/tfjs-node-gpu)' : '') + `: run \`npm install ${pkg}\``);
+  check(tf.findBackendFactory(name) !== null, name === 'webgpu'
+    ? `${pkg} is installed but registered no 'webgpu' backend: this runtime has no WebGPU (navigator.gpu)`
+    : `${pkg} is installed but registered its backend into another copy of @tensorflow/tfjs-core: ` +
+      `install the version matching @tensorflow/tfjs-core ${tf.version_core}`);
+}
+
+/**
+ * Select and initialise the TF.js backend `name` for the calling thread, then register
+ * layerwise's wasm kernels (UnsortedSegmentSum, Conv2DBackpropFilter, fast BatchMatMul and
+ * _FusedMatMul) and its broadcasting matMul gradient, once per thread (safe to call again, e.g.
+ * to switch backend).
+ *
+ * `opts.threads`: for 'wasm', the XNNPACK thread count, effective only where the multithreaded
+ * wasm binary loads (browsers with cross-origin isolation; Node loads the single-threaded SIMD
+ * binary, so use one worker_thread per device instead); it must be given before the first wasm
+ * initialisation in the thread. For 'tensorflow' it sets TF_NUM_INTRAOP_THREADS before the
+ * package is loaded. Ignored by 'cpu' and 'webgpu'.
+ *
+ * Throws {@link LayerwiseError} for an unknown name (listing the valid ones), for a missing
+ * optional package (naming the npm package to install), or if the backend fails to initialise.
+ */
+export async function initBackend(name: string, opts: { threads?: number } = {}): Promise<void> {
+  check((BACKENDS as readonly string[]).includes(name),
+    `unknown backend '${name}': expected one of ${BACKENDS.join(', ')}`);
+  const backend = name as BackendName;
+  const { threads } = opts;
+  check(threads === undefined || (Number.isInteger(threads) && threads >= 1),
+    `threads must be a positive integer, got ${threads}`);
+  registerExtensions();
+  if (backend === 'wasm' && threads !== undefined) wasmBackend.setThreadsCount(threads);
+  if (backend === 'tensorflow' && threads !== undefined) process.env['TF_NUM_INTRAOP_THREADS'] ??= String(threads);
+  if (backend === 'tensorflow' || backend === 'webgpu') await loadOptional(backend);
+  let ok: boolean;
+  try {
+    ok = await tf.setBackend(backend);
+  } catch (err) {
+    throw new LayerwiseError(`backend '${backend}' failed to initialise: ${(err as Error).message}`);
+  }
+  check(ok, `backend '${backend}' failed to initialise (see the warning above)`);
+  await tf.ready();
+}
+
+/**
+ * Bytes of tensor data currently held by this thread's TF.js engine: `tf.memory().numBytes`, the
+ * sum over live tensors of size x bytes per element (on wasm this is the live part of the heap).
+ * It does not count XNNPACK's packed copies of weight matrices or allocator slack; see
+ * {@link backendHeapBytes} for the wasm heap's total size.
+ */
+export function deviceMemoryBytes(): number {
+  return tf.memory().numBytes;
+}
+
+/**
+ * Size in bytes of the wasm backend's linear memory (heap) if the active backend is 'wasm', else
+ * `undefined`. This is a high-water mark: wasm memory grows but never shrinks, and it includes
+ * XNNPACK's packed weights and freed blocks.
+ */
+export function backendHeapBytes(): number | undefined {
+  if (tf.getBackend() !== 'wasm') return undefined;
+  const backend = tf.backend() as unknown as { wasm: { HEAPU8: Uint8Array } };
+  return backend.wasm.HEAPU8.byteLength;
+}

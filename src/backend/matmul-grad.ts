@@ -1,0 +1,52 @@
+/**
+ * Gradient of `BatchMatMul` (tf.matMul) that supports broadcast batch dimensions.
+ *
+ * For C = op(A) @ op(B), op = optional transpose of the last two axes:
+ *   dA = tA ? op(B) @ dC^T : dC @ op(B)^T,   dB = tB ? dC^T @ op(A) : op(A)^T @ dC
+ * (the stock tfjs-core 4.22 rule), then summed over the batch axes along which the input was
+ * broadcast, which the stock rule omits (it throws a shape-mismatch error, e.g. for
+ * [B,T,D] @ [D,E]). When `b` has no batch but `a` does, the batch is folded into the rows of a
+ * single 2-D product instead of B products and a sum.
+ */
+import * as tf from '@tensorflow/tfjs-core';
+
+/** Sum `grad` over the axes along which `shape` was broadcast, and give it `shape`. */
+function unbroadcast(grad: tf.Tensor, shape: number[]): tf.Tensor {
+  if (tf.util.arraysEqual(grad.shape, shape)) return grad;
+  const axes = tf.backend_util.getReductionAxes(shape, grad.shape);
+  const summed = axes.length > 0 ? tf.sum(grad, axes, true) : grad;
+  return tf.reshape(summed, shape);
+}
+
+const batchSize = (t: tf.Tensor): number => tf.util.sizeFromShape(t.shape.slice(0, -2));
+
+function gradFunc(dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.NamedAttrMap): Record<string, () => tf.Tensor> {
+  const dC = dy as tf.Tensor;
+  const [a, b] = saved as [tf.Tensor, tf.Tensor];
+  const tA = attrs['transposeA'] === true;
+  const tB = attrs['transposeB'] === true;
+  return {
+    a: () => {
+      const da = tA ? tf.matMul(b, dC, tB, true) : tf.matMul(dC, b, false, !tB);
+      return unbroadcast(da, a.shape);
+    },
+    b: () => {
+      if (!tA && batchSize(b) === 1 && batchSize(a) === batchSize(dC) && a.rank > 2) {
+        const a2 = tf.reshape(a, [-1, a.shape[a.rank - 1]!]);
+        const dC2 = tf.reshape(dC, [-1, dC.shape[dC.rank - 1]!]);
+        const db = tB ? tf.matMul(dC2, a2, true, false) : tf.matMul(a2, dC2, true, false);
+        return tf.reshape(db, b.shape);
+      }
+      const db = tB ? tf.matMul(dC, a, true, tA) : tf.matMul(a, dC, !tA, false);
+      return unbroadcast(db, b.shape);
+    },
+  };
+}
+
+/**
+ * Register the broadcasting `BatchMatMul` gradient in place of the stock one. Gradients are
+ * global to the tfjs-core instance (all backends). Call once per thread.
+ */
+export function registerMatMulGrad(): void {
+  tf.registerGradient({ kernelName: 'BatchMatMul', inputsToSave: ['a', 'b'], gradFunc });
+}
