@@ -1,0 +1,101 @@
+/**
+ * `npm run bench -- gpipe`: throughput of single and of gpipe (K = 2) for M = 1, 2, 4, 8 in
+ * each re-materialization mode on the same model and mini-batch, with each stage's measured
+ * bubble beside the ideal (K-1)/(M+K-1) and the peak device bytes per stage.
+ */
+import { makeBatcher } from '../data/batcher.js';
+import { loadDataset } from '../data/index.js';
+import { initParams } from '../model/init.js';
+import { buildModel, modelParamCount } from '../model/model.js';
+import { CHECKPOINT_MODES, idealBubble, type CheckpointMode } from '../schedule/schedule.js';
+import { createStrategy } from '../strategies/index.js';
+import { resolveConfig } from '../train/config.js';
+import { modelConfigFor } from '../train/trainer.js';
+import { markdownTable, writeBenchResults } from './report.js';
+
+export interface GpipeBenchOptions {
+  preset: string;
+  batchSize: number;
+  /** Measured steps per configuration (after one warm-up step). */
+  steps: number;
+  microBatches: number[];
+  stages: number;
+  backend: string;
+  out: string;
+}
+
+interface Row {
+  strategy: string;
+  stages: number;
+  micro_batches: number;
+  checkpoint: CheckpointMode | '-';
+  tokens_per_s: number;
+  speedup: number;
+  bubble_measured: number[];
+  bubble_ideal: number;
+  peak_device_bytes: number[];
+  step_s: number;
+}
+
+/** Runs the benchmark and writes gpipe.json and gpipe.md. */
+export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void): Promise<void> {
+  const base = resolveConfig({ preset: o.preset, batchSize: o.batchSize, backend: o.backend, steps: o.steps + 1 });
+  const ds = await loadDataset(base.data);
+  const model = buildModel(modelConfigFor(base, ds));
+  const params = initParams(model.blocks, base.seed);
+  const context = model.config.arch === 'charlm' ? model.config.context : undefined;
+
+  async function measure(strategy: 'single' | 'gpipe', m: number, mode: CheckpointMode): Promise<Omit<Row, 'speedup'>> {
+    const cfg = resolveConfig({ ...base, balance: undefined, strategy, stages: strategy === 'single' ? 1 : o.stages, microBatches: m, checkpoint: mode });
+    const s = await createStrategy(cfg, model, params);
+    try {
+      const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
+      await s.trainStep(batcher.next(), 1e-4); // warm-up: kernels, XNNPACK packing
+      let secs = 0;
+      let tokens = 0;
+      const bubble = new Array<number>(s.devices).fill(0);
+      const peak = new Array<number>(s.devices).fill(0);
+      for (let i = 0; i < o.steps; i++) {
+        const b = batcher.next();
+        const t0 = performance.now();
+        const r = await s.trainStep(b, 1e-4);
+        secs += (performance.now() - t0) / 1000;
+        tokens += b.tokens;
+        r.bubble.forEach((x, j) => (bubble[j] += x / o.steps));
+        r.peakBytes.forEach((x, j) => (peak[j] = Math.max(peak[j], x)));
+      }
+      const k = s.devices;
+      return {
+        strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, checkpoint: strategy === 'single' ? '-' : mode,
+        tokens_per_s: tokens / secs, bubble_measured: bubble, bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),
+        peak_device_bytes: peak, step_s: secs / o.steps,
+      };
+    } finally {
+      await s.close();
+    }
+  }
+
+  const rows: Row[] = [];
+  const single = await measure('single', 1, 'never');
+  rows.push({ ...single, speedup: 1 });
+  log(`single: ${single.tokens_per_s.toFixed(0)} tokens/s`);
+  for (const mode of CHECKPOINT_MODES) {
+    for (const m of o.microBatches) {
+      const r = await measure('gpipe', m, mode);
+      rows.push({ ...r, speedup: r.tokens_per_s / single.tokens_per_s });
+      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} tokens/s (${(r.tokens_per_s / single.tokens_per_s).toFixed(2)}x), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} vs ${r.bubble_ideal.toFixed(3)}`);
+    }
+  }
+  const mib = (b: number) => (b / 2 ** 20).toFixed(1);
+  const md = [
+    `# gpipe benchmark\n`,
+    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores).\n`,
+    markdownTable({
+      columns: ['strategy', 'K', 'M', 'checkpoint', 'tokens/s', 'speed-up vs single', 'bubble per stage (measured)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
+      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.checkpoint, r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
+        r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
+    }),
+  ].join('\n');
+  const files = await writeBenchResults(o.out, 'gpipe', { bench: 'gpipe', options: o, params: modelParamCount(model), rows }, md);
+  log(`wrote ${files.join(', ')}`);
+}

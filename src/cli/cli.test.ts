@@ -1,0 +1,109 @@
+/**
+ * End-to-end tests of the `layerwise` command: bad input exits non-zero with a message that
+ * names the problem and leaves no files; a resumed run reproduces an uninterrupted one; the
+ * main job's pieces (train, checkpoint, sample) work together.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
+const TINY = ['--preset', 'charlm-tiny', '--layers', '1', '--d-model', '32', '--heads', '2', '--context', '16', '--batch-size', '8', '--eval-batches', '1'];
+
+function run(args: string[]): { code: number | null; out: string; err: string } {
+  const r = spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 120_000 });
+  return { code: r.status, out: r.stdout, err: r.stderr };
+}
+
+const tmp = mkdtempSync(join(tmpdir(), 'layerwise-cli-'));
+process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
+
+function expectBadInput(name: string, args: string[], message: RegExp): void {
+  test(`bad input: ${name}`, () => {
+    const out = join(tmp, `bad-${name.replace(/\W+/g, '-')}`);
+    const r = run(['train', ...args, '--out', out]);
+    assert.equal(r.code, 2, `exit code (stderr: ${r.err})`);
+    assert.match(r.err, message);
+    assert.equal(existsSync(out), false, 'a rejected run must leave no files');
+  });
+}
+
+expectBadInput('balance that does not sum', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--balance', '1,1'], /balance 1,1 sums to 2, but the model has 3 blocks/);
+expectBadInput('balance with an empty stage', [...TINY, '--strategy', 'gpipe', '--stages', '3', '--balance', '2,0,1'], /leaves a stage empty/);
+expectBadInput('more stages than blocks', [...TINY, '--strategy', 'gpipe', '--stages', '5'], /at most 3 stages/);
+expectBadInput('micro-batches that do not divide the batch', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '3'], /--micro-batches 3 must divide --batch-size 8/);
+expectBadInput('unknown preset', ['--preset', 'gpt5'], /unknown preset 'gpt5'; valid presets: charlm-tiny/);
+expectBadInput('unknown backend', [...TINY, '--backend', 'tpu'], /unknown backend 'tpu'; valid: wasm, cpu/);
+expectBadInput('unknown strategy', [...TINY, '--strategy', 'zero'], /unknown strategy 'zero'; valid: single, gpipe/);
+expectBadInput('missing data file', [...TINY, '--data', join(tmp, 'nope.txt')], /nope\.txt/);
+expectBadInput('preset on the wrong kind of data', ['--preset', 'mlp-mnist', '--data', 'moby-dick'], /trains on image data/);
+
+test('bad input: malformed IDX data file', () => {
+  const images = join(tmp, 'bad-images.idx');
+  const labels = join(tmp, 'bad-labels.idx');
+  writeFileSync(images, Buffer.from([1, 2, 3, 4, 5, 6, 7, 8]));
+  writeFileSync(labels, Buffer.from([0, 0, 8, 1, 0, 0, 0, 1, 0]));
+  const out = join(tmp, 'bad-idx');
+  const r = run(['train', '--preset', 'mlp-mnist', '--data', `idx:${images},${labels}`, '--out', out]);
+  assert.equal(r.code, 2, r.err);
+  assert.match(r.err, /bad-images\.idx/);
+  assert.equal(existsSync(out), false);
+});
+
+function losses(dir: string): number[] {
+  return readFileSync(join(dir, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l).loss as number);
+}
+
+const full = join(tmp, 'full');
+const part = join(tmp, 'part');
+const common = [...TINY, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2', '--lr', '0.01', '--warmup', '2'];
+
+test('a resumed run reproduces the losses of an uninterrupted one', () => {
+  const a = run(['train', ...common, '--steps', '6', '--out', full]);
+  assert.equal(a.code, 0, a.err);
+  const b = run(['train', ...common, '--steps', '3', '--out', part]);
+  assert.equal(b.code, 0, b.err);
+  // continue to 6 steps, on another partition (single device): checkpoints are partition-free
+  const c = run(['train', '--resume', part, '--steps', '6', '--strategy', 'single', '--stages', '1']);
+  assert.equal(c.code, 0, c.err);
+  assert.match(c.out, /resuming at step 3/);
+  const la = losses(full);
+  const lc = losses(part);
+  assert.equal(lc.length, 6);
+  for (let i = 0; i < 6; i++) assert.ok(Math.abs(la[i] - lc[i]) <= 1e-4, `step ${i + 1}: ${la[i]} vs ${lc[i]}`);
+  const summary = JSON.parse(readFileSync(join(part, 'summary.json'), 'utf8'));
+  assert.equal(summary.steps, 6);
+  assert.ok(Math.abs(summary.initial_loss - la[0]) <= 1e-4, 'initial loss carried across the resume');
+  assert.ok(summary.final_loss < summary.initial_loss);
+});
+
+test('resume refuses a checkpoint of another model and a corrupt checkpoint, writing nothing', () => {
+  const mismatch = run(['train', '--resume', full, '--steps', '8', '--d-model', '64']);
+  assert.equal(mismatch.code, 2, mismatch.err);
+  assert.match(mismatch.err, /trained with dModel = 32, not 64/);
+  const before = readdirSync(full).sort();
+  const ck = join(full, 'checkpoint', 'params.bin');
+  truncateSync(ck, 100);
+  const corrupt = run(['train', '--resume', full, '--steps', '8']);
+  assert.equal(corrupt.code, 2, corrupt.err);
+  assert.match(corrupt.err, /params\.bin has 100 bytes/);
+  assert.deepEqual(readdirSync(full).sort(), before, 'nothing added next to the run');
+  writeFileSync(join(full, 'checkpoint', 'meta.json'), '{"format": "layerwise-checkpoint", "version": 1,');
+  const malformed = run(['sample', '--checkpoint', full]);
+  assert.equal(malformed.code, 2, malformed.err);
+  assert.match(malformed.err, /meta\.json is not valid JSON/);
+});
+
+test('sample generates text from a trained character model', () => {
+  const r = run(['sample', '--checkpoint', part, '--prompt', 'The whale', '--length', '40']);
+  assert.equal(r.code, 0, r.err);
+  assert.ok(r.out.startsWith('The whale'));
+  assert.ok(r.out.trimEnd().length >= 'The whale'.length + 30);
+  const bad = run(['sample', '--checkpoint', part, '--prompt', '\u{1F40B}']);
+  assert.equal(bad.code, 2);
+  assert.match(bad.err, /never saw/);
+});
