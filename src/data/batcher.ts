@@ -6,7 +6,7 @@
  * [i*context, i*context + context]; inputs are its first `context` tokens, targets the same
  * shifted by one, so each next-token pair of the stream is used once per epoch); for images,
  * the examples. Each epoch visits the items in the order of a permutation drawn with
- * `Rng(seed + epoch)`, in consecutive batches of `batchSize`; the last `items % batchSize`
+ * a seeded Rng of (seed, epoch), in consecutive batches of `batchSize`; the last `items % batchSize`
  * items of the permutation are skipped (so every batch has the same shape) and, because the
  * permutation changes, different items are skipped each epoch.
  *
@@ -154,7 +154,8 @@ function makeBatch(L: Layout, split: 'train' | 'val', order: ArrayLike<number> |
 export function epochOrder(items: number, seed: number, epoch: number): Int32Array {
   const perm = new Int32Array(items);
   for (let i = 0; i < items; i++) perm[i] = i;
-  return new Rng(seed + epoch).shuffle(perm);
+  // hash (seed, epoch) so that seed s in epoch 1 does not repeat seed s+1's epoch 0
+  return new Rng((Math.imul(seed ^ 0x5bd1e995, 0x27d4eb2d) + Math.imul(epoch + 1, 0x165667b1)) >>> 0).shuffle(perm);
 }
 
 function validateState(s: unknown, expect: Omit<BatcherState, 'epoch' | 'cursor' | 'seed'>, seed: number | undefined): BatcherState {
