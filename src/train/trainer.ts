@@ -161,7 +161,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   let measured = 0;
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
-    if (resume) await truncateMetrics(cfg.out, p.startStep);
+    await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
     const lrOf = (step: number) => learningRate(step, { lr: cfg.lr, warmup: cfg.warmup, decay: cfg.decay, totalSteps: cfg.steps, minRatio: 0.1 });
     const save = async (step: number) => {
       await saveCheckpoint(checkpointDir(cfg.out), {

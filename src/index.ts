@@ -1,0 +1,41 @@
+/**
+ * layerwise: train deep networks split by layers, on TensorFlow.js.
+ *
+ * The library API, layer by layer (see docs/ARCHITECTURE.md):
+ * - backend: {@link initBackend} picks and prepares a device's TF.js backend;
+ * - model: blocks, presets, {@link buildModel}, {@link initParams};
+ * - schedule: pipeline schedules as plain data and their simulation;
+ * - partition: balancing blocks over stages;
+ * - pipeline: micro-batches, re-materialization, the stage and the one executor;
+ * - runtime: worker-thread devices, channels, tensor serialization, memory accounting;
+ * - strategies: single and gpipe behind one {@link Strategy} interface;
+ * - train: the trainer loop, checkpoints, metrics, sampling;
+ * - data: data sets and the resumable batcher.
+ */
+export { initBackend, type BackendName } from './backend/index.js';
+export { LayerwiseError } from './errors.js';
+export * from './data/index.js';
+export type { Block, ParamSpec, Init, BlockParams } from './model/block.js';
+export { paramCount, paramKey } from './model/block.js';
+export { initParams, type HostParams } from './model/init.js';
+export { buildModel, modelParamCount, type Model, type ModelConfig } from './model/model.js';
+export { PRESETS, getPreset } from './model/presets.js';
+export {
+  gpipeSchedule, oneFOneBSchedule, evalSchedule, makeSchedule, clockCycles, formatSchedule, formatAction, idealBubble,
+  type Action, type Schedule, type CheckpointMode, type ScheduleKind,
+} from './schedule/schedule.js';
+export { simulate, type SimResult } from './schedule/simulate.js';
+export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
+export { splitMicroBatches } from './pipeline/microbatch.js';
+export { Stage } from './pipeline/stage.js';
+export { execute, type StageLinks, type TraceSpan } from './pipeline/executor.js';
+export { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optim/optimizer.js';
+export { learningRate, type LrSchedule } from './optim/lr.js';
+export { PipelineStrategy } from './strategies/pipeline.js';
+export { createStrategy, planStages } from './strategies/index.js';
+export type { Strategy, StepReport } from './strategies/strategy.js';
+export { StageError } from './runtime/device.js';
+export { train, prepare, type TrainHooks } from './train/trainer.js';
+export { resolveConfig, type TrainConfig } from './train/config.js';
+export { saveCheckpoint, loadCheckpoint, type Checkpoint } from './train/checkpoint-io.js';
+export { sampleText } from './train/sample.js';
