@@ -60,7 +60,11 @@ export class DeviceOptimizer {
   private slot(name: string, p: tf.Variable, key: string): tf.Variable {
     let s = this.slots.get(name);
     if (!s) this.slots.set(name, (s = {}));
-    if (!s[key]) s[key] = tf.variable(tf.zerosLike(p), false);
+    if (!s[key]) {
+      const zeros = tf.zerosLike(p);
+      s[key] = tf.variable(zeros, false);
+      zeros.dispose();
+    }
     return s[key];
   }
 
@@ -124,7 +128,9 @@ export class DeviceOptimizer {
         if (arr.length !== p.size) {
           throw new LayerwiseError(`optimizer state '${name}.${k}' has ${arr.length} values, parameter has ${p.size}`);
         }
-        rec[k] = tf.variable(tf.tensor(arr, p.shape), false);
+        const init = tf.tensor(arr, p.shape);
+        rec[k] = tf.variable(init, false);
+        init.dispose();
       }
       this.slots.set(name, rec);
     }
