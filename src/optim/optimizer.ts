@@ -2,10 +2,11 @@
  * Optimizers that run on a device, on one stage's parameters. Every strategy uses these, so a
  * pipeline's per-stage updates are exactly the single-device updates.
  *
- * - SGD with momentum, PyTorch convention: v <- mu v + g; p <- p - lr v.
+ * - SGD with momentum, PyTorch convention: v <- mu v + g (+ wd p); p <- p - lr v.
  * - AdamW (Loshchilov & Hutter, 2019): Adam with bias correction and decoupled weight decay
- *   p <- p - lr (m^ / (sqrt(v^) + eps) + wd p); weight decay applies to matrices and kernels
- *   (rank >= 2), not to biases and layer-norm gains.
+ *   p <- p - lr (m^ / (sqrt(v^) + eps) + wd p).
+ * For both, weight decay applies to matrices and kernels (rank >= 2), not to biases and
+ * layer-norm gains.
  * Gradients are first multiplied by the global clipping scale (see {@link clipScale}).
  */
 import * as tf from '@tensorflow/tfjs-core';
@@ -83,7 +84,7 @@ export class DeviceOptimizer {
       tf.tidy(() => {
         const g = scale === 1 ? g0 : tf.mul(g0, scale);
         if (c.kind === 'sgd') {
-          const gw = c.weightDecay > 0 ? tf.add(g, tf.mul(p, c.weightDecay)) : g;
+          const gw = c.weightDecay > 0 && p.rank >= 2 ? tf.add(g, tf.mul(p, c.weightDecay)) : g;
           if (c.momentum > 0) {
             const v = this.slot(name, p, 'velocity');
             v.assign(tf.add(tf.mul(v, c.momentum), gw));
@@ -128,7 +129,7 @@ export class DeviceOptimizer {
         if (arr.length !== p.size) {
           throw new LayerwiseError(`optimizer state '${name}.${k}' has ${arr.length} values, parameter has ${p.size}`);
         }
-        const init = tf.tensor(arr, p.shape);
+        const init = tf.tensor(arr.slice(), p.shape); // copy: some backends keep the array
         rec[k] = tf.variable(init, false);
         init.dispose();
       }

@@ -39,7 +39,8 @@ export function parseBalance(text: string): number[] {
 /**
  * Exact block partition: splits `costs` (one per block, any unit) into `k` contiguous non-empty
  * parts minimising the most expensive part (dynamic programme, O(k n^2)), as torchgpipe's
- * balance does with its block-partition algorithm. Ties prefer earlier cuts.
+ * balance does with its block-partition algorithm. Among optimal partitions it returns one
+ * found by the recurrence (not necessarily the one with the earliest cuts).
  * Throws {@link LayerwiseError} when k exceeds the number of blocks.
  */
 export function balanceByCost(costs: readonly number[], k: number): number[] {

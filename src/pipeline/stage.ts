@@ -51,7 +51,7 @@ export class Stage {
         const v = values.get(key);
         if (!v) throw new Error(`no initial value for parameter ${key}`);
         if (v.length !== sizeOf(spec.shape)) throw new Error(`parameter ${key} has ${v.length} values, expected shape [${spec.shape}]`);
-        const init = tf.tensor(v, spec.shape, 'float32');
+        const init = tf.tensor(v.slice(), spec.shape, 'float32'); // copy: cpu keeps the array
         this.params.set(key, tf.variable(init, false, key));
         init.dispose(); // the variable holds its own reference to the data
         names.push([spec.name, key]);

@@ -43,6 +43,7 @@ export class StageWorker {
 
   /** Calls a worker method and waits for its reply. Throws {@link StageError} on failure. */
   async call<K extends keyof StageApi>(method: K, args: StageApi[K][0], transfer: readonly TransferListItem[] = []): Promise<StageApi[K][1]> {
+    if (this.closed) throw new StageError(this.index, `worker was stopped; cannot call ${method}`);
     const id = this.nextId++;
     this.ch.send({ type: 'request', id, method, args }, transfer);
     const r = await this.ch.recv<Reply>('reply');
@@ -67,6 +68,7 @@ export class StageWorker {
 
   /** Stops the worker thread at once. */
   async terminate(): Promise<void> {
+    if (!this.closed) this.ch.fail(new StageError(this.index, 'worker was stopped'));
     this.closed = true;
     await this.worker.terminate();
   }

@@ -1,7 +1,8 @@
 /**
  * Discrete-event simulation of a {@link Schedule}: runs every stage's action list against
  * unbounded FIFO channels, checks that each action's data dependencies are met (no deadlock,
- * forward before backward, activations and gradients exchanged in a consistent order) and
+ * forward before backward, activations and gradients exchanged in a consistent order, every
+ * message received) and
  * returns the resulting timeline. Pure: used by tests and to predict bubbles.
  */
 import type { Action, Schedule } from './schedule.js';
@@ -75,6 +76,7 @@ export function simulate(schedule: Schedule, cost: CostFn = (_, a) => (a.op === 
           if (st.forwarded.has(a.mb)) fail(s, a, 'micro-batch forwarded twice');
           st.forwarded.add(a.mb);
         } else if (a.op === 'send_act') {
+          if (s === k - 1) fail(s, a, 'the last stage has no next stage');
           if (!st.forwarded.has(a.mb)) fail(s, a, 'send before forward');
           act[s].push({ mb: a.mb, t: clock[s] });
         } else if (a.op === 'backward') {
@@ -83,6 +85,7 @@ export function simulate(schedule: Schedule, cost: CostFn = (_, a) => (a.op === 
           if (st.backwarded.has(a.mb)) fail(s, a, 'micro-batch backwarded twice');
           st.backwarded.add(a.mb);
         } else if (a.op === 'send_grad') {
+          if (s === 0) fail(s, a, 'the first stage has no previous stage');
           if (!st.backwarded.has(a.mb)) fail(s, a, 'send_grad before backward');
           grad[s - 1].push({ mb: a.mb, t: clock[s] });
         } else if (a.op === 'optimizer_step' || a.op === 'reduce_grad_norm') {
@@ -99,6 +102,10 @@ export function simulate(schedule: Schedule, cost: CostFn = (_, a) => (a.op === 
   }
   for (let s = 0; s < k; s++) {
     if (pc[s] < schedule[s].length) fail(s, schedule[s][pc[s]], 'deadlock: waits for a message that is never sent');
+  }
+  for (let s = 0; s < k - 1; s++) {
+    if (act[s].length) throw new Error(`invalid schedule: stage ${s + 1} never receives the activation of micro-batch ${act[s][0].mb} that stage ${s} sends`);
+    if (grad[s].length) throw new Error(`invalid schedule: stage ${s} never receives the gradient of micro-batch ${grad[s][0].mb} that stage ${s + 1} sends`);
   }
   const makespan = Math.max(0, ...clock);
   return { events, makespan, bubble: busy.map((b) => (makespan > 0 ? 1 - b / makespan : 0)) };

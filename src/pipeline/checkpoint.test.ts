@@ -1,0 +1,181 @@
+import { test, before } from 'node:test';
+import assert from 'node:assert/strict';
+import { tf } from '../runtime/tfjs.js';
+import { initParams } from '../model/init.js';
+import { decoderBlock } from '../model/transformer.js';
+import { dense, softmaxCrossEntropy } from '../model/layers.js';
+import { Rng } from '../util/rng.js';
+import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward } from './checkpoint.js';
+
+before(async () => {
+  await tf.setBackend('cpu');
+});
+
+type Fn = (...xs: tf.Tensor[]) => tf.Tensor;
+
+function randn(shape: number[], rng: Rng, std = 1): tf.Tensor {
+  const n = shape.reduce((a, b) => a * b, 1);
+  return tf.tensor(new Float32Array(n).map(() => rng.normal() * std), shape);
+}
+
+/** A small two-layer MLP on [B, 5] inputs, output [B, 3]; params w1 [5, 7], b1 [7], w2 [7, 3], b2 [3]. */
+function mlp(rng: Rng): { f: Fn; xs: tf.Tensor[] } {
+  const xs = [randn([5, 7], rng, 0.5), randn([7], rng, 0.1), randn([7, 3], rng, 0.5), randn([3], rng, 0.1), randn([4, 5], rng)];
+  const f: Fn = (w1, b1, w2, b2, x) => dense(tf.tanh(dense(x, w1, b1)), w2, b2);
+  return { f, xs };
+}
+
+/** The charlm decoder block (d 8, 2 heads) on [2, 4, 8] inputs: its 12 parameters, then x. */
+function decoder(rng: Rng): { f: Fn; xs: tf.Tensor[] } {
+  const block = decoderBlock('decoder0', 8, 2, 2);
+  const values = initParams([block], 3);
+  // Non-trivial layer-norm gains and biases so that every parameter gets a distinct gradient.
+  const params = block.params.map((spec) => {
+    const v = values.get(`0.${spec.name}`)!;
+    const t = tf.tensor(v, spec.shape);
+    if (spec.init.kind === 'normal') return t;
+    const out = tf.add(t, randn(spec.shape, rng, 0.1));
+    t.dispose();
+    return out;
+  });
+  const x = randn([2, 4, 8], rng);
+  const f: Fn = (...args) => {
+    const p: Record<string, tf.Tensor> = {};
+    block.params.forEach((spec, i) => (p[spec.name] = args[i]));
+    return block.forward(p, args[block.params.length]);
+  };
+  return { f, xs: [...params, x] };
+}
+
+function maxAbsDiff(a: tf.Tensor, b: tf.Tensor): number {
+  assert.deepEqual(a.shape, b.shape);
+  const x = a.dataSync();
+  const y = b.dataSync();
+  let m = 0;
+  for (let i = 0; i < x.length; i++) m = Math.max(m, Math.abs(x[i] - y[i]));
+  return m;
+}
+
+function assertSameGrads(got: tf.Tensor[], want: tf.Tensor[], what: string, tol = 1e-6): void {
+  assert.equal(got.length, want.length, what);
+  got.forEach((g, i) => {
+    const d = maxAbsDiff(g, want[i]);
+    assert.ok(d <= tol, `${what}: gradient ${i} differs by ${d}`);
+  });
+  // The gradients are not all zero (the comparison means something).
+  assert.ok(want.some((w) => tf.tidy(() => tf.max(tf.abs(w)).dataSync()[0]) > 1e-4), `${what}: all gradients vanish`);
+}
+
+const disposeAll = (ts: tf.Tensor[]) => ts.forEach((t) => t.dispose());
+
+const CASES = [
+  ['mlp', mlp],
+  ['decoder block', decoder],
+] as const;
+
+for (const [name, make] of CASES) {
+  test(`${name}: recorded and recomputed backward equal tf.grads, and free everything`, () => {
+    const rng = new Rng(1);
+    const { f, xs } = make(rng);
+    const dy = tf.tidy(() => randn(f(...xs).shape, rng));
+    const ref = tf.grads(f)(xs, dy);
+
+    const n0 = tf.memory().numTensors;
+    const b0 = tf.memory().numBytes;
+    const rec = recordForward(() => f(...xs));
+    // The output is the forward's value, and activations stay alive for the backward.
+    const yRef = tf.tidy(() => f(...xs));
+    assert.ok(maxAbsDiff(rec.y, yRef) === 0, 'recorded forward output');
+    yRef.dispose();
+    assert.ok(rec.tape.length > 0, 'the tape has nodes');
+    assert.ok(tf.memory().numTensors > n0 + 1, 'activations are kept');
+    const recorded = backwardRecorded(rec, xs, dy);
+    assertSameGrads(recorded, ref, `${name} recorded`);
+    disposeAll(recorded);
+    assert.equal(tf.memory().numTensors, n0, `${name}: recorded backward leaves no tensors`);
+    assert.equal(tf.memory().numBytes, b0);
+    assert.equal(rec.y.isDisposed, true);
+
+    const recomputed = backwardRecompute(f, xs, dy);
+    assertSameGrads(recomputed, ref, `${name} recompute`);
+    disposeAll(recomputed);
+    assert.equal(tf.memory().numTensors, n0, `${name}: recompute leaves no tensors`);
+
+    // A scalar loss with a scalar seed, as on the last stage (dL/dloss = 1/M).
+    const labels = tf.tensor1d(Array.from({ length: xs[xs.length - 1].shape[0] }, (_, i) => i % 3), 'int32');
+    const lossFn: Fn = (...a) => {
+      const out = f(...a);
+      const flat = tf.reshape(out, [out.shape[0], -1]);
+      return softmaxCrossEntropy(tf.slice(flat, [0, 0], [-1, 3]), labels);
+    };
+    const seed = tf.scalar(0.25);
+    const refLoss = tf.grads(lossFn)(xs, seed);
+    const n1 = tf.memory().numTensors;
+    const recLoss = recordForward(() => lossFn(...xs));
+    assert.equal(recLoss.y.rank, 0);
+    const gotLoss = backwardRecorded(recLoss, xs, seed);
+    assertSameGrads(gotLoss, refLoss, `${name} loss recorded`);
+    const reLoss = backwardRecompute(lossFn, xs, seed);
+    assertSameGrads(reLoss, refLoss, `${name} loss recompute`);
+    disposeAll([...gotLoss, ...reLoss]);
+    assert.equal(tf.memory().numTensors, n1, `${name}: loss backward leaves no tensors`);
+
+    disposeAll([...ref, ...refLoss, ...xs, dy, labels, seed]);
+  });
+
+  test(`${name}: disposeRecorded frees everything`, () => {
+    const rng = new Rng(2);
+    const { f, xs } = make(rng);
+    const n0 = tf.memory().numTensors;
+    const b0 = tf.memory().numBytes;
+    const rec = recordForward(() => f(...xs));
+    assert.ok(tf.memory().numTensors > n0 + 1);
+    disposeRecorded(rec);
+    assert.equal(tf.memory().numTensors, n0);
+    assert.equal(tf.memory().numBytes, b0);
+    assert.equal(rec.y.isDisposed, true);
+    assert.deepEqual(rec.tape, []);
+    disposeAll(xs);
+  });
+
+  test(`${name}: several pending recorded forwards, backward in reverse order, mixed with recompute`, () => {
+    // GPipe with --checkpoint never keeps M forwards alive, then backpropagates last first;
+    // except_last mixes one recorded micro-batch with recomputed ones.
+    const rng = new Rng(3);
+    const { f, xs } = make(rng);
+    const params = xs.slice(0, -1);
+    const x = xs[xs.length - 1];
+    const inputs = [x, tf.tidy(() => tf.mul(x, -0.5)), tf.tidy(() => tf.add(x, 0.3))];
+    const dys = inputs.map(() => tf.tidy(() => randn(f(...params, x).shape, rng)));
+    const refs = inputs.map((inp, i) => tf.grads(f)([...params, inp], dys[i]));
+    const n0 = tf.memory().numTensors;
+    const recs = inputs.slice(0, 2).map((inp) => recordForward(() => f(...params, inp)));
+    // Micro-batch 2 recomputes while 0 and 1 are pending.
+    const g2 = backwardRecompute(f, [...params, inputs[2]], dys[2]);
+    assertSameGrads(g2, refs[2], `${name} mb 2 (recompute)`);
+    const g1 = backwardRecorded(recs[1], [...params, inputs[1]], dys[1]);
+    assertSameGrads(g1, refs[1], `${name} mb 1 (recorded)`);
+    const g0 = backwardRecorded(recs[0], [...params, inputs[0]], dys[0]);
+    assertSameGrads(g0, refs[0], `${name} mb 0 (recorded)`);
+    disposeAll([...g0, ...g1, ...g2]);
+    assert.equal(tf.memory().numTensors, n0);
+    disposeAll([...refs.flat(), ...dys, ...inputs, ...params]);
+  });
+}
+
+test('recordForward refuses to run inside a gradient computation and leaves the engine usable', () => {
+  const x = tf.scalar(3);
+  assert.throws(() => tf.grads((a: tf.Tensor) => recordForward(() => tf.mul(a, a)).y)([x]), /inside a gradient computation/);
+  const engine = tf.engine() as unknown as { state: { activeTape: unknown; gradientDepth: number } };
+  assert.equal(engine.state.gradientDepth, 0);
+  // A failing forward leaves the tape off, and later gradients are right.
+  assert.throws(() => recordForward(() => {
+    throw new Error('boom');
+  }), /boom/);
+  assert.equal(engine.state.activeTape, null);
+  assert.equal(engine.state.gradientDepth, 0);
+  const [g] = tf.grads((a: tf.Tensor) => tf.mul(a, a))([x]);
+  assert.equal(g.dataSync()[0], 6);
+  g.dispose();
+  x.dispose();
+});
