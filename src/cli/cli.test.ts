@@ -63,7 +63,7 @@ const part = join(tmp, 'part');
 const common = [...TINY, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2', '--lr', '0.01', '--warmup', '2'];
 
 test('a resumed run reproduces the losses of an uninterrupted one', () => {
-  const a = run(['train', ...common, '--steps', '6', '--out', full]);
+  const a = run(['train', ...common, '--steps', '6', '--out', full, '--trace', join(full, 'trace.json')]);
   assert.equal(a.code, 0, a.err);
   const b = run(['train', ...common, '--steps', '3', '--out', part]);
   assert.equal(b.code, 0, b.err);
@@ -106,4 +106,27 @@ test('sample generates text from a trained character model', () => {
   const bad = run(['sample', '--checkpoint', part, '--prompt', '\u{1F40B}']);
   assert.equal(bad.code, 2);
   assert.match(bad.err, /never saw/);
+});
+
+test('--trace writes a Chrome trace whose spans never overlap within a stage, and an SVG timeline', () => {
+  const trace = JSON.parse(readFileSync(join(full, 'trace.json'), 'utf8')) as { traceEvents: Array<{ ph: string; tid: number; ts: number; dur: number; name: string; cat: string }> };
+  const spans = trace.traceEvents.filter((e) => e.ph === 'X');
+  const stages = [...new Set(spans.map((e) => e.tid))].sort();
+  assert.deepEqual(stages, [0, 1]);
+  for (const stage of stages) {
+    const mine = spans.filter((e) => e.tid === stage).sort((a, b) => a.ts - b.ts);
+    // 6 steps x 2 micro-batches: every forward and backward is there
+    assert.equal(mine.filter((e) => e.cat === 'forward').length, 12);
+    assert.equal(mine.filter((e) => e.cat === 'backward').length, 12);
+    assert.equal(mine.filter((e) => e.cat === 'optimizer_step').length, 6);
+    for (let i = 1; i < mine.length; i++) {
+      // 1 us slack: timestamps are rounded to microseconds
+      assert.ok(mine[i].ts >= mine[i - 1].ts + mine[i - 1].dur - 1, `stage ${stage}: ${mine[i - 1].name} overlaps ${mine[i].name}`);
+    }
+  }
+  const names = trace.traceEvents.filter((e) => e.ph === 'M').map((e) => (e as unknown as { args: { name: string } }).args.name);
+  assert.deepEqual(names.sort(), ['stage 0', 'stage 1']);
+  const svg = readFileSync(join(full, 'trace.svg'), 'utf8');
+  assert.match(svg, /^<svg /);
+  assert.match(svg, />stage 1</);
 });

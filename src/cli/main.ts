@@ -96,6 +96,7 @@ program
   .option('--eval-every <n>', 'validation every n steps (0: at the end only)', int)
   .option('--eval-batches <n>', 'validation batches per evaluation', int)
   .option('--save-every <n>', 'checkpoint every n steps (0: at the end only)', int)
+  .option('--trace <file>', 'write a Chrome trace (JSON) of every step, and an SVG timeline beside it')
   .option('--out <dir>', 'output folder')
   .option('--resume <dir>', 'continue the run in this folder exactly where it stopped')
   .action(async (o) => {
@@ -106,6 +107,10 @@ program
     const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
     console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}, ${rate}, ` +
       `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}, ${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`);
+    for (const st of r.stages) {
+      console.log(`  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatBytes(st.peakBytes)}`);
+    }
+    if (r.traceFiles) console.log(`trace: ${r.traceFiles.join(', ')}`);
   });
 
 program

@@ -33,8 +33,13 @@ export interface StepInputs {
   lr: number;
 }
 
-/** One executed action: op, micro-batch and its start/end in ms since the step began. */
+/**
+ * One executed action: op, micro-batch and its start/end in ms since the step began. A
+ * backward with re-materialization gives two spans: `recompute` (its forward run again) and
+ * `backward`.
+ */
 export interface TraceSpan {
+  /** The op, or `recompute`. */
   label: string;
   op: Action['op'];
   mb: number;
@@ -88,6 +93,11 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
         const dy = stage.isLast ? null : take(pendingGradIn, a.mb, 'backward');
         const dx = stage.backward(a.mb, dy, inp.m);
         if (dx) pendingGradOut.set(a.mb, dx);
+        if (stage.lastRecomputeMs > 0) {
+          trace.push({ label: 'recompute', op: a.op, mb, start, end: start + stage.lastRecomputeMs });
+          trace.push({ label: a.op, op: a.op, mb, start: start + stage.lastRecomputeMs, end: performance.now() - t0 });
+          continue;
+        }
         break;
       }
       case 'send_grad':

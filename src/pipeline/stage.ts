@@ -13,7 +13,7 @@ import type { Model } from '../model/model.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { StageRange } from '../partition/balance.js';
 import { DeviceOptimizer, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
-import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './checkpoint.js';
+import { backwardRecorded, disposeRecorded, recordForward, type Recorded } from './checkpoint.js';
 
 interface MicroBatchState {
   /** The stage input (kept for re-materialization and for the input gradient). */
@@ -32,6 +32,8 @@ export class Stage {
   private readonly mbs = new Map<number, MicroBatchState>();
   /** Loss of each micro-batch this step (last stage only). */
   readonly losses = new Map<number, number>();
+  /** Milliseconds the last {@link backward} spent re-computing its forward (0 if kept). */
+  lastRecomputeMs = 0;
 
   /**
    * @param model the whole model (every stage builds it from the same config)
@@ -138,15 +140,16 @@ export class Stage {
     const params = [...this.params.values()];
     const wantInput = !this.isFirst;
     const xs = wantInput ? [...params, st.input] : params;
-    let grads: tf.Tensor[];
-    if (st.recorded) {
-      grads = backwardRecorded(st.recorded, xs, seed);
-    } else {
+    let recorded = st.recorded;
+    this.lastRecomputeMs = 0;
+    if (!recorded) {
+      // re-materialization: run the forward again, on the tape, then backprop through it
+      const t0 = performance.now();
       const f = this.fn(st.labels);
-      grads = wantInput
-        ? backwardRecompute(f, xs, seed)
-        : backwardRecompute((...ps) => f(...ps, st.input), xs, seed);
+      recorded = recordForward(() => f(...params, st.input));
+      this.lastRecomputeMs = performance.now() - t0;
     }
+    const grads = backwardRecorded(recorded, xs, seed);
     seed.dispose();
     st.input.dispose();
     st.labels?.dispose();

@@ -42,6 +42,8 @@ export interface StageStepResult {
   bytes: number;
   /** Wall time of the step on this stage, ms. */
   ms: number;
+  /** When the stage began the step, ms since the Unix epoch (a clock shared by all threads). */
+  startedAt: number;
 }
 
 /** Methods of the worker's request/reply protocol and their arguments and results. */

@@ -67,13 +67,14 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
   async step(a: StageStep) {
     const s = need();
     const t0 = performance.now();
+    const startedAt = performance.timeOrigin + t0;
     resetPeakBytes();
     s.losses.clear();
     const inputs = a.inputs?.map(fromWire);
     const labels = a.labels?.map(fromWire);
     const trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
     const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
-    const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), ms: performance.now() - t0 };
+    const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), ms: performance.now() - t0, startedAt };
     return r;
   },
   async getParams() {

@@ -163,5 +163,6 @@ function report(results: StageStepResult[]): StepReport {
       return r.ms > 0 ? idle / r.ms : 0;
     }),
     traces: results.map((r) => r.trace),
+    startedAt: results.map((r) => r.startedAt),
   };
 }

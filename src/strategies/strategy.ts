@@ -21,6 +21,8 @@ export interface StepReport {
   bubble: number[];
   /** Per stage: the executed actions (ms since the stage began the step). */
   traces: TraceSpan[][];
+  /** Per stage: when it began the step, ms since the Unix epoch. */
+  startedAt: number[];
 }
 
 export interface Strategy {

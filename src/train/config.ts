@@ -43,6 +43,8 @@ export interface TrainConfig {
   evalBatches: number;
   /** Save a checkpoint every this many steps (and at the end); 0 = only at the end. */
   saveEvery: number;
+  /** Write a Chrome trace of every step to this file (and an SVG timeline beside it). */
+  trace?: string;
   layers?: number;
   dModel?: number;
   heads?: number;

@@ -23,6 +23,7 @@ import { writeFileAtomic } from '../util/fsx.js';
 import { loadCheckpoint, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
 import { resolveConfig, type TrainConfig } from './config.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
+import { TraceRecorder, type StageSummary } from './trace.js';
 
 /** Flags that define the model and data stream; a resumed run must not change them. */
 const FIXED_ON_RESUME = ['preset', 'data', 'layers', 'dModel', 'heads', 'context', 'batchSize', 'seed'] as const;
@@ -38,6 +39,10 @@ export interface TrainHooks {
 export interface TrainResult {
   summary: Summary;
   outDir: string;
+  /** Busy/idle percentages and peak bytes per stage over the run's steps. */
+  stages: StageSummary[];
+  /** The trace files written (Chrome JSON, SVG), when --trace was given. */
+  traceFiles?: string[];
 }
 
 /** The model configuration a preset gives on a data set, with shape overrides. */
@@ -156,6 +161,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   let valLoss = NaN;
   let targets = 0;
   let trainSeconds = 0;
+  const recorder = new TraceRecorder(cfg.trace !== undefined);
   const peak = new Array<number>(strategy.devices).fill(0);
   const bubbleSum = new Array<number>(strategy.devices).fill(0);
   let measured = 0;
@@ -187,6 +193,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
         measured++;
       }
       r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
+      recorder.add(step + 1, r);
       const m: StepMetrics = {
         step: step + 1, loss: r.loss, lr, step_s: secs, [targetName]: batch.tokens / secs,
         peak_device_bytes: r.peakBytes, bubble: r.bubble,
@@ -216,7 +223,8 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     wall_s: wall,
   };
   await log.summary(summary);
-  return { summary, outDir: cfg.out };
+  const traceFiles = cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
+  return { summary, outDir: cfg.out, stages: recorder.summary(), traceFiles };
 }
 
 /** Bytes of a model's fp32 parameters. */

@@ -1,0 +1,152 @@
+/**
+ * Pipeline timelines. Collects the executor's spans of every step and stage, and writes
+ * - a Chrome trace event file (JSON; opens in Perfetto and chrome://tracing) with one track
+ *   per stage: forward, backward, recompute, waits for activations/gradients/the norm
+ *   all-reduce, optimizer step;
+ * - an SVG drawing of the last steps, one row per stage, so the bubble can be seen without a
+ *   browser tool;
+ * - a per-stage summary: busy and idle (bubble) percentages and peak device bytes.
+ * Format reference: Trace Event Format, "Complete events" (ph = 'X', microseconds).
+ */
+import type { TraceSpan } from '../pipeline/executor.js';
+import type { StepReport } from '../strategies/strategy.js';
+import { writeFileAtomic } from '../util/fsx.js';
+
+/** A span placed on the run's timeline, ms since the first recorded step began. */
+export interface TimelineSpan extends TraceSpan {
+  stage: number;
+  step: number;
+  /** Absolute start and end, ms since the run's first step. */
+  t0: number;
+  t1: number;
+}
+
+/** Per-stage totals over the recorded steps. */
+export interface StageSummary {
+  stage: number;
+  busyPct: number;
+  idlePct: number;
+  peakBytes: number;
+}
+
+const WAITS = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm']);
+const COLORS: Record<string, string> = {
+  forward: '#4e79a7', backward: '#59a14f', recompute: '#f28e2b', optimizer_step: '#e15759',
+  recv_act: '#dddddd', recv_grad: '#dddddd', reduce_grad_norm: '#bbbbbb', send_act: '#9c755f', send_grad: '#9c755f',
+};
+
+/** Human label of a span: `F3`, `B3`, `R3` (recompute), `wait act 3`, `step`. */
+export function spanName(s: TraceSpan): string {
+  const mb = s.mb >= 0 ? String(s.mb) : '';
+  switch (s.label) {
+    case 'forward': return `F${mb}`;
+    case 'backward': return `B${mb}`;
+    case 'recompute': return `R${mb}`;
+    case 'recv_act': return `wait act ${mb}`;
+    case 'recv_grad': return `wait grad ${mb}`;
+    case 'send_act': return `send act ${mb}`;
+    case 'send_grad': return `send grad ${mb}`;
+    case 'reduce_grad_norm': return 'norm all-reduce';
+    case 'optimizer_step': return 'step';
+    default: return s.label;
+  }
+}
+
+export class TraceRecorder {
+  readonly spans: TimelineSpan[] = [];
+  /** @param keepSpans keep every span (for the trace files); otherwise only the totals. */
+  constructor(private readonly keepSpans = true) {}
+
+  private origin: number | null = null;
+  private readonly peaks: number[] = [];
+  private readonly busy: number[] = [];
+  private readonly total: number[] = [];
+
+  /** Adds one step's report (its spans are aligned by each stage's start time). */
+  add(step: number, r: StepReport): void {
+    this.origin ??= Math.min(...r.startedAt);
+    r.traces.forEach((spans, stage) => {
+      const base = r.startedAt[stage] - this.origin!;
+      let busy = 0;
+      let end = 0;
+      for (const s of spans) {
+        if (this.keepSpans) this.spans.push({ ...s, stage, step, t0: base + s.start, t1: base + s.end });
+        if (!WAITS.has(s.label)) busy += s.end - s.start;
+        end = Math.max(end, s.end);
+      }
+      this.busy[stage] = (this.busy[stage] ?? 0) + busy;
+      this.total[stage] = (this.total[stage] ?? 0) + end;
+      this.peaks[stage] = Math.max(this.peaks[stage] ?? 0, r.peakBytes[stage]);
+    });
+  }
+
+  /** Busy and idle percentages and peak bytes per stage over the recorded steps. */
+  summary(): StageSummary[] {
+    return this.total.map((t, stage) => {
+      const busyPct = t > 0 ? (100 * this.busy[stage]) / t : 0;
+      return { stage, busyPct, idlePct: 100 - busyPct, peakBytes: this.peaks[stage] };
+    });
+  }
+
+  /** Chrome trace event JSON. */
+  chromeTrace(): string {
+    const stages = new Set(this.spans.map((s) => s.stage));
+    const events: object[] = [...stages].map((s) => ({ name: 'thread_name', ph: 'M', pid: 1, tid: s, args: { name: `stage ${s}` } }));
+    for (const s of this.spans) {
+      events.push({
+        name: spanName(s), cat: s.label, ph: 'X', pid: 1, tid: s.stage,
+        ts: Math.round(s.t0 * 1000), dur: Math.max(1, Math.round((s.t1 - s.t0) * 1000)),
+        args: { step: s.step, micro_batch: s.mb },
+      });
+    }
+    return JSON.stringify({ traceEvents: events, displayTimeUnit: 'ms' });
+  }
+
+  /** SVG timeline of the last `steps` recorded steps: one row per stage, time left to right. */
+  svg(steps = 2): string {
+    const last = Math.max(...this.spans.map((s) => s.step));
+    const shown = this.spans.filter((s) => s.step > last - steps && s.t1 - s.t0 > 0);
+    const k = Math.max(...shown.map((s) => s.stage)) + 1;
+    const t0 = Math.min(...shown.map((s) => s.t0));
+    const t1 = Math.max(...shown.map((s) => s.t1));
+    const W = 1200;
+    const left = 70;
+    const row = 34;
+    const top = 30;
+    const x = (t: number) => left + ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - left - 10);
+    const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;');
+    const parts: string[] = [];
+    parts.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${top + k * row + 50}" font-family="sans-serif" font-size="11">`);
+    parts.push(`<rect width="100%" height="100%" fill="white"/>`);
+    parts.push(`<text x="${left}" y="18" font-size="13">pipeline timeline: last ${Math.min(steps, last)} step(s), ${(t1 - t0).toFixed(0)} ms; grey = waiting (bubble)</text>`);
+    for (let s = 0; s < k; s++) {
+      const y = top + s * row;
+      parts.push(`<text x="4" y="${y + row / 2 + 4}">stage ${s}</text>`);
+      parts.push(`<rect x="${left}" y="${y + 2}" width="${W - left - 10}" height="${row - 4}" fill="#f7f7f7"/>`);
+    }
+    for (const sp of shown) {
+      const y = top + sp.stage * row;
+      const x0 = x(sp.t0);
+      const w = Math.max(0.5, x(sp.t1) - x0);
+      const name = spanName(sp);
+      parts.push(`<rect x="${x0.toFixed(2)}" y="${y + 4}" width="${w.toFixed(2)}" height="${row - 8}" fill="${COLORS[sp.label] ?? '#999'}" stroke="white" stroke-width="0.5"><title>${esc(`step ${sp.step} ${name}: ${(sp.t1 - sp.t0).toFixed(1)} ms`)}</title></rect>`);
+      if (w > 16 && !WAITS.has(sp.label)) parts.push(`<text x="${(x0 + w / 2).toFixed(2)}" y="${y + row / 2 + 4}" text-anchor="middle" fill="white">${esc(name)}</text>`);
+    }
+    const legend = ['forward', 'backward', 'recompute', 'optimizer_step', 'recv_act'];
+    legend.forEach((l, i) => {
+      const lx = left + i * 150;
+      const ly = top + k * row + 18;
+      parts.push(`<rect x="${lx}" y="${ly - 10}" width="12" height="12" fill="${COLORS[l]}"/><text x="${lx + 16}" y="${ly}">${l === 'recv_act' ? 'wait' : l.replace('_', ' ')}</text>`);
+    });
+    parts.push('</svg>');
+    return parts.join('\n') + '\n';
+  }
+
+  /** Writes the Chrome trace to `path` and the SVG beside it (`.svg`). Returns both paths. */
+  async write(path: string): Promise<[string, string]> {
+    const svgPath = path.replace(/\.json$/i, '') + '.svg';
+    await writeFileAtomic(path, this.chromeTrace());
+    await writeFileAtomic(svgPath, this.svg());
+    return [path, svgPath];
+  }
+}
