@@ -12,6 +12,7 @@ import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { LayerwiseError, check } from '../errors.js';
 import { registerMatMulGrad } from './matmul-grad.js';
 import { registerWasmKernels } from './wasm-kernels.js';
+import { registerWasmLayoutKernels } from './wasm-layout.js';
 import { registerWasmMatMul } from './wasm-matmul.js';
 
 /** Backends layerwise can run on. 'wasm' and 'cpu' ship with it; the others are optional installs. */
@@ -31,6 +32,7 @@ let registered = false;
 function registerExtensions(): void {
   if (registered) return;
   registerWasmKernels();
+  registerWasmLayoutKernels();
   registerWasmMatMul();
   registerMatMulGrad();
   registered = true;

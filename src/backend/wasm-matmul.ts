@@ -148,21 +148,29 @@ function direct(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo, transp
 }
 
 /**
- * op(a) @ op(b), either directly or as (op(b)^T @ op(a)^T)^T, whichever moves fewer elements.
- * Costs, in elements: an explicit transpose moves its size; XNNPACK packs the right operand
- * (K*N) on each fresh tensor id, about as slowly per element as a transpose (measured: 1M floats,
- * ~15-20 ms each). Direct: (tA ? MK : 0) + (tB ? KN : 0) + KN. Swapped: (tB ? 0 : KN) +
- * (tA ? 0 : MK) + MK + MN (the result is transposed back). An untransposed product is always
- * direct, so a weight `b` keeps its cached packing. Example: the input gradient dY[256,1024] @
- * W[1024,1024]^T costs 2M direct but 0.75M swapped.
+ * Relative cost per element of XNNPACK packing the right operand (done on each fresh tensor id;
+ * `xnn_pack_f32_gemm_io_w` reads it column-strided) against an explicit transpose
+ * (wasm-layout.ts, cache-blocked). Measured on charlm-small shapes: packing [4096,1024] ~70 ms,
+ * transposing it ~18 ms.
+ */
+const PACK_COST = 4;
+
+/**
+ * op(a) @ op(b), either directly or as (op(b)^T @ op(a)^T)^T, whichever moves fewer elements
+ * (in transpose-equivalents): an explicit transpose moves its size; XNNPACK packs the right
+ * operand (K*N) on each fresh tensor id at {@link PACK_COST} per element. Direct:
+ * (tA ? MK : 0) + (tB ? KN : 0) + PACK_COST KN. Swapped: (tB ? 0 : KN) + (tA ? 0 : MK) +
+ * PACK_COST MK + MN (the result is transposed back). An untransposed product is always direct,
+ * so a weight `b` keeps its cached packing. Example: the weight gradient x[4096,256]^T @
+ * dy[4096,1024] packs 4M elements direct (17M) but transposes dy and packs x swapped (8.3M).
  */
 function product(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo, tA: boolean, tB: boolean): tf.TensorInfo {
   const [a0, a1] = a.shape.slice(-2) as [number, number];
   const [b0, b1] = b.shape.slice(-2) as [number, number];
   const [m, k] = tA ? [a1, a0] : [a0, a1];
   const n = tB ? b0 : b1;
-  const directCost = (tA ? m * k : 0) + (tB ? k * n : 0) + k * n;
-  const swappedCost = (tB ? 0 : k * n) + (tA ? 0 : m * k) + m * k + m * n;
+  const directCost = (tA ? m * k : 0) + (tB ? k * n : 0) + PACK_COST * k * n;
+  const swappedCost = (tB ? 0 : k * n) + (tA ? 0 : m * k) + PACK_COST * m * k + m * n;
   if (!tA && !tB || directCost <= swappedCost || k !== (tB ? b1 : b0)) return direct(backend, a, b, tA, tB);
   const outT = direct(backend, b, a, !tB, !tA);
   const out = transposeLast2(backend, outT);

@@ -4,6 +4,20 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
+/** The result of a custom-gradient forward function: its value and the gradient function. */
+interface CustomResult {
+  value: tf.Tensor;
+  gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => tf.Tensor[];
+}
+
+/** tf.customGrad with tensor arguments typed positionally (the save function comes last). */
+function customGrad<A extends tf.Tensor[]>(
+  f: (...args: [...A, tf.GradSaveFunc]) => CustomResult,
+): (...args: A) => tf.Tensor {
+  const g = tf.customGrad(f as unknown as Parameters<typeof tf.customGrad>[0]);
+  return (...args: A) => g(...args);
+}
+
 /** y = x W + b over the last axis. x: [..., Din], w: [Din, Dout], b: [Dout] -> [..., Dout]. */
 export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
   const din = x.shape[x.shape.length - 1];
@@ -14,20 +28,70 @@ export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
   return x.rank === 2 ? y : tf.reshape(y, [...lead, w.shape[1] as number]);
 }
 
-/** Layer normalisation over the last axis (Ba et al., 2016), eps = 1e-5. g, b: [D]. */
+/** Axes 0..rank-2: the rows of a tensor normalised over its last axis. */
+const leadingAxes = (rank: number): number[] => [...Array(rank - 1).keys()];
+
+/**
+ * Layer normalisation over the last axis (Ba et al., 2016), eps = 1e-5. g, b: [D].
+ * Custom gradient: saves only xhat = (x - mean) * rstd and rstd (the stock autodiff of the
+ * composition saves about 8 tensors and runs 20 kernels), and computes
+ * dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) with dxhat = dy * g,
+ * dg = sum over rows of dy * xhat, db = sum over rows of dy.
+ */
 export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, eps = 1e-5): tf.Tensor {
-  const axis = x.rank - 1;
-  const mean = tf.mean(x, axis, true);
-  const centered = tf.sub(x, mean);
-  const variance = tf.mean(tf.square(centered), axis, true);
-  return tf.add(tf.mul(tf.mul(centered, tf.rsqrt(tf.add(variance, eps))), g), b);
+  const f = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
+    const axis = x.rank - 1;
+    const centered = tf.sub(x, tf.mean(x, axis, true));
+    const rstd = tf.rsqrt(tf.add(tf.mean(tf.square(centered), axis, true), eps));
+    const xhat = tf.mul(centered, rstd);
+    save([xhat, rstd, g]);
+    return {
+      value: tf.add(tf.mul(xhat, g), b),
+      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+        const d = dy as tf.Tensor;
+        const [xh, rs, gg] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
+        const rows = leadingAxes(d.rank);
+        const dg = tf.sum(tf.mul(d, xh), rows);
+        const db = tf.sum(d, rows);
+        const dxhat = tf.mul(d, gg);
+        const m1 = tf.mean(dxhat, axis, true);
+        const m2 = tf.mean(tf.mul(dxhat, xh), axis, true);
+        const dx = tf.mul(tf.sub(tf.sub(dxhat, m1), tf.mul(xh, m2)), rs);
+        return [dx, dg, db];
+      },
+    };
+  });
+  return f(x, g, b);
 }
 
-/** GELU, tanh approximation (Hendrycks & Gimpel, 2016), as in GPT-2. */
+const GELU_C1 = 2 * Math.sqrt(2 / Math.PI);
+const GELU_C2 = GELU_C1 * 0.044715;
+
+/**
+ * GELU, tanh approximation (Hendrycks & Gimpel, 2016), as in GPT-2:
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), computed as x * sigmoid(u) with
+ * u = x (c1 + c2 x^2), c1 = 2 sqrt(2/pi), c2 = 0.044715 c1 (0.5 (1 + tanh(z)) = sigmoid(2z)):
+ * sigmoid is a vectorised XNNPACK kernel on wasm, tanh and pow are scalar and slow.
+ * Custom gradient: saves only x; dy/dx = s + x (c1 + 3 c2 x^2) s (1 - s), s = sigmoid(u).
+ */
 export function gelu(x: tf.Tensor): tf.Tensor {
-  const c = Math.sqrt(2 / Math.PI);
-  const inner = tf.mul(tf.add(x, tf.mul(tf.pow(x, 3), 0.044715)), c);
-  return tf.mul(tf.mul(x, 0.5), tf.add(tf.tanh(inner), 1));
+  const f = customGrad((x: tf.Tensor, save: tf.GradSaveFunc) => {
+    save([x]);
+    const x2 = tf.square(x);
+    const s = tf.sigmoid(tf.mul(x, tf.add(tf.mul(x2, GELU_C2), GELU_C1)));
+    return {
+      value: tf.mul(x, s),
+      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+        const [xs] = saved as [tf.Tensor];
+        const sq = tf.square(xs);
+        const sg = tf.sigmoid(tf.mul(xs, tf.add(tf.mul(sq, GELU_C2), GELU_C1)));
+        const du = tf.mul(xs, tf.add(tf.mul(sq, 3 * GELU_C2), GELU_C1));
+        const slope = tf.add(sg, tf.mul(du, tf.sub(sg, tf.square(sg))));
+        return [tf.mul(dy as tf.Tensor, slope)];
+      },
+    };
+  });
+  return f(x);
 }
 
 const maskCache = new Map<number, Float32Array>();
@@ -43,20 +107,43 @@ export function causalMask(t: number): tf.Tensor2D {
 }
 
 /**
+ * softmax(scores * scale + causal mask) over the last axis. scores: [..., T, T]. Custom
+ * gradient: saves only the output y; dscores = scale * y * (dy - sum(dy * y)).
+ */
+export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
+  const t = scores.shape[scores.rank - 1]!;
+  const f = customGrad((s: tf.Tensor, save: tf.GradSaveFunc) => {
+    const scaled = scale === 1 ? s : tf.mul(s, scale);
+    const y = tf.softmax(tf.add(scaled, causalMask(t)), -1);
+    save([y]);
+    return {
+      value: y,
+      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+        const d = dy as tf.Tensor;
+        const [ys] = saved as [tf.Tensor];
+        const dot = tf.sum(tf.mul(d, ys), -1, true);
+        const dx = tf.mul(tf.sub(d, dot), ys);
+        return [scale === 1 ? dx : tf.mul(dx, scale)];
+      },
+    };
+  });
+  return f(scores);
+}
+
+/**
  * Causal multi-head self-attention (Vaswani et al., 2017). x: [B, T, D]; wqkv: [D, 3D],
  * bqkv: [3D]; wo: [D, D], bo: [D]. Returns [B, T, D].
  */
 export function causalSelfAttention(
   x: tf.Tensor, heads: number, wqkv: tf.Tensor, bqkv: tf.Tensor, wo: tf.Tensor, bo: tf.Tensor,
 ): tf.Tensor {
-  const [B, T, D] = x.shape;
+  const [B, T, D] = x.shape as [number, number, number];
   const dh = D / heads;
   const qkv = dense(x, wqkv, bqkv); // [B, T, 3D]
-  // [B, T, 3, H, dh] -> [3, B, H, T, dh]
+  // [B, T, 3, H, dh] -> [3, B, H, T, dh] (rows of dh move whole), then q, k, v: [BH, T, dh]
   const split = tf.transpose(tf.reshape(qkv, [B, T, 3, heads, dh]), [2, 0, 3, 1, 4]);
-  const [q, k, v] = tf.unstack(split, 0).map((t) => tf.reshape(t, [B * heads, T, dh]));
-  const scores = tf.add(tf.mul(tf.matMul(q, k, false, true), 1 / Math.sqrt(dh)), causalMask(T)); // [BH, T, T]
-  const att = tf.softmax(scores, -1);
+  const [q, k, v] = tf.unstack(split, 0).map((t) => tf.reshape(t, [B * heads, T, dh])) as [tf.Tensor, tf.Tensor, tf.Tensor];
+  const att = maskedSoftmax(tf.matMul(q, k, false, true), 1 / Math.sqrt(dh)); // [BH, T, T]
   const ctx = tf.matMul(att, v); // [BH, T, dh]
   const merged = tf.reshape(tf.transpose(tf.reshape(ctx, [B, heads, T, dh]), [0, 2, 1, 3]), [B, T, D]);
   return dense(merged, wo, bo);
@@ -64,12 +151,26 @@ export function causalSelfAttention(
 
 /**
  * Mean softmax cross-entropy. logits: [..., V] float32; labels: [...] int32 class indices.
- * Returns a scalar (nats per prediction).
+ * Returns a scalar (nats per prediction). Custom gradient: saves log-softmax and the one-hot
+ * labels; dlogits = (softmax - onehot) * dy / N over the N predictions.
  */
 export function softmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar {
-  const v = logits.shape[logits.shape.length - 1];
-  const flat = tf.reshape(logits, [-1, v]);
-  const oneHot = tf.oneHot(tf.reshape(labels, [-1]) as tf.Tensor1D, v);
-  const logp = tf.logSoftmax(flat, -1);
-  return tf.neg(tf.mean(tf.sum(tf.mul(oneHot, logp), -1))) as tf.Scalar;
+  const v = logits.shape[logits.shape.length - 1]!;
+  const shape = logits.shape;
+  const f = customGrad((lg: tf.Tensor, save: tf.GradSaveFunc) => {
+    const flat = tf.reshape(lg, [-1, v]);
+    const oneHot = tf.oneHot(tf.reshape(labels, [-1]) as tf.Tensor1D, v);
+    const logp = tf.logSoftmax(flat, -1);
+    save([logp, oneHot]);
+    return {
+      value: tf.neg(tf.mean(tf.sum(tf.mul(oneHot, logp), -1))),
+      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+        const [lp, oh] = saved as [tf.Tensor, tf.Tensor];
+        const n = lp.shape[0]!;
+        const g = tf.mul(tf.sub(tf.exp(lp), oh), tf.div(dy as tf.Tensor, n));
+        return [tf.reshape(g, shape)];
+      },
+    };
+  });
+  return f(logits) as tf.Scalar;
 }

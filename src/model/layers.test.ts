@@ -1,0 +1,142 @@
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import * as tf from '@tensorflow/tfjs-core';
+import { initBackend } from '../backend/index.js';
+import { causalMask, causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from './layers.js';
+
+function values(n: number, seed: number, scale = 1): Float32Array {
+  let x = seed * 2654435761 >>> 0;
+  return Float32Array.from({ length: n }, () => {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    return (x / 2 ** 31 - 1) * scale;
+  });
+}
+
+/** The stock TF.js compositions these layers replaced (autodiff gradients). */
+const reference = {
+  layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, eps = 1e-5): tf.Tensor {
+    const axis = x.rank - 1;
+    const mean = tf.mean(x, axis, true);
+    const centered = tf.sub(x, mean);
+    const variance = tf.mean(tf.square(centered), axis, true);
+    return tf.add(tf.mul(tf.mul(centered, tf.rsqrt(tf.add(variance, eps))), g), b);
+  },
+  gelu(x: tf.Tensor): tf.Tensor {
+    const c = Math.sqrt(2 / Math.PI);
+    const inner = tf.mul(tf.add(x, tf.mul(tf.pow(x, 3), 0.044715)), c);
+    return tf.mul(tf.mul(x, 0.5), tf.add(tf.tanh(inner), 1));
+  },
+  maskedSoftmax(s: tf.Tensor, scale: number): tf.Tensor {
+    return tf.softmax(tf.add(tf.mul(s, scale), causalMask(s.shape[s.rank - 1]!)), -1);
+  },
+  softmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar {
+    const v = logits.shape[logits.shape.length - 1]!;
+    const oneHot = tf.oneHot(tf.reshape(labels, [-1]) as tf.Tensor1D, v);
+    const logp = tf.logSoftmax(tf.reshape(logits, [-1, v]), -1);
+    return tf.neg(tf.mean(tf.sum(tf.mul(oneHot, logp), -1))) as tf.Scalar;
+  },
+};
+
+/** Value of f(xs) and gradients of sum(f(xs) * w) w.r.t. xs, read back. */
+function valueAndGrads(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], seed: number): Float32Array[] {
+  return tf.tidy(() => {
+    const y = f(...xs);
+    const w = tf.tensor(values(y.size, seed), y.shape);
+    const gs = tf.grads((...a: tf.Tensor[]) => tf.sum(tf.mul(f(...a), w)))(xs);
+    return [y, ...gs].map((t) => Float32Array.from(t.dataSync()));
+  });
+}
+
+function close(x: Float32Array, y: Float32Array, what: string, tol = 2e-5): void {
+  assert.equal(x.length, y.length, what);
+  let diff = 0;
+  let scale = 0;
+  for (let i = 0; i < x.length; i++) {
+    diff = Math.max(diff, Math.abs(x[i]! - y[i]!));
+    scale = Math.max(scale, Math.abs(y[i]!));
+  }
+  assert.ok(diff <= tol * (1 + scale), `${what}: max abs diff ${diff} (scale ${scale})`);
+}
+
+interface Case {
+  name: string;
+  ours: (...xs: tf.Tensor[]) => tf.Tensor;
+  ref: (...xs: tf.Tensor[]) => tf.Tensor;
+  inputs: () => tf.Tensor[];
+}
+
+const labels = () => tf.tensor(Int32Array.from(values(2 * 5, 4), (v) => Math.floor((v + 1) * 3.5)), [2, 5], 'int32');
+const cases: Case[] = [
+  {
+    name: 'layerNorm', ours: (x, g, b) => layerNorm(x!, g!, b!), ref: (x, g, b) => reference.layerNorm(x!, g!, b!),
+    inputs: () => [tf.tensor(values(2 * 3 * 16, 1, 3), [2, 3, 16]), tf.tensor(values(16, 2), [16]), tf.tensor(values(16, 3), [16])],
+  },
+  { name: 'gelu', ours: (x) => gelu(x!), ref: (x) => reference.gelu(x!), inputs: () => [tf.tensor(values(3 * 40, 5, 4), [3, 40])] },
+  {
+    name: 'maskedSoftmax', ours: (s) => maskedSoftmax(s!, 0.3), ref: (s) => reference.maskedSoftmax(s!, 0.3),
+    inputs: () => [tf.tensor(values(3 * 6 * 6, 6, 5), [3, 6, 6])],
+  },
+  {
+    name: 'softmaxCrossEntropy', ours: (l) => softmaxCrossEntropy(l!, labels()), ref: (l) => reference.softmaxCrossEntropy(l!, labels()),
+    inputs: () => [tf.tensor(values(2 * 5 * 7, 7, 3), [2, 5, 7])],
+  },
+];
+
+test('custom-gradient layers match the stock TF.js compositions on cpu and wasm (values and gradients)', async () => {
+  await initBackend('cpu');
+  const expected = cases.map((c, i) => valueAndGrads(c.ref, c.inputs(), 10 + i));
+  for (const backend of ['cpu', 'wasm']) {
+    await initBackend(backend);
+    cases.forEach((c, i) => {
+      const got = valueAndGrads(c.ours, c.inputs(), 10 + i);
+      got.forEach((g, j) => close(g, expected[i]![j]!, `${backend} ${c.name} ${j === 0 ? 'value' : `grad ${j - 1}`}`));
+    });
+  }
+});
+
+test('custom-gradient layers match central finite differences (float64 reference on cpu)', async () => {
+  await initBackend('cpu');
+  cases.forEach((c, i) => {
+    const xs = c.inputs();
+    const grads = valueAndGrads(c.ours, xs, 20 + i).slice(1);
+    const y0 = c.ours(...xs);
+    const w = values(y0.size, 20 + i);
+    y0.dispose();
+    const objective = (vals: Float32Array[]) => tf.tidy(() => {
+      const y = c.ours(...vals.map((v, k) => tf.tensor(v, xs[k]!.shape))).dataSync();
+      let s = 0;
+      for (let q = 0; q < y.length; q++) s += y[q]! * w[q]!;
+      return s;
+    });
+    xs.forEach((x, k) => {
+      const base = xs.map((t) => Float32Array.from(t.dataSync()));
+      const h = 1e-2;
+      for (let q = 0; q < x.size; q += Math.max(1, Math.floor(x.size / 12))) {
+        const orig = base[k]![q]!;
+        base[k]![q] = orig + h;
+        const up = objective(base);
+        base[k]![q] = orig - h;
+        const down = objective(base);
+        base[k]![q] = orig;
+        const fd = (up - down) / (2 * h);
+        const g = grads[k]![q]!;
+        assert.ok(Math.abs(fd - g) <= 2e-3 * (1 + Math.abs(fd)), `${c.name} input ${k} [${q}]: fd ${fd} vs grad ${g}`);
+      }
+    });
+    xs.forEach((t) => t.dispose());
+  });
+});
+
+test('causal self-attention: wasm values and gradients match cpu', async () => {
+  const [B, T, D, H] = [2, 5, 8, 2];
+  const mk = () => [
+    tf.tensor(values(B * T * D, 31), [B, T, D]), tf.tensor(values(D * 3 * D, 32, 0.5), [D, 3 * D]), tf.tensor(values(3 * D, 33), [3 * D]),
+    tf.tensor(values(D * D, 34, 0.5), [D, D]), tf.tensor(values(D, 35), [D]),
+  ];
+  const f = (x?: tf.Tensor, a?: tf.Tensor, b?: tf.Tensor, c?: tf.Tensor, d?: tf.Tensor) => causalSelfAttention(x!, H, a!, b!, c!, d!);
+  await initBackend('cpu');
+  const cpu = valueAndGrads(f, mk(), 40);
+  await initBackend('wasm');
+  const wasm = valueAndGrads(f, mk(), 40);
+  wasm.forEach((g, j) => close(g, cpu[j]!, `attention ${j}`, 1e-4));
+});
