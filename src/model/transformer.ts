@@ -1,6 +1,7 @@
 /** Blocks of a character-level causal Transformer language model (pre-LN, GPT-2 style). */
 import * as tf from '@tensorflow/tfjs-core';
 import type { Block } from './block.js';
+import { LayerwiseError } from '../errors.js';
 import { causalSelfAttention, dense, gelu, layerNorm } from './layers.js';
 
 /** Token + learned position embedding. Input: int32 token ids [B, T]; output [B, T, D]. */
@@ -13,9 +14,12 @@ export function embedding(name: string, vocab: number, context: number, d: numbe
     ],
     outputShape: ([b, t]) => [b, t, d],
     forward(p, x) {
-      const t = x.shape[1];
+      const t = x.shape[1] as number;
+      if (x.rank !== 2 || t > context) {
+        throw new LayerwiseError(`embedding input must be token ids [B, T] with T <= context ${context}, got shape [${x.shape}]`);
+      }
       const tok = tf.gather(p.tok, x as tf.Tensor2D); // [B, T, D]
-      const pos = t === context ? p.pos : tf.slice(p.pos, [0, 0], [t as number, d]);
+      const pos = t === context ? p.pos : tf.slice(p.pos, [0, 0], [t, d]);
       return tf.add(tok, pos);
     },
     flops: () => 0,
