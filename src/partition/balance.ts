@@ -31,7 +31,7 @@ export function validateBalance(balance: readonly number[], nBlocks: number, sta
 export function parseBalance(text: string): number[] {
   const parts = text.split(',').map((s) => s.trim());
   if (parts.some((p) => !/^\d+$/.test(p))) {
-    throw new LayerwiseError(`--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3`);
+    throw new LayerwiseError(`--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3, or one of params, time, memory`);
   }
   return parts.map(Number);
 }
@@ -83,4 +83,40 @@ export function stageRanges(balance: readonly number[]): StageRange[] {
     from += b;
   }
   return out;
+}
+
+/**
+ * Exact min-max partition for costs that do not add up over blocks: splits `n` blocks into `k`
+ * contiguous non-empty stages minimising the largest `stageCost(stage, from, to)` (stage index,
+ * half-open block range), by the same dynamic programme as {@link balanceByCost} (O(k n^2)
+ * calls). Used to minimise a stage's predicted peak memory, which depends on the stage's place
+ * in the pipeline. Returns the balance (blocks per stage). Throws {@link LayerwiseError} when k
+ * exceeds n.
+ */
+export function balanceByStageCost(n: number, k: number, stageCost: (stage: number, from: number, to: number) => number): number[] {
+  if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
+  if (k > n) throw new LayerwiseError(`cannot cut ${n} blocks into ${k} stages: use at most ${n} stages`);
+  const best = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(Infinity));
+  const cut = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(-1));
+  best[0][0] = 0;
+  for (let j = 1; j <= k; j++) {
+    for (let i = j; i <= n - (k - j); i++) {
+      for (let p = j - 1; p < i; p++) {
+        if (best[j - 1][p] === Infinity) continue;
+        const v = Math.max(best[j - 1][p], stageCost(j - 1, p, i));
+        if (v < best[j][i]) {
+          best[j][i] = v;
+          cut[j][i] = p;
+        }
+      }
+    }
+  }
+  const sizes: number[] = [];
+  let i = n;
+  for (let j = k; j >= 1; j--) {
+    const p = cut[j][i];
+    sizes.unshift(i - p);
+    i = p;
+  }
+  return sizes;
 }

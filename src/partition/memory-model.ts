@@ -1,0 +1,280 @@
+/**
+ * Cost model of a training step, pure (no tensors, no threads): from per-block costs measured
+ * by {@link ../partition/profile.ts} it predicts each stage's peak device bytes and the step's
+ * time, bubble and throughput for a partition, a number of micro-batches M, a
+ * re-materialization mode and a schedule.
+ *
+ * Memory is predicted by walking the stage's own action list (the schedule is data) and
+ * keeping a running total of the bytes the stage's engine holds, the way {@link ../pipeline/stage.ts}
+ * allocates and frees them:
+ *
+ * - always: parameters P and optimizer slots (AdamW 2P, SGD momentum P; created on the first
+ *   step, so the model describes every step after it);
+ * - the micro-batch inputs the stage holds: the first stage gets all M inputs at the start of
+ *   the step, the last stage all M label tensors; other stages hold received activations until
+ *   that micro-batch's backward (M in flight under fill-drain, at most K - s under 1F1B);
+ * - a forward peaks at its transient (all of a block's intermediates live until the block's
+ *   tidy ends) and keeps the tape's activations when it keeps them;
+ * - a backward peaks at the kept tape plus its transient (new gradients, input gradient,
+ *   intermediate gradients); a re-materialized backward first runs the forward again;
+ * - accumulated gradients (P) from the first backward to the optimizer step, which peaks at
+ *   its per-parameter temporaries.
+ *
+ * Per-block quantities add up over a stage's blocks (checked on wasm and cpu: a stage's
+ * forward transient, kept tape and backward transient are the sums of its blocks' within a few
+ * percent). Units: bytes and seconds throughout.
+ */
+import { LayerwiseError } from '../errors.js';
+import type { OptimizerConfig } from '../optim/optimizer.js';
+import { makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import { simulate } from '../schedule/simulate.js';
+import type { StageRange } from './balance.js';
+
+/** What one block costs at one micro-batch size (bytes, seconds). */
+export interface BlockCost {
+  name: string;
+  /** Bytes of the block's parameters (fp32). */
+  paramBytes: number;
+  /** Bytes of its largest parameter (the optimizer and the gradient sums work one at a time). */
+  maxParamBytes: number;
+  /** Peak bytes above params + slots + gradients during one optimizer step over the block. */
+  optTransientBytes: number;
+  /** Seconds of one optimizer step over the block's parameters. */
+  optSeconds: number;
+  /** Bytes of the block's input for one micro-batch. */
+  inBytes: number;
+  /** Bytes of the block's output for one micro-batch. */
+  outBytes: number;
+  /** Peak bytes above the level before, during the block's forward on the tape. */
+  fwdPeakBytes: number;
+  /** Bytes the forward keeps for backward (tape activations and output). */
+  keptBytes: number;
+  /** Peak bytes above the level with the tape kept, during the block's backward. */
+  bwdPeakBytes: number;
+  /** Seconds of one forward (on the tape). */
+  fwdSeconds: number;
+  /** Seconds of one backward from a kept tape (without re-computation). */
+  bwdSeconds: number;
+}
+
+/** Every block's costs at one micro-batch size, and the label bytes of that micro-batch. */
+export interface MicroBatchCosts {
+  /** Examples per micro-batch these costs were measured or interpolated at. */
+  batch: number;
+  blocks: BlockCost[];
+  /** Bytes of one micro-batch's labels (held by the last stage). */
+  labelBytes: number;
+}
+
+/** The size-dependent part of a block's costs, measured at one micro-batch size. */
+export type BlockSizeCost = Pick<BlockCost, 'inBytes' | 'outBytes' | 'fwdPeakBytes' | 'keptBytes' | 'bwdPeakBytes' | 'fwdSeconds' | 'bwdSeconds'>;
+
+/** A model's profile: size-independent block costs plus measurements at a few micro-batch sizes. */
+export interface ModelProfile {
+  /** Backend the profile was measured on. */
+  backend: string;
+  blocks: Array<Pick<BlockCost, 'name' | 'paramBytes' | 'maxParamBytes' | 'optTransientBytes' | 'optSeconds'>>;
+  /** Measurements by micro-batch size, sorted by `batch`, at least one. */
+  sizes: Array<{ batch: number; labelBytes: number; blocks: BlockSizeCost[] }>;
+}
+
+/** How a step is run: micro-batches, re-materialization, schedule and optimizer slots. */
+export interface StepShape {
+  /** Micro-batches M per mini-batch. */
+  m: number;
+  checkpoint: CheckpointMode;
+  schedule: ScheduleKind;
+  /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
+  slots: number;
+}
+
+/** Optimizer state in units of the parameters' size: AdamW 2 (m, v), SGD with momentum 1, plain SGD 0. */
+export function optimizerSlots(opt: Pick<OptimizerConfig, 'kind' | 'momentum'>): number {
+  if (opt.kind === 'adamw') return 2;
+  return opt.momentum > 0 ? 1 : 0;
+}
+
+const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = ['inBytes', 'outBytes', 'fwdPeakBytes', 'keptBytes', 'bwdPeakBytes', 'fwdSeconds', 'bwdSeconds'];
+
+/**
+ * The costs of every block at micro-batch size `batch` (examples): measured values where the
+ * profile has that size, else linear interpolation between the two nearest measured sizes
+ * (linear extrapolation beyond them, never below 0; with one measured size, proportional
+ * scaling). Bytes of activations are linear in the batch; times nearly so.
+ * Throws {@link LayerwiseError} for a non-positive batch or an empty profile.
+ */
+export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
+  if (!(batch > 0)) throw new LayerwiseError(`micro-batch size must be positive, got ${batch}`);
+  const sizes = profile.sizes;
+  if (sizes.length === 0) throw new LayerwiseError('the profile has no measured micro-batch size; profile at least one');
+  let lo = sizes[0];
+  let hi = sizes[sizes.length - 1];
+  const exact = sizes.find((s) => s.batch === batch);
+  if (exact) lo = hi = exact;
+  else if (sizes.length > 1) {
+    let i = sizes.findIndex((s) => s.batch > batch);
+    if (i <= 0) i = i === 0 ? 1 : sizes.length - 1; // below the smallest: first pair; above the largest: last pair
+    lo = sizes[i - 1];
+    hi = sizes[i];
+  }
+  const at = (a: number, b: number): number => {
+    if (lo === hi) return lo.batch === batch ? a : (a * batch) / lo.batch;
+    return Math.max(0, a + ((b - a) * (batch - lo.batch)) / (hi.batch - lo.batch));
+  };
+  const blocks = profile.blocks.map((b, j) => {
+    const out = { ...b } as BlockCost;
+    for (const k of SIZE_KEYS) out[k] = at(lo.blocks[j][k], hi.blocks[j][k]);
+    return out;
+  });
+  return { batch, blocks, labelBytes: at(lo.labelBytes, hi.labelBytes) };
+}
+
+function sum(xs: number[]): number {
+  return xs.reduce((a, b) => a + b, 0);
+}
+
+/** Sums of a stage's block costs. */
+function stageTotals(c: MicroBatchCosts, r: StageRange) {
+  const bl = c.blocks.slice(r.from, r.to);
+  if (bl.length === 0) throw new LayerwiseError(`stage [${r.from}, ${r.to}) holds no block of the model's ${c.blocks.length}; every stage needs at least 1 block`);
+  return {
+    params: sum(bl.map((b) => b.paramBytes)),
+    maxParam: Math.max(...bl.map((b) => b.maxParamBytes)),
+    optTransient: Math.max(...bl.map((b) => b.optTransientBytes)),
+    inBytes: bl[0].inBytes,
+    outBytes: bl[bl.length - 1].outBytes,
+    fwdPeak: sum(bl.map((b) => b.fwdPeakBytes)),
+    kept: sum(bl.map((b) => b.keptBytes)),
+    bwdPeak: sum(bl.map((b) => b.bwdPeakBytes)),
+    fwd: sum(bl.map((b) => b.fwdSeconds)),
+    bwd: sum(bl.map((b) => b.bwdSeconds)),
+    opt: sum(bl.map((b) => b.optSeconds)),
+  };
+}
+
+/**
+ * Predicted peak device bytes of one stage during one training step (after the first step,
+ * once the optimizer slots exist), by walking the stage's action list. `actions` is the
+ * stage's list from a {@link Schedule}; `stage`/`stages` its index and the number of stages.
+ */
+export function stagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number, schedule: Schedule, slots: number): number {
+  const t = stageTotals(c, r);
+  const k = schedule.length;
+  const actions = schedule[stage];
+  const first = stage === 0;
+  const last = stage === k - 1;
+  const m = actions.filter((a) => a.op === 'forward').length;
+  let cur = t.params * (1 + slots) + (first ? m * t.inBytes : 0) + (last ? m * c.labelBytes : 0);
+  let peak = cur;
+  const bump = (extra: number) => {
+    peak = Math.max(peak, cur + extra);
+  };
+  const kept = new Set<number>();
+  let haveGrads = false;
+  for (const a of actions) {
+    switch (a.op) {
+      case 'recv_act':
+        cur += t.inBytes;
+        break;
+      case 'forward':
+        bump(t.fwdPeak);
+        if (a.keep) {
+          cur += t.kept; // the output is part of the tape; the copy sent on shares its data
+          kept.add(a.mb);
+        } else if (!last) {
+          cur += t.outBytes; // output held until sent
+        }
+        break;
+      case 'send_act':
+        if (!kept.has(a.mb)) cur -= t.outBytes;
+        break;
+      case 'recv_grad':
+        cur += t.outBytes;
+        break;
+      case 'backward':
+        if (!kept.has(a.mb)) {
+          bump(t.fwdPeak); // re-materialization: the forward again, on the tape
+          cur += t.kept;
+        }
+        kept.delete(a.mb);
+        bump(t.bwdPeak);
+        cur += -t.kept - t.inBytes - (last ? c.labelBytes : t.outBytes) + t.params + (first ? 0 : t.inBytes);
+        if (haveGrads) {
+          bump(t.maxParam); // adding the new gradients into the accumulated ones, one at a time
+          cur -= t.params;
+        }
+        haveGrads = true;
+        break;
+      case 'send_grad':
+        cur -= t.inBytes;
+        break;
+      case 'reduce_grad_norm':
+        bump(t.maxParam);
+        break;
+      case 'optimizer_step':
+        bump(t.optTransient);
+        if (haveGrads) cur -= t.params;
+        haveGrads = false;
+        break;
+    }
+  }
+  return peak;
+}
+
+/**
+ * Predicted peak device bytes per stage for a partition (`ranges`, one per stage, contiguous
+ * and covering the model) and a step shape. Single-device training is the one-stage case with
+ * M = 1 and checkpoint 'never'. Throws {@link LayerwiseError} for an empty stage or bad M.
+ */
+export function predictPeakBytes(c: MicroBatchCosts, ranges: readonly StageRange[], shape: StepShape): number[] {
+  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.checkpoint);
+  return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
+}
+
+/** Predicted time of one step: wall seconds, per-stage busy seconds and idle (bubble) fraction. */
+export interface StepTime {
+  /** Wall seconds of one training step (the schedule's makespan). */
+  seconds: number;
+  /** Per stage: fraction of the step it waits (the bubble). */
+  bubble: number[];
+  /** Per stage: seconds of compute. */
+  busySeconds: number[];
+}
+
+/**
+ * Predicted step time: simulates the schedule with each stage's forward, backward (plus the
+ * forward again for micro-batches that are re-materialized) and optimizer times. Communication
+ * is taken as free (neighbouring worker threads exchange transferred buffers). Throws
+ * {@link LayerwiseError} for an empty stage or bad M.
+ */
+export function predictStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: Omit<StepShape, 'slots'>): StepTime {
+  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.checkpoint);
+  const totals = ranges.map((r) => stageTotals(c, r));
+  const keptBy = sched.map((acts) => new Set(acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : []))));
+  const sim = simulate(sched, (s, a) => {
+    const t = totals[s];
+    if (a.op === 'forward') return t.fwd;
+    if (a.op === 'backward') return t.bwd + (keptBy[s].has(a.mb) ? 0 : t.fwd);
+    if (a.op === 'optimizer_step') return t.opt;
+    return 0;
+  });
+  const busy = new Array<number>(ranges.length).fill(0);
+  for (const e of sim.events) busy[e.stage] += e.end - e.start;
+  return { seconds: sim.makespan, bubble: sim.bubble, busySeconds: busy };
+}
+
+/**
+ * Per-block costs to balance on, for {@link ../partition/balance.ts balanceByCost}:
+ * - 'time': forward + backward seconds, plus the forward again weighted by the fraction of
+ *   micro-batches that are re-materialized;
+ * - 'memory': bytes the block adds to its stage's peak: parameters, gradients and optimizer
+ *   slots, plus the tape of the micro-batches kept at once and its backward transient.
+ */
+export function blockBalanceCosts(c: MicroBatchCosts, kind: 'time' | 'memory', shape: StepShape, stages: number): number[] {
+  const m = shape.m;
+  const recomputed = shape.checkpoint === 'always' ? m : shape.checkpoint === 'except_last' ? m - 1 : 0;
+  if (kind === 'time') return c.blocks.map((b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds);
+  const inFlight = shape.schedule === '1f1b' ? Math.min(stages, m) : m;
+  const keptAtOnce = shape.checkpoint === 'never' ? inFlight : 1;
+  return c.blocks.map((b) => b.paramBytes * (2 + shape.slots) + b.keptBytes * keptAtOnce + b.bwdPeakBytes + b.inBytes * inFlight);
+}

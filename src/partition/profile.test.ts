@@ -1,0 +1,104 @@
+/**
+ * Profiling on a real backend: --balance time separates deliberately heavy blocks, and the
+ * memory model's predicted peak device bytes per stage are within 15% of what real runs
+ * (worker-thread stages, StepReport.peakBytes) measure, for single and gpipe on two presets.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import type { Batch } from '../data/batcher.js';
+import { initParams } from '../model/init.js';
+import { buildModel, type Model } from '../model/model.js';
+import { getPreset } from '../model/presets.js';
+import { defaultOptimizerConfig } from '../optim/optimizer.js';
+import { resolveStages, createStrategy } from '../strategies/index.js';
+import { resolveConfig, type TrainConfig } from '../train/config.js';
+import { Rng } from '../util/rng.js';
+import { costsAt, optimizerSlots, predictPeakBytes } from './memory-model.js';
+import { profileModel } from './profile.js';
+
+const BACKEND = 'wasm';
+
+function randomBatch(model: Model, n: number, rng: Rng): Batch {
+  const xShape = model.inputShape(n);
+  const size = xShape.reduce((a, b) => a * b, 1);
+  const cfg = model.config;
+  if (cfg.arch === 'charlm') {
+    const x = new Int32Array(size).map(() => rng.int(cfg.vocab));
+    const y = new Int32Array(size).map(() => rng.int(cfg.vocab));
+    return { x, xShape, y, yShape: xShape, examples: n, tokens: size };
+  }
+  const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : 2;
+  return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
+}
+
+interface Case {
+  preset: string;
+  model: Model;
+  overrides: Partial<TrainConfig>;
+}
+
+const CASES: Case[] = [
+  {
+    preset: 'charlm-tiny',
+    model: buildModel(getPreset('charlm-tiny').make({ vocab: 40 }, { layers: 2, dModel: 32, heads: 2, context: 16 })),
+    overrides: { layers: 2, dModel: 32, heads: 2, context: 16 },
+  },
+  {
+    preset: 'mlp-mnist',
+    model: buildModel(getPreset('mlp-mnist').make({ inputShape: [28, 28, 1], classes: 10 }, { layers: 2, dModel: 64 })),
+    overrides: { layers: 2, dModel: 64 },
+  },
+];
+
+const RUNS: Array<Partial<TrainConfig>> = [
+  { strategy: 'single' },
+  { strategy: 'gpipe', stages: 2, microBatches: 4, checkpoint: 'except_last', schedule: 'gpipe' },
+  { strategy: 'gpipe', stages: 2, microBatches: 4, checkpoint: 'never', schedule: '1f1b' },
+  { strategy: 'gpipe', stages: 3, microBatches: 2, checkpoint: 'always', schedule: 'gpipe' },
+];
+
+for (const c of CASES) {
+  test(`predicted peak device bytes within 15% of measured: ${c.preset}`, async () => {
+    const n = 16;
+    const opt = defaultOptimizerConfig('adamw');
+    const profile = await profileModel(c.model, { backend: BACKEND, microBatchSizes: [n / 4, n / 2, n], optimizer: opt, repeats: 1, warmup: 0 });
+    const params = initParams(c.model.blocks, 1);
+    const rng = new Rng(3);
+    for (const run of RUNS) {
+      const cfg = resolveConfig({ preset: c.preset, batchSize: n, backend: BACKEND, ...c.overrides, ...run } as Parameters<typeof resolveConfig>[0]);
+      const ranges = await resolveStages(cfg, c.model);
+      const single = cfg.strategy === 'single';
+      const m = single ? 1 : cfg.microBatches;
+      const predicted = predictPeakBytes(costsAt(profile, n / m), ranges, {
+        m, checkpoint: single ? 'never' : cfg.checkpoint, schedule: single ? 'gpipe' : cfg.schedule, slots: optimizerSlots(opt),
+      });
+      const s = await createStrategy(cfg, c.model, params, ranges);
+      let measured: number[];
+      try {
+        await s.trainStep(randomBatch(c.model, n, rng), 1e-3); // creates the optimizer slots
+        measured = (await s.trainStep(randomBatch(c.model, n, rng), 1e-3)).peakBytes;
+      } finally {
+        await s.close();
+      }
+      const what = `${c.preset} ${JSON.stringify(run)} balance ${ranges.map((r) => r.to - r.from)}: predicted ${predicted} measured ${measured}`;
+      assert.equal(predicted.length, measured.length, what);
+      predicted.forEach((p, i) => assert.ok(Math.abs(p - measured[i]) <= 0.15 * measured[i], `stage ${i}: ${what}`));
+      console.log(what);
+    }
+  });
+}
+
+test('--balance time separates the heavy blocks of a deliberately uneven model', async () => {
+  // dense0 and dense1 are 512x512 (heavy), the five after them 8 wide (light): an even split by
+  // block count would put both heavy blocks on stage 0
+  const model = buildModel({ arch: 'mlp', inputShape: [512, 1, 1], hidden: [512, 512, 8, 8, 8, 8], classes: 4 });
+  const cfg = resolveConfig({ preset: 'mlp-mnist', strategy: 'gpipe', stages: 2, microBatches: 2, batchSize: 32, backend: BACKEND, balance: 'time' });
+  const ranges = await resolveStages(cfg, model);
+  const stageOf = (b: number) => ranges.findIndex((r) => b >= r.from && b < r.to);
+  assert.notEqual(stageOf(0), stageOf(1), `balance ${ranges.map((r) => r.to - r.from)}`);
+  assert.deepEqual(ranges.map((r) => r.to - r.from), [1, 6]);
+  const mem = await resolveStages({ ...cfg, balance: 'memory' }, model);
+  assert.equal(mem.length, 2);
+  assert.throws(() => resolveConfig({ preset: 'mlp-mnist', balance: 'speed' }), /--balance 'speed' must be comma-separated block counts.*or one of params, time, memory/);
+  await assert.rejects(resolveStages({ ...cfg, stages: 8 }, model), /--stages 8 exceeds the model's 7 blocks; use at most 7 stages/);
+});

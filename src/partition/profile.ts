@@ -1,0 +1,234 @@
+/**
+ * Profiling: measures what each block of a model costs on a backend, in this thread, so that
+ * stages can be balanced by time or memory (torchgpipe's balance_by_time / balance_by_size) and
+ * so that `layerwise plan` can predict peak memory and throughput (see memory-model.ts).
+ *
+ * For each block and micro-batch size: forward and backward seconds (median of a few runs after
+ * a warm-up), and device bytes from the engine's exact byte counter (runtime/memory.ts): the
+ * forward's transient peak, the bytes its tape keeps (recordForward, as a stage that keeps its
+ * activations does), the backward's transient peak, and the block's input and output sizes.
+ * Per block, independent of the batch: parameter bytes, the largest parameter, and one
+ * optimizer step's time and transient bytes.
+ */
+import { initBackend } from '../backend/index.js';
+import { LayerwiseError } from '../errors.js';
+import { paramKey, sizeOf } from '../model/block.js';
+import { initParams } from '../model/init.js';
+import type { Model } from '../model/model.js';
+import { DeviceOptimizer, type OptimizerConfig } from '../optim/optimizer.js';
+import { backwardRecorded, recordForward } from '../pipeline/checkpoint.js';
+import { deviceBytes, peakBytes, resetPeakBytes } from '../runtime/memory.js';
+import { tf } from '../runtime/tfjs.js';
+import { Rng } from '../util/rng.js';
+import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './memory-model.js';
+
+/** What to profile. */
+export interface ProfileOptions {
+  /** Backend to measure on; initialised in this thread with initBackend. */
+  backend: string;
+  /** Micro-batch sizes (examples) to measure at; at least one. */
+  microBatchSizes: number[];
+  /** The optimizer whose step and slots to measure. */
+  optimizer: OptimizerConfig;
+  /** Timed runs per measurement, after `warmup` untimed ones (default 5 and 2). */
+  repeats?: number;
+  warmup?: number;
+  /** Seed of the random parameters and inputs (default 1). */
+  seed?: number;
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const h = s.length >> 1;
+  return s.length % 2 ? s[h] : (s[h - 1] + s[h]) / 2;
+}
+
+function bytesOf(shape: number[]): number {
+  return sizeOf(shape) * 4; // float32 and int32
+}
+
+/** Waits for asynchronous backends (webgpu) to finish the work behind `t`; a no-op cost elsewhere. */
+async function settle(t: tf.Tensor): Promise<void> {
+  if (tf.getBackend() === 'webgpu') await t.data();
+}
+
+/**
+ * Profiles every block of `model` on `opts.backend` at each micro-batch size, in this thread.
+ * Parameters and inputs are random (costs do not depend on values). Returns a
+ * {@link ModelProfile} (bytes, seconds). Throws {@link LayerwiseError} for an unknown or
+ * unavailable backend or a non-positive micro-batch size.
+ */
+export async function profileModel(model: Model, opts: ProfileOptions): Promise<ModelProfile> {
+  const sizes = [...new Set(opts.microBatchSizes)].sort((a, b) => a - b);
+  if (sizes.length === 0) throw new LayerwiseError('profiling needs at least one micro-batch size');
+  for (const b of sizes) {
+    if (!Number.isInteger(b) || b < 1) throw new LayerwiseError(`micro-batch size must be a positive integer, got ${b}; check --batch-size and --micro-batches`);
+  }
+  const repeats = opts.repeats ?? 5;
+  const warmup = opts.warmup ?? 2;
+  await initBackend(opts.backend);
+  const rng = new Rng(opts.seed ?? 1);
+  const host = initParams(model.blocks, opts.seed ?? 1);
+  const params = model.blocks.map((blk, i) => Object.fromEntries(blk.params.map((s) => {
+    const init = tf.tensor(host.get(paramKey(i, s.name))!.slice(), s.shape, 'float32');
+    const v = tf.variable(init, false);
+    init.dispose();
+    return [s.name, v] as const;
+  })));
+  try {
+    const blocks = model.blocks.map((blk, i) => {
+      const paramBytes = blk.params.reduce((s, p) => s + bytesOf(p.shape), 0);
+      const maxParamBytes = Math.max(0, ...blk.params.map((p) => bytesOf(p.shape)));
+      const { seconds, transient } = profileOptimizer(params[i], opts.optimizer, repeats, warmup);
+      return { name: blk.name, paramBytes, maxParamBytes, optTransientBytes: transient, optSeconds: seconds };
+    });
+    const out: ModelProfile = { backend: opts.backend, blocks, sizes: [] };
+    // a whole untimed pass at the smallest size first: the first pass of a process runs
+    // noticeably slower (JIT compilation of the JavaScript around the kernels)
+    if (warmup > 0) await profileAt(model, params, sizes[0], rng, 1, 0);
+    for (const n of sizes) out.sizes.push(await profileAt(model, params, n, rng, repeats, warmup));
+    return out;
+  } finally {
+    for (const p of params) for (const v of Object.values(p)) v.dispose();
+  }
+}
+
+/** One optimizer step over a block's parameters: median seconds and peak bytes above params, slots and grads. */
+function profileOptimizer(params: Record<string, tf.Variable>, cfg: OptimizerConfig, repeats: number, warmup: number): { seconds: number; transient: number } {
+  const map = new Map(Object.entries(params));
+  if (map.size === 0) return { seconds: 0, transient: 0 };
+  // a copy of the parameters, so that the steps do not change the values used for the blocks
+  const copy = new Map([...map].map(([k, v]) => [k, tf.variable(v, false)] as const));
+  const grads = new Map([...map].map(([k, v]) => [k, tf.randomNormal(v.shape, 0, 1e-3)] as const));
+  const opt = new DeviceOptimizer(cfg);
+  try {
+    opt.apply(copy, grads, 1e-3, 0.5); // creates the slots
+    const times: number[] = [];
+    let transient = 0;
+    for (let r = 0; r < warmup + repeats; r++) {
+      const before = deviceBytes();
+      resetPeakBytes();
+      const t0 = performance.now();
+      opt.apply(copy, grads, 1e-3, 0.5); // a clipping scale != 1, as when clipping is active
+      if (r >= warmup) times.push((performance.now() - t0) / 1000);
+      transient = Math.max(transient, peakBytes() - before);
+    }
+    return { seconds: median(times), transient };
+  } finally {
+    opt.dispose();
+    for (const t of [...copy.values(), ...grads.values()]) t.dispose();
+  }
+}
+
+/** Random model input and labels for `n` examples. */
+function randomBatch(model: Model, n: number, rng: Rng): { x: tf.Tensor; labels: tf.Tensor; labelBytes: number } {
+  const shape = model.inputShape(n);
+  let x: tf.Tensor;
+  if (model.inputDtype === 'int32') {
+    const vocab = model.config.arch === 'charlm' ? model.config.vocab : 2;
+    x = tf.tensor(new Int32Array(sizeOf(shape)).map(() => rng.int(vocab)), shape, 'int32');
+  } else {
+    x = tf.tensor(new Float32Array(sizeOf(shape)).map(() => rng.next()), shape, 'float32');
+  }
+  let outShape = shape;
+  for (const b of model.blocks) outShape = b.outputShape(outShape);
+  const classes = outShape[outShape.length - 1];
+  const lShape = outShape.slice(0, -1);
+  const labels = tf.tensor(new Int32Array(sizeOf(lShape)).map(() => rng.int(classes)), lShape, 'int32');
+  return { x, labels, labelBytes: bytesOf(lShape) };
+}
+
+/** Every block's size-dependent costs at micro-batch size `n`. */
+async function profileAt(model: Model, params: Array<Record<string, tf.Variable>>, n: number, rng: Rng, repeats: number, warmup: number): Promise<ModelProfile['sizes'][number]> {
+  const { x, labels, labelBytes } = randomBatch(model, n, rng);
+  const last = model.blocks.length - 1;
+  const inputs: tf.Tensor[] = [x];
+  try {
+    for (let i = 0; i < last; i++) inputs.push(tf.tidy(() => model.blocks[i].forward(params[i], inputs[i])));
+    if (warmup > 0) {
+      // one untimed forward and backward of the whole model first: kernels compile and
+      // allocators grow here rather than inside the first block's measurement
+      const all = model.blocks.flatMap((_, i) => Object.values(params[i]));
+      const g = tf.grads((...ps: tf.Tensor[]) => {
+        let h = x;
+        let j = 0;
+        model.blocks.forEach((b, i) => {
+          const p: Record<string, tf.Tensor> = {};
+          for (const name of Object.keys(params[i])) p[name] = ps[j++];
+          h = b.forward(p, h);
+        });
+        return model.loss(h, labels);
+      })(all);
+      await settle(g[g.length - 1]);
+      g.forEach((t) => t.dispose());
+    }
+    const blocks: BlockSizeCost[] = [];
+    for (let i = 0; i <= last; i++) {
+      const blk = model.blocks[i];
+      const xi = inputs[i];
+      const ps = Object.values(params[i]);
+      const f = i === last ? () => model.loss(blk.forward(params[i], xi), labels) : () => blk.forward(params[i], xi);
+      const xs = i > 0 ? [...ps, xi] : ps;
+      const fwd: number[] = [];
+      const bwd: number[] = [];
+      const mem = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
+      for (let r = 0; r < warmup + repeats; r++) {
+        const b0 = deviceBytes();
+        resetPeakBytes();
+        const t0 = performance.now();
+        const rec = recordForward(f);
+        await settle(rec.y);
+        const t1 = performance.now();
+        const fwdPeak = peakBytes() - b0;
+        const kept = deviceBytes() - b0;
+        const outBytes = i === last ? bytesOf(blk.outputShape(xi.shape)) : bytesOf(rec.y.shape);
+        const dy = i === last ? tf.scalar(1) : tf.onesLike(rec.y);
+        const b1 = deviceBytes();
+        resetPeakBytes();
+        const t2 = performance.now();
+        if (xs.length === 0) {
+          // a block without parameters on the model's input: nothing to differentiate
+          rec.y.dispose();
+        } else {
+          const g = backwardRecorded(rec, xs, dy);
+          await settle(g[g.length - 1]);
+          g.forEach((t) => t.dispose());
+        }
+        const t3 = performance.now();
+        const bwdPeak = peakBytes() - b1;
+        dy.dispose();
+        if (r >= warmup) {
+          fwd.push((t1 - t0) / 1000);
+          bwd.push((t3 - t2) / 1000);
+        }
+        mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, fwdPeak);
+        mem.keptBytes = Math.max(mem.keptBytes, kept);
+        mem.bwdPeakBytes = Math.max(mem.bwdPeakBytes, bwdPeak);
+        mem.outBytes = outBytes;
+      }
+      blocks.push({ inBytes: bytesOf(xi.shape), ...mem, fwdSeconds: median(fwd), bwdSeconds: median(bwd) });
+    }
+    return { batch: n, labelBytes, blocks };
+  } finally {
+    for (const t of inputs) t.dispose();
+    labels.dispose();
+  }
+}
+
+/**
+ * Per-block costs for `--balance time|memory`: profiles the model at one micro-batch size on a
+ * backend and returns {@link blockBalanceCosts} (seconds, or bytes, per block) for the given
+ * step shape. Throws {@link LayerwiseError} for an unavailable backend or a bad size.
+ */
+export async function profiledBalanceCosts(model: Model, o: {
+  kind: 'time' | 'memory';
+  backend: string;
+  /** Examples per micro-batch. */
+  microBatch: number;
+  stages: number;
+  shape: Omit<StepShape, 'slots'>;
+  optimizer: OptimizerConfig;
+}): Promise<number[]> {
+  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: [o.microBatch], optimizer: o.optimizer });
+  return blockBalanceCosts(costsAt(profile, o.microBatch), o.kind, { ...o.shape, slots: optimizerSlots(o.optimizer) }, o.stages);
+}

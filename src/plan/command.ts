@@ -1,0 +1,91 @@
+/**
+ * `layerwise plan`: builds the model a preset gives on its data, profiles its blocks on the
+ * backend (in this thread), runs the planner and renders the result as text.
+ */
+import { loadDataset } from '../data/index.js';
+import { modelParamCount, buildModel } from '../model/model.js';
+import { paramCount } from '../model/block.js';
+import { defaultOptimizerConfig } from '../optim/optimizer.js';
+import { optimizerSlots, type ModelProfile } from '../partition/memory-model.js';
+import { profileModel } from '../partition/profile.js';
+import { resolveConfig } from '../train/config.js';
+import { modelConfigFor } from '../train/trainer.js';
+import { checkRequest, describe, divisors, plan, type Plan, type PlanRequest } from './plan.js';
+import { formatSize, parseSize } from './size.js';
+
+/** The flags of `layerwise plan`. */
+export interface PlanOptions {
+  preset: string;
+  /** A size such as 512MB, 1.5GiB or 2e9. */
+  deviceMemory: string;
+  stages: number;
+  batchSize: number;
+  microBatches?: number;
+  backend?: string;
+  optimizer?: 'adamw' | 'sgd';
+  data?: string;
+  layers?: number;
+  dModel?: number;
+  heads?: number;
+  context?: number;
+}
+
+/** The micro-batch sizes to profile at: the smallest, the largest and one in between of the candidates (and N for single). */
+export function profileSizes(batchSize: number, microBatches?: number): number[] {
+  const cands = [...new Set([...(microBatches ? [microBatches] : divisors(batchSize)).map((m) => batchSize / m), batchSize])].sort((a, b) => a - b);
+  if (cands.length <= 3) return cands;
+  return [cands[0], cands[Math.floor((cands.length - 1) / 2)], cands[cands.length - 1]];
+}
+
+/**
+ * Plans a preset for a memory budget: validates the request, profiles the model's blocks and
+ * returns the plan, the profile and a text report. Throws {@link LayerwiseError} for bad input
+ * (unknown preset or backend, unparsable size, micro-batches that do not divide the batch,
+ * more stages than blocks) before profiling.
+ */
+export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: ModelProfile; text: string }> {
+  const deviceMemory = parseSize(o.deviceMemory);
+  const cfg = resolveConfig({
+    preset: o.preset, data: o.data, batchSize: o.batchSize, backend: o.backend, optimizer: o.optimizer,
+    layers: o.layers, dModel: o.dModel, heads: o.heads, context: o.context,
+  });
+  const ds = await loadDataset(cfg.data);
+  const model = buildModel(modelConfigFor(cfg, ds));
+  const opt = defaultOptimizerConfig(cfg.optimizer);
+  const req: PlanRequest = {
+    deviceMemory, stages: o.stages, batchSize: cfg.batchSize, microBatches: o.microBatches, slots: optimizerSlots(opt),
+    tokensPerExample: model.config.arch === 'charlm' ? model.config.context : 1,
+    paramCounts: model.blocks.map(paramCount),
+  };
+  checkRequest(req, model.blocks.length);
+  const sizes = profileSizes(cfg.batchSize, o.microBatches);
+  const t0 = performance.now();
+  const profile = await profileModel(model, { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt });
+  const secs = (performance.now() - t0) / 1000;
+  const p = plan(profile, req);
+  const head = [
+    `plan for ${o.preset}: ${model.blocks.length} blocks, ${modelParamCount(model).toLocaleString('en-US')} parameters, ${cfg.optimizer}, mini-batch ${cfg.batchSize}`,
+    `budget ${formatSize(deviceMemory)} per device, ${o.stages} device${o.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
+    '',
+  ];
+  const rows = p.strategies.map((s) => s.unavailable
+    ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
+    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'single' ? '-' : s.checkpoint, s.strategy === 'single' ? '-' : s.schedule,
+      `${s.balance.join(',')}${s.strategy === 'single' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
+      `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
+      req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
+  const table = renderTable(['strategy', 'fits', 'K', 'M', 'checkpoint', 'schedule', 'balance', 'peak device bytes per stage', 'bubble (pred vs ideal)', 'step ms', 'throughput'], rows);
+  const rec = p.recommended
+    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize}`
+    : `recommendation: ${p.recommendation}`;
+  const notes = [
+    'throughput assumes one device per stage (a core or an accelerator each); l2l is not implemented yet, so it is not in this plan',
+  ];
+  return { plan: p, profile, text: [...head, table, rec, ...notes.map((n) => `note: ${n}`)].join('\n') };
+}
+
+function renderTable(columns: string[], rows: string[][]): string {
+  const w = columns.map((c, i) => Math.max(c.length, ...rows.map((r) => (r[i] ?? '').length)));
+  const line = (cells: string[]) => cells.map((c, i) => (c ?? '').padEnd(w[i])).join('  ').trimEnd();
+  return [line(columns), line(w.map((n) => '-'.repeat(n))), ...rows.map(line)].join('\n') + '\n';
+}

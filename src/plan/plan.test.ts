@@ -1,0 +1,85 @@
+/** The planner on hand-made profiles, size parsing, and `layerwise plan`'s bad input. */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import type { ModelProfile } from '../partition/memory-model.js';
+import { divisors, plan, type PlanRequest } from './plan.js';
+import { parseSize } from './size.js';
+
+const MiB = 2 ** 20;
+
+/** n equal blocks: 1 MiB of parameters each, 1 MiB of activations per example kept, 1 ms per example forward. */
+function profile(n: number): ModelProfile {
+  const at = (b: number) => ({ inBytes: 1024 * b, outBytes: 1024 * b, fwdPeakBytes: 2 * MiB * b, keptBytes: MiB * b, bwdPeakBytes: 2 * MiB * b, fwdSeconds: 1e-3 * b, bwdSeconds: 2e-3 * b });
+  return {
+    backend: 'cpu',
+    blocks: Array.from({ length: n }, (_, i) => ({ name: `b${i}`, paramBytes: MiB, maxParamBytes: MiB / 2, optTransientBytes: MiB, optSeconds: 1e-4 })),
+    sizes: [1, 32].map((b) => ({ batch: b, labelBytes: 4 * b, blocks: Array.from({ length: n }, () => at(b)) })),
+  };
+}
+const REQ: PlanRequest = { deviceMemory: 512 * MiB, stages: 4, batchSize: 32, slots: 2 };
+
+test('sizes: SI and IEC units, plain and scientific bytes; bad sizes name the fix', () => {
+  assert.equal(parseSize('512MB'), 512e6);
+  assert.equal(parseSize('1.5GiB'), 1.5 * 2 ** 30);
+  assert.equal(parseSize('2e9'), 2e9);
+  assert.equal(parseSize('4096'), 4096);
+  assert.equal(parseSize('64 kib'), 65536);
+  for (const bad of ['lots', '-1MB', '0', '12XB', '']) {
+    assert.throws(() => parseSize(bad), /--device-memory '.*' is not a positive size; write e.g. 512MB, 1.5GiB or 2e9/);
+  }
+});
+
+test('a model too large for one device: single does not fit, gpipe does, and is recommended', () => {
+  const p = plan(profile(8), REQ);
+  const single = p.strategies.find((s) => s.strategy === 'single')!;
+  const gpipe = p.strategies.find((s) => s.strategy === 'gpipe')!;
+  assert.equal(single.fits, false);
+  assert.ok(single.peakBytes[0] > 512 * MiB);
+  assert.equal(gpipe.fits, true);
+  assert.ok(Math.max(...gpipe.peakBytes) <= 512 * MiB);
+  assert.equal(gpipe.balance.reduce((a, b) => a + b, 0), 8);
+  assert.ok(32 % gpipe.microBatches === 0);
+  assert.equal(p.recommended, 'gpipe');
+  assert.match(p.recommendation, /^gpipe \(--strategy gpipe --stages 4 --micro-batches \d+ --checkpoint \w+ --schedule \w+ --balance [\d,]+\)/);
+  // the equal blocks are balanced 2,2,2,2; the bubble is predicted from the simulated schedule
+  assert.deepEqual(gpipe.balance, [2, 2, 2, 2]);
+  assert.ok(gpipe.bubble.every((b) => b >= 0 && b < 1));
+});
+
+test('a generous budget: the fastest plan wins; a tiny one: nothing fits, and the plan says what to change', () => {
+  const big = plan(profile(8), { ...REQ, deviceMemory: 64 * 2 ** 30 });
+  assert.ok(big.strategies.every((s) => s.fits));
+  const fastest = Math.min(...big.strategies.map((s) => s.stepSeconds));
+  assert.equal(big.strategies.find((s) => s.strategy === big.recommended)!.stepSeconds, fastest);
+  const tiny = plan(profile(8), { ...REQ, deviceMemory: MiB });
+  assert.equal(tiny.recommended, null);
+  assert.match(tiny.recommendation, /^nothing fits 1 MiB per device: the smallest predicted peak is .* use more --stages, a smaller --batch-size, or more --device-memory/);
+});
+
+test('a fixed --micro-batches is used; impossible requests are rejected with the fix', () => {
+  const p = plan(profile(8), { ...REQ, microBatches: 8 });
+  assert.equal(p.strategies.find((s) => s.strategy === 'gpipe')!.microBatches, 8);
+  assert.throws(() => plan(profile(3), REQ), /--stages 4 exceeds the model's 3 blocks; use at most 3 stages/);
+  assert.throws(() => plan(profile(8), { ...REQ, microBatches: 5 }), /--micro-batches 5 must divide --batch-size 32/);
+  assert.throws(() => plan(profile(8), { ...REQ, deviceMemory: 0 }), /--device-memory must be a positive size/);
+  const one = plan(profile(8), { ...REQ, stages: 1 });
+  assert.match(one.strategies.find((s) => s.strategy === 'gpipe')!.unavailable ?? '', /needs --stages 2 or more/);
+  assert.deepEqual(divisors(12), [1, 2, 3, 4, 6, 12]);
+});
+
+test('layerwise plan: bad input exits with status 2 and names the problem', () => {
+  const cli = fileURLToPath(new URL('../cli/main.js', import.meta.url));
+  const run = (args: string[]) => spawnSync(process.execPath, [cli, 'plan', ...args], { encoding: 'utf8', timeout: 60_000 });
+  const base = ['--preset', 'charlm-tiny', '--layers', '1', '--d-model', '16', '--context', '8', '--batch-size', '8'];
+  let r = run([...base, '--device-memory', 'much', '--stages', '2']);
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /--device-memory 'much' is not a positive size/);
+  r = run([...base, '--device-memory', '1GB', '--stages', '9']);
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /--stages 9 exceeds the model's 3 blocks; use at most 3 stages/);
+  r = run([...base, '--device-memory', '1GB', '--stages', '2']);
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /recommendation: /);
+});
