@@ -26,6 +26,10 @@ export {
 } from './schedule/schedule.js';
 export { simulate, type SimResult } from './schedule/simulate.js';
 export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
+export { profileModel, type ProfileOptions } from './partition/profile.js';
+export { costsAt, predictPeakBytes, predictStepTime, optimizerSlots, type ModelProfile, type BlockCost } from './partition/memory-model.js';
+export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/plan.js';
+export { parseSize } from './plan/size.js';
 export { splitMicroBatches } from './pipeline/microbatch.js';
 export { Stage } from './pipeline/stage.js';
 export { execute, type StageLinks, type TraceSpan } from './pipeline/executor.js';

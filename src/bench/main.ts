@@ -4,7 +4,9 @@
  */
 import { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
+import { benchBalance } from './balance.js';
 import { benchGpipe } from './gpipe.js';
+import { benchLocal } from './local.js';
 
 const program = new Command();
 program.name('bench');
@@ -21,6 +23,42 @@ program
   .action(async (o) => {
     await initBackend(o.backend); // validates the name before workers start
     await benchGpipe({ ...o, microBatches: String(o.microBatches).split(',').map(Number) }, (s) => console.log(s));
+  });
+
+program
+  .command('balance')
+  .description('gpipe throughput with --balance time vs the default (by parameters) on a model with uneven blocks; bubble vs (K-1)/(M+K-1)')
+  .option('--layers <n>', 'decoder layers', (v) => Number(v), 4)
+  .option('--d-model <n>', 'model width', (v) => Number(v), 64)
+  .option('--context <n>', 'context length', (v) => Number(v), 32)
+  .option('--vocab <n>', 'vocabulary size (the wide head)', (v) => Number(v), 4096)
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
+  .option('--micro-batches <list>', 'micro-batch counts', '4,8')
+  .option('--steps <n>', 'measured steps per configuration', (v) => Number(v), 3)
+  .option('--backend <name>', 'backend', 'wasm')
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    await initBackend(o.backend);
+    await benchBalance({ ...o, microBatches: String(o.microBatches).split(',').map(Number) }, (s) => console.log(s));
+  });
+
+program
+  .command('local')
+  .description('validation loss vs wall-clock for single, gpipe and local parallelism, and local throughput vs single')
+  .option('--preset <name>', 'model preset', 'charlm-small')
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--seconds <s>', 'training seconds per strategy', (v) => Number(v), 120)
+  .option('--eval-seconds <s>', 'evaluate every this many training seconds', (v) => Number(v), 15)
+  .option('--eval-batches <n>', 'validation batches', (v) => Number(v), 4)
+  .option('--gpipe-micro-batches <n>', 'gpipe micro-batches', (v) => Number(v), 8)
+  .option('--local-micro-batches <n>', 'local updates per mini-batch', (v) => Number(v), 2)
+  .option('--lr <x>', 'learning rate', (v) => Number(v), 2e-3)
+  .option('--backend <name>', 'backend', 'wasm')
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    await initBackend(o.backend);
+    await benchLocal(o, (s) => console.log(s));
   });
 
 await program.parseAsync(process.argv);

@@ -41,7 +41,11 @@ function hooks(): TrainHooks {
       const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
       console.log(`model ${config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
       console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
-      if (config.strategy !== 'single') console.log(`micro-batches ${config.microBatches} of ${config.batchSize / config.microBatches}, schedule ${config.schedule}, checkpoint ${config.checkpoint}`);
+      if (config.strategy === 'gpipe') console.log(`micro-batches ${config.microBatches} of ${config.batchSize / config.microBatches}, schedule ${config.schedule}, checkpoint ${config.checkpoint}`);
+      if (config.strategy === 'local') {
+        console.log(`local parallelism: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, one local update each; ` +
+          `${config.overlap ? `overlap ${config.overlap}` : 'greedy'}, ${config.deterministic ? 'deterministic' : 'free-running'}`);
+      }
       if (startStep) console.log(`resuming at step ${startStep}`);
       every = Math.max(1, Math.round(config.steps / 20));
       if (tty) {
@@ -73,13 +77,15 @@ program
   .description('train a model; writes metrics.jsonl, summary.json and a checkpoint into --out')
   .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
   .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path or idx:IMAGES,LABELS (default: the preset's)")
-  .option('--strategy <name>', 'single | gpipe')
+  .option('--strategy <name>', 'single | gpipe | local')
+  .option('--overlap <n>', 'local: blocks at the end of each stage also trained by the next stage\'s loss', int)
+  .option('--deterministic', 'local: fixed interleaving of overlap updates (reproducible) instead of free-running')
   .option('--stages <K>', 'pipeline stages (devices)', int)
   .option('--micro-batches <M>', 'micro-batches per mini-batch', int)
   .option('--batch-size <N>', 'mini-batch size (examples)', int)
   .option('--checkpoint <mode>', 're-materialization: always | except_last | never')
   .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
-  .option('--balance <list>', "blocks per stage, e.g. 2,3,3 (default: balanced by parameter count)")
+  .option('--balance <list|kind>', 'blocks per stage, e.g. 2,3,3, or params (default: by parameter count) | time | memory (profiled on --backend)')
   .option('--steps <n>', 'optimizer steps', int)
   .option('--lr <x>', 'peak learning rate', num)
   .option('--warmup <n>', 'linear warm-up steps', int)
@@ -124,6 +130,29 @@ program
   .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu', 'wasm')
   .action(async (o) => {
     process.stdout.write((await sampleText(o)) + '\n');
+  });
+
+program
+  .command('plan')
+  .description('for a device-memory budget: which strategy fits, with which balance and micro-batches, and how fast (profiles the model)')
+  .requiredOption('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
+  .requiredOption('--device-memory <size>', 'memory per device, e.g. 512MB, 1.5GiB, 2e9')
+  .requiredOption('--stages <K>', 'devices available (pipeline stages)', int)
+  .requiredOption('--batch-size <N>', 'mini-batch size (examples)', int)
+  .option('--micro-batches <M>', 'micro-batches (default: search the divisors of N)', int)
+  .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu')
+  .option('--optimizer <kind>', 'adamw | sgd')
+  .option('--data <name|path>', "data set (default: the preset's)")
+  .option('--layers <n>', 'override the preset: layers', int)
+  .option('--d-model <n>', 'override the preset: model width', int)
+  .option('--heads <n>', 'override the preset: attention heads', int)
+  .option('--context <n>', 'override the preset: context length (tokens)', int)
+  .option('--json', 'print the plan as JSON')
+  .action(async (o) => {
+    const { runPlan } = await import('../plan/command.js');
+    const { json, ...opts } = o;
+    const r = await runPlan(opts);
+    console.log(json ? JSON.stringify(r.plan, null, 2) : r.text);
   });
 
 program

@@ -29,13 +29,20 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
  */
 export function initParams(blocks: readonly Block[], seed: number, from = 0, to = blocks.length): HostParams {
   const out: HostParams = new Map();
-  for (let b = from; b < to; b++) {
-    blocks[b].params.forEach((spec, j) => {
-      const values = new Float32Array(sizeOf(spec.shape));
-      const rng = new Rng((Math.imul(seed + 1, 0x01000193) ^ Math.imul(b + 1, 0x9e3779b1) ^ Math.imul(j + 1, 0x85ebca6b)) >>> 0);
-      fill(spec.init, values, rng);
-      out.set(paramKey(b, spec.name), values);
-    });
-  }
+  for (let b = from; b < to; b++) initBlockParams(blocks[b], seed, b, (name) => paramKey(b, name), out);
   return out;
+}
+
+/**
+ * Draws the parameters of one block into `out` under the keys `key(name)`, from the random
+ * streams (seed, stream, parameter index). Model blocks use their index as the stream;
+ * auxiliary heads use streams past the model's blocks.
+ */
+export function initBlockParams(block: Block, seed: number, stream: number, key: (name: string) => string, out: HostParams): void {
+  block.params.forEach((spec, j) => {
+    const values = new Float32Array(sizeOf(spec.shape));
+    const rng = new Rng((Math.imul(seed + 1, 0x01000193) ^ Math.imul(stream + 1, 0x9e3779b1) ^ Math.imul(j + 1, 0x85ebca6b)) >>> 0);
+    fill(spec.init, values, rng);
+    out.set(key(spec.name), values);
+  });
 }

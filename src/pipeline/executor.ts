@@ -5,6 +5,7 @@
  */
 import type { tf } from '../runtime/tfjs.js';
 import type { Action } from '../schedule/schedule.js';
+import { LocalStage } from './local-stage.js';
 import type { Stage } from './stage.js';
 
 /** How a stage talks to the rest of the pipeline. */
@@ -15,6 +16,8 @@ export interface StageLinks {
   sendActivation(mb: number, t: tf.Tensor): void;
   /** Next output gradient from the next stage (FIFO). */
   recvGradient(): Promise<{ mb: number; t: tf.Tensor }>;
+  /** An output gradient from the next stage if one has arrived, else null. */
+  pollGradient(): { mb: number; t: tf.Tensor } | null;
   /** Sends an input gradient to the previous stage; the tensor is disposed by the link. */
   sendGradient(mb: number, t: tf.Tensor): void;
   /** All-reduce of squared gradient norms: returns the global clipping scale. */
@@ -25,7 +28,7 @@ export interface StageLinks {
 export interface StepInputs {
   /** First stage: the inputs of each micro-batch. */
   inputs?: tf.Tensor[];
-  /** Last stage: the labels of each micro-batch. */
+  /** The labels of each micro-batch: on the last stage, and on every stage for local parallelism. */
   labels?: tf.Tensor[];
   /** Number of micro-batches M. */
   m: number;
@@ -59,6 +62,7 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
   const pendingGradIn = new Map<number, tf.Tensor>();
   const pendingGradOut = new Map<number, tf.Tensor>();
   let scale = 1;
+  let overlapGrads = 0;
   const expect = (got: number, want: number, what: string) => {
     if (got !== want) throw new Error(`stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`);
   };
@@ -76,7 +80,7 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
         const x = stage.isFirst ? inp.inputs![a.mb] : pendingIn.get(a.mb);
         if (!x) throw new Error(`forward of micro-batch ${a.mb} has no input`);
         pendingIn.delete(a.mb);
-        const y = stage.forward(a.mb, x, { keep: a.keep, grad: a.grad, labels: stage.isLast ? inp.labels![a.mb] : undefined });
+        const y = stage.forward(a.mb, x, { keep: a.keep, grad: a.grad, labels: inp.labels?.[a.mb] });
         if (y) pendingOut.set(a.mb, y);
         break;
       }
@@ -109,6 +113,33 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
       case 'optimizer_step':
         stage.step(inp.lr, scale);
         break;
+      case 'local_update': {
+        const x = stage.isFirst ? inp.inputs![a.mb] : take(pendingIn, a.mb, 'local_update');
+        const { out, dx } = local(stage, a.op).update(a.mb, x, inp.labels![a.mb]);
+        if (out) pendingOut.set(a.mb, out);
+        if (dx) pendingGradOut.set(a.mb, dx);
+        break;
+      }
+      case 'overlap_backward':
+        local(stage, a.op).overlapBackward(a.mb, take(pendingGradIn, a.mb, 'overlap_backward'));
+        overlapGrads++;
+        break;
+      case 'poll_grads':
+        for (let g = links.pollGradient(); g; g = links.pollGradient()) {
+          local(stage, a.op).overlapBackward(g.mb, g.t);
+          overlapGrads++;
+        }
+        break;
+      case 'drain_grads':
+        while (overlapGrads < a.count) {
+          const g = await links.recvGradient();
+          local(stage, a.op).overlapBackward(g.mb, g.t);
+          overlapGrads++;
+        }
+        break;
+      case 'local_step':
+        local(stage, a.op).localStep(inp.lr);
+        break;
     }
     trace.push({ label: a.op, op: a.op, mb, start, end: performance.now() - t0 });
   }
@@ -120,4 +151,9 @@ function take(m: Map<number, tf.Tensor>, mb: number, what: string): tf.Tensor {
   if (!t) throw new Error(`${what} of micro-batch ${mb}: nothing to use (schedule out of order)`);
   m.delete(mb);
   return t;
+}
+
+function local(stage: Stage, op: string): LocalStage {
+  if (!(stage instanceof LocalStage)) throw new Error(`${op} needs a local-parallelism stage`);
+  return stage;
 }

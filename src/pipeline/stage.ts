@@ -25,10 +25,10 @@ interface MicroBatchState {
 
 export class Stage {
   readonly params = new Map<string, tf.Variable>();
-  /** Per block of this stage, its parameter names in the model and the variables. */
-  private readonly blockParams: Array<Array<[string, string]>> = [];
-  private readonly optimizer: DeviceOptimizer;
-  private grads = new Map<string, tf.Tensor>();
+  /** Per block of this stage, its parameter names in the block and their keys. */
+  protected readonly blockParams: Array<Array<[string, string]>> = [];
+  protected readonly optimizer: DeviceOptimizer;
+  protected grads = new Map<string, tf.Tensor>();
   private readonly mbs = new Map<number, MicroBatchState>();
   /** Loss of each micro-batch this step (last stage only). */
   readonly losses = new Map<number, number>();
@@ -50,17 +50,22 @@ export class Stage {
       const names: Array<[string, string]> = [];
       for (const spec of model.blocks[b].params) {
         const key = paramKey(b, spec.name);
-        const v = values.get(key);
-        if (!v) throw new Error(`no initial value for parameter ${key}`);
-        if (v.length !== sizeOf(spec.shape)) throw new Error(`parameter ${key} has ${v.length} values, expected shape [${spec.shape}]`);
-        const init = tf.tensor(v.slice(), spec.shape, 'float32'); // copy: cpu keeps the array
-        this.params.set(key, tf.variable(init, false, key));
-        init.dispose(); // the variable holds its own reference to the data
+        this.addParam(key, spec.shape, values);
         names.push([spec.name, key]);
       }
       this.blockParams.push(names);
     }
     this.optimizer = new DeviceOptimizer(optimizer);
+  }
+
+  /** Creates the device variable of parameter `key` from its host value. */
+  protected addParam(key: string, shape: number[], values: HostParams): void {
+    const v = values.get(key);
+    if (!v) throw new Error(`no initial value for parameter ${key}`);
+    if (v.length !== sizeOf(shape)) throw new Error(`parameter ${key} has ${v.length} values, expected shape [${shape}]`);
+    const init = tf.tensor(v.slice(), shape, 'float32'); // copy: cpu keeps the array
+    this.params.set(key, tf.variable(init, false)); // unnamed: several stages may share a thread
+    init.dispose(); // the variable holds its own reference to the data
   }
 
   get isFirst(): boolean {
@@ -71,20 +76,44 @@ export class Stage {
   }
 
   /** Parameter keys in a fixed order (the order of gradient lists). */
-  private keys(): string[] {
+  protected keys(): string[] {
     return [...this.params.keys()];
   }
 
-  /** This stage's blocks applied in order, with parameters given positionally in {@link keys} order. */
-  private apply(paramList: tf.Tensor[], x: tf.Tensor): tf.Tensor {
-    let i = 0;
+  /**
+   * Applies blocks [from, to) of this stage to `x`, taking each parameter from `param(key)`.
+   * `onBlock(b, input)` sees the input of every block.
+   */
+  protected applyBlocks(from: number, to: number, param: (key: string) => tf.Tensor, x: tf.Tensor, onBlock?: (b: number, input: tf.Tensor) => void): tf.Tensor {
     let h = x;
-    for (let b = this.range.from; b < this.range.to; b++) {
+    for (let b = from; b < to; b++) {
+      onBlock?.(b, h);
       const p: Record<string, tf.Tensor> = {};
-      for (const [name] of this.blockParams[b - this.range.from]) p[name] = paramList[i++];
+      for (const [name, key] of this.blockParams[b - this.range.from]) p[name] = param(key);
       h = this.model.blocks[b].forward(p, h);
     }
     return h;
+  }
+
+  /** This stage's blocks applied in order, with parameters given positionally in {@link keys} order. */
+  protected apply(paramList: tf.Tensor[], x: tf.Tensor): tf.Tensor {
+    const keys = this.keys();
+    const byKey = new Map(keys.map((k, i) => [k, paramList[i]]));
+    return this.applyBlocks(this.range.from, this.range.to, (k) => byKey.get(k)!, x);
+  }
+
+  /** Adds gradients (in {@link keys} order; extra trailing entries ignored) to the accumulators; takes ownership. */
+  protected accumulate(keys: string[], grads: tf.Tensor[]): void {
+    keys.forEach((k, i) => {
+      const prev = this.grads.get(k);
+      if (prev) {
+        this.grads.set(k, tf.add(prev, grads[i]));
+        prev.dispose();
+        grads[i].dispose();
+      } else {
+        this.grads.set(k, grads[i]);
+      }
+    });
   }
 
   /** Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last stage. */
@@ -120,7 +149,7 @@ export class Stage {
     return this.finish(mb, tf.tidy(() => f(...params, x)));
   }
 
-  private finish(mb: number, y: tf.Tensor, dispose = true): tf.Tensor | null {
+  protected finish(mb: number, y: tf.Tensor, dispose = true): tf.Tensor | null {
     if (!this.isLast) return y;
     this.losses.set(mb, y.dataSync()[0]);
     if (dispose) y.dispose();
@@ -154,16 +183,7 @@ export class Stage {
     st.input.dispose();
     st.labels?.dispose();
     const keys = this.keys();
-    keys.forEach((k, i) => {
-      const prev = this.grads.get(k);
-      if (prev) {
-        this.grads.set(k, tf.add(prev, grads[i]));
-        prev.dispose();
-        grads[i].dispose();
-      } else {
-        this.grads.set(k, grads[i]);
-      }
-    });
+    this.accumulate(keys, grads);
     return wantInput ? grads[keys.length] : null;
   }
 

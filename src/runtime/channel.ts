@@ -49,6 +49,13 @@ export class Channel {
     });
   }
 
+  /** The next message of this type if one has arrived, else null (never waits). */
+  tryRecv<T extends Message = Message>(type: string): T | null {
+    if (this.failure) throw this.failure;
+    const q = this.queues.get(type);
+    return q && q.length ? (q.shift() as T) : null;
+  }
+
   /** Rejects every pending and future receive with `e` (the peer died). */
   fail(e: Error): void {
     this.failure = e;

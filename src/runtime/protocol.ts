@@ -6,6 +6,7 @@ import type { StageRange } from '../partition/balance.js';
 import type { Action } from '../schedule/schedule.js';
 import type { TraceSpan } from '../pipeline/executor.js';
 import type { WireTensor } from './serialize.js';
+import type { LocalRole } from '../pipeline/local-stage.js';
 
 /** Everything a worker needs to become stage `index` of a pipeline. */
 export interface StageInit {
@@ -16,6 +17,8 @@ export interface StageInit {
   /** Initial parameter values of this stage's blocks, by parameter key. */
   params: Record<string, Float32Array>;
   optimizer: OptimizerConfig;
+  /** Set for local parallelism: the stage's role (auxiliary head, overlap). */
+  local?: LocalRole;
   /** Port to the previous stage (absent on the first stage). */
   prev?: MessagePort;
   /** Port to the next stage (absent on the last stage). */
@@ -33,7 +36,7 @@ export interface StageStep {
 
 /** What a stage reports after a step. */
 export interface StageStepResult {
-  /** Loss of each micro-batch (last stage only), in micro-batch order. */
+  /** Loss of each micro-batch (last stage; every stage under local parallelism), in micro-batch order. */
   losses: number[];
   trace: TraceSpan[];
   /** Peak bytes held by the device during the step. */

@@ -35,3 +35,8 @@ export function transferables(ws: Iterable<WireTensor | undefined>): ArrayBuffer
   for (const w of ws) if (w && !out.includes(w.data.buffer as ArrayBuffer)) out.push(w.data.buffer as ArrayBuffer);
   return out;
 }
+
+/** A copy of a wire tensor with its own buffer (a transferred buffer can go to one thread only). */
+export function copyWire(w: WireTensor): WireTensor {
+  return { shape: w.shape.slice(), dtype: w.dtype, data: w.data.slice() };
+}

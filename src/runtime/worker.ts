@@ -8,6 +8,7 @@ import { initBackend } from '../backend/index.js';
 import { buildModel } from '../model/model.js';
 import { execute, type StageLinks } from '../pipeline/executor.js';
 import { Stage } from '../pipeline/stage.js';
+import { LocalStage } from '../pipeline/local-stage.js';
 import { Channel, type Message } from './channel.js';
 import { peakBytes, deviceBytes, resetPeakBytes } from './memory.js';
 import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
@@ -41,6 +42,10 @@ const links: StageLinks = {
   recvActivation: () => recvTensor(prev, 'act'),
   sendActivation: (mb, t) => sendTensor(next, 'act', mb, t),
   recvGradient: () => recvTensor(next, 'grad'),
+  pollGradient() {
+    const m = next?.tryRecv<TensorMessage>('grad');
+    return m ? { mb: m.mb, t: fromWire(m.tensor) } : null;
+  },
   sendGradient: (mb, t) => sendTensor(prev, 'grad', mb, t),
   async reduceGradNorm(sumSquares) {
     main.send({ type: 'norm', sumSquares });
@@ -58,7 +63,8 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
   async init(a: StageInit) {
     await initBackend(a.backend);
     const model = buildModel(a.model);
-    stage = new Stage(model, a.range, new Map(Object.entries(a.params)), a.optimizer);
+    const values = new Map(Object.entries(a.params));
+    stage = a.local ? new LocalStage(model, a.range, values, a.optimizer, a.local) : new Stage(model, a.range, values, a.optimizer);
     prev = a.prev ? new Channel(a.prev) : null;
     next = a.next ? new Channel(a.next) : null;
     resetPeakBytes();

@@ -38,7 +38,17 @@ export type Action =
   /** Contribute this stage's squared gradient norm and receive the global clipping scale. */
   | { op: 'reduce_grad_norm' }
   /** One optimizer step on the accumulated gradients; gradients are reset. */
-  | { op: 'optimizer_step' };
+  | { op: 'optimizer_step' }
+  /** Local parallelism: forward, local loss and backward of micro-batch mb within this stage. */
+  | { op: 'local_update'; mb: number }
+  /** Local parallelism, overlap: backprop the next stage's input gradient of mb through this stage's tail. */
+  | { op: 'overlap_backward'; mb: number }
+  /** Local parallelism, free-running overlap: apply every overlap gradient that has arrived, without waiting. */
+  | { op: 'poll_grads' }
+  /** Local parallelism, free-running overlap: wait until `count` overlap gradients arrived this step, applying them. */
+  | { op: 'drain_grads'; count: number }
+  /** Local parallelism: optimizer step clipped by this stage's own gradient norm. */
+  | { op: 'local_step' };
 
 /** Per stage, the list of its actions for one mini-batch. */
 export type Schedule = Action[][];
@@ -46,6 +56,7 @@ export type Schedule = Action[][];
 const SHORT: Record<Action['op'], string> = {
   recv_act: 'RA', forward: 'F', send_act: 'SA', recv_grad: 'RG', backward: 'B', send_grad: 'SG',
   reduce_grad_norm: 'NORM', optimizer_step: 'STEP',
+  local_update: 'L', overlap_backward: 'O', poll_grads: 'POLL', drain_grads: 'DRAIN', local_step: 'LSTEP',
 };
 
 /** Compact text form of an action: `1F3`, `0B0`, `2STEP`. Forwards that recompute nothing print `F`, kept ones `Fk`. */
@@ -170,6 +181,40 @@ export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: Che
     default:
       throw new LayerwiseError(`unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`);
   }
+}
+
+/**
+ * Local parallelism (Laskin et al., 2020): every stage makes one local update per micro-batch
+ * and passes its output on; nothing flows back unless `overlap` > 0, in which case each stage
+ * but the first sends its input gradient to the previous stage, which backpropagates it through
+ * its last `overlap` blocks. With `deterministic`, the previous stage applies the overlap
+ * gradient of micro-batch i-1 at its step for micro-batch i (a fixed interleaving; the one of
+ * micro-batch M-1 is applied at the next mini-batch's first step); otherwise it applies
+ * whatever has arrived before each step and collects the rest at the end of the mini-batch.
+ * Stage s works on micro-batch i while stage s+1 works on micro-batch i-1.
+ */
+export function localSchedule(m: number, k: number, overlap: number, deterministic: boolean): Schedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const receivesGrad = overlap > 0 && s < k - 1;
+    const sendsGrad = overlap > 0 && s > 0;
+    const acts: Action[] = [];
+    for (let i = 0; i < m; i++) {
+      if (s > 0) acts.push({ op: 'recv_act', mb: i });
+      acts.push({ op: 'local_update', mb: i });
+      if (s < k - 1) acts.push({ op: 'send_act', mb: i });
+      if (sendsGrad) acts.push({ op: 'send_grad', mb: i });
+      if (receivesGrad && deterministic && i > 0) acts.push({ op: 'recv_grad', mb: i - 1 }, { op: 'overlap_backward', mb: i - 1 });
+      if (receivesGrad && !deterministic) acts.push({ op: 'poll_grads' });
+      acts.push({ op: 'local_step' });
+    }
+    if (receivesGrad) {
+      acts.push(...(deterministic
+        ? [{ op: 'recv_grad', mb: m - 1 } as Action, { op: 'overlap_backward', mb: m - 1 } as Action]
+        : [{ op: 'drain_grads', count: m } as Action]));
+    }
+    return acts;
+  });
 }
 
 /** Bubble fraction of a fill-drain pipeline with equal stages: (K - 1) / (M + K - 1). */

@@ -88,6 +88,24 @@ export function simulate(schedule: Schedule, cost: CostFn = (_, a) => (a.op === 
           if (s === 0) fail(s, a, 'the first stage has no previous stage');
           if (!st.backwarded.has(a.mb)) fail(s, a, 'send_grad before backward');
           grad[s - 1].push({ mb: a.mb, t: clock[s] });
+        } else if (a.op === 'local_update') {
+          if (s > 0 && !st.received.has(a.mb)) fail(s, a, 'local update before its input was received');
+          if (st.forwarded.has(a.mb)) fail(s, a, 'micro-batch updated twice');
+          st.forwarded.add(a.mb);
+          st.backwarded.add(a.mb);
+        } else if (a.op === 'overlap_backward') {
+          if (!st.gradIn.has(a.mb)) fail(s, a, 'overlap backward before its gradient was received');
+          if (!st.forwarded.has(a.mb)) fail(s, a, 'overlap backward of a micro-batch this stage did not update');
+        } else if (a.op === 'drain_grads') {
+          if (s === k - 1) fail(s, a, 'the last stage has no next stage');
+          const q = grad[s];
+          while (st.gradIn.size < a.count) {
+            const msg = q.shift();
+            if (!msg) break;
+            st.gradIn.add(msg.mb);
+            ready = Math.max(ready, msg.t);
+          }
+          if (st.gradIn.size < a.count) break;
         } else if (a.op === 'optimizer_step' || a.op === 'reduce_grad_norm') {
           if (st.backwarded.size !== st.forwarded.size) fail(s, a, 'step before every backward');
         }

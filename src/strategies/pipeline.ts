@@ -16,9 +16,9 @@ import { splitMicroBatches } from '../pipeline/microbatch.js';
 import type { StageRange } from '../partition/balance.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
-import { transferables, type WireTensor } from '../runtime/serialize.js';
-import { evalSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
-import type { StepReport, Strategy } from './strategy.js';
+import { copyWire, transferables, type WireTensor } from '../runtime/serialize.js';
+import { evalSchedule, localSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import type { Evaluation, StepReport, Strategy } from './strategy.js';
 import { MessageChannel } from 'node:worker_threads';
 
 export interface PipelineOptions {
@@ -30,6 +30,20 @@ export interface PipelineOptions {
   checkpoint: CheckpointMode;
   schedule: ScheduleKind;
   optimizer: OptimizerConfig;
+  /**
+   * Local parallelism instead of backprop across stages: every stage has a local loss (an
+   * auxiliary head on all but the last) and updates per micro-batch; `overlap` blocks of each
+   * stage's tail are also trained by the next stage's loss.
+   */
+  local?: { overlap: number; deterministic: boolean };
+}
+
+/** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
+export function ownerStage(key: string, ranges: readonly StageRange[]): number {
+  const prefix = key.slice(0, key.indexOf('.'));
+  if (prefix.startsWith('aux')) return Number(prefix.slice(3));
+  const block = Number(prefix);
+  return ranges.findIndex((r) => block >= r.from && block < r.to);
 }
 
 export class PipelineStrategy implements Strategy {
@@ -41,7 +55,10 @@ export class PipelineStrategy implements Strategy {
   private constructor(private readonly opts: PipelineOptions, private readonly workers: StageWorker[]) {
     this.name = opts.name;
     this.devices = workers.length;
-    this.train = makeSchedule(opts.schedule, opts.microBatches, workers.length, opts.checkpoint);
+    const k = workers.length;
+    this.train = opts.local
+      ? localSchedule(opts.microBatches, k, opts.local.overlap, opts.local.deterministic)
+      : makeSchedule(opts.schedule, opts.microBatches, k, opts.checkpoint);
   }
 
   /**
@@ -57,14 +74,12 @@ export class PipelineStrategy implements Strategy {
       await Promise.all(workers.map((w, i) => {
         const r = opts.ranges[i];
         const own: Record<string, Float32Array> = {};
-        for (const [key, v] of params) {
-          const block = Number(key.slice(0, key.indexOf('.')));
-          if (block >= r.from && block < r.to) own[key] = v.slice();
-        }
+        for (const [key, v] of params) if (ownerStage(key, opts.ranges) === i) own[key] = v.slice();
+        const local = opts.local && { stage: i, overlapTail: i < k - 1 ? opts.local.overlap : 0, sendsInputGrad: opts.local.overlap > 0 && i > 0 };
         const prev = i > 0 ? links[i - 1].port2 : undefined;
         const next = i < k - 1 ? links[i].port1 : undefined;
         const transfer = [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev] : []), ...(next ? [next] : [])];
-        return w.call('init', { index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, prev, next }, transfer);
+        return w.call('init', { index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, local, prev, next }, transfer);
       }));
     } catch (e) {
       await s.close();
@@ -80,7 +95,8 @@ export class PipelineStrategy implements Strategy {
     const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
     const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
     const calls = this.workers.map((w, i) => {
-      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: i === k - 1 ? labels : undefined };
+      const withLabels = i === k - 1 || this.opts.local !== undefined;
+      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels.map(copyWire) : undefined };
       return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as WireTensor[]));
     });
     const all = Promise.all(calls);
@@ -103,22 +119,26 @@ export class PipelineStrategy implements Strategy {
   }
 
   async trainStep(batch: Batch, lr: number): Promise<StepReport> {
-    const results = await this.run(this.train, batch, lr, true);
+    const reduce = this.train.some((acts) => acts.some((a) => a.op === 'reduce_grad_norm'));
+    const results = await this.run(this.train, batch, lr, reduce);
     return report(results);
   }
 
-  async evaluate(batches: Batch[]): Promise<number> {
+  async evaluate(batches: Batch[]): Promise<Evaluation> {
     const sched = evalSchedule(this.opts.microBatches, this.workers.length);
-    let sum = 0;
-    let n = 0;
+    const sums = new Array<number>(this.workers.length).fill(0);
+    const counts = new Array<number>(this.workers.length).fill(0);
     for (const b of batches) {
       const rs = await this.run(sched, b, 0, false);
-      for (const l of rs[rs.length - 1].losses) {
-        sum += l;
-        n++;
-      }
+      rs.forEach((r, i) => {
+        for (const l of r.losses) {
+          sums[i] += l;
+          counts[i]++;
+        }
+      });
     }
-    return n ? sum / n : NaN;
+    const means = sums.map((s, i) => (counts[i] ? s / counts[i] : NaN));
+    return { loss: means[means.length - 1], ...(this.opts.local && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}) };
   }
 
   async getParams(): Promise<HostParams> {
@@ -133,12 +153,8 @@ export class PipelineStrategy implements Strategy {
 
   async setOptimizerState(s: OptimizerState): Promise<void> {
     await Promise.all(this.workers.map((w, i) => {
-      const r = this.opts.ranges[i];
       const slots: OptimizerState['slots'] = {};
-      for (const [key, v] of Object.entries(s.slots)) {
-        const block = Number(key.slice(0, key.indexOf('.')));
-        if (block >= r.from && block < r.to) slots[key] = v;
-      }
+      for (const [key, v] of Object.entries(s.slots)) if (ownerStage(key, this.opts.ranges) === i) slots[key] = v;
       return w.call('setOptimizerState', { step: s.step, slots });
     }));
   }
@@ -154,8 +170,10 @@ export class PipelineStrategy implements Strategy {
 function report(results: StageStepResult[]): StepReport {
   const losses = results[results.length - 1].losses;
   const waits = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm']);
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
   return {
-    loss: losses.reduce((a, b) => a + b, 0) / losses.length,
+    loss: mean(losses),
+    stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
     peakBytes: results.map((r) => r.peakBytes),
     stageSeconds: results.map((r) => r.ms / 1000),
     bubble: results.map((r) => {

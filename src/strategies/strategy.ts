@@ -11,8 +11,10 @@ import type { TraceSpan } from '../pipeline/executor.js';
 
 /** What one training step reports. */
 export interface StepReport {
-  /** Mean loss over the mini-batch (nats per target). */
+  /** Mean loss over the mini-batch (nats per target), of the model's output (the last stage). */
   loss: number;
+  /** Per stage, its mean loss (NaN where a stage has none; local parallelism: its local loss). */
+  stageLosses: number[];
   /** Per stage (device): peak bytes held during the step. */
   peakBytes: number[];
   /** Per stage: wall time of the step, seconds. */
@@ -25,6 +27,13 @@ export interface StepReport {
   startedAt: number[];
 }
 
+/** Validation result: the model's loss and, for local parallelism, each auxiliary head's. */
+export interface Evaluation {
+  loss: number;
+  /** Local parallelism: mean loss of the auxiliary head of each stage but the last. */
+  auxLosses?: number[];
+}
+
 export interface Strategy {
   readonly name: string;
   /** Number of devices (stages) used. */
@@ -32,7 +41,7 @@ export interface Strategy {
   /** One synchronous training step on a mini-batch with learning rate `lr`. */
   trainStep(batch: Batch, lr: number): Promise<StepReport>;
   /** Mean loss over these batches, without updating anything. */
-  evaluate(batches: Batch[]): Promise<number>;
+  evaluate(batches: Batch[]): Promise<Evaluation>;
   /** Current parameters (host copies). */
   getParams(): Promise<HostParams>;
   /** Current optimizer state, merged over devices. */

@@ -81,6 +81,11 @@ export async function saveCheckpoint(dir: string, ck: Checkpoint): Promise<void>
     if (!values) throw new Error(`checkpoint: no value for parameter ${key}`);
     return { entry: { key, shape: spec.shape }, values };
   }));
+  // parameters outside the model's blocks (auxiliary heads of local parallelism), by key
+  const blockKeys = new Set(paramArrays.map((a) => a.entry.key));
+  for (const [key, values] of [...ck.params].sort(([a], [b]) => a.localeCompare(b))) {
+    if (!blockKeys.has(key)) paramArrays.push({ entry: { key, shape: [values.length] }, values });
+  }
   const slotArrays = Object.entries(ck.optimizer.slots).sort(([a], [b]) => a.localeCompare(b)).flatMap(([key, slots]) =>
     Object.entries(slots).sort(([a], [b]) => a.localeCompare(b)).map(([slot, values]) => ({ entry: { key, slot, shape: [values.length] }, values })));
   const p = pack(paramArrays);
@@ -176,7 +181,11 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
     }
     params.set(key, slice(dir, pAll, e, 'params.bin'));
   }));
-  if (byKey.size !== params.size) bad(dir, `it has ${byKey.size} parameters, the model has ${params.size}`);
+  for (const [key, e] of byKey) {
+    if (params.has(key)) continue;
+    if (!/^aux\d+\./.test(key)) bad(dir, `parameter ${key} belongs to no block of the model`);
+    params.set(key, slice(dir, pAll, e, 'params.bin')); // an auxiliary head (local parallelism)
+  }
   const slots: OptimizerState['slots'] = {};
   for (const e of meta.optimizer.slots) {
     const p = params.get(e.key);

@@ -8,9 +8,12 @@ import { CHECKPOINT_MODES, SCHEDULE_KINDS, type CheckpointMode, type ScheduleKin
 import { getPreset } from '../model/presets.js';
 import { parseBalance } from '../partition/balance.js';
 
-export const STRATEGIES = ['single', 'gpipe'] as const;
+export const STRATEGIES = ['single', 'gpipe', 'local'] as const;
 export type StrategyName = (typeof STRATEGIES)[number];
 export const BACKENDS = ['wasm', 'cpu', 'tensorflow', 'webgpu'] as const;
+/** Automatic balances: by parameter count, or by profiled time or memory. */
+export const BALANCE_KINDS = ['params', 'time', 'memory'] as const;
+export type BalanceKind = (typeof BALANCE_KINDS)[number];
 
 export interface TrainConfig {
   preset: string;
@@ -25,8 +28,11 @@ export interface TrainConfig {
   batchSize: number;
   checkpoint: CheckpointMode;
   schedule: ScheduleKind;
-  /** Blocks per stage, or 'params' to balance by parameter count. */
-  balance: number[] | 'params';
+  /**
+   * Blocks per stage, or how to balance them: 'params' (parameter count), 'time' or 'memory'
+   * (profiled on the backend; see partition/profile.ts).
+   */
+  balance: number[] | BalanceKind;
   steps: number;
   lr: number;
   warmup: number;
@@ -43,6 +49,10 @@ export interface TrainConfig {
   evalBatches: number;
   /** Save a checkpoint every this many steps (and at the end); 0 = only at the end. */
   saveEvery: number;
+  /** Local parallelism: blocks at the end of each stage also trained by the next stage's loss. */
+  overlap: number;
+  /** Local parallelism: fixed interleaving of overlap updates (reproducible) instead of free-running. */
+  deterministic: boolean;
   /** Write a Chrome trace of every step to this file (and an SVG timeline beside it). */
   trace?: string;
   layers?: number;
@@ -54,7 +64,7 @@ export interface TrainConfig {
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, checkpoint: 'except_last', schedule: 'gpipe',
   balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
-  seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0,
+  seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false,
 };
 
 function oneOf<T extends string>(name: string, v: string, valid: readonly T[]): T {
@@ -78,7 +88,9 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { pre
     ...Object.fromEntries(Object.entries(raw).filter(([, v]) => v !== undefined)),
     data: raw.data ?? preset.defaultData,
     out: raw.out ?? `runs/${raw.preset}-${raw.strategy ?? DEFAULTS.strategy}`,
-    balance: typeof raw.balance === 'string' ? (raw.balance === 'params' ? 'params' : parseBalance(raw.balance)) : raw.balance ?? 'params',
+    balance: typeof raw.balance === 'string'
+      ? ((BALANCE_KINDS as readonly string[]).includes(raw.balance) ? raw.balance : parseBalance(raw.balance))
+      : raw.balance ?? 'params',
   } as TrainConfig;
   oneOf('strategy', c.strategy, STRATEGIES);
   oneOf('backend', c.backend, BACKENDS);
@@ -94,6 +106,8 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { pre
   posInt('eval-every', c.evalEvery, 0);
   posInt('eval-batches', c.evalBatches);
   posInt('save-every', c.saveEvery, 0);
+  posInt('overlap', c.overlap, 0);
+  check(c.overlap === 0 || c.strategy === 'local', `--overlap applies to --strategy local only`);
   check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
   check(c.lr > 0 && Number.isFinite(c.lr), `--lr must be a positive number, got ${c.lr}`);
   check(c.clipNorm >= 0, `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`);

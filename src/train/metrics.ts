@@ -17,6 +17,10 @@ export interface StepMetrics {
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
   val_loss?: number;
+  /** Local parallelism: each stage's local loss this step (auxiliary heads, then the model's). */
+  stage_losses?: number[];
+  /** Local parallelism: validation loss of each auxiliary head. */
+  val_aux_losses?: number[];
 }
 
 /** summary.json, written at the end of a run. */
@@ -35,6 +39,8 @@ export interface Summary {
   initial_loss: number;
   final_loss: number;
   val_loss: number;
+  /** Local parallelism: validation loss of each auxiliary head. */
+  val_aux_losses?: number[];
   tokens_per_s?: number;
   examples_per_s?: number;
   peak_device_bytes: number[];

@@ -17,8 +17,9 @@ import { buildModel, modelParamCount, type Model, type ModelConfig } from '../mo
 import { getPreset } from '../model/presets.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
-import { createStrategy, planStages } from '../strategies/index.js';
+import { createStrategy, resolveStages } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
+import type { StageRange } from '../partition/balance.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import { loadCheckpoint, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
 import { resolveConfig, type TrainConfig } from './config.js';
@@ -74,6 +75,8 @@ interface Prepared {
   data?: BatcherState;
   startStep: number;
   stats: { initialLoss?: number; wallS: number };
+  /** The stages' block ranges (profiled first for --balance time|memory). */
+  ranges: StageRange[];
 }
 
 /**
@@ -106,7 +109,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     throw new LayerwiseError(`checkpoint model ${JSON.stringify(ck.model)} does not match this configuration's ${JSON.stringify(modelConfig)}; resume with the same preset and data`);
   }
   const model = buildModel(modelConfig);
-  planStages(cfg, model); // validates the balance now, before any file or worker exists
+  const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
   if (ck && ck.step >= cfg.steps) {
     throw new LayerwiseError(`checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`);
   }
@@ -117,6 +120,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     data: ck?.data as BatcherState | undefined,
     startStep: ck?.step ?? 0,
     stats: ck?.stats ?? { wallS: 0 },
+    ranges,
   };
 }
 
@@ -151,14 +155,15 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   const valBatches = validationBatches(ds, { batchSize: cfg.batchSize, context, maxBatches: cfg.evalBatches });
   if (valBatches.length === 0) throw new LayerwiseError(`the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`);
   const nParams = modelParamCount(model);
-  const ranges = planStages(cfg, model);
+  const ranges = p.ranges;
   hooks.onStart?.({ config: cfg, model, params: nParams, bytes: nParams * 4, ranges, startStep: p.startStep });
 
-  const strategy: Strategy = await createStrategy(cfg, model, p.params);
+  const strategy: Strategy = await createStrategy(cfg, model, p.params, ranges);
   const log = new MetricsLog(cfg.out);
   const stats = { ...p.stats };
   let last: StepMetrics | undefined;
   let valLoss = NaN;
+  let valAux: number[] | undefined;
   let targets = 0;
   let trainSeconds = 0;
   const recorder = new TraceRecorder(cfg.trace !== undefined);
@@ -197,11 +202,17 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
       const m: StepMetrics = {
         step: step + 1, loss: r.loss, lr, step_s: secs, [targetName]: batch.tokens / secs,
         peak_device_bytes: r.peakBytes, bubble: r.bubble,
+        ...(cfg.strategy === 'local' ? { stage_losses: r.stageLosses } : {}),
       };
       const done = step + 1;
       if ((cfg.evalEvery > 0 && done % cfg.evalEvery === 0) || done === cfg.steps) {
-        valLoss = await strategy.evaluate(valBatches);
+        const ev = await strategy.evaluate(valBatches);
+        valLoss = ev.loss;
         m.val_loss = valLoss;
+        if (ev.auxLosses) {
+          valAux = ev.auxLosses;
+          m.val_aux_losses = ev.auxLosses;
+        }
       }
       await log.append(m);
       last = m;
@@ -218,6 +229,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     checkpoint: cfg.checkpoint, schedule: cfg.schedule, balance: ranges.map((r) => r.to - r.from),
     batch_size: cfg.batchSize, steps: cfg.steps,
     initial_loss: stats.initialLoss ?? NaN, final_loss: last?.loss ?? NaN, val_loss: valLoss,
+    ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
     peak_device_bytes: peak, bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
     wall_s: wall,

@@ -1,0 +1,145 @@
+/**
+ * A stage of local parallelism (Laskin et al., 2020, "Parallel Training of Deep Networks with
+ * Local Updates"; Belilovsky et al., 2020, Decoupled Greedy Learning): the stage's blocks plus
+ * an auxiliary head give it a local loss; every micro-batch is one local update (forward,
+ * backward through this stage only, optimizer step). The gradient stops at the stage input,
+ * so stages never wait for gradients from later stages.
+ *
+ * Overlapping local updates (`--overlap n`): the next stage's local loss also trains the last
+ * n blocks of this stage. The next stage sends the gradient of its input; this stage
+ * backpropagates it through its last n blocks only (re-computing them from their stashed
+ * input) and adds the result to the gradients of its next local step.
+ */
+import { tf } from '../runtime/tfjs.js';
+import { auxHead, auxKey } from '../model/aux-head.js';
+import type { Block } from '../model/block.js';
+import type { HostParams } from '../model/init.js';
+import type { Model } from '../model/model.js';
+import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
+import type { StageRange } from '../partition/balance.js';
+import { Stage } from './stage.js';
+
+/** How a local stage sits in the pipeline. */
+export interface LocalRole {
+  /** Index of this stage. */
+  stage: number;
+  /** Blocks at the end of this stage that the next stage's loss also trains (0: greedy). */
+  overlapTail: number;
+  /** Whether to compute and send the gradient of the input (the previous stage overlaps). */
+  sendsInputGrad: boolean;
+}
+
+export class LocalStage extends Stage {
+  /** The auxiliary head (null on the last stage, which uses the model's own loss). */
+  readonly head: Block | null;
+  private readonly headParams: Array<[string, string]> = [];
+  private readonly tailStash = new Map<number, tf.Tensor>();
+  private readonly clipNorm: number;
+
+  constructor(model: Model, range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
+    super(model, range, values, optimizer);
+    this.clipNorm = optimizer.clipNorm;
+    const tail = role.overlapTail;
+    if (!Number.isInteger(tail) || tail < 0 || tail >= range.to - range.from) {
+      throw new Error(`overlap ${tail} must be smaller than stage ${role.stage}'s ${range.to - range.from} blocks`);
+    }
+    this.head = this.isLast ? null : auxHead(model, role.stage, range.to);
+    for (const spec of this.head?.params ?? []) {
+      const key = auxKey(role.stage, spec.name);
+      this.addParam(key, spec.shape, values);
+      this.headParams.push([spec.name, key]);
+    }
+  }
+
+  /** Loss of this stage for output `h`: the auxiliary head's, or the model's on the last stage. */
+  private localLoss(h: tf.Tensor, labels: tf.Tensor, param: (key: string) => tf.Tensor): tf.Scalar {
+    if (!this.head) return this.model.loss(h, labels);
+    const p = Object.fromEntries(this.headParams.map(([name, key]) => [name, param(key)]));
+    return this.model.loss(this.head.forward(p, h), labels);
+  }
+
+  /**
+   * One local update's forward and backward for micro-batch `mb`: x is the stage input
+   * ([b, ...], owned from now on), labels [b, T] or [b]. Accumulates the gradients of the local
+   * loss for this stage's parameters (blocks and head), records the loss in {@link losses}, and
+   * returns the output to send on (null on the last stage) and the input gradient (when the
+   * previous stage overlaps, else null).
+   */
+  update(mb: number, x: tf.Tensor, labels: tf.Tensor): { out: tf.Tensor | null; dx: tf.Tensor | null } {
+    const keys = this.keys();
+    const params = keys.map((k) => this.params.get(k)!);
+    const wantX = this.role.sendsInputGrad;
+    const tailFrom = this.range.to - this.role.overlapTail;
+    let out: tf.Tensor | null = null;
+    let tailIn: tf.Tensor | null = null;
+    const f = (...args: tf.Tensor[]) => {
+      const byKey = new Map(keys.map((k, i) => [k, args[i]]));
+      const input = wantX ? args[keys.length] : x;
+      const h = this.applyBlocks(this.range.from, this.range.to, (k) => byKey.get(k)!, input, (b, hin) => {
+        if (this.role.overlapTail > 0 && b === tailFrom) tailIn = tf.keep(tf.clone(hin));
+      });
+      if (!this.isLast) out = tf.keep(tf.clone(h));
+      return this.localLoss(h, labels, (k) => byKey.get(k)!);
+    };
+    const { value, grads } = tf.valueAndGrads(f)(wantX ? [...params, x] : params);
+    this.losses.set(mb, value.dataSync()[0]);
+    value.dispose();
+    this.accumulate(keys, grads);
+    if (tailIn) this.tailStash.set(mb, tailIn);
+    x.dispose();
+    labels.dispose();
+    return { out, dx: wantX ? grads[keys.length] : null };
+  }
+
+  /**
+   * Overlap: backpropagates `dy`, the next stage's gradient of its input for micro-batch `mb`,
+   * through this stage's last `overlapTail` blocks (recomputed from their stashed input) and
+   * adds the parameter gradients to the next local step's.
+   */
+  overlapBackward(mb: number, dy: tf.Tensor): void {
+    const tailIn = this.tailStash.get(mb);
+    if (!tailIn) throw new Error(`overlap gradient for micro-batch ${mb}, which this stage did not stash`);
+    this.tailStash.delete(mb);
+    const from = this.range.to - this.role.overlapTail;
+    const tailKeys = this.blockParams.slice(from - this.range.from).flatMap((bp) => bp.map(([, key]) => key));
+    const f = (...ps: tf.Tensor[]) => {
+      const byKey = new Map(tailKeys.map((k, i) => [k, ps[i]]));
+      return this.applyBlocks(from, this.range.to, (k) => byKey.get(k)!, tailIn);
+    };
+    const grads = tf.grads(f)(tailKeys.map((k) => this.params.get(k)!), dy);
+    this.accumulate(tailKeys, grads);
+    tailIn.dispose();
+    dy.dispose();
+  }
+
+  /** Local optimizer step: clipping by this stage's own gradient norm, then the update. */
+  localStep(lr: number): void {
+    const scale = clipScale(this.clipNorm > 0 ? this.gradSquaredNorm() : 0, this.clipNorm);
+    this.step(lr, scale);
+  }
+
+  /**
+   * Evaluation forward: records the local (auxiliary or final) loss of micro-batch `mb` in
+   * {@link losses} and returns the output for the next stage (null on the last stage).
+   */
+  override forward(mb: number, x: tf.Tensor, opts: { keep: boolean; grad: boolean; labels?: tf.Tensor }): tf.Tensor | null {
+    if (opts.grad) throw new Error('a local stage trains with update(), not forward()');
+    const param = (k: string) => this.params.get(k)!;
+    const out = tf.tidy(() => {
+      const h = this.applyBlocks(this.range.from, this.range.to, param, x);
+      this.losses.set(mb, this.localLoss(h, opts.labels!, param).dataSync()[0]);
+      return h;
+    });
+    x.dispose();
+    opts.labels?.dispose();
+    if (!this.isLast) return out;
+    out.dispose();
+    return null;
+  }
+
+  override dispose(): void {
+    for (const t of this.tailStash.values()) t.dispose();
+    this.tailStash.clear();
+    super.dispose();
+  }
+}
