@@ -1,5 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { assertClose } from '../util/assert-close.js';
 import { Worker } from 'node:worker_threads';
 import * as tf from '@tensorflow/tfjs-core';
 import { LayerwiseError } from '../errors.js';
@@ -26,17 +27,7 @@ async function on(name: string, f: () => tf.Tensor | tf.Tensor[]): Promise<Float
   });
 }
 
-/** Assert max |x - y| <= tol * (1 + max |y|). */
-function close(x: ArrayLike<number>, y: ArrayLike<number>, what: string, tol = 1e-4): void {
-  assert.equal(x.length, y.length, `${what}: lengths`);
-  let diff = 0;
-  let scale = 0;
-  for (let i = 0; i < x.length; i++) {
-    diff = Math.max(diff, Math.abs(x[i]! - y[i]!));
-    scale = Math.max(scale, Math.abs(y[i]!));
-  }
-  assert.ok(diff <= tol * (1 + scale), `${what}: max abs diff ${diff} (scale ${scale})`);
-}
+const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string, tol = 1e-4) => assertClose(x, y, what, tol);
 
 /** Naive float64 batched matmul with full broadcasting of batch dims: the reference. */
 function refMatMul(a: Float32Array, sa: Shape, b: Float32Array, sb: Shape, tA: boolean, tB: boolean): Float64Array {

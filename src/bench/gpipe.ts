@@ -51,7 +51,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     try {
       const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
       await s.trainStep(batcher.next(), 1e-4); // warm-up: kernels, XNNPACK packing
-      let secs = 0;
+      const times: number[] = [];
       let tokens = 0;
       const bubble = new Array<number>(s.devices).fill(0);
       const peak = new Array<number>(s.devices).fill(0);
@@ -59,37 +59,44 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
         const b = batcher.next();
         const t0 = performance.now();
         const r = await s.trainStep(b, 1e-4);
-        secs += (performance.now() - t0) / 1000;
-        tokens += b.tokens;
+        times.push((performance.now() - t0) / 1000);
+        tokens = b.tokens;
         r.bubble.forEach((x, j) => (bubble[j] += x / o.steps));
         r.peakBytes.forEach((x, j) => (peak[j] = Math.max(peak[j], x)));
       }
+      // the median step: this machine's speed drifts between runs, a mean would carry outliers
+      const secs = median(times);
       const k = s.devices;
       return {
         strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, checkpoint: strategy === 'single' ? '-' : mode,
         tokens_per_s: tokens / secs, bubble_measured: bubble, bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),
-        peak_device_bytes: peak, step_s: secs / o.steps,
+        peak_device_bytes: peak, step_s: secs,
       };
     } finally {
       await s.close();
     }
   }
 
-  const rows: Row[] = [];
-  const single = await measure('single', 1, 'never');
-  rows.push({ ...single, speedup: 1 });
-  log(`single: ${single.tokens_per_s.toFixed(0)} tokens/s`);
+  // single is measured first and last; speed-ups are against the mean of both, so a drift of
+  // the machine's speed during the run shows in the two single rows instead of hiding
+  const single1 = await measure('single', 1, 'never');
+  log(`single (first): ${single1.tokens_per_s.toFixed(0)} tokens/s`);
+  const pipes: Array<Omit<Row, 'speedup'>> = [];
   for (const mode of CHECKPOINT_MODES) {
     for (const m of o.microBatches) {
       const r = await measure('gpipe', m, mode);
-      rows.push({ ...r, speedup: r.tokens_per_s / single.tokens_per_s });
-      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} tokens/s (${(r.tokens_per_s / single.tokens_per_s).toFixed(2)}x), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} vs ${r.bubble_ideal.toFixed(3)}`);
+      pipes.push(r);
+      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} tokens/s (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} vs ${r.bubble_ideal.toFixed(3)}`);
     }
   }
+  const single2 = await measure('single', 1, 'never');
+  log(`single (last): ${single2.tokens_per_s.toFixed(0)} tokens/s`);
+  const ref = (single1.tokens_per_s + single2.tokens_per_s) / 2;
+  const rows: Row[] = [single1, ...pipes, single2].map((r) => ({ ...r, speedup: r.tokens_per_s / ref }));
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   const md = [
     `# gpipe benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores).\n`,
+    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
       columns: ['strategy', 'K', 'M', 'checkpoint', 'tokens/s', 'speed-up vs single', 'bubble per stage (measured)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
       rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.checkpoint, r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
@@ -98,4 +105,9 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   ].join('\n');
   const files = await writeBenchResults(o.out, 'gpipe', { bench: 'gpipe', options: o, params: modelParamCount(model), rows }, md);
   log(`wrote ${files.join(', ')}`);
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 }

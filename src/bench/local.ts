@@ -105,7 +105,7 @@ export async function benchLocal(o: LocalBenchOptions, log: (s: string) => void)
     encoding: {
       x: { field: 'seconds', type: 'quantitative', title: 'training wall-clock (s)' },
       y: { field: 'val_loss', type: 'quantitative', title: 'validation loss (nats/char)', scale: { zero: false } },
-      color: { field: 'strategy', type: 'nominal' },
+      color: { field: 'strategy', type: 'nominal', legend: { labelLimit: 400 } },
     },
   };
   const view = new vega.View(vega.parse(compile(spec).spec), { renderer: 'none' });

@@ -1,5 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { assertClose } from '../util/assert-close.js';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend } from '../backend/index.js';
 import { causalMask, causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from './layers.js';
@@ -47,16 +48,7 @@ function valueAndGrads(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], se
   });
 }
 
-function close(x: Float32Array, y: Float32Array, what: string, tol = 2e-5): void {
-  assert.equal(x.length, y.length, what);
-  let diff = 0;
-  let scale = 0;
-  for (let i = 0; i < x.length; i++) {
-    diff = Math.max(diff, Math.abs(x[i]! - y[i]!));
-    scale = Math.max(scale, Math.abs(y[i]!));
-  }
-  assert.ok(diff <= tol * (1 + scale), `${what}: max abs diff ${diff} (scale ${scale})`);
-}
+const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string, tol = 2e-5) => assertClose(x, y, what, tol);
 
 interface Case {
   name: string;

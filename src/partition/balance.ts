@@ -44,34 +44,9 @@ export function parseBalance(text: string): number[] {
  * Throws {@link LayerwiseError} when k exceeds the number of blocks.
  */
 export function balanceByCost(costs: readonly number[], k: number): number[] {
-  const n = costs.length;
-  if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
-  if (k > n) throw new LayerwiseError(`cannot cut ${n} blocks into ${k} stages: use at most ${n} stages`);
   const prefix = [0];
   for (const c of costs) prefix.push(prefix[prefix.length - 1] + c);
-  // best[j][i]: minimal max cost of cutting the first i blocks into j parts
-  const best = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(Infinity));
-  const cut = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(-1));
-  best[0][0] = 0;
-  for (let j = 1; j <= k; j++) {
-    for (let i = j; i <= n - (k - j); i++) {
-      for (let p = j - 1; p < i; p++) {
-        const v = Math.max(best[j - 1][p], prefix[i] - prefix[p]);
-        if (v < best[j][i]) {
-          best[j][i] = v;
-          cut[j][i] = p;
-        }
-      }
-    }
-  }
-  const sizes: number[] = [];
-  let i = n;
-  for (let j = k; j >= 1; j--) {
-    const p = cut[j][i];
-    sizes.unshift(i - p);
-    i = p;
-  }
-  return sizes;
+  return balanceByStageCost(costs.length, k, (_, from, to) => prefix[to] - prefix[from]);
 }
 
 /** Block ranges of each stage for a balance. */
