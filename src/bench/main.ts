@@ -52,7 +52,7 @@ program
   .option('--eval-seconds <s>', 'evaluate every this many training seconds', (v) => Number(v), 15)
   .option('--eval-batches <n>', 'validation batches', (v) => Number(v), 4)
   .option('--gpipe-micro-batches <n>', 'gpipe micro-batches', (v) => Number(v), 8)
-  .option('--local-micro-batches <n>', 'local updates per mini-batch', (v) => Number(v), 8)
+  .option('--local-micro-batches <n>', 'local updates per mini-batch', (v) => Number(v), 2)
   .option('--lr <x>', 'learning rate', (v) => Number(v), 2e-3)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')

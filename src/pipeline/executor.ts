@@ -62,7 +62,6 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
   const pendingGradIn = new Map<number, tf.Tensor>();
   const pendingGradOut = new Map<number, tf.Tensor>();
   let scale = 1;
-  let overlapGrads = 0;
   const expect = (got: number, want: number, what: string) => {
     if (got !== want) throw new Error(`stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`);
   };
@@ -122,19 +121,14 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
       }
       case 'overlap_backward':
         local(stage, a.op).overlapBackward(a.mb, take(pendingGradIn, a.mb, 'overlap_backward'));
-        overlapGrads++;
         break;
       case 'poll_grads':
-        for (let g = links.pollGradient(); g; g = links.pollGradient()) {
-          local(stage, a.op).overlapBackward(g.mb, g.t);
-          overlapGrads++;
-        }
+        for (let g = links.pollGradient(); g; g = links.pollGradient()) local(stage, a.op).overlapBackward(g.mb, g.t);
         break;
       case 'drain_grads':
-        while (overlapGrads < a.count) {
+        while (local(stage, a.op).pendingOverlap > 0) {
           const g = await links.recvGradient();
           local(stage, a.op).overlapBackward(g.mb, g.t);
-          overlapGrads++;
         }
         break;
       case 'local_step':

@@ -33,7 +33,12 @@ export class LocalStage extends Stage {
   /** The auxiliary head (null on the last stage, which uses the model's own loss). */
   readonly head: Block | null;
   private readonly headParams: Array<[string, string]> = [];
-  private readonly tailStash = new Map<number, tf.Tensor>();
+  /**
+   * Inputs of the tail blocks of updates whose overlap gradient has not arrived yet, oldest
+   * first. Gradients arrive in the order the activations were sent (the next stage works in
+   * order), possibly from an earlier mini-batch, so they are matched first-in first-out.
+   */
+  private readonly tailStash: Array<{ mb: number; input: tf.Tensor }> = [];
   private readonly clipNorm: number;
 
   constructor(model: Model, range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
@@ -85,7 +90,7 @@ export class LocalStage extends Stage {
     this.losses.set(mb, value.dataSync()[0]);
     value.dispose();
     this.accumulate(keys, grads);
-    if (tailIn) this.tailStash.set(mb, tailIn);
+    if (tailIn) this.tailStash.push({ mb, input: tailIn });
     x.dispose();
     labels.dispose();
     return { out, dx: wantX ? grads[keys.length] : null };
@@ -97,9 +102,10 @@ export class LocalStage extends Stage {
    * adds the parameter gradients to the next local step's.
    */
   overlapBackward(mb: number, dy: tf.Tensor): void {
-    const tailIn = this.tailStash.get(mb);
-    if (!tailIn) throw new Error(`overlap gradient for micro-batch ${mb}, which this stage did not stash`);
-    this.tailStash.delete(mb);
+    const oldest = this.tailStash.shift();
+    if (!oldest) throw new Error(`overlap gradient for micro-batch ${mb}, but no update is waiting for one`);
+    if (oldest.mb !== mb) throw new Error(`overlap gradient for micro-batch ${mb} while the oldest waiting update is ${oldest.mb}`);
+    const tailIn = oldest.input;
     const from = this.range.to - this.role.overlapTail;
     const tailKeys = this.blockParams.slice(from - this.range.from).flatMap((bp) => bp.map(([, key]) => key));
     const f = (...ps: tf.Tensor[]) => {
@@ -110,6 +116,11 @@ export class LocalStage extends Stage {
     this.accumulate(tailKeys, grads);
     tailIn.dispose();
     dy.dispose();
+  }
+
+  /** Updates still waiting for their overlap gradient from the next stage. */
+  get pendingOverlap(): number {
+    return this.tailStash.length;
   }
 
   /** Local optimizer step: clipping by this stage's own gradient norm, then the update. */
@@ -138,8 +149,8 @@ export class LocalStage extends Stage {
   }
 
   override dispose(): void {
-    for (const t of this.tailStash.values()) t.dispose();
-    this.tailStash.clear();
+    for (const t of this.tailStash) t.input.dispose();
+    this.tailStash.length = 0;
     super.dispose();
   }
 }

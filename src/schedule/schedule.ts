@@ -45,8 +45,8 @@ export type Action =
   | { op: 'overlap_backward'; mb: number }
   /** Local parallelism, free-running overlap: apply every overlap gradient that has arrived, without waiting. */
   | { op: 'poll_grads' }
-  /** Local parallelism, free-running overlap: wait until `count` overlap gradients arrived this step, applying them. */
-  | { op: 'drain_grads'; count: number }
+  /** Local parallelism, overlap: wait for every overlap gradient still outstanding and apply it (a flush). */
+  | { op: 'drain_grads' }
   /** Local parallelism: optimizer step clipped by this stage's own gradient norm. */
   | { op: 'local_step' };
 
@@ -190,7 +190,8 @@ export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: Che
  * its last `overlap` blocks. With `deterministic`, the previous stage applies the overlap
  * gradient of micro-batch i-1 at its step for micro-batch i (a fixed interleaving; the one of
  * micro-batch M-1 is applied at the next mini-batch's first step); otherwise it applies
- * whatever has arrived before each step and collects the rest at the end of the mini-batch.
+ * whatever has arrived before each step, from this mini-batch or an earlier one, and never
+ * waits (a {@link flushSchedule} collects what is outstanding).
  * Stage s works on micro-batch i while stage s+1 works on micro-batch i-1.
  */
 export function localSchedule(m: number, k: number, overlap: number, deterministic: boolean): Schedule {
@@ -208,13 +209,14 @@ export function localSchedule(m: number, k: number, overlap: number, determinist
       if (receivesGrad && !deterministic) acts.push({ op: 'poll_grads' });
       acts.push({ op: 'local_step' });
     }
-    if (receivesGrad) {
-      acts.push(...(deterministic
-        ? [{ op: 'recv_grad', mb: m - 1 } as Action, { op: 'overlap_backward', mb: m - 1 } as Action]
-        : [{ op: 'drain_grads', count: m } as Action]));
-    }
+    if (receivesGrad && deterministic) acts.push({ op: 'recv_grad', mb: m - 1 }, { op: 'overlap_backward', mb: m - 1 });
     return acts;
   });
+}
+
+/** Local parallelism: every stage but the last waits for its outstanding overlap gradients. */
+export function flushSchedule(k: number): Schedule {
+  return Array.from({ length: k }, (_, s) => (s < k - 1 ? [{ op: 'drain_grads' } as Action] : []));
 }
 
 /** Bubble fraction of a fill-drain pipeline with equal stages: (K - 1) / (M + K - 1). */

@@ -98,14 +98,10 @@ export function simulate(schedule: Schedule, cost: CostFn = (_, a) => (a.op === 
           if (!st.forwarded.has(a.mb)) fail(s, a, 'overlap backward of a micro-batch this stage did not update');
         } else if (a.op === 'drain_grads') {
           if (s === k - 1) fail(s, a, 'the last stage has no next stage');
-          const q = grad[s];
-          while (st.gradIn.size < a.count) {
-            const msg = q.shift();
-            if (!msg) break;
+          for (let msg = grad[s].shift(); msg; msg = grad[s].shift()) {
             st.gradIn.add(msg.mb);
             ready = Math.max(ready, msg.t);
           }
-          if (st.gradIn.size < a.count) break;
         } else if (a.op === 'optimizer_step' || a.op === 'reduce_grad_norm') {
           if (st.backwarded.size !== st.forwarded.size) fail(s, a, 'step before every backward');
         }

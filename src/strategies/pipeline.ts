@@ -17,8 +17,8 @@ import type { StageRange } from '../partition/balance.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables, type WireTensor } from '../runtime/serialize.js';
-import { evalSchedule, localSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
-import type { Evaluation, StepReport, Strategy } from './strategy.js';
+import { evalSchedule, flushSchedule, localSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
 import { MessageChannel } from 'node:worker_threads';
 
 export interface PipelineOptions {
@@ -51,6 +51,8 @@ export class PipelineStrategy implements Strategy {
   readonly devices: number;
   private readonly train: Schedule;
   private closed = false;
+  /** Schedules sent to the stages that have not finished yet. */
+  private readonly inflight = new Set<Promise<unknown>>();
 
   private constructor(private readonly opts: PipelineOptions, private readonly workers: StageWorker[]) {
     this.name = opts.name;
@@ -88,48 +90,82 @@ export class PipelineStrategy implements Strategy {
     return s;
   }
 
-  /** Runs one schedule on every stage; all-reduces the gradient norm when the schedule steps. */
-  private async run(schedule: Schedule, batch: Batch, lr: number, reduce: boolean): Promise<StageStepResult[]> {
+  /**
+   * Sends one schedule to every stage (with the batch's micro-batches, if any); all-reduces the
+   * gradient norm when the schedule has a reduce_grad_norm. `first` resolves when stage 0 is
+   * done, `all` when every stage is. If a stage fails, every worker is stopped and both reject.
+   */
+  private dispatch(schedule: Schedule, batch: Batch | null, lr: number): { first: Promise<unknown>; all: Promise<StageStepResult[]> } {
     const m = this.opts.microBatches;
     const k = this.workers.length;
-    const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
-    const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
+    const inputs = batch ? splitMicroBatches({ data: batch.x, shape: batch.xShape }, m) : undefined;
+    const labels = batch ? splitMicroBatches({ data: batch.y, shape: batch.yShape }, m) : undefined;
     const calls = this.workers.map((w, i) => {
       const withLabels = i === k - 1 || this.opts.local !== undefined;
-      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels.map(copyWire) : undefined };
+      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels?.map(copyWire) : undefined };
       return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as WireTensor[]));
     });
-    const all = Promise.all(calls);
-    try {
-      if (reduce) {
-        const norms = Promise.all(this.workers.map((w) => w.recvGradNorm())).then((sq) => {
-          const scale = clipScale(sq.reduce((a, b) => a + b, 0), this.opts.optimizer.clipNorm);
-          for (const w of this.workers) w.sendScale(scale);
-        });
-        norms.catch(() => undefined); // a failing stage is reported through `all`
-        // a stage that fails before its norm rejects `all`, which ends the wait
-        await Promise.race([norms, all]);
+    const reduce = schedule.some((acts) => acts.some((a) => a.op === 'reduce_grad_norm'));
+    const all = (async () => {
+      const everything = Promise.all(calls);
+      try {
+        if (reduce) {
+          const norms = Promise.all(this.workers.map((w) => w.recvGradNorm())).then((sq) => {
+            const scale = clipScale(sq.reduce((a, b) => a + b, 0), this.opts.optimizer.clipNorm);
+            for (const w of this.workers) w.sendScale(scale);
+          });
+          norms.catch(() => undefined); // a failing stage is reported through `everything`
+          // a stage that fails before its norm rejects `everything`, which ends the wait
+          await Promise.race([norms, everything]);
+        }
+        return await everything;
+      } catch (e) {
+        everything.catch(() => undefined);
+        await this.close();
+        throw e;
       }
-      return await all;
-    } catch (e) {
-      all.catch(() => undefined);
-      await this.close();
+    })();
+    all.catch(() => undefined); // handled by whoever awaits it; never an unhandled rejection
+    const first = calls[0].catch(async (e) => {
+      await all.catch(() => undefined); // the strategy is stopped before `first` rejects
       throw e;
+    });
+    first.catch(() => undefined);
+    this.inflight.add(all);
+    all.finally(() => this.inflight.delete(all)).catch(() => undefined);
+    return { first, all };
+  }
+
+  /** Waits for every submitted step; then, for free-running overlap, applies outstanding overlap gradients. */
+  private async settle(): Promise<void> {
+    await Promise.all([...this.inflight]);
+    if (this.opts.local && this.opts.local.overlap > 0 && !this.opts.local.deterministic) {
+      await this.dispatch(flushSchedule(this.workers.length), null, 0).all;
     }
   }
 
+  submit(batch: Batch, lr: number): Submission {
+    const { first, all } = this.dispatch(this.train, batch, lr);
+    const done = all.then(report);
+    done.catch(() => undefined);
+    // local parallelism: the first stage can take the next mini-batch while later ones finish
+    const accepted = (this.opts.local ? first : done).then(() => undefined);
+    accepted.catch(() => undefined); // callers may await only `done`
+    return { accepted, done };
+  }
+
   async trainStep(batch: Batch, lr: number): Promise<StepReport> {
-    const reduce = this.train.some((acts) => acts.some((a) => a.op === 'reduce_grad_norm'));
-    const results = await this.run(this.train, batch, lr, reduce);
-    return report(results);
+    return this.submit(batch, lr).done;
   }
 
   async evaluate(batches: Batch[]): Promise<Evaluation> {
+    await this.settle();
     const sched = evalSchedule(this.opts.microBatches, this.workers.length);
     const sums = new Array<number>(this.workers.length).fill(0);
     const counts = new Array<number>(this.workers.length).fill(0);
     for (const b of batches) {
-      const rs = await this.run(sched, b, 0, false);
+      const { all } = this.dispatch(sched, b, 0);
+      const rs = await all;
       rs.forEach((r, i) => {
         for (const l of r.losses) {
           sums[i] += l;
@@ -142,16 +178,19 @@ export class PipelineStrategy implements Strategy {
   }
 
   async getParams(): Promise<HostParams> {
+    await this.settle();
     const parts = await Promise.all(this.workers.map((w) => w.call('getParams', null)));
     return new Map(parts.flatMap((p) => Object.entries(p)));
   }
 
   async getOptimizerState(): Promise<OptimizerState> {
+    await this.settle();
     const parts = await Promise.all(this.workers.map((w) => w.call('getOptimizerState', null)));
     return { step: parts[0].step, slots: Object.assign({}, ...parts.map((p) => p.slots)) };
   }
 
   async setOptimizerState(s: OptimizerState): Promise<void> {
+    await this.settle();
     await Promise.all(this.workers.map((w, i) => {
       const slots: OptimizerState['slots'] = {};
       for (const [key, v] of Object.entries(s.slots)) if (ownerStage(key, this.opts.ranges) === i) slots[key] = v;

@@ -34,12 +34,24 @@ export interface Evaluation {
   auxLosses?: number[];
 }
 
+/**
+ * A submitted training step: `accepted` resolves when the strategy can take the next step (for
+ * local parallelism, when the first stage is done with this one; otherwise when the step is
+ * done), `done` with the step's report. Both reject if a stage fails.
+ */
+export interface Submission {
+  accepted: Promise<void>;
+  done: Promise<StepReport>;
+}
+
 export interface Strategy {
   readonly name: string;
   /** Number of devices (stages) used. */
   readonly devices: number;
-  /** One synchronous training step on a mini-batch with learning rate `lr`. */
+  /** One training step on a mini-batch with learning rate `lr`; resolves when it is done. */
   trainStep(batch: Batch, lr: number): Promise<StepReport>;
+  /** Submits a training step without waiting for it to finish (see {@link Submission}). */
+  submit(batch: Batch, lr: number): Submission;
   /** Mean loss over these batches, without updating anything. */
   evaluate(batches: Batch[]): Promise<Evaluation>;
   /** Current parameters (host copies). */

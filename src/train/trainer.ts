@@ -66,6 +66,16 @@ function resolveCheckpointDir(dir: string): string {
   return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
 }
 
+/** A step handed to the strategy whose report has not been recorded yet. */
+interface InFlight {
+  step: number;
+  lr: number;
+  tokens: number;
+  /** Seconds until the strategy accepted the next step (the step's share of the wall time). */
+  seconds: number;
+  done: Promise<import('../strategies/strategy.js').StepReport>;
+}
+
 interface Prepared {
   cfg: TrainConfig;
   ds: Dataset;
@@ -182,30 +192,29 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
         params: await strategy.getParams(), optimizer: await strategy.getOptimizerState(),
       });
     };
-    for (let step = p.startStep; step < cfg.steps; step++) {
-      const batch = batcher.next();
-      const lr = lrOf(step);
-      const ts = performance.now();
-      const r = await strategy.trainStep(batch, lr);
-      const secs = (performance.now() - ts) / 1000;
-      if (!Number.isFinite(r.loss)) throw new Error(`loss became ${r.loss} at step ${step + 1}; lower --lr`);
+    const due = (done: number, every: number) => (every > 0 && done % every === 0) || done === cfg.steps;
+    /** Records a submitted step once it is done: metrics, evaluation, checkpoint. */
+    const finish = async (f: InFlight) => {
+      const r = await f.done;
+      const done = f.step + 1;
+      const secs = f.seconds;
+      if (!Number.isFinite(r.loss)) throw new Error(`loss became ${r.loss} at step ${done}; lower --lr`);
       stats.initialLoss ??= r.loss;
-      if (step > p.startStep || cfg.steps - p.startStep === 1) {
+      if (f.step > p.startStep || cfg.steps - p.startStep === 1) {
         // the first step of a process warms kernels up; throughput counts the rest
-        targets += batch.tokens;
+        targets += f.tokens;
         trainSeconds += secs;
         r.bubble.forEach((b, i) => (bubbleSum[i] += b));
         measured++;
       }
       r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
-      recorder.add(step + 1, r);
+      recorder.add(done, r);
       const m: StepMetrics = {
-        step: step + 1, loss: r.loss, lr, step_s: secs, [targetName]: batch.tokens / secs,
+        step: done, loss: r.loss, lr: f.lr, step_s: secs, [targetName]: f.tokens / secs,
         peak_device_bytes: r.peakBytes, bubble: r.bubble,
         ...(cfg.strategy === 'local' ? { stage_losses: r.stageLosses } : {}),
       };
-      const done = step + 1;
-      if ((cfg.evalEvery > 0 && done % cfg.evalEvery === 0) || done === cfg.steps) {
+      if (due(done, cfg.evalEvery)) {
         const ev = await strategy.evaluate(valBatches);
         valLoss = ev.loss;
         m.val_loss = valLoss;
@@ -217,7 +226,29 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
       await log.append(m);
       last = m;
       hooks.onStep?.(m, cfg.steps);
-      if ((cfg.saveEvery > 0 && done % cfg.saveEvery === 0) || done === cfg.steps) await save(done);
+      if (due(done, cfg.saveEvery)) await save(done);
+    };
+    // Steps are submitted as soon as the strategy accepts the next one (local parallelism's
+    // first stage is free once it has done its part; pipelines accept when the step is done),
+    // with at most one unrecorded step per device. Evaluation and checkpoints wait for every
+    // step before them, so they see exactly the state after their step.
+    const inFlight: InFlight[] = [];
+    try {
+      for (let step = p.startStep; step < cfg.steps; step++) {
+        const batch = batcher.next();
+        const lr = lrOf(step);
+        const ts = performance.now();
+        const sub = strategy.submit(batch, lr);
+        inFlight.push({ step, lr, tokens: batch.tokens, seconds: NaN, done: sub.done });
+        await sub.accepted;
+        inFlight[inFlight.length - 1].seconds = (performance.now() - ts) / 1000;
+        const done = step + 1;
+        const sync = due(done, cfg.evalEvery) || due(done, cfg.saveEvery);
+        while (inFlight.length > (sync ? 0 : strategy.devices)) await finish(inFlight.shift()!);
+      }
+    } finally {
+      // a failure leaves later steps' promises behind: they reject with the same stage error
+      for (const f of inFlight) f.done.catch(() => undefined);
     }
   } finally {
     await strategy.close();
