@@ -79,6 +79,7 @@ program
   .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path or idx:IMAGES,LABELS (default: the preset's)")
   .option('--strategy <name>', 'single | gpipe | local')
   .option('--overlap <n>', 'local: blocks at the end of each stage also trained by the next stage\'s loss', int)
+  .option('--queue-depth <n>', 'local: mini-batches in flight between the first and last stage (default: one per stage)', int)
   .option('--deterministic', 'local: fixed interleaving of overlap updates (reproducible) instead of free-running')
   .option('--stages <K>', 'pipeline stages (devices)', int)
   .option('--micro-batches <M>', 'micro-batches per mini-batch', int)

@@ -51,6 +51,11 @@ export interface TrainConfig {
   saveEvery: number;
   /** Local parallelism: blocks at the end of each stage also trained by the next stage's loss. */
   overlap: number;
+  /**
+   * Local parallelism: at most this many mini-batches in flight between the first and the last
+   * stage (0: one per stage). A slow stage stalls the first one instead of letting its queue grow.
+   */
+  queueDepth: number;
   /** Local parallelism: fixed interleaving of overlap updates (reproducible) instead of free-running. */
   deterministic: boolean;
   /** Write a Chrome trace of every step to this file (and an SVG timeline beside it). */
@@ -64,7 +69,7 @@ export interface TrainConfig {
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, checkpoint: 'except_last', schedule: 'gpipe',
   balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
-  seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false,
+  seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
 };
 
 function oneOf<T extends string>(name: string, v: string, valid: readonly T[]): T {
@@ -107,6 +112,7 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { pre
   posInt('eval-batches', c.evalBatches);
   posInt('save-every', c.saveEvery, 0);
   posInt('overlap', c.overlap, 0);
+  posInt('queue-depth', c.queueDepth, 0);
   check(c.overlap === 0 || c.strategy === 'local', `--overlap applies to --strategy local only`);
   check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
   check(c.lr > 0 && Number.isFinite(c.lr), `--lr must be a positive number, got ${c.lr}`);

@@ -71,7 +71,7 @@ interface InFlight {
   step: number;
   lr: number;
   tokens: number;
-  /** Seconds until the strategy accepted the next step (the step's share of the wall time). */
+  /** The step's share of the training wall time, seconds (see the loop). */
   seconds: number;
   done: Promise<import('../strategies/strategy.js').StepReport>;
 }
@@ -230,22 +230,35 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     };
     // Steps are submitted as soon as the strategy accepts the next one (local parallelism's
     // first stage is free once it has done its part; pipelines accept when the step is done),
-    // with at most one unrecorded step per device. Evaluation and checkpoints wait for every
+    // with at most --queue-depth (default: one per device) unfinished steps. Evaluation and checkpoints wait for every
     // step before them, so they see exactly the state after their step.
     const inFlight: InFlight[] = [];
+    const depth = cfg.queueDepth > 0 ? cfg.queueDepth : strategy.devices;
     try {
+      // a step's seconds run from the previous step's acceptance to its own, so waiting for a
+      // slower later stage (a full queue) counts; evaluation and checkpoints do not
+      let mark = performance.now();
       for (let step = p.startStep; step < cfg.steps; step++) {
+        while (inFlight.length >= depth) await finish(inFlight.shift()!);
         const batch = batcher.next();
         const lr = lrOf(step);
-        const ts = performance.now();
         const sub = strategy.submit(batch, lr);
         inFlight.push({ step, lr, tokens: batch.tokens, seconds: NaN, done: sub.done });
         await sub.accepted;
-        inFlight[inFlight.length - 1].seconds = (performance.now() - ts) / 1000;
+        const now = performance.now();
+        inFlight[inFlight.length - 1].seconds = (now - mark) / 1000;
+        mark = now;
         const done = step + 1;
-        const sync = due(done, cfg.evalEvery) || due(done, cfg.saveEvery);
-        while (inFlight.length > (sync ? 0 : strategy.devices)) await finish(inFlight.shift()!);
+        if (due(done, cfg.evalEvery) || due(done, cfg.saveEvery)) {
+          // the last steps' remaining work is training time too; the evaluation is not
+          const last = inFlight[inFlight.length - 1];
+          await Promise.all(inFlight.map((f) => f.done));
+          last.seconds += (performance.now() - mark) / 1000;
+          while (inFlight.length) await finish(inFlight.shift()!);
+          mark = performance.now();
+        }
       }
+      while (inFlight.length) await finish(inFlight.shift()!);
     } finally {
       // a failure leaves later steps' promises behind: they reject with the same stage error
       for (const f of inFlight) f.done.catch(() => undefined);
