@@ -77,10 +77,15 @@ export function disposeRecorded(rec: Recorded): void {
 }
 
 /**
- * Backward by re-materialization: runs `f(...xs)` again and backpropagates `dy` through it in
- * one engine call. Returns the gradients with respect to `xs`; the recomputed activations are
- * freed before returning.
+ * Backward by re-materialization: runs `f(...xs)` again on the tape ({@link recordForward})
+ * and backpropagates `dy` through it ({@link backwardRecorded}); the same math as `tf.grads`,
+ * split so the recompute can be timed. Returns the gradients with respect to `xs`; the
+ * recomputed activations are freed before returning. `timing.ms` receives the milliseconds
+ * spent re-computing the forward.
  */
-export function backwardRecompute(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], dy: tf.Tensor): tf.Tensor[] {
-  return tf.grads(f)(xs, dy);
+export function backwardRecompute(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], dy: tf.Tensor, timing?: { ms: number }): tf.Tensor[] {
+  const t0 = performance.now();
+  const rec = recordForward(() => f(...xs));
+  if (timing) timing.ms = performance.now() - t0;
+  return backwardRecorded(rec, xs, dy);
 }

@@ -13,7 +13,7 @@ import type { Model } from '../model/model.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { StageRange } from '../partition/balance.js';
 import { DeviceOptimizer, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
-import { backwardRecorded, disposeRecorded, recordForward, type Recorded } from './checkpoint.js';
+import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './checkpoint.js';
 
 interface MicroBatchState {
   /** The stage input (kept for re-materialization and for the input gradient). */
@@ -169,16 +169,15 @@ export class Stage {
     const params = [...this.params.values()];
     const wantInput = !this.isFirst;
     const xs = wantInput ? [...params, st.input] : params;
-    let recorded = st.recorded;
-    this.lastRecomputeMs = 0;
-    if (!recorded) {
-      // re-materialization: run the forward again, on the tape, then backprop through it
-      const t0 = performance.now();
+    const timing = { ms: 0 };
+    let grads: tf.Tensor[];
+    if (st.recorded) {
+      grads = backwardRecorded(st.recorded, xs, seed);
+    } else {
       const f = this.fn(st.labels);
-      recorded = recordForward(() => f(...params, st.input));
-      this.lastRecomputeMs = performance.now() - t0;
+      grads = backwardRecompute(wantInput ? f : (...ps) => f(...ps, st.input), xs, seed, timing);
     }
-    const grads = backwardRecorded(recorded, xs, seed);
+    this.lastRecomputeMs = timing.ms;
     seed.dispose();
     st.input.dispose();
     st.labels?.dispose();

@@ -10,6 +10,7 @@
  * {@link LayerwiseError} that names the file and the problem.
  */
 import { createHash } from 'node:crypto';
+import { existsSync } from 'node:fs';
 import { readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LayerwiseError } from '../errors.js';
@@ -108,6 +109,16 @@ export async function saveCheckpoint(dir: string, ck: Checkpoint): Promise<void>
     await writeFile(join(tmp, 'optimizer.bin'), o.bin);
     await writeFile(join(tmp, 'meta.json'), JSON.stringify(meta, null, 1));
   });
+}
+
+/** Where a run folder keeps its checkpoint. */
+export function checkpointDir(out: string): string {
+  return join(out, 'checkpoint');
+}
+
+/** Accepts a run folder or its checkpoint folder; returns the checkpoint folder. */
+export function resolveCheckpointDir(dir: string): string {
+  return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
 }
 
 function bad(dir: string, what: string): never {

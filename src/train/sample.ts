@@ -9,9 +9,7 @@ import { paramKey } from '../model/block.js';
 import { buildModel } from '../model/model.js';
 import { tf } from '../runtime/tfjs.js';
 import { Rng } from '../util/rng.js';
-import { loadCheckpoint } from './checkpoint-io.js';
-import { existsSync } from 'node:fs';
-import { join } from 'node:path';
+import { loadCheckpoint, resolveCheckpointDir } from './checkpoint-io.js';
 
 export interface SampleOptions {
   /** Run folder or checkpoint folder. */
@@ -33,8 +31,7 @@ export interface SampleOptions {
 export async function sampleText(o: SampleOptions): Promise<string> {
   check(Number.isInteger(o.length) && o.length >= 0, `--length must be a non-negative integer, got ${o.length}`);
   check(o.temperature > 0, `--temperature must be positive, got ${o.temperature}`);
-  const dir = existsSync(join(o.checkpoint, 'meta.json')) ? o.checkpoint : join(o.checkpoint, 'checkpoint');
-  const ck = await loadCheckpoint(dir);
+  const ck = await loadCheckpoint(resolveCheckpointDir(o.checkpoint));
   if (ck.model.arch !== 'charlm' || !ck.vocab) {
     throw new LayerwiseError(`checkpoint ${o.checkpoint} holds a ${ck.model.arch} model; 'sample' needs a character language model (charlm-*)`);
   }

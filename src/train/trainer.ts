@@ -11,7 +11,6 @@ import { join } from 'node:path';
 import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
 import { loadDataset, Vocab, type Dataset } from '../data/index.js';
 import { LayerwiseError } from '../errors.js';
-import { sizeOf } from '../model/block.js';
 import { initParams, type HostParams } from '../model/init.js';
 import { buildModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
@@ -21,7 +20,7 @@ import { createStrategy, resolveStages } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
 import type { StageRange } from '../partition/balance.js';
 import { writeFileAtomic } from '../util/fsx.js';
-import { loadCheckpoint, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
+import { checkpointDir, loadCheckpoint, resolveCheckpointDir, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
 import { resolveConfig, type TrainConfig } from './config.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
 import { TraceRecorder, type StageSummary } from './trace.js';
@@ -56,15 +55,6 @@ export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
   return preset.make(shape, cfg);
 }
 
-/** Where a run's checkpoint lives. */
-export function checkpointDir(out: string): string {
-  return join(out, 'checkpoint');
-}
-
-/** Accepts a run folder or its checkpoint folder. */
-function resolveCheckpointDir(dir: string): string {
-  return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
-}
 
 /** A step handed to the strategy whose report has not been recorded yet. */
 interface InFlight {
@@ -281,9 +271,4 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   await log.summary(summary);
   const traceFiles = cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
   return { summary, outDir: cfg.out, stages: recorder.summary(), traceFiles };
-}
-
-/** Bytes of a model's fp32 parameters. */
-export function paramBytes(model: Model): number {
-  return model.blocks.reduce((s, b) => s + b.params.reduce((t, q) => t + sizeOf(q.shape) * 4, 0), 0);
 }
