@@ -7,8 +7,12 @@ import { OPTIMIZER_KINDS, type OptimizerKind } from '../optim/optimizer.js';
 import { CHECKPOINT_MODES, SCHEDULE_KINDS, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
 import { getPreset } from '../model/presets.js';
 import { parseBalance } from '../partition/balance.js';
+import { parseSize } from '../plan/size.js';
 
-export const STRATEGIES = ['single', 'gpipe', 'local'] as const;
+export const STRATEGIES = ['single', 'gpipe', 'local', 'l2l'] as const;
+/** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
+export const STASH_PLACES = ['device', 'host'] as const;
+export type StashPlace = (typeof STASH_PLACES)[number];
 export type StrategyName = (typeof STRATEGIES)[number];
 export const BACKENDS = ['wasm', 'cpu', 'tensorflow', 'webgpu'] as const;
 /** Automatic balances: by parameter count, or by profiled time or memory. */
@@ -60,6 +64,18 @@ export interface TrainConfig {
   deterministic: boolean;
   /** Write a Chrome trace of every step to this file (and an SVG timeline beside it). */
   trace?: string;
+  /**
+   * L2L: where the layer-boundary activations wait between forward and backward: on the device
+   * (faster, grows with depth) or in host memory (device memory constant in depth).
+   */
+  stash: StashPlace;
+  /** L2L: worker threads of the eager parameter server's optimizer. */
+  epsThreads: number;
+  /**
+   * Device memory budget per device, bytes (`--device-memory 512MB`). A run whose predicted
+   * peak exceeds it fails before training; one that exceeds it while running fails at once.
+   */
+  deviceMemory?: number;
   layers?: number;
   dModel?: number;
   heads?: number;
@@ -70,6 +86,7 @@ export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, checkpoint: 'except_last', schedule: 'gpipe',
   balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
   seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
+  stash: 'host', epsThreads: 1,
 };
 
 function oneOf<T extends string>(name: string, v: string, valid: readonly T[]): T {
@@ -86,7 +103,7 @@ function posInt(name: string, v: number, min = 1): number {
  * Fills defaults and validates everything that can be checked without the data or the model.
  * Throws {@link LayerwiseError} naming the flag and the valid values.
  */
-export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { preset: string; balance?: string | number[] }): TrainConfig {
+export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory'>> & { preset: string; balance?: string | number[]; deviceMemory?: string | number }): TrainConfig {
   const preset = getPreset(raw.preset);
   const c: TrainConfig = {
     ...DEFAULTS,
@@ -96,12 +113,17 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { pre
     balance: typeof raw.balance === 'string'
       ? ((BALANCE_KINDS as readonly string[]).includes(raw.balance) ? raw.balance : parseBalance(raw.balance))
       : raw.balance ?? 'params',
+    deviceMemory: typeof raw.deviceMemory === 'string' ? parseSize(raw.deviceMemory) : raw.deviceMemory,
   } as TrainConfig;
   oneOf('strategy', c.strategy, STRATEGIES);
   oneOf('backend', c.backend, BACKENDS);
   oneOf('checkpoint mode', c.checkpoint, CHECKPOINT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
   oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);
+  oneOf('stash place', c.stash, STASH_PLACES);
+  posInt('eps-threads', c.epsThreads);
+  check(c.deviceMemory === undefined || (Number.isFinite(c.deviceMemory) && c.deviceMemory > 0),
+    `--device-memory must be a positive size such as 512MB, got ${c.deviceMemory}`);
   oneOf('decay', c.decay, ['constant', 'cosine'] as const);
   posInt('stages', c.stages);
   posInt('micro-batches', c.microBatches);
@@ -117,8 +139,8 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance'>> & { pre
   check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
   check(c.lr > 0 && Number.isFinite(c.lr), `--lr must be a positive number, got ${c.lr}`);
   check(c.clipNorm >= 0, `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`);
-  if (c.strategy === 'single') {
-    check(c.stages === 1, `--strategy single runs on one device; drop --stages ${c.stages} or use --strategy gpipe`);
+  if (c.strategy === 'single' || c.strategy === 'l2l') {
+    check(c.stages === 1, `--strategy ${c.strategy} runs on one device; drop --stages ${c.stages} or use --strategy gpipe`);
   }
   check(c.batchSize % c.microBatches === 0,
     `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`);
