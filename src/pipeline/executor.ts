@@ -6,6 +6,7 @@
 import type { tf } from '../runtime/tfjs.js';
 import type { Action } from '../schedule/schedule.js';
 import { LocalStage } from './local-stage.js';
+import { RelayStage, type LayerGrads } from './relay-stage.js';
 import type { Stage } from './stage.js';
 
 /** How a stage talks to the rest of the pipeline. */
@@ -22,6 +23,8 @@ export interface StageLinks {
   sendGradient(mb: number, t: tf.Tensor): void;
   /** All-reduce of squared gradient norms: returns the global clipping scale. */
   reduceGradNorm(sumSquares: number): Promise<number>;
+  /** L2L: hands a layer's accumulated gradient to the parameter server (buffers are transferred). */
+  pushGrads?(g: LayerGrads): void;
 }
 
 /** What one step of the executor is given. */
@@ -42,10 +45,12 @@ export interface StepInputs {
  * `backward`.
  */
 export interface TraceSpan {
-  /** The op, or `recompute`. */
+  /** The op, `recompute`, or for L2L's load_layer `wait_params` (waiting for the parameter server) and `upload`. */
   label: string;
   op: Action['op'];
   mb: number;
+  /** L2L: the layer the action works on. */
+  layer?: number;
   start: number;
   end: number;
 }
@@ -68,6 +73,7 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
   for (const a of actions) {
     const start = performance.now() - t0;
     const mb = 'mb' in a ? a.mb : -1;
+    const layer = 'layer' in a ? { layer: a.layer } : {};
     switch (a.op) {
       case 'recv_act': {
         const { mb: got, t } = await links.recvActivation();
@@ -134,8 +140,35 @@ export async function execute(stage: Stage, actions: readonly Action[], links: S
       case 'local_step':
         local(stage, a.op).localStep(inp.lr);
         break;
+      case 'load_layer': {
+        const r = relay(stage, a.op);
+        await r.load(a.layer);
+        if (r.lastWaitMs > 0) {
+          trace.push({ label: 'wait_params', op: a.op, mb, ...layer, start, end: start + r.lastWaitMs });
+          trace.push({ label: 'upload', op: a.op, mb, ...layer, start: start + r.lastWaitMs, end: performance.now() - t0 });
+          continue;
+        }
+        break;
+      }
+      case 'prefetch_layer':
+        relay(stage, a.op).prefetch(a.layer);
+        break;
+      case 'layer_forward':
+        relay(stage, a.op).layerForward(a.layer, a.mb, a.grad, inp);
+        break;
+      case 'layer_backward':
+        relay(stage, a.op).layerBackward(a.layer, a.mb, inp);
+        break;
+      case 'push_grads': {
+        if (!links.pushGrads) throw new Error('push_grads needs a link to the parameter server');
+        links.pushGrads(relay(stage, a.op).takeLayerGrads(a.layer));
+        break;
+      }
+      case 'release_layer':
+        relay(stage, a.op).release(a.layer);
+        break;
     }
-    trace.push({ label: a.op, op: a.op, mb, start, end: performance.now() - t0 });
+    trace.push({ label: a.op, op: a.op, mb, ...layer, start, end: performance.now() - t0 });
   }
   return trace;
 }
@@ -149,5 +182,10 @@ function take(m: Map<number, tf.Tensor>, mb: number, what: string): tf.Tensor {
 
 function local(stage: Stage, op: string): LocalStage {
   if (!(stage instanceof LocalStage)) throw new Error(`${op} needs a local-parallelism stage`);
+  return stage;
+}
+
+function relay(stage: Stage, op: string): RelayStage {
+  if (!(stage instanceof RelayStage)) throw new Error(`${op} needs an L2L relay stage`);
   return stage;
 }

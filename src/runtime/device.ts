@@ -6,6 +6,7 @@
 import { Worker, type TransferListItem } from 'node:worker_threads';
 import { Channel, type Message } from './channel.js';
 import type { StageApi } from './protocol.js';
+import type { LayerGrads } from '../pipeline/relay-stage.js';
 
 interface Reply extends Message {
   id: number;
@@ -59,6 +60,12 @@ export class StageWorker {
   /** Waits for the stage's squared gradient norm (during a step's reduce_grad_norm). */
   async recvGradNorm(): Promise<number> {
     return (await this.ch.recv<Message & { sumSquares: number }>('norm')).sumSquares;
+  }
+
+  /** L2L: waits for the next layer gradient the relay hands to the parameter server. */
+  async recvLayerGrads(): Promise<LayerGrads> {
+    const m = await this.ch.recv<Message & LayerGrads>('grads');
+    return { layer: m.layer, grads: m.grads, sumSquares: m.sumSquares };
   }
 
   /** Sends the global clipping scale back. */

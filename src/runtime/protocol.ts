@@ -7,6 +7,8 @@ import type { Action } from '../schedule/schedule.js';
 import type { TraceSpan } from '../pipeline/executor.js';
 import type { WireTensor } from './serialize.js';
 import type { LocalRole } from '../pipeline/local-stage.js';
+import type { StashPlace } from '../pipeline/relay-stage.js';
+import type { StoreLayout } from '../eps/store.js';
 
 /** Everything a worker needs to become stage `index` of a pipeline. */
 export interface StageInit {
@@ -19,6 +21,13 @@ export interface StageInit {
   optimizer: OptimizerConfig;
   /** Set for local parallelism: the stage's role (auxiliary head, overlap). */
   local?: LocalRole;
+  /**
+   * Set for L2L: the stage is a relay over the whole model whose parameters live in the
+   * parameter server's shared host memory (`params` is then empty).
+   */
+  relay?: { layout: StoreLayout; stash: StashPlace };
+  /** Device memory budget, bytes: the stage fails as soon as its engine holds more. */
+  deviceMemory?: number;
   /** Port to the previous stage (absent on the first stage). */
   prev?: MessagePort;
   /** Port to the next stage (absent on the last stage). */

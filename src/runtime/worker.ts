@@ -9,6 +9,8 @@ import { buildModel } from '../model/model.js';
 import { execute, type StageLinks } from '../pipeline/executor.js';
 import { Stage } from '../pipeline/stage.js';
 import { LocalStage } from '../pipeline/local-stage.js';
+import { RelayStage } from '../pipeline/relay-stage.js';
+import { ParamStore } from '../eps/store.js';
 import { Channel, type Message } from './channel.js';
 import { peakBytes, deviceBytes, resetPeakBytes } from './memory.js';
 import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
@@ -47,6 +49,9 @@ const links: StageLinks = {
     return m ? { mb: m.mb, t: fromWire(m.tensor) } : null;
   },
   sendGradient: (mb, t) => sendTensor(prev, 'grad', mb, t),
+  pushGrads(g) {
+    main.send({ type: 'grads', layer: g.layer, grads: g.grads, sumSquares: g.sumSquares }, Object.values(g.grads).map((a) => a.buffer as ArrayBuffer));
+  },
   async reduceGradNorm(sumSquares) {
     main.send({ type: 'norm', sumSquares });
     const m = await main.recv<Message & { scale: number }>('scale');
@@ -64,7 +69,9 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     await initBackend(a.backend);
     const model = buildModel(a.model);
     const values = new Map(Object.entries(a.params));
-    stage = a.local ? new LocalStage(model, a.range, values, a.optimizer, a.local) : new Stage(model, a.range, values, a.optimizer);
+    stage = a.relay
+      ? new RelayStage(model, ParamStore.attach(a.relay.layout), a.relay.stash, a.optimizer)
+      : a.local ? new LocalStage(model, a.range, values, a.optimizer, a.local) : new Stage(model, a.range, values, a.optimizer);
     prev = a.prev ? new Channel(a.prev) : null;
     next = a.next ? new Channel(a.next) : null;
     resetPeakBytes();

@@ -48,7 +48,32 @@ export type Action =
   /** Local parallelism, overlap: wait for every overlap gradient still outstanding and apply it (a flush). */
   | { op: 'drain_grads' }
   /** Local parallelism: optimizer step clipped by this stage's own gradient norm. */
-  | { op: 'local_step' };
+  | { op: 'local_step' }
+  /**
+   * L2L: wait until the parameter server has applied every earlier update of `layer`, then
+   * upload the layer's parameters to the device (nothing to do if a prefetch already did).
+   */
+  | { op: 'load_layer'; layer: number }
+  /**
+   * L2L: upload `layer`'s parameters now if the parameter server has them ready, without
+   * waiting, so the transfer overlaps the current layer's compute on asynchronous backends.
+   */
+  | { op: 'prefetch_layer'; layer: number }
+  /**
+   * L2L: forward of micro-batch mb through `layer` alone. Its output is stashed as the next
+   * layer's input; on the last layer (evaluation only) the micro-batch loss is recorded.
+   */
+  | { op: 'layer_forward'; layer: number; mb: number; grad: boolean }
+  /**
+   * L2L: re-computation of `layer` for micro-batch mb from its stashed input, then backward
+   * from the incoming gradient; accumulates the layer's gradient and keeps the input gradient
+   * for the layer below. On the last layer the loss is computed here (seeded with 1/M).
+   */
+  | { op: 'layer_backward'; layer: number; mb: number }
+  /** L2L: download the layer's accumulated gradient and hand it to the parameter server. */
+  | { op: 'push_grads'; layer: number }
+  /** L2L: free the layer's parameters on the device. */
+  | { op: 'release_layer'; layer: number };
 
 /** Per stage, the list of its actions for one mini-batch. */
 export type Schedule = Action[][];
@@ -57,10 +82,12 @@ const SHORT: Record<Action['op'], string> = {
   recv_act: 'RA', forward: 'F', send_act: 'SA', recv_grad: 'RG', backward: 'B', send_grad: 'SG',
   reduce_grad_norm: 'NORM', optimizer_step: 'STEP',
   local_update: 'L', overlap_backward: 'O', poll_grads: 'POLL', drain_grads: 'DRAIN', local_step: 'LSTEP',
+  load_layer: 'LOAD', prefetch_layer: 'PREF', layer_forward: 'F', layer_backward: 'B', push_grads: 'PUSH', release_layer: 'FREE',
 };
 
 /** Compact text form of an action: `1F3`, `0B0`, `2STEP`. Forwards that recompute nothing print `F`, kept ones `Fk`. */
 export function formatAction(stage: number, a: Action): string {
+  if ('layer' in a) return `${stage}L${a.layer}${SHORT[a.op]}${'mb' in a ? a.mb : ''}`;
   const kind = a.op === 'forward' && a.keep && a.grad ? 'Fk' : SHORT[a.op];
   return 'mb' in a ? `${stage}${kind}${a.mb}` : `${stage}${kind}`;
 }
@@ -217,6 +244,57 @@ export function localSchedule(m: number, k: number, overlap: number, determinist
 /** Local parallelism: every stage but the last waits for its outstanding overlap gradients. */
 export function flushSchedule(k: number): Schedule {
   return Array.from({ length: k }, (_, s) => (s < k - 1 ? [{ op: 'drain_grads' } as Action] : []));
+}
+
+/**
+ * L2L relay schedule (Pudipeddi et al., 2020, arXiv 2002.05645) for `layers` layers (blocks)
+ * and m micro-batches on one device; one list. Forward runs layer by layer over all
+ * micro-batches: load layer l, prefetch l+1, run every micro-batch through l, release l. The
+ * last layer is not run forward: its forward, loss and backward are fused into its backward
+ * (the logits are never stashed). Backward runs the layers in reverse: load l, prefetch l-1,
+ * re-compute and backprop each micro-batch from its stash (last micro-batch first), push the
+ * layer's gradient to the parameter server, release. The layer below the last stays loaded
+ * across the turn from forward to backward, since backward needs it next. `optimizer_step`
+ * closes the step (the parameter server applies the updates in the background).
+ *
+ * For layers = 3, m = 2 (`0L1F0` = layer 1, forward of micro-batch 0):
+ *
+ *     0L0LOAD 0L1PREF 0L0F0 0L0F1 0L0FREE  0L1LOAD 0L2PREF 0L1F0 0L1F1
+ *     0L2LOAD 0L1PREF 0L2B1 0L2B0 0L2PUSH 0L2FREE  0L1LOAD 0L0PREF 0L1B1 0L1B0 0L1PUSH 0L1FREE
+ *     0L0LOAD 0L0B1 0L0B0 0L0PUSH 0L0FREE 0STEP
+ *
+ * Throws {@link LayerwiseError} for m < 1 or layers < 1.
+ */
+export function relaySchedule(layers: number, m: number): Schedule {
+  checkArgs(m, 1);
+  if (!Number.isInteger(layers) || layers < 1) throw new LayerwiseError(`layers must be a positive integer, got ${layers}`);
+  const acts: Action[] = [];
+  for (let l = 0; l < layers - 1; l++) {
+    acts.push({ op: 'load_layer', layer: l }, { op: 'prefetch_layer', layer: l + 1 });
+    for (let i = 0; i < m; i++) acts.push({ op: 'layer_forward', layer: l, mb: i, grad: true });
+    if (l < layers - 2) acts.push({ op: 'release_layer', layer: l });
+  }
+  for (let l = layers - 1; l >= 0; l--) {
+    acts.push({ op: 'load_layer', layer: l });
+    if (l > 0) acts.push({ op: 'prefetch_layer', layer: l - 1 });
+    for (let i = m - 1; i >= 0; i--) acts.push({ op: 'layer_backward', layer: l, mb: i });
+    acts.push({ op: 'push_grads', layer: l }, { op: 'release_layer', layer: l });
+  }
+  acts.push({ op: 'optimizer_step' });
+  return [acts];
+}
+
+/** L2L evaluation: every layer forward over all micro-batches, the last one recording the losses. */
+export function relayEvalSchedule(layers: number, m: number): Schedule {
+  checkArgs(m, 1);
+  const acts: Action[] = [];
+  for (let l = 0; l < layers; l++) {
+    acts.push({ op: 'load_layer', layer: l });
+    if (l + 1 < layers) acts.push({ op: 'prefetch_layer', layer: l + 1 });
+    for (let i = 0; i < m; i++) acts.push({ op: 'layer_forward', layer: l, mb: i, grad: false });
+    acts.push({ op: 'release_layer', layer: l });
+  }
+  return [acts];
 }
 
 /** Bubble fraction of a fill-drain pipeline with equal stages: (K - 1) / (M + K - 1). */

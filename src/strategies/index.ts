@@ -12,6 +12,7 @@ import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { balanceByCost, stageRanges, validateBalance, type StageRange } from '../partition/balance.js';
 import type { TrainConfig } from '../train/config.js';
 import { PipelineStrategy } from './pipeline.js';
+import { L2LStrategy } from './l2l.js';
 import type { Strategy } from './strategy.js';
 
 /**
@@ -23,7 +24,7 @@ import type { Strategy } from './strategy.js';
  */
 export function planStages(cfg: TrainConfig, model: Model, costs?: readonly number[]): StageRange[] {
   const n = model.blocks.length;
-  if (cfg.strategy === 'single') return [{ from: 0, to: n }];
+  if (cfg.strategy === 'single' || cfg.strategy === 'l2l') return [{ from: 0, to: n }];
   if (cfg.stages > n) {
     throw new LayerwiseError(`--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`);
   }
@@ -43,7 +44,7 @@ export function planStages(cfg: TrainConfig, model: Model, costs?: readonly numb
  * unavailable backend.
  */
 export async function resolveStages(cfg: TrainConfig, model: Model): Promise<StageRange[]> {
-  if (cfg.strategy === 'single' || (cfg.balance !== 'time' && cfg.balance !== 'memory')) return planStages(cfg, model);
+  if (cfg.strategy === 'single' || cfg.strategy === 'l2l' || (cfg.balance !== 'time' && cfg.balance !== 'memory')) return planStages(cfg, model);
   planStages({ ...cfg, balance: 'params' }, model); // the stage count, before spending time profiling
   const { profiledBalanceCosts } = await import('../partition/profile.js');
   const costs = await profiledBalanceCosts(model, {
@@ -91,6 +92,11 @@ export async function createStrategy(cfg: TrainConfig, model: Model, params: Hos
         checkpoint: 'never', schedule: 'gpipe', optimizer, local: { overlap: cfg.overlap, deterministic: cfg.deterministic },
       }, all);
     }
+    case 'l2l':
+      return L2LStrategy.create({
+        backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer, stash: cfg.stash,
+        epsThreads: cfg.epsThreads, deviceMemory: cfg.deviceMemory,
+      }, model, params);
     default:
       throw new LayerwiseError(`unknown strategy '${cfg.strategy as string}'`);
   }

@@ -8,6 +8,7 @@ import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import type { TraceSpan } from '../pipeline/executor.js';
+import type { EpsSpan } from '../eps/server.js';
 
 /** What one training step reports. */
 export interface StepReport {
@@ -25,6 +26,8 @@ export interface StepReport {
   traces: TraceSpan[][];
   /** Per stage: when it began the step, ms since the Unix epoch. */
   startedAt: number[];
+  /** L2L: the parameter server's optimizer updates finished since the previous report. */
+  serverSpans?: EpsSpan[];
 }
 
 /** Validation result: the model's loss and, for local parallelism, each auxiliary head's. */

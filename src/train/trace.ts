@@ -15,6 +15,12 @@ import { writeFileAtomic } from '../util/fsx.js';
 /** A span placed on the run's timeline, ms since the first recorded step began. */
 export interface TimelineSpan extends TraceSpan {
   stage: number;
+  /**
+   * The row it is drawn on: the stage for pipelines; for L2L, 0 = the device's compute, 1 =
+   * its parameter transfers (uploads, waits for the parameter server, gradient downloads),
+   * 2 + t = the parameter server's optimizer thread t. Spans of one track never overlap.
+   */
+  track: number;
   step: number;
   /** Absolute start and end, ms since the run's first step. */
   t0: number;
@@ -29,10 +35,14 @@ export interface StageSummary {
   peakBytes: number;
 }
 
-const WAITS = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm']);
+const WAITS = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm', 'wait_params']);
+/** L2L: the device's parameter transfers, drawn on a track of their own. */
+const TRANSFERS = new Set(['load_layer', 'upload', 'wait_params', 'prefetch_layer', 'push_grads', 'release_layer']);
 const COLORS: Record<string, string> = {
   forward: '#4e79a7', backward: '#59a14f', recompute: '#f28e2b', optimizer_step: '#e15759',
   recv_act: '#dddddd', recv_grad: '#dddddd', reduce_grad_norm: '#bbbbbb', send_act: '#9c755f', send_grad: '#9c755f',
+  layer_forward: '#4e79a7', layer_backward: '#59a14f', upload: '#76b7b2', load_layer: '#76b7b2', prefetch_layer: '#76b7b2',
+  push_grads: '#9c755f', release_layer: '#bab0ac', wait_params: '#dddddd', eps_update: '#e15759',
 };
 
 /** Human label of a span: `F3`, `B3`, `R3` (recompute), `wait act 3`, `step`. */
@@ -48,6 +58,14 @@ export function spanName(s: TraceSpan): string {
     case 'send_grad': return `send grad ${mb}`;
     case 'reduce_grad_norm': return 'norm all-reduce';
     case 'optimizer_step': return 'step';
+    case 'layer_forward': return `L${s.layer} F${mb}`;
+    case 'layer_backward': return `L${s.layer} B${mb}`;
+    case 'load_layer': case 'upload': return `upload L${s.layer}`;
+    case 'prefetch_layer': return `prefetch L${s.layer}`;
+    case 'wait_params': return `wait L${s.layer}`;
+    case 'push_grads': return `grads L${s.layer}`;
+    case 'release_layer': return `free L${s.layer}`;
+    case 'eps_update': return `update L${s.layer}`;
     default: return s.label;
   }
 }
@@ -58,6 +76,8 @@ export class TraceRecorder {
   constructor(private readonly keepSpans = true) {}
 
   private origin: number | null = null;
+  /** Track names by track number. */
+  readonly tracks = new Map<number, string>();
   private readonly peaks: number[] = [];
   private readonly busy: number[] = [];
   private readonly total: number[] = [];
@@ -65,12 +85,15 @@ export class TraceRecorder {
   /** Adds one step's report (its spans are aligned by each stage's start time). */
   add(step: number, r: StepReport): void {
     this.origin ??= Math.min(...r.startedAt);
+    const relay = r.serverSpans !== undefined;
     r.traces.forEach((spans, stage) => {
       const base = r.startedAt[stage] - this.origin!;
       let busy = 0;
       let end = 0;
+      if (!relay) this.tracks.set(stage, `stage ${stage}`);
       for (const s of spans) {
-        if (this.keepSpans) this.spans.push({ ...s, stage, step, t0: base + s.start, t1: base + s.end });
+        const track = relay ? (TRANSFERS.has(s.label) ? 1 : 0) : stage;
+        if (this.keepSpans) this.spans.push({ ...s, stage, track, step, t0: base + s.start, t1: base + s.end });
         if (!WAITS.has(s.label)) busy += s.end - s.start;
         end = Math.max(end, s.end);
       }
@@ -78,6 +101,17 @@ export class TraceRecorder {
       this.total[stage] = (this.total[stage] ?? 0) + end;
       this.peaks[stage] = Math.max(this.peaks[stage] ?? 0, r.peakBytes[stage]);
     });
+    if (relay) {
+      this.tracks.set(0, 'device');
+      this.tracks.set(1, 'transfers');
+      for (const u of r.serverSpans!) {
+        this.tracks.set(2 + u.thread, `PS thread ${u.thread}`);
+        const t0 = u.startedAt - this.origin;
+        if (this.keepSpans) {
+          this.spans.push({ label: 'eps_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track: 2 + u.thread, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
+        }
+      }
+    }
   }
 
   /** Busy and idle percentages and peak bytes per stage over the recorded steps. */
@@ -90,13 +124,12 @@ export class TraceRecorder {
 
   /** Chrome trace event JSON. */
   chromeTrace(): string {
-    const stages = new Set(this.spans.map((s) => s.stage));
-    const events: object[] = [...stages].map((s) => ({ name: 'thread_name', ph: 'M', pid: 1, tid: s, args: { name: `stage ${s}` } }));
+    const events: object[] = [...this.tracks].map(([t, name]) => ({ name: 'thread_name', ph: 'M', pid: 1, tid: t, args: { name } }));
     for (const s of this.spans) {
       events.push({
-        name: spanName(s), cat: s.label, ph: 'X', pid: 1, tid: s.stage,
+        name: spanName(s), cat: s.label, ph: 'X', pid: 1, tid: s.track,
         ts: Math.round(s.t0 * 1000), dur: Math.max(1, Math.round((s.t1 - s.t0) * 1000)),
-        args: { step: s.step, micro_batch: s.mb },
+        args: { step: s.step, micro_batch: s.mb, ...(s.layer !== undefined ? { layer: s.layer } : {}) },
       });
     }
     return JSON.stringify({ traceEvents: events, displayTimeUnit: 'ms' });
@@ -106,11 +139,11 @@ export class TraceRecorder {
   svg(steps = 2): string {
     const last = Math.max(...this.spans.map((s) => s.step));
     const shown = this.spans.filter((s) => s.step > last - steps && s.t1 - s.t0 > 0);
-    const k = Math.max(...shown.map((s) => s.stage)) + 1;
+    const k = Math.max(...shown.map((s) => s.track)) + 1;
     const t0 = Math.min(...shown.map((s) => s.t0));
     const t1 = Math.max(...shown.map((s) => s.t1));
     const W = 1200;
-    const left = 70;
+    const left = 90;
     const row = 34;
     const top = 30;
     const x = (t: number) => left + ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - left - 10);
@@ -121,22 +154,25 @@ export class TraceRecorder {
     parts.push(`<text x="${left}" y="18" font-size="13">pipeline timeline: last ${Math.min(steps, last)} step(s), ${(t1 - t0).toFixed(0)} ms; grey = waiting (bubble)</text>`);
     for (let s = 0; s < k; s++) {
       const y = top + s * row;
-      parts.push(`<text x="4" y="${y + row / 2 + 4}">stage ${s}</text>`);
+      parts.push(`<text x="4" y="${y + row / 2 + 4}">${esc(this.tracks.get(s) ?? `stage ${s}`)}</text>`);
       parts.push(`<rect x="${left}" y="${y + 2}" width="${W - left - 10}" height="${row - 4}" fill="#f7f7f7"/>`);
     }
     for (const sp of shown) {
-      const y = top + sp.stage * row;
+      const y = top + sp.track * row;
       const x0 = x(sp.t0);
       const w = Math.max(0.5, x(sp.t1) - x0);
       const name = spanName(sp);
       parts.push(`<rect x="${x0.toFixed(2)}" y="${y + 4}" width="${w.toFixed(2)}" height="${row - 8}" fill="${COLORS[sp.label] ?? '#999'}" stroke="white" stroke-width="0.5"><title>${esc(`step ${sp.step} ${name}: ${(sp.t1 - sp.t0).toFixed(1)} ms`)}</title></rect>`);
       if (w > 16 && !WAITS.has(sp.label)) parts.push(`<text x="${(x0 + w / 2).toFixed(2)}" y="${y + row / 2 + 4}" text-anchor="middle" fill="white">${esc(name)}</text>`);
     }
-    const legend = ['forward', 'backward', 'recompute', 'optimizer_step', 'recv_act'];
+    const legend = [...this.tracks.values()].includes('transfers')
+      ? ['layer_forward', 'layer_backward', 'upload', 'push_grads', 'eps_update', 'wait_params']
+      : ['forward', 'backward', 'recompute', 'optimizer_step', 'recv_act'];
+    const legendName: Record<string, string> = { recv_act: 'wait', wait_params: 'wait for PS', layer_forward: 'forward', layer_backward: 'recompute + backward', push_grads: 'grads to PS', eps_update: 'PS optimizer' };
     legend.forEach((l, i) => {
       const lx = left + i * 150;
       const ly = top + k * row + 18;
-      parts.push(`<rect x="${lx}" y="${ly - 10}" width="12" height="12" fill="${COLORS[l]}"/><text x="${lx + 16}" y="${ly}">${l === 'recv_act' ? 'wait' : l.replace('_', ' ')}</text>`);
+      parts.push(`<rect x="${lx}" y="${ly - 10}" width="12" height="12" fill="${COLORS[l]}"/><text x="${lx + 16}" y="${ly}">${legendName[l] ?? l.replace('_', ' ')}</text>`);
     });
     parts.push('</svg>');
     return parts.join('\n') + '\n';

@@ -1,0 +1,298 @@
+/**
+ * The device side of L2L, layer-to-layer relay (Pudipeddi et al., 2020, arXiv 2002.05645):
+ * one device runs the whole model, but holds only the layer (block) it is executing, plus
+ * the next one being prefetched. Every parameter lives in the eager parameter server's shared
+ * host memory (src/eps/store.ts); a layer is uploaded from there when the relay schedule
+ * loads it and freed when it releases it, and its gradient, accumulated over the mini-batch's
+ * micro-batches, is downloaded and handed to the parameter server, which updates the host
+ * copy in the background.
+ *
+ * Between forward and backward, the input of every layer for every micro-batch waits in the
+ * stash: on the device (`stash: 'device'`, fast, grows with depth) or in host memory
+ * (`'host'`, downloaded after the forward and uploaded again for the backward: the device then
+ * holds at most two layers' parameters, one layer's gradient and the activations of the
+ * micro-batches of one layer boundary, whatever the depth).
+ *
+ * Correctness: the same math as single-device training on the whole mini-batch. The
+ * mini-batch loss is the mean of the M micro-batch losses; backward re-computes each layer
+ * from its stashed input (the activations of a layer's inside never outlive its call).
+ */
+import { tf } from '../runtime/tfjs.js';
+import type { Model } from '../model/model.js';
+import type { BlockParams } from '../model/block.js';
+import type { ParamStore } from '../eps/store.js';
+import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
+import { Stage } from './stage.js';
+import { backwardRecorded, recordForward } from './checkpoint.js';
+
+/** Where the layer-boundary activations wait between forward and backward. */
+export type StashPlace = 'device' | 'host';
+
+/** A stashed activation: a device tensor, or its values in host memory. */
+type Stashed = tf.Tensor | { values: Float32Array | Int32Array; shape: number[]; dtype: 'float32' | 'int32' };
+
+/** A layer's accumulated gradient on its way to the parameter server (host copies, by key). */
+export interface LayerGrads {
+  layer: number;
+  grads: Record<string, Float32Array>;
+  /** Sum of squares of every element of `grads` (for global-norm clipping). */
+  sumSquares: number;
+}
+
+/** The inputs of one step, as the executor gives them. */
+interface RelayInputs {
+  inputs?: tf.Tensor[];
+  labels?: tf.Tensor[];
+  m: number;
+}
+
+/**
+ * Backends whose `tf.tensor(values)` may keep a reference to `values` instead of copying it
+ * (cpu stores the array itself; webgpu keeps it until first use). Their uploads from the
+ * shared store are copied first, so a background update of the host copy cannot change a
+ * tensor in use; wasm and tensorflow copy on creation.
+ */
+const ALIASING_BACKENDS = new Set(['cpu', 'webgpu']);
+
+export class RelayStage extends Stage {
+  /** Parameters of the layers on the device now, by layer, then by parameter name in the block. */
+  private readonly loaded = new Map<number, BlockParams>();
+  /** stash[l][mb]: the input of layer l for micro-batch mb (layer 0: the model input). */
+  private readonly stash = new Map<number, Map<number, Stashed>>();
+  /** Gradient of the current backward layer's output, per micro-batch. */
+  private dys = new Map<number, tf.Tensor>();
+  /** The current layer's accumulated parameter gradients. */
+  private layerGrads = new Map<string, tf.Tensor>();
+  private labels = new Map<number, tf.Tensor>();
+  /** Training steps handed to the parameter server: the version every layer must reach before it is used. */
+  private stepsDone = 0;
+  /** Milliseconds the last {@link load} waited for the parameter server. */
+  lastWaitMs = 0;
+
+  /**
+   * @param model the whole model
+   * @param store views of the parameter server's shared host memory (parameters, versions)
+   * @param stashPlace where layer inputs wait between forward and backward
+   */
+  constructor(model: Model, private readonly store: ParamStore, readonly stashPlace: StashPlace, optimizer: OptimizerConfig) {
+    super(model, { from: 0, to: model.blocks.length }, new Map(), optimizer);
+  }
+
+  /** No device variables: parameters stay in the parameter server and are uploaded per layer. */
+  protected override addParam(): void {}
+
+  get layers(): number {
+    return this.model.blocks.length;
+  }
+
+  /** Parameter keys and names of layer l, in the store's order. */
+  private layerKeys(l: number): Array<[string, string]> {
+    return this.blockParams[l];
+  }
+
+  /**
+   * Waits until the parameter server has applied every update handed to it before this step
+   * to layer l, then uploads its parameters (no-op if loaded). Sets {@link lastWaitMs}.
+   */
+  async load(l: number): Promise<void> {
+    this.lastWaitMs = 0;
+    if (this.loaded.has(l)) return;
+    if (this.store.version(l) < this.stepsDone) {
+      const t0 = performance.now();
+      await this.store.waitVersion(l, this.stepsDone);
+      this.lastWaitMs = performance.now() - t0;
+    }
+    this.upload(l);
+  }
+
+  /** Uploads layer l now if its parameters are ready, without waiting; returns whether it did. */
+  prefetch(l: number): boolean {
+    if (l < 0 || l >= this.layers || this.loaded.has(l)) return false;
+    if (this.store.version(l) < this.stepsDone) return false;
+    this.upload(l);
+    return true;
+  }
+
+  private upload(l: number): void {
+    const copy = ALIASING_BACKENDS.has(tf.getBackend());
+    const p: BlockParams = {};
+    for (const [name, key] of this.layerKeys(l)) {
+      const host = this.store.param(key);
+      const spec = this.model.blocks[l].params.find((s) => s.name === name)!;
+      p[name] = tf.tensor(copy ? host.slice() : host, spec.shape, 'float32');
+    }
+    this.loaded.set(l, p);
+  }
+
+  /** Frees layer l's parameters on the device. */
+  release(l: number): void {
+    const p = this.loaded.get(l);
+    if (!p) return;
+    for (const t of Object.values(p)) t.dispose();
+    this.loaded.delete(l);
+  }
+
+  private layerParams(l: number): BlockParams {
+    const p = this.loaded.get(l);
+    if (!p) throw new Error(`layer ${l} used while not on the device (schedule must load_layer first)`);
+    return p;
+  }
+
+  private putStash(l: number, mb: number, t: tf.Tensor): void {
+    let s = this.stash.get(l);
+    if (!s) this.stash.set(l, (s = new Map()));
+    if (this.stashPlace === 'host' && l > 0) {
+      s.set(mb, { values: t.dataSync().slice() as Float32Array | Int32Array, shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32' });
+      t.dispose();
+    } else {
+      s.set(mb, t);
+    }
+  }
+
+  /** Takes (removes) the stashed input of layer l for mb, as a device tensor the caller owns. */
+  private takeStash(l: number, mb: number, inp: RelayInputs): tf.Tensor {
+    const s = this.stash.get(l)?.get(mb);
+    if (s) {
+      this.stash.get(l)!.delete(mb);
+      return s instanceof tf.Tensor ? s : tf.tensor(s.values, s.shape, s.dtype);
+    }
+    if (l === 0 && inp.inputs?.[mb]) {
+      const x = inp.inputs[mb];
+      inp.inputs[mb] = undefined as unknown as tf.Tensor; // taken: the stage owns it now
+      return x;
+    }
+    throw new Error(`layer ${l}, micro-batch ${mb}: no stashed input (schedule out of order)`);
+  }
+
+  private takeLabels(mb: number, inp: RelayInputs): tf.Tensor {
+    const y = inp.labels?.[mb];
+    if (!y) throw new Error(`micro-batch ${mb} has no labels on the last layer`);
+    inp.labels![mb] = undefined as unknown as tf.Tensor;
+    return y;
+  }
+
+  /**
+   * Forward of micro-batch mb through layer l. With `grad`, the input stays stashed for the
+   * backward and the output is stashed as layer l+1's input; without, the input is freed and
+   * the last layer records the micro-batch loss in {@link losses}.
+   */
+  layerForward(l: number, mb: number, grad: boolean, inp: RelayInputs): void {
+    const p = this.layerParams(l);
+    const x = this.takeStash(l, mb, inp);
+    const block = this.model.blocks[l];
+    if (l === this.layers - 1) {
+      if (grad) throw new Error('the relay fuses the last layer\'s forward into its backward; schedule layer_backward');
+      const labels = this.takeLabels(mb, inp);
+      const loss = tf.tidy(() => this.model.loss(block.forward(p, x), labels));
+      this.losses.set(mb, loss.dataSync()[0]);
+      loss.dispose();
+      x.dispose();
+      labels.dispose();
+      return;
+    }
+    const y = tf.tidy(() => block.forward(p, x));
+    this.putStash(l + 1, mb, y);
+    if (grad) this.putStash(l, mb, x);
+    else x.dispose();
+  }
+
+  /**
+   * Backward of micro-batch mb through layer l: re-computes the layer from its stashed input
+   * and backpropagates the output gradient (on the last layer: the loss, seeded with 1/M),
+   * accumulating the parameter gradients; the input gradient becomes the incoming gradient of
+   * layer l-1.
+   */
+  layerBackward(l: number, mb: number, inp: RelayInputs): void {
+    const p = this.layerParams(l);
+    const block = this.model.blocks[l];
+    const names = this.layerKeys(l).map(([n]) => n);
+    const x = this.takeStash(l, mb, inp);
+    const last = l === this.layers - 1;
+    const labels = last ? this.takeLabels(mb, inp) : undefined;
+    if (last) this.labels.set(mb, labels!);
+    const seed = last ? tf.scalar(1 / inp.m) : this.dys.get(mb);
+    if (!seed) throw new Error(`layer ${l}, micro-batch ${mb}: no incoming gradient`);
+    this.dys.delete(mb);
+    const wantInput = l > 0;
+    const f = (...args: tf.Tensor[]) => {
+      const q: BlockParams = {};
+      names.forEach((n, i) => (q[n] = args[i]));
+      const input = wantInput ? args[names.length] : x;
+      const y = block.forward(q, input);
+      return last ? this.model.loss(y, labels!) : y;
+    };
+    const xs = [...names.map((n) => p[n]), ...(wantInput ? [x] : [])];
+    if (xs.length > 0) {
+      const rec = recordForward(() => f(...xs));
+      if (last) this.losses.set(mb, rec.y.dataSync()[0]);
+      const grads = backwardRecorded(rec, xs, seed);
+      this.layerKeys(l).forEach(([, key], i) => {
+        const prev = this.layerGrads.get(key);
+        if (prev) {
+          this.layerGrads.set(key, tf.add(prev, grads[i]));
+          prev.dispose();
+          grads[i].dispose();
+        } else {
+          this.layerGrads.set(key, grads[i]);
+        }
+      });
+      if (wantInput) this.dys.set(mb, grads[names.length]);
+    }
+    seed.dispose();
+    x.dispose();
+    labels?.dispose();
+    this.labels.delete(mb);
+  }
+
+  /**
+   * Downloads layer l's accumulated gradient (float32, host copies that can be transferred)
+   * and its sum of squares; frees the device copies.
+   */
+  takeLayerGrads(l: number): LayerGrads {
+    const grads: Record<string, Float32Array> = {};
+    let sumSquares = 0;
+    const copy = tf.getBackend() !== 'wasm'; // wasm's dataSync is already a fresh copy of the heap
+    for (const [, key] of this.layerKeys(l)) {
+      const g = this.layerGrads.get(key);
+      if (!g) continue;
+      sumSquares += tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
+      const v = g.dataSync() as Float32Array;
+      grads[key] = copy ? v.slice() : v;
+      g.dispose();
+      this.layerGrads.delete(key);
+    }
+    return { layer: l, grads, sumSquares };
+  }
+
+  /** Ends a training step: every layer's gradient has gone to the parameter server. */
+  override step(): void {
+    this.stepsDone++;
+    this.zeroGrad();
+  }
+
+  override zeroGrad(): void {
+    super.zeroGrad();
+    for (const s of this.stash.values()) for (const t of s.values()) if (t instanceof tf.Tensor) t.dispose();
+    this.stash.clear();
+    for (const t of this.dys.values()) t.dispose();
+    this.dys.clear();
+    for (const t of this.layerGrads.values()) t.dispose();
+    this.layerGrads.clear();
+    for (const t of this.labels.values()) t.dispose();
+    this.labels.clear();
+    for (const l of [...this.loaded.keys()]) this.release(l);
+  }
+
+  /** The relay's parameters live in the parameter server; ask it (strategies/l2l.ts). */
+  override getParams(): never {
+    throw new Error('L2L parameters live in the parameter server, not on the device');
+  }
+
+  override getOptimizerState(): OptimizerState {
+    throw new Error('L2L optimizer state lives in the parameter server, not on the device');
+  }
+
+  override dispose(): void {
+    this.zeroGrad();
+  }
+}

@@ -1,0 +1,175 @@
+/**
+ * L2L, layer-to-layer relay training (Pudipeddi et al., 2020, arXiv 2002.05645), on one
+ * device. Every parameter and all optimizer state live in host memory, in the eager parameter
+ * server (src/eps/server.ts); the device (one worker thread running a {@link RelayStage})
+ * follows the relay schedule (schedule/schedule.ts relaySchedule): it uploads one layer at a
+ * time from the server's shared memory, runs every micro-batch through it, and in backward
+ * hands each layer's gradient to the server, which updates that layer in background threads
+ * while the device works on the next one. The device therefore holds about one layer's
+ * parameters, whatever the depth of the model.
+ *
+ * Same updates as single-device training on the same seed and data: the mini-batch gradient
+ * is the mean over micro-batches, global-norm clipping uses every layer's gradient (the
+ * server holds the step's gradients until the norm is known), and the host optimizer is the
+ * device optimizer's math.
+ */
+import type { Batch } from '../data/batcher.js';
+import { blockLayers } from '../eps/store.js';
+import type { HostParams } from '../model/init.js';
+import type { Model, ModelConfig } from '../model/model.js';
+import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
+import { ParameterServer, type EpsSpan } from '../eps/server.js';
+import { splitMicroBatches } from '../pipeline/microbatch.js';
+import type { StashPlace } from '../pipeline/relay-stage.js';
+import { StageWorker } from '../runtime/device.js';
+import type { StageStepResult } from '../runtime/protocol.js';
+import { transferables, type WireTensor } from '../runtime/serialize.js';
+import { relayEvalSchedule, relaySchedule, type Schedule } from '../schedule/schedule.js';
+import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
+
+export interface L2LOptions {
+  backend: string;
+  model: ModelConfig;
+  /** Micro-batches M: each layer runs the mini-batch in M pieces (bounds the device's activations). */
+  microBatches: number;
+  optimizer: OptimizerConfig;
+  /** Where layer inputs wait between forward and backward. */
+  stash: StashPlace;
+  /** Worker threads of the parameter server's optimizer. */
+  epsThreads: number;
+  /** Device memory budget, bytes (the device fails as soon as its engine holds more). */
+  deviceMemory?: number;
+}
+
+export class L2LStrategy implements Strategy {
+  readonly name = 'l2l';
+  readonly devices = 1;
+  private readonly train: Schedule;
+  private readonly layers: number;
+  /** The previous step; steps run one after another on the one device. */
+  private last: Promise<unknown> = Promise.resolve();
+  private failure: Error | null = null;
+  private closed = false;
+
+  private constructor(private readonly opts: L2LOptions, model: Model, private readonly worker: StageWorker, private readonly eps: ParameterServer) {
+    this.layers = model.blocks.length;
+    this.train = relaySchedule(this.layers, opts.microBatches);
+  }
+
+  /**
+   * Starts the parameter server (its optimizer threads, with `params` copied into shared host
+   * memory) and the device worker. Throws (after stopping both) if either fails to start.
+   */
+  static async create(opts: L2LOptions, model: Model, params: HostParams): Promise<L2LStrategy> {
+    const { layers, shapes } = blockLayers(model.blocks);
+    const eps = await ParameterServer.create({ params, layers, shapes, optimizer: opts.optimizer, threads: opts.epsThreads });
+    const worker = new StageWorker(0);
+    const s = new L2LStrategy(opts, model, worker, eps);
+    try {
+      await worker.call('init', {
+        index: 0, backend: opts.backend, model: opts.model, range: { from: 0, to: layers.length }, params: {},
+        optimizer: opts.optimizer, relay: { layout: eps.layout, stash: opts.stash }, deviceMemory: opts.deviceMemory,
+      });
+    } catch (e) {
+      await s.close();
+      throw e;
+    }
+    return s;
+  }
+
+  /** Runs one schedule on the device; during training, forwards each layer gradient to the parameter server. */
+  private async run(schedule: Schedule, batch: Batch, lr: number, training: boolean): Promise<StageStepResult> {
+    if (this.failure) throw this.failure;
+    const m = this.opts.microBatches;
+    const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
+    const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
+    if (training) this.eps.beginStep(lr);
+    const call = this.worker.call('step', { actions: schedule[0], m, lr, inputs, labels }, transferables([...inputs, ...labels] as WireTensor[]));
+    if (!training) return call;
+    const pushes = (async () => {
+      for (let i = 0; i < this.layers; i++) {
+        const g = await this.worker.recvLayerGrads();
+        this.eps.push(g.layer, g.grads, g.sumSquares);
+      }
+      // a failing optimizer thread would leave the device waiting for a layer: stop everything
+      this.eps.idle().catch((e: Error) => this.fail(e));
+    })();
+    pushes.catch(() => undefined); // a failing device is reported through `call`
+    const [r] = await Promise.all([call, pushes]);
+    return r;
+  }
+
+  private async fail(e: Error): Promise<void> {
+    this.failure ??= e;
+    await this.close();
+  }
+
+  submit(batch: Batch, lr: number): Submission {
+    const done = this.last.catch(() => undefined).then(async () => {
+      const r = await this.run(this.train, batch, lr, true);
+      return report(r, this.eps.takeSpans());
+    });
+    done.catch(async () => {
+      await this.close();
+    });
+    this.last = done;
+    return { accepted: done.then(() => undefined), done };
+  }
+
+  trainStep(batch: Batch, lr: number): Promise<StepReport> {
+    return this.submit(batch, lr).done;
+  }
+
+  async evaluate(batches: Batch[]): Promise<Evaluation> {
+    await this.last.catch(() => undefined);
+    const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
+    let sum = 0;
+    let n = 0;
+    for (const b of batches) {
+      const r = await this.run(sched, b, 0, false);
+      for (const l of r.losses) {
+        sum += l;
+        n++;
+      }
+    }
+    return { loss: n ? sum / n : NaN };
+  }
+
+  /** Waits for the last step and for the parameter server to apply every update. */
+  private async settle(): Promise<void> {
+    await this.last;
+    await this.eps.idle();
+    if (this.failure) throw this.failure;
+  }
+
+  async getParams(): Promise<HostParams> {
+    await this.settle();
+    return this.eps.getParams();
+  }
+
+  async getOptimizerState(): Promise<OptimizerState> {
+    await this.settle();
+    return this.eps.getOptimizerState();
+  }
+
+  async setOptimizerState(s: OptimizerState): Promise<void> {
+    await this.settle();
+    await this.eps.setOptimizerState(s);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.closed = true;
+    await Promise.all([this.worker.terminate(), this.eps.close()]);
+  }
+}
+
+/** One step's report; the bubble is the time the device waited for the parameter server. */
+function report(r: StageStepResult, serverSpans: EpsSpan[]): StepReport {
+  const loss = r.losses.reduce((a, b) => a + b, 0) / r.losses.length;
+  const waited = r.trace.filter((t) => t.label === 'wait_params').reduce((a, t) => a + (t.end - t.start), 0);
+  return {
+    loss, stageLosses: [loss], peakBytes: [r.peakBytes], stageSeconds: [r.ms / 1000],
+    bubble: [r.ms > 0 ? waited / r.ms : 0], traces: [r.trace], startedAt: [r.startedAt], serverSpans,
+  };
+}
