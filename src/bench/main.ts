@@ -61,5 +61,46 @@ program
     await benchLocal(o, (s) => console.log(s));
   });
 
+(await import('./eps.js')).registerEpsBench(program);
+
+program
+  .command('l2l')
+  .description('l2l vs single: peak device memory and throughput against depth, largest model under a device budget, parameter server update rate')
+  .option('--blocks <list>', 'blocks per model of the depth sweep', '6,12,24,48')
+  .option('--d-model <n>', 'model width of the sweep', (v) => Number(v), 128)
+  .option('--context <n>', 'context length of the sweep', (v) => Number(v), 64)
+  .option('--batch-size <n>', 'mini-batch size of the sweep', (v) => Number(v), 16)
+  .option('--micro-batches <n>', 'l2l micro-batches in the sweep', (v) => Number(v), 2)
+  .option('--budget <size>', 'device budget of the largest-model comparison', '256MiB')
+  .option('--steps <n>', 'measured steps per run', (v) => Number(v), 3)
+  .option('--quick', 'skip the charlm-small throughput rows')
+  .option('--backend <name>', 'backend', 'wasm')
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    await initBackend(o.backend);
+    const { benchL2L } = await import('./l2l.js');
+    const { parseSize } = await import('../plan/size.js');
+    await benchL2L({ ...o, blocks: String(o.blocks).split(',').map(Number), budget: parseSize(o.budget, '--budget') }, (s) => console.log(s));
+  });
+
+program
+  .command('l2l-max')
+  .description('a few full l2l training steps of one large character Transformer (default 1.1 billion parameters, 4.4 GB fp32) on Moby-Dick')
+  .option('--layers <n>', 'decoder layers', (v) => Number(v), 22)
+  .option('--d-model <n>', 'model width', (v) => Number(v), 2048)
+  .option('--heads <n>', 'attention heads', (v) => Number(v), 16)
+  .option('--context <n>', 'context length', (v) => Number(v), 32)
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 2)
+  .option('--micro-batches <n>', 'micro-batches', (v) => Number(v), 1)
+  .option('--steps <n>', 'training steps', (v) => Number(v), 2)
+  .option('--clip-norm <x>', 'global gradient clipping (0: off; on holds a whole step of gradients in host memory)', (v) => Number(v), 0)
+  .option('--eps-threads <n>', "parameter server's optimizer threads", (v) => Number(v), 1)
+  .option('--backend <name>', 'backend', 'wasm')
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchL2LMax } = await import('./l2l-max.js');
+    await benchL2LMax(o, (s) => console.log(s));
+  });
+
 await program.parseAsync(process.argv);
 process.exit(0);

@@ -154,7 +154,7 @@ for (const threads of [1, 2]) {
             if (ref.step(g, 0.03 * t) < 1) clipped++;
             pushStep(s, g, 0.03 * t);
             await s.idle();
-            for (let l = 0; l < LAYERS.length; l++) assert.equal(s.params.version(l), t, `${name}: version of layer ${l} after step ${t}`);
+            for (let l = 0; l < LAYERS.length; l++) assert.equal(s.store.version(l), t, `${name}: version of layer ${l} after step ${t}`);
           }
           if (clipNorm > 0) assert.ok(clipped > 0, 'the test exercises clipping');
           const got = await s.getParams();
@@ -215,10 +215,10 @@ test('waitVersion resolves when the update lands, and at once when reached; the 
   const cfg = CONFIGS[2][1];
   const s = await server(cfg, 1);
   try {
-    const before0 = s.params.param('0.w').slice();
+    const before0 = s.store.param('0.w').slice();
     s.beginStep(0.1);
     let landed = false;
-    const w = s.params.waitVersion(0, 1).then(() => (landed = true));
+    const w = s.store.waitVersion(0, 1).then(() => (landed = true));
     await new Promise((r) => setTimeout(r, 20));
     assert.equal(landed, false, 'no update of layer 0 yet');
     s.push(3, { '3.w': new Float32Array(144).fill(1) }, 0);
@@ -228,12 +228,12 @@ test('waitVersion resolves when the update lands, and at once when reached; the 
     assert.equal(landed, false, 'other layers do not wake layer 0');
     s.push(0, { '0.w': new Float32Array(60).fill(1), '0.b': new Float32Array(10).fill(1) }, 0);
     await w;
-    assert.equal(s.params.version(0), 1);
-    assert.notDeepEqual(s.params.param('0.w'), before0, 'the update is visible once the version is');
-    await s.params.waitVersion(0, 1); // already reached
-    await s.params.waitVersion(1, 0);
+    assert.equal(s.store.version(0), 1);
+    assert.notDeepEqual(s.store.param('0.w'), before0, 'the update is visible once the version is');
+    await s.store.waitVersion(0, 1); // already reached
+    await s.store.waitVersion(1, 0);
     await s.idle();
-    assert.deepEqual([0, 1, 2, 3].map((l) => s.params.version(l)), [1, 1, 1, 1]);
+    assert.deepEqual([0, 1, 2, 3].map((l) => s.store.version(l)), [1, 1, 1, 1]);
   } finally {
     await s.close();
   }
@@ -266,7 +266,7 @@ test('another thread attaches the layout, waits on a version and reads the updat
     const g = gradsOf(new Rng(9));
     pushStep(s, g, 0.5);
     const values = await seen;
-    const want = s.params.param('3.w').subarray(0, 4);
+    const want = s.store.param('3.w').subarray(0, 4);
     assert.deepEqual(values, Array.from(want));
   } finally {
     await dev.terminate();
@@ -278,7 +278,7 @@ test('with clipping, no layer is updated before every layer is pushed; then laye
   const cfg = { ...CONFIGS[2][1], clipNorm: 1 };
   const s = await server(cfg, 1);
   try {
-    const before = new Map(KEYS.map((k) => [k, s.params.param(k).slice()]));
+    const before = new Map(KEYS.map((k) => [k, s.store.param(k).slice()]));
     const g = gradsOf(new Rng(10));
     s.beginStep(0.1);
     for (const l of [3, 2, 1]) {
@@ -289,14 +289,14 @@ test('with clipping, no layer is updated before every layer is pushed; then laye
     const done = s.idle().then(() => (idle = true));
     await new Promise((r) => setTimeout(r, 50));
     assert.equal(idle, false, 'idle waits for the held layers');
-    for (let l = 0; l < 4; l++) assert.equal(s.params.version(l), 0, `layer ${l} not updated yet`);
-    for (const k of KEYS) assert.deepEqual(s.params.param(k), before.get(k), `${k} unchanged`);
+    for (let l = 0; l < 4; l++) assert.equal(s.store.version(l), 0, `layer ${l} not updated yet`);
+    for (const k of KEYS) assert.deepEqual(s.store.param(k), before.get(k), `${k} unchanged`);
     s.push(0, { '0.w': g.get('0.w')!.slice(), '0.b': g.get('0.b')!.slice() }, sumSq([g.get('0.w')!, g.get('0.b')!]));
     await done;
     const spans = s.takeSpans();
     assert.deepEqual(spans.map((x) => x.layer), [0, 2, 3], 'forward order (layer 1 has no parameters)');
     for (let i = 1; i < spans.length; i++) assert.ok(spans[i].startedAt >= spans[i - 1].startedAt);
-    assert.deepEqual([0, 1, 2, 3].map((l) => s.params.version(l)), [1, 1, 1, 1]);
+    assert.deepEqual([0, 1, 2, 3].map((l) => s.store.version(l)), [1, 1, 1, 1]);
   } finally {
     await s.close();
   }
@@ -420,6 +420,16 @@ test('ParamStore.create and ParameterServer.create reject bad input with a Layer
   ParamStore.attach(st.layout).param('2.k')[0] = 42;
   assert.equal(st.param('2.k')[0], 42);
   assert.notEqual(p.get('2.k')![0], 42);
+  // adopt: whole SharedArrayBuffers are taken over, other arrays copied
+  const shared = new Map([...p].map(([k, v]) => {
+    const a = new Float32Array(new SharedArrayBuffer(v.byteLength));
+    a.set(v);
+    return [k, k === '0.b' ? v : a];
+  }));
+  const adopted = ParamStore.create(shared, LAYERS, cfg, SHAPES, { adopt: true });
+  assert.equal(adopted.param('2.k').buffer, shared.get('2.k')!.buffer, 'adopted without a copy');
+  assert.notEqual(adopted.param('0.b').buffer, shared.get('0.b')!.buffer, 'a non-shared array is copied');
+  assert.notEqual(ParamStore.create(shared, LAYERS, cfg, SHAPES).param('2.k').buffer, shared.get('2.k')!.buffer, 'copied without adopt');
   assert.deepEqual(blockLayers([
     { name: 'a', params: [{ name: 'w', shape: [2, 3], init: { kind: 'zeros' } }] },
     { name: 'b', params: [] },
@@ -429,9 +439,9 @@ test('ParamStore.create and ParameterServer.create reject bad input with a Layer
 test('a failing optimizer worker makes idle() reject naming the key, wakes version waiters, and does not hang', async () => {
   const s = await server(CONFIGS[2][1], 2);
   try {
-    const before = s.params.param('0.w').slice();
+    const before = s.store.param('0.w').slice();
     s.beginStep(0.1);
-    const waiting = s.params.waitVersion(0, 1);
+    const waiting = s.store.waitVersion(0, 1);
     s.push(3, { '3.w': new Float32Array(144) }, 0);
     s.push(2, {}, 0);
     s.push(1, {}, 0);
@@ -440,7 +450,7 @@ test('a failing optimizer worker makes idle() reject naming the key, wakes versi
     await assert.rejects(waiting, /layer 0 will not reach version 1.*failed/);
     await assert.rejects(s.getParams(), /'0\.w'/);
     assert.throws(() => s.beginStep(0.1), /'0\.w'/);
-    assert.deepEqual(s.params.param('0.w'), before, 'the bad part changed nothing');
+    assert.deepEqual(s.store.param('0.w'), before, 'the bad part changed nothing');
   } finally {
     await s.close();
     await s.close(); // safe twice
@@ -454,7 +464,7 @@ test('close() rejects pending idle() and version waiters', async () => {
   s.beginStep(0.1);
   s.push(3, { '3.w': new Float32Array(144) }, 0);
   const idle = assert.rejects(s.idle(), /parameter server was closed/);
-  const waiting = assert.rejects(s.params.waitVersion(3, 1), /layer 3 will not reach version 1 \(at 0\): the parameter server was closed/);
+  const waiting = assert.rejects(s.store.waitVersion(3, 1), /layer 3 will not reach version 1 \(at 0\): the parameter server was closed/);
   await s.close();
   await idle;
   await waiting;

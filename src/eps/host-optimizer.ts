@@ -87,16 +87,19 @@ export function hostUpdate(
   const b2 = cfg.beta2;
   const a1 = 1 - b1;
   const a2 = 1 - b2;
-  const c1 = 1 / (1 - b1 ** step); // bias corrections as factors
-  const c2 = 1 / (1 - b2 ** step);
   const eps = cfg.eps;
+  // Constants folded out of the loop (equal in exact arithmetic to the rule above):
+  // lr m^ = k m with k = lr / (1 - b1^t); sqrt(v^) = sqrt(v) s2 with s2 = 1 / sqrt(1 - b2^t);
+  // p - lr wd p = decay p. Per element: one sqrt and one division (the loop's bottleneck).
+  const k = lr / (1 - b1 ** step);
+  const s2 = 1 / Math.sqrt(1 - b2 ** step);
+  const decay = 1 - lr * wd;
   for (let i = 0; i < n; i++) {
     const gi = g[i] * scale;
     const mi = b1 * m[i] + a1 * gi;
     const vi = b2 * v[i] + a2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    const pi = p[i];
-    p[i] = pi - lr * ((mi * c1) / (Math.sqrt(vi * c2) + eps) + wd * pi);
+    p[i] = p[i] * decay - (k * mi) / (Math.sqrt(vi) * s2 + eps);
   }
 }

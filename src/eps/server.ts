@@ -47,6 +47,11 @@ export interface ParameterServerOptions {
   optimizer: OptimizerConfig;
   /** Optimizer worker threads, >= 1. */
   threads: number;
+  /**
+   * Take over the SharedArrayBuffer-backed arrays of `params` instead of copying them (see
+   * {@link ParamStore.create}'s `opts.adopt`); the caller must not use them afterwards.
+   */
+  adopt?: boolean;
 }
 
 interface Job {
@@ -97,16 +102,16 @@ export class ParameterServer {
   private readonly owner: Array<Map<string, number>>;
 
   private constructor(
-    private readonly store: ParamStore,
+    private readonly mem: ParamStore,
     private readonly config: OptimizerConfig,
     private readonly workers: Worker[],
     counters: SharedArrayBuffer,
   ) {
-    this.pushed = new Array<boolean>(store.numLayers).fill(false);
+    this.pushed = new Array<boolean>(mem.numLayers).fill(false);
     this.counters = new Int32Array(counters);
     this.freeCounters = Array.from({ length: this.counters.length }, (_, i) => this.counters.length - 1 - i);
     this.running = workers.length;
-    this.owner = assignThreads(store.layout, workers.length);
+    this.owner = assignThreads(mem.layout, workers.length);
     workers.forEach((w, i) => {
       w.on('message', (m: DoneMessage | ErrorMessage) => this.onMessage(m));
       w.on('error', (e) => this.fail(new EpsError(`optimizer thread ${i} crashed: ${e.message}`, e.name)));
@@ -118,14 +123,14 @@ export class ParameterServer {
   }
 
   /**
-   * Copies the parameters into shared host memory (4 bytes per parameter, plus 4 per parameter
-   * per optimizer slot: 12 for AdamW) and starts `threads` optimizer worker threads.
+   * Copies (or with `adopt`, takes over) the parameters into shared host memory (4 bytes per
+   * parameter, plus 4 per parameter per optimizer slot: 12 for AdamW) and starts `threads` optimizer worker threads.
    * Throws {@link LayerwiseError} for a missing, duplicated, layer-less or mis-sized key (see
    * {@link ParamStore.create}) or a bad thread count; rejects if a thread fails to start.
    */
   static async create(o: ParameterServerOptions): Promise<ParameterServer> {
     check(Number.isInteger(o.threads) && o.threads >= 1, `the parameter server needs a positive integer number of threads, got ${o.threads}`);
-    const store = ParamStore.create(o.params, o.layers, o.optimizer, o.shapes);
+    const store = ParamStore.create(o.params, o.layers, o.optimizer, o.shapes, { adopt: o.adopt });
     const counters = new SharedArrayBuffer(4 * (4 * store.numLayers + 64));
     const workers: Worker[] = [];
     const started: Array<Promise<void>> = [];
@@ -136,6 +141,7 @@ export class ParameterServer {
       started.push(new Promise<void>((resolve, reject) => {
         const onError = (e: Error) => reject(new EpsError(`optimizer thread ${i} failed to start: ${e.message}`, e.name));
         w.once('error', onError);
+        w.once('exit', (code) => reject(new EpsError(`optimizer thread ${i} exited with code ${code} before it was ready`)));
         w.once('message', (m: { type: string }) => {
           w.off('error', onError);
           if (m.type === 'ready') resolve();
@@ -145,21 +151,22 @@ export class ParameterServer {
     }
     try {
       await Promise.all(started);
+      return new ParameterServer(store, { ...o.optimizer }, workers, counters);
     } catch (e) {
+      store.stop(STORE_CLOSED);
       await Promise.all(workers.map((w) => w.terminate()));
       throw e;
     }
-    return new ParameterServer(store, { ...o.optimizer }, workers, counters);
   }
 
   /** The shared memory, for {@link ParamStore.attach} in the device thread. */
   get layout(): StoreLayout {
-    return this.store.layout;
+    return this.mem.layout;
   }
 
-  /** The server's own views of the shared memory (params, slots, versions). */
-  get params(): ParamStore {
-    return this.store;
+  /** The server's own views of the shared memory (parameters, slots, versions). */
+  get store(): ParamStore {
+    return this.mem;
   }
 
   /** Optimizer steps begun so far (the t of the current step for AdamW), counting a loaded state's step. */
@@ -248,7 +255,7 @@ export class ParameterServer {
   private dispatch(layer: number, grads: Record<string, Float32Array>, scale: number): void {
     const owner = this.owner[layer];
     const parts = new Map<number, { keys: string[]; grads: Float32Array[] }>();
-    for (const key of this.store.layout.layers[layer]) { // the layer's order, not the caller's
+    for (const key of this.mem.layout.layers[layer]) { // the layer's order, not the caller's
       const g = grads[key];
       if (g === undefined) continue;
       const t = owner.get(key)!;
@@ -258,7 +265,7 @@ export class ParameterServer {
       part.grads.push(g);
     }
     if (parts.size === 0) {
-      this.store.markUpdated(layer);
+      this.mem.markUpdated(layer);
       this.settle();
       return;
     }
@@ -302,7 +309,7 @@ export class ParameterServer {
     if (!job) return;
     if (--job.parts > 0) return;
     this.jobs.delete(m.job);
-    if (job.counter === -2) this.store.markUpdated(job.layer);
+    if (job.counter === -2) this.mem.markUpdated(job.layer);
     if (job.counter >= 0) this.freeCounters.push(job.counter);
     this.settle();
   }
@@ -317,7 +324,7 @@ export class ParameterServer {
   private fail(e: Error): void {
     if (this.failure || this.closed) return;
     this.failure = e;
-    this.store.stop(STORE_FAILED);
+    this.mem.stop(STORE_FAILED);
     const ws = this.waiters;
     this.waiters = [];
     for (const w of ws) w.reject(e);
@@ -347,7 +354,7 @@ export class ParameterServer {
   async getParams(): Promise<HostParams> {
     await this.idle();
     const out: HostParams = new Map();
-    for (const key of this.store.keys()) out.set(key, this.store.param(key).slice());
+    for (const key of this.mem.keys()) out.set(key, this.mem.param(key).slice());
     return out;
   }
 
@@ -360,9 +367,9 @@ export class ParameterServer {
   async getOptimizerState(): Promise<OptimizerState> {
     await this.idle();
     const slots: OptimizerState['slots'] = {};
-    for (const key of this.store.keys()) {
+    for (const key of this.mem.keys()) {
       if (!this.live.has(key)) continue;
-      const s = this.store.slots(key);
+      const s = this.mem.slots(key);
       const names = Object.keys(s);
       if (names.length === 0) continue;
       slots[key] = Object.fromEntries(names.map((n) => [n, s[n].slice()]));
@@ -385,16 +392,16 @@ export class ParameterServer {
     check(Number.isInteger(s.step) && s.step >= 0, `optimizer state step must be a non-negative integer, got ${s.step}`);
     const names = slotNames(this.config);
     for (const [key, rec] of Object.entries(s.slots)) {
-      check(this.store.layerOf(key) !== undefined, `optimizer state names parameter '${key}', which this model does not have`);
-      const n = this.store.param(key).length;
+      check(this.mem.layerOf(key) !== undefined, `optimizer state names parameter '${key}', which this model does not have`);
+      const n = this.mem.param(key).length;
       for (const [name, arr] of Object.entries(rec)) {
         check(names.includes(name), `optimizer state '${key}.${name}' is not a slot of ${this.config.kind}${this.config.kind === 'sgd' ? ` with momentum ${this.config.momentum}` : ''} (its slots: ${names.join(', ') || 'none'})`);
         check(arr !== null && typeof arr === 'object' && arr.length === n, `optimizer state '${key}.${name}' has ${arr?.length} values, parameter has ${n}`);
       }
     }
     this.live.clear();
-    for (const key of this.store.keys()) {
-      const slots = this.store.slots(key);
+    for (const key of this.mem.keys()) {
+      const slots = this.mem.slots(key);
       const given = s.slots[key];
       if (given) this.live.add(key);
       for (const name of Object.keys(slots)) {
@@ -415,7 +422,7 @@ export class ParameterServer {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    this.store.stop(STORE_CLOSED);
+    this.mem.stop(STORE_CLOSED);
     const ws = this.waiters;
     this.waiters = [];
     for (const w of ws) w.reject(new EpsError('parameter server was closed'));

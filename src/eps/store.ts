@@ -100,11 +100,16 @@ export class ParamStore {
    * - `layers`: per layer, its keys (see {@link blockLayers}); every key of `params` in exactly one layer.
    * - `shapes`: per key, its shape (needed for the rank: weight decay applies to rank >= 2 only).
    *
+   * - `opts.adopt`: take over, instead of copying, every value array that is a whole
+   *   SharedArrayBuffer (byteOffset 0, covering the buffer; see initParams' `shared`): it becomes
+   *   the master copy, updated in place by the optimizer threads, so the caller must not use it
+   *   afterwards. Saves 4 bytes per parameter at start-up. Other arrays are copied.
+   *
    * Throws {@link LayerwiseError} naming the key if a layer names a key that `params` or
    * `shapes` lacks, a key appears twice, a key of `params` belongs to no layer, or a value
    * array's length differs from its shape's size.
    */
-  static create(params: HostParams, layers: string[][], optimizer: OptimizerConfig, shapes: Record<string, number[]>): ParamStore {
+  static create(params: HostParams, layers: string[][], optimizer: OptimizerConfig, shapes: Record<string, number[]>, opts: { adopt?: boolean } = {}): ParamStore {
     const seen = new Set<string>();
     const layout: StoreLayout = {
       layers: layers.map((ks) => [...ks]), shapes: {}, params: {}, slots: {},
@@ -121,9 +126,14 @@ export class ParamStore {
         check(Array.isArray(shape), `parameter '${key}' has no shape`);
         const n = sizeOf(shape);
         check(values.length === n, `parameter '${key}' has ${values.length} values, its shape [${shape}] needs ${n}`);
-        const buf = new SharedArrayBuffer(4 * n);
-        new Float32Array(buf).set(values);
-        layout.params[key] = buf;
+        const own = values.buffer;
+        if (opts.adopt && own instanceof SharedArrayBuffer && values.byteOffset === 0 && values.byteLength === own.byteLength) {
+          layout.params[key] = own;
+        } else {
+          const buf = new SharedArrayBuffer(4 * n);
+          new Float32Array(buf).set(values);
+          layout.params[key] = buf;
+        }
         layout.shapes[key] = [...shape];
         layout.slots[key] = Object.fromEntries(names.map((s) => [s, new SharedArrayBuffer(4 * n)]));
       }

@@ -25,11 +25,12 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
  * Draws the initial parameters of blocks `[from, to)` on the host. Each parameter has its own
  * random stream seeded by (seed, block index, parameter index), so the values do not depend on
  * how the model is partitioned, on the device or on the backend: every strategy starts from
- * exactly the same weights.
+ * exactly the same weights. With `shared`, every array is backed by its own SharedArrayBuffer
+ * (which L2L's parameter server can adopt without a copy; see src/eps/store.ts).
  */
-export function initParams(blocks: readonly Block[], seed: number, from = 0, to = blocks.length): HostParams {
+export function initParams(blocks: readonly Block[], seed: number, from = 0, to = blocks.length, opts: { shared?: boolean } = {}): HostParams {
   const out: HostParams = new Map();
-  for (let b = from; b < to; b++) initBlockParams(blocks[b], seed, b, (name) => paramKey(b, name), out);
+  for (let b = from; b < to; b++) initBlockParams(blocks[b], seed, b, (name) => paramKey(b, name), out, opts.shared);
   return out;
 }
 
@@ -38,9 +39,10 @@ export function initParams(blocks: readonly Block[], seed: number, from = 0, to 
  * streams (seed, stream, parameter index). Model blocks use their index as the stream;
  * auxiliary heads use streams past the model's blocks.
  */
-export function initBlockParams(block: Block, seed: number, stream: number, key: (name: string) => string, out: HostParams): void {
+export function initBlockParams(block: Block, seed: number, stream: number, key: (name: string) => string, out: HostParams, shared = false): void {
   block.params.forEach((spec, j) => {
-    const values = new Float32Array(sizeOf(spec.shape));
+    const n = sizeOf(spec.shape);
+    const values = shared ? new Float32Array(new SharedArrayBuffer(4 * n)) : new Float32Array(n);
     const rng = new Rng((Math.imul(seed + 1, 0x01000193) ^ Math.imul(stream + 1, 0x9e3779b1) ^ Math.imul(j + 1, 0x85ebca6b)) >>> 0);
     fill(spec.init, values, rng);
     out.set(key(spec.name), values);

@@ -28,6 +28,8 @@ export interface StageInit {
   relay?: { layout: StoreLayout; stash: StashPlace };
   /** Device memory budget, bytes: the stage fails as soon as its engine holds more. */
   deviceMemory?: number;
+  /** Strategy name, for the out-of-memory message. */
+  strategy?: string;
   /** Port to the previous stage (absent on the first stage). */
   prev?: MessagePort;
   /** Port to the next stage (absent on the last stage). */
@@ -52,6 +54,8 @@ export interface StageStepResult {
   peakBytes: number;
   /** Bytes held after the step (parameters, optimizer state). */
   bytes: number;
+  /** wasm backend: size of its linear memory (heap) after the step, bytes (a high-water mark, capped at 4 GiB). */
+  heapBytes?: number;
   /** Wall time of the step on this stage, ms. */
   ms: number;
   /** When the stage began the step, ms since the Unix epoch (a clock shared by all threads). */

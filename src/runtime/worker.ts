@@ -4,7 +4,7 @@
  * exchanging activations and gradients directly with its neighbour stages over MessagePorts.
  */
 import { parentPort } from 'node:worker_threads';
-import { initBackend } from '../backend/index.js';
+import { backendHeapBytes, initBackend } from '../backend/index.js';
 import { buildModel } from '../model/model.js';
 import { execute, type StageLinks } from '../pipeline/executor.js';
 import { Stage } from '../pipeline/stage.js';
@@ -12,7 +12,8 @@ import { LocalStage } from '../pipeline/local-stage.js';
 import { RelayStage } from '../pipeline/relay-stage.js';
 import { ParamStore } from '../eps/store.js';
 import { Channel, type Message } from './channel.js';
-import { peakBytes, deviceBytes, resetPeakBytes } from './memory.js';
+import { peakBytes, deviceBytes, resetPeakBytes, setDeviceBudget } from './memory.js';
+import { deviceMemoryAdvice } from './budget-error.js';
 import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
 import { fromWire, toWire, transferables, type WireTensor } from './serialize.js';
 import { tf } from './tfjs.js';
@@ -72,6 +73,7 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     stage = a.relay
       ? new RelayStage(model, ParamStore.attach(a.relay.layout), a.relay.stash, a.optimizer)
       : a.local ? new LocalStage(model, a.range, values, a.optimizer, a.local) : new Stage(model, a.range, values, a.optimizer);
+    setDeviceBudget(a.deviceMemory, { stage: a.index, strategy: a.strategy, advice: deviceMemoryAdvice(a.strategy, a.relay?.stash) });
     prev = a.prev ? new Channel(a.prev) : null;
     next = a.next ? new Channel(a.next) : null;
     resetPeakBytes();
@@ -87,7 +89,7 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     const labels = a.labels?.map(fromWire);
     const trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
     const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
-    const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), ms: performance.now() - t0, startedAt };
+    const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
     return r;
   },
   async getParams() {

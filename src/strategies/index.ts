@@ -72,11 +72,12 @@ export async function createStrategy(cfg: TrainConfig, model: Model, params: Hos
       // the reference: whole model on one device, plain backprop on the whole mini-batch
       return PipelineStrategy.create({
         name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, checkpoint: 'never', schedule: 'gpipe', optimizer,
+        deviceMemory: cfg.deviceMemory,
       }, params);
     case 'gpipe':
       return PipelineStrategy.create({
         name: 'gpipe', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches,
-        checkpoint: cfg.checkpoint, schedule: cfg.schedule, optimizer,
+        checkpoint: cfg.checkpoint, schedule: cfg.schedule, optimizer, deviceMemory: cfg.deviceMemory,
       }, params);
     case 'local': {
       ranges.slice(0, -1).forEach((r, i) => {
@@ -90,6 +91,7 @@ export async function createStrategy(cfg: TrainConfig, model: Model, params: Hos
       return PipelineStrategy.create({
         name: 'local', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches,
         checkpoint: 'never', schedule: 'gpipe', optimizer, local: { overlap: cfg.overlap, deterministic: cfg.deterministic },
+        deviceMemory: cfg.deviceMemory,
       }, all);
     }
     case 'l2l':

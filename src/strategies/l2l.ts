@@ -39,6 +39,12 @@ export interface L2LOptions {
   epsThreads: number;
   /** Device memory budget, bytes (the device fails as soon as its engine holds more). */
   deviceMemory?: number;
+  /**
+   * The parameter server takes over the SharedArrayBuffer-backed arrays of `params` (see
+   * initParams' `shared`) instead of copying them: halves the host memory needed at start-up.
+   * The caller must not use `params` afterwards.
+   */
+  adoptParams?: boolean;
 }
 
 export class L2LStrategy implements Strategy {
@@ -62,13 +68,13 @@ export class L2LStrategy implements Strategy {
    */
   static async create(opts: L2LOptions, model: Model, params: HostParams): Promise<L2LStrategy> {
     const { layers, shapes } = blockLayers(model.blocks);
-    const eps = await ParameterServer.create({ params, layers, shapes, optimizer: opts.optimizer, threads: opts.epsThreads });
+    const eps = await ParameterServer.create({ params, layers, shapes, optimizer: opts.optimizer, threads: opts.epsThreads, adopt: opts.adoptParams });
     const worker = new StageWorker(0);
     const s = new L2LStrategy(opts, model, worker, eps);
     try {
       await worker.call('init', {
         index: 0, backend: opts.backend, model: opts.model, range: { from: 0, to: layers.length }, params: {},
-        optimizer: opts.optimizer, relay: { layout: eps.layout, stash: opts.stash }, deviceMemory: opts.deviceMemory,
+        optimizer: opts.optimizer, relay: { layout: eps.layout, stash: opts.stash }, deviceMemory: opts.deviceMemory, strategy: 'l2l',
       });
     } catch (e) {
       await s.close();
@@ -169,7 +175,7 @@ function report(r: StageStepResult, serverSpans: EpsSpan[]): StepReport {
   const loss = r.losses.reduce((a, b) => a + b, 0) / r.losses.length;
   const waited = r.trace.filter((t) => t.label === 'wait_params').reduce((a, t) => a + (t.end - t.start), 0);
   return {
-    loss, stageLosses: [loss], peakBytes: [r.peakBytes], stageSeconds: [r.ms / 1000],
+    loss, stageLosses: [loss], peakBytes: [r.peakBytes], heapBytes: [r.heapBytes], stageSeconds: [r.ms / 1000],
     bubble: [r.ms > 0 ? waited / r.ms : 0], traces: [r.trace], startedAt: [r.startedAt], serverSpans,
   };
 }

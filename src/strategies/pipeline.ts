@@ -36,6 +36,8 @@ export interface PipelineOptions {
    * stage's tail are also trained by the next stage's loss.
    */
   local?: { overlap: number; deterministic: boolean };
+  /** Device memory budget per stage, bytes: a stage fails as soon as its engine holds more. */
+  deviceMemory?: number;
 }
 
 /** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
@@ -81,7 +83,7 @@ export class PipelineStrategy implements Strategy {
         const prev = i > 0 ? links[i - 1].port2 : undefined;
         const next = i < k - 1 ? links[i].port1 : undefined;
         const transfer = [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev] : []), ...(next ? [next] : [])];
-        return w.call('init', { index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, local, prev, next }, transfer);
+        return w.call('init', { index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, local, prev, next, deviceMemory: opts.deviceMemory, strategy: opts.name }, transfer);
       }));
     } catch (e) {
       await s.close();
@@ -214,6 +216,7 @@ function report(results: StageStepResult[]): StepReport {
     loss: mean(losses),
     stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
     peakBytes: results.map((r) => r.peakBytes),
+    heapBytes: results.map((r) => r.heapBytes),
     stageSeconds: results.map((r) => r.ms / 1000),
     bubble: results.map((r) => {
       const idle = r.trace.filter((t) => waits.has(t.op)).reduce((a, t) => a + (t.end - t.start), 0);

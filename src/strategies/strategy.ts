@@ -18,6 +18,8 @@ export interface StepReport {
   stageLosses: number[];
   /** Per stage (device): peak bytes held during the step. */
   peakBytes: number[];
+  /** Per stage, wasm backend only: its heap (linear memory) size in bytes, a high-water mark. */
+  heapBytes?: Array<number | undefined>;
   /** Per stage: wall time of the step, seconds. */
   stageSeconds: number[];
   /** Per stage: fraction of the step spent waiting for other stages (the measured bubble). */
