@@ -4,7 +4,8 @@
  * Every message names the problem and what would fix it.
  */
 export class LayerwiseError extends Error {
-  override readonly name = 'LayerwiseError';
+  /** 'LayerwiseError', or a subclass's name (e.g. 'DeviceOutOfMemoryError'). */
+  override readonly name: string = 'LayerwiseError';
 }
 
 /** Throw a {@link LayerwiseError} with `message` unless `cond` holds. */

@@ -31,6 +31,8 @@ export interface L2LMaxOptions {
   steps: number;
   clipNorm: number;
   epsThreads: number;
+  /** Learning rate (AdamW). */
+  lr: number;
   backend: string;
   out: string;
 }
@@ -58,7 +60,7 @@ export async function benchL2LMax(o: L2LMaxOptions, log: (s: string) => void): P
     const batcher = makeBatcher(ds, { batchSize: o.batchSize, context: o.context, seed: 1 });
     for (let i = 0; i < o.steps; i++) {
       t = performance.now();
-      const r = await s.trainStep(batcher.next(), 1e-4);
+      const r = await s.trainStep(batcher.next(), o.lr);
       const seconds = (performance.now() - t) / 1000;
       const row = {
         step: i + 1, seconds, loss: r.loss, peak_device_bytes: r.peakBytes[0], wasm_heap_bytes: r.heapBytes?.[0] ?? null,
@@ -80,7 +82,7 @@ export async function benchL2LMax(o: L2LMaxOptions, log: (s: string) => void): P
     `# l2l: the largest model trained on one device\n`,
     `charlm ${o.layers} layers x d_model ${o.dModel} (${o.heads} heads, context ${o.context}), ${n.toLocaleString('en-US')} parameters = ${(4 * n / 1e9).toFixed(2)} GB (${formatSize(4 * n)}) of fp32 parameters, ` +
       `plus ${formatSize(8 * n)} of AdamW moments in the parameter server. Mini-batch ${o.batchSize} x ${o.context} tokens of Moby-Dick, ${o.microBatches} micro-batch(es), stash in host memory, ` +
-      `clip-norm ${o.clipNorm}, ${o.epsThreads} optimizer thread(s), backend ${o.backend}. Host resident set at the end: ${formatSize(rss)}.\n`,
+      `AdamW lr ${o.lr}, clip-norm ${o.clipNorm}, ${o.epsThreads} optimizer thread(s), backend ${o.backend}. Host resident set at the end: ${formatSize(rss)}.\n`,
     markdownTable({
       columns: ['step', 'seconds', 'loss', 'peak device tensors', 'wasm heap', 'device waiting for the PS (s)'],
       rows: steps.map((r) => [r.step, r.seconds.toFixed(1), r.loss.toFixed(4), formatSize(r.peak_device_bytes), r.wasm_heap_bytes === null ? '-' : formatSize(r.wasm_heap_bytes), r.device_wait_s.toFixed(1)]),

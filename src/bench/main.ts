@@ -95,6 +95,7 @@ program
   .option('--steps <n>', 'training steps', (v) => Number(v), 2)
   .option('--clip-norm <x>', 'global gradient clipping (0: off; on holds a whole step of gradients in host memory)', (v) => Number(v), 0)
   .option('--eps-threads <n>', "parameter server's optimizer threads", (v) => Number(v), 1)
+  .option('--lr <x>', 'learning rate', (v) => Number(v), 1e-5)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {

@@ -42,6 +42,26 @@ expectBadInput('unknown strategy', [...TINY, '--strategy', 'zero'], /unknown str
 expectBadInput('missing data file', [...TINY, '--data', join(tmp, 'nope.txt')], /nope\.txt/);
 expectBadInput('preset on the wrong kind of data', ['--preset', 'mlp-mnist', '--data', 'moby-dick'], /trains on image data/);
 
+expectBadInput('over --device-memory (single)', [...TINY, '--device-memory', '1MB'],
+  /layerwise: error: device out of memory: needs [\d.]+ MiB, budget 976.6 KiB \(stage 0 of single, predicted\); try --strategy l2l, or --strategy gpipe with more --stages\n/);
+expectBadInput('over --device-memory (local)', [...TINY, '--strategy', 'local', '--stages', '2', '--micro-batches', '2', '--device-memory', '1MB'],
+  /device out of memory: needs [\d.]+ MiB, budget 976.6 KiB \(stage \d of local, predicted\); try --strategy l2l, more --stages, or more --micro-batches/);
+
+test('a generous --device-memory trains normally and reports the predicted peaks beside the measured ones', () => {
+  const out = join(tmp, 'budget-ok');
+  const r = run(['train', ...TINY, '--strategy', 'local', '--stages', '2', '--micro-batches', '2', '--steps', '2', '--eval-every', '0', '--device-memory', '1GB', '--out', out]);
+  assert.equal(r.code, 0, r.err);
+  const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8'));
+  assert.equal(s.device_memory_budget, 1e9);
+  assert.equal(s.predicted_peak_device_bytes.length, 2);
+  s.predicted_peak_device_bytes.forEach((p: number, i: number) => {
+    const measured = s.peak_device_bytes[i];
+    assert.ok(measured > 0 && measured <= 1e9);
+    assert.ok(Math.abs(p - measured) <= 0.15 * measured, `stage ${i}: predicted ${p}, measured ${measured}`);
+  });
+  assert.equal(losses(out).length, 2);
+});
+
 test('bad input: malformed IDX data file', () => {
   const images = join(tmp, 'bad-images.idx');
   const labels = join(tmp, 'bad-labels.idx');

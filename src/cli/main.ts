@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 /**
  * The `layerwise` command: `train` a model with a strategy, `sample` text from a checkpoint,
- * `presets` to list models. User errors print one line and exit with status 2; a failing stage
- * or any other error exits with status 1.
+ * `presets` to list models. User errors print one line and exit with status 2 (so does a device
+ * over its --device-memory budget); a failing stage or any other error exits with status 1.
  */
 import { Command, InvalidArgumentError } from 'commander';
 import cliProgress from 'cli-progress';
@@ -178,7 +178,8 @@ try {
     console.error(`layerwise: error: ${e.message}`);
     process.exit(2);
   }
-  const err = e as Error;
+  const err = e as Error & { causeName?: string };
   console.error(`layerwise: ${err.name === 'StageError' ? err.message : err.stack ?? String(err)}`);
-  process.exit(1);
+  // a device that crossed --device-memory while running is a configuration problem, like the predicted case
+  process.exit(err.causeName === 'DeviceOutOfMemoryError' ? 2 : 1);
 }

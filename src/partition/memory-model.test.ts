@@ -1,11 +1,25 @@
-/** The cost model on hand-made block costs: exact byte accounting, interpolation, times and bubbles. */
+/**
+ * The cost model on hand-made block costs: exact byte accounting, interpolation, times and
+ * bubbles, for pipelines and local parallelism; and local parallelism's predicted peaks against
+ * real worker-thread stages (within 15%).
+ */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import type { Batch } from '../data/batcher.js';
+import { initParams } from '../model/init.js';
+import { buildModel, type Model } from '../model/model.js';
+import { getPreset } from '../model/presets.js';
+import { optimizerConfigOf, profileAuxHeads } from '../plan/budget.js';
+import { createStrategy, resolveStages } from '../strategies/index.js';
+import { resolveConfig, type TrainConfig } from '../train/config.js';
+import { Rng } from '../util/rng.js';
 import { stageRanges } from './balance.js';
 import {
-  blockBalanceCosts, costsAt, optimizerSlots, predictPeakBytes, predictStepTime,
+  blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, optimizerSlots, predictLocalPeakBytes, predictLocalStepTime,
+  predictPeakBytes, predictStepTime,
   type BlockCost, type MicroBatchCosts, type ModelProfile,
 } from './memory-model.js';
+import { profileModel } from './profile.js';
 import { idealBubble } from '../schedule/schedule.js';
 
 /** A block whose every quantity is given; activations 100 bytes per micro-batch unit. */
@@ -91,3 +105,103 @@ test('balance costs: time counts the recomputed forwards, memory the kept tapes'
 test('an empty stage is rejected with the rule', () => {
   assert.throws(() => predictPeakBytes(costs(2), [{ from: 0, to: 0 }, { from: 0, to: 2 }], { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: 0 }), /needs at least 1 block/);
 });
+
+/** Costs with an auxiliary head (500 bytes of parameters) after block 2 of 4. */
+function localCosts(): MicroBatchCosts {
+  const c = costs(4, { optTransientBytes: 0 });
+  c.auxHeads = { 2: block({ paramBytes: 500, maxParamBytes: 400, optTransientBytes: 0, fwdPeakBytes: 50, keptBytes: 40, bwdPeakBytes: 600 }) };
+  return c;
+}
+
+test('local: params + head + slots, the labels and inputs handed over, one micro-batch tape and backward at a time', () => {
+  const c = localCosts();
+  const ranges = stageRanges([2, 2]);
+  const [s0, s1] = predictLocalPeakBytes(c, ranges, { m: 2, slots: 2 });
+  // stage 0: (2 blocks + head) x (1 + 2 slots), 2 labels, 2 inputs; the update's tape (2x100 + 40),
+  // the output's copy (10) and the backward's transient (2x1300 + 600)
+  assert.equal(s0, 2500 * 3 + 2 * 4 + 2 * 10 + 240 + 10 + 3200);
+  // the last stage has no head and receives one input at a time
+  assert.equal(s1, 2000 * 3 + 2 * 4 + 10 + 200 + 2600);
+  // the peak does not grow with M beyond the inputs and labels handed over (one update at a time)
+  const [s0m8] = predictLocalPeakBytes(c, ranges, { m: 8, slots: 2 });
+  assert.equal(s0m8 - s0, 6 * (4 + 10));
+  // overlap 1: stage 0 also holds the tail's gradients carried to the next mini-batch (1000)
+  // and the stashed tail input (10)
+  const [o0] = predictLocalPeakBytes(c, ranges, { m: 2, slots: 2, overlap: 1 });
+  assert.equal(o0, s0 + 1000 + 10);
+  assert.throws(() => predictLocalPeakBytes(costs(4), ranges, { m: 2, slots: 2 }), /no auxiliary head costs after block 1/);
+});
+
+test('local step time: stages run free, so a mini-batch takes the slowest stage; the others idle for the rest', () => {
+  const c = localCosts();
+  const t = predictLocalStepTime(c, stageRanges([2, 2]), { m: 2, slots: 2 });
+  // stage 0: 2 x (2 blocks x (1 + 2) s + head (1 + 2) s); stage 1: 2 x 2 x 3 s
+  assert.deepEqual(t.busySeconds, [18, 12]);
+  assert.equal(t.seconds, 18);
+  assert.equal(t.bubble[0], 0);
+  assert.ok(Math.abs(t.bubble[1] - 1 / 3) < 1e-12);
+  assert.equal(localStageSeconds(c, { from: 0, to: 2 }, 0, 2, { m: 2, slots: 2, overlap: 1 }), 18 + 2 * 3);
+  assert.equal(localStagePeakBytes(c, { from: 2, to: 4 }, 1, 2, { m: 2, slots: 2 }), predictLocalPeakBytes(c, stageRanges([2, 2]), { m: 2, slots: 2 })[1]);
+});
+
+/** Random inputs and labels of n examples. */
+function randomBatch(model: Model, n: number, rng: Rng): Batch {
+  const xShape = model.inputShape(n);
+  const size = xShape.reduce((a, b) => a * b, 1);
+  const cfg = model.config;
+  if (cfg.arch === 'charlm') {
+    const x = new Int32Array(size).map(() => rng.int(cfg.vocab));
+    const y = new Int32Array(size).map(() => rng.int(cfg.vocab));
+    return { x, xShape, y, yShape: xShape, examples: n, tokens: size };
+  }
+  const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : 2;
+  return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
+}
+
+const LOCAL_CASES = [
+  {
+    preset: 'charlm-tiny',
+    model: buildModel(getPreset('charlm-tiny').make({ vocab: 40 }, { layers: 2, dModel: 32, heads: 2, context: 16 })),
+    overrides: { layers: 2, dModel: 32, heads: 2, context: 16 },
+    overlapBalance: [2, 2],
+  },
+  {
+    preset: 'mlp-mnist',
+    model: buildModel(getPreset('mlp-mnist').make({ inputShape: [28, 28, 1], classes: 10 }, { layers: 2, dModel: 64 })),
+    overrides: { layers: 2, dModel: 64 },
+    overlapBalance: [2, 1],
+  },
+];
+
+for (const c of LOCAL_CASES) {
+  test(`local: predicted peak device bytes within 15% of measured (worker stages): ${c.preset}`, async () => {
+    const n = 16;
+    const runs: Array<Partial<TrainConfig>> = [
+      { strategy: 'local', stages: 2, microBatches: 2 },
+      { strategy: 'local', stages: 2, microBatches: 4, overlap: 1, deterministic: true, balance: c.overlapBalance },
+    ];
+    const params = initParams(c.model.blocks, 1);
+    const rng = new Rng(3);
+    for (const run of runs) {
+      const cfg = resolveConfig({ preset: c.preset, batchSize: n, backend: 'wasm', ...c.overrides, ...run } as Parameters<typeof resolveConfig>[0]);
+      const ranges = await resolveStages(cfg, c.model);
+      const b = n / cfg.microBatches;
+      const opts = { backend: 'wasm', microBatchSizes: [b], optimizer: optimizerConfigOf(cfg), repeats: 1, warmup: 0 };
+      const profile = await profileModel(c.model, opts);
+      profile.auxHeads = await profileAuxHeads(c.model, ranges.slice(0, -1).map((r) => r.to), opts);
+      const predicted = predictLocalPeakBytes(costsAt(profile, b), ranges, { m: cfg.microBatches, slots: optimizerSlots(opts.optimizer), overlap: cfg.overlap });
+      const s = await createStrategy(cfg, c.model, params, ranges);
+      let measured: number[];
+      try {
+        await s.trainStep(randomBatch(c.model, n, rng), 1e-3); // creates the optimizer slots
+        measured = (await s.trainStep(randomBatch(c.model, n, rng), 1e-3)).peakBytes;
+      } finally {
+        await s.close();
+      }
+      const what = `${c.preset} ${JSON.stringify(run)} balance ${ranges.map((r) => r.to - r.from)}: predicted ${predicted.map(Math.round)} measured ${measured}`;
+      assert.equal(predicted.length, measured.length, what);
+      predicted.forEach((p, i) => assert.ok(Math.abs(p - measured[i]) <= 0.15 * measured[i], `stage ${i}: ${what}`));
+      console.log(what);
+    }
+  });
+}

@@ -23,10 +23,17 @@
  * Per-block quantities add up over a stage's blocks (checked on wasm and cpu: a stage's
  * forward transient, kept tape and backward transient are the sums of its blocks' within a few
  * percent). Units: bytes and seconds throughout.
+ *
+ * Local parallelism ({@link predictLocalPeakBytes}, {@link predictLocalStepTime}) walks the
+ * stage's local schedule the same way: each micro-batch is one local update (forward on the
+ * tape through the stage's blocks and its auxiliary head, backward within the stage, one
+ * optimizer step), so a stage holds its parameters and its head's, their optimizer slots, one
+ * micro-batch's tape and backward transient, the micro-batch inputs and labels it was handed,
+ * and with --overlap the stashed tail inputs waiting for the next stage's gradient.
  */
 import { LayerwiseError } from '../errors.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
-import { makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import { localSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
 import { simulate } from '../schedule/simulate.js';
 import type { StageRange } from './balance.js';
 
@@ -64,6 +71,11 @@ export interface MicroBatchCosts {
   blocks: BlockCost[];
   /** Bytes of one micro-batch's labels (held by the last stage). */
   labelBytes: number;
+  /**
+   * Local parallelism: the costs of the auxiliary head (with the loss) on the output of block
+   * `end - 1`, keyed by `end` (a stage's exclusive end), for the ends the profile has.
+   */
+  auxHeads?: Record<number, BlockCost>;
 }
 
 /** The size-dependent part of a block's costs, measured at one micro-batch size. */
@@ -76,6 +88,12 @@ export interface ModelProfile {
   blocks: Array<Pick<BlockCost, 'name' | 'paramBytes' | 'maxParamBytes' | 'optTransientBytes' | 'optSeconds'>>;
   /** Measurements by micro-batch size, sorted by `batch`, at least one. */
   sizes: Array<{ batch: number; labelBytes: number; blocks: BlockSizeCost[] }>;
+  /**
+   * Local parallelism: the auxiliary head after block `end - 1`, keyed by `end`, profiled as a
+   * one-block model (the head and the loss, on that activation, with its input gradient) at
+   * the same micro-batch sizes. See plan/budget.ts profileAuxHeads.
+   */
+  auxHeads?: Record<number, ModelProfile>;
 }
 
 /** How a step is run: micro-batches, re-materialization, schedule and optimizer slots. */
@@ -126,7 +144,11 @@ export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
     for (const k of SIZE_KEYS) out[k] = at(lo.blocks[j][k], hi.blocks[j][k]);
     return out;
   });
-  return { batch, blocks, labelBytes: at(lo.labelBytes, hi.labelBytes) };
+  const out: MicroBatchCosts = { batch, blocks, labelBytes: at(lo.labelBytes, hi.labelBytes) };
+  if (profile.auxHeads) {
+    out.auxHeads = Object.fromEntries(Object.entries(profile.auxHeads).map(([end, h]) => [end, costsAt(h, batch).blocks[0]]));
+  }
+  return out;
 }
 
 function sum(xs: number[]): number {
@@ -277,4 +299,166 @@ export function blockBalanceCosts(c: MicroBatchCosts, kind: 'time' | 'memory', s
   const inFlight = shape.schedule === '1f1b' ? Math.min(stages, m) : m;
   const keptAtOnce = shape.checkpoint === 'never' ? inFlight : 1;
   return c.blocks.map((b) => b.paramBytes * (2 + shape.slots) + b.keptBytes * keptAtOnce + b.bwdPeakBytes + b.inBytes * inFlight);
+}
+
+/** How a step of local parallelism runs. */
+export interface LocalShape {
+  /** Micro-batches M per mini-batch (one local update each). */
+  m: number;
+  /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
+  slots: number;
+  /** --overlap: blocks at the end of each stage but the last also trained by the next stage's loss (default 0). */
+  overlap?: number;
+}
+
+/** A stage of local parallelism: its blocks' totals plus its auxiliary head (none on the last stage). */
+function localTotals(c: MicroBatchCosts, r: StageRange, last: boolean) {
+  const t = stageTotals(c, r);
+  if (last) return t;
+  const h = c.auxHeads?.[r.to];
+  if (!h) throw new Error(`no auxiliary head costs after block ${r.to - 1} in the profile; profile the heads (plan/budget.ts profileAuxHeads) for local parallelism`);
+  return {
+    ...t,
+    params: t.params + h.paramBytes,
+    maxParam: Math.max(t.maxParam, h.maxParamBytes),
+    optTransient: Math.max(t.optTransient, h.optTransientBytes),
+    fwdPeak: t.fwdPeak + h.fwdPeakBytes,
+    kept: t.kept + h.keptBytes,
+    bwdPeak: t.bwdPeak + h.bwdPeakBytes,
+    fwd: t.fwd + h.fwdSeconds,
+    bwd: t.bwd + h.bwdSeconds,
+    opt: t.opt + h.optSeconds,
+  };
+}
+
+/**
+ * Predicted peak device bytes of stage `stage` (of `stages`, blocks `r`) under local parallelism, during one
+ * mini-batch after the first (once the optimizer slots exist), by walking the stage's local
+ * schedule (pipeline/local-stage.ts):
+ *
+ * - always: the stage's parameters and its auxiliary head's, and their optimizer slots;
+ * - at the start of the mini-batch: the M labels (every stage gets them), and on the first
+ *   stage the M inputs; each is freed by its micro-batch's update;
+ * - a local update: the forward on the tape through the blocks, the head and the loss (their
+ *   transients), the tape kept plus the copy of the output to send on, then the backward's
+ *   transient; it leaves the gradients (parameter sized), the output until it is sent and, with
+ *   overlap, the input gradient until it is sent back and the tail's input in the stash;
+ * - overlap (`shape.overlap` > 0): the next stage's gradient is backpropagated through the
+ *   stage's tail (re-computed from the stash) into the next update's gradients. The
+ *   deterministic interleaving is walked; free-running overlap (`--deterministic` off) is
+ *   predicted the same way, as if each gradient arrived one micro-batch later;
+ * - a local step: the gradient norm (one parameter's temporaries) and the optimizer's
+ *   transient; it frees the gradients.
+ *
+ * Throws {@link LayerwiseError} for an empty stage or bad M, and an Error when the costs lack
+ * the stage's auxiliary head.
+ */
+export function localStagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number, stages: number, shape: LocalShape): number {
+  const k = stages;
+  const first = stage === 0;
+  const last = stage === k - 1;
+  const overlap = shape.overlap ?? 0;
+  const actions = localSchedule(shape.m, k, overlap, true)[stage];
+  const t = localTotals(c, r, last);
+  const tailN = !last && overlap > 0 ? overlap : 0;
+  const tail = tailN > 0 ? stageTotals(c, { from: r.to - tailN, to: r.to }) : null;
+  const sendsInputGrad = overlap > 0 && !first;
+  const m = shape.m;
+  // bytes of accumulated gradients: with overlap, the tail's from the previous mini-batch's
+  // last micro-batch (applied at this mini-batch's first step)
+  let grads = tail ? tail.params : 0;
+  let cur = t.params * (1 + shape.slots) + grads + m * c.labelBytes + (first ? m * t.inBytes : 0);
+  let peak = cur;
+  const bump = (extra: number) => {
+    peak = Math.max(peak, cur + extra);
+  };
+  /** New gradients of `bytes` added to the accumulators: a sum per parameter, one at a time. */
+  const accumulate = (bytes: number, maxParam: number) => {
+    cur += bytes;
+    if (grads > 0) {
+      bump(maxParam);
+      cur -= Math.min(bytes, grads);
+    }
+    grads = Math.max(grads, bytes);
+  };
+  for (const a of actions) {
+    switch (a.op) {
+      case 'recv_act':
+        cur += t.inBytes;
+        break;
+      case 'local_update': {
+        const out = last ? 0 : t.outBytes; // the copy of the output to send on
+        const stash = tail ? tail.inBytes : 0; // the tail's input, kept for the overlap
+        bump(t.fwdPeak);
+        cur += t.kept + out + stash;
+        bump(t.bwdPeak);
+        // the tape is freed; the input and labels are disposed; the input gradient stays when it is sent back
+        cur += -t.kept - t.inBytes - c.labelBytes + (sendsInputGrad ? t.inBytes : 0);
+        accumulate(t.params, t.maxParam);
+        break;
+      }
+      case 'send_act':
+        cur -= t.outBytes;
+        break;
+      case 'send_grad':
+        cur -= t.inBytes;
+        break;
+      case 'recv_grad':
+        cur += t.outBytes;
+        break;
+      case 'overlap_backward':
+        if (tail) {
+          bump(tail.fwdPeak); // the tail again, on the tape, from its stashed input
+          bump(tail.kept + tail.bwdPeak);
+          accumulate(tail.params, tail.maxParam);
+          cur -= tail.inBytes + t.outBytes; // the stash entry and the received gradient
+        }
+        break;
+      case 'local_step':
+        bump(t.maxParam); // the gradient norm, one parameter at a time
+        bump(t.optTransient);
+        cur -= grads;
+        grads = 0;
+        break;
+      default:
+        break;
+    }
+  }
+  return peak;
+}
+
+/**
+ * Predicted peak device bytes per stage under local parallelism (see {@link localStagePeakBytes}),
+ * for a partition `ranges` (contiguous, covering the model) and a step shape. Throws
+ * {@link LayerwiseError} for an empty stage or bad M, and an Error when the costs lack an
+ * auxiliary head of a stage but the last.
+ */
+export function predictLocalPeakBytes(c: MicroBatchCosts, ranges: readonly StageRange[], shape: LocalShape): number[] {
+  return ranges.map((r, s) => localStagePeakBytes(c, r, s, ranges.length, shape));
+}
+
+/**
+ * Predicted busy seconds of local stage `stage` (of `stages`, blocks `r`) per mini-batch: M local updates (forward and
+ * backward through the blocks and the head) and M optimizer steps, plus with overlap the
+ * tail's re-computed forward and its backward per micro-batch.
+ */
+export function localStageSeconds(c: MicroBatchCosts, r: StageRange, stage: number, stages: number, shape: LocalShape): number {
+  const last = stage === stages - 1;
+  const t = localTotals(c, r, last);
+  const overlap = shape.overlap ?? 0;
+  const tail = !last && overlap > 0 ? stageTotals(c, { from: r.to - overlap, to: r.to }) : null;
+  return shape.m * (t.fwd + t.bwd + t.opt + (tail ? tail.fwd + tail.bwd : 0));
+}
+
+/**
+ * Predicted time of one mini-batch under local parallelism. Stages run free across
+ * mini-batches (no gradient crosses a stage boundary, and the first stage takes the next
+ * mini-batch as soon as it is done), so in the steady state a mini-batch takes as long as the
+ * slowest stage's work on it; the others idle for the difference (their bubble).
+ * Communication is taken as free. Throws like {@link predictLocalPeakBytes}.
+ */
+export function predictLocalStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: LocalShape): StepTime {
+  const busy = ranges.map((r, s) => localStageSeconds(c, r, s, ranges.length, shape));
+  const seconds = Math.max(...busy);
+  return { seconds, bubble: busy.map((b) => (seconds > 0 ? 1 - b / seconds : 0)), busySeconds: busy };
 }

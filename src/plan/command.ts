@@ -1,6 +1,7 @@
 /**
- * `layerwise plan`: builds the model a preset gives on its data, profiles its blocks on the
- * backend (in this thread), runs the planner and renders the result as text.
+ * `layerwise plan`: builds the model a preset gives on its data, profiles its blocks (and, for
+ * local parallelism, the auxiliary heads a stage could end with) on the backend (in this
+ * thread), runs the planner and renders the result as text.
  */
 import { loadDataset } from '../data/index.js';
 import { modelParamCount, buildModel } from '../model/model.js';
@@ -10,6 +11,7 @@ import { optimizerSlots, type ModelProfile } from '../partition/memory-model.js'
 import { profileModel } from '../partition/profile.js';
 import { resolveConfig } from '../train/config.js';
 import { modelConfigFor } from '../train/trainer.js';
+import { profileAuxHeads } from './budget.js';
 import { checkRequest, describe, divisors, plan, type Plan, type PlanRequest } from './plan.js';
 import { formatSize, parseSize } from './size.js';
 
@@ -61,6 +63,10 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   const sizes = profileSizes(cfg.batchSize, o.microBatches);
   const t0 = performance.now();
   const profile = await profileModel(model, { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt });
+  if (o.stages >= 2) {
+    // local parallelism: the auxiliary head any stage but the last could end with
+    profile.auxHeads = await profileAuxHeads(model, Array.from({ length: model.blocks.length - 1 }, (_, i) => i + 1), { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt });
+  }
   const secs = (performance.now() - t0) / 1000;
   const p = plan(profile, req);
   const head = [
@@ -70,9 +76,9 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   ];
   const rows = p.strategies.map((s) => s.unavailable
     ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
-    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'single' ? '-' : s.checkpoint, s.strategy === 'single' ? '-' : s.schedule,
+    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'gpipe' ? s.checkpoint : '-', s.strategy === 'gpipe' ? s.schedule : '-',
       `${s.balance.join(',')}${s.strategy === 'single' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
-      `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
+      `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.strategy === 'local' ? '-' : s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
       req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
   const table = renderTable(['strategy', 'fits', 'K', 'M', 'checkpoint', 'schedule', 'balance', 'peak device bytes per stage', 'bubble (pred vs ideal)', 'step ms', 'throughput'], rows);
   const rec = p.recommended
@@ -80,6 +86,9 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
     : `recommendation: ${p.recommendation}`;
   const notes = [
     'throughput assumes one device per stage (a core or an accelerator each); l2l is not implemented yet, so it is not in this plan',
+    ...(p.strategies.some((s) => s.strategy === 'local' && !s.unavailable)
+      ? ["local parallelism trains each stage on its own auxiliary loss (not backprop's updates; its stages run free, so its step is the slowest stage's); it is recommended only when nothing exact fits"]
+      : []),
   ];
   return { plan: p, profile, text: [...head, table, rec, ...notes.map((n) => `note: ${n}`)].join('\n') };
 }

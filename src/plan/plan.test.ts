@@ -9,13 +9,24 @@ import { parseSize } from './size.js';
 
 const MiB = 2 ** 20;
 
-/** n equal blocks: 1 MiB of parameters each, 1 MiB of activations per example kept, 1 ms per example forward. */
-function profile(n: number): ModelProfile {
-  const at = (b: number) => ({ inBytes: 1024 * b, outBytes: 1024 * b, fwdPeakBytes: 2 * MiB * b, keptBytes: MiB * b, bwdPeakBytes: 2 * MiB * b, fwdSeconds: 1e-3 * b, bwdSeconds: 2e-3 * b });
+/**
+ * n equal blocks: 1 MiB of parameters each, 1 MiB of activations per example kept, 1 ms per
+ * example forward; and an auxiliary head after every block but the last (a sixteenth of a block).
+ */
+function profile(n: number, heads = true): ModelProfile {
+  const at = (b: number, f = 1) => ({
+    inBytes: 1024 * b, outBytes: 1024 * b, fwdPeakBytes: 2 * MiB * b * f, keptBytes: MiB * b * f, bwdPeakBytes: 2 * MiB * b * f, fwdSeconds: 1e-3 * b * f, bwdSeconds: 2e-3 * b * f,
+  });
+  const head: ModelProfile = {
+    backend: 'cpu',
+    blocks: [{ name: 'aux', paramBytes: MiB / 16, maxParamBytes: MiB / 16, optTransientBytes: MiB / 16, optSeconds: 1e-5 }],
+    sizes: [1, 32].map((b) => ({ batch: b, labelBytes: 4 * b, blocks: [at(b, 1 / 16)] })),
+  };
   return {
     backend: 'cpu',
     blocks: Array.from({ length: n }, (_, i) => ({ name: `b${i}`, paramBytes: MiB, maxParamBytes: MiB / 2, optTransientBytes: MiB, optSeconds: 1e-4 })),
     sizes: [1, 32].map((b) => ({ batch: b, labelBytes: 4 * b, blocks: Array.from({ length: n }, () => at(b)) })),
+    ...(heads ? { auxHeads: Object.fromEntries(Array.from({ length: n - 1 }, (_, i) => [i + 1, head])) } : {}),
   };
 }
 const REQ: PlanRequest = { deviceMemory: 512 * MiB, stages: 4, batchSize: 32, slots: 2 };
@@ -48,10 +59,10 @@ test('a model too large for one device: single does not fit, gpipe does, and is 
   assert.ok(gpipe.bubble.every((b) => b >= 0 && b < 1));
 });
 
-test('a generous budget: the fastest plan wins; a tiny one: nothing fits, and the plan says what to change', () => {
+test('a generous budget: the fastest exact plan wins; a tiny one: nothing fits, and the plan says what to change', () => {
   const big = plan(profile(8), { ...REQ, deviceMemory: 64 * 2 ** 30 });
   assert.ok(big.strategies.every((s) => s.fits));
-  const fastest = Math.min(...big.strategies.map((s) => s.stepSeconds));
+  const fastest = Math.min(...big.strategies.filter((s) => s.exact).map((s) => s.stepSeconds));
   assert.equal(big.strategies.find((s) => s.strategy === big.recommended)!.stepSeconds, fastest);
   const tiny = plan(profile(8), { ...REQ, deviceMemory: MiB });
   assert.equal(tiny.recommended, null);
@@ -82,4 +93,28 @@ test('layerwise plan: bad input exits with status 2 and names the problem', () =
   r = run([...base, '--device-memory', '1GB', '--stages', '2']);
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /recommendation: /);
+});
+
+test('local parallelism is planned with its auxiliary heads, free-running stages, and never silently recommended over backprop', () => {
+  const p = plan(profile(8), { ...REQ, deviceMemory: 64 * 2 ** 30 });
+  const local = p.strategies.find((s) => s.strategy === 'local')!;
+  const gpipe = p.strategies.find((s) => s.strategy === 'gpipe')!;
+  assert.equal(local.exact, false);
+  assert.equal(gpipe.exact, true);
+  assert.equal(local.fits, true);
+  assert.equal(local.stages, 4);
+  assert.equal(local.balance.reduce((a, b) => a + b, 0), 8);
+  // stages run free: no fill or drain, and the fastest balance is the even one; the last stage has
+  // no head, so it idles a little; no backward crosses stages, so it is faster than gpipe here
+  assert.deepEqual(local.balance, [2, 2, 2, 2]);
+  assert.equal(Math.max(...local.bubble.slice(0, 3)), 0);
+  assert.ok(local.bubble[3] > 0 && local.bubble[3] < 0.2, `${local.bubble}`);
+  assert.ok(local.stepSeconds < gpipe.stepSeconds);
+  // each stage but the last holds its head too
+  assert.ok(local.peakBytes[0] > local.peakBytes[3]);
+  assert.notEqual(p.recommended, 'local');
+  assert.match(p.recommendation, /local fits too and is predicted [\d.]+x faster \(--strategy local --stages 4 --micro-batches \d+ --balance 2,2,2,2; it trains with local losses/);
+  // without the heads' costs local cannot be planned, and says so
+  const bare = plan(profile(8, false), REQ).strategies.find((s) => s.strategy === 'local')!;
+  assert.match(bare.unavailable ?? '', /needs the auxiliary heads profiled/);
 });

@@ -13,12 +13,19 @@
  * profiled time, by exact minimum of the predicted stage peak, and by parameter count. Among
  * the candidates that fit it takes the fastest (ties: the smaller peak); when none fits, the
  * one with the smallest peak, to say by how much it misses.
+ *
+ * local (local parallelism, greedy: no --overlap) searches M and the same three balances, with
+ * each stage's auxiliary head in its memory and time (the profile must carry the heads, see
+ * plan/budget.ts profileAuxHeads). It computes other updates than backprop, so the
+ * recommendation prefers the fastest strategy that fits among those that train exactly like
+ * single-device backprop (single, gpipe), and names local when it is faster or when only it fits.
  */
 import { check } from '../errors.js';
 import { balanceByCost, balanceByStageCost, stageRanges, type StageRange } from '../partition/balance.js';
 import {
-  blockBalanceCosts, costsAt, predictPeakBytes, predictStepTime, stagePeakBytes,
-  type ModelProfile, type StepShape,
+  blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, predictLocalPeakBytes, predictLocalStepTime,
+  predictPeakBytes, predictStepTime, stagePeakBytes,
+  type LocalShape, type ModelProfile, type StepShape,
 } from '../partition/memory-model.js';
 import { formatSize } from './size.js';
 import { CHECKPOINT_MODES, SCHEDULE_KINDS, idealBubble, makeSchedule, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
@@ -44,6 +51,8 @@ export interface PlanRequest {
 /** The plan of one strategy. */
 export interface StrategyPlan {
   strategy: string;
+  /** Whether the strategy's updates equal single-device backprop's (false for local parallelism). */
+  exact: boolean;
   /** Whether every stage's predicted peak is within the budget. */
   fits: boolean;
   stages: number;
@@ -88,7 +97,7 @@ function plannedAs(strategy: string, profile: ModelProfile, req: PlanRequest, ra
   const t = predictStepTime(costs, ranges, shape);
   const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
   return {
-    strategy, fits: peakBytes.every((b) => b <= req.deviceMemory), stages: ranges.length, microBatches: shape.m,
+    strategy, exact: true, fits: peakBytes.every((b) => b <= req.deviceMemory), stages: ranges.length, microBatches: shape.m,
     checkpoint: shape.checkpoint, schedule: shape.schedule, balance: ranges.map((r) => r.to - r.from), balancedBy,
     peakBytes, stepSeconds: t.seconds, bubble: t.bubble, idealBubble: idealBubble(shape.m, ranges.length),
     examplesPerSecond: eps, tokensPerSecond: eps * (req.tokensPerExample ?? 1),
@@ -143,14 +152,53 @@ export const planGpipe: StrategyPlanner = (profile, req) => {
 };
 
 /**
- * Planners by strategy name, in the order they are reported. gpipe needs K >= 2 devices and at
- * most one stage per block; l2l is to be added here when it exists.
+ * Local parallelism (greedy) on K stages: searches M and the balance (by each stage's predicted
+ * busy time, by its predicted peak, and by parameter count), each stage with its auxiliary head.
+ * Stages run free, so a mini-batch takes the slowest stage's time. Unavailable when the profile
+ * has no auxiliary heads.
  */
-export const PLANNERS: Record<string, StrategyPlanner> = { single: planSingle, gpipe: planGpipe };
+export const planLocal: StrategyPlanner = (profile, req) => {
+  const n = profile.blocks.length;
+  const k = req.stages;
+  const heads = profile.auxHeads ?? {};
+  const missing = Array.from({ length: n - 1 }, (_, i) => i + 1).filter((end) => !heads[end]);
+  if (missing.length) return unavailable('local', 'needs the auxiliary heads profiled', req);
+  const ms = req.microBatches !== undefined ? [req.microBatches] : divisors(req.batchSize);
+  const params = req.paramCounts ?? profile.blocks.map((b) => b.paramBytes / 4);
+  let best: StrategyPlan | null = null;
+  for (const m of ms) {
+    const costs = costsAt(profile, req.batchSize / m);
+    const shape: LocalShape = { m, slots: req.slots, overlap: 0 };
+    const balances: Array<[string, number[]]> = [
+      ['time', balanceByStageCost(n, k, (s, from, to) => localStageSeconds(costs, { from, to }, s, k, shape))],
+      ['memory', balanceByStageCost(n, k, (s, from, to) => localStagePeakBytes(costs, { from, to }, s, k, shape))],
+      ['params', balanceByCost(params.map((p) => Math.max(1, p)), k)],
+    ];
+    for (const [by, balance] of balances) {
+      const ranges = stageRanges(balance);
+      const peakBytes = predictLocalPeakBytes(costs, ranges, shape);
+      const t = predictLocalStepTime(costs, ranges, shape);
+      const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+      const p: StrategyPlan = {
+        strategy: 'local', exact: false, fits: peakBytes.every((b) => b <= req.deviceMemory), stages: k, microBatches: m,
+        checkpoint: 'never', schedule: 'gpipe', balance, balancedBy: by, peakBytes, stepSeconds: t.seconds, bubble: t.bubble,
+        idealBubble: 0, examplesPerSecond: eps, tokensPerSecond: eps * (req.tokensPerExample ?? 1),
+      };
+      if (!best || better(p, best)) best = p;
+    }
+  }
+  return best!;
+};
+
+/**
+ * Planners by strategy name, in the order they are reported. gpipe and local need K >= 2
+ * devices and at most one stage per block; l2l is to be added here when it exists.
+ */
+export const PLANNERS: Record<string, StrategyPlanner> = { single: planSingle, gpipe: planGpipe, local: planLocal };
 
 function unavailable(strategy: string, why: string, req: PlanRequest): StrategyPlan {
   return {
-    strategy, fits: false, stages: req.stages, microBatches: 0, checkpoint: 'never', schedule: 'gpipe', balance: [], balancedBy: '-',
+    strategy, exact: strategy !== 'local', fits: false, stages: req.stages, microBatches: 0, checkpoint: 'never', schedule: 'gpipe', balance: [], balancedBy: '-',
     peakBytes: [], stepSeconds: NaN, bubble: [], idealBubble: NaN, examplesPerSecond: 0, tokensPerSecond: 0, unavailable: why,
   };
 }
@@ -182,12 +230,18 @@ export function plan(profile: ModelProfile, req: PlanRequest): Plan {
     return planner(profile, req);
   });
   const fitting = strategies.filter((s) => s.fits && !s.unavailable);
+  // exact strategies (the same updates as single-device backprop) first; local only when none fits
+  const pool = fitting.some((s) => s.exact) ? fitting.filter((s) => s.exact) : fitting;
   let recommended: StrategyPlan | null = null;
-  for (const s of fitting) if (!recommended || s.stepSeconds < recommended.stepSeconds) recommended = s;
+  for (const s of pool) if (!recommended || s.stepSeconds < recommended.stepSeconds) recommended = s;
   let recommendation: string;
   if (recommended) {
     const r = recommended;
-    const others = fitting.filter((s) => s !== r).map((s) => `${s.strategy} fits too but is predicted ${(s.stepSeconds / r.stepSeconds).toFixed(2)}x slower`);
+    const others = fitting.filter((s) => s !== r).map((s) => {
+      const ratio = s.stepSeconds / r.stepSeconds;
+      const speed = ratio < 1 ? `and is predicted ${(1 / ratio).toFixed(2)}x faster` : `but is predicted ${ratio.toFixed(2)}x slower`;
+      return `${s.strategy} fits too ${speed}${s.exact ? '' : ` (${describe(s)}; it trains with local losses, not backprop's updates)`}`;
+    });
     const rate = (req.tokensPerExample ?? 1) > 1 ? `${Math.round(r.tokensPerSecond)} tokens/s` : `${Math.round(r.examplesPerSecond)} examples/s`;
     recommendation = `${r.strategy} (${describe(r)}): predicted ${rate}, peak ${formatSize(maxOf(r.peakBytes))} of ${formatSize(req.deviceMemory)}` +
       (others.length ? `; ${others.join('; ')}` : '');
@@ -207,5 +261,6 @@ function maxOf(xs: number[]): number {
 /** The training flags that realise a plan, e.g. `--strategy gpipe --stages 2 --micro-batches 8 --checkpoint except_last --schedule 1f1b --balance 3,2`. */
 export function describe(p: StrategyPlan): string {
   if (p.strategy === 'single') return '--strategy single';
+  if (p.strategy === 'local') return `--strategy local --stages ${p.stages} --micro-batches ${p.microBatches} --balance ${p.balance.join(',')}`;
   return `--strategy ${p.strategy} --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.checkpoint} --schedule ${p.schedule} --balance ${p.balance.join(',')}`;
 }

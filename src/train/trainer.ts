@@ -19,6 +19,7 @@ import type { OptimizerState } from '../optim/optimizer.js';
 import { createStrategy, resolveStages } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
 import type { StageRange } from '../partition/balance.js';
+import type { BudgetCheck } from '../plan/budget.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import { checkpointDir, loadCheckpoint, resolveCheckpointDir, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
 import { resolveConfig, type TrainConfig } from './config.js';
@@ -31,7 +32,11 @@ const FIXED_ON_RESUME = ['preset', 'data', 'layers', 'dModel', 'heads', 'context
 /** Progress callbacks (the CLI draws a progress bar with them). */
 export interface TrainHooks {
   /** Once, before the first step. */
-  onStart?(info: { config: TrainConfig; model: Model; params: number; bytes: number; ranges: Array<{ from: number; to: number }>; startStep: number }): void;
+  onStart?(info: {
+    config: TrainConfig; model: Model; params: number; bytes: number; ranges: Array<{ from: number; to: number }>; startStep: number;
+    /** With --device-memory: the budget and the predicted peak device bytes per stage (see plan/budget.ts). */
+    budget?: BudgetCheck;
+  }): void;
   onStep?(m: StepMetrics, total: number): void;
   log?(msg: string): void;
 }
@@ -77,11 +82,14 @@ interface Prepared {
   stats: { initialLoss?: number; wallS: number };
   /** The stages' block ranges (profiled first for --balance time|memory). */
   ranges: StageRange[];
+  /** With --device-memory: the predicted peak device bytes per stage, within the budget. */
+  budget?: BudgetCheck;
 }
 
 /**
  * Validates the configuration, loads data, builds the model and the initial (or resumed)
- * state. Writes nothing.
+ * state, and with --device-memory checks the predicted peak device bytes against the budget
+ * (plan/budget.ts; throws DeviceOutOfMemoryError, a {@link LayerwiseError}). Writes nothing.
  */
 export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?: string): Promise<Prepared> {
   let ck: Checkpoint | undefined;
@@ -113,6 +121,12 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
   if (ck && ck.step >= cfg.steps) {
     throw new LayerwiseError(`checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`);
   }
+  let budget: BudgetCheck | undefined;
+  if (cfg.deviceMemory !== undefined) {
+    // before any file or worker exists: a run that cannot fit fails here (loads TF.js, so only when asked)
+    const { checkDeviceBudget } = await import('../plan/budget.js');
+    budget = await checkDeviceBudget(cfg, model, ranges);
+  }
   return {
     cfg, ds, model,
     params: ck ? ck.params : initParams(model.blocks, cfg.seed),
@@ -121,6 +135,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     startStep: ck?.step ?? 0,
     stats: ck?.stats ?? { wallS: 0 },
     ranges,
+    budget,
   };
 }
 
@@ -156,7 +171,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   if (valBatches.length === 0) throw new LayerwiseError(`the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`);
   const nParams = modelParamCount(model);
   const ranges = p.ranges;
-  hooks.onStart?.({ config: cfg, model, params: nParams, bytes: nParams * 4, ranges, startStep: p.startStep });
+  hooks.onStart?.({ config: cfg, model, params: nParams, bytes: nParams * 4, ranges, startStep: p.startStep, budget: p.budget });
 
   const strategy: Strategy = await createStrategy(cfg, model, p.params, ranges);
   const log = new MetricsLog(cfg.out);
@@ -266,6 +281,8 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
     peak_device_bytes: peak, bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
+    // with --device-memory: the budget and the peak predicted before training, beside the measured one
+    ...(p.budget ? { device_memory_budget: p.budget.budget, predicted_peak_device_bytes: p.budget.predicted?.map(Math.round) ?? null } : {}),
     wall_s: wall,
   };
   await log.summary(summary);

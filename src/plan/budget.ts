@@ -1,0 +1,160 @@
+/**
+ * The device-memory budget of a training run (`--device-memory`), checked before training:
+ * the model's blocks are profiled on the run's backend (in this thread, partition/profile.ts)
+ * and the memory model (partition/memory-model.ts) predicts each device's peak bytes for the
+ * run's actual shape (strategy, micro-batches, re-materialization, schedule, optimizer slots).
+ * A run whose prediction exceeds the budget fails with {@link DeviceOutOfMemoryError} before
+ * any file is written or any worker started. While running, the stage workers' exact byte
+ * counter enforces the same budget (runtime/memory.ts setDeviceBudget).
+ *
+ * Predictions are made per strategy by {@link PEAK_PREDICTORS}; a strategy without an entry is
+ * not predicted (only the runtime guard applies). Loading this module loads TF.js, so the
+ * trainer imports it only when a budget is given.
+ */
+import { auxHead } from '../model/aux-head.js';
+import type { Block } from '../model/block.js';
+import type { Model } from '../model/model.js';
+import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
+import type { StageRange } from '../partition/balance.js';
+import {
+  costsAt, optimizerSlots, predictLocalPeakBytes, predictPeakBytes, type ModelProfile,
+} from '../partition/memory-model.js';
+import { profileModel, type ProfileOptions } from '../partition/profile.js';
+import { DeviceOutOfMemoryError, deviceMemoryAdvice } from '../runtime/budget-error.js';
+import { tf } from '../runtime/tfjs.js';
+import type { TrainConfig } from '../train/config.js';
+
+/** Predicts a strategy's peak device bytes, for {@link PEAK_PREDICTORS}. */
+export interface PeakPredictor {
+  /**
+   * Predicted peak device bytes per device (stage) for the run `cfg` on `ranges`, from a
+   * profile that covers {@link microBatch}'s size (and, when {@link auxHeads}, the auxiliary
+   * heads at the stages' ends).
+   */
+  predict(profile: ModelProfile, cfg: TrainConfig, ranges: readonly StageRange[]): number[];
+  /** Examples per micro-batch of the run (default: batchSize / microBatches). */
+  microBatch?(cfg: TrainConfig): number;
+  /** Whether {@link predict} needs `profile.auxHeads` at every stage's end but the last (local parallelism). */
+  auxHeads?: boolean;
+}
+
+/** What {@link checkDeviceBudget} found. */
+export interface BudgetCheck {
+  /** The budget, bytes (cfg.deviceMemory), or undefined when none was given (prediction only). */
+  budget?: number;
+  strategy: string;
+  /** Predicted peak device bytes per stage, or null when the strategy has no predictor. */
+  predicted: number[] | null;
+  /** Examples per micro-batch predicted for (0 when not predicted). */
+  microBatch: number;
+  /** Seconds spent profiling. */
+  profileSeconds: number;
+}
+
+/** The optimizer the strategies build from a configuration (strategies/index.ts). */
+export function optimizerConfigOf(cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm' | 'weightDecay'>): OptimizerConfig {
+  const o = { ...defaultOptimizerConfig(cfg.optimizer), clipNorm: cfg.clipNorm };
+  if (cfg.weightDecay !== undefined) o.weightDecay = cfg.weightDecay;
+  return o;
+}
+
+const slotsOf = (cfg: TrainConfig) => optimizerSlots(optimizerConfigOf(cfg));
+
+/**
+ * Peak predictors by strategy name. single: the whole model on one device, M = 1, activations
+ * kept; gpipe: the configured M, --checkpoint and --schedule; local: one local update per
+ * micro-batch with the auxiliary heads and --overlap. l2l plugs in here as one more entry.
+ */
+export const PEAK_PREDICTORS: Record<string, PeakPredictor> = {
+  single: {
+    microBatch: (cfg) => cfg.batchSize,
+    predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: slotsOf(cfg) }),
+  },
+  gpipe: {
+    predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
+      m: cfg.microBatches, checkpoint: cfg.checkpoint, schedule: cfg.schedule, slots: slotsOf(cfg),
+    }),
+  },
+  local: {
+    auxHeads: true,
+    predict: (profile, cfg, ranges) => predictLocalPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
+      m: cfg.microBatches, slots: slotsOf(cfg), overlap: cfg.overlap,
+    }),
+  },
+};
+
+/**
+ * The micro-batch sizes (examples) to profile at for a run at micro-batch size `b`: `b` itself
+ * when it is small, else two small sizes whose costs are extrapolated to `b` (activation bytes
+ * are affine in the batch, so two sizes give them exactly at a fraction of the cost).
+ */
+export function budgetProfileSizes(b: number): number[] {
+  return b <= 4 ? [b] : [1, 2];
+}
+
+/**
+ * Profiles the auxiliary heads of local parallelism (model/aux-head.ts) that sit after blocks
+ * `end - 1` for each of `ends` (exclusive ends of stages; 0 < end < blocks), in this thread,
+ * on `opts.backend`: each head with the model's loss as a one-block model on the activation of
+ * that block, with the gradient of its input (as in a local update). Heads of the same shape on
+ * the same activation shape are profiled once. Returns one-block profiles keyed by end (bytes,
+ * seconds), for `ModelProfile.auxHeads`. Throws {@link LayerwiseError} like profileModel.
+ */
+export async function profileAuxHeads(model: Model, ends: readonly number[], opts: ProfileOptions): Promise<Record<number, ModelProfile>> {
+  const out: Record<number, ModelProfile> = {};
+  const byKey = new Map<string, ModelProfile>();
+  for (const end of [...new Set(ends)]) {
+    if (!(Number.isInteger(end) && end > 0 && end < model.blocks.length)) throw new RangeError(`an auxiliary head sits after a block that is not the last; got end ${end} of ${model.blocks.length} blocks`);
+    let shape = model.inputShape(1);
+    for (let b = 0; b < end; b++) shape = model.blocks[b].outputShape(shape);
+    const head = auxHead(model, 0, end);
+    const key = JSON.stringify([shape.slice(1), head.params.map((p) => p.shape)]);
+    let p = byKey.get(key);
+    if (!p) {
+      // the head as the second block of a model whose first block only passes its input on, so
+      // that the head's backward computes its input gradient, as in a local update
+      const pass: Block = { name: 'input', params: [], outputShape: (s) => s, forward: (_p, x) => tf.clone(x), flops: () => 0 };
+      const headModel: Model = { config: model.config, blocks: [pass, head], inputDtype: 'float32', inputShape: (n) => [n, ...shape.slice(1)], loss: model.loss };
+      const full = await profileModel(headModel, opts);
+      p = {
+        backend: full.backend, blocks: [full.blocks[1]],
+        sizes: full.sizes.map((s) => ({ batch: s.batch, labelBytes: s.labelBytes, blocks: [s.blocks[1]] })),
+      };
+      byKey.set(key, p);
+    }
+    out[end] = p;
+  }
+  return out;
+}
+
+/**
+ * Predicts the peak device bytes of the run `cfg` of `model` on `ranges` (from
+ * strategies/index.ts resolveStages) and checks them against cfg.deviceMemory (bytes). Profiles
+ * the model's blocks on cfg.backend in this thread once (one cheap pass at small micro-batch
+ * sizes, see {@link budgetProfileSizes}; about a second for charlm-small on wasm). Strategies
+ * without an entry in {@link PEAK_PREDICTORS} are not profiled (`predicted` null).
+ * Throws {@link DeviceOutOfMemoryError} `device out of memory: needs X, budget Y (stage S of
+ * STRATEGY, predicted); try ...` naming the stage with the largest predicted peak when it
+ * exceeds the budget, and {@link LayerwiseError} for an unavailable backend.
+ */
+export async function checkDeviceBudget(cfg: TrainConfig, model: Model, ranges: StageRange[]): Promise<BudgetCheck> {
+  const predictor = PEAK_PREDICTORS[cfg.strategy];
+  const budget = cfg.deviceMemory;
+  if (!predictor) return { budget, strategy: cfg.strategy, predicted: null, microBatch: 0, profileSeconds: 0 };
+  const microBatch = predictor.microBatch ? predictor.microBatch(cfg) : cfg.batchSize / cfg.microBatches;
+  const t0 = performance.now();
+  const opts: ProfileOptions = { backend: cfg.backend, microBatchSizes: budgetProfileSizes(microBatch), optimizer: optimizerConfigOf(cfg), repeats: 1, warmup: 0, seed: cfg.seed };
+  const profile = await profileModel(model, opts);
+  if (predictor.auxHeads && ranges.length > 1) profile.auxHeads = await profileAuxHeads(model, ranges.slice(0, -1).map((r) => r.to), opts);
+  const predicted = predictor.predict(profile, cfg, ranges);
+  const profileSeconds = (performance.now() - t0) / 1000;
+  if (budget !== undefined) {
+    const worst = predicted.reduce((w, b, i) => (b > predicted[w] ? i : w), 0);
+    if (predicted[worst] > budget) {
+      throw new DeviceOutOfMemoryError({
+        needs: predicted[worst], budget, stage: worst, strategy: cfg.strategy, how: 'predicted', advice: deviceMemoryAdvice(cfg.strategy, cfg.stash),
+      });
+    }
+  }
+  return { budget, strategy: cfg.strategy, predicted, microBatch, profileSeconds };
+}
