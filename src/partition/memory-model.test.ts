@@ -16,7 +16,7 @@ import { Rng } from '../util/rng.js';
 import { stageRanges } from './balance.js';
 import {
   blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, optimizerSlots, predictLocalPeakBytes, predictLocalStepTime,
-  predictPeakBytes, predictStepTime,
+  predictPeakBytes, predictRelayPeakBytes, predictRelayStepTime, predictStepTime,
   type BlockCost, type MicroBatchCosts, type ModelProfile,
 } from './memory-model.js';
 import { profileModel } from './profile.js';
@@ -201,6 +201,48 @@ for (const c of LOCAL_CASES) {
       const what = `${c.preset} ${JSON.stringify(run)} balance ${ranges.map((r) => r.to - r.from)}: predicted ${predicted.map(Math.round)} measured ${measured}`;
       assert.equal(predicted.length, measured.length, what);
       predicted.forEach((p, i) => assert.ok(Math.abs(p - measured[i]) <= 0.15 * measured[i], `stage ${i}: ${what}`));
+      console.log(what);
+    }
+  });
+}
+
+test('l2l: one layer of parameters at a time, no optimizer state; the device stash grows with depth, the host stash does not', () => {
+  const c = costs(6, { optTransientBytes: 0 });
+  const host = predictRelayPeakBytes(c, { m: 4, stash: 'host' });
+  const device = predictRelayPeakBytes(c, { m: 4, stash: 'device' });
+  const deeper = costs(12, { optTransientBytes: 0 });
+  assert.equal(predictRelayPeakBytes(deeper, { m: 4, stash: 'host' }), host, 'host stash: constant in depth');
+  assert.ok(predictRelayPeakBytes(deeper, { m: 4, stash: 'device' }) > device, 'device stash: grows with depth');
+  // never more than two layers' parameters + one gradient + transients: far below the 6 x 1000 bytes of parameters
+  assert.ok(host < 3 * 1000 + 1300 + 200 + 200, `host-stash peak ${host}`);
+  const t = predictRelayStepTime(c, { m: 4, stash: 'host' }, 1e12);
+  // 5 layers forward once per micro-batch, 6 layers re-computed and backpropagated: 4 x (5 x 1 + 6 x 3)
+  assert.equal(t.seconds, 4 * (5 * 1 + 6 * 3));
+  const slow = predictRelayStepTime(c, { m: 4, stash: 'host' }, 1);
+  assert.equal(slow.seconds, 6 * 1000 / 4, 'a slow parameter server sets the pace');
+  assert.ok(slow.bubble[0] > 0.9);
+});
+
+for (const c of LOCAL_CASES) {
+  test(`l2l: predicted peak device bytes within 15% of measured, both stash places: ${c.preset}`, async () => {
+    const n = 16;
+    const params = initParams(c.model.blocks, 1);
+    const rng = new Rng(4);
+    for (const stash of ['host', 'device'] as const) {
+      const cfg = resolveConfig({ preset: c.preset, batchSize: n, backend: 'wasm', ...c.overrides, strategy: 'l2l', microBatches: 4, stash } as Parameters<typeof resolveConfig>[0]);
+      const b = n / cfg.microBatches;
+      const profile = await profileModel(c.model, { backend: 'wasm', microBatchSizes: [b], optimizer: optimizerConfigOf(cfg), repeats: 1, warmup: 0 });
+      const predicted = predictRelayPeakBytes(costsAt(profile, b), { m: cfg.microBatches, stash });
+      const s = await createStrategy(cfg, c.model, params);
+      let measured: number;
+      try {
+        await s.trainStep(randomBatch(c.model, n, rng), 1e-3);
+        measured = (await s.trainStep(randomBatch(c.model, n, rng), 1e-3)).peakBytes[0];
+      } finally {
+        await s.close();
+      }
+      const what = `${c.preset} l2l M=4 stash ${stash}: predicted ${Math.round(predicted)} measured ${measured}`;
+      assert.ok(Math.abs(predicted - measured) <= 0.15 * measured, what);
       console.log(what);
     }
   });

@@ -33,7 +33,7 @@
  */
 import { LayerwiseError } from '../errors.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
-import { localSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import { localSchedule, makeSchedule, relaySchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
 import { simulate } from '../schedule/simulate.js';
 import type { StageRange } from './balance.js';
 
@@ -461,4 +461,112 @@ export function predictLocalStepTime(c: MicroBatchCosts, ranges: readonly StageR
   const busy = ranges.map((r, s) => localStageSeconds(c, r, s, ranges.length, shape));
   const seconds = Math.max(...busy);
   return { seconds, bubble: busy.map((b) => (seconds > 0 ? 1 - b / seconds : 0)), busySeconds: busy };
+}
+
+/** How an L2L relay step runs (strategies/l2l.ts). */
+export interface RelayShape {
+  /** Micro-batches M per mini-batch: each layer runs them one after another. */
+  m: number;
+  /** Where layer inputs wait between forward and backward. */
+  stash: 'host' | 'device';
+}
+
+/**
+ * Host AdamW update rate of the parameter server, parameters per second: the lower end of the
+ * one-thread rates measured on this 2-core machine (bench/results/eps.md: 66-134 M/s under
+ * load, 134 M/s idle). Used to predict when the device waits for the server.
+ */
+export const HOST_UPDATE_PARAMS_PER_SECOND = 1e8;
+
+/**
+ * Predicted peak device bytes of an L2L relay step, by walking {@link relaySchedule}'s action
+ * list the way pipeline/relay-stage.ts allocates and frees: the step's M input and label
+ * tensors; the parameters of the loaded layers (at most the current and the prefetched one);
+ * for each forward, the block's transient and its output (kept when the stash is on the device,
+ * downloaded at once when it is in host memory, where its input is uploaded again for the
+ * backward); for each backward, the re-computed tape, the backward transient, the layer's
+ * accumulated gradient (from its first micro-batch to its push) and the input gradients of
+ * all M micro-batches. No optimizer state: it lives in the parameter server. Bytes.
+ */
+export function predictRelayPeakBytes(c: MicroBatchCosts, shape: RelayShape): number {
+  const n = c.blocks.length;
+  const b = c.blocks;
+  const host = shape.stash === 'host';
+  let cur = shape.m * (b[0].inBytes + c.labelBytes);
+  let peak = cur;
+  const bump = (extra: number) => {
+    peak = Math.max(peak, cur + extra);
+  };
+  const loaded = new Set<number>();
+  const gradsStarted = new Set<number>();
+  for (const a of relaySchedule(n, shape.m)[0]) {
+    switch (a.op) {
+      case 'load_layer':
+      case 'prefetch_layer':
+        if (!loaded.has(a.layer)) {
+          loaded.add(a.layer);
+          cur += b[a.layer].paramBytes;
+        }
+        break;
+      case 'release_layer':
+        if (loaded.delete(a.layer)) cur -= b[a.layer].paramBytes;
+        break;
+      case 'layer_forward': {
+        const l = b[a.layer];
+        if (host && a.layer > 0) cur += l.inBytes; // uploaded from the host stash
+        bump(l.fwdPeakBytes);
+        if (host) {
+          bump(l.outBytes); // the output, downloaded to the host stash and freed
+          if (a.layer > 0) cur -= l.inBytes;
+        } else {
+          cur += l.outBytes; // the output stays on the device as the next layer's stashed input
+        }
+        break;
+      }
+      case 'layer_backward': {
+        const l = b[a.layer];
+        const last = a.layer === n - 1;
+        if (host && a.layer > 0) cur += l.inBytes;
+        bump(l.fwdPeakBytes); // re-computation on the tape
+        cur += l.keptBytes;
+        bump(l.bwdPeakBytes);
+        cur -= l.keptBytes;
+        if (gradsStarted.has(a.layer)) bump(l.maxParamBytes); // adding into the accumulated gradient
+        else {
+          gradsStarted.add(a.layer);
+          cur += l.paramBytes;
+        }
+        if (a.layer > 0) cur += l.inBytes; // the input gradient, for the layer below
+        if (!last) cur -= l.outBytes; // the incoming gradient is freed
+        cur -= l.inBytes; // the stashed input (layer 0: the micro-batch's tokens)
+        if (last) cur -= c.labelBytes;
+        break;
+      }
+      case 'push_grads': {
+        const l = b[a.layer];
+        bump(l.maxParamBytes); // the sum of squares, one parameter at a time
+        if (gradsStarted.delete(a.layer)) cur -= l.paramBytes;
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  return peak;
+}
+
+/**
+ * Predicted time of an L2L relay step, seconds: the device runs every layer but the last
+ * forward once per micro-batch, and every layer's re-computation and backward once per
+ * micro-batch; the parameter server updates all parameters at `hostRate` parameters per
+ * second (default {@link HOST_UPDATE_PARAMS_PER_SECOND}) in the background, so the step takes
+ * the longer of the two. Transfers between host and device are taken as free (on wasm and cpu
+ * they are memory copies). `bubble` is the device's predicted wait for the server.
+ */
+export function predictRelayStepTime(c: MicroBatchCosts, shape: RelayShape, hostRate = HOST_UPDATE_PARAMS_PER_SECOND): StepTime {
+  const n = c.blocks.length;
+  const device = c.blocks.reduce((s, l, i) => s + shape.m * ((i < n - 1 ? l.fwdSeconds : 0) + l.fwdSeconds + l.bwdSeconds), 0);
+  const server = c.blocks.reduce((s, l) => s + l.paramBytes / 4, 0) / hostRate;
+  const seconds = Math.max(device, server);
+  return { seconds, bubble: [seconds > 0 ? (seconds - device) / seconds : 0], busySeconds: [device] };
 }

@@ -17,7 +17,7 @@ import type { Model } from '../model/model.js';
 import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import {
-  costsAt, optimizerSlots, predictLocalPeakBytes, predictPeakBytes, type ModelProfile,
+  costsAt, optimizerSlots, predictLocalPeakBytes, predictPeakBytes, predictRelayPeakBytes, type ModelProfile,
 } from '../partition/memory-model.js';
 import { profileModel, type ProfileOptions } from '../partition/profile.js';
 import { DeviceOutOfMemoryError, deviceMemoryAdvice } from '../runtime/budget-error.js';
@@ -63,7 +63,8 @@ const slotsOf = (cfg: TrainConfig) => optimizerSlots(optimizerConfigOf(cfg));
 /**
  * Peak predictors by strategy name. single: the whole model on one device, M = 1, activations
  * kept; gpipe: the configured M, --checkpoint and --schedule; local: one local update per
- * micro-batch with the auxiliary heads and --overlap. l2l plugs in here as one more entry.
+ * micro-batch with the auxiliary heads and --overlap; l2l: the relay with --micro-batches and
+ * --stash (parameters and optimizer state live in host memory, so slots do not count).
  */
 export const PEAK_PREDICTORS: Record<string, PeakPredictor> = {
   single: {
@@ -80,6 +81,9 @@ export const PEAK_PREDICTORS: Record<string, PeakPredictor> = {
     predict: (profile, cfg, ranges) => predictLocalPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
       m: cfg.microBatches, slots: slotsOf(cfg), overlap: cfg.overlap,
     }),
+  },
+  l2l: {
+    predict: (profile, cfg) => [predictRelayPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), { m: cfg.microBatches, stash: cfg.stash })],
   },
 };
 

@@ -76,7 +76,7 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   ];
   const rows = p.strategies.map((s) => s.unavailable
     ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
-    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'gpipe' ? s.checkpoint : '-', s.strategy === 'gpipe' ? s.schedule : '-',
+    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'gpipe' ? s.checkpoint : s.strategy === 'l2l' ? 'always' : '-', s.strategy === 'gpipe' ? s.schedule : s.strategy === 'l2l' ? `relay, stash ${s.stash}` : '-',
       `${s.balance.join(',')}${s.strategy === 'single' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
       `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.strategy === 'local' ? '-' : s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
       req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
@@ -85,7 +85,7 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
     ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
-    'throughput assumes one device per stage (a core or an accelerator each); l2l is not implemented yet, so it is not in this plan',
+    'throughput assumes one device per stage (a core or an accelerator each); l2l\'s step is the longer of the device\'s work (every layer re-computed in backward) and the parameter server\'s host optimizer',
     ...(p.strategies.some((s) => s.strategy === 'local' && !s.unavailable)
       ? ["local parallelism trains each stage on its own auxiliary loss (not backprop's updates; its stages run free, so its step is the slowest stage's); it is recommended only when nothing exact fits"]
       : []),

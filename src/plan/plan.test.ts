@@ -118,3 +118,19 @@ test('local parallelism is planned with its auxiliary heads, free-running stages
   const bare = plan(profile(8, false), REQ).strategies.find((s) => s.strategy === 'local')!;
   assert.match(bare.unavailable ?? '', /needs the auxiliary heads profiled/);
 });
+
+test('a deep model on one small device: only l2l fits, with the host stash, and is recommended', () => {
+  // 64 blocks of 1 MiB: single needs the whole model plus AdamW state (3 x 64 MiB) and every tape;
+  // l2l holds about two layers' parameters, one gradient and one layer's activations
+  const p = plan(profile(64), { ...REQ, stages: 1, deviceMemory: 96 * MiB, microBatches: 4 });
+  const l2l = p.strategies.find((s) => s.strategy === 'l2l')!;
+  assert.equal(p.strategies.find((s) => s.strategy === 'single')!.fits, false);
+  assert.equal(l2l.fits, true);
+  assert.ok(l2l.peakBytes[0] < 96 * MiB, `l2l peak ${l2l.peakBytes[0]}`);
+  assert.equal(l2l.stash, 'host');
+  assert.equal(p.recommended, 'l2l');
+  assert.match(p.recommendation, /--strategy l2l --micro-batches 4 --stash host/);
+  // and l2l's peak does not grow with depth, where single's does
+  const shallow = plan(profile(8), { ...REQ, stages: 1, deviceMemory: 96 * MiB, microBatches: 4 });
+  assert.equal(shallow.strategies.find((s) => s.strategy === 'l2l')!.peakBytes[0], l2l.peakBytes[0]);
+});

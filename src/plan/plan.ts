@@ -24,7 +24,7 @@ import { check } from '../errors.js';
 import { balanceByCost, balanceByStageCost, stageRanges, type StageRange } from '../partition/balance.js';
 import {
   blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, predictLocalPeakBytes, predictLocalStepTime,
-  predictPeakBytes, predictStepTime, stagePeakBytes,
+  predictPeakBytes, predictRelayPeakBytes, predictRelayStepTime, predictStepTime, stagePeakBytes,
   type LocalShape, type ModelProfile, type StepShape,
 } from '../partition/memory-model.js';
 import { formatSize } from './size.js';
@@ -76,6 +76,8 @@ export interface StrategyPlan {
   tokensPerSecond: number;
   /** Why it is not applicable, when it is not (e.g. more stages than blocks). */
   unavailable?: string;
+  /** L2L: where the stash lives. */
+  stash?: 'host' | 'device';
 }
 
 /** Plans of every strategy and the recommendation. */
@@ -191,10 +193,36 @@ export const planLocal: StrategyPlanner = (profile, req) => {
 };
 
 /**
- * Planners by strategy name, in the order they are reported. gpipe and local need K >= 2
- * devices and at most one stage per block; l2l is to be added here when it exists.
+ * L2L on one device: searches M and the stash place. Its peak holds about one layer's
+ * parameters and gradient plus one layer boundary's activations (host stash), so it fits where
+ * nothing else does; its time adds the re-computation of every layer, and the step waits for
+ * the parameter server when its host optimizer is slower than the device (partition/memory-model.ts).
  */
-export const PLANNERS: Record<string, StrategyPlanner> = { single: planSingle, gpipe: planGpipe, local: planLocal };
+export const planL2L: StrategyPlanner = (profile, req) => {
+  const ms = req.microBatches !== undefined ? [req.microBatches] : divisors(req.batchSize);
+  let best: StrategyPlan | null = null;
+  for (const m of ms) {
+    const costs = costsAt(profile, req.batchSize / m);
+    for (const stash of ['host', 'device'] as const) {
+      const peak = predictRelayPeakBytes(costs, { m, stash });
+      const t = predictRelayStepTime(costs, { m, stash });
+      const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+      const p: StrategyPlan = {
+        strategy: 'l2l', exact: true, fits: peak <= req.deviceMemory, stages: 1, microBatches: m, checkpoint: 'always', schedule: 'gpipe',
+        balance: [profile.blocks.length], balancedBy: 'one layer at a time', peakBytes: [peak], stepSeconds: t.seconds, bubble: t.bubble,
+        idealBubble: 0, examplesPerSecond: eps, tokensPerSecond: eps * (req.tokensPerExample ?? 1), stash,
+      };
+      if (!best || better(p, best)) best = p;
+    }
+  }
+  return best!;
+};
+
+/**
+ * Planners by strategy name, in the order they are reported. gpipe and local need K >= 2
+ * devices and at most one stage per block; single and l2l use one.
+ */
+export const PLANNERS: Record<string, StrategyPlanner> = { single: planSingle, gpipe: planGpipe, local: planLocal, l2l: planL2L };
 
 function unavailable(strategy: string, why: string, req: PlanRequest): StrategyPlan {
   return {
@@ -226,7 +254,7 @@ export function checkRequest(req: PlanRequest, n: number): void {
 export function plan(profile: ModelProfile, req: PlanRequest): Plan {
   checkRequest(req, profile.blocks.length);
   const strategies = Object.entries(PLANNERS).map(([name, planner]) => {
-    if (name !== 'single' && req.stages < 2) return unavailable(name, 'needs --stages 2 or more', req);
+    if (name !== 'single' && name !== 'l2l' && req.stages < 2) return unavailable(name, 'needs --stages 2 or more', req);
     return planner(profile, req);
   });
   const fitting = strategies.filter((s) => s.fits && !s.unavailable);
@@ -261,6 +289,7 @@ function maxOf(xs: number[]): number {
 /** The training flags that realise a plan, e.g. `--strategy gpipe --stages 2 --micro-batches 8 --checkpoint except_last --schedule 1f1b --balance 3,2`. */
 export function describe(p: StrategyPlan): string {
   if (p.strategy === 'single') return '--strategy single';
+  if (p.strategy === 'l2l') return `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}`;
   if (p.strategy === 'local') return `--strategy local --stages ${p.stages} --micro-batches ${p.microBatches} --balance ${p.balance.join(',')}`;
   return `--strategy ${p.strategy} --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.checkpoint} --schedule ${p.schedule} --balance ${p.balance.join(',')}`;
 }
