@@ -47,6 +47,10 @@ expectBadInput('over --device-memory (single)', [...TINY, '--device-memory', '1M
 expectBadInput('over --device-memory (local)', [...TINY, '--strategy', 'local', '--stages', '2', '--micro-batches', '2', '--device-memory', '1MB'],
   /device out of memory: needs [\d.]+ MiB, budget 976.6 KiB \(stage \d of local, predicted\); try --strategy l2l, more --stages, or more --micro-batches/);
 
+expectBadInput('over --device-memory (l2l)', [...TINY, '--strategy', 'l2l', '--stash', 'device', '--device-memory', '10kB'],
+  /device out of memory: needs [\d.]+ [KMG]iB, budget 9.8 KiB \(stage 0 of l2l, predicted\); try a smaller --batch-size or more --micro-batches, or --stash host/);
+expectBadInput('l2l on several devices', [...TINY, '--strategy', 'l2l', '--stages', '2'], /--strategy l2l runs on one device; drop --stages 2/);
+
 test('a generous --device-memory trains normally and reports the predicted peaks beside the measured ones', () => {
   const out = join(tmp, 'budget-ok');
   const r = run(['train', ...TINY, '--strategy', 'local', '--stages', '2', '--micro-batches', '2', '--steps', '2', '--eval-every', '0', '--device-memory', '1GB', '--out', out]);
@@ -99,6 +103,35 @@ test('a resumed run reproduces the losses of an uninterrupted one', () => {
   assert.equal(summary.steps, 6);
   assert.ok(Math.abs(summary.initial_loss - la[0]) <= 1e-4, 'initial loss carried across the resume');
   assert.ok(summary.final_loss < summary.initial_loss);
+});
+
+test('l2l resumes a gpipe checkpoint and continues exactly like the uninterrupted gpipe run', () => {
+  const part2 = join(tmp, 'part-l2l');
+  const b = run(['train', ...common, '--steps', '3', '--out', part2]);
+  assert.equal(b.code, 0, b.err);
+  const c = run(['train', '--resume', part2, '--steps', '6', '--strategy', 'l2l', '--stages', '1', '--micro-batches', '2', '--trace', join(part2, 'trace.json')]);
+  assert.equal(c.code, 0, c.err);
+  const la = losses(full);
+  const lc = losses(part2);
+  assert.equal(lc.length, 6);
+  for (let i = 0; i < 6; i++) assert.ok(Math.abs(la[i] - lc[i]) <= 1e-4, `step ${i + 1}: gpipe ${la[i]} vs gpipe then l2l ${lc[i]}`);
+  // the l2l trace: the device's compute, its parameter transfers and the parameter server's
+  // optimizer thread each have a track, and spans on one track never overlap
+  const trace = JSON.parse(readFileSync(join(part2, 'trace.json'), 'utf8')) as { traceEvents: Array<{ ph: string; tid: number; ts: number; dur: number; name: string; cat: string; args: { name?: string } }> };
+  const names = trace.traceEvents.filter((e) => e.ph === 'M').map((e) => e.args.name).sort();
+  assert.deepEqual(names, ['PS thread 0', 'device', 'transfers']);
+  const spans = trace.traceEvents.filter((e) => e.ph === 'X');
+  for (const tid of [0, 1, 2]) {
+    const mine = spans.filter((e) => e.tid === tid).sort((x, y) => x.ts - y.ts);
+    assert.ok(mine.length > 0, `track ${tid} has spans`);
+    for (let i = 1; i < mine.length; i++) assert.ok(mine[i].ts >= mine[i - 1].ts + mine[i - 1].dur - 1, `track ${tid}: ${mine[i - 1].name} overlaps ${mine[i].name}`);
+  }
+  // 3 steps of a 3-block model: every block's gradient pushed and updated once per step; each
+  // layer but the last runs forward per micro-batch, every layer backward per micro-batch
+  assert.equal(spans.filter((e) => e.cat === 'push_grads').length, 9);
+  assert.equal(spans.filter((e) => e.tid === 2 && e.cat === 'eps_update').length, 9);
+  assert.equal(spans.filter((e) => e.cat === 'layer_forward').length, 3 * 2 * 2);
+  assert.equal(spans.filter((e) => e.cat === 'layer_backward').length, 3 * 3 * 2);
 });
 
 test('resume refuses a checkpoint of another model and a corrupt checkpoint, writing nothing', () => {

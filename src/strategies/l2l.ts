@@ -148,6 +148,11 @@ export class L2LStrategy implements Strategy {
     if (this.failure) throw this.failure;
   }
 
+  async drainServerSpans(): Promise<EpsSpan[]> {
+    await this.settle();
+    return this.eps.takeSpans();
+  }
+
   async getParams(): Promise<HostParams> {
     await this.settle();
     return this.eps.getParams();

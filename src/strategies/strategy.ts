@@ -65,6 +65,12 @@ export interface Strategy {
   getOptimizerState(): Promise<OptimizerState>;
   /** Restores an optimizer state from {@link getOptimizerState}. */
   setOptimizerState(s: OptimizerState): Promise<void>;
+  /**
+   * L2L: waits until the parameter server has applied every update and returns the spans of
+   * the updates not yet reported with a step (for the trace; the last step's updates finish
+   * after its report).
+   */
+  drainServerSpans?(): Promise<EpsSpan[]>;
   /** Stops every worker. Safe to call twice. */
   close(): Promise<void>;
 }

@@ -10,6 +10,7 @@
  */
 import type { TraceSpan } from '../pipeline/executor.js';
 import type { StepReport } from '../strategies/strategy.js';
+import type { EpsSpan } from '../eps/server.js';
 import { writeFileAtomic } from '../util/fsx.js';
 
 /** A span placed on the run's timeline, ms since the first recorded step began. */
@@ -104,12 +105,23 @@ export class TraceRecorder {
     if (relay) {
       this.tracks.set(0, 'device');
       this.tracks.set(1, 'transfers');
-      for (const u of r.serverSpans!) {
-        this.tracks.set(2 + u.thread, `PS thread ${u.thread}`);
-        const t0 = u.startedAt - this.origin;
-        if (this.keepSpans) {
-          this.spans.push({ label: 'eps_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track: 2 + u.thread, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
-        }
+      this.addServerSpans(step, r.serverSpans!);
+    }
+  }
+
+  /**
+   * L2L: the parameter server's optimizer updates (one track per optimizer thread). A step's
+   * updates finish while the device works on later steps, so they arrive with later reports,
+   * and the last step's after the run (Strategy.drainServerSpans); each is placed at its own
+   * start time, under `step`, the step whose report brought it.
+   */
+  addServerSpans(step: number, spans: readonly EpsSpan[]): void {
+    if (this.origin === null) return;
+    for (const u of spans) {
+      this.tracks.set(2 + u.thread, `PS thread ${u.thread}`);
+      const t0 = u.startedAt - this.origin;
+      if (this.keepSpans) {
+        this.spans.push({ label: 'eps_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track: 2 + u.thread, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
       }
     }
   }

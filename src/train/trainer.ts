@@ -264,6 +264,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
         }
       }
       while (inFlight.length) await finish(inFlight.shift()!);
+      if (strategy.drainServerSpans) recorder.addServerSpans(cfg.steps, await strategy.drainServerSpans());
     } finally {
       // a failure leaves later steps' promises behind: they reject with the same stage error
       for (const f of inFlight) f.done.catch(() => undefined);
