@@ -71,7 +71,7 @@ program
   .option('--context <n>', 'context length of the sweep', (v) => Number(v), 64)
   .option('--batch-size <n>', 'mini-batch size of the sweep', (v) => Number(v), 16)
   .option('--micro-batches <n>', 'l2l micro-batches in the sweep', (v) => Number(v), 2)
-  .option('--budget <size>', 'device budget of the largest-model comparison', '256MiB')
+  .option('--budget <size>', 'device budget of the largest-model comparison', '768MiB')
   .option('--steps <n>', 'measured steps per run', (v) => Number(v), 3)
   .option('--quick', 'skip the charlm-small throughput rows')
   .option('--backend <name>', 'backend', 'wasm')
