@@ -37,7 +37,7 @@ function hooks(): TrainHooks {
   let bar: cliProgress.SingleBar | null = null;
   let every = 1;
   return {
-    onStart({ config, model, params, bytes, ranges, startStep }) {
+    onStart({ config, model, params, bytes, ranges, startStep, budget }) {
       const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
       console.log(`model ${config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
       console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
@@ -45,6 +45,14 @@ function hooks(): TrainHooks {
       if (config.strategy === 'local') {
         console.log(`local parallelism: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, one local update each; ` +
           `${config.overlap ? `overlap ${config.overlap}` : 'greedy'}, ${config.deterministic ? 'deterministic' : 'free-running'}`);
+      }
+      if (config.strategy === 'l2l') {
+        const slots = config.optimizer === 'adamw' ? 2 : 1;
+        console.log(`l2l: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, stash in ${config.stash} memory; ` +
+          `the parameter server holds ${formatBytes(bytes * (1 + slots))} of parameters and optimizer state in host memory (${config.epsThreads} optimizer thread(s))`);
+      }
+      if (budget?.budget !== undefined) {
+        console.log(`device budget ${formatBytes(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatBytes).join(' / ') : 'not predicted'}`);
       }
       if (startStep) console.log(`resuming at step ${startStep}`);
       every = Math.max(1, Math.round(config.steps / 20));

@@ -81,8 +81,12 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
       `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.strategy === 'local' ? '-' : s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
       req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
   const table = renderTable(['strategy', 'fits', 'K', 'M', 'checkpoint', 'schedule', 'balance', 'peak device bytes per stage', 'bubble (pred vs ideal)', 'step ms', 'throughput'], rows);
+  // the flags that define the model and the run the plan was made for, so the command line trains exactly that
+  const given: Array<[string, unknown]> = [['--data', o.data], ['--layers', o.layers], ['--d-model', o.dModel], ['--heads', o.heads],
+    ['--context', o.context], ['--optimizer', o.optimizer], ['--backend', o.backend]];
+  const sameModel = given.filter(([, v]) => v !== undefined).map(([f, v]) => ` ${f} ${String(v)}`).join('');
   const rec = p.recommended
-    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize}`
+    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize} --device-memory ${o.deviceMemory}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
     'throughput assumes one device per stage (a core or an accelerator each); l2l\'s step is the longer of the device\'s work (every layer re-computed in backward) and the parameter server\'s host optimizer',
