@@ -42,7 +42,7 @@ export interface ParameterServerOptions {
   params: HostParams;
   /** Per layer (model block index), its parameter keys (see blockLayers in store.ts). */
   layers: string[][];
-  /** Per key, its shape (the rank decides weight decay). Not in the brief's signature: see the report. */
+  /** Per key, its shape: the rank decides weight decay (rank >= 2 only), and HostParams carry no shapes. */
   shapes: Record<string, number[]>;
   optimizer: OptimizerConfig;
   /** Optimizer worker threads, >= 1. */
@@ -134,10 +134,17 @@ export class ParameterServer {
     const counters = new SharedArrayBuffer(4 * (4 * store.numLayers + 64));
     const workers: Worker[] = [];
     const started: Array<Promise<void>> = [];
+    try {
+      for (let i = 0; i < o.threads; i++) {
+        const data: OptimizerWorkerData = { layout: store.layout, config: { ...o.optimizer }, thread: i, counters };
+        workers.push(new Worker(new URL('./optimizer-worker.js', import.meta.url), { workerData: data }));
+      }
+    } catch (e) {
+      await Promise.all(workers.map((w) => w.terminate())); // threads started before the one that failed
+      throw e;
+    }
     for (let i = 0; i < o.threads; i++) {
-      const data: OptimizerWorkerData = { layout: store.layout, config: { ...o.optimizer }, thread: i, counters };
-      const w = new Worker(new URL('./optimizer-worker.js', import.meta.url), { workerData: data });
-      workers.push(w);
+      const w = workers[i];
       started.push(new Promise<void>((resolve, reject) => {
         const onError = (e: Error) => reject(new EpsError(`optimizer thread ${i} failed to start: ${e.message}`, e.name));
         w.once('error', onError);
@@ -241,6 +248,7 @@ export class ParameterServer {
     for (const key of Object.keys(grads)) this.live.add(key);
     if (!(this.config.clipNorm > 0)) {
       this.dispatch(layer, grads, 1);
+      this.settle();
       return;
     }
     this.held.push({ layer, grads });
@@ -250,6 +258,8 @@ export class ParameterServer {
     const held = this.held.sort((a, b) => a.layer - b.layer);
     this.held = [];
     for (const h of held) this.dispatch(h.layer, h.grads, scale);
+    // once every layer is dispatched: a layer without gradients must not resolve idle() early
+    this.settle();
   }
 
   private dispatch(layer: number, grads: Record<string, Float32Array>, scale: number): void {
@@ -265,8 +275,7 @@ export class ParameterServer {
       part.grads.push(g);
     }
     if (parts.size === 0) {
-      this.mem.markUpdated(layer);
-      this.settle();
+      this.mem.markUpdated(layer); // push() settles once the whole batch of dispatches is out
       return;
     }
     const counter = parts.size === 1 ? -1 : this.freeCounters.pop() ?? -2;

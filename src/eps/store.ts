@@ -35,7 +35,7 @@ export interface StoreLayout {
   /** Int32Array, one per layer: optimizer updates applied to that layer since the store was created. */
   versions: SharedArrayBuffer;
   /**
-   * Addition to the interface of the brief: Int32Array(1), 0 while the store is usable, 1 once
+   * Int32Array(1): 0 while the store is usable, 1 once
    * its server failed, 2 once it was closed. Waiters on versions are woken when it changes, so a
    * device never waits forever for an update that will not come.
    */

@@ -218,9 +218,13 @@ test('l2l: one layer of parameters at a time, no optimizer state; the device sta
   const t = predictRelayStepTime(c, { m: 4, stash: 'host' }, 1e12);
   // 5 layers forward once per micro-batch, 6 layers re-computed and backpropagated: 4 x (5 x 1 + 6 x 3)
   assert.equal(t.seconds, 4 * (5 * 1 + 6 * 3));
-  const slow = predictRelayStepTime(c, { m: 4, stash: 'host' }, 1);
-  assert.equal(slow.seconds, 6 * 1000 / 4, 'a slow parameter server sets the pace');
-  assert.ok(slow.bubble[0] > 0.9);
+  // a slow parameter server (1500 s of updates): with clipping it overlaps only the next forward
+  // (4 x 5 s), without clipping the backward after the last layer's (4 x 5 x 3 s)
+  const slow = predictRelayStepTime(c, { m: 4, stash: 'host', clip: true }, 1);
+  assert.equal(slow.seconds, 4 * 23 + (6 * 1000 / 4 - 4 * 5));
+  const eager = predictRelayStepTime(c, { m: 4, stash: 'host', clip: false }, 1);
+  assert.equal(eager.seconds, 4 * 23 + (6 * 1000 / 4 - 4 * 5 * 3));
+  assert.ok(slow.bubble[0] > 0.9 && eager.bubble[0] < slow.bubble[0]);
 });
 
 for (const c of LOCAL_CASES) {

@@ -556,17 +556,29 @@ export function predictRelayPeakBytes(c: MicroBatchCosts, shape: RelayShape): nu
 }
 
 /**
- * Predicted time of an L2L relay step, seconds: the device runs every layer but the last
- * forward once per micro-batch, and every layer's re-computation and backward once per
- * micro-batch; the parameter server updates all parameters at `hostRate` parameters per
- * second (default {@link HOST_UPDATE_PARAMS_PER_SECOND}) in the background, so the step takes
- * the longer of the two. Transfers between host and device are taken as free (on wasm and cpu
- * they are memory copies). `bubble` is the device's predicted wait for the server.
+ * Predicted time of an L2L relay step, seconds. The device runs every layer but the last
+ * forward once per micro-batch (F), and every layer's re-computation and backward once per
+ * micro-batch (B). The parameter server updates all parameters at `hostRate` parameters per
+ * second (default {@link HOST_UPDATE_PARAMS_PER_SECOND}) in the background, and the device
+ * waits only for what does not fit in the time it has:
+ * - with clipping (`shape.clip`, the default), no update starts before the backward ends, and
+ *   the updates run in forward order during the next step's forward: the device waits
+ *   max(0, server - F);
+ * - without clipping, each layer's update starts when its gradient arrives, from the last
+ *   layer down, during the rest of the backward: the device waits max(0, server - (B - B_last)).
+ * Transfers between host and device are taken as free (on wasm and cpu they are memory
+ * copies), and so is the host stash's round trip, so the plan does not prefer the device
+ * stash for speed even where it measured faster. `bubble` is the predicted wait's fraction of
+ * the step.
  */
-export function predictRelayStepTime(c: MicroBatchCosts, shape: RelayShape, hostRate = HOST_UPDATE_PARAMS_PER_SECOND): StepTime {
+export function predictRelayStepTime(c: MicroBatchCosts, shape: RelayShape & { clip?: boolean }, hostRate = HOST_UPDATE_PARAMS_PER_SECOND): StepTime {
   const n = c.blocks.length;
-  const device = c.blocks.reduce((s, l, i) => s + shape.m * ((i < n - 1 ? l.fwdSeconds : 0) + l.fwdSeconds + l.bwdSeconds), 0);
+  const fwd = c.blocks.slice(0, n - 1).reduce((s, l) => s + shape.m * l.fwdSeconds, 0);
+  const bwdOf = (l: BlockCost) => shape.m * (l.fwdSeconds + l.bwdSeconds);
+  const bwd = c.blocks.reduce((s, l) => s + bwdOf(l), 0);
+  const device = fwd + bwd;
   const server = c.blocks.reduce((s, l) => s + l.paramBytes / 4, 0) / hostRate;
-  const seconds = Math.max(device, server);
-  return { seconds, bubble: [seconds > 0 ? (seconds - device) / seconds : 0], busySeconds: [device] };
+  const wait = Math.max(0, server - ((shape.clip ?? true) ? fwd : bwd - bwdOf(c.blocks[n - 1])));
+  const seconds = device + wait;
+  return { seconds, bubble: [seconds > 0 ? wait / seconds : 0], busySeconds: [device] };
 }

@@ -35,7 +35,7 @@ type Stashed = tf.Tensor | { values: Float32Array | Int32Array; shape: number[];
 export interface LayerGrads {
   layer: number;
   grads: Record<string, Float32Array>;
-  /** Sum of squares of every element of `grads` (for global-norm clipping). */
+  /** Sum of squares of every element of `grads` (for global-norm clipping; 0 when clipping is off). */
   sumSquares: number;
 }
 
@@ -47,12 +47,12 @@ interface RelayInputs {
 }
 
 /**
- * Backends whose `tf.tensor(values)` may keep a reference to `values` instead of copying it
- * (cpu stores the array itself; webgpu keeps it until first use). Their uploads from the
- * shared store are copied first, so a background update of the host copy cannot change a
- * tensor in use; wasm and tensorflow copy on creation.
+ * Whether `tf.tensor(values)` on this backend copies `values` at once. Only wasm does (into
+ * its heap); cpu stores the array itself, webgpu and tensorflow (tfjs-node) keep it until
+ * first use. Uploads from the shared store are copied first everywhere else, so a background
+ * update of the host copy can never change a tensor in use.
  */
-const ALIASING_BACKENDS = new Set(['cpu', 'webgpu']);
+const copiesOnCreation = () => tf.getBackend() === 'wasm';
 
 export class RelayStage extends Stage {
   /** Parameters of the layers on the device now, by layer, then by parameter name in the block. */
@@ -63,7 +63,6 @@ export class RelayStage extends Stage {
   private dys = new Map<number, tf.Tensor>();
   /** The current layer's accumulated parameter gradients. */
   private layerGrads = new Map<string, tf.Tensor>();
-  private labels = new Map<number, tf.Tensor>();
   /** Training steps handed to the parameter server: the version every layer must reach before it is used. */
   private stepsDone = 0;
   /** Milliseconds the last {@link load} waited for the parameter server. */
@@ -114,14 +113,14 @@ export class RelayStage extends Stage {
   }
 
   private upload(l: number): void {
-    const copy = ALIASING_BACKENDS.has(tf.getBackend());
+    const copy = !copiesOnCreation();
     const p: BlockParams = {};
+    this.loaded.set(l, p); // registered first: a failing upload leaves nothing unreleased
     for (const [name, key] of this.layerKeys(l)) {
       const host = this.store.param(key);
       const spec = this.model.blocks[l].params.find((s) => s.name === name)!;
       p[name] = tf.tensor(copy ? host.slice() : host, spec.shape, 'float32');
     }
-    this.loaded.set(l, p);
   }
 
   /** Frees layer l's parameters on the device. */
@@ -138,23 +137,30 @@ export class RelayStage extends Stage {
     return p;
   }
 
+  /** Stashes `t` (owned from now on) as the input of layer l for mb: on the device, or downloaded to the host and freed. */
   private putStash(l: number, mb: number, t: tf.Tensor): void {
     let s = this.stash.get(l);
     if (!s) this.stash.set(l, (s = new Map()));
     if (this.stashPlace === 'host' && l > 0) {
-      s.set(mb, { values: t.dataSync().slice() as Float32Array | Int32Array, shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32' });
+      const v = t.dataSync() as Float32Array | Int32Array;
+      // wasm's dataSync is already a fresh copy of its heap; other backends may return their own storage
+      s.set(mb, { values: copiesOnCreation() ? v : v.slice(), shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32' });
       t.dispose();
     } else {
       s.set(mb, t);
     }
   }
 
-  /** Takes (removes) the stashed input of layer l for mb, as a device tensor the caller owns. */
-  private takeStash(l: number, mb: number, inp: RelayInputs): tf.Tensor {
+  /**
+   * The stashed input of layer l for mb as a device tensor the caller owns. `keep`: a host
+   * stash entry stays (the caller gets an uploaded copy); otherwise the entry is removed.
+   */
+  private takeStash(l: number, mb: number, inp: RelayInputs, keep = false): tf.Tensor {
     const s = this.stash.get(l)?.get(mb);
     if (s) {
-      this.stash.get(l)!.delete(mb);
-      return s instanceof tf.Tensor ? s : tf.tensor(s.values, s.shape, s.dtype);
+      const host = !(s instanceof tf.Tensor);
+      if (!(keep && host)) this.stash.get(l)!.delete(mb);
+      return host ? tf.tensor(s.values, s.shape, s.dtype) : s;
     }
     if (l === 0 && inp.inputs?.[mb]) {
       const x = inp.inputs[mb];
@@ -178,22 +184,28 @@ export class RelayStage extends Stage {
    */
   layerForward(l: number, mb: number, grad: boolean, inp: RelayInputs): void {
     const p = this.layerParams(l);
-    const x = this.takeStash(l, mb, inp);
     const block = this.model.blocks[l];
-    if (l === this.layers - 1) {
-      if (grad) throw new Error('the relay fuses the last layer\'s forward into its backward; schedule layer_backward');
-      const labels = this.takeLabels(mb, inp);
-      const loss = tf.tidy(() => this.model.loss(block.forward(p, x), labels));
-      this.losses.set(mb, loss.dataSync()[0]);
-      loss.dispose();
-      x.dispose();
-      labels.dispose();
-      return;
+    if (l === this.layers - 1 && grad) throw new Error('the relay fuses the last layer\'s forward into its backward; schedule layer_backward');
+    // a host-stashed input stays in the stash for the backward: only its upload is freed here
+    const hostKept = grad && this.stashPlace === 'host' && l > 0;
+    const x = this.takeStash(l, mb, inp, hostKept);
+    try {
+      if (l === this.layers - 1) {
+        const labels = this.takeLabels(mb, inp);
+        try {
+          const loss = tf.tidy(() => this.model.loss(block.forward(p, x), labels));
+          this.losses.set(mb, loss.dataSync()[0]);
+          loss.dispose();
+        } finally {
+          labels.dispose();
+        }
+        return;
+      }
+      this.putStash(l + 1, mb, tf.tidy(() => block.forward(p, x)));
+    } finally {
+      if (grad && !hostKept) this.putStash(l, mb, x); // device stash, or layer 0's tokens
+      else x.dispose();
     }
-    const y = tf.tidy(() => block.forward(p, x));
-    this.putStash(l + 1, mb, y);
-    if (grad) this.putStash(l, mb, x);
-    else x.dispose();
   }
 
   /**
@@ -206,23 +218,25 @@ export class RelayStage extends Stage {
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
     const names = this.layerKeys(l).map(([n]) => n);
-    const x = this.takeStash(l, mb, inp);
     const last = l === this.layers - 1;
-    const labels = last ? this.takeLabels(mb, inp) : undefined;
-    if (last) this.labels.set(mb, labels!);
     const seed = last ? tf.scalar(1 / inp.m) : this.dys.get(mb);
     if (!seed) throw new Error(`layer ${l}, micro-batch ${mb}: no incoming gradient`);
     this.dys.delete(mb);
-    const wantInput = l > 0;
-    const f = (...args: tf.Tensor[]) => {
-      const q: BlockParams = {};
-      names.forEach((n, i) => (q[n] = args[i]));
-      const input = wantInput ? args[names.length] : x;
-      const y = block.forward(q, input);
-      return last ? this.model.loss(y, labels!) : y;
-    };
-    const xs = [...names.map((n) => p[n]), ...(wantInput ? [x] : [])];
-    if (xs.length > 0) {
+    let x: tf.Tensor | undefined;
+    let labels: tf.Tensor | undefined;
+    try {
+      x = this.takeStash(l, mb, inp);
+      labels = last ? this.takeLabels(mb, inp) : undefined;
+      const input = x;
+      const wantInput = l > 0;
+      const f = (...args: tf.Tensor[]) => {
+        const q: BlockParams = {};
+        names.forEach((n, i) => (q[n] = args[i]));
+        const y = block.forward(q, wantInput ? args[names.length] : input);
+        return last ? this.model.loss(y, labels!) : y;
+      };
+      const xs = [...names.map((n) => p[n]), ...(wantInput ? [x] : [])];
+      if (xs.length === 0) return;
       const rec = recordForward(() => f(...xs));
       if (last) this.losses.set(mb, rec.y.dataSync()[0]);
       const grads = backwardRecorded(rec, xs, seed);
@@ -237,12 +251,13 @@ export class RelayStage extends Stage {
         }
       });
       if (wantInput) this.dys.set(mb, grads[names.length]);
+    } finally {
+      seed.dispose();
+      x?.dispose();
+      labels?.dispose();
     }
-    seed.dispose();
-    x.dispose();
-    labels?.dispose();
-    this.labels.delete(mb);
   }
+
 
   /**
    * Downloads layer l's accumulated gradient (float32, host copies that can be transferred)
@@ -251,11 +266,12 @@ export class RelayStage extends Stage {
   takeLayerGrads(l: number): LayerGrads {
     const grads: Record<string, Float32Array> = {};
     let sumSquares = 0;
-    const copy = tf.getBackend() !== 'wasm'; // wasm's dataSync is already a fresh copy of the heap
+    const copy = !copiesOnCreation(); // wasm's dataSync is already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
       const g = this.layerGrads.get(key);
       if (!g) continue;
-      sumSquares += tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
+      // the server needs the norm only for global clipping
+      if (this.optimizer.config.clipNorm > 0) sumSquares += tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
       const v = g.dataSync() as Float32Array;
       grads[key] = copy ? v.slice() : v;
       g.dispose();
@@ -278,8 +294,6 @@ export class RelayStage extends Stage {
     this.dys.clear();
     for (const t of this.layerGrads.values()) t.dispose();
     this.layerGrads.clear();
-    for (const t of this.labels.values()) t.dispose();
-    this.labels.clear();
     for (const l of [...this.loaded.keys()]) this.release(l);
   }
 

@@ -55,7 +55,7 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   const model = buildModel(modelConfigFor(cfg, ds));
   const opt = defaultOptimizerConfig(cfg.optimizer);
   const req: PlanRequest = {
-    deviceMemory, stages: o.stages, batchSize: cfg.batchSize, microBatches: o.microBatches, slots: optimizerSlots(opt),
+    deviceMemory, stages: o.stages, batchSize: cfg.batchSize, microBatches: o.microBatches, slots: optimizerSlots(opt), clip: opt.clipNorm > 0,
     tokensPerExample: model.config.arch === 'charlm' ? model.config.context : 1,
     paramCounts: model.blocks.map(paramCount),
   };
@@ -89,7 +89,7 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
     ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize} --device-memory ${o.deviceMemory}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
-    'throughput assumes one device per stage (a core or an accelerator each); l2l\'s step is the longer of the device\'s work (every layer re-computed in backward) and the parameter server\'s host optimizer',
+    'throughput assumes one device per stage (a core or an accelerator each); l2l\'s step is the device\'s work (every layer re-computed in backward) plus the part of the parameter server\'s host updates that the device\'s work does not hide',
     ...(p.strategies.some((s) => s.strategy === 'local' && !s.unavailable)
       ? ["local parallelism trains each stage on its own auxiliary loss (not backprop's updates; its stages run free, so its step is the slowest stage's); it is recommended only when nothing exact fits"]
       : []),

@@ -46,6 +46,8 @@ export interface PlanRequest {
   tokensPerExample?: number;
   /** Blocks' parameter counts, for the params balance (default: bytes / 4 from the profile). */
   paramCounts?: number[];
+  /** Whether global-norm clipping is on (l2l: when the parameter server can start its updates); default true. */
+  clip?: boolean;
 }
 
 /** The plan of one strategy. */
@@ -205,7 +207,7 @@ export const planL2L: StrategyPlanner = (profile, req) => {
     const costs = costsAt(profile, req.batchSize / m);
     for (const stash of ['host', 'device'] as const) {
       const peak = predictRelayPeakBytes(costs, { m, stash });
-      const t = predictRelayStepTime(costs, { m, stash });
+      const t = predictRelayStepTime(costs, { m, stash, clip: req.clip ?? true });
       const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
       const p: StrategyPlan = {
         strategy: 'l2l', exact: true, fits: peak <= req.deviceMemory, stages: 1, microBatches: m, checkpoint: 'always', schedule: 'gpipe',

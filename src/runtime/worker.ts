@@ -87,7 +87,14 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     s.losses.clear();
     const inputs = a.inputs?.map(fromWire);
     const labels = a.labels?.map(fromWire);
-    const trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
+    let trace;
+    try {
+      trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
+    } catch (e) {
+      // the relay takes each micro-batch's input and labels when it needs them; free those it never took
+      if (s instanceof RelayStage) for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
+      throw e;
+    }
     const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
     const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
     return r;

@@ -137,3 +137,28 @@ test('l2l device memory is constant in depth with the host stash (12 vs 3 blocks
   assert.ok(s12 > 2 * s3, `single peak grows with depth: 12 blocks ${s12} B vs 3 blocks ${s3} B`);
   assert.ok(l2l12 < s12 / 3, `l2l (${l2l12} B) holds a fraction of single's ${s12} B on 12 blocks`);
 });
+
+test('a parameter-server thread that dies stops the run with its own error, not "worker was stopped"', async () => {
+  const params = initParams(buildModel(LM).blocks, 1);
+  const s = await l2l(LM, params, ADAMW_NOCLIP, 2, 'host');
+  const batches = batchesOf(16, 8, 4);
+  try {
+    await s.trainStep(batches[0], 1e-3);
+    const eps = (s as unknown as { eps: { workers: Array<{ terminate(): Promise<number> }> } }).eps;
+    await eps.workers[0].terminate();
+    let error: Error | null = null;
+    for (const b of batches.slice(1)) {
+      try {
+        await s.trainStep(b, 1e-3);
+      } catch (e) {
+        error = e as Error;
+        break;
+      }
+    }
+    assert.ok(error, 'training went on without its parameter server');
+    assert.match(error.message, /optimizer thread 0/, error.message);
+    await assert.rejects(s.getParams(), /optimizer thread 0/);
+  } finally {
+    await s.close();
+  }
+});

@@ -5,13 +5,17 @@
  * follows the relay schedule (schedule/schedule.ts relaySchedule): it uploads one layer at a
  * time from the server's shared memory, runs every micro-batch through it, and in backward
  * hands each layer's gradient to the server, which updates that layer in background threads
- * while the device works on the next one. The device therefore holds about one layer's
- * parameters, whatever the depth of the model.
+ * while the device works on the next one. The device therefore holds at most two layers'
+ * parameters (the current one and the prefetched next), whatever the depth of the model.
  *
  * Same updates as single-device training on the same seed and data: the mini-batch gradient
  * is the mean over micro-batches, global-norm clipping uses every layer's gradient (the
  * server holds the step's gradients until the norm is known), and the host optimizer is the
  * device optimizer's math.
+ *
+ * A failed step (a device or optimizer-thread error) stops the device and the parameter
+ * server: the strategy cannot continue (some layers may have been updated and others not), and
+ * every later call rejects with the first error. Resume from the last checkpoint instead.
  */
 import type { Batch } from '../data/batcher.js';
 import { blockLayers } from '../eps/store.js';
@@ -112,14 +116,21 @@ export class L2LStrategy implements Strategy {
 
   submit(batch: Batch, lr: number): Submission {
     const done = this.last.catch(() => undefined).then(async () => {
-      const r = await this.run(this.train, batch, lr, true);
-      return report(r, this.eps.takeSpans());
+      try {
+        const r = await this.run(this.train, batch, lr, true);
+        return report(r, this.eps.takeSpans());
+      } catch (e) {
+        // an optimizer thread's failure stops the device too: report the cause, not the stop
+        throw this.failure ?? e;
+      }
     });
     done.catch(async () => {
       await this.close();
     });
     this.last = done;
-    return { accepted: done.then(() => undefined), done };
+    const accepted = done.then(() => undefined);
+    accepted.catch(() => undefined); // callers may await only `done`
+    return { accepted, done };
   }
 
   trainStep(batch: Batch, lr: number): Promise<StepReport> {
@@ -127,18 +138,23 @@ export class L2LStrategy implements Strategy {
   }
 
   async evaluate(batches: Batch[]): Promise<Evaluation> {
-    await this.last.catch(() => undefined);
-    const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
-    let sum = 0;
-    let n = 0;
-    for (const b of batches) {
-      const r = await this.run(sched, b, 0, false);
-      for (const l of r.losses) {
-        sum += l;
-        n++;
+    const ev = this.last.catch(() => undefined).then(async () => {
+      const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
+      let sum = 0;
+      let n = 0;
+      for (const b of batches) {
+        const r = await this.run(sched, b, 0, false).catch((e: Error) => {
+          throw this.failure ?? e;
+        });
+        for (const l of r.losses) {
+          sum += l;
+          n++;
+        }
       }
-    }
-    return { loss: n ? sum / n : NaN };
+      return { loss: n ? sum / n : NaN };
+    });
+    this.last = ev; // later steps wait for the evaluation (the device runs one schedule at a time)
+    return ev;
   }
 
   /** Waits for the last step and for the parameter server to apply every update. */
