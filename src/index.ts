@@ -8,7 +8,9 @@
  * - partition: balancing blocks over stages;
  * - pipeline: micro-batches, re-materialization, the stage and the one executor;
  * - runtime: worker-thread devices, channels, tensor serialization, memory accounting;
- * - strategies: single and gpipe behind one {@link Strategy} interface;
+ * - eps: L2L's eager parameter server (parameters and optimizer state in shared host memory,
+ *   host optimizer in worker threads);
+ * - strategies: single, gpipe, local and l2l behind one {@link Strategy} interface;
  * - train: the trainer loop, checkpoints, metrics, sampling;
  * - data: data sets and the resumable batcher.
  */
@@ -22,20 +24,31 @@ export { buildModel, modelParamCount, type Model, type ModelConfig } from './mod
 export { PRESETS, getPreset } from './model/presets.js';
 export {
   gpipeSchedule, oneFOneBSchedule, evalSchedule, makeSchedule, clockCycles, formatSchedule, formatAction, idealBubble,
+  localSchedule, relaySchedule, relayEvalSchedule,
   type Action, type Schedule, type CheckpointMode, type ScheduleKind,
 } from './schedule/schedule.js';
 export { simulate, type SimResult } from './schedule/simulate.js';
 export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
 export { profileModel, type ProfileOptions } from './partition/profile.js';
-export { costsAt, predictPeakBytes, predictStepTime, optimizerSlots, type ModelProfile, type BlockCost } from './partition/memory-model.js';
+export {
+  costsAt, predictPeakBytes, predictStepTime, predictLocalPeakBytes, predictRelayPeakBytes, predictRelayStepTime, optimizerSlots,
+  type ModelProfile, type BlockCost,
+} from './partition/memory-model.js';
+export { checkDeviceBudget, PEAK_PREDICTORS } from './plan/budget.js';
+export { DeviceOutOfMemoryError } from './runtime/budget-error.js';
 export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/plan.js';
 export { parseSize } from './plan/size.js';
 export { splitMicroBatches } from './pipeline/microbatch.js';
 export { Stage } from './pipeline/stage.js';
+export { RelayStage, type StashPlace } from './pipeline/relay-stage.js';
+export { ParameterServer, type EpsSpan } from './eps/server.js';
+export { ParamStore, type StoreLayout } from './eps/store.js';
+export { hostUpdate } from './eps/host-optimizer.js';
 export { execute, type StageLinks, type TraceSpan } from './pipeline/executor.js';
 export { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optim/optimizer.js';
 export { learningRate, type LrSchedule } from './optim/lr.js';
 export { PipelineStrategy } from './strategies/pipeline.js';
+export { L2LStrategy, type L2LOptions } from './strategies/l2l.js';
 export { createStrategy, planStages } from './strategies/index.js';
 export type { Strategy, StepReport } from './strategies/strategy.js';
 export { StageError } from './runtime/device.js';
