@@ -115,6 +115,10 @@ test('l2l resumes a gpipe checkpoint and continues exactly like the uninterrupte
   const lc = losses(part2);
   assert.equal(lc.length, 6);
   for (let i = 0; i < 6; i++) assert.ok(Math.abs(la[i] - lc[i]) <= 1e-4, `step ${i + 1}: gpipe ${la[i]} vs gpipe then l2l ${lc[i]}`);
+  // peak device bytes from the engine and, on wasm, the heap size read from the backend
+  const summary = JSON.parse(readFileSync(join(part2, 'summary.json'), 'utf8'));
+  assert.equal(summary.strategy, 'l2l');
+  assert.ok(summary.peak_device_bytes[0] > 0 && summary.wasm_heap_bytes[0] >= 2 ** 20, JSON.stringify(summary));
   // the l2l trace: the device's compute, its parameter transfers and the parameter server's
   // optimizer thread each have a track, and spans on one track never overlap
   const trace = JSON.parse(readFileSync(join(part2, 'trace.json'), 'utf8')) as { traceEvents: Array<{ ph: string; tid: number; ts: number; dur: number; name: string; cat: string; args: { name?: string } }> };

@@ -124,7 +124,8 @@ program
     const s = r.summary;
     const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
     console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}, ${rate}, ` +
-      `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}, ${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`);
+      `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}${s.wasm_heap_bytes ? ` (wasm heap ${s.wasm_heap_bytes.map(formatBytes).join(' / ')})` : ''}, ` +
+      `${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`);
     for (const st of r.stages) {
       console.log(`  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatBytes(st.peakBytes)}`);
     }

@@ -12,8 +12,13 @@ export interface StepMetrics {
   step_s: number;
   tokens_per_s?: number;
   examples_per_s?: number;
-  /** Peak device bytes per stage during the step. */
+  /** Peak device bytes per stage during the step (the TF.js engine's exact count of tensor bytes). */
   peak_device_bytes: number[];
+  /**
+   * wasm backend: the size of each stage's heap after the step, bytes, read from the backend
+   * (a high-water mark that also holds XNNPACK's packed weights and allocator slack).
+   */
+  wasm_heap_bytes?: number[];
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
   val_loss?: number;
@@ -44,7 +49,12 @@ export interface Summary {
   tokens_per_s?: number;
   examples_per_s?: number;
   peak_device_bytes: number[];
+  /** wasm backend: largest heap size per stage over the run, bytes. */
+  wasm_heap_bytes?: number[];
   bubble: number[];
+  /** With --device-memory: the budget and the peak predicted before training, bytes. */
+  device_memory_budget?: number;
+  predicted_peak_device_bytes?: number[] | null;
   wall_s: number;
 }
 

@@ -184,6 +184,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   const recorder = new TraceRecorder(cfg.trace !== undefined);
   const peak = new Array<number>(strategy.devices).fill(0);
   const bubbleSum = new Array<number>(strategy.devices).fill(0);
+  const heap = new Array<number>(strategy.devices).fill(0);
   let measured = 0;
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
@@ -213,10 +214,12 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
         measured++;
       }
       r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
+      r.heapBytes?.forEach((b, i) => (heap[i] = b === undefined ? NaN : Math.max(heap[i], b)));
       recorder.add(done, r);
       const m: StepMetrics = {
         step: done, loss: r.loss, lr: f.lr, step_s: secs, [targetName]: f.tokens / secs,
         peak_device_bytes: r.peakBytes, bubble: r.bubble,
+        ...(r.heapBytes?.every((h) => h !== undefined) ? { wasm_heap_bytes: r.heapBytes as number[] } : {}),
         ...(cfg.strategy === 'local' ? { stage_losses: r.stageLosses } : {}),
       };
       if (due(done, cfg.evalEvery)) {
@@ -282,6 +285,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
     peak_device_bytes: peak, bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
+    ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
     // with --device-memory: the budget and the peak predicted before training, beside the measured one
     ...(p.budget ? { device_memory_budget: p.budget.budget, predicted_peak_device_bytes: p.budget.predicted?.map(Math.round) ?? null } : {}),
     wall_s: wall,
