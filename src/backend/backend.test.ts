@@ -4,7 +4,8 @@ import { assertClose } from '../util/assert-close.js';
 import { Worker } from 'node:worker_threads';
 import * as tf from '@tensorflow/tfjs-core';
 import { LayerwiseError } from '../errors.js';
-import { backendHeapBytes, deviceMemoryBytes, initBackend } from './index.js';
+import { backendHeapBytes, initBackend } from './index.js';
+import { deviceBytes } from '../runtime/memory.js';
 
 type Shape = number[];
 const size = (s: Shape) => s.reduce((a, b) => a * b, 1);
@@ -218,13 +219,13 @@ test('initBackend rejects unknown names and missing optional packages with clear
   await assert.rejects(initBackend('wasm', { threads: 0 }), LayerwiseError);
 });
 
-test('deviceMemoryBytes counts live tensor bytes; backendHeapBytes is the wasm heap', async () => {
+test('deviceBytes counts live tensor bytes; backendHeapBytes is the wasm heap', async () => {
   await initBackend('wasm');
-  const before = deviceMemoryBytes();
+  const before = deviceBytes();
   const t = tf.zeros([1000]);
-  assert.equal(deviceMemoryBytes() - before, 4000);
+  assert.equal(deviceBytes() - before, 4000);
   t.dispose();
-  assert.equal(deviceMemoryBytes(), before);
+  assert.equal(deviceBytes(), before);
   assert.ok((backendHeapBytes() ?? 0) >= 16 * 2 ** 20);
   await initBackend('cpu');
   assert.equal(backendHeapBytes(), undefined);

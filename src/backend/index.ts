@@ -106,19 +106,10 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
 }
 
 /**
- * Bytes of tensor data currently held by this thread's TF.js engine: `tf.memory().numBytes`, the
- * sum over live tensors of size x bytes per element (on wasm this is the live part of the heap).
- * It does not count XNNPACK's packed copies of weight matrices or allocator slack; see
- * {@link backendHeapBytes} for the wasm heap's total size.
- */
-export function deviceMemoryBytes(): number {
-  return tf.memory().numBytes;
-}
-
-/**
  * Size in bytes of the wasm backend's linear memory (heap) if the active backend is 'wasm', else
  * `undefined`. This is a high-water mark: wasm memory grows but never shrinks, and it includes
- * XNNPACK's packed weights and freed blocks.
+ * XNNPACK's packed weights and freed blocks. (The bytes held in tensors, and their exact peak,
+ * come from runtime/memory.ts, on every backend.)
  */
 export function backendHeapBytes(): number | undefined {
   if (tf.getBackend() !== 'wasm') return undefined;
