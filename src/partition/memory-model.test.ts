@@ -5,14 +5,14 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { Batch } from '../data/batcher.js';
 import { initParams } from '../model/init.js';
-import { buildModel, type Model } from '../model/model.js';
+import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
 import { optimizerConfigOf, profileAuxHeads } from '../plan/budget.js';
 import { createStrategy, resolveStages } from '../strategies/index.js';
 import { resolveConfig, type TrainConfig } from '../train/config.js';
 import { Rng } from '../util/rng.js';
+import { randomBatch } from '../util/fixtures.js';
 import { stageRanges } from './balance.js';
 import {
   blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, optimizerSlots, predictLocalPeakBytes, predictLocalStepTime,
@@ -144,19 +144,6 @@ test('local step time: stages run free, so a mini-batch takes the slowest stage;
   assert.equal(localStagePeakBytes(c, { from: 2, to: 4 }, 1, 2, { m: 2, slots: 2 }), predictLocalPeakBytes(c, stageRanges([2, 2]), { m: 2, slots: 2 })[1]);
 });
 
-/** Random inputs and labels of n examples. */
-function randomBatch(model: Model, n: number, rng: Rng): Batch {
-  const xShape = model.inputShape(n);
-  const size = xShape.reduce((a, b) => a * b, 1);
-  const cfg = model.config;
-  if (cfg.arch === 'charlm') {
-    const x = new Int32Array(size).map(() => rng.int(cfg.vocab));
-    const y = new Int32Array(size).map(() => rng.int(cfg.vocab));
-    return { x, xShape, y, yShape: xShape, examples: n, tokens: size };
-  }
-  const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : 2;
-  return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
-}
 
 const LOCAL_CASES = [
   {

@@ -5,7 +5,6 @@
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import type { Batch } from '../data/batcher.js';
 import { initParams } from '../model/init.js';
 import { buildModel, type Model } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
@@ -13,23 +12,12 @@ import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { resolveStages, createStrategy } from '../strategies/index.js';
 import { resolveConfig, type TrainConfig } from '../train/config.js';
 import { Rng } from '../util/rng.js';
+import { randomBatch } from '../util/fixtures.js';
 import { costsAt, optimizerSlots, predictPeakBytes } from './memory-model.js';
 import { profileModel } from './profile.js';
 
 const BACKEND = 'wasm';
 
-function randomBatch(model: Model, n: number, rng: Rng): Batch {
-  const xShape = model.inputShape(n);
-  const size = xShape.reduce((a, b) => a * b, 1);
-  const cfg = model.config;
-  if (cfg.arch === 'charlm') {
-    const x = new Int32Array(size).map(() => rng.int(cfg.vocab));
-    const y = new Int32Array(size).map(() => rng.int(cfg.vocab));
-    return { x, xShape, y, yShape: xShape, examples: n, tokens: size };
-  }
-  const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : 2;
-  return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
-}
 
 interface Case {
   preset: string;

@@ -8,12 +8,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { Batch } from '../data/batcher.js';
 import { makeBatcher, validationBatches } from '../data/batcher.js';
-import { textDatasetFromString } from '../data/text.js';
 import { initParams, type HostParams } from '../model/init.js';
 import { buildModel, type CharLmConfig, type ModelConfig } from '../model/model.js';
 import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import { formatSchedule, relaySchedule } from '../schedule/schedule.js';
-import { Rng } from '../util/rng.js';
+import { tinyWhaleDataset } from '../util/fixtures.js';
+import { maxParamDiff } from '../util/assert-close.js';
 import { L2LStrategy } from './l2l.js';
 import { PipelineStrategy } from './pipeline.js';
 import type { Strategy, StepReport } from './strategy.js';
@@ -22,14 +22,7 @@ import type { StashPlace } from '../pipeline/relay-stage.js';
 const TOL = 1e-4;
 const LRS = [3e-3, 2e-3, 1e-3];
 
-const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
-function makeText(): string {
-  const rng = new Rng(5);
-  let text = '';
-  while (text.length < 4000) text += WORDS[rng.int(WORDS.length)] + (rng.int(8) === 0 ? '.\n' : ' ');
-  return text;
-}
-const ds = textDatasetFromString('tiny-whale', makeText());
+const ds = tinyWhaleDataset();
 const batchesOf = (context: number, batchSize: number, n: number): Batch[] => {
   const b = makeBatcher(ds, { batchSize, context, seed: 1 });
   return Array.from({ length: n }, () => b.next());
@@ -64,19 +57,10 @@ function l2l(model: ModelConfig, params: HostParams, optimizer: OptimizerConfig,
   return L2LStrategy.create({ backend: 'wasm', model, microBatches: m, optimizer, stash, epsThreads }, buildModel(model), params);
 }
 
-function maxDiff(a: HostParams, b: HostParams): number {
-  assert.deepEqual([...a.keys()].sort(), [...b.keys()].sort(), 'same parameter keys');
-  let max = 0;
-  for (const [k, v] of a) {
-    const w = b.get(k)!;
-    for (let i = 0; i < v.length; i++) max = Math.max(max, Math.abs(v[i] - w[i]));
-  }
-  return max;
-}
 
 function assertSame(got: Run, ref: Run, what: string): void {
   got.losses.forEach((l, i) => assert.ok(Math.abs(l - ref.losses[i]) <= TOL, `${what}: step ${i} loss ${l} vs single ${ref.losses[i]}`));
-  const d = maxDiff(got.params, ref.params);
+  const d = maxParamDiff(got.params, ref.params);
   assert.ok(d <= TOL, `${what}: parameters differ from single by ${d}`);
   assert.ok(Math.abs(got.evalLoss - ref.evalLoss) <= TOL, `${what}: validation ${got.evalLoss} vs single ${ref.evalLoss}`);
 }
@@ -103,7 +87,7 @@ test('l2l equals single after 3 steps: stash on device and in host, M = 1 and 4,
   const val = validationBatches(ds, { batchSize: 8, context: 16, maxBatches: 2 });
   for (const [opt, lrScale, name] of [[SGD_CLIP, 100, 'sgd clip 1'], [ADAMW_NOCLIP, 1, 'adamw no clip']] as const) {
     const ref = await run(await single(LM, params, opt), batches, val, lrScale);
-    assert.ok(maxDiff(ref.params, params) > 10 * TOL, 'training moved the parameters beyond the tolerance');
+    assert.ok(maxParamDiff(ref.params, params) > 10 * TOL, 'training moved the parameters beyond the tolerance');
     const cases: Array<[number, StashPlace, number]> = [[1, 'device', 1], [4, 'host', 1], [4, 'device', 2]];
     for (const [m, stash, threads] of cases) {
       const got = await run(await l2l(LM, params, opt, m, stash, threads), batches, val, lrScale);

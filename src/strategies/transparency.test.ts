@@ -8,7 +8,6 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import type { Batch } from '../data/batcher.js';
 import { makeBatcher, validationBatches } from '../data/batcher.js';
-import { textDatasetFromString } from '../data/text.js';
 import { paramCount } from '../model/block.js';
 import { initParams, type HostParams } from '../model/init.js';
 import { buildModel, type CharLmConfig, type MlpConfig, type ModelConfig } from '../model/model.js';
@@ -17,6 +16,8 @@ import { balanceByCost, stageRanges } from '../partition/balance.js';
 import { StageError, type StageWorker } from '../runtime/device.js';
 import { makeSchedule, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
 import { Rng } from '../util/rng.js';
+import { tinyWhaleDataset } from '../util/fixtures.js';
+import { maxParamDiff } from '../util/assert-close.js';
 import { PipelineStrategy } from './pipeline.js';
 import type { StepReport } from './strategy.js';
 
@@ -33,14 +34,7 @@ const LM_OPT: OptimizerConfig = { ...defaultOptimizerConfig('sgd'), momentum: 0.
 const LM_LR = 100;
 
 // ---- one small text data set and charlm model, shared by every run ----
-const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
-function makeText(): string {
-  const rng = new Rng(5);
-  let text = '';
-  while (text.length < 4000) text += WORDS[rng.int(WORDS.length)] + (rng.int(8) === 0 ? '.\n' : ' ');
-  return text;
-}
-const ds = textDatasetFromString('tiny-whale', makeText());
+const ds = tinyWhaleDataset();
 const LM: CharLmConfig = { arch: 'charlm', layers: 2, dModel: 32, heads: 2, context: 16, vocab: ds.vocab.size };
 const lmModel = buildModel(LM);
 const lmParams = initParams(lmModel.blocks, 1);
@@ -120,16 +114,6 @@ async function pool<T>(tasks: Array<() => Promise<T>>, limit: number): Promise<T
   return out;
 }
 
-function maxParamDiff(a: HostParams, b: HostParams): number {
-  assert.deepEqual([...a.keys()].sort(), [...b.keys()].sort(), 'same parameter keys');
-  let max = 0;
-  for (const [k, v] of a) {
-    const w = b.get(k)!;
-    assert.equal(w.length, v.length, k);
-    for (let i = 0; i < v.length; i++) max = Math.max(max, Math.abs(v[i] - w[i]));
-  }
-  return max;
-}
 
 function assertTransparent(got: RunResult, ref: RunResult, what: string): void {
   assert.equal(got.losses.length, ref.losses.length);

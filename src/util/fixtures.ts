@@ -1,0 +1,37 @@
+/**
+ * Test helpers: small, seeded data shared by the tests (never used by the library itself).
+ */
+import type { Batch } from '../data/batcher.js';
+import { textDatasetFromString, type TextDataset } from '../data/text.js';
+import type { Model } from '../model/model.js';
+import { Rng } from './rng.js';
+
+const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
+
+/**
+ * A ~4000-character text of whale words (seed 5), as the data set 'tiny-whale': the same
+ * characters on every call, so strategies compared in one test see the same data.
+ */
+export function tinyWhaleDataset(): TextDataset {
+  const rng = new Rng(5);
+  let text = '';
+  while (text.length < 4000) text += WORDS[rng.int(WORDS.length)] + (rng.int(8) === 0 ? '.\n' : ' ');
+  return textDatasetFromString('tiny-whale', text);
+}
+
+/**
+ * Random inputs and labels of n examples for `model`: token ids in [0, vocab) for a character
+ * model (labels of the same shape), uniform [0, 1) images with class labels otherwise.
+ */
+export function randomBatch(model: Model, n: number, rng: Rng): Batch {
+  const xShape = model.inputShape(n);
+  const size = xShape.reduce((a, b) => a * b, 1);
+  const cfg = model.config;
+  if (cfg.arch === 'charlm') {
+    const x = new Int32Array(size).map(() => rng.int(cfg.vocab));
+    const y = new Int32Array(size).map(() => rng.int(cfg.vocab));
+    return { x, xShape, y, yShape: xShape, examples: n, tokens: size };
+  }
+  const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : 2;
+  return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
+}
