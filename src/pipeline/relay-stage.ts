@@ -61,8 +61,6 @@ export class RelayStage extends Stage {
   private readonly stash = new Map<number, Map<number, Stashed>>();
   /** Gradient of the current backward layer's output, per micro-batch. */
   private dys = new Map<number, tf.Tensor>();
-  /** The current layer's accumulated parameter gradients. */
-  private layerGrads = new Map<string, tf.Tensor>();
   /** Training steps handed to the parameter server: the version every layer must reach before it is used. */
   private stepsDone = 0;
   /** Milliseconds the last {@link load} waited for the parameter server. */
@@ -118,8 +116,7 @@ export class RelayStage extends Stage {
     this.loaded.set(l, p); // registered first: a failing upload leaves nothing unreleased
     for (const [name, key] of this.layerKeys(l)) {
       const host = this.store.param(key);
-      const spec = this.model.blocks[l].params.find((s) => s.name === name)!;
-      p[name] = tf.tensor(copy ? host.slice() : host, spec.shape, 'float32');
+      p[name] = tf.tensor(copy ? host.slice() : host, this.store.shape(key), 'float32');
     }
   }
 
@@ -240,16 +237,8 @@ export class RelayStage extends Stage {
       const rec = recordForward(() => f(...xs));
       if (last) this.losses.set(mb, rec.y.dataSync()[0]);
       const grads = backwardRecorded(rec, xs, seed);
-      this.layerKeys(l).forEach(([, key], i) => {
-        const prev = this.layerGrads.get(key);
-        if (prev) {
-          this.layerGrads.set(key, tf.add(prev, grads[i]));
-          prev.dispose();
-          grads[i].dispose();
-        } else {
-          this.layerGrads.set(key, grads[i]);
-        }
-      });
+      // the stage's accumulators hold only the current layer's gradient (pushed before the next layer)
+      this.accumulate(this.layerKeys(l).map(([, key]) => key), grads);
       if (wantInput) this.dys.set(mb, grads[names.length]);
     } finally {
       seed.dispose();
@@ -264,19 +253,17 @@ export class RelayStage extends Stage {
    * and its sum of squares; frees the device copies.
    */
   takeLayerGrads(l: number): LayerGrads {
+    // the server needs the norm only for global clipping
+    const sumSquares = this.optimizer.config.clipNorm > 0 ? this.gradSquaredNorm() : 0;
     const grads: Record<string, Float32Array> = {};
-    let sumSquares = 0;
     const copy = !copiesOnCreation(); // wasm's dataSync is already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
-      const g = this.layerGrads.get(key);
+      const g = this.grads.get(key);
       if (!g) continue;
-      // the server needs the norm only for global clipping
-      if (this.optimizer.config.clipNorm > 0) sumSquares += tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
       const v = g.dataSync() as Float32Array;
       grads[key] = copy ? v.slice() : v;
-      g.dispose();
-      this.layerGrads.delete(key);
     }
+    this.clearGrads();
     return { layer: l, grads, sumSquares };
   }
 
@@ -292,8 +279,6 @@ export class RelayStage extends Stage {
     this.stash.clear();
     for (const t of this.dys.values()) t.dispose();
     this.dys.clear();
-    for (const t of this.layerGrads.values()) t.dispose();
-    this.layerGrads.clear();
     for (const l of [...this.loaded.keys()]) this.release(l);
   }
 

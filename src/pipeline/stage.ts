@@ -199,10 +199,15 @@ export class Stage {
     this.zeroGrad();
   }
 
-  /** Drops accumulated gradients and any per-micro-batch state. */
-  zeroGrad(): void {
+  /** Frees the accumulated gradients. */
+  protected clearGrads(): void {
     for (const g of this.grads.values()) g.dispose();
     this.grads.clear();
+  }
+
+  /** Drops accumulated gradients and any per-micro-batch state. */
+  zeroGrad(): void {
+    this.clearGrads();
     for (const st of this.mbs.values()) {
       st.input.dispose();
       st.labels?.dispose();
