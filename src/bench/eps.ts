@@ -15,6 +15,7 @@ import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '.
 import { tf } from '../runtime/tfjs.js';
 import { Rng } from '../util/rng.js';
 import { markdownTable, writeBenchResults } from './report.js';
+import { median } from '../util/stats.js';
 
 /** One measured optimizer. */
 export interface EpsBenchRow {
@@ -32,10 +33,6 @@ export interface EpsBenchRow {
 
 const TENSOR_COLS = 1024;
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-}
 
 /**
  * Measures the AdamW update rate (parameters/s) of (a) {@link hostUpdate} in the calling

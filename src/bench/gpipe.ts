@@ -12,6 +12,7 @@ import { createStrategy } from '../strategies/index.js';
 import { resolveConfig } from '../train/config.js';
 import { modelConfigFor } from '../train/trainer.js';
 import { markdownTable, writeBenchResults } from './report.js';
+import { median } from '../util/stats.js';
 
 export interface GpipeBenchOptions {
   preset: string;
@@ -107,7 +108,3 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   log(`wrote ${files.join(', ')}`);
 }
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-}

@@ -22,6 +22,7 @@ import { resolveConfig, type TrainConfig } from '../train/config.js';
 import { modelConfigFor } from '../train/trainer.js';
 import { benchEpsUpdateRate } from './eps.js';
 import { markdownTable, writeBenchResults } from './report.js';
+import { median } from '../util/stats.js';
 
 export interface L2LBenchOptions {
   /** Blocks per model of the depth sweep (a charlm has layers + 2 blocks). */
@@ -58,10 +59,6 @@ interface Row {
 /** The sweep's guard for single: below the wasm heap's 4 GiB, so a model too deep for it stops cleanly. */
 const SINGLE_GUARD = 3.5 * 2 ** 30;
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-}
 
 /** Runs the benchmark and writes l2l.json and l2l.md. */
 export async function benchL2L(o: L2LBenchOptions, log: (s: string) => void): Promise<void> {

@@ -21,6 +21,7 @@ import { deviceBytes, peakBytes, resetPeakBytes } from '../runtime/memory.js';
 import { tf } from '../runtime/tfjs.js';
 import { Rng } from '../util/rng.js';
 import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './memory-model.js';
+import { median } from '../util/stats.js';
 
 /** What to profile. */
 export interface ProfileOptions {
@@ -37,11 +38,6 @@ export interface ProfileOptions {
   seed?: number;
 }
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b);
-  const h = s.length >> 1;
-  return s.length % 2 ? s[h] : (s[h - 1] + s[h]) / 2;
-}
 
 function bytesOf(shape: number[]): number {
   return sizeOf(shape) * 4; // float32 and int32
