@@ -14,7 +14,6 @@
 import { auxHead } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { Model } from '../model/model.js';
-import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import {
   costsAt, optimizerSlots, predictLocalPeakBytes, predictPeakBytes, predictRelayPeakBytes, type ModelProfile,
@@ -22,7 +21,7 @@ import {
 import { profileModel, type ProfileOptions } from '../partition/profile.js';
 import { DeviceOutOfMemoryError, deviceMemoryAdvice } from '../runtime/budget-error.js';
 import { tf } from '../runtime/tfjs.js';
-import type { TrainConfig } from '../train/config.js';
+import { optimizerConfigOf, type TrainConfig } from '../train/config.js';
 
 /** Predicts a strategy's peak device bytes, for {@link PEAK_PREDICTORS}. */
 export interface PeakPredictor {
@@ -49,13 +48,6 @@ export interface BudgetCheck {
   microBatch: number;
   /** Seconds spent profiling. */
   profileSeconds: number;
-}
-
-/** The optimizer the strategies build from a configuration (strategies/index.ts). */
-export function optimizerConfigOf(cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm' | 'weightDecay'>): OptimizerConfig {
-  const o = { ...defaultOptimizerConfig(cfg.optimizer), clipNorm: cfg.clipNorm };
-  if (cfg.weightDecay !== undefined) o.weightDecay = cfg.weightDecay;
-  return o;
 }
 
 const slotsOf = (cfg: TrainConfig) => optimizerSlots(optimizerConfigOf(cfg));

@@ -6,10 +6,9 @@
 import { loadDataset } from '../data/index.js';
 import { modelParamCount, buildModel } from '../model/model.js';
 import { paramCount } from '../model/block.js';
-import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { optimizerSlots, type ModelProfile } from '../partition/memory-model.js';
 import { profileModel } from '../partition/profile.js';
-import { resolveConfig } from '../train/config.js';
+import { optimizerConfigOf, resolveConfig } from '../train/config.js';
 import { modelConfigFor } from '../train/trainer.js';
 import { profileAuxHeads } from './budget.js';
 import { checkRequest, describe, divisors, plan, type Plan, type PlanRequest } from './plan.js';
@@ -53,7 +52,7 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   });
   const ds = await loadDataset(cfg.data);
   const model = buildModel(modelConfigFor(cfg, ds));
-  const opt = defaultOptimizerConfig(cfg.optimizer);
+  const opt = optimizerConfigOf(cfg);
   const req: PlanRequest = {
     deviceMemory, stages: o.stages, batchSize: cfg.batchSize, microBatches: o.microBatches, slots: optimizerSlots(opt), clip: opt.clipNorm > 0,
     tokensPerExample: model.config.arch === 'charlm' ? model.config.context : 1,

@@ -8,9 +8,8 @@ import { paramCount } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { initAuxParams } from '../model/aux-head.js';
-import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { balanceByCost, stageRanges, validateBalance, type StageRange } from '../partition/balance.js';
-import type { TrainConfig } from '../train/config.js';
+import { optimizerConfigOf, type TrainConfig } from '../train/config.js';
 import { PipelineStrategy } from './pipeline.js';
 import { L2LStrategy } from './l2l.js';
 import type { Strategy } from './strategy.js';
@@ -49,23 +48,18 @@ export async function resolveStages(cfg: TrainConfig, model: Model): Promise<Sta
   const { profiledBalanceCosts } = await import('../partition/profile.js');
   const costs = await profiledBalanceCosts(model, {
     kind: cfg.balance, backend: cfg.backend, microBatch: cfg.batchSize / cfg.microBatches, stages: cfg.stages,
-    shape: { m: cfg.microBatches, checkpoint: cfg.checkpoint, schedule: cfg.schedule }, optimizer: optimizerOf(cfg),
+    shape: { m: cfg.microBatches, checkpoint: cfg.checkpoint, schedule: cfg.schedule }, optimizer: optimizerConfigOf(cfg),
   });
   return planStages(cfg, model, costs);
 }
 
-function optimizerOf(cfg: TrainConfig) {
-  const optimizer = { ...defaultOptimizerConfig(cfg.optimizer), clipNorm: cfg.clipNorm };
-  if (cfg.weightDecay !== undefined) optimizer.weightDecay = cfg.weightDecay;
-  return optimizer;
-}
 
 /**
  * Starts the strategy a configuration names, with these initial parameters, on `ranges` if
  * given (e.g. from {@link resolveStages}), else on {@link resolveStages}' ranges.
  */
 export async function createStrategy(cfg: TrainConfig, model: Model, params: HostParams, given?: StageRange[]): Promise<Strategy> {
-  const optimizer = optimizerOf(cfg);
+  const optimizer = optimizerConfigOf(cfg);
   const ranges = given ?? await resolveStages(cfg, model);
   switch (cfg.strategy) {
     case 'single':

@@ -3,7 +3,7 @@
  * Every field maps to a `layerwise train` flag of the same name in kebab-case.
  */
 import { LayerwiseError, check } from '../errors.js';
-import { OPTIMIZER_KINDS, type OptimizerKind } from '../optim/optimizer.js';
+import { OPTIMIZER_KINDS, defaultOptimizerConfig, type OptimizerConfig, type OptimizerKind } from '../optim/optimizer.js';
 import { CHECKPOINT_MODES, SCHEDULE_KINDS, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
 import { getPreset } from '../model/presets.js';
 import { parseBalance } from '../partition/balance.js';
@@ -148,4 +148,15 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
     if (c[k] !== undefined) posInt(k.replace(/[A-Z]/g, (m) => `-${m.toLowerCase()}`), c[k]!);
   }
   return c;
+}
+
+/**
+ * The optimizer a configuration asks for: the kind's defaults (optim/optimizer.ts) with the
+ * run's --clip-norm and, when given, --weight-decay. Every strategy, the planner and the
+ * device budget build their optimizer with this.
+ */
+export function optimizerConfigOf(cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm' | 'weightDecay'>): OptimizerConfig {
+  const o = { ...defaultOptimizerConfig(cfg.optimizer), clipNorm: cfg.clipNorm };
+  if (cfg.weightDecay !== undefined) o.weightDecay = cfg.weightDecay;
+  return o;
 }
