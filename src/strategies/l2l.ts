@@ -68,7 +68,7 @@ export class L2LStrategy implements Strategy {
 
   /**
    * Starts the parameter server (its optimizer threads, with `params` copied into shared host
-   * memory) and the device worker. Throws (after stopping both) if either fails to start.
+   * memory, or adopted with `adoptParams`) and the device worker. Throws (after stopping both) if either fails to start.
    */
   static async create(opts: L2LOptions, model: Model, params: HostParams): Promise<L2LStrategy> {
     const { layers, shapes } = blockLayers(model.blocks);
@@ -87,8 +87,20 @@ export class L2LStrategy implements Strategy {
     return s;
   }
 
-  /** Runs one schedule on the device; during training, forwards each layer gradient to the parameter server. */
+  /**
+   * Runs one schedule on the device; during training, forwards each layer gradient to the
+   * parameter server. Rejects with the strategy's first failure: an optimizer thread's failure
+   * stops the device too, and the cause is reported, not the stop.
+   */
   private async run(schedule: Schedule, batch: Batch, lr: number, training: boolean): Promise<StageStepResult> {
+    try {
+      return await this.runOnDevice(schedule, batch, lr, training);
+    } catch (e) {
+      throw this.failure ?? e;
+    }
+  }
+
+  private async runOnDevice(schedule: Schedule, batch: Batch, lr: number, training: boolean): Promise<StageStepResult> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
     const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
@@ -116,13 +128,8 @@ export class L2LStrategy implements Strategy {
 
   submit(batch: Batch, lr: number): Submission {
     const done = this.last.catch(() => undefined).then(async () => {
-      try {
-        const r = await this.run(this.train, batch, lr, true);
-        return report(r, this.eps.takeSpans());
-      } catch (e) {
-        // an optimizer thread's failure stops the device too: report the cause, not the stop
-        throw this.failure ?? e;
-      }
+      const r = await this.run(this.train, batch, lr, true);
+      return report(r, this.eps.takeSpans());
     });
     done.catch(async () => {
       await this.close();
@@ -143,9 +150,7 @@ export class L2LStrategy implements Strategy {
       let sum = 0;
       let n = 0;
       for (const b of batches) {
-        const r = await this.run(sched, b, 0, false).catch((e: Error) => {
-          throw this.failure ?? e;
-        });
+        const r = await this.run(sched, b, 0, false);
         for (const l of r.losses) {
           sum += l;
           n++;
