@@ -91,8 +91,9 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     try {
       trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
     } catch (e) {
-      // the relay takes each micro-batch's input and labels when it needs them; free those it never took
-      if (s instanceof RelayStage) for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
+      // a failed step frees the inputs and labels it was given: a stage may not have reached
+      // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
+      for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
       throw e;
     }
     const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
