@@ -8,14 +8,14 @@
  * - partition: balancing blocks over stages;
  * - pipeline: micro-batches, re-materialization, the stage and the one executor;
  * - runtime: worker-thread devices, channels, tensor serialization, memory accounting;
- * - eps: L2L's eager parameter server (parameters and optimizer state in shared host memory,
+ * - param-server: L2L's eager parameter server (parameters and optimizer state in shared host memory,
  *   host optimizer in worker threads);
  * - strategies: single, gpipe, local and l2l behind one {@link Strategy} interface;
  * - train: the trainer loop, checkpoints, metrics, sampling;
  * - data: data sets and the resumable batcher.
  */
 export { initBackend, type BackendName } from './backend/index.js';
-export { LayerwiseError } from './errors.js';
+export { LayerwiseError } from './util/errors.js';
 export * from './data/index.js';
 export type { Block, ParamSpec, Init, BlockParams } from './model/block.js';
 export { paramCount, paramKey } from './model/block.js';
@@ -25,25 +25,25 @@ export { PRESETS, getPreset } from './model/presets.js';
 export {
   gpipeSchedule, oneFOneBSchedule, evalSchedule, makeSchedule, clockCycles, formatSchedule, formatAction, idealBubble,
   localSchedule, relaySchedule, relayEvalSchedule,
-  type Action, type Schedule, type CheckpointMode, type ScheduleKind,
+  type Action, type Schedule, type RematMode, type ScheduleKind,
 } from './schedule/schedule.js';
 export { simulate, type SimResult } from './schedule/simulate.js';
 export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
-export { profileModel, type ProfileOptions } from './partition/profile.js';
+export { profileModel, type ProfileOptions } from './cost/profile.js';
 export {
   costsAt, predictPeakBytes, predictStepTime, predictLocalPeakBytes, predictRelayPeakBytes, predictRelayStepTime, optimizerSlots,
   type ModelProfile, type BlockCost,
-} from './partition/memory-model.js';
+} from './cost/cost-model.js';
 export { checkDeviceBudget, PEAK_PREDICTORS } from './plan/budget.js';
-export { DeviceOutOfMemoryError } from './runtime/budget-error.js';
+export { DeviceOutOfMemoryError } from './backend/out-of-memory.js';
 export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/plan.js';
-export { parseSize } from './plan/size.js';
-export { splitMicroBatches } from './pipeline/microbatch.js';
+export { parseSize } from './util/size.js';
+export { splitMicroBatches } from './data/microbatch.js';
 export { Stage } from './pipeline/stage.js';
 export { RelayStage, type StashPlace } from './pipeline/relay-stage.js';
-export { ParameterServer, type EpsSpan } from './eps/server.js';
-export { ParamStore, type StoreLayout } from './eps/store.js';
-export { hostUpdate } from './eps/host-optimizer.js';
+export { ParameterServer, type ServerSpan } from './param-server/server.js';
+export { ParamStore, type StoreLayout } from './param-server/store.js';
+export { hostUpdate } from './param-server/host-optimizer.js';
 export { execute, type StageLinks, type TraceSpan } from './pipeline/executor.js';
 export { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optim/optimizer.js';
 export { learningRate, type LrSchedule } from './optim/lr.js';
@@ -53,6 +53,6 @@ export { createStrategy, planStages } from './strategies/index.js';
 export type { Strategy, StepReport } from './strategies/strategy.js';
 export { StageError } from './runtime/device.js';
 export { train, prepare, type TrainHooks } from './train/trainer.js';
-export { resolveConfig, type TrainConfig } from './train/config.js';
+export { resolveConfig, type TrainConfig } from './config/config.js';
 export { saveCheckpoint, loadCheckpoint, type Checkpoint } from './train/checkpoint-io.js';
 export { sampleText } from './train/sample.js';

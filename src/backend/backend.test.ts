@@ -1,11 +1,11 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { assertClose } from '../util/assert-close.js';
+import { assertClose } from '../testing/assert-close.js';
 import { Worker } from 'node:worker_threads';
 import * as tf from '@tensorflow/tfjs-core';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { backendHeapBytes, initBackend } from './index.js';
-import { deviceBytes } from '../runtime/memory.js';
+import { deviceBytes } from './memory.js';
 
 type Shape = number[];
 const size = (s: Shape) => s.reduce((a, b) => a * b, 1);

@@ -9,7 +9,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import '@tensorflow/tfjs';
 import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
-import { LayerwiseError, check } from '../errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import { registerMatMulGrad } from './matmul-grad.js';
 import { registerWasmKernels } from './wasm-kernels.js';
 import { registerWasmLayoutKernels } from './wasm-layout.js';

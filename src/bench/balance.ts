@@ -10,12 +10,12 @@ import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount, type CharLmConfig } from '../model/model.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { stageRanges, type StageRange } from '../partition/balance.js';
-import { blockBalanceCosts, costsAt, predictStepTime } from '../partition/memory-model.js';
-import { profileModel } from '../partition/profile.js';
+import { blockBalanceCosts, costsAt, predictStepTime } from '../cost/cost-model.js';
+import { profileModel } from '../cost/profile.js';
 import { balanceByCost } from '../partition/balance.js';
 import { idealBubble } from '../schedule/schedule.js';
 import { createStrategy, planStages } from '../strategies/index.js';
-import { resolveConfig } from '../train/config.js';
+import { resolveConfig } from '../config/config.js';
 import { Rng } from '../util/rng.js';
 import { markdownTable, writeBenchResults } from './report.js';
 
@@ -68,9 +68,9 @@ export async function benchBalance(o: BalanceBenchOptions, log: (s: string) => v
 
   const rows: Row[] = [];
   for (const m of o.microBatches) {
-    const cfg = resolveConfig({ preset: 'charlm-tiny', strategy: 'gpipe', stages: o.stages, microBatches: m, batchSize: o.batchSize, checkpoint: 'except_last', backend: o.backend, steps: o.steps + 1 });
+    const cfg = resolveConfig({ preset: 'charlm-tiny', strategy: 'gpipe', stages: o.stages, microBatches: m, batchSize: o.batchSize, remat: 'except_last', backend: o.backend, steps: o.steps + 1 });
     const costs = costsAt(profile, o.batchSize / m);
-    const shape = { m, checkpoint: cfg.checkpoint, schedule: cfg.schedule };
+    const shape = { m, remat: cfg.remat, schedule: cfg.schedule };
     const byTime = stageRanges(balanceByCost(blockBalanceCosts(costs, 'time', { ...shape, slots: 2 }, o.stages), o.stages));
     const byParams = planStages(cfg, model);
     let paramsRate = NaN;

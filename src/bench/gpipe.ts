@@ -7,10 +7,9 @@ import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
-import { CHECKPOINT_MODES, idealBubble, type CheckpointMode } from '../schedule/schedule.js';
+import { REMAT_MODES, idealBubble, type RematMode } from '../schedule/schedule.js';
 import { createStrategy } from '../strategies/index.js';
-import { resolveConfig } from '../train/config.js';
-import { modelConfigFor } from '../train/trainer.js';
+import { resolveConfig, modelConfigFor } from '../config/config.js';
 import { markdownTable, writeBenchResults } from './report.js';
 import { median } from '../util/stats.js';
 
@@ -29,7 +28,7 @@ interface Row {
   strategy: string;
   stages: number;
   micro_batches: number;
-  checkpoint: CheckpointMode | '-';
+  remat: RematMode | '-';
   tokens_per_s: number;
   speedup: number;
   bubble_measured: number[];
@@ -46,8 +45,8 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   const params = initParams(model.blocks, base.seed);
   const context = model.config.arch === 'charlm' ? model.config.context : undefined;
 
-  async function measure(strategy: 'single' | 'gpipe', m: number, mode: CheckpointMode): Promise<Omit<Row, 'speedup'>> {
-    const cfg = resolveConfig({ ...base, balance: undefined, strategy, stages: strategy === 'single' ? 1 : o.stages, microBatches: m, checkpoint: mode });
+  async function measure(strategy: 'single' | 'gpipe', m: number, mode: RematMode): Promise<Omit<Row, 'speedup'>> {
+    const cfg = resolveConfig({ ...base, balance: undefined, strategy, stages: strategy === 'single' ? 1 : o.stages, microBatches: m, remat: mode });
     const s = await createStrategy(cfg, model, params);
     try {
       const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
@@ -69,7 +68,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
       const secs = median(times);
       const k = s.devices;
       return {
-        strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, checkpoint: strategy === 'single' ? '-' : mode,
+        strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, remat: strategy === 'single' ? '-' : mode,
         tokens_per_s: tokens / secs, bubble_measured: bubble, bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),
         peak_device_bytes: peak, step_s: secs,
       };
@@ -83,7 +82,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   const single1 = await measure('single', 1, 'never');
   log(`single (first): ${single1.tokens_per_s.toFixed(0)} tokens/s`);
   const pipes: Array<Omit<Row, 'speedup'>> = [];
-  for (const mode of CHECKPOINT_MODES) {
+  for (const mode of REMAT_MODES) {
     for (const m of o.microBatches) {
       const r = await measure('gpipe', m, mode);
       pipes.push(r);
@@ -100,7 +99,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
       columns: ['strategy', 'K', 'M', 'checkpoint', 'tokens/s', 'speed-up vs single', 'bubble per stage (measured)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
-      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.checkpoint, r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
+      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
         r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
     }),
   ].join('\n');

@@ -16,7 +16,7 @@ import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
-import { formatSize } from '../plan/size.js';
+import { formatSize } from '../util/size.js';
 import { L2LStrategy } from '../strategies/l2l.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { markdownTable, writeBenchResults } from './report.js';
@@ -30,7 +30,7 @@ export interface L2LMaxOptions {
   microBatches: number;
   steps: number;
   clipNorm: number;
-  epsThreads: number;
+  serverThreads: number;
   /** Learning rate (AdamW). */
   lr: number;
   backend: string;
@@ -51,7 +51,7 @@ export async function benchL2LMax(o: L2LMaxOptions, log: (s: string) => void): P
   const optimizer = { ...defaultOptimizerConfig('adamw'), clipNorm: o.clipNorm };
   t = performance.now();
   const s = await L2LStrategy.create({
-    backend: o.backend, model: config, microBatches: o.microBatches, optimizer, stash: 'host', epsThreads: o.epsThreads, adoptParams: true,
+    backend: o.backend, model: config, microBatches: o.microBatches, optimizer, stash: 'host', serverThreads: o.serverThreads, adoptParams: true,
   }, model, params);
   params.clear(); // the parameter server owns the memory now
   log(`parameter server and device started in ${((performance.now() - t) / 1000).toFixed(1)} s`);
@@ -82,7 +82,7 @@ export async function benchL2LMax(o: L2LMaxOptions, log: (s: string) => void): P
     `# l2l: the largest model trained on one device\n`,
     `charlm ${o.layers} layers x d_model ${o.dModel} (${o.heads} heads, context ${o.context}), ${n.toLocaleString('en-US')} parameters = ${(4 * n / 1e9).toFixed(2)} GB (${formatSize(4 * n)}) of fp32 parameters, ` +
       `plus ${formatSize(8 * n)} of AdamW moments in the parameter server. Mini-batch ${o.batchSize} x ${o.context} tokens of Moby-Dick, ${o.microBatches} micro-batch(es), stash in host memory, ` +
-      `AdamW lr ${o.lr}, clip-norm ${o.clipNorm}, ${o.epsThreads} optimizer thread(s), backend ${o.backend}. Host resident set at the end: ${formatSize(rss)}.\n`,
+      `AdamW lr ${o.lr}, clip-norm ${o.clipNorm}, ${o.serverThreads} optimizer thread(s), backend ${o.backend}. Host resident set at the end: ${formatSize(rss)}.\n`,
     markdownTable({
       columns: ['step', 'seconds', 'loss', 'peak device tensors', 'wasm heap', 'device waiting for the PS (s)'],
       rows: steps.map((r) => [r.step, r.seconds.toFixed(1), r.loss.toFixed(4), formatSize(r.peak_device_bytes), r.wasm_heap_bytes === null ? '-' : formatSize(r.wasm_heap_bytes), r.device_wait_s.toFixed(1)]),

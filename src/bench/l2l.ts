@@ -9,18 +9,17 @@
  * - Throughput on charlm-small (the gpipe bench's model) where it fits on one device: l2l with
  *   the stash in host memory and on the device, against single measured first and last.
  * - The parameter server's host AdamW in parameters per second beside TF.js's own Adam on the
- *   same backend (src/bench/eps.ts).
+ *   same backend (src/bench/param-server.ts).
  */
 import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import type { Dataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount, type Model } from '../model/model.js';
-import { formatSize } from '../plan/size.js';
+import { formatSize } from '../util/size.js';
 import { createStrategy } from '../strategies/index.js';
-import { resolveConfig, type TrainConfig } from '../train/config.js';
-import { modelConfigFor } from '../train/trainer.js';
-import { benchEpsUpdateRate } from './eps.js';
+import { resolveConfig, type TrainConfig, modelConfigFor } from '../config/config.js';
+import { benchServerUpdateRate } from './param-server.js';
 import { markdownTable, writeBenchResults } from './report.js';
 import { median } from '../util/stats.js';
 
@@ -125,8 +124,8 @@ export async function benchL2L(o: L2LBenchOptions, log: (s: string) => void): Pr
   }
 
   log('parameter server update rate ...');
-  const eps = await benchEpsUpdateRate();
-  for (const e of eps) log(`${e.optimizer}${e.threads ? ` (${e.threads} thread${e.threads > 1 ? 's' : ''})` : ''}: ${(e.paramsPerSecond / 1e6).toFixed(0)} M params/s`);
+  const server = await benchServerUpdateRate();
+  for (const e of server) log(`${e.optimizer}${e.threads ? ` (${e.threads} thread${e.threads > 1 ? 's' : ''})` : ''}: ${(e.paramsPerSecond / 1e6).toFixed(0)} M params/s`);
 
   const fits = (r: Row) => !r.error && r.peak_device_bytes !== null && r.peak_device_bytes <= o.budget;
   const largest = (strategy: string) => {
@@ -170,9 +169,9 @@ export async function benchL2L(o: L2LBenchOptions, log: (s: string) => void): Pr
     `## Parameter server AdamW update rate\n`,
     markdownTable({
       columns: ['optimizer', 'threads', 'M parameters/s'],
-      rows: eps.map((e) => [e.optimizer, e.threads ?? '-', (e.paramsPerSecond / 1e6).toFixed(0)]),
+      rows: server.map((e) => [e.optimizer, e.threads ?? '-', (e.paramsPerSecond / 1e6).toFixed(0)]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(o.out, 'l2l', { bench: 'l2l', options: o, sweep, largest: largestRows, headline, eps }, md);
+  const files = await writeBenchResults(o.out, 'l2l', { bench: 'l2l', options: o, sweep, largest: largestRows, headline, server }, md);
   log(`wrote ${files.join(', ')}`);
 }

@@ -13,8 +13,7 @@ import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
 import { learningRate } from '../optim/lr.js';
 import { createStrategy } from '../strategies/index.js';
-import { resolveConfig, type TrainConfig } from '../train/config.js';
-import { modelConfigFor } from '../train/trainer.js';
+import { resolveConfig, type TrainConfig, modelConfigFor } from '../config/config.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import { markdownTable, writeBenchResults } from './report.js';
 
@@ -56,7 +55,7 @@ export async function benchLocal(o: LocalBenchOptions, log: (s: string) => void)
   const val = validationBatches(ds, { batchSize: o.batchSize, context, maxBatches: o.evalBatches });
   const runs: Array<{ name: string; cfg: Partial<TrainConfig> }> = [
     { name: 'single', cfg: { strategy: 'single' } },
-    { name: `gpipe K=2 M=${o.gpipeMicroBatches}`, cfg: { strategy: 'gpipe', stages: 2, microBatches: o.gpipeMicroBatches, checkpoint: 'except_last' } },
+    { name: `gpipe K=2 M=${o.gpipeMicroBatches}`, cfg: { strategy: 'gpipe', stages: 2, microBatches: o.gpipeMicroBatches, remat: 'except_last' } },
     { name: `local K=2 greedy M=${o.localMicroBatches}`, cfg: { strategy: 'local', stages: 2, microBatches: o.localMicroBatches } },
     { name: `local K=2 overlap 1 M=${o.localMicroBatches}`, cfg: { strategy: 'local', stages: 2, microBatches: o.localMicroBatches, overlap: 1 } },
   ];

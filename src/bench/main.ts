@@ -61,7 +61,7 @@ program
     await benchLocal(o, (s) => console.log(s));
   });
 
-(await import('./eps.js')).registerEpsBench(program);
+(await import('./param-server.js')).registerParamServerBench(program);
 
 program
   .command('l2l')
@@ -79,7 +79,7 @@ program
   .action(async (o) => {
     await initBackend(o.backend);
     const { benchL2L } = await import('./l2l.js');
-    const { parseSize } = await import('../plan/size.js');
+    const { parseSize } = await import('../util/size.js');
     await benchL2L({ ...o, blocks: String(o.blocks).split(',').map(Number), budget: parseSize(o.budget, '--budget') }, (s) => console.log(s));
   });
 
@@ -94,7 +94,7 @@ program
   .option('--micro-batches <n>', 'micro-batches', (v) => Number(v), 1)
   .option('--steps <n>', 'training steps', (v) => Number(v), 2)
   .option('--clip-norm <x>', 'global gradient clipping (0: off; on holds a whole step of gradients in host memory)', (v) => Number(v), 0)
-  .option('--eps-threads <n>', "parameter server's optimizer threads", (v) => Number(v), 1)
+  .option('--server-threads <n>', "parameter server's optimizer threads", (v) => Number(v), 1)
   .option('--lr <x>', 'learning rate', (v) => Number(v), 1e-5)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')

@@ -6,7 +6,7 @@
  */
 import { Command, InvalidArgumentError } from 'commander';
 import cliProgress from 'cli-progress';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { PRESETS } from '../model/presets.js';
 import { sampleText } from '../train/sample.js';
 import { train, type TrainHooks } from '../train/trainer.js';
@@ -41,7 +41,7 @@ function hooks(): TrainHooks {
       const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
       console.log(`model ${config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
       console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
-      if (config.strategy === 'gpipe') console.log(`micro-batches ${config.microBatches} of ${config.batchSize / config.microBatches}, schedule ${config.schedule}, checkpoint ${config.checkpoint}`);
+      if (config.strategy === 'gpipe') console.log(`micro-batches ${config.microBatches} of ${config.batchSize / config.microBatches}, schedule ${config.schedule}, checkpoint (re-materialization) ${config.remat}`);
       if (config.strategy === 'local') {
         console.log(`local parallelism: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, one local update each; ` +
           `${config.overlap ? `overlap ${config.overlap}` : 'greedy'}, ${config.deterministic ? 'deterministic' : 'free-running'}`);
@@ -49,7 +49,7 @@ function hooks(): TrainHooks {
       if (config.strategy === 'l2l') {
         const slots = config.optimizer === 'adamw' ? 2 : 1;
         console.log(`l2l: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, stash in ${config.stash} memory; ` +
-          `the parameter server holds ${formatBytes(bytes * (1 + slots))} of parameters and optimizer state in host memory (${config.epsThreads} optimizer thread(s))`);
+          `the parameter server holds ${formatBytes(bytes * (1 + slots))} of parameters and optimizer state in host memory (${config.serverThreads} optimizer thread(s))`);
       }
       if (budget?.budget !== undefined) {
         console.log(`device budget ${formatBytes(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatBytes).join(' / ') : 'not predicted'}`);
@@ -87,7 +87,7 @@ program
   .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path or idx:IMAGES,LABELS (default: the preset's)")
   .option('--strategy <name>', 'single | gpipe | local | l2l')
   .option('--stash <place>', 'l2l: where layer-boundary activations wait for backward: host (device memory constant in depth) | device')
-  .option('--eps-threads <n>', "l2l: worker threads of the parameter server's optimizer", int)
+  .option('--server-threads <n>', "l2l: worker threads of the parameter server's optimizer", int)
   .option('--device-memory <size>', 'device memory budget per device, e.g. 512MB or 2GiB; a run that cannot fit fails before training')
   .option('--overlap <n>', 'local: blocks at the end of each stage also trained by the next stage\'s loss', int)
   .option('--queue-depth <n>', 'local: mini-batches in flight between the first and last stage (default: one per stage)', int)
@@ -119,7 +119,8 @@ program
   .option('--resume <dir>', 'continue the run in this folder exactly where it stopped')
   .action(async (o) => {
     if (!o.preset && !o.resume) throw new LayerwiseError('--preset is required (or --resume DIR); see layerwise train --help');
-    const { resume, ...raw } = o;
+    const { resume, checkpoint, ...rest } = o;
+    const raw = { ...rest, remat: checkpoint }; // --checkpoint keeps torchgpipe's name for re-materialization
     const r = await train(raw, resume, hooks());
     const s = r.summary;
     const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
@@ -162,7 +163,7 @@ program
   .option('--context <n>', 'override the preset: context length (tokens)', int)
   .option('--json', 'print the plan as JSON')
   .action(async (o) => {
-    const { runPlan } = await import('../plan/command.js');
+    const { runPlan } = await import('./plan.js');
     const { json, ...opts } = o;
     const r = await runPlan(opts);
     console.log(json ? JSON.stringify(r.plan, null, 2) : r.text);

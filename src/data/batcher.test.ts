@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { makeBatcher, validationBatches, windowCount, type Batch, type BatcherOptions } from './batcher.js';
 import type { ImageDataset } from './images.js';

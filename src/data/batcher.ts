@@ -13,7 +13,7 @@
  * The sampler's whole position is `{epoch, cursor}` (plus the seed), so a batcher rebuilt from
  * {@link Batcher.state} yields exactly the batches the original would have yielded next.
  */
-import { check, LayerwiseError } from '../errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import type { ImageDataset } from './images.js';
 import type { TextDataset } from './text.js';

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { FASHION_MNIST_DIR, describeDataset, loadDataset, makeBatcher, validationBatches } from './index.js';
 
 test('moby-dick loads with the expected size and vocabulary', async () => {

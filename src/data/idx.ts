@@ -6,7 +6,7 @@
  */
 import { readFile } from 'node:fs/promises';
 import { gunzipSync } from 'node:zlib';
-import { check, LayerwiseError } from '../errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 
 /** Element types of IDX files, by their type byte: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64. */
 export type IdxDtype = 'uint8' | 'int8' | 'int16' | 'int32' | 'float32' | 'float64';

@@ -3,7 +3,7 @@
  * arrays; nothing depends on TensorFlow.js.
  */
 import { stat } from 'node:fs/promises';
-import { check, LayerwiseError } from '../errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { FASHION_MNIST_DIR, loadFashionMnist, loadIdxImages, loadMnist, type ImageDataset } from './images.js';
 import { loadMobyDick, loadTextFile, type TextDataset } from './text.js';
 import type { Vocab } from './vocab.js';

@@ -6,7 +6,7 @@
 import { readFile, stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { basename } from 'node:path';
-import { check, LayerwiseError } from '../errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { Vocab } from './vocab.js';
 
 /** An encoded text, split into a training and a validation token stream. */

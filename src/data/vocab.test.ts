@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { Vocab } from './vocab.js';
 
 test('fromText gives sorted unique code points and encode/decode round-trips', () => {

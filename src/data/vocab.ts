@@ -6,7 +6,7 @@
  * by code point, the same text always gives the same ids, and a vocabulary saved with a
  * checkpoint (via {@link Vocab.toJSON}) restores exactly.
  */
-import { check, LayerwiseError } from '../errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 
 /** The JSON form of a {@link Vocab}, stored with checkpoints. */
 export interface VocabJSON {

@@ -26,7 +26,7 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
  * random stream seeded by (seed, block index, parameter index), so the values do not depend on
  * how the model is partitioned, on the device or on the backend: every strategy starts from
  * exactly the same weights. With `shared`, every array is backed by its own SharedArrayBuffer
- * (which L2L's parameter server can adopt without a copy; see src/eps/store.ts).
+ * (which L2L's parameter server can adopt without a copy; see src/param-server/store.ts).
  */
 export function initParams(blocks: readonly Block[], seed: number, from = 0, to = blocks.length, opts: { shared?: boolean } = {}): HostParams {
   const out: HostParams = new Map();

@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { assertClose } from '../util/assert-close.js';
+import { assertClose } from '../testing/assert-close.js';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend } from '../backend/index.js';
 import { causalMask, causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from './layers.js';
@@ -15,12 +15,12 @@ function values(n: number, seed: number, scale = 1): Float32Array {
 
 /** The stock TF.js compositions these layers replaced (autodiff gradients). */
 const reference = {
-  layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, eps = 1e-5): tf.Tensor {
+  layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, epsilon = 1e-5): tf.Tensor {
     const axis = x.rank - 1;
     const mean = tf.mean(x, axis, true);
     const centered = tf.sub(x, mean);
     const variance = tf.mean(tf.square(centered), axis, true);
-    return tf.add(tf.mul(tf.mul(centered, tf.rsqrt(tf.add(variance, eps))), g), b);
+    return tf.add(tf.mul(tf.mul(centered, tf.rsqrt(tf.add(variance, epsilon))), g), b);
   },
   gelu(x: tf.Tensor): tf.Tensor {
     const c = Math.sqrt(2 / Math.PI);

@@ -32,17 +32,17 @@ export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
 const leadingAxes = (rank: number): number[] => [...Array(rank - 1).keys()];
 
 /**
- * Layer normalisation over the last axis (Ba et al., 2016), eps = 1e-5. g, b: [D].
+ * Layer normalisation over the last axis (Ba et al., 2016), epsilon = 1e-5. g, b: [D].
  * Custom gradient: saves only xhat = (x - mean) * rstd and rstd (the stock autodiff of the
  * composition saves about 8 tensors and runs 20 kernels), and computes
  * dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) with dxhat = dy * g,
  * dg = sum over rows of dy * xhat, db = sum over rows of dy.
  */
-export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, eps = 1e-5): tf.Tensor {
+export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, epsilon = 1e-5): tf.Tensor {
   const f = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
     const axis = x.rank - 1;
     const centered = tf.sub(x, tf.mean(x, axis, true));
-    const rstd = tf.rsqrt(tf.add(tf.mean(tf.square(centered), axis, true), eps));
+    const rstd = tf.rsqrt(tf.add(tf.mean(tf.square(centered), axis, true), epsilon));
     const xhat = tf.mul(centered, rstd);
     save([xhat, rstd, g]);
     return {

@@ -3,7 +3,7 @@
  * plain JSON, so that every worker thread can rebuild the same model from the same config.
  */
 import type * as tf from '@tensorflow/tfjs-core';
-import { LayerwiseError, check } from '../errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import type { Block } from './block.js';
 import { paramCount } from './block.js';
 import { softmaxCrossEntropy } from './layers.js';

@@ -10,7 +10,7 @@ import { makeBatcher } from '../data/batcher.js';
 import { loadDataset, type Dataset } from '../data/index.js';
 import { Stage } from '../pipeline/stage.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import { buildModel } from './model.js';
 import { initParams } from './init.js';
 import { PRESETS } from './presets.js';

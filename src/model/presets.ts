@@ -1,5 +1,5 @@
 /** Named model presets. The CLI can override their shape (`--layers`, `--d-model`, ...). */
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import type { ModelConfig } from './model.js';
 
 /** What the data set decides about a model: its vocabulary or its input shape and classes. */

@@ -1,7 +1,7 @@
 /** Blocks of a character-level causal Transformer language model (pre-LN, GPT-2 style). */
 import * as tf from '@tensorflow/tfjs-core';
 import type { Block } from './block.js';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { causalSelfAttention, dense, gelu, layerNorm } from './layers.js';
 
 /** Token + learned position embedding. Input: int32 token ids [B, T]; output [B, T, D]. */

@@ -1,5 +1,5 @@
 /** Learning-rate schedule: linear warm-up, then constant or cosine decay. */
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 
 export interface LrSchedule {
   /** Peak learning rate. */

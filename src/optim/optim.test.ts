@@ -1,7 +1,7 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { tf } from '../runtime/tfjs.js';
-import { LayerwiseError } from '../errors.js';
+import { tf } from '../backend/tfjs.js';
+import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optimizer.js';
 import { learningRate, type LrSchedule } from './lr.js';
@@ -78,7 +78,7 @@ class RefOptimizer {
           v[i] = c.beta2 * v[i] + (1 - c.beta2) * g * g;
           const mhat = m[i] / (1 - c.beta1 ** this.t);
           const vhat = v[i] / (1 - c.beta2 ** this.t);
-          let upd = mhat / (Math.sqrt(vhat) + c.eps);
+          let upd = mhat / (Math.sqrt(vhat) + c.epsilon);
           if (rank >= 2) upd += c.weightDecay * p[i];
           p[i] -= lr * upd;
         }
@@ -139,7 +139,7 @@ test('SGD without momentum and with weight decay on a matrix matches the referen
 
 test('AdamW matches the float64 reference, with clipping and weight decay', () => {
   const c = defaultOptimizerConfig('adamw');
-  assert.deepEqual(c, { kind: 'adamw', momentum: 0.9, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.01, clipNorm: 1 });
+  assert.deepEqual(c, { kind: 'adamw', momentum: 0.9, beta1: 0.9, beta2: 0.95, epsilon: 1e-8, weightDecay: 0.01, clipNorm: 1 });
   runAgainstReference(c, ['w', 'b', 'k'], 6, 40);
   runAgainstReference({ ...c, weightDecay: 0.2, beta1: 0.8, beta2: 0.99, clipNorm: 0 }, ['w', 'b', 'k'], 4, 50);
 });
@@ -151,7 +151,7 @@ test('AdamW weight decay applies only to rank >= 2 parameters', () => {
   const opt = new DeviceOptimizer(c);
   const lr = 0.5;
   for (let t = 0; t < 3; t++) {
-    // Zero gradients: the Adam part is 0 / (0 + eps) = 0, only decay moves parameters.
+    // Zero gradients: the Adam part is 0 / (0 + epsilon) = 0, only decay moves parameters.
     const zeros = new Map([...dev].map(([k, v]) => [k, tf.zerosLike(v) as tf.Tensor]));
     opt.apply(dev, zeros, lr, 1);
     dispose(zeros);

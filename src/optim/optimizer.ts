@@ -4,13 +4,13 @@
  *
  * - SGD with momentum, PyTorch convention: v <- mu v + g (+ wd p); p <- p - lr v.
  * - AdamW (Loshchilov & Hutter, 2019): Adam with bias correction and decoupled weight decay
- *   p <- p - lr (m^ / (sqrt(v^) + eps) + wd p).
+ *   p <- p - lr (m^ / (sqrt(v^) + epsilon) + wd p).
  * For both, weight decay applies to matrices and kernels (rank >= 2), not to biases and
  * layer-norm gains.
  * Gradients are first multiplied by the global clipping scale (see {@link clipScale}).
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 
 export type OptimizerKind = 'sgd' | 'adamw';
 export const OPTIMIZER_KINDS: readonly OptimizerKind[] = ['sgd', 'adamw'];
@@ -22,7 +22,7 @@ export interface OptimizerConfig {
   momentum: number;
   beta1: number;
   beta2: number;
-  eps: number;
+  epsilon: number;
   weightDecay: number;
   /** Maximum global gradient L2 norm; 0 disables clipping. */
   clipNorm: number;
@@ -33,7 +33,7 @@ export function defaultOptimizerConfig(kind: OptimizerKind = 'adamw'): Optimizer
   if (!OPTIMIZER_KINDS.includes(kind)) {
     throw new LayerwiseError(`unknown optimizer '${kind}'; valid: ${OPTIMIZER_KINDS.join(', ')}`);
   }
-  return { kind, momentum: 0.9, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: kind === 'adamw' ? 0.01 : 0, clipNorm: 1 };
+  return { kind, momentum: 0.9, beta1: 0.9, beta2: 0.95, epsilon: 1e-8, weightDecay: kind === 'adamw' ? 0.01 : 0, clipNorm: 1 };
 }
 
 /**
@@ -99,7 +99,7 @@ export class DeviceOptimizer {
           v.assign(tf.add(tf.mul(v, c.beta2), tf.mul(tf.square(g), 1 - c.beta2)));
           const mhat = tf.div(m, 1 - c.beta1 ** t);
           const vhat = tf.div(v, 1 - c.beta2 ** t);
-          let upd = tf.div(mhat, tf.add(tf.sqrt(vhat), c.eps));
+          let upd = tf.div(mhat, tf.add(tf.sqrt(vhat), c.epsilon));
           if (c.weightDecay > 0 && p.rank >= 2) upd = tf.add(upd, tf.mul(p, c.weightDecay));
           p.assign(tf.sub(p, tf.mul(upd, lr)));
         }

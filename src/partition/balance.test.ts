@@ -1,6 +1,6 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { balanceByCost, parseBalance, stageRanges, validateBalance } from './balance.js';
 

@@ -2,7 +2,7 @@
  * Partitioning: cutting a model's blocks into K contiguous stages. A balance is the number of
  * blocks per stage (torchgpipe's convention), e.g. [2, 3, 3] for 8 blocks on 3 stages.
  */
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 
 /** Half-open block range [from, to) of one stage. */
 export interface StageRange {

@@ -3,7 +3,7 @@
  * {@link Stage} and the stage's links to its neighbours. Every schedule (GPipe fill-drain,
  * 1F1B, evaluation) runs through this loop; strategies only choose the lists.
  */
-import type { tf } from '../runtime/tfjs.js';
+import type { tf } from '../backend/tfjs.js';
 import type { Action } from '../schedule/schedule.js';
 import { LocalStage } from './local-stage.js';
 import { RelayStage, type LayerGrads } from './relay-stage.js';

@@ -10,7 +10,7 @@
  * backpropagates it through its last n blocks only (re-computing them from their stashed
  * input) and adds the result to the gradients of its next local step.
  */
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { HostParams } from '../model/init.js';

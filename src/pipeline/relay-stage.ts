@@ -2,7 +2,7 @@
  * The device side of L2L, layer-to-layer relay (Pudipeddi et al., 2020, arXiv 2002.05645):
  * one device runs the whole model, but holds only the layer (block) it is executing, plus
  * the next one being prefetched. Every parameter lives in the eager parameter server's shared
- * host memory (src/eps/store.ts); a layer is uploaded from there when the relay schedule
+ * host memory (src/param-server/store.ts); a layer is uploaded from there when the relay schedule
  * loads it and freed when it releases it, and its gradient, accumulated over the mini-batch's
  * micro-batches, is downloaded and handed to the parameter server, which updates the host
  * copy in the background.
@@ -17,13 +17,13 @@
  * mini-batch loss is the mean of the M micro-batch losses; backward re-computes each layer
  * from its stashed input (the activations of a layer's inside never outlive its call).
  */
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import type { Model } from '../model/model.js';
 import type { BlockParams } from '../model/block.js';
-import type { ParamStore } from '../eps/store.js';
+import type { ParamStore } from '../param-server/store.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { Stage } from './stage.js';
-import { backwardRecorded, recordForward } from './checkpoint.js';
+import { backwardRecorded, recordForward } from './rematerialize.js';
 
 /** Where the layer-boundary activations wait between forward and backward. */
 export type StashPlace = 'device' | 'host';

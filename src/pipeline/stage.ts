@@ -7,13 +7,13 @@
  * have equal size), so the last stage backpropagates dL/dloss_i = 1/M and the accumulated
  * gradients equal those of the whole mini-batch on one device.
  */
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { StageRange } from '../partition/balance.js';
 import { DeviceOptimizer, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
-import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './checkpoint.js';
+import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './rematerialize.js';
 
 interface MicroBatchState {
   /** The stage input (kept for re-materialization and for the input gradient). */

@@ -6,17 +6,17 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { initBackend } from '../backend/index.js';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
-import { DeviceOutOfMemoryError, deviceMemoryAdvice, formatDeviceOutOfMemory } from '../runtime/budget-error.js';
+import { DeviceOutOfMemoryError, deviceMemoryAdvice, formatDeviceOutOfMemory } from '../backend/out-of-memory.js';
 import { StageError } from '../runtime/device.js';
-import { deviceBudget, deviceBytes, setDeviceBudget } from '../runtime/memory.js';
-import { tf } from '../runtime/tfjs.js';
+import { deviceBudget, deviceBytes, setDeviceBudget } from '../backend/memory.js';
+import { tf } from '../backend/tfjs.js';
 import { resolveStages } from '../strategies/index.js';
-import { resolveConfig, type TrainConfig } from '../train/config.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { budgetProfileSizes, checkDeviceBudget, PEAK_PREDICTORS } from './budget.js';
-import { formatSize } from './size.js';
+import { formatSize } from '../util/size.js';
 
 const SHAPE = { layers: 1, dModel: 16, heads: 2, context: 8 };
 const model = buildModel(getPreset('charlm-tiny').make({ vocab: 20 }, SHAPE));

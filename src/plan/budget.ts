@@ -17,11 +17,11 @@ import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
 import {
   costsAt, optimizerSlots, predictLocalPeakBytes, predictPeakBytes, predictRelayPeakBytes, type ModelProfile,
-} from '../partition/memory-model.js';
-import { profileModel, type ProfileOptions } from '../partition/profile.js';
-import { DeviceOutOfMemoryError, deviceMemoryAdvice } from '../runtime/budget-error.js';
-import { tf } from '../runtime/tfjs.js';
-import { optimizerConfigOf, type TrainConfig } from '../train/config.js';
+} from '../cost/cost-model.js';
+import { profileModel, type ProfileOptions } from '../cost/profile.js';
+import { DeviceOutOfMemoryError, deviceMemoryAdvice } from '../backend/out-of-memory.js';
+import { tf } from '../backend/tfjs.js';
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 
 /** Predicts a strategy's peak device bytes, for {@link PEAK_PREDICTORS}. */
 export interface PeakPredictor {
@@ -61,11 +61,11 @@ const slotsOf = (cfg: TrainConfig) => optimizerSlots(optimizerConfigOf(cfg));
 export const PEAK_PREDICTORS: Record<string, PeakPredictor> = {
   single: {
     microBatch: (cfg) => cfg.batchSize,
-    predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: slotsOf(cfg) }),
+    predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, { m: 1, remat: 'never', schedule: 'gpipe', slots: slotsOf(cfg) }),
   },
   gpipe: {
     predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
-      m: cfg.microBatches, checkpoint: cfg.checkpoint, schedule: cfg.schedule, slots: slotsOf(cfg),
+      m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule, slots: slotsOf(cfg),
     }),
   },
   local: {

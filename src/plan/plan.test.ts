@@ -3,9 +3,9 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type { ModelProfile } from '../partition/memory-model.js';
+import type { ModelProfile } from '../cost/cost-model.js';
 import { divisors, plan, type PlanRequest } from './plan.js';
-import { parseSize } from './size.js';
+import { parseSize } from '../util/size.js';
 
 const MiB = 2 ** 20;
 

@@ -20,15 +20,15 @@
  * recommendation prefers the fastest strategy that fits among those that train exactly like
  * single-device backprop (single, gpipe), and names local when it is faster or when only it fits.
  */
-import { check } from '../errors.js';
+import { check } from '../util/errors.js';
 import { balanceByCost, balanceByStageCost, stageRanges, type StageRange } from '../partition/balance.js';
 import {
   blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, predictLocalPeakBytes, predictLocalStepTime,
   predictPeakBytes, predictRelayPeakBytes, predictRelayStepTime, predictStepTime, stagePeakBytes,
   type LocalShape, type ModelProfile, type StepShape,
-} from '../partition/memory-model.js';
-import { formatSize } from './size.js';
-import { CHECKPOINT_MODES, SCHEDULE_KINDS, idealBubble, makeSchedule, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
+} from '../cost/cost-model.js';
+import { formatSize } from '../util/size.js';
+import { REMAT_MODES, SCHEDULE_KINDS, idealBubble, makeSchedule, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
 
 /** What the user asks: a budget per device, devices, mini-batch. */
 export interface PlanRequest {
@@ -59,7 +59,7 @@ export interface StrategyPlan {
   fits: boolean;
   stages: number;
   microBatches: number;
-  checkpoint: CheckpointMode;
+  remat: RematMode;
   schedule: ScheduleKind;
   /** Blocks per stage. */
   balance: number[];
@@ -99,18 +99,18 @@ function plannedAs(strategy: string, profile: ModelProfile, req: PlanRequest, ra
   const costs = costsAt(profile, req.batchSize / shape.m);
   const peakBytes = predictPeakBytes(costs, ranges, shape);
   const t = predictStepTime(costs, ranges, shape);
-  const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+  const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
   return {
     strategy, exact: true, fits: peakBytes.every((b) => b <= req.deviceMemory), stages: ranges.length, microBatches: shape.m,
-    checkpoint: shape.checkpoint, schedule: shape.schedule, balance: ranges.map((r) => r.to - r.from), balancedBy,
+    remat: shape.remat, schedule: shape.schedule, balance: ranges.map((r) => r.to - r.from), balancedBy,
     peakBytes, stepSeconds: t.seconds, bubble: t.bubble, idealBubble: idealBubble(shape.m, ranges.length),
-    examplesPerSecond: eps, tokensPerSecond: eps * (req.tokensPerExample ?? 1),
+    examplesPerSecond: perSecond, tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
   };
 }
 
 /** Single device: the whole model, M = 1, activations kept (the reference). */
 export const planSingle: StrategyPlanner = (profile, req) =>
-  plannedAs('single', profile, req, [{ from: 0, to: profile.blocks.length }], { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: req.slots }, 'whole model');
+  plannedAs('single', profile, req, [{ from: 0, to: profile.blocks.length }], { m: 1, remat: 'never', schedule: 'gpipe', slots: req.slots }, 'whole model');
 
 /** The divisors of n, ascending. */
 export function divisors(n: number): number[] {
@@ -136,10 +136,10 @@ export const planGpipe: StrategyPlanner = (profile, req) => {
   let best: StrategyPlan | null = null;
   for (const m of ms) {
     const costs = costsAt(profile, req.batchSize / m);
-    for (const checkpoint of CHECKPOINT_MODES) {
+    for (const remat of REMAT_MODES) {
       for (const schedule of SCHEDULE_KINDS) {
-        const shape: StepShape = { m, checkpoint, schedule, slots: req.slots };
-        const sched = makeSchedule(schedule, m, k, checkpoint);
+        const shape: StepShape = { m, remat, schedule, slots: req.slots };
+        const sched = makeSchedule(schedule, m, k, remat);
         const balances: Array<[string, number[]]> = [
           ['time', balanceByCost(blockBalanceCosts(costs, 'time', shape, k), k)],
           ['memory', balanceByStageCost(n, k, (s, from, to) => stagePeakBytes(costs, { from, to }, s, sched, req.slots))],
@@ -182,11 +182,11 @@ export const planLocal: StrategyPlanner = (profile, req) => {
       const ranges = stageRanges(balance);
       const peakBytes = predictLocalPeakBytes(costs, ranges, shape);
       const t = predictLocalStepTime(costs, ranges, shape);
-      const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+      const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
       const p: StrategyPlan = {
         strategy: 'local', exact: false, fits: peakBytes.every((b) => b <= req.deviceMemory), stages: k, microBatches: m,
-        checkpoint: 'never', schedule: 'gpipe', balance, balancedBy: by, peakBytes, stepSeconds: t.seconds, bubble: t.bubble,
-        idealBubble: 0, examplesPerSecond: eps, tokensPerSecond: eps * (req.tokensPerExample ?? 1),
+        remat: 'never', schedule: 'gpipe', balance, balancedBy: by, peakBytes, stepSeconds: t.seconds, bubble: t.bubble,
+        idealBubble: 0, examplesPerSecond: perSecond, tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
       };
       if (!best || better(p, best)) best = p;
     }
@@ -208,11 +208,11 @@ export const planL2L: StrategyPlanner = (profile, req) => {
     for (const stash of ['host', 'device'] as const) {
       const peak = predictRelayPeakBytes(costs, { m, stash });
       const t = predictRelayStepTime(costs, { m, stash, clip: req.clip ?? true });
-      const eps = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+      const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
       const p: StrategyPlan = {
-        strategy: 'l2l', exact: true, fits: peak <= req.deviceMemory, stages: 1, microBatches: m, checkpoint: 'always', schedule: 'gpipe',
+        strategy: 'l2l', exact: true, fits: peak <= req.deviceMemory, stages: 1, microBatches: m, remat: 'always', schedule: 'gpipe',
         balance: [profile.blocks.length], balancedBy: 'one layer at a time', peakBytes: [peak], stepSeconds: t.seconds, bubble: t.bubble,
-        idealBubble: 0, examplesPerSecond: eps, tokensPerSecond: eps * (req.tokensPerExample ?? 1), stash,
+        idealBubble: 0, examplesPerSecond: perSecond, tokensPerSecond: perSecond * (req.tokensPerExample ?? 1), stash,
       };
       if (!best || better(p, best)) best = p;
     }
@@ -228,7 +228,7 @@ export const PLANNERS: Record<string, StrategyPlanner> = { single: planSingle, g
 
 function unavailable(strategy: string, why: string, req: PlanRequest): StrategyPlan {
   return {
-    strategy, exact: strategy !== 'local', fits: false, stages: req.stages, microBatches: 0, checkpoint: 'never', schedule: 'gpipe', balance: [], balancedBy: '-',
+    strategy, exact: strategy !== 'local', fits: false, stages: req.stages, microBatches: 0, remat: 'never', schedule: 'gpipe', balance: [], balancedBy: '-',
     peakBytes: [], stepSeconds: NaN, bubble: [], idealBubble: NaN, examplesPerSecond: 0, tokensPerSecond: 0, unavailable: why,
   };
 }
@@ -293,5 +293,5 @@ export function describe(p: StrategyPlan): string {
   if (p.strategy === 'single') return '--strategy single';
   if (p.strategy === 'l2l') return `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}`;
   if (p.strategy === 'local') return `--strategy local --stages ${p.stages} --micro-batches ${p.microBatches} --balance ${p.balance.join(',')}`;
-  return `--strategy ${p.strategy} --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.checkpoint} --schedule ${p.schedule} --balance ${p.balance.join(',')}`;
+  return `--strategy ${p.strategy} --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.remat} --schedule ${p.schedule} --balance ${p.balance.join(',')}`;
 }

@@ -5,10 +5,10 @@ import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import type { Action } from '../schedule/schedule.js';
 import type { TraceSpan } from '../pipeline/executor.js';
-import type { WireTensor } from './serialize.js';
+import type { HostTensor } from '../data/microbatch.js';
 import type { LocalRole } from '../pipeline/local-stage.js';
 import type { StashPlace } from '../pipeline/relay-stage.js';
-import type { StoreLayout } from '../eps/store.js';
+import type { StoreLayout } from '../param-server/store.js';
 
 /** Everything a worker needs to become stage `index` of a pipeline. */
 export interface StageInit {
@@ -39,8 +39,8 @@ export interface StageInit {
 /** One training (or evaluation) step of one stage. */
 export interface StageStep {
   actions: Action[];
-  inputs?: WireTensor[];
-  labels?: WireTensor[];
+  inputs?: HostTensor[];
+  labels?: HostTensor[];
   m: number;
   lr: number;
 }

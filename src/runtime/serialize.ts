@@ -3,40 +3,35 @@
  * ArrayBuffer, which postMessage transfers (zero-copy between threads) when listed in the
  * transfer list.
  */
-import { tf } from './tfjs.js';
+import { tf } from '../backend/tfjs.js';
+import type { HostTensor } from '../data/microbatch.js';
 
-/** A tensor on the wire. `data` holds exactly the tensor's elements (float32 or int32). */
-export interface WireTensor {
-  shape: number[];
-  dtype: 'float32' | 'int32';
-  data: Float32Array | Int32Array;
-}
 
 /**
  * Copies a tensor to the host and disposes it. The copy is always fresh: some backends (cpu)
  * return their own storage from dataSync, which other tensors may share and which must not be
  * transferred away.
  */
-export function toWire(t: tf.Tensor): WireTensor {
+export function toWire(t: tf.Tensor): HostTensor {
   const data = (t.dataSync() as Float32Array | Int32Array).slice();
-  const w: WireTensor = { shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32', data };
+  const w: HostTensor = { shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32', data };
   t.dispose();
   return w;
 }
 
 /** Creates a device tensor from a wire tensor. */
-export function fromWire(w: WireTensor): tf.Tensor {
+export function fromWire(w: HostTensor): tf.Tensor {
   return tf.tensor(w.data, w.shape, w.dtype);
 }
 
 /** The transfer list for wire tensors (their buffers). */
-export function transferables(ws: Iterable<WireTensor | undefined>): ArrayBuffer[] {
+export function transferables(ws: Iterable<HostTensor | undefined>): ArrayBuffer[] {
   const out: ArrayBuffer[] = [];
   for (const w of ws) if (w && !out.includes(w.data.buffer as ArrayBuffer)) out.push(w.data.buffer as ArrayBuffer);
   return out;
 }
 
 /** A copy of a wire tensor with its own buffer (a transferred buffer can go to one thread only). */
-export function copyWire(w: WireTensor): WireTensor {
+export function copyWire(w: HostTensor): HostTensor {
   return { shape: w.shape.slice(), dtype: w.dtype, data: w.data.slice() };
 }

@@ -10,13 +10,14 @@ import { execute, type StageLinks } from '../pipeline/executor.js';
 import { Stage } from '../pipeline/stage.js';
 import { LocalStage } from '../pipeline/local-stage.js';
 import { RelayStage } from '../pipeline/relay-stage.js';
-import { ParamStore } from '../eps/store.js';
+import { ParamStore } from '../param-server/store.js';
 import { Channel, type Message } from './channel.js';
-import { peakBytes, deviceBytes, resetPeakBytes, setDeviceBudget } from './memory.js';
-import { deviceMemoryAdvice } from './budget-error.js';
+import { peakBytes, deviceBytes, resetPeakBytes, setDeviceBudget } from '../backend/memory.js';
+import { deviceMemoryAdvice } from '../backend/out-of-memory.js';
 import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
-import { fromWire, toWire, transferables, type WireTensor } from './serialize.js';
-import { tf } from './tfjs.js';
+import { fromWire, toWire, transferables } from './serialize.js';
+import type { HostTensor } from '../data/microbatch.js';
+import { tf } from '../backend/tfjs.js';
 
 if (!parentPort) throw new Error('runtime/worker.js must run in a worker thread');
 const main = new Channel(parentPort);
@@ -26,7 +27,7 @@ let next: Channel | null = null;
 
 interface TensorMessage extends Message {
   mb: number;
-  tensor: WireTensor;
+  tensor: HostTensor;
 }
 
 function sendTensor(ch: Channel | null, type: string, mb: number, t: tf.Tensor): void {

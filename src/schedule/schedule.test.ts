@@ -1,8 +1,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import {
-  CHECKPOINT_MODES,
+  REMAT_MODES,
   clockCycles,
   evalSchedule,
   formatAction,
@@ -13,7 +13,7 @@ import {
   makeSchedule,
   oneFOneBSchedule,
   type Action,
-  type CheckpointMode,
+  type RematMode,
   type Schedule,
 } from './schedule.js';
 import { simulate, type CostFn } from './simulate.js';
@@ -50,7 +50,7 @@ test('simulate accepts gpipe and 1f1b for every M, K and mode', () => {
   for (const [name, make] of KINDS) {
     for (const m of MS) {
       for (const k of KS) {
-        for (const mode of CHECKPOINT_MODES) {
+        for (const mode of REMAT_MODES) {
           const s = make(m, k, mode);
           assert.equal(s.length, k, `${name} M=${m} K=${k}: one list per stage`);
           const r = simulate(s);
@@ -180,12 +180,12 @@ test('in-flight micro-batches: 1f1b keeps at most K - s on stage s, gpipe keeps 
 });
 
 test('keep flags follow the checkpoint mode', () => {
-  const expectKept = (mode: CheckpointMode, m: number): number[] =>
+  const expectKept = (mode: RematMode, m: number): number[] =>
     mode === 'never' ? range(m) : mode === 'except_last' ? [m - 1] : [];
   for (const [name, make] of KINDS) {
     for (const m of MS) {
       for (const k of KS) {
-        for (const mode of CHECKPOINT_MODES) {
+        for (const mode of REMAT_MODES) {
           for (const acts of make(m, k, mode)) {
             const fw = acts.filter((a): a is Extract<Action, { op: 'forward' }> => a.op === 'forward');
             assert.ok(fw.every((a) => a.grad), `${name}: training forwards record gradients`);

@@ -7,11 +7,11 @@
  * Actions print compactly as `<stage><kind><micro-batch>` (e.g. `1F3` = stage 1, forward of
  * micro-batch 3), which makes schedules easy to test, to compare and to show in a trace.
  */
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 
 /** Re-materialization (activation checkpointing) modes, as in torchgpipe. */
-export type CheckpointMode = 'always' | 'except_last' | 'never';
-export const CHECKPOINT_MODES: readonly CheckpointMode[] = ['always', 'except_last', 'never'];
+export type RematMode = 'always' | 'except_last' | 'never';
+export const REMAT_MODES: readonly RematMode[] = ['always', 'except_last', 'never'];
 
 /** Schedules this executor understands. */
 export type ScheduleKind = 'gpipe' | '1f1b';
@@ -103,7 +103,7 @@ function checkArgs(m: number, k: number): void {
 }
 
 /** Whether micro-batch mb keeps its forward activations under a re-materialization mode. */
-export function keepsActivations(mode: CheckpointMode, mb: number, m: number): boolean {
+export function keepsActivations(mode: RematMode, mb: number, m: number): boolean {
   return mode === 'never' || (mode === 'except_last' && mb === m - 1);
 }
 
@@ -153,7 +153,7 @@ const STEP: Action[] = [{ op: 'reduce_grad_norm' }, { op: 'optimizer_step' }];
  * order, then all backwards in reverse order, then one synchronous optimizer step.
  * Throws {@link LayerwiseError} for m < 1 or k < 1.
  */
-export function gpipeSchedule(m: number, k: number, mode: CheckpointMode): Schedule {
+export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
   checkArgs(m, k);
   return Array.from({ length: k }, (_, s) => {
     const acts: Action[] = [];
@@ -168,7 +168,7 @@ export function gpipeSchedule(m: number, k: number, mode: CheckpointMode): Sched
  * forwards, then alternates one forward and one backward, then drains the remaining
  * backwards. Same bubble as GPipe, but at most k - s micro-batches are in flight per stage.
  */
-export function oneFOneBSchedule(m: number, k: number, mode: CheckpointMode): Schedule {
+export function oneFOneBSchedule(m: number, k: number, mode: RematMode): Schedule {
   checkArgs(m, k);
   return Array.from({ length: k }, (_, s) => {
     const acts: Action[] = [];
@@ -199,7 +199,7 @@ export function evalSchedule(m: number, k: number): Schedule {
 }
 
 /** The training schedule of a kind. */
-export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: CheckpointMode): Schedule {
+export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: RematMode): Schedule {
   switch (kind) {
     case 'gpipe':
       return gpipeSchedule(m, k, mode);

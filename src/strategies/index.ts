@@ -3,13 +3,13 @@
  * Strategies stay thin: each is a choice of partition, schedule and micro-batching over the
  * shared runtime.
  */
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { paramCount } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { initAuxParams } from '../model/aux-head.js';
 import { balanceByCost, stageRanges, validateBalance, type StageRange } from '../partition/balance.js';
-import { optimizerConfigOf, type TrainConfig } from '../train/config.js';
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 import { PipelineStrategy } from './pipeline.js';
 import { L2LStrategy } from './l2l.js';
 import type { Strategy } from './strategy.js';
@@ -45,10 +45,10 @@ export function planStages(cfg: TrainConfig, model: Model, costs?: readonly numb
 export async function resolveStages(cfg: TrainConfig, model: Model): Promise<StageRange[]> {
   if (cfg.strategy === 'single' || cfg.strategy === 'l2l' || (cfg.balance !== 'time' && cfg.balance !== 'memory')) return planStages(cfg, model);
   planStages({ ...cfg, balance: 'params' }, model); // the stage count, before spending time profiling
-  const { profiledBalanceCosts } = await import('../partition/profile.js');
+  const { profiledBalanceCosts } = await import('../cost/profile.js');
   const costs = await profiledBalanceCosts(model, {
     kind: cfg.balance, backend: cfg.backend, microBatch: cfg.batchSize / cfg.microBatches, stages: cfg.stages,
-    shape: { m: cfg.microBatches, checkpoint: cfg.checkpoint, schedule: cfg.schedule }, optimizer: optimizerConfigOf(cfg),
+    shape: { m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule }, optimizer: optimizerConfigOf(cfg),
   });
   return planStages(cfg, model, costs);
 }
@@ -65,13 +65,13 @@ export async function createStrategy(cfg: TrainConfig, model: Model, params: Hos
     case 'single':
       // the reference: whole model on one device, plain backprop on the whole mini-batch
       return PipelineStrategy.create({
-        name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, checkpoint: 'never', schedule: 'gpipe', optimizer,
+        name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, remat: 'never', schedule: 'gpipe', optimizer,
         deviceMemory: cfg.deviceMemory,
       }, params);
     case 'gpipe':
       return PipelineStrategy.create({
         name: 'gpipe', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches,
-        checkpoint: cfg.checkpoint, schedule: cfg.schedule, optimizer, deviceMemory: cfg.deviceMemory,
+        remat: cfg.remat, schedule: cfg.schedule, optimizer, deviceMemory: cfg.deviceMemory,
       }, params);
     case 'local': {
       ranges.slice(0, -1).forEach((r, i) => {
@@ -84,14 +84,14 @@ export async function createStrategy(cfg: TrainConfig, model: Model, params: Hos
       const all = new Map([...aux, ...params]);
       return PipelineStrategy.create({
         name: 'local', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches,
-        checkpoint: 'never', schedule: 'gpipe', optimizer, local: { overlap: cfg.overlap, deterministic: cfg.deterministic },
+        remat: 'never', schedule: 'gpipe', optimizer, local: { overlap: cfg.overlap, deterministic: cfg.deterministic },
         deviceMemory: cfg.deviceMemory,
       }, all);
     }
     case 'l2l':
       return L2LStrategy.create({
         backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer, stash: cfg.stash,
-        epsThreads: cfg.epsThreads, deviceMemory: cfg.deviceMemory,
+        serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory,
       }, model, params);
     default:
       throw new LayerwiseError(`unknown strategy '${cfg.strategy as string}'`);

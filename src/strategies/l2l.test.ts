@@ -12,8 +12,8 @@ import { initParams, type HostParams } from '../model/init.js';
 import { buildModel, type CharLmConfig, type ModelConfig } from '../model/model.js';
 import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import { formatSchedule, relaySchedule } from '../schedule/schedule.js';
-import { tinyWhaleDataset } from '../util/fixtures.js';
-import { maxParamDiff } from '../util/assert-close.js';
+import { tinyWhaleDataset } from '../testing/fixtures.js';
+import { maxParamDiff } from '../testing/assert-close.js';
 import { L2LStrategy } from './l2l.js';
 import { PipelineStrategy } from './pipeline.js';
 import type { Strategy, StepReport } from './strategy.js';
@@ -49,12 +49,12 @@ async function run(s: Strategy, batches: Batch[], val: Batch[], lrScale: number)
 function single(model: ModelConfig, params: HostParams, optimizer: OptimizerConfig): Promise<Strategy> {
   const n = buildModel(model).blocks.length;
   return PipelineStrategy.create({
-    name: 'single', backend: 'wasm', model, ranges: [{ from: 0, to: n }], microBatches: 1, checkpoint: 'never', schedule: 'gpipe', optimizer,
+    name: 'single', backend: 'wasm', model, ranges: [{ from: 0, to: n }], microBatches: 1, remat: 'never', schedule: 'gpipe', optimizer,
   }, params);
 }
 
-function l2l(model: ModelConfig, params: HostParams, optimizer: OptimizerConfig, m: number, stash: StashPlace, epsThreads = 1): Promise<Strategy> {
-  return L2LStrategy.create({ backend: 'wasm', model, microBatches: m, optimizer, stash, epsThreads }, buildModel(model), params);
+function l2l(model: ModelConfig, params: HostParams, optimizer: OptimizerConfig, m: number, stash: StashPlace, serverThreads = 1): Promise<Strategy> {
+  return L2LStrategy.create({ backend: 'wasm', model, microBatches: m, optimizer, stash, serverThreads }, buildModel(model), params);
 }
 
 
@@ -128,8 +128,8 @@ test('a parameter-server thread that dies stops the run with its own error, not 
   const batches = batchesOf(16, 8, 4);
   try {
     await s.trainStep(batches[0], 1e-3);
-    const eps = (s as unknown as { eps: { workers: Array<{ terminate(): Promise<number> }> } }).eps;
-    await eps.workers[0].terminate();
+    const server = (s as unknown as { server: { workers: Array<{ terminate(): Promise<number> }> } }).server;
+    await server.workers[0].terminate();
     let error: Error | null = null;
     for (const b of batches.slice(1)) {
       try {

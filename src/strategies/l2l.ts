@@ -1,7 +1,7 @@
 /**
  * L2L, layer-to-layer relay training (Pudipeddi et al., 2020, arXiv 2002.05645), on one
  * device. Every parameter and all optimizer state live in host memory, in the eager parameter
- * server (src/eps/server.ts); the device (one worker thread running a {@link RelayStage})
+ * server (src/param-server/server.ts); the device (one worker thread running a {@link RelayStage})
  * follows the relay schedule (schedule/schedule.ts relaySchedule): it uploads one layer at a
  * time from the server's shared memory, runs every micro-batch through it, and in backward
  * hands each layer's gradient to the server, which updates that layer in background threads
@@ -18,16 +18,16 @@
  * every later call rejects with the first error. Resume from the last checkpoint instead.
  */
 import type { Batch } from '../data/batcher.js';
-import { blockLayers } from '../eps/store.js';
+import { blockLayers } from '../param-server/store.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
-import { ParameterServer, type EpsSpan } from '../eps/server.js';
-import { splitMicroBatches } from '../pipeline/microbatch.js';
+import { ParameterServer, type ServerSpan } from '../param-server/server.js';
 import type { StashPlace } from '../pipeline/relay-stage.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
-import { transferables, type WireTensor } from '../runtime/serialize.js';
+import { transferables } from '../runtime/serialize.js';
+import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
 import { relayEvalSchedule, relaySchedule, type Schedule } from '../schedule/schedule.js';
 import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
 
@@ -40,7 +40,7 @@ export interface L2LOptions {
   /** Where layer inputs wait between forward and backward. */
   stash: StashPlace;
   /** Worker threads of the parameter server's optimizer. */
-  epsThreads: number;
+  serverThreads: number;
   /** Device memory budget, bytes (the device fails as soon as its engine holds more). */
   deviceMemory?: number;
   /**
@@ -61,7 +61,7 @@ export class L2LStrategy implements Strategy {
   private failure: Error | null = null;
   private closed = false;
 
-  private constructor(private readonly opts: L2LOptions, model: Model, private readonly worker: StageWorker, private readonly eps: ParameterServer) {
+  private constructor(private readonly opts: L2LOptions, model: Model, private readonly worker: StageWorker, private readonly server: ParameterServer) {
     this.layers = model.blocks.length;
     this.train = relaySchedule(this.layers, opts.microBatches);
   }
@@ -72,13 +72,13 @@ export class L2LStrategy implements Strategy {
    */
   static async create(opts: L2LOptions, model: Model, params: HostParams): Promise<L2LStrategy> {
     const { layers, shapes } = blockLayers(model.blocks);
-    const eps = await ParameterServer.create({ params, layers, shapes, optimizer: opts.optimizer, threads: opts.epsThreads, adopt: opts.adoptParams });
+    const server = await ParameterServer.create({ params, layers, shapes, optimizer: opts.optimizer, threads: opts.serverThreads, adopt: opts.adoptParams });
     const worker = new StageWorker(0);
-    const s = new L2LStrategy(opts, model, worker, eps);
+    const s = new L2LStrategy(opts, model, worker, server);
     try {
       await worker.call('init', {
         index: 0, backend: opts.backend, model: opts.model, range: { from: 0, to: layers.length }, params: {},
-        optimizer: opts.optimizer, relay: { layout: eps.layout, stash: opts.stash }, deviceMemory: opts.deviceMemory, strategy: 'l2l',
+        optimizer: opts.optimizer, relay: { layout: server.layout, stash: opts.stash }, deviceMemory: opts.deviceMemory, strategy: 'l2l',
       });
     } catch (e) {
       await s.close();
@@ -105,16 +105,16 @@ export class L2LStrategy implements Strategy {
     const m = this.opts.microBatches;
     const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
     const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
-    if (training) this.eps.beginStep(lr);
-    const call = this.worker.call('step', { actions: schedule[0], m, lr, inputs, labels }, transferables([...inputs, ...labels] as WireTensor[]));
+    if (training) this.server.beginStep(lr);
+    const call = this.worker.call('step', { actions: schedule[0], m, lr, inputs, labels }, transferables([...inputs, ...labels] as HostTensor[]));
     if (!training) return call;
     const pushes = (async () => {
       for (let i = 0; i < this.layers; i++) {
         const g = await this.worker.recvLayerGrads();
-        this.eps.push(g.layer, g.grads, g.sumSquares);
+        this.server.push(g.layer, g.grads, g.sumSquares);
       }
       // a failing optimizer thread would leave the device waiting for a layer: stop everything
-      this.eps.idle().catch((e: Error) => this.fail(e));
+      this.server.idle().catch((e: Error) => this.fail(e));
     })();
     pushes.catch(() => undefined); // a failing device is reported through `call`
     const [r] = await Promise.all([call, pushes]);
@@ -129,7 +129,7 @@ export class L2LStrategy implements Strategy {
   submit(batch: Batch, lr: number): Submission {
     const done = this.last.catch(() => undefined).then(async () => {
       const r = await this.run(this.train, batch, lr, true);
-      return report(r, this.eps.takeSpans());
+      return report(r, this.server.takeSpans());
     });
     done.catch(async () => {
       await this.close();
@@ -165,39 +165,39 @@ export class L2LStrategy implements Strategy {
   /** Waits for the last step and for the parameter server to apply every update. */
   private async settle(): Promise<void> {
     await this.last;
-    await this.eps.idle();
+    await this.server.idle();
     if (this.failure) throw this.failure;
   }
 
-  async drainServerSpans(): Promise<EpsSpan[]> {
+  async drainServerSpans(): Promise<ServerSpan[]> {
     await this.settle();
-    return this.eps.takeSpans();
+    return this.server.takeSpans();
   }
 
   async getParams(): Promise<HostParams> {
     await this.settle();
-    return this.eps.getParams();
+    return this.server.getParams();
   }
 
   async getOptimizerState(): Promise<OptimizerState> {
     await this.settle();
-    return this.eps.getOptimizerState();
+    return this.server.getOptimizerState();
   }
 
   async setOptimizerState(s: OptimizerState): Promise<void> {
     await this.settle();
-    await this.eps.setOptimizerState(s);
+    await this.server.setOptimizerState(s);
   }
 
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await Promise.all([this.worker.terminate(), this.eps.close()]);
+    await Promise.all([this.worker.terminate(), this.server.close()]);
   }
 }
 
 /** One step's report; the bubble is the time the device waited for the parameter server. */
-function report(r: StageStepResult, serverSpans: EpsSpan[]): StepReport {
+function report(r: StageStepResult, serverSpans: ServerSpan[]): StepReport {
   const loss = r.losses.reduce((a, b) => a + b, 0) / r.losses.length;
   const waited = r.trace.filter((t) => t.label === 'wait_params').reduce((a, t) => a + (t.end - t.start), 0);
   return {

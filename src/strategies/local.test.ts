@@ -19,7 +19,7 @@ import { buildModel, type CharLmConfig } from '../model/model.js';
 import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import { LocalStage } from '../pipeline/local-stage.js';
 import { StageError } from '../runtime/device.js';
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import { loadCheckpoint } from '../train/checkpoint-io.js';
 import { train } from '../train/trainer.js';
 import { Rng } from '../util/rng.js';
@@ -53,7 +53,7 @@ function perturbStage1(p: HostParams): HostParams {
 }
 
 async function run(p: HostParams, ranges: typeof RANGES, m: number, local: { overlap: number; deterministic: boolean } | undefined, opt = OPT): Promise<{ params: HostParams; losses: number[] }> {
-  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges, microBatches: m, checkpoint: 'never', schedule: 'gpipe', optimizer: opt, local }, p);
+  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges, microBatches: m, remat: 'never', schedule: 'gpipe', optimizer: opt, local }, p);
   try {
     const losses: number[] = [];
     for (const b of batches) losses.push((await s.trainStep(b, 0.05)).loss);
@@ -138,7 +138,7 @@ test('--overlap n trains exactly the last n blocks of the previous stage', async
 });
 
 test('a stage that throws stops the run naming the stage; no worker keeps running', async () => {
-  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges: RANGES, microBatches: 2, checkpoint: 'never', schedule: 'gpipe', optimizer: OPT, local: { overlap: 1, deterministic: false } }, params(1));
+  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges: RANGES, microBatches: 2, remat: 'never', schedule: 'gpipe', optimizer: OPT, local: { overlap: 1, deterministic: false } }, params(1));
   await s.trainStep(batches[0], 0.05);
   // inputs longer than the context: the embedding on stage 0 throws
   const bad: Batch = { ...batches[1], x: new Int32Array(4 * 9), xShape: [4, 9] };

@@ -12,12 +12,12 @@ import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { ModelConfig } from '../model/model.js';
 import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
-import { splitMicroBatches } from '../pipeline/microbatch.js';
 import type { StageRange } from '../partition/balance.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
-import { copyWire, transferables, type WireTensor } from '../runtime/serialize.js';
-import { evalSchedule, flushSchedule, localSchedule, makeSchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import { copyWire, transferables } from '../runtime/serialize.js';
+import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
+import { evalSchedule, flushSchedule, localSchedule, makeSchedule, type RematMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
 import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
 import { MessageChannel } from 'node:worker_threads';
 
@@ -27,7 +27,7 @@ export interface PipelineOptions {
   model: ModelConfig;
   ranges: StageRange[];
   microBatches: number;
-  checkpoint: CheckpointMode;
+  remat: RematMode;
   schedule: ScheduleKind;
   optimizer: OptimizerConfig;
   /**
@@ -62,7 +62,7 @@ export class PipelineStrategy implements Strategy {
     const k = workers.length;
     this.train = opts.local
       ? localSchedule(opts.microBatches, k, opts.local.overlap, opts.local.deterministic)
-      : makeSchedule(opts.schedule, opts.microBatches, k, opts.checkpoint);
+      : makeSchedule(opts.schedule, opts.microBatches, k, opts.remat);
   }
 
   /**
@@ -105,7 +105,7 @@ export class PipelineStrategy implements Strategy {
     const calls = this.workers.map((w, i) => {
       const withLabels = i === k - 1 || this.opts.local !== undefined;
       const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels?.map(copyWire) : undefined };
-      return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as WireTensor[]));
+      return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as HostTensor[]));
     });
     const reduce = schedule.some((acts) => acts.some((a) => a.op === 'reduce_grad_norm'));
     const all = (async () => {

@@ -8,7 +8,7 @@ import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import type { TraceSpan } from '../pipeline/executor.js';
-import type { EpsSpan } from '../eps/server.js';
+import type { ServerSpan } from '../param-server/server.js';
 
 /** What one training step reports. */
 export interface StepReport {
@@ -29,7 +29,7 @@ export interface StepReport {
   /** Per stage: when it began the step, ms since the Unix epoch. */
   startedAt: number[];
   /** L2L: the parameter server's optimizer updates finished since the previous report. */
-  serverSpans?: EpsSpan[];
+  serverSpans?: ServerSpan[];
 }
 
 /** Validation result: the model's loss and, for local parallelism, each auxiliary head's. */
@@ -70,7 +70,7 @@ export interface Strategy {
    * the updates not yet reported with a step (for the trace; the last step's updates finish
    * after its report).
    */
-  drainServerSpans?(): Promise<EpsSpan[]>;
+  drainServerSpans?(): Promise<ServerSpan[]>;
   /** Stops every worker. Safe to call twice. */
   close(): Promise<void>;
 }

@@ -14,10 +14,10 @@ import { buildModel, type CharLmConfig, type MlpConfig, type ModelConfig } from 
 import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import { balanceByCost, stageRanges } from '../partition/balance.js';
 import { StageError, type StageWorker } from '../runtime/device.js';
-import { makeSchedule, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
+import { makeSchedule, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
 import { Rng } from '../util/rng.js';
-import { tinyWhaleDataset } from '../util/fixtures.js';
-import { maxParamDiff } from '../util/assert-close.js';
+import { tinyWhaleDataset } from '../testing/fixtures.js';
+import { maxParamDiff } from '../testing/assert-close.js';
 import { PipelineStrategy } from './pipeline.js';
 import type { StepReport } from './strategy.js';
 
@@ -63,7 +63,7 @@ const imgBatches: Batch[] = (() => {
 interface RunConfig {
   k: number;
   m: number;
-  checkpoint: CheckpointMode;
+  remat: RematMode;
   schedule: ScheduleKind;
 }
 interface RunResult {
@@ -73,7 +73,7 @@ interface RunResult {
   evalLoss: number;
 }
 
-const label = (c: RunConfig) => `K=${c.k} M=${c.m} ${c.checkpoint} ${c.schedule}`;
+const label = (c: RunConfig) => `K=${c.k} M=${c.m} ${c.remat} ${c.schedule}`;
 
 function workersOf(s: PipelineStrategy): StageWorker[] {
   return (s as unknown as { workers: StageWorker[] }).workers;
@@ -83,7 +83,7 @@ async function create(model: ModelConfig, params: HostParams, c: RunConfig, opti
   const built = buildModel(model);
   const ranges = stageRanges(balanceByCost(built.blocks.map(paramCount), c.k));
   return PipelineStrategy.create(
-    { name: label(c), backend: 'wasm', model, ranges, microBatches: c.m, checkpoint: c.checkpoint, schedule: c.schedule, optimizer },
+    { name: label(c), backend: 'wasm', model, ranges, microBatches: c.m, remat: c.remat, schedule: c.schedule, optimizer },
     params,
   );
 }
@@ -126,19 +126,19 @@ function assertTransparent(got: RunResult, ref: RunResult, what: string): void {
   if (Number.isFinite(ref.evalLoss)) assert.ok(Math.abs(got.evalLoss - ref.evalLoss) <= TOL, `${what}: eval ${got.evalLoss} vs ${ref.evalLoss}`);
 }
 
-const SINGLE: RunConfig = { k: 1, m: 1, checkpoint: 'never', schedule: 'gpipe' };
+const SINGLE: RunConfig = { k: 1, m: 1, remat: 'never', schedule: 'gpipe' };
 const LM_CONFIGS: RunConfig[] = [];
 for (const k of [2, 3]) {
   for (const m of [1, 4]) {
-    for (const checkpoint of ['always', 'except_last', 'never'] as const) {
+    for (const remat of ['always', 'except_last', 'never'] as const) {
       // With M = 1 the only micro-batch is the last one: 'except_last' is the very same schedule
       // as 'never' (asserted below), so that run is not repeated (worker start-up is slow).
-      if (m === 1 && checkpoint === 'except_last') continue;
-      LM_CONFIGS.push({ k, m, checkpoint, schedule: 'gpipe' });
+      if (m === 1 && remat === 'except_last') continue;
+      LM_CONFIGS.push({ k, m, remat, schedule: 'gpipe' });
     }
   }
 }
-const ONE_F_ONE_B: RunConfig = { k: 3, m: 4, checkpoint: 'never', schedule: '1f1b' };
+const ONE_F_ONE_B: RunConfig = { k: 3, m: 4, remat: 'never', schedule: '1f1b' };
 
 let lmRuns: Promise<Map<string, RunResult>> | undefined;
 /** Every charlm run, started once and shared by the tests below. */
@@ -172,7 +172,7 @@ test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, and 1f1b,
         assert.equal(tr.filter((t) => t.label === 'forward').length, c.m);
         assert.equal(tr.filter((t) => t.label === 'backward').length, c.m);
         // re-materialized backwards also show their recompute as a span of its own
-        const recomputed = c.checkpoint === 'always' ? c.m : c.checkpoint === 'except_last' ? c.m - 1 : 0;
+        const recomputed = c.remat === 'always' ? c.m : c.remat === 'except_last' ? c.m - 1 : 0;
         assert.equal(tr.filter((t) => t.label === 'recompute').length, recomputed);
       }
     }
@@ -191,8 +191,8 @@ test('charlm: every stage of K = 2 peaks below the single device; re-materializa
   // With M = 4, keeping only stage inputs ('always') holds less than keeping every micro-batch's
   // activations ('never'); 'except_last' keeps one micro-batch, never more than 'never'.
   for (const k of [2, 3]) {
-    const peak = (checkpoint: CheckpointMode, schedule: ScheduleKind = 'gpipe') =>
-      runs.get(label({ k, m: 4, checkpoint, schedule }))!.reports.map((r) => r.peakBytes);
+    const peak = (remat: RematMode, schedule: ScheduleKind = 'gpipe') =>
+      runs.get(label({ k, m: 4, remat, schedule }))!.reports.map((r) => r.peakBytes);
     const always = peak('always');
     const except = peak('except_last');
     const never = peak('never');
@@ -209,7 +209,7 @@ test('charlm: every stage of K = 2 peaks below the single device; re-materializa
 
 test('mlp image classifier: K = 2, M = 2 trains like a single device (AdamW)', async () => {
   const opt = defaultOptimizerConfig('adamw');
-  const c: RunConfig = { k: 2, m: 2, checkpoint: 'except_last', schedule: 'gpipe' };
+  const c: RunConfig = { k: 2, m: 2, remat: 'except_last', schedule: 'gpipe' };
   const [ref, got] = await Promise.all([
     train(MLP, mlpParams, imgBatches, [], SINGLE, opt, 10),
     train(MLP, mlpParams, imgBatches, [], c, opt, 10),
@@ -236,7 +236,7 @@ async function allExited(s: PipelineStrategy, ms: number): Promise<number[]> {
 let failed: PipelineStrategy | undefined;
 
 async function checkFailure(bad: Batch, stage: number, what: RegExp): Promise<void> {
-  const s = await create(LM, lmParams, { k: 2, m: 2, checkpoint: 'except_last', schedule: 'gpipe' }, LM_OPT);
+  const s = await create(LM, lmParams, { k: 2, m: 2, remat: 'except_last', schedule: 'gpipe' }, LM_OPT);
   // The strategy works before the failure.
   const ok = await s.trainStep(lmBatches[0], LRS[0]);
   assert.ok(Number.isFinite(ok.loss));
@@ -273,7 +273,7 @@ test('a failing last stage rejects trainStep naming stage 1 and stops every work
 test(
   'calls on a closed strategy reject instead of waiting forever',
   async () => {
-    const s = failed ?? (await create(LM, lmParams, { k: 2, m: 1, checkpoint: 'never', schedule: 'gpipe' }, defaultOptimizerConfig('adamw')));
+    const s = failed ?? (await create(LM, lmParams, { k: 2, m: 1, remat: 'never', schedule: 'gpipe' }, defaultOptimizerConfig('adamw')));
     await s.close();
     let timer: NodeJS.Timeout | undefined;
     const hung = new Promise<string>((resolve) => {

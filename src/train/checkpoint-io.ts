@@ -13,7 +13,7 @@ import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import { buildModel, type ModelConfig } from '../model/model.js';

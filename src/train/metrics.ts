@@ -36,7 +36,8 @@ export interface Summary {
   params: number;
   stages: number;
   micro_batches: number;
-  checkpoint: string;
+  /** Re-materialization mode (`--checkpoint`): always, except_last or never. */
+  rematerialization: string;
   schedule: string;
   balance: number[];
   batch_size: number;

@@ -4,10 +4,10 @@
  */
 import { initBackend } from '../backend/index.js';
 import { Vocab } from '../data/vocab.js';
-import { LayerwiseError, check } from '../errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import { paramKey } from '../model/block.js';
 import { buildModel } from '../model/model.js';
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import { Rng } from '../util/rng.js';
 import { loadCheckpoint, resolveCheckpointDir } from './checkpoint-io.js';
 

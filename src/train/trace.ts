@@ -10,7 +10,7 @@
  */
 import type { TraceSpan } from '../pipeline/executor.js';
 import type { StepReport } from '../strategies/strategy.js';
-import type { EpsSpan } from '../eps/server.js';
+import type { ServerSpan } from '../param-server/server.js';
 import { writeFileAtomic } from '../util/fsx.js';
 
 /** A span placed on the run's timeline, ms since the first recorded step began. */
@@ -115,7 +115,7 @@ export class TraceRecorder {
    * and the last step's after the run (Strategy.drainServerSpans); each is placed at its own
    * start time, under `step`, the step whose report brought it.
    */
-  addServerSpans(step: number, spans: readonly EpsSpan[]): void {
+  addServerSpans(step: number, spans: readonly ServerSpan[]): void {
     if (this.origin === null) return;
     for (const u of spans) {
       this.tracks.set(2 + u.thread, `PS thread ${u.thread}`);

@@ -10,7 +10,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
 import { loadDataset, Vocab, type Dataset } from '../data/index.js';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { initParams, type HostParams } from '../model/init.js';
 import { buildModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
@@ -22,7 +22,7 @@ import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import { checkpointDir, loadCheckpoint, resolveCheckpointDir, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
-import { resolveConfig, type TrainConfig } from './config.js';
+import { modelConfigFor, resolveConfig, type TrainConfig } from '../config/config.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
 import { TraceRecorder, type StageSummary } from './trace.js';
 
@@ -50,15 +50,6 @@ export interface TrainResult {
   traceFiles?: string[];
 }
 
-/** The model configuration a preset gives on a data set, with shape overrides. */
-export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
-  const preset = getPreset(cfg.preset);
-  if (preset.data !== ds.kind) {
-    throw new LayerwiseError(`preset ${cfg.preset} trains on ${preset.data} data but --data ${cfg.data} is ${ds.kind} data; use e.g. --data ${preset.defaultData}`);
-  }
-  const shape = ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes };
-  return preset.make(shape, cfg);
-}
 
 
 /** A step handed to the strategy whose report has not been recorded yet. */
@@ -279,7 +270,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   const summary: Summary = {
     strategy: cfg.strategy, backend: cfg.backend, preset: cfg.preset, params: nParams,
     stages: ranges.length, micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
-    checkpoint: cfg.checkpoint, schedule: cfg.schedule, balance: ranges.map((r) => r.to - r.from),
+    rematerialization: cfg.remat, schedule: cfg.schedule, balance: ranges.map((r) => r.to - r.from),
     batch_size: cfg.batchSize, steps: cfg.steps,
     initial_loss: stats.initialLoss ?? NaN, final_loss: last?.loss ?? NaN, val_loss: valLoss,
     ...(valAux ? { val_aux_losses: valAux } : {}),

@@ -4,11 +4,21 @@
  * mean of the micro-batch losses, which is what makes pipelined training identical to
  * single-device training.
  */
-import { LayerwiseError } from '../errors.js';
-import type { WireTensor } from '../runtime/serialize.js';
+import { LayerwiseError } from '../util/errors.js';
 
-/** A host array with its shape; dim 0 is the batch. */
+/**
+ * The one host-tensor type: a tensor's elements in host memory with its shape and dtype. Batches
+ * are split into these, and they are what crosses a channel between devices (runtime/serialize.ts).
+ * `data` holds exactly the tensor's elements.
+ */
 export interface HostTensor {
+  shape: number[];
+  dtype: 'float32' | 'int32';
+  data: Float32Array | Int32Array;
+}
+
+/** A host array with its shape (dim 0 is the batch), as the batcher yields it; the dtype follows the array. */
+export interface HostArray {
   data: Float32Array | Int32Array;
   shape: number[];
 }
@@ -17,7 +27,7 @@ export interface HostTensor {
  * Splits `t` ([N, ...]) into `m` tensors [N/m, ...] (copies). Throws {@link LayerwiseError}
  * when m does not divide N.
  */
-export function splitMicroBatches(t: HostTensor, m: number): WireTensor[] {
+export function splitMicroBatches(t: HostArray, m: number): HostTensor[] {
   const n = t.shape[0];
   if (!Number.isInteger(m) || m < 1 || n % m !== 0) {
     throw new LayerwiseError(`--micro-batches ${m} must divide the batch size ${n} (try a divisor of ${n})`);

@@ -1,11 +1,11 @@
 import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import { initParams } from '../model/init.js';
 import { decoderBlock } from '../model/transformer.js';
 import { dense, softmaxCrossEntropy } from '../model/layers.js';
 import { Rng } from '../util/rng.js';
-import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward } from './checkpoint.js';
+import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward } from './rematerialize.js';
 
 before(async () => {
   await tf.setBackend('cpu');

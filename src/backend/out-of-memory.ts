@@ -3,8 +3,8 @@
  * prediction before training, plan/budget.ts) and the stage workers (the exact byte counter,
  * runtime/memory.ts). It imports no TF.js, so the main thread can load it for free.
  */
-import { LayerwiseError } from '../errors.js';
-import { formatSize } from '../plan/size.js';
+import { LayerwiseError } from '../util/errors.js';
+import { formatSize } from '../util/size.js';
 
 /** Where and how a budget was exceeded. */
 export interface DeviceOutOfMemory {

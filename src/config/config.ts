@@ -2,12 +2,14 @@
  * The training configuration: one plain object, validated once, saved with every checkpoint.
  * Every field maps to a `layerwise train` flag of the same name in kebab-case.
  */
-import { LayerwiseError, check } from '../errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import { OPTIMIZER_KINDS, defaultOptimizerConfig, type OptimizerConfig, type OptimizerKind } from '../optim/optimizer.js';
-import { CHECKPOINT_MODES, SCHEDULE_KINDS, type CheckpointMode, type ScheduleKind } from '../schedule/schedule.js';
+import { REMAT_MODES, SCHEDULE_KINDS, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
 import { getPreset } from '../model/presets.js';
 import { parseBalance } from '../partition/balance.js';
-import { parseSize } from '../plan/size.js';
+import { parseSize } from '../util/size.js';
+import type { Dataset } from '../data/index.js';
+import type { ModelConfig } from '../model/model.js';
 
 export const STRATEGIES = ['single', 'gpipe', 'local', 'l2l'] as const;
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
@@ -30,7 +32,8 @@ export interface TrainConfig {
   microBatches: number;
   /** Mini-batch size N (examples). */
   batchSize: number;
-  checkpoint: CheckpointMode;
+  /** Re-materialization (activation checkpointing, flag `--checkpoint` as in torchgpipe): always | except_last | never. */
+  remat: RematMode;
   schedule: ScheduleKind;
   /**
    * Blocks per stage, or how to balance them: 'params' (parameter count), 'time' or 'memory'
@@ -70,7 +73,7 @@ export interface TrainConfig {
    */
   stash: StashPlace;
   /** L2L: worker threads of the eager parameter server's optimizer. */
-  epsThreads: number;
+  serverThreads: number;
   /**
    * Device memory budget per device, bytes (`--device-memory 512MB`). A run whose predicted
    * peak exceeds it fails before training; one that exceeds it while running fails at once.
@@ -83,10 +86,10 @@ export interface TrainConfig {
 }
 
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
-  strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, checkpoint: 'except_last', schedule: 'gpipe',
+  strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, remat: 'except_last', schedule: 'gpipe',
   balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
   seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
-  stash: 'host', epsThreads: 1,
+  stash: 'host', serverThreads: 1,
 };
 
 function oneOf<T extends string>(name: string, v: string, valid: readonly T[]): T {
@@ -100,10 +103,29 @@ function posInt(name: string, v: number, min = 1): number {
 }
 
 /**
+ * Configuration keys of earlier versions, as saved in their checkpoints' config.json, and their
+ * names now: `checkpoint` (the re-materialization mode) and `epsThreads` (the parameter server's
+ * optimizer threads).
+ */
+const LEGACY_KEYS: Record<string, keyof TrainConfig> = { checkpoint: 'remat', epsThreads: 'serverThreads' };
+
+function renameLegacyKeys<T extends object>(raw: T): T {
+  const out = { ...raw } as Record<string, unknown>;
+  for (const [old, now] of Object.entries(LEGACY_KEYS)) {
+    if (old in out) {
+      if (out[now] === undefined) out[now] = out[old];
+      delete out[old];
+    }
+  }
+  return out as T;
+}
+
+/**
  * Fills defaults and validates everything that can be checked without the data or the model.
  * Throws {@link LayerwiseError} naming the flag and the valid values.
  */
 export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory'>> & { preset: string; balance?: string | number[]; deviceMemory?: string | number }): TrainConfig {
+  raw = renameLegacyKeys(raw);
   const preset = getPreset(raw.preset);
   const c: TrainConfig = {
     ...DEFAULTS,
@@ -117,11 +139,11 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
   } as TrainConfig;
   oneOf('strategy', c.strategy, STRATEGIES);
   oneOf('backend', c.backend, BACKENDS);
-  oneOf('checkpoint mode', c.checkpoint, CHECKPOINT_MODES);
+  oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
   oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);
   oneOf('stash place', c.stash, STASH_PLACES);
-  posInt('eps-threads', c.epsThreads);
+  posInt('server-threads', c.serverThreads);
   check(c.deviceMemory === undefined || (Number.isFinite(c.deviceMemory) && c.deviceMemory > 0),
     `--device-memory must be a positive size such as 512MB, got ${c.deviceMemory}`);
   oneOf('decay', c.decay, ['constant', 'cosine'] as const);
@@ -159,4 +181,14 @@ export function optimizerConfigOf(cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm
   const o = { ...defaultOptimizerConfig(cfg.optimizer), clipNorm: cfg.clipNorm };
   if (cfg.weightDecay !== undefined) o.weightDecay = cfg.weightDecay;
   return o;
+}
+
+/** The model configuration a preset gives on a data set, with shape overrides. */
+export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
+  const preset = getPreset(cfg.preset);
+  if (preset.data !== ds.kind) {
+    throw new LayerwiseError(`preset ${cfg.preset} trains on ${preset.data} data but --data ${cfg.data} is ${ds.kind} data; use e.g. --data ${preset.defaultData}`);
+  }
+  const shape = ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes };
+  return preset.make(shape, cfg);
 }

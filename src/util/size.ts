@@ -3,7 +3,7 @@
  * (bytes). Parsing of unit suffixes is bytes-iec's.
  */
 import bytes from 'bytes-iec';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from './errors.js';
 
 /**
  * Parses a size: a plain or scientific number of bytes (`2e9`), or a number with a unit

@@ -10,7 +10,7 @@
  *
  * This module must not import TF.js: it runs in the optimizer worker threads.
  */
-import { LayerwiseError, check } from '../errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import { paramKey, sizeOf, type Block } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';

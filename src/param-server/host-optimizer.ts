@@ -35,7 +35,7 @@ function need(slots: Record<string, Float32Array>, name: string, n: number): Flo
 /**
  * One optimizer update of one parameter tensor, in place, in a single pass over its elements.
  *
- * - `cfg`: the optimizer (kind, momentum, betas, eps, weight decay; `clipNorm` is not used here:
+ * - `cfg`: the optimizer (kind, momentum, betas, epsilon, weight decay; `clipNorm` is not used here:
  *   the caller passes the resulting global `scale`).
  * - `rank`: the parameter's number of dimensions; weight decay applies only when rank >= 2
  *   (matrices and kernels, not biases and gains), as in {@link DeviceOptimizer}.
@@ -50,7 +50,7 @@ function need(slots: Record<string, Float32Array>, name: string, n: number): Flo
  * Updates (g' = scale g, wd = weightDecay if rank >= 2 else 0):
  * - SGD: v <- mu v + g' + wd p; p <- p - lr v (mu = 0: p <- p - lr (g' + wd p)).
  * - AdamW: m <- b1 m + (1-b1) g'; v <- b2 v + (1-b2) g'^2;
- *   p <- p - lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p).
+ *   p <- p - lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + epsilon) + wd p).
  *
  * Throws an Error (before changing anything) if `g` or a slot has another length than `p`, if a
  * needed slot is missing, or if AdamW gets a step < 1.
@@ -87,7 +87,7 @@ export function hostUpdate(
   const b2 = cfg.beta2;
   const a1 = 1 - b1;
   const a2 = 1 - b2;
-  const eps = cfg.eps;
+  const epsilon = cfg.epsilon;
   // Constants folded out of the loop (equal in exact arithmetic to the rule above):
   // lr m^ = k m with k = lr / (1 - b1^t); sqrt(v^) = sqrt(v) s2 with s2 = 1 / sqrt(1 - b2^t);
   // p - lr wd p = decay p. Per element: one sqrt and one division (the loop's bottleneck).
@@ -100,6 +100,6 @@ export function hostUpdate(
     const vi = b2 * v[i] + a2 * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] * decay - (k * mi) / (Math.sqrt(vi) * s2 + eps);
+    p[i] = p[i] * decay - (k * mi) / (Math.sqrt(vi) * s2 + epsilon);
   }
 }

@@ -11,12 +11,12 @@
  * {@link OptimizerState} format), so checkpoints move freely between L2L and the other strategies.
  *
  * Threads: the server runs on the main thread; `threads` optimizer workers
- * (dist/eps/optimizer-worker.js) write the shared memory; the device thread reads it after
+ * (dist/param-server/optimizer-worker.js) write the shared memory; the device thread reads it after
  * {@link ParamStore.waitVersion}. Every key is always updated by the same worker, so the updates
  * of one tensor are applied in step order even when steps overlap.
  */
 import { Worker } from 'node:worker_threads';
-import { LayerwiseError, check } from '../errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import type { HostParams } from '../model/init.js';
 import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
 import { slotNames } from './host-optimizer.js';
@@ -24,7 +24,7 @@ import type { DoneMessage, ErrorMessage, JobMessage, OptimizerWorkerData } from 
 import { ParamStore, STORE_CLOSED, STORE_FAILED, type StoreLayout } from './store.js';
 
 /** One part of one layer's update, for the trace (one track per optimizer thread). */
-export interface EpsSpan {
+export interface ServerSpan {
   layer: number;
   /** Optimizer thread index, 0-based. */
   thread: number;
@@ -93,7 +93,7 @@ export class ParameterServer {
   private nextJob = 0;
   private readonly counters: Int32Array;
   private readonly freeCounters: number[];
-  private spans: EpsSpan[] = [];
+  private spans: ServerSpan[] = [];
   private waiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
   private failure: Error | undefined;
   private closed = false;
@@ -353,7 +353,7 @@ export class ParameterServer {
   }
 
   /** Update spans since the last call (one per part of a layer's update), in completion order. */
-  takeSpans(): EpsSpan[] {
+  takeSpans(): ServerSpan[] {
     const s = this.spans;
     this.spans = [];
     return s;

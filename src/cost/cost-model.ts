@@ -31,11 +31,11 @@
  * micro-batch's tape and backward transient, the micro-batch inputs and labels it was handed,
  * and with --overlap the stashed tail inputs waiting for the next stage's gradient.
  */
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
-import { localSchedule, makeSchedule, relaySchedule, type CheckpointMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import { localSchedule, makeSchedule, relaySchedule, type RematMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
 import { simulate } from '../schedule/simulate.js';
-import type { StageRange } from './balance.js';
+import type { StageRange } from '../partition/balance.js';
 
 /** What one block costs at one micro-batch size (bytes, seconds). */
 export interface BlockCost {
@@ -100,7 +100,7 @@ export interface ModelProfile {
 export interface StepShape {
   /** Micro-batches M per mini-batch. */
   m: number;
-  checkpoint: CheckpointMode;
+  remat: RematMode;
   schedule: ScheduleKind;
   /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
   slots: number;
@@ -249,7 +249,7 @@ export function stagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number,
  * M = 1 and checkpoint 'never'. Throws {@link LayerwiseError} for an empty stage or bad M.
  */
 export function predictPeakBytes(c: MicroBatchCosts, ranges: readonly StageRange[], shape: StepShape): number[] {
-  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.checkpoint);
+  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
   return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
 }
 
@@ -270,7 +270,7 @@ export interface StepTime {
  * {@link LayerwiseError} for an empty stage or bad M.
  */
 export function predictStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: Omit<StepShape, 'slots'>): StepTime {
-  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.checkpoint);
+  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
   const totals = ranges.map((r) => stageTotals(c, r));
   const keptBy = sched.map((acts) => new Set(acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : []))));
   const sim = simulate(sched, (s, a) => {
@@ -294,10 +294,10 @@ export function predictStepTime(c: MicroBatchCosts, ranges: readonly StageRange[
  */
 export function blockBalanceCosts(c: MicroBatchCosts, kind: 'time' | 'memory', shape: StepShape, stages: number): number[] {
   const m = shape.m;
-  const recomputed = shape.checkpoint === 'always' ? m : shape.checkpoint === 'except_last' ? m - 1 : 0;
+  const recomputed = shape.remat === 'always' ? m : shape.remat === 'except_last' ? m - 1 : 0;
   if (kind === 'time') return c.blocks.map((b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds);
   const inFlight = shape.schedule === '1f1b' ? Math.min(stages, m) : m;
-  const keptAtOnce = shape.checkpoint === 'never' ? inFlight : 1;
+  const keptAtOnce = shape.remat === 'never' ? inFlight : 1;
   return c.blocks.map((b) => b.paramBytes * (2 + shape.slots) + b.keptBytes * keptAtOnce + b.bwdPeakBytes + b.inBytes * inFlight);
 }
 
@@ -473,7 +473,7 @@ export interface RelayShape {
 
 /**
  * Host AdamW update rate of the parameter server, parameters per second: the lower end of the
- * one-thread rates measured on this 2-core machine (bench/results/eps.md: 66-134 M/s under
+ * one-thread rates measured on this 2-core machine (bench/results/param-server.md: 66-134 M/s under
  * load, 134 M/s idle). Used to predict when the device waits for the server.
  */
 export const HOST_UPDATE_PARAMS_PER_SECOND = 1e8;

@@ -1,25 +1,25 @@
 /**
- * `npm run bench -- eps`: update rate, in parameters per second, of the eager parameter
+ * `npm run bench -- param-server`: update rate, in parameters per second, of the eager parameter
  * server's AdamW (L2L, Pudipeddi et al., 2020, arXiv 2002.05645; a fused host Adam as in
  * ZeRO-Offload's CPU Adam) beside TF.js's own Adam (`tf.train.adam`) and layerwise's
  * DeviceOptimizer (AdamW) on the wasm backend, on the same parameters: by default 16M
- * parameters in 8 tensors of [2048, 1024]. Writes bench/results/eps.json and eps.md.
+ * parameters in 8 tensors of [2048, 1024]. Writes bench/results/param-server.json and param-server.md.
  */
 import { cpus } from 'node:os';
 import type { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
-import { hostUpdate } from '../eps/host-optimizer.js';
-import { ParameterServer } from '../eps/server.js';
+import { hostUpdate } from '../param-server/host-optimizer.js';
+import { ParameterServer } from '../param-server/server.js';
 import type { HostParams } from '../model/init.js';
 import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
-import { tf } from '../runtime/tfjs.js';
+import { tf } from '../backend/tfjs.js';
 import { Rng } from '../util/rng.js';
 import { markdownTable, writeBenchResults } from './report.js';
 import { median } from '../util/stats.js';
 
 /** One measured optimizer. */
-export interface EpsBenchRow {
-  /** What ran: 'eps hostUpdate (main thread)', 'eps ParameterServer', 'tf.train.adam', 'DeviceOptimizer'. */
+export interface ServerBenchRow {
+  /** What ran: 'hostUpdate (main thread)', 'ParameterServer', 'tf.train.adam', 'DeviceOptimizer'. */
   optimizer: string;
   /** Where: 'host' (JS loops over Float32Arrays) or the TF.js backend. */
   backend: string;
@@ -45,7 +45,7 @@ const TENSOR_COLS = 1024;
  * Memory: about 4 x 4 bytes per parameter on the host, and about 6 x 4 on the wasm heap.
  * Throws if params is not a positive multiple of 8 x 1024.
  */
-export async function benchEpsUpdateRate(opts: { params?: number; steps?: number; log?: (s: string) => void } = {}): Promise<EpsBenchRow[]> {
+export async function benchServerUpdateRate(opts: { params?: number; steps?: number; log?: (s: string) => void } = {}): Promise<ServerBenchRow[]> {
   const total = opts.params ?? 16 * 2 ** 20;
   const steps = opts.steps ?? 5;
   const log = opts.log ?? (() => undefined);
@@ -63,10 +63,10 @@ export async function benchEpsUpdateRate(opts: { params?: number; steps?: number
   const rng = new Rng(1);
   const init = new Float32Array(per).map(() => rng.normal() * 0.02);
   const grad = new Float32Array(per).map(() => rng.normal() * 1e-3);
-  const rows: EpsBenchRow[] = [];
+  const rows: ServerBenchRow[] = [];
   const record = (optimizer: string, backend: string, times: number[], threads?: number) => {
     const ms = median(times);
-    const row: EpsBenchRow = { optimizer, backend, ...(threads !== undefined ? { threads } : {}), paramsPerSecond: total / (ms / 1000), stepMs: ms };
+    const row: ServerBenchRow = { optimizer, backend, ...(threads !== undefined ? { threads } : {}), paramsPerSecond: total / (ms / 1000), stepMs: ms };
     rows.push(row);
     log(`${optimizer}${threads !== undefined ? ` (${threads} threads)` : ''} on ${backend}: ${(row.paramsPerSecond / 1e6).toFixed(1)}M params/s (${ms.toFixed(1)} ms per step)`);
   };
@@ -82,27 +82,27 @@ export async function benchEpsUpdateRate(opts: { params?: number; steps?: number
       for (let i = 0; i < nTensors; i++) hostUpdate(cfg, 2, ps[i], gs[i], slots[i], lr, 1, t);
       if (t > 1) times.push(performance.now() - t0);
     }
-    record('eps hostUpdate (main thread)', 'host', times);
+    record('hostUpdate (main thread)', 'host', times);
   }
 
   // (b) the parameter server, 1 and 2 optimizer threads
   for (const threads of [1, 2]) {
     const params: HostParams = new Map(keys.map((k) => [k, init]));
-    const eps = await ParameterServer.create({ params, layers, shapes, optimizer: cfg, threads });
+    const server = await ParameterServer.create({ params, layers, shapes, optimizer: cfg, threads });
     try {
       const times: number[] = [];
       for (let t = 1; t <= steps + 1; t++) {
         const grads = layers.map((ks) => Object.fromEntries(ks.map((k) => [k, grad.slice()])));
         const t0 = performance.now();
-        eps.beginStep(lr);
-        for (let l = layers.length - 1; l >= 0; l--) eps.push(l, grads[l], 0);
-        await eps.idle();
+        server.beginStep(lr);
+        for (let l = layers.length - 1; l >= 0; l--) server.push(l, grads[l], 0);
+        await server.idle();
         if (t > 1) times.push(performance.now() - t0);
       }
-      eps.takeSpans();
-      record('eps ParameterServer', 'host', times, threads);
+      server.takeSpans();
+      record('ParameterServer', 'host', times, threads);
     } finally {
-      await eps.close();
+      await server.close();
     }
   }
 
@@ -117,7 +117,7 @@ export async function benchEpsUpdateRate(opts: { params?: number; steps?: number
   const gts = keys.map(() => tf.tensor(grad, shape));
   try {
     {
-      const adam = tf.train.adam(lr, cfg.beta1, cfg.beta2, cfg.eps);
+      const adam = tf.train.adam(lr, cfg.beta1, cfg.beta2, cfg.epsilon);
       const named = vars.map((v, i) => ({ name: v.name, tensor: gts[i] }));
       const times: number[] = [];
       for (let t = 1; t <= steps + 1; t++) {
@@ -148,12 +148,12 @@ export async function benchEpsUpdateRate(opts: { params?: number; steps?: number
   return rows;
 }
 
-/** Runs {@link benchEpsUpdateRate} and writes `<out>/eps.json` and `<out>/eps.md`. */
+/** Runs {@link benchServerUpdateRate} and writes `<out>/param-server.json` and `<out>/param-server.md`. */
 export async function benchEps(o: { params: number; steps: number; out: string }, log: (s: string) => void): Promise<void> {
-  const rows = await benchEpsUpdateRate({ params: o.params, steps: o.steps, log });
+  const rows = await benchServerUpdateRate({ params: o.params, steps: o.steps, log });
   const ref = rows.find((r) => r.optimizer === 'tf.train.adam')!.paramsPerSecond;
   const md = [
-    `# eps benchmark: optimizer update rate\n`,
+    `# param-server benchmark: host optimizer update rate\n`,
     `AdamW (TF.js's tf.train.adam is plain Adam) over ${o.params.toLocaleString('en-US')} parameters in 8 tensors, median of ${o.steps} steps after one warm-up step, on this machine (${cpus().length} cores, Node ${process.versions.node}). ` +
       `ParameterServer: 4 layers of 2 tensors pushed in backward order, timed from the first push until idle(). Speed-up is against tf.train.adam on wasm.\n`,
     markdownTable({
@@ -161,14 +161,14 @@ export async function benchEps(o: { params: number; steps: number; out: string }
       rows: rows.map((r) => [r.optimizer, r.backend, r.threads ?? '-', (r.paramsPerSecond / 1e6).toFixed(1), r.stepMs.toFixed(1), (r.paramsPerSecond / ref).toFixed(2) + 'x']),
     }),
   ].join('\n');
-  const files = await writeBenchResults(o.out, 'eps', { bench: 'eps', options: o, cores: cpus().length, rows }, md);
+  const files = await writeBenchResults(o.out, 'param-server', { bench: 'param-server', options: o, cores: cpus().length, rows }, md);
   log(`wrote ${files.join(', ')}`);
 }
 
-/** Adds the `eps` command to the bench CLI (src/bench/main.ts). */
-export function registerEpsBench(program: Command): void {
+/** Adds the `param-server` command to the bench CLI (src/bench/main.ts). */
+export function registerParamServerBench(program: Command): void {
   program
-    .command('eps')
+    .command('param-server')
     .description("update rate (parameters/s) of the eager parameter server's AdamW vs TF.js's Adam and DeviceOptimizer on wasm")
     .option('--params <n>', 'parameters (a multiple of 8192)', (v) => Number(v), 16 * 2 ** 20)
     .option('--steps <n>', 'measured steps per optimizer', (v) => Number(v), 5)

@@ -11,16 +11,16 @@
  * optimizer step's time and transient bytes.
  */
 import { initBackend } from '../backend/index.js';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import { initParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { DeviceOptimizer, type OptimizerConfig } from '../optim/optimizer.js';
-import { backwardRecorded, recordForward } from '../pipeline/checkpoint.js';
-import { deviceBytes, peakBytes, resetPeakBytes } from '../runtime/memory.js';
-import { tf } from '../runtime/tfjs.js';
+import { backwardRecorded, recordForward } from '../pipeline/rematerialize.js';
+import { deviceBytes, peakBytes, resetPeakBytes } from '../backend/memory.js';
+import { tf } from '../backend/tfjs.js';
 import { Rng } from '../util/rng.js';
-import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './memory-model.js';
+import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './cost-model.js';
 import { median } from '../util/stats.js';
 
 /** What to profile. */

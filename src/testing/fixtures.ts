@@ -4,7 +4,7 @@
 import type { Batch } from '../data/batcher.js';
 import { textDatasetFromString, type TextDataset } from '../data/text.js';
 import type { Model } from '../model/model.js';
-import { Rng } from './rng.js';
+import { Rng } from '../util/rng.js';
 
 const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
 

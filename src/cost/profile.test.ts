@@ -10,10 +10,10 @@ import { buildModel, type Model } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { resolveStages, createStrategy } from '../strategies/index.js';
-import { resolveConfig, type TrainConfig } from '../train/config.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { Rng } from '../util/rng.js';
-import { randomBatch } from '../util/fixtures.js';
-import { costsAt, optimizerSlots, predictPeakBytes } from './memory-model.js';
+import { randomBatch } from '../testing/fixtures.js';
+import { costsAt, optimizerSlots, predictPeakBytes } from './cost-model.js';
 import { profileModel } from './profile.js';
 
 const BACKEND = 'wasm';
@@ -40,9 +40,9 @@ const CASES: Case[] = [
 
 const RUNS: Array<Partial<TrainConfig>> = [
   { strategy: 'single' },
-  { strategy: 'gpipe', stages: 2, microBatches: 4, checkpoint: 'except_last', schedule: 'gpipe' },
-  { strategy: 'gpipe', stages: 2, microBatches: 4, checkpoint: 'never', schedule: '1f1b' },
-  { strategy: 'gpipe', stages: 3, microBatches: 2, checkpoint: 'always', schedule: 'gpipe' },
+  { strategy: 'gpipe', stages: 2, microBatches: 4, remat: 'except_last', schedule: 'gpipe' },
+  { strategy: 'gpipe', stages: 2, microBatches: 4, remat: 'never', schedule: '1f1b' },
+  { strategy: 'gpipe', stages: 3, microBatches: 2, remat: 'always', schedule: 'gpipe' },
 ];
 
 for (const c of CASES) {
@@ -58,7 +58,7 @@ for (const c of CASES) {
       const single = cfg.strategy === 'single';
       const m = single ? 1 : cfg.microBatches;
       const predicted = predictPeakBytes(costsAt(profile, n / m), ranges, {
-        m, checkpoint: single ? 'never' : cfg.checkpoint, schedule: single ? 'gpipe' : cfg.schedule, slots: optimizerSlots(opt),
+        m, remat: single ? 'never' : cfg.remat, schedule: single ? 'gpipe' : cfg.schedule, slots: optimizerSlots(opt),
       });
       const s = await createStrategy(cfg, c.model, params, ranges);
       let measured: number[];

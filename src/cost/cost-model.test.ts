@@ -10,15 +10,15 @@ import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
 import { profileAuxHeads } from '../plan/budget.js';
 import { createStrategy, resolveStages } from '../strategies/index.js';
-import { optimizerConfigOf, resolveConfig, type TrainConfig } from '../train/config.js';
+import { optimizerConfigOf, resolveConfig, type TrainConfig } from '../config/config.js';
 import { Rng } from '../util/rng.js';
-import { randomBatch } from '../util/fixtures.js';
-import { stageRanges } from './balance.js';
+import { randomBatch } from '../testing/fixtures.js';
+import { stageRanges } from '../partition/balance.js';
 import {
   blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, optimizerSlots, predictLocalPeakBytes, predictLocalStepTime,
   predictPeakBytes, predictRelayPeakBytes, predictRelayStepTime, predictStepTime,
   type BlockCost, type MicroBatchCosts, type ModelProfile,
-} from './memory-model.js';
+} from './cost-model.js';
 import { profileModel } from './profile.js';
 import { idealBubble } from '../schedule/schedule.js';
 
@@ -40,17 +40,17 @@ test('optimizer slots: AdamW 2, SGD with momentum 1, plain SGD 0', () => {
 test('single device: params + slots + inputs + labels, peaked by the optimizer step', () => {
   // P = 2000, slots 2P = 4000, input 10, labels 4; backward peak = 2000+4000+14 + kept 200 + bwd 2600 = 8814;
   // optimizer: 6000 + grads 2000 + transient 5000 = 13000
-  const [p] = predictPeakBytes(costs(2), [{ from: 0, to: 2 }], { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: 2 });
+  const [p] = predictPeakBytes(costs(2), [{ from: 0, to: 2 }], { m: 1, remat: 'never', schedule: 'gpipe', slots: 2 });
   assert.equal(p, 13000);
-  const [q] = predictPeakBytes(costs(2, { optTransientBytes: 0 }), [{ from: 0, to: 2 }], { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: 2 });
+  const [q] = predictPeakBytes(costs(2, { optTransientBytes: 0 }), [{ from: 0, to: 2 }], { m: 1, remat: 'never', schedule: 'gpipe', slots: 2 });
   assert.equal(q, 2000 + 4000 + 10 + 4 + 200 + 2600);
 });
 
 test('activations: never keeps M tapes, except_last one, always recomputes; 1F1B keeps at most K - s', () => {
   const c = costs(4, { optTransientBytes: 0, paramBytes: 0, maxParamBytes: 0, bwdPeakBytes: 0, fwdPeakBytes: 0 });
   const ranges = stageRanges([2, 2]);
-  const peak = (checkpoint: 'never' | 'except_last' | 'always', schedule: 'gpipe' | '1f1b', m = 8) =>
-    predictPeakBytes(c, ranges, { m, checkpoint, schedule, slots: 0 });
+  const peak = (remat: 'never' | 'except_last' | 'always', schedule: 'gpipe' | '1f1b', m = 8) =>
+    predictPeakBytes(c, ranges, { m, remat, schedule, slots: 0 });
   // stage 0 holds all 8 inputs (80 bytes) and, at its first backward, the received output gradient (10);
   // kept tape 200 per micro-batch; the last stage holds received inputs and labels (4 each)
   assert.deepEqual(peak('never', 'gpipe'), [80 + 8 * 200 + 10, 8 * 10 + 8 * 200 + 8 * 4]);
@@ -83,27 +83,27 @@ test('step time: equal stages give the ideal bubble (K-1)/(M+K-1); re-materializ
   const c = costs(4);
   for (const [k, m] of [[2, 4], [4, 8], [2, 1]]) {
     const ranges = stageRanges(Array.from({ length: k }, () => 4 / k));
-    const t = predictStepTime(c, ranges, { m, checkpoint: 'never', schedule: 'gpipe' });
+    const t = predictStepTime(c, ranges, { m, remat: 'never', schedule: 'gpipe' });
     const per = (4 / k) * 3;
     assert.ok(Math.abs(t.seconds - (m + k - 1) * per) < 1e-9, `makespan K=${k} M=${m}`);
     t.bubble.forEach((b) => assert.ok(Math.abs(b - idealBubble(m, k)) < 1e-9));
   }
-  const never = predictStepTime(c, stageRanges([4]), { m: 2, checkpoint: 'never', schedule: 'gpipe' }).seconds;
-  const always = predictStepTime(c, stageRanges([4]), { m: 2, checkpoint: 'always', schedule: 'gpipe' }).seconds;
+  const never = predictStepTime(c, stageRanges([4]), { m: 2, remat: 'never', schedule: 'gpipe' }).seconds;
+  const always = predictStepTime(c, stageRanges([4]), { m: 2, remat: 'always', schedule: 'gpipe' }).seconds;
   assert.equal(always - never, 2 * 4 * 1);
 });
 
 test('balance costs: time counts the recomputed forwards, memory the kept tapes', () => {
   const c = costs(2);
-  const shape = { m: 4, checkpoint: 'except_last' as const, schedule: 'gpipe' as const, slots: 2 };
+  const shape = { m: 4, remat: 'except_last' as const, schedule: 'gpipe' as const, slots: 2 };
   assert.deepEqual(blockBalanceCosts(c, 'time', shape, 2), [1 * (1 + 3 / 4) + 2, 1 * (1 + 3 / 4) + 2]);
-  const never = blockBalanceCosts(c, 'memory', { ...shape, checkpoint: 'never' }, 2)[0];
+  const never = blockBalanceCosts(c, 'memory', { ...shape, remat: 'never' }, 2)[0];
   const last = blockBalanceCosts(c, 'memory', shape, 2)[0];
   assert.equal(never - last, 3 * 100);
 });
 
 test('an empty stage is rejected with the rule', () => {
-  assert.throws(() => predictPeakBytes(costs(2), [{ from: 0, to: 0 }, { from: 0, to: 2 }], { m: 1, checkpoint: 'never', schedule: 'gpipe', slots: 0 }), /needs at least 1 block/);
+  assert.throws(() => predictPeakBytes(costs(2), [{ from: 0, to: 0 }, { from: 0, to: 2 }], { m: 1, remat: 'never', schedule: 'gpipe', slots: 0 }), /needs at least 1 block/);
 });
 
 /** Costs with an auxiliary head (500 bytes of parameters) after block 2 of 4. */

@@ -1,9 +1,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { LayerwiseError } from '../errors.js';
-import { splitMicroBatches, type HostTensor } from './microbatch.js';
+import { LayerwiseError } from '../util/errors.js';
+import { splitMicroBatches, type HostArray } from './microbatch.js';
 
-function host(shape: number[], int: boolean): HostTensor {
+function host(shape: number[], int: boolean): HostArray {
   const n = shape.reduce((a, b) => a * b, 1);
   const data = int ? new Int32Array(n) : new Float32Array(n);
   for (let i = 0; i < n; i++) data[i] = int ? i * 7 - 3 : i * 0.5 - 1.25;

@@ -5,7 +5,7 @@
  * budget (`--device-memory`, {@link setDeviceBudget}): the allocation that would take the
  * engine above it throws, before the backend itself runs out.
  */
-import { DeviceOutOfMemoryError, type DeviceOutOfMemory } from './budget-error.js';
+import { DeviceOutOfMemoryError, type DeviceOutOfMemory } from './out-of-memory.js';
 import { tf } from './tfjs.js';
 
 interface EngineState {

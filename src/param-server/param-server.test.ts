@@ -2,11 +2,11 @@ import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
 import { Worker } from 'node:worker_threads';
 import { initBackend } from '../backend/index.js';
-import { LayerwiseError } from '../errors.js';
+import { LayerwiseError } from '../util/errors.js';
 import type { HostParams } from '../model/init.js';
 import { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
-import { tf } from '../runtime/tfjs.js';
-import { assertClose } from '../util/assert-close.js';
+import { tf } from '../backend/tfjs.js';
+import { assertClose } from '../testing/assert-close.js';
 import { Rng } from '../util/rng.js';
 import { hostUpdate, slotNames } from './host-optimizer.js';
 import { ParameterServer } from './server.js';
@@ -69,7 +69,7 @@ const CONFIGS: Array<[string, OptimizerConfig]> = [
   ['sgd momentum', { ...defaultOptimizerConfig('sgd'), momentum: 0.9, weightDecay: 0.1, clipNorm: 0 }],
   ['sgd plain', { ...defaultOptimizerConfig('sgd'), momentum: 0, weightDecay: 0.1, clipNorm: 0 }],
   ['adamw', { ...defaultOptimizerConfig('adamw'), weightDecay: 0.1, clipNorm: 0 }],
-  ['adamw b0.8/0.99', { ...defaultOptimizerConfig('adamw'), beta1: 0.8, beta2: 0.99, eps: 1e-6, weightDecay: 0.05, clipNorm: 0 }],
+  ['adamw b0.8/0.99', { ...defaultOptimizerConfig('adamw'), beta1: 0.8, beta2: 0.99, epsilon: 1e-6, weightDecay: 0.05, clipNorm: 0 }],
 ];
 
 test('hostUpdate equals DeviceOptimizer: sgd with and without momentum, adamw; ranks 1, 2, 4; scale != 1; 4 steps', () => {

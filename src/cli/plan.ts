@@ -6,13 +6,12 @@
 import { loadDataset } from '../data/index.js';
 import { modelParamCount, buildModel } from '../model/model.js';
 import { paramCount } from '../model/block.js';
-import { optimizerSlots, type ModelProfile } from '../partition/memory-model.js';
-import { profileModel } from '../partition/profile.js';
-import { optimizerConfigOf, resolveConfig } from '../train/config.js';
-import { modelConfigFor } from '../train/trainer.js';
-import { profileAuxHeads } from './budget.js';
-import { checkRequest, describe, divisors, plan, type Plan, type PlanRequest } from './plan.js';
-import { formatSize, parseSize } from './size.js';
+import { optimizerSlots, type ModelProfile } from '../cost/cost-model.js';
+import { profileModel } from '../cost/profile.js';
+import { optimizerConfigOf, resolveConfig, modelConfigFor } from '../config/config.js';
+import { profileAuxHeads } from '../plan/budget.js';
+import { checkRequest, describe, divisors, plan, type Plan, type PlanRequest } from '../plan/plan.js';
+import { formatSize, parseSize } from '../util/size.js';
 
 /** The flags of `layerwise plan`. */
 export interface PlanOptions {
@@ -75,7 +74,7 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   ];
   const rows = p.strategies.map((s) => s.unavailable
     ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
-    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'gpipe' ? s.checkpoint : s.strategy === 'l2l' ? 'always' : '-', s.strategy === 'gpipe' ? s.schedule : s.strategy === 'l2l' ? `relay, stash ${s.stash}` : '-',
+    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'gpipe' ? s.remat : s.strategy === 'l2l' ? 'always' : '-', s.strategy === 'gpipe' ? s.schedule : s.strategy === 'l2l' ? `relay, stash ${s.stash}` : '-',
       `${s.balance.join(',')}${s.strategy === 'single' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
       `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.strategy === 'local' ? '-' : s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
       req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
