@@ -34,7 +34,7 @@ export {
   costsAt, predictPeakBytes, predictStepTime, predictLocalPeakBytes, predictRelayPeakBytes, predictRelayStepTime, optimizerSlots,
   type ModelProfile, type BlockCost,
 } from './cost/cost-model.js';
-export { checkDeviceBudget, PEAK_PREDICTORS } from './plan/budget.js';
+export { checkDeviceBudget } from './plan/budget.js';
 export { DeviceOutOfMemoryError } from './backend/out-of-memory.js';
 export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/plan.js';
 export { parseSize } from './util/size.js';

@@ -1,7 +1,7 @@
 /**
  * The device-memory budget's error (`--device-memory`), shared by the main thread (the
  * prediction before training, plan/budget.ts) and the stage workers (the exact byte counter,
- * runtime/memory.ts). It imports no TF.js, so the main thread can load it for free.
+ * backend/memory.ts). It imports no TF.js, so the main thread can load it for free.
  */
 import { LayerwiseError } from '../util/errors.js';
 import { formatSize } from '../util/size.js';
@@ -14,30 +14,12 @@ export interface DeviceOutOfMemory {
   budget: number;
   /** Stage (device) index, when known. */
   stage?: number;
-  /** Strategy name, when known ('single', 'gpipe', 'local', 'l2l', ...). */
+  /** Strategy name, when known. */
   strategy?: string;
   /** 'predicted' before training (memory model), 'measured' by the engine's byte counter while running. */
   how: 'predicted' | 'measured';
-  /** What to try instead; default {@link deviceMemoryAdvice} of the strategy. */
+  /** What to try instead (the strategy's advice, strategies/*.ts outOfMemoryAdvice). */
   advice?: string;
-}
-
-/**
- * What to try when a strategy does not fit its device-memory budget, e.g.
- * `try --strategy l2l, or more --stages`. `stash` is l2l's current --stash place, if known
- * (host is not suggested when it is already host).
- */
-export function deviceMemoryAdvice(strategy?: string, stash?: string): string {
-  switch (strategy) {
-    case 'single':
-      return 'try --strategy l2l, or --strategy gpipe with more --stages';
-    case 'local':
-      return 'try --strategy l2l, more --stages, or more --micro-batches';
-    case 'l2l':
-      return `try a smaller --batch-size or more --micro-batches${stash === 'host' ? '' : ', or --stash host'}`;
-    default:
-      return 'try --strategy l2l, or more --stages';
-  }
 }
 
 /**
@@ -61,5 +43,5 @@ export function formatDeviceOutOfMemory(i: DeviceOutOfMemory): string {
     i.strategy !== undefined ? `${i.stage !== undefined ? 'of ' : ''}${i.strategy}` : '',
   ].filter(Boolean).join(' ');
   return `device out of memory: needs ${formatSize(i.needs)}, budget ${formatSize(i.budget)} (${where ? `${where}, ` : ''}${i.how}); ` +
-    (i.advice ?? deviceMemoryAdvice(i.strategy));
+    (i.advice ?? 'try --strategy l2l, or more --stages');
 }

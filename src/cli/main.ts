@@ -9,6 +9,7 @@ import cliProgress from 'cli-progress';
 import { LayerwiseError } from '../util/errors.js';
 import { PRESETS } from '../model/presets.js';
 import { sampleText } from '../train/sample.js';
+import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { train, type TrainHooks } from '../train/trainer.js';
 
 function int(v: string): number {
@@ -41,16 +42,8 @@ function hooks(): TrainHooks {
       const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
       console.log(`model ${config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
       console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
-      if (config.strategy === 'gpipe') console.log(`micro-batches ${config.microBatches} of ${config.batchSize / config.microBatches}, schedule ${config.schedule}, checkpoint (re-materialization) ${config.remat}`);
-      if (config.strategy === 'local') {
-        console.log(`local parallelism: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, one local update each; ` +
-          `${config.overlap ? `overlap ${config.overlap}` : 'greedy'}, ${config.deterministic ? 'deterministic' : 'free-running'}`);
-      }
-      if (config.strategy === 'l2l') {
-        const slots = config.optimizer === 'adamw' ? 2 : 1;
-        console.log(`l2l: ${config.microBatches} micro-batch(es) of ${config.batchSize / config.microBatches}, stash in ${config.stash} memory; ` +
-          `the parameter server holds ${formatBytes(bytes * (1 + slots))} of parameters and optimizer state in host memory (${config.serverThreads} optimizer thread(s))`);
-      }
+      const setup = specOf(config.strategy).describeRun?.(config, bytes);
+      if (setup) console.log(setup);
       if (budget?.budget !== undefined) {
         console.log(`device budget ${formatBytes(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatBytes).join(' / ') : 'not predicted'}`);
       }
@@ -85,7 +78,7 @@ program
   .description('train a model; writes metrics.jsonl, summary.json and a checkpoint into --out')
   .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
   .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path or idx:IMAGES,LABELS (default: the preset's)")
-  .option('--strategy <name>', 'single | gpipe | local | l2l')
+  .option('--strategy <name>', STRATEGY_SPECS.map((s) => `${s.name}: ${s.help}`).join('; '))
   .option('--stash <place>', 'l2l: where layer-boundary activations wait for backward: host (device memory constant in depth) | device')
   .option('--server-threads <n>', "l2l: worker threads of the parameter server's optimizer", int)
   .option('--device-memory <size>', 'device memory budget per device, e.g. 512MB or 2GiB; a run that cannot fit fails before training')

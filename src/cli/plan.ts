@@ -10,7 +10,9 @@ import { optimizerSlots, type ModelProfile } from '../cost/cost-model.js';
 import { profileModel } from '../cost/profile.js';
 import { optimizerConfigOf, resolveConfig, modelConfigFor } from '../config/config.js';
 import { profileAuxHeads } from '../plan/budget.js';
-import { checkRequest, describe, divisors, plan, type Plan, type PlanRequest } from '../plan/plan.js';
+import { checkRequest, describe, plan, type Plan, type PlanRequest } from '../plan/plan.js';
+import { divisors } from '../cost/strategy-plan.js';
+import { specOf } from '../strategies/index.js';
 import { formatSize, parseSize } from '../util/size.js';
 
 /** The flags of `layerwise plan`. */
@@ -74,9 +76,9 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
   ];
   const rows = p.strategies.map((s) => s.unavailable
     ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
-    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.strategy === 'gpipe' ? s.remat : s.strategy === 'l2l' ? 'always' : '-', s.strategy === 'gpipe' ? s.schedule : s.strategy === 'l2l' ? `relay, stash ${s.stash}` : '-',
-      `${s.balance.join(',')}${s.strategy === 'single' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
-      `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.strategy === 'local' ? '-' : s.idealBubble.toFixed(2)}`, (1000 * s.stepSeconds).toFixed(1),
+    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.display.remat, s.display.schedule,
+      `${s.balance.join(',')}${s.balancedBy === 'whole model' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
+      `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.exact ? s.idealBubble.toFixed(2) : '-'}`, (1000 * s.stepSeconds).toFixed(1),
       req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
   const table = renderTable(['strategy', 'fits', 'K', 'M', 'checkpoint', 'schedule', 'balance', 'peak device bytes per stage', 'bubble (pred vs ideal)', 'step ms', 'throughput'], rows);
   // the flags that define the model and the run the plan was made for, so the command line trains exactly that
@@ -87,10 +89,8 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
     ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize} --device-memory ${o.deviceMemory}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
-    'throughput assumes one device per stage (a core or an accelerator each); l2l\'s step is the device\'s work (every layer re-computed in backward) plus the part of the parameter server\'s host updates that the device\'s work does not hide',
-    ...(p.strategies.some((s) => s.strategy === 'local' && !s.unavailable)
-      ? ["local parallelism trains each stage on its own auxiliary loss (not backprop's updates; its stages run free, so its step is the slowest stage's); it is recommended only when nothing exact fits"]
-      : []),
+    'throughput assumes one device per stage (a core or an accelerator each)',
+    ...p.strategies.flatMap((s) => (s.unavailable ? [] : specOf(s.strategy).planNote ?? [])),
   ];
   return { plan: p, profile, text: [...head, table, rec, ...notes.map((n) => `note: ${n}`)].join('\n') };
 }

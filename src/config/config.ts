@@ -11,11 +11,9 @@ import { parseSize } from '../util/size.js';
 import type { Dataset } from '../data/index.js';
 import type { ModelConfig } from '../model/model.js';
 
-export const STRATEGIES = ['single', 'gpipe', 'local', 'l2l'] as const;
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
 export const STASH_PLACES = ['device', 'host'] as const;
 export type StashPlace = (typeof STASH_PLACES)[number];
-export type StrategyName = (typeof STRATEGIES)[number];
 export const BACKENDS = ['wasm', 'cpu', 'tensorflow', 'webgpu'] as const;
 /** Automatic balances: by parameter count, or by profiled time or memory. */
 export const BALANCE_KINDS = ['params', 'time', 'memory'] as const;
@@ -25,7 +23,8 @@ export interface TrainConfig {
   preset: string;
   /** Data set name or path (see data/index.ts); defaults to the preset's. */
   data: string;
-  strategy: StrategyName;
+  /** The strategy's name (strategies/index.ts STRATEGY_SPECS validates it). */
+  strategy: string;
   /** Number of pipeline stages K (devices). */
   stages: number;
   /** Micro-batches M per mini-batch. */
@@ -137,7 +136,6 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
       : raw.balance ?? 'params',
     deviceMemory: typeof raw.deviceMemory === 'string' ? parseSize(raw.deviceMemory) : raw.deviceMemory,
   } as TrainConfig;
-  oneOf('strategy', c.strategy, STRATEGIES);
   oneOf('backend', c.backend, BACKENDS);
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
@@ -161,9 +159,6 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
   check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
   check(c.lr > 0 && Number.isFinite(c.lr), `--lr must be a positive number, got ${c.lr}`);
   check(c.clipNorm >= 0, `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`);
-  if (c.strategy === 'single' || c.strategy === 'l2l') {
-    check(c.stages === 1, `--strategy ${c.strategy} runs on one device; drop --stages ${c.stages} or use --strategy gpipe`);
-  }
   check(c.batchSize % c.microBatches === 0,
     `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`);
   for (const k of ['layers', 'dModel', 'heads', 'context'] as const) {

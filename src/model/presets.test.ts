@@ -42,9 +42,9 @@ for (const backend of ['wasm', 'cpu']) {
         const loss0 = stage.losses.get(0)!;
         stage.backward(0, null, 1);
         // every parameter has a finite, non-zero gradient
-        const grads = (stage as unknown as { grads: Map<string, tf.Tensor> }).grads;
+        const grads = stage.grads;
         assert.equal(grads.size, stage.params.size);
-        for (const [k, g] of grads) {
+        for (const [k, g] of grads.entries()) {
           const n = tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
           assert.ok(Number.isFinite(n) && n > 0, `${k}: gradient norm^2 ${n}`);
         }

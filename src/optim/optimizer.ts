@@ -74,7 +74,7 @@ export class DeviceOptimizer {
    * (same shapes as the parameters); `lr` the learning rate of this step; `scale` the global
    * clipping scale. Gradients are not disposed.
    */
-  apply(params: Map<string, tf.Variable>, grads: Map<string, tf.Tensor>, lr: number, scale: number): void {
+  apply(params: ReadonlyMap<string, tf.Variable>, grads: ReadonlyMap<string, tf.Tensor>, lr: number, scale: number): void {
     this.step++;
     const c = this.config;
     const t = this.step;
@@ -118,7 +118,7 @@ export class DeviceOptimizer {
   }
 
   /** Restores a state from {@link getState}; shapes are taken from the parameters. */
-  setState(state: OptimizerState, params: Map<string, tf.Variable>): void {
+  setState(state: OptimizerState, params: ReadonlyMap<string, tf.Variable>): void {
     this.dispose();
     this.step = state.step;
     for (const [name, s] of Object.entries(state.slots)) {

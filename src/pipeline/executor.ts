@@ -1,15 +1,34 @@
 /**
- * The one executor: interprets a stage's action list (see schedule/schedule.ts) against a
- * {@link Stage} and the stage's links to its neighbours. Every schedule (GPipe fill-drain,
- * 1F1B, evaluation) runs through this loop; strategies only choose the lists.
+ * The one executor: interprets a stage's action list (schedule/schedule.ts) against a
+ * {@link StageProgram} and the stage's {@link StageLinks}, as PyTorch pipelining's runtime
+ * does (torch/distributed/pipelining/schedules.py, `_comp_type_to_function_map`).
+ *
+ * - The core owns communication and tracing: receives and sends of activations and gradients
+ *   (into and out of the step's mailboxes), the gradient-norm all-reduce, polling and draining
+ *   overlap gradients, and one {@link TraceSpan} per action.
+ * - Compute actions are dispatched through the handler table the stage kind provides
+ *   ({@link StageProgram.handlers}): a backprop stage maps forward / backward / optimizer_step,
+ *   a local-parallelism stage local_update / overlap_backward / local_step, the L2L relay
+ *   load_layer / layer_forward / layer_backward / push_grads / ... A stage kind plugs in without
+ *   a branch here.
+ *
+ * When an action fails, the error carries the stage's schedule with that action marked
+ * (`<-- ERROR HERE`, as PyTorch pipelining prints it): see {@link ScheduleError}.
  */
 import type { tf } from '../backend/tfjs.js';
-import type { Action } from '../schedule/schedule.js';
-import { LocalStage } from './local-stage.js';
-import { RelayStage, type LayerGrads } from './relay-stage.js';
-import type { Stage } from './stage.js';
+import type { HostParams } from '../model/init.js';
+import type { OptimizerState } from '../optim/optimizer.js';
+import { formatScheduleError, type Action } from '../schedule/schedule.js';
 
-/** How a stage talks to the rest of the pipeline. */
+/** A layer's accumulated gradient on its way to the parameter server (L2L; host copies, by parameter key). */
+export interface LayerGrads {
+  layer: number;
+  grads: Record<string, Float32Array>;
+  /** Sum of squares of every element of `grads` (for global-norm clipping; 0 when clipping is off). */
+  sumSquares: number;
+}
+
+/** How a stage talks to the rest of the pipeline (implemented over channels by runtime/worker.ts). */
 export interface StageLinks {
   /** Next activation from the previous stage (FIFO). */
   recvActivation(): Promise<{ mb: number; t: tf.Tensor }>;
@@ -40,12 +59,12 @@ export interface StepInputs {
 }
 
 /**
- * One executed action: op, micro-batch and its start/end in ms since the step began. A
- * backward with re-materialization gives two spans: `recompute` (its forward run again) and
- * `backward`.
+ * One executed action: op, micro-batch and its start/end in ms since the step began. An action
+ * may be split in two phases (see {@link StepIO.phase}): a backward with re-materialization
+ * gives `recompute` then `backward`; an L2L load that waited gives `wait_params` then `upload`.
  */
 export interface TraceSpan {
-  /** The op, `recompute`, or for L2L's load_layer `wait_params` (waiting for the parameter server) and `upload`. */
+  /** The op, or the label of one of its phases. */
   label: string;
   op: Action['op'];
   mb: number;
@@ -56,136 +75,230 @@ export interface TraceSpan {
 }
 
 /**
- * Runs `actions` in order. Receives must match the schedule's micro-batch order (channels are
- * FIFO); a mismatch is a schedule bug and throws. Returns the trace of the step.
+ * Labels of the spans in which a stage waits for another stage or for the parameter server:
+ * receives, the norm all-reduce, waiting for outstanding overlap gradients, and L2L's wait for
+ * a layer's update. The measured bubble of a stage is their share of its step.
  */
-export async function execute(stage: Stage, actions: readonly Action[], links: StageLinks, inp: StepInputs): Promise<TraceSpan[]> {
+export const WAITING_LABELS: ReadonlySet<string> = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm', 'drain_grads', 'wait_params']);
+
+/** Milliseconds of `trace` spent waiting (see {@link WAITING_LABELS}). */
+export function waitingMs(trace: readonly TraceSpan[]): number {
+  return trace.filter((t) => WAITING_LABELS.has(t.label)).reduce((a, t) => a + (t.end - t.start), 0);
+}
+
+/** Ops the executor's core runs itself (communication); every other op is a stage kind's compute. */
+export const COMMUNICATION_OPS = ['recv_act', 'send_act', 'recv_grad', 'send_grad', 'reduce_grad_norm', 'poll_grads', 'drain_grads'] as const;
+export type CommunicationOp = (typeof COMMUNICATION_OPS)[number];
+export type ComputeOp = Exclude<Action['op'], CommunicationOp>;
+/** The action type of one op, e.g. `ActionOf<'layer_forward'>` has `layer`, `mb` and `grad`. */
+export type ActionOf<K extends Action['op']> = Extract<Action, { op: K }>;
+
+/**
+ * What a compute handler sees of the step: the step's mailboxes (taking a tensor passes its
+ * ownership to the handler; putting one passes it to the executor) and its scalars.
+ */
+export interface StepIO {
+  /** Micro-batches M of this step. */
+  readonly m: number;
+  /** Learning rate of this step. */
+  readonly lr: number;
+  /** Global clipping scale from the step's reduce_grad_norm (1 before it). */
+  readonly scale: number;
+  /** Takes micro-batch mb's input: the step's input on the first stage, else the received activation. Throws if absent. */
+  takeInput(mb: number): tf.Tensor;
+  /** Takes micro-batch mb's labels. Throws if this stage was given none. */
+  takeLabels(mb: number): tf.Tensor;
+  /** Takes micro-batch mb's labels if this stage was given labels, else null. */
+  takeLabelsIfAny(mb: number): tf.Tensor | null;
+  /** Puts micro-batch mb's output, for the next send_act. */
+  putOutput(mb: number, t: tf.Tensor): void;
+  /** Takes the received gradient of micro-batch mb's output. Throws if absent. */
+  takeOutputGrad(mb: number): tf.Tensor;
+  /** Puts the gradient of micro-batch mb's input, for the next send_grad. */
+  putInputGrad(mb: number, t: tf.Tensor): void;
+  /** Hands a layer's gradient to the parameter server (L2L). Throws when the stage has no such link. */
+  pushGrads(g: LayerGrads): void;
+  /**
+   * Marks the first `ms` milliseconds of the current action as `label` in the trace (the rest
+   * is labelled `rest`, default the op): e.g. `recompute` within a backward.
+   */
+  phase(label: string, ms: number, rest?: string): void;
+}
+
+/** A compute handler: runs one action of its op on the stage. */
+export type Handler<K extends ComputeOp> = (a: ActionOf<K>, io: StepIO) => void | Promise<void>;
+
+/** The handler table of a stage kind: which compute ops it runs, and how. */
+export type Handlers = { [K in ComputeOp]?: Handler<K> };
+
+/**
+ * One stage kind's program on one device, as the executor and the device worker see it. Stage
+ * kinds: pipeline/stage.ts (backprop: gpipe, 1F1B, single), pipeline/local-stage.ts (local
+ * parallelism), pipeline/relay-stage.ts (L2L).
+ */
+export interface StageProgram {
+  /** Name of the kind in messages, e.g. 'backprop stage'. */
+  readonly kind: string;
+  /** The compute ops this kind runs. */
+  readonly handlers: Handlers;
+  /** Loss of each micro-batch recorded in this step (the model's, or a local loss), by micro-batch. */
+  readonly losses: Map<number, number>;
+  /** This stage's share of the global squared gradient norm (for reduce_grad_norm). */
+  gradSquaredNorm?(): number;
+  /** Gradients this stage still expects from the next stage outside its schedule (for drain_grads). */
+  pendingGradients?(): number;
+  /** Drops every per-step tensor (after a failed step), keeping parameters and optimizer state. */
+  reset(): void;
+  /** Current parameter values (host copies); absent where the parameters live elsewhere (L2L: in the parameter server). */
+  getParams?(): HostParams;
+  /** Optimizer state; absent where it lives elsewhere. */
+  getOptimizerState?(): OptimizerState;
+  setOptimizerState?(s: OptimizerState): void;
+  /** Frees everything on the device. */
+  dispose(): void;
+}
+
+/**
+ * An action failed: `message` is the cause's; {@link schedule} shows the stage's actions with
+ * the failing one marked. `cause` is the original error.
+ */
+export class ScheduleError extends Error {
+  override readonly name: string;
+  constructor(override readonly cause: Error, readonly stage: number, readonly index: number, readonly schedule: string) {
+    super(cause.message);
+    this.name = cause.name; // a DeviceOutOfMemoryError stays recognisable by name
+    this.stack = `${cause.stack ?? cause.message}\n${schedule}`;
+  }
+}
+
+/** The step's tensors between actions, keyed by micro-batch. */
+class Mailbox {
+  private readonly m = new Map<number, tf.Tensor>();
+  constructor(private readonly what: string) {}
+  put(mb: number, t: tf.Tensor): void {
+    if (this.m.has(mb)) throw new Error(`${this.what} of micro-batch ${mb} is already waiting (schedule out of order)`);
+    this.m.set(mb, t);
+  }
+  take(mb: number, by: string): tf.Tensor {
+    const t = this.m.get(mb);
+    if (!t) throw new Error(`${by} of micro-batch ${mb}: no ${this.what} to use (schedule out of order)`);
+    this.m.delete(mb);
+    return t;
+  }
+  has(mb: number): boolean {
+    return this.m.has(mb);
+  }
+  dispose(): void {
+    for (const t of this.m.values()) t.dispose();
+    this.m.clear();
+  }
+}
+
+function handlerFor(program: StageProgram, op: ComputeOp): Handler<ComputeOp> {
+  const h = program.handlers[op] as Handler<ComputeOp> | undefined;
+  if (!h) throw new Error(`a ${program.kind} has no '${op}' action; the schedule does not fit this stage kind`);
+  return h;
+}
+
+/**
+ * Runs `actions`, stage `stage`'s list of one step, in order. Receives must match the
+ * schedule's micro-batch order (channels are FIFO); a mismatch is a schedule bug and throws.
+ * Returns the trace of the step. Throws {@link ScheduleError} (the failing action marked in its
+ * schedule) when an action fails; tensors still in the step's mailboxes are freed first.
+ */
+export async function execute(program: StageProgram, actions: readonly Action[], links: StageLinks, inp: StepInputs, stage = 0): Promise<TraceSpan[]> {
   const t0 = performance.now();
   const trace: TraceSpan[] = [];
-  const pendingIn = new Map<number, tf.Tensor>();
-  const pendingOut = new Map<number, tf.Tensor>();
-  const pendingGradIn = new Map<number, tf.Tensor>();
-  const pendingGradOut = new Map<number, tf.Tensor>();
+  const inputs = new Mailbox('input');
+  const labels = new Mailbox('labels');
+  const outputs = new Mailbox('output');
+  const outputGrads = new Mailbox('output gradient');
+  const inputGrads = new Mailbox('input gradient');
+  inp.inputs?.forEach((t, mb) => t && inputs.put(mb, t));
+  inp.labels?.forEach((t, mb) => t && labels.put(mb, t));
+  const hasLabels = (inp.labels?.length ?? 0) > 0;
   let scale = 1;
+  let split: { label: string; ms: number; rest?: string } | null = null;
+  let current: Action['op'] = 'forward';
+  const io: StepIO = {
+    m: inp.m,
+    lr: inp.lr,
+    get scale() {
+      return scale;
+    },
+    takeInput: (mb) => inputs.take(mb, current),
+    takeLabels: (mb) => labels.take(mb, current),
+    takeLabelsIfAny: (mb) => (hasLabels ? labels.take(mb, current) : null),
+    putOutput: (mb, t) => outputs.put(mb, t),
+    takeOutputGrad: (mb) => outputGrads.take(mb, current),
+    putInputGrad: (mb, t) => inputGrads.put(mb, t),
+    pushGrads(g) {
+      if (!links.pushGrads) throw new Error(`${current} needs a link to the parameter server`);
+      links.pushGrads(g);
+    },
+    phase(label, ms, rest) {
+      split = { label, ms, rest };
+    },
+  };
   const expect = (got: number, want: number, what: string) => {
     if (got !== want) throw new Error(`stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`);
   };
-  for (const a of actions) {
+  const receivedGradient = async (g: { mb: number; t: tf.Tensor }) => {
+    outputGrads.put(g.mb, g.t);
+    await handlerFor(program, 'overlap_backward')({ op: 'overlap_backward', mb: g.mb }, io);
+  };
+  for (let i = 0; i < actions.length; i++) {
+    const a = actions[i];
+    current = a.op;
+    split = null;
     const start = performance.now() - t0;
-    const mb = 'mb' in a ? a.mb : -1;
-    const layer = 'layer' in a ? { layer: a.layer } : {};
-    switch (a.op) {
-      case 'recv_act': {
-        const { mb: got, t } = await links.recvActivation();
-        expect(got, a.mb, 'activation');
-        pendingIn.set(a.mb, t);
-        break;
-      }
-      case 'forward': {
-        const x = stage.isFirst ? inp.inputs![a.mb] : pendingIn.get(a.mb);
-        if (!x) throw new Error(`forward of micro-batch ${a.mb} has no input`);
-        pendingIn.delete(a.mb);
-        const y = stage.forward(a.mb, x, { keep: a.keep, grad: a.grad, labels: inp.labels?.[a.mb] });
-        if (y) pendingOut.set(a.mb, y);
-        break;
-      }
-      case 'send_act':
-        links.sendActivation(a.mb, take(pendingOut, a.mb, 'send_act'));
-        break;
-      case 'recv_grad': {
-        const { mb: got, t } = await links.recvGradient();
-        expect(got, a.mb, 'gradient');
-        pendingGradIn.set(a.mb, t);
-        break;
-      }
-      case 'backward': {
-        const dy = stage.isLast ? null : take(pendingGradIn, a.mb, 'backward');
-        const dx = stage.backward(a.mb, dy, inp.m);
-        if (dx) pendingGradOut.set(a.mb, dx);
-        if (stage.lastRecomputeMs > 0) {
-          trace.push({ label: 'recompute', op: a.op, mb, start, end: start + stage.lastRecomputeMs });
-          trace.push({ label: a.op, op: a.op, mb, start: start + stage.lastRecomputeMs, end: performance.now() - t0 });
-          continue;
+    try {
+      switch (a.op) {
+        case 'recv_act': {
+          const { mb, t } = await links.recvActivation();
+          inputs.put(mb, t);
+          expect(mb, a.mb, 'activation');
+          break;
         }
-        break;
-      }
-      case 'send_grad':
-        links.sendGradient(a.mb, take(pendingGradOut, a.mb, 'send_grad'));
-        break;
-      case 'reduce_grad_norm':
-        scale = await links.reduceGradNorm(stage.gradSquaredNorm());
-        break;
-      case 'optimizer_step':
-        stage.step(inp.lr, scale);
-        break;
-      case 'local_update': {
-        const x = stage.isFirst ? inp.inputs![a.mb] : take(pendingIn, a.mb, 'local_update');
-        const { out, dx } = local(stage, a.op).update(a.mb, x, inp.labels![a.mb]);
-        if (out) pendingOut.set(a.mb, out);
-        if (dx) pendingGradOut.set(a.mb, dx);
-        break;
-      }
-      case 'overlap_backward':
-        local(stage, a.op).overlapBackward(a.mb, take(pendingGradIn, a.mb, 'overlap_backward'));
-        break;
-      case 'poll_grads':
-        for (let g = links.pollGradient(); g; g = links.pollGradient()) local(stage, a.op).overlapBackward(g.mb, g.t);
-        break;
-      case 'drain_grads':
-        while (local(stage, a.op).pendingOverlap > 0) {
-          const g = await links.recvGradient();
-          local(stage, a.op).overlapBackward(g.mb, g.t);
+        case 'send_act':
+          links.sendActivation(a.mb, outputs.take(a.mb, a.op));
+          break;
+        case 'recv_grad': {
+          const { mb, t } = await links.recvGradient();
+          outputGrads.put(mb, t);
+          expect(mb, a.mb, 'gradient');
+          break;
         }
-        break;
-      case 'local_step':
-        local(stage, a.op).localStep(inp.lr);
-        break;
-      case 'load_layer': {
-        const r = relay(stage, a.op);
-        await r.load(a.layer);
-        if (r.lastWaitMs > 0) {
-          trace.push({ label: 'wait_params', op: a.op, mb, ...layer, start, end: start + r.lastWaitMs });
-          trace.push({ label: 'upload', op: a.op, mb, ...layer, start: start + r.lastWaitMs, end: performance.now() - t0 });
-          continue;
-        }
-        break;
+        case 'send_grad':
+          links.sendGradient(a.mb, inputGrads.take(a.mb, a.op));
+          break;
+        case 'reduce_grad_norm':
+          if (!program.gradSquaredNorm) throw new Error(`a ${program.kind} cannot take part in the gradient-norm all-reduce`);
+          scale = await links.reduceGradNorm(program.gradSquaredNorm());
+          break;
+        case 'poll_grads':
+          for (let g = links.pollGradient(); g; g = links.pollGradient()) await receivedGradient(g);
+          break;
+        case 'drain_grads':
+          while ((program.pendingGradients?.() ?? 0) > 0) await receivedGradient(await links.recvGradient());
+          break;
+        default:
+          await handlerFor(program, a.op)(a, io);
       }
-      case 'prefetch_layer':
-        relay(stage, a.op).prefetch(a.layer);
-        break;
-      case 'layer_forward':
-        relay(stage, a.op).layerForward(a.layer, a.mb, a.grad, inp);
-        break;
-      case 'layer_backward':
-        relay(stage, a.op).layerBackward(a.layer, a.mb, inp);
-        break;
-      case 'push_grads': {
-        if (!links.pushGrads) throw new Error('push_grads needs a link to the parameter server');
-        links.pushGrads(relay(stage, a.op).takeLayerGrads(a.layer));
-        break;
-      }
-      case 'release_layer':
-        relay(stage, a.op).release(a.layer);
-        break;
+    } catch (e) {
+      for (const box of [inputs, labels, outputs, outputGrads, inputGrads]) box.dispose();
+      const err = e instanceof Error ? e : new Error(String(e));
+      throw new ScheduleError(err, stage, i, formatScheduleError(stage, actions, i));
     }
-    trace.push({ label: a.op, op: a.op, mb, ...layer, start, end: performance.now() - t0 });
+    const end = performance.now() - t0;
+    const at = { op: a.op, mb: 'mb' in a ? a.mb : -1, ...('layer' in a ? { layer: a.layer } : {}) };
+    const s = split as { label: string; ms: number; rest?: string } | null;
+    if (s && s.ms > 0) {
+      trace.push({ label: s.label, ...at, start, end: start + s.ms });
+      trace.push({ label: s.rest ?? a.op, ...at, start: start + s.ms, end });
+    } else {
+      trace.push({ label: a.op, ...at, start, end });
+    }
   }
   return trace;
-}
-
-function take(m: Map<number, tf.Tensor>, mb: number, what: string): tf.Tensor {
-  const t = m.get(mb);
-  if (!t) throw new Error(`${what} of micro-batch ${mb}: nothing to use (schedule out of order)`);
-  m.delete(mb);
-  return t;
-}
-
-function local(stage: Stage, op: string): LocalStage {
-  if (!(stage instanceof LocalStage)) throw new Error(`${op} needs a local-parallelism stage`);
-  return stage;
-}
-
-function relay(stage: Stage, op: string): RelayStage {
-  if (!(stage instanceof RelayStage)) throw new Error(`${op} needs an L2L relay stage`);
-  return stage;
 }

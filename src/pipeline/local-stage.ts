@@ -15,9 +15,11 @@ import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
-import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
+import { DeviceOptimizer, clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import { Stage } from './stage.js';
+import type { Handlers, StageProgram } from './executor.js';
+import type { StageContext } from './stage-kind.js';
+import { GradAccumulator, StageParams } from './stage-params.js';
 
 /** How a local stage sits in the pipeline. */
 export interface LocalRole {
@@ -29,7 +31,13 @@ export interface LocalRole {
   sendsInputGrad: boolean;
 }
 
-export class LocalStage extends Stage {
+export class LocalStage implements StageProgram {
+  readonly kind = 'local-parallelism stage';
+  readonly params: StageParams;
+  private readonly grads = new GradAccumulator();
+  private readonly optimizer: DeviceOptimizer;
+  /** Local loss of each micro-batch this step. */
+  readonly losses = new Map<number, number>();
   /** The auxiliary head (null on the last stage, which uses the model's own loss). */
   readonly head: Block | null;
   private readonly headParams: Array<[string, string]> = [];
@@ -41,8 +49,24 @@ export class LocalStage extends Stage {
   private readonly tailStash: Array<{ mb: number; input: tf.Tensor }> = [];
   private readonly clipNorm: number;
 
-  constructor(model: Model, range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
-    super(model, range, values, optimizer);
+  readonly handlers: Handlers = {
+    local_update: (a, io) => {
+      const { out, dx } = this.update(a.mb, io.takeInput(a.mb), io.takeLabels(a.mb));
+      if (out) io.putOutput(a.mb, out);
+      if (dx) io.putInputGrad(a.mb, dx);
+    },
+    overlap_backward: (a, io) => this.overlapBackward(a.mb, io.takeOutputGrad(a.mb)),
+    local_step: (_a, io) => this.localStep(io.lr),
+    forward: (a, io) => {
+      if (a.grad) throw new Error('a local stage trains with local_update, not forward (forward is for evaluation)');
+      const out = this.evalForward(a.mb, io.takeInput(a.mb), io.takeLabels(a.mb));
+      if (out) io.putOutput(a.mb, out);
+    },
+  };
+
+  constructor(readonly model: Model, readonly range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
+    this.params = new StageParams(model, range, values);
+    this.optimizer = new DeviceOptimizer(optimizer);
     this.clipNorm = optimizer.clipNorm;
     const tail = role.overlapTail;
     if (!Number.isInteger(tail) || tail < 0 || tail >= range.to - range.from) {
@@ -51,9 +75,16 @@ export class LocalStage extends Stage {
     this.head = this.isLast ? null : auxHead(model, role.stage, range.to);
     for (const spec of this.head?.params ?? []) {
       const key = auxKey(role.stage, spec.name);
-      this.addParam(key, spec.shape, values);
+      this.params.add(key, spec.shape, values);
       this.headParams.push([spec.name, key]);
     }
+  }
+
+  get isFirst(): boolean {
+    return this.range.from === 0;
+  }
+  get isLast(): boolean {
+    return this.range.to === this.model.blocks.length;
   }
 
   /** Loss of this stage for output `h`: the auxiliary head's, or the model's on the last stage. */
@@ -71,28 +102,33 @@ export class LocalStage extends Stage {
    * previous stage overlaps, else null).
    */
   update(mb: number, x: tf.Tensor, labels: tf.Tensor): { out: tf.Tensor | null; dx: tf.Tensor | null } {
-    const keys = this.keys();
-    const params = keys.map((k) => this.params.get(k)!);
+    const keys = this.params.keys();
+    const params = this.params.list(keys);
     const wantX = this.role.sendsInputGrad;
     const tailFrom = this.range.to - this.role.overlapTail;
     let out: tf.Tensor | null = null;
     let tailIn: tf.Tensor | null = null;
     const f = (...args: tf.Tensor[]) => {
-      const byKey = new Map(keys.map((k, i) => [k, args[i]]));
+      const param = StageParams.byKey(keys, args);
       const input = wantX ? args[keys.length] : x;
-      const h = this.applyBlocks(this.range.from, this.range.to, (k) => byKey.get(k)!, input, (b, hin) => {
+      const h = this.params.applyBlocks(this.range.from, this.range.to, input, param, (b, hin) => {
         if (this.role.overlapTail > 0 && b === tailFrom) tailIn = tf.keep(tf.clone(hin));
       });
       if (!this.isLast) out = tf.keep(tf.clone(h));
-      return this.localLoss(h, labels, (k) => byKey.get(k)!);
+      return this.localLoss(h, labels, param);
     };
-    const { value, grads } = tf.valueAndGrads(f)(wantX ? [...params, x] : params);
+    let value: tf.Scalar;
+    let grads: tf.Tensor[];
+    try {
+      ({ value, grads } = tf.valueAndGrads(f)(wantX ? [...params, x] : params));
+    } finally {
+      x.dispose();
+      labels.dispose();
+    }
     this.losses.set(mb, value.dataSync()[0]);
     value.dispose();
-    this.accumulate(keys, grads);
+    this.grads.add(keys, grads);
     if (tailIn) this.tailStash.push({ mb, input: tailIn });
-    x.dispose();
-    labels.dispose();
     return { out, dx: wantX ? grads[keys.length] : null };
   }
 
@@ -107,50 +143,78 @@ export class LocalStage extends Stage {
     if (oldest.mb !== mb) throw new Error(`overlap gradient for micro-batch ${mb} while the oldest waiting update is ${oldest.mb}`);
     const tailIn = oldest.input;
     const from = this.range.to - this.role.overlapTail;
-    const tailKeys = this.blockParams.slice(from - this.range.from).flatMap((bp) => bp.map(([, key]) => key));
-    const f = (...ps: tf.Tensor[]) => {
-      const byKey = new Map(tailKeys.map((k, i) => [k, ps[i]]));
-      return this.applyBlocks(from, this.range.to, (k) => byKey.get(k)!, tailIn);
-    };
-    const grads = tf.grads(f)(tailKeys.map((k) => this.params.get(k)!), dy);
-    this.accumulate(tailKeys, grads);
-    tailIn.dispose();
-    dy.dispose();
+    const tailKeys = this.params.keysOfBlocks(from, this.range.to);
+    const f = (...ps: tf.Tensor[]) => this.params.applyBlocks(from, this.range.to, tailIn, StageParams.byKey(tailKeys, ps));
+    let grads: tf.Tensor[];
+    try {
+      grads = tf.grads(f)(this.params.list(tailKeys), dy);
+    } finally {
+      tailIn.dispose();
+      dy.dispose();
+    }
+    this.grads.add(tailKeys, grads);
   }
 
-  /** Updates still waiting for their overlap gradient from the next stage. */
-  get pendingOverlap(): number {
+  /** Updates still waiting for their overlap gradient from the next stage (what drain_grads waits for). */
+  pendingGradients(): number {
     return this.tailStash.length;
   }
 
   /** Local optimizer step: clipping by this stage's own gradient norm, then the update. */
   localStep(lr: number): void {
-    const scale = clipScale(this.clipNorm > 0 ? this.gradSquaredNorm() : 0, this.clipNorm);
-    this.step(lr, scale);
+    const scale = clipScale(this.clipNorm > 0 ? this.grads.sumSquares() : 0, this.clipNorm);
+    this.optimizer.apply(this.params.vars, this.grads.asMap(), lr, scale);
+    this.grads.clear();
   }
 
   /**
-   * Evaluation forward: records the local (auxiliary or final) loss of micro-batch `mb` in
-   * {@link losses} and returns the output for the next stage (null on the last stage).
+   * Evaluation forward of micro-batch `mb` (x and labels owned from now on): records the local
+   * (auxiliary or final) loss in {@link losses} and returns the output for the next stage (null
+   * on the last stage).
    */
-  override forward(mb: number, x: tf.Tensor, opts: { keep: boolean; grad: boolean; labels?: tf.Tensor }): tf.Tensor | null {
-    if (opts.grad) throw new Error('a local stage trains with update(), not forward()');
-    const param = (k: string) => this.params.get(k)!;
+  evalForward(mb: number, x: tf.Tensor, labels: tf.Tensor): tf.Tensor | null {
     const out = tf.tidy(() => {
-      const h = this.applyBlocks(this.range.from, this.range.to, param, x);
-      this.losses.set(mb, this.localLoss(h, opts.labels!, param).dataSync()[0]);
+      const h = this.params.applyBlocks(this.range.from, this.range.to, x);
+      this.losses.set(mb, this.localLoss(h, labels, (k) => this.params.vars.get(k)!).dataSync()[0]);
       return h;
     });
     x.dispose();
-    opts.labels?.dispose();
+    labels.dispose();
     if (!this.isLast) return out;
     out.dispose();
     return null;
   }
 
-  override dispose(): void {
+  /**
+   * Drops the accumulated gradients (after a failed step). Stashed tail inputs stay: their
+   * overlap gradients may still arrive from the next stage.
+   */
+  reset(): void {
+    this.grads.clear();
+  }
+
+  getParams(): HostParams {
+    return this.params.toHost();
+  }
+
+  getOptimizerState(): OptimizerState {
+    return this.optimizer.getState();
+  }
+
+  setOptimizerState(s: OptimizerState): void {
+    this.optimizer.setState(s, this.params.vars);
+  }
+
+  dispose(): void {
     for (const t of this.tailStash) t.input.dispose();
     this.tailStash.length = 0;
-    super.dispose();
+    this.grads.clear();
+    this.optimizer.dispose();
+    this.params.dispose();
   }
+}
+
+/** The local-parallelism stage kind, as a device worker creates it (options: its {@link LocalRole}). */
+export function createStage(ctx: StageContext, role: unknown): LocalStage {
+  return new LocalStage(ctx.model, ctx.range, ctx.params, ctx.optimizer, role as LocalRole);
 }

@@ -19,11 +19,13 @@
  */
 import { tf } from '../backend/tfjs.js';
 import type { Model } from '../model/model.js';
-import type { BlockParams } from '../model/block.js';
-import type { ParamStore } from '../param-server/store.js';
-import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
-import { Stage } from './stage.js';
+import { paramKey, type BlockParams } from '../model/block.js';
+import { ParamStore, type StoreLayout } from '../param-server/store.js';
+import type { OptimizerConfig } from '../optim/optimizer.js';
+import type { Handlers, LayerGrads, StageProgram, StepIO } from './executor.js';
 import { backwardRecorded, recordForward } from './rematerialize.js';
+import type { StageContext } from './stage-kind.js';
+import { GradAccumulator } from './stage-params.js';
 
 /** Where the layer-boundary activations wait between forward and backward. */
 export type StashPlace = 'device' | 'host';
@@ -31,19 +33,10 @@ export type StashPlace = 'device' | 'host';
 /** A stashed activation: a device tensor, or its values in host memory. */
 type Stashed = tf.Tensor | { values: Float32Array | Int32Array; shape: number[]; dtype: 'float32' | 'int32' };
 
-/** A layer's accumulated gradient on its way to the parameter server (host copies, by key). */
-export interface LayerGrads {
-  layer: number;
-  grads: Record<string, Float32Array>;
-  /** Sum of squares of every element of `grads` (for global-norm clipping; 0 when clipping is off). */
-  sumSquares: number;
-}
-
-/** The inputs of one step, as the executor gives them. */
-interface RelayInputs {
-  inputs?: tf.Tensor[];
-  labels?: tf.Tensor[];
-  m: number;
+/** The relay's options, sent by the L2L strategy: the parameter server's shared memory and the stash place. */
+export interface RelayOptions {
+  layout: StoreLayout;
+  stash: StashPlace;
 }
 
 /**
@@ -54,7 +47,12 @@ interface RelayInputs {
  */
 const copiesOnCreation = () => tf.getBackend() === 'wasm';
 
-export class RelayStage extends Stage {
+export class RelayStage implements StageProgram {
+  readonly kind = 'L2L relay stage';
+  /** Loss of each micro-batch this step (recorded at the last layer). */
+  readonly losses = new Map<number, number>();
+  /** The gradient of the layer in backward, summed over micro-batches until it is pushed. */
+  private readonly grads = new GradAccumulator();
   /** Parameters of the layers on the device now, by layer, then by parameter name in the block. */
   private readonly loaded = new Map<number, BlockParams>();
   /** stash[l][mb]: the input of layer l for micro-batch mb (layer 0: the model input). */
@@ -71,20 +69,30 @@ export class RelayStage extends Stage {
    * @param store views of the parameter server's shared host memory (parameters, versions)
    * @param stashPlace where layer inputs wait between forward and backward
    */
-  constructor(model: Model, private readonly store: ParamStore, readonly stashPlace: StashPlace, optimizer: OptimizerConfig) {
-    super(model, { from: 0, to: model.blocks.length }, new Map(), optimizer);
-  }
+  constructor(readonly model: Model, private readonly store: ParamStore, readonly stashPlace: StashPlace, private readonly optimizer: OptimizerConfig) {}
 
-  /** No device variables: parameters stay in the parameter server and are uploaded per layer. */
-  protected override addParam(): void {}
+  readonly handlers: Handlers = {
+    load_layer: async (a, io) => {
+      await this.load(a.layer);
+      io.phase('wait_params', this.lastWaitMs, 'upload');
+    },
+    prefetch_layer: (a) => {
+      this.prefetch(a.layer);
+    },
+    layer_forward: (a, io) => this.layerForward(a.layer, a.mb, a.grad, io),
+    layer_backward: (a, io) => this.layerBackward(a.layer, a.mb, io),
+    push_grads: (a, io) => io.pushGrads(this.takeLayerGrads(a.layer)),
+    release_layer: (a) => this.release(a.layer),
+    optimizer_step: () => this.step(),
+  };
 
   get layers(): number {
     return this.model.blocks.length;
   }
 
-  /** Parameter keys and names of layer l, in the store's order. */
+  /** Parameter names and keys of layer l, in the store's order. */
   private layerKeys(l: number): Array<[string, string]> {
-    return this.blockParams[l];
+    return this.model.blocks[l].params.map((spec) => [spec.name, paramKey(l, spec.name)]);
   }
 
   /**
@@ -152,26 +160,15 @@ export class RelayStage extends Stage {
    * The stashed input of layer l for mb as a device tensor the caller owns. `keep`: a host
    * stash entry stays (the caller gets an uploaded copy); otherwise the entry is removed.
    */
-  private takeStash(l: number, mb: number, inp: RelayInputs, keep = false): tf.Tensor {
+  private takeStash(l: number, mb: number, io: StepIO, keep = false): tf.Tensor {
     const s = this.stash.get(l)?.get(mb);
     if (s) {
       const host = !(s instanceof tf.Tensor);
       if (!(keep && host)) this.stash.get(l)!.delete(mb);
       return host ? tf.tensor(s.values, s.shape, s.dtype) : s;
     }
-    if (l === 0 && inp.inputs?.[mb]) {
-      const x = inp.inputs[mb];
-      inp.inputs[mb] = undefined as unknown as tf.Tensor; // taken: the stage owns it now
-      return x;
-    }
+    if (l === 0) return io.takeInput(mb); // the step's input: the stage owns it now
     throw new Error(`layer ${l}, micro-batch ${mb}: no stashed input (schedule out of order)`);
-  }
-
-  private takeLabels(mb: number, inp: RelayInputs): tf.Tensor {
-    const y = inp.labels?.[mb];
-    if (!y) throw new Error(`micro-batch ${mb} has no labels on the last layer`);
-    inp.labels![mb] = undefined as unknown as tf.Tensor;
-    return y;
   }
 
   /**
@@ -179,16 +176,16 @@ export class RelayStage extends Stage {
    * backward and the output is stashed as layer l+1's input; without, the input is freed and
    * the last layer records the micro-batch loss in {@link losses}.
    */
-  layerForward(l: number, mb: number, grad: boolean, inp: RelayInputs): void {
+  layerForward(l: number, mb: number, grad: boolean, io: StepIO): void {
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
     if (l === this.layers - 1 && grad) throw new Error('the relay fuses the last layer\'s forward into its backward; schedule layer_backward');
     // a host-stashed input stays in the stash for the backward: only its upload is freed here
     const hostKept = grad && this.stashPlace === 'host' && l > 0;
-    const x = this.takeStash(l, mb, inp, hostKept);
+    const x = this.takeStash(l, mb, io, hostKept);
     try {
       if (l === this.layers - 1) {
-        const labels = this.takeLabels(mb, inp);
+        const labels = io.takeLabels(mb);
         try {
           const loss = tf.tidy(() => this.model.loss(block.forward(p, x), labels));
           this.losses.set(mb, loss.dataSync()[0]);
@@ -211,19 +208,19 @@ export class RelayStage extends Stage {
    * accumulating the parameter gradients; the input gradient becomes the incoming gradient of
    * layer l-1.
    */
-  layerBackward(l: number, mb: number, inp: RelayInputs): void {
+  layerBackward(l: number, mb: number, io: StepIO): void {
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
     const names = this.layerKeys(l).map(([n]) => n);
     const last = l === this.layers - 1;
-    const seed = last ? tf.scalar(1 / inp.m) : this.dys.get(mb);
+    const seed = last ? tf.scalar(1 / io.m) : this.dys.get(mb);
     if (!seed) throw new Error(`layer ${l}, micro-batch ${mb}: no incoming gradient`);
     this.dys.delete(mb);
     let x: tf.Tensor | undefined;
     let labels: tf.Tensor | undefined;
     try {
-      x = this.takeStash(l, mb, inp);
-      labels = last ? this.takeLabels(mb, inp) : undefined;
+      x = this.takeStash(l, mb, io);
+      labels = last ? io.takeLabels(mb) : undefined;
       const input = x;
       const wantInput = l > 0;
       const f = (...args: tf.Tensor[]) => {
@@ -238,7 +235,7 @@ export class RelayStage extends Stage {
       if (last) this.losses.set(mb, rec.y.dataSync()[0]);
       const grads = backwardRecorded(rec, xs, seed);
       // the stage's accumulators hold only the current layer's gradient (pushed before the next layer)
-      this.accumulate(this.layerKeys(l).map(([, key]) => key), grads);
+      this.grads.add(this.layerKeys(l).map(([, key]) => key), grads);
       if (wantInput) this.dys.set(mb, grads[names.length]);
     } finally {
       seed.dispose();
@@ -254,7 +251,7 @@ export class RelayStage extends Stage {
    */
   takeLayerGrads(l: number): LayerGrads {
     // the server needs the norm only for global clipping
-    const sumSquares = this.optimizer.config.clipNorm > 0 ? this.gradSquaredNorm() : 0;
+    const sumSquares = this.optimizer.clipNorm > 0 ? this.grads.sumSquares() : 0;
     const grads: Record<string, Float32Array> = {};
     const copy = !copiesOnCreation(); // wasm's dataSync is already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
@@ -263,18 +260,19 @@ export class RelayStage extends Stage {
       const v = g.dataSync() as Float32Array;
       grads[key] = copy ? v.slice() : v;
     }
-    this.clearGrads();
+    this.grads.clear();
     return { layer: l, grads, sumSquares };
   }
 
   /** Ends a training step: every layer's gradient has gone to the parameter server. */
-  override step(): void {
+  step(): void {
     this.stepsDone++;
-    this.zeroGrad();
+    this.reset();
   }
 
-  override zeroGrad(): void {
-    super.zeroGrad();
+  /** Frees the step's gradients, stash, incoming gradients and loaded layers. */
+  reset(): void {
+    this.grads.clear();
     for (const s of this.stash.values()) for (const t of s.values()) if (t instanceof tf.Tensor) t.dispose();
     this.stash.clear();
     for (const t of this.dys.values()) t.dispose();
@@ -282,16 +280,13 @@ export class RelayStage extends Stage {
     for (const l of [...this.loaded.keys()]) this.release(l);
   }
 
-  /** The relay's parameters live in the parameter server; ask it (strategies/l2l.ts). */
-  override getParams(): never {
-    throw new Error('L2L parameters live in the parameter server, not on the device');
+  dispose(): void {
+    this.reset();
   }
+}
 
-  override getOptimizerState(): OptimizerState {
-    throw new Error('L2L optimizer state lives in the parameter server, not on the device');
-  }
-
-  override dispose(): void {
-    this.zeroGrad();
-  }
+/** The L2L relay stage kind, as a device worker creates it (options: {@link RelayOptions}). */
+export function createStage(ctx: StageContext, options: unknown): RelayStage {
+  const o = options as RelayOptions;
+  return new RelayStage(ctx.model, ParamStore.attach(o.layout), o.stash, ctx.optimizer);
 }

@@ -12,7 +12,7 @@
  * on and takes the tape (its nodes hold the saved activations), and {@link backwardRecorded}
  * later hands that tape back to the engine's own backprop, which then frees the saved tensors.
  * This relies on the engine's tape fields (`startTape`, `endTape`, `state.activeTape`), which
- * are internal to tfjs-core 4.x; the tests in checkpoint.test.ts pin that behaviour.
+ * are internal to tfjs-core 4.x; the tests in rematerialize.test.ts pin that behaviour.
  */
 import * as tf from '@tensorflow/tfjs-core';
 

@@ -9,13 +9,13 @@ import { initBackend } from '../backend/index.js';
 import { LayerwiseError } from '../util/errors.js';
 import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
-import { DeviceOutOfMemoryError, deviceMemoryAdvice, formatDeviceOutOfMemory } from '../backend/out-of-memory.js';
+import { DeviceOutOfMemoryError, formatDeviceOutOfMemory } from '../backend/out-of-memory.js';
 import { StageError } from '../runtime/device.js';
 import { deviceBudget, deviceBytes, setDeviceBudget } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
-import { resolveStages } from '../strategies/index.js';
+import { STRATEGY_NAMES, resolveStages, specOf } from '../strategies/index.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
-import { budgetProfileSizes, checkDeviceBudget, PEAK_PREDICTORS } from './budget.js';
+import { budgetProfileSizes, checkDeviceBudget } from './budget.js';
 import { formatSize } from '../util/size.js';
 
 const SHAPE = { layers: 1, dModel: 16, heads: 2, context: 8 };
@@ -28,8 +28,8 @@ test('the message names what is needed, the budget, where, how it was found, and
   assert.equal(e.name, 'DeviceOutOfMemoryError');
   assert.equal(e.message, 'device out of memory: needs 1.2 GiB, budget 512 MiB (stage 0 of gpipe, predicted); try --strategy l2l, or more --stages');
   assert.equal(formatDeviceOutOfMemory({ needs: 2048, budget: 1024, how: 'measured' }), 'device out of memory: needs 2 KiB, budget 1 KiB (measured); try --strategy l2l, or more --stages');
-  assert.match(deviceMemoryAdvice('l2l', 'device'), /smaller --batch-size or more --micro-batches, or --stash host$/);
-  assert.doesNotMatch(deviceMemoryAdvice('l2l', 'host'), /--stash/);
+  assert.match(specOf('l2l').outOfMemoryAdvice({ stash: 'device' }), /smaller --batch-size or more --micro-batches, or --stash host$/);
+  assert.doesNotMatch(specOf('l2l').outOfMemoryAdvice({ stash: 'host' }), /--stash/);
   // thrown in a stage worker, it reaches the main thread as a StageError with its message intact
   const s = new StageError(1, e.message, e.name);
   assert.equal(s.message, `stage 1: ${e.message}`);
@@ -85,12 +85,11 @@ test('prediction: a run over the budget fails before training, naming the stage 
   assert.ok(l.predicted!.every((b) => b > 0));
 });
 
-test('a strategy without a predictor is not predicted (the runtime guard still applies)', async () => {
+test('every strategy predicts its peak through its spec; an unknown strategy is refused before profiling', async () => {
   const cfg = { ...config({ deviceMemory: 1 }), strategy: 'nonesuch' } as unknown as TrainConfig;
-  assert.equal(PEAK_PREDICTORS.nonesuch, undefined);
-  const r = await checkDeviceBudget(cfg, model, [{ from: 0, to: model.blocks.length }]);
-  assert.equal(r.predicted, null);
-  assert.deepEqual(Object.keys(PEAK_PREDICTORS).slice(0, 3), ['single', 'gpipe', 'local']);
+  await assert.rejects(checkDeviceBudget(cfg, model, [{ from: 0, to: model.blocks.length }]), (e) => e instanceof LayerwiseError && /unknown strategy 'nonesuch'; valid: single, gpipe, local, l2l/.test(e.message));
+  assert.deepEqual(STRATEGY_NAMES, ['single', 'gpipe', 'local', 'l2l']);
+  for (const name of STRATEGY_NAMES) assert.equal(typeof specOf(name).memory.predictPeakBytes, 'function', name);
   assert.deepEqual(budgetProfileSizes(3), [3]);
   assert.deepEqual(budgetProfileSizes(32), [1, 2]);
 });

@@ -7,77 +7,32 @@
  * any file is written or any worker started. While running, the stage workers' exact byte
  * counter enforces the same budget (runtime/memory.ts setDeviceBudget).
  *
- * Predictions are made per strategy by {@link PEAK_PREDICTORS}; a strategy without an entry is
- * not predicted (only the runtime guard applies). Loading this module loads TF.js, so the
- * trainer imports it only when a budget is given.
+ * Predictions are made by each strategy's spec (strategies/*.ts, `memory`). Loading this
+ * module loads TF.js, so the trainer imports it only when a budget is given.
  */
 import { auxHead } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
-import {
-  costsAt, optimizerSlots, predictLocalPeakBytes, predictPeakBytes, predictRelayPeakBytes, type ModelProfile,
-} from '../cost/cost-model.js';
+import type { ModelProfile } from '../cost/cost-model.js';
 import { profileModel, type ProfileOptions } from '../cost/profile.js';
-import { DeviceOutOfMemoryError, deviceMemoryAdvice } from '../backend/out-of-memory.js';
+import { DeviceOutOfMemoryError } from '../backend/out-of-memory.js';
+import { specOf } from '../strategies/index.js';
 import { tf } from '../backend/tfjs.js';
 import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
-
-/** Predicts a strategy's peak device bytes, for {@link PEAK_PREDICTORS}. */
-export interface PeakPredictor {
-  /**
-   * Predicted peak device bytes per device (stage) for the run `cfg` on `ranges`, from a
-   * profile that covers {@link microBatch}'s size (and, when {@link auxHeads}, the auxiliary
-   * heads at the stages' ends).
-   */
-  predict(profile: ModelProfile, cfg: TrainConfig, ranges: readonly StageRange[]): number[];
-  /** Examples per micro-batch of the run (default: batchSize / microBatches). */
-  microBatch?(cfg: TrainConfig): number;
-  /** Whether {@link predict} needs `profile.auxHeads` at every stage's end but the last (local parallelism). */
-  auxHeads?: boolean;
-}
 
 /** What {@link checkDeviceBudget} found. */
 export interface BudgetCheck {
   /** The budget, bytes (cfg.deviceMemory), or undefined when none was given (prediction only). */
   budget?: number;
   strategy: string;
-  /** Predicted peak device bytes per stage, or null when the strategy has no predictor. */
-  predicted: number[] | null;
-  /** Examples per micro-batch predicted for (0 when not predicted). */
+  /** Predicted peak device bytes per stage. */
+  predicted: number[];
+  /** Examples per micro-batch predicted for. */
   microBatch: number;
   /** Seconds spent profiling. */
   profileSeconds: number;
 }
-
-const slotsOf = (cfg: TrainConfig) => optimizerSlots(optimizerConfigOf(cfg));
-
-/**
- * Peak predictors by strategy name. single: the whole model on one device, M = 1, activations
- * kept; gpipe: the configured M, --checkpoint and --schedule; local: one local update per
- * micro-batch with the auxiliary heads and --overlap; l2l: the relay with --micro-batches and
- * --stash (parameters and optimizer state live in host memory, so slots do not count).
- */
-export const PEAK_PREDICTORS: Record<string, PeakPredictor> = {
-  single: {
-    microBatch: (cfg) => cfg.batchSize,
-    predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, { m: 1, remat: 'never', schedule: 'gpipe', slots: slotsOf(cfg) }),
-  },
-  gpipe: {
-    predict: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
-      m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule, slots: slotsOf(cfg),
-    }),
-  },
-  local: {
-    auxHeads: true,
-    predict: (profile, cfg, ranges) => predictLocalPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
-      m: cfg.microBatches, slots: slotsOf(cfg), overlap: cfg.overlap,
-    }),
-  },
-  l2l: {
-    predict: (profile, cfg) => [predictRelayPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), { m: cfg.microBatches, stash: cfg.stash })],
-  },
-};
 
 /**
  * The micro-batch sizes (examples) to profile at for a run at micro-batch size `b`: `b` itself
@@ -127,28 +82,27 @@ export async function profileAuxHeads(model: Model, ends: readonly number[], opt
  * Predicts the peak device bytes of the run `cfg` of `model` on `ranges` (from
  * strategies/index.ts resolveStages) and checks them against cfg.deviceMemory (bytes). Profiles
  * the model's blocks on cfg.backend in this thread once (one cheap pass at small micro-batch
- * sizes, see {@link budgetProfileSizes}; about a second for charlm-small on wasm). Strategies
- * without an entry in {@link PEAK_PREDICTORS} are not profiled (`predicted` null).
+ * sizes, see {@link budgetProfileSizes}; about a second for charlm-small on wasm), and asks the
+ * strategy's spec for the peaks.
  * Throws {@link DeviceOutOfMemoryError} `device out of memory: needs X, budget Y (stage S of
  * STRATEGY, predicted); try ...` naming the stage with the largest predicted peak when it
  * exceeds the budget, and {@link LayerwiseError} for an unavailable backend.
  */
 export async function checkDeviceBudget(cfg: TrainConfig, model: Model, ranges: StageRange[]): Promise<BudgetCheck> {
-  const predictor = PEAK_PREDICTORS[cfg.strategy];
+  const spec = specOf(cfg.strategy);
   const budget = cfg.deviceMemory;
-  if (!predictor) return { budget, strategy: cfg.strategy, predicted: null, microBatch: 0, profileSeconds: 0 };
-  const microBatch = predictor.microBatch ? predictor.microBatch(cfg) : cfg.batchSize / cfg.microBatches;
+  const microBatch = spec.memory.microBatch(cfg);
   const t0 = performance.now();
   const opts: ProfileOptions = { backend: cfg.backend, microBatchSizes: budgetProfileSizes(microBatch), optimizer: optimizerConfigOf(cfg), repeats: 1, warmup: 0, seed: cfg.seed };
   const profile = await profileModel(model, opts);
-  if (predictor.auxHeads && ranges.length > 1) profile.auxHeads = await profileAuxHeads(model, ranges.slice(0, -1).map((r) => r.to), opts);
-  const predicted = predictor.predict(profile, cfg, ranges);
+  if (spec.memory.auxHeads && ranges.length > 1) profile.auxHeads = await profileAuxHeads(model, ranges.slice(0, -1).map((r) => r.to), opts);
+  const predicted = spec.memory.predictPeakBytes(profile, cfg, ranges);
   const profileSeconds = (performance.now() - t0) / 1000;
   if (budget !== undefined) {
     const worst = predicted.reduce((w, b, i) => (b > predicted[w] ? i : w), 0);
     if (predicted[worst] > budget) {
       throw new DeviceOutOfMemoryError({
-        needs: predicted[worst], budget, stage: worst, strategy: cfg.strategy, how: 'predicted', advice: deviceMemoryAdvice(cfg.strategy, cfg.stash),
+        needs: predicted[worst], budget, stage: worst, strategy: cfg.strategy, how: 'predicted', advice: spec.outOfMemoryAdvice(cfg),
       });
     }
   }

@@ -4,7 +4,8 @@ import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import type { ModelProfile } from '../cost/cost-model.js';
-import { divisors, plan, type PlanRequest } from './plan.js';
+import { plan, type PlanRequest } from './plan.js';
+import { divisors } from '../cost/strategy-plan.js';
 import { parseSize } from '../util/size.js';
 
 const MiB = 2 ** 20;

@@ -6,18 +6,22 @@
 import { Worker, type TransferListItem } from 'node:worker_threads';
 import { Channel, type Message } from './channel.js';
 import type { StageApi } from './protocol.js';
-import type { LayerGrads } from '../pipeline/relay-stage.js';
+import type { LayerGrads } from '../pipeline/executor.js';
 
 interface Reply extends Message {
   id: number;
   result?: unknown;
-  error?: { name: string; message: string; stack?: string };
+  error?: { name: string; message: string; stack?: string; schedule?: string };
 }
 
-/** Error raised in a stage worker, carrying the stage index. */
+/**
+ * Error raised in a stage worker, carrying the stage index, the name of the error there
+ * (`causeName`) and, when an action of a step failed, the stage's schedule with that action
+ * marked (`schedule`, see pipeline/executor.ts ScheduleError).
+ */
 export class StageError extends Error {
   override readonly name = 'StageError';
-  constructor(readonly stage: number, message: string, readonly causeName?: string) {
+  constructor(readonly stage: number, message: string, readonly causeName?: string, readonly schedule?: string) {
     super(`stage ${stage}: ${message}`);
   }
 }
@@ -50,7 +54,7 @@ export class StageWorker {
     const r = await this.ch.recv<Reply>('reply');
     if (r.id !== id) throw new StageError(this.index, `protocol error: reply ${r.id} to request ${id}`);
     if (r.error) {
-      const e = new StageError(this.index, r.error.message, r.error.name);
+      const e = new StageError(this.index, r.error.message, r.error.name, r.error.schedule);
       if (r.error.stack) e.stack = `${e.message}\n--- in the worker ---\n${r.error.stack}`;
       throw e;
     }

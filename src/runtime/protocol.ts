@@ -6,9 +6,7 @@ import type { StageRange } from '../partition/balance.js';
 import type { Action } from '../schedule/schedule.js';
 import type { TraceSpan } from '../pipeline/executor.js';
 import type { HostTensor } from '../data/microbatch.js';
-import type { LocalRole } from '../pipeline/local-stage.js';
-import type { StashPlace } from '../pipeline/relay-stage.js';
-import type { StoreLayout } from '../param-server/store.js';
+import type { StageKindRef } from '../pipeline/stage-kind.js';
 
 /** Everything a worker needs to become stage `index` of a pipeline. */
 export interface StageInit {
@@ -19,17 +17,14 @@ export interface StageInit {
   /** Initial parameter values of this stage's blocks, by parameter key. */
   params: Record<string, Float32Array>;
   optimizer: OptimizerConfig;
-  /** Set for local parallelism: the stage's role (auxiliary head, overlap). */
-  local?: LocalRole;
-  /**
-   * Set for L2L: the stage is a relay over the whole model whose parameters live in the
-   * parameter server's shared host memory (`params` is then empty).
-   */
-  relay?: { layout: StoreLayout; stash: StashPlace };
+  /** The stage kind to create (its module and options), as the strategy's spec names it. */
+  stage: StageKindRef;
   /** Device memory budget, bytes: the stage fails as soon as its engine holds more. */
   deviceMemory?: number;
   /** Strategy name, for the out-of-memory message. */
   strategy?: string;
+  /** What the out-of-memory message suggests (the strategy's advice). */
+  oomAdvice?: string;
   /** Port to the previous stage (absent on the first stage). */
   prev?: MessagePort;
   /** Port to the next stage (absent on the last stage). */

@@ -6,14 +6,10 @@
 import { parentPort } from 'node:worker_threads';
 import { backendHeapBytes, initBackend } from '../backend/index.js';
 import { buildModel } from '../model/model.js';
-import { execute, type StageLinks } from '../pipeline/executor.js';
-import { Stage } from '../pipeline/stage.js';
-import { LocalStage } from '../pipeline/local-stage.js';
-import { RelayStage } from '../pipeline/relay-stage.js';
-import { ParamStore } from '../param-server/store.js';
+import { execute, ScheduleError, type StageLinks, type StageProgram } from '../pipeline/executor.js';
+import { loadStageKind } from '../pipeline/stage-kind.js';
 import { Channel, type Message } from './channel.js';
 import { peakBytes, deviceBytes, resetPeakBytes, setDeviceBudget } from '../backend/memory.js';
-import { deviceMemoryAdvice } from '../backend/out-of-memory.js';
 import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
 import { fromWire, toWire, transferables } from './serialize.js';
 import type { HostTensor } from '../data/microbatch.js';
@@ -21,7 +17,8 @@ import { tf } from '../backend/tfjs.js';
 
 if (!parentPort) throw new Error('runtime/worker.js must run in a worker thread');
 const main = new Channel(parentPort);
-let stage: Stage | null = null;
+let stage: StageProgram | null = null;
+let stageIndex = 0;
 let prev: Channel | null = null;
 let next: Channel | null = null;
 
@@ -61,7 +58,7 @@ const links: StageLinks = {
   },
 };
 
-function need(): Stage {
+function need(): StageProgram {
   if (!stage) throw new Error('stage used before init');
   return stage;
 }
@@ -70,11 +67,10 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
   async init(a: StageInit) {
     await initBackend(a.backend);
     const model = buildModel(a.model);
-    const values = new Map(Object.entries(a.params));
-    stage = a.relay
-      ? new RelayStage(model, ParamStore.attach(a.relay.layout), a.relay.stash, a.optimizer)
-      : a.local ? new LocalStage(model, a.range, values, a.optimizer, a.local) : new Stage(model, a.range, values, a.optimizer);
-    setDeviceBudget(a.deviceMemory, { stage: a.index, strategy: a.strategy, advice: deviceMemoryAdvice(a.strategy, a.relay?.stash) });
+    const create = await loadStageKind(a.stage);
+    stage = create({ index: a.index, model, range: a.range, params: new Map(Object.entries(a.params)), optimizer: a.optimizer }, a.stage.options);
+    stageIndex = a.index;
+    setDeviceBudget(a.deviceMemory, { stage: a.index, strategy: a.strategy, advice: a.oomAdvice });
     prev = a.prev ? new Channel(a.prev) : null;
     next = a.next ? new Channel(a.next) : null;
     resetPeakBytes();
@@ -90,7 +86,7 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     const labels = a.labels?.map(fromWire);
     let trace;
     try {
-      trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr });
+      trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr }, stageIndex);
     } catch (e) {
       // a failed step frees the inputs and labels it was given: a stage may not have reached
       // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
@@ -102,13 +98,19 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     return r;
   },
   async getParams() {
-    return Object.fromEntries(need().getParams());
+    const s = need();
+    if (!s.getParams) throw new Error(`a ${s.kind} keeps no parameters on its device`);
+    return Object.fromEntries(s.getParams());
   },
   async getOptimizerState() {
-    return need().getOptimizerState();
+    const s = need();
+    if (!s.getOptimizerState) throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+    return s.getOptimizerState();
   },
   async setOptimizerState(st) {
-    need().setOptimizerState(st);
+    const s = need();
+    if (!s.setOptimizerState) throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+    s.setOptimizerState(st);
     return null;
   },
   async dispose() {
@@ -134,8 +136,9 @@ async function serve(): Promise<void> {
       main.send({ type: 'reply', id: req.id, result }, collectBuffers(result));
     } catch (e) {
       const err = e as Error;
-      main.send({ type: 'reply', id: req.id, error: { name: err.name, message: err.message, stack: err.stack } });
-      stage?.zeroGrad();
+      const schedule = err instanceof ScheduleError ? err.schedule : undefined;
+      main.send({ type: 'reply', id: req.id, error: { name: err.name, message: err.message, stack: err.stack, schedule } });
+      stage?.reset();
     }
   }
 }

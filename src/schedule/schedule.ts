@@ -97,6 +97,20 @@ export function formatSchedule(s: Schedule): string {
   return s.map((acts, k) => acts.map((a) => formatAction(k, a)).join(' ')).join('\n');
 }
 
+/**
+ * A stage's actions, one per line, with the action at `index` marked `<-- ERROR HERE` (as PyTorch
+ * pipelining shows a failing schedule); at most `context` actions on each side, the rest counted.
+ */
+export function formatScheduleError(stage: number, actions: readonly Action[], index: number, context = 6): string {
+  const from = Math.max(0, index - context);
+  const to = Math.min(actions.length, index + context + 1);
+  const lines = [`schedule of stage ${stage}, action ${index + 1} of ${actions.length}:`];
+  if (from > 0) lines.push(`  ... ${from} earlier`);
+  for (let i = from; i < to; i++) lines.push(`  ${formatAction(stage, actions[i])}${i === index ? '  <-- ERROR HERE' : ''}`);
+  if (to < actions.length) lines.push(`  ... ${actions.length - to} later`);
+  return lines.join('\n');
+}
+
 function checkArgs(m: number, k: number): void {
   if (!Number.isInteger(m) || m < 1) throw new LayerwiseError(`micro-batches must be a positive integer, got ${m}`);
   if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);

@@ -1,18 +1,45 @@
 /**
- * Strategy registry: turns a validated training configuration into a running {@link Strategy}.
- * Strategies stay thin: each is a choice of partition, schedule and micro-batching over the
- * shared runtime.
+ * The strategy registry: every {@link StrategySpec}, in the order `layerwise plan` reports
+ * them, and what turns a validated configuration into a running {@link Strategy}: the stage
+ * ranges (balance) and the spec's `create`. Strategies stay thin: each is a choice of
+ * partition, schedule, stage kind and micro-batching over the shared runtime.
+ *
+ * A new strategy is one file under strategies/ exporting its spec (plus its stage kind under
+ * pipeline/ if it needs a new one), listed in {@link STRATEGY_SPECS}.
  */
 import { LayerwiseError } from '../util/errors.js';
 import { paramCount } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
-import { initAuxParams } from '../model/aux-head.js';
 import { balanceByCost, stageRanges, validateBalance, type StageRange } from '../partition/balance.js';
 import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
-import { PipelineStrategy } from './pipeline.js';
-import { L2LStrategy } from './l2l.js';
+import { gpipe } from './gpipe.js';
+import { l2l } from './l2l.js';
+import { local } from './local.js';
+import { single } from './single.js';
+import type { StrategySpec } from './spec.js';
 import type { Strategy } from './strategy.js';
+
+/** Every strategy, in the order they are reported. */
+export const STRATEGY_SPECS: readonly StrategySpec[] = [single, gpipe, local, l2l];
+
+/** The names of every strategy. */
+export const STRATEGY_NAMES: readonly string[] = STRATEGY_SPECS.map((s) => s.name);
+
+/** The spec of strategy `name`. Throws {@link LayerwiseError} naming the valid ones. */
+export function specOf(name: string): StrategySpec {
+  const s = STRATEGY_SPECS.find((x) => x.name === name);
+  if (!s) throw new LayerwiseError(`unknown strategy '${name}'; valid: ${STRATEGY_NAMES.join(', ')}`);
+  return s;
+}
+
+/**
+ * Checks the strategy-specific flags of a resolved configuration (after config/config.ts
+ * resolveConfig): the strategy exists and its spec's own checks pass. Throws {@link LayerwiseError}.
+ */
+export function validateStrategy(cfg: TrainConfig): void {
+  specOf(cfg.strategy).validate?.(cfg);
+}
 
 /**
  * The stage ranges a configuration asks for: one range for single; for gpipe the explicit
@@ -23,7 +50,7 @@ import type { Strategy } from './strategy.js';
  */
 export function planStages(cfg: TrainConfig, model: Model, costs?: readonly number[]): StageRange[] {
   const n = model.blocks.length;
-  if (cfg.strategy === 'single' || cfg.strategy === 'l2l') return [{ from: 0, to: n }];
+  if (specOf(cfg.strategy).oneDevice) return [{ from: 0, to: n }];
   if (cfg.stages > n) {
     throw new LayerwiseError(`--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`);
   }
@@ -43,7 +70,7 @@ export function planStages(cfg: TrainConfig, model: Model, costs?: readonly numb
  * unavailable backend.
  */
 export async function resolveStages(cfg: TrainConfig, model: Model): Promise<StageRange[]> {
-  if (cfg.strategy === 'single' || cfg.strategy === 'l2l' || (cfg.balance !== 'time' && cfg.balance !== 'memory')) return planStages(cfg, model);
+  if (specOf(cfg.strategy).oneDevice || (cfg.balance !== 'time' && cfg.balance !== 'memory')) return planStages(cfg, model);
   planStages({ ...cfg, balance: 'params' }, model); // the stage count, before spending time profiling
   const { profiledBalanceCosts } = await import('../cost/profile.js');
   const costs = await profiledBalanceCosts(model, {
@@ -56,44 +83,12 @@ export async function resolveStages(cfg: TrainConfig, model: Model): Promise<Sta
 
 /**
  * Starts the strategy a configuration names, with these initial parameters, on `ranges` if
- * given (e.g. from {@link resolveStages}), else on {@link resolveStages}' ranges.
+ * given (e.g. from {@link resolveStages}), else on {@link resolveStages}' ranges. Throws
+ * {@link LayerwiseError} for an unknown strategy or flags it rejects.
  */
 export async function createStrategy(cfg: TrainConfig, model: Model, params: HostParams, given?: StageRange[]): Promise<Strategy> {
-  const optimizer = optimizerConfigOf(cfg);
+  const spec = specOf(cfg.strategy);
+  spec.validate?.(cfg);
   const ranges = given ?? await resolveStages(cfg, model);
-  switch (cfg.strategy) {
-    case 'single':
-      // the reference: whole model on one device, plain backprop on the whole mini-batch
-      return PipelineStrategy.create({
-        name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, remat: 'never', schedule: 'gpipe', optimizer,
-        deviceMemory: cfg.deviceMemory,
-      }, params);
-    case 'gpipe':
-      return PipelineStrategy.create({
-        name: 'gpipe', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches,
-        remat: cfg.remat, schedule: cfg.schedule, optimizer, deviceMemory: cfg.deviceMemory,
-      }, params);
-    case 'local': {
-      ranges.slice(0, -1).forEach((r, i) => {
-        if (cfg.overlap >= r.to - r.from) {
-          throw new LayerwiseError(`--overlap ${cfg.overlap} must be smaller than the ${r.to - r.from} blocks of stage ${i}; lower --overlap or give that stage more blocks with --balance`);
-        }
-      });
-      // auxiliary heads start from the seed unless the parameters (a checkpoint) carry them
-      const aux = initAuxParams(model, ranges.map((r) => r.to), cfg.seed);
-      const all = new Map([...aux, ...params]);
-      return PipelineStrategy.create({
-        name: 'local', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches,
-        remat: 'never', schedule: 'gpipe', optimizer, local: { overlap: cfg.overlap, deterministic: cfg.deterministic },
-        deviceMemory: cfg.deviceMemory,
-      }, all);
-    }
-    case 'l2l':
-      return L2LStrategy.create({
-        backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer, stash: cfg.stash,
-        serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory,
-      }, model, params);
-    default:
-      throw new LayerwiseError(`unknown strategy '${cfg.strategy as string}'`);
-  }
+  return spec.create(cfg, model, params, ranges);
 }

@@ -16,6 +16,7 @@ import { tinyWhaleDataset } from '../testing/fixtures.js';
 import { maxParamDiff } from '../testing/assert-close.js';
 import { L2LStrategy } from './l2l.js';
 import { PipelineStrategy } from './pipeline.js';
+import { backpropPipeline } from './gpipe.js';
 import type { Strategy, StepReport } from './strategy.js';
 import type { StashPlace } from '../pipeline/relay-stage.js';
 
@@ -49,7 +50,7 @@ async function run(s: Strategy, batches: Batch[], val: Batch[], lrScale: number)
 function single(model: ModelConfig, params: HostParams, optimizer: OptimizerConfig): Promise<Strategy> {
   const n = buildModel(model).blocks.length;
   return PipelineStrategy.create({
-    name: 'single', backend: 'wasm', model, ranges: [{ from: 0, to: n }], microBatches: 1, remat: 'never', schedule: 'gpipe', optimizer,
+    name: 'single', backend: 'wasm', model, ranges: [{ from: 0, to: n }], microBatches: 1, kind: backpropPipeline(1, 1, 'never', 'gpipe'), optimizer,
   }, params);
 }
 

@@ -23,7 +23,14 @@ import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { ParameterServer, type ServerSpan } from '../param-server/server.js';
-import type { StashPlace } from '../pipeline/relay-stage.js';
+import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
+import { waitingMs } from '../pipeline/executor.js';
+import { check } from '../util/errors.js';
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
+import { costsAt, predictRelayPeakBytes, predictRelayStepTime } from '../cost/cost-model.js';
+import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
+import type { StrategySpec } from './spec.js';
+import { formatSize } from '../util/size.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { transferables } from '../runtime/serialize.js';
@@ -78,7 +85,8 @@ export class L2LStrategy implements Strategy {
     try {
       await worker.call('init', {
         index: 0, backend: opts.backend, model: opts.model, range: { from: 0, to: layers.length }, params: {},
-        optimizer: opts.optimizer, relay: { layout: server.layout, stash: opts.stash }, deviceMemory: opts.deviceMemory, strategy: 'l2l',
+        optimizer: opts.optimizer, stage: { module: 'pipeline/relay-stage.js', options: { layout: server.layout, stash: opts.stash } satisfies RelayOptions },
+        deviceMemory: opts.deviceMemory, strategy: 'l2l', oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
       });
     } catch (e) {
       await s.close();
@@ -199,9 +207,63 @@ export class L2LStrategy implements Strategy {
 /** One step's report; the bubble is the time the device waited for the parameter server. */
 function report(r: StageStepResult, serverSpans: ServerSpan[]): StepReport {
   const loss = r.losses.reduce((a, b) => a + b, 0) / r.losses.length;
-  const waited = r.trace.filter((t) => t.label === 'wait_params').reduce((a, t) => a + (t.end - t.start), 0);
+  const waited = waitingMs(r.trace);
   return {
     loss, stageLosses: [loss], peakBytes: [r.peakBytes], heapBytes: [r.heapBytes], stageSeconds: [r.ms / 1000],
     bubble: [r.ms > 0 ? waited / r.ms : 0], traces: [r.trace], startedAt: [r.startedAt], serverSpans,
   };
 }
+
+/** The l2l strategy: the relay above on one device, the model and optimizer in host memory. */
+export const l2l: StrategySpec = {
+  name: 'l2l',
+  help: 'L2L layer-to-layer relay: parameters and optimizer in host memory (the eager parameter server), one layer at a time on one device',
+  exact: true,
+  oneDevice: true,
+  validate(cfg) {
+    check(cfg.stages === 1, `--strategy l2l runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`);
+  },
+  create: (cfg, model, params) => L2LStrategy.create({
+    backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg), stash: cfg.stash,
+    serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory,
+  }, model, params),
+  memory: {
+    microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
+    // parameters and optimizer state live in host memory, so the optimizer's slots do not count
+    predictPeakBytes: (profile, cfg) => [predictRelayPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), { m: cfg.microBatches, stash: cfg.stash })],
+  },
+  /**
+   * Searches M and the stash place. Its peak holds about one layer's parameters and gradient
+   * plus one layer boundary's activations (host stash), so it fits where nothing else does; its
+   * time adds the re-computation of every layer, and the step waits for the parameter server
+   * when its host optimizer is slower than the device (cost/cost-model.ts).
+   */
+  plan(profile, req) {
+    const ms = req.microBatches !== undefined ? [req.microBatches] : divisors(req.batchSize);
+    let best: StrategyPlan | null = null;
+    for (const m of ms) {
+      const costs = costsAt(profile, req.batchSize / m);
+      for (const stash of ['host', 'device'] as const) {
+        const peak = predictRelayPeakBytes(costs, { m, stash });
+        const t = predictRelayStepTime(costs, { m, stash, clip: req.clip ?? true });
+        const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+        const p: StrategyPlan = {
+          strategy: 'l2l', exact: true, fits: peak <= req.deviceMemory, stages: 1, microBatches: m, remat: 'always', schedule: 'gpipe',
+          balance: [profile.blocks.length], balancedBy: 'one layer at a time', peakBytes: [peak], stepSeconds: t.seconds, bubble: t.bubble,
+          idealBubble: 0, examplesPerSecond: perSecond, tokensPerSecond: perSecond * (req.tokensPerExample ?? 1), stash,
+          display: { remat: 'always', schedule: `relay, stash ${stash}` },
+        };
+        if (!best || better(p, best)) best = p;
+      }
+    }
+    return best!;
+  },
+  planNote: "l2l's step is the device's work (every layer re-computed in backward) plus the part of the parameter server's host updates that the device's work does not hide",
+  flags: (p) => `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}`,
+  outOfMemoryAdvice: (cfg) => `try a smaller --batch-size or more --micro-batches${cfg.stash === 'host' ? '' : ', or --stash host'}`,
+  describeRun(cfg: TrainConfig, bytes: number) {
+    const slots = cfg.optimizer === 'adamw' ? 2 : 1;
+    return `l2l: ${cfg.microBatches} micro-batch(es) of ${cfg.batchSize / cfg.microBatches}, stash in ${cfg.stash} memory; ` +
+      `the parameter server holds ${formatSize(bytes * (1 + slots))} of parameters and optimizer state in host memory (${cfg.serverThreads} optimizer thread(s))`;
+  },
+};

@@ -24,6 +24,8 @@ import { loadCheckpoint } from '../train/checkpoint-io.js';
 import { train } from '../train/trainer.js';
 import { Rng } from '../util/rng.js';
 import { PipelineStrategy } from './pipeline.js';
+import { backpropPipeline } from './gpipe.js';
+import { localPipeline } from './local.js';
 
 const WORDS = ['the', 'whale', 'sea', 'ship', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
 const rng = new Rng(9);
@@ -53,7 +55,8 @@ function perturbStage1(p: HostParams): HostParams {
 }
 
 async function run(p: HostParams, ranges: typeof RANGES, m: number, local: { overlap: number; deterministic: boolean } | undefined, opt = OPT): Promise<{ params: HostParams; losses: number[] }> {
-  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges, microBatches: m, remat: 'never', schedule: 'gpipe', optimizer: opt, local }, p);
+  const kind = local ? localPipeline(m, ranges.length, local.overlap, local.deterministic) : backpropPipeline(m, ranges.length, 'never', 'gpipe');
+  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges, microBatches: m, optimizer: opt, kind }, p);
   try {
     const losses: number[] = [];
     for (const b of batches) losses.push((await s.trainStep(b, 0.05)).loss);
@@ -138,7 +141,7 @@ test('--overlap n trains exactly the last n blocks of the previous stage', async
 });
 
 test('a stage that throws stops the run naming the stage; no worker keeps running', async () => {
-  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges: RANGES, microBatches: 2, remat: 'never', schedule: 'gpipe', optimizer: OPT, local: { overlap: 1, deterministic: false } }, params(1));
+  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges: RANGES, microBatches: 2, optimizer: OPT, kind: localPipeline(2, RANGES.length, 1, false) }, params(1));
   await s.trainStep(batches[0], 0.05);
   // inputs longer than the context: the embedding on stage 0 throws
   const bad: Batch = { ...batches[1], x: new Int32Array(4 * 9), xShape: [4, 9] };

@@ -1,12 +1,11 @@
 /**
- * Pipeline-parallel training on worker-thread stages (GPipe, Huang et al., 2019): the blocks
- * are cut into K stages, each on its own device (worker thread, own TF.js engine); the
- * mini-batch is split into M micro-batches that flow through the stages following a schedule
- * (fill-drain or 1F1B); gradients accumulate over the micro-batches and every stage steps its
- * optimizer once per mini-batch, after an all-reduce of the gradient norm for global clipping.
- *
- * The single-device reference is the same machinery with K = 1 and M = 1 and no
- * re-materialization: one worker runs plain backprop over the whole model.
+ * The runner of every strategy whose model is cut into stages on worker-thread devices
+ * (single, gpipe, local): one device (worker thread, own TF.js engine) per stage, neighbours
+ * linked directly; each step splits the mini-batch into M micro-batches and sends every stage
+ * its list of the schedule, which the stage's executor runs against the stage kind the
+ * strategy names; an all-reduce of the gradient norm joins the stages when the schedule has
+ * one. What differs between the strategies is data ({@link PipelineKind}): the schedules, the
+ * stage kind, where labels go and whether stages run free across mini-batches.
  */
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
@@ -17,27 +16,42 @@ import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
 import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
-import { evalSchedule, flushSchedule, localSchedule, makeSchedule, type RematMode, type Schedule, type ScheduleKind } from '../schedule/schedule.js';
+import type { Schedule } from '../schedule/schedule.js';
+import type { StageKindRef } from '../pipeline/stage-kind.js';
+import { waitingMs } from '../pipeline/executor.js';
 import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
 import { MessageChannel } from 'node:worker_threads';
 
+/** What a strategy runs on its stages (see gpipe.ts backpropPipeline, local.ts localPipeline). */
+export interface PipelineKind {
+  /** The training schedule: per stage, its actions for one mini-batch. */
+  train: Schedule;
+  /** The evaluation schedule (forward only). */
+  eval: Schedule;
+  /** Run after the last submitted step before evaluation or reading state, to collect outstanding work (local parallelism's free-running overlap). */
+  flush?: Schedule;
+  /** The stage kind of stage i of `stages`. */
+  stage(i: number, stages: number): StageKindRef;
+  /** Whether every stage gets the labels (local losses), not only the last. */
+  labelsOnEveryStage: boolean;
+  /** Whether the next mini-batch may be submitted as soon as the first stage is done with this one (stages run free). */
+  freeRunning: boolean;
+}
+
 export interface PipelineOptions {
+  /** Strategy name, for reports and messages. */
   name: string;
   backend: string;
   model: ModelConfig;
+  /** Blocks of each stage. */
   ranges: StageRange[];
   microBatches: number;
-  remat: RematMode;
-  schedule: ScheduleKind;
   optimizer: OptimizerConfig;
-  /**
-   * Local parallelism instead of backprop across stages: every stage has a local loss (an
-   * auxiliary head on all but the last) and updates per micro-batch; `overlap` blocks of each
-   * stage's tail are also trained by the next stage's loss.
-   */
-  local?: { overlap: number; deterministic: boolean };
+  kind: PipelineKind;
   /** Device memory budget per stage, bytes: a stage fails as soon as its engine holds more. */
   deviceMemory?: number;
+  /** What the out-of-memory message suggests. */
+  oomAdvice?: string;
 }
 
 /** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
@@ -60,9 +74,8 @@ export class PipelineStrategy implements Strategy {
     this.name = opts.name;
     this.devices = workers.length;
     const k = workers.length;
-    this.train = opts.local
-      ? localSchedule(opts.microBatches, k, opts.local.overlap, opts.local.deterministic)
-      : makeSchedule(opts.schedule, opts.microBatches, k, opts.remat);
+    if (opts.kind.train.length !== k) throw new Error(`a schedule of ${opts.kind.train.length} stages for ${k} devices`);
+    this.train = opts.kind.train;
   }
 
   /**
@@ -79,11 +92,13 @@ export class PipelineStrategy implements Strategy {
         const r = opts.ranges[i];
         const own: Record<string, Float32Array> = {};
         for (const [key, v] of params) if (ownerStage(key, opts.ranges) === i) own[key] = v.slice();
-        const local = opts.local && { stage: i, overlapTail: i < k - 1 ? opts.local.overlap : 0, sendsInputGrad: opts.local.overlap > 0 && i > 0 };
         const prev = i > 0 ? links[i - 1].port2 : undefined;
         const next = i < k - 1 ? links[i].port1 : undefined;
         const transfer = [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev] : []), ...(next ? [next] : [])];
-        return w.call('init', { index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, local, prev, next, deviceMemory: opts.deviceMemory, strategy: opts.name }, transfer);
+        return w.call('init', {
+          index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, stage: opts.kind.stage(i, k), prev, next,
+          deviceMemory: opts.deviceMemory, strategy: opts.name, oomAdvice: opts.oomAdvice,
+        }, transfer);
       }));
     } catch (e) {
       await s.close();
@@ -103,7 +118,7 @@ export class PipelineStrategy implements Strategy {
     const inputs = batch ? splitMicroBatches({ data: batch.x, shape: batch.xShape }, m) : undefined;
     const labels = batch ? splitMicroBatches({ data: batch.y, shape: batch.yShape }, m) : undefined;
     const calls = this.workers.map((w, i) => {
-      const withLabels = i === k - 1 || this.opts.local !== undefined;
+      const withLabels = i === k - 1 || this.opts.kind.labelsOnEveryStage;
       const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels?.map(copyWire) : undefined };
       return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as HostTensor[]));
     });
@@ -138,20 +153,18 @@ export class PipelineStrategy implements Strategy {
     return { first, all };
   }
 
-  /** Waits for every submitted step; then, for free-running overlap, applies outstanding overlap gradients. */
+  /** Waits for every submitted step; then runs the kind's flush schedule, if any. */
   private async settle(): Promise<void> {
     await Promise.all([...this.inflight]);
-    if (this.opts.local && this.opts.local.overlap > 0 && !this.opts.local.deterministic) {
-      await this.dispatch(flushSchedule(this.workers.length), null, 0).all;
-    }
+    if (this.opts.kind.flush) await this.dispatch(this.opts.kind.flush, null, 0).all;
   }
 
   submit(batch: Batch, lr: number): Submission {
     const { first, all } = this.dispatch(this.train, batch, lr);
     const done = all.then(report);
     done.catch(() => undefined);
-    // local parallelism: the first stage can take the next mini-batch while later ones finish
-    const accepted = (this.opts.local ? first : done).then(() => undefined);
+    // stages that run free: the first stage can take the next mini-batch while later ones finish
+    const accepted = (this.opts.kind.freeRunning ? first : done).then(() => undefined);
     accepted.catch(() => undefined); // callers may await only `done`
     return { accepted, done };
   }
@@ -162,7 +175,7 @@ export class PipelineStrategy implements Strategy {
 
   async evaluate(batches: Batch[]): Promise<Evaluation> {
     await this.settle();
-    const sched = evalSchedule(this.opts.microBatches, this.workers.length);
+    const sched = this.opts.kind.eval;
     const sums = new Array<number>(this.workers.length).fill(0);
     const counts = new Array<number>(this.workers.length).fill(0);
     for (const b of batches) {
@@ -176,7 +189,7 @@ export class PipelineStrategy implements Strategy {
       });
     }
     const means = sums.map((s, i) => (counts[i] ? s / counts[i] : NaN));
-    return { loss: means[means.length - 1], ...(this.opts.local && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}) };
+    return { loss: means[means.length - 1], ...(this.opts.kind.labelsOnEveryStage && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}) };
   }
 
   async getParams(): Promise<HostParams> {
@@ -210,7 +223,6 @@ export class PipelineStrategy implements Strategy {
 /** Mean loss and per-stage measurements of one step. */
 function report(results: StageStepResult[]): StepReport {
   const losses = results[results.length - 1].losses;
-  const waits = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm']);
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
   return {
     loss: mean(losses),
@@ -218,10 +230,7 @@ function report(results: StageStepResult[]): StepReport {
     peakBytes: results.map((r) => r.peakBytes),
     heapBytes: results.map((r) => r.heapBytes),
     stageSeconds: results.map((r) => r.ms / 1000),
-    bubble: results.map((r) => {
-      const idle = r.trace.filter((t) => waits.has(t.op)).reduce((a, t) => a + (t.end - t.start), 0);
-      return r.ms > 0 ? idle / r.ms : 0;
-    }),
+    bubble: results.map((r) => (r.ms > 0 ? waitingMs(r.trace) / r.ms : 0)),
     traces: results.map((r) => r.trace),
     startedAt: results.map((r) => r.startedAt),
   };

@@ -19,6 +19,7 @@ import { Rng } from '../util/rng.js';
 import { tinyWhaleDataset } from '../testing/fixtures.js';
 import { maxParamDiff } from '../testing/assert-close.js';
 import { PipelineStrategy } from './pipeline.js';
+import { backpropPipeline } from './gpipe.js';
 import type { StepReport } from './strategy.js';
 
 const TOL = 1e-4;
@@ -83,7 +84,7 @@ async function create(model: ModelConfig, params: HostParams, c: RunConfig, opti
   const built = buildModel(model);
   const ranges = stageRanges(balanceByCost(built.blocks.map(paramCount), c.k));
   return PipelineStrategy.create(
-    { name: label(c), backend: 'wasm', model, ranges, microBatches: c.m, remat: c.remat, schedule: c.schedule, optimizer },
+    { name: label(c), backend: 'wasm', model, ranges, microBatches: c.m, kind: backpropPipeline(c.m, c.k, c.remat, c.schedule), optimizer },
     params,
   );
 }

@@ -16,7 +16,7 @@ import { buildModel, modelParamCount, type Model, type ModelConfig } from '../mo
 import { getPreset } from '../model/presets.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
-import { createStrategy, resolveStages } from '../strategies/index.js';
+import { createStrategy, resolveStages, validateStrategy } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
 import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
@@ -98,8 +98,10 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     for (const [k, v] of Object.entries(raw)) if (v !== undefined) merged[k] = v;
     if (raw.out === undefined) merged.out = saved.out ?? resume;
     cfg = resolveConfig(merged as Parameters<typeof resolveConfig>[0]);
+    validateStrategy(cfg);
   } else {
     cfg = resolveConfig(raw);
+    validateStrategy(cfg);
   }
   const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });

@@ -1,0 +1,51 @@
+/**
+ * Stage kinds as plug-ins: a strategy names the module of its stage kind, and each device
+ * worker loads that module itself and creates its stage from it, so the runtime knows no stage
+ * kind by name. A stage-kind module exports {@link CreateStage} as `createStage`:
+ * pipeline/stage.ts (backprop), pipeline/local-stage.ts (local parallelism),
+ * pipeline/relay-stage.ts (L2L relay).
+ */
+import { LayerwiseError } from '../util/errors.js';
+import type { HostParams } from '../model/init.js';
+import type { Model } from '../model/model.js';
+import type { OptimizerConfig } from '../optim/optimizer.js';
+import type { StageRange } from '../partition/balance.js';
+import type { StageProgram } from './executor.js';
+
+/** What every stage is created from, on its device. */
+export interface StageContext {
+  /** Stage index in the pipeline. */
+  index: number;
+  /** The whole model (every device builds it from the same config). */
+  model: Model;
+  /** This stage's blocks [from, to). */
+  range: StageRange;
+  /** Initial values of this stage's parameters, by key (empty where they live elsewhere). */
+  params: HostParams;
+  optimizer: OptimizerConfig;
+}
+
+/** Creates a stage of one kind; `options` are the kind's own (sent by the strategy, structured-cloned). */
+export type CreateStage = (ctx: StageContext, options: unknown) => StageProgram;
+
+/**
+ * A stage kind as a strategy names it: `module` is the path of the module under the package's
+ * compiled root (e.g. 'pipeline/local-stage.js'), `options` whatever that kind needs.
+ */
+export interface StageKindRef {
+  module: string;
+  options?: unknown;
+}
+
+/**
+ * Loads the stage kind `ref` names. Throws {@link LayerwiseError} for a module path outside the
+ * package (absolute, with `..`, or not a .js file) and Error when the module has no `createStage`.
+ */
+export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
+  if (!/^[a-z0-9-]+(\/[a-z0-9-]+)*\.js$/.test(ref.module)) {
+    throw new LayerwiseError(`stage kind module '${ref.module}' must be a path under the package such as 'pipeline/stage.js'`);
+  }
+  const mod = (await import(new URL(`../${ref.module}`, import.meta.url).href)) as { createStage?: CreateStage };
+  if (typeof mod.createStage !== 'function') throw new Error(`stage kind module '${ref.module}' exports no createStage function`);
+  return mod.createStage;
+}

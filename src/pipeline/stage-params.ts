@@ -1,0 +1,150 @@
+/**
+ * The pieces every stage kind builds on: a stage's parameters as device variables with the
+ * blocks that use them ({@link StageParams}), and the gradients it accumulates over the
+ * micro-batches of a step ({@link GradAccumulator}). Backprop and local-parallelism stages own
+ * both; the L2L relay stage, whose parameters live in the parameter server, only accumulates.
+ */
+import { tf } from '../backend/tfjs.js';
+import type { HostParams } from '../model/init.js';
+import type { Model } from '../model/model.js';
+import { paramKey, sizeOf } from '../model/block.js';
+import type { StageRange } from '../partition/balance.js';
+
+/**
+ * Device variables for the blocks [range.from, range.to) of a model (keys `<block>.<name>`),
+ * plus any extra parameter a stage kind adds (an auxiliary head's `aux<s>.<name>`).
+ */
+export class StageParams {
+  /** Variables by parameter key, in creation order (the order of positional gradient lists). */
+  readonly vars = new Map<string, tf.Variable>();
+  /** Per block of the stage, its parameters' names in the block and keys. */
+  private readonly blockKeys: Array<Array<[string, string]>> = [];
+
+  /**
+   * @param values initial values of (at least) these blocks' parameters, host arrays by key
+   * @throws Error when a value is missing or has the wrong number of elements
+   */
+  constructor(readonly model: Model, readonly range: StageRange, values: HostParams) {
+    for (let b = range.from; b < range.to; b++) {
+      const names: Array<[string, string]> = [];
+      for (const spec of model.blocks[b].params) {
+        const key = paramKey(b, spec.name);
+        this.add(key, spec.shape, values);
+        names.push([spec.name, key]);
+      }
+      this.blockKeys.push(names);
+    }
+  }
+
+  /** Creates the device variable of parameter `key` (shape `shape`) from its host value. */
+  add(key: string, shape: number[], values: HostParams): void {
+    const v = values.get(key);
+    if (!v) throw new Error(`no initial value for parameter ${key}`);
+    if (v.length !== sizeOf(shape)) throw new Error(`parameter ${key} has ${v.length} values, expected shape [${shape}]`);
+    const init = tf.tensor(v.slice(), shape, 'float32'); // copy: cpu keeps the array
+    this.vars.set(key, tf.variable(init, false)); // unnamed: several stages may share a thread
+    init.dispose(); // the variable holds its own reference to the data
+  }
+
+  get size(): number {
+    return this.vars.size;
+  }
+
+  /** Parameter keys in creation order. */
+  keys(): string[] {
+    return [...this.vars.keys()];
+  }
+
+  /** The variables of `keys`, in that order. */
+  list(keys: readonly string[] = this.keys()): tf.Variable[] {
+    return keys.map((k) => this.vars.get(k)!);
+  }
+
+  /** Keys of the parameters of blocks [from, to) (model block indices within the stage). */
+  keysOfBlocks(from: number, to: number): string[] {
+    return this.blockKeys.slice(from - this.range.from, to - this.range.from).flatMap((bp) => bp.map(([, key]) => key));
+  }
+
+  /**
+   * Applies blocks [from, to) of this stage to `x`, taking each parameter from `param(key)`
+   * (the variables by default; autodiff passes its own tensors). `onBlock(b, input)` sees the
+   * input of every block.
+   */
+  applyBlocks(from: number, to: number, x: tf.Tensor, param: (key: string) => tf.Tensor = (k) => this.vars.get(k)!, onBlock?: (b: number, input: tf.Tensor) => void): tf.Tensor {
+    let h = x;
+    for (let b = from; b < to; b++) {
+      onBlock?.(b, h);
+      const p: Record<string, tf.Tensor> = {};
+      for (const [name, key] of this.blockKeys[b - this.range.from]) p[name] = param(key);
+      h = this.model.blocks[b].forward(p, h);
+    }
+    return h;
+  }
+
+  /** Looks tensors given positionally in the order of `keys` up by key. */
+  static byKey(keys: readonly string[], tensors: readonly tf.Tensor[]): (key: string) => tf.Tensor {
+    const m = new Map(keys.map((k, i) => [k, tensors[i]]));
+    return (k) => m.get(k)!;
+  }
+
+  /** Current values on the host (fresh copies). */
+  toHost(): HostParams {
+    const out: HostParams = new Map();
+    for (const [k, v] of this.vars) out.set(k, (v.dataSync() as Float32Array).slice());
+    return out;
+  }
+
+  dispose(): void {
+    for (const v of this.vars.values()) v.dispose();
+    this.vars.clear();
+  }
+}
+
+/** Parameter gradients summed over the micro-batches of a step, by parameter key. */
+export class GradAccumulator {
+  private readonly grads = new Map<string, tf.Tensor>();
+
+  get size(): number {
+    return this.grads.size;
+  }
+
+  /** Adds `grads[i]` to the sum of `keys[i]` (entries past `keys` are ignored); takes ownership of the added ones. */
+  add(keys: readonly string[], grads: readonly tf.Tensor[]): void {
+    keys.forEach((k, i) => {
+      const prev = this.grads.get(k);
+      if (prev) {
+        this.grads.set(k, tf.add(prev, grads[i]));
+        prev.dispose();
+        grads[i].dispose();
+      } else {
+        this.grads.set(k, grads[i]);
+      }
+    });
+  }
+
+  get(key: string): tf.Tensor | undefined {
+    return this.grads.get(key);
+  }
+
+  entries(): IterableIterator<[string, tf.Tensor]> {
+    return this.grads.entries();
+  }
+
+  /** The sums as a map (for the optimizer); still owned by the accumulator. */
+  asMap(): ReadonlyMap<string, tf.Tensor> {
+    return this.grads;
+  }
+
+  /** Sum of squares of every accumulated element (a stage's share of the global norm). */
+  sumSquares(): number {
+    let s = 0;
+    for (const g of this.grads.values()) s += tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
+    return s;
+  }
+
+  /** Frees every sum. */
+  clear(): void {
+    for (const g of this.grads.values()) g.dispose();
+    this.grads.clear();
+  }
+}

@@ -1,0 +1,37 @@
+/**
+ * Single-device training, the reference every other strategy is checked against: the whole
+ * model on one device, plain backprop on the whole mini-batch (one micro-batch, activations
+ * kept). It is the backprop pipeline (gpipe.ts) with one stage.
+ */
+import { optimizerConfigOf } from '../config/config.js';
+import { costsAt, optimizerSlots, predictPeakBytes } from '../cost/cost-model.js';
+import { plannedAs } from '../cost/strategy-plan.js';
+import { check } from '../util/errors.js';
+import { backpropPipeline } from './gpipe.js';
+import { PipelineStrategy } from './pipeline.js';
+import type { StrategySpec } from './spec.js';
+
+export const single: StrategySpec = {
+  name: 'single',
+  help: 'the whole model on one device, plain backprop (the reference)',
+  exact: true,
+  oneDevice: true,
+  validate(cfg) {
+    check(cfg.stages === 1, `--strategy single runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`);
+  },
+  create: (cfg, model, params, ranges) => PipelineStrategy.create({
+    name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, optimizer: optimizerConfigOf(cfg),
+    kind: backpropPipeline(1, 1, 'never', 'gpipe'), deviceMemory: cfg.deviceMemory, oomAdvice: single.outOfMemoryAdvice(cfg),
+  }, params),
+  memory: {
+    microBatch: (cfg) => cfg.batchSize,
+    predictPeakBytes: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, {
+      m: 1, remat: 'never', schedule: 'gpipe', slots: optimizerSlots(optimizerConfigOf(cfg)),
+    }),
+  },
+  /** The whole model, M = 1, activations kept. */
+  plan: (profile, req) =>
+    plannedAs('single', profile, req, [{ from: 0, to: profile.blocks.length }], { m: 1, remat: 'never', schedule: 'gpipe', slots: req.slots }, 'whole model'),
+  flags: () => '--strategy single',
+  outOfMemoryAdvice: () => 'try --strategy l2l, or --strategy gpipe with more --stages',
+};
