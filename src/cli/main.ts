@@ -181,8 +181,10 @@ try {
     console.error(`layerwise: error: ${e.message}`);
     process.exit(2);
   }
-  const err = e as Error & { causeName?: string };
+  const err = e as Error & { causeName?: string; schedule?: string };
   console.error(`layerwise: ${err.name === 'StageError' ? err.message : err.stack ?? String(err)}`);
+  // where in its schedule the stage failed (not for a device over budget: that is the configuration's doing)
+  if (err.schedule && err.causeName !== 'DeviceOutOfMemoryError') console.error(err.schedule);
   // a device that crossed --device-memory while running is a configuration problem, like the predicted case
   process.exit(err.causeName === 'DeviceOutOfMemoryError' ? 2 : 1);
 }

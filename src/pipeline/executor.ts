@@ -294,8 +294,9 @@ export async function execute(program: StageProgram, actions: readonly Action[],
     const at = { op: a.op, mb: 'mb' in a ? a.mb : -1, ...('layer' in a ? { layer: a.layer } : {}) };
     const s = split as { label: string; ms: number; rest?: string } | null;
     if (s && s.ms > 0) {
-      trace.push({ label: s.label, ...at, start, end: start + s.ms });
-      trace.push({ label: s.rest ?? a.op, ...at, start: start + s.ms, end });
+      const mid = Math.min(start + s.ms, end); // a phase never outlasts its action
+      trace.push({ label: s.label, ...at, start, end: mid });
+      trace.push({ label: s.rest ?? a.op, ...at, start: mid, end });
     } else {
       trace.push({ label: a.op, ...at, start, end });
     }

@@ -1,0 +1,214 @@
+/**
+ * The executor on its own: a fake stage kind (a handler table that records what it is asked)
+ * and fake links (in-memory queues), no worker threads. Checks that the core does the
+ * communication and the tracing, dispatches compute through the table, and reports a failing
+ * action with the schedule marked.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { initBackend } from '../backend/index.js';
+import { tf } from '../backend/tfjs.js';
+import { gpipeSchedule, localSchedule, type Action } from '../schedule/schedule.js';
+import { execute, ScheduleError, waitingMs, type Handlers, type LayerGrads, type StageLinks, type StageProgram } from './executor.js';
+
+/** Links whose receives are served from queues filled beforehand; sends are recorded (and freed). */
+function fakeLinks(o: { acts?: number[]; grads?: number[]; polled?: number[]; scale?: number } = {}) {
+  const sent: string[] = [];
+  const norms: number[] = [];
+  const pushed: LayerGrads[] = [];
+  const acts = [...(o.acts ?? [])];
+  const grads = [...(o.grads ?? [])];
+  const polled = [...(o.polled ?? [])];
+  const t = (mb: number) => ({ mb, t: tf.fill([2], mb) });
+  const links: StageLinks = {
+    async recvActivation() {
+      const mb = acts.shift();
+      if (mb === undefined) throw new Error('no activation queued');
+      return t(mb);
+    },
+    sendActivation(mb, x) {
+      sent.push(`act${mb}=${x.dataSync()[0]}`);
+      x.dispose();
+    },
+    async recvGradient() {
+      const mb = grads.shift();
+      if (mb === undefined) throw new Error('no gradient queued');
+      return t(mb);
+    },
+    pollGradient() {
+      const mb = polled.shift();
+      return mb === undefined ? null : t(mb);
+    },
+    sendGradient(mb, x) {
+      sent.push(`grad${mb}=${x.dataSync()[0]}`);
+      x.dispose();
+    },
+    async reduceGradNorm(s) {
+      norms.push(s);
+      return o.scale ?? 1;
+    },
+    pushGrads(g) {
+      pushed.push(g);
+    },
+  };
+  return { links, sent, norms, pushed };
+}
+
+/** A stage kind that runs forward (x + 10), backward (dy * 2), optimizer_step, and records every call. */
+function fakeStage(extra: Partial<Handlers> = {}, pending = () => 0): StageProgram & { calls: string[] } {
+  const calls: string[] = [];
+  return {
+    kind: 'fake stage',
+    calls,
+    losses: new Map(),
+    handlers: {
+      forward(a, io) {
+        calls.push(`F${a.mb}`);
+        const x = io.takeInput(a.mb);
+        io.putOutput(a.mb, tf.add(x, 10));
+        x.dispose();
+      },
+      backward(a, io) {
+        calls.push(`B${a.mb}`);
+        const dy = io.takeOutputGrad(a.mb);
+        io.putInputGrad(a.mb, tf.mul(dy, 2));
+        dy.dispose();
+        io.phase('recompute', 0.5);
+      },
+      optimizer_step(_a, io) {
+        calls.push(`STEP lr=${io.lr} scale=${io.scale}`);
+      },
+      ...extra,
+    },
+    gradSquaredNorm: () => 7,
+    pendingGradients: pending,
+    reset() {},
+    dispose() {},
+  };
+}
+
+test('the core receives, sends and all-reduces; compute goes through the stage kind\'s handlers in schedule order', async () => {
+  await initBackend('cpu');
+  const before = tf.memory().numTensors;
+  // the middle stage of three: it receives activations and gradients and sends both
+  const actions = gpipeSchedule(2, 3, 'always')[1];
+  const stage = fakeStage();
+  const { links, sent, norms } = fakeLinks({ acts: [0, 1], grads: [1, 0], scale: 0.25 });
+  const trace = await execute(stage, actions, links, { m: 2, lr: 0.1 }, 1);
+  assert.deepEqual(stage.calls, ['F0', 'F1', 'B1', 'B0', 'STEP lr=0.1 scale=0.25']);
+  assert.deepEqual(sent, ['act0=10', 'act1=11', 'grad1=2', 'grad0=0']);
+  assert.deepEqual(norms, [7], 'the all-reduce gets the stage kind\'s share of the norm');
+  // one span per action, except backwards, split into recompute + backward by io.phase
+  assert.equal(trace.length, actions.length + 2);
+  assert.deepEqual(trace.filter((s) => s.op === 'backward').map((s) => s.label), ['recompute', 'backward', 'recompute', 'backward']);
+  for (let i = 1; i < trace.length; i++) assert.ok(trace[i].start >= trace[i - 1].start, 'spans are in order');
+  assert.ok(waitingMs(trace) >= 0 && waitingMs(trace) <= trace[trace.length - 1].end);
+  assert.equal(tf.memory().numTensors, before, 'every tensor that passed through the step was freed');
+});
+
+test('a first stage takes its inputs from the step, a last stage its labels; the link order is checked', async () => {
+  await initBackend('cpu');
+  const seen: number[] = [];
+  const stage = fakeStage({
+    forward(a, io) {
+      const x = io.takeInput(a.mb);
+      const y = io.takeLabelsIfAny(a.mb);
+      seen.push(x.dataSync()[0], y ? y.dataSync()[0] : -1);
+      x.dispose();
+      y?.dispose();
+    },
+  });
+  const inputs = [tf.scalar(5), tf.scalar(6)];
+  const labels = [tf.scalar(50), tf.scalar(60)];
+  await execute(stage, [{ op: 'forward', mb: 1, keep: false, grad: false }, { op: 'forward', mb: 0, keep: false, grad: false }], fakeLinks().links, { inputs, labels, m: 2, lr: 0 });
+  assert.deepEqual(seen, [6, 60, 5, 50]);
+  // a receive that delivers another micro-batch than the schedule expects is a schedule bug
+  const wrong = fakeLinks({ acts: [1] });
+  await assert.rejects(execute(fakeStage(), [{ op: 'recv_act', mb: 0 }], wrong.links, { m: 2, lr: 0 }), /received the activation of micro-batch 1 while its schedule expects 0/);
+});
+
+test('an action the stage kind does not have fails with the schedule shown and the failing action marked', async () => {
+  await initBackend('cpu');
+  const before = tf.memory().numTensors;
+  const actions: Action[] = [
+    { op: 'forward', mb: 0, keep: false, grad: true },
+    { op: 'send_act', mb: 0 },
+    { op: 'local_update', mb: 1 },
+    { op: 'optimizer_step' },
+  ];
+  const inputs = [tf.scalar(1), tf.scalar(2)];
+  const err = await execute(fakeStage(), actions, fakeLinks().links, { inputs, m: 2, lr: 0 }, 3).then(() => null, (e: unknown) => e);
+  assert.ok(err instanceof ScheduleError, String(err));
+  assert.match(err.message, /a fake stage has no 'local_update' action/);
+  assert.equal(err.stage, 3);
+  assert.equal(err.index, 2);
+  assert.equal(err.schedule, 'schedule of stage 3, action 3 of 4:\n  3F0\n  3SA0\n  3L1  <-- ERROR HERE\n  3STEP');
+  assert.equal(tf.memory().numTensors, before, 'the input the stage never reached was freed with the failure');
+});
+
+test('a handler\'s own error keeps its name and message; a long schedule is shown around the failing action', async () => {
+  await initBackend('cpu');
+  const actions = gpipeSchedule(40, 1, 'always')[0];
+  let n = 0;
+  const stage = fakeStage({
+    forward(a, io) {
+      io.takeInput(a.mb).dispose();
+      if (++n === 20) {
+        const e = new Error('device out of memory: needs 2 KiB');
+        e.name = 'DeviceOutOfMemoryError';
+        throw e;
+      }
+    },
+  });
+  const inputs = Array.from({ length: 40 }, (_, i) => tf.scalar(i));
+  const err = await execute(stage, actions, fakeLinks().links, { inputs, m: 40, lr: 0 }).then(() => null, (e: unknown) => e);
+  assert.ok(err instanceof ScheduleError);
+  assert.equal(err.name, 'DeviceOutOfMemoryError');
+  assert.equal(err.message, 'device out of memory: needs 2 KiB');
+  const lines = err.schedule.split('\n');
+  assert.equal(lines[0], `schedule of stage 0, action 20 of ${actions.length}:`);
+  assert.equal(lines[1], '  ... 13 earlier');
+  assert.equal(lines.filter((l) => l.endsWith('<-- ERROR HERE')).join(), '  0F19  <-- ERROR HERE');
+  assert.match(lines[lines.length - 1], /^ {2}\.\.\. \d+ later$/);
+  assert.equal(lines.length, 1 + 1 + 13 + 1);
+});
+
+test('local parallelism: poll_grads applies every gradient that has arrived; drain_grads waits for the outstanding ones', async () => {
+  await initBackend('cpu');
+  const applied: number[] = [];
+  let outstanding = 3;
+  const handlers: Partial<Handlers> = {
+    local_update(a, io) {
+      io.takeInput(a.mb).dispose();
+      io.takeLabels(a.mb).dispose();
+      io.putOutput(a.mb, tf.scalar(a.mb));
+    },
+    overlap_backward(a, io) {
+      applied.push(a.mb);
+      io.takeOutputGrad(a.mb).dispose();
+      outstanding--;
+    },
+    local_step() {},
+  };
+  const stage = fakeStage(handlers, () => outstanding);
+  // stage 0 of 2 with free-running overlap: poll_grads after each update
+  const actions = localSchedule(2, 2, 1, false)[0];
+  assert.ok(actions.some((a) => a.op === 'poll_grads'));
+  const { links } = fakeLinks({ polled: [0], grads: [1, 2] });
+  const inputs = [tf.scalar(0), tf.scalar(1)];
+  const labels = [tf.scalar(0), tf.scalar(1)];
+  await execute(stage, actions, links, { inputs, labels, m: 2, lr: 0 });
+  assert.deepEqual(applied, [0], 'the one gradient that had arrived, applied without waiting');
+  await execute(stage, [{ op: 'drain_grads' }], links, { m: 2, lr: 0 });
+  assert.deepEqual(applied, [0, 1, 2], 'draining received until nothing was outstanding');
+});
+
+test('push_grads reaches the parameter server link through io.pushGrads; without such a link it fails', async () => {
+  await initBackend('cpu');
+  const stage = fakeStage({ push_grads: (a, io) => io.pushGrads({ layer: a.layer, grads: { [`${a.layer}.w`]: new Float32Array([1]) }, sumSquares: 1 }) });
+  const { links, pushed } = fakeLinks();
+  await execute(stage, [{ op: 'push_grads', layer: 2 }], links, { m: 1, lr: 0 });
+  assert.deepEqual(pushed.map((g) => g.layer), [2]);
+  const { pushGrads: _, ...noServer } = links;
+  await assert.rejects(execute(stage, [{ op: 'push_grads', layer: 2 }], noServer, { m: 1, lr: 0 }), /push_grads needs a link to the parameter server/);
+});
