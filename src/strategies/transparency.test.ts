@@ -236,7 +236,7 @@ async function allExited(s: PipelineStrategy, ms: number): Promise<number[]> {
 /** A strategy that was stopped by a failing stage (reused by the last test). */
 let failed: PipelineStrategy | undefined;
 
-async function checkFailure(bad: Batch, stage: number, what: RegExp): Promise<void> {
+async function checkFailure(bad: Batch, stage: number, what: RegExp, failing: RegExp): Promise<void> {
   const s = await create(LM, lmParams, { k: 2, m: 2, remat: 'except_last', schedule: 'gpipe' }, LM_OPT);
   // The strategy works before the failure.
   const ok = await s.trainStep(lmBatches[0], LRS[0]);
@@ -246,6 +246,9 @@ async function checkFailure(bad: Batch, stage: number, what: RegExp): Promise<vo
     assert.equal(e.stage, stage);
     assert.match(e.message, new RegExp(`^stage ${stage}: `));
     assert.match(e.message, what);
+    // the error shows the stage's schedule with the failing action marked
+    assert.match(e.schedule ?? '', new RegExp(`^schedule of stage ${stage}, action \\d+ of \\d+:`));
+    assert.match(e.schedule ?? '', failing);
     return true;
   });
   // The strategy stopped every worker: their threads exit, and close stays safe to call.
@@ -260,7 +263,7 @@ test('a failing first stage rejects trainStep naming stage 0 and stops every wor
   // A token id past the vocabulary: the embedding's gather fails on stage 0 while stage 1 waits.
   const x = lmBatches[1].x.slice();
   x[5] = LM.vocab;
-  await checkFailure({ ...lmBatches[1], x }, 0, /index value/);
+  await checkFailure({ ...lmBatches[1], x }, 0, /index value/, /\n {2}0F\d {2}<-- ERROR HERE/);
 });
 
 test('a failing last stage rejects trainStep naming stage 1 and stops every worker', async () => {
@@ -268,7 +271,7 @@ test('a failing last stage rejects trainStep naming stage 1 and stops every work
   // while stage 0 waits for the gradient.
   const b = lmBatches[1];
   const y = new Int32Array(8 * 17);
-  await checkFailure({ ...b, y, yShape: [8, 17], tokens: 8 * 17 }, 1, /broadcast|shape/i);
+  await checkFailure({ ...b, y, yShape: [8, 17], tokens: 8 * 17 }, 1, /broadcast|shape/i, /\n {2}1Fk?\d {2}<-- ERROR HERE/);
 });
 
 test(
