@@ -133,7 +133,7 @@ test('l2l resumes a gpipe checkpoint and continues exactly like the uninterrupte
   // 3 steps of a 3-block model: every block's gradient pushed and updated once per step; each
   // layer but the last runs forward per micro-batch, every layer backward per micro-batch
   assert.equal(spans.filter((e) => e.cat === 'push_grads').length, 9);
-  assert.equal(spans.filter((e) => e.tid === 2 && e.cat === 'eps_update').length, 9);
+  assert.equal(spans.filter((e) => e.tid === 2 && e.cat === 'server_update').length, 9);
   assert.equal(spans.filter((e) => e.cat === 'layer_forward').length, 3 * 2 * 2);
   assert.equal(spans.filter((e) => e.cat === 'layer_backward').length, 3 * 3 * 2);
 });

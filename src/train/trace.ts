@@ -8,7 +8,7 @@
  * - a per-stage summary: busy and idle (bubble) percentages and peak device bytes.
  * Format reference: Trace Event Format, "Complete events" (ph = 'X', microseconds).
  */
-import type { TraceSpan } from '../pipeline/executor.js';
+import { WAITING_LABELS, type TraceSpan } from '../pipeline/executor.js';
 import type { StepReport } from '../strategies/strategy.js';
 import type { ServerSpan } from '../param-server/server.js';
 import { writeFileAtomic } from '../util/fsx.js';
@@ -36,14 +36,13 @@ export interface StageSummary {
   peakBytes: number;
 }
 
-const WAITS = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm', 'wait_params']);
 /** L2L: the device's parameter transfers, drawn on a track of their own. */
 const TRANSFERS = new Set(['load_layer', 'upload', 'wait_params', 'prefetch_layer', 'push_grads', 'release_layer']);
 const COLORS: Record<string, string> = {
   forward: '#4e79a7', backward: '#59a14f', recompute: '#f28e2b', optimizer_step: '#e15759',
   recv_act: '#dddddd', recv_grad: '#dddddd', reduce_grad_norm: '#bbbbbb', send_act: '#9c755f', send_grad: '#9c755f',
   layer_forward: '#4e79a7', layer_backward: '#59a14f', upload: '#76b7b2', load_layer: '#76b7b2', prefetch_layer: '#76b7b2',
-  push_grads: '#9c755f', release_layer: '#bab0ac', wait_params: '#dddddd', eps_update: '#e15759',
+  push_grads: '#9c755f', release_layer: '#bab0ac', wait_params: '#dddddd', server_update: '#e15759',
 };
 
 /** Human label of a span: `F3`, `B3`, `R3` (recompute), `wait act 3`, `step`. */
@@ -66,7 +65,7 @@ export function spanName(s: TraceSpan): string {
     case 'wait_params': return `wait L${s.layer}`;
     case 'push_grads': return `grads L${s.layer}`;
     case 'release_layer': return `free L${s.layer}`;
-    case 'eps_update': return `update L${s.layer}`;
+    case 'server_update': return `update L${s.layer}`;
     default: return s.label;
   }
 }
@@ -95,7 +94,7 @@ export class TraceRecorder {
       for (const s of spans) {
         const track = relay ? (TRANSFERS.has(s.label) ? 1 : 0) : stage;
         if (this.keepSpans) this.spans.push({ ...s, stage, track, step, t0: base + s.start, t1: base + s.end });
-        if (!WAITS.has(s.label)) busy += s.end - s.start;
+        if (!WAITING_LABELS.has(s.label)) busy += s.end - s.start;
         end = Math.max(end, s.end);
       }
       this.busy[stage] = (this.busy[stage] ?? 0) + busy;
@@ -121,7 +120,7 @@ export class TraceRecorder {
       this.tracks.set(2 + u.thread, `PS thread ${u.thread}`);
       const t0 = u.startedAt - this.origin;
       if (this.keepSpans) {
-        this.spans.push({ label: 'eps_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track: 2 + u.thread, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
+        this.spans.push({ label: 'server_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track: 2 + u.thread, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
       }
     }
   }
@@ -175,12 +174,12 @@ export class TraceRecorder {
       const w = Math.max(0.5, x(sp.t1) - x0);
       const name = spanName(sp);
       parts.push(`<rect x="${x0.toFixed(2)}" y="${y + 4}" width="${w.toFixed(2)}" height="${row - 8}" fill="${COLORS[sp.label] ?? '#999'}" stroke="white" stroke-width="0.5"><title>${esc(`step ${sp.step} ${name}: ${(sp.t1 - sp.t0).toFixed(1)} ms`)}</title></rect>`);
-      if (w > 16 && !WAITS.has(sp.label)) parts.push(`<text x="${(x0 + w / 2).toFixed(2)}" y="${y + row / 2 + 4}" text-anchor="middle" fill="white">${esc(name)}</text>`);
+      if (w > 16 && !WAITING_LABELS.has(sp.label)) parts.push(`<text x="${(x0 + w / 2).toFixed(2)}" y="${y + row / 2 + 4}" text-anchor="middle" fill="white">${esc(name)}</text>`);
     }
     const legend = [...this.tracks.values()].includes('transfers')
-      ? ['layer_forward', 'layer_backward', 'upload', 'push_grads', 'eps_update', 'wait_params']
+      ? ['layer_forward', 'layer_backward', 'upload', 'push_grads', 'server_update', 'wait_params']
       : ['forward', 'backward', 'recompute', 'optimizer_step', 'recv_act'];
-    const legendName: Record<string, string> = { recv_act: 'wait', wait_params: 'wait for PS', layer_forward: 'forward', layer_backward: 'recompute + backward', push_grads: 'grads to PS', eps_update: 'PS optimizer' };
+    const legendName: Record<string, string> = { recv_act: 'wait', wait_params: 'wait for PS', layer_forward: 'forward', layer_backward: 'recompute + backward', push_grads: 'grads to PS', server_update: 'PS optimizer' };
     legend.forEach((l, i) => {
       const lx = left + i * 150;
       const ly = top + k * row + 18;
