@@ -15,11 +15,12 @@ import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
-import { DeviceOptimizer, clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
+import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import type { Handlers, StageProgram } from './executor.js';
+import type { Handlers } from './executor.js';
 import type { StageContext } from './stage-kind.js';
-import { GradAccumulator, StageParams } from './stage-params.js';
+import { StageParams } from './stage-params.js';
+import { TrainableStage } from './trainable-stage.js';
 
 /** How a local stage sits in the pipeline. */
 export interface LocalRole {
@@ -31,13 +32,8 @@ export interface LocalRole {
   sendsInputGrad: boolean;
 }
 
-export class LocalStage implements StageProgram {
+export class LocalStage extends TrainableStage {
   readonly kind = 'local-parallelism stage';
-  readonly params: StageParams;
-  private readonly grads = new GradAccumulator();
-  private readonly optimizer: DeviceOptimizer;
-  /** Local loss of each micro-batch this step. */
-  readonly losses = new Map<number, number>();
   /** The auxiliary head (null on the last stage, which uses the model's own loss). */
   readonly head: Block | null;
   private readonly headParams: Array<[string, string]> = [];
@@ -64,9 +60,8 @@ export class LocalStage implements StageProgram {
     },
   };
 
-  constructor(readonly model: Model, readonly range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
-    this.params = new StageParams(model, range, values);
-    this.optimizer = new DeviceOptimizer(optimizer);
+  constructor(model: Model, range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
+    super(model, range, values, optimizer);
     this.clipNorm = optimizer.clipNorm;
     const tail = role.overlapTail;
     if (!Number.isInteger(tail) || tail < 0 || tail >= range.to - range.from) {
@@ -78,13 +73,6 @@ export class LocalStage implements StageProgram {
       this.params.add(key, spec.shape, values);
       this.headParams.push([spec.name, key]);
     }
-  }
-
-  get isFirst(): boolean {
-    return this.range.from === 0;
-  }
-  get isLast(): boolean {
-    return this.range.to === this.model.blocks.length;
   }
 
   /** Loss of this stage for output `h`: the auxiliary head's, or the model's on the last stage. */
@@ -163,8 +151,7 @@ export class LocalStage implements StageProgram {
   /** Local optimizer step: clipping by this stage's own gradient norm, then the update. */
   localStep(lr: number): void {
     const scale = clipScale(this.clipNorm > 0 ? this.grads.sumSquares() : 0, this.clipNorm);
-    this.optimizer.apply(this.params.vars, this.grads.asMap(), lr, scale);
-    this.grads.clear();
+    this.applyGradients(lr, scale);
   }
 
   /**
@@ -193,24 +180,10 @@ export class LocalStage implements StageProgram {
     this.grads.clear();
   }
 
-  getParams(): HostParams {
-    return this.params.toHost();
-  }
-
-  getOptimizerState(): OptimizerState {
-    return this.optimizer.getState();
-  }
-
-  setOptimizerState(s: OptimizerState): void {
-    this.optimizer.setState(s, this.params.vars);
-  }
-
-  dispose(): void {
+  override dispose(): void {
     for (const t of this.tailStash) t.input.dispose();
     this.tailStash.length = 0;
-    this.grads.clear();
-    this.optimizer.dispose();
-    this.params.dispose();
+    super.dispose();
   }
 }
 

@@ -9,14 +9,11 @@
  * gradients equal those of the whole mini-batch on one device.
  */
 import { tf } from '../backend/tfjs.js';
-import type { HostParams } from '../model/init.js';
-import type { Model } from '../model/model.js';
-import type { StageRange } from '../partition/balance.js';
-import { DeviceOptimizer, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
-import type { Handlers, StageProgram } from './executor.js';
+import type { Handlers } from './executor.js';
 import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './rematerialize.js';
-import { GradAccumulator, StageParams } from './stage-params.js';
+import { StageParams } from './stage-params.js';
 import type { StageContext } from './stage-kind.js';
+import { TrainableStage } from './trainable-stage.js';
 
 interface MicroBatchState {
   /** The stage input (kept for re-materialization and for the input gradient). */
@@ -26,14 +23,9 @@ interface MicroBatchState {
   recorded?: Recorded;
 }
 
-export class Stage implements StageProgram {
+export class Stage extends TrainableStage {
   readonly kind = 'backprop stage';
-  readonly params: StageParams;
-  readonly grads = new GradAccumulator();
-  private readonly optimizer: DeviceOptimizer;
   private readonly mbs = new Map<number, MicroBatchState>();
-  /** Loss of each micro-batch this step (last stage only). */
-  readonly losses = new Map<number, number>();
   /** Milliseconds the last {@link backward} spent re-computing its forward (0 if kept). */
   lastRecomputeMs = 0;
 
@@ -49,23 +41,6 @@ export class Stage implements StageProgram {
     },
     optimizer_step: (_a, io) => this.step(io.lr, io.scale),
   };
-
-  /**
-   * @param model the whole model (every stage builds it from the same config)
-   * @param range this stage's blocks [from, to)
-   * @param values initial parameter values of (at least) this stage's blocks
-   */
-  constructor(readonly model: Model, readonly range: StageRange, values: HostParams, optimizer: OptimizerConfig) {
-    this.params = new StageParams(model, range, values);
-    this.optimizer = new DeviceOptimizer(optimizer);
-  }
-
-  get isFirst(): boolean {
-    return this.range.from === 0;
-  }
-  get isLast(): boolean {
-    return this.range.to === this.model.blocks.length;
-  }
 
   /** Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last stage. */
   private fn(labels?: tf.Tensor): (...args: tf.Tensor[]) => tf.Tensor {
@@ -142,14 +117,9 @@ export class Stage implements StageProgram {
     return wantInput ? grads[keys.length] : null;
   }
 
-  /** Sum of squares of the accumulated gradients (this stage's share of the global norm). */
-  gradSquaredNorm(): number {
-    return this.grads.sumSquares();
-  }
-
-  /** Optimizer step with learning rate `lr` and global clipping scale; clears the gradients. */
+  /** Optimizer step with learning rate `lr` and global clipping scale; clears the gradients and the step's state. */
   step(lr: number, scale: number): void {
-    this.optimizer.apply(this.params.vars, this.grads.asMap(), lr, scale);
+    this.applyGradients(lr, scale);
     this.reset();
   }
 
@@ -162,25 +132,6 @@ export class Stage implements StageProgram {
       if (st.recorded) disposeRecorded(st.recorded);
     }
     this.mbs.clear();
-  }
-
-  /** Current parameter values on the host (fresh copies). */
-  getParams(): HostParams {
-    return this.params.toHost();
-  }
-
-  getOptimizerState(): OptimizerState {
-    return this.optimizer.getState();
-  }
-
-  setOptimizerState(s: OptimizerState): void {
-    this.optimizer.setState(s, this.params.vars);
-  }
-
-  dispose(): void {
-    this.reset();
-    this.optimizer.dispose();
-    this.params.dispose();
   }
 }
 
