@@ -30,10 +30,9 @@ export {
 export { simulate, type SimResult } from './schedule/simulate.js';
 export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
 export { profileModel, type ProfileOptions } from './cost/profile.js';
-export {
-  costsAt, predictPeakBytes, predictStepTime, predictLocalPeakBytes, predictRelayPeakBytes, predictRelayStepTime, optimizerSlots,
-  type ModelProfile, type BlockCost,
-} from './cost/cost-model.js';
+export { costsAt, optimizerSlots, type ModelProfile, type BlockCost } from './cost/costs.js';
+export { predictPeakBytes, predictLocalPeakBytes, predictRelayPeakBytes } from './cost/memory.js';
+export { predictStepTime, predictLocalStepTime, predictRelayStepTime } from './cost/time.js';
 export { checkDeviceBudget } from './plan/budget.js';
 export { DeviceOutOfMemoryError } from './backend/out-of-memory.js';
 export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/plan.js';

@@ -109,7 +109,7 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
  * Size in bytes of the wasm backend's linear memory (heap) if the active backend is 'wasm', else
  * `undefined`. This is a high-water mark: wasm memory grows but never shrinks, and it includes
  * XNNPACK's packed weights and freed blocks. (The bytes held in tensors, and their exact peak,
- * come from runtime/memory.ts, on every backend.)
+ * come from backend/memory.ts, on every backend.)
  */
 export function backendHeapBytes(): number | undefined {
   if (tf.getBackend() !== 'wasm') return undefined;

@@ -6,7 +6,7 @@
 import { loadDataset } from '../data/index.js';
 import { modelParamCount, buildModel } from '../model/model.js';
 import { paramCount } from '../model/block.js';
-import { optimizerSlots, type ModelProfile } from '../cost/cost-model.js';
+import { optimizerSlots, type ModelProfile } from '../cost/costs.js';
 import { profileModel } from '../cost/profile.js';
 import { optimizerConfigOf, resolveConfig, modelConfigFor } from '../config/config.js';
 import { profileAuxHeads } from '../plan/budget.js';

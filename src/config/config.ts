@@ -36,7 +36,7 @@ export interface TrainConfig {
   schedule: ScheduleKind;
   /**
    * Blocks per stage, or how to balance them: 'params' (parameter count), 'time' or 'memory'
-   * (profiled on the backend; see partition/profile.ts).
+   * (profiled on the backend; see cost/profile.ts).
    */
   balance: number[] | BalanceKind;
   steps: number;

@@ -13,7 +13,8 @@ import { resolveStages, createStrategy } from '../strategies/index.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { Rng } from '../util/rng.js';
 import { randomBatch } from '../testing/fixtures.js';
-import { costsAt, optimizerSlots, predictPeakBytes } from './cost-model.js';
+import { costsAt, optimizerSlots } from './costs.js';
+import { predictPeakBytes } from './memory.js';
 import { profileModel } from './profile.js';
 
 const BACKEND = 'wasm';

@@ -1,10 +1,10 @@
 /**
  * Profiling: measures what each block of a model costs on a backend, in this thread, so that
  * stages can be balanced by time or memory (torchgpipe's balance_by_time / balance_by_size) and
- * so that `layerwise plan` can predict peak memory and throughput (see memory-model.ts).
+ * so that `layerwise plan` can predict peak memory and throughput (see cost/memory.ts and cost/time.ts).
  *
  * For each block and micro-batch size: forward and backward seconds (median of a few runs after
- * a warm-up), and device bytes from the engine's exact byte counter (runtime/memory.ts): the
+ * a warm-up), and device bytes from the engine's exact byte counter (backend/memory.ts): the
  * forward's transient peak, the bytes its tape keeps (recordForward, as a stage that keeps its
  * activations does), the backward's transient peak, and the block's input and output sizes.
  * Per block, independent of the batch: parameter bytes, the largest parameter, and one
@@ -20,7 +20,7 @@ import { backwardRecorded, recordForward } from '../pipeline/rematerialize.js';
 import { deviceBytes, peakBytes, resetPeakBytes } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
 import { Rng } from '../util/rng.js';
-import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './cost-model.js';
+import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './costs.js';
 import { median } from '../util/stats.js';
 
 /** What to profile. */

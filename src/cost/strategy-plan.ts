@@ -7,7 +7,9 @@
  */
 import type { StageRange } from '../partition/balance.js';
 import { idealBubble, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
-import { costsAt, predictPeakBytes, predictStepTime, type ModelProfile, type StepShape } from './cost-model.js';
+import { costsAt, type ModelProfile, type StepShape } from './costs.js';
+import { predictPeakBytes } from './memory.js';
+import { predictStepTime } from './time.js';
 
 /** What the user asks: a budget per device, devices, mini-batch. */
 export interface PlanRequest {

@@ -1,11 +1,11 @@
 /**
  * The device-memory budget of a training run (`--device-memory`), checked before training:
- * the model's blocks are profiled on the run's backend (in this thread, partition/profile.ts)
- * and the memory model (partition/memory-model.ts) predicts each device's peak bytes for the
+ * the model's blocks are profiled on the run's backend (in this thread, cost/profile.ts)
+ * and the memory model (cost/memory.ts) predicts each device's peak bytes for the
  * run's actual shape (strategy, micro-batches, re-materialization, schedule, optimizer slots).
  * A run whose prediction exceeds the budget fails with {@link DeviceOutOfMemoryError} before
  * any file is written or any worker started. While running, the stage workers' exact byte
- * counter enforces the same budget (runtime/memory.ts setDeviceBudget).
+ * counter enforces the same budget (backend/memory.ts setDeviceBudget).
  *
  * Predictions are made by each strategy's spec (strategies/*.ts, `memory`). Loading this
  * module loads TF.js, so the trainer imports it only when a budget is given.
@@ -14,7 +14,7 @@ import { auxHead } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
-import type { ModelProfile } from '../cost/cost-model.js';
+import type { ModelProfile } from '../cost/costs.js';
 import { profileModel, type ProfileOptions } from '../cost/profile.js';
 import { DeviceOutOfMemoryError } from '../backend/out-of-memory.js';
 import { specOf } from '../strategies/index.js';

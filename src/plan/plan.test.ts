@@ -3,7 +3,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import type { ModelProfile } from '../cost/cost-model.js';
+import type { ModelProfile } from '../cost/costs.js';
 import { plan, type PlanRequest } from './plan.js';
 import { divisors } from '../cost/strategy-plan.js';
 import { parseSize } from '../util/size.js';

@@ -10,7 +10,7 @@
  * among those that train exactly like single-device backprop.
  */
 import { check } from '../util/errors.js';
-import type { ModelProfile } from '../cost/cost-model.js';
+import type { ModelProfile } from '../cost/costs.js';
 import { unavailable, type PlanRequest, type StrategyPlan } from '../cost/strategy-plan.js';
 import { formatSize } from '../util/size.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';

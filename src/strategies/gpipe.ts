@@ -8,7 +8,8 @@
  * (pipeline/stage.ts) through the shared pipeline runner (pipeline.ts).
  */
 import { optimizerConfigOf } from '../config/config.js';
-import { blockBalanceCosts, costsAt, optimizerSlots, predictPeakBytes, stagePeakBytes, type StepShape } from '../cost/cost-model.js';
+import { blockBalanceCosts, costsAt, optimizerSlots, type StepShape } from '../cost/costs.js';
+import { predictPeakBytes, stagePeakBytes } from '../cost/memory.js';
 import { better, divisors, plannedAs, type StrategyPlan } from '../cost/strategy-plan.js';
 import { balanceByCost, balanceByStageCost, stageRanges } from '../partition/balance.js';
 import { REMAT_MODES, SCHEDULE_KINDS, evalSchedule, makeSchedule, type RematMode, type ScheduleKind } from '../schedule/schedule.js';

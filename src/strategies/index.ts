@@ -65,7 +65,7 @@ export function planStages(cfg: TrainConfig, model: Model, costs?: readonly numb
 
 /**
  * Like {@link planStages}, but first profiles the blocks on cfg.backend (in this thread) when
- * --balance is 'time' or 'memory' (see partition/profile.ts), at the micro-batch size
+ * --balance is 'time' or 'memory' (see cost/profile.ts), at the micro-batch size
  * batchSize / microBatches. Throws {@link LayerwiseError} for an impossible balance or an
  * unavailable backend.
  */

@@ -27,7 +27,9 @@ import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
 import { waitingMs } from '../pipeline/executor.js';
 import { check } from '../util/errors.js';
 import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
-import { costsAt, predictRelayPeakBytes, predictRelayStepTime } from '../cost/cost-model.js';
+import { costsAt } from '../cost/costs.js';
+import { predictRelayPeakBytes } from '../cost/memory.js';
+import { predictRelayStepTime } from '../cost/time.js';
 import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
 import type { StrategySpec } from './spec.js';
 import { formatSize } from '../util/size.js';
@@ -236,7 +238,7 @@ export const l2l: StrategySpec = {
    * Searches M and the stash place. Its peak holds about one layer's parameters and gradient
    * plus one layer boundary's activations (host stash), so it fits where nothing else does; its
    * time adds the re-computation of every layer, and the step waits for the parameter server
-   * when its host optimizer is slower than the device (cost/cost-model.ts).
+   * when its host optimizer is slower than the device (cost/time.ts).
    */
   plan(profile, req) {
     const ms = req.microBatches !== undefined ? [req.microBatches] : divisors(req.batchSize);

@@ -8,9 +8,9 @@
  * (pipeline/local-stage.ts) through the shared pipeline runner (pipeline.ts).
  */
 import { optimizerConfigOf } from '../config/config.js';
-import {
-  costsAt, localStagePeakBytes, localStageSeconds, optimizerSlots, predictLocalPeakBytes, predictLocalStepTime, type LocalShape,
-} from '../cost/cost-model.js';
+import { costsAt, optimizerSlots, type LocalShape } from '../cost/costs.js';
+import { localStagePeakBytes, predictLocalPeakBytes } from '../cost/memory.js';
+import { localStageSeconds, predictLocalStepTime } from '../cost/time.js';
 import { better, divisors, unavailable, type StrategyPlan } from '../cost/strategy-plan.js';
 import { initAuxParams } from '../model/aux-head.js';
 import { balanceByCost, balanceByStageCost, stageRanges } from '../partition/balance.js';

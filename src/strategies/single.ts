@@ -4,7 +4,8 @@
  * kept). It is the backprop pipeline (gpipe.ts) with one stage.
  */
 import { optimizerConfigOf } from '../config/config.js';
-import { costsAt, optimizerSlots, predictPeakBytes } from '../cost/cost-model.js';
+import { costsAt, optimizerSlots } from '../cost/costs.js';
+import { predictPeakBytes } from '../cost/memory.js';
 import { plannedAs } from '../cost/strategy-plan.js';
 import { check } from '../util/errors.js';
 import { backpropPipeline } from './gpipe.js';

@@ -7,7 +7,7 @@
  * its runner (strategies/pipeline.ts, strategies/l2l.ts) as a module under pipeline/.
  */
 import type { TrainConfig } from '../config/config.js';
-import type { ModelProfile } from '../cost/cost-model.js';
+import type { ModelProfile } from '../cost/costs.js';
 import type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';

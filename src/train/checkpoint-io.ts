@@ -39,7 +39,7 @@ interface FileInfo {
 /** Everything a checkpoint holds besides the arrays. */
 export interface CheckpointMeta {
   step: number;
-  /** The training configuration that produced it (see train/config.ts), as JSON. */
+  /** The training configuration that produced it (see config/config.ts), as JSON. */
   config: Record<string, unknown>;
   model: ModelConfig;
   /** Character vocabulary (text models), as Vocab.toJSON(). */

@@ -14,11 +14,9 @@ import { optimizerConfigOf, resolveConfig, type TrainConfig } from '../config/co
 import { Rng } from '../util/rng.js';
 import { randomBatch } from '../testing/fixtures.js';
 import { stageRanges } from '../partition/balance.js';
-import {
-  blockBalanceCosts, costsAt, localStagePeakBytes, localStageSeconds, optimizerSlots, predictLocalPeakBytes, predictLocalStepTime,
-  predictPeakBytes, predictRelayPeakBytes, predictRelayStepTime, predictStepTime,
-  type BlockCost, type MicroBatchCosts, type ModelProfile,
-} from './cost-model.js';
+import { blockBalanceCosts, costsAt, optimizerSlots, type BlockCost, type MicroBatchCosts, type ModelProfile } from './costs.js';
+import { localStagePeakBytes, predictLocalPeakBytes, predictPeakBytes, predictRelayPeakBytes } from './memory.js';
+import { localStageSeconds, predictLocalStepTime, predictRelayStepTime, predictStepTime } from './time.js';
 import { profileModel } from './profile.js';
 import { idealBubble } from '../schedule/schedule.js';
 

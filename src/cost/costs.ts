@@ -1,0 +1,204 @@
+/**
+ * The costs a prediction starts from, pure: what each block costs at a micro-batch size
+ * (parameter, activation and transient bytes; forward, backward and optimizer seconds), as
+ * cost/profile.ts measures them, interpolated to any micro-batch size ({@link costsAt}), and
+ * the shapes of a step (micro-batches, re-materialization, schedule, optimizer slots). The
+ * predictions themselves: memory.ts (peak device bytes) and time.ts (step time and bubble).
+ * Units: bytes and seconds throughout.
+ */
+import { LayerwiseError } from '../util/errors.js';
+import type { OptimizerConfig } from '../optim/optimizer.js';
+import type { RematMode, ScheduleKind } from '../schedule/schedule.js';
+import type { StageRange } from '../partition/balance.js';
+
+/** What one block costs at one micro-batch size (bytes, seconds). */
+export interface BlockCost {
+  name: string;
+  /** Bytes of the block's parameters (fp32). */
+  paramBytes: number;
+  /** Bytes of its largest parameter (the optimizer and the gradient sums work one at a time). */
+  maxParamBytes: number;
+  /** Peak bytes above params + slots + gradients during one optimizer step over the block. */
+  optTransientBytes: number;
+  /** Seconds of one optimizer step over the block's parameters. */
+  optSeconds: number;
+  /** Bytes of the block's input for one micro-batch. */
+  inBytes: number;
+  /** Bytes of the block's output for one micro-batch. */
+  outBytes: number;
+  /** Peak bytes above the level before, during the block's forward on the tape. */
+  fwdPeakBytes: number;
+  /** Bytes the forward keeps for backward (tape activations and output). */
+  keptBytes: number;
+  /** Peak bytes above the level with the tape kept, during the block's backward. */
+  bwdPeakBytes: number;
+  /** Seconds of one forward (on the tape). */
+  fwdSeconds: number;
+  /** Seconds of one backward from a kept tape (without re-computation). */
+  bwdSeconds: number;
+}
+
+/** Every block's costs at one micro-batch size, and the label bytes of that micro-batch. */
+export interface MicroBatchCosts {
+  /** Examples per micro-batch these costs were measured or interpolated at. */
+  batch: number;
+  blocks: BlockCost[];
+  /** Bytes of one micro-batch's labels (held by the last stage). */
+  labelBytes: number;
+  /**
+   * Local parallelism: the costs of the auxiliary head (with the loss) on the output of block
+   * `end - 1`, keyed by `end` (a stage's exclusive end), for the ends the profile has.
+   */
+  auxHeads?: Record<number, BlockCost>;
+}
+
+/** The size-dependent part of a block's costs, measured at one micro-batch size. */
+export type BlockSizeCost = Pick<BlockCost, 'inBytes' | 'outBytes' | 'fwdPeakBytes' | 'keptBytes' | 'bwdPeakBytes' | 'fwdSeconds' | 'bwdSeconds'>;
+
+/** A model's profile: size-independent block costs plus measurements at a few micro-batch sizes. */
+export interface ModelProfile {
+  /** Backend the profile was measured on. */
+  backend: string;
+  blocks: Array<Pick<BlockCost, 'name' | 'paramBytes' | 'maxParamBytes' | 'optTransientBytes' | 'optSeconds'>>;
+  /** Measurements by micro-batch size, sorted by `batch`, at least one. */
+  sizes: Array<{ batch: number; labelBytes: number; blocks: BlockSizeCost[] }>;
+  /**
+   * Local parallelism: the auxiliary head after block `end - 1`, keyed by `end`, profiled as a
+   * one-block model (the head and the loss, on that activation, with its input gradient) at
+   * the same micro-batch sizes. See plan/budget.ts profileAuxHeads.
+   */
+  auxHeads?: Record<number, ModelProfile>;
+}
+
+/** How a step is run: micro-batches, re-materialization, schedule and optimizer slots. */
+export interface StepShape {
+  /** Micro-batches M per mini-batch. */
+  m: number;
+  remat: RematMode;
+  schedule: ScheduleKind;
+  /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
+  slots: number;
+}
+
+/** Optimizer state in units of the parameters' size: AdamW 2 (m, v), SGD with momentum 1, plain SGD 0. */
+export function optimizerSlots(opt: Pick<OptimizerConfig, 'kind' | 'momentum'>): number {
+  if (opt.kind === 'adamw') return 2;
+  return opt.momentum > 0 ? 1 : 0;
+}
+
+const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = ['inBytes', 'outBytes', 'fwdPeakBytes', 'keptBytes', 'bwdPeakBytes', 'fwdSeconds', 'bwdSeconds'];
+
+/**
+ * The costs of every block at micro-batch size `batch` (examples): measured values where the
+ * profile has that size, else linear interpolation between the two nearest measured sizes
+ * (linear extrapolation beyond them, never below 0; with one measured size, proportional
+ * scaling). Bytes of activations are linear in the batch; times nearly so.
+ * Throws {@link LayerwiseError} for a non-positive batch or an empty profile.
+ */
+export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
+  if (!(batch > 0)) throw new LayerwiseError(`micro-batch size must be positive, got ${batch}`);
+  const sizes = profile.sizes;
+  if (sizes.length === 0) throw new LayerwiseError('the profile has no measured micro-batch size; profile at least one');
+  let lo = sizes[0];
+  let hi = sizes[sizes.length - 1];
+  const exact = sizes.find((s) => s.batch === batch);
+  if (exact) lo = hi = exact;
+  else if (sizes.length > 1) {
+    let i = sizes.findIndex((s) => s.batch > batch);
+    if (i <= 0) i = i === 0 ? 1 : sizes.length - 1; // below the smallest: first pair; above the largest: last pair
+    lo = sizes[i - 1];
+    hi = sizes[i];
+  }
+  const at = (a: number, b: number): number => {
+    if (lo === hi) return lo.batch === batch ? a : (a * batch) / lo.batch;
+    return Math.max(0, a + ((b - a) * (batch - lo.batch)) / (hi.batch - lo.batch));
+  };
+  const blocks = profile.blocks.map((b, j) => {
+    const out = { ...b } as BlockCost;
+    for (const k of SIZE_KEYS) out[k] = at(lo.blocks[j][k], hi.blocks[j][k]);
+    return out;
+  });
+  const out: MicroBatchCosts = { batch, blocks, labelBytes: at(lo.labelBytes, hi.labelBytes) };
+  if (profile.auxHeads) {
+    out.auxHeads = Object.fromEntries(Object.entries(profile.auxHeads).map(([end, h]) => [end, costsAt(h, batch).blocks[0]]));
+  }
+  return out;
+}
+
+export function sum(xs: number[]): number {
+  return xs.reduce((a, b) => a + b, 0);
+}
+
+/** Sums of a stage's block costs (blocks [r.from, r.to)). Throws {@link LayerwiseError} for an empty stage. */
+export function stageTotals(c: MicroBatchCosts, r: StageRange) {
+  const bl = c.blocks.slice(r.from, r.to);
+  if (bl.length === 0) throw new LayerwiseError(`stage [${r.from}, ${r.to}) holds no block of the model's ${c.blocks.length}; every stage needs at least 1 block`);
+  return {
+    params: sum(bl.map((b) => b.paramBytes)),
+    maxParam: Math.max(...bl.map((b) => b.maxParamBytes)),
+    optTransient: Math.max(...bl.map((b) => b.optTransientBytes)),
+    inBytes: bl[0].inBytes,
+    outBytes: bl[bl.length - 1].outBytes,
+    fwdPeak: sum(bl.map((b) => b.fwdPeakBytes)),
+    kept: sum(bl.map((b) => b.keptBytes)),
+    bwdPeak: sum(bl.map((b) => b.bwdPeakBytes)),
+    fwd: sum(bl.map((b) => b.fwdSeconds)),
+    bwd: sum(bl.map((b) => b.bwdSeconds)),
+    opt: sum(bl.map((b) => b.optSeconds)),
+  };
+}
+
+/**
+ * Per-block costs to balance on, for {@link ../partition/balance.ts balanceByCost}:
+ * - 'time': forward + backward seconds, plus the forward again weighted by the fraction of
+ *   micro-batches that are re-materialized;
+ * - 'memory': bytes the block adds to its stage's peak: parameters, gradients and optimizer
+ *   slots, plus the tape of the micro-batches kept at once and its backward transient.
+ */
+export function blockBalanceCosts(c: MicroBatchCosts, kind: 'time' | 'memory', shape: StepShape, stages: number): number[] {
+  const m = shape.m;
+  const recomputed = shape.remat === 'always' ? m : shape.remat === 'except_last' ? m - 1 : 0;
+  if (kind === 'time') return c.blocks.map((b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds);
+  const inFlight = shape.schedule === '1f1b' ? Math.min(stages, m) : m;
+  const keptAtOnce = shape.remat === 'never' ? inFlight : 1;
+  return c.blocks.map((b) => b.paramBytes * (2 + shape.slots) + b.keptBytes * keptAtOnce + b.bwdPeakBytes + b.inBytes * inFlight);
+}
+
+/** How a step of local parallelism runs. */
+export interface LocalShape {
+  /** Micro-batches M per mini-batch (one local update each). */
+  m: number;
+  /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
+  slots: number;
+  /** --overlap: blocks at the end of each stage but the last also trained by the next stage's loss (default 0). */
+  overlap?: number;
+}
+
+/** A stage of local parallelism: its blocks' totals plus its auxiliary head (none on the last stage). */
+export function localTotals(c: MicroBatchCosts, r: StageRange, last: boolean) {
+  const t = stageTotals(c, r);
+  if (last) return t;
+  const h = c.auxHeads?.[r.to];
+  if (!h) throw new Error(`no auxiliary head costs after block ${r.to - 1} in the profile; profile the heads (plan/budget.ts profileAuxHeads) for local parallelism`);
+  return {
+    ...t,
+    params: t.params + h.paramBytes,
+    maxParam: Math.max(t.maxParam, h.maxParamBytes),
+    optTransient: Math.max(t.optTransient, h.optTransientBytes),
+    fwdPeak: t.fwdPeak + h.fwdPeakBytes,
+    kept: t.kept + h.keptBytes,
+    bwdPeak: t.bwdPeak + h.bwdPeakBytes,
+    fwd: t.fwd + h.fwdSeconds,
+    bwd: t.bwd + h.bwdSeconds,
+    opt: t.opt + h.optSeconds,
+  };
+}
+
+/** How an L2L relay step runs (strategies/l2l.ts). */
+export interface RelayShape {
+  /** Micro-batches M per mini-batch: each layer runs them one after another. */
+  m: number;
+  /** Where layer inputs wait between forward and backward. */
+  stash: 'host' | 'device';
+}
+

@@ -1,0 +1,104 @@
+/**
+ * Time predictions, pure: from per-block costs (costs.ts) the time of one training step, its
+ * bubble per stage and each stage's busy seconds, for the backprop pipeline (by simulating its
+ * schedule, schedule/simulate.ts), local parallelism (stages run free: the slowest stage sets
+ * the pace) and the L2L relay (device work plus the parameter server's updates it cannot hide).
+ * Communication is taken as free. Memory predictions are in memory.ts. Units: seconds.
+ */
+import { makeSchedule } from '../schedule/schedule.js';
+import { simulate } from '../schedule/simulate.js';
+import type { StageRange } from '../partition/balance.js';
+import { localTotals, stageTotals, type BlockCost, type LocalShape, type MicroBatchCosts, type RelayShape, type StepShape } from './costs.js';
+
+/** Predicted time of one step: wall seconds, per-stage busy seconds and idle (bubble) fraction. */
+export interface StepTime {
+  /** Wall seconds of one training step (the schedule's makespan). */
+  seconds: number;
+  /** Per stage: fraction of the step it waits (the bubble). */
+  bubble: number[];
+  /** Per stage: seconds of compute. */
+  busySeconds: number[];
+}
+
+/**
+ * Predicted step time: simulates the schedule with each stage's forward, backward (plus the
+ * forward again for micro-batches that are re-materialized) and optimizer times. Communication
+ * is taken as free (neighbouring worker threads exchange transferred buffers). Throws
+ * {@link LayerwiseError} for an empty stage or bad M.
+ */
+export function predictStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: Omit<StepShape, 'slots'>): StepTime {
+  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
+  const totals = ranges.map((r) => stageTotals(c, r));
+  const keptBy = sched.map((acts) => new Set(acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : []))));
+  const sim = simulate(sched, (s, a) => {
+    const t = totals[s];
+    if (a.op === 'forward') return t.fwd;
+    if (a.op === 'backward') return t.bwd + (keptBy[s].has(a.mb) ? 0 : t.fwd);
+    if (a.op === 'optimizer_step') return t.opt;
+    return 0;
+  });
+  const busy = new Array<number>(ranges.length).fill(0);
+  for (const e of sim.events) busy[e.stage] += e.end - e.start;
+  return { seconds: sim.makespan, bubble: sim.bubble, busySeconds: busy };
+}
+
+/**
+ * Predicted busy seconds of local stage `stage` (of `stages`, blocks `r`) per mini-batch: M local updates (forward and
+ * backward through the blocks and the head) and M optimizer steps, plus with overlap the
+ * tail's re-computed forward and its backward per micro-batch.
+ */
+export function localStageSeconds(c: MicroBatchCosts, r: StageRange, stage: number, stages: number, shape: LocalShape): number {
+  const last = stage === stages - 1;
+  const t = localTotals(c, r, last);
+  const overlap = shape.overlap ?? 0;
+  const tail = !last && overlap > 0 ? stageTotals(c, { from: r.to - overlap, to: r.to }) : null;
+  return shape.m * (t.fwd + t.bwd + t.opt + (tail ? tail.fwd + tail.bwd : 0));
+}
+
+/**
+ * Predicted time of one mini-batch under local parallelism. Stages run free across
+ * mini-batches (no gradient crosses a stage boundary, and the first stage takes the next
+ * mini-batch as soon as it is done), so in the steady state a mini-batch takes as long as the
+ * slowest stage's work on it; the others idle for the difference (their bubble).
+ * Communication is taken as free. Throws like {@link predictLocalPeakBytes}.
+ */
+export function predictLocalStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: LocalShape): StepTime {
+  const busy = ranges.map((r, s) => localStageSeconds(c, r, s, ranges.length, shape));
+  const seconds = Math.max(...busy);
+  return { seconds, bubble: busy.map((b) => (seconds > 0 ? 1 - b / seconds : 0)), busySeconds: busy };
+}
+
+/**
+ * Host AdamW update rate of the parameter server, parameters per second: the lower end of the
+ * one-thread rates measured on this 2-core machine (bench/results/param-server.md: 66-134 M/s under
+ * load, 134 M/s idle). Used to predict when the device waits for the server.
+ */
+export const HOST_UPDATE_PARAMS_PER_SECOND = 1e8;
+
+/**
+ * Predicted time of an L2L relay step, seconds. The device runs every layer but the last
+ * forward once per micro-batch (F), and every layer's re-computation and backward once per
+ * micro-batch (B). The parameter server updates all parameters at `hostRate` parameters per
+ * second (default {@link HOST_UPDATE_PARAMS_PER_SECOND}) in the background, and the device
+ * waits only for what does not fit in the time it has:
+ * - with clipping (`shape.clip`, the default), no update starts before the backward ends, and
+ *   the updates run in forward order during the next step's forward: the device waits
+ *   max(0, server - F);
+ * - without clipping, each layer's update starts when its gradient arrives, from the last
+ *   layer down, during the rest of the backward: the device waits max(0, server - (B - B_last)).
+ * Transfers between host and device are taken as free (on wasm and cpu they are memory
+ * copies), and so is the host stash's round trip, so the plan does not prefer the device
+ * stash for speed even where it measured faster. `bubble` is the predicted wait's fraction of
+ * the step.
+ */
+export function predictRelayStepTime(c: MicroBatchCosts, shape: RelayShape & { clip?: boolean }, hostRate = HOST_UPDATE_PARAMS_PER_SECOND): StepTime {
+  const n = c.blocks.length;
+  const fwd = c.blocks.slice(0, n - 1).reduce((s, l) => s + shape.m * l.fwdSeconds, 0);
+  const bwdOf = (l: BlockCost) => shape.m * (l.fwdSeconds + l.bwdSeconds);
+  const bwd = c.blocks.reduce((s, l) => s + bwdOf(l), 0);
+  const device = fwd + bwd;
+  const server = c.blocks.reduce((s, l) => s + l.paramBytes / 4, 0) / hostRate;
+  const wait = Math.max(0, server - ((shape.clip ?? true) ? fwd : bwd - bwdOf(c.blocks[n - 1])));
+  const seconds = device + wait;
+  return { seconds, bubble: [seconds > 0 ? wait / seconds : 0], busySeconds: [device] };
+}
