@@ -6,13 +6,15 @@
  * - model: blocks, presets, {@link buildModel}, {@link initParams};
  * - schedule: pipeline schedules as plain data and their simulation;
  * - partition: balancing blocks over stages;
- * - pipeline: micro-batches, re-materialization, the stage and the one executor;
- * - runtime: worker-thread devices, channels, tensor serialization, memory accounting;
  * - param-server: L2L's eager parameter server (parameters and optimizer state in shared host memory,
  *   host optimizer in worker threads);
- * - strategies: single, gpipe, local and l2l behind one {@link Strategy} interface;
+ * - pipeline: the one executor, the stage kinds (backprop, local, relay), re-materialization;
+ * - cost: profiling blocks, memory and time predictions;
+ * - runtime: worker-thread devices, channels, tensor serialization;
+ * - strategies: single, gpipe, local and l2l, each a {@link StrategySpec}, behind one {@link Strategy} interface;
+ * - plan: which strategy fits a device-memory budget;
  * - train: the trainer loop, checkpoints, metrics, sampling;
- * - data: data sets and the resumable batcher.
+ * - data: data sets, the resumable batcher, micro-batches.
  */
 export { initBackend, type BackendName } from './backend/index.js';
 export { LayerwiseError } from './util/errors.js';
@@ -25,7 +27,7 @@ export { PRESETS, getPreset } from './model/presets.js';
 export {
   gpipeSchedule, oneFOneBSchedule, evalSchedule, makeSchedule, clockCycles, formatSchedule, formatAction, idealBubble,
   localSchedule, relaySchedule, relayEvalSchedule,
-  type Action, type Schedule, type RematMode, type ScheduleKind,
+  formatScheduleError, type Action, type Schedule, type RematMode, type ScheduleKind,
 } from './schedule/schedule.js';
 export { simulate, type SimResult } from './schedule/simulate.js';
 export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
@@ -39,16 +41,25 @@ export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/pla
 export { parseSize } from './util/size.js';
 export { splitMicroBatches } from './data/microbatch.js';
 export { Stage } from './pipeline/stage.js';
-export { RelayStage, type StashPlace } from './pipeline/relay-stage.js';
+export { LocalStage, type LocalRole } from './pipeline/local-stage.js';
+export { RelayStage, type StashPlace, type RelayOptions } from './pipeline/relay-stage.js';
+export { loadStageKind, type StageKindRef, type StageContext, type CreateStage } from './pipeline/stage-kind.js';
 export { ParameterServer, type ServerSpan } from './param-server/server.js';
 export { ParamStore, type StoreLayout } from './param-server/store.js';
 export { hostUpdate } from './param-server/host-optimizer.js';
-export { execute, type StageLinks, type TraceSpan } from './pipeline/executor.js';
+export {
+  execute, ScheduleError, WAITING_LABELS, waitingMs,
+  type StageLinks, type StageProgram, type Handlers, type StepIO, type TraceSpan, type LayerGrads,
+} from './pipeline/executor.js';
 export { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optim/optimizer.js';
 export { learningRate, type LrSchedule } from './optim/lr.js';
-export { PipelineStrategy } from './strategies/pipeline.js';
-export { L2LStrategy, type L2LOptions } from './strategies/l2l.js';
-export { createStrategy, planStages } from './strategies/index.js';
+export { PipelineStrategy, type PipelineKind, type PipelineOptions } from './strategies/pipeline.js';
+export { L2LStrategy, type L2LOptions, l2l } from './strategies/l2l.js';
+export { single } from './strategies/single.js';
+export { gpipe, backpropPipeline } from './strategies/gpipe.js';
+export { local, localPipeline } from './strategies/local.js';
+export { createStrategy, planStages, resolveStages, STRATEGY_SPECS, STRATEGY_NAMES, specOf } from './strategies/index.js';
+export type { StrategySpec } from './strategies/spec.js';
 export type { Strategy, StepReport } from './strategies/strategy.js';
 export { StageError } from './runtime/device.js';
 export { train, prepare, type TrainHooks } from './train/trainer.js';
