@@ -42,9 +42,9 @@ export function validateStrategy(cfg: TrainConfig): void {
 }
 
 /**
- * The stage ranges a configuration asks for: one range for single; for gpipe the explicit
- * --balance (validated against the model), the partition that balances the parameter count
- * (default), or for --balance time|memory the one that balances `costs` (one per block, from
+ * The stage ranges a configuration asks for: one range for a one-device strategy (single, l2l);
+ * for the others the explicit --balance (validated against the model), the partition that
+ * balances the parameter count (default), or for --balance time|memory the one that balances `costs` (one per block, from
  * {@link resolveStages}). Throws {@link LayerwiseError} for an impossible balance, and an Error
  * when time/memory costs are missing.
  */
