@@ -1,20 +1,22 @@
 // @ts-check
 /**
- * Layer rules for src/ (dependency-cruiser 17, parsed with @swc/core).
+ * Layer rules for the folders of src/ (dependency-cruiser 17).
  *
  * The layers, bottom to top. A module in src/<layer>/ may import only from its
  * own folder and from the layers listed BEFORE it. src/index.ts (the library
  * entry, a top-level file) may import any layer. Test files (*.test.ts) are
  * exempt on the importing side. No non-test module outside src/testing/ may
- * import src/testing/ (fixtures for tests only) or a *.test.ts file.
+ * import src/testing/ (fixtures for tests only) or a test file.
  *
- * Held by src/layers.test.ts (part of `npm test`); `npm run layers` runs just
- * that test. The CLI gives the same answer:
- *   npx depcruise src --config .dependency-cruiser.cjs
+ * dependency-cruiser reads the compiled JavaScript in dist/ (the same folders
+ * as src/, one .js per .ts), because TypeScript 7 has no JS compiler API for its
+ * TypeScript parser and @swc/core cannot be installed from this project's
+ * registry on every platform. Imports that exist only for types are erased from
+ * dist/, so src/layers.test.ts checks those in the sources against the same
+ * rules (rooted at src/).
  *
- * Type-only imports (`import type`, `export type ... from`, `import { type X }`)
- * are dependencies here like any other: the swc parser reports them, and no
- * rule filters on dependencyTypes.
+ * Held by src/layers.test.ts (part of `npm test`). By hand, after a build:
+ *   npm run layers     (npx depcruise dist --config .dependency-cruiser.cjs)
  */
 
 /** Bottom to top; written once, rules are generated from it. */
@@ -42,14 +44,15 @@ const LAYERS = [
 /** Folder that holds only test fixtures (must be a member of LAYERS). */
 const TEST_ONLY_LAYER = "testing";
 
-const TEST_FILE = "\\.test\\.ts$";
+const TEST_FILE = "\\.test\\.[jt]s$";
 
 /** @param {string} s */
 const escapeRegExp = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
 
 /**
  * The forbidden rules for an ordered layer list, rooted at `root` (a path
- * relative to the cruise's baseDir, e.g. "src").
+ * relative to the cruise's baseDir: "dist" for the compiled modules, "src" for
+ * the type-only imports of the sources).
  *
  * - one rule per (lower, upper) pair: `layer-<lower>-may-not-import-<upper>`,
  *   from non-test modules in root/<lower>/ to anything in root/<upper>/;
@@ -68,7 +71,7 @@ const escapeRegExp = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
  * @returns {import("dependency-cruiser").IForbiddenRuleType[]}
  */
 function layerRules(layers, opts = {}) {
-  const root = escapeRegExp(opts.root ?? "src");
+  const root = escapeRegExp(opts.root ?? "dist");
   const testOnly = opts.testOnlyLayer === undefined ? TEST_ONLY_LAYER : opts.testOnlyLayer;
   const circular = opts.circular ?? true;
   const dir = (/** @type {string} */ layer) => `^${root}/${escapeRegExp(layer)}/`;
@@ -100,7 +103,7 @@ function layerRules(layers, opts = {}) {
   rules.push(
     {
       name: "not-to-test-file",
-      comment: "only tests may import a *.test.ts file",
+      comment: "only tests may import a test file",
       severity: "error",
       from: { pathNot: TEST_FILE },
       to: { path: TEST_FILE },
@@ -116,7 +119,7 @@ function layerRules(layers, opts = {}) {
   if (circular) {
     rules.push({
       name: "no-circular",
-      comment: "no import cycles between non-test modules (type-only imports included)",
+      comment: "no import cycles between non-test modules",
       severity: "error",
       from: { pathNot: TEST_FILE },
       to: { circular: true },
@@ -127,13 +130,8 @@ function layerRules(layers, opts = {}) {
 
 /** Cruise options shared by the CLI and src/layers.test.ts. */
 const options = {
-  // parse the TypeScript sources with @swc/core: TypeScript 7 has no JS
-  // compiler API for the "tsc" parser, and acorn would miss type-only imports
-  parser: /** @type {const} */ ("swc"),
-  // .js specifiers resolve to the .ts beside them (dependency-cruiser does
-  // this itself when the .js file does not exist, as tsc does under NodeNext)
   doNotFollow: { path: "node_modules" },
-  exclude: { path: "(^|/)(dist|node_modules)/" },
+  exclude: { path: "(^|/)node_modules/|\\.d\\.ts$|\\.map$" },
   moduleSystems: /** @type {("es6" | "cjs")[]} */ (["es6", "cjs"]),
   skipAnalysisNotInRules: true,
 };

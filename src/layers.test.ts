@@ -2,13 +2,14 @@
 // module imports only from its own folder and the folders below it; type-only imports
 // count; tests may reach up; only tests use testing/; no import cycles outside tests.
 //
-// dependency-cruiser parses the TypeScript sources (not dist/) with @swc/core. swc reports
-// `import type`, `import { type X }`, `export type ... from` and a top-level `import('...')`
-// type annotation, but not an `import('...')` type nested inside another type (e.g.
-// `Promise<import('../a.js').T>`), so those are found textually here and held to the same
-// generated rules.
+// dependency-cruiser cruises the compiled modules in dist/ (one .js per .ts of src/; stale
+// outputs of deleted sources are left out). Imports that exist only for types are erased
+// from dist/, so they are read from the sources here (`import type`, `export type ... from`,
+// `import { type A, type B }`, and `import('...')` types) and held to the same generated
+// rules, rooted at src/.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import * as fs from 'node:fs';
@@ -27,10 +28,10 @@ type DepcruiseConfig = {
   layerRules: (layers: readonly string[], opts?: LayerRuleOptions) => IForbiddenRuleType[];
 };
 
-// dist/layers.test.js -> repo root (the same from src/ when run by a TS-aware runner)
+// dist/layers.test.js -> repo root
 const REPO = fileURLToPath(new URL('..', import.meta.url));
 const config = createRequire(import.meta.url)(path.join(REPO, '.dependency-cruiser.cjs')) as DepcruiseConfig;
-const TEST_FILE = /\.test\.ts$/;
+const TEST_FILE = /\.test\.[jt]s$/;
 
 /** Every .ts file under <baseDir>/src, as posix paths relative to baseDir. */
 function sourceFiles(baseDir: string): string[] {
@@ -40,24 +41,33 @@ function sourceFiles(baseDir: string): string[] {
     .sort();
 }
 
+/** The compiled module of a source: src/a/b.ts -> dist/a/b.js. */
+const compiled = (src: string) => src.replace(/^src\//, 'dist/').replace(/\.ts$/, '.js');
+
 type Edge = { from: string; to: string };
 
 /**
- * `import('./x.js')` occurrences in the sources (type positions and dynamic imports alike)
- * whose edge dependency-cruiser did not report: swc misses nested import types.
+ * The imports of the sources that exist only for types (erased from dist/), as edges between
+ * source files: `import type ... from`, `export type ... from`, `import { type A, ... }` where
+ * every name is a type, and `import('...')` (a type position or a dynamic import).
  */
-function missedImportTypeEdges(baseDir: string, files: string[], result: ICruiseResult): Edge[] {
-  const seen = new Set(result.modules.flatMap((m) => m.dependencies.map((d) => `${m.source} ${d.resolved}`)));
+function typeOnlyEdges(baseDir: string, files: string[]): Edge[] {
   const edges: Edge[] = [];
-  const re = /\bimport\s*\(\s*(['"])(\.\.?\/[^'"]+)\1\s*\)/g;
+  const patterns = [
+    /^\s*(?:import|export)\s+type\b[^;]*?\bfrom\s*(['"])(\.\.?\/[^'"]+)\1/gm,
+    /\bimport\s*\(\s*(['"])(\.\.?\/[^'"]+)\1\s*\)/g,
+  ];
+  const named = /^\s*import\s*\{([^}]*)\}\s*from\s*(['"])(\.\.?\/[^'"]+)\2/gm;
   for (const from of files) {
     const text = fs.readFileSync(path.join(baseDir, from), 'utf8');
-    for (const m of text.matchAll(re)) {
-      const spec = m[2]!;
+    const specs = patterns.flatMap((re) => [...text.matchAll(re)].map((m) => m[2]!));
+    for (const m of text.matchAll(named)) {
+      const names = m[1]!.split(',').map((s) => s.trim()).filter(Boolean);
+      if (names.length > 0 && names.every((n) => n.startsWith('type '))) specs.push(m[3]!);
+    }
+    for (const spec of specs) {
       const joined = path.posix.join(path.posix.dirname(from), spec);
-      const candidates = [joined.replace(/\.js$/, '.ts'), joined];
-      const to = candidates.find((c) => fs.existsSync(path.join(baseDir, c))) ?? joined;
-      if (!seen.has(`${from} ${to}`)) edges.push({ from, to });
+      edges.push({ from, to: joined.replace(/\.js$/, '.ts') });
     }
   }
   return edges;
@@ -79,14 +89,19 @@ function pathRuleForbids(rule: IForbiddenRuleType, { from, to }: Edge): boolean 
   );
 }
 
-/** Cruise <baseDir>/src with the given rules; every violation as `from -> to (rule)`. */
-async function checkLayers(baseDir: string, forbidden: IForbiddenRuleType[]) {
+/**
+ * Cruises the compiled modules of <baseDir>/src (in <baseDir>/dist) with the rules for
+ * `layers`, and checks the sources' type-only imports against the same rules rooted at src/.
+ * Every violation as `from -> to (rule)`.
+ */
+async function checkLayers(baseDir: string, layers: readonly string[], testOnlyLayer: string | null) {
   const files = sourceFiles(baseDir);
-  const { output } = await cruise(['src'], {
+  const modules = files.map(compiled).filter((f) => fs.existsSync(path.join(baseDir, f)));
+  const { output } = await cruise(modules, {
     ...config.options,
     baseDir,
     validate: true,
-    ruleSet: { forbidden },
+    ruleSet: { forbidden: config.layerRules(layers, { root: 'dist', testOnlyLayer }) },
   });
   assert.ok(typeof output === 'object', 'dependency-cruiser returned a report, not a cruise result');
   const result = output as ICruiseResult;
@@ -94,28 +109,28 @@ async function checkLayers(baseDir: string, forbidden: IForbiddenRuleType[]) {
     const cycle = v.cycle?.length ? ` [cycle: ${[v.from, ...v.cycle.map((c) => c.name)].join(' -> ')}]` : '';
     return `${v.from} -> ${v.to} (${v.rule.name})${cycle}`;
   });
-  for (const edge of missedImportTypeEdges(baseDir, files, result)) {
-    for (const rule of forbidden.filter((r) => pathRuleForbids(r, edge))) {
-      violations.push(`${edge.from} -> ${edge.to} (${rule.name}) [inline import type]`);
-    }
+  const sourceRules = config.layerRules(layers, { root: 'src', testOnlyLayer, circular: false });
+  const typeEdges = typeOnlyEdges(baseDir, files);
+  for (const edge of typeEdges) {
+    for (const rule of sourceRules.filter((r) => pathRuleForbids(r, edge))) violations.push(`${edge.from} -> ${edge.to} (${rule.name}) [type-only]`);
   }
-  return { files, result, violations: [...new Set(violations)].sort() };
+  return { files, modules, result, typeEdges, violations: [...new Set(violations)].sort() };
 }
 
-const layerOf = (source: string): string | undefined => /^src\/([^/]+)\//.exec(source)?.[1];
+const layerOf = (source: string): string | undefined => /^(?:src|dist)\/([^/]+)\//.exec(source)?.[1];
 
 test('src/ keeps its layers: no upward imports, testing/ only for tests, no cycles', async () => {
-  const { files, result, violations } = await checkLayers(REPO, config.forbidden);
+  const { files, modules, result, typeEdges, violations } = await checkLayers(REPO, config.LAYERS, config.TEST_ONLY_LAYER);
 
   if (violations.length > 0) {
     assert.fail(`${violations.length} layer violation(s) (rules: .dependency-cruiser.cjs):\n  ${violations.join('\n  ')}\n`);
   }
 
-  // ...and the cruise really saw the tree, so a parser that sees nothing cannot pass.
+  // ...and the cruise really saw the tree, so a setup that sees nothing cannot pass.
   const cruised = new Set(result.modules.map((m) => m.source));
   assert.ok(files.length > 100, `only ${files.length} .ts files under src/`);
-  assert.deepEqual(files.filter((f) => !cruised.has(f)), [], 'files under src/ that dependency-cruiser did not cruise');
-  assert.ok(cruised.size > 100, `dependency-cruiser saw only ${cruised.size} modules`);
+  assert.deepEqual(files.map(compiled).filter((f) => !cruised.has(f)), [], 'sources whose compiled module dependency-cruiser did not cruise (build first)');
+  assert.equal(modules.length, files.length);
 
   const folders = [...new Set(files.map(layerOf).filter((l): l is string => l !== undefined))];
   assert.deepEqual(folders.filter((f) => !config.LAYERS.includes(f)), [], 'folders under src/ missing from LAYERS');
@@ -127,12 +142,11 @@ test('src/ keeps its layers: no upward imports, testing/ only for tests, no cycl
   }
   const codeLayers = config.LAYERS.filter((l) => files.some((f) => layerOf(f) === l && !TEST_FILE.test(f)));
   assert.deepEqual(codeLayers.filter((l) => !depsPerLayer.get(l)), [], 'layers with code but no dependency seen');
-  // type-only imports count: strategies/spec.ts imports nothing but types from config/config.ts
-  const spec = result.modules.find((m) => m.source === 'src/strategies/spec.ts');
-  assert.ok(spec?.dependencies.some((d) => d.resolved === 'src/config/config.ts'), 'a type-only import was not seen: is the swc parser in use?');
-  const localDeps = result.modules.flatMap((m) => m.dependencies).filter((d) => d.resolved.startsWith('src/'));
-  assert.ok(localDeps.every((d) => d.resolved.endsWith('.ts')), 'a local import resolved to something other than .ts');
-  assert.ok(localDeps.length > 300, `only ${localDeps.length} imports between modules of src/`);
+  // type-only imports are read: strategies/spec.ts imports nothing but types from config/config.ts
+  assert.ok(typeEdges.some((e) => e.from === 'src/strategies/spec.ts' && e.to === 'src/config/config.ts'), 'a type-only import was not seen');
+  assert.ok(typeEdges.length > 50, `only ${typeEdges.length} type-only imports seen`);
+  const localDeps = result.modules.flatMap((m) => m.dependencies).filter((d) => d.resolved.startsWith('dist/'));
+  assert.ok(localDeps.length > 300, `only ${localDeps.length} imports between modules of dist/`);
 });
 
 test('the generated rules catch a lower layer importing an upper one (type-only and inline too)', async () => {
@@ -145,32 +159,42 @@ test('the generated rules catch a lower layer importing an upper one (type-only 
       'src/low/l.ts': 'export const l = 0;\n',
       'src/low/value.ts': "import { h } from '../high/h.js';\nexport const v = h;\n",
       'src/low/type-only.ts': "import type { H } from '../high/h.js';\nexport const t: H = { x: 1 };\n",
+      'src/low/type-names.ts': "import { type H } from '../high/h.js';\nexport const n: H = { x: 2 };\n",
       'src/low/inline-type.ts': "export let p: Promise<import('../high/h.js').H> | undefined;\n",
       'src/low/up.test.ts': "import { h } from '../high/h.js';\nimport { fixture } from '../high/fixture.js';\nexport const u = [h, fixture];\n",
       'src/low/imports-test.ts': "import { u } from './up.test.js';\nexport const w = u;\n",
       'src/low/cycle-a.ts': "import { b } from './cycle-b.js';\nexport const a = (): number => b();\n",
       'src/low/cycle-b.ts': "import { a } from './cycle-a.js';\nexport const b = (): number => a();\n",
-      'src/low/missing.ts': "import { gone } from './gone.js';\nexport const m = gone;\n",
+      'src/low/missing.ts': "// @ts-nocheck\nimport { gone } from './gone.js';\nexport const m = gone;\n",
       'src/index.ts': "import { fixture } from './high/fixture.js';\nimport { h } from './high/h.js';\nexport { fixture, h };\n",
+      'tsconfig.json': JSON.stringify({
+        compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', outDir: 'dist', rootDir: 'src', skipLibCheck: true, types: [] },
+        include: ['src/**/*.ts'],
+      }),
+      'package.json': '{"type": "module"}',
     };
     for (const [name, text] of Object.entries(files)) {
       fs.mkdirSync(path.join(dir, path.dirname(name)), { recursive: true });
       fs.writeFileSync(path.join(dir, name), text);
     }
+    // compiled as the project is (the same TypeScript), into dist/
+    const tsc = spawnSync(process.execPath, [path.join(REPO, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', path.join(dir, 'tsconfig.json')], { encoding: 'utf8' });
+    assert.ok(fs.existsSync(path.join(dir, 'dist', 'low', 'value.js')), `the fixture did not compile: ${tsc.stdout}${tsc.stderr}`);
     // two layers; 'high' plays the part of testing/ (fixtures for tests only)
-    const { violations } = await checkLayers(dir, config.layerRules(['low', 'high'], { testOnlyLayer: 'high' }));
+    const { violations } = await checkLayers(dir, ['low', 'high'], 'high');
     // dependency-cruiser reports a cycle once, from one of its modules
     const cycles = violations.filter((v) => v.includes('(no-circular)'));
     assert.equal(cycles.length, 1, violations.join('\n'));
-    assert.match(cycles[0]!, /^src\/low\/cycle-[ab]\.ts -> src\/low\/cycle-[ab]\.ts \(no-circular\)/);
+    assert.match(cycles[0]!, /^dist\/low\/cycle-[ab]\.js -> dist\/low\/cycle-[ab]\.js \(no-circular\)/);
     assert.deepEqual(violations.filter((v) => !cycles.includes(v)), [
-      'src/index.ts -> src/high/fixture.ts (not-to-high-from-non-test)',
-      'src/index.ts -> src/high/h.ts (not-to-high-from-non-test)',
-      'src/low/imports-test.ts -> src/low/up.test.ts (not-to-test-file)',
-      'src/low/inline-type.ts -> src/high/h.ts (layer-low-may-not-import-high) [inline import type]',
-      'src/low/missing.ts -> ./gone.js (no-unresolvable-local-import)',
-      'src/low/type-only.ts -> src/high/h.ts (layer-low-may-not-import-high)',
-      'src/low/value.ts -> src/high/h.ts (layer-low-may-not-import-high)',
+      'dist/index.js -> dist/high/fixture.js (not-to-high-from-non-test)',
+      'dist/index.js -> dist/high/h.js (not-to-high-from-non-test)',
+      'dist/low/imports-test.js -> dist/low/up.test.js (not-to-test-file)',
+      'dist/low/missing.js -> ./gone.js (no-unresolvable-local-import)',
+      'dist/low/value.js -> dist/high/h.js (layer-low-may-not-import-high)',
+      'src/low/inline-type.ts -> src/high/h.ts (layer-low-may-not-import-high) [type-only]',
+      'src/low/type-names.ts -> src/high/h.ts (layer-low-may-not-import-high) [type-only]',
+      'src/low/type-only.ts -> src/high/h.ts (layer-low-may-not-import-high) [type-only]',
     ]);
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
