@@ -14,11 +14,11 @@ import { registerMatMulGrad } from './matmul-grad.js';
 import { registerWasmKernels } from './wasm-kernels.js';
 import { registerWasmLayoutKernels } from './wasm-layout.js';
 import { registerWasmMatMul } from './wasm-matmul.js';
+import { nativeAddon, nativeUnavailable, registerNativeBackend } from './native.js';
 
-/** Backends layerwise can run on. 'wasm' and 'cpu' ship with it; the others are optional installs. */
-export type BackendName = 'wasm' | 'cpu' | 'tensorflow' | 'webgpu';
+import { BACKENDS, type BackendName } from './names.js';
 
-const BACKENDS: readonly BackendName[] = ['wasm', 'cpu', 'tensorflow', 'webgpu'];
+export { BACKENDS, type BackendName };
 
 /** npm packages that provide the optional backends (not dependencies of layerwise). */
 const OPTIONAL_PACKAGE: Record<'tensorflow' | 'webgpu', string> = {
@@ -78,11 +78,13 @@ async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
  * `opts.threads`: for 'wasm', the XNNPACK thread count, effective only where the multithreaded
  * wasm binary loads (browsers with cross-origin isolation; Node loads the single-threaded SIMD
  * binary, so use one worker_thread per device instead); it must be given before the first wasm
- * initialisation in the thread. For 'tensorflow' it sets TF_NUM_INTRAOP_THREADS before the
- * package is loaded. Ignored by 'cpu' and 'webgpu'.
+ * initialisation in the thread. For 'native' it sets this thread's OpenMP team (default: all
+ * cores). For 'tensorflow' it sets TF_NUM_INTRAOP_THREADS before the package is loaded. Ignored
+ * by 'cpu' and 'webgpu'.
  *
  * Throws {@link LayerwiseError} for an unknown name (listing the valid ones), for a missing
- * optional package (naming the npm package to install), or if the backend fails to initialise.
+ * optional package (naming the npm package to install), for 'native' where its addon is not
+ * built (saying how to build it), or if the backend fails to initialise.
  */
 export async function initBackend(name: string, opts: { threads?: number } = {}): Promise<void> {
   check((BACKENDS as readonly string[]).includes(name),
@@ -95,6 +97,10 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
   if (backend === 'wasm' && threads !== undefined) wasmBackend.setThreadsCount(threads);
   if (backend === 'tensorflow' && threads !== undefined) process.env['TF_NUM_INTRAOP_THREADS'] ??= String(threads);
   if (backend === 'tensorflow' || backend === 'webgpu') await loadOptional(backend);
+  if (backend === 'native') {
+    check(registerNativeBackend(), `backend 'native' is unavailable: ${nativeUnavailable()}; use --backend wasm`);
+    if (threads !== undefined) nativeAddon()!.setThreads(threads);
+  }
   let ok: boolean;
   try {
     ok = await tf.setBackend(backend);

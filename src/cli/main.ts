@@ -10,6 +10,7 @@ import { LayerwiseError } from '../util/errors.js';
 import { PRESETS } from '../model/presets.js';
 import { sampleText } from '../train/sample.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
+import { BACKENDS } from '../backend/names.js';
 import { train, type TrainHooks } from '../train/trainer.js';
 
 function int(v: string): number {
@@ -99,7 +100,8 @@ program
   .option('--weight-decay <x>', 'weight decay', num)
   .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', num)
   .option('--seed <n>', 'seed for initialisation and data order', int)
-  .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu')
+  .option('--backend <name>', BACKENDS.join(' | '))
+  .option('--threads <n>', 'threads of each device\'s kernels (native backend); default: the cores divided among the devices', int)
   .option('--layers <n>', 'override the preset: layers', int)
   .option('--d-model <n>', 'override the preset: model width', int)
   .option('--heads <n>', 'override the preset: attention heads', int)
@@ -134,7 +136,7 @@ program
   .option('--length <n>', 'characters to generate', int, 300)
   .option('--temperature <x>', 'sampling temperature', num, 0.8)
   .option('--seed <n>', 'sampling seed', int, 1)
-  .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu', 'wasm')
+  .option('--backend <name>', BACKENDS.join(' | '), 'wasm')
   .action(async (o) => {
     process.stdout.write((await sampleText(o)) + '\n');
   });
@@ -147,7 +149,7 @@ program
   .requiredOption('--stages <K>', 'devices available (pipeline stages)', int)
   .requiredOption('--batch-size <N>', 'mini-batch size (examples)', int)
   .option('--micro-batches <M>', 'micro-batches (default: search the divisors of N)', int)
-  .option('--backend <name>', 'wasm | cpu | tensorflow | webgpu')
+  .option('--backend <name>', BACKENDS.join(' | '))
   .option('--optimizer <kind>', 'adamw | sgd')
   .option('--data <name|path>', "data set (default: the preset's)")
   .option('--layers <n>', 'override the preset: layers', int)

@@ -8,13 +8,13 @@ import { REMAT_MODES, SCHEDULE_KINDS, type RematMode, type ScheduleKind } from '
 import { getPreset } from '../model/presets.js';
 import { parseBalance } from '../partition/balance.js';
 import { parseSize } from '../util/size.js';
+import { BACKENDS } from '../backend/names.js';
 import type { Dataset } from '../data/index.js';
 import type { ModelConfig } from '../model/model.js';
 
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
 export const STASH_PLACES = ['device', 'host'] as const;
 export type StashPlace = (typeof STASH_PLACES)[number];
-export const BACKENDS = ['wasm', 'cpu', 'tensorflow', 'webgpu'] as const;
 /** Automatic balances: by parameter count, or by profiled time or memory. */
 export const BALANCE_KINDS = ['params', 'time', 'memory'] as const;
 export type BalanceKind = (typeof BALANCE_KINDS)[number];
@@ -48,6 +48,8 @@ export interface TrainConfig {
   clipNorm: number;
   seed: number;
   backend: string;
+  /** Threads of each device's kernels (native backend: its OpenMP team); 0 = the cores divided among the devices. */
+  threads: number;
   out: string;
   /** Evaluate the validation loss every this many steps (and at the end); 0 = only at the end. */
   evalEvery: number;
@@ -87,7 +89,7 @@ export interface TrainConfig {
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, remat: 'except_last', schedule: 'gpipe',
   balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
-  seed: 1, backend: 'wasm', evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
+  seed: 1, backend: 'wasm', threads: 0, evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
   stash: 'host', serverThreads: 1,
 };
 
@@ -142,6 +144,7 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
   oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);
   oneOf('stash place', c.stash, STASH_PLACES);
   posInt('server-threads', c.serverThreads);
+  posInt('threads', c.threads, 0);
   check(c.deviceMemory === undefined || (Number.isFinite(c.deviceMemory) && c.deviceMemory > 0),
     `--device-memory must be a positive size such as 512MB, got ${c.deviceMemory}`);
   oneOf('decay', c.decay, ['constant', 'cosine'] as const);

@@ -12,6 +12,8 @@ import type { StageKindRef } from '../pipeline/stage-kind.js';
 export interface StageInit {
   index: number;
   backend: string;
+  /** Threads of the device's kernels (see initBackend); undefined: the backend's default. */
+  threads?: number;
   model: ModelConfig;
   range: StageRange;
   /** Initial parameter values of this stage's blocks, by parameter key. */

@@ -65,7 +65,7 @@ function need(): StageProgram {
 
 const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]> } = {
   async init(a: StageInit) {
-    await initBackend(a.backend);
+    await initBackend(a.backend, a.backend === 'native' && a.threads ? { threads: a.threads } : {});
     const model = buildModel(a.model);
     const create = await loadStageKind(a.stage);
     stage = create({ index: a.index, model, range: a.range, params: new Map(Object.entries(a.params)), optimizer: a.optimizer }, a.stage.options);

@@ -14,7 +14,7 @@ import { better, divisors, plannedAs, type StrategyPlan } from '../cost/strategy
 import { balanceByCost, balanceByStageCost, stageRanges } from '../partition/balance.js';
 import { REMAT_MODES, SCHEDULE_KINDS, evalSchedule, makeSchedule, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
 import { PipelineStrategy, type PipelineKind } from './pipeline.js';
-import type { StrategySpec } from './spec.js';
+import { threadsPerDevice, type StrategySpec } from './spec.js';
 
 /**
  * A pipeline of backprop stages: schedule `kind` (fill-drain or 1F1B) of m micro-batches over
@@ -37,7 +37,7 @@ export const gpipe: StrategySpec = {
   oneDevice: false,
   create: (cfg, model, params, ranges) => PipelineStrategy.create({
     name: 'gpipe', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg),
-    kind: backpropPipeline(cfg.microBatches, ranges.length, cfg.remat, cfg.schedule), deviceMemory: cfg.deviceMemory,
+    kind: backpropPipeline(cfg.microBatches, ranges.length, cfg.remat, cfg.schedule), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length),
     oomAdvice: gpipe.outOfMemoryAdvice(cfg),
   }, params),
   memory: {

@@ -31,7 +31,7 @@ import { costsAt } from '../cost/costs.js';
 import { predictRelayPeakBytes } from '../cost/memory.js';
 import { predictRelayStepTime } from '../cost/time.js';
 import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
-import type { StrategySpec } from './spec.js';
+import { threadsPerDevice, type StrategySpec } from './spec.js';
 import { formatSize } from '../util/size.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
@@ -52,6 +52,8 @@ export interface L2LOptions {
   serverThreads: number;
   /** Device memory budget, bytes (the device fails as soon as its engine holds more). */
   deviceMemory?: number;
+  /** Threads of the device's kernels (see initBackend). */
+  threads?: number;
   /**
    * The parameter server takes over the SharedArrayBuffer-backed arrays of `params` (see
    * initParams' `shared`) instead of copying them: halves the host memory needed at start-up.
@@ -86,7 +88,7 @@ export class L2LStrategy implements Strategy {
     const s = new L2LStrategy(opts, model, worker, server);
     try {
       await worker.call('init', {
-        index: 0, backend: opts.backend, model: opts.model, range: { from: 0, to: layers.length }, params: {},
+        index: 0, backend: opts.backend, threads: opts.threads, model: opts.model, range: { from: 0, to: layers.length }, params: {},
         optimizer: opts.optimizer, stage: { module: 'pipeline/relay-stage.js', options: { layout: server.layout, stash: opts.stash } satisfies RelayOptions },
         deviceMemory: opts.deviceMemory, strategy: 'l2l', oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
       });
@@ -227,7 +229,7 @@ export const l2l: StrategySpec = {
   },
   create: (cfg, model, params) => L2LStrategy.create({
     backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg), stash: cfg.stash,
-    serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory,
+    serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, 1),
   }, model, params),
   memory: {
     microBatch: (cfg) => cfg.batchSize / cfg.microBatches,

@@ -18,7 +18,7 @@ import type { LocalRole } from '../pipeline/local-stage.js';
 import { flushSchedule, localSchedule, evalSchedule } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
 import { PipelineStrategy, type PipelineKind } from './pipeline.js';
-import type { StrategySpec } from './spec.js';
+import { threadsPerDevice, type StrategySpec } from './spec.js';
 
 /**
  * A pipeline of local-parallelism stages: m local updates per mini-batch on each of k stages;
@@ -54,7 +54,7 @@ export const local: StrategySpec = {
     const aux = initAuxParams(model, ranges.map((r) => r.to), cfg.seed);
     return PipelineStrategy.create({
       name: 'local', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg),
-      kind: localPipeline(cfg.microBatches, ranges.length, cfg.overlap, cfg.deterministic), deviceMemory: cfg.deviceMemory,
+      kind: localPipeline(cfg.microBatches, ranges.length, cfg.overlap, cfg.deterministic), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length),
       oomAdvice: local.outOfMemoryAdvice(cfg),
     }, new Map([...aux, ...params]));
   },

@@ -52,6 +52,8 @@ export interface PipelineOptions {
   deviceMemory?: number;
   /** What the out-of-memory message suggests. */
   oomAdvice?: string;
+  /** Threads of each device's kernels (see initBackend). */
+  threads?: number;
 }
 
 /** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
@@ -96,7 +98,7 @@ export class PipelineStrategy implements Strategy {
         const next = i < k - 1 ? links[i].port1 : undefined;
         const transfer = [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev] : []), ...(next ? [next] : [])];
         return w.call('init', {
-          index: i, backend: opts.backend, model: opts.model, range: r, params: own, optimizer: opts.optimizer, stage: opts.kind.stage(i, k), prev, next,
+          index: i, backend: opts.backend, threads: opts.threads, model: opts.model, range: r, params: own, optimizer: opts.optimizer, stage: opts.kind.stage(i, k), prev, next,
           deviceMemory: opts.deviceMemory, strategy: opts.name, oomAdvice: opts.oomAdvice,
         }, transfer);
       }));

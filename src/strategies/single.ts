@@ -10,7 +10,7 @@ import { plannedAs } from '../cost/strategy-plan.js';
 import { check } from '../util/errors.js';
 import { backpropPipeline } from './gpipe.js';
 import { PipelineStrategy } from './pipeline.js';
-import type { StrategySpec } from './spec.js';
+import { threadsPerDevice, type StrategySpec } from './spec.js';
 
 export const single: StrategySpec = {
   name: 'single',
@@ -22,7 +22,7 @@ export const single: StrategySpec = {
   },
   create: (cfg, model, params, ranges) => PipelineStrategy.create({
     name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, optimizer: optimizerConfigOf(cfg),
-    kind: backpropPipeline(1, 1, 'never', 'gpipe'), deviceMemory: cfg.deviceMemory, oomAdvice: single.outOfMemoryAdvice(cfg),
+    kind: backpropPipeline(1, 1, 'never', 'gpipe'), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), oomAdvice: single.outOfMemoryAdvice(cfg),
   }, params),
   memory: {
     microBatch: (cfg) => cfg.batchSize,

@@ -12,7 +12,13 @@ import type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
+import { availableParallelism } from 'node:os';
 import type { Strategy } from './strategy.js';
+
+/** Threads of each of `devices` devices: --threads, or the machine's cores divided among them (at least 1). */
+export function threadsPerDevice(cfg: Pick<TrainConfig, 'threads'>, devices: number): number {
+  return cfg.threads > 0 ? cfg.threads : Math.max(1, Math.floor(availableParallelism() / devices));
+}
 
 export interface StrategySpec {
   /** The `--strategy` name. */

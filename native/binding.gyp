@@ -1,0 +1,14 @@
+{
+  "targets": [
+    {
+      "target_name": "layerwise_native",
+      "sources": ["src/addon.cc", "src/matmul.cc", "src/adamw.cc"],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"],
+      "cflags!": ["-fno-exceptions"],
+      "cflags_cc!": ["-fno-exceptions"],
+      "cflags_cc": ["-std=c++17", "-O3", "-march=native", "-fopenmp", "-fexceptions"],
+      "libraries": ["-ldnnl", "-fopenmp"]
+    }
+  ]
+}

@@ -1,0 +1,95 @@
+// N-API glue of layerwise's native kernels (node-addon-api). Every function takes typed arrays
+// and writes into the output arrays it is given, so tensors stay in the cpu backend's storage:
+// no copies cross the boundary. Context-aware: each worker thread (device) loads it.
+#include <napi.h>
+#include <string>
+#include "kernels.h"
+
+namespace {
+
+using namespace layerwise;
+
+float* F32(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_float32_array) {
+    throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a Float32Array");
+  }
+  return info[i].As<Napi::Float32Array>().Data();
+}
+
+size_t Len(const Napi::CallbackInfo& info, size_t i) { return info[i].As<Napi::TypedArray>().ElementLength(); }
+
+int64_t I64(const Napi::CallbackInfo& info, size_t i) { return info[i].As<Napi::Number>().Int64Value(); }
+
+double F64(const Napi::CallbackInfo& info, size_t i) { return info[i].As<Napi::Number>().DoubleValue(); }
+
+// matmul(a, b, c, batch, aStride, bStride, m, n, k, transA, transB)
+Napi::Value MatMul(const Napi::CallbackInfo& info) {
+  if (info.Length() != 11) throw Napi::TypeError::New(info.Env(), "matmul takes 11 arguments");
+  const float* a = F32(info, 0, "a");
+  const float* b = F32(info, 1, "b");
+  float* c = F32(info, 2, "c");
+  const int64_t batch = I64(info, 3), aStride = I64(info, 4), bStride = I64(info, 5);
+  const int64_t m = I64(info, 6), n = I64(info, 7), k = I64(info, 8);
+  const bool transA = info[9].As<Napi::Boolean>().Value(), transB = info[10].As<Napi::Boolean>().Value();
+  if (batch < 1 || m < 0 || n < 0 || k < 0) throw Napi::RangeError::New(info.Env(), "matmul: bad sizes");
+  if (static_cast<int64_t>(Len(info, 0)) < (batch - 1) * aStride + m * k ||
+      static_cast<int64_t>(Len(info, 1)) < (batch - 1) * bStride + k * n ||
+      static_cast<int64_t>(Len(info, 2)) < batch * m * n) {
+    throw Napi::RangeError::New(info.Env(), "matmul: an array is shorter than its matrices");
+  }
+  const int s = matmul(a, b, c, batch, aStride, bStride, m, n, k, transA, transB);
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
+  return info.Env().Undefined();
+}
+
+// adamw(p, g, m, v, lr, beta1, beta2, epsilon, weightDecay, step, gradScale)
+Napi::Value AdamW(const Napi::CallbackInfo& info) {
+  if (info.Length() != 11) throw Napi::TypeError::New(info.Env(), "adamw takes 11 arguments");
+  float* p = F32(info, 0, "p");
+  const size_t n = Len(info, 0);
+  for (size_t i = 1; i < 4; i++) {
+    F32(info, i, "g, m and v");
+    if (Len(info, i) != n) throw Napi::RangeError::New(info.Env(), "adamw: g, m and v must have the parameter's length");
+  }
+  adamw(p, F32(info, 1, "g"), F32(info, 2, "m"), F32(info, 3, "v"), static_cast<int64_t>(n), F64(info, 4), F64(info, 5),
+        F64(info, 6), F64(info, 7), F64(info, 8), I64(info, 9), F64(info, 10));
+  return info.Env().Undefined();
+}
+
+// sgd(p, g, velocity | null, lr, momentum, weightDecay, gradScale)
+Napi::Value Sgd(const Napi::CallbackInfo& info) {
+  if (info.Length() != 7) throw Napi::TypeError::New(info.Env(), "sgd takes 7 arguments");
+  float* p = F32(info, 0, "p");
+  const size_t n = Len(info, 0);
+  F32(info, 1, "g");
+  if (Len(info, 1) != n) throw Napi::RangeError::New(info.Env(), "sgd: g must have the parameter's length");
+  float* vel = nullptr;
+  if (!info[2].IsNull() && !info[2].IsUndefined()) {
+    vel = F32(info, 2, "velocity");
+    if (Len(info, 2) != n) throw Napi::RangeError::New(info.Env(), "sgd: velocity must have the parameter's length");
+  }
+  sgd(p, F32(info, 1, "g"), vel, static_cast<int64_t>(n), F64(info, 3), F64(info, 4), F64(info, 5), F64(info, 6));
+  return info.Env().Undefined();
+}
+
+Napi::Value SetThreads(const Napi::CallbackInfo& info) {
+  const int64_t n = I64(info, 0);
+  if (n < 1) throw Napi::RangeError::New(info.Env(), "threads must be >= 1");
+  setThreads(static_cast<int>(n));
+  return info.Env().Undefined();
+}
+
+Napi::Value Threads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), threads()); }
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("matmul", Napi::Function::New(env, MatMul));
+  exports.Set("adamw", Napi::Function::New(env, AdamW));
+  exports.Set("sgd", Napi::Function::New(env, Sgd));
+  exports.Set("setThreads", Napi::Function::New(env, SetThreads));
+  exports.Set("threads", Napi::Function::New(env, Threads));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(layerwise_native, Init)

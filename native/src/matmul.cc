@@ -1,0 +1,46 @@
+// Batched matrix product on oneDNN's row-major sgemm (dnnl_sgemm). Many small matrices (the
+// attention's per-head products) are spread over the OpenMP team, one sgemm per thread (nested
+// regions are off, so each runs single-threaded); few large ones run one after another, each
+// parallel inside oneDNN.
+#include "kernels.h"
+#include <dnnl.h>
+#include <omp.h>
+
+namespace layerwise {
+
+int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStride, int64_t bStride,
+           int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
+  const char ta = transA ? 'T' : 'N';
+  const char tb = transB ? 'T' : 'N';
+  const int64_t lda = transA ? m : k;
+  const int64_t ldb = transB ? k : n;
+  if (m == 0 || n == 0) return 0;
+  if (k == 0) {
+    for (int64_t i = 0; i < batch * m * n; i++) c[i] = 0.f;
+    return 0;
+  }
+  const int team = omp_get_max_threads();
+  if (batch >= 2 * team && team > 1) {
+    int status = 0;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch; i++) {
+      int s = dnnl_sgemm(ta, tb, m, n, k, 1.f, a + i * aStride, lda, b + i * bStride, ldb, 0.f, c + i * m * n, n);
+      if (s != dnnl_success) {
+#pragma omp atomic write
+        status = s;
+      }
+    }
+    return status;
+  }
+  for (int64_t i = 0; i < batch; i++) {
+    int s = dnnl_sgemm(ta, tb, m, n, k, 1.f, a + i * aStride, lda, b + i * bStride, ldb, 0.f, c + i * m * n, n);
+    if (s != dnnl_success) return s;
+  }
+  return 0;
+}
+
+void setThreads(int n) { omp_set_num_threads(n); }
+
+int threads() { return omp_get_max_threads(); }
+
+}  // namespace layerwise

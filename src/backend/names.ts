@@ -1,0 +1,8 @@
+/**
+ * The names of the backends a device can run, without loading TF.js (the main thread validates
+ * configurations before any device exists). 'wasm' and 'cpu' ship with layerwise; 'native' is
+ * its own addon (native/, built by npm ci where libdnnl-dev and a compiler are installed);
+ * 'tensorflow' and 'webgpu' are optional installs.
+ */
+export const BACKENDS = ['wasm', 'cpu', 'native', 'tensorflow', 'webgpu'] as const;
+export type BackendName = (typeof BACKENDS)[number];

@@ -1,0 +1,203 @@
+/**
+ * The native CPU device: a TF.js backend named 'native' whose kernels run in layerwise's N-API
+ * addon (native/, C++ on oneDNN, built by `npm ci` where Debian's `libdnnl-dev` and a compiler
+ * are present). Its storage is the cpu backend's: it extends `MathBackendCPU`, so tensors are
+ * plain typed arrays on the host, and every kernel the addon does not provide is the cpu
+ * backend's own kernel, never an error. Native so far: `BatchMatMul` and `_FusedMatMul`
+ * (oneDNN sgemm with transposed operands read in place, batch broadcasting, batched products
+ * spread over the device's threads). Each worker thread (device) loads the addon itself and has
+ * its own OpenMP team (`threads`).
+ *
+ * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
+ * says why; `initBackend('native')` then fails with that reason.
+ */
+import { createRequire } from 'node:module';
+import * as tf from '@tensorflow/tfjs-core';
+import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
+
+/** The addon's functions (native/src/addon.cc). Arrays are read and written in place. */
+export interface NativeAddon {
+  /**
+   * c[i] = op(a[i]) @ op(b[i]) for i < batch, row-major; a[i] starts at i * aStride (0:
+   * broadcast), likewise b; c is [batch, m, n]; op(a) is [m, k], op(b) is [k, n].
+   */
+  matmul(a: Float32Array, b: Float32Array, c: Float32Array, batch: number, aStride: number, bStride: number,
+    m: number, n: number, k: number, transA: boolean, transB: boolean): void;
+  /** AdamW in place over p (see native/src/kernels.h); step is 1-based. */
+  adamw(p: Float32Array, g: Float32Array, m: Float32Array, v: Float32Array, lr: number, beta1: number, beta2: number,
+    epsilon: number, weightDecay: number, step: number, gradScale: number): void;
+  /** SGD (with momentum when `velocity` is given) in place over p. */
+  sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number): void;
+  /** Sets this thread's OpenMP team size. */
+  setThreads(n: number): void;
+  /** This thread's OpenMP team size. */
+  threads(): number;
+}
+
+/** Where `npm ci` builds the addon (native/binding.gyp), from dist/backend/. */
+const ADDON_PATH = '../../native/build/Release/layerwise_native.node';
+
+let addon: NativeAddon | null | undefined;
+let unavailable = '';
+
+/** The addon, loaded once per thread, or null when it is not built or does not load (see {@link nativeUnavailable}). */
+export function nativeAddon(): NativeAddon | null {
+  if (addon === undefined) {
+    try {
+      addon = createRequire(import.meta.url)(ADDON_PATH) as NativeAddon;
+    } catch (e) {
+      addon = null;
+      const msg = (e as Error).message.split('\n')[0] ?? '';
+      unavailable = /Cannot find module/.test(msg)
+        ? 'the native addon is not built (npm ci builds it where libdnnl-dev and a C++ compiler are installed: apt-get install libdnnl-dev g++, then npm rebuild layerwise or npm ci)'
+        : `the native addon does not load: ${msg}`;
+    }
+  }
+  return addon;
+}
+
+/** Why the native backend is unavailable ('' when it is available). */
+export function nativeUnavailable(): string {
+  nativeAddon();
+  return unavailable;
+}
+
+/** The TF.js backend of the native device: the cpu backend's storage and kernels, with native ones registered over them. */
+export class NativeBackend extends MathBackendCPU {}
+
+type Attrs = Record<string, unknown>;
+
+/** Flat index into `inBatch` for each flat index into `outBatch` (batch broadcasting). */
+function broadcastIndex(outBatch: number[], inBatch: number[]): number[] {
+  const total = tf.util.sizeFromShape(outBatch);
+  const pad = outBatch.length - inBatch.length;
+  const index: number[] = new Array(total).fill(0);
+  for (let i = 0; i < total; i++) {
+    let rest = i;
+    let flat = 0;
+    let stride = 1;
+    for (let d = outBatch.length - 1; d >= 0; d--) {
+      const coord = rest % outBatch[d]!;
+      rest = Math.floor(rest / outBatch[d]!);
+      if (d >= pad) {
+        const dim = inBatch[d - pad]!;
+        flat += (dim === 1 ? 0 : coord) * stride;
+        stride *= dim;
+      }
+    }
+    index[i] = flat;
+  }
+  return index;
+}
+
+/**
+ * op(a) @ op(b) for float32 a [...batchA, M, K] and b [...batchB, K, N] (op: transpose of the
+ * last two axes when asked), batch axes broadcast: a new float32 tensor [...batch, M, N].
+ * Throws (as the stock kernel) when the inner sizes differ or the batches do not broadcast.
+ */
+function nativeMatMul(backend: NativeBackend, a: tf.TensorInfo, b: tf.TensorInfo, tA: boolean, tB: boolean): tf.TensorInfo {
+  const lib = nativeAddon()!;
+  const [a0, a1] = a.shape.slice(-2) as [number, number];
+  const [b0, b1] = b.shape.slice(-2) as [number, number];
+  const [m, k] = tA ? [a1, a0] : [a0, a1];
+  const [kb, n] = tB ? [b1, b0] : [b0, b1];
+  tf.util.assert(k === kb, () => `Error in matMul: inner shapes (${k}) and (${kb}) of Tensors with shapes ${a.shape} and ` +
+    `${b.shape} and transposeA=${tA} and transposeB=${tB} must match.`);
+  const batchShapeA = a.shape.slice(0, -2);
+  const batchShapeB = b.shape.slice(0, -2);
+  const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(batchShapeA, batchShapeB);
+  const batch = tf.util.sizeFromShape(outBatch);
+  const out = new Float32Array(batch * m * n);
+  const av = backend.data.get(a.dataId).values as Float32Array;
+  const bv = backend.data.get(b.dataId).values as Float32Array;
+  const batchA = tf.util.sizeFromShape(batchShapeA);
+  const batchB = tf.util.sizeFromShape(batchShapeB);
+  if (out.length > 0) {
+    if (batchB === 1 && !tA) {
+      // a's batch folds into the rows of one product with the shared b
+      lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);
+    } else if ((batchA === batch || batchA === 1) && (batchB === batch || batchB === 1)) {
+      lib.matmul(av, bv, out, batch, batchA === 1 ? 0 : m * k, batchB === 1 ? 0 : k * n, m, n, k, tA, tB);
+    } else {
+      const ia = broadcastIndex(outBatch, batchShapeA);
+      const ib = broadcastIndex(outBatch, batchShapeB);
+      for (let i = 0; i < batch; i++) {
+        lib.matmul(av.subarray(ia[i]! * m * k, (ia[i]! + 1) * m * k), bv.subarray(ib[i]! * k * n, (ib[i]! + 1) * k * n),
+          out.subarray(i * m * n, (i + 1) * m * n), 1, 0, 0, m, n, k, tA, tB);
+      }
+    }
+  }
+  return backend.makeTensorInfo([...outBatch, m, n], 'float32', out);
+}
+
+/** Runs the cpu backend's kernel `name` on the native backend (same storage). */
+function cpuKernel(name: string, args: tf.KernelConfig['kernelFunc'] extends (a: infer A) => unknown ? A : never): tf.TensorInfo {
+  const k = tf.getKernel(name, 'cpu');
+  if (!k) throw new Error(`the cpu backend has no ${name} kernel`);
+  return k.kernelFunc(args) as tf.TensorInfo;
+}
+
+const ACTIVATION_KERNEL: Record<string, string> = {
+  relu: 'Relu', relu6: 'Relu6', elu: 'Elu', sigmoid: 'Sigmoid', leakyrelu: 'LeakyRelu', prelu: 'Prelu',
+};
+
+function batchMatMulKernel(args: Parameters<tf.KernelFunc>[0]): tf.TensorInfo {
+  const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
+  if (a.dtype !== 'float32' || b.dtype !== 'float32') return cpuKernel('BatchMatMul', args);
+  const attrs = args.attrs as Attrs;
+  return nativeMatMul(args.backend as NativeBackend, a, b, attrs['transposeA'] === true, attrs['transposeB'] === true);
+}
+
+/** `_FusedMatMul`: the native product, then the cpu backend's bias add and activation. */
+function fusedMatMulKernel(args: Parameters<tf.KernelFunc>[0]): tf.TensorInfo {
+  const { a, b, bias, preluActivationWeights: prelu } = args.inputs as Record<string, tf.TensorInfo | undefined>;
+  if (a!.dtype !== 'float32' || b!.dtype !== 'float32') return cpuKernel('_FusedMatMul', args);
+  const backend = args.backend as NativeBackend;
+  const attrs = args.attrs as Attrs;
+  let out = nativeMatMul(backend, a!, b!, attrs['transposeA'] === true, attrs['transposeB'] === true);
+  if (bias !== undefined) {
+    const sum = cpuKernel('Add', { inputs: { a: out, b: bias }, backend, attrs: {} });
+    backend.disposeIntermediateTensorInfo(out);
+    out = sum;
+  }
+  const activation = String(attrs['activation'] ?? 'linear');
+  if (activation !== 'linear') {
+    const kernel = ACTIVATION_KERNEL[activation];
+    if (kernel === undefined) throw new Error(`_FusedMatMul: activation ${activation} is not supported`);
+    const inputs: Record<string, tf.TensorInfo> = kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
+    const act = cpuKernel(kernel, { inputs, backend, attrs: { alpha: attrs['leakyreluAlpha'] as number } });
+    backend.disposeIntermediateTensorInfo(out);
+    out = act;
+  }
+  return out;
+}
+
+/** The kernels the addon provides, by kernel name. */
+const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
+  BatchMatMul: batchMatMulKernel as tf.KernelFunc,
+  _FusedMatMul: fusedMatMulKernel as tf.KernelFunc,
+};
+
+let registered = false;
+
+/**
+ * Registers the 'native' backend and its kernels (the native ones above, the cpu backend's for
+ * everything else) in this thread's tfjs-core, once. Returns false, registering nothing, when
+ * the addon is unavailable.
+ */
+export function registerNativeBackend(): boolean {
+  if (registered) return true;
+  if (!nativeAddon()) return false;
+  tf.registerBackend('native', () => new NativeBackend(), 0);
+  for (const [kernelName, kernelFunc] of Object.entries(NATIVE_KERNELS)) tf.registerKernel({ kernelName, backendName: 'native', kernelFunc });
+  for (const k of tf.getKernelsForBackend('cpu')) {
+    if (!(k.kernelName in NATIVE_KERNELS)) tf.registerKernel({ ...k, backendName: 'native' });
+  }
+  registered = true;
+  return true;
+}
+
+/** Names of the kernels that run natively on the 'native' backend (the rest are the cpu backend's). */
+export function nativeKernelNames(): string[] {
+  return Object.keys(NATIVE_KERNELS);
+}
