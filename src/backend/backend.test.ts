@@ -211,7 +211,7 @@ test('gradients of the ops layerwise trains with run on wasm and match cpu', asy
 
 test('initBackend rejects unknown names and missing optional packages with clear messages', async () => {
   await assert.rejects(initBackend('gpu'), (err: unknown) =>
-    err instanceof LayerwiseError && /unknown backend 'gpu'.*wasm, cpu, tensorflow, webgpu/.test(err.message));
+    err instanceof LayerwiseError && /unknown backend 'gpu'.*wasm, cpu, native, tensorflow, webgpu/.test(err.message));
   await assert.rejects(initBackend('tensorflow'), (err: unknown) =>
     err instanceof LayerwiseError && err.message.includes('npm install @tensorflow/tfjs-node'));
   await assert.rejects(initBackend('webgpu'), (err: unknown) =>
