@@ -2,12 +2,12 @@
   "targets": [
     {
       "target_name": "layerwise_native",
-      "sources": ["src/addon.cc", "src/matmul.cc", "src/adamw.cc"],
+      "sources": ["src/addon.cc", "src/matmul.cc", "src/adamw.cc", "src/elementwise.cc"],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NAPI_CPP_EXCEPTIONS"],
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],
-      "cflags_cc": ["-std=c++17", "-O3", "-march=native", "-fopenmp", "-fexceptions"],
+      "cflags_cc": ["-std=c++17", "-O3", "-march=native", "-fopenmp", "-fexceptions", "-fno-math-errno"],
       "libraries": ["-ldnnl", "-fopenmp"]
     }
   ]

@@ -3,6 +3,7 @@
 // no copies cross the boundary. Context-aware: each worker thread (device) loads it.
 #include <napi.h>
 #include <string>
+#include <vector>
 #include "kernels.h"
 
 namespace {
@@ -72,6 +73,111 @@ Napi::Value Sgd(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+
+std::vector<int64_t> Shape(const Napi::CallbackInfo& info, size_t i) {
+  if (!info[i].IsArray()) throw Napi::TypeError::New(info.Env(), "a shape must be an array of integers");
+  Napi::Array arr = info[i].As<Napi::Array>();
+  std::vector<int64_t> s(arr.Length());
+  for (uint32_t d = 0; d < arr.Length(); d++) {
+    s[d] = arr.Get(d).As<Napi::Number>().Int64Value();
+    if (s[d] < 0) throw Napi::RangeError::New(info.Env(), "a shape has a negative size");
+  }
+  return s;
+}
+
+int32_t* I32(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array) {
+    throw Napi::TypeError::New(info.Env(), std::string(what) + " must be an Int32Array");
+  }
+  return info[i].As<Napi::Int32Array>().Data();
+}
+
+void Need(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what) {
+  if (static_cast<int64_t>(Len(info, i)) < n) throw Napi::RangeError::New(info.Env(), std::string(what) + " is shorter than its shape");
+}
+
+// binary(op, a, aShape, b, bShape, out, outShape)
+Napi::Value Binary(const Napi::CallbackInfo& info) {
+  const int op = static_cast<int>(I64(info, 0));
+  const auto aShape = Shape(info, 2), bShape = Shape(info, 4), outShape = Shape(info, 6);
+  Need(info, 1, product(aShape), "a");
+  Need(info, 3, product(bShape), "b");
+  Need(info, 5, product(outShape), "out");
+  if (!binary(static_cast<BinaryOp>(op), F32(info, 1, "a"), F32(info, 3, "b"), F32(info, 5, "out"), aShape, bShape, outShape)) {
+    throw Napi::RangeError::New(info.Env(), "unknown binary op");
+  }
+  return info.Env().Undefined();
+}
+
+// unary(op, x, out)
+Napi::Value Unary(const Napi::CallbackInfo& info) {
+  const int64_t n = static_cast<int64_t>(Len(info, 1));
+  Need(info, 2, n, "out");
+  if (!unary(static_cast<UnaryOp>(I64(info, 0)), F32(info, 1, "x"), F32(info, 2, "out"), n)) throw Napi::RangeError::New(info.Env(), "unknown unary op");
+  return info.Env().Undefined();
+}
+
+// reduce(op, x, out, outer, inner): over the inner axis of x [outer, inner]
+Napi::Value Reduce(const Napi::CallbackInfo& info) {
+  const int64_t outer = I64(info, 3), inner = I64(info, 4);
+  Need(info, 1, outer * inner, "x");
+  Need(info, 2, outer, "out");
+  reduce(static_cast<ReduceOp>(I64(info, 0)), F32(info, 1, "x"), F32(info, 2, "out"), outer, inner);
+  return info.Env().Undefined();
+}
+
+// reduceOuter(op, x, out, outer, inner): over the outer axis of x [outer, inner]
+Napi::Value ReduceOuter(const Napi::CallbackInfo& info) {
+  const int64_t outer = I64(info, 3), inner = I64(info, 4);
+  Need(info, 1, outer * inner, "x");
+  Need(info, 2, inner, "out");
+  reduceOuter(static_cast<ReduceOp>(I64(info, 0)), F32(info, 1, "x"), F32(info, 2, "out"), outer, inner);
+  return info.Env().Undefined();
+}
+
+// transpose(x, shape, perm, out)
+Napi::Value Transpose(const Napi::CallbackInfo& info) {
+  const auto shape = Shape(info, 1), perm = Shape(info, 2);
+  if (perm.size() != shape.size() || shape.empty()) throw Napi::RangeError::New(info.Env(), "transpose: perm must match the rank");
+  Need(info, 0, product(shape), "x");
+  Need(info, 3, product(shape), "out");
+  transpose(F32(info, 0, "x"), F32(info, 3, "out"), shape, perm);
+  return info.Env().Undefined();
+}
+
+// softmax(x, out, rows, cols)
+Napi::Value Softmax(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 2), cols = I64(info, 3);
+  Need(info, 0, rows * cols, "x");
+  Need(info, 1, rows * cols, "out");
+  softmax(F32(info, 0, "x"), F32(info, 1, "out"), rows, cols);
+  return info.Env().Undefined();
+}
+
+// segmentSum(data, ids, out, n, inner, segments)
+Napi::Value SegmentSum(const Napi::CallbackInfo& info) {
+  const int64_t n = I64(info, 3), inner = I64(info, 4), segments = I64(info, 5);
+  Need(info, 0, n * inner, "data");
+  Need(info, 1, n, "ids");
+  Need(info, 2, segments * inner, "out");
+  segmentSum(F32(info, 0, "data"), I32(info, 1, "ids"), F32(info, 2, "out"), n, inner, segments);
+  return info.Env().Undefined();
+}
+
+// gather(x, indices, out, outer, axisSize, inner)
+Napi::Value Gather(const Napi::CallbackInfo& info) {
+  const int64_t outer = I64(info, 3), axisSize = I64(info, 4), inner = I64(info, 5);
+  const int64_t count = static_cast<int64_t>(Len(info, 1));
+  const int32_t* idx = I32(info, 1, "indices");
+  for (int64_t j = 0; j < count; j++) {
+    if (idx[j] < 0 || idx[j] >= axisSize) throw Napi::RangeError::New(info.Env(), "gather: an index is out of range");
+  }
+  Need(info, 0, outer * axisSize * inner, "x");
+  Need(info, 2, outer * count * inner, "out");
+  gather(F32(info, 0, "x"), idx, F32(info, 2, "out"), outer, axisSize, inner, count);
+  return info.Env().Undefined();
+}
+
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   const int64_t n = I64(info, 0);
   if (n < 1) throw Napi::RangeError::New(info.Env(), "threads must be >= 1");
@@ -82,9 +188,18 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
 Napi::Value Threads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), threads()); }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  flushDenormals();  // per thread that loads the addon (each device)
   exports.Set("matmul", Napi::Function::New(env, MatMul));
   exports.Set("adamw", Napi::Function::New(env, AdamW));
   exports.Set("sgd", Napi::Function::New(env, Sgd));
+  exports.Set("binary", Napi::Function::New(env, Binary));
+  exports.Set("unary", Napi::Function::New(env, Unary));
+  exports.Set("reduce", Napi::Function::New(env, Reduce));
+  exports.Set("reduceOuter", Napi::Function::New(env, ReduceOuter));
+  exports.Set("transpose", Napi::Function::New(env, Transpose));
+  exports.Set("softmax", Napi::Function::New(env, Softmax));
+  exports.Set("segmentSum", Napi::Function::New(env, SegmentSum));
+  exports.Set("gather", Napi::Function::New(env, Gather));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("threads", Napi::Function::New(env, Threads));
   return exports;

@@ -1,6 +1,10 @@
 // layerwise native kernels: declarations shared by the N-API glue (addon.cc) and the kernels.
 #pragma once
 #include <cstdint>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace layerwise {
 
@@ -22,7 +26,40 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, double lr, d
 void sgd(float* p, const float* g, float* velocity, int64_t n, double lr, double momentum, double weightDecay,
          double gradScale);
 
-// Threads of this thread's OpenMP team (each device worker thread has its own).
+int64_t product(const std::vector<int64_t>& shape);
+
+// Element-wise out = a op b with NumPy broadcasting of a and b to outShape.
+enum class BinaryOp { Add = 0, Sub = 1, Mul = 2, Div = 3, Max = 4, Min = 5, SquaredDifference = 6 };
+bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::vector<int64_t>& aShape,
+            const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape);
+
+// Element-wise out = op(x) over n elements.
+enum class UnaryOp { Exp = 0, Log = 1, Sqrt = 2, Rsqrt = 3, Square = 4, Neg = 5, Sigmoid = 6, Tanh = 7, Relu = 8, Abs = 9, Reciprocal = 10 };
+bool unary(UnaryOp op, const float* x, float* out, int64_t n);
+
+// out[r] = op(x[r, 0..inner)) for r < outer (sums in double).
+enum class ReduceOp { Sum = 0, Mean = 1, Max = 2, Min = 3 };
+void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner);
+
+// out[j] = op over i < outer of x[i, j] for x [outer, inner] (reducing the leading axes).
+void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner);
+
+// out = x with its axes permuted: out.shape[d] = shape[perm[d]].
+void transpose(const float* x, float* out, const std::vector<int64_t>& shape, const std::vector<int64_t>& perm);
+
+// Softmax over the last axis of x [rows, cols].
+void softmax(const float* x, float* out, int64_t rows, int64_t cols);
+
+// out[s, :] = sum of data[r, :] over rows r with ids[r] == s (ids outside [0, segments) skipped).
+void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments);
+
+// out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner] (indices checked by the caller).
+void gather(const float* x, const int32_t* indices, float* out, int64_t outer, int64_t axisSize, int64_t inner, int64_t count);
+
+// Flush denormal floats to zero (FTZ, DAZ) on this thread and its OpenMP team.
+void flushDenormals();
+
+// Threads of this thread's OpenMP team (each device worker thread has its own); flushes denormals.
 void setThreads(int n);
 int threads();
 

@@ -89,20 +89,69 @@ test('native fused matMul (bias, relu) equals cpu; empty products give empty or 
   await assertSameAsCpu('m = 0', [[2, 0, 5], [2, 5, 3]], (a, b) => [tf.matMul(a!, b!)]);
 });
 
-test('kernels the addon does not provide fall back to the cpu backend\'s (softmax, layer-norm pieces, gather, segment sum)', { skip }, async () => {
-  assert.deepEqual(nativeKernelNames().sort(), ['BatchMatMul', '_FusedMatMul']);
-  await assertSameAsCpu('softmax, moments, gelu-like', [[3, 5, 16]], (x) => {
-    const m = tf.moments(x!, -1, true);
-    return [tf.softmax(x!), m.mean, m.variance, tf.mul(x!, tf.sigmoid(tf.mul(x!, 1.702)))];
+test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops', { skip }, async () => {
+  const pairs: Array<[string, number[], number[]]> = [
+    ['same shape', [3, 5, 7], [3, 5, 7]],
+    ['row vector', [4, 6, 17], [17]],
+    ['column', [4, 6, 17], [4, 6, 1]],
+    ['scalar right', [5, 9], []],
+    ['scalar left', [], [5, 9]],
+    ['both broadcast', [3, 1, 7], [1, 5, 1]],
+    ['middle axis', [2, 1, 3, 4], [5, 1, 1]],
+  ];
+  for (const [name, sa, sb] of pairs) {
+    await assertSameAsCpu(`binary ${name}`, [sa, sb], (a, b) => [
+      tf.add(a!, b!), tf.sub(a!, b!), tf.mul(a!, b!), tf.div(a!, tf.add(tf.abs(b!), 0.5)), tf.maximum(a!, b!), tf.minimum(a!, b!), tf.squaredDifference(a!, b!),
+    ]);
+  }
+  await assertSameAsCpu('unary', [[7, 33]], (x) => {
+    const pos = tf.add(tf.abs(x!), 0.1);
+    return [tf.exp(x!), tf.log(pos), tf.sqrt(pos), tf.rsqrt(pos), tf.square(x!), tf.neg(x!), tf.sigmoid(x!), tf.tanh(x!), tf.relu(x!), tf.abs(x!), tf.reciprocal(pos)];
   });
-  await initBackend('native');
-  const idx = tf.tensor1d([2, 0, 2], 'int32');
-  const g = tf.gather(tf.tensor2d([[1, 2], [3, 4], [5, 6]]), idx);
-  assert.deepEqual(Array.from(g.dataSync()), [5, 6, 1, 2, 5, 6]);
-  const s = tf.unsortedSegmentSum(tf.tensor1d([1, 2, 3]), idx, 3);
-  assert.deepEqual(Array.from(s.dataSync()), [2, 0, 4]);
-  tf.dispose([idx, g, s]);
 });
+
+test('native reductions, transpose and softmax equal cpu on any axes', { skip }, async () => {
+  await assertSameAsCpu('reductions', [[3, 4, 5, 6]], (x) => [
+    tf.sum(x!), tf.sum(x!, -1), tf.sum(x!, 0), tf.sum(x!, [1, 3], true), tf.mean(x!, [0, 2]), tf.mean(x!, -1, true),
+    tf.max(x!, 1), tf.max(x!, [2, 3]), tf.min(x!, 0), tf.min(x!, -1, true),
+  ]);
+  await assertSameAsCpu('transposes', [[2, 3, 4, 5]], (x) => [
+    tf.transpose(x!), tf.transpose(x!, [0, 1, 3, 2]), tf.transpose(x!, [0, 2, 1, 3]), tf.transpose(x!, [3, 1, 0, 2]),
+    tf.transpose(tf.reshape(x!, [40, 3]), [1, 0]),
+  ]);
+  await assertSameAsCpu('softmax', [[4, 3, 37]], (x) => [tf.softmax(x!), tf.softmax(tf.reshape(x!, [444]))]);
+  await assertSameAsCpu('empty', [[0, 5]], (x) => [tf.add(x!, x!), tf.sum(x!, 1), tf.transpose(x!), tf.exp(x!)]);
+});
+
+test('native gather and segment sum equal cpu (the embedding and its gradient)', { skip }, async () => {
+  const runBoth = async (f: () => tf.Tensor[]) => [await onFixed('cpu', f), await onFixed('native', f)];
+  const table = () => tf.tensor(randomArray(7 * 5, 9), [7, 5]);
+  const ids = () => tf.tensor([[3, 0, 6], [3, 3, 1]], [2, 3], 'int32');
+  const [cpu, native] = await runBoth(() => [
+    tf.gather(table(), ids()), tf.gather(table(), tf.tensor1d([4, 0], 'int32'), 1),
+    tf.unsortedSegmentSum(tf.reshape(tf.gather(table(), ids()), [6, 5]), tf.reshape(ids(), [6]), 7),
+  ]);
+  cpu!.forEach((c, i) => assert.deepEqual({ shape: native![i]!.shape, v: Array.from(native![i]!.values, (x) => x.toFixed(4)) }, { shape: c.shape, v: Array.from(c.values, (x) => x.toFixed(4)) }));
+  await initBackend('native');
+  assert.throws(() => tf.tidy(() => tf.gather(table(), tf.tensor1d([7], 'int32'))), /GatherV2: the index value 7 is not in \[0, 6\]/);
+});
+
+test('kernels the addon does not provide, and other dtypes, fall back to the cpu backend\'s', { skip }, async () => {
+  assert.ok(nativeKernelNames().includes('BatchMatMul') && nativeKernelNames().includes('Softmax'));
+  await initBackend('native');
+  const i = tf.add(tf.tensor1d([1, 2], 'int32'), tf.tensor1d([3, 4], 'int32'));
+  assert.equal(i.dtype, 'int32');
+  assert.deepEqual(Array.from(i.dataSync()), [4, 6]);
+  const c = tf.concat([tf.tensor1d([1]), tf.tensor1d([2, 3])]);
+  assert.deepEqual(Array.from(c.dataSync()), [1, 2, 3]);
+  tf.dispose([i, c]);
+});
+
+/** Runs `f` (which makes its own tensors) on backend `name`. */
+async function onFixed(name: string, f: () => tf.Tensor[]): Promise<Array<{ shape: number[]; values: Float32Array }>> {
+  await initBackend(name);
+  return tf.tidy(() => f().map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array })));
+}
 
 test('native host AdamW and SGD equal the JS host optimizer within 1e-6', { skip }, () => {
   const lib = nativeAddon()!;

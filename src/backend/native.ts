@@ -5,7 +5,11 @@
  * plain typed arrays on the host, and every kernel the addon does not provide is the cpu
  * backend's own kernel, never an error. Native so far: `BatchMatMul` and `_FusedMatMul`
  * (oneDNN sgemm with transposed operands read in place, batch broadcasting, batched products
- * spread over the device's threads). Each worker thread (device) loads the addon itself and has
+ * spread over the device's threads); broadcasting binary ops (Add, Sub, Multiply, RealDiv,
+ * Maximum, Minimum, SquaredDifference); unary ops (Exp, Log, Sqrt, Rsqrt, Square, Neg,
+ * Sigmoid, Tanh, Relu, Abs, Reciprocal); reductions (Sum, Mean, Max, Min over any axes);
+ * Transpose; Softmax (last axis); UnsortedSegmentSum; GatherV2 (float32; other dtypes and
+ * cases go to the cpu kernels). Each worker thread (device) loads the addon itself and has
  * its own OpenMP team (`threads`).
  *
  * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
@@ -28,6 +32,22 @@ export interface NativeAddon {
     epsilon: number, weightDecay: number, step: number, gradScale: number): void;
   /** SGD (with momentum when `velocity` is given) in place over p. */
   sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number): void;
+  /** out = a op b with broadcasting (op: {@link BINARY} code). */
+  binary(op: number, a: Float32Array, aShape: number[], b: Float32Array, bShape: number[], out: Float32Array, outShape: number[]): void;
+  /** out = op(x) element-wise (op: {@link UNARY} code). */
+  unary(op: number, x: Float32Array, out: Float32Array): void;
+  /** out[r] = op(x[r, :]) over `inner` elements for r < outer (op: {@link REDUCE} code). */
+  reduce(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
+  /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: {@link REDUCE} code). */
+  reduceOuter(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
+  /** out = x with axes permuted by perm. */
+  transpose(x: Float32Array, shape: number[], perm: number[], out: Float32Array): void;
+  /** Softmax over the last axis of x [rows, cols]. */
+  softmax(x: Float32Array, out: Float32Array, rows: number, cols: number): void;
+  /** out[s, :] = sum of data[r, :] where ids[r] == s. */
+  segmentSum(data: Float32Array, ids: Int32Array, out: Float32Array, n: number, inner: number, segments: number): void;
+  /** out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner]. */
+  gather(x: Float32Array, indices: Int32Array, out: Float32Array, outer: number, axisSize: number, inner: number): void;
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */
@@ -172,10 +192,140 @@ function fusedMatMulKernel(args: Parameters<tf.KernelFunc>[0]): tf.TensorInfo {
   return out;
 }
 
+/** Binary kernels and their op codes in native/src/kernels.h. */
+const BINARY: Record<string, number> = { Add: 0, Sub: 1, Multiply: 2, RealDiv: 3, Maximum: 4, Minimum: 5, SquaredDifference: 6 };
+/** Unary kernels and their op codes. */
+const UNARY: Record<string, number> = { Exp: 0, Log: 1, Sqrt: 2, Rsqrt: 3, Square: 4, Neg: 5, Sigmoid: 6, Tanh: 7, Relu: 8, Abs: 9, Reciprocal: 10 };
+/** Reduction kernels and their op codes. */
+const REDUCE: Record<string, number> = { Sum: 0, Mean: 1, Max: 2, Min: 3 };
+
+type KernelArgs = Parameters<tf.KernelFunc>[0];
+const values = (backend: NativeBackend, t: tf.TensorInfo) => backend.data.get(t.dataId).values as Float32Array;
+const isF32 = (...ts: tf.TensorInfo[]) => ts.every((t) => t.dtype === 'float32');
+
+function binaryKernel(name: string): tf.KernelFunc {
+  const op = BINARY[name]!;
+  return ((args: KernelArgs) => {
+    const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
+    if (!isF32(a, b)) return cpuKernel(name, args);
+    const backend = args.backend as NativeBackend;
+    const shape = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape);
+    const out = new Float32Array(tf.util.sizeFromShape(shape));
+    nativeAddon()!.binary(op, values(backend, a), a.shape, values(backend, b), b.shape, out, shape);
+    return backend.makeTensorInfo(shape, 'float32', out);
+  }) as tf.KernelFunc;
+}
+
+function unaryKernel(name: string): tf.KernelFunc {
+  const op = UNARY[name]!;
+  return ((args: KernelArgs) => {
+    const { x } = args.inputs as { x: tf.TensorInfo };
+    if (!isF32(x)) return cpuKernel(name, args);
+    const backend = args.backend as NativeBackend;
+    const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+    nativeAddon()!.unary(op, values(backend, x), out);
+    return backend.makeTensorInfo(x.shape, 'float32', out);
+  }) as tf.KernelFunc;
+}
+
+/** x with its axes permuted, as new values (float32). */
+function transposed(backend: NativeBackend, x: tf.TensorInfo, perm: number[]): Float32Array {
+  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  if (out.length > 0) nativeAddon()!.transpose(values(backend, x), x.shape, perm, out);
+  return out;
+}
+
+function reduceKernel(name: string): tf.KernelFunc {
+  const op = REDUCE[name]!;
+  return ((args: KernelArgs) => {
+    const { x } = args.inputs as { x: tf.TensorInfo };
+    const attrs = args.attrs as Attrs;
+    if (!isF32(x) || x.shape.length === 0) return cpuKernel(name, args);
+    const backend = args.backend as NativeBackend;
+    const axes = tf.util.parseAxisParam((attrs['axis'] ?? attrs['reductionIndices']) as number | number[], x.shape).sort((p, q) => p - q);
+    const reduced = axes.reduce((p, a) => p * x.shape[a]!, 1);
+    const [outShape] = tf.backend_util.computeOutAndReduceShapes(x.shape, axes);
+    const kept = tf.util.sizeFromShape(outShape);
+    if (reduced === 0 && op >= 2) return cpuKernel(name, args); // max/min of nothing: the cpu backend's semantics
+    const out = new Float32Array(kept);
+    if (axes.every((a, i) => a === i)) {
+      // the leading axes (a bias gradient's batch and time): column-wise, no transpose
+      nativeAddon()!.reduceOuter(op, values(backend, x), out, reduced, kept);
+    } else {
+      // the reduced axes innermost: as they are, or after a transpose
+      const perm = tf.backend_util.getAxesPermutation(axes, x.shape.length);
+      const input = perm === null ? values(backend, x) : transposed(backend, x, perm);
+      nativeAddon()!.reduce(op, input, out, kept, reduced);
+    }
+    const shape = attrs['keepDims'] === true ? tf.backend_util.expandShapeToKeepDim(outShape, axes) : outShape;
+    return backend.makeTensorInfo(shape, 'float32', out);
+  }) as tf.KernelFunc;
+}
+
+function transposeKernel(args: KernelArgs): tf.TensorInfo {
+  const { x } = args.inputs as { x: tf.TensorInfo };
+  const perm = (args.attrs as Attrs)['perm'] as number[];
+  if (!isF32(x) || x.shape.length === 0) return cpuKernel('Transpose', args);
+  const backend = args.backend as NativeBackend;
+  return backend.makeTensorInfo(perm.map((p) => x.shape[p]!), 'float32', transposed(backend, x, perm));
+}
+
+function softmaxKernel(args: KernelArgs): tf.TensorInfo {
+  const { logits } = args.inputs as { logits: tf.TensorInfo };
+  const dim = (args.attrs as Attrs)['dim'] as number;
+  const rank = logits.shape.length;
+  if (!isF32(logits) || rank === 0 || (dim !== -1 && dim !== rank - 1)) return cpuKernel('Softmax', args);
+  const backend = args.backend as NativeBackend;
+  const cols = logits.shape[rank - 1]!;
+  const out = new Float32Array(tf.util.sizeFromShape(logits.shape));
+  if (out.length > 0) nativeAddon()!.softmax(values(backend, logits), out, out.length / cols, cols);
+  return backend.makeTensorInfo(logits.shape, 'float32', out);
+}
+
+function segmentSumKernel(args: KernelArgs): tf.TensorInfo {
+  const { x, segmentIds } = args.inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
+  const segments = (args.attrs as Attrs)['numSegments'] as number;
+  if (!isF32(x) || segmentIds.dtype !== 'int32' || segmentIds.shape.length !== 1 || x.shape[0] !== segmentIds.shape[0]) {
+    return cpuKernel('UnsortedSegmentSum', args);
+  }
+  const backend = args.backend as NativeBackend;
+  const n = x.shape[0]!;
+  const inner = tf.util.sizeFromShape(x.shape.slice(1));
+  const out = new Float32Array(segments * inner);
+  const ids = backend.data.get(segmentIds.dataId).values as Int32Array;
+  if (out.length > 0) nativeAddon()!.segmentSum(values(backend, x), ids, out, n, inner, segments);
+  return backend.makeTensorInfo([segments, ...x.shape.slice(1)], 'float32', out);
+}
+
+function gatherKernel(args: KernelArgs): tf.TensorInfo {
+  const { x, indices } = args.inputs as { x: tf.TensorInfo; indices: tf.TensorInfo };
+  const attrs = args.attrs as Attrs;
+  const batchDims = (attrs['batchDims'] as number | undefined) ?? 0;
+  if (!isF32(x) || indices.dtype !== 'int32' || batchDims !== 0) return cpuKernel('GatherV2', args);
+  const backend = args.backend as NativeBackend;
+  const axis = tf.util.parseAxisParam(attrs['axis'] as number, x.shape)[0]!;
+  const idx = backend.data.get(indices.dataId).values as Int32Array;
+  const axisSize = x.shape[axis]!;
+  for (const i of idx) tf.util.assert(i <= axisSize - 1 && i >= 0, () => `GatherV2: the index value ${i} is not in [0, ${axisSize - 1}]`);
+  const outer = tf.util.sizeFromShape(x.shape.slice(0, axis));
+  const inner = tf.util.sizeFromShape(x.shape.slice(axis + 1));
+  const shape = [...x.shape.slice(0, axis), ...indices.shape, ...x.shape.slice(axis + 1)];
+  const out = new Float32Array(tf.util.sizeFromShape(shape));
+  if (out.length > 0) nativeAddon()!.gather(values(backend, x), idx, out, outer, axisSize, inner);
+  return backend.makeTensorInfo(shape, 'float32', out);
+}
+
 /** The kernels the addon provides, by kernel name. */
 const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   BatchMatMul: batchMatMulKernel as tf.KernelFunc,
   _FusedMatMul: fusedMatMulKernel as tf.KernelFunc,
+  ...Object.fromEntries(Object.keys(BINARY).map((k) => [k, binaryKernel(k)])),
+  ...Object.fromEntries(Object.keys(UNARY).map((k) => [k, unaryKernel(k)])),
+  ...Object.fromEntries(Object.keys(REDUCE).map((k) => [k, reduceKernel(k)])),
+  Transpose: transposeKernel as tf.KernelFunc,
+  Softmax: softmaxKernel as tf.KernelFunc,
+  UnsortedSegmentSum: segmentSumKernel as tf.KernelFunc,
+  GatherV2: gatherKernel as tf.KernelFunc,
 };
 
 let registered = false;

@@ -26,6 +26,19 @@ program
   });
 
 program
+  .command('backends')
+  .description('single-device tokens/s on wasm, cpu and native; native pipelines with one thread per stage')
+  .option('--preset <name>', 'model preset', 'charlm-small')
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--steps <n>', 'measured steps per configuration', (v) => Number(v), 4)
+  .option('--cpu-steps <n>', 'measured steps on the (slow) cpu backend', (v) => Number(v), 1)
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchBackends } = await import('./backends.js');
+    await benchBackends(o, (s) => console.log(s));
+  });
+
+program
   .command('balance')
   .description('gpipe throughput with --balance time vs the default (by parameters) on a model with uneven blocks; bubble vs (K-1)/(M+K-1)')
   .option('--layers <n>', 'decoder layers', (v) => Number(v), 4)

@@ -5,7 +5,8 @@
  * DeviceOptimizer (AdamW) on the wasm backend, on the same parameters: by default 16M
  * parameters in 8 tensors of [2048, 1024]. Writes bench/results/param-server.json and param-server.md.
  */
-import { cpus } from 'node:os';
+import { availableParallelism, cpus } from 'node:os';
+import { nativeAddon, nativeUnavailable } from '../backend/native.js';
 import type { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { hostUpdate } from '../param-server/host-optimizer.js';
@@ -83,6 +84,27 @@ export async function benchServerUpdateRate(opts: { params?: number; steps?: num
       if (t > 1) times.push(performance.now() - t0);
     }
     record('hostUpdate (main thread)', 'host', times);
+  }
+
+  // (a') the native addon's AdamW in this thread, on 1 and 2 OpenMP threads
+  const lib = nativeAddon();
+  if (lib) {
+    for (const threads of [1, 2]) {
+      lib.setThreads(threads);
+      const ps = keys.map(() => init.slice());
+      const gs = keys.map(() => grad.slice());
+      const slots = keys.map(() => ({ m: new Float32Array(per), v: new Float32Array(per) }));
+      const times: number[] = [];
+      for (let t = 1; t <= steps + 1; t++) {
+        const t0 = performance.now();
+        for (let i = 0; i < nTensors; i++) lib.adamw(ps[i]!, gs[i]!, slots[i]!.m, slots[i]!.v, lr, cfg.beta1, cfg.beta2, cfg.epsilon, cfg.weightDecay, t, 1);
+        if (t > 1) times.push(performance.now() - t0);
+      }
+      record('native adamw (main thread)', 'host', times, threads);
+    }
+    lib.setThreads(availableParallelism());
+  } else {
+    log(`native adamw: skipped (${nativeUnavailable()})`);
   }
 
   // (b) the parameter server, 1 and 2 optimizer threads

@@ -1,0 +1,297 @@
+// Element-wise, reduction, layout and indexing kernels of the native backend, float32, over
+// the device's OpenMP team. Shapes come as int64 vectors; broadcasting follows NumPy (as TF.js).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+#include "kernels.h"
+
+namespace layerwise {
+
+namespace {
+
+constexpr int64_t kParallel = 1 << 15;  // elements below which a kernel stays on one thread
+
+// exp(x) for float32 without libm, so that loops of it vectorise: x = n ln2 + r (Cody-Waite, |r| <=
+// ln2/2), e^r by its degree-6 Taylor polynomial (relative error < 2e-7 on that range), times 2^n
+// built in the exponent bits. Overflows to +inf above 88.72, underflows to 0 below -87.3.
+inline float fastExp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.72f);
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
+  float p = 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+template <typename F>
+void binaryLoop(F f, const float* a, const float* b, float* out, const std::vector<int64_t>& aShape,
+                const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape) {
+  const int64_t size = product(outShape);
+  const int64_t aSize = product(aShape), bSize = product(bShape);
+  if (size == 0) return;
+  if (aSize == size && bSize == size) {
+#pragma omp parallel for simd schedule(static) if (size > kParallel)
+    for (int64_t i = 0; i < size; i++) out[i] = f(a[i], b[i]);
+    return;
+  }
+  if (bSize == 1) {
+    const float bv = b[0];
+#pragma omp parallel for simd schedule(static) if (size > kParallel)
+    for (int64_t i = 0; i < size; i++) out[i] = f(a[i], bv);
+    return;
+  }
+  if (aSize == 1) {
+    const float av = a[0];
+#pragma omp parallel for simd schedule(static) if (size > kParallel)
+    for (int64_t i = 0; i < size; i++) out[i] = f(av, b[i]);
+    return;
+  }
+  // general: strides of a and b in the output's axes (0 where broadcast), innermost axis as a loop
+  const int rank = static_cast<int>(outShape.size());
+  std::vector<int64_t> sa(rank, 0), sb(rank, 0);
+  for (int d = rank - 1, stA = 1, stB = 1, da = (int)aShape.size() - 1, db = (int)bShape.size() - 1; d >= 0; d--, da--, db--) {
+    if (da >= 0) {
+      sa[d] = aShape[da] == 1 ? 0 : stA;
+      stA *= static_cast<int>(aShape[da]);
+    }
+    if (db >= 0) {
+      sb[d] = bShape[db] == 1 ? 0 : stB;
+      stB *= static_cast<int>(bShape[db]);
+    }
+  }
+  const int64_t inner = outShape[rank - 1];
+  const int64_t rows = size / inner;
+  const int64_t ia = sa[rank - 1], ib = sb[rank - 1];
+#pragma omp parallel for schedule(static) if (size > kParallel)
+  for (int64_t r = 0; r < rows; r++) {
+    int64_t rest = r, offA = 0, offB = 0;
+    for (int d = rank - 2; d >= 0; d--) {
+      const int64_t c = rest % outShape[d];
+      rest /= outShape[d];
+      offA += c * sa[d];
+      offB += c * sb[d];
+    }
+    float* o = out + r * inner;
+    const float* pa = a + offA;
+    const float* pb = b + offB;
+    if (ia == 1 && ib == 1) {
+#pragma omp simd
+      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[i], pb[i]);
+    } else if (ia == 1) {
+#pragma omp simd
+      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[i], pb[0]);
+    } else if (ib == 1) {
+#pragma omp simd
+      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[0], pb[i]);
+    } else {
+      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[0], pb[0]);
+    }
+  }
+}
+
+template <typename F>
+void unaryLoop(F f, const float* x, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (int64_t i = 0; i < n; i++) out[i] = f(x[i]);
+}
+
+}  // namespace
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t p = 1;
+  for (int64_t d : shape) p *= d;
+  return p;
+}
+
+bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::vector<int64_t>& aShape,
+            const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape) {
+  switch (op) {
+    case BinaryOp::Add: binaryLoop([](float x, float y) { return x + y; }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::Sub: binaryLoop([](float x, float y) { return x - y; }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::Mul: binaryLoop([](float x, float y) { return x * y; }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::Div: binaryLoop([](float x, float y) { return x / y; }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::Max: binaryLoop([](float x, float y) { return x > y || std::isnan(x) ? x : y; }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::Min: binaryLoop([](float x, float y) { return x < y || std::isnan(x) ? x : y; }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::SquaredDifference: binaryLoop([](float x, float y) { return (x - y) * (x - y); }, a, b, out, aShape, bShape, outShape); return true;
+  }
+  return false;
+}
+
+bool unary(UnaryOp op, const float* x, float* out, int64_t n) {
+  switch (op) {
+    case UnaryOp::Exp: unaryLoop([](float v) { return v > 88.72f ? INFINITY : fastExp(v); }, x, out, n); return true;
+    case UnaryOp::Log: unaryLoop([](float v) { return std::log(v); }, x, out, n); return true;
+    case UnaryOp::Sqrt: unaryLoop([](float v) { return std::sqrt(v); }, x, out, n); return true;
+    case UnaryOp::Rsqrt: unaryLoop([](float v) { return 1.f / std::sqrt(v); }, x, out, n); return true;
+    case UnaryOp::Square: unaryLoop([](float v) { return v * v; }, x, out, n); return true;
+    case UnaryOp::Neg: unaryLoop([](float v) { return -v; }, x, out, n); return true;
+    case UnaryOp::Sigmoid: unaryLoop([](float v) { return 1.f / (1.f + fastExp(-v)); }, x, out, n); return true;
+    case UnaryOp::Tanh: unaryLoop([](float v) { return std::tanh(v); }, x, out, n); return true;
+    case UnaryOp::Relu: unaryLoop([](float v) { return v > 0.f ? v : (std::isnan(v) ? v : 0.f); }, x, out, n); return true;
+    case UnaryOp::Abs: unaryLoop([](float v) { return std::fabs(v); }, x, out, n); return true;
+    case UnaryOp::Reciprocal: unaryLoop([](float v) { return 1.f / v; }, x, out, n); return true;
+  }
+  return false;
+}
+
+void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
+#pragma omp parallel for schedule(static) if (outer * inner > kParallel && outer > 1)
+  for (int64_t r = 0; r < outer; r++) {
+    const float* row = x + r * inner;
+    if (op == ReduceOp::Sum || op == ReduceOp::Mean) {
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < inner; i++) s += row[i];
+      out[r] = static_cast<float>(op == ReduceOp::Mean ? s / static_cast<double>(inner) : s);
+    } else {
+      float m = inner > 0 ? row[0] : (op == ReduceOp::Max ? -INFINITY : INFINITY);
+      if (op == ReduceOp::Max) {
+        for (int64_t i = 1; i < inner; i++) if (row[i] > m || std::isnan(row[i])) m = row[i];
+      } else {
+        for (int64_t i = 1; i < inner; i++) if (row[i] < m || std::isnan(row[i])) m = row[i];
+      }
+      out[r] = m;
+    }
+  }
+}
+
+void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
+  // out[j] = op over i < outer of x[i, j]: columns split over the team, rows streamed in order
+  const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
+#pragma omp parallel if (outer * inner > kParallel)
+  {
+    int t = 0, team = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    const int64_t chunk = (inner + team - 1) / team;
+    const int64_t c0 = std::min(inner, t * chunk), c1 = std::min(inner, c0 + chunk);
+    if (c1 > c0) {
+      std::vector<double> acc(c1 - c0);
+      for (int64_t c = c0; c < c1; c++) acc[c - c0] = sum ? 0.0 : (outer > 0 ? x[c] : (op == ReduceOp::Max ? -INFINITY : INFINITY));
+      for (int64_t i = sum ? 0 : 1; i < outer; i++) {
+        const float* row = x + i * inner;
+        double* a = acc.data() - c0;
+        if (sum) {
+#pragma omp simd
+          for (int64_t c = c0; c < c1; c++) a[c] += row[c];
+        } else if (op == ReduceOp::Max) {
+          for (int64_t c = c0; c < c1; c++) if (row[c] > a[c] || std::isnan(row[c])) a[c] = row[c];
+        } else {
+          for (int64_t c = c0; c < c1; c++) if (row[c] < a[c] || std::isnan(row[c])) a[c] = row[c];
+        }
+      }
+      for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(op == ReduceOp::Mean ? acc[c - c0] / static_cast<double>(outer) : acc[c - c0]);
+    }
+  }
+}
+
+void transpose(const float* x, float* out, const std::vector<int64_t>& shape, const std::vector<int64_t>& perm) {
+  const int rank = static_cast<int>(shape.size());
+  const int64_t size = product(shape);
+  if (size == 0) return;
+  std::vector<int64_t> inStride(rank, 1);
+  for (int d = rank - 2; d >= 0; d--) inStride[d] = inStride[d + 1] * shape[d + 1];
+  std::vector<int64_t> outShape(rank), strideOfOut(rank);
+  for (int d = 0; d < rank; d++) {
+    outShape[d] = shape[perm[d]];
+    strideOfOut[d] = inStride[perm[d]];
+  }
+  // swapping the last two axes of a batch of matrices: tiles keep reads and writes in cache
+  if (rank >= 2 && perm[rank - 1] == rank - 2 && perm[rank - 2] == rank - 1) {
+    bool leading = true;
+    for (int d = 0; d < rank - 2; d++) leading = leading && perm[d] == d;
+    if (leading) {
+      const int64_t rows = shape[rank - 2], cols = shape[rank - 1], batch = size / (rows * cols);
+      constexpr int64_t T = 32;
+#pragma omp parallel for collapse(2) schedule(static) if (size > kParallel)
+      for (int64_t bi = 0; bi < batch; bi++) {
+        for (int64_t i0 = 0; i0 < rows; i0 += T) {
+          const float* src = x + bi * rows * cols;
+          float* dst = out + bi * rows * cols;
+          for (int64_t j0 = 0; j0 < cols; j0 += T) {
+            const int64_t i1 = std::min(rows, i0 + T), j1 = std::min(cols, j0 + T);
+            for (int64_t i = i0; i < i1; i++)
+              for (int64_t j = j0; j < j1; j++) dst[j * rows + i] = src[i * cols + j];
+          }
+        }
+      }
+      return;
+    }
+  }
+  const int64_t inner = outShape[rank - 1];
+  const int64_t innerStride = strideOfOut[rank - 1];
+  const int64_t rowsOut = size / inner;
+#pragma omp parallel for schedule(static) if (size > kParallel)
+  for (int64_t r = 0; r < rowsOut; r++) {
+    int64_t rest = r, off = 0;
+    for (int d = rank - 2; d >= 0; d--) {
+      off += (rest % outShape[d]) * strideOfOut[d];
+      rest /= outShape[d];
+    }
+    float* o = out + r * inner;
+    for (int64_t i = 0; i < inner; i++) o[i] = x[off + i * innerStride];
+  }
+}
+
+void softmax(const float* x, float* out, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* in = x + r * cols;
+    float* o = out + r * cols;
+    float m = -INFINITY;
+    for (int64_t i = 0; i < cols; i++) m = std::max(m, in[i]);
+    double s = 0;
+    for (int64_t i = 0; i < cols; i++) {
+      o[i] = fastExp(in[i] - m);
+      s += o[i];
+    }
+    const float inv = static_cast<float>(1.0 / s);
+#pragma omp simd
+    for (int64_t i = 0; i < cols; i++) o[i] *= inv;
+  }
+}
+
+void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments) {
+  std::memset(out, 0, sizeof(float) * segments * inner);
+  // columns are independent: each thread adds its share of every row, so no two threads write one element
+#pragma omp parallel if (n * inner > kParallel && inner >= 64)
+  {
+    int t = 0, team = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    team = omp_get_num_threads();
+#endif
+    const int64_t chunk = (inner + team - 1) / team;
+    const int64_t c0 = std::min(inner, t * chunk), c1 = std::min(inner, c0 + chunk);
+    for (int64_t r = 0; r < n; r++) {
+      const int32_t s = ids[r];
+      if (s < 0 || s >= segments) continue;
+      const float* src = data + r * inner;
+      float* dst = out + s * inner;
+#pragma omp simd
+      for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+    }
+  }
+}
+
+void gather(const float* x, const int32_t* indices, float* out, int64_t outer, int64_t axisSize, int64_t inner, int64_t count) {
+#pragma omp parallel for collapse(2) schedule(static) if (outer * count * inner > kParallel)
+  for (int64_t o = 0; o < outer; o++) {
+    for (int64_t j = 0; j < count; j++) {
+      std::memcpy(out + (o * count + j) * inner, x + (o * axisSize + indices[j]) * inner, sizeof(float) * inner);
+    }
+  }
+}
+
+}  // namespace layerwise
