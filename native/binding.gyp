@@ -8,7 +8,8 @@
       "cflags!": ["-fno-exceptions"],
       "cflags_cc!": ["-fno-exceptions"],
       "cflags_cc": ["-std=c++17", "-O3", "-march=native", "-fopenmp", "-fexceptions", "-fno-math-errno"],
-      "libraries": ["-ldnnl", "-fopenmp"]
+      "libraries": ["-ldnnl", "-fopenmp"],
+      "ldflags": ["-Wl,-z,nodelete"]
     }
   ]
 }

@@ -15,72 +15,11 @@
  * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
  * says why; `initBackend('native')` then fails with that reason.
  */
-import { createRequire } from 'node:module';
 import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
+import { nativeAddon, nativeUnavailable } from './native-addon.js';
 
-/** The addon's functions (native/src/addon.cc). Arrays are read and written in place. */
-export interface NativeAddon {
-  /**
-   * c[i] = op(a[i]) @ op(b[i]) for i < batch, row-major; a[i] starts at i * aStride (0:
-   * broadcast), likewise b; c is [batch, m, n]; op(a) is [m, k], op(b) is [k, n].
-   */
-  matmul(a: Float32Array, b: Float32Array, c: Float32Array, batch: number, aStride: number, bStride: number,
-    m: number, n: number, k: number, transA: boolean, transB: boolean): void;
-  /** AdamW in place over p (see native/src/kernels.h); step is 1-based. */
-  adamw(p: Float32Array, g: Float32Array, m: Float32Array, v: Float32Array, lr: number, beta1: number, beta2: number,
-    epsilon: number, weightDecay: number, step: number, gradScale: number): void;
-  /** SGD (with momentum when `velocity` is given) in place over p. */
-  sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number): void;
-  /** out = a op b with broadcasting (op: {@link BINARY} code). */
-  binary(op: number, a: Float32Array, aShape: number[], b: Float32Array, bShape: number[], out: Float32Array, outShape: number[]): void;
-  /** out = op(x) element-wise (op: {@link UNARY} code). */
-  unary(op: number, x: Float32Array, out: Float32Array): void;
-  /** out[r] = op(x[r, :]) over `inner` elements for r < outer (op: {@link REDUCE} code). */
-  reduce(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
-  /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: {@link REDUCE} code). */
-  reduceOuter(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
-  /** out = x with axes permuted by perm. */
-  transpose(x: Float32Array, shape: number[], perm: number[], out: Float32Array): void;
-  /** Softmax over the last axis of x [rows, cols]. */
-  softmax(x: Float32Array, out: Float32Array, rows: number, cols: number): void;
-  /** out[s, :] = sum of data[r, :] where ids[r] == s. */
-  segmentSum(data: Float32Array, ids: Int32Array, out: Float32Array, n: number, inner: number, segments: number): void;
-  /** out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner]. */
-  gather(x: Float32Array, indices: Int32Array, out: Float32Array, outer: number, axisSize: number, inner: number): void;
-  /** Sets this thread's OpenMP team size. */
-  setThreads(n: number): void;
-  /** This thread's OpenMP team size. */
-  threads(): number;
-}
-
-/** Where `npm ci` builds the addon (native/binding.gyp), from dist/backend/. */
-const ADDON_PATH = '../../native/build/Release/layerwise_native.node';
-
-let addon: NativeAddon | null | undefined;
-let unavailable = '';
-
-/** The addon, loaded once per thread, or null when it is not built or does not load (see {@link nativeUnavailable}). */
-export function nativeAddon(): NativeAddon | null {
-  if (addon === undefined) {
-    try {
-      addon = createRequire(import.meta.url)(ADDON_PATH) as NativeAddon;
-    } catch (e) {
-      addon = null;
-      const msg = (e as Error).message.split('\n')[0] ?? '';
-      unavailable = /Cannot find module/.test(msg)
-        ? 'the native addon is not built (npm ci builds it where libdnnl-dev and a C++ compiler are installed: apt-get install libdnnl-dev g++, then npm rebuild layerwise or npm ci)'
-        : `the native addon does not load: ${msg}`;
-    }
-  }
-  return addon;
-}
-
-/** Why the native backend is unavailable ('' when it is available). */
-export function nativeUnavailable(): string {
-  nativeAddon();
-  return unavailable;
-}
+export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon.js';
 
 /** The TF.js backend of the native device: the cpu backend's storage and kernels, with native ones registered over them. */
 export class NativeBackend extends MathBackendCPU {}

@@ -1,17 +1,24 @@
 /**
  * An optimizer thread of the eager parameter server (L2L, Pudipeddi et al., 2020, arXiv
  * 2002.05645): it attaches to the shared {@link ParamStore} and, for each job (part of one
- * layer's update), runs {@link hostUpdate} on the job's tensors, then counts the part done and,
- * if it was the layer's last part, marks the layer updated (so the device may upload it).
- * Pure JavaScript: no TF.js is loaded, so the thread starts in milliseconds.
+ * layer's update), runs the host optimizer on the job's tensors ({@link nativeHostUpdate} on one
+ * OpenMP thread where the native addon is built, else {@link hostUpdate}), then counts the part
+ * done and, if it was the layer's last part, marks the layer updated (so the device may upload
+ * it). No TF.js is loaded, so the thread starts in milliseconds.
  *
  * Started by {@link ParameterServer} with workerData {@link OptimizerWorkerData}; messages in:
  * {@link JobMessage}; out: `{type: 'ready'}`, {@link DoneMessage} or {@link ErrorMessage}.
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import type { OptimizerConfig } from '../optim/optimizer.js';
-import { hostUpdate } from './host-optimizer.js';
+import { nativeAddon } from '../backend/native-addon.js';
+import { hostUpdate, nativeHostUpdate } from './host-optimizer.js';
 import { ParamStore, type StoreLayout } from './store.js';
+
+// the server's threads are its parallelism: one OpenMP thread each, so they do not oversubscribe
+const lib = nativeAddon();
+lib?.setThreads(1);
+const update: typeof hostUpdate = lib ? (...args) => nativeHostUpdate(lib, ...args) : hostUpdate;
 
 /** What the server passes to each optimizer thread. */
 export interface OptimizerWorkerData {
@@ -83,7 +90,7 @@ function run(msg: JobMessage): number {
   for (let i = 0; i < msg.keys.length; i++) {
     const key = msg.keys[i];
     const p = store.param(key);
-    hostUpdate(config, store.shape(key).length, p, msg.grads[i], store.slots(key), msg.lr, msg.scale, msg.t);
+    update(config, store.shape(key).length, p, msg.grads[i], store.slots(key), msg.lr, msg.scale, msg.t);
     n += p.length;
   }
   return n;

@@ -17,6 +17,7 @@
  */
 import { Worker } from 'node:worker_threads';
 import { LayerwiseError, check } from '../util/errors.js';
+import { configureOpenMP } from '../backend/native-addon.js';
 import type { HostParams } from '../model/init.js';
 import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
 import { slotNames } from './host-optimizer.js';
@@ -137,6 +138,7 @@ export class ParameterServer {
     try {
       for (let i = 0; i < o.threads; i++) {
         const data: OptimizerWorkerData = { layout: store.layout, config: { ...o.optimizer }, thread: i, counters };
+        configureOpenMP(); // before the thread may load the native addon
         workers.push(new Worker(new URL('./optimizer-worker.js', import.meta.url), { workerData: data }));
       }
     } catch (e) {

@@ -4,6 +4,7 @@
  * rejects every pending call, so a failing stage stops the whole run.
  */
 import { Worker, type TransferListItem } from 'node:worker_threads';
+import { configureOpenMP } from '../backend/native-addon.js';
 import { Channel, type Message } from './channel.js';
 import type { StageApi } from './protocol.js';
 import type { LayerGrads } from '../pipeline/executor.js';
@@ -35,6 +36,7 @@ export class StageWorker {
   readonly exited: Promise<number>;
 
   constructor(readonly index: number) {
+    configureOpenMP(); // before any device thread may load the native addon
     this.worker = new Worker(new URL('./worker.js', import.meta.url));
     this.ch = new Channel(this.worker);
     this.worker.on('error', (e) => this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)));

@@ -1,0 +1,89 @@
+/**
+ * Loading layerwise's N-API addon (native/, C++ on oneDNN and OpenMP), without TF.js: the
+ * native backend (backend/native.ts) and the parameter server's host optimizer
+ * (param-server/host-optimizer.ts) both use it. Built by `npm ci` where libdnnl-dev and a C++
+ * compiler are installed; elsewhere {@link nativeAddon} is null and {@link nativeUnavailable}
+ * says why. Each thread that loads it gets its own OpenMP team and flushes denormals to zero.
+ */
+import { createRequire } from 'node:module';
+import { isMainThread } from 'node:worker_threads';
+
+/**
+ * Makes OpenMP's idle threads sleep rather than spin (OMP_WAIT_POLICY=passive, unless the user
+ * chose a policy): several devices share the machine's cores, and one device's idle team must
+ * not take cycles from another device's threads. libgomp reads the variable once, when the addon
+ * first loads in any thread, and only the main thread's process.env reaches the C environment,
+ * so the main thread calls this before it starts a device or optimizer thread
+ * (runtime/device.ts, param-server/server.ts), and this module calls it when loaded there.
+ * (The addon is linked NODELETE, so a worker thread that exits never unloads it, or libgomp,
+ * under the OpenMP threads it started: that crashed the process.)
+ */
+export function configureOpenMP(): void {
+  if (isMainThread) process.env['OMP_WAIT_POLICY'] ??= 'passive';
+}
+
+configureOpenMP();
+
+/** The addon's functions (native/src/addon.cc). Arrays are read and written in place. */
+export interface NativeAddon {
+  /**
+   * c[i] = op(a[i]) @ op(b[i]) for i < batch, row-major; a[i] starts at i * aStride (0:
+   * broadcast), likewise b; c is [batch, m, n]; op(a) is [m, k], op(b) is [k, n].
+   */
+  matmul(a: Float32Array, b: Float32Array, c: Float32Array, batch: number, aStride: number, bStride: number,
+    m: number, n: number, k: number, transA: boolean, transB: boolean): void;
+  /** AdamW in place over p (see native/src/kernels.h); step is 1-based. */
+  adamw(p: Float32Array, g: Float32Array, m: Float32Array, v: Float32Array, lr: number, beta1: number, beta2: number,
+    epsilon: number, weightDecay: number, step: number, gradScale: number): void;
+  /** SGD (with momentum when `velocity` is given) in place over p. */
+  sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number): void;
+  /** out = a op b with broadcasting (op: op code: Add 0, Sub 1, Multiply 2, RealDiv 3, Maximum 4, Minimum 5, SquaredDifference 6). */
+  binary(op: number, a: Float32Array, aShape: number[], b: Float32Array, bShape: number[], out: Float32Array, outShape: number[]): void;
+  /** out = op(x) element-wise (op: op code, see backend/native.ts). */
+  unary(op: number, x: Float32Array, out: Float32Array): void;
+  /** out[r] = op(x[r, :]) over `inner` elements for r < outer (op: Sum 0, Mean 1, Max 2, Min 3). */
+  reduce(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
+  /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: Sum 0, Mean 1, Max 2, Min 3). */
+  reduceOuter(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
+  /** out = x with axes permuted by perm. */
+  transpose(x: Float32Array, shape: number[], perm: number[], out: Float32Array): void;
+  /** Softmax over the last axis of x [rows, cols]. */
+  softmax(x: Float32Array, out: Float32Array, rows: number, cols: number): void;
+  /** out[s, :] = sum of data[r, :] where ids[r] == s. */
+  segmentSum(data: Float32Array, ids: Int32Array, out: Float32Array, n: number, inner: number, segments: number): void;
+  /** out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner]. */
+  gather(x: Float32Array, indices: Int32Array, out: Float32Array, outer: number, axisSize: number, inner: number): void;
+  /** Sets this thread's OpenMP team size. */
+  setThreads(n: number): void;
+  /** This thread's OpenMP team size. */
+  threads(): number;
+}
+
+/** Where `npm ci` builds the addon (native/binding.gyp), from dist/backend/. */
+const ADDON_PATH = '../../native/build/Release/layerwise_native.node';
+
+let addon: NativeAddon | null | undefined;
+let unavailable = '';
+
+/** The addon, loaded once per thread, or null when it is not built or does not load (see {@link nativeUnavailable}). */
+export function nativeAddon(): NativeAddon | null {
+  if (addon === undefined) {
+    try {
+      addon = createRequire(import.meta.url)(ADDON_PATH) as NativeAddon;
+    } catch (e) {
+      addon = null;
+      const msg = (e as Error).message.split('\n')[0] ?? '';
+      unavailable = /Cannot find module/.test(msg)
+        ? 'the native addon is not built (npm ci builds it where libdnnl-dev and a C++ compiler are installed: apt-get install libdnnl-dev g++, then npm rebuild layerwise or npm ci)'
+        : `the native addon does not load: ${msg}`;
+    }
+  }
+  return addon;
+}
+
+/** Why the native backend is unavailable ('' when it is available). */
+export function nativeUnavailable(): string {
+  nativeAddon();
+  return unavailable;
+}
+
