@@ -10,7 +10,7 @@ import { LayerwiseError } from '../util/errors.js';
 import { PRESETS } from '../model/presets.js';
 import { sampleText } from '../train/sample.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
-import { BACKENDS } from '../backend/names.js';
+import { BACKENDS, defaultBackend } from '../backend/names.js';
 import { train, type TrainHooks } from '../train/trainer.js';
 
 function int(v: string): number {
@@ -100,7 +100,7 @@ program
   .option('--weight-decay <x>', 'weight decay', num)
   .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', num)
   .option('--seed <n>', 'seed for initialisation and data order', int)
-  .option('--backend <name>', BACKENDS.join(' | '))
+  .option('--backend <name>', `${BACKENDS.join(' | ')} (default: native where its addon is built, else wasm)`)
   .option('--threads <n>', 'threads of each device\'s kernels (native backend); default: the cores divided among the devices', int)
   .option('--layers <n>', 'override the preset: layers', int)
   .option('--d-model <n>', 'override the preset: model width', int)
@@ -136,7 +136,7 @@ program
   .option('--length <n>', 'characters to generate', int, 300)
   .option('--temperature <x>', 'sampling temperature', num, 0.8)
   .option('--seed <n>', 'sampling seed', int, 1)
-  .option('--backend <name>', BACKENDS.join(' | '), 'wasm')
+  .option('--backend <name>', BACKENDS.join(' | '), defaultBackend())
   .action(async (o) => {
     process.stdout.write((await sampleText(o)) + '\n');
   });

@@ -8,7 +8,7 @@ import { REMAT_MODES, SCHEDULE_KINDS, type RematMode, type ScheduleKind } from '
 import { getPreset } from '../model/presets.js';
 import { parseBalance } from '../partition/balance.js';
 import { parseSize } from '../util/size.js';
-import { BACKENDS } from '../backend/names.js';
+import { BACKENDS, defaultBackend } from '../backend/names.js';
 import type { Dataset } from '../data/index.js';
 import type { ModelConfig } from '../model/model.js';
 
@@ -89,7 +89,7 @@ export interface TrainConfig {
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, remat: 'except_last', schedule: 'gpipe',
   balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
-  seed: 1, backend: 'wasm', threads: 0, evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
+  seed: 1, backend: defaultBackend(), threads: 0, evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
   stash: 'host', serverThreads: 1,
 };
 
