@@ -6,6 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { initBackend } from '../backend/index.js';
+import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import { makeBatcher } from '../data/batcher.js';
 import { loadDataset, type Dataset } from '../data/index.js';
 import { Stage } from '../pipeline/stage.js';
@@ -21,9 +22,11 @@ async function data(name: string): Promise<Dataset> {
   return datasets.get(name)!;
 }
 
-for (const backend of ['wasm', 'cpu']) {
+for (const backend of ['wasm', 'cpu', 'native']) {
+  // the native backend where its addon is built (npm ci builds it where libdnnl-dev is installed)
+  const skip = backend === 'native' && !nativeAddon() ? `native backend unavailable: ${nativeUnavailable()}` : false;
   for (const [name, preset] of Object.entries(PRESETS)) {
-    test(`${name} trains on ${backend}`, async () => {
+    test(`${name} trains on ${backend}`, { skip }, async () => {
       await initBackend(backend);
       const ds = await data(preset.defaultData);
       const shape = ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes };
