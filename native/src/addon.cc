@@ -117,6 +117,23 @@ Napi::Value Unary(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// gelu(x, out)
+Napi::Value Gelu(const Napi::CallbackInfo& info) {
+  const int64_t n = static_cast<int64_t>(Len(info, 0));
+  Need(info, 1, n, "out");
+  gelu(F32(info, 0, "x"), F32(info, 1, "out"), n);
+  return info.Env().Undefined();
+}
+
+// geluGrad(x, dy, dx)
+Napi::Value GeluGrad(const Napi::CallbackInfo& info) {
+  const int64_t n = static_cast<int64_t>(Len(info, 0));
+  Need(info, 1, n, "dy");
+  Need(info, 2, n, "dx");
+  geluGrad(F32(info, 0, "x"), F32(info, 1, "dy"), F32(info, 2, "dx"), n);
+  return info.Env().Undefined();
+}
+
 // reduce(op, x, out, outer, inner): over the inner axis of x [outer, inner]
 Napi::Value Reduce(const Napi::CallbackInfo& info) {
   const int64_t outer = I64(info, 3), inner = I64(info, 4);
@@ -195,6 +212,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("binary", Napi::Function::New(env, Binary));
   exports.Set("unary", Napi::Function::New(env, Unary));
   exports.Set("reduce", Napi::Function::New(env, Reduce));
+  exports.Set("gelu", Napi::Function::New(env, Gelu));
+  exports.Set("geluGrad", Napi::Function::New(env, GeluGrad));
   exports.Set("reduceOuter", Napi::Function::New(env, ReduceOuter));
   exports.Set("transpose", Napi::Function::New(env, Transpose));
   exports.Set("softmax", Napi::Function::New(env, Softmax));

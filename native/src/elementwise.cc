@@ -143,6 +143,30 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n) {
   return false;
 }
 
+// GELU, tanh approximation as x * sigmoid(u), u = x (c1 + c2 x^2) (model/layers.ts gelu)
+constexpr float kGeluC1 = 1.5957691216057308f;   // 2 sqrt(2 / pi)
+constexpr float kGeluC2 = 0.0713548162726009f;   // 0.044715 c1
+
+void gelu(const float* x, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i];
+    const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
+    out[i] = v * s;
+  }
+}
+
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (int64_t i = 0; i < n; i++) {
+    const float v = x[i];
+    const float v2 = v * v;
+    const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
+    const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
+    dx[i] = dy[i] * (s + du * (s - s * s));
+  }
+}
+
 void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
 #pragma omp parallel for schedule(static) if (outer * inner > kParallel && outer > 1)
   for (int64_t r = 0; r < outer; r++) {

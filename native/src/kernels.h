@@ -37,6 +37,10 @@ bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::
 enum class UnaryOp { Exp = 0, Log = 1, Sqrt = 2, Rsqrt = 3, Square = 4, Neg = 5, Sigmoid = 6, Tanh = 7, Relu = 8, Abs = 9, Reciprocal = 10 };
 bool unary(UnaryOp op, const float* x, float* out, int64_t n);
 
+// GELU (tanh approximation, as x * sigmoid(x (c1 + c2 x^2))) and its gradient dx = dy * GELU'(x).
+void gelu(const float* x, float* out, int64_t n);
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n);
+
 // out[r] = op(x[r, 0..inner)) for r < outer (sums in double).
 enum class ReduceOp { Sum = 0, Mean = 1, Max = 2, Min = 3 };
 void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner);

@@ -53,6 +53,10 @@ export interface NativeAddon {
   segmentSum(data: Float32Array, ids: Int32Array, out: Float32Array, n: number, inner: number, segments: number): void;
   /** out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner]. */
   gather(x: Float32Array, indices: Int32Array, out: Float32Array, outer: number, axisSize: number, inner: number): void;
+  /** GELU (tanh approximation, model/layers.ts) element-wise. */
+  gelu(x: Float32Array, out: Float32Array): void;
+  /** dx = dy * GELU'(x) element-wise. */
+  geluGrad(x: Float32Array, dy: Float32Array, dx: Float32Array): void;
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */

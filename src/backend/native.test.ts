@@ -13,6 +13,7 @@ import { tf } from './tfjs.js';
 import { hostUpdate } from '../param-server/host-optimizer.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { Rng } from '../util/rng.js';
+import { gelu } from '../model/layers.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
@@ -108,6 +109,17 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
     const pos = tf.add(tf.abs(x!), 0.1);
     return [tf.exp(x!), tf.log(pos), tf.sqrt(pos), tf.rsqrt(pos), tf.square(x!), tf.neg(x!), tf.sigmoid(x!), tf.tanh(x!), tf.relu(x!), tf.abs(x!), tf.reciprocal(pos)];
   });
+});
+
+test('the fused native GELU and its gradient equal the composed GELU on cpu', { skip }, async () => {
+  await assertSameAsCpu('gelu', [[6, 41], [6, 41]], (x, w) => [
+    gelu(tf.mul(x!, 3)),
+    tf.grad((v: tf.Tensor) => tf.sum(tf.mul(gelu(v), w!)))(tf.mul(x!, 3)),
+  ]);
+  await initBackend('native');
+  const k = tf.tidy(() => tf.engine().runKernel('LayerwiseGelu', { x: tf.tensor1d([-1, 0, 2]) }) as tf.Tensor);
+  assert.equal(k.shape[0], 3, 'the fused kernel ran on native');
+  k.dispose();
 });
 
 test('native reductions, transpose and softmax equal cpu on any axes', { skip }, async () => {

@@ -9,7 +9,7 @@
  * Maximum, Minimum, SquaredDifference); unary ops (Exp, Log, Sqrt, Rsqrt, Square, Neg,
  * Sigmoid, Tanh, Relu, Abs, Reciprocal); reductions (Sum, Mean, Max, Min over any axes);
  * Transpose; Softmax (last axis); UnsortedSegmentSum; GatherV2 (float32; other dtypes and
- * cases go to the cpu kernels). Each worker thread (device) loads the addon itself and has
+ * cases go to the cpu kernels); and the fused GELU and its gradient (backend/kernel-names.ts). Each worker thread (device) loads the addon itself and has
  * its own OpenMP team (`threads`).
  *
  * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
@@ -18,6 +18,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
+import { GELU_GRAD_KERNEL, GELU_KERNEL } from './kernel-names.js';
 
 export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon.js';
 
@@ -254,6 +255,23 @@ function gatherKernel(args: KernelArgs): tf.TensorInfo {
   return backend.makeTensorInfo(shape, 'float32', out);
 }
 
+function geluKernel(args: KernelArgs): tf.TensorInfo {
+  const { x } = args.inputs as { x: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  nativeAddon()!.gelu(values(backend, x), out);
+  return backend.makeTensorInfo(x.shape, 'float32', out);
+}
+
+function geluGradKernel(args: KernelArgs): tf.TensorInfo {
+  const { x, dy } = args.inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  tf.util.assert(tf.util.arraysEqual(x.shape, dy.shape), () => `${GELU_GRAD_KERNEL}: x ${x.shape} and dy ${dy.shape} differ`);
+  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out);
+  return backend.makeTensorInfo(x.shape, 'float32', out);
+}
+
 /** The kernels the addon provides, by kernel name. */
 const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   BatchMatMul: batchMatMulKernel as tf.KernelFunc,
@@ -265,6 +283,8 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   Softmax: softmaxKernel as tf.KernelFunc,
   UnsortedSegmentSum: segmentSumKernel as tf.KernelFunc,
   GatherV2: gatherKernel as tf.KernelFunc,
+  [GELU_KERNEL]: geluKernel as tf.KernelFunc,
+  [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,
 };
 
 let registered = false;

@@ -3,6 +3,7 @@
  * (context), D = model width, H = heads, V = vocabulary, C = classes.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { GELU_GRAD_KERNEL, GELU_KERNEL } from '../backend/kernel-names.js';
 
 /** The result of a custom-gradient forward function: its value and the gradient function. */
 interface CustomResult {
@@ -73,8 +74,21 @@ const GELU_C2 = GELU_C1 * 0.044715;
  * u = x (c1 + c2 x^2), c1 = 2 sqrt(2/pi), c2 = 0.044715 c1 (0.5 (1 + tanh(z)) = sigmoid(2z)):
  * sigmoid is a vectorised XNNPACK kernel on wasm, tanh and pow are scalar and slow.
  * Custom gradient: saves only x; dy/dx = s + x (c1 + 3 c2 x^2) s (1 - s), s = sigmoid(u).
+ * On a backend that registers the fused kernels (backend/kernel-names.ts: native), forward and
+ * gradient are one kernel each.
  */
 export function gelu(x: tf.Tensor): tf.Tensor {
+  if (x.dtype === 'float32' && tf.getKernel(GELU_KERNEL, tf.getBackend()) && tf.getKernel(GELU_GRAD_KERNEL, tf.getBackend())) {
+    // one fused kernel each way where the backend has them (native): the same math
+    const fused = customGrad((x: tf.Tensor, save: tf.GradSaveFunc) => {
+      save([x]);
+      return {
+        value: tf.engine().runKernel(GELU_KERNEL, { x }) as tf.Tensor,
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [tf.engine().runKernel(GELU_GRAD_KERNEL, { x: saved[0]!, dy: dy as tf.Tensor }) as tf.Tensor],
+      };
+    });
+    return fused(x);
+  }
   const f = customGrad((x: tf.Tensor, save: tf.GradSaveFunc) => {
     save([x]);
     const x2 = tf.square(x);
