@@ -134,6 +134,29 @@ Napi::Value GeluGrad(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// layerNorm(x, g, b, y, xhat, rstd, rows, cols, epsilon)
+Napi::Value LayerNorm(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 6), cols = I64(info, 7);
+  for (size_t i : {0, 3, 4}) Need(info, i, rows * cols, "x, y and xhat");
+  Need(info, 1, cols, "g");
+  Need(info, 2, cols, "b");
+  Need(info, 5, rows, "rstd");
+  layerNorm(F32(info, 0, "x"), F32(info, 1, "g"), F32(info, 2, "b"), F32(info, 3, "y"), F32(info, 4, "xhat"), F32(info, 5, "rstd"), rows, cols,
+            static_cast<float>(F64(info, 8)));
+  return info.Env().Undefined();
+}
+
+// layerNormGrad(dy, xhat, rstd, g, dx, dg, db, rows, cols)
+Napi::Value LayerNormGrad(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 7), cols = I64(info, 8);
+  for (size_t i : {0, 1, 4}) Need(info, i, rows * cols, "dy, xhat and dx");
+  Need(info, 2, rows, "rstd");
+  for (size_t i : {3, 5, 6}) Need(info, i, cols, "g, dg and db");
+  layerNormGrad(F32(info, 0, "dy"), F32(info, 1, "xhat"), F32(info, 2, "rstd"), F32(info, 3, "g"), F32(info, 4, "dx"), F32(info, 5, "dg"),
+                F32(info, 6, "db"), rows, cols);
+  return info.Env().Undefined();
+}
+
 // reduce(op, x, out, outer, inner): over the inner axis of x [outer, inner]
 Napi::Value Reduce(const Napi::CallbackInfo& info) {
   const int64_t outer = I64(info, 3), inner = I64(info, 4);
@@ -214,6 +237,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("reduce", Napi::Function::New(env, Reduce));
   exports.Set("gelu", Napi::Function::New(env, Gelu));
   exports.Set("geluGrad", Napi::Function::New(env, GeluGrad));
+  exports.Set("layerNorm", Napi::Function::New(env, LayerNorm));
+  exports.Set("layerNormGrad", Napi::Function::New(env, LayerNormGrad));
   exports.Set("reduceOuter", Napi::Function::New(env, ReduceOuter));
   exports.Set("transpose", Napi::Function::New(env, Transpose));
   exports.Set("softmax", Napi::Function::New(env, Softmax));

@@ -167,6 +167,68 @@ void geluGrad(const float* x, const float* dy, float* dx, int64_t n) {
   }
 }
 
+void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+               float epsilon) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* in = x + r * cols;
+    double s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < cols; i++) s += in[i];
+    const float mean = static_cast<float>(s / static_cast<double>(cols));
+    double q = 0;
+#pragma omp simd reduction(+ : q)
+    for (int64_t i = 0; i < cols; i++) q += static_cast<double>(in[i] - mean) * (in[i] - mean);
+    const float rs = 1.f / std::sqrt(static_cast<float>(q / static_cast<double>(cols)) + epsilon);
+    rstd[r] = rs;
+    float* xh = xhat + r * cols;
+    float* o = y + r * cols;
+#pragma omp simd
+    for (int64_t i = 0; i < cols; i++) {
+      xh[i] = (in[i] - mean) * rs;
+      o[i] = xh[i] * g[i] + b[i];
+    }
+  }
+}
+
+void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
+                   int64_t rows, int64_t cols) {
+  // dx per row; dg and db as per-thread partial sums over rows, added at the end
+  std::vector<double> sumG(cols, 0.0), sumB(cols, 0.0);
+#pragma omp parallel if (rows * cols > kParallel && rows > 1)
+  {
+    std::vector<double> pg(cols, 0.0), pb(cols, 0.0);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* d = dy + r * cols;
+      const float* xh = xhat + r * cols;
+      double m1 = 0, m2 = 0;
+      for (int64_t i = 0; i < cols; i++) {
+        const float dxh = d[i] * g[i];
+        m1 += dxh;
+        m2 += static_cast<double>(dxh) * xh[i];
+        pg[i] += static_cast<double>(d[i]) * xh[i];
+        pb[i] += d[i];
+      }
+      const float a = static_cast<float>(m1 / static_cast<double>(cols));
+      const float c = static_cast<float>(m2 / static_cast<double>(cols));
+      float* o = dx + r * cols;
+      const float rs = rstd[r];
+#pragma omp simd
+      for (int64_t i = 0; i < cols; i++) o[i] = (d[i] * g[i] - a - xh[i] * c) * rs;
+    }
+#pragma omp critical
+    for (int64_t i = 0; i < cols; i++) {
+      sumG[i] += pg[i];
+      sumB[i] += pb[i];
+    }
+  }
+  for (int64_t i = 0; i < cols; i++) {
+    dg[i] = static_cast<float>(sumG[i]);
+    db[i] = static_cast<float>(sumB[i]);
+  }
+}
+
 void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
 #pragma omp parallel for schedule(static) if (outer * inner > kParallel && outer > 1)
   for (int64_t r = 0; r < outer; r++) {

@@ -41,6 +41,14 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n);
 void gelu(const float* x, float* out, int64_t n);
 void geluGrad(const float* x, const float* dy, float* dx, int64_t n);
 
+// Layer normalisation over the last axis of x [rows, cols] (model/layers.ts layerNorm):
+// xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + epsilon), y = xhat * g + b; and its gradient
+// dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), dg = sum_rows dy xhat, db = sum_rows dy.
+void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+               float epsilon);
+void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
+                   int64_t rows, int64_t cols);
+
 // out[r] = op(x[r, 0..inner)) for r < outer (sums in double).
 enum class ReduceOp { Sum = 0, Mean = 1, Max = 2, Min = 3 };
 void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner);

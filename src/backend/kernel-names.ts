@@ -8,3 +8,7 @@
 export const GELU_KERNEL = 'LayerwiseGelu';
 /** GELU's gradient: inputs {x, dy}, output dy * GELU'(x). */
 export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
+/** Layer norm over the last axis (model/layers.ts layerNorm): inputs {x, g, b}, attrs {epsilon}; outputs [y, xhat, rstd (rows, 1)]. */
+export const LAYER_NORM_KERNEL = 'LayerwiseLayerNorm';
+/** Layer norm's gradient: inputs {dy, xhat, rstd, g}; outputs [dx, dg, db]. */
+export const LAYER_NORM_GRAD_KERNEL = 'LayerwiseLayerNormGrad';

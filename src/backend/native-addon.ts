@@ -57,6 +57,10 @@ export interface NativeAddon {
   gelu(x: Float32Array, out: Float32Array): void;
   /** dx = dy * GELU'(x) element-wise. */
   geluGrad(x: Float32Array, dy: Float32Array, dx: Float32Array): void;
+  /** Layer norm over the last axis of x [rows, cols]: writes y and xhat [rows, cols] and rstd [rows]. */
+  layerNorm(x: Float32Array, g: Float32Array, b: Float32Array, y: Float32Array, xhat: Float32Array, rstd: Float32Array, rows: number, cols: number, epsilon: number): void;
+  /** Layer norm's gradient: writes dx [rows, cols], dg and db [cols]. */
+  layerNormGrad(dy: Float32Array, xhat: Float32Array, rstd: Float32Array, g: Float32Array, dx: Float32Array, dg: Float32Array, db: Float32Array, rows: number, cols: number): void;
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */

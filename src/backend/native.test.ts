@@ -13,7 +13,7 @@ import { tf } from './tfjs.js';
 import { hostUpdate } from '../param-server/host-optimizer.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { Rng } from '../util/rng.js';
-import { gelu } from '../model/layers.js';
+import { gelu, layerNorm } from '../model/layers.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
@@ -111,10 +111,14 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
   });
 });
 
-test('the fused native GELU and its gradient equal the composed GELU on cpu', { skip }, async () => {
+test('the fused native GELU and layer norm and their gradients equal the composed ones on cpu', { skip }, async () => {
   await assertSameAsCpu('gelu', [[6, 41], [6, 41]], (x, w) => [
     gelu(tf.mul(x!, 3)),
     tf.grad((v: tf.Tensor) => tf.sum(tf.mul(gelu(v), w!)))(tf.mul(x!, 3)),
+  ]);
+  await assertSameAsCpu('layer norm and its gradient', [[2, 5, 37], [37], [37], [2, 5, 37]], (x, g, b, w) => [
+    layerNorm(tf.mul(x!, 3), g!, b!),
+    ...tf.grads((v: tf.Tensor, gv: tf.Tensor, bv: tf.Tensor) => tf.sum(tf.mul(layerNorm(v, gv, bv), w!)))([tf.mul(x!, 3), g!, b!]),
   ]);
   await initBackend('native');
   const k = tf.tidy(() => tf.engine().runKernel('LayerwiseGelu', { x: tf.tensor1d([-1, 0, 2]) }) as tf.Tensor);
@@ -132,6 +136,7 @@ test('native reductions, transpose and softmax equal cpu on any axes', { skip },
     tf.transpose(tf.reshape(x!, [40, 3]), [1, 0]),
   ]);
   await assertSameAsCpu('softmax', [[4, 3, 37]], (x) => [tf.softmax(x!), tf.softmax(tf.reshape(x!, [444]))]);
+  await assertSameAsCpu('stack', [[3, 4], [3, 4]], (a, b) => [tf.stack([a!, b!, a!]), tf.stack([a!, b!], 1)]);
   await assertSameAsCpu('empty', [[0, 5]], (x) => [tf.add(x!, x!), tf.sum(x!, 1), tf.transpose(x!), tf.exp(x!)]);
 });
 

@@ -9,7 +9,7 @@
  * Maximum, Minimum, SquaredDifference); unary ops (Exp, Log, Sqrt, Rsqrt, Square, Neg,
  * Sigmoid, Tanh, Relu, Abs, Reciprocal); reductions (Sum, Mean, Max, Min over any axes);
  * Transpose; Softmax (last axis); UnsortedSegmentSum; GatherV2 (float32; other dtypes and
- * cases go to the cpu kernels); and the fused GELU and its gradient (backend/kernel-names.ts). Each worker thread (device) loads the addon itself and has
+ * cases go to the cpu kernels); Pack along axis 0 (a copy); and the fused GELU and its gradient (backend/kernel-names.ts). Each worker thread (device) loads the addon itself and has
  * its own OpenMP team (`threads`).
  *
  * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
@@ -18,7 +18,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
-import { GELU_GRAD_KERNEL, GELU_KERNEL } from './kernel-names.js';
+import { GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL } from './kernel-names.js';
 
 export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon.js';
 
@@ -255,6 +255,49 @@ function gatherKernel(args: KernelArgs): tf.TensorInfo {
   return backend.makeTensorInfo(shape, 'float32', out);
 }
 
+/** `Pack` (tf.stack) along axis 0 of float32 tensors: their values one after another. */
+function packKernel(args: KernelArgs): tf.TensorInfo {
+  const inputs = args.inputs as unknown as tf.TensorInfo[];
+  const axis = (args.attrs as Attrs)['axis'] as number;
+  const first = inputs[0];
+  if (!first || axis !== 0 || !isF32(...inputs) || inputs.some((t) => !tf.util.arraysEqual(t.shape, first.shape))) return cpuKernel('Pack', args);
+  const backend = args.backend as NativeBackend;
+  const size = tf.util.sizeFromShape(first.shape);
+  const out = new Float32Array(size * inputs.length);
+  inputs.forEach((t, i) => out.set(values(backend, t), i * size));
+  return backend.makeTensorInfo([inputs.length, ...first.shape], 'float32', out);
+}
+
+function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
+  const { x, g, b } = args.inputs as { x: tf.TensorInfo; g: tf.TensorInfo; b: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const cols = x.shape[x.shape.length - 1]!;
+  tf.util.assert(g.shape.length === 1 && g.shape[0] === cols && b.shape.length === 1 && b.shape[0] === cols,
+    () => `${LAYER_NORM_KERNEL}: g ${g.shape} and b ${b.shape} must be [${cols}]`);
+  const size = tf.util.sizeFromShape(x.shape);
+  const rows = cols > 0 ? size / cols : 0;
+  const y = new Float32Array(size);
+  const xhat = new Float32Array(size);
+  const rstd = new Float32Array(rows);
+  if (size > 0) nativeAddon()!.layerNorm(values(backend, x), values(backend, g), values(backend, b), y, xhat, rstd, rows, cols, (args.attrs as Attrs)['epsilon'] as number);
+  return [
+    backend.makeTensorInfo(x.shape, 'float32', y), backend.makeTensorInfo(x.shape, 'float32', xhat),
+    backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
+  ];
+}
+
+function layerNormGradKernel(args: KernelArgs): tf.TensorInfo[] {
+  const { dy, xhat, rstd, g } = args.inputs as { dy: tf.TensorInfo; xhat: tf.TensorInfo; rstd: tf.TensorInfo; g: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const cols = dy.shape[dy.shape.length - 1]!;
+  const size = tf.util.sizeFromShape(dy.shape);
+  const dx = new Float32Array(size);
+  const dg = new Float32Array(cols);
+  const db = new Float32Array(cols);
+  if (size > 0) nativeAddon()!.layerNormGrad(values(backend, dy), values(backend, xhat), values(backend, rstd), values(backend, g), dx, dg, db, size / cols, cols);
+  return [backend.makeTensorInfo(dy.shape, 'float32', dx), backend.makeTensorInfo(g.shape, 'float32', dg), backend.makeTensorInfo(g.shape, 'float32', db)];
+}
+
 function geluKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
@@ -283,7 +326,10 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   Softmax: softmaxKernel as tf.KernelFunc,
   UnsortedSegmentSum: segmentSumKernel as tf.KernelFunc,
   GatherV2: gatherKernel as tf.KernelFunc,
+  Pack: packKernel as tf.KernelFunc,
   [GELU_KERNEL]: geluKernel as tf.KernelFunc,
+  [LAYER_NORM_KERNEL]: layerNormKernel as unknown as tf.KernelFunc,
+  [LAYER_NORM_GRAD_KERNEL]: layerNormGradKernel as unknown as tf.KernelFunc,
   [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,
 };
 

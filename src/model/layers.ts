@@ -3,7 +3,7 @@
  * (context), D = model width, H = heads, V = vocabulary, C = classes.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { GELU_GRAD_KERNEL, GELU_KERNEL } from '../backend/kernel-names.js';
+import { GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL } from '../backend/kernel-names.js';
 
 /** The result of a custom-gradient forward function: its value and the gradient function. */
 interface CustomResult {
@@ -37,9 +37,25 @@ const leadingAxes = (rank: number): number[] => [...Array(rank - 1).keys()];
  * Custom gradient: saves only xhat = (x - mean) * rstd and rstd (the stock autodiff of the
  * composition saves about 8 tensors and runs 20 kernels), and computes
  * dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) with dxhat = dy * g,
- * dg = sum over rows of dy * xhat, db = sum over rows of dy.
+ * dg = sum over rows of dy * xhat, db = sum over rows of dy. On a backend that registers the
+ * fused kernels (backend/kernel-names.ts: native), forward and gradient are one kernel each.
  */
 export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, epsilon = 1e-5): tf.Tensor {
+  if (x.dtype === 'float32' && tf.getKernel(LAYER_NORM_KERNEL, tf.getBackend()) && tf.getKernel(LAYER_NORM_GRAD_KERNEL, tf.getBackend())) {
+    // one fused kernel each way where the backend has them (native): the same math
+    const fused = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
+      const [y, xhat, rstd] = tf.engine().runKernel(LAYER_NORM_KERNEL, { x, g, b }, { epsilon }) as tf.Tensor[];
+      save([xhat!, rstd!, g]);
+      return {
+        value: y!,
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+          const [xh, rs, gg] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
+          return tf.engine().runKernel(LAYER_NORM_GRAD_KERNEL, { dy: dy as tf.Tensor, xhat: xh, rstd: rs, g: gg }) as tf.Tensor[];
+        },
+      };
+    });
+    return fused(x, g, b);
+  }
   const f = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
     const axis = x.rank - 1;
     const centered = tf.sub(x, tf.mean(x, axis, true));
