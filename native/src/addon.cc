@@ -2,6 +2,7 @@
 // and writes into the output arrays it is given, so tensors stay in the cpu backend's storage:
 // no copies cross the boundary. Context-aware: each worker thread (device) loads it.
 #include <napi.h>
+#include <malloc.h>
 #include <string>
 #include <vector>
 #include "kernels.h"
@@ -228,6 +229,15 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
 Napi::Value Threads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), threads()); }
 
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  // large tensors from the heap, whose pages are already mapped, not fresh mmap'ed pages each
+  // (every page's first touch faults: that cost more than many element-wise kernels); freed
+  // memory stays with the process up to 1 GiB instead of going back at each free
+  static bool tuned = [] {
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    return true;
+  }();
+  (void)tuned;
   flushDenormals();  // per thread that loads the addon (each device)
   exports.Set("matmul", Napi::Function::New(env, MatMul));
   exports.Set("adamw", Napi::Function::New(env, AdamW));
