@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 #include "kernels.h"
 
@@ -102,6 +103,18 @@ template <typename F>
 void unaryLoop(F f, const float* x, float* out, int64_t n) {
 #pragma omp parallel for simd schedule(static) if (n > kParallel)
   for (int64_t i = 0; i < n; i++) out[i] = f(x[i]);
+}
+
+// This thread's share [c0, c1) of `inner` columns, inside a parallel region (all of them outside one).
+std::pair<int64_t, int64_t> myColumns(int64_t inner) {
+  int t = 0, team = 1;
+#ifdef _OPENMP
+  t = omp_get_thread_num();
+  team = omp_get_num_threads();
+#endif
+  const int64_t chunk = (inner + team - 1) / team;
+  const int64_t c0 = std::min(inner, t * chunk);
+  return {c0, std::min(inner, c0 + chunk)};
 }
 
 }  // namespace
@@ -255,13 +268,7 @@ void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t
   const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
 #pragma omp parallel if (outer * inner > kParallel)
   {
-    int t = 0, team = 1;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-    team = omp_get_num_threads();
-#endif
-    const int64_t chunk = (inner + team - 1) / team;
-    const int64_t c0 = std::min(inner, t * chunk), c1 = std::min(inner, c0 + chunk);
+    const auto [c0, c1] = myColumns(inner);
     if (c1 > c0) {
       std::vector<double> acc(c1 - c0);
       for (int64_t c = c0; c < c1; c++) acc[c - c0] = sum ? 0.0 : (outer > 0 ? x[c] : (op == ReduceOp::Max ? -INFINITY : INFINITY));
@@ -353,13 +360,7 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
   // columns are independent: each thread adds its share of every row, so no two threads write one element
 #pragma omp parallel if (n * inner > kParallel && inner >= 64)
   {
-    int t = 0, team = 1;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-    team = omp_get_num_threads();
-#endif
-    const int64_t chunk = (inner + team - 1) / team;
-    const int64_t c0 = std::min(inner, t * chunk), c1 = std::min(inner, c0 + chunk);
+    const auto [c0, c1] = myColumns(inner);
     for (int64_t r = 0; r < n; r++) {
       const int32_t s = ids[r];
       if (s < 0 || s >= segments) continue;

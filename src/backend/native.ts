@@ -17,6 +17,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
+import { broadcastIndex } from './broadcast.js';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
 import { GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL } from './kernel-names.js';
 
@@ -26,29 +27,6 @@ export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon
 export class NativeBackend extends MathBackendCPU {}
 
 type Attrs = Record<string, unknown>;
-
-/** Flat index into `inBatch` for each flat index into `outBatch` (batch broadcasting). */
-function broadcastIndex(outBatch: number[], inBatch: number[]): number[] {
-  const total = tf.util.sizeFromShape(outBatch);
-  const pad = outBatch.length - inBatch.length;
-  const index: number[] = new Array(total).fill(0);
-  for (let i = 0; i < total; i++) {
-    let rest = i;
-    let flat = 0;
-    let stride = 1;
-    for (let d = outBatch.length - 1; d >= 0; d--) {
-      const coord = rest % outBatch[d]!;
-      rest = Math.floor(rest / outBatch[d]!);
-      if (d >= pad) {
-        const dim = inBatch[d - pad]!;
-        flat += (dim === 1 ? 0 : coord) * stride;
-        stride *= dim;
-      }
-    }
-    index[i] = flat;
-  }
-  return index;
-}
 
 /**
  * op(a) @ op(b) for float32 a [...batchA, M, K] and b [...batchB, K, N] (op: transpose of the

@@ -15,6 +15,7 @@
  * used untransposed as `b` is packed only once.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { broadcastIndex } from './broadcast.js';
 import { type Attrs, type WasmBackend, makeView, release, releaseView, runWasm, wasmId } from './wasm-util.js';
 
 type RawMatMul = (
@@ -43,29 +44,6 @@ function gemm(backend: WasmBackend, aId: number, bId: number, outId: number, m: 
   const aShape = [1, m, k];
   const bShape = [1, k, n];
   rawMatMul(backend)(aId, shapeBytes(aShape), 3, bId, shapeBytes(bShape), 3, false, false, outId);
-}
-
-/** For each flat index into `outBatch`, the flat index into the broadcast operand `inBatch`. */
-function broadcastIndex(outBatch: number[], inBatch: number[]): number[] {
-  const total = tf.util.sizeFromShape(outBatch);
-  const pad = outBatch.length - inBatch.length;
-  const index: number[] = new Array(total).fill(0);
-  for (let i = 0; i < total; i++) {
-    let rest = i;
-    let flat = 0;
-    let stride = 1;
-    for (let d = outBatch.length - 1; d >= 0; d--) {
-      const coord = rest % outBatch[d]!;
-      rest = Math.floor(rest / outBatch[d]!);
-      if (d >= pad) {
-        const dim = inBatch[d - pad]!;
-        flat += (dim === 1 ? 0 : coord) * stride;
-        stride *= dim;
-      }
-    }
-    index[i] = flat;
-  }
-  return index;
 }
 
 /** `x` with its last two axes swapped, as a new contiguous tensor. */

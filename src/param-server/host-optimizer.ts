@@ -36,6 +36,14 @@ function need(slots: Record<string, Float32Array>, name: string, n: number): Flo
   return s;
 }
 
+/** The checks both updates make before changing anything; the element count and the weight decay that applies. */
+function checkUpdate(cfg: OptimizerConfig, rank: number, p: Float32Array, g: Float32Array, step: number): { n: number; wd: number } {
+  const n = p.length;
+  if (g.length !== n) throw new Error(`hostUpdate: gradient has ${g.length} values, the parameter ${n}`);
+  if (cfg.kind === 'adamw' && !(step >= 1)) throw new Error(`hostUpdate: AdamW needs a 1-based step, got ${step}`);
+  return { n, wd: rank >= 2 ? cfg.weightDecay : 0 };
+}
+
 /**
  * One optimizer update of one parameter tensor, in place, in a single pass over its elements.
  *
@@ -63,9 +71,7 @@ export function hostUpdate(
   cfg: OptimizerConfig, rank: number, p: Float32Array, g: Float32Array, slots: Record<string, Float32Array>,
   lr: number, scale: number, step: number,
 ): void {
-  const n = p.length;
-  if (g.length !== n) throw new Error(`hostUpdate: gradient has ${g.length} values, the parameter ${n}`);
-  const wd = rank >= 2 ? cfg.weightDecay : 0;
+  const { n, wd } = checkUpdate(cfg, rank, p, g, step);
   if (cfg.kind === 'sgd') {
     const mu = cfg.momentum;
     if (mu > 0) {
@@ -84,7 +90,6 @@ export function hostUpdate(
     }
     return;
   }
-  if (!(step >= 1)) throw new Error(`hostUpdate: AdamW needs a 1-based step, got ${step}`);
   const m = need(slots, 'm', n);
   const v = need(slots, 'v', n);
   const b1 = cfg.beta1;
@@ -117,13 +122,10 @@ export function nativeHostUpdate(
   lib: NativeAddon, cfg: OptimizerConfig, rank: number, p: Float32Array, g: Float32Array, slots: Record<string, Float32Array>,
   lr: number, scale: number, step: number,
 ): void {
-  const n = p.length;
-  if (g.length !== n) throw new Error(`hostUpdate: gradient has ${g.length} values, the parameter ${n}`);
-  const wd = rank >= 2 ? cfg.weightDecay : 0;
+  const { n, wd } = checkUpdate(cfg, rank, p, g, step);
   if (cfg.kind === 'sgd') {
     lib.sgd(p, g, cfg.momentum > 0 ? need(slots, 'velocity', n) : null, lr, cfg.momentum, wd, scale);
     return;
   }
-  if (!(step >= 1)) throw new Error(`hostUpdate: AdamW needs a 1-based step, got ${step}`);
   lib.adamw(p, g, need(slots, 'm', n), need(slots, 'v', n), lr, cfg.beta1, cfg.beta2, cfg.epsilon, wd, step, scale);
 }
