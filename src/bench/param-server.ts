@@ -6,10 +6,10 @@
  * parameters in 8 tensors of [2048, 1024]. Writes bench/results/param-server.json and param-server.md.
  */
 import { availableParallelism, cpus } from 'node:os';
-import { nativeAddon, nativeUnavailable } from '../backend/native.js';
+import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import type { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
-import { hostUpdate } from '../param-server/host-optimizer.js';
+import { hostUpdate, nativeHostUpdate } from '../param-server/host-optimizer.js';
 import { ParameterServer } from '../param-server/server.js';
 import type { HostParams } from '../model/init.js';
 import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
@@ -72,35 +72,29 @@ export async function benchServerUpdateRate(opts: { params?: number; steps?: num
     log(`${optimizer}${threads !== undefined ? ` (${threads} threads)` : ''} on ${backend}: ${(row.paramsPerSecond / 1e6).toFixed(1)}M params/s (${ms.toFixed(1)} ms per step)`);
   };
 
-  // (a) hostUpdate in this thread
-  {
+  /** Times `update` (one step t over every tensor, in this thread) on fresh copies: `steps` steps after one warm-up. */
+  const timeHostSteps = (update: typeof hostUpdate): number[] => {
     const ps = keys.map(() => init.slice());
     const gs = keys.map(() => grad.slice());
     const slots = keys.map(() => ({ m: new Float32Array(per), v: new Float32Array(per) }));
     const times: number[] = [];
     for (let t = 1; t <= steps + 1; t++) {
       const t0 = performance.now();
-      for (let i = 0; i < nTensors; i++) hostUpdate(cfg, 2, ps[i], gs[i], slots[i], lr, 1, t);
+      for (let i = 0; i < nTensors; i++) update(cfg, 2, ps[i]!, gs[i]!, slots[i]!, lr, 1, t);
       if (t > 1) times.push(performance.now() - t0);
     }
-    record('hostUpdate (main thread)', 'host', times);
-  }
+    return times;
+  };
+
+  // (a) hostUpdate in this thread
+  record('hostUpdate (main thread)', 'host', timeHostSteps(hostUpdate));
 
   // (a') the native addon's AdamW in this thread, on 1 and 2 OpenMP threads
   const lib = nativeAddon();
   if (lib) {
     for (const threads of [1, 2]) {
       lib.setThreads(threads);
-      const ps = keys.map(() => init.slice());
-      const gs = keys.map(() => grad.slice());
-      const slots = keys.map(() => ({ m: new Float32Array(per), v: new Float32Array(per) }));
-      const times: number[] = [];
-      for (let t = 1; t <= steps + 1; t++) {
-        const t0 = performance.now();
-        for (let i = 0; i < nTensors; i++) lib.adamw(ps[i]!, gs[i]!, slots[i]!.m, slots[i]!.v, lr, cfg.beta1, cfg.beta2, cfg.epsilon, cfg.weightDecay, t, 1);
-        if (t > 1) times.push(performance.now() - t0);
-      }
-      record('native adamw (main thread)', 'host', times, threads);
+      record('native adamw (main thread)', 'host', timeHostSteps((...args) => nativeHostUpdate(lib, ...args)), threads);
     }
     lib.setThreads(availableParallelism());
   } else {
