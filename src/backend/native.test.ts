@@ -193,3 +193,33 @@ test('native host AdamW and SGD equal the JS host optimizer within 1e-6', { skip
   for (let i = 0; i < n; i++) assert.ok(Math.abs(p[i]! - p2[i]!) <= 1e-6 * Math.max(1, Math.abs(p[i]!)), `SGD p[${i}]`);
   assert.throws(() => lib.adamw(p2, g.subarray(1), vel2, vel2, 0.1, 0.9, 0.99, 1e-8, 0, 1, 1), /length/);
 });
+
+test('300 training steps on native leak no tensor and keep the resident set flat', { skip }, async () => {
+  const { buildModel } = await import('../model/model.js');
+  const { getPreset } = await import('../model/presets.js');
+  const { initParams } = await import('../model/init.js');
+  const { Stage } = await import('../pipeline/stage.js');
+  await initBackend('native');
+  const model = buildModel(getPreset('charlm-tiny').make({ vocab: 40 }, { layers: 1, dModel: 32, heads: 2, context: 16 }));
+  const stage = new Stage(model, { from: 0, to: model.blocks.length }, initParams(model.blocks, 3), { ...defaultOptimizerConfig('adamw'), clipNorm: 1 });
+  const rng = new Rng(4);
+  const batch = () => tf.tensor(Int32Array.from({ length: 8 * 16 }, () => rng.int(40)), [8, 16], 'int32');
+  const tensors: number[] = [];
+  const rss: number[] = [];
+  try {
+    for (let step = 1; step <= 300; step++) {
+      stage.forward(0, batch(), { keep: true, grad: true, labels: batch() });
+      stage.backward(0, null, 1);
+      stage.step(1e-3, 1);
+      if (step === 50 || step === 300) {
+        tensors.push(tf.memory().numTensors);
+        rss.push(process.memoryUsage().rss);
+      }
+    }
+  } finally {
+    stage.dispose();
+  }
+  assert.equal(tensors[1], tensors[0], `tensors held after step 50 and 300: ${tensors}`);
+  const growth = (rss[1]! - rss[0]!) / 2 ** 20;
+  assert.ok(growth < 64, `the resident set grew by ${growth.toFixed(1)} MiB from step 50 to step 300`);
+});
