@@ -195,6 +195,23 @@ Napi::Value Softmax(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// causalSoftmax(x, out, batch, t, scale)
+Napi::Value CausalSoftmax(const Napi::CallbackInfo& info) {
+  const int64_t batch = I64(info, 2), t = I64(info, 3);
+  Need(info, 0, batch * t * t, "x");
+  Need(info, 1, batch * t * t, "out");
+  causalSoftmax(F32(info, 0, "x"), F32(info, 1, "out"), batch, t, static_cast<float>(F64(info, 4)));
+  return info.Env().Undefined();
+}
+
+// softmaxGrad(y, dy, dx, rows, cols, scale)
+Napi::Value SoftmaxGrad(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 3), cols = I64(info, 4);
+  for (size_t i : {0, 1, 2}) Need(info, i, rows * cols, "y, dy and dx");
+  softmaxGrad(F32(info, 0, "y"), F32(info, 1, "dy"), F32(info, 2, "dx"), rows, cols, static_cast<float>(F64(info, 5)));
+  return info.Env().Undefined();
+}
+
 // segmentSum(data, ids, out, n, inner, segments)
 Napi::Value SegmentSum(const Napi::CallbackInfo& info) {
   const int64_t n = I64(info, 3), inner = I64(info, 4), segments = I64(info, 5);
@@ -252,6 +269,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("reduceOuter", Napi::Function::New(env, ReduceOuter));
   exports.Set("transpose", Napi::Function::New(env, Transpose));
   exports.Set("softmax", Napi::Function::New(env, Softmax));
+  exports.Set("causalSoftmax", Napi::Function::New(env, CausalSoftmax));
+  exports.Set("softmaxGrad", Napi::Function::New(env, SoftmaxGrad));
   exports.Set("segmentSum", Napi::Function::New(env, SegmentSum));
   exports.Set("gather", Napi::Function::New(env, Gather));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));

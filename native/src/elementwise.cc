@@ -355,6 +355,40 @@ void softmax(const float* x, float* out, int64_t rows, int64_t cols) {
   }
 }
 
+void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float scale) {
+#pragma omp parallel for schedule(static) if (batch * t * t > kParallel && batch * t > 1)
+  for (int64_t r = 0; r < batch * t; r++) {
+    const int64_t i = r % t;  // query position: keys 0..i are visible
+    const float* in = x + r * t;
+    float* o = out + r * t;
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= i; j++) m = std::max(m, in[j] * scale);
+    double s = 0;
+    for (int64_t j = 0; j <= i; j++) {
+      o[j] = fastExp(in[j] * scale - m);
+      s += o[j];
+    }
+    const float inv = static_cast<float>(1.0 / s);
+    for (int64_t j = 0; j <= i; j++) o[j] *= inv;
+    for (int64_t j = i + 1; j < t; j++) o[j] = 0.f;
+  }
+}
+
+void softmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, float scale) {
+#pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* yr = y + r * cols;
+    const float* dr = dy + r * cols;
+    double dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j < cols; j++) dot += static_cast<double>(dr[j]) * yr[j];
+    const float d = static_cast<float>(dot);
+    float* o = dx + r * cols;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; j++) o[j] = scale * yr[j] * (dr[j] - d);
+  }
+}
+
 void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments) {
   std::memset(out, 0, sizeof(float) * segments * inner);
   // columns are independent: each thread adds its share of every row, so no two threads write one element

@@ -62,6 +62,11 @@ void transpose(const float* x, float* out, const std::vector<int64_t>& shape, co
 // Softmax over the last axis of x [rows, cols].
 void softmax(const float* x, float* out, int64_t rows, int64_t cols);
 
+// Causal softmax of scale * x over the last axis of x [batch, t, t]: row i sees columns 0..i, the
+// rest get 0 (model/layers.ts maskedSoftmax); its gradient dx = scale y (dy - sum(dy y)) per row.
+void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float scale);
+void softmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, float scale);
+
 // out[s, :] = sum of data[r, :] over rows r with ids[r] == s (ids outside [0, segments) skipped).
 void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments);
 

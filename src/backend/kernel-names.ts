@@ -12,3 +12,7 @@ export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
 export const LAYER_NORM_KERNEL = 'LayerwiseLayerNorm';
 /** Layer norm's gradient: inputs {dy, xhat, rstd, g}; outputs [dx, dg, db]. */
 export const LAYER_NORM_GRAD_KERNEL = 'LayerwiseLayerNormGrad';
+/** Causal softmax of scale * scores over the last axis (model/layers.ts maskedSoftmax): inputs {x} [..., T, T], attrs {scale}. */
+export const CAUSAL_SOFTMAX_KERNEL = 'LayerwiseCausalSoftmax';
+/** Its gradient: inputs {y, dy}, attrs {scale}; output scale * y * (dy - sum(dy * y)) over the last axis. */
+export const CAUSAL_SOFTMAX_GRAD_KERNEL = 'LayerwiseCausalSoftmaxGrad';

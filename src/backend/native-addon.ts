@@ -61,6 +61,10 @@ export interface NativeAddon {
   layerNorm(x: Float32Array, g: Float32Array, b: Float32Array, y: Float32Array, xhat: Float32Array, rstd: Float32Array, rows: number, cols: number, epsilon: number): void;
   /** Layer norm's gradient: writes dx [rows, cols], dg and db [cols]. */
   layerNormGrad(dy: Float32Array, xhat: Float32Array, rstd: Float32Array, g: Float32Array, dx: Float32Array, dg: Float32Array, db: Float32Array, rows: number, cols: number): void;
+  /** Causal softmax of scale * x over the last axis of x [batch, t, t] (row i sees columns 0..i). */
+  causalSoftmax(x: Float32Array, out: Float32Array, batch: number, t: number, scale: number): void;
+  /** dx = scale * y * (dy - sum(dy * y)) per row of [rows, cols]. */
+  softmaxGrad(y: Float32Array, dy: Float32Array, dx: Float32Array, rows: number, cols: number, scale: number): void;
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */

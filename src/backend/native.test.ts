@@ -13,7 +13,7 @@ import { tf } from './tfjs.js';
 import { hostUpdate } from '../param-server/host-optimizer.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { Rng } from '../util/rng.js';
-import { gelu, layerNorm } from '../model/layers.js';
+import { gelu, layerNorm, maskedSoftmax } from '../model/layers.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
@@ -111,7 +111,7 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
   });
 });
 
-test('the fused native GELU and layer norm and their gradients equal the composed ones on cpu', { skip }, async () => {
+test('the fused native GELU, layer norm and causal softmax and their gradients equal the composed ones on cpu', { skip }, async () => {
   await assertSameAsCpu('gelu', [[6, 41], [6, 41]], (x, w) => [
     gelu(tf.mul(x!, 3)),
     tf.grad((v: tf.Tensor) => tf.sum(tf.mul(gelu(v), w!)))(tf.mul(x!, 3)),
@@ -119,6 +119,10 @@ test('the fused native GELU and layer norm and their gradients equal the compose
   await assertSameAsCpu('layer norm and its gradient', [[2, 5, 37], [37], [37], [2, 5, 37]], (x, g, b, w) => [
     layerNorm(tf.mul(x!, 3), g!, b!),
     ...tf.grads((v: tf.Tensor, gv: tf.Tensor, bv: tf.Tensor) => tf.sum(tf.mul(layerNorm(v, gv, bv), w!)))([tf.mul(x!, 3), g!, b!]),
+  ]);
+  await assertSameAsCpu('causal softmax and its gradient', [[3, 2, 9, 9], [3, 2, 9, 9]], (x, w) => [
+    maskedSoftmax(tf.mul(x!, 4), 0.35),
+    tf.grad((v: tf.Tensor) => tf.sum(tf.mul(maskedSoftmax(v, 0.35), w!)))(tf.mul(x!, 4)),
   ]);
   await initBackend('native');
   const k = tf.tidy(() => tf.engine().runKernel('LayerwiseGelu', { x: tf.tensor1d([-1, 0, 2]) }) as tf.Tensor);

@@ -19,7 +19,9 @@ import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { broadcastIndex } from './broadcast.js';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
-import { GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL } from './kernel-names.js';
+import {
+  CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
+} from './kernel-names.js';
 
 export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon.js';
 
@@ -276,6 +278,25 @@ function layerNormGradKernel(args: KernelArgs): tf.TensorInfo[] {
   return [backend.makeTensorInfo(dy.shape, 'float32', dx), backend.makeTensorInfo(g.shape, 'float32', dg), backend.makeTensorInfo(g.shape, 'float32', db)];
 }
 
+function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
+  const { x } = args.inputs as { x: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const t = x.shape[x.shape.length - 1]!;
+  tf.util.assert(x.shape.length >= 2 && x.shape[x.shape.length - 2] === t, () => `${CAUSAL_SOFTMAX_KERNEL}: scores ${x.shape} must be [..., T, T]`);
+  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  if (out.length > 0) nativeAddon()!.causalSoftmax(values(backend, x), out, out.length / (t * t), t, (args.attrs as Attrs)['scale'] as number);
+  return backend.makeTensorInfo(x.shape, 'float32', out);
+}
+
+function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
+  const { y, dy } = args.inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const cols = y.shape[y.shape.length - 1]!;
+  const out = new Float32Array(tf.util.sizeFromShape(y.shape));
+  if (out.length > 0) nativeAddon()!.softmaxGrad(values(backend, y), values(backend, dy), out, out.length / cols, cols, (args.attrs as Attrs)['scale'] as number);
+  return backend.makeTensorInfo(y.shape, 'float32', out);
+}
+
 function geluKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
@@ -306,6 +327,8 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   GatherV2: gatherKernel as tf.KernelFunc,
   Pack: packKernel as tf.KernelFunc,
   [GELU_KERNEL]: geluKernel as tf.KernelFunc,
+  [CAUSAL_SOFTMAX_KERNEL]: causalSoftmaxKernel as tf.KernelFunc,
+  [CAUSAL_SOFTMAX_GRAD_KERNEL]: causalSoftmaxGradKernel as tf.KernelFunc,
   [LAYER_NORM_KERNEL]: layerNormKernel as unknown as tf.KernelFunc,
   [LAYER_NORM_GRAD_KERNEL]: layerNormGradKernel as unknown as tf.KernelFunc,
   [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,

@@ -3,7 +3,9 @@
  * (context), D = model width, H = heads, V = vocabulary, C = classes.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL } from '../backend/kernel-names.js';
+import {
+  CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
+} from '../backend/kernel-names.js';
 
 /** The result of a custom-gradient forward function: its value and the gradient function. */
 interface CustomResult {
@@ -138,10 +140,23 @@ export function causalMask(t: number): tf.Tensor2D {
 
 /**
  * softmax(scores * scale + causal mask) over the last axis. scores: [..., T, T]. Custom
- * gradient: saves only the output y; dscores = scale * y * (dy - sum(dy * y)).
+ * gradient: saves only the output y; dscores = scale * y * (dy - sum(dy * y)). On a backend
+ * that registers the fused kernels (backend/kernel-names.ts: native), one kernel each way.
  */
 export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
   const t = scores.shape[scores.rank - 1]!;
+  if (scores.dtype === 'float32' && tf.getKernel(CAUSAL_SOFTMAX_KERNEL, tf.getBackend()) && tf.getKernel(CAUSAL_SOFTMAX_GRAD_KERNEL, tf.getBackend())) {
+    // one fused kernel each way where the backend has them (native): the same math
+    const fused = customGrad((s: tf.Tensor, save: tf.GradSaveFunc) => {
+      const y = tf.engine().runKernel(CAUSAL_SOFTMAX_KERNEL, { x: s }, { scale }) as tf.Tensor;
+      save([y]);
+      return {
+        value: y,
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [tf.engine().runKernel(CAUSAL_SOFTMAX_GRAD_KERNEL, { y: saved[0]!, dy: dy as tf.Tensor }, { scale }) as tf.Tensor],
+      };
+    });
+    return fused(scores);
+  }
   const f = customGrad((s: tf.Tensor, save: tf.GradSaveFunc) => {
     const scaled = scale === 1 ? s : tf.mul(s, scale);
     const y = tf.softmax(tf.add(scaled, causalMask(t)), -1);
