@@ -39,6 +39,20 @@ program
   });
 
 program
+  .command('kernels')
+  .description('where a training step\'s time goes, per kernel, on one backend (single device, in this thread)')
+  .option('--preset <name>', 'model preset', 'charlm-small')
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--backend <name>', 'backend', 'native')
+  .option('--steps <n>', 'measured steps', (v) => Number(v), 3)
+  .option('--shapes', 'split the rows by input shapes', false)
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchKernels } = await import('./kernels.js');
+    await benchKernels(o, (s) => console.log(s));
+  });
+
+program
   .command('balance')
   .description('gpipe throughput with --balance time vs the default (by parameters) on a model with uneven blocks; bubble vs (K-1)/(M+K-1)')
   .option('--layers <n>', 'decoder layers', (v) => Number(v), 4)
