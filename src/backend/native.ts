@@ -29,6 +29,7 @@ export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon
 export class NativeBackend extends MathBackendCPU {}
 
 type Attrs = Record<string, unknown>;
+type KernelArgs = Parameters<tf.KernelFunc>[0];
 
 /**
  * op(a) @ op(b) for float32 a [...batchA, M, K] and b [...batchB, K, N] (op: transpose of the
@@ -71,7 +72,7 @@ function nativeMatMul(backend: NativeBackend, a: tf.TensorInfo, b: tf.TensorInfo
 }
 
 /** Runs the cpu backend's kernel `name` on the native backend (same storage). */
-function cpuKernel(name: string, args: tf.KernelConfig['kernelFunc'] extends (a: infer A) => unknown ? A : never): tf.TensorInfo {
+function cpuKernel(name: string, args: KernelArgs): tf.TensorInfo {
   const k = tf.getKernel(name, 'cpu');
   if (!k) throw new Error(`the cpu backend has no ${name} kernel`);
   return k.kernelFunc(args) as tf.TensorInfo;
@@ -81,7 +82,7 @@ const ACTIVATION_KERNEL: Record<string, string> = {
   relu: 'Relu', relu6: 'Relu6', elu: 'Elu', sigmoid: 'Sigmoid', leakyrelu: 'LeakyRelu', prelu: 'Prelu',
 };
 
-function batchMatMulKernel(args: Parameters<tf.KernelFunc>[0]): tf.TensorInfo {
+function batchMatMulKernel(args: KernelArgs): tf.TensorInfo {
   const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
   if (a.dtype !== 'float32' || b.dtype !== 'float32') return cpuKernel('BatchMatMul', args);
   const attrs = args.attrs as Attrs;
@@ -89,7 +90,7 @@ function batchMatMulKernel(args: Parameters<tf.KernelFunc>[0]): tf.TensorInfo {
 }
 
 /** `_FusedMatMul`: the native product, then the cpu backend's bias add and activation. */
-function fusedMatMulKernel(args: Parameters<tf.KernelFunc>[0]): tf.TensorInfo {
+function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
   const { a, b, bias, preluActivationWeights: prelu } = args.inputs as Record<string, tf.TensorInfo | undefined>;
   if (a!.dtype !== 'float32' || b!.dtype !== 'float32') return cpuKernel('_FusedMatMul', args);
   const backend = args.backend as NativeBackend;
@@ -119,7 +120,6 @@ const UNARY: Record<string, number> = { Exp: 0, Log: 1, Sqrt: 2, Rsqrt: 3, Squar
 /** Reduction kernels and their op codes. */
 const REDUCE: Record<string, number> = { Sum: 0, Mean: 1, Max: 2, Min: 3 };
 
-type KernelArgs = Parameters<tf.KernelFunc>[0];
 const values = (backend: NativeBackend, t: tf.TensorInfo) => backend.data.get(t.dataId).values as Float32Array;
 const isF32 = (...ts: tf.TensorInfo[]) => ts.every((t) => t.dtype === 'float32');
 

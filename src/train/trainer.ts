@@ -98,11 +98,10 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     for (const [k, v] of Object.entries(raw)) if (v !== undefined) merged[k] = v;
     if (raw.out === undefined) merged.out = saved.out ?? resume;
     cfg = resolveConfig(merged as Parameters<typeof resolveConfig>[0]);
-    validateStrategy(cfg);
   } else {
     cfg = resolveConfig(raw);
-    validateStrategy(cfg);
   }
+  validateStrategy(cfg);
   const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });
   const modelConfig = modelConfigFor(cfg, ds);
