@@ -7,8 +7,9 @@
 
 namespace layerwise {
 
-void adamw(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
-           double epsilon, double weightDecay, int64_t step, double gradScale) {
+void adamw(const float* p, const float* g, const float* m, const float* v, float* pOut, float* mOut, float* vOut,
+           int64_t n, double lr, double beta1, double beta2, double epsilon, double weightDecay, int64_t step,
+           double gradScale) {
   const float b1 = static_cast<float>(beta1);
   const float b2 = static_cast<float>(beta2);
   const float a1 = static_cast<float>(1 - beta1);
@@ -23,14 +24,14 @@ void adamw(float* p, const float* g, float* m, float* v, int64_t n, double lr, d
     const float gi = g[i] * scale;
     const float mi = b1 * m[i] + a1 * gi;
     const float vi = b2 * v[i] + a2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * decay - (k * mi) / (std::sqrt(vi) * s2 + eps);
+    mOut[i] = mi;
+    vOut[i] = vi;
+    pOut[i] = p[i] * decay - (k * mi) / (std::sqrt(vi) * s2 + eps);
   }
 }
 
-void sgd(float* p, const float* g, float* velocity, int64_t n, double lr, double momentum, double weightDecay,
-         double gradScale) {
+void sgd(const float* p, const float* g, const float* velocity, float* pOut, float* velOut, int64_t n, double lr,
+         double momentum, double weightDecay, double gradScale) {
   const float mu = static_cast<float>(momentum);
   const float wd = static_cast<float>(weightDecay);
   const float rate = static_cast<float>(lr);
@@ -39,12 +40,12 @@ void sgd(float* p, const float* g, float* velocity, int64_t n, double lr, double
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
       const float vi = mu * velocity[i] + (g[i] * scale + wd * p[i]);
-      velocity[i] = vi;
-      p[i] -= rate * vi;
+      velOut[i] = vi;
+      pOut[i] = p[i] - rate * vi;
     }
   } else {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) p[i] -= rate * (g[i] * scale + wd * p[i]);
+    for (int64_t i = 0; i < n; i++) pOut[i] = p[i] - rate * (g[i] * scale + wd * p[i]);
   }
 }
 

@@ -44,36 +44,60 @@ Napi::Value MatMul(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// adamw(p, g, m, v, lr, beta1, beta2, epsilon, weightDecay, step, gradScale)
+// adamw(p, g, m, v, lr, beta1, beta2, epsilon, weightDecay, step, gradScale[, pOut, mOut, vOut]):
+// in place, or into the three output arrays when given.
 Napi::Value AdamW(const Napi::CallbackInfo& info) {
-  if (info.Length() != 11) throw Napi::TypeError::New(info.Env(), "adamw takes 11 arguments");
+  if (info.Length() != 11 && info.Length() != 14) throw Napi::TypeError::New(info.Env(), "adamw takes 11 or 14 arguments");
   float* p = F32(info, 0, "p");
   const size_t n = Len(info, 0);
   for (size_t i = 1; i < 4; i++) {
     F32(info, i, "g, m and v");
     if (Len(info, i) != n) throw Napi::RangeError::New(info.Env(), "adamw: g, m and v must have the parameter's length");
   }
-  adamw(p, F32(info, 1, "g"), F32(info, 2, "m"), F32(info, 3, "v"), static_cast<int64_t>(n), F64(info, 4), F64(info, 5),
-        F64(info, 6), F64(info, 7), F64(info, 8), I64(info, 9), F64(info, 10));
+  float* m = F32(info, 2, "m");
+  float* v = F32(info, 3, "v");
+  float *pOut = p, *mOut = m, *vOut = v;
+  if (info.Length() == 14) {
+    for (size_t i = 11; i < 14; i++) {
+      F32(info, i, "pOut, mOut and vOut");
+      if (Len(info, i) != n) throw Napi::RangeError::New(info.Env(), "adamw: pOut, mOut and vOut must have the parameter's length");
+    }
+    pOut = F32(info, 11, "pOut");
+    mOut = F32(info, 12, "mOut");
+    vOut = F32(info, 13, "vOut");
+  }
+  adamw(p, F32(info, 1, "g"), m, v, pOut, mOut, vOut, static_cast<int64_t>(n), F64(info, 4), F64(info, 5), F64(info, 6),
+        F64(info, 7), F64(info, 8), I64(info, 9), F64(info, 10));
   return info.Env().Undefined();
 }
 
-// sgd(p, g, velocity | null, lr, momentum, weightDecay, gradScale)
+// sgd(p, g, velocity | null, lr, momentum, weightDecay, gradScale[, pOut, velocityOut | null]):
+// in place, or into the output arrays when given.
 Napi::Value Sgd(const Napi::CallbackInfo& info) {
-  if (info.Length() != 7) throw Napi::TypeError::New(info.Env(), "sgd takes 7 arguments");
+  if (info.Length() != 7 && info.Length() != 9) throw Napi::TypeError::New(info.Env(), "sgd takes 7 or 9 arguments");
   float* p = F32(info, 0, "p");
   const size_t n = Len(info, 0);
   F32(info, 1, "g");
   if (Len(info, 1) != n) throw Napi::RangeError::New(info.Env(), "sgd: g must have the parameter's length");
-  float* vel = nullptr;
-  if (!info[2].IsNull() && !info[2].IsUndefined()) {
-    vel = F32(info, 2, "velocity");
-    if (Len(info, 2) != n) throw Napi::RangeError::New(info.Env(), "sgd: velocity must have the parameter's length");
+  auto optional = [&](size_t i, const char* what) -> float* {
+    if (info[i].IsNull() || info[i].IsUndefined()) return nullptr;
+    float* a = F32(info, i, what);
+    if (Len(info, i) != n) throw Napi::RangeError::New(info.Env(), std::string("sgd: ") + what + " must have the parameter's length");
+    return a;
+  };
+  float* vel = optional(2, "velocity");
+  float* pOut = p;
+  float* velOut = vel;
+  if (info.Length() == 9) {
+    pOut = optional(7, "pOut");
+    velOut = optional(8, "velocityOut");
+    if (pOut == nullptr || (vel != nullptr) != (velOut != nullptr)) {
+      throw Napi::TypeError::New(info.Env(), "sgd: pOut is required, and velocityOut exactly when velocity is given");
+    }
   }
-  sgd(p, F32(info, 1, "g"), vel, static_cast<int64_t>(n), F64(info, 3), F64(info, 4), F64(info, 5), F64(info, 6));
+  sgd(p, F32(info, 1, "g"), vel, pOut, velOut, static_cast<int64_t>(n), F64(info, 3), F64(info, 4), F64(info, 5), F64(info, 6));
   return info.Env().Undefined();
 }
-
 
 std::vector<int64_t> Shape(const Napi::CallbackInfo& info, size_t i) {
   if (!info[i].IsArray()) throw Napi::TypeError::New(info.Env(), "a shape must be an array of integers");

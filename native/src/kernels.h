@@ -15,16 +15,18 @@ namespace layerwise {
 int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStride, int64_t bStride,
            int64_t m, int64_t n, int64_t k, bool transA, bool transB);
 
-// AdamW on n parameters in place (Loshchilov & Hutter, 2019), the device optimizer's math:
+// AdamW on n parameters (Loshchilov & Hutter, 2019), the device optimizer's math:
 // g' = g * gradScale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
 // p = p * (1 - lr wd) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-void adamw(float* p, const float* g, float* m, float* v, int64_t n, double lr, double beta1, double beta2,
-           double epsilon, double weightDecay, int64_t step, double gradScale);
+// The new p, m, v go to pOut, mOut, vOut, which may be p, m, v themselves (in place).
+void adamw(const float* p, const float* g, const float* m, const float* v, float* pOut, float* mOut, float* vOut,
+           int64_t n, double lr, double beta1, double beta2, double epsilon, double weightDecay, int64_t step,
+           double gradScale);
 
-// SGD on n parameters in place: v = mu v + (g * gradScale + wd p); p = p - lr v (velocity null:
-// plain SGD, p = p - lr (g * gradScale + wd p)).
-void sgd(float* p, const float* g, float* velocity, int64_t n, double lr, double momentum, double weightDecay,
-         double gradScale);
+// SGD on n parameters: v = mu v + (g * gradScale + wd p); p = p - lr v (velocity null: plain SGD,
+// p = p - lr (g * gradScale + wd p)). New values to pOut and velOut (may alias p and velocity).
+void sgd(const float* p, const float* g, const float* velocity, float* pOut, float* velOut, int64_t n, double lr,
+         double momentum, double weightDecay, double gradScale);
 
 int64_t product(const std::vector<int64_t>& shape);
 

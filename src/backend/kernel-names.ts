@@ -16,3 +16,11 @@ export const LAYER_NORM_GRAD_KERNEL = 'LayerwiseLayerNormGrad';
 export const CAUSAL_SOFTMAX_KERNEL = 'LayerwiseCausalSoftmax';
 /** Its gradient: inputs {y, dy}, attrs {scale}; output scale * y * (dy - sum(dy * y)) over the last axis. */
 export const CAUSAL_SOFTMAX_GRAD_KERNEL = 'LayerwiseCausalSoftmaxGrad';
+/**
+ * AdamW's update of one parameter in one pass (optim/optimizer.ts DeviceOptimizer): inputs
+ * {p, g, m, v}, attrs {lr, beta1, beta2, epsilon, weightDecay, step (1-based), scale (gradient
+ * scale)}; outputs [p, m, v] after the update.
+ */
+export const ADAMW_KERNEL = 'LayerwiseAdamW';
+/** SGD's update: inputs {p, g, velocity (only with momentum)}, attrs {lr, momentum, weightDecay, scale}; outputs [p] or [p, velocity]. */
+export const SGD_KERNEL = 'LayerwiseSgd';

@@ -32,11 +32,15 @@ export interface NativeAddon {
    */
   matmul(a: Float32Array, b: Float32Array, c: Float32Array, batch: number, aStride: number, bStride: number,
     m: number, n: number, k: number, transA: boolean, transB: boolean): void;
-  /** AdamW in place over p (see native/src/kernels.h); step is 1-based. */
+  /**
+   * AdamW over p (see native/src/kernels.h); step is 1-based. In place, or into pOut, mOut and
+   * vOut when given (all of p's length; RangeError otherwise).
+   */
   adamw(p: Float32Array, g: Float32Array, m: Float32Array, v: Float32Array, lr: number, beta1: number, beta2: number,
-    epsilon: number, weightDecay: number, step: number, gradScale: number): void;
-  /** SGD (with momentum when `velocity` is given) in place over p. */
-  sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number): void;
+    epsilon: number, weightDecay: number, step: number, gradScale: number, pOut?: Float32Array, mOut?: Float32Array, vOut?: Float32Array): void;
+  /** SGD (with momentum when `velocity` is given) over p: in place, or into pOut and velocityOut when given. */
+  sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number,
+    pOut?: Float32Array, velocityOut?: Float32Array | null): void;
   /** out = a op b with broadcasting (op: op code: Add 0, Sub 1, Multiply 2, RealDiv 3, Maximum 4, Minimum 5, SquaredDifference 6). */
   binary(op: number, a: Float32Array, aShape: number[], b: Float32Array, bShape: number[], out: Float32Array, outShape: number[]): void;
   /** out = op(x) element-wise (op: op code, see backend/native.ts). */

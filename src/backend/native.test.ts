@@ -11,7 +11,8 @@ import { initBackend } from './index.js';
 import { nativeAddon, nativeKernelNames, nativeUnavailable } from './native.js';
 import { tf } from './tfjs.js';
 import { hostUpdate } from '../param-server/host-optimizer.js';
-import { defaultOptimizerConfig } from '../optim/optimizer.js';
+import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
+import type { NativeBackend } from './native.js';
 import { Rng } from '../util/rng.js';
 import { gelu, layerNorm, maskedSoftmax } from '../model/layers.js';
 
@@ -196,6 +197,62 @@ test('native host AdamW and SGD equal the JS host optimizer within 1e-6', { skip
   lib.sgd(p2, g, vel2, 0.1, sgd.momentum, sgd.weightDecay, 1);
   for (let i = 0; i < n; i++) assert.ok(Math.abs(p[i]! - p2[i]!) <= 1e-6 * Math.max(1, Math.abs(p[i]!)), `SGD p[${i}]`);
   assert.throws(() => lib.adamw(p2, g.subarray(1), vel2, vel2, 0.1, 0.9, 0.99, 1e-8, 0, 1, 1), /length/);
+});
+
+test('native output buffers are reused across steps, never while a tensor view or a caller can still see them', { skip }, async () => {
+  await initBackend('native');
+  const pool = (tf.backend() as NativeBackend).pool;
+  const a = tf.tensor(randomArray(64 * 1024, 1), [256, 256]);
+  const other = tf.tensor(randomArray(64 * 1024, 2), [256, 256]);
+  // same shapes as the products below, other values: a reused buffer would be overwritten with them
+  const step = () => tf.tidy(() => tf.sum(tf.relu(tf.matMul(other, a))).dataSync()[0]!);
+  const first = step();
+  const reused = pool.stats.reused;
+  assert.equal(step(), first);
+  assert.ok(pool.stats.reused > reused, 'the second step reuses the first step\'s buffers');
+  // a caller's dataSync array keeps its values after the tensor is disposed and kernels run again
+  const y = tf.matMul(a, a);
+  const seen = y.dataSync() as Float32Array;
+  const copy = seen.slice();
+  y.dispose();
+  for (let i = 0; i < 3; i++) step();
+  assert.deepEqual(seen, copy);
+  // a slice (the cpu kernel returns a view of its input's buffer) outlives its input intact
+  const z = tf.matMul(a, a);
+  const part = tf.slice(z, [0, 0], [128, 256]);
+  const expected = tf.tidy(() => (tf.matMul(a, a).dataSync() as Float32Array).slice(0, 128 * 256)); // not z.dataSync(): that would disown z's buffer
+  z.dispose();
+  for (let i = 0; i < 3; i++) step();
+  assert.deepEqual(part.dataSync(), expected);
+  tf.dispose([a, other, part]);
+});
+
+test('the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6', { skip }, async () => {
+  const configs: OptimizerConfig[] = [
+    { ...defaultOptimizerConfig('adamw'), weightDecay: 0.1 },
+    { ...defaultOptimizerConfig('sgd'), weightDecay: 0.01 },
+    { ...defaultOptimizerConfig('sgd'), momentum: 0 },
+  ];
+  for (const config of configs) {
+    const run = async (backend: string) => {
+      await initBackend(backend);
+      const params = new Map([['w', tf.variable(tf.tensor(randomArray(300 * 70, 1), [300, 70]))], ['b', tf.variable(tf.tensor(randomArray(70, 2)))]]);
+      const opt = new DeviceOptimizer(config);
+      for (let s = 0; s < 3; s++) {
+        const grads = new Map([...params].map(([k, p], i) => [k, tf.tensor(randomArray(p.size, 10 * s + i), p.shape)] as const));
+        opt.apply(params, grads, 0.01, s === 1 ? 0.5 : 1);
+        tf.dispose([...grads.values()]);
+      }
+      const out = [...params.values()].map((p) => p.dataSync() as Float32Array);
+      opt.dispose();
+      tf.dispose([...params.values()]);
+      return out;
+    };
+    const cpu = await run('cpu');
+    const native = await run('native');
+    cpu.forEach((c, i) => c.forEach((v, j) => assert.ok(Math.abs(v - native[i]![j]!) <= 1e-6 * Math.max(1, Math.abs(v)),
+      `${config.kind} momentum ${config.momentum}: parameter ${i}[${j}] ${native[i]![j]} vs cpu ${v}`)));
+  }
 });
 
 test('300 training steps on native leak no tensor and keep the resident set flat', { skip }, async () => {

@@ -18,15 +18,70 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { broadcastIndex } from './broadcast.js';
+import { BufferPool } from './buffer-pool.js';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
 import {
-  CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
+  ADAMW_KERNEL, SGD_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
 } from './kernel-names.js';
 
 export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon.js';
 
-/** The TF.js backend of the native device: the cpu backend's storage and kernels, with native ones registered over them. */
-export class NativeBackend extends MathBackendCPU {}
+/**
+ * The TF.js backend of the native device: the cpu backend's storage and kernels, with native
+ * ones registered over them. Native kernels take their outputs from a {@link BufferPool}
+ * ({@link alloc}); the overrides below tell the pool which arrays tensors hold, free and
+ * hand out to callers, so a buffer is reused only when nothing can see it.
+ */
+export class NativeBackend extends MathBackendCPU {
+  /** Output buffers of the native kernels, reused across steps. */
+  readonly pool = new BufferPool();
+  private internalRead = false;
+
+  /** A float32 output of `length` elements whose every element the kernel writes (contents undefined). */
+  alloc(length: number): Float32Array {
+    return this.pool.take(length);
+  }
+
+  override write(values: tf.backend_util.BackendValues, shape: number[], dtype: tf.DataType): tf.DataId {
+    const id = super.write(values, shape, dtype);
+    this.pool.hold(values);
+    return id;
+  }
+
+  override move(dataId: tf.DataId, values: tf.backend_util.BackendValues, shape: number[], dtype: tf.DataType, refCount: number): void {
+    super.move(dataId, values, shape, dtype, refCount);
+    this.pool.hold(values);
+  }
+
+  override disposeData(dataId: tf.DataId, force = false): boolean {
+    const entry = this.data.has(dataId) ? this.data.get(dataId) : undefined;
+    const done = super.disposeData(dataId, force);
+    if (entry !== undefined && !this.data.has(dataId)) this.pool.release(entry.values);
+    return done;
+  }
+
+  /** The stored values, which the caller may keep: their buffer leaves the pool for good. */
+  override readSync(dataId: tf.DataId): tf.backend_util.BackendValues {
+    const values = super.readSync(dataId);
+    if (!this.internalRead) this.pool.disown(values);
+    return values;
+  }
+
+  /** Kernels read their inputs through this for the duration of the kernel only: no need to disown. */
+  override bufferSync<R extends tf.Rank, D extends tf.DataType>(t: tf.TensorInfo): tf.TensorBuffer<R, D> {
+    this.internalRead = true;
+    try {
+      return super.bufferSync<R, D>(t);
+    } finally {
+      this.internalRead = false;
+    }
+  }
+
+  override dispose(): void {
+    this.pool.clear();
+    super.dispose();
+  }
+}
 
 type Attrs = Record<string, unknown>;
 type KernelArgs = Parameters<tf.KernelFunc>[0];
@@ -48,7 +103,8 @@ function nativeMatMul(backend: NativeBackend, a: tf.TensorInfo, b: tf.TensorInfo
   const batchShapeB = b.shape.slice(0, -2);
   const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(batchShapeA, batchShapeB);
   const batch = tf.util.sizeFromShape(outBatch);
-  const out = new Float32Array(batch * m * n);
+  const out = backend.alloc(batch * m * n);
+  if (k === 0) out.fill(0);
   const av = backend.data.get(a.dataId).values as Float32Array;
   const bv = backend.data.get(b.dataId).values as Float32Array;
   const batchA = tf.util.sizeFromShape(batchShapeA);
@@ -130,7 +186,7 @@ function binaryKernel(name: string): tf.KernelFunc {
     if (!isF32(a, b)) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
     const shape = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape);
-    const out = new Float32Array(tf.util.sizeFromShape(shape));
+    const out = backend.alloc(tf.util.sizeFromShape(shape));
     nativeAddon()!.binary(op, values(backend, a), a.shape, values(backend, b), b.shape, out, shape);
     return backend.makeTensorInfo(shape, 'float32', out);
   }) as tf.KernelFunc;
@@ -142,7 +198,7 @@ function unaryKernel(name: string): tf.KernelFunc {
     const { x } = args.inputs as { x: tf.TensorInfo };
     if (!isF32(x)) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
-    const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+    const out = backend.alloc(tf.util.sizeFromShape(x.shape));
     nativeAddon()!.unary(op, values(backend, x), out);
     return backend.makeTensorInfo(x.shape, 'float32', out);
   }) as tf.KernelFunc;
@@ -150,7 +206,7 @@ function unaryKernel(name: string): tf.KernelFunc {
 
 /** x with its axes permuted, as new values (float32). */
 function transposed(backend: NativeBackend, x: tf.TensorInfo, perm: number[]): Float32Array {
-  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   if (out.length > 0) nativeAddon()!.transpose(values(backend, x), x.shape, perm, out);
   return out;
 }
@@ -167,7 +223,7 @@ function reduceKernel(name: string): tf.KernelFunc {
     const [outShape] = tf.backend_util.computeOutAndReduceShapes(x.shape, axes);
     const kept = tf.util.sizeFromShape(outShape);
     if (reduced === 0 && op >= 2) return cpuKernel(name, args); // max/min of nothing: the cpu backend's semantics
-    const out = new Float32Array(kept);
+    const out = backend.alloc(kept);
     if (axes.every((a, i) => a === i)) {
       // the leading axes (a bias gradient's batch and time): column-wise, no transpose
       nativeAddon()!.reduceOuter(op, values(backend, x), out, reduced, kept);
@@ -197,7 +253,7 @@ function softmaxKernel(args: KernelArgs): tf.TensorInfo {
   if (!isF32(logits) || rank === 0 || (dim !== -1 && dim !== rank - 1)) return cpuKernel('Softmax', args);
   const backend = args.backend as NativeBackend;
   const cols = logits.shape[rank - 1]!;
-  const out = new Float32Array(tf.util.sizeFromShape(logits.shape));
+  const out = backend.alloc(tf.util.sizeFromShape(logits.shape));
   if (out.length > 0) nativeAddon()!.softmax(values(backend, logits), out, out.length / cols, cols);
   return backend.makeTensorInfo(logits.shape, 'float32', out);
 }
@@ -211,7 +267,7 @@ function segmentSumKernel(args: KernelArgs): tf.TensorInfo {
   const backend = args.backend as NativeBackend;
   const n = x.shape[0]!;
   const inner = tf.util.sizeFromShape(x.shape.slice(1));
-  const out = new Float32Array(segments * inner);
+  const out = backend.alloc(segments * inner);
   const ids = backend.data.get(segmentIds.dataId).values as Int32Array;
   if (out.length > 0) nativeAddon()!.segmentSum(values(backend, x), ids, out, n, inner, segments);
   return backend.makeTensorInfo([segments, ...x.shape.slice(1)], 'float32', out);
@@ -230,7 +286,7 @@ function gatherKernel(args: KernelArgs): tf.TensorInfo {
   const outer = tf.util.sizeFromShape(x.shape.slice(0, axis));
   const inner = tf.util.sizeFromShape(x.shape.slice(axis + 1));
   const shape = [...x.shape.slice(0, axis), ...indices.shape, ...x.shape.slice(axis + 1)];
-  const out = new Float32Array(tf.util.sizeFromShape(shape));
+  const out = backend.alloc(tf.util.sizeFromShape(shape));
   if (out.length > 0) nativeAddon()!.gather(values(backend, x), idx, out, outer, axisSize, inner);
   return backend.makeTensorInfo(shape, 'float32', out);
 }
@@ -243,7 +299,7 @@ function packKernel(args: KernelArgs): tf.TensorInfo {
   if (!first || axis !== 0 || !isF32(...inputs) || inputs.some((t) => !tf.util.arraysEqual(t.shape, first.shape))) return cpuKernel('Pack', args);
   const backend = args.backend as NativeBackend;
   const size = tf.util.sizeFromShape(first.shape);
-  const out = new Float32Array(size * inputs.length);
+  const out = backend.alloc(size * inputs.length);
   inputs.forEach((t, i) => out.set(values(backend, t), i * size));
   return backend.makeTensorInfo([inputs.length, ...first.shape], 'float32', out);
 }
@@ -256,9 +312,9 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
     () => `${LAYER_NORM_KERNEL}: g ${g.shape} and b ${b.shape} must be [${cols}]`);
   const size = tf.util.sizeFromShape(x.shape);
   const rows = cols > 0 ? size / cols : 0;
-  const y = new Float32Array(size);
-  const xhat = new Float32Array(size);
-  const rstd = new Float32Array(rows);
+  const y = backend.alloc(size);
+  const xhat = backend.alloc(size);
+  const rstd = backend.alloc(rows);
   if (size > 0) nativeAddon()!.layerNorm(values(backend, x), values(backend, g), values(backend, b), y, xhat, rstd, rows, cols, (args.attrs as Attrs)['epsilon'] as number);
   return [
     backend.makeTensorInfo(x.shape, 'float32', y), backend.makeTensorInfo(x.shape, 'float32', xhat),
@@ -271,9 +327,9 @@ function layerNormGradKernel(args: KernelArgs): tf.TensorInfo[] {
   const backend = args.backend as NativeBackend;
   const cols = dy.shape[dy.shape.length - 1]!;
   const size = tf.util.sizeFromShape(dy.shape);
-  const dx = new Float32Array(size);
-  const dg = new Float32Array(cols);
-  const db = new Float32Array(cols);
+  const dx = backend.alloc(size);
+  const dg = backend.alloc(cols);
+  const db = backend.alloc(cols);
   if (size > 0) nativeAddon()!.layerNormGrad(values(backend, dy), values(backend, xhat), values(backend, rstd), values(backend, g), dx, dg, db, size / cols, cols);
   return [backend.makeTensorInfo(dy.shape, 'float32', dx), backend.makeTensorInfo(g.shape, 'float32', dg), backend.makeTensorInfo(g.shape, 'float32', db)];
 }
@@ -283,7 +339,7 @@ function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
   const backend = args.backend as NativeBackend;
   const t = x.shape[x.shape.length - 1]!;
   tf.util.assert(x.shape.length >= 2 && x.shape[x.shape.length - 2] === t, () => `${CAUSAL_SOFTMAX_KERNEL}: scores ${x.shape} must be [..., T, T]`);
-  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   if (out.length > 0) nativeAddon()!.causalSoftmax(values(backend, x), out, out.length / (t * t), t, (args.attrs as Attrs)['scale'] as number);
   return backend.makeTensorInfo(x.shape, 'float32', out);
 }
@@ -292,7 +348,7 @@ function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   const { y, dy } = args.inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
   const cols = y.shape[y.shape.length - 1]!;
-  const out = new Float32Array(tf.util.sizeFromShape(y.shape));
+  const out = backend.alloc(tf.util.sizeFromShape(y.shape));
   if (out.length > 0) nativeAddon()!.softmaxGrad(values(backend, y), values(backend, dy), out, out.length / cols, cols, (args.attrs as Attrs)['scale'] as number);
   return backend.makeTensorInfo(y.shape, 'float32', out);
 }
@@ -300,7 +356,7 @@ function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
 function geluKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   nativeAddon()!.gelu(values(backend, x), out);
   return backend.makeTensorInfo(x.shape, 'float32', out);
 }
@@ -309,9 +365,32 @@ function geluGradKernel(args: KernelArgs): tf.TensorInfo {
   const { x, dy } = args.inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
   tf.util.assert(tf.util.arraysEqual(x.shape, dy.shape), () => `${GELU_GRAD_KERNEL}: x ${x.shape} and dy ${dy.shape} differ`);
-  const out = new Float32Array(tf.util.sizeFromShape(x.shape));
+  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out);
   return backend.makeTensorInfo(x.shape, 'float32', out);
+}
+
+function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
+  const { p, g, m, v } = args.inputs as Record<string, tf.TensorInfo>;
+  const a = args.attrs as Record<string, number>;
+  const backend = args.backend as NativeBackend;
+  const n = tf.util.sizeFromShape(p!.shape);
+  const [pOut, mOut, vOut] = [backend.alloc(n), backend.alloc(n), backend.alloc(n)];
+  nativeAddon()!.adamw(values(backend, p!), values(backend, g!), values(backend, m!), values(backend, v!), a['lr']!, a['beta1']!, a['beta2']!,
+    a['epsilon']!, a['weightDecay']!, a['step']!, a['scale']!, pOut, mOut, vOut);
+  return [pOut, mOut, vOut].map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
+}
+
+function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
+  const { p, g, velocity } = args.inputs as Record<string, tf.TensorInfo | undefined>;
+  const a = args.attrs as Record<string, number>;
+  const backend = args.backend as NativeBackend;
+  const n = tf.util.sizeFromShape(p!.shape);
+  const pOut = backend.alloc(n);
+  const velOut = velocity ? backend.alloc(n) : null;
+  nativeAddon()!.sgd(values(backend, p!), values(backend, g!), velocity ? values(backend, velocity) : null, a['lr']!, a['momentum']!,
+    a['weightDecay']!, a['scale']!, pOut, velOut);
+  return (velOut ? [pOut, velOut] : [pOut]).map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
 }
 
 /** The kernels the addon provides, by kernel name. */
@@ -332,6 +411,8 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   [LAYER_NORM_KERNEL]: layerNormKernel as unknown as tf.KernelFunc,
   [LAYER_NORM_GRAD_KERNEL]: layerNormGradKernel as unknown as tf.KernelFunc,
   [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,
+  [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
+  [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
 };
 
 let registered = false;

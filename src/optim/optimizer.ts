@@ -11,6 +11,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import { LayerwiseError } from '../util/errors.js';
+import { ADAMW_KERNEL, SGD_KERNEL } from '../backend/kernel-names.js';
 
 export type OptimizerKind = 'sgd' | 'adamw';
 export const OPTIMIZER_KINDS: readonly OptimizerKind[] = ['sgd', 'adamw'];
@@ -78,13 +79,20 @@ export class DeviceOptimizer {
     this.step++;
     const c = this.config;
     const t = this.step;
+    // a backend with the fused update kernel (the native device) does each parameter in one pass
+    const fused = tf.getKernel(c.kind === 'sgd' ? SGD_KERNEL : ADAMW_KERNEL, tf.getBackend()) !== undefined;
     for (const [name, p] of params) {
       const g0 = grads.get(name);
       if (!g0) continue;
+      const wd = p.rank >= 2 ? c.weightDecay : 0;
       tf.tidy(() => {
+        if (fused) {
+          this.applyFused(name, p, g0, lr, scale, wd);
+          return;
+        }
         const g = scale === 1 ? g0 : tf.mul(g0, scale);
         if (c.kind === 'sgd') {
-          const gw = c.weightDecay > 0 && p.rank >= 2 ? tf.add(g, tf.mul(p, c.weightDecay)) : g;
+          const gw = wd > 0 ? tf.add(g, tf.mul(p, wd)) : g;
           if (c.momentum > 0) {
             const v = this.slot(name, p, 'velocity');
             v.assign(tf.add(tf.mul(v, c.momentum), gw));
@@ -100,11 +108,31 @@ export class DeviceOptimizer {
           const mhat = tf.div(m, 1 - c.beta1 ** t);
           const vhat = tf.div(v, 1 - c.beta2 ** t);
           let upd = tf.div(mhat, tf.add(tf.sqrt(vhat), c.epsilon));
-          if (c.weightDecay > 0 && p.rank >= 2) upd = tf.add(upd, tf.mul(p, c.weightDecay));
+          if (wd > 0) upd = tf.add(upd, tf.mul(p, wd));
           p.assign(tf.sub(p, tf.mul(upd, lr)));
         }
       });
     }
+  }
+
+  /** The same update through the backend's fused kernel (backend/kernel-names.ts ADAMW_KERNEL, SGD_KERNEL). */
+  private applyFused(name: string, p: tf.Variable, g: tf.Tensor, lr: number, scale: number, wd: number): void {
+    const c = this.config;
+    if (c.kind === 'sgd') {
+      const velocity = c.momentum > 0 ? this.slot(name, p, 'velocity') : undefined;
+      const inputs: tf.NamedTensorMap = velocity ? { p, g, velocity } : { p, g };
+      const out = tf.engine().runKernel(SGD_KERNEL, inputs, { lr, momentum: c.momentum, weightDecay: wd, scale }) as tf.Tensor[];
+      p.assign(out[0]!);
+      if (velocity) velocity.assign(out[1]!);
+      return;
+    }
+    const m = this.slot(name, p, 'm');
+    const v = this.slot(name, p, 'v');
+    const attrs = { lr, beta1: c.beta1, beta2: c.beta2, epsilon: c.epsilon, weightDecay: wd, step: this.step, scale };
+    const out = tf.engine().runKernel(ADAMW_KERNEL, { p, g, m, v }, attrs) as tf.Tensor[];
+    p.assign(out[0]!);
+    m.assign(out[1]!);
+    v.assign(out[2]!);
   }
 
   /** Copies the state to the host (for checkpoints). */
