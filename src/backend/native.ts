@@ -153,14 +153,25 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
   const attrs = args.attrs as Attrs;
   let out = nativeMatMul(backend, a!, b!, attrs['transposeA'] === true, attrs['transposeB'] === true);
   if (bias !== undefined) {
-    const sum = cpuKernel('Add', { inputs: { a: out, b: bias }, backend, attrs: {} });
-    backend.disposeIntermediateTensorInfo(out);
-    out = sum;
+    if (bias.dtype === 'float32' && tf.util.arraysEqual(tf.backend_util.assertAndGetBroadcastShape(out.shape, bias.shape), out.shape)) {
+      // in place: the product's output is this kernel's own new buffer
+      const o = values(backend, out);
+      nativeAddon()!.binary(BINARY['Add']!, o, out.shape, values(backend, bias), bias.shape, o, out.shape);
+    } else {
+      const sum = cpuKernel('Add', { inputs: { a: out, b: bias }, backend, attrs: {} });
+      backend.disposeIntermediateTensorInfo(out);
+      out = sum;
+    }
   }
   const activation = String(attrs['activation'] ?? 'linear');
   if (activation !== 'linear') {
     const kernel = ACTIVATION_KERNEL[activation];
     if (kernel === undefined) throw new Error(`_FusedMatMul: activation ${activation} is not supported`);
+    if (UNARY[kernel] !== undefined) {
+      const o = values(backend, out);
+      nativeAddon()!.unary(UNARY[kernel]!, o, o); // in place, as the bias
+      return out;
+    }
     const inputs: Record<string, tf.TensorInfo> = kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
     const act = cpuKernel(kernel, { inputs, backend, attrs: { alpha: attrs['leakyreluAlpha'] as number } });
     backend.disposeIntermediateTensorInfo(out);

@@ -26,8 +26,8 @@ export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
   const din = x.shape[x.shape.length - 1];
   const lead = x.shape.slice(0, -1);
   const x2 = x.rank === 2 ? (x as tf.Tensor2D) : tf.reshape(x, [-1, din]) as tf.Tensor2D;
-  let y: tf.Tensor = tf.matMul(x2, w as tf.Tensor2D);
-  if (b) y = tf.add(y, b);
+  // fused: the backend adds the bias in the product's output (the native device in place)
+  const y: tf.Tensor = b ? tf.fused.matMul({ a: x2, b: w as tf.Tensor2D, bias: b }) : tf.matMul(x2, w as tf.Tensor2D);
   return x.rank === 2 ? y : tf.reshape(y, [...lead, w.shape[1] as number]);
 }
 
