@@ -25,12 +25,13 @@ function gradFunc(dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.Nam
   const [a, b] = saved as [tf.Tensor, tf.Tensor];
   const tA = attrs['transposeA'] === true;
   const tB = attrs['transposeB'] === true;
+  // each closure in a tidy scope: its temporaries go when it returns, not when tf.grads ends
   return {
-    a: () => {
+    a: () => tf.tidy(() => {
       const da = tA ? tf.matMul(b, dC, tB, true) : tf.matMul(dC, b, false, !tB);
       return unbroadcast(da, a.shape);
-    },
-    b: () => {
+    }),
+    b: () => tf.tidy(() => {
       if (!tA && batchSize(b) === 1 && batchSize(a) === batchSize(dC) && a.rank > 2) {
         const a2 = tf.reshape(a, [-1, a.shape[a.rank - 1]!]);
         const dC2 = tf.reshape(dC, [-1, dC.shape[dC.rank - 1]!]);
@@ -39,7 +40,7 @@ function gradFunc(dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.Nam
       }
       const db = tB ? tf.matMul(dC, a, true, tA) : tf.matMul(a, dC, !tA, false);
       return unbroadcast(db, b.shape);
-    },
+    }),
   };
 }
 

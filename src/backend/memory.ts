@@ -1,49 +1,68 @@
 /**
- * Device memory accounting: the peak of the bytes the TF.js engine holds in tensors on this
- * thread's backend (its `numBytes`, updated on every tensor allocation and free), measured
- * exactly rather than sampled between operations. The same hook enforces the device-memory
- * budget (`--device-memory`, {@link setDeviceBudget}): the allocation that would take the
- * engine above it throws, before the backend itself runs out.
+ * Device memory accounting: the bytes of the data buffers this thread's backend holds for
+ * tensors, and their peak, measured exactly on every allocation and free rather than sampled
+ * between operations. A buffer is counted once however many tensors share it: TF.js's own
+ * `tf.memory().numBytes` adds a tensor's size for every handle, so a reshape, a variable made
+ * from a tensor or a kept alias counts its buffer twice (on l2l charlm-small `--layers 16`,
+ * micro-batch 2, that over-count was 27 of the 56.6 MiB it reported). The same hook enforces
+ * the device-memory budget (`--device-memory`, {@link setDeviceBudget}): the allocation that
+ * would take the device above it throws, before the backend itself runs out.
  */
 import { DeviceOutOfMemoryError, type DeviceOutOfMemory } from './out-of-memory.js';
 import { tf } from './tfjs.js';
 
-interface EngineState {
-  numBytes: number;
+interface TensorLike {
+  dataId: object;
+  dtype: string;
+  size: number;
+}
+
+/** The engine internals the accounting hooks (tfjs-core 4.22 Engine). */
+interface EngineInternals {
+  state: { numBytes: number; tensorInfo: WeakMap<object, { bytes: number }> };
+  trackTensor(a: TensorLike, backend: unknown): void;
+  disposeTensor(a: TensorLike): void;
 }
 
 /** Where the budget applies, for the error message. */
 export type BudgetContext = Pick<DeviceOutOfMemory, 'stage' | 'strategy' | 'advice'>;
 
-let installedOn: EngineState | null = null;
+let installedOn: EngineInternals | null = null;
 let current = 0;
 let peak = 0;
 let budget: number | undefined;
 let budgetContext: BudgetContext = {};
 
 function install(): void {
-  const state = (tf.engine() as unknown as { state: EngineState }).state;
-  if (installedOn === state) return;
-  current = state.numBytes;
+  const engine = tf.engine() as unknown as EngineInternals;
+  if (installedOn === engine) return;
+  current = engine.state.numBytes; // tensors made before the first call (normally none)
   peak = current;
-  Object.defineProperty(state, 'numBytes', {
-    configurable: true,
-    enumerable: true,
-    get: () => current,
-    set: (v: number) => {
-      const grows = v > current;
-      current = v;
-      if (v > peak) peak = v;
+  const track = engine.trackTensor.bind(engine);
+  const dispose = engine.disposeTensor.bind(engine);
+  engine.trackTensor = (a, backend) => {
+    // a new buffer: the first tensor on this data id (later ones share it)
+    if (!engine.state.tensorInfo.has(a.dataId) && a.dtype !== 'string' && a.dtype !== 'complex64') {
+      const bytes = a.size * tf.util.bytesPerElement(a.dtype as tf.DataType);
       // only growth can cross the budget; frees never throw (a failing run must still clean up)
-      if (grows && budget !== undefined && v > budget) {
-        throw new DeviceOutOfMemoryError({ needs: v, budget, how: 'measured', ...budgetContext });
+      if (budget !== undefined && bytes > 0 && current + bytes > budget) {
+        throw new DeviceOutOfMemoryError({ needs: current + bytes, budget, how: 'measured', ...budgetContext });
       }
-    },
-  });
-  installedOn = state;
+      current += bytes;
+      if (current > peak) peak = current;
+    }
+    track(a, backend);
+  };
+  engine.disposeTensor = (a) => {
+    const info = engine.state.tensorInfo.get(a.dataId);
+    dispose(a);
+    // the buffer is gone once the last tensor on it is disposed
+    if (info !== undefined && !engine.state.tensorInfo.has(a.dataId) && a.dtype !== 'string' && a.dtype !== 'complex64') current -= info.bytes;
+  };
+  installedOn = engine;
 }
 
-/** Bytes currently held in tensors by this thread's engine. */
+/** Bytes of the data buffers this thread's backend holds for live tensors (each buffer once). */
 export function deviceBytes(): number {
   install();
   return current;
@@ -63,10 +82,10 @@ export function resetPeakBytes(): void {
 
 /**
  * Sets this thread's device-memory budget, bytes (undefined: none, the default). From now on,
- * any tensor allocation that takes the engine's bytes above `bytes` throws
+ * any tensor allocation that takes the device's buffer bytes above `bytes` throws
  * {@link DeviceOutOfMemoryError} `device out of memory: needs X, budget Y (stage S of STRATEGY,
  * measured); ADVICE` from inside the TF.js op that allocates (the tensor being created is
- * counted but lost, so the run should stop). `context` names the stage and strategy in the
+ * lost, so the run should stop). `context` names the stage and strategy in the
  * message. Call it after the backend is initialised. Throws RangeError for a budget that is
  * not a positive finite number.
  */

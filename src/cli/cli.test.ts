@@ -44,8 +44,8 @@ expectBadInput('preset on the wrong kind of data', ['--preset', 'mlp-mnist', '--
 
 expectBadInput('over --device-memory (single)', [...TINY, '--device-memory', '1MB'],
   /layerwise: error: device out of memory: needs [\d.]+ MiB, budget 976.6 KiB \(stage 0 of single, predicted\); try --strategy l2l, or --strategy gpipe with more --stages\n/);
-expectBadInput('over --device-memory (local)', [...TINY, '--strategy', 'local', '--stages', '2', '--micro-batches', '2', '--device-memory', '1MB'],
-  /device out of memory: needs [\d.]+ MiB, budget 976.6 KiB \(stage \d of local, predicted\); try --strategy l2l, more --stages, or more --micro-batches/);
+expectBadInput('over --device-memory (local)', [...TINY, '--strategy', 'local', '--stages', '2', '--micro-batches', '2', '--device-memory', '300kB'],
+  /device out of memory: needs [\d.]+ KiB, budget 293 KiB \(stage \d of local, predicted\); try --strategy l2l, more --stages, or more --micro-batches/);
 
 expectBadInput('over --device-memory (l2l)', [...TINY, '--strategy', 'l2l', '--stash', 'device', '--device-memory', '10kB'],
   /device out of memory: needs [\d.]+ [KMG]iB, budget 9.8 KiB \(stage 0 of l2l, predicted\); try a smaller --batch-size or more --micro-batches, or --stash host/);

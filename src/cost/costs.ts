@@ -32,6 +32,13 @@ export interface BlockCost {
   keptBytes: number;
   /** Peak bytes above the level with the tape kept, during the block's backward. */
   bwdPeakBytes: number;
+  /**
+   * Bytes the block's backward still holds when it returns (above the level with the tape
+   * kept): its parameter and input gradients and the intermediate gradients tf.grads keeps
+   * until it ends. The rest of {@link bwdPeakBytes} is freed as the backward goes (gradient
+   * functions run in tidy scopes). Undefined: all of it is held (older profiles).
+   */
+  bwdHeldBytes?: number;
   /** Seconds of one forward (on the tape). */
   fwdSeconds: number;
   /** Seconds of one backward from a kept tape (without re-computation). */
@@ -53,7 +60,7 @@ export interface MicroBatchCosts {
 }
 
 /** The size-dependent part of a block's costs, measured at one micro-batch size. */
-export type BlockSizeCost = Pick<BlockCost, 'inBytes' | 'outBytes' | 'fwdPeakBytes' | 'keptBytes' | 'bwdPeakBytes' | 'fwdSeconds' | 'bwdSeconds'>;
+export type BlockSizeCost = Pick<BlockCost, 'inBytes' | 'outBytes' | 'fwdPeakBytes' | 'keptBytes' | 'bwdPeakBytes' | 'bwdHeldBytes' | 'fwdSeconds' | 'bwdSeconds'>;
 
 /** A model's profile: size-independent block costs plus measurements at a few micro-batch sizes. */
 export interface ModelProfile {
@@ -86,7 +93,7 @@ export function optimizerSlots(opt: Pick<OptimizerConfig, 'kind' | 'momentum'>):
   return opt.momentum > 0 ? 1 : 0;
 }
 
-const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = ['inBytes', 'outBytes', 'fwdPeakBytes', 'keptBytes', 'bwdPeakBytes', 'fwdSeconds', 'bwdSeconds'];
+const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = ['inBytes', 'outBytes', 'fwdPeakBytes', 'keptBytes', 'bwdPeakBytes', 'bwdHeldBytes', 'fwdSeconds', 'bwdSeconds'];
 
 /**
  * The costs of every block at micro-batch size `batch` (examples): measured values where the
@@ -115,7 +122,10 @@ export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
   };
   const blocks = profile.blocks.map((b, j) => {
     const out = { ...b } as BlockCost;
-    for (const k of SIZE_KEYS) out[k] = at(lo.blocks[j][k], hi.blocks[j][k]);
+    for (const k of SIZE_KEYS) {
+      const [a, b2] = [lo.blocks[j][k], hi.blocks[j][k]];
+      if (a !== undefined && b2 !== undefined) out[k] = at(a, b2);
+    }
     return out;
   });
   const out: MicroBatchCosts = { batch, blocks, labelBytes: at(lo.labelBytes, hi.labelBytes) };
@@ -127,6 +137,23 @@ export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
 
 export function sum(xs: number[]): number {
   return xs.reduce((a, b) => a + b, 0);
+}
+
+/** {@link BlockCost.bwdHeldBytes}, or all of the backward's peak where the profile does not say. */
+export const heldAfterBackward = (b: Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>): number => b.bwdHeldBytes ?? b.bwdPeakBytes;
+
+/**
+ * Peak bytes above the kept tape during one backward through `blocks` (model order): they run
+ * last to first, and each runs with what the ones after it still hold.
+ */
+export function backwardPeak(blocks: ReadonlyArray<Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>>): number {
+  let held = 0;
+  let peak = 0;
+  for (let i = blocks.length - 1; i >= 0; i--) {
+    peak = Math.max(peak, held + blocks[i]!.bwdPeakBytes);
+    held += heldAfterBackward(blocks[i]!);
+  }
+  return peak;
 }
 
 /** Sums of a stage's block costs (blocks [r.from, r.to)). Throws {@link LayerwiseError} for an empty stage. */
@@ -141,7 +168,7 @@ export function stageTotals(c: MicroBatchCosts, r: StageRange) {
     outBytes: bl[bl.length - 1].outBytes,
     fwdPeak: sum(bl.map((b) => b.fwdPeakBytes)),
     kept: sum(bl.map((b) => b.keptBytes)),
-    bwdPeak: sum(bl.map((b) => b.bwdPeakBytes)),
+    bwdPeak: backwardPeak(bl),
     fwd: sum(bl.map((b) => b.fwdSeconds)),
     bwd: sum(bl.map((b) => b.bwdSeconds)),
     opt: sum(bl.map((b) => b.optSeconds)),
@@ -187,7 +214,7 @@ export function localTotals(c: MicroBatchCosts, r: StageRange, last: boolean) {
     optTransient: Math.max(t.optTransient, h.optTransientBytes),
     fwdPeak: t.fwdPeak + h.fwdPeakBytes,
     kept: t.kept + h.keptBytes,
-    bwdPeak: t.bwdPeak + h.bwdPeakBytes,
+    bwdPeak: Math.max(h.bwdPeakBytes, heldAfterBackward(h) + t.bwdPeak), // the head's backward runs first
     fwd: t.fwd + h.fwdSeconds,
     bwd: t.bwd + h.bwdSeconds,
     opt: t.opt + h.optSeconds,

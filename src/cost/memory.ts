@@ -273,7 +273,9 @@ export function predictRelayPeakBytes(c: MicroBatchCosts, shape: RelayShape): nu
         cur += l.keptBytes;
         bump(l.bwdPeakBytes);
         cur -= l.keptBytes;
-        if (gradsStarted.has(a.layer)) bump(l.maxParamBytes); // adding into the accumulated gradient
+        // adding into the accumulated gradient: this micro-batch's gradients are all alive while
+        // each parameter's sum is made (the accumulator frees them one parameter at a time)
+        if (gradsStarted.has(a.layer)) bump(l.paramBytes + l.maxParamBytes);
         else {
           gradsStarted.add(a.layer);
           cur += l.paramBytes;

@@ -159,15 +159,26 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
       g.forEach((t) => t.dispose());
     }
     const blocks: BlockSizeCost[] = [];
+    let probedBytes = 0;
+    const probe = tf.customGrad(((x: tf.Tensor) => ({
+      value: tf.clone(x),
+      gradFunc: (dy: tf.Tensor) => {
+        probedBytes = deviceBytes();
+        return [tf.clone(dy)];
+      },
+    })) as unknown as Parameters<typeof tf.customGrad>[0]) as (x: tf.Tensor) => tf.Tensor;
     for (let i = 0; i <= last; i++) {
       const blk = model.blocks[i];
       const xi = inputs[i];
       const ps = Object.values(params[i]);
-      const f = i === last ? () => model.loss(blk.forward(params[i], xi), labels) : () => blk.forward(params[i], xi);
+      // blocks after the first see their input through a probe that notes the device's bytes
+      // when the backward reaches it (its last step): what the block's backward holds then
+      const input = () => (i > 0 ? probe(xi) : xi);
+      const f = i === last ? () => model.loss(blk.forward(params[i], input()), labels) : () => blk.forward(params[i], input());
       const xs = i > 0 ? [...ps, xi] : ps;
       const fwd: number[] = [];
       const bwd: number[] = [];
-      const mem = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
+      const mem: { fwdPeakBytes: number; keptBytes: number; bwdPeakBytes: number; bwdHeldBytes?: number; outBytes: number } = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
       for (let r = 0; r < warmup + repeats; r++) {
         const b0 = deviceBytes();
         resetPeakBytes();
@@ -181,6 +192,7 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
         const dy = i === last ? tf.scalar(1) : tf.onesLike(rec.y);
         const b1 = deviceBytes();
         resetPeakBytes();
+        let held: number | undefined;
         const t2 = performance.now();
         if (xs.length === 0) {
           // a block without parameters on the model's input: nothing to differentiate
@@ -188,6 +200,7 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
         } else {
           const g = backwardRecorded(rec, xs, dy);
           await settle(g[g.length - 1]);
+          if (i > 0) held = Math.max(0, probedBytes - b1);
           g.forEach((t) => t.dispose());
         }
         const t3 = performance.now();
@@ -200,6 +213,7 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
         mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, fwdPeak);
         mem.keptBytes = Math.max(mem.keptBytes, kept);
         mem.bwdPeakBytes = Math.max(mem.bwdPeakBytes, bwdPeak);
+        if (held !== undefined) mem.bwdHeldBytes = Math.max(mem.bwdHeldBytes ?? 0, held);
         mem.outBytes = outBytes;
       }
       blocks.push({ inBytes: bytesOf(xi.shape), ...mem, fwdSeconds: median(fwd), bwdSeconds: median(bwd) });
