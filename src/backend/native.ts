@@ -9,8 +9,12 @@
  * Maximum, Minimum, SquaredDifference); unary ops (Exp, Log, Sqrt, Rsqrt, Square, Neg,
  * Sigmoid, Tanh, Relu, Abs, Reciprocal); reductions (Sum, Mean, Max, Min over any axes);
  * Transpose; Softmax (last axis); UnsortedSegmentSum; GatherV2 (float32; other dtypes and
- * cases go to the cpu kernels); Pack along axis 0 (a copy); and the fused GELU and its gradient (backend/kernel-names.ts). Each worker thread (device) loads the addon itself and has
- * its own OpenMP team (`threads`).
+ * cases go to the cpu kernels); Pack along axis 0 (a copy); `_FusedMatMul`'s bias and
+ * activation in place in the product's buffer; and layerwise's fused kernels
+ * (backend/kernel-names.ts): GELU, layer norm, causal softmax and their gradients, and the
+ * one-pass AdamW and SGD updates of the device optimizer. Outputs come from a
+ * {@link BufferPool} (backend/buffer-pool.ts). Each worker thread (device) loads the addon
+ * itself and has its own OpenMP team (`threads`).
  *
  * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
  * says why; `initBackend('native')` then fails with that reason.
