@@ -33,6 +33,9 @@ let peak = 0;
 let budget: number | undefined;
 let budgetContext: BudgetContext = {};
 
+/** Tensors whose bytes TF.js counts here (complex ones through their parts, strings as they are written: neither here). */
+const counted = (a: TensorLike): boolean => a.dtype !== 'string' && a.dtype !== 'complex64';
+
 function install(): void {
   const engine = tf.engine() as unknown as EngineInternals;
   if (installedOn === engine) return;
@@ -42,7 +45,7 @@ function install(): void {
   const dispose = engine.disposeTensor.bind(engine);
   engine.trackTensor = (a, backend) => {
     // a new buffer: the first tensor on this data id (later ones share it)
-    if (!engine.state.tensorInfo.has(a.dataId) && a.dtype !== 'string' && a.dtype !== 'complex64') {
+    if (counted(a) && !engine.state.tensorInfo.has(a.dataId)) {
       const bytes = a.size * tf.util.bytesPerElement(a.dtype as tf.DataType);
       // only growth can cross the budget; frees never throw (a failing run must still clean up)
       if (budget !== undefined && bytes > 0 && current + bytes > budget) {
@@ -57,7 +60,7 @@ function install(): void {
     const info = engine.state.tensorInfo.get(a.dataId);
     dispose(a);
     // the buffer is gone once the last tensor on it is disposed
-    if (info !== undefined && !engine.state.tensorInfo.has(a.dataId) && a.dtype !== 'string' && a.dtype !== 'complex64') current -= info.bytes;
+    if (info !== undefined && counted(a) && !engine.state.tensorInfo.has(a.dataId)) current -= info.bytes;
   };
   installedOn = engine;
 }

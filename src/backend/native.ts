@@ -107,8 +107,7 @@ function nativeMatMul(backend: NativeBackend, a: tf.TensorInfo, b: tf.TensorInfo
   const batchShapeB = b.shape.slice(0, -2);
   const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(batchShapeA, batchShapeB);
   const batch = tf.util.sizeFromShape(outBatch);
-  const out = backend.alloc(batch * m * n);
-  if (k === 0) out.fill(0);
+  const out = k === 0 ? backend.pool.takeZeroed(batch * m * n) : backend.alloc(batch * m * n); // no products to sum: zeros
   const av = backend.data.get(a.dataId).values as Float32Array;
   const bv = backend.data.get(b.dataId).values as Float32Array;
   const batchA = tf.util.sizeFromShape(batchShapeA);

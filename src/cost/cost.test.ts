@@ -12,7 +12,7 @@ import { profileAuxHeads } from '../plan/budget.js';
 import { createStrategy, resolveStages } from '../strategies/index.js';
 import { optimizerConfigOf, resolveConfig, type TrainConfig } from '../config/config.js';
 import { Rng } from '../util/rng.js';
-import { randomBatch } from '../testing/fixtures.js';
+import { steadyPeakBytes } from '../testing/fixtures.js';
 import { stageRanges } from '../partition/balance.js';
 import { blockBalanceCosts, costsAt, optimizerSlots, type BlockCost, type MicroBatchCosts, type ModelProfile } from './costs.js';
 import { localStagePeakBytes, predictLocalPeakBytes, predictPeakBytes, predictRelayPeakBytes } from './memory.js';
@@ -175,14 +175,7 @@ for (const c of LOCAL_CASES) {
       const profile = await profileModel(c.model, opts);
       profile.auxHeads = await profileAuxHeads(c.model, ranges.slice(0, -1).map((r) => r.to), opts);
       const predicted = predictLocalPeakBytes(costsAt(profile, b), ranges, { m: cfg.microBatches, slots: optimizerSlots(opts.optimizer), overlap: cfg.overlap });
-      const s = await createStrategy(cfg, c.model, params, ranges);
-      let measured: number[];
-      try {
-        await s.trainStep(randomBatch(c.model, n, rng), 1e-3); // creates the optimizer slots
-        measured = (await s.trainStep(randomBatch(c.model, n, rng), 1e-3)).peakBytes;
-      } finally {
-        await s.close();
-      }
+      const measured = await steadyPeakBytes(await createStrategy(cfg, c.model, params, ranges), c.model, n, rng);
       const what = `${c.preset} ${JSON.stringify(run)} balance ${ranges.map((r) => r.to - r.from)}: predicted ${predicted.map(Math.round)} measured ${measured}`;
       assert.equal(predicted.length, measured.length, what);
       predicted.forEach((p, i) => assert.ok(Math.abs(p - measured[i]) <= 0.15 * measured[i], `stage ${i}: ${what}`));
@@ -222,14 +215,7 @@ for (const c of LOCAL_CASES) {
       const b = n / cfg.microBatches;
       const profile = await profileModel(c.model, { backend: 'wasm', microBatchSizes: [b], optimizer: optimizerConfigOf(cfg), repeats: 1, warmup: 0 });
       const predicted = predictRelayPeakBytes(costsAt(profile, b), { m: cfg.microBatches, stash });
-      const s = await createStrategy(cfg, c.model, params);
-      let measured: number;
-      try {
-        await s.trainStep(randomBatch(c.model, n, rng), 1e-3);
-        measured = (await s.trainStep(randomBatch(c.model, n, rng), 1e-3)).peakBytes[0];
-      } finally {
-        await s.close();
-      }
+      const [measured] = await steadyPeakBytes(await createStrategy(cfg, c.model, params), c.model, n, rng);
       const what = `${c.preset} l2l M=4 stash ${stash}: predicted ${Math.round(predicted)} measured ${measured}`;
       assert.ok(Math.abs(predicted - measured) <= 0.15 * measured, what);
       console.log(what);

@@ -12,7 +12,7 @@ import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { resolveStages, createStrategy } from '../strategies/index.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { Rng } from '../util/rng.js';
-import { randomBatch } from '../testing/fixtures.js';
+import { steadyPeakBytes } from '../testing/fixtures.js';
 import { costsAt, optimizerSlots } from './costs.js';
 import { predictPeakBytes } from './memory.js';
 import { profileModel } from './profile.js';
@@ -61,14 +61,7 @@ for (const c of CASES) {
       const predicted = predictPeakBytes(costsAt(profile, n / m), ranges, {
         m, remat: single ? 'never' : cfg.remat, schedule: single ? 'gpipe' : cfg.schedule, slots: optimizerSlots(opt),
       });
-      const s = await createStrategy(cfg, c.model, params, ranges);
-      let measured: number[];
-      try {
-        await s.trainStep(randomBatch(c.model, n, rng), 1e-3); // creates the optimizer slots
-        measured = (await s.trainStep(randomBatch(c.model, n, rng), 1e-3)).peakBytes;
-      } finally {
-        await s.close();
-      }
+      const measured = await steadyPeakBytes(await createStrategy(cfg, c.model, params, ranges), c.model, n, rng);
       const what = `${c.preset} ${JSON.stringify(run)} balance ${ranges.map((r) => r.to - r.from)}: predicted ${predicted} measured ${measured}`;
       assert.equal(predicted.length, measured.length, what);
       predicted.forEach((p, i) => assert.ok(Math.abs(p - measured[i]) <= 0.15 * measured[i], `stage ${i}: ${what}`));

@@ -12,6 +12,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { LayerwiseError } from '../util/errors.js';
 import { ADAMW_KERNEL, SGD_KERNEL } from '../backend/kernel-names.js';
+import { decayRate } from './weight-decay.js';
 
 export type OptimizerKind = 'sgd' | 'adamw';
 export const OPTIMIZER_KINDS: readonly OptimizerKind[] = ['sgd', 'adamw'];
@@ -84,7 +85,7 @@ export class DeviceOptimizer {
     for (const [name, p] of params) {
       const g0 = grads.get(name);
       if (!g0) continue;
-      const wd = p.rank >= 2 ? c.weightDecay : 0;
+      const wd = decayRate(c, p.rank);
       tf.tidy(() => {
         if (fused) {
           this.applyFused(name, p, g0, lr, scale, wd);

@@ -19,6 +19,7 @@
  */
 import type { NativeAddon } from '../backend/native-addon.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
+import { decayRate } from '../optim/weight-decay.js';
 
 /**
  * Slot names of an optimizer's state per parameter, as {@link DeviceOptimizer} names them:
@@ -41,7 +42,7 @@ function checkUpdate(cfg: OptimizerConfig, rank: number, p: Float32Array, g: Flo
   const n = p.length;
   if (g.length !== n) throw new Error(`hostUpdate: gradient has ${g.length} values, the parameter ${n}`);
   if (cfg.kind === 'adamw' && !(step >= 1)) throw new Error(`hostUpdate: AdamW needs a 1-based step, got ${step}`);
-  return { n, wd: rank >= 2 ? cfg.weightDecay : 0 };
+  return { n, wd: decayRate(cfg, rank) };
 }
 
 /**

@@ -4,6 +4,7 @@
 import type { Batch } from '../data/batcher.js';
 import { textDatasetFromString, type TextDataset } from '../data/text.js';
 import type { Model } from '../model/model.js';
+import type { Strategy } from '../strategies/strategy.js';
 import { Rng } from '../util/rng.js';
 
 const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
@@ -34,4 +35,18 @@ export function randomBatch(model: Model, n: number, rng: Rng): Batch {
   }
   const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : 2;
   return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
+}
+
+/**
+ * Peak device bytes per stage of the second of two training steps on random batches of n
+ * examples (the first creates the optimizer slots, so the second is the steady state the
+ * memory model predicts). Closes the strategy, also when a step throws.
+ */
+export async function steadyPeakBytes(s: Strategy, model: Model, n: number, rng: Rng): Promise<number[]> {
+  try {
+    await s.trainStep(randomBatch(model, n, rng), 1e-3);
+    return (await s.trainStep(randomBatch(model, n, rng), 1e-3)).peakBytes;
+  } finally {
+    await s.close();
+  }
 }
