@@ -260,6 +260,50 @@ Napi::Value Gather(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale)
+Napi::Value CausalAttention(const Napi::CallbackInfo& info) {
+  const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
+  Need(info, 0, batch * t * 3 * heads * dh, "qkv");
+  Need(info, 1, batch * t * heads * dh, "ctx");
+  Need(info, 2, batch * heads * t * t, "p");
+  const int s = causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, static_cast<float>(F64(info, 7)));
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
+  return info.Env().Undefined();
+}
+
+// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale)
+Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
+  const int64_t batch = I64(info, 4), t = I64(info, 5), heads = I64(info, 6), dh = I64(info, 7);
+  Need(info, 0, batch * t * heads * dh, "dctx");
+  Need(info, 1, batch * t * 3 * heads * dh, "qkv");
+  Need(info, 2, batch * heads * t * t, "p");
+  Need(info, 3, batch * t * 3 * heads * dh, "dqkv");
+  const int s = causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads, dh,
+                                    static_cast<float>(F64(info, 8)));
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
+  return info.Env().Undefined();
+}
+
+// softmaxCrossEntropy(logits, labels, probs, rows, classes) -> mean loss
+Napi::Value SoftmaxCrossEntropy(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 3), classes = I64(info, 4);
+  Need(info, 0, rows * classes, "logits");
+  Need(info, 1, rows, "labels");
+  Need(info, 2, rows * classes, "probs");
+  const double loss = softmaxCrossEntropy(F32(info, 0, "logits"), I32(info, 1, "labels"), F32(info, 2, "probs"), rows, classes);
+  return Napi::Number::New(info.Env(), loss);
+}
+
+// softmaxCrossEntropyGrad(probs, labels, dlogits, rows, classes, dyOverRows)
+Napi::Value SoftmaxCrossEntropyGrad(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 3), classes = I64(info, 4);
+  Need(info, 0, rows * classes, "probs");
+  Need(info, 1, rows, "labels");
+  Need(info, 2, rows * classes, "dlogits");
+  softmaxCrossEntropyGrad(F32(info, 0, "probs"), I32(info, 1, "labels"), F32(info, 2, "dlogits"), rows, classes, static_cast<float>(F64(info, 5)));
+  return info.Env().Undefined();
+}
+
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
   const int64_t n = I64(info, 0);
   if (n < 1) throw Napi::RangeError::New(info.Env(), "threads must be >= 1");
@@ -297,6 +341,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("softmaxGrad", Napi::Function::New(env, SoftmaxGrad));
   exports.Set("segmentSum", Napi::Function::New(env, SegmentSum));
   exports.Set("gather", Napi::Function::New(env, Gather));
+  exports.Set("causalAttention", Napi::Function::New(env, CausalAttention));
+  exports.Set("causalAttentionGrad", Napi::Function::New(env, CausalAttentionGrad));
+  exports.Set("softmaxCrossEntropy", Napi::Function::New(env, SoftmaxCrossEntropy));
+  exports.Set("softmaxCrossEntropyGrad", Napi::Function::New(env, SoftmaxCrossEntropyGrad));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("threads", Napi::Function::New(env, Threads));
   return exports;

@@ -75,6 +75,20 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
 // out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner] (indices checked by the caller).
 void gather(const float* x, const int32_t* indices, float* out, int64_t outer, int64_t axisSize, int64_t inner, int64_t count);
 
+// Causal multi-head self-attention (Vaswani et al., 2017) fused, reading q, k, v in place from
+// qkv [B, T, 3, H, dh]: P[b, h] = causalSoftmax(scale q k^T) [T, T] (kept for the gradient, in p
+// [B, H, T, T]) and ctx[b, :, h, :] = P v, ctx [B, T, H, dh]. Returns 0 or oneDNN's status.
+int causalAttention(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale);
+// Its gradient: dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and the saved P.
+int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
+                        int64_t dh, float scale);
+
+// Mean softmax cross-entropy of logits [rows, classes] against class indices labels [rows]
+// (a label outside [0, classes) contributes 0, as a one-hot of it is all zeros); writes the
+// softmax probabilities to probs. Its gradient: dlogits = (probs - onehot(labels)) * dyOverRows.
+double softmaxCrossEntropy(const float* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes);
+void softmaxCrossEntropyGrad(const float* probs, const int32_t* labels, float* dlogits, int64_t rows, int64_t classes, float dyOverRows);
+
 // Flush denormal floats to zero (FTZ, DAZ) on this thread and its OpenMP team.
 void flushDenormals();
 

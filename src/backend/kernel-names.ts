@@ -17,6 +17,22 @@ export const CAUSAL_SOFTMAX_KERNEL = 'LayerwiseCausalSoftmax';
 /** Its gradient: inputs {y, dy}, attrs {scale}; output scale * y * (dy - sum(dy * y)) over the last axis. */
 export const CAUSAL_SOFTMAX_GRAD_KERNEL = 'LayerwiseCausalSoftmaxGrad';
 /**
+ * Causal multi-head self-attention after the qkv projection (model/layers.ts
+ * causalSelfAttention): inputs {qkv} [B, T, 3D] laid out [B, T, 3, H, dh], attrs {heads};
+ * outputs [ctx [B, T, D] (heads side by side), p [B, H, T, T] (the attention probabilities, kept
+ * for the gradient)].
+ */
+export const CAUSAL_ATTENTION_KERNEL = 'LayerwiseCausalAttention';
+/** Its gradient: inputs {dy [B, T, D], qkv, p}, attrs {heads}; output dqkv [B, T, 3D]. */
+export const CAUSAL_ATTENTION_GRAD_KERNEL = 'LayerwiseCausalAttentionGrad';
+/**
+ * Mean softmax cross-entropy (model/layers.ts softmaxCrossEntropy): inputs {logits [N, C]
+ * float32, labels [N] int32}; outputs [loss (scalar, nats), probs [N, C] (kept for the gradient)].
+ */
+export const SOFTMAX_CROSS_ENTROPY_KERNEL = 'LayerwiseSoftmaxCrossEntropy';
+/** Its gradient: inputs {probs, labels, dy (scalar)}; output dlogits = (probs - onehot(labels)) * dy / N. */
+export const SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL = 'LayerwiseSoftmaxCrossEntropyGrad';
+/**
  * AdamW's update of one parameter in one pass (optim/optimizer.ts DeviceOptimizer): inputs
  * {p, g, m, v}, attrs {lr, beta1, beta2, epsilon, weightDecay, step (1-based), scale (gradient
  * scale)}; outputs [p, m, v] after the update.

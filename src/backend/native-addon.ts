@@ -69,6 +69,17 @@ export interface NativeAddon {
   causalSoftmax(x: Float32Array, out: Float32Array, batch: number, t: number, scale: number): void;
   /** dx = scale * y * (dy - sum(dy * y)) per row of [rows, cols]. */
   softmaxGrad(y: Float32Array, dy: Float32Array, dx: Float32Array, rows: number, cols: number, scale: number): void;
+  /**
+   * Fused causal self-attention: from qkv [B, T, 3, H, dh] writes ctx [B, T, H, dh] and the
+   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T).
+   */
+  causalAttention(qkv: Float32Array, ctx: Float32Array, p: Float32Array, batch: number, t: number, heads: number, dh: number, scale: number): void;
+  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p. */
+  causalAttentionGrad(dctx: Float32Array, qkv: Float32Array, p: Float32Array, dqkv: Float32Array, batch: number, t: number, heads: number, dh: number, scale: number): void;
+  /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
+  softmaxCrossEntropy(logits: Float32Array, labels: Int32Array, probs: Float32Array, rows: number, classes: number): number;
+  /** dlogits = (probs - onehot(labels)) * dyOverRows. */
+  softmaxCrossEntropyGrad(probs: Float32Array, labels: Int32Array, dlogits: Float32Array, rows: number, classes: number, dyOverRows: number): void;
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */

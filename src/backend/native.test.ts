@@ -14,7 +14,7 @@ import { hostUpdate } from '../param-server/host-optimizer.js';
 import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import type { NativeBackend } from './native.js';
 import { Rng } from '../util/rng.js';
-import { gelu, layerNorm, maskedSoftmax } from '../model/layers.js';
+import { causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from '../model/layers.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
@@ -129,6 +129,33 @@ test('the fused native GELU, layer norm and causal softmax and their gradients e
   const k = tf.tidy(() => tf.engine().runKernel('LayerwiseGelu', { x: tf.tensor1d([-1, 0, 2]) }) as tf.Tensor);
   assert.equal(k.shape[0], 3, 'the fused kernel ran on native');
   k.dispose();
+});
+
+test('the fused native attention and softmax cross-entropy and their gradients equal the composed ones on cpu', { skip }, async () => {
+  // (batch, time, width, heads): one pair per thread and pairs spread over the team; dh 4, 5, 1
+  for (const [b, t, d, h] of [[1, 7, 12, 3], [3, 5, 10, 2], [2, 9, 3, 3]] as const) {
+    await assertSameAsCpu(`attention B=${b} T=${t} D=${d} H=${h}`, [[b, t, d], [d, 3 * d], [3 * d], [d, d], [d], [b, t, d]], (x, wqkv, bqkv, wo, bo, w) => {
+      const loss = (xv: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wov: tf.Tensor) => tf.sum(tf.mul(causalSelfAttention(xv, h, wq, bq, wov, bo!), w!));
+      return [causalSelfAttention(x!, h, wqkv!, bqkv!, wo!, bo!), ...tf.grads(loss)([x!, tf.mul(wqkv!, 0.5), bqkv!, wo!])];
+    });
+  }
+  for (const [what, shape, classes] of [['[N, C]', [7], 5], ['[B, T, V]', [2, 3], 11]] as Array<[string, number[], number]>) {
+    await assertSameAsCpu(`softmax cross-entropy ${what}`, [[...shape, classes]], (x) => {
+      const n = tf.util.sizeFromShape(shape);
+      // one label outside [0, C): its one-hot is all zeros, no loss, on both backends
+      const labels = tf.tensor(Array.from({ length: n }, (_, i) => (i === 1 ? -1 : (i * 7) % classes)), [...shape], 'int32');
+      const f = (lg: tf.Tensor) => tf.mul(softmaxCrossEntropy(lg, labels), 1.7);
+      return [f(tf.mul(x!, 3)), tf.grad(f)(tf.mul(x!, 3))];
+    });
+  }
+  await initBackend('native');
+  const { kernelNames } = await tf.profile(() => tf.tidy(() => {
+    const x = tf.ones([1, 4, 6]);
+    return tf.grad((v: tf.Tensor) => softmaxCrossEntropy(causalSelfAttention(v, 2, tf.ones([6, 18]), tf.zeros([18]), tf.ones([6, 6]), tf.zeros([6])), tf.zeros([1, 4], 'int32')))(x);
+  }));
+  for (const k of ['LayerwiseCausalAttention', 'LayerwiseCausalAttentionGrad', 'LayerwiseSoftmaxCrossEntropy', 'LayerwiseSoftmaxCrossEntropyGrad']) {
+    assert.ok(kernelNames.includes(k), `${k} ran on native (kernels: ${kernelNames.join(', ')})`);
+  }
 });
 
 test('native reductions, transpose and softmax equal cpu on any axes', { skip }, async () => {

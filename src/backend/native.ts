@@ -11,7 +11,8 @@
  * Transpose; Softmax (last axis); UnsortedSegmentSum; GatherV2 (float32; other dtypes and
  * cases go to the cpu kernels); Pack along axis 0 (a copy); `_FusedMatMul`'s bias and
  * activation in place in the product's buffer; and layerwise's fused kernels
- * (backend/kernel-names.ts): GELU, layer norm, causal softmax and their gradients, and the
+ * (backend/kernel-names.ts): GELU, layer norm, causal softmax, causal multi-head attention
+ * (q, k, v read in place from the qkv projection), softmax cross-entropy and their gradients, and the
  * one-pass AdamW and SGD updates of the device optimizer. Outputs come from a
  * {@link BufferPool} (backend/buffer-pool.ts). Each worker thread (device) loads the addon
  * itself and has its own OpenMP team (`threads`).
@@ -25,6 +26,7 @@ import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
 import {
+  CAUSAL_ATTENTION_GRAD_KERNEL, CAUSAL_ATTENTION_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, SOFTMAX_CROSS_ENTROPY_KERNEL,
   ADAMW_KERNEL, SGD_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
 } from './kernel-names.js';
 
@@ -367,6 +369,60 @@ function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   return backend.makeTensorInfo(y.shape, 'float32', out);
 }
 
+/** Attention's [B, T, 3D] input as (batch, t, heads, dh), checked. */
+function attentionDims(qkv: tf.TensorInfo, heads: number, name: string): [number, number, number, number] {
+  const [b, t, d3] = qkv.shape as [number, number, number];
+  tf.util.assert(qkv.shape.length === 3 && d3 % 3 === 0 && Number.isInteger(heads) && heads > 0 && (d3 / 3) % heads === 0,
+    () => `${name}: qkv ${qkv.shape} must be [B, T, 3D] with D divisible by heads (${heads})`);
+  return [b, t, heads, d3 / 3 / heads];
+}
+
+function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
+  const { qkv } = args.inputs as { qkv: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs)['heads'] as number, CAUSAL_ATTENTION_KERNEL);
+  const ctx = backend.alloc(b * t * h * dh);
+  const p = backend.alloc(b * h * t * t);
+  if (ctx.length > 0) nativeAddon()!.causalAttention(values(backend, qkv), ctx, p, b, t, h, dh, 1 / Math.sqrt(dh));
+  return [backend.makeTensorInfo([b, t, h * dh], 'float32', ctx), backend.makeTensorInfo([b, h, t, t], 'float32', p)];
+}
+
+function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
+  const { dy, qkv, p } = args.inputs as { dy: tf.TensorInfo; qkv: tf.TensorInfo; p: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs)['heads'] as number, CAUSAL_ATTENTION_GRAD_KERNEL);
+  const dqkv = backend.alloc(b * t * 3 * h * dh);
+  if (dqkv.length > 0) nativeAddon()!.causalAttentionGrad(values(backend, dy), values(backend, qkv), values(backend, p), dqkv, b, t, h, dh, 1 / Math.sqrt(dh));
+  return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
+}
+
+/** Labels as the Int32Array the addon reads (float labels are converted). */
+function labelValues(backend: NativeBackend, labels: tf.TensorInfo): Int32Array {
+  const v = backend.data.get(labels.dataId).values;
+  return v instanceof Int32Array ? v : Int32Array.from(v as Float32Array);
+}
+
+function softmaxCrossEntropyKernel(args: KernelArgs): tf.TensorInfo[] {
+  const { logits, labels } = args.inputs as { logits: tf.TensorInfo; labels: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const [n, c] = logits.shape as [number, number];
+  tf.util.assert(logits.shape.length === 2 && labels.shape.length === 1 && labels.shape[0] === n,
+    () => `${SOFTMAX_CROSS_ENTROPY_KERNEL}: logits ${logits.shape} must be [N, C] and labels ${labels.shape} [N]`);
+  const probs = backend.alloc(n * c);
+  const loss = nativeAddon()!.softmaxCrossEntropy(values(backend, logits), labelValues(backend, labels), probs, n, c);
+  return [backend.makeTensorInfo([], 'float32', new Float32Array([loss])), backend.makeTensorInfo([n, c], 'float32', probs)];
+}
+
+function softmaxCrossEntropyGradKernel(args: KernelArgs): tf.TensorInfo {
+  const { probs, labels, dy } = args.inputs as { probs: tf.TensorInfo; labels: tf.TensorInfo; dy: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const [n, c] = probs.shape as [number, number];
+  const out = backend.alloc(n * c);
+  const d = values(backend, dy)[0]!;
+  if (out.length > 0) nativeAddon()!.softmaxCrossEntropyGrad(values(backend, probs), labelValues(backend, labels), out, n, c, d / n);
+  return backend.makeTensorInfo([n, c], 'float32', out);
+}
+
 function geluKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
@@ -425,6 +481,10 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   [LAYER_NORM_KERNEL]: layerNormKernel as unknown as tf.KernelFunc,
   [LAYER_NORM_GRAD_KERNEL]: layerNormGradKernel as unknown as tf.KernelFunc,
   [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,
+  [CAUSAL_ATTENTION_KERNEL]: causalAttentionKernel as unknown as tf.KernelFunc,
+  [CAUSAL_ATTENTION_GRAD_KERNEL]: causalAttentionGradKernel as tf.KernelFunc,
+  [SOFTMAX_CROSS_ENTROPY_KERNEL]: softmaxCrossEntropyKernel as unknown as tf.KernelFunc,
+  [SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL]: softmaxCrossEntropyGradKernel as tf.KernelFunc,
   [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
   [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
 };

@@ -185,6 +185,7 @@ export async function benchEps(o: { params: number; steps: number; out: string }
 export function registerParamServerBench(program: Command): void {
   program
     .command('param-server')
+    .alias('eps')
     .description("update rate (parameters/s) of the eager parameter server's AdamW vs TF.js's Adam and DeviceOptimizer on wasm")
     .option('--params <n>', 'parameters (a multiple of 8192)', (v) => Number(v), 16 * 2 ** 20)
     .option('--steps <n>', 'measured steps per optimizer', (v) => Number(v), 5)

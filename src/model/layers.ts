@@ -4,6 +4,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import {
+  CAUSAL_ATTENTION_GRAD_KERNEL, CAUSAL_ATTENTION_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, SOFTMAX_CROSS_ENTROPY_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
 } from '../backend/kernel-names.js';
 
@@ -30,6 +31,10 @@ function customGrad<A extends tf.Tensor[]>(
   return (...args: A) => g(...args);
 }
 
+/** Whether the current backend registers both kernels of a fused pair (backend/kernel-names.ts). */
+const hasFused = (forward: string, gradient: string): boolean =>
+  tf.getKernel(forward, tf.getBackend()) !== undefined && tf.getKernel(gradient, tf.getBackend()) !== undefined;
+
 /** y = x W + b over the last axis. x: [..., Din], w: [Din, Dout], b: [Dout] -> [..., Dout]. */
 export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
   const din = x.shape[x.shape.length - 1];
@@ -52,7 +57,7 @@ const leadingAxes = (rank: number): number[] => [...Array(rank - 1).keys()];
  * fused kernels (backend/kernel-names.ts: native), forward and gradient are one kernel each.
  */
 export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, epsilon = 1e-5): tf.Tensor {
-  if (x.dtype === 'float32' && tf.getKernel(LAYER_NORM_KERNEL, tf.getBackend()) && tf.getKernel(LAYER_NORM_GRAD_KERNEL, tf.getBackend())) {
+  if (x.dtype === 'float32' && hasFused(LAYER_NORM_KERNEL, LAYER_NORM_GRAD_KERNEL)) {
     // one fused kernel each way where the backend has them (native): the same math
     const fused = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
       const [y, xhat, rstd] = tf.engine().runKernel(LAYER_NORM_KERNEL, { x, g, b }, { epsilon }) as tf.Tensor[];
@@ -105,7 +110,7 @@ const GELU_C2 = GELU_C1 * 0.044715;
  * gradient are one kernel each.
  */
 export function gelu(x: tf.Tensor): tf.Tensor {
-  if (x.dtype === 'float32' && tf.getKernel(GELU_KERNEL, tf.getBackend()) && tf.getKernel(GELU_GRAD_KERNEL, tf.getBackend())) {
+  if (x.dtype === 'float32' && hasFused(GELU_KERNEL, GELU_GRAD_KERNEL)) {
     // one fused kernel each way where the backend has them (native): the same math
     const fused = customGrad((x: tf.Tensor, save: tf.GradSaveFunc) => {
       save([x]);
@@ -154,7 +159,7 @@ export function causalMask(t: number): tf.Tensor2D {
  */
 export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
   const t = scores.shape[scores.rank - 1]!;
-  if (scores.dtype === 'float32' && tf.getKernel(CAUSAL_SOFTMAX_KERNEL, tf.getBackend()) && tf.getKernel(CAUSAL_SOFTMAX_GRAD_KERNEL, tf.getBackend())) {
+  if (scores.dtype === 'float32' && hasFused(CAUSAL_SOFTMAX_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL)) {
     // one fused kernel each way where the backend has them (native): the same math
     const fused = customGrad((s: tf.Tensor, save: tf.GradSaveFunc) => {
       const y = tf.engine().runKernel(CAUSAL_SOFTMAX_KERNEL, { x: s }, { scale }) as tf.Tensor;
@@ -186,7 +191,10 @@ export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
 
 /**
  * Causal multi-head self-attention (Vaswani et al., 2017). x: [B, T, D]; wqkv: [D, 3D],
- * bqkv: [3D]; wo: [D, D], bo: [D]. Returns [B, T, D].
+ * bqkv: [3D]; wo: [D, D], bo: [D]. Returns [B, T, D]. On a backend that registers the fused
+ * attention kernels (native), softmax(q k^T / sqrt(dh) + causal mask) v is one kernel each way
+ * that reads q, k and v in place from the projection and keeps only the probabilities
+ * [B, H, T, T] for the gradient; elsewhere it is composed of stock ops (the same math).
  */
 export function causalSelfAttention(
   x: tf.Tensor, heads: number, wqkv: tf.Tensor, bqkv: tf.Tensor, wo: tf.Tensor, bo: tf.Tensor,
@@ -194,6 +202,18 @@ export function causalSelfAttention(
   const [B, T, D] = x.shape as [number, number, number];
   const dh = D / heads;
   const qkv = dense(x, wqkv, bqkv); // [B, T, 3D]
+  if (qkv.dtype === 'float32' && hasFused(CAUSAL_ATTENTION_KERNEL, CAUSAL_ATTENTION_GRAD_KERNEL)) {
+    const fused = customGrad((qkv: tf.Tensor, save: tf.GradSaveFunc) => {
+      const [ctx, p] = tf.engine().runKernel(CAUSAL_ATTENTION_KERNEL, { qkv }, { heads }) as tf.Tensor[];
+      save([qkv, p!]);
+      return {
+        value: ctx!,
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) =>
+          [tf.engine().runKernel(CAUSAL_ATTENTION_GRAD_KERNEL, { dy: dy as tf.Tensor, qkv: saved[0]!, p: saved[1]! }, { heads }) as tf.Tensor],
+      };
+    });
+    return dense(fused(qkv), wo, bo);
+  }
   // [B, T, 3, H, dh] -> [3, B, H, T, dh] (rows of dh move whole), then q, k, v: [BH, T, dh]
   const split = tf.transpose(tf.reshape(qkv, [B, T, 3, heads, dh]), [2, 0, 3, 1, 4]);
   const [q, k, v] = tf.unstack(split, 0).map((t) => tf.reshape(t, [B * heads, T, dh])) as [tf.Tensor, tf.Tensor, tf.Tensor];
@@ -206,11 +226,25 @@ export function causalSelfAttention(
 /**
  * Mean softmax cross-entropy. logits: [..., V] float32; labels: [...] int32 class indices.
  * Returns a scalar (nats per prediction). Custom gradient: saves log-softmax and the one-hot
- * labels; dlogits = (softmax - onehot) * dy / N over the N predictions.
+ * labels; dlogits = (softmax - onehot) * dy / N over the N predictions. On a backend that
+ * registers the fused kernels (native), one kernel each way, saving only the probabilities.
  */
 export function softmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar {
   const v = logits.shape[logits.shape.length - 1]!;
   const shape = logits.shape;
+  if (logits.dtype === 'float32' && hasFused(SOFTMAX_CROSS_ENTROPY_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL)) {
+    const flatLabels = tf.reshape(labels, [-1]);
+    const fused = customGrad((lg: tf.Tensor, save: tf.GradSaveFunc) => {
+      const [loss, probs] = tf.engine().runKernel(SOFTMAX_CROSS_ENTROPY_KERNEL, { logits: tf.reshape(lg, [-1, v]), labels: flatLabels }) as tf.Tensor[];
+      save([probs!, flatLabels]);
+      return {
+        value: loss!,
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) =>
+          [tf.reshape(tf.engine().runKernel(SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, { probs: saved[0]!, labels: saved[1]!, dy: dy as tf.Tensor }) as tf.Tensor, shape)],
+      };
+    });
+    return fused(logits) as tf.Scalar;
+  }
   const f = customGrad((lg: tf.Tensor, save: tf.GradSaveFunc) => {
     const flat = tf.reshape(lg, [-1, v]);
     const oneHot = tf.oneHot(tf.reshape(labels, [-1]) as tf.Tensor1D, v);

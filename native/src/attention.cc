@@ -1,0 +1,117 @@
+// Fused causal multi-head self-attention and fused softmax cross-entropy, forward and backward.
+// Attention reads q, k and v in place from the qkv projection [B, T, 3, H, dh] (row stride 3D)
+// and writes the context straight into [B, T, H, dh]: the transposes, unstack and packs of the
+// composed version (model/layers.ts causalSelfAttention) disappear, and so do their copies.
+// Each (batch, head) pair is a handful of row-major oneDNN sgemm calls with leading dimensions
+// that step over the other heads; pairs are spread over the OpenMP team (one single-threaded
+// sgemm per thread, nested regions are off), as in matmul.cc.
+#include "kernels.h"
+#include <dnnl.h>
+#include <omp.h>
+#include <cmath>
+#include <vector>
+
+namespace layerwise {
+
+namespace {
+// spread (batch, head) pairs over the team when there are enough of them; otherwise run them
+// one after another and let each sgemm use the whole team
+bool spreadPairs(int64_t pairs) {
+  const int team = omp_get_max_threads();
+  return team > 1 && pairs >= 2 * team;
+}
+}  // namespace
+
+int causalAttention(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
+  const int64_t d = heads * dh, ld = 3 * d, pairs = batch * heads;
+  int status = 0;
+#pragma omp parallel for schedule(static) if (spreadPairs(pairs))
+  for (int64_t bh = 0; bh < pairs; bh++) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const float* q = qkv + b * t * ld + h * dh;
+    const float* k = q + d;
+    const float* v = q + 2 * d;
+    float* s = p + bh * t * t;
+    // scores = q k^T [T, T]; then the causal softmax of scale * scores in place
+    int st = dnnl_sgemm('N', 'T', t, t, dh, 1.f, q, ld, k, ld, 0.f, s, t);
+    causalSoftmax(s, s, 1, t, scale);
+    // context = P v [T, dh], into its head's columns of [B, T, D]
+    if (st == dnnl_success) st = dnnl_sgemm('N', 'N', t, dh, t, 1.f, s, t, v, ld, 0.f, ctx + b * t * d + h * dh, d);
+    if (st != dnnl_success) {
+#pragma omp atomic write
+      status = st;
+    }
+  }
+  return status;
+}
+
+int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
+                        int64_t dh, float scale) {
+  const int64_t d = heads * dh, ld = 3 * d, pairs = batch * heads;
+  int status = 0;
+#pragma omp parallel if (spreadPairs(pairs))
+  {
+    std::vector<float> ds(static_cast<size_t>(t * t));  // this thread's dscores [T, T]
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < pairs; bh++) {
+      const int64_t b = bh / heads, h = bh % heads;
+      const float* q = qkv + b * t * ld + h * dh;
+      const float* k = q + d;
+      const float* v = q + 2 * d;
+      const float* pb = p + bh * t * t;
+      const float* dc = dctx + b * t * d + h * dh;
+      float* dq = dqkv + b * t * ld + h * dh;
+      float* dk = dq + d;
+      float* dv = dq + 2 * d;
+      // dv = P^T dctx; dP = dctx v^T; dscores = scale P (dP - rowsum(dP P)); dq = dscores k; dk = dscores^T q
+      int st = dnnl_sgemm('T', 'N', t, dh, t, 1.f, pb, t, dc, d, 0.f, dv, ld);
+      if (st == dnnl_success) st = dnnl_sgemm('N', 'T', t, t, dh, 1.f, dc, d, v, ld, 0.f, ds.data(), t);
+      if (st == dnnl_success) {
+        softmaxGrad(pb, ds.data(), ds.data(), t, t, scale);
+        st = dnnl_sgemm('N', 'N', t, dh, t, 1.f, ds.data(), t, k, ld, 0.f, dq, ld);
+      }
+      if (st == dnnl_success) st = dnnl_sgemm('T', 'N', t, dh, t, 1.f, ds.data(), t, q, ld, 0.f, dk, ld);
+      if (st != dnnl_success) {
+#pragma omp atomic write
+        status = st;
+      }
+    }
+  }
+  return status;
+}
+
+double softmaxCrossEntropy(const float* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes) {
+  double total = 0;
+#pragma omp parallel for schedule(static) reduction(+ : total) if (rows * classes > (1 << 15) && rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* x = logits + r * classes;
+    float* pr = probs + r * classes;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < classes; j++) m = std::max(m, x[j]);
+    double s = 0;
+    for (int64_t j = 0; j < classes; j++) {
+      pr[j] = std::exp(x[j] - m);
+      s += pr[j];
+    }
+    const float inv = static_cast<float>(1.0 / s);
+    for (int64_t j = 0; j < classes; j++) pr[j] *= inv;
+    const int32_t y = labels[r];
+    // -log softmax(x)[y] = logsumexp(x) - x[y]; a label outside [0, classes) has an all-zero one-hot: no loss
+    if (y >= 0 && y < classes) total += std::log(s) + m - x[y];
+  }
+  return rows > 0 ? total / static_cast<double>(rows) : NAN;
+}
+
+void softmaxCrossEntropyGrad(const float* probs, const int32_t* labels, float* dlogits, int64_t rows, int64_t classes, float dyOverRows) {
+#pragma omp parallel for schedule(static) if (rows * classes > (1 << 15) && rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* pr = probs + r * classes;
+    float* o = dlogits + r * classes;
+#pragma omp simd
+    for (int64_t j = 0; j < classes; j++) o[j] = pr[j] * dyOverRows;
+    const int32_t y = labels[r];
+    if (y >= 0 && y < classes) o[y] = (pr[y] - 1.f) * dyOverRows;
+  }
+}
+
+}  // namespace layerwise
