@@ -23,6 +23,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
+import { NATIVE_CONV_KERNELS } from './native-conv.js';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
 import {
   ADAMW_KERNEL, SGD_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
@@ -427,6 +428,7 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,
   [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
   [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
+  ...NATIVE_CONV_KERNELS, // convolution and pooling (backend/native-conv.ts)
 };
 
 let registered = false;
