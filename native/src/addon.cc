@@ -7,6 +7,10 @@
 #include <vector>
 #include "kernels.h"
 
+namespace layerwise {
+void registerConv(Napi::Env env, Napi::Object exports);  // conv_addon.cc: convolution and pooling
+}
+
 namespace {
 
 using namespace layerwise;
@@ -347,6 +351,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("softmaxCrossEntropyGrad", Napi::Function::New(env, SoftmaxCrossEntropyGrad));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("threads", Napi::Function::New(env, Threads));
+  layerwise::registerConv(env, exports);
   return exports;
 }
 

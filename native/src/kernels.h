@@ -88,6 +88,30 @@ int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, flo
 // softmax probabilities to probs. Its gradient: dlogits = (probs - onehot(labels)) * dyOverRows.
 double softmaxCrossEntropy(const float* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes);
 void softmaxCrossEntropyGrad(const float* probs, const int32_t* labels, float* dlogits, int64_t rows, int64_t classes, float dyOverRows);
+// Geometry of a 2-D convolution or pooling, NHWC (TF.js backend_util.computeConv2DInfo /
+// computePool2DInfo): x [batch, inHeight, inWidth, inChannels], filter [filterHeight, filterWidth,
+// inChannels, outChannels] (HWIO), y [batch, outHeight, outWidth, outChannels]; dilations as TF
+// (1: none); pads in input positions before (top, left) and after (bottom, right). Pooling uses
+// outChannels = inChannels and dilation 1.
+struct ConvGeometry {
+  int64_t batch, inHeight, inWidth, inChannels, filterHeight, filterWidth, outChannels, outHeight, outWidth;
+  int64_t strideHeight, strideWidth, dilationHeight, dilationWidth, padTop, padLeft, padBottom, padRight;
+};
+
+// Convolution on oneDNN's primitives (conv.cc): y = conv(x, w) (+ bias [outChannels] when not
+// null, then ReLU when relu); dx = its gradient for x from dy; dw = its gradient for w. Return 0,
+// or oneDNN's status (e.g. a geometry it does not take) with the output unspecified.
+int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu);
+int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g);
+int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g);
+
+// Pooling (TF.js cpu semantics): max over the window's input positions (NaN never wins); the
+// max pool gradient routes dy to the first maximum of each window in row-major order; the
+// average divides by the positions inside the input, its gradient by the whole window's size.
+void maxPool(const float* x, float* y, const ConvGeometry& g);
+void maxPoolGrad(const float* x, const float* dy, float* dx, const ConvGeometry& g);
+void avgPool(const float* x, float* y, const ConvGeometry& g);
+void avgPoolGrad(const float* dy, float* dx, const ConvGeometry& g);
 
 // Flush denormal floats to zero (FTZ, DAZ) on this thread and its OpenMP team.
 void flushDenormals();

@@ -24,6 +24,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
+import { NATIVE_CONV_KERNELS } from './native-conv.js';
 import { nativeAddon, nativeUnavailable } from './native-addon.js';
 import {
   CAUSAL_ATTENTION_GRAD_KERNEL, CAUSAL_ATTENTION_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, SOFTMAX_CROSS_ENTROPY_KERNEL,
@@ -487,6 +488,7 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   [SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL]: softmaxCrossEntropyGradKernel as tf.KernelFunc,
   [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
   [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
+  ...NATIVE_CONV_KERNELS, // convolution and pooling (backend/native-conv.ts)
 };
 
 let registered = false;
