@@ -8,6 +8,7 @@ import { Command, InvalidArgumentError } from 'commander';
 import cliProgress from 'cli-progress';
 import { LayerwiseError } from '../util/errors.js';
 import { PRESETS } from '../model/presets.js';
+import { LOSSES } from '../model/loss-names.js';
 import { sampleText } from '../train/sample.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
@@ -41,7 +42,7 @@ function hooks(): TrainHooks {
   return {
     onStart({ config, model, params, bytes, ranges, startStep, budget }) {
       const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
-      console.log(`model ${config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
+      console.log(`model ${config.model ?? config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
       console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
@@ -78,7 +79,9 @@ program
   .command('train')
   .description('train a model; writes metrics.jsonl, summary.json and a checkpoint into --out')
   .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
-  .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path or idx:IMAGES,LABELS (default: the preset's)")
+  .option('--model <module.js>', 'your own model instead of a preset: an ES module whose default export is a tf.layers model, a function returning one, or a block list')
+  .option('--loss <name>', `with --model: ${LOSSES.join(' | ')} (default: what the model declares, else from the data)`)
+  .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path, idx:IMAGES,LABELS, a .jsonl file or npy:X.npy,Y.npy (default: the preset's)")
   .option('--strategy <name>', STRATEGY_SPECS.map((s) => `${s.name}: ${s.help}`).join('; '))
   .option('--stash <place>', 'l2l: where layer-boundary activations wait for backward: host (device memory constant in depth) | device')
   .option('--server-threads <n>', "l2l: worker threads of the parameter server's optimizer", int)
@@ -113,7 +116,7 @@ program
   .option('--out <dir>', 'output folder')
   .option('--resume <dir>', 'continue the run in this folder exactly where it stopped')
   .action(async (o) => {
-    if (!o.preset && !o.resume) throw new LayerwiseError('--preset is required (or --resume DIR); see layerwise train --help');
+    if (!o.preset && !o.model && !o.resume) throw new LayerwiseError('--preset or --model is required (or --resume DIR); see layerwise train --help');
     const { resume, checkpoint, ...rest } = o;
     const raw = { ...rest, remat: checkpoint }; // --checkpoint keeps torchgpipe's name for re-materialization
     const r = await train(raw, resume, hooks());
@@ -144,7 +147,8 @@ program
 program
   .command('plan')
   .description('for a device-memory budget: which strategy fits, with which balance and micro-batches, and how fast (profiles the model)')
-  .requiredOption('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
+  .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
+  .option('--model <module.js>', 'your own model instead of a preset (see train --model)')
   .requiredOption('--device-memory <size>', 'memory per device, e.g. 512MB, 1.5GiB, 2e9')
   .requiredOption('--stages <K>', 'devices available (pipeline stages)', int)
   .requiredOption('--batch-size <N>', 'mini-batch size (examples)', int)

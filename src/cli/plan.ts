@@ -4,11 +4,11 @@
  * thread), runs the planner and renders the result as text.
  */
 import { loadDataset } from '../data/index.js';
-import { modelParamCount, buildModel } from '../model/model.js';
+import { modelParamCount, loadModel } from '../model/model.js';
 import { paramCount } from '../model/block.js';
 import { optimizerSlots, type ModelProfile } from '../cost/costs.js';
 import { profileModel } from '../cost/profile.js';
-import { optimizerConfigOf, resolveConfig, modelConfigFor } from '../config/config.js';
+import { optimizerConfigOf, resolveConfig, runModelConfig } from '../config/config.js';
 import { profileAuxHeads } from '../plan/budget.js';
 import { checkRequest, describe, plan, type Plan, type PlanRequest } from '../plan/plan.js';
 import { divisors } from '../cost/strategy-plan.js';
@@ -17,7 +17,10 @@ import { formatSize, parseSize } from '../util/size.js';
 
 /** The flags of `layerwise plan`. */
 export interface PlanOptions {
-  preset: string;
+  /** A preset's name, or undefined with `model`. */
+  preset?: string;
+  /** Path of a model module (model/module.ts). */
+  model?: string;
   /** A size such as 512MB, 1.5GiB or 2e9. */
   deviceMemory: string;
   stages: number;
@@ -48,11 +51,11 @@ export function profileSizes(batchSize: number, microBatches?: number): number[]
 export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: ModelProfile; text: string }> {
   const deviceMemory = parseSize(o.deviceMemory);
   const cfg = resolveConfig({
-    preset: o.preset, data: o.data, batchSize: o.batchSize, backend: o.backend, optimizer: o.optimizer,
+    preset: o.preset, model: o.model, data: o.data, batchSize: o.batchSize, backend: o.backend, optimizer: o.optimizer,
     layers: o.layers, dModel: o.dModel, heads: o.heads, context: o.context,
   });
   const ds = await loadDataset(cfg.data);
-  const model = buildModel(modelConfigFor(cfg, ds));
+  const model = await loadModel(await runModelConfig(cfg, ds));
   const opt = optimizerConfigOf(cfg);
   const req: PlanRequest = {
     deviceMemory, stages: o.stages, batchSize: cfg.batchSize, microBatches: o.microBatches, slots: optimizerSlots(opt), clip: opt.clipNorm > 0,

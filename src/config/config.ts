@@ -11,6 +11,9 @@ import { parseSize } from '../util/size.js';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
 import type { Dataset } from '../data/index.js';
 import type { ModelConfig } from '../model/model.js';
+import { LOSSES, isClassification, type LossName } from '../model/loss-names.js';
+import { BUILTIN_DATASETS } from '../data/index.js';
+import { basename } from 'node:path';
 
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
 export const STASH_PLACES = ['device', 'host'] as const;
@@ -20,7 +23,12 @@ export const BALANCE_KINDS = ['params', 'time', 'memory'] as const;
 export type BalanceKind = (typeof BALANCE_KINDS)[number];
 
 export interface TrainConfig {
+  /** A preset's name (model/presets.ts), or 'module' for a model module (`model`). */
   preset: string;
+  /** Path of a model module (model/module.ts) to train instead of a preset. */
+  model?: string;
+  /** The loss, overriding the one the model declares (model/losses.ts). */
+  loss?: LossName;
   /** Data set name or path (see data/index.ts); defaults to the preset's. */
   data: string;
   /** The strategy's name (strategies/index.ts STRATEGY_SPECS validates it). */
@@ -125,14 +133,21 @@ function renameLegacyKeys<T extends object>(raw: T): T {
  * Fills defaults and validates everything that can be checked without the data or the model.
  * Throws {@link LayerwiseError} naming the flag and the valid values.
  */
-export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory'>> & { preset: string; balance?: string | number[]; deviceMemory?: string | number }): TrainConfig {
+export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & { preset?: string; balance?: string | number[]; deviceMemory?: string | number }): TrainConfig {
   raw = renameLegacyKeys(raw);
-  const preset = getPreset(raw.preset);
+  const module = raw.model !== undefined;
+  check(!module || raw.preset === undefined || raw.preset === MODULE_PRESET, `--model and --preset ${raw.preset} both name a model; give one`);
+  check(module || raw.preset !== undefined, '--preset or --model is required; see layerwise train --help');
+  const preset = module ? undefined : getPreset(raw.preset!);
+  const modelName = module ? basename(raw.model!).replace(/\.[^.]*$/, '') : raw.preset!;
+  check(!module || raw.data !== undefined, `--data is required with --model: a built-in data set (${BUILTIN_DATASETS.join(', ')}), a .jsonl file or npy:X.npy,Y.npy`);
+  if (raw.loss !== undefined) oneOf('loss', raw.loss, LOSSES);
   const c: TrainConfig = {
     ...DEFAULTS,
     ...Object.fromEntries(Object.entries(raw).filter(([, v]) => v !== undefined)),
-    data: raw.data ?? preset.defaultData,
-    out: raw.out ?? `runs/${raw.preset}-${raw.strategy ?? DEFAULTS.strategy}`,
+    preset: module ? MODULE_PRESET : raw.preset!,
+    data: raw.data ?? preset!.defaultData,
+    out: raw.out ?? `runs/${modelName}-${raw.strategy ?? DEFAULTS.strategy}`,
     balance: typeof raw.balance === 'string'
       ? ((BALANCE_KINDS as readonly string[]).includes(raw.balance) ? raw.balance : parseBalance(raw.balance))
       : raw.balance ?? 'params',
@@ -181,8 +196,66 @@ export function optimizerConfigOf(cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm
   return o;
 }
 
+/** The `preset` of a configuration that trains a model module. */
+export const MODULE_PRESET = 'module';
+
+/**
+ * The model configuration of a run: the preset's on this data set, or the model module's, with
+ * its loss resolved (--loss, else what the module declares, else softmax cross-entropy on
+ * logits for classes and mean squared error for values) and checked against the data.
+ * @throws LayerwiseError when the module does not load or does not fit the data (input shape,
+ *   classes, loss).
+ */
+export async function runModelConfig(cfg: TrainConfig, ds: Dataset): Promise<ModelConfig> {
+  if (cfg.model === undefined) return modelConfigFor(cfg, ds);
+  const { loadModelModule, resolveModulePath } = await import('../model/module.js'); // loads TF.js
+  const path = await resolveModulePath(cfg.model);
+  const m = await loadModelModule(path);
+  const classes = ds.kind === 'text' ? ds.vocab.size : ds.kind === 'image' ? ds.classes : datasetClasses(ds);
+  const loss = cfg.loss ?? m.loss ?? (classes !== undefined ? 'softmax-cross-entropy' : 'mse');
+  const where = `model module ${cfg.model}`;
+  const exampleShape = ds.kind === 'text' ? [cfg.context ?? m.inputShape[0]!] : ds.kind === 'image' ? ds.shape : datasetExampleShape(ds);
+  check(JSON.stringify(exampleShape) === JSON.stringify(m.inputShape),
+    () => `${where} takes inputs of shape [${m.inputShape.join(', ')}] but ${ds.name} gives [${exampleShape.join(', ')}]; make the model's input shape match the data`);
+  const wantDtype = ds.kind === 'text' ? 'int32' : 'float32';
+  check(m.inputDtype === wantDtype, () => `${where} takes ${m.inputDtype} inputs but ${ds.name} gives ${wantDtype}${wantDtype === 'int32' ? ' token ids' : ' values'}; set the input layer's dtype to ${wantDtype}`);
+  // the output must fit the loss: probe the blocks' output shapes for a batch of 2
+  const out = m.blocks.reduce((s, b) => b.outputShape(s), [2, ...m.inputShape]);
+  if (isClassification(loss)) {
+    check(classes !== undefined, () => `loss ${loss} needs class labels but ${ds.name} has value targets; use --loss mse`);
+    const labelRank = ds.kind === 'text' ? 2 : 1;
+    check(out.length === labelRank + 1 && out[out.length - 1]! >= classes!,
+      () => `${where} outputs [${out.join(', ')}] for a batch of 2, but loss ${loss} on ${ds.name} needs [${ds.kind === 'text' ? `2, ${exampleShape[0]}, ` : '2, '}C] scores with C >= ${classes} classes; change the last layer's units or --loss`);
+  } else {
+    const target = datasetTargetShape(ds);
+    check(target !== undefined && JSON.stringify(out.slice(1)) === JSON.stringify(target),
+      () => `${where} outputs [${out.slice(1).join(', ')}] per example but loss mse on ${ds.name} needs ${target ? `[${target.join(', ')}]` : 'value targets (this data set has class labels; use a classification loss)'}`);
+  }
+  return { arch: 'module', path, loss, inputShape: m.inputShape, inputDtype: m.inputDtype };
+}
+
+/** A tensor data set's view (data/tensors.ts), read structurally. */
+interface TensorView {
+  kind: 'tensor';
+  xShape: number[];
+  target: { kind: 'classes'; classes: number } | { kind: 'values'; shape: number[] };
+}
+const tensorView = (ds: Dataset): TensorView | undefined => ((ds as { kind: string }).kind === 'tensor' ? (ds as unknown as TensorView) : undefined);
+/** Classes of a tensor data set with class labels (undefined for value targets). */
+const datasetClasses = (ds: Dataset): number | undefined => {
+  const t = tensorView(ds)?.target;
+  return t?.kind === 'classes' ? t.classes : undefined;
+};
+const datasetExampleShape = (ds: Dataset): number[] => tensorView(ds)?.xShape ?? [];
+/** One example's target shape for value (regression) targets; undefined for class labels. */
+const datasetTargetShape = (ds: Dataset): number[] | undefined => {
+  const t = tensorView(ds)?.target;
+  return t?.kind === 'values' ? t.shape : undefined;
+};
+
 /** The model configuration a preset gives on a data set, with shape overrides. */
 export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
+  if (cfg.model !== undefined) throw new LayerwiseError(`a model module's configuration is resolved by runModelConfig (it loads the module)`);
   const preset = getPreset(cfg.preset);
   if (preset.data !== ds.kind) {
     throw new LayerwiseError(`preset ${cfg.preset} trains on ${preset.data} data but --data ${cfg.data} is ${ds.kind} data; use e.g. --data ${preset.defaultData}`);

@@ -29,18 +29,26 @@ export function auxHead(model: Model, stage: number, lastBlock: number): Block {
   for (let b = 0; b < lastBlock; b++) shape = model.blocks[b].outputShape(shape);
   const image = shape.length === 4;
   const features = image ? shape[3] : shape.slice(1).reduce((a, b) => a * b, 1);
+  // a module model's head predicts what its own output does: its final shape, probabilities
+  // where its loss takes probabilities
+  let outShape = c.arch === 'module' ? model.blocks.reduce((s, b) => b.outputShape(s), model.inputShape(1)).slice(1) : [c.classes];
+  const probabilities = c.arch === 'module' && c.loss === 'sparse-categorical-crossentropy';
+  if (c.arch === 'module' && c.loss !== 'mse') outShape = [outShape[outShape.length - 1]!];
+  const units = outShape.reduce((a, b) => a * b, 1);
   return {
     name: `aux${stage}`,
     params: [
-      { name: 'w', shape: [features, c.classes], init: { kind: 'uniform', limit: Math.sqrt(6 / (features + c.classes)) } },
-      { name: 'b', shape: [c.classes], init: { kind: 'zeros' } },
+      { name: 'w', shape: [features, units], init: { kind: 'uniform', limit: Math.sqrt(6 / (features + units)) } },
+      { name: 'b', shape: [units], init: { kind: 'zeros' } },
     ],
-    outputShape: ([b]) => [b, c.classes],
+    outputShape: ([b]) => [b, ...outShape],
     forward(p, x) {
       const pooled = image ? tf.mean(x, [1, 2]) : x.rank === 2 ? x : tf.reshape(x, [x.shape[0], -1]);
-      return dense(pooled, p.w, p.b);
+      const y = dense(pooled, p.w, p.b);
+      if (probabilities) return tf.softmax(y);
+      return outShape.length === 1 ? y : tf.reshape(y, [x.shape[0]!, ...outShape]);
     },
-    flops: ([b]) => 2 * b * features * c.classes,
+    flops: ([b]) => 2 * b * features * units,
   };
 }
 

@@ -6,7 +6,9 @@ export type Init =
   | { kind: 'ones' }
   | { kind: 'normal'; std: number }
   /** Glorot/He-style uniform in [-limit, limit]. */
-  | { kind: 'uniform'; limit: number };
+  | { kind: 'uniform'; limit: number }
+  /** Given values (a user model's own initial weights), row-major, as many as the shape has. */
+  | { kind: 'values'; values: Float32Array };
 
 /** One parameter of a block: its name (unique within the block), shape and initializer. */
 export interface ParamSpec {

@@ -18,6 +18,10 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
     case 'uniform':
       for (let i = 0; i < out.length; i++) out[i] = (rng.next() * 2 - 1) * init.limit;
       return;
+    case 'values':
+      if (init.values.length !== out.length) throw new Error(`initial values have ${init.values.length} elements, the parameter ${out.length}`);
+      out.set(init.values);
+      return;
   }
 }
 

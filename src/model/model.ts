@@ -7,6 +7,8 @@ import { LayerwiseError, check } from '../util/errors.js';
 import type { Block } from './block.js';
 import { paramCount } from './block.js';
 import { softmaxCrossEntropy } from './layers.js';
+import { lossFunction, type LossName } from './losses.js';
+import { loadModelModule, type LoadedModule } from './module.js';
 import { decoderBlock, embedding, lmHead } from './transformer.js';
 import { convBlock, denseBlock, features } from './vision.js';
 
@@ -34,7 +36,17 @@ export interface CnnConfig {
   hidden: number;
   classes: number;
 }
-export type ModelConfig = CharLmConfig | MlpConfig | CnnConfig;
+/** A user's model from an ES module (model/module.ts), with its loss and input resolved. */
+export interface ModuleConfig {
+  arch: 'module';
+  /** Absolute path of the module. */
+  path: string;
+  loss: LossName;
+  /** One example's input shape (batch axis excluded). */
+  inputShape: number[];
+  inputDtype: 'int32' | 'float32';
+}
+export type ModelConfig = CharLmConfig | MlpConfig | CnnConfig | ModuleConfig;
 
 /** A built model: its blocks in order, input type and loss. */
 export interface Model {
@@ -48,12 +60,36 @@ export interface Model {
   loss(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar;
 }
 
+/** Model modules this thread has loaded, by path (see {@link loadModel}). */
+const modules = new Map<string, LoadedModule>();
+
+/**
+ * Builds a model from its config, loading a model module first where the config names one
+ * (each thread imports it once). `initialValues`: keep a module model's own initial weights
+ * (the coordinator's initParams needs them; devices do not).
+ * @throws LayerwiseError as {@link buildModel} and model/module.ts loadModelModule.
+ */
+export async function loadModel(config: ModelConfig, opts: { initialValues?: boolean } = {}): Promise<Model> {
+  if (config.arch === 'module' && !modules.has(config.path)) modules.set(config.path, await loadModelModule(config.path, opts.initialValues ?? true));
+  return buildModel(config);
+}
+
 /**
  * Builds the blocks of a model. Throws {@link LayerwiseError} when the shape makes no sense
- * (for example d_model not divisible by the number of heads).
+ * (for example d_model not divisible by the number of heads), and for a module model this
+ * thread has not loaded with {@link loadModel}.
  */
 export function buildModel(config: ModelConfig): Model {
   switch (config.arch) {
+    case 'module': {
+      const m = modules.get(config.path);
+      if (!m) throw new LayerwiseError(`model module ${config.path} is not loaded in this thread; build it with loadModel()`);
+      return {
+        config, blocks: m.blocks, inputDtype: config.inputDtype,
+        inputShape: (n) => [n, ...config.inputShape],
+        loss: lossFunction(config.loss),
+      };
+    }
     case 'charlm': {
       const { layers, dModel, heads, context, vocab } = config;
       for (const [k, v] of Object.entries({ layers, dModel, heads, context, vocab })) {

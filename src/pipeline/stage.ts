@@ -97,6 +97,14 @@ export class Stage extends TrainableStage {
     const params = this.params.list();
     const wantInput = !this.isFirst;
     const xs = wantInput ? [...params, st.input] : params;
+    if (xs.length === 0) {
+      // a first stage without parameters (a user model's Flatten, say): nothing to differentiate
+      if (st.recorded) disposeRecorded(st.recorded);
+      seed.dispose();
+      st.input.dispose();
+      st.labels?.dispose();
+      return null;
+    }
     const timing = { ms: 0 };
     let grads: tf.Tensor[];
     try {

@@ -5,7 +5,7 @@
  */
 import { parentPort } from 'node:worker_threads';
 import { backendHeapBytes, initBackend } from '../backend/index.js';
-import { buildModel } from '../model/model.js';
+import { loadModel } from '../model/model.js';
 import { execute, ScheduleError, type StageLinks, type StageProgram } from '../pipeline/executor.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
 import { Channel, type Message } from './channel.js';
@@ -66,7 +66,7 @@ function need(): StageProgram {
 const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]> } = {
   async init(a: StageInit) {
     await initBackend(a.backend, a.backend === 'native' && a.threads ? { threads: a.threads } : {});
-    const model = buildModel(a.model);
+    const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
     const create = await loadStageKind(a.stage);
     stage = create({ index: a.index, model, range: a.range, params: new Map(Object.entries(a.params)), optimizer: a.optimizer }, a.stage.options);
     stageIndex = a.index;

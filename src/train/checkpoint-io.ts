@@ -16,7 +16,7 @@ import { join } from 'node:path';
 import { LayerwiseError } from '../util/errors.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
-import { buildModel, type ModelConfig } from '../model/model.js';
+import { loadModel, type ModelConfig } from '../model/model.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import { replaceDirAtomic } from '../util/fsx.js';
 
@@ -75,7 +75,7 @@ function info(bin: Uint8Array): FileInfo {
 
 /** Writes a checkpoint folder at `dir` atomically, replacing any previous one. */
 export async function saveCheckpoint(dir: string, ck: Checkpoint): Promise<void> {
-  const model = buildModel(ck.model);
+  const model = await loadModel(ck.model);
   const paramArrays = model.blocks.flatMap((b, bi) => b.params.map((spec) => {
     const key = paramKey(bi, spec.name);
     const values = ck.params.get(key);
@@ -178,7 +178,7 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
   if (!meta.model || !Array.isArray(meta.params) || !meta.optimizer || !meta.files || !Number.isInteger(meta.step) || !meta.config) {
     bad(dir, 'meta.json lacks step, config, model, params, optimizer or files');
   }
-  const model = buildModel(meta.model);
+  const model = await loadModel(meta.model);
   const pAll = await readBin(dir, 'params.bin', meta.files['params.bin']);
   const oAll = await readBin(dir, 'optimizer.bin', meta.files['optimizer.bin']);
   const byKey = new Map(meta.params.map((e) => [e.key, e]));

@@ -12,7 +12,7 @@ import { makeBatcher, validationBatches, type BatcherState } from '../data/batch
 import { loadDataset, Vocab, type Dataset } from '../data/index.js';
 import { LayerwiseError } from '../util/errors.js';
 import { initParams, type HostParams } from '../model/init.js';
-import { buildModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
+import { loadModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
@@ -22,12 +22,12 @@ import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import { checkpointDir, loadCheckpoint, resolveCheckpointDir, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
-import { modelConfigFor, resolveConfig, type TrainConfig } from '../config/config.js';
+import { runModelConfig, resolveConfig, type TrainConfig } from '../config/config.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
 import { TraceRecorder, type StageSummary } from './trace.js';
 
 /** Flags that define the model and data stream; a resumed run must not change them. */
-const FIXED_ON_RESUME = ['preset', 'data', 'layers', 'dModel', 'heads', 'context', 'batchSize', 'seed'] as const;
+const FIXED_ON_RESUME = ['preset', 'model', 'loss', 'data', 'layers', 'dModel', 'heads', 'context', 'batchSize', 'seed'] as const;
 
 /** Progress callbacks (the CLI draws a progress bar with them). */
 export interface TrainHooks {
@@ -104,11 +104,11 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
   validateStrategy(cfg);
   const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });
-  const modelConfig = modelConfigFor(cfg, ds);
+  const modelConfig = await runModelConfig(cfg, ds);
   if (ck && JSON.stringify(ck.model) !== JSON.stringify(modelConfig)) {
     throw new LayerwiseError(`checkpoint model ${JSON.stringify(ck.model)} does not match this configuration's ${JSON.stringify(modelConfig)}; resume with the same preset and data`);
   }
-  const model = buildModel(modelConfig);
+  const model = await loadModel(modelConfig);
   const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
   if (ck && ck.step >= cfg.steps) {
     throw new LayerwiseError(`checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`);

@@ -1,0 +1,2 @@
+/** A bad test model module: the default export is not a model. */
+export default 42;
