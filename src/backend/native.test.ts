@@ -193,7 +193,12 @@ test('kernels the addon does not provide, and other dtypes, fall back to the cpu
   assert.deepEqual(Array.from(i.dataSync()), [4, 6]);
   const c = tf.concat([tf.tensor1d([1]), tf.tensor1d([2, 3])]);
   assert.deepEqual(Array.from(c.dataSync()), [1, 2, 3]);
-  tf.dispose([i, c]);
+  // int32 and bool cast to float32 feed native kernels: a real float32 copy (the cpu kernel shares the int array)
+  const mean = tf.tidy(() => tf.mean(tf.cast(tf.equal(tf.tensor1d([1, 2, 3], 'int32'), tf.tensor1d([1, 0, 3], 'int32')), 'float32')));
+  assert.ok(Math.abs(mean.dataSync()[0]! - 2 / 3) < 1e-6);
+  const e = tf.tidy(() => tf.exp(tf.cast(tf.tensor1d([0, 1], 'int32'), 'float32')));
+  assert.deepEqual(Array.from(e.dataSync(), (v) => +v.toFixed(5)), [1, 2.71828]);
+  tf.dispose([i, c, mean, e]);
 });
 
 /** Runs `f` (which makes its own tensors) on backend `name`. */

@@ -464,6 +464,22 @@ function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
   return (velOut ? [pOut, velOut] : [pOut]).map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
 }
 
+/**
+ * `Cast` to float32 as a real Float32Array copy. The cpu kernel casts int32 and bool to float32
+ * without a copy (the new tensor shares the Int32Array or Uint8Array), which the native kernels,
+ * reading float32 tensors as Float32Array, must never see. Every other cast is the cpu kernel's.
+ */
+function castKernel(args: KernelArgs): tf.TensorInfo {
+  const { x } = args.inputs as { x: tf.TensorInfo };
+  const dtype = (args.attrs as Attrs)['dtype'] as tf.DataType;
+  if (dtype !== 'float32' || x.dtype === 'float32' || x.dtype === 'complex64' || x.dtype === 'string') return cpuKernel('Cast', args);
+  const backend = args.backend as NativeBackend;
+  const src = backend.data.get(x.dataId).values as Int32Array | Uint8Array;
+  const out = backend.alloc(src.length);
+  for (let i = 0; i < src.length; i++) out[i] = src[i]!;
+  return backend.makeTensorInfo(x.shape, 'float32', out);
+}
+
 /** The kernels the addon provides, by kernel name. */
 const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   BatchMatMul: batchMatMulKernel as tf.KernelFunc,
@@ -476,6 +492,7 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   UnsortedSegmentSum: segmentSumKernel as tf.KernelFunc,
   GatherV2: gatherKernel as tf.KernelFunc,
   Pack: packKernel as tf.KernelFunc,
+  Cast: castKernel as tf.KernelFunc,
   [GELU_KERNEL]: geluKernel as tf.KernelFunc,
   [CAUSAL_SOFTMAX_KERNEL]: causalSoftmaxKernel as tf.KernelFunc,
   [CAUSAL_SOFTMAX_GRAD_KERNEL]: causalSoftmaxGradKernel as tf.KernelFunc,

@@ -188,3 +188,35 @@ test('--trace writes a Chrome trace whose spans never overlap within a stage, an
   assert.match(svg, /^<svg /);
   assert.match(svg, />stage 1</);
 });
+
+const EXAMPLE = fileURLToPath(new URL('../../examples/mnist-cnn.mjs', import.meta.url));
+const BAD_OUTPUT = fileURLToPath(new URL('../testing/models/bad-wrong-output.js', import.meta.url));
+
+test('a user model module trains with gpipe and l2l from the CLI, reports accuracy, and exports for plain TF.js', () => {
+  const quick = ['--data', 'mnist', '--batch-size', '8', '--eval-batches', '2', '--steps', '3', '--backend', 'wasm'];
+  const out = join(tmp, 'user-gpipe');
+  const a = run(['train', '--model', EXAMPLE, ...quick, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2', '--out', out]);
+  assert.equal(a.code, 0, a.err);
+  assert.match(a.out, /model .*mnist-cnn\.mjs: 4 blocks/);
+  const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8'));
+  assert.ok(s.val_accuracy >= 0 && s.val_accuracy <= 1, `val_accuracy ${s.val_accuracy}`);
+  const lines = readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  assert.ok(lines.some((l) => typeof l.val_accuracy === 'number'), 'metrics.jsonl reports validation accuracy');
+  const b = run(['train', '--model', EXAMPLE, ...quick, '--strategy', 'l2l', '--micro-batches', '2', '--out', join(tmp, 'user-l2l')]);
+  assert.equal(b.code, 0, b.err);
+  const exp = join(tmp, 'user-export');
+  const e = run(['export', '--run', out, '--out', exp]);
+  assert.equal(e.code, 0, e.err);
+  assert.match(e.out, /as layers-model/);
+  const json = JSON.parse(readFileSync(join(exp, 'model.json'), 'utf8'));
+  assert.equal(json.format, 'layers-model');
+  assert.deepEqual(json.weightsManifest[0].paths, ['weights.bin']);
+  // a preset classifier reports accuracy too
+  const c = run(['train', '--preset', 'cnn-mnist', ...quick, '--out', join(tmp, 'cnn')]);
+  assert.equal(c.code, 0, c.err);
+  assert.match(c.out, /accuracy \d+(\.\d)?%/);
+});
+
+expectBadInput('a model module that does not exist', ['--model', 'no-such-model.js', '--data', 'mnist'], /model module no-such-model\.js does not exist/);
+expectBadInput('a model module whose output does not fit the data', ['--model', BAD_OUTPUT, '--data', 'mnist'], /outputs \[2, 2\] for a batch of 2, but loss softmax-cross-entropy on mnist needs \[2, C\] scores with C >= 10 classes/);
+expectBadInput('a model module without --data', ['--model', BAD_OUTPUT], /--data is required with --model/);

@@ -61,7 +61,8 @@ function hooks(): TrainHooks {
     },
     onStep(m, total) {
       const rate = m.tokens_per_s !== undefined ? `${m.tokens_per_s.toFixed(0)} tokens/s` : `${(m.examples_per_s ?? 0).toFixed(0)} examples/s`;
-      const val = m.val_loss !== undefined ? ` val ${m.val_loss.toFixed(4)}` : '';
+      const acc = m.val_accuracy !== undefined ? ` acc ${(100 * m.val_accuracy).toFixed(1)}%` : '';
+      const val = m.val_loss !== undefined ? ` val ${m.val_loss.toFixed(4)}${acc}` : '';
       if (bar) {
         bar.update(m.step, { loss: m.loss.toFixed(4) + val, rate });
         if (m.step === total) bar.stop();
@@ -122,7 +123,7 @@ program
     const r = await train(raw, resume, hooks());
     const s = r.summary;
     const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
-    console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}, ${rate}, ` +
+    console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}${s.val_accuracy !== undefined ? ` (accuracy ${(100 * s.val_accuracy).toFixed(1)}%)` : ''}${s.val_bpc !== undefined ? ` (${s.val_bpc.toFixed(3)} bits/char)` : ''}, ${rate}, ` +
       `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}${s.wasm_heap_bytes ? ` (wasm heap ${s.wasm_heap_bytes.map(formatBytes).join(' / ')})` : ''}, ` +
       `${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`);
     for (const st of r.stages) {
@@ -142,6 +143,17 @@ program
   .option('--backend <name>', BACKENDS.join(' | '), defaultBackend())
   .action(async (o) => {
     process.stdout.write((await sampleText(o)) + '\n');
+  });
+
+program
+  .command('export')
+  .description('write a trained run for plain TF.js: model.json + weights.bin (tf.loadLayersModel) for a tf.layers model, a weights manifest for presets')
+  .requiredOption('--run <dir>', 'run folder (or its checkpoint folder)')
+  .requiredOption('--out <dir>', 'folder to write (new, or an earlier export, which is replaced)')
+  .action(async (o) => {
+    const { exportRun } = await import('../train/export.js');
+    const r = await exportRun(o.run, o.out);
+    console.log(`exported ${r.params.toLocaleString('en-US')} parameters as ${r.format}: ${r.files.map((f) => `${o.out}/${f}`).join(', ')}`);
   });
 
 program

@@ -7,7 +7,7 @@ import { LayerwiseError, check } from '../util/errors.js';
 import type { Block } from './block.js';
 import { paramCount } from './block.js';
 import { softmaxCrossEntropy } from './layers.js';
-import { lossFunction, type LossName } from './losses.js';
+import { accuracy, isClassification, lossFunction, type LossName } from './losses.js';
 import { loadModelModule, type LoadedModule } from './module.js';
 import { decoderBlock, embedding, lmHead } from './transformer.js';
 import { convBlock, denseBlock, features } from './vision.js';
@@ -58,7 +58,15 @@ export interface Model {
   inputShape(n: number): number[];
   /** Scalar mean loss of the last block's output (logits) against the labels. */
   loss(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar;
+  /**
+   * Evaluation metrics of the last block's output against the labels, each a scalar mean over
+   * the micro-batch's predictions (e.g. `accuracy` for classifiers and language models).
+   */
+  metrics?(output: tf.Tensor, labels: tf.Tensor): Record<string, tf.Scalar>;
 }
+
+/** The evaluation metrics of a classifier (and of a language model: next-token accuracy). */
+const classification = (output: tf.Tensor, labels: tf.Tensor): Record<string, tf.Scalar> => ({ accuracy: accuracy(output, labels) });
 
 /** Model modules this thread has loaded, by path (see {@link loadModel}). */
 const modules = new Map<string, LoadedModule>();
@@ -88,6 +96,7 @@ export function buildModel(config: ModelConfig): Model {
         config, blocks: m.blocks, inputDtype: config.inputDtype,
         inputShape: (n) => [n, ...config.inputShape],
         loss: lossFunction(config.loss),
+        ...(isClassification(config.loss) ? { metrics: classification } : {}),
       };
     }
     case 'charlm': {
@@ -102,7 +111,7 @@ export function buildModel(config: ModelConfig): Model {
       return {
         config, blocks, inputDtype: 'int32',
         inputShape: (n) => [n, context],
-        loss: softmaxCrossEntropy,
+        loss: softmaxCrossEntropy, metrics: classification,
       };
     }
     case 'mlp': {
@@ -111,7 +120,7 @@ export function buildModel(config: ModelConfig): Model {
       return {
         config, blocks, inputDtype: 'float32',
         inputShape: (n) => [n, ...config.inputShape],
-        loss: softmaxCrossEntropy,
+        loss: softmaxCrossEntropy, metrics: classification,
       };
     }
     case 'cnn': {
@@ -131,7 +140,7 @@ export function buildModel(config: ModelConfig): Model {
       return {
         config, blocks, inputDtype: 'float32',
         inputShape: (n) => [n, ...config.inputShape],
-        loss: softmaxCrossEntropy,
+        loss: softmaxCrossEntropy, metrics: classification,
       };
     }
     default:

@@ -115,3 +115,53 @@ test('a skip connection across blocks, a builder that throws, no default export,
   assert.throws(() => blocksFromLayersModel(seq, { groups: [['b'], ['a']] }), /block groups must list every layer once, in model order/);
   assert.throws(() => blocksFromLayersModel(seq, { groups: [3] }), /must be positive layer counts summing to the model's 2 layers/);
 });
+
+test('export: a trained tf.layers model loads in plain TF.js (tf.loadLayersModel) and predicts as layerwise does; presets export a weights manifest', async () => {
+  const { mkdtemp, rm, readFile, writeFile, mkdir } = await import('node:fs/promises');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const { saveCheckpoint } = await import('../train/checkpoint-io.js');
+  const { exportRun, loadExportedLayersModel } = await import('../train/export.js');
+  const { paramKey } = await import('./block.js');
+  await initBackend('cpu');
+  const root = await mkdtemp(join(tmpdir(), 'layerwise-export-'));
+  try {
+    const model = await moduleModel('residual');
+    // "trained" parameters: the initial ones moved, so a wrong mapping shows
+    const params = initParams(model.blocks, 1);
+    const rng = new Rng(3);
+    for (const v of params.values()) for (let i = 0; i < v.length; i++) v[i]! += 0.1 * rng.normal();
+    const ck = { step: 3, config: {}, model: model.config, vocab: null, data: null, stats: { wallS: 0 }, params, optimizer: { step: 3, slots: {} } };
+    await saveCheckpoint(join(root, 'run', 'checkpoint'), ck);
+    const r = await exportRun(join(root, 'run'), join(root, 'out'));
+    assert.equal(r.format, 'layers-model');
+    const loaded = await loadExportedLayersModel(join(root, 'out'));
+    const x = tf.randomNormal([5, 4, 4, 1], 0, 1, 'float32', 9);
+    const theirs = (loaded.predict(x) as tf.Tensor).dataSync();
+    let h: tf.Tensor = x;
+    model.blocks.forEach((b, bi) => (h = b.forward(Object.fromEntries(b.params.map((s) => [s.name, tf.tensor(params.get(paramKey(bi, s.name))!, s.shape)])), h)));
+    const ours = h.dataSync();
+    const diff = Math.max(...Array.from(ours, (v, i) => Math.abs(v - theirs[i]!)));
+    assert.ok(diff <= 1e-5, `exported predictions differ from layerwise's by ${diff}`);
+    // a folder with other files is refused and left as it was
+    await mkdir(join(root, 'busy'));
+    await writeFile(join(root, 'busy', 'notes.txt'), 'keep me');
+    await assert.rejects(exportRun(join(root, 'run'), join(root, 'busy')), /is a folder with other files \(notes.txt\); give a new folder/);
+    assert.equal(await readFile(join(root, 'busy', 'notes.txt'), 'utf8'), 'keep me');
+    // a preset: a tf.io weights manifest whose tensors are the checkpoint's
+    const { buildModel } = await import('./model.js');
+    const mlp = buildModel({ arch: 'mlp', inputShape: [4, 4, 1], hidden: [6], classes: 3 });
+    const p2 = initParams(mlp.blocks, 2);
+    await saveCheckpoint(join(root, 'run2', 'checkpoint'), { ...ck, model: mlp.config, params: p2 });
+    const r2 = await exportRun(join(root, 'run2'), join(root, 'out2'));
+    assert.equal(r2.format, 'weights');
+    const manifest = JSON.parse(await readFile(join(root, 'out2', 'weights.json'), 'utf8'));
+    assert.deepEqual(manifest.model, mlp.config);
+    const bin = await readFile(join(root, 'out2', 'weights.bin'));
+    const named = tf.io.decodeWeights(bin.buffer.slice(bin.byteOffset, bin.byteOffset + bin.byteLength), manifest.weightsManifest[0].weights);
+    assert.deepEqual(Object.keys(named), ['dense0/w', 'dense0/b', 'dense1/w', 'dense1/b']);
+    assert.deepEqual(Array.from(named['dense1/w']!.dataSync()), Array.from(p2.get(paramKey(1, 'w'))!));
+  } finally {
+    await rm(root, { recursive: true, force: true });
+  }
+});

@@ -143,6 +143,8 @@ export interface StageProgram {
   readonly handlers: Handlers;
   /** Loss of each micro-batch recorded in this step (the model's, or a local loss), by micro-batch. */
   readonly losses: Map<number, number>;
+  /** Evaluation metrics of each micro-batch (last stage, evaluation schedules; model/model.ts Model.metrics). */
+  readonly metrics?: Map<number, Record<string, number>>;
   /** This stage's share of the global squared gradient norm (for reduce_grad_norm). */
   gradSquaredNorm?(): number;
   /** Gradients this stage still expects from the next stage outside its schedule (for drain_grads). */

@@ -10,6 +10,7 @@
  * backpropagates it through its last n blocks only (re-computing them from their stashed
  * input) and adds the result to the gradients of its next local step.
  */
+import { evaluateOutput } from './evaluation.js';
 import { tf } from '../backend/tfjs.js';
 import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
@@ -162,7 +163,13 @@ export class LocalStage extends TrainableStage {
   evalForward(mb: number, x: tf.Tensor, labels: tf.Tensor): tf.Tensor | null {
     const out = tf.tidy(() => {
       const h = this.params.applyBlocks(this.range.from, this.range.to, x);
-      this.losses.set(mb, this.localLoss(h, labels, (k) => this.params.vars.get(k)!).dataSync()[0]);
+      if (this.isLast) {
+        const ev = evaluateOutput(this.model, h, labels);
+        this.losses.set(mb, ev.loss);
+        this.metrics.set(mb, ev.metrics);
+      } else {
+        this.losses.set(mb, this.localLoss(h, labels, (k) => this.params.vars.get(k)!).dataSync()[0]);
+      }
       return h;
     });
     x.dispose();

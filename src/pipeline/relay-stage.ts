@@ -17,6 +17,7 @@
  * mini-batch loss is the mean of the M micro-batch losses; backward re-computes each layer
  * from its stashed input (the activations of a layer's inside never outlive its call).
  */
+import { evaluateOutput } from './evaluation.js';
 import { tf } from '../backend/tfjs.js';
 import type { Model } from '../model/model.js';
 import { paramKey, type BlockParams } from '../model/block.js';
@@ -51,6 +52,8 @@ export class RelayStage implements StageProgram {
   readonly kind = 'L2L relay stage';
   /** Loss of each micro-batch this step (recorded at the last layer). */
   readonly losses = new Map<number, number>();
+  /** Evaluation metrics of each micro-batch (evaluation only). */
+  readonly metrics = new Map<number, Record<string, number>>();
   /** The gradient of the layer in backward, summed over micro-batches until it is pushed. */
   private readonly grads = new GradAccumulator();
   /** Parameters of the layers on the device now, by layer, then by parameter name in the block. */
@@ -187,9 +190,11 @@ export class RelayStage implements StageProgram {
       if (l === this.layers - 1) {
         const labels = io.takeLabels(mb);
         try {
-          const loss = tf.tidy(() => this.model.loss(block.forward(p, x), labels));
-          this.losses.set(mb, loss.dataSync()[0]);
-          loss.dispose();
+          const out = tf.tidy(() => block.forward(p, x));
+          const ev = evaluateOutput(this.model, out, labels);
+          out.dispose();
+          this.losses.set(mb, ev.loss);
+          this.metrics.set(mb, ev.metrics);
         } finally {
           labels.dispose();
         }

@@ -10,6 +10,7 @@
  */
 import { tf } from '../backend/tfjs.js';
 import type { Handlers } from './executor.js';
+import { evaluateOutput } from './evaluation.js';
 import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './rematerialize.js';
 import { StageParams } from './stage-params.js';
 import type { StageContext } from './stage-kind.js';
@@ -62,6 +63,15 @@ export class Stage extends TrainableStage {
     const params = this.params.list();
     if (!opts.grad) {
       try {
+        if (this.isLast) {
+          // evaluation: the loss and the metrics of the model's output
+          const out = tf.tidy(() => this.params.applyBlocks(this.range.from, this.range.to, x));
+          const ev = evaluateOutput(this.model, out, opts.labels!);
+          out.dispose();
+          this.losses.set(mb, ev.loss);
+          this.metrics.set(mb, ev.metrics);
+          return null;
+        }
         return this.finish(mb, tf.tidy(() => f(...params, x)));
       } finally {
         x.dispose();

@@ -20,6 +20,8 @@ export abstract class TrainableStage implements StageProgram {
   protected readonly optimizer: DeviceOptimizer;
   /** Loss of each micro-batch this step. */
   readonly losses = new Map<number, number>();
+  /** Evaluation metrics of each micro-batch (last stage, evaluation only). */
+  readonly metrics = new Map<number, Record<string, number>>();
 
   /**
    * @param model the whole model (every stage builds it from the same config)

@@ -46,6 +46,8 @@ export interface StageStep {
 export interface StageStepResult {
   /** Loss of each micro-batch (last stage; every stage under local parallelism), in micro-batch order. */
   losses: number[];
+  /** Evaluation metrics of each micro-batch of the last stage (model/model.ts Model.metrics), in micro-batch order. */
+  metrics?: Array<Record<string, number>>;
   trace: TraceSpan[];
   /** Peak bytes held by the device during the step. */
   peakBytes: number;

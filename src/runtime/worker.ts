@@ -82,6 +82,7 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
     const startedAt = performance.timeOrigin + t0;
     resetPeakBytes();
     s.losses.clear();
+    s.metrics?.clear();
     const inputs = a.inputs?.map(fromWire);
     const labels = a.labels?.map(fromWire);
     let trace;
@@ -94,7 +95,8 @@ const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi
       throw e;
     }
     const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
-    const r: StageStepResult = { losses, trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
+    const metrics = s.metrics?.size ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v) : undefined;
+    const r: StageStepResult = { losses, ...(metrics ? { metrics } : {}), trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
     return r;
   },
   async getParams() {

@@ -38,7 +38,7 @@ import type { StageStepResult } from '../runtime/protocol.js';
 import { transferables } from '../runtime/serialize.js';
 import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
 import { relayEvalSchedule, relaySchedule, type Schedule } from '../schedule/schedule.js';
-import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
+import { MetricMeans, type Evaluation, type StepReport, type Strategy, type Submission } from './strategy.js';
 
 export interface L2LOptions {
   backend: string;
@@ -161,14 +161,17 @@ export class L2LStrategy implements Strategy {
       const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
       let sum = 0;
       let n = 0;
+      const metrics = new MetricMeans();
       for (const b of batches) {
         const r = await this.run(sched, b, 0, false);
+        metrics.add(r.metrics);
         for (const l of r.losses) {
           sum += l;
           n++;
         }
       }
-      return { loss: n ? sum / n : NaN };
+      const m = metrics.means();
+      return { loss: n ? sum / n : NaN, ...(m ? { metrics: m } : {}) };
     });
     this.last = ev; // later steps wait for the evaluation (the device runs one schedule at a time)
     return ev;

@@ -19,7 +19,7 @@ import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
 import type { Schedule } from '../schedule/schedule.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 import { waitingMs } from '../pipeline/executor.js';
-import type { Evaluation, StepReport, Strategy, Submission } from './strategy.js';
+import { MetricMeans, type Evaluation, type StepReport, type Strategy, type Submission } from './strategy.js';
 import { MessageChannel } from 'node:worker_threads';
 
 /** What a strategy runs on its stages (see gpipe.ts backpropPipeline, local.ts localPipeline). */
@@ -180,9 +180,11 @@ export class PipelineStrategy implements Strategy {
     const sched = this.opts.kind.eval;
     const sums = new Array<number>(this.workers.length).fill(0);
     const counts = new Array<number>(this.workers.length).fill(0);
+    const metrics = new MetricMeans();
     for (const b of batches) {
       const { all } = this.dispatch(sched, b, 0);
       const rs = await all;
+      metrics.add(rs[rs.length - 1]!.metrics);
       rs.forEach((r, i) => {
         for (const l of r.losses) {
           sums[i] += l;
@@ -191,7 +193,8 @@ export class PipelineStrategy implements Strategy {
       });
     }
     const means = sums.map((s, i) => (counts[i] ? s / counts[i] : NaN));
-    return { loss: means[means.length - 1], ...(this.opts.kind.labelsOnEveryStage && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}) };
+    const m = metrics.means();
+    return { loss: means[means.length - 1], ...(m ? { metrics: m } : {}), ...(this.opts.kind.labelsOnEveryStage && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}) };
   }
 
   async getParams(): Promise<HostParams> {

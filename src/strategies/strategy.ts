@@ -35,6 +35,8 @@ export interface StepReport {
 /** Validation result: the model's loss and, for local parallelism, each auxiliary head's. */
 export interface Evaluation {
   loss: number;
+  /** Means of the model's evaluation metrics over the batches (e.g. accuracy), where it has any. */
+  metrics?: Record<string, number>;
   /** Local parallelism: mean loss of the auxiliary head of each stage but the last. */
   auxLosses?: number[];
 }
@@ -47,6 +49,22 @@ export interface Evaluation {
 export interface Submission {
   accepted: Promise<void>;
   done: Promise<StepReport>;
+}
+
+/** Means over micro-batches of per-micro-batch metric records (as the loss is averaged). */
+export class MetricMeans {
+  private readonly sums = new Map<string, number>();
+  private n = 0;
+  add(records: ReadonlyArray<Record<string, number>> | undefined): void {
+    for (const r of records ?? []) {
+      for (const [k, v] of Object.entries(r)) this.sums.set(k, (this.sums.get(k) ?? 0) + v);
+      this.n++;
+    }
+  }
+  /** The means, or undefined when nothing was recorded. */
+  means(): Record<string, number> | undefined {
+    return this.n ? Object.fromEntries([...this.sums].map(([k, s]) => [k, s / this.n])) : undefined;
+  }
 }
 
 export interface Strategy {

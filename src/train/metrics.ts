@@ -22,6 +22,12 @@ export interface StepMetrics {
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
   val_loss?: number;
+  /** Classifiers and language models: fraction of validation predictions whose arg-max is the label. */
+  val_accuracy?: number;
+  /** Text: validation bits per character (val_loss / ln 2). */
+  val_bpc?: number;
+  /** Text: validation perplexity, exp(val_loss) per character. */
+  val_perplexity?: number;
   /** Local parallelism: each stage's local loss this step (auxiliary heads, then the model's). */
   stage_losses?: number[];
   /** Local parallelism: validation loss of each auxiliary head. */
@@ -45,6 +51,10 @@ export interface Summary {
   initial_loss: number;
   final_loss: number;
   val_loss: number;
+  /** As in {@link StepMetrics}: at the last validation. */
+  val_accuracy?: number;
+  val_bpc?: number;
+  val_perplexity?: number;
   /** Local parallelism: validation loss of each auxiliary head. */
   val_aux_losses?: number[];
   tokens_per_s?: number;

@@ -171,6 +171,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   let last: StepMetrics | undefined;
   let valLoss = NaN;
   let valAux: number[] | undefined;
+  let valMetrics: Pick<StepMetrics, 'val_accuracy' | 'val_bpc' | 'val_perplexity'> = {};
   let targets = 0;
   let trainSeconds = 0;
   const recorder = new TraceRecorder(cfg.trace !== undefined);
@@ -218,6 +219,12 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
         const ev = await strategy.evaluate(valBatches);
         valLoss = ev.loss;
         m.val_loss = valLoss;
+        valMetrics = {
+          ...(ev.metrics?.accuracy !== undefined ? { val_accuracy: ev.metrics.accuracy } : {}),
+          // a character model's loss is nats per character
+          ...(ds.kind === 'text' ? { val_bpc: valLoss / Math.LN2, val_perplexity: Math.exp(valLoss) } : {}),
+        };
+        Object.assign(m, valMetrics);
         if (ev.auxLosses) {
           valAux = ev.auxLosses;
           m.val_aux_losses = ev.auxLosses;
@@ -273,7 +280,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     stages: ranges.length, micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
     rematerialization: cfg.remat, schedule: cfg.schedule, balance: ranges.map((r) => r.to - r.from),
     batch_size: cfg.batchSize, steps: cfg.steps,
-    initial_loss: stats.initialLoss ?? NaN, final_loss: last?.loss ?? NaN, val_loss: valLoss,
+    initial_loss: stats.initialLoss ?? NaN, final_loss: last?.loss ?? NaN, val_loss: valLoss, ...valMetrics,
     ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
     peak_device_bytes: peak, bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
