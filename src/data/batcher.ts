@@ -4,8 +4,8 @@
  * The training split is viewed as a list of items: for text, windows of `context + 1`
  * consecutive tokens starting every `context` tokens (item i covers tokens
  * [i*context, i*context + context]; inputs are its first `context` tokens, targets the same
- * shifted by one, so each next-token pair of the stream is used once per epoch); for images,
- * the examples. Each epoch visits the items in the order of a permutation drawn with
+ * shifted by one, so each next-token pair of the stream is used once per epoch); for image and
+ * tensor sets, the examples. Each epoch visits the items in the order of a permutation drawn with
  * a seeded Rng of (seed, epoch), in consecutive batches of `batchSize`; the last `items % batchSize`
  * items of the permutation are skipped (so every batch has the same shape) and, because the
  * permutation changes, different items are skipped each epoch.
@@ -16,21 +16,32 @@
 import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import type { ImageDataset } from './images.js';
+import type { TensorDataset } from './tensors.js';
 import type { TextDataset } from './text.js';
+
+/** The data sets a batcher reads. */
+type BatchableDataset = TextDataset | ImageDataset | TensorDataset;
 
 /** One mini-batch. */
 export interface Batch {
-  /** Text: Int32Array token ids [B, T]. Images: Float32Array pixels [B, H, W, C] in [0, 1]. */
+  /**
+   * Text: Int32Array token ids [B, T]. Images: Float32Array pixels [B, H, W, C] in [0, 1].
+   * Tensor sets: Float32Array features [B, ...xShape].
+   */
   x: Float32Array | Int32Array;
-  /** Shape of `x`: [B, T] or [B, H, W, C]. */
+  /** Shape of `x`: [B, T], [B, H, W, C] or [B, ...xShape]. */
   xShape: number[];
-  /** Text: next-token ids [B, T] (x shifted by one). Images: class labels [B]. */
-  y: Int32Array;
-  /** Shape of `y`: [B, T] or [B]. */
+  /**
+   * Text: next-token ids [B, T] (x shifted by one). Images and tensor sets with classes: class
+   * labels [B], Int32Array. A Float32Array only for the regression targets of a tensor set
+   * ([B, ...target.shape]); every other batch has an Int32Array here.
+   */
+  y: Int32Array | Float32Array;
+  /** Shape of `y`: [B, T], [B] or [B, ...target.shape]. */
   yShape: number[];
-  /** Number of examples B (windows for text, images for images). */
+  /** Number of examples B (windows for text, images or tensor examples otherwise). */
   examples: number;
-  /** Number of predicted targets: B*T for text, B for images. */
+  /** Number of predicted targets: B*T for text, B for images and tensor sets (one target each, whatever its shape). */
   tokens: number;
 }
 
@@ -38,7 +49,7 @@ export interface Batch {
 export interface BatcherOptions {
   /** Examples per batch, a positive integer. */
   batchSize: number;
-  /** Text only: tokens per example T, a positive integer (required for text, ignored for images). */
+  /** Text only: tokens per example T, a positive integer (required for text, ignored for images and tensors). */
   context?: number;
   /** Shuffling seed (an integer). Required unless a `state` is given, which carries its seed. */
   seed?: number;
@@ -52,16 +63,16 @@ export interface BatcherOptions {
 export interface BatcherState {
   version: 1;
   /** The data set kind the state belongs to. */
-  kind: 'text' | 'image';
+  kind: 'text' | 'image' | 'tensor';
   seed: number;
   /** Completed epochs (0-based index of the current epoch). */
   epoch: number;
   /** Index into the current epoch's permutation of the next item to yield. */
   cursor: number;
   batchSize: number;
-  /** Tokens per example (0 for images). */
+  /** Tokens per example (0 for images and tensor sets). */
   context: number;
-  /** Items (windows or images) per epoch before dropping the remainder. */
+  /** Items (windows, images or tensor examples) per epoch before dropping the remainder. */
   items: number;
 }
 
@@ -75,7 +86,7 @@ export interface Batcher {
   readonly epoch: number;
   /** Full batches per epoch: floor(items / batchSize). */
   readonly batchesPerEpoch: number;
-  /** Items (text windows or images) available per epoch. */
+  /** Items (text windows, images or tensor examples) available per epoch. */
   readonly items: number;
 }
 
@@ -90,17 +101,21 @@ export function windowCount(length: number, context: number): number {
 
 /** Per-example sizes of a data set: values of x per example, of y per example, and shapes. */
 interface Layout {
-  kind: 'text' | 'image';
+  kind: 'text' | 'image' | 'tensor';
   context: number;
   xPer: number;
   yPer: number;
+  /** Whether y is float32 (regression targets of a tensor set) rather than int32. */
+  yFloat: boolean;
+  /** Predicted targets per example (T for text, 1 otherwise). */
+  tokensPer: number;
   xShape: (b: number) => number[];
   yShape: (b: number) => number[];
   items: (split: 'train' | 'val') => number;
-  fill: (split: 'train' | 'val', item: number, x: Float32Array | Int32Array, y: Int32Array, slot: number) => void;
+  fill: (split: 'train' | 'val', item: number, x: Float32Array | Int32Array, y: Int32Array | Float32Array, slot: number) => void;
 }
 
-function layoutOf(ds: TextDataset | ImageDataset, context: number | undefined): Layout {
+function layoutOf(ds: BatchableDataset, context: number | undefined): Layout {
   if (ds.kind === 'text') {
     checkPositiveInt(context, 'Context length (tokens per example)', 'set the context, e.g. 128.');
     const T = context;
@@ -110,6 +125,8 @@ function layoutOf(ds: TextDataset | ImageDataset, context: number | undefined): 
       context: T,
       xPer: T,
       yPer: T,
+      yFloat: false,
+      tokensPer: T,
       xShape: (b) => [b, T],
       yShape: (b) => [b, T],
       items: (s) => windowCount(stream(s).length, T),
@@ -130,6 +147,8 @@ function layoutOf(ds: TextDataset | ImageDataset, context: number | undefined): 
       context: 0,
       xPer: P,
       yPer: 1,
+      yFloat: false,
+      tokensPer: 1,
       xShape: (b) => [b, h, w, c],
       yShape: (b) => [b],
       items: (s) => split(s).y.length,
@@ -140,14 +159,45 @@ function layoutOf(ds: TextDataset | ImageDataset, context: number | undefined): 
       },
     };
   }
+  if (ds.kind === 'tensor') {
+    const xShape = ds.xShape.slice();
+    const yShape = ds.target.kind === 'classes' ? [] : ds.target.shape.slice();
+    const X = xShape.reduce((a, b) => a * b, 1);
+    const Y = yShape.reduce((a, b) => a * b, 1);
+    const yFloat = ds.target.kind === 'values';
+    const split = (s: 'train' | 'val') => (s === 'train' ? ds.train : ds.val);
+    for (const s of ['train', 'val'] as const) {
+      const d = split(s);
+      check(
+        d.y instanceof (yFloat ? Float32Array : Int32Array) && d.x.length * Y === d.y.length * X,
+        () => `Tensor data set "${ds.name}" has an inconsistent ${s} split (${d.x.length} x values for shape [${xShape.join(', ')}], ${d.y.length} y values in a ${d.y.constructor.name} for ${ds.target.kind === 'classes' ? 'class labels' : `targets [${yShape.join(', ')}]`}); load it with loadDataset().`,
+      );
+    }
+    return {
+      kind: 'tensor',
+      context: 0,
+      xPer: X,
+      yPer: Y,
+      yFloat,
+      tokensPer: 1,
+      xShape: (b) => [b, ...xShape],
+      yShape: (b) => [b, ...yShape],
+      items: (s) => split(s).y.length / Y,
+      fill: (s, item, x, y, slot) => {
+        const d = split(s);
+        x.set(d.x.subarray(item * X, (item + 1) * X), slot * X);
+        y.set(d.y.subarray(item * Y, (item + 1) * Y), slot * Y);
+      },
+    };
+  }
   throw new LayerwiseError(`Unknown data set kind ${JSON.stringify((ds as { kind: unknown }).kind)}; load data sets with loadDataset().`);
 }
 
 function makeBatch(L: Layout, split: 'train' | 'val', order: ArrayLike<number> | null, from: number, count: number): Batch {
   const x = L.kind === 'text' ? new Int32Array(count * L.xPer) : new Float32Array(count * L.xPer);
-  const y = new Int32Array(count * L.yPer);
+  const y = L.yFloat ? new Float32Array(count * L.yPer) : new Int32Array(count * L.yPer);
   for (let k = 0; k < count; k++) L.fill(split, order ? order[from + k] : from + k, x, y, k);
-  return { x, xShape: L.xShape(count), y, yShape: L.yShape(count), examples: count, tokens: count * L.yPer };
+  return { x, xShape: L.xShape(count), y, yShape: L.yShape(count), examples: count, tokens: count * L.tokensPer };
 }
 
 /** The permutation of `items` item indices used in `epoch` for `seed`. */
@@ -179,11 +229,13 @@ function validateState(s: unknown, expect: Omit<BatcherState, 'epoch' | 'cursor'
  * Make a resumable training batcher over `ds.train`.
  * @param opts batch size B, context T (text), seed.
  * @param state a {@link BatcherState} from a previous batcher on the same data, to continue it.
- * @returns text batches x,y Int32Array [B, T]; image batches x Float32Array [B, H, W, C], y [B].
+ * @returns text batches x,y Int32Array [B, T]; image batches x Float32Array [B, H, W, C], y [B];
+ *   tensor batches x Float32Array [B, ...xShape], y Int32Array [B] (classes) or Float32Array
+ *   [B, ...target.shape] (regression).
  * @throws LayerwiseError if options are invalid, the training split has fewer than B items
- *   (windows or images), or `state` is malformed or belongs to other data/options.
+ *   (windows or examples), or `state` is malformed or belongs to other data/options.
  */
-export function makeBatcher(ds: TextDataset | ImageDataset, opts: BatcherOptions, state?: BatcherState): Batcher {
+export function makeBatcher(ds: BatchableDataset, opts: BatcherOptions, state?: BatcherState): Batcher {
   checkPositiveInt(opts.batchSize, 'Batch size', 'set the batch size, e.g. 32.');
   const L = layoutOf(ds, opts.context);
   const B = opts.batchSize;
@@ -193,7 +245,7 @@ export function makeBatcher(ds: TextDataset | ImageDataset, opts: BatcherOptions
     () =>
       L.kind === 'text'
         ? `Training text of "${ds.name}" has ${ds.kind === 'text' ? ds.train.length : 0} tokens, only ${items} windows of context ${L.context} + 1, fewer than batch size ${B}; lower the batch size or context, or use a longer text.`
-        : `Training split of "${ds.name}" has ${items} images, fewer than batch size ${B}; lower the batch size.`,
+        : `Training split of "${ds.name}" has ${items} ${L.kind === 'image' ? 'images' : 'examples'}, fewer than batch size ${B}; lower the batch size.`,
   );
   if (opts.seed !== undefined) check(Number.isSafeInteger(opts.seed), `Seed must be an integer, got ${opts.seed}; give an integer seed.`);
   let seed: number;
@@ -242,7 +294,7 @@ export function makeBatcher(ds: TextDataset | ImageDataset, opts: BatcherOptions
 export interface ValidationOptions {
   /** Examples per batch, a positive integer. */
   batchSize: number;
-  /** Text only: tokens per example (required for text, ignored for images). */
+  /** Text only: tokens per example (required for text, ignored for images and tensors). */
   context?: number;
   /** At most this many batches (the first ones); default: all. */
   maxBatches?: number;
@@ -252,13 +304,13 @@ export interface ValidationOptions {
 
 /**
  * The validation split as a fixed list of batches, in data order (no shuffling): text windows
- * as in training (stride `context`), or images. Deterministic: same data and options, same
+ * as in training (stride `context`), or images / tensor examples. Deterministic: same data and options, same
  * batches. May be empty, when the validation split has fewer than `batchSize` items (or none,
  * with valFraction 0) and `partial` is off.
  * @returns batches shaped as in {@link makeBatcher}.
  * @throws LayerwiseError if options are invalid.
  */
-export function validationBatches(ds: TextDataset | ImageDataset, opts: ValidationOptions): Batch[] {
+export function validationBatches(ds: BatchableDataset, opts: ValidationOptions): Batch[] {
   checkPositiveInt(opts.batchSize, 'Validation batch size', 'set the batch size, e.g. 32.');
   const L = layoutOf(ds, opts.context);
   const max = opts.maxBatches ?? Infinity;

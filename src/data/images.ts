@@ -57,26 +57,35 @@ export function splitSize(split: ImageSplit): number {
 
 /**
  * Shuffle the examples of `all` with a fixed permutation from `Rng(splitSeed)` and split off the
- * last `floor(N * valFraction)` as validation.
- * @param pixels H*W*C, the number of values per example.
+ * last `floor(N * valFraction)` as validation. Works for any examples of `pixels` x values and
+ * `yPer` y values each (images: yPer 1; tensor sets: regression targets of several values);
+ * `y` keeps its array type.
+ * @param pixels values per example in `x` (H*W*C for images).
+ * @param yPer values per example in `y`; default 1.
  * @throws LayerwiseError if `valFraction` is invalid or the training part would be empty.
  */
-export function splitExamples(all: ImageSplit, pixels: number, valFraction: number, splitSeed = 0): { train: ImageSplit; val: ImageSplit } {
+export function splitExamples<Y extends Int32Array | Float32Array = Int32Array>(
+  all: { x: Float32Array; y: Y },
+  pixels: number,
+  valFraction: number,
+  splitSeed = 0,
+  yPer = 1,
+): { train: { x: Float32Array; y: Y }; val: { x: Float32Array; y: Y } } {
   checkValFraction(valFraction);
-  const n = all.y.length;
+  const n = all.y.length / yPer;
   const nVal = Math.floor(n * valFraction);
   check(n - nVal > 0, `Cannot split ${n} examples with validation fraction ${valFraction}: no training examples would remain; lower the fraction.`);
   const perm = new Int32Array(n);
   for (let i = 0; i < n; i++) perm[i] = i;
   new Rng(splitSeed).shuffle(perm);
-  const take = (from: number, to: number): ImageSplit => {
+  const take = (from: number, to: number): { x: Float32Array; y: Y } => {
     const m = to - from;
     const x = new Float32Array(m * pixels);
-    const y = new Int32Array(m);
+    const y = (all.y instanceof Float32Array ? new Float32Array(m * yPer) : new Int32Array(m * yPer)) as Y;
     for (let k = 0; k < m; k++) {
       const j = perm[from + k];
       x.set(all.x.subarray(j * pixels, (j + 1) * pixels), k * pixels);
-      y[k] = all.y[j];
+      y.set(all.y.subarray(j * yPer, (j + 1) * yPer), k * yPer);
     }
     return { x, y };
   };

@@ -29,6 +29,7 @@ for (const backend of ['wasm', 'cpu', 'native']) {
     test(`${name} trains on ${backend}`, { skip }, async () => {
       await initBackend(backend);
       const ds = await data(preset.defaultData);
+      assert.ok(ds.kind !== 'tensor', 'presets train on text or image data sets');
       const shape = ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes };
       const config = preset.make(shape, {});
       const model = buildModel(config);
