@@ -220,3 +220,21 @@ test('a user model module trains with gpipe and l2l from the CLI, reports accura
 expectBadInput('a model module that does not exist', ['--model', 'no-such-model.js', '--data', 'mnist'], /model module no-such-model\.js does not exist/);
 expectBadInput('a model module whose output does not fit the data', ['--model', BAD_OUTPUT, '--data', 'mnist'], /outputs \[2, 2\] for a batch of 2, but loss softmax-cross-entropy on mnist needs \[2, C\] scores with C >= 10 classes/);
 expectBadInput('a model module without --data', ['--model', BAD_OUTPUT], /--data is required with --model/);
+
+test('a user regression model trains on a JSON-lines data set (mean squared error from compile()), and its loss falls', () => {
+  const data = join(tmp, 'regression.jsonl');
+  const rows: string[] = [];
+  for (let i = 0; i < 200; i++) {
+    const x = [Math.sin(i), Math.cos(i * 0.7), (i % 7) / 7, ((i * 13) % 11) / 11];
+    rows.push(JSON.stringify({ x, y: 0.5 * x[0]! - x[1]! + 0.25 * x[2]! }));
+  }
+  writeFileSync(data, rows.join('\n') + '\n');
+  const model = fileURLToPath(new URL('../testing/models/regression.js', import.meta.url));
+  const out = join(tmp, 'regression');
+  const r = run(['train', '--model', model, '--data', data, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2',
+    '--batch-size', '16', '--steps', '40', '--lr', '0.01', '--warmup', '0', '--eval-batches', '1', '--backend', 'wasm', '--out', out]);
+  assert.equal(r.code, 0, r.err);
+  const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8'));
+  assert.ok(s.final_loss < 0.5 * s.initial_loss, `mse ${s.initial_loss} -> ${s.final_loss}`);
+  assert.equal(s.val_accuracy, undefined, 'no accuracy for a regression');
+});

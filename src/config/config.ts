@@ -228,30 +228,19 @@ export async function runModelConfig(cfg: TrainConfig, ds: Dataset): Promise<Mod
       () => `${where} outputs [${out.join(', ')}] for a batch of 2, but loss ${loss} on ${ds.name} needs [${ds.kind === 'text' ? `2, ${exampleShape[0]}, ` : '2, '}C] scores with C >= ${classes} classes; change the last layer's units or --loss`);
   } else {
     const target = datasetTargetShape(ds);
-    check(target !== undefined && JSON.stringify(out.slice(1)) === JSON.stringify(target),
+    const size = (s: number[]) => s.reduce((a, b) => a * b, 1);
+    // the loss reshapes the targets to the output: a [B] target fits a [B, 1] output
+    check(target !== undefined && size(out.slice(1)) === size(target),
       () => `${where} outputs [${out.slice(1).join(', ')}] per example but loss mse on ${ds.name} needs ${target ? `[${target.join(', ')}]` : 'value targets (this data set has class labels; use a classification loss)'}`);
   }
   return { arch: 'module', path, loss, inputShape: m.inputShape, inputDtype: m.inputDtype };
 }
 
-/** A tensor data set's view (data/tensors.ts), read structurally. */
-interface TensorView {
-  kind: 'tensor';
-  xShape: number[];
-  target: { kind: 'classes'; classes: number } | { kind: 'values'; shape: number[] };
-}
-const tensorView = (ds: Dataset): TensorView | undefined => ((ds as { kind: string }).kind === 'tensor' ? (ds as unknown as TensorView) : undefined);
 /** Classes of a tensor data set with class labels (undefined for value targets). */
-const datasetClasses = (ds: Dataset): number | undefined => {
-  const t = tensorView(ds)?.target;
-  return t?.kind === 'classes' ? t.classes : undefined;
-};
-const datasetExampleShape = (ds: Dataset): number[] => tensorView(ds)?.xShape ?? [];
+const datasetClasses = (ds: Dataset): number | undefined => (ds.kind === 'tensor' && ds.target.kind === 'classes' ? ds.target.classes : undefined);
+const datasetExampleShape = (ds: Dataset): number[] => (ds.kind === 'tensor' ? ds.xShape : []);
 /** One example's target shape for value (regression) targets; undefined for class labels. */
-const datasetTargetShape = (ds: Dataset): number[] | undefined => {
-  const t = tensorView(ds)?.target;
-  return t?.kind === 'values' ? t.shape : undefined;
-};
+const datasetTargetShape = (ds: Dataset): number[] | undefined => (ds.kind === 'tensor' && ds.target.kind === 'values' ? ds.target.shape : undefined);
 
 /** The model configuration a preset gives on a data set, with shape overrides. */
 export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {

@@ -36,7 +36,7 @@ export function randomBatch(model: Model, n: number, rng: Rng): Batch {
   const out = model.blocks.reduce((sh, b) => b.outputShape(sh), xShape);
   if (cfg.arch === 'module' && cfg.loss === 'mse') {
     const y = new Float32Array(out.reduce((a, b) => a * b, 1)).map(() => rng.normal());
-    return { x: new Float32Array(size).map(() => rng.next()), xShape, y: y as unknown as Int32Array, yShape: out, examples: n, tokens: n };
+    return { x: new Float32Array(size).map(() => rng.next()), xShape, y, yShape: out, examples: n, tokens: n };
   }
   const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : cfg.arch === 'module' ? out[out.length - 1]! : 2;
   return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
