@@ -9,7 +9,8 @@
  * Maximum, Minimum, SquaredDifference); unary ops (Exp, Log, Sqrt, Rsqrt, Square, Neg,
  * Sigmoid, Tanh, Relu, Abs, Reciprocal); reductions (Sum, Mean, Max, Min over any axes);
  * Transpose; Softmax (last axis); UnsortedSegmentSum; GatherV2 (float32; other dtypes and
- * cases go to the cpu kernels); Pack along axis 0 (a copy); `_FusedMatMul`'s bias and
+ * cases go to the cpu kernels); Pack along axis 0 (a copy); Cast to float32 (a real copy);
+ * convolution and pooling forward and backward (backend/native-conv.ts, oneDNN primitives); `_FusedMatMul`'s bias and
  * activation in place in the product's buffer; and layerwise's fused kernels
  * (backend/kernel-names.ts): GELU, layer norm, causal softmax, causal multi-head attention
  * (q, k, v read in place from the qkv projection), softmax cross-entropy and their gradients, and the
