@@ -83,6 +83,7 @@ program
   .option('--model <module.js>', 'your own model instead of a preset: an ES module whose default export is a tf.layers model, a function returning one, or a block list')
   .option('--loss <name>', `with --model: ${LOSSES.join(' | ')} (default: what the model declares, else from the data)`)
   .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path, idx:IMAGES,LABELS, a .jsonl file or npy:X.npy,Y.npy (default: the preset's)")
+  .option('--devices <list>', 'device of each stage: thread (default) | process[:ENV=VALUE+...] | HOST:PORT of a `layerwise worker`, comma-separated (LAYERWISE_TOKEN: the workers\' token)')
   .option('--strategy <name>', STRATEGY_SPECS.map((s) => `${s.name}: ${s.help}`).join('; '))
   .option('--stash <place>', 'l2l: where layer-boundary activations wait for backward: host (device memory constant in depth) | device')
   .option('--server-threads <n>', "l2l: worker threads of the parameter server's optimizer", int)
@@ -143,6 +144,18 @@ program
   .option('--backend <name>', BACKENDS.join(' | '), defaultBackend())
   .action(async (o) => {
     process.stdout.write((await sampleText(o)) + '\n');
+  });
+
+program
+  .command('worker')
+  .description('run a device for coordinators on other hosts (layerwise train --devices HOST:PORT,...); the token comes from LAYERWISE_TOKEN')
+  .requiredOption('--listen <[host:]port>', 'where to listen; the host defaults to 127.0.0.1 (loopback only): give 0.0.0.0 or an address to accept other hosts')
+  .option('--tls-cert <file>', 'PEM certificate of this worker (TLS)')
+  .option('--tls-key <file>', 'PEM private key of this worker (TLS)')
+  .option('--tls-ca <file>', 'PEM certificate authority: coordinators must present a certificate it signed')
+  .action(async (o) => {
+    const { runWorker } = await import('./worker.js');
+    await runWorker(o);
   });
 
 program

@@ -29,6 +29,8 @@ export interface TrainConfig {
   model?: string;
   /** The loss, overriding the one the model declares (model/losses.ts). */
   loss?: LossName;
+  /** Which device runs each stage: thread | process[:ENV=V] | HOST:PORT, comma-separated (runtime/devices.ts); default threads. */
+  devices?: string;
   /** Data set name or path (see data/index.ts); defaults to the preset's. */
   data: string;
   /** The strategy's name (strategies/index.ts STRATEGY_SPECS validates it). */

@@ -1,7 +1,9 @@
 /**
- * The main thread's handle on one device: a worker thread running runtime/worker.js, spoken to
- * with a small request/reply protocol over a {@link Channel}. A worker that crashes or exits
- * rejects every pending call, so a failing stage stops the whole run.
+ * The main thread's handle on one device, spoken to with a small request/reply protocol over a
+ * {@link Channel}: {@link StageWorker} is a worker thread running runtime/worker.js;
+ * runtime/remote-device.ts's RemoteDevice is a process on this or another host, over gRPC. A
+ * device that crashes, exits or stops answering rejects every pending call, so a failing stage
+ * stops the whole run.
  */
 import { Worker, type TransferListItem } from 'node:worker_threads';
 import { configureOpenMP } from '../backend/native-addon.js';
@@ -27,26 +29,16 @@ export class StageError extends Error {
   }
 }
 
-export class StageWorker {
-  private readonly worker: Worker;
-  private readonly ch: Channel;
+/** What every kind of device offers the strategies. */
+export abstract class Device {
+  protected abstract readonly ch: Channel;
   private nextId = 0;
-  private closed = false;
-  /** Resolves when the worker thread has exited. */
-  readonly exited: Promise<number>;
+  protected closed = false;
 
-  constructor(readonly index: number) {
-    configureOpenMP(); // before any device thread may load the native addon
-    this.worker = new Worker(new URL('./worker.js', import.meta.url));
-    this.ch = new Channel(this.worker);
-    this.worker.on('error', (e) => this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)));
-    this.exited = new Promise((resolve) => {
-      this.worker.on('exit', (code) => {
-        if (!this.closed) this.ch.fail(new StageError(index, `worker exited with code ${code}`));
-        resolve(code);
-      });
-    });
-  }
+  constructor(readonly index: number) {}
+
+  /** Where the device runs, for messages: 'worker thread', 'process 1234 at 127.0.0.1:40111', ... */
+  abstract readonly where: string;
 
   /** Calls a worker method and waits for its reply. Throws {@link StageError} on failure. */
   async call<K extends keyof StageApi>(method: K, args: StageApi[K][0], transfer: readonly TransferListItem[] = []): Promise<StageApi[K][1]> {
@@ -79,7 +71,32 @@ export class StageWorker {
     this.ch.send({ type: 'scale', scale });
   }
 
-  /** Stops the worker thread at once. */
+  /** Stops the device at once. */
+  abstract terminate(): Promise<void>;
+}
+
+/** A device that is a worker thread of this process. */
+export class StageWorker extends Device {
+  private readonly worker: Worker;
+  protected readonly ch: Channel;
+  readonly where = 'worker thread';
+  /** Resolves when the worker thread has exited. */
+  readonly exited: Promise<number>;
+
+  constructor(index: number) {
+    super(index);
+    configureOpenMP(); // before any device thread may load the native addon
+    this.worker = new Worker(new URL('./worker.js', import.meta.url));
+    this.ch = new Channel(this.worker);
+    this.worker.on('error', (e) => this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)));
+    this.exited = new Promise((resolve) => {
+      this.worker.on('exit', (code) => {
+        if (!this.closed) this.ch.fail(new StageError(index, `worker exited with code ${code}`));
+        resolve(code);
+      });
+    });
+  }
+
   async terminate(): Promise<void> {
     if (!this.closed) this.ch.fail(new StageError(this.index, 'worker was stopped'));
     this.closed = true;

@@ -8,6 +8,12 @@ import type { TraceSpan } from '../pipeline/executor.js';
 import type { HostTensor } from '../data/microbatch.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 
+/**
+ * A stage-to-stage link between devices in different processes (runtime/grpc-link.ts): dial the
+ * next stage's device at `connect` (HOST:PORT), or accept the previous stage's link.
+ */
+export type RemoteLink = { connect: string } | { accept: true };
+
 /** Everything a worker needs to become stage `index` of a pipeline. */
 export interface StageInit {
   index: number;
@@ -27,10 +33,10 @@ export interface StageInit {
   strategy?: string;
   /** What the out-of-memory message suggests (the strategy's advice). */
   oomAdvice?: string;
-  /** Port to the previous stage (absent on the first stage). */
-  prev?: MessagePort;
-  /** Port to the next stage (absent on the last stage). */
-  next?: MessagePort;
+  /** Link to the previous stage (absent on the first stage): a MessagePort between threads, or a gRPC link it accepts. */
+  prev?: MessagePort | RemoteLink;
+  /** Link to the next stage (absent on the last stage): a MessagePort, or the next device's address to dial. */
+  next?: MessagePort | RemoteLink;
 }
 
 /** One training (or evaluation) step of one stage. */

@@ -7,6 +7,7 @@
  * for global clipping, so training equals single-device training. Runs on backprop stages
  * (pipeline/stage.ts) through the shared pipeline runner (pipeline.ts).
  */
+import { parseDevices } from '../runtime/devices.js';
 import { optimizerConfigOf } from '../config/config.js';
 import { blockBalanceCosts, costsAt, optimizerSlots, type StepShape } from '../cost/costs.js';
 import { predictPeakBytes, stagePeakBytes } from '../cost/memory.js';
@@ -37,7 +38,7 @@ export const gpipe: StrategySpec = {
   oneDevice: false,
   create: (cfg, model, params, ranges) => PipelineStrategy.create({
     name: 'gpipe', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg),
-    kind: backpropPipeline(cfg.microBatches, ranges.length, cfg.remat, cfg.schedule), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length),
+    kind: backpropPipeline(cfg.microBatches, ranges.length, cfg.remat, cfg.schedule), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), devices: parseDevices(cfg.devices, ranges.length),
     oomAdvice: gpipe.outOfMemoryAdvice(cfg),
   }, params),
   memory: {

@@ -229,6 +229,7 @@ export const l2l: StrategySpec = {
   oneDevice: true,
   validate(cfg) {
     check(cfg.stages === 1, `--strategy l2l runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`);
+    check(cfg.devices === undefined || cfg.devices === 'thread', `--strategy l2l keeps its parameter server in memory it shares with its device, a worker thread; drop --devices ${cfg.devices}`);
   },
   create: (cfg, model, params) => L2LStrategy.create({
     backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg), stash: cfg.stash,

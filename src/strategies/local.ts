@@ -7,6 +7,7 @@
  * on the loss it reaches, not on equality with single. Runs on local-parallelism stages
  * (pipeline/local-stage.ts) through the shared pipeline runner (pipeline.ts).
  */
+import { parseDevices } from '../runtime/devices.js';
 import { optimizerConfigOf } from '../config/config.js';
 import { costsAt, optimizerSlots, type LocalShape } from '../cost/costs.js';
 import { localStagePeakBytes, predictLocalPeakBytes } from '../cost/memory.js';
@@ -54,7 +55,7 @@ export const local: StrategySpec = {
     const aux = initAuxParams(model, ranges.map((r) => r.to), cfg.seed);
     return PipelineStrategy.create({
       name: 'local', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg),
-      kind: localPipeline(cfg.microBatches, ranges.length, cfg.overlap, cfg.deterministic), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length),
+      kind: localPipeline(cfg.microBatches, ranges.length, cfg.overlap, cfg.deterministic), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), devices: parseDevices(cfg.devices, ranges.length),
       oomAdvice: local.outOfMemoryAdvice(cfg),
     }, new Map([...aux, ...params]));
   },

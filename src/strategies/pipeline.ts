@@ -12,7 +12,8 @@ import type { HostParams } from '../model/init.js';
 import type { ModelConfig } from '../model/model.js';
 import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import { StageWorker } from '../runtime/device.js';
+import type { Device } from '../runtime/device.js';
+import { allThreads, openDevices, remoteLinks, type DeviceSpec } from '../runtime/devices.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
 import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
@@ -20,7 +21,7 @@ import type { Schedule } from '../schedule/schedule.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 import { waitingMs } from '../pipeline/executor.js';
 import { MetricMeans, type Evaluation, type StepReport, type Strategy, type Submission } from './strategy.js';
-import { MessageChannel } from 'node:worker_threads';
+import { MessageChannel, type MessagePort } from 'node:worker_threads';
 
 /** What a strategy runs on its stages (see gpipe.ts backpropPipeline, local.ts localPipeline). */
 export interface PipelineKind {
@@ -54,6 +55,8 @@ export interface PipelineOptions {
   oomAdvice?: string;
   /** Threads of each device's kernels (see initBackend). */
   threads?: number;
+  /** Which device runs each stage (runtime/devices.ts); default a worker thread each. */
+  devices?: DeviceSpec[];
 }
 
 /** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
@@ -72,7 +75,7 @@ export class PipelineStrategy implements Strategy {
   /** Schedules sent to the stages that have not finished yet. */
   private readonly inflight = new Set<Promise<unknown>>();
 
-  private constructor(private readonly opts: PipelineOptions, private readonly workers: StageWorker[]) {
+  private constructor(private readonly opts: PipelineOptions, private readonly workers: Device[]) {
     this.name = opts.name;
     this.devices = workers.length;
     const k = workers.length;
@@ -86,17 +89,22 @@ export class PipelineStrategy implements Strategy {
    */
   static async create(opts: PipelineOptions, params: HostParams): Promise<PipelineStrategy> {
     const k = opts.ranges.length;
-    const workers = Array.from({ length: k }, (_, i) => new StageWorker(i));
+    const specs = opts.devices ?? Array.from({ length: k }, () => ({ kind: 'thread' as const }));
+    if (specs.length !== k) throw new Error(`${specs.length} devices for ${k} stages`);
+    const workers = await openDevices(specs);
     const s = new PipelineStrategy(opts, workers);
     try {
-      const links = Array.from({ length: k - 1 }, () => new MessageChannel());
+      // neighbours: MessagePorts between threads, direct gRPC links between processes
+      const threads = allThreads(specs);
+      const ports = threads ? Array.from({ length: k - 1 }, () => new MessageChannel()) : [];
       await Promise.all(workers.map((w, i) => {
         const r = opts.ranges[i];
         const own: Record<string, Float32Array> = {};
         for (const [key, v] of params) if (ownerStage(key, opts.ranges) === i) own[key] = v.slice();
-        const prev = i > 0 ? links[i - 1].port2 : undefined;
-        const next = i < k - 1 ? links[i].port1 : undefined;
-        const transfer = [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev] : []), ...(next ? [next] : [])];
+        const { prev, next } = threads
+          ? { prev: i > 0 ? ports[i - 1].port2 : undefined, next: i < k - 1 ? ports[i].port1 : undefined }
+          : remoteLinks(workers, i);
+        const transfer = threads ? [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev as MessagePort] : []), ...(next ? [next as MessagePort] : [])] : [];
         return w.call('init', {
           index: i, backend: opts.backend, threads: opts.threads, model: opts.model, range: r, params: own, optimizer: opts.optimizer, stage: opts.kind.stage(i, k), prev, next,
           deviceMemory: opts.deviceMemory, strategy: opts.name, oomAdvice: opts.oomAdvice,

@@ -3,6 +3,7 @@
  * model on one device, plain backprop on the whole mini-batch (one micro-batch, activations
  * kept). It is the backprop pipeline (gpipe.ts) with one stage.
  */
+import { parseDevices } from '../runtime/devices.js';
 import { optimizerConfigOf } from '../config/config.js';
 import { costsAt, optimizerSlots } from '../cost/costs.js';
 import { predictPeakBytes } from '../cost/memory.js';
@@ -22,7 +23,7 @@ export const single: StrategySpec = {
   },
   create: (cfg, model, params, ranges) => PipelineStrategy.create({
     name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, optimizer: optimizerConfigOf(cfg),
-    kind: backpropPipeline(1, 1, 'never', 'gpipe'), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), oomAdvice: single.outOfMemoryAdvice(cfg),
+    kind: backpropPipeline(1, 1, 'never', 'gpipe'), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), devices: parseDevices(cfg.devices, ranges.length), oomAdvice: single.outOfMemoryAdvice(cfg),
   }, params),
   memory: {
     microBatch: (cfg) => cfg.batchSize,

@@ -5,6 +5,7 @@
  * Everything that can be wrong with the input (config, data, checkpoint, balance) is checked
  * before anything is written, so a bad run leaves no files behind.
  */
+import { parseDevices } from '../runtime/devices.js';
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -110,6 +111,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
   }
   const model = await loadModel(modelConfig);
   const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
+  parseDevices(cfg.devices, ranges.length); // and the devices
   if (ck && ck.step >= cfg.steps) {
     throw new LayerwiseError(`checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`);
   }

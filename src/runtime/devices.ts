@@ -1,0 +1,102 @@
+/**
+ * Which device runs each stage (`--devices`): a worker thread of this process (`thread`, the
+ * default), a process this coordinator spawns on this host (`process`, optionally with
+ * environment for it: `process:CUDA_VISIBLE_DEVICES=1+OMP_PROC_BIND=true`), or a device
+ * server another host runs (`HOST:PORT`, started there with `layerwise worker --listen`).
+ * Schedules, stages, the executor and the strategies are the same on every kind; only the
+ * channel's transport differs (MessagePorts between threads, gRPC links between processes).
+ */
+import { LayerwiseError, check } from '../util/errors.js';
+import { Device, StageWorker } from './device.js';
+import { RemoteDevice, newRunToken, spawnDeviceProcess } from './remote-device.js';
+import type { RemoteLink } from './protocol.js';
+import type { TlsFiles } from './grpc-link.js';
+import { readFileSync } from 'node:fs';
+
+/** One device of a run. */
+export type DeviceSpec =
+  | { kind: 'thread' }
+  | { kind: 'process'; env: Record<string, string> }
+  | { kind: 'host'; address: string };
+
+/**
+ * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`
+ * or `HOST:PORT`, one per stage (a single entry is repeated for every stage).
+ * @throws LayerwiseError naming the entry that is none of these, or a count that is not k.
+ */
+export function parseDevices(spec: string | undefined, k: number): DeviceSpec[] {
+  if (spec === undefined || spec.trim() === '') return Array.from({ length: k }, () => ({ kind: 'thread' as const }));
+  const items = spec.split(',').map((s) => s.trim());
+  const list = items.length === 1 ? Array.from({ length: k }, () => items[0]!) : items;
+  check(list.length === k, `--devices lists ${list.length} devices but the run has ${k} stages; give one per stage (or one for all)`);
+  return list.map((d): DeviceSpec => {
+    if (d === 'thread') return { kind: 'thread' };
+    if (d === 'process' || d.startsWith('process:')) {
+      const env: Record<string, string> = {};
+      for (const kv of d.slice('process:'.length).split('+').filter((x) => d !== 'process' && x !== '')) {
+        const eq = kv.indexOf('=');
+        check(eq > 0, `--devices entry '${d}': environment must be NAME=VALUE pairs joined by '+', e.g. process:CUDA_VISIBLE_DEVICES=1`);
+        env[kv.slice(0, eq)] = kv.slice(eq + 1);
+      }
+      return { kind: 'process', env };
+    }
+    const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(d);
+    check(m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
+      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`);
+    return { kind: 'host', address: d };
+  });
+}
+
+/** Whether every device is a worker thread (neighbours linked by MessagePorts). */
+export const allThreads = (specs: readonly DeviceSpec[]): boolean => specs.every((s) => s.kind === 'thread');
+
+/**
+ * Starts or connects the devices. Threads and processes of other hosts cannot be neighbours
+ * (a thread has no server to accept a link), so a run uses threads only, or none.
+ * `token`: the run's shared token; for `HOST:PORT` devices it must be the one their workers
+ * were started with (LAYERWISE_TOKEN); spawned processes get a fresh one when it is undefined.
+ * @throws LayerwiseError for a mix of threads and other devices, or a remote host without a token.
+ */
+export async function openDevices(specs: readonly DeviceSpec[], token = process.env.LAYERWISE_TOKEN): Promise<Device[]> {
+  if (allThreads(specs)) return specs.map((_, i) => new StageWorker(i));
+  check(specs.every((s) => s.kind !== 'thread'), '--devices mixes thread with process or HOST:PORT devices; use processes for every stage (or threads for every stage)');
+  const hosts = specs.some((s) => s.kind === 'host');
+  if (hosts && !token) throw new LayerwiseError('--devices names other hosts but LAYERWISE_TOKEN is not set; set it to the token the workers were started with');
+  const runToken = token ?? newRunToken();
+  const tls = tlsFromEnv();
+  const opened = await Promise.allSettled(specs.map((s, i) => (s.kind === 'process' ? spawnDeviceProcess(i, runToken, s.env) : Promise.resolve(new RemoteDevice(i, (s as { address: string }).address, runToken, undefined, tls)))));
+  const failed = opened.find((r) => r.status === 'rejected');
+  if (failed) {
+    await Promise.all(opened.map((r) => (r.status === 'fulfilled' ? r.value.terminate() : undefined)));
+    throw (failed as PromiseRejectedResult).reason;
+  }
+  return opened.map((r) => (r as PromiseFulfilledResult<Device>).value);
+}
+
+/**
+ * TLS for links to other hosts' workers, from the environment: LAYERWISE_TLS_CA (the PEM CA
+ * that signed the workers' certificates) and, for workers that check clients,
+ * LAYERWISE_TLS_CERT and LAYERWISE_TLS_KEY. Undefined without LAYERWISE_TLS_CA.
+ */
+function tlsFromEnv(): TlsFiles | undefined {
+  const read = (name: string): Buffer | undefined => {
+    const path = process.env[name];
+    if (!path) return undefined;
+    try {
+      return readFileSync(path);
+    } catch (e) {
+      throw new LayerwiseError(`${name}=${path} cannot be read (${(e as Error).message.split('\n')[0]}); point it at a PEM file`);
+    }
+  };
+  const ca = read('LAYERWISE_TLS_CA');
+  return ca ? { ca, cert: read('LAYERWISE_TLS_CERT'), key: read('LAYERWISE_TLS_KEY') } : undefined;
+}
+
+/** The gRPC links of stage `i` of `k` remote devices: accept the previous stage's, dial the next's. */
+export function remoteLinks(devices: readonly Device[], i: number): { prev?: RemoteLink; next?: RemoteLink } {
+  const next = devices[i + 1];
+  return {
+    ...(i > 0 ? { prev: { accept: true as const } } : {}),
+    ...(next ? { next: { connect: (next as RemoteDevice).address } } : {}),
+  };
+}

@@ -1,0 +1,92 @@
+/**
+ * The coordinator's handle on a device in another process: a device server
+ * (runtime/device-server.ts) it reaches over gRPC, either a process it spawned on this host
+ * ({@link spawnDeviceProcess}) or `layerwise worker --listen` on another host. Requests and
+ * replies are those of a worker thread (runtime/device.ts). A device process that dies, or a
+ * link that stops answering keepalive pings, fails every pending call with a {@link StageError}
+ * naming the stage and where it ran, within seconds.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+import type * as grpc from '@grpc/grpc-js';
+import { Channel } from './channel.js';
+import { Device, StageError } from './device.js';
+import { dial, type StreamPort, type TlsFiles } from './grpc-link.js';
+
+/** A fresh random token for the devices a coordinator spawns itself. */
+export const newRunToken = (): string => randomBytes(24).toString('base64url');
+
+export class RemoteDevice extends Device {
+  protected readonly ch: Channel;
+  private readonly port: StreamPort;
+  private readonly client: grpc.Client;
+  readonly where: string;
+
+  /**
+   * Connects to the device server at `address` (HOST:PORT) as stage `index`'s coordinator.
+   * `child`: the process behind it, when this coordinator spawned it (killed on terminate).
+   */
+  constructor(index: number, readonly address: string, token: string, private readonly child?: ChildProcess, tls?: TlsFiles) {
+    super(index);
+    this.where = child ? `process ${child.pid} at ${address}` : `host ${address}`;
+    const { port, client } = dial(address, 'control', token, tls);
+    this.port = port;
+    this.client = client;
+    this.ch = new Channel(port);
+    port.onClose((why) => {
+      if (!this.closed) this.ch.fail(new StageError(index, `device ${this.where} is gone: ${why.message}`));
+    });
+    child?.on('exit', (code, signal) => {
+      if (!this.closed) this.ch.fail(new StageError(index, `device ${this.where} exited (${signal ?? `code ${code}`})`));
+    });
+  }
+
+  async terminate(): Promise<void> {
+    if (!this.closed) this.ch.fail(new StageError(this.index, 'device was stopped'));
+    this.closed = true;
+    this.port.end();
+    this.client.close();
+    if (this.child && this.child.exitCode === null && this.child.signalCode === null) {
+      const gone = new Promise<void>((r) => this.child!.once('exit', () => r()));
+      this.child.kill('SIGTERM');
+      const t = setTimeout(() => this.child!.kill('SIGKILL'), 2000);
+      await gone;
+      clearTimeout(t);
+    }
+  }
+}
+
+/** Every device process this coordinator spawned and has not seen exit: killed if it exits first. */
+const children = new Set<ChildProcess>();
+process.once('exit', () => {
+  for (const c of children) c.kill('SIGKILL');
+});
+
+/**
+ * Spawns a device process on this host (runtime/device-process.ts) for stage `index` and
+ * connects to it. `env`: extra environment (e.g. CUDA_VISIBLE_DEVICES).
+ * @throws StageError when the process fails to start or to listen within 30 s.
+ */
+export async function spawnDeviceProcess(index: number, token: string, env: Record<string, string> = {}): Promise<RemoteDevice> {
+  const entry = fileURLToPath(new URL('./device-process.js', import.meta.url));
+  const child = spawn(process.execPath, [entry], { env: { ...process.env, ...env, LAYERWISE_TOKEN: token }, stdio: ['ignore', 'pipe', 'inherit'] });
+  children.add(child);
+  child.once('exit', () => children.delete(child));
+  const address = await new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new StageError(index, 'device process did not start listening within 30 s')), 30_000);
+    const lines = createInterface({ input: child.stdout! });
+    lines.once('line', (l) => {
+      clearTimeout(timer);
+      const m = /listening on (\S+)/.exec(l);
+      if (m) resolve(m[1]!);
+      else reject(new StageError(index, `device process said '${l}' instead of its address`));
+    });
+    child.once('exit', (code, signal) => {
+      clearTimeout(timer);
+      reject(new StageError(index, `device process exited before listening (${signal ?? `code ${code}`})`));
+    });
+  });
+  return new RemoteDevice(index, address, token, child);
+}

@@ -1,0 +1,138 @@
+/**
+ * Devices beyond one process: gpipe (K = 2, 3) and local over child processes equal the same
+ * runs over worker threads; a device killed with SIGKILL mid-step stops the run within seconds
+ * naming the stage and leaves no process behind; a device that stops answering (a cut link,
+ * simulated with SIGSTOP) times out; a worker refuses a coordinator with the wrong token or
+ * another version.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
+import { makeBatcher, type Batch } from '../data/batcher.js';
+import { initParams } from '../model/init.js';
+import { buildModel } from '../model/model.js';
+import { getPreset } from '../model/presets.js';
+import { tinyWhaleDataset } from '../testing/fixtures.js';
+import { maxParamDiff } from '../testing/assert-close.js';
+import { Channel } from '../runtime/channel.js';
+import { startDeviceServer } from '../runtime/device-server.js';
+import { dial } from '../runtime/grpc-link.js';
+import { createStrategy } from './index.js';
+import type { Strategy } from './strategy.js';
+
+const SHAPE = { layers: 3, dModel: 32, heads: 2, context: 16 };
+const ds = tinyWhaleDataset();
+
+function setup(o: Partial<TrainConfig>) {
+  const cfg = resolveConfig({ preset: 'charlm-tiny', backend: 'wasm', batchSize: 8, threads: 1, ...SHAPE, ...o } as Parameters<typeof resolveConfig>[0]);
+  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
+  const batcher = makeBatcher(ds, { batchSize: 8, context: SHAPE.context, seed: 2 });
+  const batches: Batch[] = [batcher.next(), batcher.next(), batcher.next()];
+  return { cfg, model, batches };
+}
+
+async function run(o: Partial<TrainConfig>) {
+  const { cfg, model, batches } = setup(o);
+  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
+  try {
+    const losses: number[] = [];
+    for (const [i, b] of batches.entries()) losses.push((await s.trainStep(b, [3e-3, 2e-3, 1e-3][i]!)).loss);
+    return { losses, params: await s.getParams() };
+  } finally {
+    await s.close();
+  }
+}
+
+/** The pids of the device processes this test process spawned and that are still alive. */
+function devicePids(): number[] {
+  try {
+    const out = execFileSync('pgrep', ['-P', String(process.pid), '-f', 'device-process.js'], { encoding: 'utf8' });
+    return out.split('\n').filter(Boolean).map(Number);
+  } catch {
+    return []; // pgrep exits 1 when nothing matches
+  }
+}
+
+test('gpipe K=2 and K=3 and local K=2 over child processes equal the same runs over worker threads', async () => {
+  const cases: Array<[string, Partial<TrainConfig>]> = [
+    ['gpipe K=2', { strategy: 'gpipe', stages: 2, microBatches: 2 }],
+    ['gpipe K=3 1f1b', { strategy: 'gpipe', stages: 3, microBatches: 4, schedule: '1f1b', remat: 'always' }],
+    ['local K=2', { strategy: 'local', stages: 2, microBatches: 2, deterministic: true }],
+  ];
+  for (const [what, o] of cases) {
+    const threads = await run(o);
+    const procs = await run({ ...o, devices: 'process' });
+    procs.losses.forEach((l, i) => assert.ok(Math.abs(l - threads.losses[i]!) <= 1e-4, `${what} step ${i}: processes ${l} vs threads ${threads.losses[i]}`));
+    const d = maxParamDiff(procs.params, threads.params);
+    assert.ok(d <= 1e-4, `${what}: parameters over processes differ from threads by ${d}`);
+  }
+  assert.deepEqual(devicePids(), [], 'no device process outlives its run');
+});
+
+/** Starts a 3-stage gpipe over processes and a long step; `hurt` hurts stage 1's process once the step runs. */
+async function failMidStep(hurt: (pid: number) => void): Promise<{ error: Error; seconds: number; s: Strategy }> {
+  const { cfg, model, batches } = setup({ strategy: 'gpipe', stages: 3, microBatches: 4, devices: 'process', layers: 6, dModel: 128, heads: 4, batchSize: 8 });
+  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
+  const pids = devicePids();
+  assert.equal(pids.length, 3, 'three device processes');
+  await s.trainStep(batches[0]!, 1e-3); // warm: every stage has run a step
+  const stage1 = (s as unknown as { workers: Array<{ where: string }> }).workers[1]!.where;
+  const pid = Number(/process (\d+)/.exec(stage1)![1]);
+  const t0 = performance.now();
+  const step = (async () => {
+    for (let i = 0; i < 50; i++) await s.trainStep(batches[i % 3]!, 1e-3);
+  })();
+  setTimeout(() => hurt(pid), 200);
+  const error = await step.then(() => new Error('no failure'), (e: Error) => e);
+  return { error, seconds: (performance.now() - t0) / 1000, s };
+}
+
+test('a device process killed with SIGKILL mid-step stops the run within seconds, naming the stage, with no process left', async () => {
+  const { error, seconds, s } = await failMidStep((pid) => process.kill(pid, 'SIGKILL'));
+  assert.match(error.message, /stage 1: device process \d+ at 127\.0\.0\.1:\d+ (exited \(SIGKILL\)|is gone)/);
+  assert.ok(seconds < 10, `the run stopped after ${seconds.toFixed(1)} s`);
+  await s.close();
+  await new Promise((r) => setTimeout(r, 300));
+  assert.deepEqual(devicePids(), [], 'every device process is gone');
+});
+
+test('a device that stops answering (a cut link) fails the run with a timeout error, never a hang', async () => {
+  let stopped = 0;
+  const { error, seconds, s } = await failMidStep((pid) => {
+    stopped = pid;
+    process.kill(pid, 'SIGSTOP');
+  });
+  try {
+    assert.match(error.message, /stage \d: /);
+    console.log(`cut link: ${error.message.split('\n')[0]} after ${seconds.toFixed(1)} s`);
+    assert.ok(seconds < 15, `the run stopped after ${seconds.toFixed(1)} s`);
+  } finally {
+    try {
+      if (stopped) process.kill(stopped, 'SIGCONT');
+    } catch {
+      // the strategy already killed it when the run failed
+    }
+    await s.close();
+  }
+  await new Promise((r) => setTimeout(r, 300));
+  assert.deepEqual(devicePids(), [], 'every device process is gone');
+});
+
+test('a worker refuses a coordinator with the wrong token or another version', async () => {
+  const server = await startDeviceServer({ port: 0, token: 'the-right-token' });
+  try {
+    const refused = async (token: string, version?: string): Promise<string> => {
+      const { port, client } = dial(server.address, 'control', token, undefined, version);
+      const ch = new Channel(port);
+      const why = await new Promise<string>((resolve) => port.onClose((e) => resolve(e.message)));
+      ch.fail(new Error('done'));
+      client.close();
+      return why;
+    };
+    assert.match(await refused('a-wrong-token'), /UNAUTHENTICATED: wrong token/);
+    assert.match(await refused('the-right-token', '0.0.0-other'), /version mismatch: this device runs layerwise \d+\.\d+\.\d+, the peer 0\.0\.0-other/);
+  } finally {
+    await server.close();
+  }
+});
