@@ -238,3 +238,61 @@ test('a user regression model trains on a JSON-lines data set (mean squared erro
   assert.ok(s.final_loss < 0.5 * s.initial_loss, `mse ${s.initial_loss} -> ${s.final_loss}`);
   assert.equal(s.val_accuracy, undefined, 'no accuracy for a regression');
 });
+
+/** Runs the CLI in the background; once metrics.jsonl of `out` has `after` steps, SIGKILLs one of its device processes. */
+async function runAndKillDevice(args: string[], out: string, after: number): Promise<{ code: number | null; out: string; err: string; killedAfterS: number }> {
+  const { spawn, execFileSync } = await import('node:child_process');
+  const child = spawn(process.execPath, [CLI, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d) => (stdout += d));
+  child.stderr.on('data', (d) => (stderr += d));
+  const exited = new Promise<number | null>((r) => child.on('exit', (c) => r(c)));
+  let killedAt = 0;
+  const devices = () => {
+    try {
+      return execFileSync('pgrep', ['-P', String(child.pid), '-f', 'device-process.js'], { encoding: 'utf8' }).split('\n').filter(Boolean).map(Number);
+    } catch {
+      return []; // none (yet)
+    }
+  };
+  for (let i = 0; i < 3000 && killedAt === 0 && child.exitCode === null; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+    const path = join(out, 'metrics.jsonl');
+    if (existsSync(path) && readFileSync(path, 'utf8').trim().split('\n').length >= after) {
+      const pids = devices();
+      if (pids.length === 0) continue;
+      process.kill(pids[pids.length - 1]!, 'SIGKILL');
+      killedAt = performance.now();
+    }
+  }
+  assert.ok(killedAt > 0, 'a device was killed while the run was training');
+  const code = await exited;
+  return { code, out: stdout, err: stderr, killedAfterS: (performance.now() - killedAt) / 1000 };
+}
+
+test('a device process killed mid-run stops it naming the stage, --resume continues exactly, and --max-restarts resumes by itself', async () => {
+  // long enough steps (tens of ms) that the kill lands mid-run
+  const base = ['--preset', 'charlm-tiny', '--layers', '2', '--d-model', '64', '--heads', '2', '--context', '32', '--batch-size', '16', '--eval-batches', '1',
+    '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2', '--lr', '0.01', '--warmup', '2', '--backend', 'wasm', '--steps', '40', '--save-every', '10', '--eval-every', '0'];
+  const ref = join(tmp, 'kill-ref');
+  assert.equal(run(['train', ...base, '--out', ref]).code, 0);
+  const want = losses(ref);
+  // killed: the run stops within seconds with the stage named; the last checkpoint (step 10) survives
+  const a = join(tmp, 'kill-a');
+  const r = await runAndKillDevice(['train', ...base, '--devices', 'process', '--out', a], a, 15);
+  assert.notEqual(r.code, 0);
+  assert.match(r.err, /stage 1: device process \d+ at 127\.0\.0\.1:\d+/);
+  assert.ok(r.killedAfterS < 10, `stopped ${r.killedAfterS.toFixed(1)} s after the kill`);
+  const c = run(['train', '--resume', a, '--steps', '40']);
+  assert.equal(c.code, 0, c.err);
+  losses(a).forEach((l, i) => assert.ok(Math.abs(l - want[i]!) <= 1e-4, `resumed step ${i + 1}: ${l} vs ${want[i]}`));
+  // --max-restarts: the same kill, and the run finishes by itself with the same losses
+  const b = join(tmp, 'kill-b');
+  const s = await runAndKillDevice(['train', ...base, '--devices', 'process', '--max-restarts', '1', '--out', b], b, 15);
+  assert.equal(s.code, 0, s.err);
+  assert.match(s.out, /restarting the devices from the checkpoint in .*kill-b \(restart 1 of 1\)/);
+  const lb = losses(b);
+  assert.equal(lb.length, 40);
+  lb.forEach((l, i) => assert.ok(Math.abs(l - want[i]!) <= 1e-4, `restarted step ${i + 1}: ${l} vs ${want[i]}`));
+});

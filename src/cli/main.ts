@@ -12,7 +12,8 @@ import { LOSSES } from '../model/loss-names.js';
 import { sampleText } from '../train/sample.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
-import { train, type TrainHooks } from '../train/trainer.js';
+import { type TrainHooks } from '../train/trainer.js';
+import { trainWithRestarts } from '../train/restarts.js';
 
 function int(v: string): number {
   if (!/^-?\d+$/.test(v.trim())) throw new InvalidArgumentError('must be an integer');
@@ -117,11 +118,13 @@ program
   .option('--trace <file>', 'write a Chrome trace (JSON) of every step, and an SVG timeline beside it')
   .option('--out <dir>', 'output folder')
   .option('--resume <dir>', 'continue the run in this folder exactly where it stopped')
+  .option('--max-restarts <n>', 'when a device is lost (process killed, host unreachable), restart the devices and resume from the last checkpoint, at most n times', int, 0)
   .action(async (o) => {
     if (!o.preset && !o.model && !o.resume) throw new LayerwiseError('--preset or --model is required (or --resume DIR); see layerwise train --help');
-    const { resume, checkpoint, ...rest } = o;
+    const { resume, checkpoint, maxRestarts, ...rest } = o;
     const raw = { ...rest, remat: checkpoint }; // --checkpoint keeps torchgpipe's name for re-materialization
-    const r = await train(raw, resume, hooks());
+    const r = await trainWithRestarts(raw, resume, hooks(), maxRestarts, (n, e, from) =>
+      console.log(`${e.message.split('\n')[0]}; restarting the devices from ${from} (restart ${n} of ${maxRestarts})`));
     const s = r.summary;
     const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
     console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}${s.val_accuracy !== undefined ? ` (accuracy ${(100 * s.val_accuracy).toFixed(1)}%)` : ''}${s.val_bpc !== undefined ? ` (${s.val_bpc.toFixed(3)} bits/char)` : ''}, ${rate}, ` +
