@@ -39,6 +39,19 @@ program
   });
 
 program
+  .command('transport')
+  .description('channel throughput (MB/s) and round-trip latency on loopback for threads, processes (gRPC) and a raw TCP socket; gpipe K=2 over threads vs processes')
+  .option('--mib <n>', 'MiB per throughput message', (v) => Number(v), 4)
+  .option('--messages <n>', 'throughput messages per transport', (v) => Number(v), 64)
+  .option('--round-trips <n>', 'round trips for the latency', (v) => Number(v), 200)
+  .option('--steps <n>', 'measured gpipe steps per device kind', (v) => Number(v), 4)
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchTransport } = await import('./transport.js');
+    await benchTransport({ mib: o.mib, messages: o.messages, roundTrips: o.roundTrips, steps: o.steps, out: o.out }, (s) => console.log(s));
+  });
+
+program
   .command('kernels')
   .description('where a training step\'s time goes, per kernel, on one backend (single device, in this thread)')
   .option('--preset <name>', 'model preset', 'charlm-small')

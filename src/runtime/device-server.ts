@@ -1,17 +1,32 @@
 /**
  * A device in its own process, on this host or another: a gRPC server (`layerwise worker
  * --listen HOST:PORT`) that one coordinator at a time drives. The coordinator opens a 'control'
- * link and sends the same requests a worker thread gets (runtime/stage-host.ts); the previous
- * stage's device opens a 'peer' link for activations and gradients. A link that does not
+ * link and sends the same requests a worker thread gets; the previous stage's device opens a
+ * 'peer' link for activations and gradients. The process's main thread only moves bytes: the
+ * stage computes in a worker thread (runtime/worker.js, as a thread device does) bridged to the
+ * links by MessagePorts, so the network is read and written while the stage computes (a
+ * computing thread cannot answer HTTP/2 flow control, which serialised transfer and compute). A link that does not
  * present the run's shared token, or comes from another layerwise version, is refused: a device
  * runs the model code it is sent, so an open port must not accept strangers. Binds to loopback
  * unless given another host; TLS where certificates are given.
  */
 import * as grpc from '@grpc/grpc-js';
 import { timingSafeEqual } from 'node:crypto';
-import { Channel } from './channel.js';
+import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
 import { DEVICE_SERVICE, LINK_OPTIONS, StreamPort, VERSION, dial, type TlsFiles } from './grpc-link.js';
-import { serveStage } from './stage-host.js';
+import type { RemoteLink } from './protocol.js';
+
+/** The ArrayBuffers behind a decoded message's typed arrays, moved (not copied) into the stage thread. */
+function buffersOf(v: unknown, out = new Set<ArrayBuffer>(), depth = 0): ArrayBuffer[] {
+  if (depth <= 6 && v !== null && typeof v === 'object') {
+    if (ArrayBuffer.isView(v)) {
+      if (v.byteOffset === 0 && v.byteLength === v.buffer.byteLength && v.buffer instanceof ArrayBuffer) out.add(v.buffer);
+    } else {
+      for (const x of Object.values(v)) buffersOf(x, out, depth + 1);
+    }
+  }
+  return [...out];
+}
 
 /** Options of {@link startDeviceServer}. */
 export interface DeviceServerOptions {
@@ -55,8 +70,8 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
   const log = o.log ?? (() => undefined);
   const server = new grpc.Server(LINK_OPTIONS);
   let busy = false;
-  let peerWaiter: ((ch: Channel) => void) | null = null;
-  let pendingPeer: Channel | null = null;
+  let peerWaiter: ((p: StreamPort) => void) | null = null;
+  let pendingPeer: StreamPort | null = null;
   let finish!: () => void;
   const done = new Promise<void>((r) => (finish = r));
   const close = async () => {
@@ -69,12 +84,6 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
     call.emit('error', { code, details, metadata: new grpc.Metadata() });
   };
 
-  const peerChannel = (port: StreamPort, what: string): Channel => {
-    const ch = new Channel(port);
-    port.onClose((why) => ch.fail(new Error(`the link to the ${what} stage was lost: ${why.message}`)));
-    return ch;
-  };
-
   server.addService(DEVICE_SERVICE, {
     link(call: grpc.ServerDuplexStream<Buffer, Buffer>) {
       const md = call.metadata;
@@ -85,48 +94,85 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
       if (version !== VERSION) return refuse(call, grpc.status.FAILED_PRECONDITION, `version mismatch: this device runs layerwise ${VERSION}, the peer ${version || 'an unknown version'}; run the same version everywhere`);
       const port = new StreamPort(call);
       if (role === 'peer') {
-        const ch = peerChannel(port, 'previous');
-        if (peerWaiter) peerWaiter(ch);
-        else pendingPeer = ch;
+        if (peerWaiter) peerWaiter(port);
+        else pendingPeer = port;
         return;
       }
       if (role !== 'control') return refuse(call, grpc.status.INVALID_ARGUMENT, `unknown link role '${role}'`);
       if (busy) return refuse(call, grpc.status.RESOURCE_EXHAUSTED, 'this device is busy with another coordinator');
       busy = true;
       log(`coordinator connected from ${call.getPeer()}`);
-      const main = new Channel(port);
-      port.onClose((why) => main.fail(new Error(`the coordinator's link was lost: ${why.message}`)));
-      const links: StreamPort[] = [];
-      void serveStage(main, async (link, side) => {
-        if ('connect' in link) {
-          const { port: p } = dial(link.connect, 'peer', o.token, o.tls);
-          links.push(p);
-          return peerChannel(p, side === 'next' ? 'next' : 'previous');
-        }
-        if (!('accept' in link)) throw new Error(`a process device cannot use a MessagePort for its ${side} stage`);
-        if (pendingPeer) {
-          const ch = pendingPeer;
-          pendingPeer = null;
-          return ch;
-        }
-        return new Promise<Channel>((resolve, reject) => {
-          const timer = setTimeout(() => {
-            peerWaiter = null;
-            reject(new Error(`the previous stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`));
-          }, ACCEPT_TIMEOUT_MS);
-          peerWaiter = (ch) => {
-            clearTimeout(timer);
-            peerWaiter = null;
-            resolve(ch);
-          };
-        });
-      }).then(() => {
-        for (const l of links) l.end();
+      const peers: StreamPort[] = [];
+      const worker = new Worker(new URL('./worker.js', import.meta.url));
+      let ended = false;
+      const end = (why: string) => {
+        if (ended) return;
+        ended = true;
+        void worker.terminate();
+        for (const l of peers) l.end();
         port.end();
         busy = false;
         pendingPeer = null;
-        log('coordinator gone; run ended');
+        log(`run ended: ${why}`);
         if (o.once) void close();
+      };
+      port.onClose((why) => end(`the coordinator's link closed (${why.message})`));
+      worker.on('error', (e) => end(`the stage thread crashed: ${e.message}`));
+      worker.on('exit', () => end('the stage thread exited'));
+      // the stage thread's replies and messages go to the coordinator as they are
+      worker.on('message', (m) => {
+        if (!ended) port.postMessage(m);
+      });
+      // a peer link bridged to a MessagePort the stage thread owns
+      const bridge = async (link: RemoteLink, side: 'prev' | 'next'): Promise<MessagePort> => {
+        let peer: StreamPort;
+        if ('connect' in link) {
+          peer = dial(link.connect, 'peer', o.token, o.tls).port;
+        } else {
+          peer = pendingPeer ?? await new Promise<StreamPort>((resolve, reject) => {
+            const timer = setTimeout(() => {
+              peerWaiter = null;
+              reject(new Error(`the previous stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`));
+            }, ACCEPT_TIMEOUT_MS);
+            peerWaiter = (p) => {
+              clearTimeout(timer);
+              peerWaiter = null;
+              resolve(p);
+            };
+          });
+          pendingPeer = null;
+        }
+        peers.push(peer);
+        const { port1, port2 } = new MessageChannel();
+        peer.on('message', (m) => port1.postMessage(m, buffersOf(m)));
+        port1.on('message', (m) => peer.postMessage(m));
+        peer.onClose((why) => {
+          if (!ended) port1.postMessage({ type: 'link-lost', side, why: why.message });
+          port1.close();
+        });
+        return port2;
+      };
+      // the coordinator's requests go to the stage thread; init's remote links become MessagePorts first
+      let queue = Promise.resolve();
+      port.on('message', (m) => {
+        queue = queue.then(async () => {
+          const msg = m as { type: string; method?: string; args?: { prev?: RemoteLink; next?: RemoteLink } };
+          const ports: MessagePort[] = [];
+          if (msg.type === 'request' && msg.method === 'init' && msg.args) {
+            try {
+              const [prev, next] = await Promise.all([
+                msg.args.prev ? bridge(msg.args.prev, 'prev') : undefined,
+                msg.args.next ? bridge(msg.args.next, 'next') : undefined,
+              ]);
+              msg.args = { ...msg.args, prev: prev as unknown as RemoteLink, next: next as unknown as RemoteLink };
+              ports.push(...[prev, next].filter((x): x is MessagePort => x !== undefined));
+            } catch (e) {
+              port.postMessage({ type: 'reply', id: (m as { id: number }).id, error: { name: 'Error', message: (e as Error).message } });
+              return;
+            }
+          }
+          if (!ended) worker.postMessage(msg, [...ports, ...buffersOf(msg)]);
+        });
       });
     },
   });
