@@ -9,6 +9,7 @@ import { createServer } from 'node:net';
 import { parentPort } from 'node:worker_threads';
 import * as grpc from '@grpc/grpc-js';
 import { DEVICE_SERVICE, LINK_OPTIONS, StreamPort } from '../runtime/grpc-link.js';
+import { onFrames } from './frames.js';
 
 interface Msg {
   echo: boolean;
@@ -35,16 +36,7 @@ if (mode === 'thread') {
   // frames: u32 length, u8 echo flag, payload; the answer is the frame itself or a 5-byte ack
   const server = createServer((sock) => {
     sock.setNoDelay(true);
-    let buf: Buffer = Buffer.alloc(0);
-    sock.on('data', (d: Buffer) => {
-      buf = buf.length ? Buffer.concat([buf, d]) : d;
-      while (buf.length >= 5 && buf.length >= 5 + buf.readUInt32LE(0)) {
-        const n = buf.readUInt32LE(0);
-        const frame = buf.subarray(0, 5 + n);
-        sock.write(frame[4] ? frame : Buffer.from([0, 0, 0, 0, 0]));
-        buf = buf.subarray(5 + n);
-      }
-    });
+    onFrames(sock, (frame) => sock.write(frame[4] ? frame : Buffer.from([0, 0, 0, 0, 0])));
   });
   server.listen(0, '127.0.0.1', () => console.log(`listening on 127.0.0.1:${(server.address() as { port: number }).port}`));
 } else {

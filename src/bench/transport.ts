@@ -20,6 +20,7 @@ import { buildModel } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
 import { resolveConfig, modelConfigFor } from '../config/config.js';
 import { markdownTable, writeBenchResults } from './report.js';
+import { onFrames } from './frames.js';
 import { median } from '../util/stats.js';
 
 export interface TransportBenchOptions {
@@ -79,15 +80,8 @@ async function tcpLink(): Promise<Link> {
   sock.setNoDelay(true);
   await new Promise((r) => sock.once('connect', r));
   const listeners: Array<(m: unknown) => void> = [];
-  let buf: Buffer = Buffer.alloc(0);
-  sock.on('data', (d: Buffer) => {
-    buf = buf.length ? Buffer.concat([buf, d]) : d;
-    while (buf.length >= 5 && buf.length >= 5 + buf.readUInt32LE(0)) {
-      const n = buf.readUInt32LE(0);
-      const frame = buf.subarray(0, 5 + n);
-      buf = buf.subarray(5 + n);
-      for (const l of listeners) l(frame);
-    }
+  onFrames(sock, (frame) => {
+    for (const l of listeners) l(frame);
   });
   return {
     send: (m) => {
