@@ -155,7 +155,8 @@ program
   .requiredOption('--listen <[host:]port>', 'where to listen; the host defaults to 127.0.0.1 (loopback only): give 0.0.0.0 or an address to accept other hosts')
   .option('--tls-cert <file>', 'PEM certificate of this worker (TLS)')
   .option('--tls-key <file>', 'PEM private key of this worker (TLS)')
-  .option('--tls-ca <file>', 'PEM certificate authority: coordinators must present a certificate it signed')
+  .option('--tls-ca <file>', 'PEM certificate authority that signed the other workers\' certificates (this worker links to the next stage\'s over TLS)')
+  .option('--tls-client-auth', 'accept only coordinators and workers that present a certificate --tls-ca signed')
   .action(async (o) => {
     const { runWorker } = await import('./worker.js');
     await runWorker(o);

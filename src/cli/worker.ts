@@ -13,6 +13,7 @@ export interface WorkerOptions {
   tlsCert?: string;
   tlsKey?: string;
   tlsCa?: string;
+  tlsClientAuth?: boolean;
 }
 
 function readPem(path: string | undefined, flag: string): Buffer | undefined {
@@ -34,7 +35,8 @@ export async function runWorker(o: WorkerOptions): Promise<void> {
   const token = process.env.LAYERWISE_TOKEN;
   check(token !== undefined && token.length >= 8, 'set LAYERWISE_TOKEN (at least 8 characters) to the token the coordinator will present: a worker runs the model code it is sent, so it accepts no one without it');
   check((o.tlsCert === undefined) === (o.tlsKey === undefined), '--tls-cert and --tls-key go together');
-  const tls = o.tlsCert ? { cert: readPem(o.tlsCert, '--tls-cert'), key: readPem(o.tlsKey, '--tls-key'), ca: readPem(o.tlsCa, '--tls-ca') } : undefined;
+  check(!o.tlsClientAuth || o.tlsCa !== undefined, '--tls-client-auth needs --tls-ca, the CA that signs the clients\' certificates');
+  const tls = o.tlsCert ? { cert: readPem(o.tlsCert, '--tls-cert'), key: readPem(o.tlsKey, '--tls-key'), ca: readPem(o.tlsCa, '--tls-ca'), requireClientCert: o.tlsClientAuth === true } : undefined;
   const host = m![1]?.replace(/^\[|\]$/g, '') ?? '127.0.0.1';
   let server;
   try {

@@ -59,6 +59,9 @@ const sameToken = (a: string, b: string): boolean => {
   return x.length === y.length && timingSafeEqual(x, y);
 };
 
+/** How long a device tries to reach the next stage's device, ms. */
+const CONNECT_TIMEOUT_MS = 10_000;
+
 /** How long a device waits for its previous stage to link up after init, ms. */
 const ACCEPT_TIMEOUT_MS = 30_000;
 
@@ -127,7 +130,12 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
       const bridge = async (link: RemoteLink, side: 'prev' | 'next'): Promise<MessagePort> => {
         let peer: StreamPort;
         if ('connect' in link) {
-          peer = dial(link.connect, 'peer', o.token, o.tls).port;
+          const d = dial(link.connect, 'peer', o.token, o.tls);
+          // fail init at once, saying why, when the next stage cannot be reached (address, TLS)
+          await new Promise<void>((resolve, reject) => d.client.waitForReady(Date.now() + CONNECT_TIMEOUT_MS, (e) => (e
+            ? reject(new Error(`cannot link to the next stage's device at ${link.connect}: ${e.message}${o.tls ? ' (with TLS: the workers need --tls-ca, the CA that signed each other\'s certificates)' : ''}`))
+            : resolve())));
+          peer = d.port;
         } else {
           peer = pendingPeer ?? await new Promise<StreamPort>((resolve, reject) => {
             const timer = setTimeout(() => {
@@ -179,7 +187,7 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
 
   const host = o.host ?? '127.0.0.1';
   const creds = o.tls?.cert && o.tls.key
-    ? grpc.ServerCredentials.createSsl(o.tls.ca ?? null, [{ cert_chain: o.tls.cert, private_key: o.tls.key }], o.tls.ca !== undefined)
+    ? grpc.ServerCredentials.createSsl(o.tls.ca ?? null, [{ cert_chain: o.tls.cert, private_key: o.tls.key }], o.tls.requireClientCert === true)
     : grpc.ServerCredentials.createInsecure();
   const hostPort = host.includes(':') ? `[${host}]:${o.port}` : `${host}:${o.port}`;
   const port = await new Promise<number>((resolve, reject) => server.bindAsync(hostPort, creds, (e, p) => (e ? reject(e) : resolve(p))));

@@ -148,11 +148,13 @@ export class StreamPort implements PortLike {
 
 /** Credentials of a link: TLS where the user gives certificates, else plain (loopback, trusted networks). */
 export interface TlsFiles {
-  /** PEM certificate authority that signed the peer's certificate. */
+  /** PEM certificate authority that signed the peer's certificate (default: the system's). */
   ca?: Buffer;
   /** PEM certificate and key of this end. */
   cert?: Buffer;
   key?: Buffer;
+  /** A server: accept only clients presenting a certificate `ca` signed. */
+  requireClientCert?: boolean;
 }
 
 /** The role of a link, sent in its metadata. */
@@ -165,7 +167,7 @@ export type LinkRole = 'control' | 'peer';
  * the error carries the server's message) or the connection is lost.
  */
 export function dial(address: string, role: LinkRole, token: string, tls?: TlsFiles, version = VERSION): { port: StreamPort; client: grpc.Client } {
-  const creds = tls?.ca ? grpc.credentials.createSsl(tls.ca, tls.key ?? null, tls.cert ?? null) : grpc.credentials.createInsecure();
+  const creds = tls?.ca || tls?.cert ? grpc.credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : grpc.credentials.createInsecure();
   const Client = grpc.makeGenericClientConstructor(DEVICE_SERVICE, 'Device');
   const client = new Client(address, creds, LINK_OPTIONS);
   const md = new grpc.Metadata();

@@ -3,11 +3,14 @@
  * runs over worker threads; a device killed with SIGKILL mid-step stops the run within seconds
  * naming the stage and leaves no process behind; a device that stops answering (a cut link,
  * simulated with SIGSTOP) times out; a worker refuses a coordinator with the wrong token or
- * another version.
+ * another version; links over TLS (test certificates made with openssl) train as threads do.
  */
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher, type Batch } from '../data/batcher.js';
 import { initParams } from '../model/init.js';
@@ -134,5 +137,46 @@ test('a worker refuses a coordinator with the wrong token or another version', a
     assert.match(await refused('the-right-token', '0.0.0-other'), /version mismatch: this device runs layerwise \d+\.\d+\.\d+, the peer 0\.0\.0-other/);
   } finally {
     await server.close();
+  }
+});
+
+/** A CA and a certificate for localhost/127.0.0.1 signed by it, made with openssl; null where openssl is missing. */
+function makeCertificates(dir: string): { ca: string; cert: string; key: string } | null {
+  const sh = (...a: string[]) => execFileSync('openssl', a, { cwd: dir, stdio: 'pipe' });
+  try {
+    sh('req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'ca.key', '-out', 'ca.pem', '-days', '1', '-subj', '/CN=layerwise-test-ca');
+    sh('req', '-newkey', 'rsa:2048', '-nodes', '-keyout', 'w.key', '-out', 'w.csr', '-subj', '/CN=localhost');
+    writeFileSync(join(dir, 'ext'), 'subjectAltName=DNS:localhost,IP:127.0.0.1');
+    sh('x509', '-req', '-in', 'w.csr', '-CA', 'ca.pem', '-CAkey', 'ca.key', '-CAcreateserial', '-out', 'w.pem', '-days', '1', '-extfile', 'ext');
+    return { ca: join(dir, 'ca.pem'), cert: join(dir, 'w.pem'), key: join(dir, 'w.key') };
+  } catch {
+    return null;
+  }
+}
+
+test('over TLS: workers with certificates and a coordinator trusting their CA train as threads do; without the CA it cannot connect', async (t) => {
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-tls-'));
+  const files = makeCertificates(dir);
+  if (!files) {
+    t.skip('openssl is not installed: cannot make test certificates');
+    return;
+  }
+  const tls = { ca: readFileSync(files.ca), cert: readFileSync(files.cert), key: readFileSync(files.key) };
+  const servers = await Promise.all([0, 1].map(() => startDeviceServer({ port: 0, token: 'tls-test-token', tls })));
+  const env = { ...process.env };
+  try {
+    process.env.LAYERWISE_TOKEN = 'tls-test-token';
+    process.env.LAYERWISE_TLS_CA = files.ca;
+    const devices = servers.map((s) => s.address).join(',');
+    const o: Partial<TrainConfig> = { strategy: 'gpipe', stages: 2, microBatches: 2 };
+    const overTls = await run({ ...o, devices });
+    const threads = await run(o);
+    overTls.losses.forEach((l, i) => assert.ok(Math.abs(l - threads.losses[i]!) <= 1e-4, `step ${i}: TLS ${l} vs threads ${threads.losses[i]}`));
+    delete process.env.LAYERWISE_TLS_CA;
+    await assert.rejects(run({ ...o, devices }), /stage \d: device host 127\.0\.0\.1:\d+ is gone/);
+  } finally {
+    process.env = env;
+    await Promise.all(servers.map((s) => s.close()));
+    rmSync(dir, { recursive: true, force: true });
   }
 });
