@@ -95,7 +95,7 @@ program
   .option('--batch-size <N>', 'mini-batch size (examples)', int)
   .option('--checkpoint <mode>', 're-materialization: always | except_last | never')
   .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
-  .option('--balance <list|kind>', 'blocks per stage, e.g. 2,3,3, or params (default: by parameter count) | time | memory (profiled on --backend)')
+  .option('--balance <list|kind>', 'blocks per stage, e.g. 2,3,3, or flops (default: by the blocks\' FLOP counts) | params (parameter count) | time | memory (profiled on --backend)')
   .option('--steps <n>', 'optimizer steps', int)
   .option('--lr <x>', 'peak learning rate', num)
   .option('--warmup <n>', 'linear warm-up steps', int)
