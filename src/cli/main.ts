@@ -197,9 +197,12 @@ program
     for (const [name, p] of Object.entries(PRESETS)) console.log(`${name.padEnd(14)} ${p.description} (data: ${p.defaultData})`);
   });
 
-program.exitOverride((err) => {
-  process.exit(err.exitCode === 0 ? 0 : 2);
-});
+// a bad command line (commander has printed its one line) exits with status 2, in every subcommand
+for (const c of [program, ...program.commands]) {
+  c.exitOverride((err) => {
+    process.exit(err.exitCode === 0 ? 0 : 2);
+  });
+}
 
 // every failure goes through one path: one line, never a bare stack (see report-error.ts)
 process.on('uncaughtException', (e) => process.exit(reportError(e, { debug })));

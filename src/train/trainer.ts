@@ -178,7 +178,7 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
 /** How far above its running median a loss must be for the divergence warning. */
 const DIVERGENCE_FACTOR = 10;
 /** Steps of loss history before the divergence guard speaks, and the window of its median. */
-const DIVERGENCE_WARMUP = 3;
+const DIVERGENCE_WARMUP = 2;
 const DIVERGENCE_WINDOW = 50;
 
 async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHeld(): void }, valBatches: ReturnType<typeof validationBatches>): Promise<TrainResult> {
@@ -220,6 +220,10 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
       savedStep = step;
     };
     const intact = () => (savedStep !== undefined ? `the checkpoint of step ${savedStep} in ${checkpointDir(cfg.out)} is intact` : 'no checkpoint was saved yet');
+    const advice = () => `lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`;
+    /** A numeric fault of step `done`, found before any parameter was updated with it (see PipelineStrategy), with the step and advice. */
+    const withStep = (e: unknown, done: number): unknown =>
+      e instanceof NumericFaultError && e.step === undefined ? e.at(done, `nothing was updated with it; ${intact()}; ${advice()}`) : e;
     const due = (done: number, every: number) => (every > 0 && done % every === 0) || done === cfg.steps;
     /** Records a submitted step once it is done: metrics, evaluation, checkpoint. */
     const finish = async (f: InFlight) => {
@@ -228,18 +232,16 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
       try {
         r = await f.done;
       } catch (e) {
-        // found before any parameter was updated with it (see PipelineStrategy)
-        if (e instanceof NumericFaultError) throw e.at(done, `nothing was updated with it; ${intact()}; lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`);
-        throw e;
+        throw withStep(e, done);
       }
       const secs = f.seconds;
       if (!Number.isFinite(r.loss)) {
         const st = r.stageLosses.findIndex((l) => !Number.isFinite(l));
         const where = cfg.strategy === 'local' && st >= 0 ? ` (first in the local loss of stage ${st})` : '';
-        throw new NumericFaultError(`loss became ${r.loss}${where}`).at(done, `${intact()}; lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`);
+        throw new NumericFaultError(`loss became ${r.loss}${where}`).at(done, `${intact()}; ${advice()}`);
       }
       if (recent.length >= DIVERGENCE_WARMUP && !warned) {
-        const median = [...recent].sort((a, b) => a - b)[Math.floor(recent.length / 2)]!;
+        const median = [...recent].sort((a, b) => a - b)[Math.floor((recent.length - 1) / 2)]!; // the lower median
         if (r.loss > DIVERGENCE_FACTOR * median) {
           warned = true;
           hooks.warn?.(`loss ${r.loss.toPrecision(3)} at step ${done} is more than ${DIVERGENCE_FACTOR}x its running median ${median.toPrecision(3)}: training may be diverging; consider a lower --lr (now ${cfg.lr})`);
@@ -300,7 +302,11 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
         const lr = lrOf(step);
         const sub = strategy.submit(batch, lr);
         inFlight.push({ step, lr, tokens: batch.tokens, seconds: NaN, done: sub.done });
-        await sub.accepted;
+        try {
+          await sub.accepted;
+        } catch (e) {
+          throw withStep(e, step + 1);
+        }
         const now = performance.now();
         inFlight[inFlight.length - 1].seconds = (now - mark) / 1000;
         mark = now;
