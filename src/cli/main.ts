@@ -14,6 +14,7 @@ import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
 import { type TrainHooks } from '../train/trainer.js';
 import { trainWithRestarts } from '../train/restarts.js';
+import { reportError } from './report-error.js';
 
 function int(v: string): number {
   if (!/^-?\d+$/.test(v.trim())) throw new InvalidArgumentError('must be an integer');
@@ -60,6 +61,11 @@ function hooks(): TrainHooks {
         bar.start(config.steps, startStep, { loss: '-', rate: '-' });
       }
     },
+    warn(msg) {
+      bar?.stop();
+      bar = null;
+      console.error(`layerwise: warning: ${msg}`);
+    },
     onStep(m, total) {
       const rate = m.tokens_per_s !== undefined ? `${m.tokens_per_s.toFixed(0)} tokens/s` : `${(m.examples_per_s ?? 0).toFixed(0)} examples/s`;
       const acc = m.val_accuracy !== undefined ? ` acc ${(100 * m.val_accuracy).toFixed(1)}%` : '';
@@ -76,6 +82,10 @@ function hooks(): TrainHooks {
 
 const program = new Command();
 program.name('layerwise').description('Train deep networks split by layers: GPipe pipelines on worker-thread devices (TensorFlow.js)');
+// --debug (anywhere on the command line): an internal error prints its full report (stack, schedule)
+program.option('--debug', 'on an internal error, print the full report (stack trace) too');
+const debug = process.argv.includes('--debug');
+const argv = process.argv.filter((a, i) => i < 2 || a !== '--debug');
 
 program
   .command('train')
@@ -97,7 +107,7 @@ program
   .option('--batch-size <N>', 'mini-batch size (examples)', int)
   .option('--checkpoint <mode>', 're-materialization: always | except_last | never')
   .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
-  .option('--balance <list|kind>', 'blocks per stage, e.g. 2,3,3, or params (default: by parameter count) | time | memory (profiled on --backend)')
+  .option('--balance <list|kind>', 'blocks per stage, e.g. 2,3,3, or flops (default: by the blocks\' FLOP counts) | params (parameter count) | time | memory (profiled on --backend)')
   .option('--steps <n>', 'optimizer steps', int)
   .option('--lr <x>', 'peak learning rate', num)
   .option('--warmup <n>', 'linear warm-up steps', int)
@@ -204,22 +214,19 @@ program
     for (const [name, p] of Object.entries(PRESETS)) console.log(`${name.padEnd(14)} ${p.description} (data: ${p.defaultData})`);
   });
 
-program.exitOverride((err) => {
-  process.exit(err.exitCode === 0 ? 0 : 2);
-});
+// a bad command line (commander has printed its one line) exits with status 2, in every subcommand
+for (const c of [program, ...program.commands]) {
+  c.exitOverride((err) => {
+    process.exit(err.exitCode === 0 ? 0 : 2);
+  });
+}
 
+// every failure goes through one path: one line, never a bare stack (see report-error.ts)
+process.on('uncaughtException', (e) => process.exit(reportError(e, { debug })));
+process.on('unhandledRejection', (e) => process.exit(reportError(e, { debug })));
 try {
-  await program.parseAsync(process.argv);
+  await program.parseAsync(argv);
   process.exit(0);
 } catch (e) {
-  if (e instanceof LayerwiseError) {
-    console.error(`layerwise: error: ${e.message}`);
-    process.exit(2);
-  }
-  const err = e as Error & { causeName?: string; schedule?: string };
-  console.error(`layerwise: ${err.name === 'StageError' ? err.message : err.stack ?? String(err)}`);
-  // where in its schedule the stage failed (not for a device over budget: that is the configuration's doing)
-  if (err.schedule && err.causeName !== 'DeviceOutOfMemoryError') console.error(err.schedule);
-  // a device that crossed --device-memory while running is a configuration problem, like the predicted case
-  process.exit(err.causeName === 'DeviceOutOfMemoryError' ? 2 : 1);
+  process.exit(reportError(e, { debug }));
 }

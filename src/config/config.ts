@@ -18,8 +18,8 @@ import { basename } from 'node:path';
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
 export const STASH_PLACES = ['device', 'host'] as const;
 export type StashPlace = (typeof STASH_PLACES)[number];
-/** Automatic balances: by parameter count, or by profiled time or memory. */
-export const BALANCE_KINDS = ['params', 'time', 'memory'] as const;
+/** Automatic balances: by the blocks' FLOP counts (the default), parameter count, or profiled time or memory. */
+export const BALANCE_KINDS = ['flops', 'params', 'time', 'memory'] as const;
 export type BalanceKind = (typeof BALANCE_KINDS)[number];
 
 export interface TrainConfig {
@@ -45,7 +45,8 @@ export interface TrainConfig {
   remat: RematMode;
   schedule: ScheduleKind;
   /**
-   * Blocks per stage, or how to balance them: 'params' (parameter count), 'time' or 'memory'
+   * Blocks per stage, or how to balance them: 'flops' (the blocks' FLOP counts, the default),
+   * 'params' (parameter count), 'time' or 'memory'
    * (profiled on the backend; see cost/profile.ts).
    */
   balance: number[] | BalanceKind;
@@ -98,7 +99,7 @@ export interface TrainConfig {
 
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, remat: 'except_last', schedule: 'gpipe',
-  balance: 'params', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
+  balance: 'flops', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
   seed: 1, backend: defaultBackend(), threads: 0, evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
   stash: 'host', serverThreads: 1,
 };
@@ -152,7 +153,7 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
     out: raw.out ?? `runs/${modelName}-${raw.strategy ?? DEFAULTS.strategy}`,
     balance: typeof raw.balance === 'string'
       ? ((BALANCE_KINDS as readonly string[]).includes(raw.balance) ? raw.balance : parseBalance(raw.balance))
-      : raw.balance ?? 'params',
+      : raw.balance ?? DEFAULTS.balance,
     deviceMemory: typeof raw.deviceMemory === 'string' ? parseSize(raw.deviceMemory) : raw.deviceMemory,
   } as TrainConfig;
   oneOf('backend', c.backend, BACKENDS);

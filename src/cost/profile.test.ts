@@ -81,6 +81,6 @@ test('--balance time separates the heavy blocks of a deliberately uneven model',
   assert.deepEqual(ranges.map((r) => r.to - r.from), [1, 6]);
   const mem = await resolveStages({ ...cfg, balance: 'memory' }, model);
   assert.equal(mem.length, 2);
-  assert.throws(() => resolveConfig({ preset: 'mlp-mnist', balance: 'speed' }), /--balance 'speed' must be comma-separated block counts.*or one of params, time, memory/);
+  assert.throws(() => resolveConfig({ preset: 'mlp-mnist', balance: 'speed' }), /--balance 'speed' must be comma-separated block counts.*or one of flops, params, time, memory/);
   await assert.rejects(resolveStages({ ...cfg, stages: 8 }, model), /--stages 8 exceeds the model's 7 blocks; use at most 7 stages/);
 });

@@ -31,7 +31,7 @@ export function validateBalance(balance: readonly number[], nBlocks: number, sta
 export function parseBalance(text: string): number[] {
   const parts = text.split(',').map((s) => s.trim());
   if (parts.some((p) => !/^\d+$/.test(p))) {
-    throw new LayerwiseError(`--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3, or one of params, time, memory`);
+    throw new LayerwiseError(`--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3, or one of flops, params, time, memory`);
   }
   return parts.map(Number);
 }

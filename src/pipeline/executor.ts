@@ -56,6 +56,24 @@ export interface StepInputs {
   m: number;
   /** Learning rate of this step. */
   lr: number;
+  /**
+   * Diagnosis of a numeric fault: the stage checks each block's output, the loss and each
+   * block's gradients for non-finite values (recording {@link NumericFault}s) and updates nothing.
+   */
+  diagnose?: boolean;
+}
+
+/** A non-finite value a stage found while diagnosing a step (see {@link StepInputs.diagnose}). */
+export interface NumericFault {
+  /** 'input': the stage's input; 'activation': a block's output; 'loss'; 'gradient': a block's parameter gradients. */
+  what: 'input' | 'activation' | 'loss' | 'gradient';
+  stage: number;
+  /** The model's block index (and name) where it appeared. */
+  block: number;
+  blockName: string;
+  mb: number;
+  /** NaN or Infinity (the first non-finite value seen). */
+  value: string;
 }
 
 /**
@@ -102,8 +120,10 @@ export interface StepIO {
   readonly m: number;
   /** Learning rate of this step. */
   readonly lr: number;
-  /** Global clipping scale from the step's reduce_grad_norm (1 before it). */
+  /** Global clipping scale from the step's reduce_grad_norm (1 before it; NaN: a numeric fault, update nothing). */
   readonly scale: number;
+  /** Whether this step diagnoses a numeric fault (see {@link StepInputs.diagnose}). */
+  readonly diagnose: boolean;
   /** Takes micro-batch mb's input: the step's input on the first stage, else the received activation. Throws if absent. */
   takeInput(mb: number): tf.Tensor;
   /** Takes micro-batch mb's labels. Throws if this stage was given none. */
@@ -145,8 +165,10 @@ export interface StageProgram {
   readonly losses: Map<number, number>;
   /** Evaluation metrics of each micro-batch (last stage, evaluation schedules; model/model.ts Model.metrics). */
   readonly metrics?: Map<number, Record<string, number>>;
-  /** This stage's share of the global squared gradient norm (for reduce_grad_norm). */
+  /** This stage's share of the global squared gradient norm (for reduce_grad_norm); NaN when its loss is not finite. */
   gradSquaredNorm?(): number;
+  /** Non-finite values found by a diagnosing step (see {@link StepInputs.diagnose}); cleared with the losses. */
+  readonly faults?: NumericFault[];
   /** Gradients this stage still expects from the next stage outside its schedule (for drain_grads). */
   pendingGradients?(): number;
   /** Drops every per-step tensor (after a failed step), keeping parameters and optimizer state. */
@@ -225,6 +247,7 @@ export async function execute(program: StageProgram, actions: readonly Action[],
   const io: StepIO = {
     m: inp.m,
     lr: inp.lr,
+    diagnose: inp.diagnose === true,
     get scale() {
       return scale;
     },

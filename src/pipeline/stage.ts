@@ -32,15 +32,18 @@ export class Stage extends TrainableStage {
 
   readonly handlers: Handlers = {
     forward: (a, io) => {
-      const y = this.forward(a.mb, io.takeInput(a.mb), { keep: a.keep, grad: a.grad, labels: this.isLast ? io.takeLabels(a.mb) : undefined });
+      const x = io.takeInput(a.mb);
+      const labels = this.isLast ? io.takeLabels(a.mb) : undefined;
+      if (io.diagnose) this.diagnoseForward(a.mb, x, labels);
+      const y = this.forward(a.mb, x, { keep: a.keep, grad: a.grad, labels });
       if (y) io.putOutput(a.mb, y);
     },
     backward: (a, io) => {
-      const dx = this.backward(a.mb, this.isLast ? null : io.takeOutputGrad(a.mb), io.m);
+      const dx = this.backward(a.mb, this.isLast ? null : io.takeOutputGrad(a.mb), io.m, io.diagnose);
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
     },
-    optimizer_step: (_a, io) => this.step(io.lr, io.scale),
+    optimizer_step: (_a, io) => this.step(io.lr, io.diagnose ? NaN : io.scale), // a diagnosis updates nothing
   };
 
   /** Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last stage. */
@@ -99,7 +102,7 @@ export class Stage extends TrainableStage {
    * output; ignored on the last stage, which uses 1/m). Accumulates the parameter gradients
    * and returns the gradient of the stage input (null on the first stage).
    */
-  backward(mb: number, dy: tf.Tensor | null, m: number): tf.Tensor | null {
+  backward(mb: number, dy: tf.Tensor | null, m: number, diagnose = false): tf.Tensor | null {
     const st = this.mbs.get(mb);
     if (!st) throw new Error(`backward of micro-batch ${mb} without its forward`);
     this.mbs.delete(mb);
@@ -131,6 +134,7 @@ export class Stage extends TrainableStage {
     }
     this.lastRecomputeMs = timing.ms;
     const keys = this.params.keys();
+    if (diagnose) this.diagnoseGradients(mb, keys, grads.slice(0, keys.length));
     this.grads.add(keys, grads);
     return wantInput ? grads[keys.length] : null;
   }
@@ -155,5 +159,7 @@ export class Stage extends TrainableStage {
 
 /** The backprop stage kind, as a device worker creates it (see stage-kind.ts). */
 export function createStage(ctx: StageContext): Stage {
-  return new Stage(ctx.model, ctx.range, ctx.params, ctx.optimizer);
+  const stage = new Stage(ctx.model, ctx.range, ctx.params, ctx.optimizer);
+  stage.index = ctx.index;
+  return stage;
 }

@@ -4,7 +4,7 @@ import type { ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import type { Action } from '../schedule/schedule.js';
-import type { TraceSpan } from '../pipeline/executor.js';
+import type { NumericFault, TraceSpan } from '../pipeline/executor.js';
 import type { HostTensor } from '../data/microbatch.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 
@@ -46,6 +46,8 @@ export interface StageStep {
   labels?: HostTensor[];
   m: number;
   lr: number;
+  /** Diagnose a numeric fault: check every block's output and gradients, update nothing (see pipeline/executor.ts). */
+  diagnose?: boolean;
 }
 
 /** What a stage reports after a step. */
@@ -65,6 +67,8 @@ export interface StageStepResult {
   ms: number;
   /** When the stage began the step, ms since the Unix epoch (a clock shared by all threads). */
   startedAt: number;
+  /** Non-finite values a diagnosing step found (see StageStep.diagnose). */
+  faults?: NumericFault[];
 }
 
 /** Methods of the worker's request/reply protocol and their arguments and results. */

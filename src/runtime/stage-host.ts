@@ -90,11 +90,12 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
       resetPeakBytes();
       s.losses.clear();
       s.metrics?.clear();
+      if (s.faults) s.faults.length = 0;
       const inputs = a.inputs?.map(fromWire);
       const labels = a.labels?.map(fromWire);
       let trace;
       try {
-        trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr }, stageIndex);
+        trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr, diagnose: a.diagnose }, stageIndex);
       } catch (e) {
         // a failed step frees the inputs and labels it was given: a stage may not have reached
         // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
@@ -103,7 +104,7 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
       }
       const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
       const metrics = s.metrics?.size ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v) : undefined;
-      const r: StageStepResult = { losses, ...(metrics ? { metrics } : {}), trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
+      const r: StageStepResult = { losses, ...(metrics ? { metrics } : {}), ...(s.faults?.length ? { faults: [...s.faults] } : {}), trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
       return r;
     },
     async getParams() {

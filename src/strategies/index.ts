@@ -42,11 +42,28 @@ export function validateStrategy(cfg: TrainConfig): void {
 }
 
 /**
+ * Each block's floating-point operations for one micro-batch of `microBatch` examples, along the
+ * chain of the blocks' output shapes (Block.flops). A block without products (an embedding
+ * lookup) counts its output elements, so that it still weighs something.
+ */
+export function blockFlops(model: Model, microBatch: number): number[] {
+  let shape = model.inputShape(microBatch);
+  return model.blocks.map((b) => {
+    const f = b.flops(shape);
+    const out = b.outputShape(shape);
+    shape = out;
+    const elems = out.reduce((a, d) => a * d, 1);
+    return Math.max(1, Number.isFinite(f) ? f : 0, elems);
+  });
+}
+
+/**
  * The stage ranges a configuration asks for: one range for a one-device strategy (single, l2l);
  * for the others the explicit --balance (validated against the model), the partition that
- * balances the parameter count (default), or for --balance time|memory the one that balances `costs` (one per block, from
- * {@link resolveStages}). Throws {@link LayerwiseError} for an impossible balance, and an Error
- * when time/memory costs are missing.
+ * balances the blocks' FLOP counts (default: compute is what keeps a stage busy, see
+ * {@link blockFlops}), the parameter count (--balance params), or for --balance time|memory
+ * the one that balances `costs` (one per block, from {@link resolveStages}). Throws
+ * {@link LayerwiseError} for an impossible balance, and an Error when time/memory costs are missing.
  */
 export function planStages(cfg: TrainConfig, model: Model, costs?: readonly number[]): StageRange[] {
   const n = model.blocks.length;
@@ -54,6 +71,7 @@ export function planStages(cfg: TrainConfig, model: Model, costs?: readonly numb
   if (cfg.stages > n) {
     throw new LayerwiseError(`--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`);
   }
+  if (cfg.balance === 'flops') return stageRanges(balanceByCost(blockFlops(model, Math.max(1, Math.floor(cfg.batchSize / cfg.microBatches))), cfg.stages));
   if (cfg.balance === 'params') return stageRanges(balanceByCost(model.blocks.map((b) => Math.max(1, paramCount(b))), cfg.stages));
   if (cfg.balance === 'time' || cfg.balance === 'memory') {
     if (!costs) throw new Error(`--balance ${cfg.balance} needs profiled block costs: use resolveStages`);

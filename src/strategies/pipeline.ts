@@ -20,6 +20,7 @@ import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
 import type { Schedule } from '../schedule/schedule.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 import { waitingMs } from '../pipeline/executor.js';
+import { describeFaults } from './numeric-fault.js';
 import { MetricMeans, type Evaluation, type StepReport, type Strategy, type Submission } from './strategy.js';
 import { MessageChannel, type MessagePort } from 'node:worker_threads';
 
@@ -122,14 +123,15 @@ export class PipelineStrategy implements Strategy {
    * gradient norm when the schedule has a reduce_grad_norm. `first` resolves when stage 0 is
    * done, `all` when every stage is. If a stage fails, every worker is stopped and both reject.
    */
-  private dispatch(schedule: Schedule, batch: Batch | null, lr: number): { first: Promise<unknown>; all: Promise<StageStepResult[]> } {
+  private dispatch(schedule: Schedule, batch: Batch | null, lr: number, diagnose = false): { first: Promise<unknown>; all: Promise<StageStepResult[]>; fault: { sums?: number[] } } {
+    const fault: { sums?: number[] } = {};
     const m = this.opts.microBatches;
     const k = this.workers.length;
     const inputs = batch ? splitMicroBatches({ data: batch.x, shape: batch.xShape }, m) : undefined;
     const labels = batch ? splitMicroBatches({ data: batch.y, shape: batch.yShape }, m) : undefined;
     const calls = this.workers.map((w, i) => {
       const withLabels = i === k - 1 || this.opts.kind.labelsOnEveryStage;
-      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels?.map(copyWire) : undefined };
+      const step = { actions: schedule[i], m, lr, inputs: i === 0 ? inputs : undefined, labels: withLabels ? labels?.map(copyWire) : undefined, ...(diagnose ? { diagnose } : {}) };
       return w.call('step', step, transferables([...(step.inputs ?? []), ...(step.labels ?? [])] as HostTensor[]));
     });
     const reduce = schedule.some((acts) => acts.some((a) => a.op === 'reduce_grad_norm'));
@@ -138,7 +140,11 @@ export class PipelineStrategy implements Strategy {
       try {
         if (reduce) {
           const norms = Promise.all(this.workers.map((w) => w.recvGradNorm())).then((sq) => {
-            const scale = clipScale(sq.reduce((a, b) => a + b, 0), this.opts.optimizer.clipNorm);
+            // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
+            // Infinity then): no stage updates (scale NaN), and submit() locates the fault
+            const total = sq.reduce((a, b) => a + b, 0);
+            if (!Number.isFinite(total)) fault.sums = sq;
+            const scale = Number.isFinite(total) && !diagnose ? clipScale(total, this.opts.optimizer.clipNorm) : NaN;
             for (const w of this.workers) w.sendScale(scale);
           });
           norms.catch(() => undefined); // a failing stage is reported through `everything`
@@ -160,7 +166,17 @@ export class PipelineStrategy implements Strategy {
     first.catch(() => undefined);
     this.inflight.add(all);
     all.finally(() => this.inflight.delete(all)).catch(() => undefined);
-    return { first, all };
+    return { first, all, fault };
+  }
+
+  /**
+   * Runs the training step on `batch` again, diagnosing (every block's output, the loss and
+   * every block's gradients checked; nothing updated), and throws the NumericFaultError that
+   * names where the first non-finite value appeared.
+   */
+  private async locate(batch: Batch, lr: number, sums: number[]): Promise<never> {
+    const rs = await this.dispatch(this.train, batch, lr, true).all;
+    throw describeFaults(rs.flatMap((r) => r.faults ?? []), sums, this.opts.ranges);
   }
 
   /** Waits for every submitted step; then runs the kind's flush schedule, if any. */
@@ -170,8 +186,8 @@ export class PipelineStrategy implements Strategy {
   }
 
   submit(batch: Batch, lr: number): Submission {
-    const { first, all } = this.dispatch(this.train, batch, lr);
-    const done = all.then(report);
+    const { first, all, fault } = this.dispatch(this.train, batch, lr);
+    const done = all.then((rs) => (fault.sums ? this.locate(batch, lr, fault.sums) : report(rs)));
     done.catch(() => undefined);
     // stages that run free: the first stage can take the next mini-batch while later ones finish
     const accepted = (this.opts.kind.freeRunning ? first : done).then(() => undefined);

@@ -10,7 +10,7 @@
  * {@link LayerwiseError} that names the file and the problem.
  */
 import { createHash } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, statSync } from 'node:fs';
 import { readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { LayerwiseError } from '../util/errors.js';
@@ -118,6 +118,13 @@ export function checkpointDir(out: string): string {
 
 /** Accepts a run folder or its checkpoint folder; returns the checkpoint folder. */
 export function resolveCheckpointDir(dir: string): string {
+  let isFile = false;
+  try {
+    isFile = !statSync(dir).isDirectory();
+  } catch {
+    // missing: loadCheckpoint says so
+  }
+  if (isFile) throw new LayerwiseError(`${dir} is a file, not a run folder; give the --out folder of an earlier 'layerwise train' run (or its checkpoint folder)`);
   return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
 }
 

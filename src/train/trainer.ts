@@ -22,6 +22,8 @@ import type { Strategy } from '../strategies/strategy.js';
 import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
 import { writeFileAtomic } from '../util/fsx.js';
+import { checkRunPaths, lockRunFolder } from './run-folder.js';
+import { NumericFaultError, tagRunDir } from '../util/errors.js';
 import { checkpointDir, loadCheckpoint, resolveCheckpointDir, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
 import { runModelConfig, resolveConfig, type TrainConfig } from '../config/config.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
@@ -40,6 +42,8 @@ export interface TrainHooks {
   }): void;
   onStep?(m: StepMetrics, total: number): void;
   log?(msg: string): void;
+  /** A warning, at most once per kind per run (e.g. the divergence guard: a loss far above its running median). */
+  warn?(msg: string): void;
 }
 
 export interface TrainResult {
@@ -103,6 +107,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     cfg = resolveConfig(raw);
   }
   validateStrategy(cfg);
+  checkRunPaths(cfg); // --out and --trace, before any work (the data and model paths are checked as they load)
   const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });
   const modelConfig = await runModelConfig(cfg, ds);
@@ -158,13 +163,31 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   const t0 = performance.now();
   const p = await prepare(raw, resume);
   const { cfg, ds, model } = p;
-  const targetName = ds.kind === 'text' ? 'tokens_per_s' : 'examples_per_s';
-  const batcher = makeBatcher(ds, { batchSize: cfg.batchSize, context: cfg.context ?? (model.config.arch === 'charlm' ? model.config.context : undefined), seed: cfg.seed }, p.data);
   const context = model.config.arch === 'charlm' ? model.config.context : undefined;
   const valBatches = validationBatches(ds, { batchSize: cfg.batchSize, context, maxBatches: cfg.evalBatches });
   if (valBatches.length === 0) throw new LayerwiseError(`the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`);
+  // one writer per run folder: a second run on it fails here, before it writes anything
+  const lock = await lockRunFolder(cfg.out);
+  try {
+    return await run(p, t0, hooks, lock, valBatches);
+  } catch (e) {
+    throw tagRunDir(e, cfg.out); // the CLI writes an internal error's full report there
+  } finally {
+    await lock.release();
+  }
+}
+
+/** How far above its running median a loss must be for the divergence warning. */
+const DIVERGENCE_FACTOR = 10;
+/** Steps of loss history before the divergence guard speaks, and the window of its median. */
+const DIVERGENCE_WARMUP = 2;
+const DIVERGENCE_WINDOW = 50;
+
+async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHeld(): void }, valBatches: ReturnType<typeof validationBatches>): Promise<TrainResult> {
+  const { cfg, ds, model, ranges } = p;
+  const targetName = ds.kind === 'text' ? 'tokens_per_s' : 'examples_per_s';
+  const batcher = makeBatcher(ds, { batchSize: cfg.batchSize, context: cfg.context ?? (model.config.arch === 'charlm' ? model.config.context : undefined), seed: cfg.seed }, p.data);
   const nParams = modelParamCount(model);
-  const ranges = p.ranges;
   hooks.onStart?.({ config: cfg, model, params: nParams, bytes: nParams * 4, ranges, startStep: p.startStep, budget: p.budget });
 
   const strategy: Strategy = await createStrategy(cfg, model, p.params, ranges);
@@ -185,21 +208,49 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
     await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
     const lrOf = (step: number) => learningRate(step, { lr: cfg.lr, warmup: cfg.warmup, decay: cfg.decay, totalSteps: cfg.steps, minRatio: 0.1 });
+    let savedStep = p.startStep > 0 ? p.startStep : undefined;
+    const recent: number[] = [];
+    let warned = false;
     const save = async (step: number) => {
+      lock.assertHeld();
       await saveCheckpoint(checkpointDir(cfg.out), {
         step, config: cfg as unknown as Record<string, unknown>, model: model.config,
         stats: { initialLoss: stats.initialLoss, wallS: stats.wallS + (performance.now() - t0) / 1000 },
         vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null, data: batcher.state(),
         params: await strategy.getParams(), optimizer: await strategy.getOptimizerState(),
       });
+      savedStep = step;
     };
+    const intact = () => (savedStep !== undefined ? `the checkpoint of step ${savedStep} in ${checkpointDir(cfg.out)} is intact` : 'no checkpoint was saved yet');
+    const advice = () => `lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`;
+    /** A numeric fault of step `done`, found before any parameter was updated with it (see PipelineStrategy), with the step and advice. */
+    const withStep = (e: unknown, done: number): unknown =>
+      e instanceof NumericFaultError && e.step === undefined ? e.at(done, `nothing was updated with it; ${intact()}; ${advice()}`) : e;
     const due = (done: number, every: number) => (every > 0 && done % every === 0) || done === cfg.steps;
     /** Records a submitted step once it is done: metrics, evaluation, checkpoint. */
     const finish = async (f: InFlight) => {
-      const r = await f.done;
       const done = f.step + 1;
+      let r: import('../strategies/strategy.js').StepReport;
+      try {
+        r = await f.done;
+      } catch (e) {
+        throw withStep(e, done);
+      }
       const secs = f.seconds;
-      if (!Number.isFinite(r.loss)) throw new Error(`loss became ${r.loss} at step ${done}; lower --lr`);
+      if (!Number.isFinite(r.loss)) {
+        const st = r.stageLosses.findIndex((l) => !Number.isFinite(l));
+        const where = cfg.strategy === 'local' && st >= 0 ? ` (first in the local loss of stage ${st})` : '';
+        throw new NumericFaultError(`loss became ${r.loss}${where}`).at(done, `${intact()}; ${advice()}`);
+      }
+      if (recent.length >= DIVERGENCE_WARMUP && !warned) {
+        const median = [...recent].sort((a, b) => a - b)[Math.floor((recent.length - 1) / 2)]!; // the lower median
+        if (r.loss > DIVERGENCE_FACTOR * median) {
+          warned = true;
+          hooks.warn?.(`loss ${r.loss.toPrecision(3)} at step ${done} is more than ${DIVERGENCE_FACTOR}x its running median ${median.toPrecision(3)}: training may be diverging; consider a lower --lr (now ${cfg.lr})`);
+        }
+      }
+      recent.push(r.loss);
+      if (recent.length > DIVERGENCE_WINDOW) recent.shift();
       stats.initialLoss ??= r.loss;
       if (f.step > p.startStep || cfg.steps - p.startStep === 1) {
         // the first step of a process warms kernels up; throughput counts the rest
@@ -253,7 +304,11 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
         const lr = lrOf(step);
         const sub = strategy.submit(batch, lr);
         inFlight.push({ step, lr, tokens: batch.tokens, seconds: NaN, done: sub.done });
-        await sub.accepted;
+        try {
+          await sub.accepted;
+        } catch (e) {
+          throw withStep(e, step + 1);
+        }
         const now = performance.now();
         inFlight[inFlight.length - 1].seconds = (now - mark) / 1000;
         mark = now;
