@@ -19,7 +19,9 @@ const TINY = ['--preset', 'charlm-tiny', '--layers', '1', '--d-model', '32', '--
 const STACK = /\n\s+at /;
 
 function run(args: string[]): { code: number | null; out: string; err: string } {
-  const r = spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 120_000 });
+  const env = { ...process.env };
+  delete env.LAYERWISE_TOKEN; // the same cases wherever the tests run
+  const r = spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 120_000, env });
   return { code: r.status, out: r.stdout, err: r.stderr };
 }
 
@@ -70,6 +72,10 @@ interface Case {
 const train = (name: string, args: string[], message: RegExp): Case => ({ name, args: ['train', ...args], message, out: true });
 
 const CASES: Case[] = [
+  // devices
+  train('other hosts without LAYERWISE_TOKEN', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--devices', '127.0.0.1:1,127.0.0.1:1'], /--devices names other hosts but LAYERWISE_TOKEN is not set/),
+  train('a --devices entry that is no device', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--devices', 'gpu0,thread'], /--devices entry 'gpu0' is not thread, process or HOST:PORT/),
+  train('l2l on process devices', [...TINY, '--strategy', 'l2l', '--devices', 'process'], /--strategy l2l keeps its parameter server in memory it shares with its device/),
   // flags
   train('no model', ['--steps', '2'], /--preset or --model is required/),
   train('unknown option', [...TINY, '--bogus'], /unknown option '--bogus'/),

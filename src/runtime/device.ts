@@ -34,6 +34,8 @@ export abstract class Device {
   protected abstract readonly ch: Channel;
   private nextId = 0;
   protected closed = false;
+  /** Whether the device has answered a request yet (a link lost before that never worked). */
+  protected answered = false;
 
   constructor(readonly index: number) {}
 
@@ -46,6 +48,7 @@ export abstract class Device {
     const id = this.nextId++;
     this.ch.send({ type: 'request', id, method, args }, transfer);
     const r = await this.ch.recv<Reply>('reply');
+    this.answered = true;
     if (r.id !== id) throw new StageError(this.index, `protocol error: reply ${r.id} to request ${id}`);
     if (r.error) {
       const e = new StageError(this.index, r.error.message, r.error.name, r.error.schedule);

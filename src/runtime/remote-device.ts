@@ -36,7 +36,16 @@ export class RemoteDevice extends Device {
     this.client = client;
     this.ch = new Channel(port);
     port.onClose((why) => {
-      if (!this.closed) this.ch.fail(new StageError(index, `device ${this.where} is gone: ${why.message}`));
+      if (this.closed) return;
+      // refused, or never reachable: the user's setup (token, version, address), not a lost device
+      const refused = /UNAUTHENTICATED|FAILED_PRECONDITION|RESOURCE_EXHAUSTED/.test(why.message);
+      if (refused || (!this.answered && /UNAVAILABLE/.test(why.message))) {
+        const fix = refused ? '' : `; start one there with layerwise worker --listen ${address}, or fix the address in --devices`;
+        const what = refused ? why.message.replace(/^\d+ [A-Z_]+: /, '') : `no layerwise worker answers at ${address}`;
+        this.ch.fail(new StageError(index, `device ${this.where} refused the run: ${what}${fix}`, 'LayerwiseError'));
+      } else {
+        this.ch.fail(new StageError(index, `device ${this.where} is gone: ${why.message}`));
+      }
     });
     child?.on('exit', (code, signal) => {
       if (!this.closed) this.ch.fail(new StageError(index, `device ${this.where} exited (${signal ?? `code ${code}`})`));

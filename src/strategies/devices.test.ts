@@ -122,6 +122,20 @@ test('a device that stops answering (a cut link) fails the run with a timeout er
   assert.deepEqual(devicePids(), [], 'every device process is gone');
 });
 
+test('no worker at a --devices address: a user error naming the address and the fix', async () => {
+  const env = { ...process.env };
+  process.env.LAYERWISE_TOKEN = 'some-token-123';
+  try {
+    await assert.rejects(run({ strategy: 'gpipe', stages: 2, devices: '127.0.0.1:1,127.0.0.1:1' }), (e: Error & { causeName?: string }) => {
+      assert.match(e.message, /device host 127\.0\.0\.1:1 refused the run: no layerwise worker answers at 127\.0\.0\.1:1; start one there with layerwise worker --listen/);
+      assert.equal(e.causeName, 'LayerwiseError', 'the CLI reports it as the user\'s error (exit 2)');
+      return true;
+    });
+  } finally {
+    process.env = env;
+  }
+});
+
 test('a worker refuses a coordinator with the wrong token or another version', async () => {
   const server = await startDeviceServer({ port: 0, token: 'the-right-token' });
   try {
@@ -173,7 +187,7 @@ test('over TLS: workers with certificates and a coordinator trusting their CA tr
     const threads = await run(o);
     overTls.losses.forEach((l, i) => assert.ok(Math.abs(l - threads.losses[i]!) <= 1e-4, `step ${i}: TLS ${l} vs threads ${threads.losses[i]}`));
     delete process.env.LAYERWISE_TLS_CA;
-    await assert.rejects(run({ ...o, devices }), /stage \d: device host 127\.0\.0\.1:\d+ is gone/);
+    await assert.rejects(run({ ...o, devices }), /stage \d: device host 127\.0\.0\.1:\d+ (is gone|refused the run)/);
   } finally {
     process.env = env;
     await Promise.all(servers.map((s) => s.close()));

@@ -7,7 +7,7 @@
  */
 import { parseDevices } from '../runtime/devices.js';
 import { existsSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
 import { loadDataset, Vocab, type Dataset } from '../data/index.js';
@@ -167,13 +167,18 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
   const valBatches = validationBatches(ds, { batchSize: cfg.batchSize, context, maxBatches: cfg.evalBatches });
   if (valBatches.length === 0) throw new LayerwiseError(`the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`);
   // one writer per run folder: a second run on it fails here, before it writes anything
+  const existed = existsSync(cfg.out);
   const lock = await lockRunFolder(cfg.out);
+  let failedEmpty = false;
   try {
     return await run(p, t0, hooks, lock, valBatches);
   } catch (e) {
-    throw tagRunDir(e, cfg.out); // the CLI writes an internal error's full report there
+    // a run that failed before writing anything (devices that refused it, say) leaves no folder
+    failedEmpty = !existed && (e instanceof LayerwiseError || (e as { causeName?: string }).causeName === 'LayerwiseError');
+    throw failedEmpty ? e : tagRunDir(e, cfg.out); // the CLI writes an internal error's full report there
   } finally {
     await lock.release();
+    if (failedEmpty && !existed && (await readdir(cfg.out).catch(() => ['?'])).length === 0) await rm(cfg.out, { recursive: true, force: true });
   }
 }
 
