@@ -12,7 +12,7 @@ import type { HostParams } from '../model/init.js';
 import type { ModelConfig } from '../model/model.js';
 import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import type { Device } from '../runtime/device.js';
+import { StageError, type Device } from '../runtime/device.js';
 import { allThreads, openDevices, remoteLinks, type DeviceSpec } from '../runtime/devices.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
@@ -58,6 +58,28 @@ export interface PipelineOptions {
   threads?: number;
   /** Which device runs each stage (runtime/devices.ts); default a worker thread each. */
   devices?: DeviceSpec[];
+}
+
+/** How long a failed step waits for the other stages' outcomes, to report the root cause, ms. */
+const ROOT_CAUSE_WAIT_MS = 2000;
+
+/**
+ * The error to report for a failed step: a lost device (its process died, its link was cut:
+ * a StageError the device handle raised, without a cause from inside the stage) rather than a
+ * neighbour's complaint that its link to that device broke, which often arrives first.
+ * Waits up to {@link ROOT_CAUSE_WAIT_MS} for the other stages to fail too, only after such a
+ * complaint.
+ */
+async function rootCause(calls: ReadonlyArray<Promise<unknown>>, first: unknown): Promise<unknown> {
+  // only a broken link points elsewhere; any other failure is its own cause
+  if (!(first instanceof Error) || !/the link to the (next|previous) stage was lost/.test(first.message)) return first;
+  const settled = await Promise.race([
+    Promise.allSettled(calls),
+    new Promise<null>((r) => setTimeout(() => r(null), ROOT_CAUSE_WAIT_MS).unref()),
+  ]);
+  if (!settled) return first;
+  const errors = settled.filter((r): r is PromiseRejectedResult => r.status === 'rejected').map((r) => r.reason as unknown);
+  return errors.find((e) => e instanceof StageError && e.causeName === undefined) ?? first;
 }
 
 /** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
@@ -154,13 +176,14 @@ export class PipelineStrategy implements Strategy {
         return await everything;
       } catch (e) {
         everything.catch(() => undefined);
+        const root = await rootCause(calls, e);
         await this.close();
-        throw e;
+        throw root;
       }
     })();
     all.catch(() => undefined); // handled by whoever awaits it; never an unhandled rejection
     const first = calls[0].catch(async (e) => {
-      await all.catch(() => undefined); // the strategy is stopped before `first` rejects
+      await all; // the strategy is stopped before `first` rejects, with the run's root cause
       throw e;
     });
     first.catch(() => undefined);
