@@ -3,6 +3,7 @@
  * layerwise's extra kernels and gradients. Each Node worker_thread has its own tfjs-core engine,
  * so each worker calls {@link initBackend} itself.
  */
+import { installDawn } from './webgpu.js';
 import * as tf from '@tensorflow/tfjs-core';
 // tfjs-core 4.x registers no gradients itself; the union package's Node bundle registers all stock
 // gradients into tfjs-core's global registry. It must load before our gradient overrides.
@@ -20,7 +21,7 @@ import { BACKENDS, type BackendName } from './names.js';
 
 export { BACKENDS, type BackendName };
 
-/** npm packages that provide the optional backends (not dependencies of layerwise). */
+/** npm packages that provide the backends not built into this module (tfjs-node is optional: not a dependency). */
 const OPTIONAL_PACKAGE: Record<'tensorflow' | 'webgpu', string> = {
   tensorflow: '@tensorflow/tfjs-node',
   webgpu: '@tensorflow/tfjs-backend-webgpu',
@@ -96,6 +97,7 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
   registerExtensions();
   if (backend === 'wasm' && threads !== undefined) wasmBackend.setThreadsCount(threads);
   if (backend === 'tensorflow' && threads !== undefined) process.env['TF_NUM_INTRAOP_THREADS'] ??= String(threads);
+  if (backend === 'webgpu') await installDawn(); // navigator.gpu before the backend package is imported
   if (backend === 'tensorflow' || backend === 'webgpu') await loadOptional(backend);
   if (backend === 'native') {
     check(registerNativeBackend(), `backend 'native' is unavailable: ${nativeUnavailable()}; use --backend wasm`);

@@ -52,6 +52,17 @@ program
   });
 
 program
+  .command('webgpu')
+  .description('matmul GFLOP/s on webgpu (Dawn: the GPU, else a software GPU) beside native and wasm')
+  .option('--sizes <list>', 'matrix sizes n', '256,512,1024')
+  .option('--reps <n>', 'products per size', (v) => Number(v), 10)
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchWebGPU } = await import('./webgpu.js');
+    await benchWebGPU({ sizes: String(o.sizes).split(',').map(Number), reps: o.reps, out: o.out }, (s) => console.log(s));
+  });
+
+program
   .command('kernels')
   .description('where a training step\'s time goes, per kernel, on one backend (single device, in this thread)')
   .option('--preset <name>', 'model preset', 'charlm-small')

@@ -7,6 +7,7 @@
  */
 import { Worker, type TransferListItem } from 'node:worker_threads';
 import { configureOpenMP } from '../backend/native-addon.js';
+import { configureWebGPUEnvironment } from '../backend/webgpu.js';
 import { Channel, type Message } from './channel.js';
 import type { StageApi } from './protocol.js';
 import type { LayerGrads } from '../pipeline/executor.js';
@@ -89,6 +90,7 @@ export class StageWorker extends Device {
   constructor(index: number) {
     super(index);
     configureOpenMP(); // before any device thread may load the native addon
+    configureWebGPUEnvironment(); // before any device thread may load Dawn
     this.worker = new Worker(new URL('./worker.js', import.meta.url));
     this.ch = new Channel(this.worker);
     this.worker.on('error', (e) => this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)));

@@ -11,7 +11,7 @@ import { readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
 import { loadDataset, Vocab, type Dataset } from '../data/index.js';
-import { LayerwiseError } from '../util/errors.js';
+import { LayerwiseError, check } from '../util/errors.js';
 import { initParams, type HostParams } from '../model/init.js';
 import { loadModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
@@ -107,6 +107,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     cfg = resolveConfig(raw);
   }
   validateStrategy(cfg);
+  check(cfg.backend !== 'webgpu', '--backend webgpu runs kernels in Node (tested against cpu) but cannot train yet: the training path still reads tensors synchronously, which webgpu in Node cannot do; use --backend native or wasm');
   checkRunPaths(cfg); // --out and --trace, before any work (the data and model paths are checked as they load)
   const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });

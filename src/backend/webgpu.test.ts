@@ -1,0 +1,88 @@
+/**
+ * The webgpu backend in Node (Dawn's bindings; in CI a software GPU: Mesa through Dawn's OpenGL
+ * backend): every block of every preset, and the loss, give the same outputs and gradients
+ * (with respect to the parameters and the input) as the cpu backend, read asynchronously as
+ * webgpu requires. Skipped, saying why, where no WebGPU adapter can be made.
+ */
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { initBackend } from './index.js';
+import { installDawn } from './webgpu.js';
+import { tf } from './tfjs.js';
+import { paramKey } from '../model/block.js';
+import { initParams } from '../model/init.js';
+import { buildModel, type ModelConfig } from '../model/model.js';
+import { Rng } from '../util/rng.js';
+
+let why: string | false = false;
+try {
+  const a = await installDawn();
+  console.log(`webgpu adapter: ${a.description} (${a.featureLevel}${a.flags.length ? `, ${a.flags.join(' ')}` : ''})`);
+} catch (e) {
+  why = `no WebGPU adapter here: ${(e as Error).message}`;
+}
+
+const MODELS: Array<[string, ModelConfig]> = [
+  ['charlm', { arch: 'charlm', layers: 1, dModel: 16, heads: 2, context: 8, vocab: 11 }],
+  ['mlp', { arch: 'mlp', inputShape: [6, 6, 1], hidden: [12], classes: 5 }],
+  ['cnn', { arch: 'cnn', inputShape: [7, 6, 1], channels: [4, 3], hidden: 9, classes: 5 }],
+];
+
+/**
+ * Forward and gradients of each block of `config` (and of the loss after the last one) on the
+ * current backend: [output, d/d params..., d/d input (float inputs)] per block, as arrays.
+ */
+async function blockResults(config: ModelConfig): Promise<Float32Array[][]> {
+  const model = buildModel(config);
+  const host = initParams(model.blocks, 3);
+  const rng = new Rng(9);
+  const n = 3;
+  const shape0 = model.inputShape(n);
+  let x: tf.Tensor = model.inputDtype === 'int32'
+    ? tf.tensor(Int32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () => rng.int((config as { vocab: number }).vocab)), shape0, 'int32')
+    : tf.tensor(Float32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () => rng.next()), shape0);
+  const out: Float32Array[][] = [];
+  for (const [bi, block] of model.blocks.entries()) {
+    const names = block.params.map((p) => p.name);
+    const ps = block.params.map((p) => tf.tensor(host.get(paramKey(bi, p.name))!, p.shape));
+    const last = bi === model.blocks.length - 1;
+    const labelsShape = model.blocks.reduce((s, b) => b.outputShape(s), shape0).slice(0, -1);
+    const labels = tf.tensor(Int32Array.from({ length: labelsShape.reduce((a, b) => a * b, 1) }, (_, i) => i % 5), labelsShape, 'int32');
+    const f = (...args: tf.Tensor[]) => {
+      const p = Object.fromEntries(names.map((nm, i) => [nm, args[i]!]));
+      const y = block.forward(p, args[names.length] ?? x);
+      return last ? model.loss(y, labels) : tf.sum(tf.mul(y, tf.sin(tf.range(0, y.size).reshape(y.shape))));
+    };
+    const wantInput = x.dtype === 'float32';
+    const xs = wantInput ? [...ps, x] : ps;
+    const grads = tf.grads((...a: tf.Tensor[]) => f(...a))(xs);
+    const y = block.forward(Object.fromEntries(names.map((nm, i) => [nm, ps[i]!])), x);
+    const values = [await y.data(), ...(await Promise.all(grads.map((g) => g.data())))] as Float32Array[];
+    if (last) values.push(await f(...ps, x).data() as Float32Array);
+    out.push(values);
+    x = y;
+  }
+  return out;
+}
+
+for (const [name, config] of MODELS) {
+  test(`webgpu: every ${name} block and the loss equal cpu, forward and gradients`, { skip: why }, async () => {
+    await initBackend('cpu');
+    const cpu = await blockResults(config);
+    await initBackend('webgpu');
+    const gpu = await blockResults(config);
+    assert.equal(gpu.length, cpu.length);
+    gpu.forEach((arrays, b) => arrays.forEach((v, i) => {
+      const ref = cpu[b]![i]!;
+      assert.equal(v.length, ref.length, `block ${b} output ${i} size`);
+      const scale = Math.max(1, ...Array.from(ref, Math.abs));
+      let worst = 0;
+      for (let j = 0; j < v.length; j++) {
+        const d = Math.abs(v[j]! - ref[j]!) / scale;
+        if (!(d <= worst)) worst = d;
+      }
+      assert.ok(worst <= 1e-4, `${name} block ${b} result ${i} (0: output, then gradients, last: loss) differs from cpu by ${worst} of ${scale}`);
+    }));
+    await initBackend('cpu');
+  });
+}

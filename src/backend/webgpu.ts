@@ -1,0 +1,76 @@
+/**
+ * WebGPU in Node: Dawn's Node bindings (the npm package `webgpu`, prebuilt for linux-x64/arm64,
+ * Windows and macOS) give a thread `navigator.gpu`, which `@tensorflow/tfjs-backend-webgpu`
+ * needs before it is imported. The adapter is the machine's GPU where Dawn finds one (Vulkan,
+ * Metal, D3D12); without one, Mesa's software rasteriser through Dawn's OpenGL backend at the
+ * 'compatibility' feature level (on Debian 12, whose lavapipe is too old for Dawn's Vulkan).
+ * The main thread sets EGL_PLATFORM=surfaceless for devices on machines without a display
+ * ({@link configureWebGPUEnvironment}): a worker thread's process.env does not reach native code.
+ *
+ * TF.js's synchronous reads (dataSync, arraySync) do not work on webgpu in Node (they need an
+ * OffscreenCanvas); read with `await t.data()`.
+ */
+import { isMainThread } from 'node:worker_threads';
+import { LayerwiseError } from '../util/errors.js';
+
+/** What {@link installDawn} found. */
+export interface DawnAdapter {
+  /** The adapter's description, e.g. 'OpenGL version 4.5 (Core Profile) Mesa 22.3.6'. */
+  description: string;
+  /** The Dawn backend flags that gave it ([] for Dawn's default choice). */
+  flags: string[];
+  featureLevel: 'core' | 'compatibility';
+}
+
+let installed: DawnAdapter | undefined;
+
+/**
+ * Sets, in the main thread (where it reaches native code), what Dawn needs in device threads:
+ * EGL_PLATFORM=surfaceless where there is no display, so Mesa's EGL runs headless.
+ */
+export function configureWebGPUEnvironment(): void {
+  if (isMainThread && !process.env['DISPLAY'] && !process.env['WAYLAND_DISPLAY']) process.env['EGL_PLATFORM'] ??= 'surfaceless';
+}
+
+configureWebGPUEnvironment();
+
+/**
+ * Installs Dawn's WebGPU as this thread's `navigator.gpu` (and the GPU* globals), choosing the
+ * first adapter that works: Dawn's default backend at the core feature level, then OpenGL and
+ * OpenGL ES at the compatibility level (a software GPU). LAYERWISE_DAWN_FLAGS (comma-separated
+ * Dawn toggles, e.g. `backend=vulkan`) overrides the choice. Idempotent per thread.
+ * @throws LayerwiseError when the package does not load or no adapter is found, saying what to install.
+ */
+export async function installDawn(): Promise<DawnAdapter> {
+  if (installed) return installed;
+  let mod: { create: (flags: string[]) => GPUish; globals: Record<string, unknown> };
+  try {
+    mod = (await import('webgpu')) as unknown as typeof mod;
+  } catch (e) {
+    throw new LayerwiseError(`backend 'webgpu' needs the npm package webgpu (Dawn's Node bindings), which did not load: ${(e as Error).message.split('\n')[0]}; run npm ci`);
+  }
+  Object.assign(globalThis, mod.globals);
+  const given = process.env['LAYERWISE_DAWN_FLAGS'];
+  const tries: Array<[string[], 'core' | 'compatibility']> = given !== undefined
+    ? [[given.split(',').filter(Boolean), 'core'], [given.split(',').filter(Boolean), 'compatibility']]
+    : [[[], 'core'], [['backend=opengl'], 'compatibility'], [['backend=opengles'], 'compatibility']];
+  for (const [flags, featureLevel] of tries) {
+    const gpu = mod.create(flags);
+    const adapter = await gpu.requestAdapter({ featureLevel });
+    if (!adapter) continue;
+    // TF.js asks for its own adapter: give it this one's flags and feature level
+    const request = gpu.requestAdapter.bind(gpu);
+    gpu.requestAdapter = (o: Record<string, unknown> = {}) => request({ ...o, featureLevel });
+    const nav = ((globalThis as { navigator?: object }).navigator ??= {}) as object;
+    Object.defineProperty(nav, 'gpu', { value: gpu, configurable: true });
+    installed = { description: adapter.info?.description || adapter.info?.vendor || 'unknown adapter', flags, featureLevel };
+    return installed;
+  }
+  throw new LayerwiseError('backend \'webgpu\' found no GPU adapter: no GPU driver (Vulkan, Metal, D3D12) and no OpenGL through EGL; ' +
+    'on Debian/Ubuntu without a GPU, apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri for a software GPU');
+}
+
+/** The slice of Dawn's GPU object used here. */
+interface GPUish {
+  requestAdapter(o?: Record<string, unknown>): Promise<{ info?: { description?: string; vendor?: string } } | null>;
+}
