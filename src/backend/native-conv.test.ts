@@ -155,10 +155,12 @@ test('a cnn-mnist training step on native runs the native convolution and poolin
       const x = () => tf.tensor(batch.x, batch.xShape, model.inputDtype);
       const y = () => tf.tensor(batch.y, batch.yShape, 'int32');
       stage.forward(0, x(), { keep: true, grad: true, labels: y() });
+      await stage.flush(); // the loss is read at the step's end
       const loss0 = stage.losses.get(0)!;
       stage.backward(0, null, 1);
       stage.step(0.05, 1);
       stage.forward(0, x(), { keep: false, grad: false, labels: y() });
+      await stage.flush();
       const loss1 = stage.losses.get(0)!;
       assert.ok(Number.isFinite(loss0) && loss1 < loss0, `loss ${loss0} -> ${loss1}`);
     } finally {

@@ -304,6 +304,7 @@ test('300 training steps on native leak no tensor and keep the resident set flat
       stage.forward(0, batch(), { keep: true, grad: true, labels: batch() });
       stage.backward(0, null, 1);
       stage.step(1e-3, 1);
+      await stage.flush();
       if (step === 50 || step === 300) {
         tensors.push(tf.memory().numTensors);
         rss.push(process.memoryUsage().rss);

@@ -86,3 +86,42 @@ for (const [name, config] of MODELS) {
     await initBackend('cpu');
   });
 }
+
+/** Three training steps of `strategy` on `backend`: losses and parameters. */
+async function train3(backend: string, o: Record<string, unknown>) {
+  const { resolveConfig } = await import('../config/config.js');
+  const { createStrategy } = await import('../strategies/index.js');
+  const { makeBatcher } = await import('../data/batcher.js');
+  const { tinyWhaleDataset } = await import('../testing/fixtures.js');
+  const { getPreset } = await import('../model/presets.js');
+  const ds = tinyWhaleDataset();
+  const shape = { layers: 2, dModel: 16, heads: 2, context: 8 };
+  const cfg = resolveConfig({ preset: 'charlm-tiny', backend, batchSize: 4, threads: 1, ...shape, ...o } as Parameters<typeof resolveConfig>[0]);
+  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
+  const batcher = makeBatcher(ds, { batchSize: 4, context: shape.context, seed: 2 });
+  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
+  try {
+    const losses: number[] = [];
+    for (const lr of [3e-3, 2e-3, 1e-3]) losses.push((await s.trainStep(batcher.next(), lr)).loss);
+    return { losses, params: await s.getParams() };
+  } finally {
+    await s.close();
+  }
+}
+
+test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, float32 tolerance)', { skip: why }, async () => {
+  const { maxParamDiff } = await import('../testing/assert-close.js');
+  const runs: Array<[string, Record<string, unknown>]> = [
+    ['single', { strategy: 'single' }],
+    ['gpipe K=2', { strategy: 'gpipe', stages: 2, microBatches: 2 }],
+    ['local K=2', { strategy: 'local', stages: 2, microBatches: 2, deterministic: true }],
+    ['l2l', { strategy: 'l2l', microBatches: 2 }],
+  ];
+  for (const [name, o] of runs) {
+    const cpu = await train3('cpu', o);
+    const gpu = await train3('webgpu', o);
+    gpu.losses.forEach((l, i) => assert.ok(Math.abs(l - cpu.losses[i]!) <= 1e-4, `${name} step ${i}: webgpu ${l} vs cpu ${cpu.losses[i]}`));
+    const d = maxParamDiff(gpu.params, cpu.params);
+    assert.ok(d <= 1e-4, `${name}: parameters on webgpu differ from cpu by ${d}`);
+  }
+});

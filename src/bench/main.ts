@@ -56,10 +56,12 @@ program
   .description('matmul GFLOP/s on webgpu (Dawn: the GPU, else a software GPU) beside native and wasm')
   .option('--sizes <list>', 'matrix sizes n', '256,512,1024')
   .option('--reps <n>', 'products per size', (v) => Number(v), 10)
+  .option('--preset <name>', 'preset whose training tokens/s is measured', 'charlm-small')
+  .option('--steps <n>', 'measured training steps (0: matmul only)', (v) => Number(v), 3)
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchWebGPU } = await import('./webgpu.js');
-    await benchWebGPU({ sizes: String(o.sizes).split(',').map(Number), reps: o.reps, out: o.out }, (s) => console.log(s));
+    await benchWebGPU({ sizes: String(o.sizes).split(',').map(Number), reps: o.reps, preset: o.preset, steps: o.steps, out: o.out }, (s) => console.log(s));
   });
 
 program

@@ -43,6 +43,7 @@ for (const backend of ['wasm', 'cpu', 'native']) {
         const x = () => tf.tensor(batch.x, batch.xShape, model.inputDtype);
         const y = () => tf.tensor(batch.y, batch.yShape, 'int32');
         stage.forward(0, x(), { keep: true, grad: true, labels: y() });
+        await stage.flush(); // the loss is read at the step's end
         const loss0 = stage.losses.get(0)!;
         stage.backward(0, null, 1);
         // every parameter has a finite, non-zero gradient
@@ -54,6 +55,7 @@ for (const backend of ['wasm', 'cpu', 'native']) {
         }
         stage.step(0.05, 1);
         stage.forward(0, x(), { keep: false, grad: false, labels: y() });
+        await stage.flush();
         const loss1 = stage.losses.get(0)!;
         assert.ok(Number.isFinite(loss0) && loss1 < loss0, `loss ${loss0} -> ${loss1}`);
       } finally {

@@ -200,7 +200,7 @@ test('clipScale', () => {
   }
 });
 
-test('getState/setState round trip continues identically', () => {
+test('getState/setState round trip continues identically', async () => {
   for (const kind of ['adamw', 'sgd'] as const) {
     const c = { ...defaultOptimizerConfig(kind), weightDecay: 0.05 };
     const names = kind === 'sgd' ? ['w', 'k'] : ['w', 'b', 'k'];
@@ -213,7 +213,7 @@ test('getState/setState round trip continues identically', () => {
       opt.apply(a, g, 0.03, scaleOf(grads[t], c.clipNorm));
       dispose(g);
     }
-    const state = opt.getState();
+    const state = (await opt.getState());
     assert.equal(state.step, 2);
     assert.deepEqual(Object.keys(state.slots).sort(), [...names].sort());
     for (const s of Object.values(state.slots)) assert.deepEqual(Object.keys(s).sort(), kind === 'sgd' ? ['velocity'] : ['m', 'v']);
@@ -231,7 +231,7 @@ test('getState/setState round trip continues identically', () => {
     }
     for (const [k, v] of a) assert.deepEqual(b.get(k)!.dataSync(), v.dataSync(), `${kind} ${k}`);
     assert.deepEqual(state, snapshot, 'getState returned copies: later steps do not change them');
-    assert.equal(opt.getState().step, 5);
+    assert.equal((await opt.getState()).step, 5);
     opt.dispose();
     opt2.dispose();
     for (const v of [...a.values(), ...b.values()]) v.dispose();
@@ -240,13 +240,13 @@ test('getState/setState round trip continues identically', () => {
 
 test(
   'setState copies the arrays it is given',
-  () => {
+  async () => {
     const { dev } = makeParams(14, ['w']);
     const opt = new DeviceOptimizer(defaultOptimizerConfig('sgd'));
     const state = { step: 1, slots: { w: { velocity: new Float32Array(12).fill(1) } } };
     opt.setState(state, dev);
     state.slots.w.velocity.fill(100);
-    const got = opt.getState().slots.w.velocity;
+    const got = (await opt.getState()).slots.w.velocity;
     opt.dispose();
     for (const v of dev.values()) v.dispose();
     assert.deepEqual(got, new Float32Array(12).fill(1));

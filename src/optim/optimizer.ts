@@ -136,12 +136,12 @@ export class DeviceOptimizer {
     v.assign(out[2]!);
   }
 
-  /** Copies the state to the host (for checkpoints). */
-  getState(): OptimizerState {
+  /** Copies the state to the host (for checkpoints), reading asynchronously. */
+  async getState(): Promise<OptimizerState> {
     const slots: OptimizerState['slots'] = {};
     for (const [name, s] of this.slots) {
       slots[name] = {};
-      for (const [k, v] of Object.entries(s)) slots[name][k] = (v.dataSync() as Float32Array).slice();
+      for (const [k, v] of Object.entries(s)) slots[name][k] = ((await v.data()) as Float32Array).slice();
     }
     return { step: this.step, slots };
   }

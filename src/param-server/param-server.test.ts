@@ -72,7 +72,7 @@ const CONFIGS: Array<[string, OptimizerConfig]> = [
   ['adamw b0.8/0.99', { ...defaultOptimizerConfig('adamw'), beta1: 0.8, beta2: 0.99, epsilon: 1e-6, weightDecay: 0.05, clipNorm: 0 }],
 ];
 
-test('hostUpdate equals DeviceOptimizer: sgd with and without momentum, adamw; ranks 1, 2, 4; scale != 1; 4 steps', () => {
+test('hostUpdate equals DeviceOptimizer: sgd with and without momentum, adamw; ranks 1, 2, 4; scale != 1; 4 steps', async () => {
   for (const [name, cfg] of CONFIGS) {
     const p0 = initial(1);
     const ref = new Reference(p0, cfg);
@@ -89,7 +89,7 @@ test('hostUpdate equals DeviceOptimizer: sgd with and without momentum, adamw; r
       for (const k of KEYS) hostUpdate(cfg, SHAPES[k].length, host.get(k)!, g.get(k)!, slots.get(k)!, lr, scale, t);
       for (const k of KEYS) assertClose(host.get(k)!, ref.param(k), `${name} step ${t} ${k}`, TOL);
     }
-    const st = ref.opt.getState();
+    const st = (await ref.opt.getState());
     for (const k of KEYS) for (const s of slotNames(cfg)) assertClose(slots.get(k)![s], st.slots[k][s], `${name} slot ${k}.${s}`, TOL);
     ref.dispose();
   }
@@ -357,7 +357,7 @@ test('OptimizerState interchange with DeviceOptimizer, both ways; keys without g
     const partial = () => new Map([...gradsOf(rng)].filter(([k]) => k !== '2.g'));
     ref.step(partial(), 0.1);
     ref.step(partial(), 0.1);
-    const devState = ref.opt.getState();
+    const devState = (await ref.opt.getState());
     const devParams = new Map(KEYS.map((k) => [k, ref.param(k).slice()]));
     const s = await server(cfg, 2, devParams);
     try {
@@ -371,7 +371,7 @@ test('OptimizerState interchange with DeviceOptimizer, both ways; keys without g
       const st = await s.getOptimizerState();
       assert.equal(st.step, 3);
       assert.ok(!('2.g' in st.slots), 'no slots for a key that never had a gradient');
-      assert.deepEqual(Object.keys(st.slots).sort(), Object.keys(ref.opt.getState().slots).sort());
+      assert.deepEqual(Object.keys(st.slots).sort(), Object.keys((await ref.opt.getState()).slots).sort());
       const ref2 = new Reference(got, cfg);
       ref2.opt.setState(st, ref2.vars);
       const g4 = partial();

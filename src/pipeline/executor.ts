@@ -32,14 +32,14 @@ export interface LayerGrads {
 export interface StageLinks {
   /** Next activation from the previous stage (FIFO). */
   recvActivation(): Promise<{ mb: number; t: tf.Tensor }>;
-  /** Sends an activation to the next stage; the tensor is disposed by the link. */
-  sendActivation(mb: number, t: tf.Tensor): void;
+  /** Sends an activation to the next stage; the tensor is disposed by the link. Resolves once it is read off the device. */
+  sendActivation(mb: number, t: tf.Tensor): void | Promise<void>;
   /** Next output gradient from the next stage (FIFO). */
   recvGradient(): Promise<{ mb: number; t: tf.Tensor }>;
   /** An output gradient from the next stage if one has arrived, else null. */
   pollGradient(): { mb: number; t: tf.Tensor } | null;
-  /** Sends an input gradient to the previous stage; the tensor is disposed by the link. */
-  sendGradient(mb: number, t: tf.Tensor): void;
+  /** Sends an input gradient to the previous stage; the tensor is disposed by the link. Resolves once it is read off the device. */
+  sendGradient(mb: number, t: tf.Tensor): void | Promise<void>;
   /** All-reduce of squared gradient norms: returns the global clipping scale. */
   reduceGradNorm(sumSquares: number): Promise<number>;
   /** L2L: hands a layer's accumulated gradient to the parameter server (buffers are transferred). */
@@ -166,7 +166,7 @@ export interface StageProgram {
   /** Evaluation metrics of each micro-batch (last stage, evaluation schedules; model/model.ts Model.metrics). */
   readonly metrics?: Map<number, Record<string, number>>;
   /** This stage's share of the global squared gradient norm (for reduce_grad_norm); NaN when its loss is not finite. */
-  gradSquaredNorm?(): number;
+  gradSquaredNorm?(): number | Promise<number>;
   /** Non-finite values found by a diagnosing step (see {@link StepInputs.diagnose}); cleared with the losses. */
   readonly faults?: NumericFault[];
   /** Gradients this stage still expects from the next stage outside its schedule (for drain_grads). */
@@ -174,9 +174,13 @@ export interface StageProgram {
   /** Drops every per-step tensor (after a failed step), keeping parameters and optimizer state. */
   reset(): void;
   /** Current parameter values (host copies); absent where the parameters live elsewhere (L2L: in the parameter server). */
-  getParams?(): HostParams;
+  getParams?(): HostParams | Promise<HostParams>;
   /** Optimizer state; absent where it lives elsewhere. */
-  getOptimizerState?(): OptimizerState;
+  getOptimizerState?(): OptimizerState | Promise<OptimizerState>;
+  /** Reads what the step left pending on the device (losses, metrics, faults: pipeline/pending-reads.ts). */
+  flush?(): Promise<void>;
+  /** Drops what a failed step left pending, unread. */
+  discard?(): void;
   setOptimizerState?(s: OptimizerState): void;
   /** Frees everything on the device. */
   dispose(): void;
@@ -286,7 +290,7 @@ export async function execute(program: StageProgram, actions: readonly Action[],
           break;
         }
         case 'send_act':
-          links.sendActivation(a.mb, outputs.take(a.mb, a.op));
+          await links.sendActivation(a.mb, outputs.take(a.mb, a.op));
           break;
         case 'recv_grad': {
           const { mb, t } = await links.recvGradient();
@@ -295,11 +299,11 @@ export async function execute(program: StageProgram, actions: readonly Action[],
           break;
         }
         case 'send_grad':
-          links.sendGradient(a.mb, inputGrads.take(a.mb, a.op));
+          await links.sendGradient(a.mb, inputGrads.take(a.mb, a.op));
           break;
         case 'reduce_grad_norm':
           if (!program.gradSquaredNorm) throw new Error(`a ${program.kind} cannot take part in the gradient-norm all-reduce`);
-          scale = await links.reduceGradNorm(program.gradSquaredNorm());
+          scale = await links.reduceGradNorm(await program.gradSquaredNorm());
           break;
         case 'poll_grads':
           for (let g = links.pollGradient(); g; g = links.pollGradient()) await receivedGradient(g);

@@ -10,7 +10,7 @@
  * backpropagates it through its last n blocks only (re-computing them from their stashed
  * input) and adds the result to the gradients of its next local step.
  */
-import { evaluateOutput } from './evaluation.js';
+import { recordEvaluation } from './evaluation.js';
 import { tf } from '../backend/tfjs.js';
 import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
@@ -114,8 +114,7 @@ export class LocalStage extends TrainableStage {
       x.dispose();
       labels.dispose();
     }
-    this.losses.set(mb, value.dataSync()[0]);
-    value.dispose();
+    this.reads.scalar(value, (v) => this.losses.set(mb, v));
     this.grads.add(keys, grads);
     if (tailIn) this.tailStash.push({ mb, input: tailIn });
     return { out, dx: wantX ? grads[keys.length] : null };
@@ -150,8 +149,8 @@ export class LocalStage extends TrainableStage {
   }
 
   /** Local optimizer step: clipping by this stage's own gradient norm, then the update. */
-  localStep(lr: number): void {
-    const scale = clipScale(this.clipNorm > 0 ? this.grads.sumSquares() : 0, this.clipNorm);
+  async localStep(lr: number): Promise<void> {
+    const scale = clipScale(this.clipNorm > 0 ? await this.grads.sumSquares() : 0, this.clipNorm);
     this.applyGradients(lr, scale);
   }
 
@@ -164,11 +163,12 @@ export class LocalStage extends TrainableStage {
     const out = tf.tidy(() => {
       const h = this.params.applyBlocks(this.range.from, this.range.to, x);
       if (this.isLast) {
-        const ev = evaluateOutput(this.model, h, labels);
-        this.losses.set(mb, ev.loss);
-        this.metrics.set(mb, ev.metrics);
+        recordEvaluation(this.reads, this.model, h, labels, (loss, metrics) => {
+          this.losses.set(mb, loss);
+          this.metrics.set(mb, metrics);
+        });
       } else {
-        this.losses.set(mb, this.localLoss(h, labels, (k) => this.params.vars.get(k)!).dataSync()[0]);
+        this.reads.scalar(this.localLoss(h, labels, (k) => this.params.vars.get(k)!), (v) => this.losses.set(mb, v));
       }
       return h;
     });

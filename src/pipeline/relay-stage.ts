@@ -17,7 +17,8 @@
  * mini-batch loss is the mean of the M micro-batch losses; backward re-computes each layer
  * from its stashed input (the activations of a layer's inside never outlive its call).
  */
-import { evaluateOutput } from './evaluation.js';
+import { recordEvaluation } from './evaluation.js';
+import { PendingReads } from './pending-reads.js';
 import { tf } from '../backend/tfjs.js';
 import type { Model } from '../model/model.js';
 import { paramKey, type BlockParams } from '../model/block.js';
@@ -66,6 +67,18 @@ export class RelayStage implements StageProgram {
   private stepsDone = 0;
   /** Milliseconds the last {@link load} waited for the parameter server. */
   lastWaitMs = 0;
+  /** Losses and metrics read off the device at the step's end. */
+  private readonly reads = new PendingReads();
+
+  /** Reads what the step left pending on the device into {@link losses} and {@link metrics}. */
+  async flush(): Promise<void> {
+    await this.reads.flush();
+  }
+
+  /** Drops what a failed step left pending, unread. */
+  discard(): void {
+    this.reads.clear();
+  }
 
   /**
    * @param model the whole model
@@ -84,7 +97,7 @@ export class RelayStage implements StageProgram {
     },
     layer_forward: (a, io) => this.layerForward(a.layer, a.mb, a.grad, io),
     layer_backward: (a, io) => this.layerBackward(a.layer, a.mb, io),
-    push_grads: (a, io) => io.pushGrads(this.takeLayerGrads(a.layer)),
+    push_grads: async (a, io) => io.pushGrads(await this.takeLayerGrads(a.layer)),
     release_layer: (a) => this.release(a.layer),
     optimizer_step: () => this.step(),
   };
@@ -146,14 +159,20 @@ export class RelayStage implements StageProgram {
   }
 
   /** Stashes `t` (owned from now on) as the input of layer l for mb: on the device, or downloaded to the host and freed. */
-  private putStash(l: number, mb: number, t: tf.Tensor): void {
+  private async putStash(l: number, mb: number, t: tf.Tensor): Promise<void> {
     let s = this.stash.get(l);
     if (!s) this.stash.set(l, (s = new Map()));
     if (this.stashPlace === 'host' && l > 0) {
-      const v = t.dataSync() as Float32Array | Int32Array;
-      // wasm's dataSync is already a fresh copy of its heap; other backends may return their own storage
-      s.set(mb, { values: copiesOnCreation() ? v : v.slice(), shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32' });
-      t.dispose();
+      const shape = t.shape.slice();
+      const dtype = t.dtype as 'float32' | 'int32';
+      let v: Float32Array | Int32Array;
+      try {
+        v = (await t.data()) as Float32Array | Int32Array;
+      } finally {
+        t.dispose();
+      }
+      // wasm's reads are already a fresh copy of its heap; other backends may return their own storage
+      s.set(mb, { values: copiesOnCreation() ? v : v.slice(), shape, dtype });
     } else {
       s.set(mb, t);
     }
@@ -179,7 +198,7 @@ export class RelayStage implements StageProgram {
    * backward and the output is stashed as layer l+1's input; without, the input is freed and
    * the last layer records the micro-batch loss in {@link losses}.
    */
-  layerForward(l: number, mb: number, grad: boolean, io: StepIO): void {
+  async layerForward(l: number, mb: number, grad: boolean, io: StepIO): Promise<void> {
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
     if (l === this.layers - 1 && grad) throw new Error('the relay fuses the last layer\'s forward into its backward; schedule layer_backward');
@@ -191,18 +210,19 @@ export class RelayStage implements StageProgram {
         const labels = io.takeLabels(mb);
         try {
           const out = tf.tidy(() => block.forward(p, x));
-          const ev = evaluateOutput(this.model, out, labels);
+          recordEvaluation(this.reads, this.model, out, labels, (loss, metrics) => {
+            this.losses.set(mb, loss);
+            this.metrics.set(mb, metrics);
+          });
           out.dispose();
-          this.losses.set(mb, ev.loss);
-          this.metrics.set(mb, ev.metrics);
         } finally {
           labels.dispose();
         }
         return;
       }
-      this.putStash(l + 1, mb, tf.tidy(() => block.forward(p, x)));
+      await this.putStash(l + 1, mb, tf.tidy(() => block.forward(p, x)));
     } finally {
-      if (grad && !hostKept) this.putStash(l, mb, x); // device stash, or layer 0's tokens
+      if (grad && !hostKept) await this.putStash(l, mb, x); // device stash, or layer 0's tokens
       else x.dispose();
     }
   }
@@ -237,7 +257,7 @@ export class RelayStage implements StageProgram {
       const xs = [...names.map((n) => p[n]), ...(wantInput ? [x] : [])];
       if (xs.length === 0) return;
       const rec = recordForward(() => f(...xs));
-      if (last) this.losses.set(mb, rec.y.dataSync()[0]);
+      if (last) this.reads.scalar(tf.clone(rec.y), (v) => this.losses.set(mb, v));
       const grads = backwardRecorded(rec, xs, seed);
       // the stage's accumulators hold only the current layer's gradient (pushed before the next layer)
       this.grads.add(this.layerKeys(l).map(([, key]) => key), grads);
@@ -254,15 +274,15 @@ export class RelayStage implements StageProgram {
    * Downloads layer l's accumulated gradient (float32, host copies that can be transferred)
    * and its sum of squares; frees the device copies.
    */
-  takeLayerGrads(l: number): LayerGrads {
+  async takeLayerGrads(l: number): Promise<LayerGrads> {
     // the server needs the norm only for global clipping
-    const sumSquares = this.optimizer.clipNorm > 0 ? this.grads.sumSquares() : 0;
+    const sumSquares = this.optimizer.clipNorm > 0 ? await this.grads.sumSquares() : 0;
     const grads: Record<string, Float32Array> = {};
-    const copy = !copiesOnCreation(); // wasm's dataSync is already a fresh copy of the heap
+    const copy = !copiesOnCreation(); // wasm's reads are already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
       const g = this.grads.get(key);
       if (!g) continue;
-      const v = g.dataSync() as Float32Array;
+      const v = (await g.data()) as Float32Array;
       grads[key] = copy ? v.slice() : v;
     }
     this.grads.clear();

@@ -88,9 +88,10 @@ export class StageParams {
   }
 
   /** Current values on the host (fresh copies). */
-  toHost(): HostParams {
+  async toHost(): Promise<HostParams> {
     const out: HostParams = new Map();
-    for (const [k, v] of this.vars) out.set(k, (v.dataSync() as Float32Array).slice());
+    const values = await Promise.all([...this.vars.values()].map((v) => v.data() as Promise<Float32Array>));
+    [...this.vars.keys()].forEach((k, i) => out.set(k, values[i]!.slice()));
     return out;
   }
 
@@ -135,11 +136,15 @@ export class GradAccumulator {
     return this.grads;
   }
 
-  /** Sum of squares of every accumulated element (a stage's share of the global norm). */
-  sumSquares(): number {
-    let s = 0;
-    for (const g of this.grads.values()) s += tf.tidy(() => tf.sum(tf.square(g)).dataSync()[0]);
-    return s;
+  /** Sum of squares of every accumulated element (a stage's share of the global norm); each sum read asynchronously, added in double. */
+  async sumSquares(): Promise<number> {
+    const sums = [...this.grads.values()].map((g) => tf.tidy(() => tf.sum(tf.square(g))));
+    try {
+      const values = await Promise.all(sums.map((t) => t.data()));
+      return values.reduce((s, v) => s + v[0]!, 0);
+    } finally {
+      tf.dispose(sums);
+    }
   }
 
   /** Frees every sum. */

@@ -10,7 +10,7 @@
  */
 import { tf } from '../backend/tfjs.js';
 import type { Handlers } from './executor.js';
-import { evaluateOutput } from './evaluation.js';
+import { recordEvaluation } from './evaluation.js';
 import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './rematerialize.js';
 import { StageParams } from './stage-params.js';
 import type { StageContext } from './stage-kind.js';
@@ -69,10 +69,11 @@ export class Stage extends TrainableStage {
         if (this.isLast) {
           // evaluation: the loss and the metrics of the model's output
           const out = tf.tidy(() => this.params.applyBlocks(this.range.from, this.range.to, x));
-          const ev = evaluateOutput(this.model, out, opts.labels!);
+          recordEvaluation(this.reads, this.model, out, opts.labels!, (loss, metrics) => {
+            this.losses.set(mb, loss);
+            this.metrics.set(mb, metrics);
+          });
           out.dispose();
-          this.losses.set(mb, ev.loss);
-          this.metrics.set(mb, ev.metrics);
           return null;
         }
         return this.finish(mb, tf.tidy(() => f(...params, x)));
@@ -92,10 +93,11 @@ export class Stage extends TrainableStage {
 
   private finish(mb: number, y: tf.Tensor, dispose = true): tf.Tensor | null {
     if (!this.isLast) return y;
-    this.losses.set(mb, y.dataSync()[0]);
-    if (dispose) y.dispose();
+    // read at the step's end; a kept y (the recorded forward's) is read through a clone
+    this.reads.scalar(dispose ? y : tf.clone(y), (v) => this.losses.set(mb, v));
     return null;
   }
+
 
   /**
    * Backward of micro-batch `mb`: `dy` is the gradient of its output ([B/M, ...] like the

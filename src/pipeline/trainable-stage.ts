@@ -5,6 +5,7 @@
  * L2L relay (relay-stage.ts) keeps none of it: its parameters and optimizer live in the
  * parameter server.
  */
+import { PendingReads } from './pending-reads.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { DeviceOptimizer, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
@@ -45,8 +46,24 @@ export abstract class TrainableStage implements StageProgram {
     return this.range.to === this.model.blocks.length;
   }
 
+  /** Device values the step reads at its end (losses, metrics, diagnosis), see {@link flush}. */
+  protected readonly reads = new PendingReads();
+
+  /** Reads what the step left pending on the device into {@link losses}, {@link metrics} and {@link faults}. */
+  async flush(): Promise<void> {
+    await this.reads.flush();
+    this.faultGroups.clear();
+  }
+
+  /** Drops what a failed step left pending, unread. */
+  discard(): void {
+    this.reads.clear();
+    this.faultGroups.clear();
+  }
+
   /** Sum of squares of the accumulated gradients (this stage's share of the global norm). */
-  gradSquaredNorm(): number {
+  async gradSquaredNorm(): Promise<number> {
+    await this.reads.flush(); // this step's losses so far
     // a non-finite loss makes the step a numeric fault even if its gradients happen to be finite
     for (const l of this.losses.values()) if (!Number.isFinite(l)) return NaN;
     return this.grads.sumSquares();
@@ -67,15 +84,28 @@ export abstract class TrainableStage implements StageProgram {
 
   abstract reset(): void;
 
-  /** Records `t`'s first non-finite value as a fault (float tensors only); returns whether it had one. */
-  protected checkFinite(t: tf.Tensor, fault: Omit<NumericFault, 'value' | 'stage' | 'blockName'>): boolean {
-    if (t.dtype !== 'float32') return false;
-    const ok = tf.tidy(() => tf.all(tf.isFinite(t)).dataSync()[0] === 1);
-    if (ok) return false;
-    const v = (t.dataSync() as Float32Array).find((x) => !Number.isFinite(x));
-    this.faults.push({ ...fault, stage: this.index, blockName: this.model.blocks[fault.block]?.name ?? '?', value: String(v) });
-    return true;
+  /**
+   * Checks `t` (float tensors only) for non-finite values, read at the step's end: the first
+   * check of a `group` that finds one becomes a fault, with that value.
+   */
+  protected checkFinite(t: tf.Tensor, fault: Omit<NumericFault, 'value' | 'stage' | 'blockName'>, group: string): void {
+    if (t.dtype !== 'float32') return;
+    // [all finite (1/0), the first non-finite value]
+    const probe = tf.tidy(() => {
+      const flat = tf.reshape(t, [-1]);
+      const bad = tf.logicalNot(tf.isFinite(flat));
+      const first = flat.size ? tf.gather(flat, tf.argMax(tf.cast(bad, 'int32'))) : tf.scalar(0);
+      return tf.stack([tf.cast(tf.logicalNot(tf.any(bad)), 'float32'), tf.reshape(first, [])]);
+    });
+    this.reads.read(probe, ([ok, value]) => {
+      if (ok === 1 || this.faultGroups.has(group)) return;
+      this.faultGroups.add(group);
+      this.faults.push({ ...fault, stage: this.index, blockName: this.model.blocks[fault.block]?.name ?? '?', value: String(value) });
+    });
   }
+
+  /** Groups of checks that already found their fault this step. */
+  private readonly faultGroups = new Set<string>();
 
   /**
    * Diagnosis of micro-batch `mb`'s forward: runs the stage's blocks one at a time on `x`
@@ -83,14 +113,15 @@ export abstract class TrainableStage implements StageProgram {
    * (last stage, with `labels`).
    */
   protected diagnoseForward(mb: number, x: tf.Tensor, labels?: tf.Tensor): void {
+    const group = `forward ${mb}`;
     tf.tidy(() => {
-      if (this.checkFinite(x, { what: 'input', block: this.range.from, mb })) return;
+      this.checkFinite(x, { what: 'input', block: this.range.from, mb }, group);
       let h = x;
       for (let b = this.range.from; b < this.range.to; b++) {
         h = this.params.applyBlocks(b, b + 1, h);
-        if (this.checkFinite(h, { what: 'activation', block: b, mb })) return;
+        this.checkFinite(h, { what: 'activation', block: b, mb }, group);
       }
-      if (this.isLast && labels) this.checkFinite(this.model.loss(h, labels), { what: 'loss', block: this.range.to - 1, mb });
+      if (this.isLast && labels) this.checkFinite(this.model.loss(h, labels), { what: 'loss', block: this.range.to - 1, mb }, group);
     });
   }
 
@@ -99,16 +130,16 @@ export abstract class TrainableStage implements StageProgram {
     for (let i = grads.length - 1; i >= 0; i--) {
       const block = Number(keys[i]!.slice(0, keys[i]!.indexOf('.')));
       if (!Number.isInteger(block)) continue;
-      if (this.checkFinite(grads[i]!, { what: 'gradient', block, mb })) return;
+      this.checkFinite(grads[i]!, { what: 'gradient', block, mb }, `gradients ${mb}`);
     }
   }
 
   /** Current parameter values on the host (fresh copies). */
-  getParams(): HostParams {
+  getParams(): Promise<HostParams> {
     return this.params.toHost();
   }
 
-  getOptimizerState(): OptimizerState {
+  getOptimizerState(): Promise<OptimizerState> {
     return this.optimizer.getState();
   }
 

@@ -32,11 +32,11 @@ async function withChannels(body: (a: Channel, b: Channel) => Promise<void>): Pr
 const FLOATS = [0, -0, 1, -1.5, 0.1, 1e-40, 3.4028234663852886e38, -Infinity, Infinity, NaN, Math.PI, -7.25];
 const INTS = [0, 1, -1, 2147483647, -2147483648, 123456789, -42, 7, 8, 9, 10, 11];
 
-test('toWire copies a float32 tensor exactly and disposes it', () => {
+test('toWire copies a float32 tensor exactly and disposes it', async () => {
   const n0 = tf.memory().numTensors;
   const src = new Float32Array(FLOATS);
   const t = tf.tensor(src, [3, 2, 2], 'float32');
-  const w = toWire(t);
+  const w = await toWire(t);
   assert.equal(t.isDisposed, true);
   assert.equal(tf.memory().numTensors, n0);
   assert.deepEqual(w.shape, [3, 2, 2]);
@@ -49,10 +49,10 @@ test('toWire copies a float32 tensor exactly and disposes it', () => {
   assert.equal(w.data.buffer.byteLength, 12 * 4);
 });
 
-test('toWire copies an int32 tensor exactly and disposes it', () => {
+test('toWire copies an int32 tensor exactly and disposes it', async () => {
   const n0 = tf.memory().numTensors;
   const t = tf.tensor(new Int32Array(INTS), [4, 3], 'int32');
-  const w = toWire(t);
+  const w = await toWire(t);
   assert.equal(t.isDisposed, true);
   assert.equal(tf.memory().numTensors, n0);
   assert.deepEqual(w.shape, [4, 3]);
@@ -62,23 +62,23 @@ test('toWire copies an int32 tensor exactly and disposes it', () => {
   assert.equal(w.data.buffer.byteLength, 12 * 4);
 });
 
-test('toWire of a computed tensor gives its values', () => {
+test('toWire of a computed tensor gives its values', async () => {
   const n0 = tf.memory().numTensors;
   const a = tf.tensor([[1, 2, 3], [4, 5, 6]]);
-  const w = toWire(tf.transpose(a));
+  const w = await toWire(tf.transpose(a));
   a.dispose();
   assert.equal(tf.memory().numTensors, n0);
   assert.deepEqual(w.shape, [3, 2]);
   assert.deepEqual(Array.from(w.data), [1, 4, 2, 5, 3, 6]);
 });
 
-test('the wire data is a fresh copy, not storage another tensor or array shares', () => {
+test('the wire data is a fresh copy, not storage another tensor or array shares', async () => {
   // On cpu, a tensor made from a typed array keeps that array as its storage, and reshape
   // shares it: toWire must not hand out (and let a transfer detach) that storage.
   const src = new Float32Array([1, 2, 3, 4, 5, 6]);
   const t = tf.tensor(src, [2, 3]);
   const t2 = tf.reshape(t, [6]);
-  const w = toWire(t);
+  const w = await toWire(t);
   assert.equal(t.isDisposed, true);
   assert.equal(t2.isDisposed, false);
   assert.notEqual(w.data.buffer, src.buffer);
@@ -99,7 +99,7 @@ test('the wire data is a fresh copy, not storage another tensor or array shares'
   t2.dispose();
 });
 
-test('fromWire(toWire(t)) round-trips float32 and int32 tensors', () => {
+test('fromWire(toWire(t)) round-trips float32 and int32 tensors', async () => {
   const n0 = tf.memory().numTensors;
   for (const [values, shape, dtype] of [
     [FLOATS, [2, 6], 'float32'],
@@ -108,7 +108,7 @@ test('fromWire(toWire(t)) round-trips float32 and int32 tensors', () => {
     [INTS, [1, 4, 3, 1], 'int32'],
   ] as Array<[number[], number[], 'float32' | 'int32']>) {
     const expected = dtype === 'int32' ? new Int32Array(values) : new Float32Array(values);
-    const back = fromWire(toWire(tf.tensor(values, shape, dtype)));
+    const back = fromWire(await toWire(tf.tensor(values, shape, dtype)));
     const what = `${dtype} [${shape}]`;
     assert.deepEqual(back.shape, shape, what);
     assert.equal(back.dtype, dtype, what);
@@ -120,9 +120,9 @@ test('fromWire(toWire(t)) round-trips float32 and int32 tensors', () => {
   assert.equal(tf.memory().numTensors, n0);
 });
 
-test('a scalar round-trips', () => {
+test('a scalar round-trips', async () => {
   for (const [v, dtype] of [[3.5, 'float32'], [-17, 'int32']] as Array<[number, 'float32' | 'int32']>) {
-    const w = toWire(tf.scalar(v, dtype));
+    const w = await toWire(tf.scalar(v, dtype));
     assert.deepEqual(w.shape, []);
     assert.equal(w.dtype, dtype);
     assert.equal(w.data.length, 1);
@@ -135,9 +135,9 @@ test('a scalar round-trips', () => {
   }
 });
 
-test('an empty tensor (shape [0, 3]) round-trips', () => {
+test('an empty tensor (shape [0, 3]) round-trips', async () => {
   for (const dtype of ['float32', 'int32'] as const) {
-    const w = toWire(tf.zeros([0, 3], dtype));
+    const w = await toWire(tf.zeros([0, 3], dtype));
     assert.deepEqual(w.shape, [0, 3]);
     assert.equal(w.dtype, dtype);
     assert.equal(w.data.length, 0);
@@ -230,7 +230,7 @@ test('copyWire gives an independent copy with its own buffer', () => {
 });
 
 test('a copy survives transferring the original away', async () => {
-  const w = toWire(tf.tensor([1, 2, 3, 4], [2, 2]));
+  const w = await toWire(tf.tensor([1, 2, 3, 4], [2, 2]));
   const c = copyWire(w);
   await withChannels(async (a, b) => {
     a.send({ type: 'w', tensor: w }, transferables([w]));
@@ -254,7 +254,7 @@ test('a wire tensor sent through a MessageChannel arrives intact and detaches th
       [INTS, [2, 2, 3], 'int32'],
     ] as Array<[number[], number[], 'float32' | 'int32']>) {
       const expected = dtype === 'int32' ? new Int32Array(values) : new Float32Array(values);
-      const w = toWire(tf.tensor(values, shape, dtype));
+      const w = await toWire(tf.tensor(values, shape, dtype));
       const sent = w.data.buffer;
       // As runtime/worker.ts sends activations and gradients.
       a.send({ type: 'act', mb: 3, tensor: w }, transferables([w]));

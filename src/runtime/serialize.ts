@@ -8,15 +8,17 @@ import type { HostTensor } from '../data/microbatch.js';
 
 
 /**
- * Copies a tensor to the host and disposes it. The copy is always fresh: some backends (cpu)
- * return their own storage from dataSync, which other tensors may share and which must not be
- * transferred away.
+ * Copies a tensor to the host (an asynchronous read: a GPU device cannot read synchronously)
+ * and disposes it. The copy is always fresh: some backends (cpu) return their own storage,
+ * which other tensors may share and which must not be transferred away.
  */
-export function toWire(t: tf.Tensor): HostTensor {
-  const data = (t.dataSync() as Float32Array | Int32Array).slice();
-  const w: HostTensor = { shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32', data };
-  t.dispose();
-  return w;
+export async function toWire(t: tf.Tensor): Promise<HostTensor> {
+  try {
+    const data = ((await t.data()) as Float32Array | Int32Array).slice();
+    return { shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32', data };
+  } finally {
+    t.dispose();
+  }
 }
 
 /** Creates a device tensor from a wire tensor. */

@@ -34,9 +34,9 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     tensor: HostTensor;
   }
 
-  function sendTensor(ch: Channel | null, type: string, mb: number, t: tf.Tensor): void {
+  async function sendTensor(ch: Channel | null, type: string, mb: number, t: tf.Tensor): Promise<void> {
     if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
-    const w = toWire(t);
+    const w = await toWire(t);
     ch.send({ type, mb, tensor: w }, transferables([w]));
   }
 
@@ -96,10 +96,12 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
       let trace;
       try {
         trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr, diagnose: a.diagnose }, stageIndex);
+        await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end
       } catch (e) {
         // a failed step frees the inputs and labels it was given: a stage may not have reached
         // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
         for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
+        s.discard?.();
         throw e;
       }
       const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
@@ -110,12 +112,12 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     async getParams() {
       const s = need();
       if (!s.getParams) throw new Error(`a ${s.kind} keeps no parameters on its device`);
-      return Object.fromEntries(s.getParams());
+      return Object.fromEntries(await s.getParams());
     },
     async getOptimizerState() {
       const s = need();
       if (!s.getOptimizerState) throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
-      return s.getOptimizerState();
+      return await s.getOptimizerState();
     },
     async setOptimizerState(st) {
       const s = need();

@@ -121,10 +121,10 @@ test('--overlap n trains exactly the last n blocks of the previous stage', async
       b.overlapBackward(0, tf.randomNormal(outB.shape, 0, 1, 'float32', 5));
       outA.dispose();
       outB.dispose();
-      a.localStep(0.1);
-      b.localStep(0.1);
-      const pa = a.getParams();
-      const pb = b.getParams();
+      await a.localStep(0.1);
+      await b.localStep(0.1);
+      const pa = await a.getParams();
+      const pb = await b.getParams();
       for (const [k, v] of pa) {
         const block = k.startsWith('aux') ? -1 : Number(k.split('.')[0]);
         const inTail = block >= RANGES[0].to - n;

@@ -107,7 +107,6 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     cfg = resolveConfig(raw);
   }
   validateStrategy(cfg);
-  check(cfg.backend !== 'webgpu', '--backend webgpu runs kernels in Node (tested against cpu) but cannot train yet: the training path still reads tensors synchronously, which webgpu in Node cannot do; use --backend native or wasm');
   checkRunPaths(cfg); // --out and --trace, before any work (the data and model paths are checked as they load)
   const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });
