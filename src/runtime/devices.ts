@@ -1,23 +1,52 @@
 /**
  * Which device runs each stage (`--devices`): a worker thread of this process (`thread`, the
- * default), a process this coordinator spawns on this host (`process`, optionally with
- * environment for it: `process:CUDA_VISIBLE_DEVICES=1+OMP_PROC_BIND=true`), or a device
- * server another host runs (`HOST:PORT`, started there with `layerwise worker --listen`).
+ * default), a process this coordinator spawns on this host (`process`, optionally with its own
+ * backend, threads and environment: `process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`),
+ * or a device server another host runs (`HOST:PORT`, started there with `layerwise worker
+ * --listen`; its own backend and threads: `HOST:PORT/backend=native+threads=8`).
  * Schedules, stages, the executor and the strategies are the same on every kind; only the
  * channel's transport differs (MessagePorts between threads, gRPC links between processes).
  */
 import { LayerwiseError, check } from '../util/errors.js';
+import { BACKENDS } from '../backend/names.js';
 import { Device, StageWorker } from './device.js';
 import { RemoteDevice, newRunToken, spawnDeviceProcess } from './remote-device.js';
 import type { RemoteLink } from './protocol.js';
 import type { TlsFiles } from './grpc-link.js';
 import { readFileSync } from 'node:fs';
 
+/** Per-device choices that override the run's (`backend=wasm+threads=2`). */
+export interface DeviceOptions {
+  backend?: string;
+  threads?: number;
+}
+
 /** One device of a run. */
 export type DeviceSpec =
   | { kind: 'thread' }
-  | { kind: 'process'; env: Record<string, string> }
-  | { kind: 'host'; address: string };
+  | ({ kind: 'process'; env: Record<string, string> } & DeviceOptions)
+  | ({ kind: 'host'; address: string } & DeviceOptions);
+
+/** `backend=...`, `threads=...` and (processes) NAME=VALUE environment pairs joined by '+'. */
+function parseSettings(d: string, text: string, envAllowed: boolean): DeviceOptions & { env: Record<string, string> } {
+  const out: DeviceOptions & { env: Record<string, string> } = { env: {} };
+  for (const kv of text.split('+').filter((x) => x !== '')) {
+    const eq = kv.indexOf('=');
+    check(eq > 0, `--devices entry '${d}': settings are KEY=VALUE pairs joined by '+', e.g. process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`);
+    const [k, v] = [kv.slice(0, eq), kv.slice(eq + 1)];
+    if (k === 'backend') {
+      check((BACKENDS as readonly string[]).includes(v), `--devices entry '${d}': unknown backend '${v}'; valid: ${BACKENDS.join(', ')}`);
+      out.backend = v;
+    } else if (k === 'threads') {
+      check(/^[1-9]\d*$/.test(v), `--devices entry '${d}': threads must be a positive integer, got '${v}'`);
+      out.threads = Number(v);
+    } else {
+      check(envAllowed && /^[A-Z_][A-Z0-9_]*$/.test(k), `--devices entry '${d}': '${k}' is not backend, threads${envAllowed ? ' or an environment variable (NAME in capitals)' : ''}`);
+      out.env[k] = v;
+    }
+  }
+  return out;
+}
 
 /**
  * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`
@@ -32,18 +61,16 @@ export function parseDevices(spec: string | undefined, k: number): DeviceSpec[] 
   return list.map((d): DeviceSpec => {
     if (d === 'thread') return { kind: 'thread' };
     if (d === 'process' || d.startsWith('process:')) {
-      const env: Record<string, string> = {};
-      for (const kv of d.slice('process:'.length).split('+').filter((x) => d !== 'process' && x !== '')) {
-        const eq = kv.indexOf('=');
-        check(eq > 0, `--devices entry '${d}': environment must be NAME=VALUE pairs joined by '+', e.g. process:CUDA_VISIBLE_DEVICES=1`);
-        env[kv.slice(0, eq)] = kv.slice(eq + 1);
-      }
-      return { kind: 'process', env };
+      const { env, ...o } = parseSettings(d, d === 'process' ? '' : d.slice('process:'.length), true);
+      return { kind: 'process', env, ...o };
     }
-    const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(d);
+    const slash = d.indexOf('/');
+    const address = slash < 0 ? d : d.slice(0, slash);
+    const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(address);
     check(m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
       `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`);
-    return { kind: 'host', address: d };
+    const { env: _env, ...o } = parseSettings(d, slash < 0 ? '' : d.slice(slash + 1), false);
+    return { kind: 'host', address, ...o };
   });
 }
 

@@ -194,3 +194,25 @@ test('over TLS: workers with certificates and a coordinator trusting their CA tr
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('--devices parses each device kind with its own backend, threads and environment, and names a bad entry', async () => {
+  const { parseDevices } = await import('../runtime/devices.js');
+  assert.deepEqual(parseDevices(undefined, 2), [{ kind: 'thread' }, { kind: 'thread' }]);
+  assert.deepEqual(parseDevices('process', 2), [{ kind: 'process', env: {} }, { kind: 'process', env: {} }]);
+  assert.deepEqual(parseDevices('process:backend=cpu+threads=2+CUDA_VISIBLE_DEVICES=1,10.0.0.3:7070/backend=native+threads=8', 2), [
+    { kind: 'process', env: { CUDA_VISIBLE_DEVICES: '1' }, backend: 'cpu', threads: 2 },
+    { kind: 'host', address: '10.0.0.3:7070', backend: 'native', threads: 8 },
+  ]);
+  assert.throws(() => parseDevices('process,process,process', 2), /lists 3 devices but the run has 2 stages/);
+  assert.throws(() => parseDevices('gpu0', 1), /'gpu0' is not thread, process or HOST:PORT/);
+  assert.throws(() => parseDevices('process:backend=tpu', 1), /unknown backend 'tpu'/);
+  assert.throws(() => parseDevices('host:7070/FOO=1', 1), /'FOO' is not backend, threads$/);
+});
+
+test('a device with its own backend: gpipe over a cpu process and a wasm process equals wasm threads', async () => {
+  const o: Partial<TrainConfig> = { strategy: 'gpipe', stages: 2, microBatches: 2 };
+  const threads = await run(o);
+  const mixed = await run({ ...o, devices: 'process:backend=cpu,process' });
+  mixed.losses.forEach((l, i) => assert.ok(Math.abs(l - threads.losses[i]!) <= 1e-4, `step ${i}: cpu+wasm processes ${l} vs wasm threads ${threads.losses[i]}`));
+  assert.ok(maxParamDiff(mixed.params, threads.params) <= 1e-4);
+});

@@ -13,7 +13,7 @@ import type { ModelConfig } from '../model/model.js';
 import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import { StageError, type Device } from '../runtime/device.js';
-import { allThreads, openDevices, remoteLinks, type DeviceSpec } from '../runtime/devices.js';
+import { allThreads, openDevices, remoteLinks, type DeviceOptions, type DeviceSpec } from '../runtime/devices.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
 import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
@@ -129,7 +129,7 @@ export class PipelineStrategy implements Strategy {
           : remoteLinks(workers, i);
         const transfer = threads ? [...Object.values(own).map((a) => a.buffer as ArrayBuffer), ...(prev ? [prev as MessagePort] : []), ...(next ? [next as MessagePort] : [])] : [];
         return w.call('init', {
-          index: i, backend: opts.backend, threads: opts.threads, model: opts.model, range: r, params: own, optimizer: opts.optimizer, stage: opts.kind.stage(i, k), prev, next,
+          index: i, backend: (specs[i] as DeviceOptions).backend ?? opts.backend, threads: (specs[i] as DeviceOptions).threads ?? opts.threads, model: opts.model, range: r, params: own, optimizer: opts.optimizer, stage: opts.kind.stage(i, k), prev, next,
           deviceMemory: opts.deviceMemory, strategy: opts.name, oomAdvice: opts.oomAdvice,
         }, transfer);
       }));
