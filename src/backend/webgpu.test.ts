@@ -125,3 +125,24 @@ test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, 
     assert.ok(d <= 1e-4, `${name}: parameters on webgpu differ from cpu by ${d}`);
   }
 });
+
+test('the main job\'s command trains on webgpu from the CLI and its loss falls', { skip: why }, async () => {
+  const { spawnSync } = await import('node:child_process');
+  const { mkdtempSync, readFileSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const { fileURLToPath } = await import('node:url');
+  const out = mkdtempSync(join(tmpdir(), 'layerwise-webgpu-'));
+  try {
+    // the main job (charlm-tiny, gpipe K=2, Moby-Dick), smaller and shorter: a software GPU is slow
+    const r = spawnSync(process.execPath, [fileURLToPath(new URL('../cli/main.js', import.meta.url)), 'train', '--preset', 'charlm-tiny', '--data', 'moby-dick',
+      '--layers', '1', '--d-model', '32', '--heads', '2', '--context', '32', '--batch-size', '16', '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '4',
+      '--steps', '30', '--lr', '0.01', '--eval-every', '0', '--eval-batches', '1', '--backend', 'webgpu', '--out', join(out, 'run')], { encoding: 'utf8', timeout: 300_000 });
+    assert.equal(r.status, 0, r.stderr);
+    const s = JSON.parse(readFileSync(join(out, 'run', 'summary.json'), 'utf8'));
+    assert.equal(s.backend, 'webgpu');
+    assert.ok(s.final_loss < s.initial_loss - 0.5, `loss ${s.initial_loss} -> ${s.final_loss}`);
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
+});
