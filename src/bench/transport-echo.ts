@@ -18,6 +18,7 @@ interface Msg {
 const answer = (m: Msg) => (m.echo ? m : { echo: false, data: 0 });
 
 const mode = parentPort ? 'thread' : process.argv[2];
+process.once('SIGINT', () => process.exit(0)); // exit handlers run (a --cpu-prof profile is written)
 if (mode === 'thread') {
   parentPort!.on('message', (m: Msg) => parentPort!.postMessage(answer(m)));
 } else if (mode === 'grpc') {
