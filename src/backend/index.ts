@@ -114,6 +114,19 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
 }
 
 /**
+ * Lets the thread's backend finish and free its resources before the thread is stopped: a
+ * webgpu device's queue is drained and the device destroyed (a worker thread terminated while
+ * Dawn still works on its GPU queue crashed the process with SIGSEGV). No-op elsewhere.
+ */
+export async function releaseBackend(): Promise<void> {
+  if (tf.engine().backendName !== 'webgpu') return;
+  const b = tf.backend() as unknown as { device?: { queue: { onSubmittedWorkDone(): Promise<void> }; destroy(): void } };
+  tf.disposeVariables();
+  await b.device?.queue.onSubmittedWorkDone();
+  b.device?.destroy();
+}
+
+/**
  * Size in bytes of the wasm backend's linear memory (heap) if the active backend is 'wasm', else
  * `undefined`. This is a high-water mark: wasm memory grows but never shrinks, and it includes
  * XNNPACK's packed weights and freed blocks. (The bytes held in tensors, and their exact peak,

@@ -35,6 +35,10 @@ export abstract class Device {
   protected abstract readonly ch: Channel;
   private nextId = 0;
   protected closed = false;
+  /** Requests sent and not answered yet. */
+  protected pending = 0;
+  /** Whether the link to the device has failed (crashed, exited, lost). */
+  protected failed = false;
   /** Whether the device has answered a request yet (a link lost before that never worked). */
   protected answered = false;
 
@@ -47,8 +51,17 @@ export abstract class Device {
   async call<K extends keyof StageApi>(method: K, args: StageApi[K][0], transfer: readonly TransferListItem[] = []): Promise<StageApi[K][1]> {
     if (this.closed) throw new StageError(this.index, `worker was stopped; cannot call ${method}`);
     const id = this.nextId++;
-    this.ch.send({ type: 'request', id, method, args }, transfer);
-    const r = await this.ch.recv<Reply>('reply');
+    this.pending++;
+    let r: Reply;
+    try {
+      this.ch.send({ type: 'request', id, method, args }, transfer);
+      r = await this.ch.recv<Reply>('reply');
+    } catch (e) {
+      this.failed = true;
+      throw e;
+    } finally {
+      this.pending--;
+    }
     this.answered = true;
     if (r.id !== id) throw new StageError(this.index, `protocol error: reply ${r.id} to request ${id}`);
     if (r.error) {
@@ -103,6 +116,10 @@ export class StageWorker extends Device {
   }
 
   async terminate(): Promise<void> {
+    if (!this.closed && !this.failed && this.pending === 0) {
+      // a healthy worker frees its backend first (a GPU device's queue drained), within 5 s
+      await Promise.race([this.call('shutdown', null).catch(() => undefined), new Promise((r) => setTimeout(r, 5000).unref())]);
+    }
     if (!this.closed) this.ch.fail(new StageError(this.index, 'worker was stopped'));
     this.closed = true;
     await this.worker.terminate();

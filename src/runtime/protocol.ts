@@ -79,4 +79,6 @@ export interface StageApi {
   getOptimizerState: [null, OptimizerState];
   setOptimizerState: [OptimizerState, null];
   dispose: [null, null];
+  /** Frees everything, the backend included (a GPU device's queue drained), before the thread is stopped. */
+  shutdown: [null, null];
 }

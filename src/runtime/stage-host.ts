@@ -5,7 +5,7 @@
  * directly with its neighbour stages (MessagePorts between threads, gRPC links between
  * processes; see {@link LinkResolver}).
  */
-import { backendHeapBytes, initBackend } from '../backend/index.js';
+import { backendHeapBytes, initBackend, releaseBackend } from '../backend/index.js';
 import { loadModel } from '../model/model.js';
 import { execute, ScheduleError, type StageLinks, type StageProgram } from '../pipeline/executor.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
@@ -128,6 +128,12 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     async dispose() {
       stage?.dispose();
       stage = null;
+      return null;
+    },
+    async shutdown() {
+      stage?.dispose();
+      stage = null;
+      await releaseBackend();
       return null;
     },
   };

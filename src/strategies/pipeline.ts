@@ -268,7 +268,8 @@ export class PipelineStrategy implements Strategy {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await Promise.all(this.workers.map((w) => w.terminate()));
+    // one at a time: GPU drivers (Mesa under Dawn) crashed when two device threads tore down at once
+    for (const w of this.workers) await w.terminate();
   }
 }
 
