@@ -13,7 +13,7 @@ import { initBackend } from './index.js';
 import { nativeAddon, nativeKernelNames, nativeUnavailable } from './native.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
 import { tf } from './tfjs.js';
-import { Rng } from '../util/rng.js';
+import { assertSameAsCpu as sameAsCpu } from '../testing/backend-compare.js';
 import { loadDataset } from '../data/index.js';
 import { makeBatcher } from '../data/batcher.js';
 import { Stage } from '../pipeline/stage.js';
@@ -24,37 +24,9 @@ import { PRESETS } from '../model/presets.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
-function randomArray(n: number, seed: number): Float32Array {
-  const rng = new Rng(seed);
-  return Float32Array.from({ length: n }, () => rng.normal());
-}
-
-/** Runs `f` on fresh tensors of `shapes` on backend `name` and returns its outputs' values and shapes. */
-async function on(name: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[]): Promise<Array<{ shape: number[]; values: Float32Array }>> {
-  await initBackend(name);
-  return tf.tidy(() => {
-    const xs = shapes.map((s, i) => tf.tensor(randomArray(tf.util.sizeFromShape(s), 100 + i), s, 'float32'));
-    return f(...xs).map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array }));
-  });
-}
-
-async function assertSameAsCpu(what: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[], tol = 1e-4): Promise<void> {
-  const cpu = await on('cpu', shapes, f);
-  const native = await on('native', shapes, f);
-  assert.equal(native.length, cpu.length);
-  native.forEach((y, i) => {
-    assert.deepEqual(y.shape, cpu[i]!.shape, `${what}: output ${i} shape`);
-    assert.ok(y.values.length > 0, `${what}: output ${i} is empty`);
-    // differences relative to the output's scale (sums of many float32 products round differently)
-    const scale = Math.max(1, ...Array.from(cpu[i]!.values, Math.abs));
-    let worst = 0;
-    for (let j = 0; j < y.values.length; j++) {
-      const d = Math.abs(y.values[j]! - cpu[i]!.values[j]!) / scale;
-      if (!(d <= worst)) worst = d; // NaN-safe: a NaN difference becomes the worst
-    }
-    assert.ok(worst <= tol, `${what}: output ${i} differs from cpu by ${worst} of its scale ${scale}`);
-  });
-}
+/** Asserts that `f` on native gives the cpu backend's non-empty outputs (testing/backend-compare.ts). */
+const assertSameAsCpu = (what: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[], tol = 1e-4) =>
+  sameAsCpu('native', what, shapes, f, { tol, nonEmpty: true });
 
 type Pad = 'same' | 'valid' | number[][];
 /** name, x [b, h, w, cin], filter [fh, fw, cin, cout], strides, pad, dilations */

@@ -14,40 +14,14 @@ import { hostUpdate } from '../param-server/host-optimizer.js';
 import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
 import type { NativeBackend } from './native.js';
 import { Rng } from '../util/rng.js';
+import { assertSameAsCpu as sameAsCpu, onBackend, randomArray } from '../testing/backend-compare.js';
 import { causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from '../model/layers.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
-function randomArray(n: number, seed: number): Float32Array {
-  const rng = new Rng(seed);
-  return Float32Array.from({ length: n }, () => rng.normal());
-}
-
-/** Runs `f` on fresh tensors of `shapes` on backend `name` and returns its outputs' values and shapes. */
-async function on(name: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[]): Promise<Array<{ shape: number[]; values: Float32Array }>> {
-  await initBackend(name);
-  return tf.tidy(() => {
-    const xs = shapes.map((s, i) => tf.tensor(randomArray(tf.util.sizeFromShape(s), 100 + i), s, 'float32'));
-    return f(...xs).map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array }));
-  });
-}
-
-async function assertSameAsCpu(what: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[], tol = 1e-4): Promise<void> {
-  const cpu = await on('cpu', shapes, f);
-  const native = await on('native', shapes, f);
-  assert.equal(native.length, cpu.length);
-  native.forEach((y, i) => {
-    assert.deepEqual(y.shape, cpu[i]!.shape, `${what}: output ${i} shape`);
-    // differences relative to the output's scale (sums of many float32 products round differently)
-    const scale = Math.max(1, ...Array.from(cpu[i]!.values, Math.abs));
-    let worst = 0;
-    for (let j = 0; j < y.values.length; j++) {
-      const d = Math.abs(y.values[j]! - cpu[i]!.values[j]!) / scale;
-      if (!(d <= worst)) worst = d; // NaN-safe: a NaN difference becomes the worst
-    }
-    assert.ok(worst <= tol, `${what}: output ${i} differs from cpu by ${worst} of its scale ${scale}`);
-  });
-}
+/** Asserts that `f` on native gives the cpu backend's outputs (testing/backend-compare.ts). */
+const assertSameAsCpu = (what: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[], tol = 1e-4) =>
+  sameAsCpu('native', what, shapes, f, { tol });
 
 const MATMULS: Array<[string, number[], number[], boolean, boolean]> = [
   ['2-D', [5, 7], [7, 3], false, false],
@@ -78,8 +52,8 @@ test('native matMul gradients equal cpu, with broadcast batches', { skip }, asyn
 
 test('native matMul broadcasts batch axes in full ([2,1] with [3] gives [2,3]), as explicit tiling does', { skip }, async () => {
   // the stock cpu kernel does not broadcast this case, so the reference tiles the operands first
-  const ref = await on('cpu', [[2, 1, 5, 7], [3, 7, 6]], (a, b) => [tf.matMul(tf.broadcastTo(a!, [2, 3, 5, 7]), tf.broadcastTo(b!, [2, 3, 7, 6]))]);
-  const native = await on('native', [[2, 1, 5, 7], [3, 7, 6]], (a, b) => [tf.matMul(a!, b!)]);
+  const ref = await onBackend('cpu', [[2, 1, 5, 7], [3, 7, 6]], (a, b) => [tf.matMul(tf.broadcastTo(a!, [2, 3, 5, 7]), tf.broadcastTo(b!, [2, 3, 7, 6]))]);
+  const native = await onBackend('native', [[2, 1, 5, 7], [3, 7, 6]], (a, b) => [tf.matMul(a!, b!)]);
   assert.deepEqual(native[0]!.shape, [2, 3, 5, 6]);
   native[0]!.values.forEach((v, i) => assert.ok(Math.abs(v - ref[0]!.values[i]!) <= 1e-4, `element ${i}: ${v} vs ${ref[0]!.values[i]}`));
 });

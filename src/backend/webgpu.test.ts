@@ -13,6 +13,8 @@ import { paramKey } from '../model/block.js';
 import { initParams } from '../model/init.js';
 import { buildModel, type ModelConfig } from '../model/model.js';
 import { Rng } from '../util/rng.js';
+import { scaledDifference } from '../testing/backend-compare.js';
+import { trainTinyLm } from '../testing/fixtures.js';
 
 let why: string | false = false;
 try {
@@ -75,12 +77,7 @@ for (const [name, config] of MODELS) {
     gpu.forEach((arrays, b) => arrays.forEach((v, i) => {
       const ref = cpu[b]![i]!;
       assert.equal(v.length, ref.length, `block ${b} output ${i} size`);
-      const scale = Math.max(1, ...Array.from(ref, Math.abs));
-      let worst = 0;
-      for (let j = 0; j < v.length; j++) {
-        const d = Math.abs(v[j]! - ref[j]!) / scale;
-        if (!(d <= worst)) worst = d;
-      }
+      const { worst, scale } = scaledDifference(v, ref);
       assert.ok(worst <= 1e-4, `${name} block ${b} result ${i} (0: output, then gradients, last: loss) differs from cpu by ${worst} of ${scale}`);
     }));
     await initBackend('cpu');
@@ -88,26 +85,8 @@ for (const [name, config] of MODELS) {
 }
 
 /** Three training steps of `strategy` on `backend`: losses and parameters. */
-async function train3(backend: string, o: Record<string, unknown>) {
-  const { resolveConfig } = await import('../config/config.js');
-  const { createStrategy } = await import('../strategies/index.js');
-  const { makeBatcher } = await import('../data/batcher.js');
-  const { tinyWhaleDataset } = await import('../testing/fixtures.js');
-  const { getPreset } = await import('../model/presets.js');
-  const ds = tinyWhaleDataset();
-  const shape = { layers: 2, dModel: 16, heads: 2, context: 8 };
-  const cfg = resolveConfig({ preset: 'charlm-tiny', backend, batchSize: 4, threads: 1, ...shape, ...o } as Parameters<typeof resolveConfig>[0]);
-  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
-  const batcher = makeBatcher(ds, { batchSize: 4, context: shape.context, seed: 2 });
-  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
-  try {
-    const losses: number[] = [];
-    for (const lr of [3e-3, 2e-3, 1e-3]) losses.push((await s.trainStep(batcher.next(), lr)).loss);
-    return { losses, params: await s.getParams() };
-  } finally {
-    await s.close();
-  }
-}
+const train3 = (backend: string, o: Record<string, unknown>) =>
+  trainTinyLm({ backend, ...o }, { shape: { layers: 2, dModel: 16, heads: 2, context: 8 }, batchSize: 4, lrs: [3e-3, 2e-3, 1e-3] });
 
 test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, float32 tolerance)', { skip: why }, async () => {
   const { maxParamDiff } = await import('../testing/assert-close.js');

@@ -16,7 +16,7 @@ import { makeBatcher, type Batch } from '../data/batcher.js';
 import { initParams } from '../model/init.js';
 import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
-import { tinyWhaleDataset } from '../testing/fixtures.js';
+import { tinyWhaleDataset, trainTinyLm } from '../testing/fixtures.js';
 import { maxParamDiff } from '../testing/assert-close.js';
 import { Channel } from '../runtime/channel.js';
 import { startDeviceServer } from '../runtime/device-server.js';
@@ -35,17 +35,8 @@ function setup(o: Partial<TrainConfig>) {
   return { cfg, model, batches };
 }
 
-async function run(o: Partial<TrainConfig>) {
-  const { cfg, model, batches } = setup(o);
-  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
-  try {
-    const losses: number[] = [];
-    for (const [i, b] of batches.entries()) losses.push((await s.trainStep(b, [3e-3, 2e-3, 1e-3][i]!)).loss);
-    return { losses, params: await s.getParams() };
-  } finally {
-    await s.close();
-  }
-}
+const run = (o: Partial<TrainConfig>) =>
+  trainTinyLm({ backend: 'wasm', ...o }, { shape: SHAPE, batchSize: 8, lrs: [3e-3, 2e-3, 1e-3] });
 
 /** The pids of the device processes this test process spawned and that are still alive. */
 function devicePids(): number[] {

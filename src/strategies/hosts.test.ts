@@ -11,14 +11,9 @@ import assert from 'node:assert/strict';
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { resolveConfig, type TrainConfig } from '../config/config.js';
-import { makeBatcher, type Batch } from '../data/batcher.js';
-import { initParams } from '../model/init.js';
-import { buildModel } from '../model/model.js';
-import { getPreset } from '../model/presets.js';
-import { tinyWhaleDataset } from '../testing/fixtures.js';
+import type { TrainConfig } from '../config/config.js';
+import { trainTinyLm } from '../testing/fixtures.js';
 import { maxParamDiff } from '../testing/assert-close.js';
-import { createStrategy } from './index.js';
 
 const CLI = fileURLToPath(new URL('../cli/main.js', import.meta.url));
 const TAG = `lw${process.pid % 10000}`;
@@ -94,24 +89,8 @@ async function startWorker(i: number): Promise<ChildProcess> {
 
 const SHAPE = { layers: 2, dModel: 32, heads: 2, context: 16 };
 
-async function run(o: Partial<TrainConfig>, steps = 3, during?: (step: number) => void) {
-  const ds = tinyWhaleDataset();
-  const cfg = resolveConfig({ preset: 'charlm-tiny', backend: 'wasm', batchSize: 8, threads: 1, strategy: 'gpipe', stages: 2, microBatches: 2, ...SHAPE, ...o } as Parameters<typeof resolveConfig>[0]);
-  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
-  const batcher = makeBatcher(ds, { batchSize: 8, context: SHAPE.context, seed: 2 });
-  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
-  try {
-    const losses: number[] = [];
-    for (let i = 0; i < steps; i++) {
-      during?.(i);
-      const b: Batch = batcher.next();
-      losses.push((await s.trainStep(b, 1e-3)).loss);
-    }
-    return { losses, params: await s.getParams() };
-  } finally {
-    await s.close();
-  }
-}
+const run = (o: Partial<TrainConfig>, steps = 3, during?: (step: number) => void) =>
+  trainTinyLm({ backend: 'wasm', strategy: 'gpipe', stages: 2, microBatches: 2, ...o }, { shape: SHAPE, batchSize: 8, lrs: new Array<number>(steps).fill(1e-3), during });
 
 /** Whether namespace 0 reaches the worker in namespace 1 (bridged traffic may be filtered: br_netfilter, iptables). */
 function bridged(): boolean {

@@ -7,35 +7,16 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
-import { resolveConfig, type TrainConfig } from '../config/config.js';
-import { makeBatcher, type Batch } from '../data/batcher.js';
-import { initParams } from '../model/init.js';
-import { buildModel } from '../model/model.js';
-import { getPreset } from '../model/presets.js';
-import { tinyWhaleDataset } from '../testing/fixtures.js';
+import type { TrainConfig } from '../config/config.js';
+import { trainTinyLm } from '../testing/fixtures.js';
 import { maxParamDiff } from '../testing/assert-close.js';
-import { createStrategy } from './index.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 const TOL = 1e-4;
 const SHAPE = { layers: 2, dModel: 32, heads: 2, context: 16 };
 
-async function run(o: Partial<TrainConfig>): Promise<{ losses: number[]; params: Awaited<ReturnType<Awaited<ReturnType<typeof createStrategy>>['getParams']>> }> {
-  const ds = tinyWhaleDataset();
-  const cfg = resolveConfig({ preset: 'charlm-tiny', backend: 'native', batchSize: 8, threads: 1, ...SHAPE, ...o } as Parameters<typeof resolveConfig>[0]);
-  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
-  const params = initParams(model.blocks, 5);
-  const batcher = makeBatcher(ds, { batchSize: 8, context: SHAPE.context, seed: 2 });
-  const batches: Batch[] = [batcher.next(), batcher.next(), batcher.next()];
-  const s = await createStrategy(cfg, model, params);
-  try {
-    const losses: number[] = [];
-    for (const [i, b] of batches.entries()) losses.push((await s.trainStep(b, [3e-3, 2e-3, 1e-3][i]!)).loss);
-    return { losses, params: await s.getParams() };
-  } finally {
-    await s.close();
-  }
-}
+const run = (o: Partial<TrainConfig>) =>
+  trainTinyLm({ backend: 'native', ...o }, { shape: SHAPE, batchSize: 8, lrs: [3e-3, 2e-3, 1e-3] });
 
 test('on native, gpipe K=2 and K=3, local K=1 and l2l train exactly like single', { skip }, async () => {
   const ref = await run({ strategy: 'single' });

@@ -1,7 +1,12 @@
 /**
  * Test helpers: small, seeded data shared by the tests (never used by the library itself).
  */
-import type { Batch } from '../data/batcher.js';
+import { makeBatcher, type Batch } from '../data/batcher.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
+import { initParams, type HostParams } from '../model/init.js';
+import { buildModel } from '../model/model.js';
+import { getPreset } from '../model/presets.js';
+import { createStrategy } from '../strategies/index.js';
 import { textDatasetFromString, type TextDataset } from '../data/text.js';
 import type { Model } from '../model/model.js';
 import type { Strategy } from '../strategies/strategy.js';
@@ -51,6 +56,40 @@ export async function steadyPeakBytes(s: Strategy, model: Model, n: number, rng:
   try {
     await s.trainStep(randomBatch(model, n, rng), 1e-3);
     return (await s.trainStep(randomBatch(model, n, rng), 1e-3)).peakBytes;
+  } finally {
+    await s.close();
+  }
+}
+
+/** What {@link trainTinyLm} runs: a charlm-tiny of `shape` on {@link tinyWhaleDataset}. */
+export interface TinyLmRun {
+  shape: { layers: number; dModel: number; heads: number; context: number };
+  batchSize: number;
+  /** One step per learning rate. */
+  lrs: number[];
+  /** Called before each step (e.g. to hurt a device mid-run). */
+  during?: (step: number) => void;
+}
+
+/**
+ * Trains a charlm-tiny of `run.shape` (parameters seeded 5, batches seeded 2, threads 1) with
+ * the configuration `o` (strategy, backend, devices, ...), one step per learning rate, and
+ * returns the losses and the final parameters; closes the strategy, also when a step throws.
+ * The strategy comparisons (native, devices, hosts, webgpu) all train through this.
+ */
+export async function trainTinyLm(o: Partial<TrainConfig>, run: TinyLmRun): Promise<{ losses: number[]; params: HostParams }> {
+  const ds = tinyWhaleDataset();
+  const cfg = resolveConfig({ preset: 'charlm-tiny', batchSize: run.batchSize, threads: 1, ...run.shape, ...o } as Parameters<typeof resolveConfig>[0]);
+  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
+  const batcher = makeBatcher(ds, { batchSize: run.batchSize, context: run.shape.context, seed: 2 });
+  const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
+  try {
+    const losses: number[] = [];
+    for (const [i, lr] of run.lrs.entries()) {
+      run.during?.(i);
+      losses.push((await s.trainStep(batcher.next(), lr)).loss);
+    }
+    return { losses, params: await s.getParams() };
   } finally {
     await s.close();
   }
