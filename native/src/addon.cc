@@ -138,11 +138,12 @@ Napi::Value Binary(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// unary(op, x, out)
+// unary(op, x, out[, param]): param is Step's alpha
 Napi::Value Unary(const Napi::CallbackInfo& info) {
   const int64_t n = static_cast<int64_t>(Len(info, 1));
   Need(info, 2, n, "out");
-  if (!unary(static_cast<UnaryOp>(I64(info, 0)), F32(info, 1, "x"), F32(info, 2, "out"), n)) throw Napi::RangeError::New(info.Env(), "unknown unary op");
+  const float param = info.Length() > 3 ? info[3].As<Napi::Number>().FloatValue() : 0.f;
+  if (!unary(static_cast<UnaryOp>(I64(info, 0)), F32(info, 1, "x"), F32(info, 2, "out"), n, param)) throw Napi::RangeError::New(info.Env(), "unknown unary op");
   return info.Env().Undefined();
 }
 

@@ -139,7 +139,7 @@ bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::
   return false;
 }
 
-bool unary(UnaryOp op, const float* x, float* out, int64_t n) {
+bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param) {
   switch (op) {
     case UnaryOp::Exp: unaryLoop([](float v) { return v > 88.72f ? INFINITY : fastExp(v); }, x, out, n); return true;
     case UnaryOp::Log: unaryLoop([](float v) { return std::log(v); }, x, out, n); return true;
@@ -152,6 +152,16 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n) {
     case UnaryOp::Relu: unaryLoop([](float v) { return v > 0.f ? v : (std::isnan(v) ? v : 0.f); }, x, out, n); return true;
     case UnaryOp::Abs: unaryLoop([](float v) { return std::fabs(v); }, x, out, n); return true;
     case UnaryOp::Reciprocal: unaryLoop([](float v) { return 1.f / v; }, x, out, n); return true;
+    case UnaryOp::Step: {  // selects, not branches: vectorizes
+      const float a = param;
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+      for (int64_t i = 0; i < n; i++) {
+        const float v = x[i];
+        const float s = v > 0.f ? 1.f : a;
+        out[i] = v != v ? v : s;
+      }
+      return true;
+    }
   }
   return false;
 }

@@ -44,7 +44,8 @@ export interface NativeAddon {
   /** out = a op b with broadcasting (op: op code: Add 0, Sub 1, Multiply 2, RealDiv 3, Maximum 4, Minimum 5, SquaredDifference 6). */
   binary(op: number, a: Float32Array, aShape: number[], b: Float32Array, bShape: number[], out: Float32Array, outShape: number[]): void;
   /** out = op(x) element-wise (op: op code, see backend/native.ts). */
-  unary(op: number, x: Float32Array, out: Float32Array): void;
+  /** `param`: Step's alpha (the output where x <= 0). */
+  unary(op: number, x: Float32Array, out: Float32Array, param?: number): void;
   /** out[r] = op(x[r, :]) over `inner` elements for r < outer (op: Sum 0, Mean 1, Max 2, Min 3). */
   reduce(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
   /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: Sum 0, Mean 1, Max 2, Min 3). */

@@ -82,8 +82,13 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
   }
   await assertSameAsCpu('unary', [[7, 33]], (x) => {
     const pos = tf.add(tf.abs(x!), 0.1);
-    return [tf.exp(x!), tf.log(pos), tf.sqrt(pos), tf.rsqrt(pos), tf.square(x!), tf.neg(x!), tf.sigmoid(x!), tf.tanh(x!), tf.relu(x!), tf.abs(x!), tf.reciprocal(pos)];
+    return [tf.exp(x!), tf.log(pos), tf.sqrt(pos), tf.rsqrt(pos), tf.square(x!), tf.neg(x!), tf.sigmoid(x!), tf.tanh(x!), tf.relu(x!), tf.abs(x!), tf.reciprocal(pos), tf.step(x!), tf.step(x!, 0.3)];
   });
+  // Step (ReLU's gradient mask) keeps NaN, as the cpu kernel does; alpha where x <= 0
+  await initBackend('native');
+  const st = tf.step(tf.tensor1d([NaN, -1, 0, 2]), 0.5);
+  assert.deepEqual(Array.from(st.dataSync()), [NaN, 0.5, 0.5, 1]);
+  st.dispose();
 });
 
 test('the fused native GELU, layer norm and causal softmax and their gradients equal the composed ones on cpu', { skip }, async () => {

@@ -190,7 +190,7 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
 /** Binary kernels and their op codes in native/src/kernels.h. */
 const BINARY: Record<string, number> = { Add: 0, Sub: 1, Multiply: 2, RealDiv: 3, Maximum: 4, Minimum: 5, SquaredDifference: 6 };
 /** Unary kernels and their op codes. */
-const UNARY: Record<string, number> = { Exp: 0, Log: 1, Sqrt: 2, Rsqrt: 3, Square: 4, Neg: 5, Sigmoid: 6, Tanh: 7, Relu: 8, Abs: 9, Reciprocal: 10 };
+const UNARY: Record<string, number> = { Exp: 0, Log: 1, Sqrt: 2, Rsqrt: 3, Square: 4, Neg: 5, Sigmoid: 6, Tanh: 7, Relu: 8, Abs: 9, Reciprocal: 10, Step: 11 };
 /** Reduction kernels and their op codes. */
 const REDUCE: Record<string, number> = { Sum: 0, Mean: 1, Max: 2, Min: 3 };
 
@@ -217,7 +217,8 @@ function unaryKernel(name: string): tf.KernelFunc {
     if (!isF32(x)) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
     const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-    nativeAddon()!.unary(op, values(backend, x), out);
+    const alpha = name === 'Step' ? Number((args.attrs as Attrs)['alpha'] ?? 0) : 0; // Relu's gradient: dy * step(x)
+    nativeAddon()!.unary(op, values(backend, x), out, alpha);
     return backend.makeTensorInfo(x.shape, 'float32', out);
   }) as tf.KernelFunc;
 }
