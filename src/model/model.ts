@@ -10,7 +10,7 @@ import { softmaxCrossEntropy } from './layers.js';
 import { accuracy, isClassification, lossFunction, type LossName } from './losses.js';
 import { loadModelModule, type LoadedModule } from './module.js';
 import { decoderBlock, embedding, lmHead } from './transformer.js';
-import { convBlock, denseBlock, features } from './vision.js';
+import { convBlock, denseBlock, features, maxPoolBlock } from './vision.js';
 
 /** Character-level causal Transformer language model. */
 export interface CharLmConfig {
@@ -129,9 +129,10 @@ export function buildModel(config: ModelConfig): Model {
       let shape = [1, h, w, c];
       let cin = c;
       config.channels.forEach((cout, i) => {
-        const b = convBlock(`conv${i}`, cin, cout);
-        blocks.push(b);
-        shape = b.outputShape(shape);
+        for (const b of [convBlock(`conv${i}`, cin, cout), maxPoolBlock(`pool${i}`)]) {
+          blocks.push(b);
+          shape = b.outputShape(shape);
+        }
         cin = cout;
       });
       const flat = features(shape.slice(1));

@@ -62,7 +62,7 @@ export const PRESETS: Record<string, Preset> = {
     }),
   },
   'cnn-mnist': {
-    description: 'CNN conv16-conv32 (3x3, ReLU, 2x2 max-pool), dense 128, classifier',
+    description: 'CNN conv16, max-pool, conv32, max-pool (3x3 convolutions with ReLU, 2x2 pooling), dense 128, classifier: 6 blocks',
     data: 'image', defaultData: 'mnist',
     make: (s, o) => ({
       arch: 'cnn',

@@ -26,8 +26,9 @@ export function denseBlock(name: string, inFeatures: number, out: number, relu: 
 }
 
 /**
- * 3x3 (or k x k) 'same' convolution, ReLU, then 2x2 max pooling.
- * [B, H, W, Cin] -> [B, ceil(H/2), ceil(W/2), Cout].
+ * k x k (default 3x3) 'same' convolution with bias, then ReLU: [B, H, W, Cin] -> [B, H, W, Cout].
+ * Pooling is a block of its own ({@link maxPoolBlock}): partitions cut between layers, and the
+ * finer blocks let a balance even out stages (GPipe and torchgpipe partition by layer).
  */
 export function convBlock(name: string, cin: number, cout: number, k = 3): Block {
   return {
@@ -36,12 +37,27 @@ export function convBlock(name: string, cin: number, cout: number, k = 3): Block
       { name: 'w', shape: [k, k, cin, cout], init: { kind: 'uniform', limit: Math.sqrt(6 / (k * k * (cin + cout))) } },
       { name: 'b', shape: [cout], init: { kind: 'zeros' } },
     ],
-    outputShape: ([b, h, w]) => [b, Math.ceil(h / 2), Math.ceil(w / 2), cout],
+    outputShape: ([b, h, w]) => [b, h, w, cout],
     forward(p, x) {
-      const y = tf.relu(tf.add(tf.conv2d(x as tf.Tensor4D, p.w as tf.Tensor4D, 1, 'same'), p.b));
-      return tf.maxPool(y as tf.Tensor4D, 2, 2, 'same');
+      return tf.relu(tf.add(tf.conv2d(x as tf.Tensor4D, p.w as tf.Tensor4D, 1, 'same'), p.b));
     },
     flops: ([b, h, w]) => 2 * b * h * w * k * k * cin * cout,
+  };
+}
+
+/**
+ * 2x2 max pooling, stride 2, 'same' padding; no parameters. [B, H, W, C] -> [B, ceil(H/2), ceil(W/2), C].
+ * Its FLOP count is one comparison per input element.
+ */
+export function maxPoolBlock(name: string): Block {
+  return {
+    name,
+    params: [],
+    outputShape: ([b, h, w, c]) => [b, Math.ceil(h / 2), Math.ceil(w / 2), c],
+    forward(_p, x) {
+      return tf.maxPool(x as tf.Tensor4D, 2, 2, 'same');
+    },
+    flops: ([b, h, w, c]) => b * h * w * c,
   };
 }
 
