@@ -1,15 +1,21 @@
 /**
  * `npm run bench -- gpipe`: throughput of single and of gpipe (K = 2) for M = 1, 2, 4, 8 in
  * each re-materialization mode on the same model and mini-batch, with each stage's measured
- * bubble beside the ideal (K-1)/(M+K-1) and the peak device bytes per stage.
+ * bubble beside the ideal (K-1)/(M+K-1), beside the cost model's prediction for the stages'
+ * profiled block times (cost/time.ts: free communication, one core per stage), and the peak
+ * device bytes per stage. Measured above predicted is time the model leaves out: messages,
+ * thread wake-ups, and stages sharing cores when K exceeds them.
  */
 import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
 import { REMAT_MODES, idealBubble, type RematMode } from '../schedule/schedule.js';
-import { createStrategy } from '../strategies/index.js';
-import { resolveConfig, modelConfigFor } from '../config/config.js';
+import { createStrategy, planStages } from '../strategies/index.js';
+import { profileModel } from '../cost/profile.js';
+import { costsAt } from '../cost/costs.js';
+import { predictStepTime } from '../cost/time.js';
+import { resolveConfig, modelConfigFor, optimizerConfigOf } from '../config/config.js';
 import { markdownTable, writeBenchResults } from './report.js';
 import { median } from '../util/stats.js';
 
@@ -33,6 +39,10 @@ interface Row {
   speedup: number;
   bubble_measured: number[];
   bubble_ideal: number;
+  /** The cost model's bubble per stage for this balance (empty for single). */
+  bubble_predicted: number[];
+  /** Blocks per stage. */
+  balance: number[];
   peak_device_bytes: number[];
   step_s: number;
 }
@@ -44,6 +54,8 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   const model = buildModel(modelConfigFor(base, ds));
   const params = initParams(model.blocks, base.seed);
   const context = model.config.arch === 'charlm' ? model.config.context : undefined;
+  const sizes = o.microBatches.map((m) => Math.max(1, Math.floor(o.batchSize / m)));
+  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: sizes, optimizer: optimizerConfigOf(base) });
 
   async function measure(strategy: 'single' | 'gpipe', m: number, mode: RematMode): Promise<Omit<Row, 'speedup'>> {
     const cfg = resolveConfig({ ...base, balance: undefined, strategy, stages: strategy === 'single' ? 1 : o.stages, microBatches: m, remat: mode });
@@ -67,10 +79,12 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
       // the median step: this machine's speed drifts between runs, a mean would carry outliers
       const secs = median(times);
       const k = s.devices;
+      const ranges = planStages(cfg, model);
+      const predicted = strategy === 'single' ? [] : predictStepTime(costsAt(profile, Math.max(1, Math.floor(o.batchSize / m))), ranges, { m, remat: mode, schedule: cfg.schedule }).bubble;
       return {
         strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, remat: strategy === 'single' ? '-' : mode,
         tokens_per_s: tokens / secs, bubble_measured: bubble, bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),
-        peak_device_bytes: peak, step_s: secs,
+        bubble_predicted: predicted, balance: ranges.map((r) => r.to - r.from), peak_device_bytes: peak, step_s: secs,
       };
     } finally {
       await s.close();
@@ -86,7 +100,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     for (const m of o.microBatches) {
       const r = await measure('gpipe', m, mode);
       pipes.push(r);
-      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} tokens/s (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} vs ${r.bubble_ideal.toFixed(3)}`);
+      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} tokens/s (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`);
     }
   }
   const single2 = await measure('single', 1, 'never');
@@ -98,9 +112,9 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     `# gpipe benchmark\n`,
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
-      columns: ['strategy', 'K', 'M', 'checkpoint', 'tokens/s', 'speed-up vs single', 'bubble per stage (measured)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
-      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
-        r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
+      columns: ['strategy', 'K', 'M', 'checkpoint', 'blocks per stage', 'tokens/s', 'speed-up vs single', 'bubble per stage (measured)', 'bubble per stage (cost model)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
+      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.balance.join(','), r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
+        r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_predicted.map((b) => b.toFixed(3)).join(' / ') || '-', r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
     }),
   ].join('\n');
   const files = await writeBenchResults(o.out, 'gpipe', { bench: 'gpipe', options: o, params: modelParamCount(model), rows }, md);

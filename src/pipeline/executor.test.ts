@@ -80,7 +80,11 @@ function fakeStage(extra: Partial<Handlers> = {}, pending = () => 0): StageProgr
       },
       ...extra,
     },
-    gradSquaredNorm: () => 7,
+    gradSquaredNorm: () => {
+      const t = performance.now();
+      while (performance.now() - t < 2); // the stage's own share of the norm takes time: work, not waiting
+      return 7;
+    },
     pendingGradients: pending,
     reset() {},
     dispose() {},
@@ -98,9 +102,14 @@ test('the core receives, sends and all-reduces; compute goes through the stage k
   assert.deepEqual(stage.calls, ['F0', 'F1', 'B1', 'B0', 'STEP lr=0.1 scale=0.25']);
   assert.deepEqual(sent, ['act0=10', 'act1=11', 'grad1=2', 'grad0=0']);
   assert.deepEqual(norms, [7], 'the all-reduce gets the stage kind\'s share of the norm');
-  // one span per action, except backwards, split into recompute + backward by io.phase
-  assert.equal(trace.length, actions.length + 2);
+  // one span per action, except backwards, split into recompute + backward by io.phase, and the
+  // all-reduce, split into the stage's own norm (busy) and the wait for the others
+  assert.equal(trace.length, actions.length + 3);
   assert.deepEqual(trace.filter((s) => s.op === 'backward').map((s) => s.label), ['recompute', 'backward', 'recompute', 'backward']);
+  const norm = trace.filter((s) => s.op === 'reduce_grad_norm');
+  assert.deepEqual(norm.map((s) => s.label), ['grad_norm', 'reduce_grad_norm']);
+  assert.ok(norm[0]!.end - norm[0]!.start >= 2, `the local norm's span covers its 2 ms: ${JSON.stringify(norm[0])}`);
+  assert.equal(waitingMs(norm), norm[1]!.end - norm[1]!.start, 'only the wait for the other stages counts as waiting');
   for (let i = 1; i < trace.length; i++) assert.ok(trace[i].start >= trace[i - 1].start, 'spans are in order');
   assert.ok(waitingMs(trace) >= 0 && waitingMs(trace) <= trace[trace.length - 1].end);
   assert.equal(tf.memory().numTensors, before, 'every tensor that passed through the step was freed');

@@ -303,8 +303,15 @@ export async function execute(program: StageProgram, actions: readonly Action[],
           break;
         case 'reduce_grad_norm':
           if (!program.gradSquaredNorm) throw new Error(`a ${program.kind} cannot take part in the gradient-norm all-reduce`);
-          scale = await links.reduceGradNorm(await program.gradSquaredNorm());
+        {
+          // computing this stage's own sum of squares is work, not waiting: its own span
+          const t = performance.now();
+          const local = await program.gradSquaredNorm();
+          const ms = performance.now() - t;
+          scale = await links.reduceGradNorm(local);
+          split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
           break;
+        }
         case 'poll_grads':
           for (let g = links.pollGradient(); g; g = links.pollGradient()) await receivedGradient(g);
           break;

@@ -40,7 +40,7 @@ export interface StageSummary {
 const TRANSFERS = new Set(['load_layer', 'upload', 'wait_params', 'prefetch_layer', 'push_grads', 'release_layer']);
 const COLORS: Record<string, string> = {
   forward: '#4e79a7', backward: '#59a14f', recompute: '#f28e2b', optimizer_step: '#e15759',
-  recv_act: '#dddddd', recv_grad: '#dddddd', reduce_grad_norm: '#bbbbbb', send_act: '#9c755f', send_grad: '#9c755f',
+  recv_act: '#dddddd', recv_grad: '#dddddd', reduce_grad_norm: '#bbbbbb', grad_norm: '#edc948', send_act: '#9c755f', send_grad: '#9c755f',
   layer_forward: '#4e79a7', layer_backward: '#59a14f', upload: '#76b7b2', load_layer: '#76b7b2', prefetch_layer: '#76b7b2',
   push_grads: '#9c755f', release_layer: '#bab0ac', wait_params: '#dddddd', server_update: '#e15759',
 };
@@ -56,6 +56,7 @@ export function spanName(s: TraceSpan): string {
     case 'recv_grad': return `wait grad ${mb}`;
     case 'send_act': return `send act ${mb}`;
     case 'send_grad': return `send grad ${mb}`;
+    case 'grad_norm': return 'grad norm';
     case 'reduce_grad_norm': return 'norm all-reduce';
     case 'optimizer_step': return 'step';
     case 'layer_forward': return `L${s.layer} F${mb}`;
