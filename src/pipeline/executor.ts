@@ -16,6 +16,7 @@
  * (`<-- ERROR HERE`, as PyTorch pipelining prints it): see {@link ScheduleError}.
  */
 import type { tf } from '../backend/tfjs.js';
+import { gpuQueue, type GpuSubmit } from '../backend/gpu-queue.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import { formatScheduleError, type Action } from '../schedule/schedule.js';
@@ -90,6 +91,14 @@ export interface TraceSpan {
   layer?: number;
   start: number;
   end: number;
+  /**
+   * The GPU's execution of the action (webgpu, actions whose handler called
+   * {@link StepIO.gpuWork}), not the host's: from the action's first submit, or the end of the
+   * GPU's previous span if later, to when the GPU reported the work done.
+   */
+  gpu?: true;
+  /** GPU spans: host milliseconds spent inside `queue.submit` during the action (a software GPU runs the work there). */
+  submitMs?: number;
 }
 
 /**
@@ -143,6 +152,12 @@ export interface StepIO {
    * is labelled `rest`, default the op): e.g. `recompute` within a backward.
    */
   phase(label: string, ms: number, rest?: string): void;
+  /**
+   * The current action queued GPU work: submit it now (so the GPU runs it while the host goes
+   * on) and, where the stage traces its GPU ({@link StageProgram.traceGpu}), record when the GPU
+   * finished it (a span with `gpu`). No-op on backends without a GPU queue (everything but webgpu).
+   */
+  gpuWork(): void;
 }
 
 /** A compute handler: runs one action of its op on the stage. */
@@ -161,6 +176,13 @@ export interface StageProgram {
   readonly kind: string;
   /** The compute ops this kind runs. */
   readonly handlers: Handlers;
+  /**
+   * Record the GPU's execution of the actions whose handlers call {@link StepIO.gpuWork}
+   * (webgpu): one `GPUQueue.onSubmittedWorkDone` per such action, and one turn of the event loop
+   * before each action while one is outstanding (about 0.3-0.5 ms each), so it is asked for only
+   * when a trace is written.
+   */
+  readonly traceGpu?: boolean;
   /** Loss of each micro-batch recorded in this step (the model's, or a local loss), by micro-batch. */
   readonly losses: Map<number, number>;
   /** Evaluation metrics of each micro-batch (last stage, evaluation schedules; model/model.ts Model.metrics). */
@@ -248,6 +270,11 @@ export async function execute(program: StageProgram, actions: readonly Action[],
   let scale = 1;
   let split: { label: string; ms: number; rest?: string } | null = null;
   let current: Action['op'] = 'forward';
+  let action: Action | null = null;
+  const gpu = gpuQueue();
+  const timeline = gpu !== null && program.traceGpu === true;
+  const gpuMarks: Array<{ a: Action; s: GpuSubmit }> = [];
+  let outstanding = 0; // GPU marks whose work the GPU has not reported done yet
   const io: StepIO = {
     m: inp.m,
     lr: inp.lr,
@@ -268,6 +295,14 @@ export async function execute(program: StageProgram, actions: readonly Action[],
     phase(label, ms, rest) {
       split = { label, ms, rest };
     },
+    gpuWork() {
+      if (!gpu || !action) return;
+      if (!timeline) return gpu.flush();
+      const s = gpu.submit();
+      outstanding++;
+      void s.done.then(() => outstanding--);
+      gpuMarks.push({ a: action, s });
+    },
   };
   const expect = (got: number, want: number, what: string) => {
     if (got !== want) throw new Error(`stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`);
@@ -279,7 +314,10 @@ export async function execute(program: StageProgram, actions: readonly Action[],
   for (let i = 0; i < actions.length; i++) {
     const a = actions[i];
     current = a.op;
+    action = a;
     split = null;
+    if (timeline && outstanding > 0) await gpu.poll(); // the GPU's finished work reported now, not at the next wait
+    gpu?.begin();
     const start = performance.now() - t0;
     try {
       switch (a.op) {
@@ -337,5 +375,25 @@ export async function execute(program: StageProgram, actions: readonly Action[],
       trace.push({ label: a.op, ...at, start, end });
     }
   }
+  if (gpuMarks.length > 0) trace.push(...(await gpuSpans(gpuMarks, t0)));
   return trace;
+}
+
+/**
+ * The GPU's spans of the marked actions, in ms since `t0`: the GPU runs submitted work in
+ * order, so an action's span starts at its first submit or when the GPU finished the previous
+ * one, whichever is later, and ends when the GPU reported it done (waits for the last).
+ */
+async function gpuSpans(marks: ReadonlyArray<{ a: Action; s: GpuSubmit }>, t0: number): Promise<TraceSpan[]> {
+  const done = await Promise.all(marks.map((m) => m.s.done));
+  const spans: TraceSpan[] = [];
+  let prev = -Infinity;
+  marks.forEach(({ a, s }, i) => {
+    if (!Number.isFinite(done[i])) return; // the device was lost: no time to show
+    const start = Math.max((s.firstSubmitAt ?? s.submittedAt) - t0, prev);
+    const end = Math.max(done[i] - t0, start);
+    prev = end;
+    spans.push({ label: a.op, op: a.op, mb: 'mb' in a ? a.mb : -1, ...('layer' in a ? { layer: a.layer } : {}), start, end, gpu: true, submitMs: s.submitMs });
+  });
+  return spans;
 }

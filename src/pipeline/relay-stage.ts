@@ -20,6 +20,7 @@
 import { recordEvaluation } from './evaluation.js';
 import { PendingReads } from './pending-reads.js';
 import { tf } from '../backend/tfjs.js';
+import { gpuQueue, makeResident } from '../backend/gpu-queue.js';
 import type { Model } from '../model/model.js';
 import { paramKey, type BlockParams } from '../model/block.js';
 import { ParamStore, type StoreLayout } from '../param-server/store.js';
@@ -39,13 +40,16 @@ type Stashed = tf.Tensor | { values: Float32Array | Int32Array; shape: number[];
 export interface RelayOptions {
   layout: StoreLayout;
   stash: StashPlace;
+  /** Record the GPU's execution of each compute action and upload (webgpu; when a trace is written). */
+  traceGpu?: boolean;
 }
 
 /**
  * Whether `tf.tensor(values)` on this backend copies `values` at once. Only wasm does (into
  * its heap); cpu stores the array itself, webgpu and tensorflow (tfjs-node) keep it until
- * first use. Uploads from the shared store are copied first everywhere else, so a background
- * update of the host copy can never change a tensor in use.
+ * first use (webgpu: until {@link makeResident}, which the relay's uploads call). Uploads from
+ * the shared store are copied first where nothing copies them at once, so a background update
+ * of the host copy can never change a tensor in use.
  */
 const copiesOnCreation = () => tf.getBackend() === 'wasm';
 
@@ -84,19 +88,26 @@ export class RelayStage implements StageProgram {
    * @param model the whole model
    * @param store views of the parameter server's shared host memory (parameters, versions)
    * @param stashPlace where layer inputs wait between forward and backward
+   * @param traceGpu record the GPU's spans (see StageProgram.traceGpu)
    */
-  constructor(readonly model: Model, private readonly store: ParamStore, readonly stashPlace: StashPlace, private readonly optimizer: OptimizerConfig) {}
+  constructor(readonly model: Model, private readonly store: ParamStore, readonly stashPlace: StashPlace, private readonly optimizer: OptimizerConfig, readonly traceGpu = false) {}
 
   readonly handlers: Handlers = {
     load_layer: async (a, io) => {
-      await this.load(a.layer);
+      if (await this.load(a.layer)) io.gpuWork();
       io.phase('wait_params', this.lastWaitMs, 'upload');
     },
-    prefetch_layer: (a) => {
-      this.prefetch(a.layer);
+    prefetch_layer: (a, io) => {
+      if (this.prefetch(a.layer)) io.gpuWork();
     },
-    layer_forward: (a, io) => this.layerForward(a.layer, a.mb, a.grad, io),
-    layer_backward: (a, io) => this.layerBackward(a.layer, a.mb, io),
+    layer_forward: async (a, io) => {
+      await this.layerForward(a.layer, a.mb, a.grad, io);
+      io.gpuWork(); // on webgpu: submitted now, so the GPU runs it while the host goes on (to the next upload)
+    },
+    layer_backward: (a, io) => {
+      this.layerBackward(a.layer, a.mb, io);
+      io.gpuWork();
+    },
     push_grads: async (a, io) => io.pushGrads(await this.takeLayerGrads(a.layer)),
     release_layer: (a) => this.release(a.layer),
     optimizer_step: () => this.step(),
@@ -114,16 +125,18 @@ export class RelayStage implements StageProgram {
   /**
    * Waits until the parameter server has applied every update handed to it before this step
    * to layer l, then uploads its parameters (no-op if loaded). Sets {@link lastWaitMs}.
+   * Returns whether it uploaded (false: a prefetch already had).
    */
-  async load(l: number): Promise<void> {
+  async load(l: number): Promise<boolean> {
     this.lastWaitMs = 0;
-    if (this.loaded.has(l)) return;
+    if (this.loaded.has(l)) return false;
     if (this.store.version(l) < this.stepsDone) {
       const t0 = performance.now();
       await this.store.waitVersion(l, this.stepsDone);
       this.lastWaitMs = performance.now() - t0;
     }
     this.upload(l);
+    return true;
   }
 
   /** Uploads layer l now if its parameters are ready, without waiting; returns whether it did. */
@@ -134,14 +147,21 @@ export class RelayStage implements StageProgram {
     return true;
   }
 
+  /**
+   * Puts layer l's parameters on the device, resident at once (on webgpu the values are copied
+   * into GPU buffers here, not at their first use, so a prefetch moves them while the GPU still
+   * runs the previous actions).
+   */
   private upload(l: number): void {
-    const copy = !copiesOnCreation();
+    const resident = gpuQueue() !== null; // webgpu: makeResident below copies the values out of the store
+    const copy = !copiesOnCreation() && !resident;
     const p: BlockParams = {};
     this.loaded.set(l, p); // registered first: a failing upload leaves nothing unreleased
     for (const [name, key] of this.layerKeys(l)) {
       const host = this.store.param(key);
       p[name] = tf.tensor(copy ? host.slice() : host, this.store.shape(key), 'float32');
     }
+    makeResident(Object.values(p));
   }
 
   /** Frees layer l's parameters on the device. */
@@ -313,5 +333,5 @@ export class RelayStage implements StageProgram {
 /** The L2L relay stage kind, as a device worker creates it (options: {@link RelayOptions}). */
 export function createStage(ctx: StageContext, options: unknown): RelayStage {
   const o = options as RelayOptions;
-  return new RelayStage(ctx.model, ParamStore.attach(o.layout), o.stash, ctx.optimizer);
+  return new RelayStage(ctx.model, ParamStore.attach(o.layout), o.stash, ctx.optimizer, o.traceGpu === true);
 }

@@ -263,18 +263,21 @@ export function flushSchedule(k: number): Schedule {
 /**
  * L2L relay schedule (Pudipeddi et al., 2020, arXiv 2002.05645) for `layers` layers (blocks)
  * and m micro-batches on one device; one list. Forward runs layer by layer over all
- * micro-batches: load layer l, prefetch l+1, run every micro-batch through l, release l. The
- * last layer is not run forward: its forward, loss and backward are fused into its backward
- * (the logits are never stashed). Backward runs the layers in reverse: load l, prefetch l-1,
- * re-compute and backprop each micro-batch from its stash (last micro-batch first), push the
+ * micro-batches: load layer l, run the first micro-batch through l, prefetch l+1, run the other
+ * micro-batches through l, release l. The prefetch comes after the layer's first compute so that
+ * on a device with an asynchronous queue (webgpu) the upload of l+1 overlaps the GPU's work on l
+ * (issued before it; the relay stage submits each compute action as it ends). The last layer is
+ * not run forward: its forward, loss and backward are fused into its backward (the logits are
+ * never stashed). Backward runs the layers in reverse: load l, re-compute and backprop the last
+ * micro-batch from its stash, prefetch l-1, the other micro-batches (last first), push the
  * layer's gradient to the parameter server, release. The layer below the last stays loaded
  * across the turn from forward to backward, since backward needs it next. `optimizer_step`
  * closes the step (the parameter server applies the updates in the background).
  *
  * For layers = 3, m = 2 (`0L1F0` = layer 1, forward of micro-batch 0):
  *
- *     0L0LOAD 0L1PREF 0L0F0 0L0F1 0L0FREE  0L1LOAD 0L2PREF 0L1F0 0L1F1
- *     0L2LOAD 0L1PREF 0L2B1 0L2B0 0L2PUSH 0L2FREE  0L1LOAD 0L0PREF 0L1B1 0L1B0 0L1PUSH 0L1FREE
+ *     0L0LOAD 0L0F0 0L1PREF 0L0F1 0L0FREE  0L1LOAD 0L1F0 0L2PREF 0L1F1
+ *     0L2LOAD 0L2B1 0L1PREF 0L2B0 0L2PUSH 0L2FREE  0L1LOAD 0L1B1 0L0PREF 0L1B0 0L1PUSH 0L1FREE
  *     0L0LOAD 0L0B1 0L0B0 0L0PUSH 0L0FREE 0STEP
  *
  * Throws {@link LayerwiseError} for m < 1 or layers < 1.
@@ -284,28 +287,35 @@ export function relaySchedule(layers: number, m: number): Schedule {
   if (!Number.isInteger(layers) || layers < 1) throw new LayerwiseError(`layers must be a positive integer, got ${layers}`);
   const acts: Action[] = [];
   for (let l = 0; l < layers - 1; l++) {
-    acts.push({ op: 'load_layer', layer: l }, { op: 'prefetch_layer', layer: l + 1 });
-    for (let i = 0; i < m; i++) acts.push({ op: 'layer_forward', layer: l, mb: i, grad: true });
+    acts.push({ op: 'load_layer', layer: l });
+    for (let i = 0; i < m; i++) {
+      acts.push({ op: 'layer_forward', layer: l, mb: i, grad: true });
+      if (i === 0) acts.push({ op: 'prefetch_layer', layer: l + 1 });
+    }
     if (l < layers - 2) acts.push({ op: 'release_layer', layer: l });
   }
   for (let l = layers - 1; l >= 0; l--) {
     acts.push({ op: 'load_layer', layer: l });
-    if (l > 0) acts.push({ op: 'prefetch_layer', layer: l - 1 });
-    for (let i = m - 1; i >= 0; i--) acts.push({ op: 'layer_backward', layer: l, mb: i });
+    for (let i = m - 1; i >= 0; i--) {
+      acts.push({ op: 'layer_backward', layer: l, mb: i });
+      if (i === m - 1 && l > 0) acts.push({ op: 'prefetch_layer', layer: l - 1 });
+    }
     acts.push({ op: 'push_grads', layer: l }, { op: 'release_layer', layer: l });
   }
   acts.push({ op: 'optimizer_step' });
   return [acts];
 }
 
-/** L2L evaluation: every layer forward over all micro-batches, the last one recording the losses. */
+/** L2L evaluation: every layer forward over all micro-batches, the last one recording the losses; prefetches as in {@link relaySchedule}. */
 export function relayEvalSchedule(layers: number, m: number): Schedule {
   checkArgs(m, 1);
   const acts: Action[] = [];
   for (let l = 0; l < layers; l++) {
     acts.push({ op: 'load_layer', layer: l });
-    if (l + 1 < layers) acts.push({ op: 'prefetch_layer', layer: l + 1 });
-    for (let i = 0; i < m; i++) acts.push({ op: 'layer_forward', layer: l, mb: i, grad: false });
+    for (let i = 0; i < m; i++) {
+      acts.push({ op: 'layer_forward', layer: l, mb: i, grad: false });
+      if (i === 0 && l + 1 < layers) acts.push({ op: 'prefetch_layer', layer: l + 1 });
+    }
     acts.push({ op: 'release_layer', layer: l });
   }
   return [acts];

@@ -68,8 +68,8 @@ function assertSame(got: Run, ref: Run, what: string): void {
 
 test('relay schedule: layer by layer over all micro-batches, last layer fused, prefetch one ahead', () => {
   assert.equal(formatSchedule(relaySchedule(3, 2)), [
-    '0L0LOAD 0L1PREF 0L0F0 0L0F1 0L0FREE 0L1LOAD 0L2PREF 0L1F0 0L1F1',
-    '0L2LOAD 0L1PREF 0L2B1 0L2B0 0L2PUSH 0L2FREE 0L1LOAD 0L0PREF 0L1B1 0L1B0 0L1PUSH 0L1FREE',
+    '0L0LOAD 0L0F0 0L1PREF 0L0F1 0L0FREE 0L1LOAD 0L1F0 0L2PREF 0L1F1',
+    '0L2LOAD 0L2B1 0L1PREF 0L2B0 0L2PUSH 0L2FREE 0L1LOAD 0L1B1 0L0PREF 0L1B0 0L1PUSH 0L1FREE',
     '0L0LOAD 0L0B1 0L0B0 0L0PUSH 0L0FREE 0STEP',
   ].join(' '));
   const one = relaySchedule(1, 3)[0];

@@ -54,6 +54,8 @@ export interface L2LOptions {
   deviceMemory?: number;
   /** Threads of the device's kernels (see initBackend). */
   threads?: number;
+  /** Record the device GPU's spans in each step's trace (webgpu; costs about 0.5 ms per action, so only when a trace is written). */
+  traceGpu?: boolean;
   /**
    * The parameter server takes over the SharedArrayBuffer-backed arrays of `params` (see
    * initParams' `shared`) instead of copying them: halves the host memory needed at start-up.
@@ -89,7 +91,7 @@ export class L2LStrategy implements Strategy {
     try {
       await worker.call('init', {
         index: 0, backend: opts.backend, threads: opts.threads, model: opts.model, range: { from: 0, to: layers.length }, params: {},
-        optimizer: opts.optimizer, stage: { module: 'pipeline/relay-stage.js', options: { layout: server.layout, stash: opts.stash } satisfies RelayOptions },
+        optimizer: opts.optimizer, stage: { module: 'pipeline/relay-stage.js', options: { layout: server.layout, stash: opts.stash, traceGpu: opts.traceGpu } satisfies RelayOptions },
         deviceMemory: opts.deviceMemory, strategy: 'l2l', oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
       });
     } catch (e) {
@@ -233,7 +235,7 @@ export const l2l: StrategySpec = {
   },
   create: (cfg, model, params) => L2LStrategy.create({
     backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg), stash: cfg.stash,
-    serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, 1),
+    serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, 1), traceGpu: cfg.trace !== undefined,
   }, model, params),
   memory: {
     microBatch: (cfg) => cfg.batchSize / cfg.microBatches,

@@ -9,7 +9,7 @@ import { getPreset } from '../model/presets.js';
 import { createStrategy } from '../strategies/index.js';
 import { textDatasetFromString, type TextDataset } from '../data/text.js';
 import type { Model } from '../model/model.js';
-import type { Strategy } from '../strategies/strategy.js';
+import type { StepReport, Strategy } from '../strategies/strategy.js';
 import { Rng } from '../util/rng.js';
 
 const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
@@ -74,22 +74,23 @@ export interface TinyLmRun {
 /**
  * Trains a charlm-tiny of `run.shape` (parameters seeded 5, batches seeded 2, threads 1) with
  * the configuration `o` (strategy, backend, devices, ...), one step per learning rate, and
- * returns the losses and the final parameters; closes the strategy, also when a step throws.
+ * returns the losses, the final parameters and each step's report; closes the strategy, also
+ * when a step throws.
  * The strategy comparisons (native, devices, hosts, webgpu) all train through this.
  */
-export async function trainTinyLm(o: Partial<TrainConfig>, run: TinyLmRun): Promise<{ losses: number[]; params: HostParams }> {
+export async function trainTinyLm(o: Partial<TrainConfig>, run: TinyLmRun): Promise<{ losses: number[]; params: HostParams; reports: StepReport[] }> {
   const ds = tinyWhaleDataset();
   const cfg = resolveConfig({ preset: 'charlm-tiny', batchSize: run.batchSize, threads: 1, ...run.shape, ...o } as Parameters<typeof resolveConfig>[0]);
   const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
   const batcher = makeBatcher(ds, { batchSize: run.batchSize, context: run.shape.context, seed: 2 });
   const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
   try {
-    const losses: number[] = [];
+    const reports: StepReport[] = [];
     for (const [i, lr] of run.lrs.entries()) {
       run.during?.(i);
-      losses.push((await s.trainStep(batcher.next(), lr)).loss);
+      reports.push(await s.trainStep(batcher.next(), lr));
     }
-    return { losses, params: await s.getParams() };
+    return { losses: reports.map((r) => r.loss), params: await s.getParams(), reports };
   } finally {
     await s.close();
   }

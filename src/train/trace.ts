@@ -17,9 +17,11 @@ import { writeFileAtomic } from '../util/fsx.js';
 export interface TimelineSpan extends TraceSpan {
   stage: number;
   /**
-   * The row it is drawn on: the stage for pipelines; for L2L, 0 = the device's compute, 1 =
-   * its parameter transfers (uploads, waits for the parameter server, gradient downloads),
-   * 2 + t = the parameter server's optimizer thread t. Spans of one track never overlap.
+   * The row it is drawn on: the stage for pipelines; for L2L, 0 = the device's compute (host
+   * side), 1 = its parameter transfers (uploads, waits for the parameter server, gradient
+   * downloads), 2 + t = the parameter server's optimizer thread t; on webgpu, 1 = the device's
+   * GPU (the GPU's execution of each compute action and upload: TraceSpan.gpu), 2 = transfers,
+   * 3 + t = optimizer thread t. Spans of one track never overlap.
    */
   track: number;
   step: number;
@@ -82,19 +84,24 @@ export class TraceRecorder {
   private readonly peaks: number[] = [];
   private readonly busy: number[] = [];
   private readonly total: number[] = [];
+  /** L2L: whether the run records the GPU's spans (webgpu), decided by its first report. */
+  private gpuTrack: boolean | undefined;
 
   /** Adds one step's report (its spans are aligned by each stage's start time). */
   add(step: number, r: StepReport): void {
     this.origin ??= Math.min(...r.startedAt);
     const relay = r.serverSpans !== undefined;
+    if (relay) this.gpuTrack ??= r.traces.some((spans) => spans.some((s) => s.gpu));
+    const g = this.gpuTrack ? 1 : 0; // tracks after the device's own move down by one
     r.traces.forEach((spans, stage) => {
       const base = r.startedAt[stage] - this.origin!;
       let busy = 0;
       let end = 0;
       if (!relay) this.tracks.set(stage, `stage ${stage}`);
       for (const s of spans) {
-        const track = relay ? (TRANSFERS.has(s.label) ? 1 : 0) : stage;
+        const track = relay ? (s.gpu ? 1 : TRANSFERS.has(s.label) ? 1 + g : 0) : stage;
         if (this.keepSpans) this.spans.push({ ...s, stage, track, step, t0: base + s.start, t1: base + s.end });
+        if (s.gpu) continue; // the GPU's time, not the stage's: busy and step time are the host's
         if (!WAITING_LABELS.has(s.label)) busy += s.end - s.start;
         end = Math.max(end, s.end);
       }
@@ -104,7 +111,8 @@ export class TraceRecorder {
     });
     if (relay) {
       this.tracks.set(0, 'device');
-      this.tracks.set(1, 'transfers');
+      if (g) this.tracks.set(1, 'device GPU');
+      this.tracks.set(1 + g, 'transfers');
       this.addServerSpans(step, r.serverSpans!);
     }
   }
@@ -118,10 +126,11 @@ export class TraceRecorder {
   addServerSpans(step: number, spans: readonly ServerSpan[]): void {
     if (this.origin === null) return;
     for (const u of spans) {
-      this.tracks.set(2 + u.thread, `PS thread ${u.thread}`);
+      const track = (this.gpuTrack ? 3 : 2) + u.thread;
+      this.tracks.set(track, `PS thread ${u.thread}`);
       const t0 = u.startedAt - this.origin;
       if (this.keepSpans) {
-        this.spans.push({ label: 'server_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track: 2 + u.thread, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
+        this.spans.push({ label: 'server_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
       }
     }
   }
@@ -139,9 +148,9 @@ export class TraceRecorder {
     const events: object[] = [...this.tracks].map(([t, name]) => ({ name: 'thread_name', ph: 'M', pid: 1, tid: t, args: { name } }));
     for (const s of this.spans) {
       events.push({
-        name: spanName(s), cat: s.label, ph: 'X', pid: 1, tid: s.track,
+        name: spanName(s), cat: s.gpu ? `gpu ${s.label}` : s.label, ph: 'X', pid: 1, tid: s.track,
         ts: Math.round(s.t0 * 1000), dur: Math.max(1, Math.round((s.t1 - s.t0) * 1000)),
-        args: { step: s.step, micro_batch: s.mb, ...(s.layer !== undefined ? { layer: s.layer } : {}) },
+        args: { step: s.step, micro_batch: s.mb, ...(s.layer !== undefined ? { layer: s.layer } : {}), ...(s.gpu ? { host_ms_in_submit: s.submitMs } : {}) },
       });
     }
     return JSON.stringify({ traceEvents: events, displayTimeUnit: 'ms' });

@@ -1,0 +1,132 @@
+/**
+ * The GPU command queue of this thread's backend, as the layers above see it (webgpu only; every
+ * function here is a no-op, or answers null, on the other backends).
+ *
+ * tfjs-backend-webgpu 4.22 works lazily: `tf.tensor(values)` keeps `values` on the host until a
+ * kernel first reads the tensor (`uploadToGPU` then copies them into a mapped staging buffer and
+ * queues a copy), and kernels are encoded into one command encoder that is submitted every
+ * `WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE` (15) dispatches or when something is read. So without help
+ * a "prefetch" moves nothing, and a layer's last few kernels may sit unsubmitted while the host
+ * goes on. Here:
+ * - {@link makeResident} uploads tensors at once and submits the copies;
+ * - {@link GpuQueue.flush} submits whatever is queued; {@link GpuQueue.submit} does too and
+ *   returns a promise of the time the GPU finished all submitted work
+ *   (`GPUQueue.onSubmittedWorkDone`), without blocking the host; {@link GpuQueue.poll} lets that
+ *   promise resolve on time;
+ * - the backend's `submitQueue` is wrapped (once per backend instance) to note when the current
+ *   action first submitted work and how long the host was held inside `queue.submit` (on a
+ *   software GPU, Mesa's llvmpipe behind Dawn's OpenGL backend, the GPU's work runs there,
+ *   synchronously).
+ */
+import { tf } from './tfjs.js';
+
+/** The parts of tfjs-backend-webgpu's WebGPUBackend used here (4.22: backend_webgpu.js). */
+interface WebGPUBackendLike {
+  device: { queue: { onSubmittedWorkDone(): Promise<void>; submit(commandBuffers: unknown[]): void } };
+  commandEncoder: unknown;
+  endComputePassEncoder(): void;
+  submitQueue(): void;
+  uploadToGPU(dataId: object): void;
+  tensorMap: { get(dataId: object): { resource?: unknown } | undefined };
+}
+
+/** What one {@link GpuQueue.submit} reports about the action it closes. */
+export interface GpuSubmit {
+  /** performance.now() of the action's first submit (a batch, a read, or this one); null if it submitted nothing. */
+  firstSubmitAt: number | null;
+  /** performance.now() right after this submit returned. */
+  submittedAt: number;
+  /** Host milliseconds spent inside `queue.submit` during the action (on a synchronous software GPU: its execution). */
+  submitMs: number;
+  /** Resolves with performance.now() when the GPU has finished every command submitted so far (NaN if the device was lost). */
+  done: Promise<number>;
+}
+
+/** The webgpu backend's queue with the bookkeeping of {@link GpuSubmit}. */
+export class GpuQueue {
+  private firstSubmitAt: number | null = null;
+  private submitMs = 0;
+
+  constructor(private readonly backend: WebGPUBackendLike) {
+    const submit = backend.submitQueue.bind(backend);
+    backend.submitQueue = () => {
+      const t = performance.now();
+      submit();
+      this.firstSubmitAt ??= t;
+      this.submitMs += performance.now() - t;
+    };
+  }
+
+  /** Starts a new action: forgets the previous one's submits. */
+  begin(): void {
+    this.firstSubmitAt = null;
+    this.submitMs = 0;
+  }
+
+  /** Submits the commands queued so far (none queued: nothing to do). */
+  flush(): void {
+    if (!this.backend.commandEncoder) return;
+    this.backend.endComputePassEncoder();
+    this.backend.submitQueue();
+  }
+
+  /**
+   * Ends an action: submits its queued commands and asks the GPU to report when it has
+   * finished them. Does not wait.
+   */
+  submit(): GpuSubmit {
+    this.flush();
+    const submittedAt = performance.now();
+    const done = this.backend.device.queue.onSubmittedWorkDone().then(() => performance.now(), () => NaN);
+    // an empty submit after the request: on Dawn's OpenGL backend (Mesa) the completion was
+    // otherwise reported only at the next real submit, one action late; with it, at the next turn
+    this.backend.device.queue.submit([]);
+    const r = { firstSubmitAt: this.firstSubmitAt, submittedAt, submitMs: this.submitMs, done };
+    this.begin();
+    return r;
+  }
+
+  /** Uploads the tensors' values to GPU buffers now and submits the copies. */
+  makeResident(tensors: readonly tf.Tensor[]): void {
+    for (const t of tensors) this.backend.uploadToGPU(t.dataId);
+    this.flush();
+  }
+
+  /**
+   * One turn of the event loop, in which Dawn's Node bindings deliver the notifications of
+   * finished work (they poll from a setImmediate task: a host that only chains promises never
+   * lets them run, and `onSubmittedWorkDone` would resolve at the next real wait instead of when
+   * the GPU finished). About 0.3-0.5 ms.
+   */
+  poll(): Promise<void> {
+    return new Promise((resolve) => setImmediate(resolve));
+  }
+
+  /** Whether the tensor's values are in a GPU buffer (not only on the host, waiting for first use). */
+  isResident(t: tf.Tensor): boolean {
+    return this.backend.tensorMap.get(t.dataId)?.resource != null;
+  }
+}
+
+const queues = new WeakMap<object, GpuQueue>();
+
+/** This thread's backend's GPU queue: one per webgpu backend instance; null on other backends. */
+export function gpuQueue(): GpuQueue | null {
+  if (tf.getBackend() !== 'webgpu') return null;
+  const b = tf.backend() as unknown as WebGPUBackendLike;
+  let q = queues.get(b);
+  if (!q) queues.set(b, (q = new GpuQueue(b)));
+  return q;
+}
+
+/**
+ * Makes the tensors' values resident on the device now: on webgpu, uploads them and submits the
+ * copies (TF.js would upload them only when a kernel first reads them). No-op on the other
+ * backends (wasm copies at creation; cpu and native compute on the host array itself).
+ * Returns whether it copied the values (the caller may then reuse the host arrays).
+ */
+export function makeResident(tensors: readonly tf.Tensor[]): boolean {
+  const q = gpuQueue();
+  q?.makeResident(tensors);
+  return q !== null;
+}
