@@ -6,6 +6,7 @@
 // that step over the other heads; pairs are spread over the OpenMP team (one single-threaded
 // sgemm per thread, nested regions are off), as in matmul.cc.
 #include "kernels.h"
+#include "signals.h"
 #include <dnnl.h>
 #include <omp.h>
 #include <cmath>
@@ -23,6 +24,7 @@ bool spreadPairs(int64_t pairs) {
 }  // namespace
 
 int causalAttention(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
+  const SignalGuard guard;  // sgemm: JIT GEMM kernels (signals.h)
   const int64_t d = heads * dh, ld = 3 * d, pairs = batch * heads;
   int status = 0;
 #pragma omp parallel for schedule(static) if (spreadPairs(pairs))
@@ -47,6 +49,7 @@ int causalAttention(const float* qkv, float* ctx, float* p, int64_t batch, int64
 
 int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
                         int64_t dh, float scale) {
+  const SignalGuard guard;  // sgemm: JIT GEMM kernels (signals.h)
   const int64_t d = heads * dh, ld = 3 * d, pairs = batch * heads;
   int status = 0;
 #pragma omp parallel if (spreadPairs(pairs))

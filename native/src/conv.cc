@@ -6,6 +6,7 @@
 // per geometry and kept in a per-thread cache with the thread's CPU engine and stream: each device
 // worker thread has its own. Errors: oneDNN's status is returned, never thrown.
 #include "kernels.h"
+#include "signals.h"
 #include <dnnl.hpp>
 #include <algorithm>
 #include <limits>
@@ -109,6 +110,7 @@ int status(const dnnl::error& e) { return e.status == 0 ? -1 : static_cast<int>(
 }  // namespace
 
 int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu) {
+  const SignalGuard guard;  // oneDNN primitives may run JIT GEMM kernels (signals.h)
   try {
     Ctx& c = ctx();
     const Descs d = descs(g);
@@ -137,6 +139,7 @@ int conv2d(const float* x, const float* w, const float* bias, float* y, const Co
 }
 
 int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g) {
+  const SignalGuard guard;  // oneDNN primitives may run JIT GEMM kernels (signals.h)
   try {
     using namespace dnnl;
     Ctx& c = ctx();
@@ -166,6 +169,7 @@ int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGe
 }
 
 int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g) {
+  const SignalGuard guard;  // oneDNN primitives may run JIT GEMM kernels (signals.h)
   try {
     using namespace dnnl;
     Ctx& c = ctx();

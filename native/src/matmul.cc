@@ -3,6 +3,7 @@
 // regions are off, so each runs single-threaded); few large ones run one after another, each
 // parallel inside oneDNN.
 #include "kernels.h"
+#include "signals.h"
 #include <dnnl.h>
 #include <omp.h>
 #include <xmmintrin.h>
@@ -20,6 +21,7 @@ int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStr
     for (int64_t i = 0; i < batch * m * n; i++) c[i] = 0.f;
     return 0;
   }
+  const SignalGuard guard;  // oneDNN's JIT GEMM must not be interrupted by a signal (signals.h)
   const int team = omp_get_max_threads();
   if (batch >= 2 * team && team > 1) {
     int status = 0;
@@ -45,8 +47,13 @@ void flushDenormals() {
   // softmax's near-zero probabilities times small gradients) cost a microcode assist per
   // operation and slowed whole products several-fold; flushed, they are zeros
   _mm_setcsr(_mm_getcsr() | 0x8040);
+  // the team's workers also block asynchronous signals for good (signals.h); this region
+  // starts every worker the team can have (omp_get_max_threads), so none escapes it
 #pragma omp parallel
-  _mm_setcsr(_mm_getcsr() | 0x8040);
+  {
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+    if (omp_get_thread_num() != 0) blockAsyncSignalsForever();
+  }
 }
 
 void setThreads(int n) {

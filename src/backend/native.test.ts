@@ -296,3 +296,30 @@ test('300 training steps on native leak no tensor and keep the resident set flat
   const growth = (rss[1]! - rss[0]!) / 2 ** 20;
   assert.ok(growth < 64, `the resident set grew by ${growth.toFixed(1)} MiB from step 50 to step 300`);
 });
+
+test('native products and convolutions survive signals: 1500 of each under the V8 CPU profiler (SIGPROF to the JS thread) exit cleanly', { skip }, async () => {
+  // oneDNN's JIT GEMM kernels point rsp at the heap; a signal during one corrupted the heap
+  // (native/src/signals.h): this run aborted with "corrupted size vs. prev_size" 3 of 3 times
+  const { spawnSync } = await import('node:child_process');
+  const { mkdtempSync, readdirSync, rmSync } = await import('node:fs');
+  const { tmpdir } = await import('node:os');
+  const { join } = await import('node:path');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-sig-'));
+  try {
+    const script = `
+      const { initBackend } = await import(${JSON.stringify(new URL('./index.js', import.meta.url).href)});
+      const { tf } = await import(${JSON.stringify(new URL('./tfjs.js', import.meta.url).href)});
+      await initBackend('native');
+      const a = tf.randomNormal([64, 256]), b = tf.randomNormal([256, 256]);
+      const x = tf.randomNormal([8, 28, 28, 4]), w = tf.randomNormal([3, 3, 4, 16]);
+      for (let i = 0; i < 1500; i++) tf.tidy(() => [tf.matMul(a, b), tf.conv2d(x, w, 1, 'same')]);
+      console.log('finished');`;
+    const r = spawnSync(process.execPath, ['--cpu-prof', '--cpu-prof-dir', dir, '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 120_000 });
+    assert.equal(r.signal, null, `killed by ${r.signal}: ${r.stderr.slice(-500)}`);
+    assert.equal(r.status, 0, r.stderr.slice(-500));
+    assert.match(r.stdout, /finished/);
+    assert.equal(readdirSync(dir).filter((f) => f.endsWith('.cpuprofile')).length, 1, 'the profiler ran');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
