@@ -26,6 +26,7 @@ interface WebGPUBackendLike {
   commandEncoder: unknown;
   endComputePassEncoder(): void;
   submitQueue(): void;
+  getBufferData(buffer: unknown): Promise<unknown>;
   uploadToGPU(dataId: object): void;
   tensorMap: { get(dataId: object): { resource?: unknown } | undefined };
 }
@@ -40,20 +41,39 @@ export interface GpuSubmit {
   submitMs: number;
   /** Resolves with performance.now() when the GPU has finished every command submitted so far (NaN if the device was lost). */
   done: Promise<number>;
+  /**
+   * performance.now() by which the GPU had certainly finished this action's work: a read (a
+   * download) that completed after the action's last submit; null when work was submitted after
+   * the last read. `done` arrives a host turn or more after the GPU finished; this does not.
+   */
+  idleBy: number | null;
 }
 
 /** The webgpu backend's queue with the bookkeeping of {@link GpuSubmit}. */
 export class GpuQueue {
   private firstSubmitAt: number | null = null;
   private submitMs = 0;
+  /** Submits of work so far, and the count and time when a read last found the GPU done with all of them. */
+  private submits = 0;
+  private idle: { seq: number; at: number } | null = null;
 
   constructor(private readonly backend: WebGPUBackendLike) {
     const submit = backend.submitQueue.bind(backend);
     backend.submitQueue = () => {
       const t = performance.now();
       submit();
+      this.submits++;
       this.firstSubmitAt ??= t;
       this.submitMs += performance.now() - t;
+    };
+    // a read queues a copy after everything submitted, submits it and waits for it: when it
+    // completes with nothing submitted since, the GPU has finished all the work so far
+    const read = backend.getBufferData.bind(backend);
+    backend.getBufferData = async (buffer: unknown) => {
+      const seq = this.submits + 1; // its own copy's submit
+      const values = await read(buffer);
+      if (this.submits === seq) this.idle = { seq, at: performance.now() };
+      return values;
     };
   }
 
@@ -81,7 +101,8 @@ export class GpuQueue {
     // an empty submit after the request: on Dawn's OpenGL backend (Mesa) the completion was
     // otherwise reported only at the next real submit, one action late; with it, at the next turn
     this.backend.device.queue.submit([]);
-    const r = { firstSubmitAt: this.firstSubmitAt, submittedAt, submitMs: this.submitMs, done };
+    const idleBy = this.idle !== null && this.idle.seq === this.submits ? this.idle.at : null;
+    const r = { firstSubmitAt: this.firstSubmitAt, submittedAt, submitMs: this.submitMs, done, idleBy };
     this.begin();
     return r;
   }

@@ -45,6 +45,13 @@ async function blockResults(config: ModelConfig): Promise<Float32Array[][]> {
     : tf.tensor(Float32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () => rng.next()), shape0);
   const out: Float32Array[][] = [];
   for (const [bi, block] of model.blocks.entries()) {
+    if (block.params.length === 0 && x.dtype === 'float32') {
+      // a pooling block after a ReLU sees windows of equal zeros: cpu and webgpu route the
+      // gradient to different (equally valid) maxima there, so it gets an input without ties
+      const shape = x.shape;
+      x.dispose();
+      x = tf.tensor(Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => rng.next()), shape);
+    }
     const names = block.params.map((p) => p.name);
     const ps = block.params.map((p) => tf.tensor(host.get(paramKey(bi, p.name))!, p.shape));
     const last = bi === model.blocks.length - 1;

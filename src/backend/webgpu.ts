@@ -2,8 +2,9 @@
  * WebGPU in Node: Dawn's Node bindings (the npm package `webgpu`, prebuilt for linux-x64/arm64,
  * Windows and macOS) give a thread `navigator.gpu`, which `@tensorflow/tfjs-backend-webgpu`
  * needs before it is imported. The adapter is the machine's GPU where Dawn finds one (Vulkan,
- * Metal, D3D12); without one, Mesa's software rasteriser through Dawn's OpenGL backend at the
- * 'compatibility' feature level (on Debian 12, whose lavapipe is too old for Dawn's Vulkan).
+ * Metal, D3D12) or a Vulkan software GPU (Mesa >= 24's lavapipe: `.ci/run` installs Mesa 25 from
+ * bookworm-backports); without one, Mesa's software rasteriser through Dawn's OpenGL backend at
+ * the 'compatibility' feature level (Debian 12's own lavapipe, Mesa 22, is too old for Dawn).
  * The main thread sets EGL_PLATFORM=surfaceless for devices on machines without a display
  * ({@link configureWebGPUEnvironment}): a worker thread's process.env does not reach native code.
  *

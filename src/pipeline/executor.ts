@@ -382,7 +382,8 @@ export async function execute(program: StageProgram, actions: readonly Action[],
 /**
  * The GPU's spans of the marked actions, in ms since `t0`: the GPU runs submitted work in
  * order, so an action's span starts at its first submit or when the GPU finished the previous
- * one, whichever is later, and ends when the GPU reported it done (waits for the last).
+ * one, whichever is later, and ends when the GPU reported it done, or earlier where a read
+ * completed after the action's last submit (waits for the last report).
  */
 async function gpuSpans(marks: ReadonlyArray<{ a: Action; s: GpuSubmit }>, t0: number): Promise<TraceSpan[]> {
   const done = await Promise.all(marks.map((m) => m.s.done));
@@ -391,7 +392,9 @@ async function gpuSpans(marks: ReadonlyArray<{ a: Action; s: GpuSubmit }>, t0: n
   marks.forEach(({ a, s }, i) => {
     if (!Number.isFinite(done[i])) return; // the device was lost: no time to show
     const start = Math.max((s.firstSubmitAt ?? s.submittedAt) - t0, prev);
-    const end = Math.max(done[i] - t0, start);
+    // the done report comes a host turn or more late; a read that completed after the action's
+    // last submit bounds the GPU's work sooner (a host stash's download waited for it)
+    const end = Math.max(Math.min(done[i], s.idleBy ?? Infinity) - t0, start);
     prev = end;
     spans.push({ label: a.op, op: a.op, mb: 'mb' in a ? a.mb : -1, ...('layer' in a ? { layer: a.layer } : {}), start, end, gpu: true, submitMs: s.submitMs });
   });

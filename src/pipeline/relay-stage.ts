@@ -73,15 +73,31 @@ export class RelayStage implements StageProgram {
   lastWaitMs = 0;
   /** Losses and metrics read off the device at the step's end. */
   private readonly reads = new PendingReads();
+  /**
+   * A host-stash download still under way (backends with a GPU queue: webgpu). At most one: the
+   * next stash waits for it, so the device holds at most one activation more than with
+   * synchronous downloads, while the GPU computes that micro-batch and the host goes on to the
+   * next action (the next layer's upload).
+   */
+  private download: Promise<void> | null = null;
 
   /** Reads what the step left pending on the device into {@link losses} and {@link metrics}. */
   async flush(): Promise<void> {
+    await this.settleDownload();
     await this.reads.flush();
   }
 
   /** Drops what a failed step left pending, unread. */
   discard(): void {
+    this.download = null; // its tensor is freed when the read ends; its error was already caught
     this.reads.clear();
+  }
+
+  /** Waits for the host-stash download under way, if any; rethrows its error. */
+  private async settleDownload(): Promise<void> {
+    const d = this.download;
+    this.download = null;
+    if (d) await d;
   }
 
   /**
@@ -94,6 +110,7 @@ export class RelayStage implements StageProgram {
 
   readonly handlers: Handlers = {
     load_layer: async (a, io) => {
+      await this.settleDownload(); // the previous layer's stash is complete before the next layer
       if (await this.load(a.layer)) io.gpuWork();
       io.phase('wait_params', this.lastWaitMs, 'upload');
     },
@@ -104,7 +121,8 @@ export class RelayStage implements StageProgram {
       await this.layerForward(a.layer, a.mb, a.grad, io);
       io.gpuWork(); // on webgpu: submitted now, so the GPU runs it while the host goes on (to the next upload)
     },
-    layer_backward: (a, io) => {
+    layer_backward: async (a, io) => {
+      await this.settleDownload();
       this.layerBackward(a.layer, a.mb, io);
       io.gpuWork();
     },
@@ -185,14 +203,23 @@ export class RelayStage implements StageProgram {
     if (this.stashPlace === 'host' && l > 0) {
       const shape = t.shape.slice();
       const dtype = t.dtype as 'float32' | 'int32';
-      let v: Float32Array | Int32Array;
-      try {
-        v = (await t.data()) as Float32Array | Int32Array;
-      } finally {
-        t.dispose();
-      }
-      // wasm's reads are already a fresh copy of its heap; other backends may return their own storage
-      s.set(mb, { values: copiesOnCreation() ? v : v.slice(), shape, dtype });
+      const entries = s;
+      const download = async () => {
+        let v: Float32Array | Int32Array;
+        try {
+          v = (await t.data()) as Float32Array | Int32Array;
+        } finally {
+          t.dispose();
+        }
+        // wasm's reads are already a fresh copy of its heap; other backends may return their own storage
+        entries.set(mb, { values: copiesOnCreation() ? v : v.slice(), shape, dtype });
+      };
+      if (gpuQueue() === null) return download(); // a host backend: the values are there already
+      // a GPU: the read waits for the GPU to compute t; let the host go on meanwhile
+      await this.settleDownload();
+      const d = download();
+      d.catch(() => undefined); // rethrown by settleDownload
+      this.download = d;
     } else {
       s.set(mb, t);
     }
