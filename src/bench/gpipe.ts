@@ -54,6 +54,8 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   const model = buildModel(modelConfigFor(base, ds));
   const params = initParams(model.blocks, base.seed);
   const context = model.config.arch === 'charlm' ? model.config.context : undefined;
+  /** Throughput unit: a language model's batch counts tokens, an image classifier's examples (tokens_per_s holds either). */
+  const unit = context !== undefined ? 'tokens/s' : 'examples/s';
   const sizes = o.microBatches.map((m) => Math.max(1, Math.floor(o.batchSize / m)));
   const profile = await profileModel(model, { backend: o.backend, microBatchSizes: sizes, optimizer: optimizerConfigOf(base) });
 
@@ -94,17 +96,17 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   // single is measured first and last; speed-ups are against the mean of both, so a drift of
   // the machine's speed during the run shows in the two single rows instead of hiding
   const single1 = await measure('single', 1, 'never');
-  log(`single (first): ${single1.tokens_per_s.toFixed(0)} tokens/s`);
+  log(`single (first): ${single1.tokens_per_s.toFixed(0)} ${unit}`);
   const pipes: Array<Omit<Row, 'speedup'>> = [];
   for (const mode of REMAT_MODES) {
     for (const m of o.microBatches) {
       const r = await measure('gpipe', m, mode);
       pipes.push(r);
-      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} tokens/s (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`);
+      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} ${unit} (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`);
     }
   }
   const single2 = await measure('single', 1, 'never');
-  log(`single (last): ${single2.tokens_per_s.toFixed(0)} tokens/s`);
+  log(`single (last): ${single2.tokens_per_s.toFixed(0)} ${unit}`);
   const ref = (single1.tokens_per_s + single2.tokens_per_s) / 2;
   const rows: Row[] = [single1, ...pipes, single2].map((r) => ({ ...r, speedup: r.tokens_per_s / ref }));
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
@@ -112,7 +114,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     `# gpipe benchmark\n`,
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
-      columns: ['strategy', 'K', 'M', 'checkpoint', 'blocks per stage', 'tokens/s', 'speed-up vs single', 'bubble per stage (measured)', 'bubble per stage (cost model)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
+      columns: ['strategy', 'K', 'M', 'checkpoint', 'blocks per stage', unit, 'speed-up vs single', 'bubble per stage (measured)', 'bubble per stage (cost model)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
       rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.balance.join(','), r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
         r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_predicted.map((b) => b.toFixed(3)).join(' / ') || '-', r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
     }),
