@@ -12,6 +12,7 @@ import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
 import { REMAT_MODES, idealBubble, type RematMode } from '../schedule/schedule.js';
 import { createStrategy, planStages } from '../strategies/index.js';
+import { threadsPerDevice } from '../strategies/spec.js';
 import { profileModel } from '../cost/profile.js';
 import { costsAt } from '../cost/costs.js';
 import { predictStepTime } from '../cost/time.js';
@@ -57,7 +58,8 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   /** Throughput unit: a language model's batch counts tokens, an image classifier's examples (tokens_per_s holds either). */
   const unit = context !== undefined ? 'tokens/s' : 'examples/s';
   const sizes = o.microBatches.map((m) => Math.max(1, Math.floor(o.batchSize / m)));
-  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: sizes, optimizer: optimizerConfigOf(base) });
+  // each stage's kernels on the threads its device gets (the cores divided among the stages)
+  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: sizes, optimizer: optimizerConfigOf(base), threads: threadsPerDevice(base, o.stages) });
 
   async function measure(strategy: 'single' | 'gpipe', m: number, mode: RematMode): Promise<Omit<Row, 'speedup'>> {
     const cfg = resolveConfig({ ...base, balance: undefined, strategy, stages: strategy === 'single' ? 1 : o.stages, microBatches: m, remat: mode });

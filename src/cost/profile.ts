@@ -11,6 +11,7 @@
  * optimizer step's time and transient bytes.
  */
 import { initBackend } from '../backend/index.js';
+import { nativeAddon } from '../backend/native-addon.js';
 import { LayerwiseError } from '../util/errors.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import { initParams } from '../model/init.js';
@@ -36,6 +37,11 @@ export interface ProfileOptions {
   warmup?: number;
   /** Seed of the random parameters and inputs (default 1). */
   seed?: number;
+  /**
+   * Kernel threads to measure with (native: the OpenMP team), as each device will run them
+   * (strategies/spec.ts threadsPerDevice); restored afterwards. Default: the backend's current.
+   */
+  threads?: number;
 }
 
 
@@ -62,7 +68,16 @@ export async function profileModel(model: Model, opts: ProfileOptions): Promise<
   }
   const repeats = opts.repeats ?? 5;
   const warmup = opts.warmup ?? 2;
-  await initBackend(opts.backend);
+  const before = opts.threads !== undefined && opts.backend === 'native' ? nativeAddon()?.threads() : undefined;
+  await initBackend(opts.backend, opts.threads !== undefined ? { threads: opts.threads } : {});
+  try {
+    return await profileWithBackend(model, opts, sizes, repeats, warmup);
+  } finally {
+    if (before !== undefined) nativeAddon()!.setThreads(before);
+  }
+}
+
+async function profileWithBackend(model: Model, opts: ProfileOptions, sizes: number[], repeats: number, warmup: number): Promise<ModelProfile> {
   const rng = new Rng(opts.seed ?? 1);
   const host = initParams(model.blocks, opts.seed ?? 1);
   const params = model.blocks.map((blk, i) => Object.fromEntries(blk.params.map((s) => {
@@ -238,7 +253,9 @@ export async function profiledBalanceCosts(model: Model, o: {
   stages: number;
   shape: Omit<StepShape, 'slots'>;
   optimizer: OptimizerConfig;
+  /** Kernel threads of each device (see ProfileOptions.threads). */
+  threads?: number;
 }): Promise<number[]> {
-  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: [o.microBatch], optimizer: o.optimizer });
+  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: [o.microBatch], optimizer: o.optimizer, threads: o.threads });
   return blockBalanceCosts(costsAt(profile, o.microBatch), o.kind, { ...o.shape, slots: optimizerSlots(o.optimizer) }, o.stages);
 }

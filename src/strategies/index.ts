@@ -17,7 +17,7 @@ import { gpipe } from './gpipe.js';
 import { l2l } from './l2l.js';
 import { local } from './local.js';
 import { single } from './single.js';
-import type { StrategySpec } from './spec.js';
+import { threadsPerDevice, type StrategySpec } from './spec.js';
 import type { Strategy } from './strategy.js';
 
 /** Every strategy, in the order they are reported. */
@@ -94,6 +94,7 @@ export async function resolveStages(cfg: TrainConfig, model: Model): Promise<Sta
   const costs = await profiledBalanceCosts(model, {
     kind: cfg.balance, backend: cfg.backend, microBatch: cfg.batchSize / cfg.microBatches, stages: cfg.stages,
     shape: { m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule }, optimizer: optimizerConfigOf(cfg),
+    threads: threadsPerDevice(cfg, cfg.stages), // as each device will run its kernels
   });
   return planStages(cfg, model, costs);
 }
