@@ -84,3 +84,17 @@ test('--balance time separates the heavy blocks of a deliberately uneven model',
   assert.throws(() => resolveConfig({ preset: 'mlp-mnist', balance: 'speed' }), /--balance 'speed' must be comma-separated block counts.*or one of flops, params, time, memory/);
   await assert.rejects(resolveStages({ ...cfg, stages: 8 }, model), /--stages 8 exceeds the model's 7 blocks; use at most 7 stages/);
 });
+
+test('profiling on native with a device\'s thread count measures with it and gives the main thread its team back', { skip: (await import('../backend/native-addon.js')).nativeAddon() ? false : 'native addon not built' }, async () => {
+  const { nativeAddon } = await import('../backend/native-addon.js');
+  const addon = nativeAddon()!;
+  const model = buildModel({ arch: 'mlp', inputShape: [4, 4, 1], hidden: [8], classes: 3 });
+  addon.setThreads(2);
+  let during = 0;
+  const opt = defaultOptimizerConfig('adamw');
+  // a block whose forward notes the team it runs on
+  const probe: Model = { ...model, blocks: model.blocks.map((b, i) => i > 0 ? b : { ...b, forward: (p, x) => ((during = addon.threads()), b.forward(p, x)) }) };
+  await profileModel(probe, { backend: 'native', microBatchSizes: [2], optimizer: opt, repeats: 1, warmup: 0, threads: 1 });
+  assert.equal(during, 1, 'the blocks ran on the device\'s thread count');
+  assert.equal(addon.threads(), 2, 'the main thread\'s team is restored');
+});
