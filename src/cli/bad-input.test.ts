@@ -246,3 +246,27 @@ test('an internal failure prints one line and where its full report is (error.tx
   assert.equal(dbg.code, 1, dbg.err);
   assert.match(dbg.err, STACK, '--debug prints the stack');
 });
+
+test('a checkpoint whose parameters are not its model\'s (another version of the preset) is refused by --resume, sample and export, naming the parameter', () => {
+  const out = join(tmp, 'misfit');
+  const r = run(['train', ...quick, '--out', out]);
+  assert.equal(r.code, 0, r.err);
+  // the same checkpoint as an earlier layout of the model would have written it: a block index moved
+  const metaPath = join(out, 'checkpoint', 'meta.json');
+  const meta = JSON.parse(readFileSync(metaPath, 'utf8')) as { params: Array<{ key: string }> };
+  const moved = meta.params[meta.params.length - 1]!;
+  const was = moved.key;
+  moved.key = `9${was}`;
+  writeFileSync(metaPath, JSON.stringify(meta));
+  const before = hashes(join(out, 'checkpoint'));
+  for (const args of [['train', '--resume', out, '--steps', '10'], ['sample', '--checkpoint', out, '--length', '5'], ['export', '--run', out, '--out', join(tmp, 'misfit-export')]]) {
+    const b = run(args);
+    assert.equal(b.code, 2, `${args[0]}: ${b.err}`);
+    const lines = errorLines(b.err);
+    assert.equal(lines.length, 1, `${args[0]}: one line: ${b.err}`);
+    assert.match(lines[0]!, new RegExp(`checkpoint .*misfit.* does not fit its model: parameter ${was.replace('.', '\\.')} \\(\\w+\\) is missing\\. It was written for a different model .*start a new run`));
+    assert.doesNotMatch(b.err, STACK);
+  }
+  assert.deepEqual(hashes(join(out, 'checkpoint')), before, 'the checkpoint is untouched');
+  assert.equal(existsSync(join(tmp, 'misfit-export')), false, 'nothing exported');
+});

@@ -132,6 +132,12 @@ function bad(dir: string, what: string): never {
   throw new LayerwiseError(`checkpoint ${dir} is corrupt or not a layerwise checkpoint: ${what}; point --resume/--checkpoint at a folder written by 'layerwise train' (it holds meta.json, params.bin, optimizer.bin)`);
 }
 
+/** A well-formed checkpoint whose parameters are not the model's (throws LayerwiseError). */
+function misfit(dir: string, what: string): never {
+  throw new LayerwiseError(`checkpoint ${dir} does not fit its model: ${what}. It was written for a different model ` +
+    '(an earlier layerwise version of the preset: cnn-mnist\'s convolution and pooling became separate blocks; or a model module changed since): start a new run, or use the version that wrote it');
+}
+
 async function readBin(dir: string, name: string, expected: FileInfo): Promise<Float32Array> {
   let buf: Buffer;
   try {
@@ -193,9 +199,9 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
   model.blocks.forEach((b, bi) => b.params.forEach((spec) => {
     const key = paramKey(bi, spec.name);
     const e = byKey.get(key);
-    if (!e) bad(dir, `parameter ${key} is missing`);
+    if (!e) misfit(dir, `parameter ${key} (${b.name}) is missing`);
     if (e.shape.join(',') !== spec.shape.join(',') || e.length !== sizeOf(spec.shape)) {
-      bad(dir, `parameter ${key} has shape [${e.shape}], the model needs [${spec.shape}]`);
+      misfit(dir, `parameter ${key} (${b.name}) has shape [${e.shape}], the model needs [${spec.shape}]`);
     }
     params.set(key, slice(dir, pAll, e, 'params.bin'));
   }));
