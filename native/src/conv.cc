@@ -107,23 +107,40 @@ void* mut(const float* p) { return const_cast<float*>(p); }
 
 int status(const dnnl::error& e) { return e.status == 0 ? -1 : static_cast<int>(e.status); }
 
+// Runs `run` (oneDNN calls) with asynchronous signals held off, as oneDNN's JIT GEMM kernels
+// need (signals.h); returns 0, or oneDNN's status of the error it threw.
+template <typename Run>
+int guarded(Run&& run) {
+  const SignalGuard guard;
+  try {
+    run();
+    return 0;
+  } catch (const dnnl::error& e) {
+    return status(e);
+  }
+}
+
+// This thread's cached primitive for key k; `make` builds its Entry the first time.
+template <typename Make>
+Entry& cached(Ctx& c, std::vector<int64_t> k, Make&& make) {
+  auto it = c.cache.find(k);
+  if (it == c.cache.end()) it = c.cache.emplace(std::move(k), make()).first;
+  return it->second;
+}
+
 }  // namespace
 
 int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu) {
-  const SignalGuard guard;  // oneDNN primitives may run JIT GEMM kernels (signals.h)
-  try {
+  return guarded([&] {
     Ctx& c = ctx();
     const Descs d = descs(g);
-    auto k = key(0, g, (bias != nullptr ? 1 : 0) | (relu ? 2 : 0));
-    auto it = c.cache.find(k);
-    if (it == c.cache.end()) {
+    Entry& e = cached(c, key(0, g, (bias != nullptr ? 1 : 0) | (relu ? 2 : 0)), [&] {
       auto pd = forwardPd(c, d, bias != nullptr, relu);
-      Entry e;
-      e.prim = dnnl::convolution_forward(pd);
-      weightsLayout(c, d, pd.weights_desc(), true, e);
-      it = c.cache.emplace(k, std::move(e)).first;
-    }
-    Entry& e = it->second;
+      Entry n;
+      n.prim = dnnl::convolution_forward(pd);
+      weightsLayout(c, d, pd.weights_desc(), true, n);
+      return n;
+    });
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, memory(d.src, c.engine, mut(x))},
         {DNNL_ARG_WEIGHTS, weightsIn(c, d, e, w)},
@@ -132,60 +149,46 @@ int conv2d(const float* x, const float* w, const float* bias, float* y, const Co
     if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, memory(d.bias, c.engine, mut(bias)));
     e.prim.execute(c.stream, args);
     c.stream.wait();
-    return 0;
-  } catch (const dnnl::error& e) {
-    return status(e);
-  }
+  });
 }
 
 int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g) {
-  const SignalGuard guard;  // oneDNN primitives may run JIT GEMM kernels (signals.h)
-  try {
+  return guarded([&] {
     using namespace dnnl;
     Ctx& c = ctx();
     const Descs d = descs(g);
-    auto k = key(1, g, 0);
-    auto it = c.cache.find(k);
-    if (it == c.cache.end()) {
+    Entry& e = cached(c, key(1, g, 0), [&] {
       auto hint = forwardPd(c, d, false, false);
       convolution_backward_data::desc desc(algorithm::convolution_direct, d.src, d.anyWei, d.dst, d.strides, d.dilates, d.padL, d.padR);
       convolution_backward_data::primitive_desc pd(desc, c.engine, hint);
-      Entry e;
-      e.prim = convolution_backward_data(pd);
-      weightsLayout(c, d, pd.weights_desc(), true, e);
-      it = c.cache.emplace(k, std::move(e)).first;
-    }
-    Entry& e = it->second;
+      Entry n;
+      n.prim = convolution_backward_data(pd);
+      weightsLayout(c, d, pd.weights_desc(), true, n);
+      return n;
+    });
     e.prim.execute(c.stream, {
                                  {DNNL_ARG_DIFF_DST, memory(d.dst, c.engine, mut(dy))},
                                  {DNNL_ARG_WEIGHTS, weightsIn(c, d, e, w)},
                                  {DNNL_ARG_DIFF_SRC, memory(d.src, c.engine, dx)},
                              });
     c.stream.wait();
-    return 0;
-  } catch (const dnnl::error& e) {
-    return status(e);
-  }
+  });
 }
 
 int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g) {
-  const SignalGuard guard;  // oneDNN primitives may run JIT GEMM kernels (signals.h)
-  try {
+  return guarded([&] {
     using namespace dnnl;
     Ctx& c = ctx();
     const Descs d = descs(g);
-    auto k = key(2, g, 0);
-    auto it = c.cache.find(k);
-    if (it == c.cache.end()) {
+    Entry& e = cached(c, key(2, g, 0), [&] {
       auto hint = forwardPd(c, d, false, false);
       convolution_backward_weights::desc desc(algorithm::convolution_direct, d.src, d.anyWei, d.dst, d.strides, d.dilates, d.padL, d.padR);
       convolution_backward_weights::primitive_desc pd(desc, c.engine, hint);
-      Entry e;
-      e.prim = convolution_backward_weights(pd);
-      weightsLayout(c, d, pd.diff_weights_desc(), false, e);
-      it = c.cache.emplace(k, std::move(e)).first;
-    }
-    Entry& e = it->second;
+      Entry n;
+      n.prim = convolution_backward_weights(pd);
+      weightsLayout(c, d, pd.diff_weights_desc(), false, n);
+      return n;
+    });
     memory user(d.wei, c.engine, dw);
     e.prim.execute(c.stream, {
                                  {DNNL_ARG_SRC, memory(d.src, c.engine, mut(x))},
@@ -194,10 +197,7 @@ int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvG
                              });
     if (e.reorder) e.weiReorder.execute(c.stream, {{DNNL_ARG_FROM, e.wei}, {DNNL_ARG_TO, user}});
     c.stream.wait();
-    return 0;
-  } catch (const dnnl::error& e) {
-    return status(e);
-  }
+  });
 }
 
 // Pooling: the window of output (oy, ox) starts at input (oy * sH - padTop, ox * sW - padLeft) and
