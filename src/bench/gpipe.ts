@@ -57,7 +57,9 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
   const context = model.config.arch === 'charlm' ? model.config.context : undefined;
   /** Throughput unit: a language model's batch counts tokens, an image classifier's examples (tokens_per_s holds either). */
   const unit = context !== undefined ? 'tokens/s' : 'examples/s';
-  const sizes = o.microBatches.map((m) => Math.max(1, Math.floor(o.batchSize / m)));
+  /** Examples per micro-batch with m micro-batches. */
+  const microBatchSize = (m: number) => Math.max(1, Math.floor(o.batchSize / m));
+  const sizes = o.microBatches.map(microBatchSize);
   // each stage's kernels on the threads its device gets (the cores divided among the stages)
   const profile = await profileModel(model, { backend: o.backend, microBatchSizes: sizes, optimizer: optimizerConfigOf(base), threads: threadsPerDevice(base, o.stages) });
 
@@ -84,7 +86,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
       const secs = median(times);
       const k = s.devices;
       const ranges = planStages(cfg, model);
-      const predicted = strategy === 'single' ? [] : predictStepTime(costsAt(profile, Math.max(1, Math.floor(o.batchSize / m))), ranges, { m, remat: mode, schedule: cfg.schedule }).bubble;
+      const predicted = strategy === 'single' ? [] : predictStepTime(costsAt(profile, microBatchSize(m)), ranges, { m, remat: mode, schedule: cfg.schedule }).bubble;
       return {
         strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, remat: strategy === 'single' ? '-' : mode,
         tokens_per_s: tokens / secs, bubble_measured: bubble, bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),

@@ -38,8 +38,9 @@ export interface ProfileOptions {
   /** Seed of the random parameters and inputs (default 1). */
   seed?: number;
   /**
-   * Kernel threads to measure with (native: the OpenMP team), as each device will run them
-   * (strategies/spec.ts threadsPerDevice); restored afterwards. Default: the backend's current.
+   * native: the OpenMP team to measure with, as each device will run it (strategies/spec.ts
+   * threadsPerDevice); restored afterwards. Other backends fix their thread count when they
+   * start, so it is ignored there. Default: the backend's current.
    */
   threads?: number;
 }
@@ -68,8 +69,9 @@ export async function profileModel(model: Model, opts: ProfileOptions): Promise<
   }
   const repeats = opts.repeats ?? 5;
   const warmup = opts.warmup ?? 2;
-  const before = opts.threads !== undefined && opts.backend === 'native' ? nativeAddon()?.threads() : undefined;
-  await initBackend(opts.backend, opts.threads !== undefined ? { threads: opts.threads } : {});
+  const team = opts.backend === 'native' ? opts.threads : undefined;
+  const before = team !== undefined ? nativeAddon()?.threads() : undefined;
+  await initBackend(opts.backend, team !== undefined ? { threads: team } : {});
   try {
     return await profileWithBackend(model, opts, sizes, repeats, warmup);
   } finally {
