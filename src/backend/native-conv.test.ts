@@ -14,13 +14,7 @@ import { nativeAddon, nativeKernelNames, nativeUnavailable } from './native.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
 import { tf } from './tfjs.js';
 import { assertSameAsCpu as sameAsCpu } from '../testing/backend-compare.js';
-import { loadDataset } from '../data/index.js';
-import { makeBatcher } from '../data/batcher.js';
-import { Stage } from '../pipeline/stage.js';
-import { defaultOptimizerConfig } from '../optim/optimizer.js';
-import { buildModel } from '../model/model.js';
-import { initParams } from '../model/init.js';
-import { PRESETS } from '../model/presets.js';
+import { presetSgdStep } from '../testing/fixtures.js';
 
 const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
 
@@ -116,28 +110,8 @@ test('a cnn-mnist training step on native runs the native convolution and poolin
   const originals = new Map(names.map((n) => [n, lib[n]!]));
   for (const n of names) lib[n] = (...a: unknown[]) => { calls.set(n, calls.get(n)! + 1); return originals.get(n)!(...a); };
   try {
-    const preset = PRESETS['cnn-mnist']!;
-    const ds = await loadDataset(preset.defaultData);
-    assert.equal(ds.kind, 'image');
-    const config = preset.make(ds.kind === 'image' ? { inputShape: ds.shape, classes: ds.classes } : {}, {});
-    const model = buildModel(config);
-    const batch = makeBatcher(ds, { batchSize: 4, seed: 3 }).next();
-    const stage = new Stage(model, { from: 0, to: model.blocks.length }, initParams(model.blocks, 7), { ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 });
-    try {
-      const x = () => tf.tensor(batch.x, batch.xShape, model.inputDtype);
-      const y = () => tf.tensor(batch.y, batch.yShape, 'int32');
-      stage.forward(0, x(), { keep: true, grad: true, labels: y() });
-      await stage.flush(); // the loss is read at the step's end
-      const loss0 = stage.losses.get(0)!;
-      stage.backward(0, null, 1);
-      stage.step(0.05, 1);
-      stage.forward(0, x(), { keep: false, grad: false, labels: y() });
-      await stage.flush();
-      const loss1 = stage.losses.get(0)!;
-      assert.ok(Number.isFinite(loss0) && loss1 < loss0, `loss ${loss0} -> ${loss1}`);
-    } finally {
-      stage.dispose();
-    }
+    const { loss0, loss1 } = await presetSgdStep('cnn-mnist', 4);
+    assert.ok(Number.isFinite(loss0) && loss1 < loss0, `loss ${loss0} -> ${loss1}`);
   } finally {
     for (const n of names) lib[n] = originals.get(n)!;
   }

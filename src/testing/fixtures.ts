@@ -6,6 +6,10 @@ import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { initParams, type HostParams } from '../model/init.js';
 import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
+import { loadDataset, type Dataset } from '../data/index.js';
+import { Stage } from '../pipeline/stage.js';
+import { defaultOptimizerConfig } from '../optim/optimizer.js';
+import { tf } from '../backend/tfjs.js';
 import { createStrategy } from '../strategies/index.js';
 import { textDatasetFromString, type TextDataset } from '../data/text.js';
 import type { Model } from '../model/model.js';
@@ -93,5 +97,41 @@ export async function trainTinyLm(o: Partial<TrainConfig>, run: TinyLmRun): Prom
     return { losses: reports.map((r) => r.loss), params: await s.getParams(), reports };
   } finally {
     await s.close();
+  }
+}
+
+const presetData = new Map<string, Promise<Dataset>>();
+
+/**
+ * One plain-backprop SGD step (lr 0.05, no momentum, no clipping) of preset `name` on a
+ * whole-model Stage in this thread, on the current backend, over one batch of `batchSize`
+ * examples of the preset's default data set (seed 3; each data set loaded once per process).
+ * Returns the loss on that batch before and after the step. `afterBackward` sees the stage
+ * holding its gradients, before the update. Leaves no tensor behind.
+ */
+export async function presetSgdStep(name: string, batchSize: number, afterBackward?: (stage: Stage) => void): Promise<{ loss0: number; loss1: number }> {
+  const preset = getPreset(name);
+  if (!presetData.has(preset.defaultData)) presetData.set(preset.defaultData, loadDataset(preset.defaultData));
+  const ds = await presetData.get(preset.defaultData)!;
+  if (ds.kind === 'tensor') throw new Error(`preset ${name} trains on text or image data, not ${ds.name}`);
+  const config = preset.make(ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes }, {});
+  const model = buildModel(config);
+  const context = config.arch === 'charlm' ? config.context : undefined;
+  const batch = makeBatcher(ds, { batchSize, context, seed: 3 }).next();
+  const stage = new Stage(model, { from: 0, to: model.blocks.length }, initParams(model.blocks, 7), { ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 });
+  try {
+    const x = () => tf.tensor(batch.x, batch.xShape, model.inputDtype);
+    const y = () => tf.tensor(batch.y, batch.yShape, 'int32');
+    stage.forward(0, x(), { keep: true, grad: true, labels: y() });
+    await stage.flush(); // the loss is read at the step's end
+    const loss0 = stage.losses.get(0)!;
+    stage.backward(0, null, 1);
+    afterBackward?.(stage);
+    stage.step(0.05, 1);
+    stage.forward(0, x(), { keep: false, grad: false, labels: y() });
+    await stage.flush();
+    return { loss0, loss1: stage.losses.get(0)! };
+  } finally {
+    stage.dispose();
   }
 }
