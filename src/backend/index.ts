@@ -96,7 +96,7 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
     `threads must be a positive integer, got ${threads}`);
   registerExtensions();
   if (backend === 'wasm' && threads !== undefined) wasmBackend.setThreadsCount(threads);
-  if (backend === 'tensorflow' && threads !== undefined) process.env['TF_NUM_INTRAOP_THREADS'] ??= String(threads);
+  if (backend === 'tensorflow' && threads !== undefined) process.env.TF_NUM_INTRAOP_THREADS ??= String(threads);
   if (backend === 'webgpu') await installDawn(); // navigator.gpu before the backend package is imported
   if (backend === 'tensorflow' || backend === 'webgpu') await loadOptional(backend);
   if (backend === 'native') {

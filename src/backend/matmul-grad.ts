@@ -23,8 +23,8 @@ const batchSize = (t: tf.Tensor): number => tf.util.sizeFromShape(t.shape.slice(
 function gradFunc(dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.NamedAttrMap): Record<string, () => tf.Tensor> {
   const dC = dy as tf.Tensor;
   const [a, b] = saved as [tf.Tensor, tf.Tensor];
-  const tA = attrs['transposeA'] === true;
-  const tB = attrs['transposeB'] === true;
+  const tA = attrs.transposeA === true;
+  const tB = attrs.transposeB === true;
   // each closure in a tidy scope: its temporaries go when it returns, not when tf.grads ends
   return {
     a: () => tf.tidy(() => {

@@ -19,7 +19,7 @@ import { isMainThread } from 'node:worker_threads';
  * under the OpenMP threads it started: that crashed the process.)
  */
 export function configureOpenMP(): void {
-  if (isMainThread) process.env['OMP_WAIT_POLICY'] ??= 'passive';
+  if (isMainThread) process.env.OMP_WAIT_POLICY ??= 'passive';
 }
 
 configureOpenMP();

@@ -42,7 +42,7 @@ type Shape4 = [number, number, number, number];
 const lib = () => nativeAddon() as unknown as ConvAddon;
 const values = (backend: NativeBackend, t: tf.TensorInfo) => backend.data.get(t.dataId).values as Float32Array;
 const isF32 = (...ts: tf.TensorInfo[]) => ts.every((t) => t.dtype === 'float32');
-const nhwc = (attrs: Attrs) => attrs['dataFormat'] === undefined || attrs['dataFormat'] === 'NHWC';
+const nhwc = (attrs: Attrs) => attrs.dataFormat === undefined || attrs.dataFormat === 'NHWC';
 
 /** Runs the cpu backend's kernel `name` on the native backend (same storage). */
 function cpuKernel(name: string, args: KernelArgs): tf.TensorInfo {
@@ -72,8 +72,8 @@ function convForward(backend: NativeBackend, x: tf.TensorInfo, filter: tf.Tensor
 }
 
 function convInfo(x: number[], filter: number[], attrs: Attrs, dilations: unknown): tf.backend_util.Conv2DInfo {
-  return tf.backend_util.computeConv2DInfo(x as Shape4, filter as Shape4, attrs['strides'] as [number, number], dilations as [number, number],
-    attrs['pad'] as 'same', attrs['dimRoundingMode'] as 'round' | undefined, false, 'channelsLast');
+  return tf.backend_util.computeConv2DInfo(x as Shape4, filter as Shape4, attrs.strides as [number, number], dilations as [number, number],
+    attrs.pad as 'same', attrs.dimRoundingMode as 'round' | undefined, false, 'channelsLast');
 }
 
 /** `Conv2D`: x [b, h, w, cin], filter [fh, fw, cin, cout] -> [b, oh, ow, cout]. */
@@ -81,7 +81,7 @@ function conv2DKernel(args: KernelArgs): tf.TensorInfo {
   const { x, filter } = args.inputs as { x: tf.TensorInfo; filter: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
   if (!isF32(x, filter) || !nhwc(attrs) || x.shape.length !== 4 || filter.shape.length !== 4) return cpuKernel('Conv2D', args);
-  const c = convInfo(x.shape, filter.shape, attrs, attrs['dilations'] ?? 1);
+  const c = convInfo(x.shape, filter.shape, attrs, attrs.dilations ?? 1);
   if (!usable(c) || x.shape[3] !== filter.shape[2]) return cpuKernel('Conv2D', args);
   return convForward(args.backend as NativeBackend, x, filter, c, null, false) ?? cpuKernel('Conv2D', args);
 }
@@ -94,11 +94,11 @@ function conv2DKernel(args: KernelArgs): tf.TensorInfo {
 function fusedConv2DKernel(args: KernelArgs): tf.TensorInfo {
   const { x, filter, bias } = args.inputs as Record<string, tf.TensorInfo | undefined>;
   const attrs = args.attrs as Attrs;
-  const activation = String(attrs['activation'] ?? 'linear');
+  const activation = String(attrs.activation ?? 'linear');
   if (!isF32(x!, filter!) || !nhwc(attrs) || x!.shape.length !== 4 || filter!.shape.length !== 4 || (activation !== 'linear' && activation !== 'relu')) {
     return cpuKernel('FusedConv2D', args);
   }
-  const c = convInfo(x!.shape, filter!.shape, attrs, attrs['dilations'] ?? 1);
+  const c = convInfo(x!.shape, filter!.shape, attrs, attrs.dilations ?? 1);
   const channelBias = bias === undefined || (bias.dtype === 'float32' && bias.shape.length <= 4 && bias.shape.length > 0 &&
     bias.shape[bias.shape.length - 1] === c.outChannels && tf.util.sizeFromShape(bias.shape) === c.outChannels);
   if (!channelBias || !usable(c) || x!.shape[3] !== filter!.shape[2]) return cpuKernel('FusedConv2D', args);
@@ -109,7 +109,7 @@ function fusedConv2DKernel(args: KernelArgs): tf.TensorInfo {
 function conv2DBackpropInputKernel(args: KernelArgs): tf.TensorInfo {
   const { dy, filter } = args.inputs as { dy: tf.TensorInfo; filter: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
-  const inputShape = attrs['inputShape'] as number[];
+  const inputShape = attrs.inputShape as number[];
   if (!isF32(dy, filter) || !nhwc(attrs) || inputShape.length !== 4 || filter.shape.length !== 4) return cpuKernel('Conv2DBackpropInput', args);
   const c = convInfo(inputShape, filter.shape, attrs, 1);
   if (!usable(c) || !tf.util.arraysEqual(dy.shape, c.outShape) || inputShape[3] !== filter.shape[2]) return cpuKernel('Conv2DBackpropInput', args);
@@ -123,7 +123,7 @@ function conv2DBackpropInputKernel(args: KernelArgs): tf.TensorInfo {
 function conv2DBackpropFilterKernel(args: KernelArgs): tf.TensorInfo {
   const { x, dy } = args.inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
-  const filterShape = attrs['filterShape'] as number[];
+  const filterShape = attrs.filterShape as number[];
   if (!isF32(x, dy) || !nhwc(attrs) || x.shape.length !== 4 || filterShape.length !== 4) return cpuKernel('Conv2DBackpropFilter', args);
   const c = convInfo(x.shape, filterShape, attrs, 1);
   if (!usable(c) || !tf.util.arraysEqual(dy.shape, c.outShape) || x.shape[3] !== filterShape[2]) return cpuKernel('Conv2DBackpropFilter', args);
@@ -136,8 +136,8 @@ function conv2DBackpropFilterKernel(args: KernelArgs): tf.TensorInfo {
 /** The pooling geometry of x's shape and the pool's attrs (dilation 1), or null where the cpu kernel must run. */
 function poolInfo(x: tf.TensorInfo, attrs: Attrs): tf.backend_util.Conv2DInfo | null {
   if (x.shape.length !== 4) return null;
-  const c = tf.backend_util.computePool2DInfo(x.shape as Shape4, attrs['filterSize'] as [number, number], attrs['strides'] as [number, number], 1,
-    attrs['pad'] as 'same', attrs['dimRoundingMode'] as 'round' | undefined);
+  const c = tf.backend_util.computePool2DInfo(x.shape as Shape4, attrs.filterSize as [number, number], attrs.strides as [number, number], 1,
+    attrs.pad as 'same', attrs.dimRoundingMode as 'round' | undefined);
   return usable(c) ? c : null;
 }
 

@@ -26,7 +26,7 @@ import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
-import { nativeAddon, nativeUnavailable } from './native-addon.js';
+import { nativeAddon, } from './native-addon.js';
 import {
   CAUSAL_ATTENTION_GRAD_KERNEL, CAUSAL_ATTENTION_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, SOFTMAX_CROSS_ENTROPY_KERNEL,
   ADAMW_KERNEL, SGD_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
@@ -149,7 +149,7 @@ function batchMatMulKernel(args: KernelArgs): tf.TensorInfo {
   const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
   if (a.dtype !== 'float32' || b.dtype !== 'float32') return cpuKernel('BatchMatMul', args);
   const attrs = args.attrs as Attrs;
-  return nativeMatMul(args.backend as NativeBackend, a, b, attrs['transposeA'] === true, attrs['transposeB'] === true);
+  return nativeMatMul(args.backend as NativeBackend, a, b, attrs.transposeA === true, attrs.transposeB === true);
 }
 
 /** `_FusedMatMul`: the native product, then the cpu backend's bias add and activation. */
@@ -158,19 +158,19 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
   if (a!.dtype !== 'float32' || b!.dtype !== 'float32') return cpuKernel('_FusedMatMul', args);
   const backend = args.backend as NativeBackend;
   const attrs = args.attrs as Attrs;
-  let out = nativeMatMul(backend, a!, b!, attrs['transposeA'] === true, attrs['transposeB'] === true);
+  let out = nativeMatMul(backend, a!, b!, attrs.transposeA === true, attrs.transposeB === true);
   if (bias !== undefined) {
     if (bias.dtype === 'float32' && tf.util.arraysEqual(tf.backend_util.assertAndGetBroadcastShape(out.shape, bias.shape), out.shape)) {
       // in place: the product's output is this kernel's own new buffer
       const o = values(backend, out);
-      nativeAddon()!.binary(BINARY['Add']!, o, out.shape, values(backend, bias), bias.shape, o, out.shape);
+      nativeAddon()!.binary(BINARY.Add!, o, out.shape, values(backend, bias), bias.shape, o, out.shape);
     } else {
       const sum = cpuKernel('Add', { inputs: { a: out, b: bias }, backend, attrs: {} });
       backend.disposeIntermediateTensorInfo(out);
       out = sum;
     }
   }
-  const activation = String(attrs['activation'] ?? 'linear');
+  const activation = String(attrs.activation ?? 'linear');
   if (activation !== 'linear') {
     const kernel = ACTIVATION_KERNEL[activation];
     if (kernel === undefined) throw new Error(`_FusedMatMul: activation ${activation} is not supported`);
@@ -180,7 +180,7 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
       return out;
     }
     const inputs: Record<string, tf.TensorInfo> = kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
-    const act = cpuKernel(kernel, { inputs, backend, attrs: { alpha: attrs['leakyreluAlpha'] as number } });
+    const act = cpuKernel(kernel, { inputs, backend, attrs: { alpha: attrs.leakyreluAlpha as number } });
     backend.disposeIntermediateTensorInfo(out);
     out = act;
   }
@@ -217,7 +217,7 @@ function unaryKernel(name: string): tf.KernelFunc {
     if (!isF32(x)) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
     const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-    const alpha = name === 'Step' ? Number((args.attrs as Attrs)['alpha'] ?? 0) : 0; // Relu's gradient: dy * step(x)
+    const alpha = name === 'Step' ? Number((args.attrs as Attrs).alpha ?? 0) : 0; // Relu's gradient: dy * step(x)
     nativeAddon()!.unary(op, values(backend, x), out, alpha);
     return backend.makeTensorInfo(x.shape, 'float32', out);
   }) as tf.KernelFunc;
@@ -237,7 +237,7 @@ function reduceKernel(name: string): tf.KernelFunc {
     const attrs = args.attrs as Attrs;
     if (!isF32(x) || x.shape.length === 0) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
-    const axes = tf.util.parseAxisParam((attrs['axis'] ?? attrs['reductionIndices']) as number | number[], x.shape).sort((p, q) => p - q);
+    const axes = tf.util.parseAxisParam((attrs.axis ?? attrs.reductionIndices) as number | number[], x.shape).sort((p, q) => p - q);
     const reduced = axes.reduce((p, a) => p * x.shape[a]!, 1);
     const [outShape] = tf.backend_util.computeOutAndReduceShapes(x.shape, axes);
     const kept = tf.util.sizeFromShape(outShape);
@@ -252,14 +252,14 @@ function reduceKernel(name: string): tf.KernelFunc {
       const input = perm === null ? values(backend, x) : transposed(backend, x, perm);
       nativeAddon()!.reduce(op, input, out, kept, reduced);
     }
-    const shape = attrs['keepDims'] === true ? tf.backend_util.expandShapeToKeepDim(outShape, axes) : outShape;
+    const shape = attrs.keepDims === true ? tf.backend_util.expandShapeToKeepDim(outShape, axes) : outShape;
     return backend.makeTensorInfo(shape, 'float32', out);
   }) as tf.KernelFunc;
 }
 
 function transposeKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
-  const perm = (args.attrs as Attrs)['perm'] as number[];
+  const perm = (args.attrs as Attrs).perm as number[];
   if (!isF32(x) || x.shape.length === 0) return cpuKernel('Transpose', args);
   const backend = args.backend as NativeBackend;
   return backend.makeTensorInfo(perm.map((p) => x.shape[p]!), 'float32', transposed(backend, x, perm));
@@ -267,7 +267,7 @@ function transposeKernel(args: KernelArgs): tf.TensorInfo {
 
 function softmaxKernel(args: KernelArgs): tf.TensorInfo {
   const { logits } = args.inputs as { logits: tf.TensorInfo };
-  const dim = (args.attrs as Attrs)['dim'] as number;
+  const dim = (args.attrs as Attrs).dim as number;
   const rank = logits.shape.length;
   if (!isF32(logits) || rank === 0 || (dim !== -1 && dim !== rank - 1)) return cpuKernel('Softmax', args);
   const backend = args.backend as NativeBackend;
@@ -279,7 +279,7 @@ function softmaxKernel(args: KernelArgs): tf.TensorInfo {
 
 function segmentSumKernel(args: KernelArgs): tf.TensorInfo {
   const { x, segmentIds } = args.inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
-  const segments = (args.attrs as Attrs)['numSegments'] as number;
+  const segments = (args.attrs as Attrs).numSegments as number;
   if (!isF32(x) || segmentIds.dtype !== 'int32' || segmentIds.shape.length !== 1 || x.shape[0] !== segmentIds.shape[0]) {
     return cpuKernel('UnsortedSegmentSum', args);
   }
@@ -295,10 +295,10 @@ function segmentSumKernel(args: KernelArgs): tf.TensorInfo {
 function gatherKernel(args: KernelArgs): tf.TensorInfo {
   const { x, indices } = args.inputs as { x: tf.TensorInfo; indices: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
-  const batchDims = (attrs['batchDims'] as number | undefined) ?? 0;
+  const batchDims = (attrs.batchDims as number | undefined) ?? 0;
   if (!isF32(x) || indices.dtype !== 'int32' || batchDims !== 0) return cpuKernel('GatherV2', args);
   const backend = args.backend as NativeBackend;
-  const axis = tf.util.parseAxisParam(attrs['axis'] as number, x.shape)[0]!;
+  const axis = tf.util.parseAxisParam(attrs.axis as number, x.shape)[0]!;
   const idx = backend.data.get(indices.dataId).values as Int32Array;
   const axisSize = x.shape[axis]!;
   for (const i of idx) tf.util.assert(i <= axisSize - 1 && i >= 0, () => `GatherV2: the index value ${i} is not in [0, ${axisSize - 1}]`);
@@ -313,7 +313,7 @@ function gatherKernel(args: KernelArgs): tf.TensorInfo {
 /** `Pack` (tf.stack) along axis 0 of float32 tensors: their values one after another. */
 function packKernel(args: KernelArgs): tf.TensorInfo {
   const inputs = args.inputs as unknown as tf.TensorInfo[];
-  const axis = (args.attrs as Attrs)['axis'] as number;
+  const axis = (args.attrs as Attrs).axis as number;
   const first = inputs[0];
   if (!first || axis !== 0 || !isF32(...inputs) || inputs.some((t) => !tf.util.arraysEqual(t.shape, first.shape))) return cpuKernel('Pack', args);
   const backend = args.backend as NativeBackend;
@@ -334,7 +334,7 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
   const y = backend.alloc(size);
   const xhat = backend.alloc(size);
   const rstd = backend.alloc(rows);
-  if (size > 0) nativeAddon()!.layerNorm(values(backend, x), values(backend, g), values(backend, b), y, xhat, rstd, rows, cols, (args.attrs as Attrs)['epsilon'] as number);
+  if (size > 0) nativeAddon()!.layerNorm(values(backend, x), values(backend, g), values(backend, b), y, xhat, rstd, rows, cols, (args.attrs as Attrs).epsilon as number);
   return [
     backend.makeTensorInfo(x.shape, 'float32', y), backend.makeTensorInfo(x.shape, 'float32', xhat),
     backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
@@ -359,7 +359,7 @@ function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
   const t = x.shape[x.shape.length - 1]!;
   tf.util.assert(x.shape.length >= 2 && x.shape[x.shape.length - 2] === t, () => `${CAUSAL_SOFTMAX_KERNEL}: scores ${x.shape} must be [..., T, T]`);
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  if (out.length > 0) nativeAddon()!.causalSoftmax(values(backend, x), out, out.length / (t * t), t, (args.attrs as Attrs)['scale'] as number);
+  if (out.length > 0) nativeAddon()!.causalSoftmax(values(backend, x), out, out.length / (t * t), t, (args.attrs as Attrs).scale as number);
   return backend.makeTensorInfo(x.shape, 'float32', out);
 }
 
@@ -368,7 +368,7 @@ function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   const backend = args.backend as NativeBackend;
   const cols = y.shape[y.shape.length - 1]!;
   const out = backend.alloc(tf.util.sizeFromShape(y.shape));
-  if (out.length > 0) nativeAddon()!.softmaxGrad(values(backend, y), values(backend, dy), out, out.length / cols, cols, (args.attrs as Attrs)['scale'] as number);
+  if (out.length > 0) nativeAddon()!.softmaxGrad(values(backend, y), values(backend, dy), out, out.length / cols, cols, (args.attrs as Attrs).scale as number);
   return backend.makeTensorInfo(y.shape, 'float32', out);
 }
 
@@ -383,7 +383,7 @@ function attentionDims(qkv: tf.TensorInfo, heads: number, name: string): [number
 function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
   const { qkv } = args.inputs as { qkv: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs)['heads'] as number, CAUSAL_ATTENTION_KERNEL);
+  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs).heads as number, CAUSAL_ATTENTION_KERNEL);
   const ctx = backend.alloc(b * t * h * dh);
   const p = backend.alloc(b * h * t * t);
   if (ctx.length > 0) nativeAddon()!.causalAttention(values(backend, qkv), ctx, p, b, t, h, dh, 1 / Math.sqrt(dh));
@@ -393,7 +393,7 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
 function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
   const { dy, qkv, p } = args.inputs as { dy: tf.TensorInfo; qkv: tf.TensorInfo; p: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs)['heads'] as number, CAUSAL_ATTENTION_GRAD_KERNEL);
+  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs).heads as number, CAUSAL_ATTENTION_GRAD_KERNEL);
   const dqkv = backend.alloc(b * t * 3 * h * dh);
   if (dqkv.length > 0) nativeAddon()!.causalAttentionGrad(values(backend, dy), values(backend, qkv), values(backend, p), dqkv, b, t, h, dh, 1 / Math.sqrt(dh));
   return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
@@ -449,8 +449,8 @@ function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
   const backend = args.backend as NativeBackend;
   const n = tf.util.sizeFromShape(p!.shape);
   const [pOut, mOut, vOut] = [backend.alloc(n), backend.alloc(n), backend.alloc(n)];
-  nativeAddon()!.adamw(values(backend, p!), values(backend, g!), values(backend, m!), values(backend, v!), a['lr']!, a['beta1']!, a['beta2']!,
-    a['epsilon']!, a['weightDecay']!, a['step']!, a['scale']!, pOut, mOut, vOut);
+  nativeAddon()!.adamw(values(backend, p!), values(backend, g!), values(backend, m!), values(backend, v!), a.lr!, a.beta1!, a.beta2!,
+    a.epsilon!, a.weightDecay!, a.step!, a.scale!, pOut, mOut, vOut);
   return [pOut, mOut, vOut].map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
 }
 
@@ -461,8 +461,8 @@ function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
   const n = tf.util.sizeFromShape(p!.shape);
   const pOut = backend.alloc(n);
   const velOut = velocity ? backend.alloc(n) : null;
-  nativeAddon()!.sgd(values(backend, p!), values(backend, g!), velocity ? values(backend, velocity) : null, a['lr']!, a['momentum']!,
-    a['weightDecay']!, a['scale']!, pOut, velOut);
+  nativeAddon()!.sgd(values(backend, p!), values(backend, g!), velocity ? values(backend, velocity) : null, a.lr!, a.momentum!,
+    a.weightDecay!, a.scale!, pOut, velOut);
   return (velOut ? [pOut, velOut] : [pOut]).map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
 }
 
@@ -473,7 +473,7 @@ function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
  */
 function castKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
-  const dtype = (args.attrs as Attrs)['dtype'] as tf.DataType;
+  const dtype = (args.attrs as Attrs).dtype as tf.DataType;
   if (dtype !== 'float32' || x.dtype === 'float32' || x.dtype === 'complex64' || x.dtype === 'string') return cpuKernel('Cast', args);
   const backend = args.backend as NativeBackend;
   const src = backend.data.get(x.dataId).values as Int32Array | Uint8Array;

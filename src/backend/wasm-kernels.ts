@@ -19,7 +19,7 @@ import { type Attrs, type WasmBackend, release, runWasm } from './wasm-util.js';
 function unsortedSegmentSum(args: { inputs: tf.NamedTensorInfoMap; backend: unknown; attrs?: tf.NamedAttrMap }): tf.TensorInfo {
   const backend = args.backend as WasmBackend;
   const { x, segmentIds } = args.inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
-  const numSegments = Number((args.attrs as Attrs)['numSegments']);
+  const numSegments = Number((args.attrs as Attrs).numSegments);
   const rest = x.shape.slice(segmentIds.shape.length);
   const inner = tf.util.sizeFromShape(rest);
   const out = backend.makeOutput([numSegments, ...rest], x.dtype);
@@ -48,12 +48,12 @@ function conv2DBackpropFilter(args: { inputs: tf.NamedTensorInfoMap; backend: un
   const backend = args.backend as WasmBackend;
   const { x, dy } = args.inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
-  const filterShape = attrs['filterShape'] as [number, number, number, number];
-  const dataFormat = tf.backend_util.convertConv2DDataFormat(attrs['dataFormat'] as 'NHWC' | 'NCHW');
+  const filterShape = attrs.filterShape as [number, number, number, number];
+  const dataFormat = tf.backend_util.convertConv2DDataFormat(attrs.dataFormat as 'NHWC' | 'NCHW');
   if (dataFormat !== 'channelsLast') throw new Error('wasm Conv2DBackpropFilter supports only NHWC');
   const info = tf.backend_util.computeConv2DInfo(
-    x.shape as [number, number, number, number], filterShape, attrs['strides'] as [number, number], 1,
-    attrs['pad'] as 'same', attrs['dimRoundingMode'] as 'round' | undefined, false, dataFormat,
+    x.shape as [number, number, number, number], filterShape, attrs.strides as [number, number], 1,
+    attrs.pad as 'same', attrs.dimRoundingMode as 'round' | undefined, false, dataFormat,
   );
   const [kh, kw] = [info.filterHeight, info.filterWidth];
   const { top, left } = info.padInfo;
@@ -86,8 +86,8 @@ function maxPoolGrad(args: { inputs: tf.NamedTensorInfoMap; backend: unknown; at
   const { dy, input } = args.inputs as { dy: tf.TensorInfo; input: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
   const info = tf.backend_util.computePool2DInfo(
-    input.shape as [number, number, number, number], attrs['filterSize'] as [number, number],
-    attrs['strides'] as [number, number], 1, attrs['pad'] as 'same', attrs['dimRoundingMode'] as 'round' | undefined,
+    input.shape as [number, number, number, number], attrs.filterSize as [number, number],
+    attrs.strides as [number, number], 1, attrs.pad as 'same', attrs.dimRoundingMode as 'round' | undefined,
   );
   const dx = backend.makeOutput(input.shape, 'float32');
   const out = backend.typedArrayFromHeap(dx);

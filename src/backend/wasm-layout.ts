@@ -171,7 +171,7 @@ function transpose(orig: tf.KernelFunc): tf.KernelFunc {
     const backend = args.backend as WasmBackend;
     const { x } = args.inputs as { x: tf.TensorInfo };
     if (!fourBytes(x.dtype)) return orig(args);
-    const perm = (args.attrs as Attrs)['perm'] as number[];
+    const perm = (args.attrs as Attrs).perm as number[];
     const outShape = perm.map((p) => x.shape[p]!);
     const out = backend.makeOutput(outShape, x.dtype);
     if (tf.util.sizeFromShape(outShape) === 0) return out;
@@ -187,7 +187,7 @@ function slice(orig: tf.KernelFunc): tf.KernelFunc {
     const { x } = args.inputs as { x: tf.TensorInfo };
     if (!fourBytes(x.dtype)) return orig(args);
     const attrs = args.attrs as Attrs;
-    const [begin, size] = tf.slice_util.parseSliceParams(x as tf.Tensor, attrs['begin'] as number[], attrs['size'] as number[]);
+    const [begin, size] = tf.slice_util.parseSliceParams(x as tf.Tensor, attrs.begin as number[], attrs.size as number[]);
     const out = backend.makeOutput(size, x.dtype);
     if (tf.util.sizeFromShape(size) === 0) return out;
     const xs = stridesOf(x.shape);
@@ -204,7 +204,7 @@ function unpack(orig: tf.KernelFunc): tf.KernelFunc {
     const { value } = args.inputs as { value: tf.TensorInfo };
     if (!fourBytes(value.dtype)) return orig(args);
     const rank = value.shape.length;
-    let axis = Number((args.attrs as Attrs)['axis']);
+    let axis = Number((args.attrs as Attrs).axis);
     if (axis < 0) axis += rank;
     const outShape = value.shape.filter((_, i) => i !== axis);
     const xs = stridesOf(value.shape);
@@ -228,8 +228,8 @@ function sum(orig: tf.KernelFunc): tf.KernelFunc {
     if (x.dtype !== 'float32') return orig(args);
     const attrs = args.attrs as Attrs;
     const rank = x.shape.length;
-    const axes = tf.util.parseAxisParam(attrs['axis'] as number | number[], x.shape).sort((a, b) => a - b);
-    const keepDims = attrs['keepDims'] === true;
+    const axes = tf.util.parseAxisParam(attrs.axis as number | number[], x.shape).sort((a, b) => a - b);
+    const keepDims = attrs.keepDims === true;
     const reduced = (d: number) => axes.includes(d);
     // reduced axes after ignoring unit dims: innermost (stock is fast) or leading (column sum)?
     const big = [...Array(rank).keys()].filter((d) => x.shape[d] !== 1);

@@ -66,8 +66,8 @@ interface Plain {
 }
 
 function plainOperands(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo, attrs: Attrs): Plain {
-  const transposeA = attrs['transposeA'] === true;
-  const transposeB = attrs['transposeB'] === true;
+  const transposeA = attrs.transposeA === true;
+  const transposeB = attrs.transposeB === true;
   const [a0, a1] = a.shape.slice(-2) as [number, number];
   const [b0, b1] = b.shape.slice(-2) as [number, number];
   const [m, k] = transposeA ? [a1, a0] : [a0, a1];
@@ -162,7 +162,7 @@ function batchMatMul(orig: tf.KernelFunc): tf.KernelFunc {
     const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
     if (a.dtype !== 'float32' || b.dtype !== 'float32') return orig(args);
     const attrs = args.attrs as Attrs;
-    return product(args.backend as WasmBackend, a, b, attrs['transposeA'] === true, attrs['transposeB'] === true);
+    return product(args.backend as WasmBackend, a, b, attrs.transposeA === true, attrs.transposeB === true);
   };
 }
 
@@ -200,11 +200,11 @@ function fusedMatMul(orig: tf.KernelFunc): tf.KernelFunc {
         release(backend, out);
         out = sum;
       }
-      const activation = String(attrs['activation'] ?? 'linear');
+      const activation = String(attrs.activation ?? 'linear');
       const kernel = ACTIVATION_KERNEL[activation];
       if (kernel !== undefined) {
         const inputs: Record<string, tf.TensorInfo> = kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
-        const act = runWasm(backend, kernel, inputs, { alpha: attrs['leakyreluAlpha'] });
+        const act = runWasm(backend, kernel, inputs, { alpha: attrs.leakyreluAlpha });
         release(backend, out);
         out = act;
       } else if (activation !== 'linear') {

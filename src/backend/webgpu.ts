@@ -30,7 +30,7 @@ let installed: DawnAdapter | undefined;
  * EGL_PLATFORM=surfaceless where there is no display, so Mesa's EGL runs headless.
  */
 export function configureWebGPUEnvironment(): void {
-  if (isMainThread && !process.env['DISPLAY'] && !process.env['WAYLAND_DISPLAY']) process.env['EGL_PLATFORM'] ??= 'surfaceless';
+  if (isMainThread && !process.env.DISPLAY && !process.env.WAYLAND_DISPLAY) process.env.EGL_PLATFORM ??= 'surfaceless';
 }
 
 configureWebGPUEnvironment();
@@ -51,7 +51,7 @@ export async function installDawn(): Promise<DawnAdapter> {
     throw new LayerwiseError(`backend 'webgpu' needs the npm package webgpu (Dawn's Node bindings), which did not load: ${(e as Error).message.split('\n')[0]}; run npm ci`);
   }
   Object.assign(globalThis, mod.globals);
-  const given = process.env['LAYERWISE_DAWN_FLAGS'];
+  const given = process.env.LAYERWISE_DAWN_FLAGS;
   const tries: Array<[string[], 'core' | 'compatibility']> = given !== undefined
     ? [[given.split(',').filter(Boolean), 'core'], [given.split(',').filter(Boolean), 'compatibility']]
     : [[[], 'core'], [['backend=opengl'], 'compatibility'], [['backend=opengles'], 'compatibility']];

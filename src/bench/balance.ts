@@ -116,7 +116,7 @@ export async function benchBalance(o: BalanceBenchOptions, log: (s: string) => v
       `backend ${o.backend}, ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores).\n`,
     markdownTable({
       columns: ['M', 'balance by', 'blocks per stage', 'tokens/s', 'vs params', 'step s (measured / predicted)', 'bubble per stage (measured)', 'bubble per stage (predicted)', '(K-1)/(M+K-1)', 'busy s per stage'],
-      rows: rows.map((r) => [r.micro_batches, r.balance_by, r.balance.join(','), r.tokens_per_s.toFixed(0), r.speedup_vs_params.toFixed(2) + 'x',
+      rows: rows.map((r) => [r.micro_batches, r.balance_by, r.balance.join(','), r.tokens_per_s.toFixed(0), `${r.speedup_vs_params.toFixed(2)}x`,
         `${f3(r.step_s)} / ${f3(r.predicted_step_s)}`, r.bubble_measured.map(f3).join(' / '), r.bubble_predicted.map(f3).join(' / '), f3(r.bubble_ideal), r.stage_busy_s.map(f3).join(' / ')]),
     }),
   ].join('\n');

@@ -119,7 +119,7 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
       columns: ['strategy', 'K', 'M', 'checkpoint', 'blocks per stage', unit, 'speed-up vs single', 'bubble per stage (measured)', 'bubble per stage (cost model)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
-      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.balance.join(','), r.tokens_per_s.toFixed(0), r.speedup.toFixed(2) + 'x',
+      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.balance.join(','), r.tokens_per_s.toFixed(0), `${r.speedup.toFixed(2)}x`,
         r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_predicted.map((b) => b.toFixed(3)).join(' / ') || '-', r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
     }),
   ].join('\n');

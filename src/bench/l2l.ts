@@ -140,7 +140,7 @@ export async function benchL2L(o: L2LBenchOptions, log: (s: string) => void): Pr
   const ref = singleRef.length ? singleRef.reduce((a, b) => a + b, 0) / singleRef.length : NaN;
   const mib = (b: number | null) => (b === null ? '-' : (b / 2 ** 20).toFixed(1));
   const tps = (r: Row) => (r.tokens_per_s === null ? '-' : r.tokens_per_s.toFixed(0));
-  const vsSingle = (r: Row, single?: Row) => (r.tokens_per_s !== null && single?.tokens_per_s ? (r.tokens_per_s / single.tokens_per_s).toFixed(2) + 'x' : '-');
+  const vsSingle = (r: Row, single?: Row) => (r.tokens_per_s !== null && single?.tokens_per_s ? `${(r.tokens_per_s / single.tokens_per_s).toFixed(2)}x` : '-');
   const md = [
     `# l2l benchmark\n`,
     `Backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores).\n`,
@@ -150,7 +150,7 @@ export async function benchL2L(o: L2LBenchOptions, log: (s: string) => void): Pr
       columns: ['model', 'blocks', 'parameters', 'strategy', 'tokens/s', 'l2l vs single', 'peak device MiB', 'device waiting for the PS'],
       rows: sweep.map((r) => [r.model, r.blocks, r.params.toLocaleString('en-US'), r.strategy, r.error ? `stopped: ${r.error}` : tps(r),
         r.strategy === 'l2l' ? vsSingle(r, sweep.find((s) => s.strategy === 'single' && s.blocks === r.blocks)) : '', mib(r.peak_device_bytes),
-        r.wait_fraction === null ? '' : (100 * r.wait_fraction).toFixed(1) + '%']),
+        r.wait_fraction === null ? '' : `${(100 * r.wait_fraction).toFixed(1)}%`]),
     }),
     `## Largest model under a ${formatSize(o.budget)} device budget (of the sweep, by measured peak)\n`,
     markdownTable({
@@ -162,8 +162,8 @@ export async function benchL2L(o: L2LBenchOptions, log: (s: string) => void): Pr
       `Single runs first and last; l2l's ratio is against their mean (${ref.toFixed(0)} tokens/s).\n`,
       markdownTable({
         columns: ['strategy', 'M', 'stash', 'tokens/s', 'vs single', 'peak device MiB', 'device waiting for the PS'],
-        rows: headline.map((r) => [r.strategy, r.micro_batches, r.stash, tps(r), r.tokens_per_s ? (r.tokens_per_s / ref).toFixed(2) + 'x' : '-', mib(r.peak_device_bytes),
-          r.wait_fraction === null ? '' : (100 * r.wait_fraction).toFixed(1) + '%']),
+        rows: headline.map((r) => [r.strategy, r.micro_batches, r.stash, tps(r), r.tokens_per_s ? `${(r.tokens_per_s / ref).toFixed(2)}x` : '-', mib(r.peak_device_bytes),
+          r.wait_fraction === null ? '' : `${(100 * r.wait_fraction).toFixed(1)}%`]),
       }),
     ] : []),
     `## Parameter server AdamW update rate\n`,

@@ -131,7 +131,7 @@ export async function benchLocal(o: LocalBenchOptions, log: (s: string) => void)
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters) on ${base.data}, mini-batch ${o.batchSize}, lr ${o.lr}, backend ${o.backend}, ${o.seconds} s of training each (evaluation excluded), on this machine (${(await import('node:os')).cpus().length} cores). Plot: local.svg.\n`,
     markdownTable({
       columns: ['strategy', 'steps', 'tokens/s (steady state)', 'vs single', `val loss at ${o.seconds} s`, 'best val loss'],
-      rows: curves.map((c) => [c.name, c.steps, c.tokens_per_s.toFixed(0), c.speedup.toFixed(2) + 'x', c.final_val_loss.toFixed(4), c.best_val_loss.toFixed(4)]),
+      rows: curves.map((c) => [c.name, c.steps, c.tokens_per_s.toFixed(0), `${c.speedup.toFixed(2)}x`, c.final_val_loss.toFixed(4), c.best_val_loss.toFixed(4)]),
     }),
   ].join('\n');
   const files = await writeBenchResults(o.out, 'local', { bench: 'local', options: o, params: modelParamCount(model), curves }, md);

@@ -174,7 +174,7 @@ export async function benchEps(o: { params: number; steps: number; out: string }
       `ParameterServer: 4 layers of 2 tensors pushed in backward order, timed from the first push until idle(). Speed-up is against tf.train.adam on wasm.\n`,
     markdownTable({
       columns: ['optimizer', 'backend', 'threads', 'M params/s', 'ms per step', 'vs tf.train.adam'],
-      rows: rows.map((r) => [r.optimizer, r.backend, r.threads ?? '-', (r.paramsPerSecond / 1e6).toFixed(1), r.stepMs.toFixed(1), (r.paramsPerSecond / ref).toFixed(2) + 'x']),
+      rows: rows.map((r) => [r.optimizer, r.backend, r.threads ?? '-', (r.paramsPerSecond / 1e6).toFixed(1), r.stepMs.toFixed(1), `${(r.paramsPerSecond / ref).toFixed(2)}x`]),
     }),
   ].join('\n');
   const files = await writeBenchResults(o.out, 'param-server', { bench: 'param-server', options: o, cores: cpus().length, rows }, md);

@@ -98,7 +98,7 @@ export async function benchWebGPU(o: WebGPUBenchOptions, log: (s: string) => voi
   }
   const md = `# WebGPU matmul\n\nAdapter: ${adapter.description} (${adapter.featureLevel} feature level). ${o.reps} products per size, timed to the read of the last.\n\n` +
     markdownTable({ columns: ['backend', 'n (n x n times n x n)', 'GFLOP/s'], rows: rows.map((r) => [r.backend, r.n, r.gflops.toFixed(1)]) }) +
-    (rates.length ? `\n## Single-device training, ${o.preset}, batch 32\n\n` + markdownTable({ columns: ['backend', 'tokens/s'], rows: rates.map((r) => [r.backend, r.tokens_per_s.toFixed(0)]) }) : '');
+    (rates.length ? `\n## Single-device training, ${o.preset}, batch 32\n\n${markdownTable({ columns: ['backend', 'tokens/s'], rows: rates.map((r) => [r.backend, r.tokens_per_s.toFixed(0)]) })}` : '');
   const files = await writeBenchResults(o.out, 'webgpu', { adapter, options: o, rows, training: rates }, md);
   log(`wrote ${files.join(', ')}`);
 }

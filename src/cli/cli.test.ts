@@ -228,7 +228,7 @@ test('a user regression model trains on a JSON-lines data set (mean squared erro
     const x = [Math.sin(i), Math.cos(i * 0.7), (i % 7) / 7, ((i * 13) % 11) / 11];
     rows.push(JSON.stringify({ x, y: 0.5 * x[0]! - x[1]! + 0.25 * x[2]! }));
   }
-  writeFileSync(data, rows.join('\n') + '\n');
+  writeFileSync(data, `${rows.join('\n')}\n`);
   const model = fileURLToPath(new URL('../testing/models/regression.js', import.meta.url));
   const out = join(tmp, 'regression');
   const r = run(['train', '--model', model, '--data', data, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2',

@@ -12,7 +12,7 @@ import { LOSSES } from '../model/loss-names.js';
 import { sampleText } from '../train/sample.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
-import { type TrainHooks } from '../train/trainer.js';
+import type { TrainHooks } from '../train/trainer.js';
 import { trainWithRestarts } from '../train/restarts.js';
 import { reportError } from './report-error.js';
 
@@ -156,7 +156,7 @@ program
   .option('--seed <n>', 'sampling seed', int, 1)
   .option('--backend <name>', BACKENDS.join(' | '), defaultBackend())
   .action(async (o) => {
-    process.stdout.write((await sampleText(o)) + '\n');
+    process.stdout.write(`${await sampleText(o)}\n`);
   });
 
 program

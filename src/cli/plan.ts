@@ -101,5 +101,5 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
 function renderTable(columns: string[], rows: string[][]): string {
   const w = columns.map((c, i) => Math.max(c.length, ...rows.map((r) => (r[i] ?? '').length)));
   const line = (cells: string[]) => cells.map((c, i) => (c ?? '').padEnd(w[i])).join('  ').trimEnd();
-  return [line(columns), line(w.map((n) => '-'.repeat(n))), ...rows.map(line)].join('\n') + '\n';
+  return `${[line(columns), line(w.map((n) => '-'.repeat(n))), ...rows.map(line)].join('\n')}\n`;
 }

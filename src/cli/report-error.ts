@@ -49,7 +49,7 @@ export function fullReport(e: unknown, argv: readonly string[] = process.argv): 
     err?.stack ?? String(e),
   ];
   if (err?.schedule) lines.push('', 'schedule of the failing stage:', err.schedule);
-  return lines.join('\n') + '\n';
+  return `${lines.join('\n')}\n`;
 }
 
 /**
@@ -57,7 +57,7 @@ export function fullReport(e: unknown, argv: readonly string[] = process.argv): 
  * status. Writes `error.txt` into the run folder of an internal error when it has one.
  */
 export function reportError(e: unknown, opts: { debug?: boolean; print?: (line: string) => void } = {}): number {
-  const print = opts.print ?? ((l: string) => process.stderr.write(l + '\n'));
+  const print = opts.print ?? ((l: string) => process.stderr.write(`${l}\n`));
   const err = (e instanceof Error ? e : new Error(String(e))) as ErrLike;
   if (err instanceof LayerwiseError) {
     print(`layerwise: error: ${firstLine(err.message)}`);

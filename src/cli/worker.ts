@@ -38,7 +38,7 @@ export async function runWorker(o: WorkerOptions): Promise<void> {
   check(!o.tlsClientAuth || o.tlsCa !== undefined, '--tls-client-auth needs --tls-ca, the CA that signs the clients\' certificates');
   const tls = o.tlsCert ? { cert: readPem(o.tlsCert, '--tls-cert'), key: readPem(o.tlsKey, '--tls-key'), ca: readPem(o.tlsCa, '--tls-ca'), requireClientCert: o.tlsClientAuth === true } : undefined;
   const host = m![1]?.replace(/^\[|\]$/g, '') ?? '127.0.0.1';
-  let server;
+  let server: Awaited<ReturnType<typeof startDeviceServer>>;
   try {
     server = await startDeviceServer({ host, port: Number(m![2]), token: token!, tls, log: (l) => console.log(`layerwise worker: ${l}`) });
   } catch (e) {

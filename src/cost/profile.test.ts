@@ -93,7 +93,10 @@ test('profiling on native with a device\'s thread count measures with it and giv
   let during = 0;
   const opt = defaultOptimizerConfig('adamw');
   // a block whose forward notes the team it runs on
-  const probe: Model = { ...model, blocks: model.blocks.map((b, i) => i > 0 ? b : { ...b, forward: (p, x) => ((during = addon.threads()), b.forward(p, x)) }) };
+  const probe: Model = { ...model, blocks: model.blocks.map((b, i) => i > 0 ? b : { ...b, forward: (p, x) => {
+    during = addon.threads();
+    return b.forward(p, x);
+  } }) };
   await profileModel(probe, { backend: 'native', microBatchSizes: [2], optimizer: opt, repeats: 1, warmup: 0, threads: 1 });
   assert.equal(during, 1, 'the blocks ran on the device\'s thread count');
   assert.equal(addon.threads(), 2, 'the main thread\'s team is restored');

@@ -24,12 +24,12 @@ export interface IdxArray {
 }
 
 const TYPES: Record<number, { dtype: IdxDtype; bytes: number }> = {
-  0x08: { dtype: 'uint8', bytes: 1 },
-  0x09: { dtype: 'int8', bytes: 1 },
-  0x0b: { dtype: 'int16', bytes: 2 },
-  0x0c: { dtype: 'int32', bytes: 4 },
-  0x0d: { dtype: 'float32', bytes: 4 },
-  0x0e: { dtype: 'float64', bytes: 8 },
+  8: { dtype: 'uint8', bytes: 1 },
+  9: { dtype: 'int8', bytes: 1 },
+  11: { dtype: 'int16', bytes: 2 },
+  12: { dtype: 'int32', bytes: 4 },
+  13: { dtype: 'float32', bytes: 4 },
+  14: { dtype: 'float64', bytes: 8 },
 };
 
 const TYPE_BYTES: Record<IdxDtype, number> = Object.fromEntries(
@@ -156,8 +156,8 @@ export async function readIdxFile(path: string): Promise<IdxArray> {
     const code = (e as NodeJS.ErrnoException).code;
     if (code === 'ENOENT' && !path.endsWith('.gz')) {
       try {
-        bytes = await readFile(path + '.gz');
-        used = path + '.gz';
+        bytes = await readFile(`${path}.gz`);
+        used = `${path}.gz`;
       } catch {
         throw new LayerwiseError(`IDX file ${path} does not exist (nor ${path}.gz); check the path (relative paths are resolved from ${process.cwd()}).`);
       }

@@ -198,7 +198,7 @@ export async function loadIdxImages(
 export async function loadFashionMnist(dir: string = FASHION_MNIST_DIR): Promise<ImageDataset> {
   const f = (base: string) => join(dir, base);
   const probe = f('train-images-idx3-ubyte');
-  const present = await Promise.any([access(probe), access(probe + '.gz')]).then(() => true, () => false);
+  const present = await Promise.any([access(probe), access(`${probe}.gz`)]).then(() => true, () => false);
   check(
     present,
     `Fashion-MNIST files not found in ${dir} (looked for train-images-idx3-ubyte[.gz]); install them with \`apt-get install dataset-fashion-mnist\`, or pass the files explicitly as idx:IMAGES,LABELS.`,
@@ -244,7 +244,7 @@ export async function loadMnist(opts: ImageOptions = {}): Promise<ImageDataset> 
   check(Array.isArray(digits) && digits.length === 10, bad);
   let n = 0;
   for (const d of digits) {
-    check(d && d.raw && typeof d.raw.length === 'number' && d.raw.length % pixels === 0, bad);
+    check(d?.raw && typeof d.raw.length === 'number' && d.raw.length % pixels === 0, bad);
     n += d.raw.length / pixels;
   }
   const x = new Float32Array(n * pixels);

@@ -239,7 +239,7 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
   const shapeV = d.get('shape');
   const shapeItems = shapeV !== null && typeof shapeV === 'object' && 'tuple' in shapeV ? shapeV.tuple : undefined;
   check(
-    shapeItems !== undefined && shapeItems.every((s) => typeof s === 'number' && Number.isSafeInteger(s) && s >= 0),
+    shapeItems?.every((s) => typeof s === 'number' && Number.isSafeInteger(s) && s >= 0),
     () => `.npy file ${source} has header field 'shape' = ${pyRepr(shapeV)}, not a tuple of non-negative integers; ${fix}.`,
   );
   const shape = shapeItems as number[];

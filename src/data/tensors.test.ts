@@ -26,7 +26,7 @@ async function put(name: string, content: string | Uint8Array): Promise<string> 
   return p;
 }
 
-const jsonl = (rows: unknown[]) => rows.map((r) => JSON.stringify(r)).join('\n') + '\n';
+const jsonl = (rows: unknown[]) => `${rows.map((r) => JSON.stringify(r)).join('\n')}\n`;
 
 /** The raw (little-endian, this host's order) bytes of a typed array. */
 const raw = (a: ArrayBufferView) => new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
@@ -42,7 +42,7 @@ function npy(
   const tuple = `(${shape.join(', ')}${shape.length === 1 ? ',' : ''})`;
   let header = o.header ?? `{'descr': '${descr}', 'fortran_order': ${o.fortran ?? 'False'}, 'shape': ${tuple}, }`;
   const pre = version === 1 ? 10 : 12;
-  header += ' '.repeat((64 - ((pre + header.length + 1) % 64)) % 64) + '\n';
+  header += `${' '.repeat((64 - ((pre + header.length + 1) % 64)) % 64)}\n`;
   const h = new TextEncoder().encode(header);
   const body = raw(data);
   const out = new Uint8Array(pre + h.length + body.length + (o.extra ?? 0));

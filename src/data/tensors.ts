@@ -77,7 +77,7 @@ function sameShape(a: number[], b: number[]): boolean {
 function describeJson(v: unknown): string {
   if (v === null) return 'null';
   if (Array.isArray(v)) return `an array of length ${v.length}`;
-  if (typeof v === 'string') return `${JSON.stringify(v.length > 20 ? v.slice(0, 20) + '...' : v)} (a string)`;
+  if (typeof v === 'string') return `${JSON.stringify(v.length > 20 ? `${v.slice(0, 20)}...` : v)} (a string)`;
   if (typeof v === 'boolean') return `${v} (a boolean)`;
   if (typeof v === 'object') return 'an object';
   return String(v);

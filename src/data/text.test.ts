@@ -27,7 +27,7 @@ test('loadTextFile reads UTF-8, drops a BOM, and reports bad files', async () =>
   const dir = await mkdtemp(join(tmpdir(), 'layerwise-text-'));
   try {
     const p = join(dir, 'book.txt');
-    await writeFile(p, '\uFEFF' + 'whale ηο 🐳\n'.repeat(20));
+    await writeFile(p, `\uFEFF${'whale ηο 🐳\n'.repeat(20)}`);
     const ds = await loadTextFile(p, { valFraction: 0.25 });
     assert.equal(ds.name, 'book.txt');
     assert.equal(ds.train.length + ds.val.length, 20 * Array.from('whale ηο 🐳\n').length);

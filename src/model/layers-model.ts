@@ -14,7 +14,7 @@
  * Inside a group any topology works (skip connections, merges); between blocks the model must
  * be a chain: a layer may take its input only from the previous block's output.
  */
-import * as tf from '@tensorflow/tfjs-core';
+import type * as tf from '@tensorflow/tfjs-core';
 import type * as tfl from '@tensorflow/tfjs-layers';
 import { LayerwiseError, check } from '../util/errors.js';
 import { sizeOf, type Block, type BlockParams, type ParamSpec } from './block.js';

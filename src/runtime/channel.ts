@@ -36,7 +36,7 @@ export class Channel {
   recv<T extends Message = Message>(type: string): Promise<T> {
     if (this.failure) return Promise.reject(this.failure);
     const q = this.queues.get(type);
-    if (q && q.length) return Promise.resolve(q.shift() as T);
+    if (q?.length) return Promise.resolve(q.shift() as T);
     return new Promise<T>((resolve, reject) => {
       const list = this.waiters.get(type) ?? [];
       const onFail = (e: Error) => reject(e);
@@ -53,7 +53,7 @@ export class Channel {
   tryRecv<T extends Message = Message>(type: string): T | null {
     if (this.failure) throw this.failure;
     const q = this.queues.get(type);
-    return q && q.length ? (q.shift() as T) : null;
+    return q?.length ? (q.shift() as T) : null;
   }
 
   /** Rejects every pending and future receive with `e` (the peer died). */
@@ -66,7 +66,7 @@ export class Channel {
 
   private deliver(m: Message): void {
     const w = this.waiters.get(m.type);
-    if (w && w.length) {
+    if (w?.length) {
       w.shift()!(m);
       return;
     }

@@ -9,7 +9,7 @@
  */
 import { LayerwiseError, check } from '../util/errors.js';
 import { BACKENDS } from '../backend/names.js';
-import { Device, StageWorker } from './device.js';
+import { type Device, StageWorker } from './device.js';
 import { RemoteDevice, newRunToken, spawnDeviceProcess } from './remote-device.js';
 import type { RemoteLink } from './protocol.js';
 import type { TlsFiles } from './grpc-link.js';

@@ -9,12 +9,12 @@ import { backendHeapBytes, initBackend, releaseBackend } from '../backend/index.
 import { loadModel } from '../model/model.js';
 import { execute, ScheduleError, type StageLinks, type StageProgram } from '../pipeline/executor.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
-import { Channel, type Message } from './channel.js';
+import type { Channel, Message } from './channel.js';
 import { peakBytes, deviceBytes, resetPeakBytes, setDeviceBudget } from '../backend/memory.js';
 import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
 import { fromWire, toWire, transferables } from './serialize.js';
 import type { HostTensor } from '../data/microbatch.js';
-import { tf } from '../backend/tfjs.js';
+import type { tf } from '../backend/tfjs.js';
 
 /** Turns StageInit's `prev` / `next` (a MessagePort, or a gRPC link to open or to accept) into a channel. */
 export type LinkResolver = (link: NonNullable<StageInit['prev']>, side: 'prev' | 'next') => Channel | Promise<Channel>;
@@ -93,7 +93,7 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
       if (s.faults) s.faults.length = 0;
       const inputs = a.inputs?.map(fromWire);
       const labels = a.labels?.map(fromWire);
-      let trace;
+      let trace: Awaited<ReturnType<typeof execute>>;
       try {
         trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr, diagnose: a.diagnose }, stageIndex);
         await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end

@@ -137,7 +137,7 @@ async function checkRun(t: { diagnostic(s: string): void }, stash: 'device' | 'h
   const events = (JSON.parse(rec.chromeTrace()) as { traceEvents: Array<{ ph: string; tid: number; cat?: string; args: { name?: string } }> }).traceEvents;
   const tracks = Object.fromEntries(events.filter((e) => e.ph === 'M').map((e) => [e.args.name, e.tid]));
   assert.equal(tracks['device GPU'], 1);
-  assert.equal(tracks['transfers'], 2);
+  assert.equal(tracks.transfers, 2);
   for (const e of events.filter((x) => x.ph === 'X')) assert.equal(e.tid === 1, e.cat!.startsWith('gpu '), `${e.cat} on track ${e.tid}`);
 
   const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);

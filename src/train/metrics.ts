@@ -77,10 +77,10 @@ export class MetricsLog {
   }
   async append(m: StepMetrics): Promise<void> {
     await mkdir(this.out, { recursive: true });
-    await appendFile(this.path, JSON.stringify(m) + '\n');
+    await appendFile(this.path, `${JSON.stringify(m)}\n`);
   }
   /** Writes summary.json atomically. */
   async summary(s: Summary): Promise<void> {
-    await writeFileAtomic(join(this.out, 'summary.json'), JSON.stringify(s, null, 2) + '\n');
+    await writeFileAtomic(join(this.out, 'summary.json'), `${JSON.stringify(s, null, 2)}\n`);
   }
 }

@@ -174,7 +174,7 @@ export async function lockRunFolder(dir: string, opts: { staleMs?: number } = {}
     }
   }
   const me: Owner = { pid: process.pid, host: hostname(), started: new Date().toISOString(), command: process.argv.slice(1).join(' ') };
-  await writeFile(join(dir, LOCK_OWNER), JSON.stringify(me) + '\n');
+  await writeFile(join(dir, LOCK_OWNER), `${JSON.stringify(me)}\n`);
   let released = false;
   return {
     dir,

@@ -196,12 +196,12 @@ export class TraceRecorder {
       parts.push(`<rect x="${lx}" y="${ly - 10}" width="12" height="12" fill="${COLORS[l]}"/><text x="${lx + 16}" y="${ly}">${legendName[l] ?? l.replace('_', ' ')}</text>`);
     });
     parts.push('</svg>');
-    return parts.join('\n') + '\n';
+    return `${parts.join('\n')}\n`;
   }
 
   /** Writes the Chrome trace to `path` and the SVG beside it (`.svg`). Returns both paths. */
   async write(path: string): Promise<[string, string]> {
-    const svgPath = path.replace(/\.json$/i, '') + '.svg';
+    const svgPath = `${path.replace(/\.json$/i, '')}.svg`;
     await writeFileAtomic(path, this.chromeTrace());
     await writeFileAtomic(svgPath, this.svg());
     return [path, svgPath];

@@ -11,10 +11,9 @@ import { readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
 import { loadDataset, Vocab, type Dataset } from '../data/index.js';
-import { LayerwiseError, check } from '../util/errors.js';
+import { LayerwiseError, } from '../util/errors.js';
 import { initParams, type HostParams } from '../model/init.js';
-import { loadModel, modelParamCount, type Model, type ModelConfig } from '../model/model.js';
-import { getPreset } from '../model/presets.js';
+import { loadModel, modelParamCount, type Model, } from '../model/model.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import { createStrategy, resolveStages, validateStrategy } from '../strategies/index.js';
@@ -108,7 +107,7 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
   }
   validateStrategy(cfg);
   checkRunPaths(cfg); // --out and --trace, before any work (the data and model paths are checked as they load)
-  const vocab = ck && ck.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
+  const vocab = ck?.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });
   const modelConfig = await runModelConfig(cfg, ds);
   if (ck && JSON.stringify(ck.model) !== JSON.stringify(modelConfig)) {
@@ -150,7 +149,7 @@ async function truncateMetrics(out: string, step: number): Promise<void> {
       return false;
     }
   });
-  await writeFileAtomic(path, keep.map((l) => l + '\n').join(''));
+  await writeFileAtomic(path, keep.map((l) => `${l}\n`).join(''));
 }
 
 /**
