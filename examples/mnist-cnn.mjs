@@ -9,9 +9,22 @@ import * as tf from '@tensorflow/tfjs';
 export function build() {
   return tf.sequential({
     layers: [
-      tf.layers.conv2d({ name: 'conv1', inputShape: [28, 28, 1], filters: 8, kernelSize: 3, padding: 'same', activation: 'relu' }),
+      tf.layers.conv2d({
+        name: 'conv1',
+        inputShape: [28, 28, 1],
+        filters: 8,
+        kernelSize: 3,
+        padding: 'same',
+        activation: 'relu',
+      }),
       tf.layers.maxPooling2d({ name: 'pool1', poolSize: 2 }),
-      tf.layers.conv2d({ name: 'conv2', filters: 16, kernelSize: 3, padding: 'same', activation: 'relu' }),
+      tf.layers.conv2d({
+        name: 'conv2',
+        filters: 16,
+        kernelSize: 3,
+        padding: 'same',
+        activation: 'relu',
+      }),
       tf.layers.maxPooling2d({ name: 'pool2', poolSize: 2 }),
       tf.layers.flatten({ name: 'flatten' }),
       tf.layers.dense({ name: 'hidden', units: 64, activation: 'relu' }),
@@ -23,5 +36,10 @@ export function build() {
 export default {
   model: build,
   // a pooling layer has no weights: keep it in one block with the convolution before it
-  groups: [['conv1', 'pool1'], ['conv2', 'pool2'], ['flatten', 'hidden'], ['classes']],
+  groups: [
+    ['conv1', 'pool1'],
+    ['conv2', 'pool2'],
+    ['flatten', 'hidden'],
+    ['classes'],
+  ],
 };

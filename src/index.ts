@@ -16,53 +16,131 @@
  * - train: the trainer loop, checkpoints, metrics, sampling;
  * - data: data sets, the resumable batcher, micro-batches.
  */
-export { initBackend, type BackendName } from './backend/index.js';
-export { LayerwiseError } from './util/errors.js';
-export * from './data/index.js';
-export type { Block, ParamSpec, Init, BlockParams } from './model/block.js';
-export { paramCount, paramKey } from './model/block.js';
-export { initParams, type HostParams } from './model/init.js';
-export { buildModel, modelParamCount, type Model, type ModelConfig } from './model/model.js';
-export { PRESETS, getPreset } from './model/presets.js';
-export {
-  gpipeSchedule, oneFOneBSchedule, evalSchedule, makeSchedule, clockCycles, formatSchedule, formatAction, idealBubble,
-  localSchedule, relaySchedule, relayEvalSchedule,
-  formatScheduleError, type Action, type Schedule, type RematMode, type ScheduleKind,
-} from './schedule/schedule.js';
-export { simulate, type SimResult } from './schedule/simulate.js';
-export { balanceByCost, validateBalance, stageRanges, type StageRange } from './partition/balance.js';
-export { profileModel, type ProfileOptions } from './cost/profile.js';
-export { costsAt, optimizerSlots, type ModelProfile, type BlockCost } from './cost/costs.js';
-export { predictPeakBytes, predictLocalPeakBytes, predictRelayPeakBytes } from './cost/memory.js';
-export { predictStepTime, predictLocalStepTime, predictRelayStepTime } from './cost/time.js';
-export { checkDeviceBudget } from './plan/budget.js';
+export { type BackendName, initBackend } from './backend/index.js';
 export { DeviceOutOfMemoryError } from './backend/out-of-memory.js';
-export { plan, type Plan, type PlanRequest, type StrategyPlan } from './plan/plan.js';
-export { parseSize } from './util/size.js';
+export { resolveConfig, type TrainConfig } from './config/config.js';
+export {
+  type BlockCost,
+  costsAt,
+  type ModelProfile,
+  optimizerSlots,
+} from './cost/costs.js';
+export {
+  predictLocalPeakBytes,
+  predictPeakBytes,
+  predictRelayPeakBytes,
+} from './cost/memory.js';
+export { type ProfileOptions, profileModel } from './cost/profile.js';
+export {
+  predictLocalStepTime,
+  predictRelayStepTime,
+  predictStepTime,
+} from './cost/time.js';
+export * from './data/index.js';
 export { splitMicroBatches } from './data/microbatch.js';
-export { Stage } from './pipeline/stage.js';
-export { LocalStage, type LocalRole } from './pipeline/local-stage.js';
-export { RelayStage, type StashPlace, type RelayOptions } from './pipeline/relay-stage.js';
-export { loadStageKind, type StageKindRef, type StageContext, type CreateStage } from './pipeline/stage-kind.js';
+export type { Block, BlockParams, Init, ParamSpec } from './model/block.js';
+export { paramCount, paramKey } from './model/block.js';
+export { type HostParams, initParams } from './model/init.js';
+export {
+  buildModel,
+  type Model,
+  type ModelConfig,
+  modelParamCount,
+} from './model/model.js';
+export { getPreset, PRESETS } from './model/presets.js';
+export { type LrSchedule, learningRate } from './optim/lr.js';
+export {
+  clipScale,
+  DeviceOptimizer,
+  defaultOptimizerConfig,
+  type OptimizerConfig,
+} from './optim/optimizer.js';
+export { hostUpdate } from './param-server/host-optimizer.js';
 export { ParameterServer, type ServerSpan } from './param-server/server.js';
 export { ParamStore, type StoreLayout } from './param-server/store.js';
-export { hostUpdate } from './param-server/host-optimizer.js';
 export {
-  execute, ScheduleError, WAITING_LABELS, waitingMs,
-  type StageLinks, type StageProgram, type Handlers, type StepIO, type TraceSpan, type LayerGrads,
+  balanceByCost,
+  type StageRange,
+  stageRanges,
+  validateBalance,
+} from './partition/balance.js';
+export {
+  execute,
+  type Handlers,
+  type LayerGrads,
+  ScheduleError,
+  type StageLinks,
+  type StageProgram,
+  type StepIO,
+  type TraceSpan,
+  WAITING_LABELS,
+  waitingMs,
 } from './pipeline/executor.js';
-export { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optim/optimizer.js';
-export { learningRate, type LrSchedule } from './optim/lr.js';
-export { PipelineStrategy, type PipelineKind, type PipelineOptions } from './strategies/pipeline.js';
-export { L2LStrategy, type L2LOptions, l2l } from './strategies/l2l.js';
-export { single } from './strategies/single.js';
-export { gpipe, backpropPipeline } from './strategies/gpipe.js';
-export { local, localPipeline } from './strategies/local.js';
-export { createStrategy, planStages, resolveStages, STRATEGY_SPECS, STRATEGY_NAMES, specOf } from './strategies/index.js';
-export type { StrategySpec } from './strategies/spec.js';
-export type { Strategy, StepReport } from './strategies/strategy.js';
+export { type LocalRole, LocalStage } from './pipeline/local-stage.js';
+export {
+  type RelayOptions,
+  RelayStage,
+  type StashPlace,
+} from './pipeline/relay-stage.js';
+export { Stage } from './pipeline/stage.js';
+export {
+  type CreateStage,
+  loadStageKind,
+  type StageContext,
+  type StageKindRef,
+} from './pipeline/stage-kind.js';
+export { checkDeviceBudget } from './plan/budget.js';
+export {
+  type Plan,
+  type PlanRequest,
+  plan,
+  type StrategyPlan,
+} from './plan/plan.js';
 export { StageError } from './runtime/device.js';
-export { train, prepare, type TrainHooks } from './train/trainer.js';
-export { resolveConfig, type TrainConfig } from './config/config.js';
-export { saveCheckpoint, loadCheckpoint, type Checkpoint } from './train/checkpoint-io.js';
+export {
+  type Action,
+  clockCycles,
+  evalSchedule,
+  formatAction,
+  formatSchedule,
+  formatScheduleError,
+  gpipeSchedule,
+  idealBubble,
+  localSchedule,
+  makeSchedule,
+  oneFOneBSchedule,
+  type RematMode,
+  relayEvalSchedule,
+  relaySchedule,
+  type Schedule,
+  type ScheduleKind,
+} from './schedule/schedule.js';
+export { type SimResult, simulate } from './schedule/simulate.js';
+export { backpropPipeline, gpipe } from './strategies/gpipe.js';
+export {
+  createStrategy,
+  planStages,
+  resolveStages,
+  STRATEGY_NAMES,
+  STRATEGY_SPECS,
+  specOf,
+} from './strategies/index.js';
+export { type L2LOptions, L2LStrategy, l2l } from './strategies/l2l.js';
+export { local, localPipeline } from './strategies/local.js';
+export {
+  type PipelineKind,
+  type PipelineOptions,
+  PipelineStrategy,
+} from './strategies/pipeline.js';
+export { single } from './strategies/single.js';
+export type { StrategySpec } from './strategies/spec.js';
+export type { StepReport, Strategy } from './strategies/strategy.js';
+export {
+  type Checkpoint,
+  loadCheckpoint,
+  saveCheckpoint,
+} from './train/checkpoint-io.js';
 export { sampleText } from './train/sample.js';
+export { prepare, type TrainHooks, train } from './train/trainer.js';
+export { LayerwiseError } from './util/errors.js';
+export { parseSize } from './util/size.js';

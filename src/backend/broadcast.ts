@@ -2,7 +2,10 @@
 import * as tf from '@tensorflow/tfjs-core';
 
 /** For each flat index into `outBatch`, the flat index into the broadcast operand `inBatch`. */
-export function broadcastIndex(outBatch: number[], inBatch: number[]): number[] {
+export function broadcastIndex(
+  outBatch: number[],
+  inBatch: number[],
+): number[] {
   const total = tf.util.sizeFromShape(outBatch);
   const pad = outBatch.length - inBatch.length;
   const index: number[] = new Array(total).fill(0);
@@ -23,4 +26,3 @@ export function broadcastIndex(outBatch: number[], inBatch: number[]): number[] 
   }
   return index;
 }
-

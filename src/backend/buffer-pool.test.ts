@@ -1,5 +1,5 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { BufferPool } from './buffer-pool.js';
 
 test('a buffer comes back from the pool only after the last tensor holding it lets go', () => {

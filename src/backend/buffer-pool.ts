@@ -23,7 +23,10 @@ export class BufferPool {
   /** Free buffers by length (float32 elements). */
   private readonly free = new Map<number, Float32Array[]>();
   /** Owned arrays by their ArrayBuffer, with how many tensors hold each. Weak: an array a kernel took but never stored is simply collected. */
-  private readonly owned = new WeakMap<ArrayBufferLike, { array: Float32Array; holders: number }>();
+  private readonly owned = new WeakMap<
+    ArrayBufferLike,
+    { array: Float32Array; holders: number }
+  >();
   private freeBytes = 0;
   /** Buffers handed out from the free list / freshly allocated (for tests and benchmarks). */
   readonly stats = { reused: 0, allocated: 0 };
@@ -32,7 +35,10 @@ export class BufferPool {
    * @param capacityBytes the most bytes the free list keeps (bytes; default 512 MiB).
    * @param minBytes arrays smaller than this (bytes) are allocated normally and never pooled.
    */
-  constructor(readonly capacityBytes = 512 * 2 ** 20, readonly minBytes = 64 * 1024) {}
+  constructor(
+    readonly capacityBytes = 512 * 2 ** 20,
+    readonly minBytes = 64 * 1024,
+  ) {}
 
   /**
    * A float32 array of `length` elements for a kernel's output. Its contents are undefined

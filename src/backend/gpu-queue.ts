@@ -22,7 +22,12 @@ import { tf } from './tfjs.js';
 
 /** The parts of tfjs-backend-webgpu's WebGPUBackend used here (4.22: backend_webgpu.js). */
 interface WebGPUBackendLike {
-  device: { queue: { onSubmittedWorkDone(): Promise<void>; submit(commandBuffers: unknown[]): void } };
+  device: {
+    queue: {
+      onSubmittedWorkDone(): Promise<void>;
+      submit(commandBuffers: unknown[]): void;
+    };
+  };
   commandEncoder: unknown;
   endComputePassEncoder(): void;
   submitQueue(): void;
@@ -97,12 +102,24 @@ export class GpuQueue {
   submit(): GpuSubmit {
     this.flush();
     const submittedAt = performance.now();
-    const done = this.backend.device.queue.onSubmittedWorkDone().then(() => performance.now(), () => NaN);
+    const done = this.backend.device.queue.onSubmittedWorkDone().then(
+      () => performance.now(),
+      () => NaN,
+    );
     // an empty submit after the request: on Dawn's OpenGL backend (Mesa) the completion was
     // otherwise reported only at the next real submit, one action late; with it, at the next turn
     this.backend.device.queue.submit([]);
-    const idleBy = this.idle !== null && this.idle.seq === this.submits ? this.idle.at : null;
-    const r = { firstSubmitAt: this.firstSubmitAt, submittedAt, submitMs: this.submitMs, done, idleBy };
+    const idleBy =
+      this.idle !== null && this.idle.seq === this.submits
+        ? this.idle.at
+        : null;
+    const r = {
+      firstSubmitAt: this.firstSubmitAt,
+      submittedAt,
+      submitMs: this.submitMs,
+      done,
+      idleBy,
+    };
     this.begin();
     return r;
   }

@@ -3,21 +3,25 @@
  * layerwise's extra kernels and gradients. Each Node worker_thread has its own tfjs-core engine,
  * so each worker calls {@link initBackend} itself.
  */
-import { installDawn } from './webgpu.js';
+
 import * as tf from '@tensorflow/tfjs-core';
+import { installDawn } from './webgpu.js';
 // tfjs-core 4.x registers no gradients itself; the union package's Node bundle registers all stock
 // gradients into tfjs-core's global registry. It must load before our gradient overrides.
 import '@tensorflow/tfjs';
 import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
-import { LayerwiseError, check } from '../util/errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { registerMatMulGrad } from './matmul-grad.js';
+import { BACKENDS, type BackendName } from './names.js';
+import {
+  nativeAddon,
+  nativeUnavailable,
+  registerNativeBackend,
+} from './native.js';
 import { registerWasmKernels } from './wasm-kernels.js';
 import { registerWasmLayoutKernels } from './wasm-layout.js';
 import { registerWasmMatMul } from './wasm-matmul.js';
-import { nativeAddon, nativeUnavailable, registerNativeBackend } from './native.js';
-
-import { BACKENDS, type BackendName } from './names.js';
 
 export { BACKENDS, type BackendName };
 
@@ -45,7 +49,8 @@ async function importOptional(specifier: string): Promise<unknown> {
     return await import(specifier);
   } catch (err) {
     const code = (err as { code?: string }).code;
-    if (code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') return undefined;
+    if (code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND')
+      return undefined;
     throw err;
   }
 }
@@ -54,7 +59,8 @@ async function importOptional(specifier: string): Promise<unknown> {
 async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
   if (tf.findBackendFactory(name) !== null) return;
   const pkg = OPTIONAL_PACKAGE[name];
-  const candidates = name === 'tensorflow' ? [pkg, '@tensorflow/tfjs-node-gpu'] : [pkg];
+  const candidates =
+    name === 'tensorflow' ? [pkg, '@tensorflow/tfjs-node-gpu'] : [pkg];
   let found = false;
   for (const specifier of candidates) {
     if ((await importOptional(specifier)) !== undefined) {
@@ -62,12 +68,19 @@ async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
       break;
     }
   }
-  check(found, `backend '${name}' needs the npm package ${pkg}` +
-    (name === 'tensorflow' ? ' (or @tensorflow/tfjs-node-gpu)' : '') + `: run \`npm install ${pkg}\``);
-  check(tf.findBackendFactory(name) !== null, name === 'webgpu'
-    ? `${pkg} is installed but registered no 'webgpu' backend: this runtime has no WebGPU (navigator.gpu)`
-    : `${pkg} is installed but registered its backend into another copy of @tensorflow/tfjs-core: ` +
-      `install the version matching @tensorflow/tfjs-core ${tf.version_core}`);
+  check(
+    found,
+    `backend '${name}' needs the npm package ${pkg}` +
+      (name === 'tensorflow' ? ' (or @tensorflow/tfjs-node-gpu)' : '') +
+      `: run \`npm install ${pkg}\``,
+  );
+  check(
+    tf.findBackendFactory(name) !== null,
+    name === 'webgpu'
+      ? `${pkg} is installed but registered no 'webgpu' backend: this runtime has no WebGPU (navigator.gpu)`
+      : `${pkg} is installed but registered its backend into another copy of @tensorflow/tfjs-core: ` +
+          `install the version matching @tensorflow/tfjs-core ${tf.version_core}`,
+  );
 }
 
 /**
@@ -87,29 +100,47 @@ async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
  * optional package (naming the npm package to install), for 'native' where its addon is not
  * built (saying how to build it), or if the backend fails to initialise.
  */
-export async function initBackend(name: string, opts: { threads?: number } = {}): Promise<void> {
-  check((BACKENDS as readonly string[]).includes(name),
-    `unknown backend '${name}': expected one of ${BACKENDS.join(', ')}`);
+export async function initBackend(
+  name: string,
+  opts: { threads?: number } = {},
+): Promise<void> {
+  check(
+    (BACKENDS as readonly string[]).includes(name),
+    `unknown backend '${name}': expected one of ${BACKENDS.join(', ')}`,
+  );
   const backend = name as BackendName;
   const { threads } = opts;
-  check(threads === undefined || (Number.isInteger(threads) && threads >= 1),
-    `threads must be a positive integer, got ${threads}`);
+  check(
+    threads === undefined || (Number.isInteger(threads) && threads >= 1),
+    `threads must be a positive integer, got ${threads}`,
+  );
   registerExtensions();
-  if (backend === 'wasm' && threads !== undefined) wasmBackend.setThreadsCount(threads);
-  if (backend === 'tensorflow' && threads !== undefined) process.env.TF_NUM_INTRAOP_THREADS ??= String(threads);
+  if (backend === 'wasm' && threads !== undefined)
+    wasmBackend.setThreadsCount(threads);
+  if (backend === 'tensorflow' && threads !== undefined)
+    process.env.TF_NUM_INTRAOP_THREADS ??= String(threads);
   if (backend === 'webgpu') await installDawn(); // navigator.gpu before the backend package is imported
-  if (backend === 'tensorflow' || backend === 'webgpu') await loadOptional(backend);
+  if (backend === 'tensorflow' || backend === 'webgpu')
+    await loadOptional(backend);
   if (backend === 'native') {
-    check(registerNativeBackend(), `backend 'native' is unavailable: ${nativeUnavailable()}; use --backend wasm`);
+    check(
+      registerNativeBackend(),
+      `backend 'native' is unavailable: ${nativeUnavailable()}; use --backend wasm`,
+    );
     if (threads !== undefined) nativeAddon()!.setThreads(threads);
   }
   let ok: boolean;
   try {
     ok = await tf.setBackend(backend);
   } catch (err) {
-    throw new LayerwiseError(`backend '${backend}' failed to initialise: ${(err as Error).message}`);
+    throw new LayerwiseError(
+      `backend '${backend}' failed to initialise: ${(err as Error).message}`,
+    );
   }
-  check(ok, `backend '${backend}' failed to initialise (see the warning above)`);
+  check(
+    ok,
+    `backend '${backend}' failed to initialise (see the warning above)`,
+  );
   await tf.ready();
 }
 
@@ -120,7 +151,12 @@ export async function initBackend(name: string, opts: { threads?: number } = {})
  */
 export async function releaseBackend(): Promise<void> {
   if (tf.engine().backendName !== 'webgpu') return;
-  const b = tf.backend() as unknown as { device?: { queue: { onSubmittedWorkDone(): Promise<void> }; destroy(): void } };
+  const b = tf.backend() as unknown as {
+    device?: {
+      queue: { onSubmittedWorkDone(): Promise<void> };
+      destroy(): void;
+    };
+  };
   tf.disposeVariables();
   await b.device?.queue.onSubmittedWorkDone();
   b.device?.destroy();

@@ -31,7 +31,8 @@ export const CAUSAL_ATTENTION_GRAD_KERNEL = 'LayerwiseCausalAttentionGrad';
  */
 export const SOFTMAX_CROSS_ENTROPY_KERNEL = 'LayerwiseSoftmaxCrossEntropy';
 /** Its gradient: inputs {probs, labels, dy (scalar)}; output dlogits = (probs - onehot(labels)) * dy / N. */
-export const SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL = 'LayerwiseSoftmaxCrossEntropyGrad';
+export const SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL =
+  'LayerwiseSoftmaxCrossEntropyGrad';
 /**
  * AdamW's update of one parameter in one pass (optim/optimizer.ts DeviceOptimizer): inputs
  * {p, g, m, v}, attrs {lr, beta1, beta2, epsilon, weightDecay, step (1-based), scale (gradient

@@ -18,29 +18,47 @@ function unbroadcast(grad: tf.Tensor, shape: number[]): tf.Tensor {
   return tf.reshape(summed, shape);
 }
 
-const batchSize = (t: tf.Tensor): number => tf.util.sizeFromShape(t.shape.slice(0, -2));
+const batchSize = (t: tf.Tensor): number =>
+  tf.util.sizeFromShape(t.shape.slice(0, -2));
 
-function gradFunc(dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.NamedAttrMap): Record<string, () => tf.Tensor> {
+function gradFunc(
+  dy: tf.Tensor | tf.Tensor[],
+  saved: tf.Tensor[],
+  attrs: tf.NamedAttrMap,
+): Record<string, () => tf.Tensor> {
   const dC = dy as tf.Tensor;
   const [a, b] = saved as [tf.Tensor, tf.Tensor];
   const tA = attrs.transposeA === true;
   const tB = attrs.transposeB === true;
   // each closure in a tidy scope: its temporaries go when it returns, not when tf.grads ends
   return {
-    a: () => tf.tidy(() => {
-      const da = tA ? tf.matMul(b, dC, tB, true) : tf.matMul(dC, b, false, !tB);
-      return unbroadcast(da, a.shape);
-    }),
-    b: () => tf.tidy(() => {
-      if (!tA && batchSize(b) === 1 && batchSize(a) === batchSize(dC) && a.rank > 2) {
-        const a2 = tf.reshape(a, [-1, a.shape[a.rank - 1]!]);
-        const dC2 = tf.reshape(dC, [-1, dC.shape[dC.rank - 1]!]);
-        const db = tB ? tf.matMul(dC2, a2, true, false) : tf.matMul(a2, dC2, true, false);
-        return tf.reshape(db, b.shape);
-      }
-      const db = tB ? tf.matMul(dC, a, true, tA) : tf.matMul(a, dC, !tA, false);
-      return unbroadcast(db, b.shape);
-    }),
+    a: () =>
+      tf.tidy(() => {
+        const da = tA
+          ? tf.matMul(b, dC, tB, true)
+          : tf.matMul(dC, b, false, !tB);
+        return unbroadcast(da, a.shape);
+      }),
+    b: () =>
+      tf.tidy(() => {
+        if (
+          !tA &&
+          batchSize(b) === 1 &&
+          batchSize(a) === batchSize(dC) &&
+          a.rank > 2
+        ) {
+          const a2 = tf.reshape(a, [-1, a.shape[a.rank - 1]!]);
+          const dC2 = tf.reshape(dC, [-1, dC.shape[dC.rank - 1]!]);
+          const db = tB
+            ? tf.matMul(dC2, a2, true, false)
+            : tf.matMul(a2, dC2, true, false);
+          return tf.reshape(db, b.shape);
+        }
+        const db = tB
+          ? tf.matMul(dC, a, true, tA)
+          : tf.matMul(a, dC, !tA, false);
+        return unbroadcast(db, b.shape);
+      }),
   };
 }
 
@@ -49,5 +67,9 @@ function gradFunc(dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[], attrs: tf.Nam
  * global to the tfjs-core instance (all backends). Call once per thread.
  */
 export function registerMatMulGrad(): void {
-  tf.registerGradient({ kernelName: 'BatchMatMul', inputsToSave: ['a', 'b'], gradFunc });
+  tf.registerGradient({
+    kernelName: 'BatchMatMul',
+    inputsToSave: ['a', 'b'],
+    gradFunc,
+  });
 }

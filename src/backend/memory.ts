@@ -8,7 +8,10 @@
  * the device-memory budget (`--device-memory`, {@link setDeviceBudget}): the allocation that
  * would take the device above it throws, before the backend itself runs out.
  */
-import { DeviceOutOfMemoryError, type DeviceOutOfMemory } from './out-of-memory.js';
+import {
+  type DeviceOutOfMemory,
+  DeviceOutOfMemoryError,
+} from './out-of-memory.js';
 import { tf } from './tfjs.js';
 
 interface TensorLike {
@@ -25,7 +28,10 @@ interface EngineInternals {
 }
 
 /** Where the budget applies, for the error message. */
-export type BudgetContext = Pick<DeviceOutOfMemory, 'stage' | 'strategy' | 'advice'>;
+export type BudgetContext = Pick<
+  DeviceOutOfMemory,
+  'stage' | 'strategy' | 'advice'
+>;
 
 let installedOn: EngineInternals | null = null;
 let current = 0;
@@ -34,7 +40,8 @@ let budget: number | undefined;
 let budgetContext: BudgetContext = {};
 
 /** Tensors whose bytes TF.js counts here (complex ones through their parts, strings as they are written: neither here). */
-const counted = (a: TensorLike): boolean => a.dtype !== 'string' && a.dtype !== 'complex64';
+const counted = (a: TensorLike): boolean =>
+  a.dtype !== 'string' && a.dtype !== 'complex64';
 
 function install(): void {
   const engine = tf.engine() as unknown as EngineInternals;
@@ -49,7 +56,12 @@ function install(): void {
       const bytes = a.size * tf.util.bytesPerElement(a.dtype as tf.DataType);
       // only growth can cross the budget; frees never throw (a failing run must still clean up)
       if (budget !== undefined && bytes > 0 && current + bytes > budget) {
-        throw new DeviceOutOfMemoryError({ needs: current + bytes, budget, how: 'measured', ...budgetContext });
+        throw new DeviceOutOfMemoryError({
+          needs: current + bytes,
+          budget,
+          how: 'measured',
+          ...budgetContext,
+        });
       }
       current += bytes;
       if (current > peak) peak = current;
@@ -60,7 +72,12 @@ function install(): void {
     const info = engine.state.tensorInfo.get(a.dataId);
     dispose(a);
     // the buffer is gone once the last tensor on it is disposed
-    if (info !== undefined && counted(a) && !engine.state.tensorInfo.has(a.dataId)) current -= info.bytes;
+    if (
+      info !== undefined &&
+      counted(a) &&
+      !engine.state.tensorInfo.has(a.dataId)
+    )
+      current -= info.bytes;
   };
   installedOn = engine;
 }
@@ -92,8 +109,14 @@ export function resetPeakBytes(): void {
  * message. Call it after the backend is initialised. Throws RangeError for a budget that is
  * not a positive finite number.
  */
-export function setDeviceBudget(bytes: number | undefined, context: BudgetContext = {}): void {
-  if (bytes !== undefined && !(Number.isFinite(bytes) && bytes > 0)) throw new RangeError(`device budget must be a positive number of bytes, got ${bytes}`);
+export function setDeviceBudget(
+  bytes: number | undefined,
+  context: BudgetContext = {},
+): void {
+  if (bytes !== undefined && !(Number.isFinite(bytes) && bytes > 0))
+    throw new RangeError(
+      `device budget must be a positive number of bytes, got ${bytes}`,
+    );
   install();
   budget = bytes;
   budgetContext = { ...context };

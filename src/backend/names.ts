@@ -6,7 +6,13 @@
  */
 import { nativeAddon } from './native-addon.js';
 
-export const BACKENDS = ['wasm', 'cpu', 'native', 'tensorflow', 'webgpu'] as const;
+export const BACKENDS = [
+  'wasm',
+  'cpu',
+  'native',
+  'tensorflow',
+  'webgpu',
+] as const;
 export type BackendName = (typeof BACKENDS)[number];
 
 /**

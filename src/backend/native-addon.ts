@@ -30,57 +30,195 @@ export interface NativeAddon {
    * c[i] = op(a[i]) @ op(b[i]) for i < batch, row-major; a[i] starts at i * aStride (0:
    * broadcast), likewise b; c is [batch, m, n]; op(a) is [m, k], op(b) is [k, n].
    */
-  matmul(a: Float32Array, b: Float32Array, c: Float32Array, batch: number, aStride: number, bStride: number,
-    m: number, n: number, k: number, transA: boolean, transB: boolean): void;
+  matmul(
+    a: Float32Array,
+    b: Float32Array,
+    c: Float32Array,
+    batch: number,
+    aStride: number,
+    bStride: number,
+    m: number,
+    n: number,
+    k: number,
+    transA: boolean,
+    transB: boolean,
+  ): void;
   /**
    * AdamW over p (see native/src/kernels.h); step is 1-based. In place, or into pOut, mOut and
    * vOut when given (all of p's length; RangeError otherwise).
    */
-  adamw(p: Float32Array, g: Float32Array, m: Float32Array, v: Float32Array, lr: number, beta1: number, beta2: number,
-    epsilon: number, weightDecay: number, step: number, gradScale: number, pOut?: Float32Array, mOut?: Float32Array, vOut?: Float32Array): void;
+  adamw(
+    p: Float32Array,
+    g: Float32Array,
+    m: Float32Array,
+    v: Float32Array,
+    lr: number,
+    beta1: number,
+    beta2: number,
+    epsilon: number,
+    weightDecay: number,
+    step: number,
+    gradScale: number,
+    pOut?: Float32Array,
+    mOut?: Float32Array,
+    vOut?: Float32Array,
+  ): void;
   /** SGD (with momentum when `velocity` is given) over p: in place, or into pOut and velocityOut when given. */
-  sgd(p: Float32Array, g: Float32Array, velocity: Float32Array | null, lr: number, momentum: number, weightDecay: number, gradScale: number,
-    pOut?: Float32Array, velocityOut?: Float32Array | null): void;
+  sgd(
+    p: Float32Array,
+    g: Float32Array,
+    velocity: Float32Array | null,
+    lr: number,
+    momentum: number,
+    weightDecay: number,
+    gradScale: number,
+    pOut?: Float32Array,
+    velocityOut?: Float32Array | null,
+  ): void;
   /** out = a op b with broadcasting (op: op code: Add 0, Sub 1, Multiply 2, RealDiv 3, Maximum 4, Minimum 5, SquaredDifference 6). */
-  binary(op: number, a: Float32Array, aShape: number[], b: Float32Array, bShape: number[], out: Float32Array, outShape: number[]): void;
+  binary(
+    op: number,
+    a: Float32Array,
+    aShape: number[],
+    b: Float32Array,
+    bShape: number[],
+    out: Float32Array,
+    outShape: number[],
+  ): void;
   /** out = op(x) element-wise (op: op code, see backend/native.ts). */
   /** `param`: Step's alpha (the output where x <= 0). */
   unary(op: number, x: Float32Array, out: Float32Array, param?: number): void;
   /** out[r] = op(x[r, :]) over `inner` elements for r < outer (op: Sum 0, Mean 1, Max 2, Min 3). */
-  reduce(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
+  reduce(
+    op: number,
+    x: Float32Array,
+    out: Float32Array,
+    outer: number,
+    inner: number,
+  ): void;
   /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: Sum 0, Mean 1, Max 2, Min 3). */
-  reduceOuter(op: number, x: Float32Array, out: Float32Array, outer: number, inner: number): void;
+  reduceOuter(
+    op: number,
+    x: Float32Array,
+    out: Float32Array,
+    outer: number,
+    inner: number,
+  ): void;
   /** out = x with axes permuted by perm. */
-  transpose(x: Float32Array, shape: number[], perm: number[], out: Float32Array): void;
+  transpose(
+    x: Float32Array,
+    shape: number[],
+    perm: number[],
+    out: Float32Array,
+  ): void;
   /** Softmax over the last axis of x [rows, cols]. */
   softmax(x: Float32Array, out: Float32Array, rows: number, cols: number): void;
   /** out[s, :] = sum of data[r, :] where ids[r] == s. */
-  segmentSum(data: Float32Array, ids: Int32Array, out: Float32Array, n: number, inner: number, segments: number): void;
+  segmentSum(
+    data: Float32Array,
+    ids: Int32Array,
+    out: Float32Array,
+    n: number,
+    inner: number,
+    segments: number,
+  ): void;
   /** out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner]. */
-  gather(x: Float32Array, indices: Int32Array, out: Float32Array, outer: number, axisSize: number, inner: number): void;
+  gather(
+    x: Float32Array,
+    indices: Int32Array,
+    out: Float32Array,
+    outer: number,
+    axisSize: number,
+    inner: number,
+  ): void;
   /** GELU (tanh approximation, model/layers.ts) element-wise. */
   gelu(x: Float32Array, out: Float32Array): void;
   /** dx = dy * GELU'(x) element-wise. */
   geluGrad(x: Float32Array, dy: Float32Array, dx: Float32Array): void;
   /** Layer norm over the last axis of x [rows, cols]: writes y and xhat [rows, cols] and rstd [rows]. */
-  layerNorm(x: Float32Array, g: Float32Array, b: Float32Array, y: Float32Array, xhat: Float32Array, rstd: Float32Array, rows: number, cols: number, epsilon: number): void;
+  layerNorm(
+    x: Float32Array,
+    g: Float32Array,
+    b: Float32Array,
+    y: Float32Array,
+    xhat: Float32Array,
+    rstd: Float32Array,
+    rows: number,
+    cols: number,
+    epsilon: number,
+  ): void;
   /** Layer norm's gradient: writes dx [rows, cols], dg and db [cols]. */
-  layerNormGrad(dy: Float32Array, xhat: Float32Array, rstd: Float32Array, g: Float32Array, dx: Float32Array, dg: Float32Array, db: Float32Array, rows: number, cols: number): void;
+  layerNormGrad(
+    dy: Float32Array,
+    xhat: Float32Array,
+    rstd: Float32Array,
+    g: Float32Array,
+    dx: Float32Array,
+    dg: Float32Array,
+    db: Float32Array,
+    rows: number,
+    cols: number,
+  ): void;
   /** Causal softmax of scale * x over the last axis of x [batch, t, t] (row i sees columns 0..i). */
-  causalSoftmax(x: Float32Array, out: Float32Array, batch: number, t: number, scale: number): void;
+  causalSoftmax(
+    x: Float32Array,
+    out: Float32Array,
+    batch: number,
+    t: number,
+    scale: number,
+  ): void;
   /** dx = scale * y * (dy - sum(dy * y)) per row of [rows, cols]. */
-  softmaxGrad(y: Float32Array, dy: Float32Array, dx: Float32Array, rows: number, cols: number, scale: number): void;
+  softmaxGrad(
+    y: Float32Array,
+    dy: Float32Array,
+    dx: Float32Array,
+    rows: number,
+    cols: number,
+    scale: number,
+  ): void;
   /**
    * Fused causal self-attention: from qkv [B, T, 3, H, dh] writes ctx [B, T, H, dh] and the
    * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T).
    */
-  causalAttention(qkv: Float32Array, ctx: Float32Array, p: Float32Array, batch: number, t: number, heads: number, dh: number, scale: number): void;
+  causalAttention(
+    qkv: Float32Array,
+    ctx: Float32Array,
+    p: Float32Array,
+    batch: number,
+    t: number,
+    heads: number,
+    dh: number,
+    scale: number,
+  ): void;
   /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p. */
-  causalAttentionGrad(dctx: Float32Array, qkv: Float32Array, p: Float32Array, dqkv: Float32Array, batch: number, t: number, heads: number, dh: number, scale: number): void;
+  causalAttentionGrad(
+    dctx: Float32Array,
+    qkv: Float32Array,
+    p: Float32Array,
+    dqkv: Float32Array,
+    batch: number,
+    t: number,
+    heads: number,
+    dh: number,
+    scale: number,
+  ): void;
   /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
-  softmaxCrossEntropy(logits: Float32Array, labels: Int32Array, probs: Float32Array, rows: number, classes: number): number;
+  softmaxCrossEntropy(
+    logits: Float32Array,
+    labels: Int32Array,
+    probs: Float32Array,
+    rows: number,
+    classes: number,
+  ): number;
   /** dlogits = (probs - onehot(labels)) * dyOverRows. */
-  softmaxCrossEntropyGrad(probs: Float32Array, labels: Int32Array, dlogits: Float32Array, rows: number, classes: number, dyOverRows: number): void;
+  softmaxCrossEntropyGrad(
+    probs: Float32Array,
+    labels: Int32Array,
+    dlogits: Float32Array,
+    rows: number,
+    classes: number,
+    dyOverRows: number,
+  ): void;
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */
@@ -114,4 +252,3 @@ export function nativeUnavailable(): string {
   nativeAddon();
   return unavailable;
 }
-

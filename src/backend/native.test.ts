@@ -5,23 +5,44 @@
  * it does not provide fall back to the cpu backend's, and the native host optimizer equals the
  * JS one. Skipped, saying why, where the addon is not built.
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import {
+  causalSelfAttention,
+  gelu,
+  layerNorm,
+  maskedSoftmax,
+  softmaxCrossEntropy,
+} from '../model/layers.js';
+import {
+  DeviceOptimizer,
+  defaultOptimizerConfig,
+  type OptimizerConfig,
+} from '../optim/optimizer.js';
+import { hostUpdate } from '../param-server/host-optimizer.js';
+import {
+  onBackend,
+  randomArray,
+  assertSameAsCpu as sameAsCpu,
+} from '../testing/backend-compare.js';
+import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
+import type { NativeBackend } from './native.js';
 import { nativeAddon, nativeKernelNames, nativeUnavailable } from './native.js';
 import { tf } from './tfjs.js';
-import { hostUpdate } from '../param-server/host-optimizer.js';
-import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
-import type { NativeBackend } from './native.js';
-import { Rng } from '../util/rng.js';
-import { assertSameAsCpu as sameAsCpu, onBackend, randomArray } from '../testing/backend-compare.js';
-import { causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from '../model/layers.js';
 
-const skip = nativeAddon() ? false : `native backend unavailable: ${nativeUnavailable()}`;
+const skip = nativeAddon()
+  ? false
+  : `native backend unavailable: ${nativeUnavailable()}`;
 
 /** Asserts that `f` on native gives the cpu backend's outputs (testing/backend-compare.ts). */
-const assertSameAsCpu = (what: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[], tol = 1e-4) =>
-  sameAsCpu('native', what, shapes, f, { tol });
+const assertSameAsCpu = (
+  what: string,
+  shapes: number[][],
+  f: (...xs: tf.Tensor[]) => tf.Tensor[],
+  tol = 1e-4,
+) => sameAsCpu('native', what, shapes, f, { tol });
 
 const MATMULS: Array<[string, number[], number[], boolean, boolean]> = [
   ['2-D', [5, 7], [7, 3], false, false],
@@ -40,32 +61,100 @@ const MATMULS: Array<[string, number[], number[], boolean, boolean]> = [
 
 for (const [name, sa, sb, tA, tB] of MATMULS) {
   test(`native matMul equals cpu: ${name}`, { skip }, async () => {
-    await assertSameAsCpu(`matMul ${name}`, [sa, sb], (a, b) => [tf.matMul(a!, b!, tA, tB)]);
+    await assertSameAsCpu(`matMul ${name}`, [sa, sb], (a, b) => [
+      tf.matMul(a!, b!, tA, tB),
+    ]);
   });
 }
 
-test('native matMul gradients equal cpu, with broadcast batches', { skip }, async () => {
+test('native matMul gradients equal cpu, with broadcast batches', {
+  skip,
+}, async () => {
   for (const [name, sa, sb, tA, tB] of MATMULS) {
-    await assertSameAsCpu(`d matMul ${name}`, [sa, sb], (a, b) => tf.grads((x, y) => tf.sum(tf.square(tf.matMul(x!, y!, tA, tB))))([a!, b!]));
+    await assertSameAsCpu(`d matMul ${name}`, [sa, sb], (a, b) =>
+      tf.grads((x, y) => tf.sum(tf.square(tf.matMul(x!, y!, tA, tB))))([
+        a!,
+        b!,
+      ]),
+    );
   }
 });
 
-test('native matMul broadcasts batch axes in full ([2,1] with [3] gives [2,3]), as explicit tiling does', { skip }, async () => {
+test('native matMul broadcasts batch axes in full ([2,1] with [3] gives [2,3]), as explicit tiling does', {
+  skip,
+}, async () => {
   // the stock cpu kernel does not broadcast this case, so the reference tiles the operands first
-  const ref = await onBackend('cpu', [[2, 1, 5, 7], [3, 7, 6]], (a, b) => [tf.matMul(tf.broadcastTo(a!, [2, 3, 5, 7]), tf.broadcastTo(b!, [2, 3, 7, 6]))]);
-  const native = await onBackend('native', [[2, 1, 5, 7], [3, 7, 6]], (a, b) => [tf.matMul(a!, b!)]);
+  const ref = await onBackend(
+    'cpu',
+    [
+      [2, 1, 5, 7],
+      [3, 7, 6],
+    ],
+    (a, b) => [
+      tf.matMul(
+        tf.broadcastTo(a!, [2, 3, 5, 7]),
+        tf.broadcastTo(b!, [2, 3, 7, 6]),
+      ),
+    ],
+  );
+  const native = await onBackend(
+    'native',
+    [
+      [2, 1, 5, 7],
+      [3, 7, 6],
+    ],
+    (a, b) => [tf.matMul(a!, b!)],
+  );
   assert.deepEqual(native[0]!.shape, [2, 3, 5, 6]);
-  native[0]!.values.forEach((v, i) => assert.ok(Math.abs(v - ref[0]!.values[i]!) <= 1e-4, `element ${i}: ${v} vs ${ref[0]!.values[i]}`));
+  native[0]!.values.forEach((v, i) =>
+    assert.ok(
+      Math.abs(v - ref[0]!.values[i]!) <= 1e-4,
+      `element ${i}: ${v} vs ${ref[0]!.values[i]}`,
+    ),
+  );
 });
 
-test('native fused matMul (bias, relu) equals cpu; empty products give empty or zero outputs', { skip }, async () => {
-  await assertSameAsCpu('fused matMul', [[6, 11], [11, 5], [5]], (a, b, bias) => [tf.fused.matMul({ a: a!, b: b!, bias, activation: 'relu' })]);
-  await assertSameAsCpu('fused matMul transposed, no bias', [[11, 6], [5, 11]], (a, b) => [tf.fused.matMul({ a: a!, b: b!, transposeA: true, transposeB: true })]);
-  await assertSameAsCpu('k = 0', [[4, 0], [0, 3]], (a, b) => [tf.matMul(a!, b!)]);
-  await assertSameAsCpu('m = 0', [[2, 0, 5], [2, 5, 3]], (a, b) => [tf.matMul(a!, b!)]);
+test('native fused matMul (bias, relu) equals cpu; empty products give empty or zero outputs', {
+  skip,
+}, async () => {
+  await assertSameAsCpu(
+    'fused matMul',
+    [[6, 11], [11, 5], [5]],
+    (a, b, bias) => [
+      tf.fused.matMul({ a: a!, b: b!, bias, activation: 'relu' }),
+    ],
+  );
+  await assertSameAsCpu(
+    'fused matMul transposed, no bias',
+    [
+      [11, 6],
+      [5, 11],
+    ],
+    (a, b) => [
+      tf.fused.matMul({ a: a!, b: b!, transposeA: true, transposeB: true }),
+    ],
+  );
+  await assertSameAsCpu(
+    'k = 0',
+    [
+      [4, 0],
+      [0, 3],
+    ],
+    (a, b) => [tf.matMul(a!, b!)],
+  );
+  await assertSameAsCpu(
+    'm = 0',
+    [
+      [2, 0, 5],
+      [2, 5, 3],
+    ],
+    (a, b) => [tf.matMul(a!, b!)],
+  );
 });
 
-test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops', { skip }, async () => {
+test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops', {
+  skip,
+}, async () => {
   const pairs: Array<[string, number[], number[]]> = [
     ['same shape', [3, 5, 7], [3, 5, 7]],
     ['row vector', [4, 6, 17], [17]],
@@ -77,12 +166,32 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
   ];
   for (const [name, sa, sb] of pairs) {
     await assertSameAsCpu(`binary ${name}`, [sa, sb], (a, b) => [
-      tf.add(a!, b!), tf.sub(a!, b!), tf.mul(a!, b!), tf.div(a!, tf.add(tf.abs(b!), 0.5)), tf.maximum(a!, b!), tf.minimum(a!, b!), tf.squaredDifference(a!, b!),
+      tf.add(a!, b!),
+      tf.sub(a!, b!),
+      tf.mul(a!, b!),
+      tf.div(a!, tf.add(tf.abs(b!), 0.5)),
+      tf.maximum(a!, b!),
+      tf.minimum(a!, b!),
+      tf.squaredDifference(a!, b!),
     ]);
   }
   await assertSameAsCpu('unary', [[7, 33]], (x) => {
     const pos = tf.add(tf.abs(x!), 0.1);
-    return [tf.exp(x!), tf.log(pos), tf.sqrt(pos), tf.rsqrt(pos), tf.square(x!), tf.neg(x!), tf.sigmoid(x!), tf.tanh(x!), tf.relu(x!), tf.abs(x!), tf.reciprocal(pos), tf.step(x!), tf.step(x!, 0.3)];
+    return [
+      tf.exp(x!),
+      tf.log(pos),
+      tf.sqrt(pos),
+      tf.rsqrt(pos),
+      tf.square(x!),
+      tf.neg(x!),
+      tf.sigmoid(x!),
+      tf.tanh(x!),
+      tf.relu(x!),
+      tf.abs(x!),
+      tf.reciprocal(pos),
+      tf.step(x!),
+      tf.step(x!, 0.3),
+    ];
   });
   // Step (ReLU's gradient mask) keeps NaN, as the cpu kernel does; alpha where x <= 0
   await initBackend('native');
@@ -91,81 +200,226 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
   st.dispose();
 });
 
-test('the fused native GELU, layer norm and causal softmax and their gradients equal the composed ones on cpu', { skip }, async () => {
-  await assertSameAsCpu('gelu', [[6, 41], [6, 41]], (x, w) => [
-    gelu(tf.mul(x!, 3)),
-    tf.grad((v: tf.Tensor) => tf.sum(tf.mul(gelu(v), w!)))(tf.mul(x!, 3)),
-  ]);
-  await assertSameAsCpu('layer norm and its gradient', [[2, 5, 37], [37], [37], [2, 5, 37]], (x, g, b, w) => [
-    layerNorm(tf.mul(x!, 3), g!, b!),
-    ...tf.grads((v: tf.Tensor, gv: tf.Tensor, bv: tf.Tensor) => tf.sum(tf.mul(layerNorm(v, gv, bv), w!)))([tf.mul(x!, 3), g!, b!]),
-  ]);
-  await assertSameAsCpu('causal softmax and its gradient', [[3, 2, 9, 9], [3, 2, 9, 9]], (x, w) => [
-    maskedSoftmax(tf.mul(x!, 4), 0.35),
-    tf.grad((v: tf.Tensor) => tf.sum(tf.mul(maskedSoftmax(v, 0.35), w!)))(tf.mul(x!, 4)),
-  ]);
+test('the fused native GELU, layer norm and causal softmax and their gradients equal the composed ones on cpu', {
+  skip,
+}, async () => {
+  await assertSameAsCpu(
+    'gelu',
+    [
+      [6, 41],
+      [6, 41],
+    ],
+    (x, w) => [
+      gelu(tf.mul(x!, 3)),
+      tf.grad((v: tf.Tensor) => tf.sum(tf.mul(gelu(v), w!)))(tf.mul(x!, 3)),
+    ],
+  );
+  await assertSameAsCpu(
+    'layer norm and its gradient',
+    [[2, 5, 37], [37], [37], [2, 5, 37]],
+    (x, g, b, w) => [
+      layerNorm(tf.mul(x!, 3), g!, b!),
+      ...tf.grads((v: tf.Tensor, gv: tf.Tensor, bv: tf.Tensor) =>
+        tf.sum(tf.mul(layerNorm(v, gv, bv), w!)),
+      )([tf.mul(x!, 3), g!, b!]),
+    ],
+  );
+  await assertSameAsCpu(
+    'causal softmax and its gradient',
+    [
+      [3, 2, 9, 9],
+      [3, 2, 9, 9],
+    ],
+    (x, w) => [
+      maskedSoftmax(tf.mul(x!, 4), 0.35),
+      tf.grad((v: tf.Tensor) => tf.sum(tf.mul(maskedSoftmax(v, 0.35), w!)))(
+        tf.mul(x!, 4),
+      ),
+    ],
+  );
   await initBackend('native');
-  const k = tf.tidy(() => tf.engine().runKernel('LayerwiseGelu', { x: tf.tensor1d([-1, 0, 2]) }) as tf.Tensor);
+  const k = tf.tidy(
+    () =>
+      tf.engine().runKernel('LayerwiseGelu', {
+        x: tf.tensor1d([-1, 0, 2]),
+      }) as tf.Tensor,
+  );
   assert.equal(k.shape[0], 3, 'the fused kernel ran on native');
   k.dispose();
 });
 
-test('the fused native attention and softmax cross-entropy and their gradients equal the composed ones on cpu', { skip }, async () => {
+test('the fused native attention and softmax cross-entropy and their gradients equal the composed ones on cpu', {
+  skip,
+}, async () => {
   // (batch, time, width, heads): one pair per thread and pairs spread over the team; dh 4, 5, 1
-  for (const [b, t, d, h] of [[1, 7, 12, 3], [3, 5, 10, 2], [2, 9, 3, 3]] as const) {
-    await assertSameAsCpu(`attention B=${b} T=${t} D=${d} H=${h}`, [[b, t, d], [d, 3 * d], [3 * d], [d, d], [d], [b, t, d]], (x, wqkv, bqkv, wo, bo, w) => {
-      const loss = (xv: tf.Tensor, wq: tf.Tensor, bq: tf.Tensor, wov: tf.Tensor) => tf.sum(tf.mul(causalSelfAttention(xv, h, wq, bq, wov, bo!), w!));
-      return [causalSelfAttention(x!, h, wqkv!, bqkv!, wo!, bo!), ...tf.grads(loss)([x!, tf.mul(wqkv!, 0.5), bqkv!, wo!])];
-    });
+  for (const [b, t, d, h] of [
+    [1, 7, 12, 3],
+    [3, 5, 10, 2],
+    [2, 9, 3, 3],
+  ] as const) {
+    await assertSameAsCpu(
+      `attention B=${b} T=${t} D=${d} H=${h}`,
+      [[b, t, d], [d, 3 * d], [3 * d], [d, d], [d], [b, t, d]],
+      (x, wqkv, bqkv, wo, bo, w) => {
+        const loss = (
+          xv: tf.Tensor,
+          wq: tf.Tensor,
+          bq: tf.Tensor,
+          wov: tf.Tensor,
+        ) => tf.sum(tf.mul(causalSelfAttention(xv, h, wq, bq, wov, bo!), w!));
+        return [
+          causalSelfAttention(x!, h, wqkv!, bqkv!, wo!, bo!),
+          ...tf.grads(loss)([x!, tf.mul(wqkv!, 0.5), bqkv!, wo!]),
+        ];
+      },
+    );
   }
-  for (const [what, shape, classes] of [['[N, C]', [7], 5], ['[B, T, V]', [2, 3], 11]] as Array<[string, number[], number]>) {
-    await assertSameAsCpu(`softmax cross-entropy ${what}`, [[...shape, classes]], (x) => {
-      const n = tf.util.sizeFromShape(shape);
-      // one label outside [0, C): its one-hot is all zeros, no loss, on both backends
-      const labels = tf.tensor(Array.from({ length: n }, (_, i) => (i === 1 ? -1 : (i * 7) % classes)), [...shape], 'int32');
-      const f = (lg: tf.Tensor) => tf.mul(softmaxCrossEntropy(lg, labels), 1.7);
-      return [f(tf.mul(x!, 3)), tf.grad(f)(tf.mul(x!, 3))];
-    });
+  for (const [what, shape, classes] of [
+    ['[N, C]', [7], 5],
+    ['[B, T, V]', [2, 3], 11],
+  ] as Array<[string, number[], number]>) {
+    await assertSameAsCpu(
+      `softmax cross-entropy ${what}`,
+      [[...shape, classes]],
+      (x) => {
+        const n = tf.util.sizeFromShape(shape);
+        // one label outside [0, C): its one-hot is all zeros, no loss, on both backends
+        const labels = tf.tensor(
+          Array.from({ length: n }, (_, i) =>
+            i === 1 ? -1 : (i * 7) % classes,
+          ),
+          [...shape],
+          'int32',
+        );
+        const f = (lg: tf.Tensor) =>
+          tf.mul(softmaxCrossEntropy(lg, labels), 1.7);
+        return [f(tf.mul(x!, 3)), tf.grad(f)(tf.mul(x!, 3))];
+      },
+    );
   }
   await initBackend('native');
-  const { kernelNames } = await tf.profile(() => tf.tidy(() => {
-    const x = tf.ones([1, 4, 6]);
-    return tf.grad((v: tf.Tensor) => softmaxCrossEntropy(causalSelfAttention(v, 2, tf.ones([6, 18]), tf.zeros([18]), tf.ones([6, 6]), tf.zeros([6])), tf.zeros([1, 4], 'int32')))(x);
-  }));
-  for (const k of ['LayerwiseCausalAttention', 'LayerwiseCausalAttentionGrad', 'LayerwiseSoftmaxCrossEntropy', 'LayerwiseSoftmaxCrossEntropyGrad']) {
-    assert.ok(kernelNames.includes(k), `${k} ran on native (kernels: ${kernelNames.join(', ')})`);
+  const { kernelNames } = await tf.profile(() =>
+    tf.tidy(() => {
+      const x = tf.ones([1, 4, 6]);
+      return tf.grad((v: tf.Tensor) =>
+        softmaxCrossEntropy(
+          causalSelfAttention(
+            v,
+            2,
+            tf.ones([6, 18]),
+            tf.zeros([18]),
+            tf.ones([6, 6]),
+            tf.zeros([6]),
+          ),
+          tf.zeros([1, 4], 'int32'),
+        ),
+      )(x);
+    }),
+  );
+  for (const k of [
+    'LayerwiseCausalAttention',
+    'LayerwiseCausalAttentionGrad',
+    'LayerwiseSoftmaxCrossEntropy',
+    'LayerwiseSoftmaxCrossEntropyGrad',
+  ]) {
+    assert.ok(
+      kernelNames.includes(k),
+      `${k} ran on native (kernels: ${kernelNames.join(', ')})`,
+    );
   }
 });
 
-test('native reductions, transpose and softmax equal cpu on any axes', { skip }, async () => {
+test('native reductions, transpose and softmax equal cpu on any axes', {
+  skip,
+}, async () => {
   await assertSameAsCpu('reductions', [[3, 4, 5, 6]], (x) => [
-    tf.sum(x!), tf.sum(x!, -1), tf.sum(x!, 0), tf.sum(x!, [1, 3], true), tf.mean(x!, [0, 2]), tf.mean(x!, -1, true),
-    tf.max(x!, 1), tf.max(x!, [2, 3]), tf.min(x!, 0), tf.min(x!, -1, true),
+    tf.sum(x!),
+    tf.sum(x!, -1),
+    tf.sum(x!, 0),
+    tf.sum(x!, [1, 3], true),
+    tf.mean(x!, [0, 2]),
+    tf.mean(x!, -1, true),
+    tf.max(x!, 1),
+    tf.max(x!, [2, 3]),
+    tf.min(x!, 0),
+    tf.min(x!, -1, true),
   ]);
   await assertSameAsCpu('transposes', [[2, 3, 4, 5]], (x) => [
-    tf.transpose(x!), tf.transpose(x!, [0, 1, 3, 2]), tf.transpose(x!, [0, 2, 1, 3]), tf.transpose(x!, [3, 1, 0, 2]),
+    tf.transpose(x!),
+    tf.transpose(x!, [0, 1, 3, 2]),
+    tf.transpose(x!, [0, 2, 1, 3]),
+    tf.transpose(x!, [3, 1, 0, 2]),
     tf.transpose(tf.reshape(x!, [40, 3]), [1, 0]),
   ]);
-  await assertSameAsCpu('softmax', [[4, 3, 37]], (x) => [tf.softmax(x!), tf.softmax(tf.reshape(x!, [444]))]);
-  await assertSameAsCpu('stack', [[3, 4], [3, 4]], (a, b) => [tf.stack([a!, b!, a!]), tf.stack([a!, b!], 1)]);
-  await assertSameAsCpu('empty', [[0, 5]], (x) => [tf.add(x!, x!), tf.sum(x!, 1), tf.transpose(x!), tf.exp(x!)]);
-});
-
-test('native gather and segment sum equal cpu (the embedding and its gradient)', { skip }, async () => {
-  const runBoth = async (f: () => tf.Tensor[]) => [await onFixed('cpu', f), await onFixed('native', f)];
-  const table = () => tf.tensor(randomArray(7 * 5, 9), [7, 5]);
-  const ids = () => tf.tensor([[3, 0, 6], [3, 3, 1]], [2, 3], 'int32');
-  const [cpu, native] = await runBoth(() => [
-    tf.gather(table(), ids()), tf.gather(table(), tf.tensor1d([4, 0], 'int32'), 1),
-    tf.unsortedSegmentSum(tf.reshape(tf.gather(table(), ids()), [6, 5]), tf.reshape(ids(), [6]), 7),
+  await assertSameAsCpu('softmax', [[4, 3, 37]], (x) => [
+    tf.softmax(x!),
+    tf.softmax(tf.reshape(x!, [444])),
   ]);
-  cpu!.forEach((c, i) => assert.deepEqual({ shape: native![i]!.shape, v: Array.from(native![i]!.values, (x) => x.toFixed(4)) }, { shape: c.shape, v: Array.from(c.values, (x) => x.toFixed(4)) }));
-  await initBackend('native');
-  assert.throws(() => tf.tidy(() => tf.gather(table(), tf.tensor1d([7], 'int32'))), /GatherV2: the index value 7 is not in \[0, 6\]/);
+  await assertSameAsCpu(
+    'stack',
+    [
+      [3, 4],
+      [3, 4],
+    ],
+    (a, b) => [tf.stack([a!, b!, a!]), tf.stack([a!, b!], 1)],
+  );
+  await assertSameAsCpu('empty', [[0, 5]], (x) => [
+    tf.add(x!, x!),
+    tf.sum(x!, 1),
+    tf.transpose(x!),
+    tf.exp(x!),
+  ]);
 });
 
-test('kernels the addon does not provide, and other dtypes, fall back to the cpu backend\'s', { skip }, async () => {
-  assert.ok(nativeKernelNames().includes('BatchMatMul') && nativeKernelNames().includes('Softmax'));
+test('native gather and segment sum equal cpu (the embedding and its gradient)', {
+  skip,
+}, async () => {
+  const runBoth = async (f: () => tf.Tensor[]) => [
+    await onFixed('cpu', f),
+    await onFixed('native', f),
+  ];
+  const table = () => tf.tensor(randomArray(7 * 5, 9), [7, 5]);
+  const ids = () =>
+    tf.tensor(
+      [
+        [3, 0, 6],
+        [3, 3, 1],
+      ],
+      [2, 3],
+      'int32',
+    );
+  const [cpu, native] = await runBoth(() => [
+    tf.gather(table(), ids()),
+    tf.gather(table(), tf.tensor1d([4, 0], 'int32'), 1),
+    tf.unsortedSegmentSum(
+      tf.reshape(tf.gather(table(), ids()), [6, 5]),
+      tf.reshape(ids(), [6]),
+      7,
+    ),
+  ]);
+  cpu!.forEach((c, i) =>
+    assert.deepEqual(
+      {
+        shape: native![i]!.shape,
+        v: Array.from(native![i]!.values, (x) => x.toFixed(4)),
+      },
+      { shape: c.shape, v: Array.from(c.values, (x) => x.toFixed(4)) },
+    ),
+  );
+  await initBackend('native');
+  assert.throws(
+    () => tf.tidy(() => tf.gather(table(), tf.tensor1d([7], 'int32'))),
+    /GatherV2: the index value 7 is not in \[0, 6\]/,
+  );
+});
+
+test("kernels the addon does not provide, and other dtypes, fall back to the cpu backend's", {
+  skip,
+}, async () => {
+  assert.ok(
+    nativeKernelNames().includes('BatchMatMul') &&
+      nativeKernelNames().includes('Softmax'),
+  );
   await initBackend('native');
   const i = tf.add(tf.tensor1d([1, 2], 'int32'), tf.tensor1d([3, 4], 'int32'));
   assert.equal(i.dtype, 'int32');
@@ -173,54 +427,118 @@ test('kernels the addon does not provide, and other dtypes, fall back to the cpu
   const c = tf.concat([tf.tensor1d([1]), tf.tensor1d([2, 3])]);
   assert.deepEqual(Array.from(c.dataSync()), [1, 2, 3]);
   // int32 and bool cast to float32 feed native kernels: a real float32 copy (the cpu kernel shares the int array)
-  const mean = tf.tidy(() => tf.mean(tf.cast(tf.equal(tf.tensor1d([1, 2, 3], 'int32'), tf.tensor1d([1, 0, 3], 'int32')), 'float32')));
+  const mean = tf.tidy(() =>
+    tf.mean(
+      tf.cast(
+        tf.equal(
+          tf.tensor1d([1, 2, 3], 'int32'),
+          tf.tensor1d([1, 0, 3], 'int32'),
+        ),
+        'float32',
+      ),
+    ),
+  );
   assert.ok(Math.abs(mean.dataSync()[0]! - 2 / 3) < 1e-6);
-  const e = tf.tidy(() => tf.exp(tf.cast(tf.tensor1d([0, 1], 'int32'), 'float32')));
-  assert.deepEqual(Array.from(e.dataSync(), (v) => +v.toFixed(5)), [1, +Math.E.toFixed(5)]);
+  const e = tf.tidy(() =>
+    tf.exp(tf.cast(tf.tensor1d([0, 1], 'int32'), 'float32')),
+  );
+  assert.deepEqual(
+    Array.from(e.dataSync(), (v) => +v.toFixed(5)),
+    [1, +Math.E.toFixed(5)],
+  );
   tf.dispose([i, c, mean, e]);
 });
 
 /** Runs `f` (which makes its own tensors) on backend `name`. */
-async function onFixed(name: string, f: () => tf.Tensor[]): Promise<Array<{ shape: number[]; values: Float32Array }>> {
+async function onFixed(
+  name: string,
+  f: () => tf.Tensor[],
+): Promise<Array<{ shape: number[]; values: Float32Array }>> {
   await initBackend(name);
-  return tf.tidy(() => f().map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array })));
+  return tf.tidy(() =>
+    f().map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array })),
+  );
 }
 
-test('native host AdamW and SGD equal the JS host optimizer within 1e-6', { skip }, () => {
+test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
+  skip,
+}, () => {
   const lib = nativeAddon()!;
   const n = 100_003; // above the threading threshold, not a multiple of the vector width
   for (const step of [1, 2, 7]) {
     const adam = { ...defaultOptimizerConfig('adamw'), weightDecay: 0.1 };
-    const p = randomArray(n, 1), g = randomArray(n, 2), m = randomArray(n, 3).map(Math.abs), v = randomArray(n, 4).map(Math.abs);
+    const p = randomArray(n, 1),
+      g = randomArray(n, 2),
+      m = randomArray(n, 3).map(Math.abs),
+      v = randomArray(n, 4).map(Math.abs);
     const [p2, m2, v2] = [p.slice(), m.slice(), v.slice()];
     hostUpdate(adam, 2, p, g, { m, v }, 1e-2, 0.5, step);
-    lib.adamw(p2, g, m2, v2, 1e-2, adam.beta1, adam.beta2, adam.epsilon, adam.weightDecay, step, 0.5);
-    for (const [js, nat, what] of [[p, p2, 'p'], [m, m2, 'm'], [v, v2, 'v']] as const) {
+    lib.adamw(
+      p2,
+      g,
+      m2,
+      v2,
+      1e-2,
+      adam.beta1,
+      adam.beta2,
+      adam.epsilon,
+      adam.weightDecay,
+      step,
+      0.5,
+    );
+    for (const [js, nat, what] of [
+      [p, p2, 'p'],
+      [m, m2, 'm'],
+      [v, v2, 'v'],
+    ] as const) {
       let worst = 0;
-      for (let i = 0; i < n; i++) worst = Math.max(worst, Math.abs(js[i]! - nat[i]!) / Math.max(1, Math.abs(js[i]!)));
-      assert.ok(worst <= 1e-6, `AdamW step ${step}: ${what} differs by ${worst}`);
+      for (let i = 0; i < n; i++)
+        worst = Math.max(
+          worst,
+          Math.abs(js[i]! - nat[i]!) / Math.max(1, Math.abs(js[i]!)),
+        );
+      assert.ok(
+        worst <= 1e-6,
+        `AdamW step ${step}: ${what} differs by ${worst}`,
+      );
     }
   }
   const sgd = { ...defaultOptimizerConfig('sgd'), weightDecay: 0.01 };
-  const p = randomArray(n, 5), g = randomArray(n, 6), vel = randomArray(n, 7);
+  const p = randomArray(n, 5),
+    g = randomArray(n, 6),
+    vel = randomArray(n, 7);
   const [p2, vel2] = [p.slice(), vel.slice()];
   hostUpdate(sgd, 2, p, g, { velocity: vel }, 0.1, 1, 1);
   lib.sgd(p2, g, vel2, 0.1, sgd.momentum, sgd.weightDecay, 1);
-  for (let i = 0; i < n; i++) assert.ok(Math.abs(p[i]! - p2[i]!) <= 1e-6 * Math.max(1, Math.abs(p[i]!)), `SGD p[${i}]`);
-  assert.throws(() => lib.adamw(p2, g.subarray(1), vel2, vel2, 0.1, 0.9, 0.99, 1e-8, 0, 1, 1), /length/);
+  for (let i = 0; i < n; i++)
+    assert.ok(
+      Math.abs(p[i]! - p2[i]!) <= 1e-6 * Math.max(1, Math.abs(p[i]!)),
+      `SGD p[${i}]`,
+    );
+  assert.throws(
+    () =>
+      lib.adamw(p2, g.subarray(1), vel2, vel2, 0.1, 0.9, 0.99, 1e-8, 0, 1, 1),
+    /length/,
+  );
 });
 
-test('native output buffers are reused across steps, never while a tensor view or a caller can still see them', { skip }, async () => {
+test('native output buffers are reused across steps, never while a tensor view or a caller can still see them', {
+  skip,
+}, async () => {
   await initBackend('native');
   const pool = (tf.backend() as NativeBackend).pool;
   const a = tf.tensor(randomArray(64 * 1024, 1), [256, 256]);
   const other = tf.tensor(randomArray(64 * 1024, 2), [256, 256]);
   // same shapes as the products below, other values: a reused buffer would be overwritten with them
-  const step = () => tf.tidy(() => tf.sum(tf.relu(tf.matMul(other, a))).dataSync()[0]!);
+  const step = () =>
+    tf.tidy(() => tf.sum(tf.relu(tf.matMul(other, a))).dataSync()[0]!);
   const first = step();
   const reused = pool.stats.reused;
   assert.equal(step(), first);
-  assert.ok(pool.stats.reused > reused, 'the second step reuses the first step\'s buffers');
+  assert.ok(
+    pool.stats.reused > reused,
+    "the second step reuses the first step's buffers",
+  );
   // a caller's dataSync array keeps its values after the tensor is disposed and kernels run again
   const y = tf.matMul(a, a);
   const seen = y.dataSync() as Float32Array;
@@ -231,14 +549,18 @@ test('native output buffers are reused across steps, never while a tensor view o
   // a slice (the cpu kernel returns a view of its input's buffer) outlives its input intact
   const z = tf.matMul(a, a);
   const part = tf.slice(z, [0, 0], [128, 256]);
-  const expected = tf.tidy(() => (tf.matMul(a, a).dataSync() as Float32Array).slice(0, 128 * 256)); // not z.dataSync(): that would disown z's buffer
+  const expected = tf.tidy(() =>
+    (tf.matMul(a, a).dataSync() as Float32Array).slice(0, 128 * 256),
+  ); // not z.dataSync(): that would disown z's buffer
   z.dispose();
   for (let i = 0; i < 3; i++) step();
   assert.deepEqual(part.dataSync(), expected);
   tf.dispose([a, other, part]);
 });
 
-test('the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6', { skip }, async () => {
+test('the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6', {
+  skip,
+}, async () => {
   const configs: OptimizerConfig[] = [
     { ...defaultOptimizerConfig('adamw'), weightDecay: 0.1 },
     { ...defaultOptimizerConfig('sgd'), weightDecay: 0.01 },
@@ -247,10 +569,18 @@ test('the fused device AdamW and SGD updates on native equal the composed ones o
   for (const config of configs) {
     const run = async (backend: string) => {
       await initBackend(backend);
-      const params = new Map([['w', tf.variable(tf.tensor(randomArray(300 * 70, 1), [300, 70]))], ['b', tf.variable(tf.tensor(randomArray(70, 2)))]]);
+      const params = new Map([
+        ['w', tf.variable(tf.tensor(randomArray(300 * 70, 1), [300, 70]))],
+        ['b', tf.variable(tf.tensor(randomArray(70, 2)))],
+      ]);
       const opt = new DeviceOptimizer(config);
       for (let s = 0; s < 3; s++) {
-        const grads = new Map([...params].map(([k, p], i) => [k, tf.tensor(randomArray(p.size, 10 * s + i), p.shape)] as const));
+        const grads = new Map(
+          [...params].map(
+            ([k, p], i) =>
+              [k, tf.tensor(randomArray(p.size, 10 * s + i), p.shape)] as const,
+          ),
+        );
         opt.apply(params, grads, 0.01, s === 1 ? 0.5 : 1);
         tf.dispose([...grads.values()]);
       }
@@ -261,21 +591,44 @@ test('the fused device AdamW and SGD updates on native equal the composed ones o
     };
     const cpu = await run('cpu');
     const native = await run('native');
-    cpu.forEach((c, i) => c.forEach((v, j) => assert.ok(Math.abs(v - native[i]![j]!) <= 1e-6 * Math.max(1, Math.abs(v)),
-      `${config.kind} momentum ${config.momentum}: parameter ${i}[${j}] ${native[i]![j]} vs cpu ${v}`)));
+    cpu.forEach((c, i) =>
+      c.forEach((v, j) =>
+        assert.ok(
+          Math.abs(v - native[i]![j]!) <= 1e-6 * Math.max(1, Math.abs(v)),
+          `${config.kind} momentum ${config.momentum}: parameter ${i}[${j}] ${native[i]![j]} vs cpu ${v}`,
+        ),
+      ),
+    );
   }
 });
 
-test('300 training steps on native leak no tensor and keep the resident set flat', { skip }, async () => {
+test('300 training steps on native leak no tensor and keep the resident set flat', {
+  skip,
+}, async () => {
   const { buildModel } = await import('../model/model.js');
   const { getPreset } = await import('../model/presets.js');
   const { initParams } = await import('../model/init.js');
   const { Stage } = await import('../pipeline/stage.js');
   await initBackend('native');
-  const model = buildModel(getPreset('charlm-tiny').make({ vocab: 40 }, { layers: 1, dModel: 32, heads: 2, context: 16 }));
-  const stage = new Stage(model, { from: 0, to: model.blocks.length }, initParams(model.blocks, 3), { ...defaultOptimizerConfig('adamw'), clipNorm: 1 });
+  const model = buildModel(
+    getPreset('charlm-tiny').make(
+      { vocab: 40 },
+      { layers: 1, dModel: 32, heads: 2, context: 16 },
+    ),
+  );
+  const stage = new Stage(
+    model,
+    { from: 0, to: model.blocks.length },
+    initParams(model.blocks, 3),
+    { ...defaultOptimizerConfig('adamw'), clipNorm: 1 },
+  );
   const rng = new Rng(4);
-  const batch = () => tf.tensor(Int32Array.from({ length: 8 * 16 }, () => rng.int(40)), [8, 16], 'int32');
+  const batch = () =>
+    tf.tensor(
+      Int32Array.from({ length: 8 * 16 }, () => rng.int(40)),
+      [8, 16],
+      'int32',
+    );
   const tensors: number[] = [];
   const rss: number[] = [];
   try {
@@ -292,12 +645,21 @@ test('300 training steps on native leak no tensor and keep the resident set flat
   } finally {
     stage.dispose();
   }
-  assert.equal(tensors[1], tensors[0], `tensors held after step 50 and 300: ${tensors}`);
+  assert.equal(
+    tensors[1],
+    tensors[0],
+    `tensors held after step 50 and 300: ${tensors}`,
+  );
   const growth = (rss[1]! - rss[0]!) / 2 ** 20;
-  assert.ok(growth < 64, `the resident set grew by ${growth.toFixed(1)} MiB from step 50 to step 300`);
+  assert.ok(
+    growth < 64,
+    `the resident set grew by ${growth.toFixed(1)} MiB from step 50 to step 300`,
+  );
 });
 
-test('native products and convolutions survive signals: 1500 of each under the V8 CPU profiler (SIGPROF to the JS thread) exit cleanly', { skip }, async () => {
+test('native products and convolutions survive signals: 1500 of each under the V8 CPU profiler (SIGPROF to the JS thread) exit cleanly', {
+  skip,
+}, async () => {
   // oneDNN's JIT GEMM kernels point rsp at the heap; a signal during one corrupted the heap
   // (native/src/signals.h): this run aborted with "corrupted size vs. prev_size" 3 of 3 times
   const { spawnSync } = await import('node:child_process');
@@ -314,11 +676,30 @@ test('native products and convolutions survive signals: 1500 of each under the V
       const x = tf.randomNormal([8, 28, 28, 4]), w = tf.randomNormal([3, 3, 4, 16]);
       for (let i = 0; i < 1500; i++) tf.tidy(() => [tf.matMul(a, b), tf.conv2d(x, w, 1, 'same')]);
       console.log('finished');`;
-    const r = spawnSync(process.execPath, ['--cpu-prof', '--cpu-prof-dir', dir, '--input-type=module', '-e', script], { encoding: 'utf8', timeout: 120_000 });
-    assert.equal(r.signal, null, `killed by ${r.signal}: ${r.stderr.slice(-500)}`);
+    const r = spawnSync(
+      process.execPath,
+      [
+        '--cpu-prof',
+        '--cpu-prof-dir',
+        dir,
+        '--input-type=module',
+        '-e',
+        script,
+      ],
+      { encoding: 'utf8', timeout: 120_000 },
+    );
+    assert.equal(
+      r.signal,
+      null,
+      `killed by ${r.signal}: ${r.stderr.slice(-500)}`,
+    );
     assert.equal(r.status, 0, r.stderr.slice(-500));
     assert.match(r.stdout, /finished/);
-    assert.equal(readdirSync(dir).filter((f) => f.endsWith('.cpuprofile')).length, 1, 'the profiler ran');
+    assert.equal(
+      readdirSync(dir).filter((f) => f.endsWith('.cpuprofile')).length,
+      1,
+      'the profiler ran',
+    );
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

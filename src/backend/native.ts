@@ -21,18 +21,33 @@
  * Where the addon is missing, {@link nativeAddon} returns null and {@link nativeUnavailable}
  * says why; `initBackend('native')` then fails with that reason.
  */
-import * as tf from '@tensorflow/tfjs-core';
+
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
+import * as tf from '@tensorflow/tfjs-core';
 import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
-import { NATIVE_CONV_KERNELS } from './native-conv.js';
-import { nativeAddon, } from './native-addon.js';
 import {
-  CAUSAL_ATTENTION_GRAD_KERNEL, CAUSAL_ATTENTION_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, SOFTMAX_CROSS_ENTROPY_KERNEL,
-  ADAMW_KERNEL, SGD_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
+  ADAMW_KERNEL,
+  CAUSAL_ATTENTION_GRAD_KERNEL,
+  CAUSAL_ATTENTION_KERNEL,
+  CAUSAL_SOFTMAX_GRAD_KERNEL,
+  CAUSAL_SOFTMAX_KERNEL,
+  GELU_GRAD_KERNEL,
+  GELU_KERNEL,
+  LAYER_NORM_GRAD_KERNEL,
+  LAYER_NORM_KERNEL,
+  SGD_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from './kernel-names.js';
+import { nativeAddon } from './native-addon.js';
+import { NATIVE_CONV_KERNELS } from './native-conv.js';
 
-export { nativeAddon, nativeUnavailable, type NativeAddon } from './native-addon.js';
+export {
+  type NativeAddon,
+  nativeAddon,
+  nativeUnavailable,
+} from './native-addon.js';
 
 /**
  * The TF.js backend of the native device: the cpu backend's storage and kernels, with native
@@ -50,13 +65,23 @@ export class NativeBackend extends MathBackendCPU {
     return this.pool.take(length);
   }
 
-  override write(values: tf.backend_util.BackendValues, shape: number[], dtype: tf.DataType): tf.DataId {
+  override write(
+    values: tf.backend_util.BackendValues,
+    shape: number[],
+    dtype: tf.DataType,
+  ): tf.DataId {
     const id = super.write(values, shape, dtype);
     this.pool.hold(values);
     return id;
   }
 
-  override move(dataId: tf.DataId, values: tf.backend_util.BackendValues, shape: number[], dtype: tf.DataType, refCount: number): void {
+  override move(
+    dataId: tf.DataId,
+    values: tf.backend_util.BackendValues,
+    shape: number[],
+    dtype: tf.DataType,
+    refCount: number,
+  ): void {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
   }
@@ -64,7 +89,8 @@ export class NativeBackend extends MathBackendCPU {
   override disposeData(dataId: tf.DataId, force = false): boolean {
     const entry = this.data.has(dataId) ? this.data.get(dataId) : undefined;
     const done = super.disposeData(dataId, force);
-    if (entry !== undefined && !this.data.has(dataId)) this.pool.release(entry.values);
+    if (entry !== undefined && !this.data.has(dataId))
+      this.pool.release(entry.values);
     return done;
   }
 
@@ -76,7 +102,9 @@ export class NativeBackend extends MathBackendCPU {
   }
 
   /** Kernels read their inputs through this for the duration of the kernel only: no need to disown. */
-  override bufferSync<R extends tf.Rank, D extends tf.DataType>(t: tf.TensorInfo): tf.TensorBuffer<R, D> {
+  override bufferSync<R extends tf.Rank, D extends tf.DataType>(
+    t: tf.TensorInfo,
+  ): tf.TensorBuffer<R, D> {
     this.internalRead = true;
     try {
       return super.bufferSync<R, D>(t);
@@ -99,19 +127,35 @@ type KernelArgs = Parameters<tf.KernelFunc>[0];
  * last two axes when asked), batch axes broadcast: a new float32 tensor [...batch, M, N].
  * Throws (as the stock kernel) when the inner sizes differ or the batches do not broadcast.
  */
-function nativeMatMul(backend: NativeBackend, a: tf.TensorInfo, b: tf.TensorInfo, tA: boolean, tB: boolean): tf.TensorInfo {
+function nativeMatMul(
+  backend: NativeBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  tA: boolean,
+  tB: boolean,
+): tf.TensorInfo {
   const lib = nativeAddon()!;
   const [a0, a1] = a.shape.slice(-2) as [number, number];
   const [b0, b1] = b.shape.slice(-2) as [number, number];
   const [m, k] = tA ? [a1, a0] : [a0, a1];
   const [kb, n] = tB ? [b1, b0] : [b0, b1];
-  tf.util.assert(k === kb, () => `Error in matMul: inner shapes (${k}) and (${kb}) of Tensors with shapes ${a.shape} and ` +
-    `${b.shape} and transposeA=${tA} and transposeB=${tB} must match.`);
+  tf.util.assert(
+    k === kb,
+    () =>
+      `Error in matMul: inner shapes (${k}) and (${kb}) of Tensors with shapes ${a.shape} and ` +
+      `${b.shape} and transposeA=${tA} and transposeB=${tB} must match.`,
+  );
   const batchShapeA = a.shape.slice(0, -2);
   const batchShapeB = b.shape.slice(0, -2);
-  const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(batchShapeA, batchShapeB);
+  const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(
+    batchShapeA,
+    batchShapeB,
+  );
   const batch = tf.util.sizeFromShape(outBatch);
-  const out = k === 0 ? backend.pool.takeZeroed(batch * m * n) : backend.alloc(batch * m * n); // no products to sum: zeros
+  const out =
+    k === 0
+      ? backend.pool.takeZeroed(batch * m * n)
+      : backend.alloc(batch * m * n); // no products to sum: zeros
   const av = backend.data.get(a.dataId).values as Float32Array;
   const bv = backend.data.get(b.dataId).values as Float32Array;
   const batchA = tf.util.sizeFromShape(batchShapeA);
@@ -120,14 +164,40 @@ function nativeMatMul(backend: NativeBackend, a: tf.TensorInfo, b: tf.TensorInfo
     if (batchB === 1 && !tA) {
       // a's batch folds into the rows of one product with the shared b
       lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);
-    } else if ((batchA === batch || batchA === 1) && (batchB === batch || batchB === 1)) {
-      lib.matmul(av, bv, out, batch, batchA === 1 ? 0 : m * k, batchB === 1 ? 0 : k * n, m, n, k, tA, tB);
+    } else if (
+      (batchA === batch || batchA === 1) &&
+      (batchB === batch || batchB === 1)
+    ) {
+      lib.matmul(
+        av,
+        bv,
+        out,
+        batch,
+        batchA === 1 ? 0 : m * k,
+        batchB === 1 ? 0 : k * n,
+        m,
+        n,
+        k,
+        tA,
+        tB,
+      );
     } else {
       const ia = broadcastIndex(outBatch, batchShapeA);
       const ib = broadcastIndex(outBatch, batchShapeB);
       for (let i = 0; i < batch; i++) {
-        lib.matmul(av.subarray(ia[i]! * m * k, (ia[i]! + 1) * m * k), bv.subarray(ib[i]! * k * n, (ib[i]! + 1) * k * n),
-          out.subarray(i * m * n, (i + 1) * m * n), 1, 0, 0, m, n, k, tA, tB);
+        lib.matmul(
+          av.subarray(ia[i]! * m * k, (ia[i]! + 1) * m * k),
+          bv.subarray(ib[i]! * k * n, (ib[i]! + 1) * k * n),
+          out.subarray(i * m * n, (i + 1) * m * n),
+          1,
+          0,
+          0,
+          m,
+          n,
+          k,
+          tA,
+          tB,
+        );
       }
     }
   }
@@ -142,30 +212,72 @@ function cpuKernel(name: string, args: KernelArgs): tf.TensorInfo {
 }
 
 const ACTIVATION_KERNEL: Record<string, string> = {
-  relu: 'Relu', relu6: 'Relu6', elu: 'Elu', sigmoid: 'Sigmoid', leakyrelu: 'LeakyRelu', prelu: 'Prelu',
+  relu: 'Relu',
+  relu6: 'Relu6',
+  elu: 'Elu',
+  sigmoid: 'Sigmoid',
+  leakyrelu: 'LeakyRelu',
+  prelu: 'Prelu',
 };
 
 function batchMatMulKernel(args: KernelArgs): tf.TensorInfo {
   const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
-  if (a.dtype !== 'float32' || b.dtype !== 'float32') return cpuKernel('BatchMatMul', args);
+  if (a.dtype !== 'float32' || b.dtype !== 'float32')
+    return cpuKernel('BatchMatMul', args);
   const attrs = args.attrs as Attrs;
-  return nativeMatMul(args.backend as NativeBackend, a, b, attrs.transposeA === true, attrs.transposeB === true);
+  return nativeMatMul(
+    args.backend as NativeBackend,
+    a,
+    b,
+    attrs.transposeA === true,
+    attrs.transposeB === true,
+  );
 }
 
 /** `_FusedMatMul`: the native product, then the cpu backend's bias add and activation. */
 function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
-  const { a, b, bias, preluActivationWeights: prelu } = args.inputs as Record<string, tf.TensorInfo | undefined>;
-  if (a!.dtype !== 'float32' || b!.dtype !== 'float32') return cpuKernel('_FusedMatMul', args);
+  const {
+    a,
+    b,
+    bias,
+    preluActivationWeights: prelu,
+  } = args.inputs as Record<string, tf.TensorInfo | undefined>;
+  if (a!.dtype !== 'float32' || b!.dtype !== 'float32')
+    return cpuKernel('_FusedMatMul', args);
   const backend = args.backend as NativeBackend;
   const attrs = args.attrs as Attrs;
-  let out = nativeMatMul(backend, a!, b!, attrs.transposeA === true, attrs.transposeB === true);
+  let out = nativeMatMul(
+    backend,
+    a!,
+    b!,
+    attrs.transposeA === true,
+    attrs.transposeB === true,
+  );
   if (bias !== undefined) {
-    if (bias.dtype === 'float32' && tf.util.arraysEqual(tf.backend_util.assertAndGetBroadcastShape(out.shape, bias.shape), out.shape)) {
+    if (
+      bias.dtype === 'float32' &&
+      tf.util.arraysEqual(
+        tf.backend_util.assertAndGetBroadcastShape(out.shape, bias.shape),
+        out.shape,
+      )
+    ) {
       // in place: the product's output is this kernel's own new buffer
       const o = values(backend, out);
-      nativeAddon()!.binary(BINARY.Add!, o, out.shape, values(backend, bias), bias.shape, o, out.shape);
+      nativeAddon()!.binary(
+        BINARY.Add!,
+        o,
+        out.shape,
+        values(backend, bias),
+        bias.shape,
+        o,
+        out.shape,
+      );
     } else {
-      const sum = cpuKernel('Add', { inputs: { a: out, b: bias }, backend, attrs: {} });
+      const sum = cpuKernel('Add', {
+        inputs: { a: out, b: bias },
+        backend,
+        attrs: {},
+      });
       backend.disposeIntermediateTensorInfo(out);
       out = sum;
     }
@@ -173,14 +285,22 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
   const activation = String(attrs.activation ?? 'linear');
   if (activation !== 'linear') {
     const kernel = ACTIVATION_KERNEL[activation];
-    if (kernel === undefined) throw new Error(`_FusedMatMul: activation ${activation} is not supported`);
+    if (kernel === undefined)
+      throw new Error(
+        `_FusedMatMul: activation ${activation} is not supported`,
+      );
     if (UNARY[kernel] !== undefined) {
       const o = values(backend, out);
       nativeAddon()!.unary(UNARY[kernel]!, o, o); // in place, as the bias
       return out;
     }
-    const inputs: Record<string, tf.TensorInfo> = kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
-    const act = cpuKernel(kernel, { inputs, backend, attrs: { alpha: attrs.leakyreluAlpha as number } });
+    const inputs: Record<string, tf.TensorInfo> =
+      kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
+    const act = cpuKernel(kernel, {
+      inputs,
+      backend,
+      attrs: { alpha: attrs.leakyreluAlpha as number },
+    });
     backend.disposeIntermediateTensorInfo(out);
     out = act;
   }
@@ -188,14 +308,37 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
 }
 
 /** Binary kernels and their op codes in native/src/kernels.h. */
-const BINARY: Record<string, number> = { Add: 0, Sub: 1, Multiply: 2, RealDiv: 3, Maximum: 4, Minimum: 5, SquaredDifference: 6 };
+const BINARY: Record<string, number> = {
+  Add: 0,
+  Sub: 1,
+  Multiply: 2,
+  RealDiv: 3,
+  Maximum: 4,
+  Minimum: 5,
+  SquaredDifference: 6,
+};
 /** Unary kernels and their op codes. */
-const UNARY: Record<string, number> = { Exp: 0, Log: 1, Sqrt: 2, Rsqrt: 3, Square: 4, Neg: 5, Sigmoid: 6, Tanh: 7, Relu: 8, Abs: 9, Reciprocal: 10, Step: 11 };
+const UNARY: Record<string, number> = {
+  Exp: 0,
+  Log: 1,
+  Sqrt: 2,
+  Rsqrt: 3,
+  Square: 4,
+  Neg: 5,
+  Sigmoid: 6,
+  Tanh: 7,
+  Relu: 8,
+  Abs: 9,
+  Reciprocal: 10,
+  Step: 11,
+};
 /** Reduction kernels and their op codes. */
 const REDUCE: Record<string, number> = { Sum: 0, Mean: 1, Max: 2, Min: 3 };
 
-const values = (backend: NativeBackend, t: tf.TensorInfo) => backend.data.get(t.dataId).values as Float32Array;
-const isF32 = (...ts: tf.TensorInfo[]) => ts.every((t) => t.dtype === 'float32');
+const values = (backend: NativeBackend, t: tf.TensorInfo) =>
+  backend.data.get(t.dataId).values as Float32Array;
+const isF32 = (...ts: tf.TensorInfo[]) =>
+  ts.every((t) => t.dtype === 'float32');
 
 function binaryKernel(name: string): tf.KernelFunc {
   const op = BINARY[name]!;
@@ -205,7 +348,15 @@ function binaryKernel(name: string): tf.KernelFunc {
     const backend = args.backend as NativeBackend;
     const shape = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape);
     const out = backend.alloc(tf.util.sizeFromShape(shape));
-    nativeAddon()!.binary(op, values(backend, a), a.shape, values(backend, b), b.shape, out, shape);
+    nativeAddon()!.binary(
+      op,
+      values(backend, a),
+      a.shape,
+      values(backend, b),
+      b.shape,
+      out,
+      shape,
+    );
     return backend.makeTensorInfo(shape, 'float32', out);
   }) as tf.KernelFunc;
 }
@@ -217,16 +368,22 @@ function unaryKernel(name: string): tf.KernelFunc {
     if (!isF32(x)) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
     const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-    const alpha = name === 'Step' ? Number((args.attrs as Attrs).alpha ?? 0) : 0; // Relu's gradient: dy * step(x)
+    const alpha =
+      name === 'Step' ? Number((args.attrs as Attrs).alpha ?? 0) : 0; // Relu's gradient: dy * step(x)
     nativeAddon()!.unary(op, values(backend, x), out, alpha);
     return backend.makeTensorInfo(x.shape, 'float32', out);
   }) as tf.KernelFunc;
 }
 
 /** x with its axes permuted, as new values (float32). */
-function transposed(backend: NativeBackend, x: tf.TensorInfo, perm: number[]): Float32Array {
+function transposed(
+  backend: NativeBackend,
+  x: tf.TensorInfo,
+  perm: number[],
+): Float32Array {
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  if (out.length > 0) nativeAddon()!.transpose(values(backend, x), x.shape, perm, out);
+  if (out.length > 0)
+    nativeAddon()!.transpose(values(backend, x), x.shape, perm, out);
   return out;
 }
 
@@ -237,7 +394,12 @@ function reduceKernel(name: string): tf.KernelFunc {
     const attrs = args.attrs as Attrs;
     if (!isF32(x) || x.shape.length === 0) return cpuKernel(name, args);
     const backend = args.backend as NativeBackend;
-    const axes = tf.util.parseAxisParam((attrs.axis ?? attrs.reductionIndices) as number | number[], x.shape).sort((p, q) => p - q);
+    const axes = tf.util
+      .parseAxisParam(
+        (attrs.axis ?? attrs.reductionIndices) as number | number[],
+        x.shape,
+      )
+      .sort((p, q) => p - q);
     const reduced = axes.reduce((p, a) => p * x.shape[a]!, 1);
     const [outShape] = tf.backend_util.computeOutAndReduceShapes(x.shape, axes);
     const kept = tf.util.sizeFromShape(outShape);
@@ -249,10 +411,14 @@ function reduceKernel(name: string): tf.KernelFunc {
     } else {
       // the reduced axes innermost: as they are, or after a transpose
       const perm = tf.backend_util.getAxesPermutation(axes, x.shape.length);
-      const input = perm === null ? values(backend, x) : transposed(backend, x, perm);
+      const input =
+        perm === null ? values(backend, x) : transposed(backend, x, perm);
       nativeAddon()!.reduce(op, input, out, kept, reduced);
     }
-    const shape = attrs.keepDims === true ? tf.backend_util.expandShapeToKeepDim(outShape, axes) : outShape;
+    const shape =
+      attrs.keepDims === true
+        ? tf.backend_util.expandShapeToKeepDim(outShape, axes)
+        : outShape;
     return backend.makeTensorInfo(shape, 'float32', out);
   }) as tf.KernelFunc;
 }
@@ -262,25 +428,44 @@ function transposeKernel(args: KernelArgs): tf.TensorInfo {
   const perm = (args.attrs as Attrs).perm as number[];
   if (!isF32(x) || x.shape.length === 0) return cpuKernel('Transpose', args);
   const backend = args.backend as NativeBackend;
-  return backend.makeTensorInfo(perm.map((p) => x.shape[p]!), 'float32', transposed(backend, x, perm));
+  return backend.makeTensorInfo(
+    perm.map((p) => x.shape[p]!),
+    'float32',
+    transposed(backend, x, perm),
+  );
 }
 
 function softmaxKernel(args: KernelArgs): tf.TensorInfo {
   const { logits } = args.inputs as { logits: tf.TensorInfo };
   const dim = (args.attrs as Attrs).dim as number;
   const rank = logits.shape.length;
-  if (!isF32(logits) || rank === 0 || (dim !== -1 && dim !== rank - 1)) return cpuKernel('Softmax', args);
+  if (!isF32(logits) || rank === 0 || (dim !== -1 && dim !== rank - 1))
+    return cpuKernel('Softmax', args);
   const backend = args.backend as NativeBackend;
   const cols = logits.shape[rank - 1]!;
   const out = backend.alloc(tf.util.sizeFromShape(logits.shape));
-  if (out.length > 0) nativeAddon()!.softmax(values(backend, logits), out, out.length / cols, cols);
+  if (out.length > 0)
+    nativeAddon()!.softmax(
+      values(backend, logits),
+      out,
+      out.length / cols,
+      cols,
+    );
   return backend.makeTensorInfo(logits.shape, 'float32', out);
 }
 
 function segmentSumKernel(args: KernelArgs): tf.TensorInfo {
-  const { x, segmentIds } = args.inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
+  const { x, segmentIds } = args.inputs as {
+    x: tf.TensorInfo;
+    segmentIds: tf.TensorInfo;
+  };
   const segments = (args.attrs as Attrs).numSegments as number;
-  if (!isF32(x) || segmentIds.dtype !== 'int32' || segmentIds.shape.length !== 1 || x.shape[0] !== segmentIds.shape[0]) {
+  if (
+    !isF32(x) ||
+    segmentIds.dtype !== 'int32' ||
+    segmentIds.shape.length !== 1 ||
+    x.shape[0] !== segmentIds.shape[0]
+  ) {
     return cpuKernel('UnsortedSegmentSum', args);
   }
   const backend = args.backend as NativeBackend;
@@ -288,25 +473,43 @@ function segmentSumKernel(args: KernelArgs): tf.TensorInfo {
   const inner = tf.util.sizeFromShape(x.shape.slice(1));
   const out = backend.alloc(segments * inner);
   const ids = backend.data.get(segmentIds.dataId).values as Int32Array;
-  if (out.length > 0) nativeAddon()!.segmentSum(values(backend, x), ids, out, n, inner, segments);
-  return backend.makeTensorInfo([segments, ...x.shape.slice(1)], 'float32', out);
+  if (out.length > 0)
+    nativeAddon()!.segmentSum(values(backend, x), ids, out, n, inner, segments);
+  return backend.makeTensorInfo(
+    [segments, ...x.shape.slice(1)],
+    'float32',
+    out,
+  );
 }
 
 function gatherKernel(args: KernelArgs): tf.TensorInfo {
-  const { x, indices } = args.inputs as { x: tf.TensorInfo; indices: tf.TensorInfo };
+  const { x, indices } = args.inputs as {
+    x: tf.TensorInfo;
+    indices: tf.TensorInfo;
+  };
   const attrs = args.attrs as Attrs;
   const batchDims = (attrs.batchDims as number | undefined) ?? 0;
-  if (!isF32(x) || indices.dtype !== 'int32' || batchDims !== 0) return cpuKernel('GatherV2', args);
+  if (!isF32(x) || indices.dtype !== 'int32' || batchDims !== 0)
+    return cpuKernel('GatherV2', args);
   const backend = args.backend as NativeBackend;
   const axis = tf.util.parseAxisParam(attrs.axis as number, x.shape)[0]!;
   const idx = backend.data.get(indices.dataId).values as Int32Array;
   const axisSize = x.shape[axis]!;
-  for (const i of idx) tf.util.assert(i <= axisSize - 1 && i >= 0, () => `GatherV2: the index value ${i} is not in [0, ${axisSize - 1}]`);
+  for (const i of idx)
+    tf.util.assert(
+      i <= axisSize - 1 && i >= 0,
+      () => `GatherV2: the index value ${i} is not in [0, ${axisSize - 1}]`,
+    );
   const outer = tf.util.sizeFromShape(x.shape.slice(0, axis));
   const inner = tf.util.sizeFromShape(x.shape.slice(axis + 1));
-  const shape = [...x.shape.slice(0, axis), ...indices.shape, ...x.shape.slice(axis + 1)];
+  const shape = [
+    ...x.shape.slice(0, axis),
+    ...indices.shape,
+    ...x.shape.slice(axis + 1),
+  ];
   const out = backend.alloc(tf.util.sizeFromShape(shape));
-  if (out.length > 0) nativeAddon()!.gather(values(backend, x), idx, out, outer, axisSize, inner);
+  if (out.length > 0)
+    nativeAddon()!.gather(values(backend, x), idx, out, outer, axisSize, inner);
   return backend.makeTensorInfo(shape, 'float32', out);
 }
 
@@ -315,51 +518,113 @@ function packKernel(args: KernelArgs): tf.TensorInfo {
   const inputs = args.inputs as unknown as tf.TensorInfo[];
   const axis = (args.attrs as Attrs).axis as number;
   const first = inputs[0];
-  if (!first || axis !== 0 || !isF32(...inputs) || inputs.some((t) => !tf.util.arraysEqual(t.shape, first.shape))) return cpuKernel('Pack', args);
+  if (
+    !first ||
+    axis !== 0 ||
+    !isF32(...inputs) ||
+    inputs.some((t) => !tf.util.arraysEqual(t.shape, first.shape))
+  )
+    return cpuKernel('Pack', args);
   const backend = args.backend as NativeBackend;
   const size = tf.util.sizeFromShape(first.shape);
   const out = backend.alloc(size * inputs.length);
   inputs.forEach((t, i) => out.set(values(backend, t), i * size));
-  return backend.makeTensorInfo([inputs.length, ...first.shape], 'float32', out);
+  return backend.makeTensorInfo(
+    [inputs.length, ...first.shape],
+    'float32',
+    out,
+  );
 }
 
 function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
-  const { x, g, b } = args.inputs as { x: tf.TensorInfo; g: tf.TensorInfo; b: tf.TensorInfo };
+  const { x, g, b } = args.inputs as {
+    x: tf.TensorInfo;
+    g: tf.TensorInfo;
+    b: tf.TensorInfo;
+  };
   const backend = args.backend as NativeBackend;
   const cols = x.shape[x.shape.length - 1]!;
-  tf.util.assert(g.shape.length === 1 && g.shape[0] === cols && b.shape.length === 1 && b.shape[0] === cols,
-    () => `${LAYER_NORM_KERNEL}: g ${g.shape} and b ${b.shape} must be [${cols}]`);
+  tf.util.assert(
+    g.shape.length === 1 &&
+      g.shape[0] === cols &&
+      b.shape.length === 1 &&
+      b.shape[0] === cols,
+    () =>
+      `${LAYER_NORM_KERNEL}: g ${g.shape} and b ${b.shape} must be [${cols}]`,
+  );
   const size = tf.util.sizeFromShape(x.shape);
   const rows = cols > 0 ? size / cols : 0;
   const y = backend.alloc(size);
   const xhat = backend.alloc(size);
   const rstd = backend.alloc(rows);
-  if (size > 0) nativeAddon()!.layerNorm(values(backend, x), values(backend, g), values(backend, b), y, xhat, rstd, rows, cols, (args.attrs as Attrs).epsilon as number);
+  if (size > 0)
+    nativeAddon()!.layerNorm(
+      values(backend, x),
+      values(backend, g),
+      values(backend, b),
+      y,
+      xhat,
+      rstd,
+      rows,
+      cols,
+      (args.attrs as Attrs).epsilon as number,
+    );
   return [
-    backend.makeTensorInfo(x.shape, 'float32', y), backend.makeTensorInfo(x.shape, 'float32', xhat),
+    backend.makeTensorInfo(x.shape, 'float32', y),
+    backend.makeTensorInfo(x.shape, 'float32', xhat),
     backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
   ];
 }
 
 function layerNormGradKernel(args: KernelArgs): tf.TensorInfo[] {
-  const { dy, xhat, rstd, g } = args.inputs as { dy: tf.TensorInfo; xhat: tf.TensorInfo; rstd: tf.TensorInfo; g: tf.TensorInfo };
+  const { dy, xhat, rstd, g } = args.inputs as {
+    dy: tf.TensorInfo;
+    xhat: tf.TensorInfo;
+    rstd: tf.TensorInfo;
+    g: tf.TensorInfo;
+  };
   const backend = args.backend as NativeBackend;
   const cols = dy.shape[dy.shape.length - 1]!;
   const size = tf.util.sizeFromShape(dy.shape);
   const dx = backend.alloc(size);
   const dg = backend.alloc(cols);
   const db = backend.alloc(cols);
-  if (size > 0) nativeAddon()!.layerNormGrad(values(backend, dy), values(backend, xhat), values(backend, rstd), values(backend, g), dx, dg, db, size / cols, cols);
-  return [backend.makeTensorInfo(dy.shape, 'float32', dx), backend.makeTensorInfo(g.shape, 'float32', dg), backend.makeTensorInfo(g.shape, 'float32', db)];
+  if (size > 0)
+    nativeAddon()!.layerNormGrad(
+      values(backend, dy),
+      values(backend, xhat),
+      values(backend, rstd),
+      values(backend, g),
+      dx,
+      dg,
+      db,
+      size / cols,
+      cols,
+    );
+  return [
+    backend.makeTensorInfo(dy.shape, 'float32', dx),
+    backend.makeTensorInfo(g.shape, 'float32', dg),
+    backend.makeTensorInfo(g.shape, 'float32', db),
+  ];
 }
 
 function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
   const t = x.shape[x.shape.length - 1]!;
-  tf.util.assert(x.shape.length >= 2 && x.shape[x.shape.length - 2] === t, () => `${CAUSAL_SOFTMAX_KERNEL}: scores ${x.shape} must be [..., T, T]`);
+  tf.util.assert(
+    x.shape.length >= 2 && x.shape[x.shape.length - 2] === t,
+    () => `${CAUSAL_SOFTMAX_KERNEL}: scores ${x.shape} must be [..., T, T]`,
+  );
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  if (out.length > 0) nativeAddon()!.causalSoftmax(values(backend, x), out, out.length / (t * t), t, (args.attrs as Attrs).scale as number);
+  if (out.length > 0)
+    nativeAddon()!.causalSoftmax(
+      values(backend, x),
+      out,
+      out.length / (t * t),
+      t,
+      (args.attrs as Attrs).scale as number,
+    );
   return backend.makeTensorInfo(x.shape, 'float32', out);
 }
 
@@ -368,61 +633,148 @@ function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   const backend = args.backend as NativeBackend;
   const cols = y.shape[y.shape.length - 1]!;
   const out = backend.alloc(tf.util.sizeFromShape(y.shape));
-  if (out.length > 0) nativeAddon()!.softmaxGrad(values(backend, y), values(backend, dy), out, out.length / cols, cols, (args.attrs as Attrs).scale as number);
+  if (out.length > 0)
+    nativeAddon()!.softmaxGrad(
+      values(backend, y),
+      values(backend, dy),
+      out,
+      out.length / cols,
+      cols,
+      (args.attrs as Attrs).scale as number,
+    );
   return backend.makeTensorInfo(y.shape, 'float32', out);
 }
 
 /** Attention's [B, T, 3D] input as (batch, t, heads, dh), checked. */
-function attentionDims(qkv: tf.TensorInfo, heads: number, name: string): [number, number, number, number] {
+function attentionDims(
+  qkv: tf.TensorInfo,
+  heads: number,
+  name: string,
+): [number, number, number, number] {
   const [b, t, d3] = qkv.shape as [number, number, number];
-  tf.util.assert(qkv.shape.length === 3 && d3 % 3 === 0 && Number.isInteger(heads) && heads > 0 && (d3 / 3) % heads === 0,
-    () => `${name}: qkv ${qkv.shape} must be [B, T, 3D] with D divisible by heads (${heads})`);
+  tf.util.assert(
+    qkv.shape.length === 3 &&
+      d3 % 3 === 0 &&
+      Number.isInteger(heads) &&
+      heads > 0 &&
+      (d3 / 3) % heads === 0,
+    () =>
+      `${name}: qkv ${qkv.shape} must be [B, T, 3D] with D divisible by heads (${heads})`,
+  );
   return [b, t, heads, d3 / 3 / heads];
 }
 
 function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
   const { qkv } = args.inputs as { qkv: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs).heads as number, CAUSAL_ATTENTION_KERNEL);
+  const [b, t, h, dh] = attentionDims(
+    qkv,
+    (args.attrs as Attrs).heads as number,
+    CAUSAL_ATTENTION_KERNEL,
+  );
   const ctx = backend.alloc(b * t * h * dh);
   const p = backend.alloc(b * h * t * t);
-  if (ctx.length > 0) nativeAddon()!.causalAttention(values(backend, qkv), ctx, p, b, t, h, dh, 1 / Math.sqrt(dh));
-  return [backend.makeTensorInfo([b, t, h * dh], 'float32', ctx), backend.makeTensorInfo([b, h, t, t], 'float32', p)];
+  if (ctx.length > 0)
+    nativeAddon()!.causalAttention(
+      values(backend, qkv),
+      ctx,
+      p,
+      b,
+      t,
+      h,
+      dh,
+      1 / Math.sqrt(dh),
+    );
+  return [
+    backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
+    backend.makeTensorInfo([b, h, t, t], 'float32', p),
+  ];
 }
 
 function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
-  const { dy, qkv, p } = args.inputs as { dy: tf.TensorInfo; qkv: tf.TensorInfo; p: tf.TensorInfo };
+  const { dy, qkv, p } = args.inputs as {
+    dy: tf.TensorInfo;
+    qkv: tf.TensorInfo;
+    p: tf.TensorInfo;
+  };
   const backend = args.backend as NativeBackend;
-  const [b, t, h, dh] = attentionDims(qkv, (args.attrs as Attrs).heads as number, CAUSAL_ATTENTION_GRAD_KERNEL);
+  const [b, t, h, dh] = attentionDims(
+    qkv,
+    (args.attrs as Attrs).heads as number,
+    CAUSAL_ATTENTION_GRAD_KERNEL,
+  );
   const dqkv = backend.alloc(b * t * 3 * h * dh);
-  if (dqkv.length > 0) nativeAddon()!.causalAttentionGrad(values(backend, dy), values(backend, qkv), values(backend, p), dqkv, b, t, h, dh, 1 / Math.sqrt(dh));
+  if (dqkv.length > 0)
+    nativeAddon()!.causalAttentionGrad(
+      values(backend, dy),
+      values(backend, qkv),
+      values(backend, p),
+      dqkv,
+      b,
+      t,
+      h,
+      dh,
+      1 / Math.sqrt(dh),
+    );
   return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
 }
 
 /** Labels as the Int32Array the addon reads (float labels are converted). */
-function labelValues(backend: NativeBackend, labels: tf.TensorInfo): Int32Array {
+function labelValues(
+  backend: NativeBackend,
+  labels: tf.TensorInfo,
+): Int32Array {
   const v = backend.data.get(labels.dataId).values;
   return v instanceof Int32Array ? v : Int32Array.from(v as Float32Array);
 }
 
 function softmaxCrossEntropyKernel(args: KernelArgs): tf.TensorInfo[] {
-  const { logits, labels } = args.inputs as { logits: tf.TensorInfo; labels: tf.TensorInfo };
+  const { logits, labels } = args.inputs as {
+    logits: tf.TensorInfo;
+    labels: tf.TensorInfo;
+  };
   const backend = args.backend as NativeBackend;
   const [n, c] = logits.shape as [number, number];
-  tf.util.assert(logits.shape.length === 2 && labels.shape.length === 1 && labels.shape[0] === n,
-    () => `${SOFTMAX_CROSS_ENTROPY_KERNEL}: logits ${logits.shape} must be [N, C] and labels ${labels.shape} [N]`);
+  tf.util.assert(
+    logits.shape.length === 2 &&
+      labels.shape.length === 1 &&
+      labels.shape[0] === n,
+    () =>
+      `${SOFTMAX_CROSS_ENTROPY_KERNEL}: logits ${logits.shape} must be [N, C] and labels ${labels.shape} [N]`,
+  );
   const probs = backend.alloc(n * c);
-  const loss = nativeAddon()!.softmaxCrossEntropy(values(backend, logits), labelValues(backend, labels), probs, n, c);
-  return [backend.makeTensorInfo([], 'float32', new Float32Array([loss])), backend.makeTensorInfo([n, c], 'float32', probs)];
+  const loss = nativeAddon()!.softmaxCrossEntropy(
+    values(backend, logits),
+    labelValues(backend, labels),
+    probs,
+    n,
+    c,
+  );
+  return [
+    backend.makeTensorInfo([], 'float32', new Float32Array([loss])),
+    backend.makeTensorInfo([n, c], 'float32', probs),
+  ];
 }
 
 function softmaxCrossEntropyGradKernel(args: KernelArgs): tf.TensorInfo {
-  const { probs, labels, dy } = args.inputs as { probs: tf.TensorInfo; labels: tf.TensorInfo; dy: tf.TensorInfo };
+  const { probs, labels, dy } = args.inputs as {
+    probs: tf.TensorInfo;
+    labels: tf.TensorInfo;
+    dy: tf.TensorInfo;
+  };
   const backend = args.backend as NativeBackend;
   const [n, c] = probs.shape as [number, number];
   const out = backend.alloc(n * c);
   const d = values(backend, dy)[0]!;
-  if (out.length > 0) nativeAddon()!.softmaxCrossEntropyGrad(values(backend, probs), labelValues(backend, labels), out, n, c, d / n);
+  if (out.length > 0)
+    nativeAddon()!.softmaxCrossEntropyGrad(
+      values(backend, probs),
+      labelValues(backend, labels),
+      out,
+      n,
+      c,
+      d / n,
+    );
   return backend.makeTensorInfo([n, c], 'float32', out);
 }
 
@@ -437,7 +789,10 @@ function geluKernel(args: KernelArgs): tf.TensorInfo {
 function geluGradKernel(args: KernelArgs): tf.TensorInfo {
   const { x, dy } = args.inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  tf.util.assert(tf.util.arraysEqual(x.shape, dy.shape), () => `${GELU_GRAD_KERNEL}: x ${x.shape} and dy ${dy.shape} differ`);
+  tf.util.assert(
+    tf.util.arraysEqual(x.shape, dy.shape),
+    () => `${GELU_GRAD_KERNEL}: x ${x.shape} and dy ${dy.shape} differ`,
+  );
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out);
   return backend.makeTensorInfo(x.shape, 'float32', out);
@@ -448,22 +803,56 @@ function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
   const a = args.attrs as Record<string, number>;
   const backend = args.backend as NativeBackend;
   const n = tf.util.sizeFromShape(p!.shape);
-  const [pOut, mOut, vOut] = [backend.alloc(n), backend.alloc(n), backend.alloc(n)];
-  nativeAddon()!.adamw(values(backend, p!), values(backend, g!), values(backend, m!), values(backend, v!), a.lr!, a.beta1!, a.beta2!,
-    a.epsilon!, a.weightDecay!, a.step!, a.scale!, pOut, mOut, vOut);
-  return [pOut, mOut, vOut].map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
+  const [pOut, mOut, vOut] = [
+    backend.alloc(n),
+    backend.alloc(n),
+    backend.alloc(n),
+  ];
+  nativeAddon()!.adamw(
+    values(backend, p!),
+    values(backend, g!),
+    values(backend, m!),
+    values(backend, v!),
+    a.lr!,
+    a.beta1!,
+    a.beta2!,
+    a.epsilon!,
+    a.weightDecay!,
+    a.step!,
+    a.scale!,
+    pOut,
+    mOut,
+    vOut,
+  );
+  return [pOut, mOut, vOut].map((out) =>
+    backend.makeTensorInfo(p!.shape, 'float32', out),
+  );
 }
 
 function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
-  const { p, g, velocity } = args.inputs as Record<string, tf.TensorInfo | undefined>;
+  const { p, g, velocity } = args.inputs as Record<
+    string,
+    tf.TensorInfo | undefined
+  >;
   const a = args.attrs as Record<string, number>;
   const backend = args.backend as NativeBackend;
   const n = tf.util.sizeFromShape(p!.shape);
   const pOut = backend.alloc(n);
   const velOut = velocity ? backend.alloc(n) : null;
-  nativeAddon()!.sgd(values(backend, p!), values(backend, g!), velocity ? values(backend, velocity) : null, a.lr!, a.momentum!,
-    a.weightDecay!, a.scale!, pOut, velOut);
-  return (velOut ? [pOut, velOut] : [pOut]).map((out) => backend.makeTensorInfo(p!.shape, 'float32', out));
+  nativeAddon()!.sgd(
+    values(backend, p!),
+    values(backend, g!),
+    velocity ? values(backend, velocity) : null,
+    a.lr!,
+    a.momentum!,
+    a.weightDecay!,
+    a.scale!,
+    pOut,
+    velOut,
+  );
+  return (velOut ? [pOut, velOut] : [pOut]).map((out) =>
+    backend.makeTensorInfo(p!.shape, 'float32', out),
+  );
 }
 
 /**
@@ -474,7 +863,13 @@ function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
 function castKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const dtype = (args.attrs as Attrs).dtype as tf.DataType;
-  if (dtype !== 'float32' || x.dtype === 'float32' || x.dtype === 'complex64' || x.dtype === 'string') return cpuKernel('Cast', args);
+  if (
+    dtype !== 'float32' ||
+    x.dtype === 'float32' ||
+    x.dtype === 'complex64' ||
+    x.dtype === 'string'
+  )
+    return cpuKernel('Cast', args);
   const backend = args.backend as NativeBackend;
   const src = backend.data.get(x.dataId).values as Int32Array | Uint8Array;
   const out = backend.alloc(src.length);
@@ -503,8 +898,10 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
   [GELU_GRAD_KERNEL]: geluGradKernel as tf.KernelFunc,
   [CAUSAL_ATTENTION_KERNEL]: causalAttentionKernel as unknown as tf.KernelFunc,
   [CAUSAL_ATTENTION_GRAD_KERNEL]: causalAttentionGradKernel as tf.KernelFunc,
-  [SOFTMAX_CROSS_ENTROPY_KERNEL]: softmaxCrossEntropyKernel as unknown as tf.KernelFunc,
-  [SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL]: softmaxCrossEntropyGradKernel as tf.KernelFunc,
+  [SOFTMAX_CROSS_ENTROPY_KERNEL]:
+    softmaxCrossEntropyKernel as unknown as tf.KernelFunc,
+  [SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL]:
+    softmaxCrossEntropyGradKernel as tf.KernelFunc,
   [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
   [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
   ...NATIVE_CONV_KERNELS, // convolution and pooling (backend/native-conv.ts)
@@ -521,9 +918,11 @@ export function registerNativeBackend(): boolean {
   if (registered) return true;
   if (!nativeAddon()) return false;
   tf.registerBackend('native', () => new NativeBackend(), 0);
-  for (const [kernelName, kernelFunc] of Object.entries(NATIVE_KERNELS)) tf.registerKernel({ kernelName, backendName: 'native', kernelFunc });
+  for (const [kernelName, kernelFunc] of Object.entries(NATIVE_KERNELS))
+    tf.registerKernel({ kernelName, backendName: 'native', kernelFunc });
   for (const k of tf.getKernelsForBackend('cpu')) {
-    if (!(k.kernelName in NATIVE_KERNELS)) tf.registerKernel({ ...k, backendName: 'native' });
+    if (!(k.kernelName in NATIVE_KERNELS))
+      tf.registerKernel({ ...k, backendName: 'native' });
   }
   registered = true;
   return true;

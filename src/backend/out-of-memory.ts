@@ -40,8 +40,14 @@ export class DeviceOutOfMemoryError extends LayerwiseError {
 export function formatDeviceOutOfMemory(i: DeviceOutOfMemory): string {
   const where = [
     i.stage !== undefined ? `stage ${i.stage}` : '',
-    i.strategy !== undefined ? `${i.stage !== undefined ? 'of ' : ''}${i.strategy}` : '',
-  ].filter(Boolean).join(' ');
-  return `device out of memory: needs ${formatSize(i.needs)}, budget ${formatSize(i.budget)} (${where ? `${where}, ` : ''}${i.how}); ` +
-    (i.advice ?? 'try --strategy l2l, or more --stages');
+    i.strategy !== undefined
+      ? `${i.stage !== undefined ? 'of ' : ''}${i.strategy}`
+      : '',
+  ]
+    .filter(Boolean)
+    .join(' ');
+  return (
+    `device out of memory: needs ${formatSize(i.needs)}, budget ${formatSize(i.budget)} (${where ? `${where}, ` : ''}${i.how}); ` +
+    (i.advice ?? 'try --strategy l2l, or more --stages')
+  );
 }

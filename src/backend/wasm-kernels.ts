@@ -9,16 +9,23 @@
  * (Conv2DBackpropInput and AvgPoolGrad exist in the stock backend and match the cpu backend.)
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { type Attrs, type WasmBackend, release, runWasm } from './wasm-util.js';
+import { type Attrs, release, runWasm, type WasmBackend } from './wasm-util.js';
 
 /**
  * out[s, ...] = sum of x[i, ...] over the i with segmentIds[i] = s (TensorFlow semantics: x has
  * shape [...ids.shape, ...rest], out has shape [numSegments, ...rest], ids outside
  * [0, numSegments) are dropped). A single pass in JS over x; exact in float32 accumulation order.
  */
-function unsortedSegmentSum(args: { inputs: tf.NamedTensorInfoMap; backend: unknown; attrs?: tf.NamedAttrMap }): tf.TensorInfo {
+function unsortedSegmentSum(args: {
+  inputs: tf.NamedTensorInfoMap;
+  backend: unknown;
+  attrs?: tf.NamedAttrMap;
+}): tf.TensorInfo {
   const backend = args.backend as WasmBackend;
-  const { x, segmentIds } = args.inputs as { x: tf.TensorInfo; segmentIds: tf.TensorInfo };
+  const { x, segmentIds } = args.inputs as {
+    x: tf.TensorInfo;
+    segmentIds: tf.TensorInfo;
+  };
   const numSegments = Number((args.attrs as Attrs).numSegments);
   const rest = x.shape.slice(segmentIds.shape.length);
   const inner = tf.util.sizeFromShape(rest);
@@ -44,16 +51,29 @@ function unsortedSegmentSum(args: { inputs: tf.NamedTensorInfoMap; backend: unkn
  * and the batch as channels, x' = xpad^[ci,H,W,n], filter dy^[oh,ow,n,co], with the forward
  * stride as dilation; then crop to [KH,KW] and transpose back.
  */
-function conv2DBackpropFilter(args: { inputs: tf.NamedTensorInfoMap; backend: unknown; attrs?: tf.NamedAttrMap }): tf.TensorInfo {
+function conv2DBackpropFilter(args: {
+  inputs: tf.NamedTensorInfoMap;
+  backend: unknown;
+  attrs?: tf.NamedAttrMap;
+}): tf.TensorInfo {
   const backend = args.backend as WasmBackend;
   const { x, dy } = args.inputs as { x: tf.TensorInfo; dy: tf.TensorInfo };
   const attrs = args.attrs as Attrs;
   const filterShape = attrs.filterShape as [number, number, number, number];
-  const dataFormat = tf.backend_util.convertConv2DDataFormat(attrs.dataFormat as 'NHWC' | 'NCHW');
-  if (dataFormat !== 'channelsLast') throw new Error('wasm Conv2DBackpropFilter supports only NHWC');
+  const dataFormat = tf.backend_util.convertConv2DDataFormat(
+    attrs.dataFormat as 'NHWC' | 'NCHW',
+  );
+  if (dataFormat !== 'channelsLast')
+    throw new Error('wasm Conv2DBackpropFilter supports only NHWC');
   const info = tf.backend_util.computeConv2DInfo(
-    x.shape as [number, number, number, number], filterShape, attrs.strides as [number, number], 1,
-    attrs.pad as 'same', attrs.dimRoundingMode as 'round' | undefined, false, dataFormat,
+    x.shape as [number, number, number, number],
+    filterShape,
+    attrs.strides as [number, number],
+    1,
+    attrs.pad as 'same',
+    attrs.dimRoundingMode as 'round' | undefined,
+    false,
+    dataFormat,
   );
   const [kh, kw] = [info.filterHeight, info.filterWidth];
   const { top, left } = info.padInfo;
@@ -61,17 +81,42 @@ function conv2DBackpropFilter(args: { inputs: tf.NamedTensorInfoMap; backend: un
   const needW = (info.outWidth - 1) * info.strideWidth + kw;
   const bottom = Math.max(0, needH - top - info.inHeight);
   const right = Math.max(0, needW - left - info.inWidth);
-  const xpad = runWasm(backend, 'PadV2', { x }, {
-    paddings: [[0, 0], [top, bottom], [left, right], [0, 0]], constantValue: 0,
-  });
+  const xpad = runWasm(
+    backend,
+    'PadV2',
+    { x },
+    {
+      paddings: [
+        [0, 0],
+        [top, bottom],
+        [left, right],
+        [0, 0],
+      ],
+      constantValue: 0,
+    },
+  );
   const xT = runWasm(backend, 'Transpose', { x: xpad }, { perm: [3, 1, 2, 0] });
   const dyT = runWasm(backend, 'Transpose', { x: dy }, { perm: [1, 2, 0, 3] });
-  const conv = runWasm(backend, 'Conv2D', { x: xT, filter: dyT }, {
-    strides: [1, 1], pad: 'valid', dilations: [info.strideHeight, info.strideWidth], dataFormat: 'NHWC',
-  });
-  const crop = runWasm(backend, 'Slice', { x: conv }, {
-    begin: [0, 0, 0, 0], size: [info.inChannels, kh, kw, info.outChannels],
-  });
+  const conv = runWasm(
+    backend,
+    'Conv2D',
+    { x: xT, filter: dyT },
+    {
+      strides: [1, 1],
+      pad: 'valid',
+      dilations: [info.strideHeight, info.strideWidth],
+      dataFormat: 'NHWC',
+    },
+  );
+  const crop = runWasm(
+    backend,
+    'Slice',
+    { x: conv },
+    {
+      begin: [0, 0, 0, 0],
+      size: [info.inChannels, kh, kw, info.outChannels],
+    },
+  );
   const dw = runWasm(backend, 'Transpose', { x: crop }, { perm: [1, 2, 0, 3] });
   release(backend, xpad, xT, dyT, conv, crop);
   return dw;
@@ -81,20 +126,38 @@ function conv2DBackpropFilter(args: { inputs: tf.NamedTensorInfoMap; backend: un
  * dx of max pooling (NHWC): each dy element goes to the first maximum of its window, as in the
  * cpu backend (`maxPoolPositions`). JS loop over the heap: O(outputs x window) compares.
  */
-function maxPoolGrad(args: { inputs: tf.NamedTensorInfoMap; backend: unknown; attrs?: tf.NamedAttrMap }): tf.TensorInfo {
+function maxPoolGrad(args: {
+  inputs: tf.NamedTensorInfoMap;
+  backend: unknown;
+  attrs?: tf.NamedAttrMap;
+}): tf.TensorInfo {
   const backend = args.backend as WasmBackend;
-  const { dy, input } = args.inputs as { dy: tf.TensorInfo; input: tf.TensorInfo };
+  const { dy, input } = args.inputs as {
+    dy: tf.TensorInfo;
+    input: tf.TensorInfo;
+  };
   const attrs = args.attrs as Attrs;
   const info = tf.backend_util.computePool2DInfo(
-    input.shape as [number, number, number, number], attrs.filterSize as [number, number],
-    attrs.strides as [number, number], 1, attrs.pad as 'same', attrs.dimRoundingMode as 'round' | undefined,
+    input.shape as [number, number, number, number],
+    attrs.filterSize as [number, number],
+    attrs.strides as [number, number],
+    1,
+    attrs.pad as 'same',
+    attrs.dimRoundingMode as 'round' | undefined,
   );
   const dx = backend.makeOutput(input.shape, 'float32');
   const out = backend.typedArrayFromHeap(dx);
   out.fill(0);
   const x = backend.typedArrayFromHeap(input);
   const g = backend.typedArrayFromHeap(dy);
-  const { batchSize, inHeight, inWidth, inChannels: c, outHeight, outWidth } = info;
+  const {
+    batchSize,
+    inHeight,
+    inWidth,
+    inChannels: c,
+    outHeight,
+    outWidth,
+  } = info;
   const { strideHeight, strideWidth, dilationHeight, dilationWidth } = info;
   const { effectiveFilterHeight: fh, effectiveFilterWidth: fw } = info;
   let o = 0;
@@ -106,8 +169,16 @@ function maxPoolGrad(args: { inputs: tf.NamedTensorInfoMap; backend: unknown; at
         for (let ch = 0; ch < c; ch++, o++) {
           let best = -Infinity;
           let at = -1;
-          for (let h = Math.max(h0, 0); h < Math.min(h0 + fh, inHeight); h += dilationHeight) {
-            for (let w = Math.max(w0, 0); w < Math.min(w0 + fw, inWidth); w += dilationWidth) {
+          for (
+            let h = Math.max(h0, 0);
+            h < Math.min(h0 + fh, inHeight);
+            h += dilationHeight
+          ) {
+            for (
+              let w = Math.max(w0, 0);
+              w < Math.min(w0 + fw, inWidth);
+              w += dilationWidth
+            ) {
               const i = ((b * inHeight + h) * inWidth + w) * c + ch;
               if (x[i]! > best || at < 0) {
                 best = x[i]!;
@@ -131,7 +202,8 @@ export function registerWasmKernels(): void {
     ['MaxPoolGrad', maxPoolGrad],
   ];
   for (const [kernelName, kernelFunc] of kernels) {
-    if (tf.getKernel(kernelName, 'wasm') !== undefined) tf.unregisterKernel(kernelName, 'wasm');
+    if (tf.getKernel(kernelName, 'wasm') !== undefined)
+      tf.unregisterKernel(kernelName, 'wasm');
     tf.registerKernel({ kernelName, backendName: 'wasm', kernelFunc });
   }
 }

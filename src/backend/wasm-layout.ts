@@ -15,9 +15,13 @@
  * All copies go through Int32Array views, so they are bit-exact for float32 and int32.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { type Attrs, type WasmBackend, release, runWasm } from './wasm-util.js';
+import { type Attrs, release, runWasm, type WasmBackend } from './wasm-util.js';
 
-type KernelArgs = { inputs: tf.NamedTensorInfoMap; backend: unknown; attrs?: tf.NamedAttrMap };
+type KernelArgs = {
+  inputs: tf.NamedTensorInfoMap;
+  backend: unknown;
+  attrs?: tf.NamedAttrMap;
+};
 
 /** Row-major strides of a shape. */
 function stridesOf(shape: readonly number[]): number[] {
@@ -36,7 +40,14 @@ const TILE = 32;
  * dst[dstBase + contiguous index over `shape`] = src[srcBase + sum_i idx_i * srcStrides[i]]:
  * the copy behind transpose and slice (`src0`, `dst`: views of the two tensors' data).
  */
-export function stridedCopy(src0: Int32Array, srcBase: number, dst: Int32Array, dstBase: number, shape0: readonly number[], strides0: readonly number[]): void {
+export function stridedCopy(
+  src0: Int32Array,
+  srcBase: number,
+  dst: Int32Array,
+  dstBase: number,
+  shape0: readonly number[],
+  strides0: readonly number[],
+): void {
   // Drop unit dimensions and merge dimensions that are contiguous in the source.
   const shape: number[] = [];
   const st: number[] = [];
@@ -84,7 +95,11 @@ export function stridedCopy(src0: Int32Array, srcBase: number, dst: Int32Array, 
   }
   // Find the output dimension that is contiguous in the source, to tile with the last one.
   let p = -1;
-  for (let d = r - 2; d >= 0; d--) if (st[d] === 1) { p = d; break; }
+  for (let d = r - 2; d >= 0; d--)
+    if (st[d] === 1) {
+      p = d;
+      break;
+    }
   const dstStrides = stridesOf(shape);
   if (p < 0) {
     // No unit-stride source axis (e.g. a strided slice): element by element.
@@ -150,12 +165,18 @@ export function stridedCopy(src0: Int32Array, srcBase: number, dst: Int32Array, 
   }
 }
 
-const fourBytes = (dtype: string): boolean => dtype === 'float32' || dtype === 'int32';
+const fourBytes = (dtype: string): boolean =>
+  dtype === 'float32' || dtype === 'int32';
 
 /** An Int32Array view of a tensor's data (bit-exact copies; indices stay small). */
 function view(backend: WasmBackend, t: tf.TensorInfo): Int32Array {
-  const buffer = (backend.wasm as unknown as { HEAPU8: Uint8Array }).HEAPU8.buffer;
-  return new Int32Array(buffer, backend.getMemoryOffset(t.dataId), tf.util.sizeFromShape(t.shape));
+  const buffer = (backend.wasm as unknown as { HEAPU8: Uint8Array }).HEAPU8
+    .buffer;
+  return new Int32Array(
+    buffer,
+    backend.getMemoryOffset(t.dataId),
+    tf.util.sizeFromShape(t.shape),
+  );
 }
 
 /** Zero-copy Identity: share the buffer (reference counted), like the cpu backend. */
@@ -176,7 +197,14 @@ function transpose(orig: tf.KernelFunc): tf.KernelFunc {
     const out = backend.makeOutput(outShape, x.dtype);
     if (tf.util.sizeFromShape(outShape) === 0) return out;
     const xs = stridesOf(x.shape);
-    stridedCopy(view(backend, x), 0, view(backend, out), 0, outShape, perm.map((p) => xs[p]!));
+    stridedCopy(
+      view(backend, x),
+      0,
+      view(backend, out),
+      0,
+      outShape,
+      perm.map((p) => xs[p]!),
+    );
     return out;
   };
 }
@@ -187,7 +215,11 @@ function slice(orig: tf.KernelFunc): tf.KernelFunc {
     const { x } = args.inputs as { x: tf.TensorInfo };
     if (!fourBytes(x.dtype)) return orig(args);
     const attrs = args.attrs as Attrs;
-    const [begin, size] = tf.slice_util.parseSliceParams(x as tf.Tensor, attrs.begin as number[], attrs.size as number[]);
+    const [begin, size] = tf.slice_util.parseSliceParams(
+      x as tf.Tensor,
+      attrs.begin as number[],
+      attrs.size as number[],
+    );
     const out = backend.makeOutput(size, x.dtype);
     if (tf.util.sizeFromShape(size) === 0) return out;
     const xs = stridesOf(x.shape);
@@ -213,8 +245,14 @@ function unpack(orig: tf.KernelFunc): tf.KernelFunc {
       const out = backend.makeOutput(outShape, value.dtype);
       outs.push(out);
       if (tf.util.sizeFromShape(outShape) === 0) continue;
-      stridedCopy(view(backend, value), i * xs[axis]!, view(backend, out), 0, outShape,
-        xs.filter((_, d) => d !== axis));
+      stridedCopy(
+        view(backend, value),
+        i * xs[axis]!,
+        view(backend, out),
+        0,
+        outShape,
+        xs.filter((_, d) => d !== axis),
+      );
     }
     return outs as unknown as tf.TensorInfo;
   };
@@ -228,16 +266,22 @@ function sum(orig: tf.KernelFunc): tf.KernelFunc {
     if (x.dtype !== 'float32') return orig(args);
     const attrs = args.attrs as Attrs;
     const rank = x.shape.length;
-    const axes = tf.util.parseAxisParam(attrs.axis as number | number[], x.shape).sort((a, b) => a - b);
+    const axes = tf.util
+      .parseAxisParam(attrs.axis as number | number[], x.shape)
+      .sort((a, b) => a - b);
     const keepDims = attrs.keepDims === true;
     const reduced = (d: number) => axes.includes(d);
     // reduced axes after ignoring unit dims: innermost (stock is fast) or leading (column sum)?
     const big = [...Array(rank).keys()].filter((d) => x.shape[d] !== 1);
     const flags = big.map(reduced);
     const firstKept = flags.indexOf(false);
-    const innermost = flags.every((f, i) => !f || flags.slice(i).every(Boolean));
+    const innermost = flags.every(
+      (f, i) => !f || flags.slice(i).every(Boolean),
+    );
     if (innermost || tf.util.sizeFromShape(x.shape) === 0) return orig(args);
-    const outShape = keepDims ? x.shape.map((n, d) => (reduced(d) ? 1 : n)) : x.shape.filter((_, d) => !reduced(d));
+    const outShape = keepDims
+      ? x.shape.map((n, d) => (reduced(d) ? 1 : n))
+      : x.shape.filter((_, d) => !reduced(d));
     const leading = firstKept > 0 && flags.slice(firstKept).every((f) => !f);
     if (leading) {
       const rows = big.slice(0, firstKept).reduce((a, d) => a * x.shape[d]!, 1);
@@ -245,14 +289,25 @@ function sum(orig: tf.KernelFunc): tf.KernelFunc {
       const out = backend.makeOutput(outShape, 'float32');
       const xv = backend.typedArrayFromHeap(x) as Float32Array;
       const acc = new Float64Array(cols);
-      for (let i = 0, o = 0; i < rows; i++, o += cols) for (let j = 0; j < cols; j++) acc[j]! += xv[o + j]!;
+      for (let i = 0, o = 0; i < rows; i++, o += cols)
+        for (let j = 0; j < cols; j++) acc[j]! += xv[o + j]!;
       (backend.typedArrayFromHeap(out) as Float32Array).set(acc);
       return out;
     }
-    const perm = [...[...Array(rank).keys()].filter((d) => !reduced(d)), ...axes];
+    const perm = [
+      ...[...Array(rank).keys()].filter((d) => !reduced(d)),
+      ...axes,
+    ];
     const t = runWasm(backend, 'Transpose', { x }, { perm });
-    const inner = [...Array(axes.length).keys()].map((i) => rank - axes.length + i);
-    const s = runWasm(backend, 'Sum', { x: t }, { axis: inner, keepDims: false });
+    const inner = [...Array(axes.length).keys()].map(
+      (i) => rank - axes.length + i,
+    );
+    const s = runWasm(
+      backend,
+      'Sum',
+      { x: t },
+      { axis: inner, keepDims: false },
+    );
     release(backend, t);
     s.shape = outShape;
     return s;
@@ -270,7 +325,8 @@ export function registerWasmLayoutKernels(): void {
   ];
   for (const [name, make] of wrapped) {
     const stock = tf.getKernel(name, 'wasm');
-    if (stock === undefined) throw new Error(`stock wasm kernel ${name} is missing`);
+    if (stock === undefined)
+      throw new Error(`stock wasm kernel ${name} is missing`);
     tf.unregisterKernel(name, 'wasm');
     tf.registerKernel({ ...stock, kernelFunc: make(stock.kernelFunc) });
   }

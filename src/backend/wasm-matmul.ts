@@ -16,11 +16,26 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import { broadcastIndex } from './broadcast.js';
-import { type Attrs, type WasmBackend, makeView, release, releaseView, runWasm, wasmId } from './wasm-util.js';
+import {
+  type Attrs,
+  makeView,
+  release,
+  releaseView,
+  runWasm,
+  type WasmBackend,
+  wasmId,
+} from './wasm-util.js';
 
 type RawMatMul = (
-  aId: number, aShape: Uint8Array, aRank: number, bId: number, bShape: Uint8Array, bRank: number,
-  transposeA: boolean, transposeB: boolean, outId: number,
+  aId: number,
+  aShape: Uint8Array,
+  aRank: number,
+  bId: number,
+  bShape: Uint8Array,
+  bRank: number,
+  transposeA: boolean,
+  transposeB: boolean,
+  outId: number,
 ) => void;
 
 const rawByModule = new WeakMap<object, RawMatMul>();
@@ -30,20 +45,47 @@ function rawMatMul(backend: WasmBackend): RawMatMul {
   let raw = rawByModule.get(backend.wasm);
   if (raw === undefined) {
     raw = backend.wasm.cwrap('BatchMatMul', null, [
-      'number', 'array', 'number', 'number', 'array', 'number', 'number', 'number', 'number',
+      'number',
+      'array',
+      'number',
+      'number',
+      'array',
+      'number',
+      'number',
+      'number',
+      'number',
     ]) as RawMatMul;
     rawByModule.set(backend.wasm, raw);
   }
   return raw;
 }
 
-const shapeBytes = (shape: number[]): Uint8Array => new Uint8Array(new Int32Array(shape).buffer);
+const shapeBytes = (shape: number[]): Uint8Array =>
+  new Uint8Array(new Int32Array(shape).buffer);
 
 /** XNNPACK GEMM out[M,N] = a[M,K] @ b[K,N] on C-side tensor ids (rows of `a` may span a batch). */
-function gemm(backend: WasmBackend, aId: number, bId: number, outId: number, m: number, k: number, n: number): void {
+function gemm(
+  backend: WasmBackend,
+  aId: number,
+  bId: number,
+  outId: number,
+  m: number,
+  k: number,
+  n: number,
+): void {
   const aShape = [1, m, k];
   const bShape = [1, k, n];
-  rawMatMul(backend)(aId, shapeBytes(aShape), 3, bId, shapeBytes(bShape), 3, false, false, outId);
+  rawMatMul(backend)(
+    aId,
+    shapeBytes(aShape),
+    3,
+    bId,
+    shapeBytes(bShape),
+    3,
+    false,
+    false,
+    outId,
+  );
 }
 
 /** `x` with its last two axes swapped, as a new contiguous tensor. */
@@ -65,7 +107,12 @@ interface Plain {
   outShape: number[];
 }
 
-function plainOperands(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo, attrs: Attrs): Plain {
+function plainOperands(
+  backend: WasmBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  attrs: Attrs,
+): Plain {
   const transposeA = attrs.transposeA === true;
   const transposeB = attrs.transposeB === true;
   const [a0, a1] = a.shape.slice(-2) as [number, number];
@@ -74,17 +121,30 @@ function plainOperands(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo,
   const [kb, n] = transposeB ? [b1, b0] : [b0, b1];
   tf.util.assert(
     k === kb,
-    () => `Error in matMul: inner shapes (${k}) and (${kb}) of Tensors with shapes ${a.shape} and ` +
+    () =>
+      `Error in matMul: inner shapes (${k}) and (${kb}) of Tensors with shapes ${a.shape} and ` +
       `${b.shape} and transposeA=${transposeA} and transposeB=${transposeB} must match.`,
   );
-  const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(a.shape.slice(0, -2), b.shape.slice(0, -2));
+  const outBatch = tf.broadcast_util.assertAndGetBroadcastShape(
+    a.shape.slice(0, -2),
+    b.shape.slice(0, -2),
+  );
   const temps: tf.TensorInfo[] = [];
   const empty = m * n * k * tf.util.sizeFromShape(outBatch) === 0;
   const pa = transposeA && !empty ? transposeLast2(backend, a) : a;
   const pb = transposeB && !empty ? transposeLast2(backend, b) : b;
   if (pa !== a) temps.push(pa);
   if (pb !== b) temps.push(pb);
-  return { a: pa, b: pb, temps, m, k, n, outBatch, outShape: [...outBatch, m, n] };
+  return {
+    a: pa,
+    b: pb,
+    temps,
+    m,
+    k,
+    n,
+    outBatch,
+    outShape: [...outBatch, m, n],
+  };
 }
 
 /** out = a @ b for plain operands, via XNNPACK; returns a new float32 tensor of `p.outShape`. */
@@ -100,7 +160,15 @@ function plainMatMul(backend: WasmBackend, p: Plain): tf.TensorInfo {
   const batchB = tf.util.sizeFromShape(p.b.shape.slice(0, -2));
   if (batchB === 1) {
     // a's batch folds into the rows of one GEMM; b keeps its own id, so its packing is cached.
-    gemm(backend, wasmId(backend, p.a), wasmId(backend, p.b), wasmId(backend, out), batch * m, k, n);
+    gemm(
+      backend,
+      wasmId(backend, p.a),
+      wasmId(backend, p.b),
+      wasmId(backend, out),
+      batch * m,
+      k,
+      n,
+    );
     return out;
   }
   const ia = broadcastIndex(p.outBatch, p.a.shape.slice(0, -2));
@@ -118,7 +186,13 @@ function plainMatMul(backend: WasmBackend, p: Plain): tf.TensorInfo {
 }
 
 /** op(a) @ op(b) computed as written: explicit transposes, then XNNPACK. */
-function direct(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo, transposeA: boolean, transposeB: boolean): tf.TensorInfo {
+function direct(
+  backend: WasmBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  transposeA: boolean,
+  transposeB: boolean,
+): tf.TensorInfo {
   const p = plainOperands(backend, a, b, { transposeA, transposeB });
   const out = plainMatMul(backend, p);
   release(backend, ...p.temps);
@@ -142,14 +216,22 @@ const PACK_COST = 4;
  * so a weight `b` keeps its cached packing. Example: the weight gradient x[4096,256]^T @
  * dy[4096,1024] packs 4M elements direct (17M) but transposes dy and packs x swapped (8.3M).
  */
-function product(backend: WasmBackend, a: tf.TensorInfo, b: tf.TensorInfo, tA: boolean, tB: boolean): tf.TensorInfo {
+function product(
+  backend: WasmBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  tA: boolean,
+  tB: boolean,
+): tf.TensorInfo {
   const [a0, a1] = a.shape.slice(-2) as [number, number];
   const [b0, b1] = b.shape.slice(-2) as [number, number];
   const [m, k] = tA ? [a1, a0] : [a0, a1];
   const n = tB ? b0 : b1;
   const directCost = (tA ? m * k : 0) + (tB ? k * n : 0) + PACK_COST * k * n;
-  const swappedCost = (tB ? 0 : k * n) + (tA ? 0 : m * k) + PACK_COST * m * k + m * n;
-  if (!tA && !tB || directCost <= swappedCost || k !== (tB ? b1 : b0)) return direct(backend, a, b, tA, tB);
+  const swappedCost =
+    (tB ? 0 : k * n) + (tA ? 0 : m * k) + PACK_COST * m * k + m * n;
+  if ((!tA && !tB) || directCost <= swappedCost || k !== (tB ? b1 : b0))
+    return direct(backend, a, b, tA, tB);
   const outT = direct(backend, b, a, !tB, !tA);
   const out = transposeLast2(backend, outT);
   release(backend, outT);
@@ -162,12 +244,23 @@ function batchMatMul(orig: tf.KernelFunc): tf.KernelFunc {
     const { a, b } = args.inputs as { a: tf.TensorInfo; b: tf.TensorInfo };
     if (a.dtype !== 'float32' || b.dtype !== 'float32') return orig(args);
     const attrs = args.attrs as Attrs;
-    return product(args.backend as WasmBackend, a, b, attrs.transposeA === true, attrs.transposeB === true);
+    return product(
+      args.backend as WasmBackend,
+      a,
+      b,
+      attrs.transposeA === true,
+      attrs.transposeB === true,
+    );
   };
 }
 
 const ACTIVATION_KERNEL: Record<string, string> = {
-  relu: 'Relu', relu6: 'Relu6', elu: 'Elu', sigmoid: 'Sigmoid', leakyrelu: 'LeakyRelu', prelu: 'Prelu',
+  relu: 'Relu',
+  relu6: 'Relu6',
+  elu: 'Elu',
+  sigmoid: 'Sigmoid',
+  leakyrelu: 'LeakyRelu',
+  prelu: 'Prelu',
 };
 
 /**
@@ -178,20 +271,34 @@ const ACTIVATION_KERNEL: Record<string, string> = {
 function fusedMatMul(orig: tf.KernelFunc): tf.KernelFunc {
   return (args) => {
     const inputs = args.inputs as Record<string, tf.TensorInfo | undefined>;
-    const { a, b, bias, preluActivationWeights: prelu } = inputs as Record<string, tf.TensorInfo>;
+    const {
+      a,
+      b,
+      bias,
+      preluActivationWeights: prelu,
+    } = inputs as Record<string, tf.TensorInfo>;
     if (a!.dtype !== 'float32' || b!.dtype !== 'float32') return orig(args);
     const backend = args.backend as WasmBackend;
     const attrs = args.attrs as Attrs;
     const p = plainOperands(backend, a!, b!, attrs);
     const batchB = tf.util.sizeFromShape(p.b.shape.slice(0, -2));
-    const vectorish = (t: tf.TensorInfo | undefined) => t === undefined || t.shape.length <= 1;
+    const vectorish = (t: tf.TensorInfo | undefined) =>
+      t === undefined || t.shape.length <= 1;
     let out: tf.TensorInfo;
     if (batchB === 1 && p.k > 0 && vectorish(bias) && vectorish(prelu)) {
       const rows = tf.util.sizeFromShape(p.outBatch) * p.m;
-      const a3 = { dataId: p.a.dataId, shape: [1, rows, p.k], dtype: p.a.dtype };
+      const a3 = {
+        dataId: p.a.dataId,
+        shape: [1, rows, p.k],
+        dtype: p.a.dtype,
+      };
       const b3 = { dataId: p.b.dataId, shape: [1, p.k, p.n], dtype: p.b.dtype };
       const plainAttrs = { ...attrs, transposeA: false, transposeB: false };
-      out = orig({ ...args, inputs: { ...inputs, a: a3, b: b3 }, attrs: plainAttrs }) as tf.TensorInfo;
+      out = orig({
+        ...args,
+        inputs: { ...inputs, a: a3, b: b3 },
+        attrs: plainAttrs,
+      }) as tf.TensorInfo;
       out.shape = p.outShape;
     } else {
       out = plainMatMul(backend, p);
@@ -203,12 +310,17 @@ function fusedMatMul(orig: tf.KernelFunc): tf.KernelFunc {
       const activation = String(attrs.activation ?? 'linear');
       const kernel = ACTIVATION_KERNEL[activation];
       if (kernel !== undefined) {
-        const inputs: Record<string, tf.TensorInfo> = kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
-        const act = runWasm(backend, kernel, inputs, { alpha: attrs.leakyreluAlpha });
+        const inputs: Record<string, tf.TensorInfo> =
+          kernel === 'Prelu' ? { x: out, alpha: prelu! } : { x: out };
+        const act = runWasm(backend, kernel, inputs, {
+          alpha: attrs.leakyreluAlpha,
+        });
         release(backend, out);
         out = act;
       } else if (activation !== 'linear') {
-        throw new Error(`_FusedMatMul: activation ${activation} is not supported on wasm`);
+        throw new Error(
+          `_FusedMatMul: activation ${activation} is not supported on wasm`,
+        );
       }
     }
     release(backend, ...p.temps);
@@ -222,9 +334,13 @@ function fusedMatMul(orig: tf.KernelFunc): tf.KernelFunc {
  * the caller: call once per thread, before or after the wasm backend is initialised.
  */
 export function registerWasmMatMul(): void {
-  for (const [name, make] of [['BatchMatMul', batchMatMul], ['_FusedMatMul', fusedMatMul]] as const) {
+  for (const [name, make] of [
+    ['BatchMatMul', batchMatMul],
+    ['_FusedMatMul', fusedMatMul],
+  ] as const) {
     const stock = tf.getKernel(name, 'wasm');
-    if (stock === undefined) throw new Error(`stock wasm kernel ${name} is missing`);
+    if (stock === undefined)
+      throw new Error(`stock wasm kernel ${name} is missing`);
     tf.unregisterKernel(name, 'wasm');
     tf.registerKernel({ ...stock, kernelFunc: make(stock.kernelFunc) });
   }

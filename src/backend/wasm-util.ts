@@ -4,14 +4,22 @@
  * Follows the pattern of the backend's own JS kernels (@tensorflow/tfjs-backend-wasm
  * dist/kernels/*.js: `backend.makeOutput`, `backend.typedArrayFromHeap`, `backend.disposeData`).
  */
-import * as tf from '@tensorflow/tfjs-core';
+
 import type { BackendWasm } from '@tensorflow/tfjs-backend-wasm';
+import * as tf from '@tensorflow/tfjs-core';
 
 /** The wasm backend as seen by our kernels (its public class plus the exported C entry points). */
 export type WasmBackend = BackendWasm & {
   wasm: BackendWasm['wasm'] & {
-    cwrap(name: string, ret: null, args: string[]): (...args: unknown[]) => void;
-    tfjs: { registerTensor(id: number, size: number, offset: number): void; disposeData(id: number): void };
+    cwrap(
+      name: string,
+      ret: null,
+      args: string[],
+    ): (...args: unknown[]) => void;
+    tfjs: {
+      registerTensor(id: number, size: number, offset: number): void;
+      disposeData(id: number): void;
+    };
   };
 };
 
@@ -30,9 +38,15 @@ export function runWasm(
   attrs: Attrs = {},
 ): tf.TensorInfo {
   const kernel = tf.getKernel(name, 'wasm');
-  if (kernel === undefined) throw new Error(`wasm kernel ${name} is not registered`);
-  const out = kernel.kernelFunc({ inputs, attrs: attrs as tf.NamedAttrMap, backend });
-  if (Array.isArray(out)) throw new Error(`wasm kernel ${name} returned several outputs`);
+  if (kernel === undefined)
+    throw new Error(`wasm kernel ${name} is not registered`);
+  const out = kernel.kernelFunc({
+    inputs,
+    attrs: attrs as tf.NamedAttrMap,
+    backend,
+  });
+  if (Array.isArray(out))
+    throw new Error(`wasm kernel ${name} returned several outputs`);
   return out;
 }
 
@@ -44,7 +58,8 @@ export function release(backend: WasmBackend, ...infos: tf.TensorInfo[]): void {
 /** The C-side tensor id of a TensorInfo's data, as passed to the wasm C entry points. */
 export function wasmId(backend: WasmBackend, info: tf.TensorInfo): number {
   const data = backend.dataIdMap.get(info.dataId);
-  if (data === undefined) throw new Error('tensor data is not on the wasm backend');
+  if (data === undefined)
+    throw new Error('tensor data is not on the wasm backend');
   return data.id;
 }
 
@@ -54,7 +69,12 @@ export function wasmId(backend: WasmBackend, info: tf.TensorInfo): number {
  * the memory belongs to `base`. A fresh id per use matters because XNNPACK operators are cached
  * by the id of their weight tensor.
  */
-export function makeView(backend: WasmBackend, base: tf.TensorInfo, elemOffset: number, size: number): number {
+export function makeView(
+  backend: WasmBackend,
+  base: tf.TensorInfo,
+  elemOffset: number,
+  size: number,
+): number {
   const offset = backend.getMemoryOffset(base.dataId) + elemOffset * 4;
   const view = backend.makeOutput([size], 'float32', offset);
   const id = wasmId(backend, view);

@@ -4,30 +4,45 @@
  * (with respect to the parameters and the input) as the cpu backend, read asynchronously as
  * webgpu requires. Skipped, saying why, where no WebGPU adapter can be made.
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
-import { initBackend } from './index.js';
-import { installDawn } from './webgpu.js';
-import { tf } from './tfjs.js';
+import { test } from 'node:test';
 import { paramKey } from '../model/block.js';
 import { initParams } from '../model/init.js';
 import { buildModel, type ModelConfig } from '../model/model.js';
-import { Rng } from '../util/rng.js';
 import { scaledDifference } from '../testing/backend-compare.js';
 import { trainTinyLm } from '../testing/fixtures.js';
+import { Rng } from '../util/rng.js';
+import { initBackend } from './index.js';
+import { tf } from './tfjs.js';
+import { installDawn } from './webgpu.js';
 
 let why: string | false = false;
 try {
   const a = await installDawn();
-  console.log(`webgpu adapter: ${a.description} (${a.featureLevel}${a.flags.length ? `, ${a.flags.join(' ')}` : ''})`);
+  console.log(
+    `webgpu adapter: ${a.description} (${a.featureLevel}${a.flags.length ? `, ${a.flags.join(' ')}` : ''})`,
+  );
 } catch (e) {
   why = `no WebGPU adapter here: ${(e as Error).message}`;
 }
 
 const MODELS: Array<[string, ModelConfig]> = [
-  ['charlm', { arch: 'charlm', layers: 1, dModel: 16, heads: 2, context: 8, vocab: 11 }],
+  [
+    'charlm',
+    { arch: 'charlm', layers: 1, dModel: 16, heads: 2, context: 8, vocab: 11 },
+  ],
   ['mlp', { arch: 'mlp', inputShape: [6, 6, 1], hidden: [12], classes: 5 }],
-  ['cnn', { arch: 'cnn', inputShape: [7, 6, 1], channels: [4, 3], hidden: 9, classes: 5 }],
+  [
+    'cnn',
+    {
+      arch: 'cnn',
+      inputShape: [7, 6, 1],
+      channels: [4, 3],
+      hidden: 9,
+      classes: 5,
+    },
+  ],
 ];
 
 /**
@@ -40,9 +55,21 @@ async function blockResults(config: ModelConfig): Promise<Float32Array[][]> {
   const rng = new Rng(9);
   const n = 3;
   const shape0 = model.inputShape(n);
-  let x: tf.Tensor = model.inputDtype === 'int32'
-    ? tf.tensor(Int32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () => rng.int((config as { vocab: number }).vocab)), shape0, 'int32')
-    : tf.tensor(Float32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () => rng.next()), shape0);
+  let x: tf.Tensor =
+    model.inputDtype === 'int32'
+      ? tf.tensor(
+          Int32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () =>
+            rng.int((config as { vocab: number }).vocab),
+          ),
+          shape0,
+          'int32',
+        )
+      : tf.tensor(
+          Float32Array.from({ length: shape0.reduce((a, b) => a * b, 1) }, () =>
+            rng.next(),
+          ),
+          shape0,
+        );
   const out: Float32Array[][] = [];
   for (const [bi, block] of model.blocks.entries()) {
     if (block.params.length === 0 && x.dtype === 'float32') {
@@ -50,24 +77,48 @@ async function blockResults(config: ModelConfig): Promise<Float32Array[][]> {
       // gradient to different (equally valid) maxima there, so it gets an input without ties
       const shape = x.shape;
       x.dispose();
-      x = tf.tensor(Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () => rng.next()), shape);
+      x = tf.tensor(
+        Float32Array.from({ length: shape.reduce((a, b) => a * b, 1) }, () =>
+          rng.next(),
+        ),
+        shape,
+      );
     }
     const names = block.params.map((p) => p.name);
-    const ps = block.params.map((p) => tf.tensor(host.get(paramKey(bi, p.name))!, p.shape));
+    const ps = block.params.map((p) =>
+      tf.tensor(host.get(paramKey(bi, p.name))!, p.shape),
+    );
     const last = bi === model.blocks.length - 1;
-    const labelsShape = model.blocks.reduce((s, b) => b.outputShape(s), shape0).slice(0, -1);
-    const labels = tf.tensor(Int32Array.from({ length: labelsShape.reduce((a, b) => a * b, 1) }, (_, i) => i % 5), labelsShape, 'int32');
+    const labelsShape = model.blocks
+      .reduce((s, b) => b.outputShape(s), shape0)
+      .slice(0, -1);
+    const labels = tf.tensor(
+      Int32Array.from(
+        { length: labelsShape.reduce((a, b) => a * b, 1) },
+        (_, i) => i % 5,
+      ),
+      labelsShape,
+      'int32',
+    );
     const f = (...args: tf.Tensor[]) => {
       const p = Object.fromEntries(names.map((nm, i) => [nm, args[i]!]));
       const y = block.forward(p, args[names.length] ?? x);
-      return last ? model.loss(y, labels) : tf.sum(tf.mul(y, tf.sin(tf.range(0, y.size).reshape(y.shape))));
+      return last
+        ? model.loss(y, labels)
+        : tf.sum(tf.mul(y, tf.sin(tf.range(0, y.size).reshape(y.shape))));
     };
     const wantInput = x.dtype === 'float32';
     const xs = wantInput ? [...ps, x] : ps;
     const grads = tf.grads((...a: tf.Tensor[]) => f(...a))(xs);
-    const y = block.forward(Object.fromEntries(names.map((nm, i) => [nm, ps[i]!])), x);
-    const values = [await y.data(), ...(await Promise.all(grads.map((g) => g.data())))] as Float32Array[];
-    if (last) values.push(await f(...ps, x).data() as Float32Array);
+    const y = block.forward(
+      Object.fromEntries(names.map((nm, i) => [nm, ps[i]!])),
+      x,
+    );
+    const values = [
+      await y.data(),
+      ...(await Promise.all(grads.map((g) => g.data()))),
+    ] as Float32Array[];
+    if (last) values.push((await f(...ps, x).data()) as Float32Array);
     out.push(values);
     x = y;
   }
@@ -75,44 +126,73 @@ async function blockResults(config: ModelConfig): Promise<Float32Array[][]> {
 }
 
 for (const [name, config] of MODELS) {
-  test(`webgpu: every ${name} block and the loss equal cpu, forward and gradients`, { skip: why }, async () => {
+  test(`webgpu: every ${name} block and the loss equal cpu, forward and gradients`, {
+    skip: why,
+  }, async () => {
     await initBackend('cpu');
     const cpu = await blockResults(config);
     await initBackend('webgpu');
     const gpu = await blockResults(config);
     assert.equal(gpu.length, cpu.length);
-    gpu.forEach((arrays, b) => arrays.forEach((v, i) => {
-      const ref = cpu[b]![i]!;
-      assert.equal(v.length, ref.length, `block ${b} output ${i} size`);
-      const { worst, scale } = scaledDifference(v, ref);
-      assert.ok(worst <= 1e-4, `${name} block ${b} result ${i} (0: output, then gradients, last: loss) differs from cpu by ${worst} of ${scale}`);
-    }));
+    gpu.forEach((arrays, b) =>
+      arrays.forEach((v, i) => {
+        const ref = cpu[b]![i]!;
+        assert.equal(v.length, ref.length, `block ${b} output ${i} size`);
+        const { worst, scale } = scaledDifference(v, ref);
+        assert.ok(
+          worst <= 1e-4,
+          `${name} block ${b} result ${i} (0: output, then gradients, last: loss) differs from cpu by ${worst} of ${scale}`,
+        );
+      }),
+    );
     await initBackend('cpu');
   });
 }
 
 /** Three training steps of `strategy` on `backend`: losses and parameters. */
 const train3 = (backend: string, o: Record<string, unknown>) =>
-  trainTinyLm({ backend, ...o }, { shape: { layers: 2, dModel: 16, heads: 2, context: 8 }, batchSize: 4, lrs: [3e-3, 2e-3, 1e-3] });
+  trainTinyLm(
+    { backend, ...o },
+    {
+      shape: { layers: 2, dModel: 16, heads: 2, context: 8 },
+      batchSize: 4,
+      lrs: [3e-3, 2e-3, 1e-3],
+    },
+  );
 
-test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, float32 tolerance)', { skip: why }, async () => {
+test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, float32 tolerance)', {
+  skip: why,
+}, async () => {
   const { maxParamDiff } = await import('../testing/assert-close.js');
   const runs: Array<[string, Record<string, unknown>]> = [
     ['single', { strategy: 'single' }],
     ['gpipe K=2', { strategy: 'gpipe', stages: 2, microBatches: 2 }],
-    ['local K=2', { strategy: 'local', stages: 2, microBatches: 2, deterministic: true }],
+    [
+      'local K=2',
+      { strategy: 'local', stages: 2, microBatches: 2, deterministic: true },
+    ],
     ['l2l', { strategy: 'l2l', microBatches: 2 }],
   ];
   for (const [name, o] of runs) {
     const cpu = await train3('cpu', o);
     const gpu = await train3('webgpu', o);
-    gpu.losses.forEach((l, i) => assert.ok(Math.abs(l - cpu.losses[i]!) <= 1e-4, `${name} step ${i}: webgpu ${l} vs cpu ${cpu.losses[i]}`));
+    gpu.losses.forEach((l, i) =>
+      assert.ok(
+        Math.abs(l - cpu.losses[i]!) <= 1e-4,
+        `${name} step ${i}: webgpu ${l} vs cpu ${cpu.losses[i]}`,
+      ),
+    );
     const d = maxParamDiff(gpu.params, cpu.params);
-    assert.ok(d <= 1e-4, `${name}: parameters on webgpu differ from cpu by ${d}`);
+    assert.ok(
+      d <= 1e-4,
+      `${name}: parameters on webgpu differ from cpu by ${d}`,
+    );
   }
 });
 
-test('the main job\'s command trains on webgpu from the CLI and its loss falls', { skip: why }, async () => {
+test("the main job's command trains on webgpu from the CLI and its loss falls", {
+  skip: why,
+}, async () => {
   const { spawnSync } = await import('node:child_process');
   const { mkdtempSync, readFileSync, rmSync } = await import('node:fs');
   const { tmpdir } = await import('node:os');
@@ -121,14 +201,60 @@ test('the main job\'s command trains on webgpu from the CLI and its loss falls',
   const out = mkdtempSync(join(tmpdir(), 'layerwise-webgpu-'));
   try {
     // the main job (charlm-tiny, gpipe K=2, Moby-Dick), smaller and shorter: a software GPU is slow
-    const r = spawnSync(process.execPath, [fileURLToPath(new URL('../cli/main.js', import.meta.url)), 'train', '--preset', 'charlm-tiny', '--data', 'moby-dick',
-      '--layers', '1', '--d-model', '32', '--heads', '2', '--context', '32', '--batch-size', '16', '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '4',
-      '--steps', '30', '--lr', '0.01', '--eval-every', '0', '--eval-batches', '1', '--backend', 'webgpu', '--out', join(out, 'run')], { encoding: 'utf8', timeout: 300_000 });
-    const said = (r.stderr ?? '').split('\n').filter((l) => !/^Warning|^\s+at |^$/.test(l)).slice(-8).join('\n');
+    const r = spawnSync(
+      process.execPath,
+      [
+        fileURLToPath(new URL('../cli/main.js', import.meta.url)),
+        'train',
+        '--preset',
+        'charlm-tiny',
+        '--data',
+        'moby-dick',
+        '--layers',
+        '1',
+        '--d-model',
+        '32',
+        '--heads',
+        '2',
+        '--context',
+        '32',
+        '--batch-size',
+        '16',
+        '--strategy',
+        'gpipe',
+        '--stages',
+        '2',
+        '--micro-batches',
+        '4',
+        '--steps',
+        '30',
+        '--lr',
+        '0.01',
+        '--eval-every',
+        '0',
+        '--eval-batches',
+        '1',
+        '--backend',
+        'webgpu',
+        '--out',
+        join(out, 'run'),
+      ],
+      { encoding: 'utf8', timeout: 300_000 },
+    );
+    const said = (r.stderr ?? '')
+      .split('\n')
+      .filter((l) => !/^Warning|^\s+at |^$/.test(l))
+      .slice(-8)
+      .join('\n');
     assert.equal(r.status, 0, `exit ${r.status} signal ${r.signal}: ${said}`);
-    const s = JSON.parse(readFileSync(join(out, 'run', 'summary.json'), 'utf8'));
+    const s = JSON.parse(
+      readFileSync(join(out, 'run', 'summary.json'), 'utf8'),
+    );
     assert.equal(s.backend, 'webgpu');
-    assert.ok(s.final_loss < s.initial_loss - 0.5, `loss ${s.initial_loss} -> ${s.final_loss}`);
+    assert.ok(
+      s.final_loss < s.initial_loss - 0.5,
+      `loss ${s.initial_loss} -> ${s.final_loss}`,
+    );
   } finally {
     rmSync(out, { recursive: true, force: true });
   }

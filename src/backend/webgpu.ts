@@ -30,7 +30,8 @@ let installed: DawnAdapter | undefined;
  * EGL_PLATFORM=surfaceless where there is no display, so Mesa's EGL runs headless.
  */
 export function configureWebGPUEnvironment(): void {
-  if (isMainThread && !process.env.DISPLAY && !process.env.WAYLAND_DISPLAY) process.env.EGL_PLATFORM ??= 'surfaceless';
+  if (isMainThread && !process.env.DISPLAY && !process.env.WAYLAND_DISPLAY)
+    process.env.EGL_PLATFORM ??= 'surfaceless';
 }
 
 configureWebGPUEnvironment();
@@ -44,34 +45,58 @@ configureWebGPUEnvironment();
  */
 export async function installDawn(): Promise<DawnAdapter> {
   if (installed) return installed;
-  let mod: { create: (flags: string[]) => GPUish; globals: Record<string, unknown> };
+  let mod: {
+    create: (flags: string[]) => GPUish;
+    globals: Record<string, unknown>;
+  };
   try {
     mod = (await import('webgpu')) as unknown as typeof mod;
   } catch (e) {
-    throw new LayerwiseError(`backend 'webgpu' needs the npm package webgpu (Dawn's Node bindings), which did not load: ${(e as Error).message.split('\n')[0]}; run npm ci`);
+    throw new LayerwiseError(
+      `backend 'webgpu' needs the npm package webgpu (Dawn's Node bindings), which did not load: ${(e as Error).message.split('\n')[0]}; run npm ci`,
+    );
   }
   Object.assign(globalThis, mod.globals);
   const given = process.env.LAYERWISE_DAWN_FLAGS;
-  const tries: Array<[string[], 'core' | 'compatibility']> = given !== undefined
-    ? [[given.split(',').filter(Boolean), 'core'], [given.split(',').filter(Boolean), 'compatibility']]
-    : [[[], 'core'], [['backend=opengl'], 'compatibility'], [['backend=opengles'], 'compatibility']];
+  const tries: Array<[string[], 'core' | 'compatibility']> =
+    given !== undefined
+      ? [
+          [given.split(',').filter(Boolean), 'core'],
+          [given.split(',').filter(Boolean), 'compatibility'],
+        ]
+      : [
+          [[], 'core'],
+          [['backend=opengl'], 'compatibility'],
+          [['backend=opengles'], 'compatibility'],
+        ];
   for (const [flags, featureLevel] of tries) {
     const gpu = mod.create(flags);
     const adapter = await gpu.requestAdapter({ featureLevel });
     if (!adapter) continue;
     // TF.js asks for its own adapter: give it this one's flags and feature level
     const request = gpu.requestAdapter.bind(gpu);
-    gpu.requestAdapter = (o: Record<string, unknown> = {}) => request({ ...o, featureLevel });
-    const nav = ((globalThis as { navigator?: object }).navigator ??= {}) as object;
+    gpu.requestAdapter = (o: Record<string, unknown> = {}) =>
+      request({ ...o, featureLevel });
+    const nav = ((globalThis as { navigator?: object }).navigator ??=
+      {}) as object;
     Object.defineProperty(nav, 'gpu', { value: gpu, configurable: true });
-    installed = { description: adapter.info?.description || adapter.info?.vendor || 'unknown adapter', flags, featureLevel };
+    installed = {
+      description:
+        adapter.info?.description || adapter.info?.vendor || 'unknown adapter',
+      flags,
+      featureLevel,
+    };
     return installed;
   }
-  throw new LayerwiseError('backend \'webgpu\' found no GPU adapter: no GPU driver (Vulkan, Metal, D3D12) and no OpenGL through EGL; ' +
-    'on Debian/Ubuntu without a GPU, apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri for a software GPU');
+  throw new LayerwiseError(
+    "backend 'webgpu' found no GPU adapter: no GPU driver (Vulkan, Metal, D3D12) and no OpenGL through EGL; " +
+      'on Debian/Ubuntu without a GPU, apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri for a software GPU',
+  );
 }
 
 /** The slice of Dawn's GPU object used here. */
 interface GPUish {
-  requestAdapter(o?: Record<string, unknown>): Promise<{ info?: { description?: string; vendor?: string } } | null>;
+  requestAdapter(
+    o?: Record<string, unknown>,
+  ): Promise<{ info?: { description?: string; vendor?: string } } | null>;
 }

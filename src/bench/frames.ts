@@ -4,7 +4,10 @@
  * Calls `f` with each whole frame (u32 length, u8 flag, payload) arriving on `sock`: chunks are
  * kept in a list and joined once per frame (joining at every chunk copies a 4 MiB frame ~60 times).
  */
-export function onFrames(sock: NodeJS.ReadableStream, f: (frame: Buffer) => void): void {
+export function onFrames(
+  sock: NodeJS.ReadableStream,
+  f: (frame: Buffer) => void,
+): void {
   let chunks: Buffer[] = [];
   let have = 0;
   sock.on('data', (d: Buffer) => {
@@ -15,7 +18,8 @@ export function onFrames(sock: NodeJS.ReadableStream, f: (frame: Buffer) => void
       const head = chunks[0]!.length >= 5 ? chunks[0]! : Buffer.concat(chunks);
       const need = 5 + head.readUInt32LE(0);
       if (have < need) return;
-      const all = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, have);
+      const all =
+        chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, have);
       f(all.subarray(0, need));
       const rest = all.subarray(need);
       chunks = rest.length ? [rest] : [];
@@ -23,4 +27,3 @@ export function onFrames(sock: NodeJS.ReadableStream, f: (frame: Buffer) => void
     }
   });
 }
-

@@ -6,19 +6,28 @@
  * device bytes per stage. Measured above predicted is time the model leaves out: messages,
  * thread wake-ups, and stages sharing cores when K exceeds them.
  */
+
+import {
+  modelConfigFor,
+  optimizerConfigOf,
+  resolveConfig,
+} from '../config/config.js';
+import { costsAt } from '../cost/costs.js';
+import { profileModel } from '../cost/profile.js';
+import { predictStepTime } from '../cost/time.js';
 import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
-import { REMAT_MODES, idealBubble, type RematMode } from '../schedule/schedule.js';
+import {
+  idealBubble,
+  REMAT_MODES,
+  type RematMode,
+} from '../schedule/schedule.js';
 import { createStrategy, planStages } from '../strategies/index.js';
 import { threadsPerDevice } from '../strategies/spec.js';
-import { profileModel } from '../cost/profile.js';
-import { costsAt } from '../cost/costs.js';
-import { predictStepTime } from '../cost/time.js';
-import { resolveConfig, modelConfigFor, optimizerConfigOf } from '../config/config.js';
-import { markdownTable, writeBenchResults } from './report.js';
 import { median } from '../util/stats.js';
+import { markdownTable, writeBenchResults } from './report.js';
 
 export interface GpipeBenchOptions {
   preset: string;
@@ -49,25 +58,55 @@ interface Row {
 }
 
 /** Runs the benchmark and writes gpipe.json and gpipe.md. */
-export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void): Promise<void> {
-  const base = resolveConfig({ preset: o.preset, batchSize: o.batchSize, backend: o.backend, steps: o.steps + 1 });
+export async function benchGpipe(
+  o: GpipeBenchOptions,
+  log: (s: string) => void,
+): Promise<void> {
+  const base = resolveConfig({
+    preset: o.preset,
+    batchSize: o.batchSize,
+    backend: o.backend,
+    steps: o.steps + 1,
+  });
   const ds = await loadDataset(base.data);
   const model = buildModel(modelConfigFor(base, ds));
   const params = initParams(model.blocks, base.seed);
-  const context = model.config.arch === 'charlm' ? model.config.context : undefined;
+  const context =
+    model.config.arch === 'charlm' ? model.config.context : undefined;
   /** Throughput unit: a language model's batch counts tokens, an image classifier's examples (tokens_per_s holds either). */
   const unit = context !== undefined ? 'tokens/s' : 'examples/s';
   /** Examples per micro-batch with m micro-batches. */
-  const microBatchSize = (m: number) => Math.max(1, Math.floor(o.batchSize / m));
+  const microBatchSize = (m: number) =>
+    Math.max(1, Math.floor(o.batchSize / m));
   const sizes = o.microBatches.map(microBatchSize);
   // each stage's kernels on the threads its device gets (the cores divided among the stages)
-  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: sizes, optimizer: optimizerConfigOf(base), threads: threadsPerDevice(base, o.stages) });
+  const profile = await profileModel(model, {
+    backend: o.backend,
+    microBatchSizes: sizes,
+    optimizer: optimizerConfigOf(base),
+    threads: threadsPerDevice(base, o.stages),
+  });
 
-  async function measure(strategy: 'single' | 'gpipe', m: number, mode: RematMode): Promise<Omit<Row, 'speedup'>> {
-    const cfg = resolveConfig({ ...base, balance: undefined, strategy, stages: strategy === 'single' ? 1 : o.stages, microBatches: m, remat: mode });
+  async function measure(
+    strategy: 'single' | 'gpipe',
+    m: number,
+    mode: RematMode,
+  ): Promise<Omit<Row, 'speedup'>> {
+    const cfg = resolveConfig({
+      ...base,
+      balance: undefined,
+      strategy,
+      stages: strategy === 'single' ? 1 : o.stages,
+      microBatches: m,
+      remat: mode,
+    });
     const s = await createStrategy(cfg, model, params);
     try {
-      const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
+      const batcher = makeBatcher(ds, {
+        batchSize: o.batchSize,
+        context,
+        seed: 1,
+      });
       await s.trainStep(batcher.next(), 1e-4); // warm-up: kernels, XNNPACK packing
       const times: number[] = [];
       let tokens = 0;
@@ -86,11 +125,26 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
       const secs = median(times);
       const k = s.devices;
       const ranges = planStages(cfg, model);
-      const predicted = strategy === 'single' ? [] : predictStepTime(costsAt(profile, microBatchSize(m)), ranges, { m, remat: mode, schedule: cfg.schedule }).bubble;
+      const predicted =
+        strategy === 'single'
+          ? []
+          : predictStepTime(costsAt(profile, microBatchSize(m)), ranges, {
+              m,
+              remat: mode,
+              schedule: cfg.schedule,
+            }).bubble;
       return {
-        strategy, stages: k, micro_batches: strategy === 'single' ? 1 : m, remat: strategy === 'single' ? '-' : mode,
-        tokens_per_s: tokens / secs, bubble_measured: bubble, bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),
-        bubble_predicted: predicted, balance: ranges.map((r) => r.to - r.from), peak_device_bytes: peak, step_s: secs,
+        strategy,
+        stages: k,
+        micro_batches: strategy === 'single' ? 1 : m,
+        remat: strategy === 'single' ? '-' : mode,
+        tokens_per_s: tokens / secs,
+        bubble_measured: bubble,
+        bubble_ideal: idealBubble(strategy === 'single' ? 1 : m, k),
+        bubble_predicted: predicted,
+        balance: ranges.map((r) => r.to - r.from),
+        peak_device_bytes: peak,
+        step_s: secs,
       };
     } finally {
       await s.close();
@@ -106,24 +160,56 @@ export async function benchGpipe(o: GpipeBenchOptions, log: (s: string) => void)
     for (const m of o.microBatches) {
       const r = await measure('gpipe', m, mode);
       pipes.push(r);
-      log(`gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} ${unit} (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`);
+      log(
+        `gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} ${unit} (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`,
+      );
     }
   }
   const single2 = await measure('single', 1, 'never');
   log(`single (last): ${single2.tokens_per_s.toFixed(0)} ${unit}`);
   const ref = (single1.tokens_per_s + single2.tokens_per_s) / 2;
-  const rows: Row[] = [single1, ...pipes, single2].map((r) => ({ ...r, speedup: r.tokens_per_s / ref }));
+  const rows: Row[] = [single1, ...pipes, single2].map((r) => ({
+    ...r,
+    speedup: r.tokens_per_s / ref,
+  }));
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   const md = [
     `# gpipe benchmark\n`,
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
-      columns: ['strategy', 'K', 'M', 'checkpoint', 'blocks per stage', unit, 'speed-up vs single', 'bubble per stage (measured)', 'bubble per stage (cost model)', 'bubble (K-1)/(M+K-1)', 'peak device MiB per stage'],
-      rows: rows.map((r) => [r.strategy, r.stages, r.micro_batches, r.remat, r.balance.join(','), r.tokens_per_s.toFixed(0), `${r.speedup.toFixed(2)}x`,
-        r.bubble_measured.map((b) => b.toFixed(3)).join(' / '), r.bubble_predicted.map((b) => b.toFixed(3)).join(' / ') || '-', r.bubble_ideal.toFixed(3), r.peak_device_bytes.map(mib).join(' / ')]),
+      columns: [
+        'strategy',
+        'K',
+        'M',
+        'checkpoint',
+        'blocks per stage',
+        unit,
+        'speed-up vs single',
+        'bubble per stage (measured)',
+        'bubble per stage (cost model)',
+        'bubble (K-1)/(M+K-1)',
+        'peak device MiB per stage',
+      ],
+      rows: rows.map((r) => [
+        r.strategy,
+        r.stages,
+        r.micro_batches,
+        r.remat,
+        r.balance.join(','),
+        r.tokens_per_s.toFixed(0),
+        `${r.speedup.toFixed(2)}x`,
+        r.bubble_measured.map((b) => b.toFixed(3)).join(' / '),
+        r.bubble_predicted.map((b) => b.toFixed(3)).join(' / ') || '-',
+        r.bubble_ideal.toFixed(3),
+        r.peak_device_bytes.map(mib).join(' / '),
+      ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(o.out, 'gpipe', { bench: 'gpipe', options: o, params: modelParamCount(model), rows }, md);
+  const files = await writeBenchResults(
+    o.out,
+    'gpipe',
+    { bench: 'gpipe', options: o, params: modelParamCount(model), rows },
+    md,
+  );
   log(`wrote ${files.join(', ')}`);
 }
-

@@ -16,9 +16,9 @@ import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel, modelParamCount } from '../model/model.js';
-import { formatSize } from '../util/size.js';
-import { L2LStrategy } from '../strategies/l2l.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
+import { L2LStrategy } from '../strategies/l2l.js';
+import { formatSize } from '../util/size.js';
 import { markdownTable, writeBenchResults } from './report.js';
 
 export interface L2LMaxOptions {
@@ -38,41 +38,89 @@ export interface L2LMaxOptions {
 }
 
 /** Runs the steps and writes l2l-max.json and l2l-max.md. */
-export async function benchL2LMax(o: L2LMaxOptions, log: (s: string) => void): Promise<void> {
+export async function benchL2LMax(
+  o: L2LMaxOptions,
+  log: (s: string) => void,
+): Promise<void> {
   const ds = await loadDataset('moby-dick');
   if (ds.kind !== 'text') throw new Error('moby-dick is a text data set');
-  const config = { arch: 'charlm' as const, layers: o.layers, dModel: o.dModel, heads: o.heads, context: o.context, vocab: ds.vocab.size };
+  const config = {
+    arch: 'charlm' as const,
+    layers: o.layers,
+    dModel: o.dModel,
+    heads: o.heads,
+    context: o.context,
+    vocab: ds.vocab.size,
+  };
   const model = buildModel(config);
   const n = modelParamCount(model);
-  log(`model: ${o.layers} layers x d ${o.dModel}, ${n.toLocaleString('en-US')} parameters, ${formatSize(4 * n)} fp32 (${(4 * n / 1e9).toFixed(2)} GB); AdamW state ${formatSize(8 * n)}`);
+  log(
+    `model: ${o.layers} layers x d ${o.dModel}, ${n.toLocaleString('en-US')} parameters, ${formatSize(4 * n)} fp32 (${((4 * n) / 1e9).toFixed(2)} GB); AdamW state ${formatSize(8 * n)}`,
+  );
   let t = performance.now();
-  const params = initParams(model.blocks, 1, 0, model.blocks.length, { shared: true });
+  const params = initParams(model.blocks, 1, 0, model.blocks.length, {
+    shared: true,
+  });
   log(`initialised in ${((performance.now() - t) / 1000).toFixed(1)} s`);
-  const optimizer = { ...defaultOptimizerConfig('adamw'), clipNorm: o.clipNorm };
+  const optimizer = {
+    ...defaultOptimizerConfig('adamw'),
+    clipNorm: o.clipNorm,
+  };
   t = performance.now();
-  const s = await L2LStrategy.create({
-    backend: o.backend, model: config, microBatches: o.microBatches, optimizer, stash: 'host', serverThreads: o.serverThreads, adoptParams: true,
-  }, model, params);
+  const s = await L2LStrategy.create(
+    {
+      backend: o.backend,
+      model: config,
+      microBatches: o.microBatches,
+      optimizer,
+      stash: 'host',
+      serverThreads: o.serverThreads,
+      adoptParams: true,
+    },
+    model,
+    params,
+  );
   params.clear(); // the parameter server owns the memory now
-  log(`parameter server and device started in ${((performance.now() - t) / 1000).toFixed(1)} s`);
-  const steps: Array<{ step: number; seconds: number; loss: number; peak_device_bytes: number; wasm_heap_bytes: number | null; device_wait_s: number }> = [];
+  log(
+    `parameter server and device started in ${((performance.now() - t) / 1000).toFixed(1)} s`,
+  );
+  const steps: Array<{
+    step: number;
+    seconds: number;
+    loss: number;
+    peak_device_bytes: number;
+    wasm_heap_bytes: number | null;
+    device_wait_s: number;
+  }> = [];
   try {
-    const batcher = makeBatcher(ds, { batchSize: o.batchSize, context: o.context, seed: 1 });
+    const batcher = makeBatcher(ds, {
+      batchSize: o.batchSize,
+      context: o.context,
+      seed: 1,
+    });
     for (let i = 0; i < o.steps; i++) {
       t = performance.now();
       const r = await s.trainStep(batcher.next(), o.lr);
       const seconds = (performance.now() - t) / 1000;
       const row = {
-        step: i + 1, seconds, loss: r.loss, peak_device_bytes: r.peakBytes[0], wasm_heap_bytes: r.heapBytes?.[0] ?? null,
+        step: i + 1,
+        seconds,
+        loss: r.loss,
+        peak_device_bytes: r.peakBytes[0],
+        wasm_heap_bytes: r.heapBytes?.[0] ?? null,
         device_wait_s: r.bubble[0] * r.stageSeconds[0],
       };
       steps.push(row);
-      log(`step ${row.step}: ${seconds.toFixed(1)} s, loss ${r.loss.toFixed(4)}, peak device ${formatSize(row.peak_device_bytes)}, ` +
-        `wasm heap ${row.wasm_heap_bytes === null ? '-' : formatSize(row.wasm_heap_bytes)}, device waited ${row.device_wait_s.toFixed(1)} s for the parameter server`);
+      log(
+        `step ${row.step}: ${seconds.toFixed(1)} s, loss ${r.loss.toFixed(4)}, peak device ${formatSize(row.peak_device_bytes)}, ` +
+          `wasm heap ${row.wasm_heap_bytes === null ? '-' : formatSize(row.wasm_heap_bytes)}, device waited ${row.device_wait_s.toFixed(1)} s for the parameter server`,
+      );
     }
     t = performance.now();
     await (s as unknown as { settle(): Promise<void> }).settle();
-    log(`last updates applied ${((performance.now() - t) / 1000).toFixed(1)} s after the last step`);
+    log(
+      `last updates applied ${((performance.now() - t) / 1000).toFixed(1)} s after the last step`,
+    );
   } finally {
     await s.close();
   }
@@ -80,14 +128,40 @@ export async function benchL2LMax(o: L2LMaxOptions, log: (s: string) => void): P
   log(`host resident set: ${formatSize(rss)}`);
   const md = [
     `# l2l: the largest model trained on one device\n`,
-    `charlm ${o.layers} layers x d_model ${o.dModel} (${o.heads} heads, context ${o.context}), ${n.toLocaleString('en-US')} parameters = ${(4 * n / 1e9).toFixed(2)} GB (${formatSize(4 * n)}) of fp32 parameters, ` +
+    `charlm ${o.layers} layers x d_model ${o.dModel} (${o.heads} heads, context ${o.context}), ${n.toLocaleString('en-US')} parameters = ${((4 * n) / 1e9).toFixed(2)} GB (${formatSize(4 * n)}) of fp32 parameters, ` +
       `plus ${formatSize(8 * n)} of AdamW moments in the parameter server. Mini-batch ${o.batchSize} x ${o.context} tokens of Moby-Dick, ${o.microBatches} micro-batch(es), stash in host memory, ` +
       `AdamW lr ${o.lr}, clip-norm ${o.clipNorm}, ${o.serverThreads} optimizer thread(s), backend ${o.backend}. Host resident set at the end: ${formatSize(rss)}.\n`,
     markdownTable({
-      columns: ['step', 'seconds', 'loss', 'peak device tensors', 'wasm heap', 'device waiting for the PS (s)'],
-      rows: steps.map((r) => [r.step, r.seconds.toFixed(1), r.loss.toFixed(4), formatSize(r.peak_device_bytes), r.wasm_heap_bytes === null ? '-' : formatSize(r.wasm_heap_bytes), r.device_wait_s.toFixed(1)]),
+      columns: [
+        'step',
+        'seconds',
+        'loss',
+        'peak device tensors',
+        'wasm heap',
+        'device waiting for the PS (s)',
+      ],
+      rows: steps.map((r) => [
+        r.step,
+        r.seconds.toFixed(1),
+        r.loss.toFixed(4),
+        formatSize(r.peak_device_bytes),
+        r.wasm_heap_bytes === null ? '-' : formatSize(r.wasm_heap_bytes),
+        r.device_wait_s.toFixed(1),
+      ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(o.out, 'l2l-max', { bench: 'l2l-max', options: o, params: n, param_bytes: 4 * n, steps, host_rss_bytes: rss }, md);
+  const files = await writeBenchResults(
+    o.out,
+    'l2l-max',
+    {
+      bench: 'l2l-max',
+      options: o,
+      params: n,
+      param_bytes: 4 * n,
+      steps,
+      host_rss_bytes: rss,
+    },
+    md,
+  );
   log(`wrote ${files.join(', ')}`);
 }

@@ -15,23 +15,43 @@ program
   .description('single vs gpipe throughput, bubble and peak device memory')
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option('--steps <n>', 'measured steps per configuration', (v) => Number(v), 4)
+  .option(
+    '--steps <n>',
+    'measured steps per configuration',
+    (v) => Number(v),
+    4,
+  )
   .option('--micro-batches <list>', 'micro-batch counts', '1,2,4,8')
   .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend); // validates the name before workers start
-    await benchGpipe({ ...o, microBatches: String(o.microBatches).split(',').map(Number) }, (s) => console.log(s));
+    await benchGpipe(
+      { ...o, microBatches: String(o.microBatches).split(',').map(Number) },
+      (s) => console.log(s),
+    );
   });
 
 program
   .command('backends')
-  .description('single-device tokens/s on wasm, cpu and native; native pipelines with one thread per stage')
+  .description(
+    'single-device tokens/s on wasm, cpu and native; native pipelines with one thread per stage',
+  )
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option('--steps <n>', 'measured steps per configuration', (v) => Number(v), 4)
-  .option('--cpu-steps <n>', 'measured steps on the (slow) cpu backend', (v) => Number(v), 1)
+  .option(
+    '--steps <n>',
+    'measured steps per configuration',
+    (v) => Number(v),
+    4,
+  )
+  .option(
+    '--cpu-steps <n>',
+    'measured steps on the (slow) cpu backend',
+    (v) => Number(v),
+    1,
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchBackends } = await import('./backends.js');
@@ -40,33 +60,81 @@ program
 
 program
   .command('transport')
-  .description('channel throughput (MB/s) and round-trip latency on loopback for threads, processes (gRPC) and a raw TCP socket; gpipe K=2 over threads vs processes')
+  .description(
+    'channel throughput (MB/s) and round-trip latency on loopback for threads, processes (gRPC) and a raw TCP socket; gpipe K=2 over threads vs processes',
+  )
   .option('--mib <n>', 'MiB per throughput message', (v) => Number(v), 4)
-  .option('--messages <n>', 'throughput messages per transport', (v) => Number(v), 64)
-  .option('--round-trips <n>', 'round trips for the latency', (v) => Number(v), 200)
-  .option('--steps <n>', 'measured gpipe steps per device kind', (v) => Number(v), 4)
+  .option(
+    '--messages <n>',
+    'throughput messages per transport',
+    (v) => Number(v),
+    64,
+  )
+  .option(
+    '--round-trips <n>',
+    'round trips for the latency',
+    (v) => Number(v),
+    200,
+  )
+  .option(
+    '--steps <n>',
+    'measured gpipe steps per device kind',
+    (v) => Number(v),
+    4,
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchTransport } = await import('./transport.js');
-    await benchTransport({ mib: o.mib, messages: o.messages, roundTrips: o.roundTrips, steps: o.steps, out: o.out }, (s) => console.log(s));
+    await benchTransport(
+      {
+        mib: o.mib,
+        messages: o.messages,
+        roundTrips: o.roundTrips,
+        steps: o.steps,
+        out: o.out,
+      },
+      (s) => console.log(s),
+    );
   });
 
 program
   .command('webgpu')
-  .description('matmul GFLOP/s on webgpu (Dawn: the GPU, else a software GPU) beside native and wasm')
+  .description(
+    'matmul GFLOP/s on webgpu (Dawn: the GPU, else a software GPU) beside native and wasm',
+  )
   .option('--sizes <list>', 'matrix sizes n', '256,512,1024')
   .option('--reps <n>', 'products per size', (v) => Number(v), 10)
-  .option('--preset <name>', 'preset whose training tokens/s is measured', 'charlm-small')
-  .option('--steps <n>', 'measured training steps (0: matmul only)', (v) => Number(v), 3)
+  .option(
+    '--preset <name>',
+    'preset whose training tokens/s is measured',
+    'charlm-small',
+  )
+  .option(
+    '--steps <n>',
+    'measured training steps (0: matmul only)',
+    (v) => Number(v),
+    3,
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchWebGPU } = await import('./webgpu.js');
-    await benchWebGPU({ sizes: String(o.sizes).split(',').map(Number), reps: o.reps, preset: o.preset, steps: o.steps, out: o.out }, (s) => console.log(s));
+    await benchWebGPU(
+      {
+        sizes: String(o.sizes).split(',').map(Number),
+        reps: o.reps,
+        preset: o.preset,
+        steps: o.steps,
+        out: o.out,
+      },
+      (s) => console.log(s),
+    );
   });
 
 program
   .command('kernels')
-  .description('where a training step\'s time goes, per kernel, on one backend (single device, in this thread)')
+  .description(
+    "where a training step's time goes, per kernel, on one backend (single device, in this thread)",
+  )
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option('--backend <name>', 'backend', 'native')
@@ -80,32 +148,69 @@ program
 
 program
   .command('balance')
-  .description('gpipe throughput with --balance time vs the default (by parameters) on a model with uneven blocks; bubble vs (K-1)/(M+K-1)')
+  .description(
+    'gpipe throughput with --balance time vs the default (by parameters) on a model with uneven blocks; bubble vs (K-1)/(M+K-1)',
+  )
   .option('--layers <n>', 'decoder layers', (v) => Number(v), 4)
   .option('--d-model <n>', 'model width', (v) => Number(v), 64)
   .option('--context <n>', 'context length', (v) => Number(v), 32)
-  .option('--vocab <n>', 'vocabulary size (the wide head)', (v) => Number(v), 4096)
+  .option(
+    '--vocab <n>',
+    'vocabulary size (the wide head)',
+    (v) => Number(v),
+    4096,
+  )
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
   .option('--micro-batches <list>', 'micro-batch counts', '4,8')
-  .option('--steps <n>', 'measured steps per configuration', (v) => Number(v), 4)
+  .option(
+    '--steps <n>',
+    'measured steps per configuration',
+    (v) => Number(v),
+    4,
+  )
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
-    await benchBalance({ ...o, microBatches: String(o.microBatches).split(',').map(Number) }, (s) => console.log(s));
+    await benchBalance(
+      { ...o, microBatches: String(o.microBatches).split(',').map(Number) },
+      (s) => console.log(s),
+    );
   });
 
 program
   .command('local')
-  .description('validation loss vs wall-clock for single, gpipe and local parallelism, and local throughput vs single')
+  .description(
+    'validation loss vs wall-clock for single, gpipe and local parallelism, and local throughput vs single',
+  )
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option('--seconds <s>', 'training seconds per strategy', (v) => Number(v), 90)
-  .option('--eval-seconds <s>', 'evaluate every this many training seconds', (v) => Number(v), 15)
+  .option(
+    '--seconds <s>',
+    'training seconds per strategy',
+    (v) => Number(v),
+    90,
+  )
+  .option(
+    '--eval-seconds <s>',
+    'evaluate every this many training seconds',
+    (v) => Number(v),
+    15,
+  )
   .option('--eval-batches <n>', 'validation batches', (v) => Number(v), 4)
-  .option('--gpipe-micro-batches <n>', 'gpipe micro-batches', (v) => Number(v), 8)
-  .option('--local-micro-batches <n>', 'local updates per mini-batch', (v) => Number(v), 2)
+  .option(
+    '--gpipe-micro-batches <n>',
+    'gpipe micro-batches',
+    (v) => Number(v),
+    8,
+  )
+  .option(
+    '--local-micro-batches <n>',
+    'local updates per mini-batch',
+    (v) => Number(v),
+    2,
+  )
   .option('--lr <x>', 'learning rate', (v) => Number(v), 2e-3)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')
@@ -118,13 +223,33 @@ program
 
 program
   .command('l2l')
-  .description('l2l vs single: peak device memory and throughput against depth, largest model under a device budget, parameter server update rate')
-  .option('--blocks <list>', 'blocks per model of the depth sweep', '6,12,24,48')
+  .description(
+    'l2l vs single: peak device memory and throughput against depth, largest model under a device budget, parameter server update rate',
+  )
+  .option(
+    '--blocks <list>',
+    'blocks per model of the depth sweep',
+    '6,12,24,48',
+  )
   .option('--d-model <n>', 'model width of the sweep', (v) => Number(v), 128)
   .option('--context <n>', 'context length of the sweep', (v) => Number(v), 64)
-  .option('--batch-size <n>', 'mini-batch size of the sweep', (v) => Number(v), 16)
-  .option('--micro-batches <n>', 'l2l micro-batches in the sweep', (v) => Number(v), 2)
-  .option('--budget <size>', 'device budget of the largest-model comparison', '768MiB')
+  .option(
+    '--batch-size <n>',
+    'mini-batch size of the sweep',
+    (v) => Number(v),
+    16,
+  )
+  .option(
+    '--micro-batches <n>',
+    'l2l micro-batches in the sweep',
+    (v) => Number(v),
+    2,
+  )
+  .option(
+    '--budget <size>',
+    'device budget of the largest-model comparison',
+    '768MiB',
+  )
   .option('--steps <n>', 'measured steps per run', (v) => Number(v), 3)
   .option('--quick', 'skip the charlm-small throughput rows')
   .option('--backend <name>', 'backend', 'wasm')
@@ -133,12 +258,21 @@ program
     await initBackend(o.backend);
     const { benchL2L } = await import('./l2l.js');
     const { parseSize } = await import('../util/size.js');
-    await benchL2L({ ...o, blocks: String(o.blocks).split(',').map(Number), budget: parseSize(o.budget, '--budget') }, (s) => console.log(s));
+    await benchL2L(
+      {
+        ...o,
+        blocks: String(o.blocks).split(',').map(Number),
+        budget: parseSize(o.budget, '--budget'),
+      },
+      (s) => console.log(s),
+    );
   });
 
 program
   .command('l2l-max')
-  .description('a few full l2l training steps of one large character Transformer (default 1.1 billion parameters, 4.4 GB fp32) on Moby-Dick')
+  .description(
+    'a few full l2l training steps of one large character Transformer (default 1.1 billion parameters, 4.4 GB fp32) on Moby-Dick',
+  )
   .option('--layers <n>', 'decoder layers', (v) => Number(v), 22)
   .option('--d-model <n>', 'model width', (v) => Number(v), 2048)
   .option('--heads <n>', 'attention heads', (v) => Number(v), 16)
@@ -146,8 +280,18 @@ program
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 2)
   .option('--micro-batches <n>', 'micro-batches', (v) => Number(v), 1)
   .option('--steps <n>', 'training steps', (v) => Number(v), 2)
-  .option('--clip-norm <x>', 'global gradient clipping (0: off; on holds a whole step of gradients in host memory)', (v) => Number(v), 0)
-  .option('--server-threads <n>', "parameter server's optimizer threads", (v) => Number(v), 1)
+  .option(
+    '--clip-norm <x>',
+    'global gradient clipping (0: off; on holds a whole step of gradients in host memory)',
+    (v) => Number(v),
+    0,
+  )
+  .option(
+    '--server-threads <n>',
+    "parameter server's optimizer threads",
+    (v) => Number(v),
+    1,
+  )
   .option('--lr <x>', 'learning rate', (v) => Number(v), 1e-5)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', 'bench/results')

@@ -6,17 +6,24 @@
  * parameters in 8 tensors of [2048, 1024]. Writes bench/results/param-server.json and param-server.md.
  */
 import { availableParallelism, cpus } from 'node:os';
-import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import type { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
-import { hostUpdate, nativeHostUpdate } from '../param-server/host-optimizer.js';
-import { ParameterServer } from '../param-server/server.js';
-import type { HostParams } from '../model/init.js';
-import { DeviceOptimizer, defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
+import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
+import type { HostParams } from '../model/init.js';
+import {
+  DeviceOptimizer,
+  defaultOptimizerConfig,
+  type OptimizerConfig,
+} from '../optim/optimizer.js';
+import {
+  hostUpdate,
+  nativeHostUpdate,
+} from '../param-server/host-optimizer.js';
+import { ParameterServer } from '../param-server/server.js';
 import { Rng } from '../util/rng.js';
-import { markdownTable, writeBenchResults } from './report.js';
 import { median } from '../util/stats.js';
+import { markdownTable, writeBenchResults } from './report.js';
 
 /** One measured optimizer. */
 export interface ServerBenchRow {
@@ -34,7 +41,6 @@ export interface ServerBenchRow {
 
 const TENSOR_COLS = 1024;
 
-
 /**
  * Measures the AdamW update rate (parameters/s) of (a) {@link hostUpdate} in the calling
  * thread, (b) {@link ParameterServer} with 1 and 2 optimizer threads (4 layers of 2 tensors
@@ -46,41 +52,76 @@ const TENSOR_COLS = 1024;
  * Memory: about 4 x 4 bytes per parameter on the host, and about 6 x 4 on the wasm heap.
  * Throws if params is not a positive multiple of 8 x 1024.
  */
-export async function benchServerUpdateRate(opts: { params?: number; steps?: number; log?: (s: string) => void } = {}): Promise<ServerBenchRow[]> {
+export async function benchServerUpdateRate(
+  opts: { params?: number; steps?: number; log?: (s: string) => void } = {},
+): Promise<ServerBenchRow[]> {
   const total = opts.params ?? 16 * 2 ** 20;
   const steps = opts.steps ?? 5;
   const log = opts.log ?? (() => undefined);
   const nTensors = 8;
-  if (!(Number.isInteger(total) && total > 0 && total % (nTensors * TENSOR_COLS) === 0)) {
-    throw new RangeError(`params must be a positive multiple of ${nTensors * TENSOR_COLS}, got ${total}`);
+  if (
+    !(
+      Number.isInteger(total) &&
+      total > 0 &&
+      total % (nTensors * TENSOR_COLS) === 0
+    )
+  ) {
+    throw new RangeError(
+      `params must be a positive multiple of ${nTensors * TENSOR_COLS}, got ${total}`,
+    );
   }
   const per = total / nTensors;
   const shape = [per / TENSOR_COLS, TENSOR_COLS];
-  const keys = Array.from({ length: nTensors }, (_, i) => `${Math.floor(i / 2)}.w${i % 2}`);
-  const layers = [0, 1, 2, 3].map((l) => keys.filter((k) => k.startsWith(`${l}.`)));
+  const keys = Array.from(
+    { length: nTensors },
+    (_, i) => `${Math.floor(i / 2)}.w${i % 2}`,
+  );
+  const layers = [0, 1, 2, 3].map((l) =>
+    keys.filter((k) => k.startsWith(`${l}.`)),
+  );
   const shapes = Object.fromEntries(keys.map((k) => [k, shape]));
-  const cfg: OptimizerConfig = { ...defaultOptimizerConfig('adamw'), clipNorm: 0 };
+  const cfg: OptimizerConfig = {
+    ...defaultOptimizerConfig('adamw'),
+    clipNorm: 0,
+  };
   const lr = 1e-3;
   const rng = new Rng(1);
   const init = new Float32Array(per).map(() => rng.normal() * 0.02);
   const grad = new Float32Array(per).map(() => rng.normal() * 1e-3);
   const rows: ServerBenchRow[] = [];
-  const record = (optimizer: string, backend: string, times: number[], threads?: number) => {
+  const record = (
+    optimizer: string,
+    backend: string,
+    times: number[],
+    threads?: number,
+  ) => {
     const ms = median(times);
-    const row: ServerBenchRow = { optimizer, backend, ...(threads !== undefined ? { threads } : {}), paramsPerSecond: total / (ms / 1000), stepMs: ms };
+    const row: ServerBenchRow = {
+      optimizer,
+      backend,
+      ...(threads !== undefined ? { threads } : {}),
+      paramsPerSecond: total / (ms / 1000),
+      stepMs: ms,
+    };
     rows.push(row);
-    log(`${optimizer}${threads !== undefined ? ` (${threads} threads)` : ''} on ${backend}: ${(row.paramsPerSecond / 1e6).toFixed(1)}M params/s (${ms.toFixed(1)} ms per step)`);
+    log(
+      `${optimizer}${threads !== undefined ? ` (${threads} threads)` : ''} on ${backend}: ${(row.paramsPerSecond / 1e6).toFixed(1)}M params/s (${ms.toFixed(1)} ms per step)`,
+    );
   };
 
   /** Times `update` (one step t over every tensor, in this thread) on fresh copies: `steps` steps after one warm-up. */
   const timeHostSteps = (update: typeof hostUpdate): number[] => {
     const ps = keys.map(() => init.slice());
     const gs = keys.map(() => grad.slice());
-    const slots = keys.map(() => ({ m: new Float32Array(per), v: new Float32Array(per) }));
+    const slots = keys.map(() => ({
+      m: new Float32Array(per),
+      v: new Float32Array(per),
+    }));
     const times: number[] = [];
     for (let t = 1; t <= steps + 1; t++) {
       const t0 = performance.now();
-      for (let i = 0; i < nTensors; i++) update(cfg, 2, ps[i]!, gs[i]!, slots[i]!, lr, 1, t);
+      for (let i = 0; i < nTensors; i++)
+        update(cfg, 2, ps[i]!, gs[i]!, slots[i]!, lr, 1, t);
       if (t > 1) times.push(performance.now() - t0);
     }
     return times;
@@ -94,7 +135,12 @@ export async function benchServerUpdateRate(opts: { params?: number; steps?: num
   if (lib) {
     for (const threads of [1, 2]) {
       lib.setThreads(threads);
-      record('native adamw (main thread)', 'host', timeHostSteps((...args) => nativeHostUpdate(lib, ...args)), threads);
+      record(
+        'native adamw (main thread)',
+        'host',
+        timeHostSteps((...args) => nativeHostUpdate(lib, ...args)),
+        threads,
+      );
     }
     lib.setThreads(availableParallelism());
   } else {
@@ -104,14 +150,23 @@ export async function benchServerUpdateRate(opts: { params?: number; steps?: num
   // (b) the parameter server, 1 and 2 optimizer threads
   for (const threads of [1, 2]) {
     const params: HostParams = new Map(keys.map((k) => [k, init]));
-    const server = await ParameterServer.create({ params, layers, shapes, optimizer: cfg, threads });
+    const server = await ParameterServer.create({
+      params,
+      layers,
+      shapes,
+      optimizer: cfg,
+      threads,
+    });
     try {
       const times: number[] = [];
       for (let t = 1; t <= steps + 1; t++) {
-        const grads = layers.map((ks) => Object.fromEntries(ks.map((k) => [k, grad.slice()])));
+        const grads = layers.map((ks) =>
+          Object.fromEntries(ks.map((k) => [k, grad.slice()])),
+        );
         const t0 = performance.now();
         server.beginStep(lr);
-        for (let l = layers.length - 1; l >= 0; l--) server.push(l, grads[l], 0);
+        for (let l = layers.length - 1; l >= 0; l--)
+          server.push(l, grads[l], 0);
         await server.idle();
         if (t > 1) times.push(performance.now() - t0);
       }
@@ -165,19 +220,47 @@ export async function benchServerUpdateRate(opts: { params?: number; steps?: num
 }
 
 /** Runs {@link benchServerUpdateRate} and writes `<out>/param-server.json` and `<out>/param-server.md`. */
-export async function benchEps(o: { params: number; steps: number; out: string }, log: (s: string) => void): Promise<void> {
-  const rows = await benchServerUpdateRate({ params: o.params, steps: o.steps, log });
-  const ref = rows.find((r) => r.optimizer === 'tf.train.adam')!.paramsPerSecond;
+export async function benchEps(
+  o: { params: number; steps: number; out: string },
+  log: (s: string) => void,
+): Promise<void> {
+  const rows = await benchServerUpdateRate({
+    params: o.params,
+    steps: o.steps,
+    log,
+  });
+  const ref = rows.find(
+    (r) => r.optimizer === 'tf.train.adam',
+  )!.paramsPerSecond;
   const md = [
     `# param-server benchmark: host optimizer update rate\n`,
     `AdamW (TF.js's tf.train.adam is plain Adam) over ${o.params.toLocaleString('en-US')} parameters in 8 tensors, median of ${o.steps} steps after one warm-up step, on this machine (${cpus().length} cores, Node ${process.versions.node}). ` +
       `ParameterServer: 4 layers of 2 tensors pushed in backward order, timed from the first push until idle(). Speed-up is against tf.train.adam on wasm.\n`,
     markdownTable({
-      columns: ['optimizer', 'backend', 'threads', 'M params/s', 'ms per step', 'vs tf.train.adam'],
-      rows: rows.map((r) => [r.optimizer, r.backend, r.threads ?? '-', (r.paramsPerSecond / 1e6).toFixed(1), r.stepMs.toFixed(1), `${(r.paramsPerSecond / ref).toFixed(2)}x`]),
+      columns: [
+        'optimizer',
+        'backend',
+        'threads',
+        'M params/s',
+        'ms per step',
+        'vs tf.train.adam',
+      ],
+      rows: rows.map((r) => [
+        r.optimizer,
+        r.backend,
+        r.threads ?? '-',
+        (r.paramsPerSecond / 1e6).toFixed(1),
+        r.stepMs.toFixed(1),
+        `${(r.paramsPerSecond / ref).toFixed(2)}x`,
+      ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(o.out, 'param-server', { bench: 'param-server', options: o, cores: cpus().length, rows }, md);
+  const files = await writeBenchResults(
+    o.out,
+    'param-server',
+    { bench: 'param-server', options: o, cores: cpus().length, rows },
+    md,
+  );
   log(`wrote ${files.join(', ')}`);
 }
 
@@ -186,8 +269,15 @@ export function registerParamServerBench(program: Command): void {
   program
     .command('param-server')
     .alias('eps')
-    .description("update rate (parameters/s) of the eager parameter server's AdamW vs TF.js's Adam and DeviceOptimizer on wasm")
-    .option('--params <n>', 'parameters (a multiple of 8192)', (v) => Number(v), 16 * 2 ** 20)
+    .description(
+      "update rate (parameters/s) of the eager parameter server's AdamW vs TF.js's Adam and DeviceOptimizer on wasm",
+    )
+    .option(
+      '--params <n>',
+      'parameters (a multiple of 8192)',
+      (v) => Number(v),
+      16 * 2 ** 20,
+    )
     .option('--steps <n>', 'measured steps per optimizer', (v) => Number(v), 5)
     .option('--out <dir>', 'results folder', 'bench/results')
     .action(async (o) => {

@@ -8,7 +8,11 @@
 import { createServer } from 'node:net';
 import { parentPort } from 'node:worker_threads';
 import * as grpc from '@grpc/grpc-js';
-import { DEVICE_SERVICE, LINK_OPTIONS, StreamPort } from '../runtime/grpc-link.js';
+import {
+  DEVICE_SERVICE,
+  LINK_OPTIONS,
+  StreamPort,
+} from '../runtime/grpc-link.js';
 import { onFrames } from './frames.js';
 
 interface Msg {
@@ -29,17 +33,27 @@ if (mode === 'thread') {
       port.on('message', (m) => port.postMessage(answer(m as Msg)));
     },
   });
-  server.bindAsync('127.0.0.1:0', grpc.ServerCredentials.createInsecure(), (e, p) => {
-    if (e) throw e;
-    console.log(`listening on 127.0.0.1:${p}`);
-  });
+  server.bindAsync(
+    '127.0.0.1:0',
+    grpc.ServerCredentials.createInsecure(),
+    (e, p) => {
+      if (e) throw e;
+      console.log(`listening on 127.0.0.1:${p}`);
+    },
+  );
 } else if (mode === 'tcp') {
   // frames: u32 length, u8 echo flag, payload; the answer is the frame itself or a 5-byte ack
   const server = createServer((sock) => {
     sock.setNoDelay(true);
-    onFrames(sock, (frame) => sock.write(frame[4] ? frame : Buffer.from([0, 0, 0, 0, 0])));
+    onFrames(sock, (frame) =>
+      sock.write(frame[4] ? frame : Buffer.from([0, 0, 0, 0, 0])),
+    );
   });
-  server.listen(0, '127.0.0.1', () => console.log(`listening on 127.0.0.1:${(server.address() as { port: number }).port}`));
+  server.listen(0, '127.0.0.1', () =>
+    console.log(
+      `listening on 127.0.0.1:${(server.address() as { port: number }).port}`,
+    ),
+  );
 } else {
   console.error('usage: transport-echo.js grpc|tcp (or as a worker thread)');
   process.exit(2);

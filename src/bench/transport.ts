@@ -6,21 +6,21 @@
  * a raw TCP socket to a child process; then gpipe K=2 M=8 on charlm-small over threads and
  * over processes. Writes transport.json and transport.md.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { connect } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { Worker } from 'node:worker_threads';
-import { dial, } from '../runtime/grpc-link.js';
+import { modelConfigFor, resolveConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
 import { buildModel } from '../model/model.js';
+import { dial } from '../runtime/grpc-link.js';
 import { createStrategy } from '../strategies/index.js';
-import { resolveConfig, modelConfigFor } from '../config/config.js';
-import { markdownTable, writeBenchResults } from './report.js';
-import { onFrames } from './frames.js';
 import { median } from '../util/stats.js';
+import { onFrames } from './frames.js';
+import { markdownTable, writeBenchResults } from './report.js';
 
 export interface TransportBenchOptions {
   /** Payload of a throughput message, MiB. */
@@ -43,16 +43,26 @@ interface Link {
 
 const ECHO = fileURLToPath(new URL('./transport-echo.js', import.meta.url));
 
-async function childAt(kind: 'grpc' | 'tcp'): Promise<{ child: ChildProcess; address: string }> {
-  const child = spawn(process.execPath, [ECHO, kind], { stdio: ['ignore', 'pipe', 'inherit'] });
-  const line = await new Promise<string>((r) => createInterface({ input: child.stdout! }).once('line', r));
+async function childAt(
+  kind: 'grpc' | 'tcp',
+): Promise<{ child: ChildProcess; address: string }> {
+  const child = spawn(process.execPath, [ECHO, kind], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
+  const line = await new Promise<string>((r) =>
+    createInterface({ input: child.stdout! }).once('line', r),
+  );
   return { child, address: /listening on (\S+)/.exec(line)![1]! };
 }
 
 async function threadLink(): Promise<Link> {
   const w = new Worker(ECHO);
   return {
-    send: (m) => w.postMessage(m, m.data instanceof Float32Array ? [m.data.buffer as ArrayBuffer] : []),
+    send: (m) =>
+      w.postMessage(
+        m,
+        m.data instanceof Float32Array ? [m.data.buffer as ArrayBuffer] : [],
+      ),
     onAnswer: (f) => w.on('message', f),
     close: async () => void (await w.terminate()),
   };
@@ -84,7 +94,10 @@ async function tcpLink(): Promise<Link> {
   });
   return {
     send: (m) => {
-      const payload = m.data instanceof Float32Array ? Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength) : Buffer.alloc(8);
+      const payload =
+        m.data instanceof Float32Array
+          ? Buffer.from(m.data.buffer, m.data.byteOffset, m.data.byteLength)
+          : Buffer.alloc(8);
       const head = Buffer.alloc(5);
       head.writeUInt32LE(payload.length, 0);
       head[4] = m.echo ? 1 : 0;
@@ -99,7 +112,10 @@ async function tcpLink(): Promise<Link> {
 }
 
 /** MB/s of `n` messages of `mib` MiB each acknowledged, and the median round trip (ms) of small echoed messages. */
-async function measureLink(link: Link, o: TransportBenchOptions): Promise<{ mb_per_s: number; rtt_ms: number }> {
+async function measureLink(
+  link: Link,
+  o: TransportBenchOptions,
+): Promise<{ mb_per_s: number; rtt_ms: number }> {
   const answers: Array<() => void> = [];
   link.onAnswer(() => answers.shift()?.());
   const answered = () => new Promise<void>((r) => answers.push(r));
@@ -131,25 +147,47 @@ async function measureLink(link: Link, o: TransportBenchOptions): Promise<{ mb_p
   return { mb_per_s: (o.messages * bytes) / 1e6 / secs, rtt_ms: median(rtts) };
 }
 
-export async function benchTransport(o: TransportBenchOptions, log: (s: string) => void): Promise<void> {
-  const links: Array<[string, () => Promise<Link>]> = [['worker thread (MessagePort)', threadLink], ['process (gRPC)', grpcLink], ['process (raw TCP)', tcpLink]];
-  const rows: Array<{ transport: string; mb_per_s: number; rtt_ms: number }> = [];
+export async function benchTransport(
+  o: TransportBenchOptions,
+  log: (s: string) => void,
+): Promise<void> {
+  const links: Array<[string, () => Promise<Link>]> = [
+    ['worker thread (MessagePort)', threadLink],
+    ['process (gRPC)', grpcLink],
+    ['process (raw TCP)', tcpLink],
+  ];
+  const rows: Array<{ transport: string; mb_per_s: number; rtt_ms: number }> =
+    [];
   for (const [name, open] of links) {
     const r = await measureLink(await open(), o);
     rows.push({ transport: name, ...r });
-    log(`${name}: ${r.mb_per_s.toFixed(0)} MB/s, round trip ${r.rtt_ms.toFixed(3)} ms`);
+    log(
+      `${name}: ${r.mb_per_s.toFixed(0)} MB/s, round trip ${r.rtt_ms.toFixed(3)} ms`,
+    );
   }
   // the pipeline itself: gpipe K=2 M=8 on charlm-small over threads and over processes
   const base = resolveConfig({ preset: 'charlm-small', batchSize: 32 });
   const ds = await loadDataset(base.data);
   const model = buildModel(modelConfigFor(base, ds));
   const params = initParams(model.blocks, 1);
-  const gp: Array<{ devices: string; tokens_per_s: number; step_s: number }> = [];
+  const gp: Array<{ devices: string; tokens_per_s: number; step_s: number }> =
+    [];
   for (const devices of ['thread', 'process']) {
-    const cfg = resolveConfig({ preset: 'charlm-small', batchSize: 32, strategy: 'gpipe', stages: 2, microBatches: 8, devices });
+    const cfg = resolveConfig({
+      preset: 'charlm-small',
+      batchSize: 32,
+      strategy: 'gpipe',
+      stages: 2,
+      microBatches: 8,
+      devices,
+    });
     const s = await createStrategy(cfg, model, params);
     try {
-      const batcher = makeBatcher(ds, { batchSize: 32, context: cfg.context ?? 128, seed: 1 });
+      const batcher = makeBatcher(ds, {
+        batchSize: 32,
+        context: cfg.context ?? 128,
+        seed: 1,
+      });
       await s.trainStep(batcher.next(), 1e-4);
       const times: number[] = [];
       let tokens = 0;
@@ -162,15 +200,37 @@ export async function benchTransport(o: TransportBenchOptions, log: (s: string) 
       }
       const step = median(times);
       gp.push({ devices, tokens_per_s: tokens / step, step_s: step });
-      log(`gpipe K=2 M=8 over ${devices === "thread" ? "threads" : "processes"}: ${(tokens / step).toFixed(0)} tokens/s`);
+      log(
+        `gpipe K=2 M=8 over ${devices === 'thread' ? 'threads' : 'processes'}: ${(tokens / step).toFixed(0)} tokens/s`,
+      );
     } finally {
       await s.close();
     }
   }
-  const md = `# Transport (loopback)\n\n${o.mib} MiB tensors one way, 4 in flight, each acknowledged; round trip: median of ${o.roundTrips} small echoed messages.\n\n` +
-    markdownTable({ columns: ['transport', 'MB/s', 'round trip (ms)'], rows: rows.map((r) => [r.transport, r.mb_per_s.toFixed(0), r.rtt_ms.toFixed(3)]) }) +
+  const md =
+    `# Transport (loopback)\n\n${o.mib} MiB tensors one way, 4 in flight, each acknowledged; round trip: median of ${o.roundTrips} small echoed messages.\n\n` +
+    markdownTable({
+      columns: ['transport', 'MB/s', 'round trip (ms)'],
+      rows: rows.map((r) => [
+        r.transport,
+        r.mb_per_s.toFixed(0),
+        r.rtt_ms.toFixed(3),
+      ]),
+    }) +
     `\n## gpipe K=2 M=8, charlm-small, batch 32\n\n` +
-    markdownTable({ columns: ['devices', 'tokens/s', 's/step'], rows: gp.map((g) => [g.devices, g.tokens_per_s.toFixed(0), g.step_s.toFixed(3)]) });
-  const files = await writeBenchResults(o.out, 'transport', { options: o, links: rows, gpipe: gp }, md);
+    markdownTable({
+      columns: ['devices', 'tokens/s', 's/step'],
+      rows: gp.map((g) => [
+        g.devices,
+        g.tokens_per_s.toFixed(0),
+        g.step_s.toFixed(3),
+      ]),
+    });
+  const files = await writeBenchResults(
+    o.out,
+    'transport',
+    { options: o, links: rows, gpipe: gp },
+    md,
+  );
   log(`wrote ${files.join(', ')}`);
 }

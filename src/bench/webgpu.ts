@@ -7,8 +7,8 @@
  * a software GPU, so pass --preset charlm-tiny there) on webgpu, native and wasm.
  */
 import { initBackend } from '../backend/index.js';
-import { installDawn } from '../backend/webgpu.js';
 import { tf } from '../backend/tfjs.js';
+import { installDawn } from '../backend/webgpu.js';
 import { markdownTable, writeBenchResults } from './report.js';
 
 export interface WebGPUBenchOptions {
@@ -21,7 +21,11 @@ export interface WebGPUBenchOptions {
 }
 
 /** Tokens/s of single-device training of `preset` on `backend`: one warm-up step, then the median of `steps`. */
-async function trainRate(preset: string, backend: string, steps: number): Promise<number> {
+async function trainRate(
+  preset: string,
+  backend: string,
+  steps: number,
+): Promise<number> {
   const { resolveConfig, modelConfigFor } = await import('../config/config.js');
   const { loadDataset } = await import('../data/index.js');
   const { makeBatcher } = await import('../data/batcher.js');
@@ -33,7 +37,12 @@ async function trainRate(preset: string, backend: string, steps: number): Promis
   const model = buildModel(modelConfigFor(cfg, ds));
   const s = await createStrategy(cfg, model, initParams(model.blocks, 1));
   try {
-    const batcher = makeBatcher(ds, { batchSize: 32, context: model.config.arch === 'charlm' ? model.config.context : undefined, seed: 1 });
+    const batcher = makeBatcher(ds, {
+      batchSize: 32,
+      context:
+        model.config.arch === 'charlm' ? model.config.context : undefined,
+      seed: 1,
+    });
     await s.trainStep(batcher.next(), 1e-4);
     const times: number[] = [];
     let tokens = 0;
@@ -67,7 +76,10 @@ async function gflops(n: number, reps: number): Promise<number> {
   return (2 * n ** 3 * reps) / secs / 1e9;
 }
 
-export async function benchWebGPU(o: WebGPUBenchOptions, log: (s: string) => void): Promise<void> {
+export async function benchWebGPU(
+  o: WebGPUBenchOptions,
+  log: (s: string) => void,
+): Promise<void> {
   const adapter = await installDawn();
   log(`adapter: ${adapter.description} (${adapter.featureLevel})`);
   const rows: Array<{ backend: string; n: number; gflops: number }> = [];
@@ -84,7 +96,11 @@ export async function benchWebGPU(o: WebGPUBenchOptions, log: (s: string) => voi
       log(`${backend} matmul ${n}^3: ${g.toFixed(1)} GFLOP/s`);
     }
   }
-  const rates: Array<{ backend: string; preset: string; tokens_per_s: number }> = [];
+  const rates: Array<{
+    backend: string;
+    preset: string;
+    tokens_per_s: number;
+  }> = [];
   if (o.steps > 0) {
     for (const backend of ['webgpu', 'native', 'wasm']) {
       try {
@@ -92,13 +108,26 @@ export async function benchWebGPU(o: WebGPUBenchOptions, log: (s: string) => voi
         rates.push({ backend, preset: o.preset, tokens_per_s: r });
         log(`${o.preset} single on ${backend}: ${r.toFixed(0)} tokens/s`);
       } catch (e) {
-        log(`${o.preset} on ${backend}: skipped (${(e as Error).message.split('\n')[0]})`);
+        log(
+          `${o.preset} on ${backend}: skipped (${(e as Error).message.split('\n')[0]})`,
+        );
       }
     }
   }
-  const md = `# WebGPU matmul\n\nAdapter: ${adapter.description} (${adapter.featureLevel} feature level). ${o.reps} products per size, timed to the read of the last.\n\n` +
-    markdownTable({ columns: ['backend', 'n (n x n times n x n)', 'GFLOP/s'], rows: rows.map((r) => [r.backend, r.n, r.gflops.toFixed(1)]) }) +
-    (rates.length ? `\n## Single-device training, ${o.preset}, batch 32\n\n${markdownTable({ columns: ['backend', 'tokens/s'], rows: rates.map((r) => [r.backend, r.tokens_per_s.toFixed(0)]) })}` : '');
-  const files = await writeBenchResults(o.out, 'webgpu', { adapter, options: o, rows, training: rates }, md);
+  const md =
+    `# WebGPU matmul\n\nAdapter: ${adapter.description} (${adapter.featureLevel} feature level). ${o.reps} products per size, timed to the read of the last.\n\n` +
+    markdownTable({
+      columns: ['backend', 'n (n x n times n x n)', 'GFLOP/s'],
+      rows: rows.map((r) => [r.backend, r.n, r.gflops.toFixed(1)]),
+    }) +
+    (rates.length
+      ? `\n## Single-device training, ${o.preset}, batch 32\n\n${markdownTable({ columns: ['backend', 'tokens/s'], rows: rates.map((r) => [r.backend, r.tokens_per_s.toFixed(0)]) })}`
+      : '');
+  const files = await writeBenchResults(
+    o.out,
+    'webgpu',
+    { adapter, options: o, rows, training: rates },
+    md,
+  );
   log(`wrote ${files.join(', ')}`);
 }

@@ -5,29 +5,70 @@
  * block and micro-batch and leaves the last checkpoint intact; an internal failure prints one
  * line and writes its full report to error.txt (--debug prints it).
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import {
+  chmodSync,
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  utimesSync,
+  writeFileSync,
+} from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
-import { createHash } from 'node:crypto';
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
-const TINY = ['--preset', 'charlm-tiny', '--layers', '1', '--d-model', '32', '--heads', '2', '--context', '16', '--batch-size', '8', '--eval-batches', '1'];
+const TINY = [
+  '--preset',
+  'charlm-tiny',
+  '--layers',
+  '1',
+  '--d-model',
+  '32',
+  '--heads',
+  '2',
+  '--context',
+  '16',
+  '--batch-size',
+  '8',
+  '--eval-batches',
+  '1',
+];
 const STACK = /\n\s+at /;
 
-function run(args: string[]): { code: number | null; out: string; err: string } {
+function run(args: string[]): {
+  code: number | null;
+  out: string;
+  err: string;
+} {
   const env = { ...process.env };
   delete env.LAYERWISE_TOKEN; // the same cases wherever the tests run
-  const r = spawnSync(process.execPath, [CLI, ...args], { encoding: 'utf8', timeout: 120_000, env });
+  const r = spawnSync(process.execPath, [CLI, ...args], {
+    encoding: 'utf8',
+    timeout: 120_000,
+    env,
+  });
   return { code: r.status, out: r.stdout, err: r.stderr };
 }
 
 /** The lines layerwise (or commander) printed on stderr, without TF.js's banner. */
 function errorLines(err: string): string[] {
-  return err.split('\n').filter((l) => l.trim() !== '' && !/^={5,}$/.test(l) && !l.startsWith('Hi, looks like you are running TensorFlow.js'));
+  return err
+    .split('\n')
+    .filter(
+      (l) =>
+        l.trim() !== '' &&
+        !/^={5,}$/.test(l) &&
+        !l.startsWith('Hi, looks like you are running TensorFlow.js'),
+    );
 }
 
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-bad-'));
@@ -55,10 +96,18 @@ const notModel = f('number.mjs', 'export default 42;\n');
 const aFolder = d('a-folder');
 const emptyRun = d('empty-run');
 const badMetaRun = d('bad-meta-run/checkpoint');
-writeFileSync(join(badMetaRun, 'meta.json'), '{"format": "layerwise-checkpoint",');
+writeFileSync(
+  join(badMetaRun, 'meta.json'),
+  '{"format": "layerwise-checkpoint",',
+);
 const otherFormat = d('other-format/checkpoint');
-writeFileSync(join(otherFormat, 'meta.json'), JSON.stringify({ format: 'safetensors', version: 1 }));
-const BAD_OUTPUT = fileURLToPath(new URL('../testing/models/bad-wrong-output.js', import.meta.url));
+writeFileSync(
+  join(otherFormat, 'meta.json'),
+  JSON.stringify({ format: 'safetensors', version: 1 }),
+);
+const BAD_OUTPUT = fileURLToPath(
+  new URL('../testing/models/bad-wrong-output.js', import.meta.url),
+);
 
 interface Case {
   name: string;
@@ -69,68 +118,295 @@ interface Case {
   out?: boolean;
 }
 
-const train = (name: string, args: string[], message: RegExp): Case => ({ name, args: ['train', ...args], message, out: true });
+const train = (name: string, args: string[], message: RegExp): Case => ({
+  name,
+  args: ['train', ...args],
+  message,
+  out: true,
+});
 
 const CASES: Case[] = [
   // devices
-  train('other hosts without LAYERWISE_TOKEN', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--devices', '127.0.0.1:1,127.0.0.1:1'], /--devices names other hosts but LAYERWISE_TOKEN is not set/),
-  train('a --devices entry that is no device', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--devices', 'gpu0,thread'], /--devices entry 'gpu0' is not thread, process or HOST:PORT/),
-  train('l2l on process devices', [...TINY, '--strategy', 'l2l', '--devices', 'process'], /--strategy l2l keeps its parameter server in memory it shares with its device/),
+  train(
+    'other hosts without LAYERWISE_TOKEN',
+    [
+      ...TINY,
+      '--strategy',
+      'gpipe',
+      '--stages',
+      '2',
+      '--devices',
+      '127.0.0.1:1,127.0.0.1:1',
+    ],
+    /--devices names other hosts but LAYERWISE_TOKEN is not set/,
+  ),
+  train(
+    'a --devices entry that is no device',
+    [
+      ...TINY,
+      '--strategy',
+      'gpipe',
+      '--stages',
+      '2',
+      '--devices',
+      'gpu0,thread',
+    ],
+    /--devices entry 'gpu0' is not thread, process or HOST:PORT/,
+  ),
+  train(
+    'l2l on process devices',
+    [...TINY, '--strategy', 'l2l', '--devices', 'process'],
+    /--strategy l2l keeps its parameter server in memory it shares with its device/,
+  ),
   // flags
   train('no model', ['--steps', '2'], /--preset or --model is required/),
   train('unknown option', [...TINY, '--bogus'], /unknown option '--bogus'/),
-  train('steps not an integer', [...TINY, '--steps', 'abc'], /--steps.*must be an integer/),
-  train('seed not an integer', [...TINY, '--seed', '1.5'], /--seed.*must be an integer/),
+  train(
+    'steps not an integer',
+    [...TINY, '--steps', 'abc'],
+    /--steps.*must be an integer/,
+  ),
+  train(
+    'seed not an integer',
+    [...TINY, '--seed', '1.5'],
+    /--seed.*must be an integer/,
+  ),
   train('lr not a number', [...TINY, '--lr', 'fast'], /--lr.*must be a number/),
-  train('lr zero', [...TINY, '--lr', '0'], /--lr must be a positive number, got 0/),
-  train('steps zero', [...TINY, '--steps', '0'], /--steps must be an integer >= 1, got 0/),
-  train('batch size zero', [...TINY, '--batch-size', '0'], /--batch-size must be an integer >= 1, got 0/),
-  train('stages zero', [...TINY, '--strategy', 'gpipe', '--stages', '0'], /--stages must be an integer >= 1, got 0/),
-  train('negative warmup', [...TINY, '--warmup=-1'], /--warmup must be an integer >= 0, got -1/),
-  train('negative clip norm', [...TINY, '--clip-norm=-1'], /--clip-norm must be >= 0/),
-  train('eval batches zero', [...TINY, '--eval-batches', '0'], /--eval-batches must be an integer >= 1/),
-  train('context zero', [...TINY, '--context', '0'], /--context must be an integer >= 1/),
-  train('unknown optimizer', [...TINY, '--optimizer', 'lion'], /unknown optimizer 'lion'; valid: sgd, adamw/),
-  train('unknown decay', [...TINY, '--decay', 'linear'], /unknown decay 'linear'; valid: constant, cosine/),
-  train('unknown re-materialization', [...TINY, '--checkpoint', 'sometimes'], /unknown checkpoint mode 'sometimes'/),
-  train('unknown schedule', [...TINY, '--schedule', 'zigzag'], /unknown schedule 'zigzag'/),
-  train('unknown stash place', [...TINY, '--strategy', 'l2l', '--stash', 'disk'], /unknown stash place 'disk'/),
-  train('unknown balance kind', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--balance', 'fast'], /--balance 'fast' must be comma-separated block counts.*flops, params, time, memory/),
-  train('balance with the wrong number of stages', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--balance', '1,1,1'], /balance 1,1,1 has 3 entries but --stages is 2/),
+  train(
+    'lr zero',
+    [...TINY, '--lr', '0'],
+    /--lr must be a positive number, got 0/,
+  ),
+  train(
+    'steps zero',
+    [...TINY, '--steps', '0'],
+    /--steps must be an integer >= 1, got 0/,
+  ),
+  train(
+    'batch size zero',
+    [...TINY, '--batch-size', '0'],
+    /--batch-size must be an integer >= 1, got 0/,
+  ),
+  train(
+    'stages zero',
+    [...TINY, '--strategy', 'gpipe', '--stages', '0'],
+    /--stages must be an integer >= 1, got 0/,
+  ),
+  train(
+    'negative warmup',
+    [...TINY, '--warmup=-1'],
+    /--warmup must be an integer >= 0, got -1/,
+  ),
+  train(
+    'negative clip norm',
+    [...TINY, '--clip-norm=-1'],
+    /--clip-norm must be >= 0/,
+  ),
+  train(
+    'eval batches zero',
+    [...TINY, '--eval-batches', '0'],
+    /--eval-batches must be an integer >= 1/,
+  ),
+  train(
+    'context zero',
+    [...TINY, '--context', '0'],
+    /--context must be an integer >= 1/,
+  ),
+  train(
+    'unknown optimizer',
+    [...TINY, '--optimizer', 'lion'],
+    /unknown optimizer 'lion'; valid: sgd, adamw/,
+  ),
+  train(
+    'unknown decay',
+    [...TINY, '--decay', 'linear'],
+    /unknown decay 'linear'; valid: constant, cosine/,
+  ),
+  train(
+    'unknown re-materialization',
+    [...TINY, '--checkpoint', 'sometimes'],
+    /unknown checkpoint mode 'sometimes'/,
+  ),
+  train(
+    'unknown schedule',
+    [...TINY, '--schedule', 'zigzag'],
+    /unknown schedule 'zigzag'/,
+  ),
+  train(
+    'unknown stash place',
+    [...TINY, '--strategy', 'l2l', '--stash', 'disk'],
+    /unknown stash place 'disk'/,
+  ),
+  train(
+    'unknown balance kind',
+    [...TINY, '--strategy', 'gpipe', '--stages', '2', '--balance', 'fast'],
+    /--balance 'fast' must be comma-separated block counts.*flops, params, time, memory/,
+  ),
+  train(
+    'balance with the wrong number of stages',
+    [...TINY, '--strategy', 'gpipe', '--stages', '2', '--balance', '1,1,1'],
+    /balance 1,1,1 has 3 entries but --stages is 2/,
+  ),
   train('bad device memory size', [...TINY, '--device-memory', 'lots'], /lots/),
-  train('overlap without local', [...TINY, '--strategy', 'gpipe', '--stages', '2', '--overlap', '1'], /--overlap applies to --strategy local only/),
-  train('single on several stages', [...TINY, '--strategy', 'single', '--stages', '2'], /--strategy single runs on one device; drop --stages 2/),
-  train('model and preset', ['--preset', 'charlm-tiny', '--model', BAD_OUTPUT, '--data', 'mnist'], /--model and --preset charlm-tiny both name a model; give one/),
-  train('unknown loss', ['--model', BAD_OUTPUT, '--data', 'mnist', '--loss', 'hinge'], /unknown loss 'hinge'/),
-  train('preset on text for images', ['--preset', 'cnn-mnist', '--data', 'moby-dick'], /preset cnn-mnist trains on image data but --data moby-dick is text data/),
+  train(
+    'overlap without local',
+    [...TINY, '--strategy', 'gpipe', '--stages', '2', '--overlap', '1'],
+    /--overlap applies to --strategy local only/,
+  ),
+  train(
+    'single on several stages',
+    [...TINY, '--strategy', 'single', '--stages', '2'],
+    /--strategy single runs on one device; drop --stages 2/,
+  ),
+  train(
+    'model and preset',
+    ['--preset', 'charlm-tiny', '--model', BAD_OUTPUT, '--data', 'mnist'],
+    /--model and --preset charlm-tiny both name a model; give one/,
+  ),
+  train(
+    'unknown loss',
+    ['--model', BAD_OUTPUT, '--data', 'mnist', '--loss', 'hinge'],
+    /unknown loss 'hinge'/,
+  ),
+  train(
+    'preset on text for images',
+    ['--preset', 'cnn-mnist', '--data', 'moby-dick'],
+    /preset cnn-mnist trains on image data but --data moby-dick is text data/,
+  ),
   // paths: --out, --trace
-  { name: '--out is an existing file', args: ['train', ...TINY, '--out', aFile], message: /--out .*a-file\.txt is an existing file, not a folder/ },
-  { name: '--out under a file', args: ['train', ...TINY, '--out', join(aFile, 'run')], message: /--out .*a-file\.txt\/run cannot be created: .*a-file\.txt is a file, not a folder/ },
-  train('--trace in a missing folder', [...TINY, '--trace', join(tmp, 'no-such-folder', 'trace.json')], /--trace .*trace\.json: its folder .*no-such-folder does not exist/),
-  train('--trace is a folder', [...TINY, '--trace', aFolder], /--trace .*a-folder is a folder; give a file path/),
+  {
+    name: '--out is an existing file',
+    args: ['train', ...TINY, '--out', aFile],
+    message: /--out .*a-file\.txt is an existing file, not a folder/,
+  },
+  {
+    name: '--out under a file',
+    args: ['train', ...TINY, '--out', join(aFile, 'run')],
+    message:
+      /--out .*a-file\.txt\/run cannot be created: .*a-file\.txt is a file, not a folder/,
+  },
+  train(
+    '--trace in a missing folder',
+    [...TINY, '--trace', join(tmp, 'no-such-folder', 'trace.json')],
+    /--trace .*trace\.json: its folder .*no-such-folder does not exist/,
+  ),
+  train(
+    '--trace is a folder',
+    [...TINY, '--trace', aFolder],
+    /--trace .*a-folder is a folder; give a file path/,
+  ),
   // paths: data files
-  train('missing text file', [...TINY, '--data', join(tmp, 'nope.txt')], /nope\.txt/),
-  train('data is a folder', [...TINY, '--data', aFolder], /a-folder" is a directory; give a file inside it/),
-  train('empty text file', [...TINY, '--data', emptyText], /empty\.txt" is empty/),
-  train('text too short for a validation batch', [...TINY, '--data', tinyText], /validation split of .*tiny\.txt holds less than one batch of 8/),
-  train('ragged JSON lines', ['--preset', 'mlp-mnist', '--data', ragged], /ragged\.jsonl line 2: x has shape \[1\] but line 1's x has shape \[2\]/),
-  train('malformed JSON lines', ['--preset', 'mlp-mnist', '--data', badJson], /bad\.jsonl line 2 is not valid JSON/),
-  train('malformed .npy', ['--preset', 'mlp-mnist', '--data', `npy:${badNpy},${badNpy}`], /bad\.npy does not start with the magic string/),
-  train('malformed IDX', ['--preset', 'mlp-mnist', '--data', `idx:${badIdx},${badIdx}`], /bad-images\.idx/),
-  train('missing IDX file', ['--preset', 'mlp-mnist', '--data', `idx:${join(tmp, 'none.idx')},${join(tmp, 'none.idx')}`], /none\.idx does not exist/),
+  train(
+    'missing text file',
+    [...TINY, '--data', join(tmp, 'nope.txt')],
+    /nope\.txt/,
+  ),
+  train(
+    'data is a folder',
+    [...TINY, '--data', aFolder],
+    /a-folder" is a directory; give a file inside it/,
+  ),
+  train(
+    'empty text file',
+    [...TINY, '--data', emptyText],
+    /empty\.txt" is empty/,
+  ),
+  train(
+    'text too short for a validation batch',
+    [...TINY, '--data', tinyText],
+    /validation split of .*tiny\.txt holds less than one batch of 8/,
+  ),
+  train(
+    'ragged JSON lines',
+    ['--preset', 'mlp-mnist', '--data', ragged],
+    /ragged\.jsonl line 2: x has shape \[1\] but line 1's x has shape \[2\]/,
+  ),
+  train(
+    'malformed JSON lines',
+    ['--preset', 'mlp-mnist', '--data', badJson],
+    /bad\.jsonl line 2 is not valid JSON/,
+  ),
+  train(
+    'malformed .npy',
+    ['--preset', 'mlp-mnist', '--data', `npy:${badNpy},${badNpy}`],
+    /bad\.npy does not start with the magic string/,
+  ),
+  train(
+    'malformed IDX',
+    ['--preset', 'mlp-mnist', '--data', `idx:${badIdx},${badIdx}`],
+    /bad-images\.idx/,
+  ),
+  train(
+    'missing IDX file',
+    [
+      '--preset',
+      'mlp-mnist',
+      '--data',
+      `idx:${join(tmp, 'none.idx')},${join(tmp, 'none.idx')}`,
+    ],
+    /none\.idx does not exist/,
+  ),
   // paths: model modules
-  train('model module with a syntax error', ['--model', syntax, '--data', 'mnist'], /syntax\.mjs/),
-  train('model module that exports no model', ['--model', notModel, '--data', 'mnist'], /number\.mjs/),
+  train(
+    'model module with a syntax error',
+    ['--model', syntax, '--data', 'mnist'],
+    /syntax\.mjs/,
+  ),
+  train(
+    'model module that exports no model',
+    ['--model', notModel, '--data', 'mnist'],
+    /number\.mjs/,
+  ),
   // paths: --resume
-  { name: '--resume a missing folder', args: ['train', '--resume', join(tmp, 'no-run')], message: /checkpoint folder .*no-run\/checkpoint does not exist/ },
-  { name: '--resume a file', args: ['train', '--resume', aFile], message: /a-file\.txt is a file, not a run folder/ },
-  { name: '--resume an empty folder', args: ['train', '--resume', emptyRun], message: /empty-run\/checkpoint does not exist/ },
-  { name: '--resume a malformed meta.json', args: ['train', '--resume', join(tmp, 'bad-meta-run')], message: /meta\.json is not valid JSON/ },
-  { name: '--resume another format', args: ['train', '--resume', join(tmp, 'other-format')], message: /meta\.json format is "safetensors"/ },
+  {
+    name: '--resume a missing folder',
+    args: ['train', '--resume', join(tmp, 'no-run')],
+    message: /checkpoint folder .*no-run\/checkpoint does not exist/,
+  },
+  {
+    name: '--resume a file',
+    args: ['train', '--resume', aFile],
+    message: /a-file\.txt is a file, not a run folder/,
+  },
+  {
+    name: '--resume an empty folder',
+    args: ['train', '--resume', emptyRun],
+    message: /empty-run\/checkpoint does not exist/,
+  },
+  {
+    name: '--resume a malformed meta.json',
+    args: ['train', '--resume', join(tmp, 'bad-meta-run')],
+    message: /meta\.json is not valid JSON/,
+  },
+  {
+    name: '--resume another format',
+    args: ['train', '--resume', join(tmp, 'other-format')],
+    message: /meta\.json format is "safetensors"/,
+  },
   // other commands
-  { name: 'sample from a missing checkpoint', args: ['sample', '--checkpoint', join(tmp, 'no-run')], message: /does not exist/ },
-  { name: 'export a missing run', args: ['export', '--run', join(tmp, 'no-run'), '--out', join(tmp, 'exp')], message: /does not exist/ },
-  { name: 'plan without --device-memory', args: ['plan', '--preset', 'charlm-tiny', '--stages', '2', '--batch-size', '8'], message: /required option '--device-memory <size>' not specified/ },
+  {
+    name: 'sample from a missing checkpoint',
+    args: ['sample', '--checkpoint', join(tmp, 'no-run')],
+    message: /does not exist/,
+  },
+  {
+    name: 'export a missing run',
+    args: ['export', '--run', join(tmp, 'no-run'), '--out', join(tmp, 'exp')],
+    message: /does not exist/,
+  },
+  {
+    name: 'plan without --device-memory',
+    args: [
+      'plan',
+      '--preset',
+      'charlm-tiny',
+      '--stages',
+      '2',
+      '--batch-size',
+      '8',
+    ],
+    message: /required option '--device-memory <size>' not specified/,
+  },
 ];
 
 assert.ok(CASES.length >= 30);
@@ -144,7 +420,12 @@ for (const c of CASES) {
     assert.doesNotMatch(r.err, STACK, 'no stack trace');
     const lines = errorLines(r.err);
     assert.equal(lines.length, 1, `one line: ${JSON.stringify(lines)}`);
-    if (c.out) assert.equal(existsSync(out), false, 'a rejected run must leave no files');
+    if (c.out)
+      assert.equal(
+        existsSync(out),
+        false,
+        'a rejected run must leave no files',
+      );
   });
 }
 
@@ -155,29 +436,63 @@ test('bad input: an --out in a folder this process cannot write', () => {
   if (!root) chmodSync(parent, 0o555);
   const r = run(['train', ...TINY, '--out', join(parent, 'run')]);
   assert.equal(r.code, 2, r.err);
-  assert.match(r.err, /cannot be created: .* is not writable \(permission denied\)/);
+  assert.match(
+    r.err,
+    /cannot be created: .* is not writable \(permission denied\)/,
+  );
   assert.doesNotMatch(r.err, STACK);
 });
 
-const quick = [...TINY, '--steps', '1', '--eval-every', '0', '--backend', 'wasm'];
+const quick = [
+  ...TINY,
+  '--steps',
+  '1',
+  '--eval-every',
+  '0',
+  '--backend',
+  'wasm',
+];
 
 test('a run folder in use by a live run is refused, naming it and the process; the folder is left as it was', () => {
   const out = d('locked');
   mkdirSync(join(out, '.lock'));
-  writeFileSync(join(out, '.lock-owner.json'), JSON.stringify({ pid: process.pid, host: hostname(), started: '2026-01-01T00:00:00.000Z' }));
+  writeFileSync(
+    join(out, '.lock-owner.json'),
+    JSON.stringify({
+      pid: process.pid,
+      host: hostname(),
+      started: '2026-01-01T00:00:00.000Z',
+    }),
+  );
   const before = readdirSync(out).sort();
   const r = run(['train', ...quick, '--out', out]);
   assert.equal(r.code, 2, r.err);
-  assert.match(r.err, new RegExp(`run folder .*locked is in use by another layerwise run \\(process ${process.pid} on ${hostname()}, started 2026-01-01T00:00:00.000Z\\); wait for it to finish, stop it, or give another --out`));
+  assert.match(
+    r.err,
+    new RegExp(
+      `run folder .*locked is in use by another layerwise run \\(process ${process.pid} on ${hostname()}, started 2026-01-01T00:00:00.000Z\\); wait for it to finish, stop it, or give another --out`,
+    ),
+  );
   assert.doesNotMatch(r.err, STACK);
   assert.deepEqual(readdirSync(out).sort(), before, 'nothing written');
 });
 
 test('the lock of a killed run is taken over: its pid is gone, or its lock is stale', () => {
-  const dead = spawnSync(process.execPath, ['-e', 'process.stdout.write(String(process.pid))'], { encoding: 'utf8' });
+  const dead = spawnSync(
+    process.execPath,
+    ['-e', 'process.stdout.write(String(process.pid))'],
+    { encoding: 'utf8' },
+  );
   const out = d('killed');
   mkdirSync(join(out, '.lock'));
-  writeFileSync(join(out, '.lock-owner.json'), JSON.stringify({ pid: Number(dead.stdout), host: hostname(), started: '2026-01-01T00:00:00.000Z' }));
+  writeFileSync(
+    join(out, '.lock-owner.json'),
+    JSON.stringify({
+      pid: Number(dead.stdout),
+      host: hostname(),
+      started: '2026-01-01T00:00:00.000Z',
+    }),
+  );
   const r = run(['train', ...quick, '--out', out]);
   assert.equal(r.code, 0, r.err);
   assert.ok(existsSync(join(out, 'checkpoint', 'meta.json')));
@@ -192,13 +507,43 @@ test('the lock of a killed run is taken over: its pid is gone, or its lock is st
 });
 
 function hashes(dir: string): Record<string, string> {
-  return Object.fromEntries(readdirSync(dir).sort().map((n) => [n, createHash('sha256').update(readFileSync(join(dir, n))).digest('hex')]));
+  return Object.fromEntries(
+    readdirSync(dir)
+      .sort()
+      .map((n) => [
+        n,
+        createHash('sha256')
+          .update(readFileSync(join(dir, n)))
+          .digest('hex'),
+      ]),
+  );
 }
 
 test('a numeric fault mid-run names the stage, block and micro-batch, updates nothing, and leaves the last checkpoint intact and loadable', () => {
   const out = join(tmp, 'fault');
-  const common = [...TINY, '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2', '--eval-every', '0', '--backend', 'wasm'];
-  const a = run(['train', ...common, '--steps', '2', '--lr', '0.01', '--out', out]);
+  const common = [
+    ...TINY,
+    '--strategy',
+    'gpipe',
+    '--stages',
+    '2',
+    '--micro-batches',
+    '2',
+    '--eval-every',
+    '0',
+    '--backend',
+    'wasm',
+  ];
+  const a = run([
+    'train',
+    ...common,
+    '--steps',
+    '2',
+    '--lr',
+    '0.01',
+    '--out',
+    out,
+  ]);
   assert.equal(a.code, 0, a.err);
   const ck = join(out, 'checkpoint');
   const before = hashes(ck);
@@ -206,12 +551,23 @@ test('a numeric fault mid-run names the stage, block and micro-batch, updates no
   // an absurd learning rate: the first update is finite but huge, the next forward overflows
   const b = run(['train', '--resume', out, '--steps', '10', '--lr', '1e6']);
   assert.equal(b.code, 2, b.err);
-  assert.match(b.err, /layerwise: error: non-finite value at step \d+: the (output|loss|gradient|input).* (of )?block \d+ \(\w+\) on stage \d, micro-batch \d.*; nothing was updated with it; the checkpoint of step 2 in .*checkpoint is intact; lower --lr \(now 1000000\)/);
+  assert.match(
+    b.err,
+    /layerwise: error: non-finite value at step \d+: the (output|loss|gradient|input).* (of )?block \d+ \(\w+\) on stage \d, micro-batch \d.*; nothing was updated with it; the checkpoint of step 2 in .*checkpoint is intact; lower --lr \(now 1000000\)/,
+  );
   assert.doesNotMatch(b.err, STACK);
   assert.equal(errorLines(b.err).length, 1, b.err);
   assert.deepEqual(hashes(ck), before, 'the checkpoint is unchanged');
-  assert.equal(existsSync(join(out, 'error.txt')), false, 'a user error writes no internal report');
-  assert.ok(readFileSync(join(out, 'metrics.jsonl'), 'utf8').startsWith(metricsBefore.trim()));
+  assert.equal(
+    existsSync(join(out, 'error.txt')),
+    false,
+    'a user error writes no internal report',
+  );
+  assert.ok(
+    readFileSync(join(out, 'metrics.jsonl'), 'utf8').startsWith(
+      metricsBefore.trim(),
+    ),
+  );
   // and it still loads: resuming with a sane learning rate trains on
   const c = run(['train', '--resume', out, '--steps', '3', '--lr', '0.01']);
   assert.equal(c.code, 0, c.err);
@@ -220,23 +576,69 @@ test('a numeric fault mid-run names the stage, block and micro-batch, updates no
 
 test('the divergence guard warns once when the loss jumps far above its running median', () => {
   const out = join(tmp, 'diverge');
-  const r = run(['train', '--preset', 'charlm-tiny', '--strategy', 'gpipe', '--stages', '2', '--micro-batches', '2', '--lr', '30', '--steps', '8', '--eval-every', '0', '--out', out]);
+  const r = run([
+    'train',
+    '--preset',
+    'charlm-tiny',
+    '--strategy',
+    'gpipe',
+    '--stages',
+    '2',
+    '--micro-batches',
+    '2',
+    '--lr',
+    '30',
+    '--steps',
+    '8',
+    '--eval-every',
+    '0',
+    '--out',
+    out,
+  ]);
   assert.ok(r.code === 0 || r.code === 2, r.err);
-  const warnings = r.err.split('\n').filter((l) => l.startsWith('layerwise: warning:'));
+  const warnings = r.err
+    .split('\n')
+    .filter((l) => l.startsWith('layerwise: warning:'));
   assert.equal(warnings.length, 1, r.err);
-  assert.match(warnings[0]!, /loss [\d.e+]+ at step \d+ is more than 10x its running median [\d.e+]+: training may be diverging; consider a lower --lr \(now 30\)/);
+  assert.match(
+    warnings[0]!,
+    /loss [\d.e+]+ at step \d+ is more than 10x its running median [\d.e+]+: training may be diverging; consider a lower --lr \(now 30\)/,
+  );
   assert.doesNotMatch(r.err, STACK);
 });
 
 test('an internal failure prints one line and where its full report is (error.txt; --debug prints the stack)', () => {
-  const broken = fileURLToPath(new URL('../testing/models/bad-forward-throws.js', import.meta.url));
+  const broken = fileURLToPath(
+    new URL('../testing/models/bad-forward-throws.js', import.meta.url),
+  );
   const out = join(tmp, 'internal');
-  const args = ['train', '--model', broken, '--data', 'mnist', '--batch-size', '8', '--eval-batches', '1', '--steps', '1', '--backend', 'wasm', '--out', out];
+  const args = [
+    'train',
+    '--model',
+    broken,
+    '--data',
+    'mnist',
+    '--batch-size',
+    '8',
+    '--eval-batches',
+    '1',
+    '--steps',
+    '1',
+    '--backend',
+    'wasm',
+    '--out',
+    out,
+  ];
   const r = run(args);
   assert.equal(r.code, 1, r.err);
   const lines = errorLines(r.err);
   assert.equal(lines.length, 1, r.err);
-  assert.match(lines[0]!, new RegExp(`^layerwise: internal error: stage 0: this block is broken on purpose; full report in ${out}/error\\.txt \\(or rerun with --debug\\)$`));
+  assert.match(
+    lines[0]!,
+    new RegExp(
+      `^layerwise: internal error: stage 0: this block is broken on purpose; full report in ${out}/error\\.txt \\(or rerun with --debug\\)$`,
+    ),
+  );
   assert.doesNotMatch(r.err, STACK);
   const report = readFileSync(join(out, 'error.txt'), 'utf8');
   assert.match(report, /this block is broken on purpose/);
@@ -247,26 +649,45 @@ test('an internal failure prints one line and where its full report is (error.tx
   assert.match(dbg.err, STACK, '--debug prints the stack');
 });
 
-test('a checkpoint whose parameters are not its model\'s (another version of the preset) is refused by --resume, sample and export, naming the parameter', () => {
+test("a checkpoint whose parameters are not its model's (another version of the preset) is refused by --resume, sample and export, naming the parameter", () => {
   const out = join(tmp, 'misfit');
   const r = run(['train', ...quick, '--out', out]);
   assert.equal(r.code, 0, r.err);
   // the same checkpoint as an earlier layout of the model would have written it: a block index moved
   const metaPath = join(out, 'checkpoint', 'meta.json');
-  const meta = JSON.parse(readFileSync(metaPath, 'utf8')) as { params: Array<{ key: string }> };
+  const meta = JSON.parse(readFileSync(metaPath, 'utf8')) as {
+    params: Array<{ key: string }>;
+  };
   const moved = meta.params[meta.params.length - 1]!;
   const was = moved.key;
   moved.key = `9${was}`;
   writeFileSync(metaPath, JSON.stringify(meta));
   const before = hashes(join(out, 'checkpoint'));
-  for (const args of [['train', '--resume', out, '--steps', '10'], ['sample', '--checkpoint', out, '--length', '5'], ['export', '--run', out, '--out', join(tmp, 'misfit-export')]]) {
+  for (const args of [
+    ['train', '--resume', out, '--steps', '10'],
+    ['sample', '--checkpoint', out, '--length', '5'],
+    ['export', '--run', out, '--out', join(tmp, 'misfit-export')],
+  ]) {
     const b = run(args);
     assert.equal(b.code, 2, `${args[0]}: ${b.err}`);
     const lines = errorLines(b.err);
     assert.equal(lines.length, 1, `${args[0]}: one line: ${b.err}`);
-    assert.match(lines[0]!, new RegExp(`checkpoint .*misfit.* does not fit its model: parameter ${was.replace('.', '\\.')} \\(\\w+\\) is missing\\. It was written for a different model .*start a new run`));
+    assert.match(
+      lines[0]!,
+      new RegExp(
+        `checkpoint .*misfit.* does not fit its model: parameter ${was.replace('.', '\\.')} \\(\\w+\\) is missing\\. It was written for a different model .*start a new run`,
+      ),
+    );
     assert.doesNotMatch(b.err, STACK);
   }
-  assert.deepEqual(hashes(join(out, 'checkpoint')), before, 'the checkpoint is untouched');
-  assert.equal(existsSync(join(tmp, 'misfit-export')), false, 'nothing exported');
+  assert.deepEqual(
+    hashes(join(out, 'checkpoint')),
+    before,
+    'the checkpoint is untouched',
+  );
+  assert.equal(
+    existsSync(join(tmp, 'misfit-export')),
+    false,
+    'nothing exported',
+  );
 });

@@ -1,28 +1,30 @@
 #!/usr/bin/env node
+import cliProgress from 'cli-progress';
 /**
  * The `layerwise` command: `train` a model with a strategy, `sample` text from a checkpoint,
  * `presets` to list models. User errors print one line and exit with status 2 (so does a device
  * over its --device-memory budget); a failing stage or any other error exits with status 1.
  */
 import { Command, InvalidArgumentError } from 'commander';
-import cliProgress from 'cli-progress';
-import { LayerwiseError } from '../util/errors.js';
-import { PRESETS } from '../model/presets.js';
-import { LOSSES } from '../model/loss-names.js';
-import { sampleText } from '../train/sample.js';
-import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
-import type { TrainHooks } from '../train/trainer.js';
+import { LOSSES } from '../model/loss-names.js';
+import { PRESETS } from '../model/presets.js';
+import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { trainWithRestarts } from '../train/restarts.js';
+import { sampleText } from '../train/sample.js';
+import type { TrainHooks } from '../train/trainer.js';
+import { LayerwiseError } from '../util/errors.js';
 import { reportError } from './report-error.js';
 
 function int(v: string): number {
-  if (!/^-?\d+$/.test(v.trim())) throw new InvalidArgumentError('must be an integer');
+  if (!/^-?\d+$/.test(v.trim()))
+    throw new InvalidArgumentError('must be an integer');
   return Number(v);
 }
 function num(v: string): number {
   const x = Number(v);
-  if (v.trim() === '' || !Number.isFinite(x)) throw new InvalidArgumentError('must be a number');
+  if (v.trim() === '' || !Number.isFinite(x))
+    throw new InvalidArgumentError('must be a number');
   return x;
 }
 
@@ -43,21 +45,38 @@ function hooks(): TrainHooks {
   let every = 1;
   return {
     onStart({ config, model, params, bytes, ranges, startStep, budget }) {
-      const stages = ranges.map((r, i) => `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks.slice(r.from, r.to).map((b) => b.name).join(', ')})`);
-      console.log(`model ${config.model ?? config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`);
-      console.log(`strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`);
+      const stages = ranges.map(
+        (r, i) =>
+          `stage ${i}: blocks ${r.from}-${r.to - 1} (${model.blocks
+            .slice(r.from, r.to)
+            .map((b) => b.name)
+            .join(', ')})`,
+      );
+      console.log(
+        `model ${config.model ?? config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`,
+      );
+      console.log(
+        `strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`,
+      );
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
       if (budget?.budget !== undefined) {
-        console.log(`device budget ${formatBytes(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatBytes).join(' / ') : 'not predicted'}`);
+        console.log(
+          `device budget ${formatBytes(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatBytes).join(' / ') : 'not predicted'}`,
+        );
       }
       if (startStep) console.log(`resuming at step ${startStep}`);
       every = Math.max(1, Math.round(config.steps / 20));
       if (tty) {
-        bar = new cliProgress.SingleBar({
-          format: 'step {value}/{total} [{bar}] loss {loss} | {rate} | ETA {eta_formatted}',
-          hideCursor: true, etaBuffer: 20,
-        }, cliProgress.Presets.shades_classic);
+        bar = new cliProgress.SingleBar(
+          {
+            format:
+              'step {value}/{total} [{bar}] loss {loss} | {rate} | ETA {eta_formatted}',
+            hideCursor: true,
+            etaBuffer: 20,
+          },
+          cliProgress.Presets.shades_classic,
+        );
         bar.start(config.steps, startStep, { loss: '-', rate: '-' });
       }
     },
@@ -67,47 +86,114 @@ function hooks(): TrainHooks {
       console.error(`layerwise: warning: ${msg}`);
     },
     onStep(m, total) {
-      const rate = m.tokens_per_s !== undefined ? `${m.tokens_per_s.toFixed(0)} tokens/s` : `${(m.examples_per_s ?? 0).toFixed(0)} examples/s`;
-      const acc = m.val_accuracy !== undefined ? ` acc ${(100 * m.val_accuracy).toFixed(1)}%` : '';
-      const val = m.val_loss !== undefined ? ` val ${m.val_loss.toFixed(4)}${acc}` : '';
+      const rate =
+        m.tokens_per_s !== undefined
+          ? `${m.tokens_per_s.toFixed(0)} tokens/s`
+          : `${(m.examples_per_s ?? 0).toFixed(0)} examples/s`;
+      const acc =
+        m.val_accuracy !== undefined
+          ? ` acc ${(100 * m.val_accuracy).toFixed(1)}%`
+          : '';
+      const val =
+        m.val_loss !== undefined ? ` val ${m.val_loss.toFixed(4)}${acc}` : '';
       if (bar) {
         bar.update(m.step, { loss: m.loss.toFixed(4) + val, rate });
         if (m.step === total) bar.stop();
-      } else if (m.step % every === 0 || m.step === total || m.val_loss !== undefined) {
-        console.log(`step ${m.step}/${total} loss ${m.loss.toFixed(4)}${val} ${rate}`);
+      } else if (
+        m.step % every === 0 ||
+        m.step === total ||
+        m.val_loss !== undefined
+      ) {
+        console.log(
+          `step ${m.step}/${total} loss ${m.loss.toFixed(4)}${val} ${rate}`,
+        );
       }
     },
   };
 }
 
 const program = new Command();
-program.name('layerwise').description('Train deep networks split by layers: GPipe pipelines on worker-thread devices (TensorFlow.js)');
+program
+  .name('layerwise')
+  .description(
+    'Train deep networks split by layers: GPipe pipelines on worker-thread devices (TensorFlow.js)',
+  );
 // --debug (anywhere on the command line): an internal error prints its full report (stack, schedule)
-program.option('--debug', 'on an internal error, print the full report (stack trace) too');
+program.option(
+  '--debug',
+  'on an internal error, print the full report (stack trace) too',
+);
 const debug = process.argv.includes('--debug');
 const argv = process.argv.filter((a, i) => i < 2 || a !== '--debug');
 
 program
   .command('train')
-  .description('train a model; writes metrics.jsonl, summary.json and a checkpoint into --out')
-  .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
-  .option('--model <module.js>', 'your own model instead of a preset: an ES module whose default export is a tf.layers model, a function returning one, or a block list')
-  .option('--loss <name>', `with --model: ${LOSSES.join(' | ')} (default: what the model declares, else from the data)`)
-  .option('--data <name|path>', "moby-dick, mnist, fashion-mnist, a .txt path, idx:IMAGES,LABELS, a .jsonl file or npy:X.npy,Y.npy (default: the preset's)")
-  .option('--devices <list>', 'device of each stage: thread (default) | process[:ENV=VALUE+...] | HOST:PORT of a `layerwise worker`, comma-separated (LAYERWISE_TOKEN: the workers\' token)')
-  .option('--strategy <name>', STRATEGY_SPECS.map((s) => `${s.name}: ${s.help}`).join('; '))
-  .option('--stash <place>', 'l2l: where layer-boundary activations wait for backward: host (device memory constant in depth) | device')
-  .option('--server-threads <n>', "l2l: worker threads of the parameter server's optimizer", int)
-  .option('--device-memory <size>', 'device memory budget per device, e.g. 512MB or 2GiB; a run that cannot fit fails before training')
-  .option('--overlap <n>', 'local: blocks at the end of each stage also trained by the next stage\'s loss', int)
-  .option('--queue-depth <n>', 'local: mini-batches in flight between the first and last stage (default: one per stage)', int)
-  .option('--deterministic', 'local: fixed interleaving of overlap updates (reproducible) instead of free-running')
+  .description(
+    'train a model; writes metrics.jsonl, summary.json and a checkpoint into --out',
+  )
+  .option(
+    '--preset <name>',
+    `model preset (${Object.keys(PRESETS).join(', ')})`,
+  )
+  .option(
+    '--model <module.js>',
+    'your own model instead of a preset: an ES module whose default export is a tf.layers model, a function returning one, or a block list',
+  )
+  .option(
+    '--loss <name>',
+    `with --model: ${LOSSES.join(' | ')} (default: what the model declares, else from the data)`,
+  )
+  .option(
+    '--data <name|path>',
+    "moby-dick, mnist, fashion-mnist, a .txt path, idx:IMAGES,LABELS, a .jsonl file or npy:X.npy,Y.npy (default: the preset's)",
+  )
+  .option(
+    '--devices <list>',
+    "device of each stage: thread (default) | process[:ENV=VALUE+...] | HOST:PORT of a `layerwise worker`, comma-separated (LAYERWISE_TOKEN: the workers' token)",
+  )
+  .option(
+    '--strategy <name>',
+    STRATEGY_SPECS.map((s) => `${s.name}: ${s.help}`).join('; '),
+  )
+  .option(
+    '--stash <place>',
+    'l2l: where layer-boundary activations wait for backward: host (device memory constant in depth) | device',
+  )
+  .option(
+    '--server-threads <n>',
+    "l2l: worker threads of the parameter server's optimizer",
+    int,
+  )
+  .option(
+    '--device-memory <size>',
+    'device memory budget per device, e.g. 512MB or 2GiB; a run that cannot fit fails before training',
+  )
+  .option(
+    '--overlap <n>',
+    "local: blocks at the end of each stage also trained by the next stage's loss",
+    int,
+  )
+  .option(
+    '--queue-depth <n>',
+    'local: mini-batches in flight between the first and last stage (default: one per stage)',
+    int,
+  )
+  .option(
+    '--deterministic',
+    'local: fixed interleaving of overlap updates (reproducible) instead of free-running',
+  )
   .option('--stages <K>', 'pipeline stages (devices)', int)
   .option('--micro-batches <M>', 'micro-batches per mini-batch', int)
   .option('--batch-size <N>', 'mini-batch size (examples)', int)
-  .option('--checkpoint <mode>', 're-materialization: always | except_last | never')
+  .option(
+    '--checkpoint <mode>',
+    're-materialization: always | except_last | never',
+  )
   .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
-  .option('--balance <list|kind>', 'blocks per stage, e.g. 2,3,3, or flops (default: by the blocks\' FLOP counts) | params (parameter count) | time | memory (profiled on --backend)')
+  .option(
+    '--balance <list|kind>',
+    "blocks per stage, e.g. 2,3,3, or flops (default: by the blocks' FLOP counts) | params (parameter count) | time | memory (profiled on --backend)",
+  )
   .option('--steps <n>', 'optimizer steps', int)
   .option('--lr <x>', 'peak learning rate', num)
   .option('--warmup <n>', 'linear warm-up steps', int)
@@ -116,32 +202,76 @@ program
   .option('--weight-decay <x>', 'weight decay', num)
   .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', num)
   .option('--seed <n>', 'seed for initialisation and data order', int)
-  .option('--backend <name>', `${BACKENDS.join(' | ')} (default: native where its addon is built, else wasm)`)
-  .option('--threads <n>', 'threads of each device\'s kernels (native backend); default: the cores divided among the devices', int)
+  .option(
+    '--backend <name>',
+    `${BACKENDS.join(' | ')} (default: native where its addon is built, else wasm)`,
+  )
+  .option(
+    '--threads <n>',
+    "threads of each device's kernels (native backend); default: the cores divided among the devices",
+    int,
+  )
   .option('--layers <n>', 'override the preset: layers', int)
   .option('--d-model <n>', 'override the preset: model width', int)
   .option('--heads <n>', 'override the preset: attention heads', int)
   .option('--context <n>', 'override the preset: context length (tokens)', int)
-  .option('--eval-every <n>', 'validation every n steps (0: at the end only)', int)
+  .option(
+    '--eval-every <n>',
+    'validation every n steps (0: at the end only)',
+    int,
+  )
   .option('--eval-batches <n>', 'validation batches per evaluation', int)
-  .option('--save-every <n>', 'checkpoint every n steps (0: at the end only)', int)
-  .option('--trace <file>', 'write a Chrome trace (JSON) of every step, and an SVG timeline beside it')
+  .option(
+    '--save-every <n>',
+    'checkpoint every n steps (0: at the end only)',
+    int,
+  )
+  .option(
+    '--trace <file>',
+    'write a Chrome trace (JSON) of every step, and an SVG timeline beside it',
+  )
   .option('--out <dir>', 'output folder')
-  .option('--resume <dir>', 'continue the run in this folder exactly where it stopped')
-  .option('--max-restarts <n>', 'when a device is lost (process killed, host unreachable), restart the devices and resume from the last checkpoint, at most n times', int, 0)
+  .option(
+    '--resume <dir>',
+    'continue the run in this folder exactly where it stopped',
+  )
+  .option(
+    '--max-restarts <n>',
+    'when a device is lost (process killed, host unreachable), restart the devices and resume from the last checkpoint, at most n times',
+    int,
+    0,
+  )
   .action(async (o) => {
-    if (!o.preset && !o.model && !o.resume) throw new LayerwiseError('--preset or --model is required (or --resume DIR); see layerwise train --help');
+    if (!o.preset && !o.model && !o.resume)
+      throw new LayerwiseError(
+        '--preset or --model is required (or --resume DIR); see layerwise train --help',
+      );
     const { resume, checkpoint, maxRestarts, ...rest } = o;
     const raw = { ...rest, remat: checkpoint }; // --checkpoint keeps torchgpipe's name for re-materialization
-    const r = await trainWithRestarts(raw, resume, hooks(), maxRestarts, (n, e, from) =>
-      console.log(`${e.message.split('\n')[0]}; restarting the devices from ${from} (restart ${n} of ${maxRestarts})`));
+    const r = await trainWithRestarts(
+      raw,
+      resume,
+      hooks(),
+      maxRestarts,
+      (n, e, from) =>
+        console.log(
+          `${e.message.split('\n')[0]}; restarting the devices from ${from} (restart ${n} of ${maxRestarts})`,
+        ),
+    );
     const s = r.summary;
-    const rate = s.tokens_per_s !== undefined ? `${s.tokens_per_s.toFixed(0)} tokens/s` : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
-    console.log(`done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}${s.val_accuracy !== undefined ? ` (accuracy ${(100 * s.val_accuracy).toFixed(1)}%)` : ''}${s.val_bpc !== undefined ? ` (${s.val_bpc.toFixed(3)} bits/char)` : ''}, ${rate}, ` +
-      `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}${s.wasm_heap_bytes ? ` (wasm heap ${s.wasm_heap_bytes.map(formatBytes).join(' / ')})` : ''}, ` +
-      `${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`);
+    const rate =
+      s.tokens_per_s !== undefined
+        ? `${s.tokens_per_s.toFixed(0)} tokens/s`
+        : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
+    console.log(
+      `done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}${s.val_accuracy !== undefined ? ` (accuracy ${(100 * s.val_accuracy).toFixed(1)}%)` : ''}${s.val_bpc !== undefined ? ` (${s.val_bpc.toFixed(3)} bits/char)` : ''}, ${rate}, ` +
+        `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}${s.wasm_heap_bytes ? ` (wasm heap ${s.wasm_heap_bytes.map(formatBytes).join(' / ')})` : ''}, ` +
+        `${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`,
+    );
     for (const st of r.stages) {
-      console.log(`  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatBytes(st.peakBytes)}`);
+      console.log(
+        `  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatBytes(st.peakBytes)}`,
+      );
     }
     if (r.traceFiles) console.log(`trace: ${r.traceFiles.join(', ')}`);
   });
@@ -161,12 +291,23 @@ program
 
 program
   .command('worker')
-  .description('run a device for coordinators on other hosts (layerwise train --devices HOST:PORT,...); the token comes from LAYERWISE_TOKEN')
-  .requiredOption('--listen <[host:]port>', 'where to listen; the host defaults to 127.0.0.1 (loopback only): give 0.0.0.0 or an address to accept other hosts')
+  .description(
+    'run a device for coordinators on other hosts (layerwise train --devices HOST:PORT,...); the token comes from LAYERWISE_TOKEN',
+  )
+  .requiredOption(
+    '--listen <[host:]port>',
+    'where to listen; the host defaults to 127.0.0.1 (loopback only): give 0.0.0.0 or an address to accept other hosts',
+  )
   .option('--tls-cert <file>', 'PEM certificate of this worker (TLS)')
   .option('--tls-key <file>', 'PEM private key of this worker (TLS)')
-  .option('--tls-ca <file>', 'PEM certificate authority that signed the other workers\' certificates (this worker links to the next stage\'s over TLS)')
-  .option('--tls-client-auth', 'accept only coordinators and workers that present a certificate --tls-ca signed')
+  .option(
+    '--tls-ca <file>',
+    "PEM certificate authority that signed the other workers' certificates (this worker links to the next stage's over TLS)",
+  )
+  .option(
+    '--tls-client-auth',
+    'accept only coordinators and workers that present a certificate --tls-ca signed',
+  )
   .action(async (o) => {
     const { runWorker } = await import('./worker.js');
     await runWorker(o);
@@ -174,24 +315,46 @@ program
 
 program
   .command('export')
-  .description('write a trained run for plain TF.js: model.json + weights.bin (tf.loadLayersModel) for a tf.layers model, a weights manifest for presets')
+  .description(
+    'write a trained run for plain TF.js: model.json + weights.bin (tf.loadLayersModel) for a tf.layers model, a weights manifest for presets',
+  )
   .requiredOption('--run <dir>', 'run folder (or its checkpoint folder)')
-  .requiredOption('--out <dir>', 'folder to write (new, or an earlier export, which is replaced)')
+  .requiredOption(
+    '--out <dir>',
+    'folder to write (new, or an earlier export, which is replaced)',
+  )
   .action(async (o) => {
     const { exportRun } = await import('../train/export.js');
     const r = await exportRun(o.run, o.out);
-    console.log(`exported ${r.params.toLocaleString('en-US')} parameters as ${r.format}: ${r.files.map((f) => `${o.out}/${f}`).join(', ')}`);
+    console.log(
+      `exported ${r.params.toLocaleString('en-US')} parameters as ${r.format}: ${r.files.map((f) => `${o.out}/${f}`).join(', ')}`,
+    );
   });
 
 program
   .command('plan')
-  .description('for a device-memory budget: which strategy fits, with which balance and micro-batches, and how fast (profiles the model)')
-  .option('--preset <name>', `model preset (${Object.keys(PRESETS).join(', ')})`)
-  .option('--model <module.js>', 'your own model instead of a preset (see train --model)')
-  .requiredOption('--device-memory <size>', 'memory per device, e.g. 512MB, 1.5GiB, 2e9')
+  .description(
+    'for a device-memory budget: which strategy fits, with which balance and micro-batches, and how fast (profiles the model)',
+  )
+  .option(
+    '--preset <name>',
+    `model preset (${Object.keys(PRESETS).join(', ')})`,
+  )
+  .option(
+    '--model <module.js>',
+    'your own model instead of a preset (see train --model)',
+  )
+  .requiredOption(
+    '--device-memory <size>',
+    'memory per device, e.g. 512MB, 1.5GiB, 2e9',
+  )
   .requiredOption('--stages <K>', 'devices available (pipeline stages)', int)
   .requiredOption('--batch-size <N>', 'mini-batch size (examples)', int)
-  .option('--micro-batches <M>', 'micro-batches (default: search the divisors of N)', int)
+  .option(
+    '--micro-batches <M>',
+    'micro-batches (default: search the divisors of N)',
+    int,
+  )
   .option('--backend <name>', BACKENDS.join(' | '))
   .option('--optimizer <kind>', 'adamw | sgd')
   .option('--data <name|path>', "data set (default: the preset's)")
@@ -211,7 +374,10 @@ program
   .command('presets')
   .description('list the model presets')
   .action(() => {
-    for (const [name, p] of Object.entries(PRESETS)) console.log(`${name.padEnd(14)} ${p.description} (data: ${p.defaultData})`);
+    for (const [name, p] of Object.entries(PRESETS))
+      console.log(
+        `${name.padEnd(14)} ${p.description} (data: ${p.defaultData})`,
+      );
   });
 
 // a bad command line (commander has printed its one line) exits with status 2, in every subcommand
@@ -223,7 +389,9 @@ for (const c of [program, ...program.commands]) {
 
 // every failure goes through one path: one line, never a bare stack (see report-error.ts)
 process.on('uncaughtException', (e) => process.exit(reportError(e, { debug })));
-process.on('unhandledRejection', (e) => process.exit(reportError(e, { debug })));
+process.on('unhandledRejection', (e) =>
+  process.exit(reportError(e, { debug })),
+);
 try {
   await program.parseAsync(argv);
   process.exit(0);

@@ -3,15 +3,26 @@
  * local parallelism, the auxiliary heads a stage could end with) on the backend (in this
  * thread), runs the planner and renders the result as text.
  */
-import { loadDataset } from '../data/index.js';
-import { modelParamCount, loadModel } from '../model/model.js';
-import { paramCount } from '../model/block.js';
-import { optimizerSlots, type ModelProfile } from '../cost/costs.js';
+
+import {
+  optimizerConfigOf,
+  resolveConfig,
+  runModelConfig,
+} from '../config/config.js';
+import { type ModelProfile, optimizerSlots } from '../cost/costs.js';
 import { profileModel } from '../cost/profile.js';
-import { optimizerConfigOf, resolveConfig, runModelConfig } from '../config/config.js';
-import { profileAuxHeads } from '../plan/budget.js';
-import { checkRequest, describe, plan, type Plan, type PlanRequest } from '../plan/plan.js';
 import { divisors } from '../cost/strategy-plan.js';
+import { loadDataset } from '../data/index.js';
+import { paramCount } from '../model/block.js';
+import { loadModel, modelParamCount } from '../model/model.js';
+import { profileAuxHeads } from '../plan/budget.js';
+import {
+  checkRequest,
+  describe,
+  type Plan,
+  type PlanRequest,
+  plan,
+} from '../plan/plan.js';
 import { specOf } from '../strategies/index.js';
 import { formatSize, parseSize } from '../util/size.js';
 
@@ -36,10 +47,24 @@ export interface PlanOptions {
 }
 
 /** The micro-batch sizes to profile at: the smallest, the largest and one in between of the candidates (and N for single). */
-export function profileSizes(batchSize: number, microBatches?: number): number[] {
-  const cands = [...new Set([...(microBatches ? [microBatches] : divisors(batchSize)).map((m) => batchSize / m), batchSize])].sort((a, b) => a - b);
+export function profileSizes(
+  batchSize: number,
+  microBatches?: number,
+): number[] {
+  const cands = [
+    ...new Set([
+      ...(microBatches ? [microBatches] : divisors(batchSize)).map(
+        (m) => batchSize / m,
+      ),
+      batchSize,
+    ]),
+  ].sort((a, b) => a - b);
   if (cands.length <= 3) return cands;
-  return [cands[0], cands[Math.floor((cands.length - 1) / 2)], cands[cands.length - 1]];
+  return [
+    cands[0],
+    cands[Math.floor((cands.length - 1) / 2)],
+    cands[cands.length - 1],
+  ];
 }
 
 /**
@@ -48,27 +73,50 @@ export function profileSizes(batchSize: number, microBatches?: number): number[]
  * (unknown preset or backend, unparsable size, micro-batches that do not divide the batch,
  * more stages than blocks) before profiling.
  */
-export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: ModelProfile; text: string }> {
+export async function runPlan(
+  o: PlanOptions,
+): Promise<{ plan: Plan; profile: ModelProfile; text: string }> {
   const deviceMemory = parseSize(o.deviceMemory);
   const cfg = resolveConfig({
-    preset: o.preset, model: o.model, data: o.data, batchSize: o.batchSize, backend: o.backend, optimizer: o.optimizer,
-    layers: o.layers, dModel: o.dModel, heads: o.heads, context: o.context,
+    preset: o.preset,
+    model: o.model,
+    data: o.data,
+    batchSize: o.batchSize,
+    backend: o.backend,
+    optimizer: o.optimizer,
+    layers: o.layers,
+    dModel: o.dModel,
+    heads: o.heads,
+    context: o.context,
   });
   const ds = await loadDataset(cfg.data);
   const model = await loadModel(await runModelConfig(cfg, ds));
   const opt = optimizerConfigOf(cfg);
   const req: PlanRequest = {
-    deviceMemory, stages: o.stages, batchSize: cfg.batchSize, microBatches: o.microBatches, slots: optimizerSlots(opt), clip: opt.clipNorm > 0,
+    deviceMemory,
+    stages: o.stages,
+    batchSize: cfg.batchSize,
+    microBatches: o.microBatches,
+    slots: optimizerSlots(opt),
+    clip: opt.clipNorm > 0,
     tokensPerExample: model.config.arch === 'charlm' ? model.config.context : 1,
     paramCounts: model.blocks.map(paramCount),
   };
   checkRequest(req, model.blocks.length);
   const sizes = profileSizes(cfg.batchSize, o.microBatches);
   const t0 = performance.now();
-  const profile = await profileModel(model, { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt });
+  const profile = await profileModel(model, {
+    backend: cfg.backend,
+    microBatchSizes: sizes,
+    optimizer: opt,
+  });
   if (o.stages >= 2) {
     // local parallelism: the auxiliary head any stage but the last could end with
-    profile.auxHeads = await profileAuxHeads(model, Array.from({ length: model.blocks.length - 1 }, (_, i) => i + 1), { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt });
+    profile.auxHeads = await profileAuxHeads(
+      model,
+      Array.from({ length: model.blocks.length - 1 }, (_, i) => i + 1),
+      { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt },
+    );
   }
   const secs = (performance.now() - t0) / 1000;
   const p = plan(profile, req);
@@ -77,29 +125,79 @@ export async function runPlan(o: PlanOptions): Promise<{ plan: Plan; profile: Mo
     `budget ${formatSize(deviceMemory)} per device, ${o.stages} device${o.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
     '',
   ];
-  const rows = p.strategies.map((s) => s.unavailable
-    ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
-    : [s.strategy, s.fits ? 'yes' : 'NO', String(s.stages), String(s.microBatches), s.display.remat, s.display.schedule,
-      `${s.balance.join(',')}${s.balancedBy === 'whole model' ? '' : ` (${s.balancedBy})`}`, s.peakBytes.map(formatSize).join(' / '),
-      `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.exact ? s.idealBubble.toFixed(2) : '-'}`, (1000 * s.stepSeconds).toFixed(1),
-      req.tokensPerExample! > 1 ? `${Math.round(s.tokensPerSecond)} tok/s` : `${Math.round(s.examplesPerSecond)} ex/s`]);
-  const table = renderTable(['strategy', 'fits', 'K', 'M', 'checkpoint', 'schedule', 'balance', 'peak device bytes per stage', 'bubble (pred vs ideal)', 'step ms', 'throughput'], rows);
+  const rows = p.strategies.map((s) =>
+    s.unavailable
+      ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
+      : [
+          s.strategy,
+          s.fits ? 'yes' : 'NO',
+          String(s.stages),
+          String(s.microBatches),
+          s.display.remat,
+          s.display.schedule,
+          `${s.balance.join(',')}${s.balancedBy === 'whole model' ? '' : ` (${s.balancedBy})`}`,
+          s.peakBytes.map(formatSize).join(' / '),
+          `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.exact ? s.idealBubble.toFixed(2) : '-'}`,
+          (1000 * s.stepSeconds).toFixed(1),
+          req.tokensPerExample! > 1
+            ? `${Math.round(s.tokensPerSecond)} tok/s`
+            : `${Math.round(s.examplesPerSecond)} ex/s`,
+        ],
+  );
+  const table = renderTable(
+    [
+      'strategy',
+      'fits',
+      'K',
+      'M',
+      'checkpoint',
+      'schedule',
+      'balance',
+      'peak device bytes per stage',
+      'bubble (pred vs ideal)',
+      'step ms',
+      'throughput',
+    ],
+    rows,
+  );
   // the flags that define the model and the run the plan was made for, so the command line trains exactly that
-  const given: Array<[string, unknown]> = [['--data', o.data], ['--layers', o.layers], ['--d-model', o.dModel], ['--heads', o.heads],
-    ['--context', o.context], ['--optimizer', o.optimizer], ['--backend', o.backend]];
-  const sameModel = given.filter(([, v]) => v !== undefined).map(([f, v]) => ` ${f} ${String(v)}`).join('');
+  const given: Array<[string, unknown]> = [
+    ['--data', o.data],
+    ['--layers', o.layers],
+    ['--d-model', o.dModel],
+    ['--heads', o.heads],
+    ['--context', o.context],
+    ['--optimizer', o.optimizer],
+    ['--backend', o.backend],
+  ];
+  const sameModel = given
+    .filter(([, v]) => v !== undefined)
+    .map(([f, v]) => ` ${f} ${String(v)}`)
+    .join('');
   const rec = p.recommended
     ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize} --device-memory ${o.deviceMemory}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
     'throughput assumes one device per stage (a core or an accelerator each)',
-    ...p.strategies.flatMap((s) => (s.unavailable ? [] : specOf(s.strategy).planNote ?? [])),
+    ...p.strategies.flatMap((s) =>
+      s.unavailable ? [] : (specOf(s.strategy).planNote ?? []),
+    ),
   ];
-  return { plan: p, profile, text: [...head, table, rec, ...notes.map((n) => `note: ${n}`)].join('\n') };
+  return {
+    plan: p,
+    profile,
+    text: [...head, table, rec, ...notes.map((n) => `note: ${n}`)].join('\n'),
+  };
 }
 
 function renderTable(columns: string[], rows: string[][]): string {
-  const w = columns.map((c, i) => Math.max(c.length, ...rows.map((r) => (r[i] ?? '').length)));
-  const line = (cells: string[]) => cells.map((c, i) => (c ?? '').padEnd(w[i])).join('  ').trimEnd();
+  const w = columns.map((c, i) =>
+    Math.max(c.length, ...rows.map((r) => (r[i] ?? '').length)),
+  );
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (c ?? '').padEnd(w[i]))
+      .join('  ')
+      .trimEnd();
   return `${[line(columns), line(w.map((n) => '-'.repeat(n))), ...rows.map(line)].join('\n')}\n`;
 }

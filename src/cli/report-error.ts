@@ -13,10 +13,13 @@ import { LayerwiseError, runDirOf } from '../util/errors.js';
 
 /** File-system error codes a user's paths cause, and what to do about them. */
 const FS_ADVICE: Record<string, string> = {
-  EACCES: 'permission denied; choose a path you can write, or fix its permissions',
-  EPERM: 'operation not permitted; choose a path you can write, or fix its permissions',
+  EACCES:
+    'permission denied; choose a path you can write, or fix its permissions',
+  EPERM:
+    'operation not permitted; choose a path you can write, or fix its permissions',
   EROFS: 'the file system is read-only; choose another path',
-  ENOSPC: 'no space left on the device; free some space or choose another --out',
+  ENOSPC:
+    'no space left on the device; free some space or choose another --out',
   EDQUOT: 'disk quota exceeded; free some space or choose another --out',
   EEXIST: 'a file is in the way; remove it or choose another path',
   ENOTDIR: 'a part of the path is a file, not a folder; choose another path',
@@ -39,7 +42,10 @@ function firstLine(s: string): string {
 }
 
 /** The full report of an internal error: message, stack, the failing stage's schedule. */
-export function fullReport(e: unknown, argv: readonly string[] = process.argv): string {
+export function fullReport(
+  e: unknown,
+  argv: readonly string[] = process.argv,
+): string {
   const err = e as ErrLike;
   const lines = [
     `layerwise internal error, ${new Date().toISOString()}`,
@@ -48,7 +54,8 @@ export function fullReport(e: unknown, argv: readonly string[] = process.argv): 
     '',
     err?.stack ?? String(e),
   ];
-  if (err?.schedule) lines.push('', 'schedule of the failing stage:', err.schedule);
+  if (err?.schedule)
+    lines.push('', 'schedule of the failing stage:', err.schedule);
   return `${lines.join('\n')}\n`;
 }
 
@@ -56,7 +63,10 @@ export function fullReport(e: unknown, argv: readonly string[] = process.argv): 
  * Prints `e` as described above (with `debug`: plus the full report) and returns the exit
  * status. Writes `error.txt` into the run folder of an internal error when it has one.
  */
-export function reportError(e: unknown, opts: { debug?: boolean; print?: (line: string) => void } = {}): number {
+export function reportError(
+  e: unknown,
+  opts: { debug?: boolean; print?: (line: string) => void } = {},
+): number {
   const print = opts.print ?? ((l: string) => process.stderr.write(`${l}\n`));
   const err = (e instanceof Error ? e : new Error(String(e))) as ErrLike;
   if (err instanceof LayerwiseError) {
@@ -65,13 +75,20 @@ export function reportError(e: unknown, opts: { debug?: boolean; print?: (line: 
     return 2;
   }
   // a device that crossed --device-memory while running is a configuration problem, like the predicted case
-  if (err.causeName === 'DeviceOutOfMemoryError' || err.name === 'DeviceOutOfMemoryError' || err.causeName === 'LayerwiseError' || err.causeName === 'NumericFaultError') {
+  if (
+    err.causeName === 'DeviceOutOfMemoryError' ||
+    err.name === 'DeviceOutOfMemoryError' ||
+    err.causeName === 'LayerwiseError' ||
+    err.causeName === 'NumericFaultError'
+  ) {
     print(`layerwise: error: ${firstLine(err.message)}`);
     if (opts.debug) print(fullReport(err));
     return 2;
   }
   if (typeof err.code === 'string' && FS_ADVICE[err.code] && err.path) {
-    print(`layerwise: error: cannot ${err.syscall ?? 'use'} ${err.path}: ${FS_ADVICE[err.code]}`);
+    print(
+      `layerwise: error: cannot ${err.syscall ?? 'use'} ${err.path}: ${FS_ADVICE[err.code]}`,
+    );
     if (opts.debug) print(fullReport(err));
     return 2;
   }
@@ -86,7 +103,9 @@ export function reportError(e: unknown, opts: { debug?: boolean; print?: (line: 
       // the run folder is gone or not writable: --debug still prints it
     }
   }
-  print(`layerwise: internal error: ${firstLine(err.message || err.name)}; ${where}`);
+  print(
+    `layerwise: internal error: ${firstLine(err.message || err.name)}; ${where}`,
+  );
   if (opts.debug) print(fullReport(err));
   return 1;
 }

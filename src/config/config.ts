@@ -2,18 +2,33 @@
  * The training configuration: one plain object, validated once, saved with every checkpoint.
  * Every field maps to a `layerwise train` flag of the same name in kebab-case.
  */
-import { LayerwiseError, check } from '../util/errors.js';
-import { OPTIMIZER_KINDS, defaultOptimizerConfig, type OptimizerConfig, type OptimizerKind } from '../optim/optimizer.js';
-import { REMAT_MODES, SCHEDULE_KINDS, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
-import { getPreset } from '../model/presets.js';
-import { parseBalance } from '../partition/balance.js';
-import { parseSize } from '../util/size.js';
+
+import { basename } from 'node:path';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
 import type { Dataset } from '../data/index.js';
-import type { ModelConfig } from '../model/model.js';
-import { LOSSES, isClassification, type LossName } from '../model/loss-names.js';
 import { BUILTIN_DATASETS } from '../data/index.js';
-import { basename } from 'node:path';
+import {
+  isClassification,
+  LOSSES,
+  type LossName,
+} from '../model/loss-names.js';
+import type { ModelConfig } from '../model/model.js';
+import { getPreset } from '../model/presets.js';
+import {
+  defaultOptimizerConfig,
+  OPTIMIZER_KINDS,
+  type OptimizerConfig,
+  type OptimizerKind,
+} from '../optim/optimizer.js';
+import { parseBalance } from '../partition/balance.js';
+import {
+  REMAT_MODES,
+  type RematMode,
+  SCHEDULE_KINDS,
+  type ScheduleKind,
+} from '../schedule/schedule.js';
+import { check, LayerwiseError } from '../util/errors.js';
+import { parseSize } from '../util/size.js';
 
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
 export const STASH_PLACES = ['device', 'host'] as const;
@@ -98,19 +113,49 @@ export interface TrainConfig {
 }
 
 export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
-  strategy: 'single', stages: 1, microBatches: 1, batchSize: 32, remat: 'except_last', schedule: 'gpipe',
-  balance: 'flops', steps: 100, lr: 3e-3, warmup: 10, decay: 'cosine', optimizer: 'adamw', clipNorm: 1,
-  seed: 1, backend: defaultBackend(), threads: 0, evalEvery: 50, evalBatches: 8, saveEvery: 0, overlap: 0, deterministic: false, queueDepth: 0,
-  stash: 'host', serverThreads: 1,
+  strategy: 'single',
+  stages: 1,
+  microBatches: 1,
+  batchSize: 32,
+  remat: 'except_last',
+  schedule: 'gpipe',
+  balance: 'flops',
+  steps: 100,
+  lr: 3e-3,
+  warmup: 10,
+  decay: 'cosine',
+  optimizer: 'adamw',
+  clipNorm: 1,
+  seed: 1,
+  backend: defaultBackend(),
+  threads: 0,
+  evalEvery: 50,
+  evalBatches: 8,
+  saveEvery: 0,
+  overlap: 0,
+  deterministic: false,
+  queueDepth: 0,
+  stash: 'host',
+  serverThreads: 1,
 };
 
-function oneOf<T extends string>(name: string, v: string, valid: readonly T[]): T {
-  if (!valid.includes(v as T)) throw new LayerwiseError(`unknown ${name} '${v}'; valid: ${valid.join(', ')}`);
+function oneOf<T extends string>(
+  name: string,
+  v: string,
+  valid: readonly T[],
+): T {
+  if (!valid.includes(v as T))
+    throw new LayerwiseError(
+      `unknown ${name} '${v}'; valid: ${valid.join(', ')}`,
+    );
   return v as T;
 }
 
 function posInt(name: string, v: number, min = 1): number {
-  check(Number.isInteger(v) && v >= min, `--${name} must be an integer >= ${min}, got ${v}`);
+  check(
+    Number.isInteger(v) && v >= min,
+    `--${name} must be an integer >= ${min}, got ${v}`,
+  );
   return v;
 }
 
@@ -119,7 +164,10 @@ function posInt(name: string, v: number, min = 1): number {
  * names now: `checkpoint` (the re-materialization mode) and `epsThreads` (the parameter server's
  * optimizer threads).
  */
-const LEGACY_KEYS: Record<string, keyof TrainConfig> = { checkpoint: 'remat', epsThreads: 'serverThreads' };
+const LEGACY_KEYS: Record<string, keyof TrainConfig> = {
+  checkpoint: 'remat',
+  epsThreads: 'serverThreads',
+};
 
 function renameLegacyKeys<T extends object>(raw: T): T {
   const out = { ...raw } as Record<string, unknown>;
@@ -136,25 +184,50 @@ function renameLegacyKeys<T extends object>(raw: T): T {
  * Fills defaults and validates everything that can be checked without the data or the model.
  * Throws {@link LayerwiseError} naming the flag and the valid values.
  */
-export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & { preset?: string; balance?: string | number[]; deviceMemory?: string | number }): TrainConfig {
+export function resolveConfig(
+  raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & {
+    preset?: string;
+    balance?: string | number[];
+    deviceMemory?: string | number;
+  },
+): TrainConfig {
   raw = renameLegacyKeys(raw);
   const module = raw.model !== undefined;
-  check(!module || raw.preset === undefined || raw.preset === MODULE_PRESET, `--model and --preset ${raw.preset} both name a model; give one`);
-  check(module || raw.preset !== undefined, '--preset or --model is required; see layerwise train --help');
+  check(
+    !module || raw.preset === undefined || raw.preset === MODULE_PRESET,
+    `--model and --preset ${raw.preset} both name a model; give one`,
+  );
+  check(
+    module || raw.preset !== undefined,
+    '--preset or --model is required; see layerwise train --help',
+  );
   const preset = module ? undefined : getPreset(raw.preset!);
-  const modelName = module ? basename(raw.model!).replace(/\.[^.]*$/, '') : raw.preset!;
-  check(!module || raw.data !== undefined, `--data is required with --model: a built-in data set (${BUILTIN_DATASETS.join(', ')}), a .jsonl file or npy:X.npy,Y.npy`);
+  const modelName = module
+    ? basename(raw.model!).replace(/\.[^.]*$/, '')
+    : raw.preset!;
+  check(
+    !module || raw.data !== undefined,
+    `--data is required with --model: a built-in data set (${BUILTIN_DATASETS.join(', ')}), a .jsonl file or npy:X.npy,Y.npy`,
+  );
   if (raw.loss !== undefined) oneOf('loss', raw.loss, LOSSES);
   const c: TrainConfig = {
     ...DEFAULTS,
-    ...Object.fromEntries(Object.entries(raw).filter(([, v]) => v !== undefined)),
+    ...Object.fromEntries(
+      Object.entries(raw).filter(([, v]) => v !== undefined),
+    ),
     preset: module ? MODULE_PRESET : raw.preset!,
     data: raw.data ?? preset!.defaultData,
     out: raw.out ?? `runs/${modelName}-${raw.strategy ?? DEFAULTS.strategy}`,
-    balance: typeof raw.balance === 'string'
-      ? ((BALANCE_KINDS as readonly string[]).includes(raw.balance) ? raw.balance : parseBalance(raw.balance))
-      : raw.balance ?? DEFAULTS.balance,
-    deviceMemory: typeof raw.deviceMemory === 'string' ? parseSize(raw.deviceMemory) : raw.deviceMemory,
+    balance:
+      typeof raw.balance === 'string'
+        ? (BALANCE_KINDS as readonly string[]).includes(raw.balance)
+          ? raw.balance
+          : parseBalance(raw.balance)
+        : (raw.balance ?? DEFAULTS.balance),
+    deviceMemory:
+      typeof raw.deviceMemory === 'string'
+        ? parseSize(raw.deviceMemory)
+        : raw.deviceMemory,
   } as TrainConfig;
   oneOf('backend', c.backend, BACKENDS);
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
@@ -163,8 +236,11 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
   oneOf('stash place', c.stash, STASH_PLACES);
   posInt('server-threads', c.serverThreads);
   posInt('threads', c.threads, 0);
-  check(c.deviceMemory === undefined || (Number.isFinite(c.deviceMemory) && c.deviceMemory > 0),
-    `--device-memory must be a positive size such as 512MB, got ${c.deviceMemory}`);
+  check(
+    c.deviceMemory === undefined ||
+      (Number.isFinite(c.deviceMemory) && c.deviceMemory > 0),
+    `--device-memory must be a positive size such as 512MB, got ${c.deviceMemory}`,
+  );
   oneOf('decay', c.decay, ['constant', 'cosine'] as const);
   posInt('stages', c.stages);
   posInt('micro-batches', c.microBatches);
@@ -176,14 +252,29 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
   posInt('save-every', c.saveEvery, 0);
   posInt('overlap', c.overlap, 0);
   posInt('queue-depth', c.queueDepth, 0);
-  check(c.overlap === 0 || c.strategy === 'local', `--overlap applies to --strategy local only`);
+  check(
+    c.overlap === 0 || c.strategy === 'local',
+    `--overlap applies to --strategy local only`,
+  );
   check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
-  check(c.lr > 0 && Number.isFinite(c.lr), `--lr must be a positive number, got ${c.lr}`);
-  check(c.clipNorm >= 0, `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`);
-  check(c.batchSize % c.microBatches === 0,
-    `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`);
+  check(
+    c.lr > 0 && Number.isFinite(c.lr),
+    `--lr must be a positive number, got ${c.lr}`,
+  );
+  check(
+    c.clipNorm >= 0,
+    `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`,
+  );
+  check(
+    c.batchSize % c.microBatches === 0,
+    `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`,
+  );
   for (const k of ['layers', 'dModel', 'heads', 'context'] as const) {
-    if (c[k] !== undefined) posInt(k.replace(/[A-Z]/g, (m) => `-${m.toLowerCase()}`), c[k]!);
+    if (c[k] !== undefined)
+      posInt(
+        k.replace(/[A-Z]/g, (m) => `-${m.toLowerCase()}`),
+        c[k]!,
+      );
   }
   return c;
 }
@@ -193,8 +284,13 @@ export function resolveConfig(raw: Partial<Omit<TrainConfig, 'balance' | 'device
  * run's --clip-norm and, when given, --weight-decay. Every strategy, the planner and the
  * device budget build their optimizer with this.
  */
-export function optimizerConfigOf(cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm' | 'weightDecay'>): OptimizerConfig {
-  const o = { ...defaultOptimizerConfig(cfg.optimizer), clipNorm: cfg.clipNorm };
+export function optimizerConfigOf(
+  cfg: Pick<TrainConfig, 'optimizer' | 'clipNorm' | 'weightDecay'>,
+): OptimizerConfig {
+  const o = {
+    ...defaultOptimizerConfig(cfg.optimizer),
+    clipNorm: cfg.clipNorm,
+  };
   if (cfg.weightDecay !== undefined) o.weightDecay = cfg.weightDecay;
   return o;
 }
@@ -209,49 +305,105 @@ export const MODULE_PRESET = 'module';
  * @throws LayerwiseError when the module does not load or does not fit the data (input shape,
  *   classes, loss).
  */
-export async function runModelConfig(cfg: TrainConfig, ds: Dataset): Promise<ModelConfig> {
+export async function runModelConfig(
+  cfg: TrainConfig,
+  ds: Dataset,
+): Promise<ModelConfig> {
   if (cfg.model === undefined) return modelConfigFor(cfg, ds);
-  const { loadModelModule, resolveModulePath } = await import('../model/module.js'); // loads TF.js
+  const { loadModelModule, resolveModulePath } = await import(
+    '../model/module.js'
+  ); // loads TF.js
   const path = await resolveModulePath(cfg.model);
   const m = await loadModelModule(path);
-  const classes = ds.kind === 'text' ? ds.vocab.size : ds.kind === 'image' ? ds.classes : datasetClasses(ds);
-  const loss = cfg.loss ?? m.loss ?? (classes !== undefined ? 'softmax-cross-entropy' : 'mse');
+  const classes =
+    ds.kind === 'text'
+      ? ds.vocab.size
+      : ds.kind === 'image'
+        ? ds.classes
+        : datasetClasses(ds);
+  const loss =
+    cfg.loss ??
+    m.loss ??
+    (classes !== undefined ? 'softmax-cross-entropy' : 'mse');
   const where = `model module ${cfg.model}`;
-  const exampleShape = ds.kind === 'text' ? [cfg.context ?? m.inputShape[0]!] : ds.kind === 'image' ? ds.shape : datasetExampleShape(ds);
-  check(JSON.stringify(exampleShape) === JSON.stringify(m.inputShape),
-    () => `${where} takes inputs of shape [${m.inputShape.join(', ')}] but ${ds.name} gives [${exampleShape.join(', ')}]; make the model's input shape match the data`);
+  const exampleShape =
+    ds.kind === 'text'
+      ? [cfg.context ?? m.inputShape[0]!]
+      : ds.kind === 'image'
+        ? ds.shape
+        : datasetExampleShape(ds);
+  check(
+    JSON.stringify(exampleShape) === JSON.stringify(m.inputShape),
+    () =>
+      `${where} takes inputs of shape [${m.inputShape.join(', ')}] but ${ds.name} gives [${exampleShape.join(', ')}]; make the model's input shape match the data`,
+  );
   const wantDtype = ds.kind === 'text' ? 'int32' : 'float32';
-  check(m.inputDtype === wantDtype, () => `${where} takes ${m.inputDtype} inputs but ${ds.name} gives ${wantDtype}${wantDtype === 'int32' ? ' token ids' : ' values'}; set the input layer's dtype to ${wantDtype}`);
+  check(
+    m.inputDtype === wantDtype,
+    () =>
+      `${where} takes ${m.inputDtype} inputs but ${ds.name} gives ${wantDtype}${wantDtype === 'int32' ? ' token ids' : ' values'}; set the input layer's dtype to ${wantDtype}`,
+  );
   // the output must fit the loss: probe the blocks' output shapes for a batch of 2
   const out = m.blocks.reduce((s, b) => b.outputShape(s), [2, ...m.inputShape]);
   if (isClassification(loss)) {
-    check(classes !== undefined, () => `loss ${loss} needs class labels but ${ds.name} has value targets; use --loss mse`);
+    check(
+      classes !== undefined,
+      () =>
+        `loss ${loss} needs class labels but ${ds.name} has value targets; use --loss mse`,
+    );
     const labelRank = ds.kind === 'text' ? 2 : 1;
-    check(out.length === labelRank + 1 && out[out.length - 1]! >= classes!,
-      () => `${where} outputs [${out.join(', ')}] for a batch of 2, but loss ${loss} on ${ds.name} needs [${ds.kind === 'text' ? `2, ${exampleShape[0]}, ` : '2, '}C] scores with C >= ${classes} classes; change the last layer's units or --loss`);
+    check(
+      out.length === labelRank + 1 && out[out.length - 1]! >= classes!,
+      () =>
+        `${where} outputs [${out.join(', ')}] for a batch of 2, but loss ${loss} on ${ds.name} needs [${ds.kind === 'text' ? `2, ${exampleShape[0]}, ` : '2, '}C] scores with C >= ${classes} classes; change the last layer's units or --loss`,
+    );
   } else {
     const target = datasetTargetShape(ds);
     const size = (s: number[]) => s.reduce((a, b) => a * b, 1);
     // the loss reshapes the targets to the output: a [B] target fits a [B, 1] output
-    check(target !== undefined && size(out.slice(1)) === size(target),
-      () => `${where} outputs [${out.slice(1).join(', ')}] per example but loss mse on ${ds.name} needs ${target ? `[${target.join(', ')}]` : 'value targets (this data set has class labels; use a classification loss)'}`);
+    check(
+      target !== undefined && size(out.slice(1)) === size(target),
+      () =>
+        `${where} outputs [${out.slice(1).join(', ')}] per example but loss mse on ${ds.name} needs ${target ? `[${target.join(', ')}]` : 'value targets (this data set has class labels; use a classification loss)'}`,
+    );
   }
-  return { arch: 'module', path, loss, inputShape: m.inputShape, inputDtype: m.inputDtype };
+  return {
+    arch: 'module',
+    path,
+    loss,
+    inputShape: m.inputShape,
+    inputDtype: m.inputDtype,
+  };
 }
 
 /** Classes of a tensor data set with class labels (undefined for value targets). */
-const datasetClasses = (ds: Dataset): number | undefined => (ds.kind === 'tensor' && ds.target.kind === 'classes' ? ds.target.classes : undefined);
-const datasetExampleShape = (ds: Dataset): number[] => (ds.kind === 'tensor' ? ds.xShape : []);
+const datasetClasses = (ds: Dataset): number | undefined =>
+  ds.kind === 'tensor' && ds.target.kind === 'classes'
+    ? ds.target.classes
+    : undefined;
+const datasetExampleShape = (ds: Dataset): number[] =>
+  ds.kind === 'tensor' ? ds.xShape : [];
 /** One example's target shape for value (regression) targets; undefined for class labels. */
-const datasetTargetShape = (ds: Dataset): number[] | undefined => (ds.kind === 'tensor' && ds.target.kind === 'values' ? ds.target.shape : undefined);
+const datasetTargetShape = (ds: Dataset): number[] | undefined =>
+  ds.kind === 'tensor' && ds.target.kind === 'values'
+    ? ds.target.shape
+    : undefined;
 
 /** The model configuration a preset gives on a data set, with shape overrides. */
 export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
-  if (cfg.model !== undefined) throw new LayerwiseError(`a model module's configuration is resolved by runModelConfig (it loads the module)`);
+  if (cfg.model !== undefined)
+    throw new LayerwiseError(
+      `a model module's configuration is resolved by runModelConfig (it loads the module)`,
+    );
   const preset = getPreset(cfg.preset);
   if (preset.data !== ds.kind) {
-    throw new LayerwiseError(`preset ${cfg.preset} trains on ${preset.data} data but --data ${cfg.data} is ${ds.kind} data; use e.g. --data ${preset.defaultData}`);
+    throw new LayerwiseError(
+      `preset ${cfg.preset} trains on ${preset.data} data but --data ${cfg.data} is ${ds.kind} data; use e.g. --data ${preset.defaultData}`,
+    );
   }
-  const shape = ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes };
+  const shape =
+    ds.kind === 'text'
+      ? { vocab: ds.vocab.size }
+      : { inputShape: ds.shape, classes: ds.classes };
   return preset.make(shape, cfg);
 }

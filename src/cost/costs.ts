@@ -6,10 +6,11 @@
  * predictions themselves: memory.ts (peak device bytes) and time.ts (step time and bubble).
  * Units: bytes and seconds throughout.
  */
-import { LayerwiseError } from '../util/errors.js';
+
 import type { OptimizerConfig } from '../optim/optimizer.js';
-import type { RematMode, ScheduleKind } from '../schedule/schedule.js';
 import type { StageRange } from '../partition/balance.js';
+import type { RematMode, ScheduleKind } from '../schedule/schedule.js';
+import { LayerwiseError } from '../util/errors.js';
 
 /** What one block costs at one micro-batch size (bytes, seconds). */
 export interface BlockCost {
@@ -60,13 +61,32 @@ export interface MicroBatchCosts {
 }
 
 /** The size-dependent part of a block's costs, measured at one micro-batch size. */
-export type BlockSizeCost = Pick<BlockCost, 'inBytes' | 'outBytes' | 'fwdPeakBytes' | 'keptBytes' | 'bwdPeakBytes' | 'bwdHeldBytes' | 'fwdSeconds' | 'bwdSeconds'>;
+export type BlockSizeCost = Pick<
+  BlockCost,
+  | 'inBytes'
+  | 'outBytes'
+  | 'fwdPeakBytes'
+  | 'keptBytes'
+  | 'bwdPeakBytes'
+  | 'bwdHeldBytes'
+  | 'fwdSeconds'
+  | 'bwdSeconds'
+>;
 
 /** A model's profile: size-independent block costs plus measurements at a few micro-batch sizes. */
 export interface ModelProfile {
   /** Backend the profile was measured on. */
   backend: string;
-  blocks: Array<Pick<BlockCost, 'name' | 'paramBytes' | 'maxParamBytes' | 'optTransientBytes' | 'optSeconds'>>;
+  blocks: Array<
+    Pick<
+      BlockCost,
+      | 'name'
+      | 'paramBytes'
+      | 'maxParamBytes'
+      | 'optTransientBytes'
+      | 'optSeconds'
+    >
+  >;
   /** Measurements by micro-batch size, sorted by `batch`, at least one. */
   sizes: Array<{ batch: number; labelBytes: number; blocks: BlockSizeCost[] }>;
   /**
@@ -88,12 +108,23 @@ export interface StepShape {
 }
 
 /** Optimizer state in units of the parameters' size: AdamW 2 (m, v), SGD with momentum 1, plain SGD 0. */
-export function optimizerSlots(opt: Pick<OptimizerConfig, 'kind' | 'momentum'>): number {
+export function optimizerSlots(
+  opt: Pick<OptimizerConfig, 'kind' | 'momentum'>,
+): number {
   if (opt.kind === 'adamw') return 2;
   return opt.momentum > 0 ? 1 : 0;
 }
 
-const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = ['inBytes', 'outBytes', 'fwdPeakBytes', 'keptBytes', 'bwdPeakBytes', 'bwdHeldBytes', 'fwdSeconds', 'bwdSeconds'];
+const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = [
+  'inBytes',
+  'outBytes',
+  'fwdPeakBytes',
+  'keptBytes',
+  'bwdPeakBytes',
+  'bwdHeldBytes',
+  'fwdSeconds',
+  'bwdSeconds',
+];
 
 /**
  * The costs of every block at micro-batch size `batch` (examples): measured values where the
@@ -103,9 +134,13 @@ const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = ['inBytes', 'outBytes', 'f
  * Throws {@link LayerwiseError} for a non-positive batch or an empty profile.
  */
 export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
-  if (!(batch > 0)) throw new LayerwiseError(`micro-batch size must be positive, got ${batch}`);
+  if (!(batch > 0))
+    throw new LayerwiseError(`micro-batch size must be positive, got ${batch}`);
   const sizes = profile.sizes;
-  if (sizes.length === 0) throw new LayerwiseError('the profile has no measured micro-batch size; profile at least one');
+  if (sizes.length === 0)
+    throw new LayerwiseError(
+      'the profile has no measured micro-batch size; profile at least one',
+    );
   let lo = sizes[0];
   let hi = sizes[sizes.length - 1];
   const exact = sizes.find((s) => s.batch === batch);
@@ -118,7 +153,10 @@ export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
   }
   const at = (a: number, b: number): number => {
     if (lo === hi) return lo.batch === batch ? a : (a * batch) / lo.batch;
-    return Math.max(0, a + ((b - a) * (batch - lo.batch)) / (hi.batch - lo.batch));
+    return Math.max(
+      0,
+      a + ((b - a) * (batch - lo.batch)) / (hi.batch - lo.batch),
+    );
   };
   const blocks = profile.blocks.map((b, j) => {
     const out = { ...b } as BlockCost;
@@ -128,9 +166,18 @@ export function costsAt(profile: ModelProfile, batch: number): MicroBatchCosts {
     }
     return out;
   });
-  const out: MicroBatchCosts = { batch, blocks, labelBytes: at(lo.labelBytes, hi.labelBytes) };
+  const out: MicroBatchCosts = {
+    batch,
+    blocks,
+    labelBytes: at(lo.labelBytes, hi.labelBytes),
+  };
   if (profile.auxHeads) {
-    out.auxHeads = Object.fromEntries(Object.entries(profile.auxHeads).map(([end, h]) => [end, costsAt(h, batch).blocks[0]]));
+    out.auxHeads = Object.fromEntries(
+      Object.entries(profile.auxHeads).map(([end, h]) => [
+        end,
+        costsAt(h, batch).blocks[0],
+      ]),
+    );
   }
   return out;
 }
@@ -140,13 +187,17 @@ export function sum(xs: number[]): number {
 }
 
 /** {@link BlockCost.bwdHeldBytes}, or all of the backward's peak where the profile does not say. */
-export const heldAfterBackward = (b: Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>): number => b.bwdHeldBytes ?? b.bwdPeakBytes;
+export const heldAfterBackward = (
+  b: Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>,
+): number => b.bwdHeldBytes ?? b.bwdPeakBytes;
 
 /**
  * Peak bytes above the kept tape during one backward through `blocks` (model order): they run
  * last to first, and each runs with what the ones after it still hold.
  */
-export function backwardPeak(blocks: ReadonlyArray<Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>>): number {
+export function backwardPeak(
+  blocks: ReadonlyArray<Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>>,
+): number {
   let held = 0;
   let peak = 0;
   for (let i = blocks.length - 1; i >= 0; i--) {
@@ -159,7 +210,10 @@ export function backwardPeak(blocks: ReadonlyArray<Pick<BlockCost, 'bwdPeakBytes
 /** Sums of a stage's block costs (blocks [r.from, r.to)). Throws {@link LayerwiseError} for an empty stage. */
 export function stageTotals(c: MicroBatchCosts, r: StageRange) {
   const bl = c.blocks.slice(r.from, r.to);
-  if (bl.length === 0) throw new LayerwiseError(`stage [${r.from}, ${r.to}) holds no block of the model's ${c.blocks.length}; every stage needs at least 1 block`);
+  if (bl.length === 0)
+    throw new LayerwiseError(
+      `stage [${r.from}, ${r.to}) holds no block of the model's ${c.blocks.length}; every stage needs at least 1 block`,
+    );
   return {
     params: sum(bl.map((b) => b.paramBytes)),
     maxParam: Math.max(...bl.map((b) => b.maxParamBytes)),
@@ -182,13 +236,28 @@ export function stageTotals(c: MicroBatchCosts, r: StageRange) {
  * - 'memory': bytes the block adds to its stage's peak: parameters, gradients and optimizer
  *   slots, plus the tape of the micro-batches kept at once and its backward transient.
  */
-export function blockBalanceCosts(c: MicroBatchCosts, kind: 'time' | 'memory', shape: StepShape, stages: number): number[] {
+export function blockBalanceCosts(
+  c: MicroBatchCosts,
+  kind: 'time' | 'memory',
+  shape: StepShape,
+  stages: number,
+): number[] {
   const m = shape.m;
-  const recomputed = shape.remat === 'always' ? m : shape.remat === 'except_last' ? m - 1 : 0;
-  if (kind === 'time') return c.blocks.map((b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds);
+  const recomputed =
+    shape.remat === 'always' ? m : shape.remat === 'except_last' ? m - 1 : 0;
+  if (kind === 'time')
+    return c.blocks.map(
+      (b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds,
+    );
   const inFlight = shape.schedule === '1f1b' ? Math.min(stages, m) : m;
   const keptAtOnce = shape.remat === 'never' ? inFlight : 1;
-  return c.blocks.map((b) => b.paramBytes * (2 + shape.slots) + b.keptBytes * keptAtOnce + b.bwdPeakBytes + b.inBytes * inFlight);
+  return c.blocks.map(
+    (b) =>
+      b.paramBytes * (2 + shape.slots) +
+      b.keptBytes * keptAtOnce +
+      b.bwdPeakBytes +
+      b.inBytes * inFlight,
+  );
 }
 
 /** How a step of local parallelism runs. */
@@ -206,7 +275,10 @@ export function localTotals(c: MicroBatchCosts, r: StageRange, last: boolean) {
   const t = stageTotals(c, r);
   if (last) return t;
   const h = c.auxHeads?.[r.to];
-  if (!h) throw new Error(`no auxiliary head costs after block ${r.to - 1} in the profile; profile the heads (plan/budget.ts profileAuxHeads) for local parallelism`);
+  if (!h)
+    throw new Error(
+      `no auxiliary head costs after block ${r.to - 1} in the profile; profile the heads (plan/budget.ts profileAuxHeads) for local parallelism`,
+    );
   return {
     ...t,
     params: t.params + h.paramBytes,
@@ -228,4 +300,3 @@ export interface RelayShape {
   /** Where layer inputs wait between forward and backward. */
   stash: 'host' | 'device';
 }
-

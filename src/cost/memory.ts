@@ -31,23 +31,45 @@
  * micro-batch's tape and backward transient, the micro-batch inputs and labels it was handed,
  * and with --overlap the stashed tail inputs waiting for the next stage's gradient.
  */
-import { localSchedule, makeSchedule, relaySchedule, type Schedule } from '../schedule/schedule.js';
+
 import type { StageRange } from '../partition/balance.js';
-import { localTotals, stageTotals, type LocalShape, type MicroBatchCosts, type RelayShape, type StepShape } from './costs.js';
+import {
+  localSchedule,
+  makeSchedule,
+  relaySchedule,
+  type Schedule,
+} from '../schedule/schedule.js';
+import {
+  type LocalShape,
+  localTotals,
+  type MicroBatchCosts,
+  type RelayShape,
+  type StepShape,
+  stageTotals,
+} from './costs.js';
 
 /**
  * Predicted peak device bytes of one stage during one training step (after the first step,
  * once the optimizer slots exist), by walking the stage's action list. `actions` is the
  * stage's list from a {@link Schedule}; `stage`/`stages` its index and the number of stages.
  */
-export function stagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number, schedule: Schedule, slots: number): number {
+export function stagePeakBytes(
+  c: MicroBatchCosts,
+  r: StageRange,
+  stage: number,
+  schedule: Schedule,
+  slots: number,
+): number {
   const t = stageTotals(c, r);
   const k = schedule.length;
   const actions = schedule[stage];
   const first = stage === 0;
   const last = stage === k - 1;
   const m = actions.filter((a) => a.op === 'forward').length;
-  let cur = t.params * (1 + slots) + (first ? m * t.inBytes : 0) + (last ? m * c.labelBytes : 0);
+  let cur =
+    t.params * (1 + slots) +
+    (first ? m * t.inBytes : 0) +
+    (last ? m * c.labelBytes : 0);
   let peak = cur;
   const bump = (extra: number) => {
     peak = Math.max(peak, cur + extra);
@@ -81,7 +103,12 @@ export function stagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number,
         }
         kept.delete(a.mb);
         bump(t.bwdPeak);
-        cur += -t.kept - t.inBytes - (last ? c.labelBytes : t.outBytes) + t.params + (first ? 0 : t.inBytes);
+        cur +=
+          -t.kept -
+          t.inBytes -
+          (last ? c.labelBytes : t.outBytes) +
+          t.params +
+          (first ? 0 : t.inBytes);
         if (haveGrads) {
           bump(t.maxParam); // adding the new gradients into the accumulated ones, one at a time
           cur -= t.params;
@@ -109,8 +136,17 @@ export function stagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number,
  * and covering the model) and a step shape. Single-device training is the one-stage case with
  * M = 1 and checkpoint 'never'. Throws {@link LayerwiseError} for an empty stage or bad M.
  */
-export function predictPeakBytes(c: MicroBatchCosts, ranges: readonly StageRange[], shape: StepShape): number[] {
-  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
+export function predictPeakBytes(
+  c: MicroBatchCosts,
+  ranges: readonly StageRange[],
+  shape: StepShape,
+): number[] {
+  const sched = makeSchedule(
+    shape.schedule,
+    shape.m,
+    ranges.length,
+    shape.remat,
+  );
   return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
 }
 
@@ -136,7 +172,13 @@ export function predictPeakBytes(c: MicroBatchCosts, ranges: readonly StageRange
  * Throws {@link LayerwiseError} for an empty stage or bad M, and an Error when the costs lack
  * the stage's auxiliary head.
  */
-export function localStagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: number, stages: number, shape: LocalShape): number {
+export function localStagePeakBytes(
+  c: MicroBatchCosts,
+  r: StageRange,
+  stage: number,
+  stages: number,
+  shape: LocalShape,
+): number {
   const k = stages;
   const first = stage === 0;
   const last = stage === k - 1;
@@ -144,13 +186,18 @@ export function localStagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: nu
   const actions = localSchedule(shape.m, k, overlap, true)[stage];
   const t = localTotals(c, r, last);
   const tailN = !last && overlap > 0 ? overlap : 0;
-  const tail = tailN > 0 ? stageTotals(c, { from: r.to - tailN, to: r.to }) : null;
+  const tail =
+    tailN > 0 ? stageTotals(c, { from: r.to - tailN, to: r.to }) : null;
   const sendsInputGrad = overlap > 0 && !first;
   const m = shape.m;
   // bytes of accumulated gradients: with overlap, the tail's from the previous mini-batch's
   // last micro-batch (applied at this mini-batch's first step)
   let grads = tail ? tail.params : 0;
-  let cur = t.params * (1 + shape.slots) + grads + m * c.labelBytes + (first ? m * t.inBytes : 0);
+  let cur =
+    t.params * (1 + shape.slots) +
+    grads +
+    m * c.labelBytes +
+    (first ? m * t.inBytes : 0);
   let peak = cur;
   const bump = (extra: number) => {
     peak = Math.max(peak, cur + extra);
@@ -176,7 +223,8 @@ export function localStagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: nu
         cur += t.kept + out + stash;
         bump(t.bwdPeak);
         // the tape is freed; the input and labels are disposed; the input gradient stays when it is sent back
-        cur += -t.kept - t.inBytes - c.labelBytes + (sendsInputGrad ? t.inBytes : 0);
+        cur +=
+          -t.kept - t.inBytes - c.labelBytes + (sendsInputGrad ? t.inBytes : 0);
         accumulate(t.params, t.maxParam);
         break;
       }
@@ -216,8 +264,14 @@ export function localStagePeakBytes(c: MicroBatchCosts, r: StageRange, stage: nu
  * {@link LayerwiseError} for an empty stage or bad M, and an Error when the costs lack an
  * auxiliary head of a stage but the last.
  */
-export function predictLocalPeakBytes(c: MicroBatchCosts, ranges: readonly StageRange[], shape: LocalShape): number[] {
-  return ranges.map((r, s) => localStagePeakBytes(c, r, s, ranges.length, shape));
+export function predictLocalPeakBytes(
+  c: MicroBatchCosts,
+  ranges: readonly StageRange[],
+  shape: LocalShape,
+): number[] {
+  return ranges.map((r, s) =>
+    localStagePeakBytes(c, r, s, ranges.length, shape),
+  );
 }
 
 /**
@@ -230,7 +284,10 @@ export function predictLocalPeakBytes(c: MicroBatchCosts, ranges: readonly Stage
  * accumulated gradient (from its first micro-batch to its push) and the input gradients of
  * all M micro-batches. No optimizer state: it lives in the parameter server. Bytes.
  */
-export function predictRelayPeakBytes(c: MicroBatchCosts, shape: RelayShape): number {
+export function predictRelayPeakBytes(
+  c: MicroBatchCosts,
+  shape: RelayShape,
+): number {
   const n = c.blocks.length;
   const b = c.blocks;
   const host = shape.stash === 'host';
@@ -298,4 +355,3 @@ export function predictRelayPeakBytes(c: MicroBatchCosts, shape: RelayShape): nu
   }
   return peak;
 }
-

@@ -3,22 +3,22 @@
  * memory model's predicted peak device bytes per stage are within 15% of what real runs
  * (worker-thread stages, StepReport.peakBytes) measure, for single and gpipe on two presets.
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { initParams } from '../model/init.js';
 import { buildModel, type Model } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
-import { resolveStages, createStrategy } from '../strategies/index.js';
-import { resolveConfig, type TrainConfig } from '../config/config.js';
-import { Rng } from '../util/rng.js';
+import { createStrategy, resolveStages } from '../strategies/index.js';
 import { steadyPeakBytes } from '../testing/fixtures.js';
+import { Rng } from '../util/rng.js';
 import { costsAt, optimizerSlots } from './costs.js';
 import { predictPeakBytes } from './memory.js';
 import { profileModel } from './profile.js';
 
 const BACKEND = 'wasm';
-
 
 interface Case {
   preset: string;
@@ -29,42 +29,95 @@ interface Case {
 const CASES: Case[] = [
   {
     preset: 'charlm-tiny',
-    model: buildModel(getPreset('charlm-tiny').make({ vocab: 40 }, { layers: 2, dModel: 32, heads: 2, context: 16 })),
+    model: buildModel(
+      getPreset('charlm-tiny').make(
+        { vocab: 40 },
+        { layers: 2, dModel: 32, heads: 2, context: 16 },
+      ),
+    ),
     overrides: { layers: 2, dModel: 32, heads: 2, context: 16 },
   },
   {
     preset: 'mlp-mnist',
-    model: buildModel(getPreset('mlp-mnist').make({ inputShape: [28, 28, 1], classes: 10 }, { layers: 2, dModel: 64 })),
+    model: buildModel(
+      getPreset('mlp-mnist').make(
+        { inputShape: [28, 28, 1], classes: 10 },
+        { layers: 2, dModel: 64 },
+      ),
+    ),
     overrides: { layers: 2, dModel: 64 },
   },
 ];
 
 const RUNS: Array<Partial<TrainConfig>> = [
   { strategy: 'single' },
-  { strategy: 'gpipe', stages: 2, microBatches: 4, remat: 'except_last', schedule: 'gpipe' },
-  { strategy: 'gpipe', stages: 2, microBatches: 4, remat: 'never', schedule: '1f1b' },
-  { strategy: 'gpipe', stages: 3, microBatches: 2, remat: 'always', schedule: 'gpipe' },
+  {
+    strategy: 'gpipe',
+    stages: 2,
+    microBatches: 4,
+    remat: 'except_last',
+    schedule: 'gpipe',
+  },
+  {
+    strategy: 'gpipe',
+    stages: 2,
+    microBatches: 4,
+    remat: 'never',
+    schedule: '1f1b',
+  },
+  {
+    strategy: 'gpipe',
+    stages: 3,
+    microBatches: 2,
+    remat: 'always',
+    schedule: 'gpipe',
+  },
 ];
 
 for (const c of CASES) {
   test(`predicted peak device bytes within 15% of measured: ${c.preset}`, async () => {
     const n = 16;
     const opt = defaultOptimizerConfig('adamw');
-    const profile = await profileModel(c.model, { backend: BACKEND, microBatchSizes: [n / 4, n / 2, n], optimizer: opt, repeats: 1, warmup: 0 });
+    const profile = await profileModel(c.model, {
+      backend: BACKEND,
+      microBatchSizes: [n / 4, n / 2, n],
+      optimizer: opt,
+      repeats: 1,
+      warmup: 0,
+    });
     const params = initParams(c.model.blocks, 1);
     const rng = new Rng(3);
     for (const run of RUNS) {
-      const cfg = resolveConfig({ preset: c.preset, batchSize: n, backend: BACKEND, ...c.overrides, ...run } as Parameters<typeof resolveConfig>[0]);
+      const cfg = resolveConfig({
+        preset: c.preset,
+        batchSize: n,
+        backend: BACKEND,
+        ...c.overrides,
+        ...run,
+      } as Parameters<typeof resolveConfig>[0]);
       const ranges = await resolveStages(cfg, c.model);
       const single = cfg.strategy === 'single';
       const m = single ? 1 : cfg.microBatches;
       const predicted = predictPeakBytes(costsAt(profile, n / m), ranges, {
-        m, remat: single ? 'never' : cfg.remat, schedule: single ? 'gpipe' : cfg.schedule, slots: optimizerSlots(opt),
+        m,
+        remat: single ? 'never' : cfg.remat,
+        schedule: single ? 'gpipe' : cfg.schedule,
+        slots: optimizerSlots(opt),
       });
-      const measured = await steadyPeakBytes(await createStrategy(cfg, c.model, params, ranges), c.model, n, rng);
+      const measured = await steadyPeakBytes(
+        await createStrategy(cfg, c.model, params, ranges),
+        c.model,
+        n,
+        rng,
+      );
       const what = `${c.preset} ${JSON.stringify(run)} balance ${ranges.map((r) => r.to - r.from)}: predicted ${predicted} measured ${measured}`;
       assert.equal(predicted.length, measured.length, what);
-      predicted.forEach((p, i) => assert.ok(Math.abs(p - measured[i]) <= 0.15 * measured[i], `stage ${i}: ${what}`));
+      predicted.forEach((p, i) =>
+        assert.ok(
+          Math.abs(p - measured[i]) <= 0.15 * measured[i],
+          `stage ${i}: ${what}`,
+        ),
+      );
       console.log(what);
     }
   });
@@ -73,31 +126,84 @@ for (const c of CASES) {
 test('--balance time separates the heavy blocks of a deliberately uneven model', async () => {
   // dense0 and dense1 are 512x512 (heavy), the five after them 8 wide (light): an even split by
   // block count would put both heavy blocks on stage 0
-  const model = buildModel({ arch: 'mlp', inputShape: [512, 1, 1], hidden: [512, 512, 8, 8, 8, 8], classes: 4 });
-  const cfg = resolveConfig({ preset: 'mlp-mnist', strategy: 'gpipe', stages: 2, microBatches: 2, batchSize: 32, backend: BACKEND, balance: 'time' });
+  const model = buildModel({
+    arch: 'mlp',
+    inputShape: [512, 1, 1],
+    hidden: [512, 512, 8, 8, 8, 8],
+    classes: 4,
+  });
+  const cfg = resolveConfig({
+    preset: 'mlp-mnist',
+    strategy: 'gpipe',
+    stages: 2,
+    microBatches: 2,
+    batchSize: 32,
+    backend: BACKEND,
+    balance: 'time',
+  });
   const ranges = await resolveStages(cfg, model);
-  const stageOf = (b: number) => ranges.findIndex((r) => b >= r.from && b < r.to);
-  assert.notEqual(stageOf(0), stageOf(1), `balance ${ranges.map((r) => r.to - r.from)}`);
-  assert.deepEqual(ranges.map((r) => r.to - r.from), [1, 6]);
+  const stageOf = (b: number) =>
+    ranges.findIndex((r) => b >= r.from && b < r.to);
+  assert.notEqual(
+    stageOf(0),
+    stageOf(1),
+    `balance ${ranges.map((r) => r.to - r.from)}`,
+  );
+  assert.deepEqual(
+    ranges.map((r) => r.to - r.from),
+    [1, 6],
+  );
   const mem = await resolveStages({ ...cfg, balance: 'memory' }, model);
   assert.equal(mem.length, 2);
-  assert.throws(() => resolveConfig({ preset: 'mlp-mnist', balance: 'speed' }), /--balance 'speed' must be comma-separated block counts.*or one of flops, params, time, memory/);
-  await assert.rejects(resolveStages({ ...cfg, stages: 8 }, model), /--stages 8 exceeds the model's 7 blocks; use at most 7 stages/);
+  assert.throws(
+    () => resolveConfig({ preset: 'mlp-mnist', balance: 'speed' }),
+    /--balance 'speed' must be comma-separated block counts.*or one of flops, params, time, memory/,
+  );
+  await assert.rejects(
+    resolveStages({ ...cfg, stages: 8 }, model),
+    /--stages 8 exceeds the model's 7 blocks; use at most 7 stages/,
+  );
 });
 
-test('profiling on native with a device\'s thread count measures with it and gives the main thread its team back', { skip: (await import('../backend/native-addon.js')).nativeAddon() ? false : 'native addon not built' }, async () => {
+test("profiling on native with a device's thread count measures with it and gives the main thread its team back", {
+  skip: (await import('../backend/native-addon.js')).nativeAddon()
+    ? false
+    : 'native addon not built',
+}, async () => {
   const { nativeAddon } = await import('../backend/native-addon.js');
   const addon = nativeAddon()!;
-  const model = buildModel({ arch: 'mlp', inputShape: [4, 4, 1], hidden: [8], classes: 3 });
+  const model = buildModel({
+    arch: 'mlp',
+    inputShape: [4, 4, 1],
+    hidden: [8],
+    classes: 3,
+  });
   addon.setThreads(2);
   let during = 0;
   const opt = defaultOptimizerConfig('adamw');
   // a block whose forward notes the team it runs on
-  const probe: Model = { ...model, blocks: model.blocks.map((b, i) => i > 0 ? b : { ...b, forward: (p, x) => {
-    during = addon.threads();
-    return b.forward(p, x);
-  } }) };
-  await profileModel(probe, { backend: 'native', microBatchSizes: [2], optimizer: opt, repeats: 1, warmup: 0, threads: 1 });
-  assert.equal(during, 1, 'the blocks ran on the device\'s thread count');
-  assert.equal(addon.threads(), 2, 'the main thread\'s team is restored');
+  const probe: Model = {
+    ...model,
+    blocks: model.blocks.map((b, i) =>
+      i > 0
+        ? b
+        : {
+            ...b,
+            forward: (p, x) => {
+              during = addon.threads();
+              return b.forward(p, x);
+            },
+          },
+    ),
+  };
+  await profileModel(probe, {
+    backend: 'native',
+    microBatchSizes: [2],
+    optimizer: opt,
+    repeats: 1,
+    warmup: 0,
+    threads: 1,
+  });
+  assert.equal(during, 1, "the blocks ran on the device's thread count");
+  assert.equal(addon.threads(), 2, "the main thread's team is restored");
 });

@@ -11,18 +11,25 @@
  * optimizer step's time and transient bytes.
  */
 import { initBackend } from '../backend/index.js';
+import { deviceBytes, peakBytes, resetPeakBytes } from '../backend/memory.js';
 import { nativeAddon } from '../backend/native-addon.js';
-import { LayerwiseError } from '../util/errors.js';
+import { tf } from '../backend/tfjs.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import { initParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { DeviceOptimizer, type OptimizerConfig } from '../optim/optimizer.js';
 import { backwardRecorded, recordForward } from '../pipeline/rematerialize.js';
-import { deviceBytes, peakBytes, resetPeakBytes } from '../backend/memory.js';
-import { tf } from '../backend/tfjs.js';
+import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
-import { blockBalanceCosts, costsAt, optimizerSlots, type BlockSizeCost, type ModelProfile, type StepShape } from './costs.js';
 import { median } from '../util/stats.js';
+import {
+  type BlockSizeCost,
+  blockBalanceCosts,
+  costsAt,
+  type ModelProfile,
+  optimizerSlots,
+  type StepShape,
+} from './costs.js';
 
 /** What to profile. */
 export interface ProfileOptions {
@@ -45,7 +52,6 @@ export interface ProfileOptions {
   threads?: number;
 }
 
-
 function bytesOf(shape: number[]): number {
   return sizeOf(shape) * 4; // float32 and int32
 }
@@ -61,11 +67,18 @@ async function settle(t: tf.Tensor): Promise<void> {
  * {@link ModelProfile} (bytes, seconds). Throws {@link LayerwiseError} for an unknown or
  * unavailable backend or a non-positive micro-batch size.
  */
-export async function profileModel(model: Model, opts: ProfileOptions): Promise<ModelProfile> {
+export async function profileModel(
+  model: Model,
+  opts: ProfileOptions,
+): Promise<ModelProfile> {
   const sizes = [...new Set(opts.microBatchSizes)].sort((a, b) => a - b);
-  if (sizes.length === 0) throw new LayerwiseError('profiling needs at least one micro-batch size');
+  if (sizes.length === 0)
+    throw new LayerwiseError('profiling needs at least one micro-batch size');
   for (const b of sizes) {
-    if (!Number.isInteger(b) || b < 1) throw new LayerwiseError(`micro-batch size must be a positive integer, got ${b}; check --batch-size and --micro-batches`);
+    if (!Number.isInteger(b) || b < 1)
+      throw new LayerwiseError(
+        `micro-batch size must be a positive integer, got ${b}; check --batch-size and --micro-batches`,
+      );
   }
   const repeats = opts.repeats ?? 5;
   const warmup = opts.warmup ?? 2;
@@ -79,27 +92,56 @@ export async function profileModel(model: Model, opts: ProfileOptions): Promise<
   }
 }
 
-async function profileWithBackend(model: Model, opts: ProfileOptions, sizes: number[], repeats: number, warmup: number): Promise<ModelProfile> {
+async function profileWithBackend(
+  model: Model,
+  opts: ProfileOptions,
+  sizes: number[],
+  repeats: number,
+  warmup: number,
+): Promise<ModelProfile> {
   const rng = new Rng(opts.seed ?? 1);
   const host = initParams(model.blocks, opts.seed ?? 1);
-  const params = model.blocks.map((blk, i) => Object.fromEntries(blk.params.map((s) => {
-    const init = tf.tensor(host.get(paramKey(i, s.name))!.slice(), s.shape, 'float32');
-    const v = tf.variable(init, false);
-    init.dispose();
-    return [s.name, v] as const;
-  })));
+  const params = model.blocks.map((blk, i) =>
+    Object.fromEntries(
+      blk.params.map((s) => {
+        const init = tf.tensor(
+          host.get(paramKey(i, s.name))!.slice(),
+          s.shape,
+          'float32',
+        );
+        const v = tf.variable(init, false);
+        init.dispose();
+        return [s.name, v] as const;
+      }),
+    ),
+  );
   try {
     const blocks = model.blocks.map((blk, i) => {
       const paramBytes = blk.params.reduce((s, p) => s + bytesOf(p.shape), 0);
-      const maxParamBytes = Math.max(0, ...blk.params.map((p) => bytesOf(p.shape)));
-      const { seconds, transient } = profileOptimizer(params[i], opts.optimizer, repeats, warmup);
-      return { name: blk.name, paramBytes, maxParamBytes, optTransientBytes: transient, optSeconds: seconds };
+      const maxParamBytes = Math.max(
+        0,
+        ...blk.params.map((p) => bytesOf(p.shape)),
+      );
+      const { seconds, transient } = profileOptimizer(
+        params[i],
+        opts.optimizer,
+        repeats,
+        warmup,
+      );
+      return {
+        name: blk.name,
+        paramBytes,
+        maxParamBytes,
+        optTransientBytes: transient,
+        optSeconds: seconds,
+      };
     });
     const out: ModelProfile = { backend: opts.backend, blocks, sizes: [] };
     // a whole untimed pass at the smallest size first: the first pass of a process runs
     // noticeably slower (JIT compilation of the JavaScript around the kernels)
     if (warmup > 0) await profileAt(model, params, sizes[0], rng, 1, 0);
-    for (const n of sizes) out.sizes.push(await profileAt(model, params, n, rng, repeats, warmup));
+    for (const n of sizes)
+      out.sizes.push(await profileAt(model, params, n, rng, repeats, warmup));
     return out;
   } finally {
     for (const p of params) for (const v of Object.values(p)) v.dispose();
@@ -107,12 +149,21 @@ async function profileWithBackend(model: Model, opts: ProfileOptions, sizes: num
 }
 
 /** One optimizer step over a block's parameters: median seconds and peak bytes above params, slots and grads. */
-function profileOptimizer(params: Record<string, tf.Variable>, cfg: OptimizerConfig, repeats: number, warmup: number): { seconds: number; transient: number } {
+function profileOptimizer(
+  params: Record<string, tf.Variable>,
+  cfg: OptimizerConfig,
+  repeats: number,
+  warmup: number,
+): { seconds: number; transient: number } {
   const map = new Map(Object.entries(params));
   if (map.size === 0) return { seconds: 0, transient: 0 };
   // a copy of the parameters, so that the steps do not change the values used for the blocks
-  const copy = new Map([...map].map(([k, v]) => [k, tf.variable(v, false)] as const));
-  const grads = new Map([...map].map(([k, v]) => [k, tf.randomNormal(v.shape, 0, 1e-3)] as const));
+  const copy = new Map(
+    [...map].map(([k, v]) => [k, tf.variable(v, false)] as const),
+  );
+  const grads = new Map(
+    [...map].map(([k, v]) => [k, tf.randomNormal(v.shape, 0, 1e-3)] as const),
+  );
   const opt = new DeviceOptimizer(cfg);
   try {
     opt.apply(copy, grads, 1e-3, 0.5); // creates the slots
@@ -134,30 +185,54 @@ function profileOptimizer(params: Record<string, tf.Variable>, cfg: OptimizerCon
 }
 
 /** Random model input and labels for `n` examples. */
-function randomBatch(model: Model, n: number, rng: Rng): { x: tf.Tensor; labels: tf.Tensor; labelBytes: number } {
+function randomBatch(
+  model: Model,
+  n: number,
+  rng: Rng,
+): { x: tf.Tensor; labels: tf.Tensor; labelBytes: number } {
   const shape = model.inputShape(n);
   let x: tf.Tensor;
   if (model.inputDtype === 'int32') {
     const vocab = model.config.arch === 'charlm' ? model.config.vocab : 2;
-    x = tf.tensor(new Int32Array(sizeOf(shape)).map(() => rng.int(vocab)), shape, 'int32');
+    x = tf.tensor(
+      new Int32Array(sizeOf(shape)).map(() => rng.int(vocab)),
+      shape,
+      'int32',
+    );
   } else {
-    x = tf.tensor(new Float32Array(sizeOf(shape)).map(() => rng.next()), shape, 'float32');
+    x = tf.tensor(
+      new Float32Array(sizeOf(shape)).map(() => rng.next()),
+      shape,
+      'float32',
+    );
   }
   let outShape = shape;
   for (const b of model.blocks) outShape = b.outputShape(outShape);
   const classes = outShape[outShape.length - 1];
   const lShape = outShape.slice(0, -1);
-  const labels = tf.tensor(new Int32Array(sizeOf(lShape)).map(() => rng.int(classes)), lShape, 'int32');
+  const labels = tf.tensor(
+    new Int32Array(sizeOf(lShape)).map(() => rng.int(classes)),
+    lShape,
+    'int32',
+  );
   return { x, labels, labelBytes: bytesOf(lShape) };
 }
 
 /** Every block's size-dependent costs at micro-batch size `n`. */
-async function profileAt(model: Model, params: Array<Record<string, tf.Variable>>, n: number, rng: Rng, repeats: number, warmup: number): Promise<ModelProfile['sizes'][number]> {
+async function profileAt(
+  model: Model,
+  params: Array<Record<string, tf.Variable>>,
+  n: number,
+  rng: Rng,
+  repeats: number,
+  warmup: number,
+): Promise<ModelProfile['sizes'][number]> {
   const { x, labels, labelBytes } = randomBatch(model, n, rng);
   const last = model.blocks.length - 1;
   const inputs: tf.Tensor[] = [x];
   try {
-    for (let i = 0; i < last; i++) inputs.push(tf.tidy(() => model.blocks[i].forward(params[i], inputs[i])));
+    for (let i = 0; i < last; i++)
+      inputs.push(tf.tidy(() => model.blocks[i].forward(params[i], inputs[i])));
     if (warmup > 0) {
       // one untimed forward and backward of the whole model first: kernels compile and
       // allocators grow here rather than inside the first block's measurement
@@ -183,7 +258,9 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
         probedBytes = deviceBytes();
         return [tf.clone(dy)];
       },
-    })) as unknown as Parameters<typeof tf.customGrad>[0]) as (x: tf.Tensor) => tf.Tensor;
+    })) as unknown as Parameters<typeof tf.customGrad>[0]) as (
+      x: tf.Tensor,
+    ) => tf.Tensor;
     for (let i = 0; i <= last; i++) {
       const blk = model.blocks[i];
       const xi = inputs[i];
@@ -191,11 +268,20 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
       // blocks after the first see their input through a probe that notes the device's bytes
       // when the backward reaches it (its last step): what the block's backward holds then
       const input = () => (i > 0 ? probe(xi) : xi);
-      const f = i === last ? () => model.loss(blk.forward(params[i], input()), labels) : () => blk.forward(params[i], input());
+      const f =
+        i === last
+          ? () => model.loss(blk.forward(params[i], input()), labels)
+          : () => blk.forward(params[i], input());
       const xs = i > 0 ? [...ps, xi] : ps;
       const fwd: number[] = [];
       const bwd: number[] = [];
-      const mem: { fwdPeakBytes: number; keptBytes: number; bwdPeakBytes: number; bwdHeldBytes?: number; outBytes: number } = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
+      const mem: {
+        fwdPeakBytes: number;
+        keptBytes: number;
+        bwdPeakBytes: number;
+        bwdHeldBytes?: number;
+        outBytes: number;
+      } = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
       for (let r = 0; r < warmup + repeats; r++) {
         const b0 = deviceBytes();
         resetPeakBytes();
@@ -205,7 +291,10 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
         const t1 = performance.now();
         const fwdPeak = peakBytes() - b0;
         const kept = deviceBytes() - b0;
-        const outBytes = i === last ? bytesOf(blk.outputShape(xi.shape)) : bytesOf(rec.y.shape);
+        const outBytes =
+          i === last
+            ? bytesOf(blk.outputShape(xi.shape))
+            : bytesOf(rec.y.shape);
         const dy = i === last ? tf.scalar(1) : tf.onesLike(rec.y);
         const b1 = deviceBytes();
         resetPeakBytes();
@@ -230,10 +319,16 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
         mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, fwdPeak);
         mem.keptBytes = Math.max(mem.keptBytes, kept);
         mem.bwdPeakBytes = Math.max(mem.bwdPeakBytes, bwdPeak);
-        if (held !== undefined) mem.bwdHeldBytes = Math.max(mem.bwdHeldBytes ?? 0, held);
+        if (held !== undefined)
+          mem.bwdHeldBytes = Math.max(mem.bwdHeldBytes ?? 0, held);
         mem.outBytes = outBytes;
       }
-      blocks.push({ inBytes: bytesOf(xi.shape), ...mem, fwdSeconds: median(fwd), bwdSeconds: median(bwd) });
+      blocks.push({
+        inBytes: bytesOf(xi.shape),
+        ...mem,
+        fwdSeconds: median(fwd),
+        bwdSeconds: median(bwd),
+      });
     }
     return { batch: n, labelBytes, blocks };
   } finally {
@@ -247,17 +342,30 @@ async function profileAt(model: Model, params: Array<Record<string, tf.Variable>
  * backend and returns {@link blockBalanceCosts} (seconds, or bytes, per block) for the given
  * step shape. Throws {@link LayerwiseError} for an unavailable backend or a bad size.
  */
-export async function profiledBalanceCosts(model: Model, o: {
-  kind: 'time' | 'memory';
-  backend: string;
-  /** Examples per micro-batch. */
-  microBatch: number;
-  stages: number;
-  shape: Omit<StepShape, 'slots'>;
-  optimizer: OptimizerConfig;
-  /** Kernel threads of each device (see ProfileOptions.threads). */
-  threads?: number;
-}): Promise<number[]> {
-  const profile = await profileModel(model, { backend: o.backend, microBatchSizes: [o.microBatch], optimizer: o.optimizer, threads: o.threads });
-  return blockBalanceCosts(costsAt(profile, o.microBatch), o.kind, { ...o.shape, slots: optimizerSlots(o.optimizer) }, o.stages);
+export async function profiledBalanceCosts(
+  model: Model,
+  o: {
+    kind: 'time' | 'memory';
+    backend: string;
+    /** Examples per micro-batch. */
+    microBatch: number;
+    stages: number;
+    shape: Omit<StepShape, 'slots'>;
+    optimizer: OptimizerConfig;
+    /** Kernel threads of each device (see ProfileOptions.threads). */
+    threads?: number;
+  },
+): Promise<number[]> {
+  const profile = await profileModel(model, {
+    backend: o.backend,
+    microBatchSizes: [o.microBatch],
+    optimizer: o.optimizer,
+    threads: o.threads,
+  });
+  return blockBalanceCosts(
+    costsAt(profile, o.microBatch),
+    o.kind,
+    { ...o.shape, slots: optimizerSlots(o.optimizer) },
+    o.stages,
+  );
 }

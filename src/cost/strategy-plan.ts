@@ -6,7 +6,11 @@
  * (strategies/*.ts); plan/plan.ts runs them all and recommends one. Pure.
  */
 import type { StageRange } from '../partition/balance.js';
-import { idealBubble, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
+import {
+  idealBubble,
+  type RematMode,
+  type ScheduleKind,
+} from '../schedule/schedule.js';
 import { costsAt, type ModelProfile, type StepShape } from './costs.js';
 import { predictPeakBytes } from './memory.js';
 import { predictStepTime } from './time.js';
@@ -66,23 +70,47 @@ export interface StrategyPlan {
 }
 
 /** A planner for one strategy: the best plan it has for the request, or an unavailable one. */
-export type StrategyPlanner = (profile: ModelProfile, req: PlanRequest) => StrategyPlan;
+export type StrategyPlanner = (
+  profile: ModelProfile,
+  req: PlanRequest,
+) => StrategyPlan;
 
 /**
  * The plan of a backprop pipeline (single or gpipe) on `ranges` with step shape `shape`: the
  * peak bytes per stage walked over its schedule and the step time simulated.
  */
-export function plannedAs(strategy: string, profile: ModelProfile, req: PlanRequest, ranges: StageRange[], shape: StepShape, balancedBy: string): StrategyPlan {
+export function plannedAs(
+  strategy: string,
+  profile: ModelProfile,
+  req: PlanRequest,
+  ranges: StageRange[],
+  shape: StepShape,
+  balancedBy: string,
+): StrategyPlan {
   const costs = costsAt(profile, req.batchSize / shape.m);
   const peakBytes = predictPeakBytes(costs, ranges, shape);
   const t = predictStepTime(costs, ranges, shape);
   const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
   return {
-    strategy, exact: true, fits: peakBytes.every((b) => b <= req.deviceMemory), stages: ranges.length, microBatches: shape.m,
-    remat: shape.remat, schedule: shape.schedule, balance: ranges.map((r) => r.to - r.from), balancedBy,
-    peakBytes, stepSeconds: t.seconds, bubble: t.bubble, idealBubble: idealBubble(shape.m, ranges.length),
-    examplesPerSecond: perSecond, tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
-    display: ranges.length > 1 ? { remat: shape.remat, schedule: shape.schedule } : { remat: '-', schedule: '-' },
+    strategy,
+    exact: true,
+    fits: peakBytes.every((b) => b <= req.deviceMemory),
+    stages: ranges.length,
+    microBatches: shape.m,
+    remat: shape.remat,
+    schedule: shape.schedule,
+    balance: ranges.map((r) => r.to - r.from),
+    balancedBy,
+    peakBytes,
+    stepSeconds: t.seconds,
+    bubble: t.bubble,
+    idealBubble: idealBubble(shape.m, ranges.length),
+    examplesPerSecond: perSecond,
+    tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
+    display:
+      ranges.length > 1
+        ? { remat: shape.remat, schedule: shape.schedule }
+        : { remat: '-', schedule: '-' },
   };
 }
 
@@ -99,14 +127,36 @@ export function better(a: StrategyPlan, b: StrategyPlan): boolean {
   const pa = Math.max(...a.peakBytes);
   const pb = Math.max(...b.peakBytes);
   if (!a.fits) return pa < pb || (pa === pb && a.stepSeconds < b.stepSeconds);
-  return a.stepSeconds < b.stepSeconds * (1 - 1e-9) || (Math.abs(a.stepSeconds - b.stepSeconds) <= b.stepSeconds * 1e-9 && pa < pb);
+  return (
+    a.stepSeconds < b.stepSeconds * (1 - 1e-9) ||
+    (Math.abs(a.stepSeconds - b.stepSeconds) <= b.stepSeconds * 1e-9 && pa < pb)
+  );
 }
 
 /** A plan for a strategy that cannot run this request (`why`, e.g. 'needs --stages 2 or more'). */
-export function unavailable(strategy: string, exact: boolean, why: string, req: PlanRequest): StrategyPlan {
+export function unavailable(
+  strategy: string,
+  exact: boolean,
+  why: string,
+  req: PlanRequest,
+): StrategyPlan {
   return {
-    strategy, exact, display: { remat: '-', schedule: '-' }, fits: false, stages: req.stages, microBatches: 0, remat: 'never', schedule: 'gpipe', balance: [], balancedBy: '-',
-    peakBytes: [], stepSeconds: NaN, bubble: [], idealBubble: NaN, examplesPerSecond: 0, tokensPerSecond: 0, unavailable: why,
+    strategy,
+    exact,
+    display: { remat: '-', schedule: '-' },
+    fits: false,
+    stages: req.stages,
+    microBatches: 0,
+    remat: 'never',
+    schedule: 'gpipe',
+    balance: [],
+    balancedBy: '-',
+    peakBytes: [],
+    stepSeconds: NaN,
+    bubble: [],
+    idealBubble: NaN,
+    examplesPerSecond: 0,
+    tokensPerSecond: 0,
+    unavailable: why,
   };
 }
-

@@ -5,10 +5,19 @@
  * the pace) and the L2L relay (device work plus the parameter server's updates it cannot hide).
  * Communication is taken as free. Memory predictions are in memory.ts. Units: seconds.
  */
+
+import type { StageRange } from '../partition/balance.js';
 import { makeSchedule } from '../schedule/schedule.js';
 import { simulate } from '../schedule/simulate.js';
-import type { StageRange } from '../partition/balance.js';
-import { localTotals, stageTotals, type BlockCost, type LocalShape, type MicroBatchCosts, type RelayShape, type StepShape } from './costs.js';
+import {
+  type BlockCost,
+  type LocalShape,
+  localTotals,
+  type MicroBatchCosts,
+  type RelayShape,
+  type StepShape,
+  stageTotals,
+} from './costs.js';
 
 /** Predicted time of one step: wall seconds, per-stage busy seconds and idle (bubble) fraction. */
 export interface StepTime {
@@ -26,10 +35,24 @@ export interface StepTime {
  * is taken as free (neighbouring worker threads exchange transferred buffers). Throws
  * {@link LayerwiseError} for an empty stage or bad M.
  */
-export function predictStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: Omit<StepShape, 'slots'>): StepTime {
-  const sched = makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
+export function predictStepTime(
+  c: MicroBatchCosts,
+  ranges: readonly StageRange[],
+  shape: Omit<StepShape, 'slots'>,
+): StepTime {
+  const sched = makeSchedule(
+    shape.schedule,
+    shape.m,
+    ranges.length,
+    shape.remat,
+  );
   const totals = ranges.map((r) => stageTotals(c, r));
-  const keptBy = sched.map((acts) => new Set(acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : []))));
+  const keptBy = sched.map(
+    (acts) =>
+      new Set(
+        acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : [])),
+      ),
+  );
   const sim = simulate(sched, (s, a) => {
     const t = totals[s];
     if (a.op === 'forward') return t.fwd;
@@ -47,11 +70,20 @@ export function predictStepTime(c: MicroBatchCosts, ranges: readonly StageRange[
  * backward through the blocks and the head) and M optimizer steps, plus with overlap the
  * tail's re-computed forward and its backward per micro-batch.
  */
-export function localStageSeconds(c: MicroBatchCosts, r: StageRange, stage: number, stages: number, shape: LocalShape): number {
+export function localStageSeconds(
+  c: MicroBatchCosts,
+  r: StageRange,
+  stage: number,
+  stages: number,
+  shape: LocalShape,
+): number {
   const last = stage === stages - 1;
   const t = localTotals(c, r, last);
   const overlap = shape.overlap ?? 0;
-  const tail = !last && overlap > 0 ? stageTotals(c, { from: r.to - overlap, to: r.to }) : null;
+  const tail =
+    !last && overlap > 0
+      ? stageTotals(c, { from: r.to - overlap, to: r.to })
+      : null;
   return shape.m * (t.fwd + t.bwd + t.opt + (tail ? tail.fwd + tail.bwd : 0));
 }
 
@@ -62,10 +94,20 @@ export function localStageSeconds(c: MicroBatchCosts, r: StageRange, stage: numb
  * slowest stage's work on it; the others idle for the difference (their bubble).
  * Communication is taken as free. Throws like {@link predictLocalPeakBytes}.
  */
-export function predictLocalStepTime(c: MicroBatchCosts, ranges: readonly StageRange[], shape: LocalShape): StepTime {
-  const busy = ranges.map((r, s) => localStageSeconds(c, r, s, ranges.length, shape));
+export function predictLocalStepTime(
+  c: MicroBatchCosts,
+  ranges: readonly StageRange[],
+  shape: LocalShape,
+): StepTime {
+  const busy = ranges.map((r, s) =>
+    localStageSeconds(c, r, s, ranges.length, shape),
+  );
   const seconds = Math.max(...busy);
-  return { seconds, bubble: busy.map((b) => (seconds > 0 ? 1 - b / seconds : 0)), busySeconds: busy };
+  return {
+    seconds,
+    bubble: busy.map((b) => (seconds > 0 ? 1 - b / seconds : 0)),
+    busySeconds: busy,
+  };
 }
 
 /**
@@ -91,14 +133,27 @@ export const HOST_UPDATE_PARAMS_PER_SECOND = 1e8;
  * stash for speed even where it measured faster. `bubble` is the predicted wait's fraction of
  * the step.
  */
-export function predictRelayStepTime(c: MicroBatchCosts, shape: RelayShape & { clip?: boolean }, hostRate = HOST_UPDATE_PARAMS_PER_SECOND): StepTime {
+export function predictRelayStepTime(
+  c: MicroBatchCosts,
+  shape: RelayShape & { clip?: boolean },
+  hostRate = HOST_UPDATE_PARAMS_PER_SECOND,
+): StepTime {
   const n = c.blocks.length;
-  const fwd = c.blocks.slice(0, n - 1).reduce((s, l) => s + shape.m * l.fwdSeconds, 0);
+  const fwd = c.blocks
+    .slice(0, n - 1)
+    .reduce((s, l) => s + shape.m * l.fwdSeconds, 0);
   const bwdOf = (l: BlockCost) => shape.m * (l.fwdSeconds + l.bwdSeconds);
   const bwd = c.blocks.reduce((s, l) => s + bwdOf(l), 0);
   const device = fwd + bwd;
   const server = c.blocks.reduce((s, l) => s + l.paramBytes / 4, 0) / hostRate;
-  const wait = Math.max(0, server - ((shape.clip ?? true) ? fwd : bwd - bwdOf(c.blocks[n - 1])));
+  const wait = Math.max(
+    0,
+    server - ((shape.clip ?? true) ? fwd : bwd - bwdOf(c.blocks[n - 1])),
+  );
   const seconds = device + wait;
-  return { seconds, bubble: [seconds > 0 ? wait / seconds : 0], busySeconds: [device] };
+  return {
+    seconds,
+    bubble: [seconds > 0 ? wait / seconds : 0],
+    busySeconds: [device],
+  };
 }

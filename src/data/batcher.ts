@@ -90,8 +90,15 @@ export interface Batcher {
   readonly items: number;
 }
 
-function checkPositiveInt(v: unknown, what: string, fix: string): asserts v is number {
-  check(typeof v === 'number' && Number.isInteger(v) && v > 0, () => `${what} must be a positive integer, got ${String(v)}; ${fix}`);
+function checkPositiveInt(
+  v: unknown,
+  what: string,
+  fix: string,
+): asserts v is number {
+  check(
+    typeof v === 'number' && Number.isInteger(v) && v > 0,
+    () => `${what} must be a positive integer, got ${String(v)}; ${fix}`,
+  );
 }
 
 /** Number of windows of `context + 1` tokens, starting every `context` tokens, in a stream of `length` tokens. */
@@ -112,12 +119,22 @@ interface Layout {
   xShape: (b: number) => number[];
   yShape: (b: number) => number[];
   items: (split: 'train' | 'val') => number;
-  fill: (split: 'train' | 'val', item: number, x: Float32Array | Int32Array, y: Int32Array | Float32Array, slot: number) => void;
+  fill: (
+    split: 'train' | 'val',
+    item: number,
+    x: Float32Array | Int32Array,
+    y: Int32Array | Float32Array,
+    slot: number,
+  ) => void;
 }
 
 function layoutOf(ds: BatchableDataset, context: number | undefined): Layout {
   if (ds.kind === 'text') {
-    checkPositiveInt(context, 'Context length (tokens per example)', 'set the context, e.g. 128.');
+    checkPositiveInt(
+      context,
+      'Context length (tokens per example)',
+      'set the context, e.g. 128.',
+    );
     const T = context;
     const stream = (s: 'train' | 'val') => (s === 'train' ? ds.train : ds.val);
     return {
@@ -169,8 +186,10 @@ function layoutOf(ds: BatchableDataset, context: number | undefined): Layout {
     for (const s of ['train', 'val'] as const) {
       const d = split(s);
       check(
-        d.y instanceof (yFloat ? Float32Array : Int32Array) && d.x.length * Y === d.y.length * X,
-        () => `Tensor data set "${ds.name}" has an inconsistent ${s} split (${d.x.length} x values for shape [${xShape.join(', ')}], ${d.y.length} y values in a ${d.y.constructor.name} for ${ds.target.kind === 'classes' ? 'class labels' : `targets [${yShape.join(', ')}]`}); load it with loadDataset().`,
+        d.y instanceof (yFloat ? Float32Array : Int32Array) &&
+          d.x.length * Y === d.y.length * X,
+        () =>
+          `Tensor data set "${ds.name}" has an inconsistent ${s} split (${d.x.length} x values for shape [${xShape.join(', ')}], ${d.y.length} y values in a ${d.y.constructor.name} for ${ds.target.kind === 'classes' ? 'class labels' : `targets [${yShape.join(', ')}]`}); load it with loadDataset().`,
       );
     }
     return {
@@ -190,39 +209,126 @@ function layoutOf(ds: BatchableDataset, context: number | undefined): Layout {
       },
     };
   }
-  throw new LayerwiseError(`Unknown data set kind ${JSON.stringify((ds as { kind: unknown }).kind)}; load data sets with loadDataset().`);
+  throw new LayerwiseError(
+    `Unknown data set kind ${JSON.stringify((ds as { kind: unknown }).kind)}; load data sets with loadDataset().`,
+  );
 }
 
-function makeBatch(L: Layout, split: 'train' | 'val', order: ArrayLike<number> | null, from: number, count: number): Batch {
-  const x = L.kind === 'text' ? new Int32Array(count * L.xPer) : new Float32Array(count * L.xPer);
-  const y = L.yFloat ? new Float32Array(count * L.yPer) : new Int32Array(count * L.yPer);
-  for (let k = 0; k < count; k++) L.fill(split, order ? order[from + k] : from + k, x, y, k);
-  return { x, xShape: L.xShape(count), y, yShape: L.yShape(count), examples: count, tokens: count * L.tokensPer };
+function makeBatch(
+  L: Layout,
+  split: 'train' | 'val',
+  order: ArrayLike<number> | null,
+  from: number,
+  count: number,
+): Batch {
+  const x =
+    L.kind === 'text'
+      ? new Int32Array(count * L.xPer)
+      : new Float32Array(count * L.xPer);
+  const y = L.yFloat
+    ? new Float32Array(count * L.yPer)
+    : new Int32Array(count * L.yPer);
+  for (let k = 0; k < count; k++)
+    L.fill(split, order ? order[from + k] : from + k, x, y, k);
+  return {
+    x,
+    xShape: L.xShape(count),
+    y,
+    yShape: L.yShape(count),
+    examples: count,
+    tokens: count * L.tokensPer,
+  };
 }
 
 /** The permutation of `items` item indices used in `epoch` for `seed`. */
-export function epochOrder(items: number, seed: number, epoch: number): Int32Array {
+export function epochOrder(
+  items: number,
+  seed: number,
+  epoch: number,
+): Int32Array {
   const perm = new Int32Array(items);
   for (let i = 0; i < items; i++) perm[i] = i;
   // hash (seed, epoch) so that seed s in epoch 1 does not repeat seed s+1's epoch 0
-  return new Rng((Math.imul(seed ^ 0x5bd1e995, 0x27d4eb2d) + Math.imul(epoch + 1, 0x165667b1)) >>> 0).shuffle(perm);
+  return new Rng(
+    (Math.imul(seed ^ 0x5bd1e995, 0x27d4eb2d) +
+      Math.imul(epoch + 1, 0x165667b1)) >>>
+      0,
+  ).shuffle(perm);
 }
 
-function validateState(s: unknown, expect: Omit<BatcherState, 'epoch' | 'cursor' | 'seed'>, seed: number | undefined): BatcherState {
-  const fix = 'resume with the same data set, batch size and context as the saved run, or start a new run without --resume';
-  check(typeof s === 'object' && s !== null, `Saved batcher state is ${s === null ? 'null' : typeof s}, not an object; the checkpoint is damaged: ${fix}.`);
+function validateState(
+  s: unknown,
+  expect: Omit<BatcherState, 'epoch' | 'cursor' | 'seed'>,
+  seed: number | undefined,
+): BatcherState {
+  const fix =
+    'resume with the same data set, batch size and context as the saved run, or start a new run without --resume';
+  check(
+    typeof s === 'object' && s !== null,
+    `Saved batcher state is ${s === null ? 'null' : typeof s}, not an object; the checkpoint is damaged: ${fix}.`,
+  );
   const o = s as Record<string, unknown>;
-  check(o.version === 1, () => `Saved batcher state has version ${JSON.stringify(o.version)}, expected 1; it was written by an incompatible version: ${fix}.`);
-  for (const k of ['seed', 'epoch', 'cursor', 'batchSize', 'context', 'items'] as const) {
-    check(typeof o[k] === 'number' && Number.isInteger(o[k]) && (k === 'seed' || (o[k] as number) >= 0), () => `Saved batcher state field "${k}" is ${JSON.stringify(o[k])}, not ${k === 'seed' ? 'an integer' : 'a non-negative integer'}; the checkpoint is damaged: ${fix}.`);
+  check(
+    o.version === 1,
+    () =>
+      `Saved batcher state has version ${JSON.stringify(o.version)}, expected 1; it was written by an incompatible version: ${fix}.`,
+  );
+  for (const k of [
+    'seed',
+    'epoch',
+    'cursor',
+    'batchSize',
+    'context',
+    'items',
+  ] as const) {
+    check(
+      typeof o[k] === 'number' &&
+        Number.isInteger(o[k]) &&
+        (k === 'seed' || (o[k] as number) >= 0),
+      () =>
+        `Saved batcher state field "${k}" is ${JSON.stringify(o[k])}, not ${k === 'seed' ? 'an integer' : 'a non-negative integer'}; the checkpoint is damaged: ${fix}.`,
+    );
   }
-  check(o.kind === expect.kind, () => `Saved batcher state is for a ${String(o.kind)} data set but this one is ${expect.kind}; ${fix}.`);
-  check(o.batchSize === expect.batchSize, () => `Saved batcher state has batch size ${o.batchSize} but ${expect.batchSize} was requested; ${fix}.`);
-  check(o.context === expect.context, () => `Saved batcher state has context ${o.context} but ${expect.context} was requested; ${fix}.`);
-  check(o.items === expect.items, () => `Saved batcher state counts ${o.items} items per epoch but this data set has ${expect.items}; the data changed since the checkpoint: ${fix}.`);
-  check(seed === undefined || seed === o.seed, () => `Saved batcher state has seed ${o.seed} but seed ${seed} was requested; resume with seed ${o.seed} (or omit the seed).`);
-  check((o.cursor as number) <= expect.items, () => `Saved batcher state cursor ${o.cursor} is past the ${expect.items} items of an epoch; the checkpoint is damaged: ${fix}.`);
-  return { version: 1, kind: expect.kind, seed: o.seed as number, epoch: o.epoch as number, cursor: o.cursor as number, batchSize: expect.batchSize, context: expect.context, items: expect.items };
+  check(
+    o.kind === expect.kind,
+    () =>
+      `Saved batcher state is for a ${String(o.kind)} data set but this one is ${expect.kind}; ${fix}.`,
+  );
+  check(
+    o.batchSize === expect.batchSize,
+    () =>
+      `Saved batcher state has batch size ${o.batchSize} but ${expect.batchSize} was requested; ${fix}.`,
+  );
+  check(
+    o.context === expect.context,
+    () =>
+      `Saved batcher state has context ${o.context} but ${expect.context} was requested; ${fix}.`,
+  );
+  check(
+    o.items === expect.items,
+    () =>
+      `Saved batcher state counts ${o.items} items per epoch but this data set has ${expect.items}; the data changed since the checkpoint: ${fix}.`,
+  );
+  check(
+    seed === undefined || seed === o.seed,
+    () =>
+      `Saved batcher state has seed ${o.seed} but seed ${seed} was requested; resume with seed ${o.seed} (or omit the seed).`,
+  );
+  check(
+    (o.cursor as number) <= expect.items,
+    () =>
+      `Saved batcher state cursor ${o.cursor} is past the ${expect.items} items of an epoch; the checkpoint is damaged: ${fix}.`,
+  );
+  return {
+    version: 1,
+    kind: expect.kind,
+    seed: o.seed as number,
+    epoch: o.epoch as number,
+    cursor: o.cursor as number,
+    batchSize: expect.batchSize,
+    context: expect.context,
+    items: expect.items,
+  };
 }
 
 /**
@@ -235,27 +341,44 @@ function validateState(s: unknown, expect: Omit<BatcherState, 'epoch' | 'cursor'
  * @throws LayerwiseError if options are invalid, the training split has fewer than B items
  *   (windows or examples), or `state` is malformed or belongs to other data/options.
  */
-export function makeBatcher(ds: BatchableDataset, opts: BatcherOptions, state?: BatcherState): Batcher {
-  checkPositiveInt(opts.batchSize, 'Batch size', 'set the batch size, e.g. 32.');
+export function makeBatcher(
+  ds: BatchableDataset,
+  opts: BatcherOptions,
+  state?: BatcherState,
+): Batcher {
+  checkPositiveInt(
+    opts.batchSize,
+    'Batch size',
+    'set the batch size, e.g. 32.',
+  );
   const L = layoutOf(ds, opts.context);
   const B = opts.batchSize;
   const items = L.items('train');
-  check(
-    items >= B,
-    () =>
-      L.kind === 'text'
-        ? `Training text of "${ds.name}" has ${ds.kind === 'text' ? ds.train.length : 0} tokens, only ${items} windows of context ${L.context} + 1, fewer than batch size ${B}; lower the batch size or context, or use a longer text.`
-        : `Training split of "${ds.name}" has ${items} ${L.kind === 'image' ? 'images' : 'examples'}, fewer than batch size ${B}; lower the batch size.`,
+  check(items >= B, () =>
+    L.kind === 'text'
+      ? `Training text of "${ds.name}" has ${ds.kind === 'text' ? ds.train.length : 0} tokens, only ${items} windows of context ${L.context} + 1, fewer than batch size ${B}; lower the batch size or context, or use a longer text.`
+      : `Training split of "${ds.name}" has ${items} ${L.kind === 'image' ? 'images' : 'examples'}, fewer than batch size ${B}; lower the batch size.`,
   );
-  if (opts.seed !== undefined) check(Number.isSafeInteger(opts.seed), `Seed must be an integer, got ${opts.seed}; give an integer seed.`);
+  if (opts.seed !== undefined)
+    check(
+      Number.isSafeInteger(opts.seed),
+      `Seed must be an integer, got ${opts.seed}; give an integer seed.`,
+    );
   let seed: number;
   let epoch = 0;
   let cursor = 0;
   if (state !== undefined) {
-    const s = validateState(state, { version: 1, kind: L.kind, batchSize: B, context: L.context, items }, opts.seed);
+    const s = validateState(
+      state,
+      { version: 1, kind: L.kind, batchSize: B, context: L.context, items },
+      opts.seed,
+    );
     ({ seed, epoch, cursor } = s);
   } else {
-    check(opts.seed !== undefined, 'A seed is required to start a batcher; give an integer seed.');
+    check(
+      opts.seed !== undefined,
+      'A seed is required to start a batcher; give an integer seed.',
+    );
     seed = opts.seed;
   }
   if (cursor + B > items) {
@@ -280,7 +403,16 @@ export function makeBatcher(ds: BatchableDataset, opts: BatcherOptions, state?: 
       return batch;
     },
     state(): BatcherState {
-      return { version: 1, kind: L.kind, seed, epoch, cursor, batchSize: B, context: L.context, items };
+      return {
+        version: 1,
+        kind: L.kind,
+        seed,
+        epoch,
+        cursor,
+        batchSize: B,
+        context: L.context,
+        items,
+      };
     },
     get epoch() {
       return epoch;
@@ -310,11 +442,21 @@ export interface ValidationOptions {
  * @returns batches shaped as in {@link makeBatcher}.
  * @throws LayerwiseError if options are invalid.
  */
-export function validationBatches(ds: BatchableDataset, opts: ValidationOptions): Batch[] {
-  checkPositiveInt(opts.batchSize, 'Validation batch size', 'set the batch size, e.g. 32.');
+export function validationBatches(
+  ds: BatchableDataset,
+  opts: ValidationOptions,
+): Batch[] {
+  checkPositiveInt(
+    opts.batchSize,
+    'Validation batch size',
+    'set the batch size, e.g. 32.',
+  );
   const L = layoutOf(ds, opts.context);
   const max = opts.maxBatches ?? Infinity;
-  check(max === Infinity || (Number.isInteger(max) && max >= 0), () => `maxBatches must be a non-negative integer, got ${max}.`);
+  check(
+    max === Infinity || (Number.isInteger(max) && max >= 0),
+    () => `maxBatches must be a non-negative integer, got ${max}.`,
+  );
   const B = opts.batchSize;
   const items = L.items('val');
   const out: Batch[] = [];

@@ -9,10 +9,22 @@ import { gunzipSync } from 'node:zlib';
 import { check, LayerwiseError } from '../util/errors.js';
 
 /** Element types of IDX files, by their type byte: 0x08 uint8, 0x09 int8, 0x0B int16, 0x0C int32, 0x0D float32, 0x0E float64. */
-export type IdxDtype = 'uint8' | 'int8' | 'int16' | 'int32' | 'float32' | 'float64';
+export type IdxDtype =
+  | 'uint8'
+  | 'int8'
+  | 'int16'
+  | 'int32'
+  | 'float32'
+  | 'float64';
 
 /** Typed array holding the values of an IDX file. */
-export type IdxData = Uint8Array | Int8Array | Int16Array | Int32Array | Float32Array | Float64Array;
+export type IdxData =
+  | Uint8Array
+  | Int8Array
+  | Int16Array
+  | Int32Array
+  | Float32Array
+  | Float64Array;
 
 /** A parsed IDX file. */
 export interface IdxArray {
@@ -49,16 +61,26 @@ export function isGzip(bytes: Uint8Array): boolean {
  *   truncated, or there are bytes after the data.
  */
 export function parseIdx(bytes: Uint8Array, source = '<IDX bytes>'): IdxArray {
-  const fix = 'give an IDX file such as MNIST\'s train-images-idx3-ubyte(.gz), re-downloading it if it is damaged';
-  check(bytes.length >= 4, () => `IDX file ${source} is truncated: ${bytes.length} bytes, shorter than the 4-byte header; ${fix}.`);
+  const fix =
+    "give an IDX file such as MNIST's train-images-idx3-ubyte(.gz), re-downloading it if it is damaged";
+  check(
+    bytes.length >= 4,
+    () =>
+      `IDX file ${source} is truncated: ${bytes.length} bytes, shorter than the 4-byte header; ${fix}.`,
+  );
   const type = TYPES[bytes[2]];
   check(
     bytes[0] === 0 && bytes[1] === 0 && type !== undefined && bytes[3] > 0,
-    () => `IDX file ${source} has bad magic number 0x${Array.from(bytes.subarray(0, 4), (b) => b.toString(16).padStart(2, '0')).join('')} (expected 0x0000TTNN, TT a type byte 08/09/0b/0c/0d/0e and NN the number of dimensions >= 1); it is not an IDX file: ${fix}.`,
+    () =>
+      `IDX file ${source} has bad magic number 0x${Array.from(bytes.subarray(0, 4), (b) => b.toString(16).padStart(2, '0')).join('')} (expected 0x0000TTNN, TT a type byte 08/09/0b/0c/0d/0e and NN the number of dimensions >= 1); it is not an IDX file: ${fix}.`,
   );
   const ndims = bytes[3];
   const headerLen = 4 + 4 * ndims;
-  check(bytes.length >= headerLen, () => `IDX file ${source} is truncated: ${bytes.length} bytes, shorter than its ${headerLen}-byte header for ${ndims} dimensions; ${fix}.`);
+  check(
+    bytes.length >= headerLen,
+    () =>
+      `IDX file ${source} is truncated: ${bytes.length} bytes, shorter than its ${headerLen}-byte header for ${ndims} dimensions; ${fix}.`,
+  );
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const dims: number[] = [];
   for (let i = 0; i < ndims; i++) dims.push(view.getUint32(4 + 4 * i, false));
@@ -66,11 +88,13 @@ export function parseIdx(bytes: Uint8Array, source = '<IDX bytes>'): IdxArray {
   const expected = headerLen + count * type.bytes;
   check(
     bytes.length >= expected,
-    () => `IDX file ${source} is truncated: header says ${type.dtype} [${dims.join(', ')}] = ${expected} bytes, but the file has ${bytes.length}; ${fix}.`,
+    () =>
+      `IDX file ${source} is truncated: header says ${type.dtype} [${dims.join(', ')}] = ${expected} bytes, but the file has ${bytes.length}; ${fix}.`,
   );
   check(
     bytes.length === expected,
-    () => `IDX file ${source} has a size mismatch: header says ${type.dtype} [${dims.join(', ')}] = ${expected} bytes, but the file has ${bytes.length} (${bytes.length - expected} extra bytes); ${fix}.`,
+    () =>
+      `IDX file ${source} has a size mismatch: header says ${type.dtype} [${dims.join(', ')}] = ${expected} bytes, but the file has ${bytes.length} (${bytes.length - expected} extra bytes); ${fix}.`,
   );
   const off = bytes.byteOffset + headerLen;
   let data: IdxData;
@@ -83,25 +107,29 @@ export function parseIdx(bytes: Uint8Array, source = '<IDX bytes>'): IdxArray {
       break;
     case 'int16': {
       const a = new Int16Array(count);
-      for (let i = 0; i < count; i++) a[i] = view.getInt16(headerLen + 2 * i, false);
+      for (let i = 0; i < count; i++)
+        a[i] = view.getInt16(headerLen + 2 * i, false);
       data = a;
       break;
     }
     case 'int32': {
       const a = new Int32Array(count);
-      for (let i = 0; i < count; i++) a[i] = view.getInt32(headerLen + 4 * i, false);
+      for (let i = 0; i < count; i++)
+        a[i] = view.getInt32(headerLen + 4 * i, false);
       data = a;
       break;
     }
     case 'float32': {
       const a = new Float32Array(count);
-      for (let i = 0; i < count; i++) a[i] = view.getFloat32(headerLen + 4 * i, false);
+      for (let i = 0; i < count; i++)
+        a[i] = view.getFloat32(headerLen + 4 * i, false);
       data = a;
       break;
     }
     case 'float64': {
       const a = new Float64Array(count);
-      for (let i = 0; i < count; i++) a[i] = view.getFloat64(headerLen + 8 * i, false);
+      for (let i = 0; i < count; i++)
+        a[i] = view.getFloat64(headerLen + 8 * i, false);
       data = a;
       break;
     }
@@ -114,11 +142,23 @@ export function parseIdx(bytes: Uint8Array, source = '<IDX bytes>'): IdxArray {
  * write test fixtures and converted data sets.
  * @throws LayerwiseError if `data.length` is not the product of `dims` or `dims` is empty.
  */
-export function encodeIdx(dtype: IdxDtype, dims: number[], data: ArrayLike<number>): Uint8Array {
-  check(dims.length >= 1 && dims.length <= 255, `IDX arrays need 1 to 255 dimensions, got ${dims.length}.`);
+export function encodeIdx(
+  dtype: IdxDtype,
+  dims: number[],
+  data: ArrayLike<number>,
+): Uint8Array {
+  check(
+    dims.length >= 1 && dims.length <= 255,
+    `IDX arrays need 1 to 255 dimensions, got ${dims.length}.`,
+  );
   const count = dims.reduce((a, b) => a * b, 1);
-  check(data.length === count, `IDX data has ${data.length} values but dims [${dims.join(', ')}] need ${count}.`);
-  const code = Number(Object.keys(TYPES).find((k) => TYPES[Number(k)].dtype === dtype));
+  check(
+    data.length === count,
+    `IDX data has ${data.length} values but dims [${dims.join(', ')}] need ${count}.`,
+  );
+  const code = Number(
+    Object.keys(TYPES).find((k) => TYPES[Number(k)].dtype === dtype),
+  );
   const size = TYPE_BYTES[dtype];
   const headerLen = 4 + 4 * dims.length;
   const out = new Uint8Array(headerLen + count * size);
@@ -130,12 +170,24 @@ export function encodeIdx(dtype: IdxDtype, dims: number[], data: ArrayLike<numbe
     const p = headerLen + i * size;
     const v = data[i];
     switch (dtype) {
-      case 'uint8': view.setUint8(p, v); break;
-      case 'int8': view.setInt8(p, v); break;
-      case 'int16': view.setInt16(p, v, false); break;
-      case 'int32': view.setInt32(p, v, false); break;
-      case 'float32': view.setFloat32(p, v, false); break;
-      case 'float64': view.setFloat64(p, v, false); break;
+      case 'uint8':
+        view.setUint8(p, v);
+        break;
+      case 'int8':
+        view.setInt8(p, v);
+        break;
+      case 'int16':
+        view.setInt16(p, v, false);
+        break;
+      case 'int32':
+        view.setInt32(p, v, false);
+        break;
+      case 'float32':
+        view.setFloat32(p, v, false);
+        break;
+      case 'float64':
+        view.setFloat64(p, v, false);
+        break;
     }
   }
   return out;
@@ -159,21 +211,31 @@ export async function readIdxFile(path: string): Promise<IdxArray> {
         bytes = await readFile(`${path}.gz`);
         used = `${path}.gz`;
       } catch {
-        throw new LayerwiseError(`IDX file ${path} does not exist (nor ${path}.gz); check the path (relative paths are resolved from ${process.cwd()}).`);
+        throw new LayerwiseError(
+          `IDX file ${path} does not exist (nor ${path}.gz); check the path (relative paths are resolved from ${process.cwd()}).`,
+        );
       }
     } else if (code === 'ENOENT') {
-      throw new LayerwiseError(`IDX file ${path} does not exist; check the path (relative paths are resolved from ${process.cwd()}).`);
+      throw new LayerwiseError(
+        `IDX file ${path} does not exist; check the path (relative paths are resolved from ${process.cwd()}).`,
+      );
     } else if (code === 'EISDIR') {
-      throw new LayerwiseError(`IDX path ${path} is a directory; give the path of an IDX file inside it.`);
+      throw new LayerwiseError(
+        `IDX path ${path} is a directory; give the path of an IDX file inside it.`,
+      );
     } else {
-      throw new LayerwiseError(`Cannot read IDX file ${path}: ${(e as Error).message}; check that it is readable.`);
+      throw new LayerwiseError(
+        `Cannot read IDX file ${path}: ${(e as Error).message}; check that it is readable.`,
+      );
     }
   }
   if (isGzip(bytes)) {
     try {
       bytes = gunzipSync(bytes);
     } catch (e) {
-      throw new LayerwiseError(`IDX file ${used} looks gzip-compressed but cannot be decompressed (${(e as Error).message}); it is damaged: download it again.`);
+      throw new LayerwiseError(
+        `IDX file ${used} looks gzip-compressed but cannot be decompressed (${(e as Error).message}); it is damaged: download it again.`,
+      );
     }
   }
   return parseIdx(bytes, used);

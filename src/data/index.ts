@@ -4,57 +4,82 @@
  */
 import { stat } from 'node:fs/promises';
 import { check, LayerwiseError } from '../util/errors.js';
-import { FASHION_MNIST_DIR, loadFashionMnist, loadIdxImages, loadMnist, type ImageDataset } from './images.js';
-import { loadJsonlDataset, loadNpyDataset, tensorSplitSize, type TensorDataset } from './tensors.js';
+import {
+  FASHION_MNIST_DIR,
+  type ImageDataset,
+  loadFashionMnist,
+  loadIdxImages,
+  loadMnist,
+} from './images.js';
+import {
+  loadJsonlDataset,
+  loadNpyDataset,
+  type TensorDataset,
+  tensorSplitSize,
+} from './tensors.js';
 import { loadMobyDick, loadTextFile, type TextDataset } from './text.js';
 import type { Vocab } from './vocab.js';
 
-export { Vocab, type VocabJSON, type UnknownCharPolicy } from './vocab.js';
 export {
-  DEFAULT_VAL_FRACTION,
-  loadMobyDick,
-  loadTextFile,
-  mobyDickText,
-  textDatasetFromString,
-  type TextDataset,
-  type TextOptions,
-} from './text.js';
-export { encodeIdx, isGzip, parseIdx, readIdxFile, type IdxArray, type IdxData, type IdxDtype } from './idx.js';
+  type Batch,
+  type Batcher,
+  type BatcherOptions,
+  type BatcherState,
+  epochOrder,
+  makeBatcher,
+  type ValidationOptions,
+  validationBatches,
+  windowCount,
+} from './batcher.js';
+export {
+  encodeIdx,
+  type IdxArray,
+  type IdxData,
+  type IdxDtype,
+  isGzip,
+  parseIdx,
+  readIdxFile,
+} from './idx.js';
 export {
   FASHION_MNIST_DIR,
+  type ImageDataset,
+  type ImageOptions,
+  type ImageSplit,
   imageSplitFromIdx,
   loadFashionMnist,
   loadIdxImages,
   loadMnist,
   splitExamples,
   splitSize,
-  type ImageDataset,
-  type ImageOptions,
-  type ImageSplit,
 } from './images.js';
-export { parseNpy, readNpyFile, type NpyArray, type NpyData, type NpyDtype } from './npy.js';
+export {
+  type NpyArray,
+  type NpyData,
+  type NpyDtype,
+  parseNpy,
+  readNpyFile,
+} from './npy.js';
 export {
   loadJsonlDataset,
   loadNpyDataset,
-  tensorDatasetFromJsonl,
-  tensorSplitSize,
-  yValuesPer,
   type TensorDataset,
   type TensorOptions,
   type TensorSplit,
   type TensorTarget,
+  tensorDatasetFromJsonl,
+  tensorSplitSize,
+  yValuesPer,
 } from './tensors.js';
 export {
-  epochOrder,
-  makeBatcher,
-  validationBatches,
-  windowCount,
-  type Batch,
-  type Batcher,
-  type BatcherOptions,
-  type BatcherState,
-  type ValidationOptions,
-} from './batcher.js';
+  DEFAULT_VAL_FRACTION,
+  loadMobyDick,
+  loadTextFile,
+  mobyDickText,
+  type TextDataset,
+  type TextOptions,
+  textDatasetFromString,
+} from './text.js';
+export { type UnknownCharPolicy, Vocab, type VocabJSON } from './vocab.js';
 
 /**
  * Any data set: a character-level text, an image classification set, or a tensor set (features
@@ -63,7 +88,11 @@ export {
 export type Dataset = TextDataset | ImageDataset | TensorDataset;
 
 /** Built-in data set names accepted by {@link loadDataset}. */
-export const BUILTIN_DATASETS = ['moby-dick', 'mnist', 'fashion-mnist'] as const;
+export const BUILTIN_DATASETS = [
+  'moby-dick',
+  'mnist',
+  'fashion-mnist',
+] as const;
 
 /** Options of {@link loadDataset}. */
 export interface LoadOptions {
@@ -97,10 +126,19 @@ const USAGE =
  * validation examples hold out a fixed random `valFraction` of the examples.
  * @throws LayerwiseError for unknown names and missing or malformed files, saying what would fix it.
  */
-export async function loadDataset(name: string, opts: LoadOptions = {}): Promise<Dataset> {
-  check(typeof name === 'string' && name.trim() !== '', `No data set given; ${USAGE}.`);
+export async function loadDataset(
+  name: string,
+  opts: LoadOptions = {},
+): Promise<Dataset> {
+  check(
+    typeof name === 'string' && name.trim() !== '',
+    `No data set given; ${USAGE}.`,
+  );
   const textOpts = { valFraction: opts.valFraction, vocab: opts.vocab };
-  const imageOpts = { valFraction: opts.valFraction, splitSeed: opts.splitSeed };
+  const imageOpts = {
+    valFraction: opts.valFraction,
+    splitSeed: opts.splitSeed,
+  };
   const tensorOpts = { ...imageOpts, classes: opts.classes };
   switch (name) {
     case 'moby-dick':
@@ -113,22 +151,30 @@ export async function loadDataset(name: string, opts: LoadOptions = {}): Promise
   if (name.startsWith('idx:')) {
     const paths = name.slice(4).split(',');
     check(
-      (paths.length === 2 || paths.length === 4) && paths.every((p) => p !== ''),
-      () => `Data set "${name}" should list 2 or 4 comma-separated IDX paths after "idx:" (images,labels[,val_images,val_labels]), got ${paths.filter((p) => p !== '').length}; e.g. idx:train-images-idx3-ubyte.gz,train-labels-idx1-ubyte.gz.`,
+      (paths.length === 2 || paths.length === 4) &&
+        paths.every((p) => p !== ''),
+      () =>
+        `Data set "${name}" should list 2 or 4 comma-separated IDX paths after "idx:" (images,labels[,val_images,val_labels]), got ${paths.filter((p) => p !== '').length}; e.g. idx:train-images-idx3-ubyte.gz,train-labels-idx1-ubyte.gz.`,
     );
     const [images, labels, valImages, valLabels] = paths;
-    return loadIdxImages({ images, labels, valImages, valLabels }, { ...imageOpts, name });
+    return loadIdxImages(
+      { images, labels, valImages, valLabels },
+      { ...imageOpts, name },
+    );
   }
   if (name.startsWith('npy:')) {
     const paths = name.slice(4).split(',');
     check(
-      (paths.length === 2 || paths.length === 4) && paths.every((p) => p !== ''),
-      () => `Data set "${name}" should list 2 or 4 comma-separated .npy paths after "npy:" (x,y[,val_x,val_y]), got ${paths.filter((p) => p !== '').length}; e.g. npy:x_train.npy,y_train.npy.`,
+      (paths.length === 2 || paths.length === 4) &&
+        paths.every((p) => p !== ''),
+      () =>
+        `Data set "${name}" should list 2 or 4 comma-separated .npy paths after "npy:" (x,y[,val_x,val_y]), got ${paths.filter((p) => p !== '').length}; e.g. npy:x_train.npy,y_train.npy.`,
     );
     const [x, y, valX, valY] = paths;
     return loadNpyDataset({ x, y, valX, valY }, { ...tensorOpts, name });
   }
-  if (/\.(jsonl|ndjson)$/i.test(name)) return loadJsonlDataset(name, tensorOpts);
+  if (/\.(jsonl|ndjson)$/i.test(name))
+    return loadJsonlDataset(name, tensorOpts);
   if (name.toLowerCase().endsWith('.txt')) return loadTextFile(name, textOpts);
   const st = await stat(name).catch(() => undefined);
   if (st?.isFile()) return loadTextFile(name, textOpts);
@@ -147,7 +193,10 @@ export function describeDataset(ds: Dataset): string {
     return `${ds.name}: text, ${ds.train.length + ds.val.length} characters (${ds.train.length} train, ${ds.val.length} val), vocabulary ${ds.vocab.size}`;
   }
   if (ds.kind === 'tensor') {
-    const target = ds.target.kind === 'classes' ? `${ds.target.classes} classes` : `regression targets [${ds.target.shape.join(', ')}]`;
+    const target =
+      ds.target.kind === 'classes'
+        ? `${ds.target.classes} classes`
+        : `regression targets [${ds.target.shape.join(', ')}]`;
     return `${ds.name}: tensors [${ds.xShape.join(', ')}], ${target}, ${tensorSplitSize(ds, 'train')} train, ${tensorSplitSize(ds, 'val')} val`;
   }
   return `${ds.name}: images ${ds.shape.join('x')}, ${ds.classes} classes, ${ds.train.y.length} train, ${ds.val.y.length} val`;

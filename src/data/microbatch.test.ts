@@ -1,7 +1,7 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
-import { splitMicroBatches, type HostArray } from './microbatch.js';
+import { type HostArray, splitMicroBatches } from './microbatch.js';
 
 function host(shape: number[], int: boolean): HostArray {
   const n = shape.reduce((a, b) => a * b, 1);
@@ -11,7 +11,12 @@ function host(shape: number[], int: boolean): HostArray {
 }
 
 test('split shapes, dtypes and contents', () => {
-  for (const [shape, int] of [[[8, 16], true], [[6, 2, 3, 1], false], [[4], true], [[12, 5], false]] as Array<[number[], boolean]>) {
+  for (const [shape, int] of [
+    [[8, 16], true],
+    [[6, 2, 3, 1], false],
+    [[4], true],
+    [[12, 5], false],
+  ] as Array<[number[], boolean]>) {
     const t = host(shape, int);
     const n = shape[0];
     const per = t.data.length / n;
@@ -27,7 +32,12 @@ test('split shapes, dtypes and contents', () => {
         assert.equal(p.data.length, (n / m) * per, what);
         // Row r of part i is row i * (n / m) + r of the input.
         for (let r = 0; r < n / m; r++) {
-          for (let c = 0; c < per; c++) assert.equal(p.data[r * per + c], t.data[(i * (n / m) + r) * per + c], `${what} row ${r}`);
+          for (let c = 0; c < per; c++)
+            assert.equal(
+              p.data[r * per + c],
+              t.data[(i * (n / m) + r) * per + c],
+              `${what} row ${r}`,
+            );
         }
       });
     }
@@ -39,7 +49,9 @@ test('concatenating the parts gives back the input', () => {
     const t = host([12, 3, 2], int);
     for (const m of [1, 2, 3, 4, 6, 12]) {
       const parts = splitMicroBatches(t, m);
-      const joined = int ? new Int32Array(t.data.length) : new Float32Array(t.data.length);
+      const joined = int
+        ? new Int32Array(t.data.length)
+        : new Float32Array(t.data.length);
       let off = 0;
       for (const p of parts) {
         joined.set(p.data, off);
@@ -68,11 +80,19 @@ test('a micro-batch count that does not divide the batch throws LayerwiseError n
   for (const m of [3, 4, 7, 11, 20]) {
     assert.throws(
       () => splitMicroBatches(t, m),
-      (e: unknown) => e instanceof LayerwiseError && e.message.includes('batch size 10') && e.message.includes(`--micro-batches ${m}`),
+      (e: unknown) =>
+        e instanceof LayerwiseError &&
+        e.message.includes('batch size 10') &&
+        e.message.includes(`--micro-batches ${m}`),
       `m=${m}`,
     );
   }
   for (const m of [0, -2, 2.5, NaN]) {
-    assert.throws(() => splitMicroBatches(t, m), (e: unknown) => e instanceof LayerwiseError && e.message.includes('batch size 10'), `m=${m}`);
+    assert.throws(
+      () => splitMicroBatches(t, m),
+      (e: unknown) =>
+        e instanceof LayerwiseError && e.message.includes('batch size 10'),
+      `m=${m}`,
+    );
   }
 });

@@ -30,7 +30,9 @@ export interface HostArray {
 export function splitMicroBatches(t: HostArray, m: number): HostTensor[] {
   const n = t.shape[0];
   if (!Number.isInteger(m) || m < 1 || n % m !== 0) {
-    throw new LayerwiseError(`--micro-batches ${m} must divide the batch size ${n} (try a divisor of ${n})`);
+    throw new LayerwiseError(
+      `--micro-batches ${m} must divide the batch size ${n} (try a divisor of ${n})`,
+    );
   }
   const rows = n / m;
   const per = t.data.length / n;

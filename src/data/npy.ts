@@ -14,7 +14,18 @@ import { readFile, stat } from 'node:fs/promises';
 import { check, LayerwiseError } from '../util/errors.js';
 
 /** Element types read from `.npy` files, by NumPy name. */
-export type NpyDtype = 'bool' | 'uint8' | 'int8' | 'uint16' | 'int16' | 'uint32' | 'int32' | 'uint64' | 'int64' | 'float32' | 'float64';
+export type NpyDtype =
+  | 'bool'
+  | 'uint8'
+  | 'int8'
+  | 'uint16'
+  | 'int16'
+  | 'uint32'
+  | 'int32'
+  | 'uint64'
+  | 'int64'
+  | 'float32'
+  | 'float64';
 
 /** Typed array holding the values of a `.npy` file. */
 export type NpyData =
@@ -39,7 +50,14 @@ export interface NpyArray {
 }
 
 /** Type code (descr without its byte-order character) -> dtype, bytes per value and array constructor. */
-const CODES: Record<string, { dtype: NpyDtype; bytes: number; make: (buf: ArrayBuffer, n: number) => NpyData }> = {
+const CODES: Record<
+  string,
+  {
+    dtype: NpyDtype;
+    bytes: number;
+    make: (buf: ArrayBuffer, n: number) => NpyData;
+  }
+> = {
   b1: { dtype: 'bool', bytes: 1, make: (b, n) => new Uint8Array(b, 0, n) },
   u1: { dtype: 'uint8', bytes: 1, make: (b, n) => new Uint8Array(b, 0, n) },
   i1: { dtype: 'int8', bytes: 1, make: (b, n) => new Int8Array(b, 0, n) },
@@ -47,19 +65,31 @@ const CODES: Record<string, { dtype: NpyDtype; bytes: number; make: (buf: ArrayB
   i2: { dtype: 'int16', bytes: 2, make: (b, n) => new Int16Array(b, 0, n) },
   u4: { dtype: 'uint32', bytes: 4, make: (b, n) => new Uint32Array(b, 0, n) },
   i4: { dtype: 'int32', bytes: 4, make: (b, n) => new Int32Array(b, 0, n) },
-  u8: { dtype: 'uint64', bytes: 8, make: (b, n) => new BigUint64Array(b, 0, n) },
+  u8: {
+    dtype: 'uint64',
+    bytes: 8,
+    make: (b, n) => new BigUint64Array(b, 0, n),
+  },
   i8: { dtype: 'int64', bytes: 8, make: (b, n) => new BigInt64Array(b, 0, n) },
   f4: { dtype: 'float32', bytes: 4, make: (b, n) => new Float32Array(b, 0, n) },
   f8: { dtype: 'float64', bytes: 8, make: (b, n) => new Float64Array(b, 0, n) },
 };
 
-const SUPPORTED = "'<f4', '<f8', '|u1', '|i1', '<i2', '<u2', '<i4', '<u4', '<i8', '<u8', '|b1'";
+const SUPPORTED =
+  "'<f4', '<f8', '|u1', '|i1', '<i2', '<u2', '<i4', '<u4', '<i8', '<u8', '|b1'";
 
 /** Whether this machine stores numbers little-endian (every platform Node supports in practice). */
 const LITTLE_ENDIAN = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
 
 /** A value of the header's Python literal. */
-type PyValue = string | number | boolean | null | PyValue[] | { tuple: PyValue[] } | Map<string, PyValue>;
+type PyValue =
+  | string
+  | number
+  | boolean
+  | null
+  | PyValue[]
+  | { tuple: PyValue[] }
+  | Map<string, PyValue>;
 
 /**
  * Parse the Python literal of a `.npy` header: a dict of string keys whose values are strings,
@@ -127,7 +157,12 @@ function parsePyLiteral(src: string): PyValue {
       return s;
     }
     const m = /^(True|False|None|-?\d+L?)/.exec(src.slice(i));
-    if (!m) fail(i >= src.length ? 'unexpected end' : `unexpected ${JSON.stringify(src[i])}`);
+    if (!m)
+      fail(
+        i >= src.length
+          ? 'unexpected end'
+          : `unexpected ${JSON.stringify(src[i])}`,
+      );
     i += m![0].length;
     const t = m![0];
     if (t === 'True') return true;
@@ -154,7 +189,8 @@ function pyRepr(v: PyValue | undefined): string {
   if (typeof v === 'number') return String(v);
   if (typeof v === 'string') return `'${v}'`;
   if (Array.isArray(v)) return `[${v.map(pyRepr).join(', ')}]`;
-  if (v instanceof Map) return `{${[...v].map(([k, x]) => `'${k}': ${pyRepr(x)}`).join(', ')}}`;
+  if (v instanceof Map)
+    return `{${[...v].map(([k, x]) => `'${k}': ${pyRepr(x)}`).join(', ')}}`;
   return `(${v.tuple.map(pyRepr).join(', ')}${v.tuple.length === 1 ? ',' : ''})`;
 }
 
@@ -172,86 +208,132 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
   const magic = [0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59]; // \x93NUMPY
   check(
     bytes.length >= 6 && magic.every((b, k) => bytes[k] === b),
-    () => `.npy file ${source} does not start with the magic string \\x93NUMPY (it starts with ${JSON.stringify(String.fromCharCode(...bytes.subarray(0, 6)))}); it is not a .npy file: ${fix} (an .npz archive must be unzipped first).`,
+    () =>
+      `.npy file ${source} does not start with the magic string \\x93NUMPY (it starts with ${JSON.stringify(String.fromCharCode(...bytes.subarray(0, 6)))}); it is not a .npy file: ${fix} (an .npz archive must be unzipped first).`,
   );
-  check(bytes.length >= 10, () => `.npy file ${source} is truncated: ${bytes.length} bytes, shorter than its preamble; ${fix}, re-writing it if it is damaged.`);
+  check(
+    bytes.length >= 10,
+    () =>
+      `.npy file ${source} is truncated: ${bytes.length} bytes, shorter than its preamble; ${fix}, re-writing it if it is damaged.`,
+  );
   const major = bytes[6];
   check(
     major === 1 || major === 2 || major === 3,
-    () => `.npy file ${source} has format version ${major}.${bytes[7]}; versions 1.0, 2.0 and 3.0 are supported: ${fix}.`,
+    () =>
+      `.npy file ${source} has format version ${major}.${bytes[7]}; versions 1.0, 2.0 and 3.0 are supported: ${fix}.`,
   );
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const lenBytes = major === 1 ? 2 : 4;
-  check(bytes.length >= 8 + lenBytes, () => `.npy file ${source} is truncated inside its header length; ${fix}, re-writing it if it is damaged.`);
-  const headerLen = major === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
+  check(
+    bytes.length >= 8 + lenBytes,
+    () =>
+      `.npy file ${source} is truncated inside its header length; ${fix}, re-writing it if it is damaged.`,
+  );
+  const headerLen =
+    major === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
   const start = 8 + lenBytes;
   check(
     bytes.length >= start + headerLen,
-    () => `.npy file ${source} is truncated: its header says ${headerLen} bytes but only ${bytes.length - start} follow; ${fix}, re-writing it if it is damaged.`,
+    () =>
+      `.npy file ${source} is truncated: its header says ${headerLen} bytes but only ${bytes.length - start} follow; ${fix}, re-writing it if it is damaged.`,
   );
-  const header = new TextDecoder(major === 3 ? 'utf-8' : 'latin1').decode(bytes.subarray(start, start + headerLen));
+  const header = new TextDecoder(major === 3 ? 'utf-8' : 'latin1').decode(
+    bytes.subarray(start, start + headerLen),
+  );
   let dict: PyValue;
   try {
     dict = parsePyLiteral(header);
   } catch (e) {
-    throw new LayerwiseError(`.npy file ${source} has a malformed header ${JSON.stringify(header.trim())}: ${(e as Error).message}; ${fix}.`);
+    throw new LayerwiseError(
+      `.npy file ${source} has a malformed header ${JSON.stringify(header.trim())}: ${(e as Error).message}; ${fix}.`,
+    );
   }
   check(
     dict instanceof Map,
-    () => `.npy file ${source} has a header ${JSON.stringify(header.trim())} that is not a dict; ${fix}.`,
+    () =>
+      `.npy file ${source} has a header ${JSON.stringify(header.trim())} that is not a dict; ${fix}.`,
   );
   const d = dict as Map<string, PyValue>;
   for (const key of ['descr', 'fortran_order', 'shape']) {
-    check(d.has(key), () => `.npy file ${source} has no '${key}' in its header ${JSON.stringify(header.trim())}; ${fix}.`);
+    check(
+      d.has(key),
+      () =>
+        `.npy file ${source} has no '${key}' in its header ${JSON.stringify(header.trim())}; ${fix}.`,
+    );
   }
-  const extra = [...d.keys()].filter((k) => k !== 'descr' && k !== 'fortran_order' && k !== 'shape');
-  check(extra.length === 0, () => `.npy file ${source} has unexpected header field(s) ${extra.map((k) => `'${k}'`).join(', ')} (only 'descr', 'fortran_order' and 'shape' are allowed); ${fix}.`);
+  const extra = [...d.keys()].filter(
+    (k) => k !== 'descr' && k !== 'fortran_order' && k !== 'shape',
+  );
+  check(
+    extra.length === 0,
+    () =>
+      `.npy file ${source} has unexpected header field(s) ${extra.map((k) => `'${k}'`).join(', ')} (only 'descr', 'fortran_order' and 'shape' are allowed); ${fix}.`,
+  );
 
   const descr = d.get('descr');
   check(
     typeof descr === 'string',
-    () => `.npy file ${source} has a structured dtype (header field 'descr' is ${pyRepr(descr)}); only plain numeric arrays are supported: save one array per file, e.g. np.save('x.npy', arr['field'].astype('<f4')).`,
+    () =>
+      `.npy file ${source} has a structured dtype (header field 'descr' is ${pyRepr(descr)}); only plain numeric arrays are supported: save one array per file, e.g. np.save('x.npy', arr['field'].astype('<f4')).`,
   );
   const order = descr[0];
   const code = CODES[descr.slice(1)];
   check(
-    code !== undefined && (order === '<' || order === '>' || order === '|' || order === '='),
-    () => `.npy file ${source} has unsupported dtype (header field 'descr' is '${descr}'); supported are ${SUPPORTED}: convert it, e.g. np.save(path, arr.astype('<f4')).`,
+    code !== undefined &&
+      (order === '<' || order === '>' || order === '|' || order === '='),
+    () =>
+      `.npy file ${source} has unsupported dtype (header field 'descr' is '${descr}'); supported are ${SUPPORTED}: convert it, e.g. np.save(path, arr.astype('<f4')).`,
   );
   check(
     order !== '>' || code.bytes === 1,
-    () => `.npy file ${source} is big-endian (header field 'descr' is '${descr}'); only little-endian data is supported: convert it with np.save(path, arr.astype('<${descr.slice(1)}')).`,
+    () =>
+      `.npy file ${source} is big-endian (header field 'descr' is '${descr}'); only little-endian data is supported: convert it with np.save(path, arr.astype('<${descr.slice(1)}')).`,
   );
   check(
     order !== '|' || code.bytes === 1,
-    () => `.npy file ${source} has a multi-byte dtype without a byte order (header field 'descr' is '${descr}'); ${fix}.`,
+    () =>
+      `.npy file ${source} has a multi-byte dtype without a byte order (header field 'descr' is '${descr}'); ${fix}.`,
   );
   check(
     order !== '=' || code.bytes === 1 || LITTLE_ENDIAN,
-    () => `.npy file ${source} has native byte order ('=' in header field 'descr') on a big-endian machine; save it as little-endian ('<${descr.slice(1)}').`,
+    () =>
+      `.npy file ${source} has native byte order ('=' in header field 'descr') on a big-endian machine; save it as little-endian ('<${descr.slice(1)}').`,
   );
   const fortran = d.get('fortran_order');
-  check(typeof fortran === 'boolean', () => `.npy file ${source} has header field 'fortran_order' = ${pyRepr(fortran)}, not True or False; ${fix}.`);
+  check(
+    typeof fortran === 'boolean',
+    () =>
+      `.npy file ${source} has header field 'fortran_order' = ${pyRepr(fortran)}, not True or False; ${fix}.`,
+  );
   check(
     fortran === false,
-    () => `.npy file ${source} is in Fortran (column-major) order (header field 'fortran_order' is True); save it in C order: np.save(path, np.ascontiguousarray(arr)).`,
+    () =>
+      `.npy file ${source} is in Fortran (column-major) order (header field 'fortran_order' is True); save it in C order: np.save(path, np.ascontiguousarray(arr)).`,
   );
   const shapeV = d.get('shape');
-  const shapeItems = shapeV !== null && typeof shapeV === 'object' && 'tuple' in shapeV ? shapeV.tuple : undefined;
+  const shapeItems =
+    shapeV !== null && typeof shapeV === 'object' && 'tuple' in shapeV
+      ? shapeV.tuple
+      : undefined;
   check(
-    shapeItems?.every((s) => typeof s === 'number' && Number.isSafeInteger(s) && s >= 0),
-    () => `.npy file ${source} has header field 'shape' = ${pyRepr(shapeV)}, not a tuple of non-negative integers; ${fix}.`,
+    shapeItems?.every(
+      (s) => typeof s === 'number' && Number.isSafeInteger(s) && s >= 0,
+    ),
+    () =>
+      `.npy file ${source} has header field 'shape' = ${pyRepr(shapeV)}, not a tuple of non-negative integers; ${fix}.`,
   );
   const shape = shapeItems as number[];
   const count = shape.reduce((a, b) => a * b, 1);
   const expected = start + headerLen + count * code.bytes;
   check(
     Number.isSafeInteger(expected) && bytes.length >= expected,
-    () => `.npy file ${source} is truncated: header says ${code.dtype} ${pyShape(shape)} = ${count * code.bytes} data bytes, but the file has ${bytes.length - start - headerLen}; ${fix}, re-writing it if it is damaged.`,
+    () =>
+      `.npy file ${source} is truncated: header says ${code.dtype} ${pyShape(shape)} = ${count * code.bytes} data bytes, but the file has ${bytes.length - start - headerLen}; ${fix}, re-writing it if it is damaged.`,
   );
   check(
     bytes.length === expected,
-    () => `.npy file ${source} has ${bytes.length - expected} extra bytes after the ${code.dtype} ${pyShape(shape)} data its header describes; ${fix} (one array per file).`,
+    () =>
+      `.npy file ${source} has ${bytes.length - expected} extra bytes after the ${code.dtype} ${pyShape(shape)} data its header describes; ${fix} (one array per file).`,
   );
   // Copy into a fresh, aligned buffer (the data may start at any offset of the file's bytes).
   const off = start + headerLen;
@@ -259,7 +341,8 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
   const out = new Uint8Array(buf);
   out.set(bytes.subarray(off, off + count * code.bytes));
   if (!LITTLE_ENDIAN && code.bytes > 1) {
-    for (let k = 0; k < out.length; k += code.bytes) out.subarray(k, k + code.bytes).reverse();
+    for (let k = 0; k < out.length; k += code.bytes)
+      out.subarray(k, k + code.bytes).reverse();
   }
   return { dtype: code.dtype, shape, data: code.make(buf, count) };
 }
@@ -272,13 +355,21 @@ export async function readNpyFile(path: string): Promise<NpyArray> {
   let bytes: Buffer;
   try {
     const st = await stat(path);
-    check(st.isFile(), `.npy path ${path} is not a regular file; give the path of a file written by numpy.save().`);
+    check(
+      st.isFile(),
+      `.npy path ${path} is not a regular file; give the path of a file written by numpy.save().`,
+    );
     bytes = await readFile(path);
   } catch (e) {
     if (e instanceof LayerwiseError) throw e;
     const code = (e as NodeJS.ErrnoException).code;
-    if (code === 'ENOENT') throw new LayerwiseError(`.npy file ${path} does not exist; check the path (relative paths are resolved from ${process.cwd()}).`);
-    throw new LayerwiseError(`Cannot read .npy file ${path}: ${(e as Error).message}; check that it exists and is readable.`);
+    if (code === 'ENOENT')
+      throw new LayerwiseError(
+        `.npy file ${path} does not exist; check the path (relative paths are resolved from ${process.cwd()}).`,
+      );
+    throw new LayerwiseError(
+      `Cannot read .npy file ${path}: ${(e as Error).message}; check that it exists and is readable.`,
+    );
   }
   return parseNpy(bytes, path);
 }

@@ -8,13 +8,15 @@
  */
 import { basename } from 'node:path';
 import { check, LayerwiseError } from '../util/errors.js';
-import { splitExamples } from './images.js';
 import { readPair, readUtf8File } from './files.js';
-import { pyShape, readNpyFile, type NpyArray } from './npy.js';
+import { splitExamples } from './images.js';
+import { type NpyArray, pyShape, readNpyFile } from './npy.js';
 import { checkValFraction, DEFAULT_VAL_FRACTION } from './text.js';
 
 /** What y holds: class labels in [0, classes), or regression targets of a fixed shape. */
-export type TensorTarget = { kind: 'classes'; classes: number } | { kind: 'values'; shape: number[] };
+export type TensorTarget =
+  | { kind: 'classes'; classes: number }
+  | { kind: 'values'; shape: number[] };
 
 /** Examples of one split of a {@link TensorDataset}. */
 export interface TensorSplit {
@@ -32,7 +34,9 @@ export interface TensorDataset {
   /** Shape of one example's features, e.g. [4] or [8, 8, 1]; a scalar x counts as [1]. */
   xShape: number[];
   /** Class labels (y Int32Array) or regression targets of `shape` per example (y Float32Array; [] for one number). */
-  target: { kind: 'classes'; classes: number } | { kind: 'values'; shape: number[] };
+  target:
+    | { kind: 'classes'; classes: number }
+    | { kind: 'values'; shape: number[] };
   train: { x: Float32Array; y: Int32Array | Float32Array };
   val: { x: Float32Array; y: Int32Array | Float32Array };
 }
@@ -53,17 +57,23 @@ export interface TensorOptions {
 }
 
 /** Number of examples in a split of `ds`. */
-export function tensorSplitSize(ds: TensorDataset, split: 'train' | 'val'): number {
+export function tensorSplitSize(
+  ds: TensorDataset,
+  split: 'train' | 'val',
+): number {
   return ds[split].y.length / yValuesPer(ds.target);
 }
 
 /** Values of y per example: 1 for class labels, prod(shape) for regression targets. */
 export function yValuesPer(target: TensorTarget): number {
-  return target.kind === 'classes' ? 1 : target.shape.reduce((a, b) => a * b, 1);
+  return target.kind === 'classes'
+    ? 1
+    : target.shape.reduce((a, b) => a * b, 1);
 }
 
 const FLOAT32_MAX = 3.4028234663852886e38;
-const JSONL_FORMAT = 'one JSON object per line, {"x": <number or nested arrays of numbers>, "y": <class label or regression target>}';
+const JSONL_FORMAT =
+  'one JSON object per line, {"x": <number or nested arrays of numbers>, "y": <class label or regression target>}';
 
 function shapeStr(shape: number[]): string {
   return `[${shape.join(', ')}]`;
@@ -77,7 +87,8 @@ function sameShape(a: number[], b: number[]): boolean {
 function describeJson(v: unknown): string {
   if (v === null) return 'null';
   if (Array.isArray(v)) return `an array of length ${v.length}`;
-  if (typeof v === 'string') return `${JSON.stringify(v.length > 20 ? `${v.slice(0, 20)}...` : v)} (a string)`;
+  if (typeof v === 'string')
+    return `${JSON.stringify(v.length > 20 ? `${v.slice(0, 20)}...` : v)} (a string)`;
   if (typeof v === 'boolean') return `${v} (a boolean)`;
   if (typeof v === 'object') return 'an object';
   return String(v);
@@ -119,14 +130,30 @@ function probeShape(v: unknown): number[] {
  * when shape is []), to `out`. Throws a plain Error whose message names the offending element
  * (`path`, e.g. `x[2][0]`) and the problem.
  */
-function collect(v: unknown, shape: number[], depth: number, path: string, out: Values): void {
+function collect(
+  v: unknown,
+  shape: number[],
+  depth: number,
+  path: string,
+  out: Values,
+): void {
   if (depth === shape.length) {
     if (typeof v === 'number') {
-      if (!Number.isFinite(v)) throw new Error(`${path} is ${v} (out of range), not a finite number; remove the example or clip its values`);
+      if (!Number.isFinite(v))
+        throw new Error(
+          `${path} is ${v} (out of range), not a finite number; remove the example or clip its values`,
+        );
       out.push(v);
       return;
     }
-    const hint = v === null ? ' (missing values, NaN, are often written as null: remove or impute such examples)' : typeof v === 'string' ? ' (write numbers without quotes)' : typeof v === 'boolean' ? ' (write 1 or 0)' : '';
+    const hint =
+      v === null
+        ? ' (missing values, NaN, are often written as null: remove or impute such examples)'
+        : typeof v === 'string'
+          ? ' (write numbers without quotes)'
+          : typeof v === 'boolean'
+            ? ' (write 1 or 0)'
+            : '';
     throw new Error(
       Array.isArray(v)
         ? `${path} is ${describeJson(v)} where ${path.replace(/\[\d+\]$/, '[0]')} is a number: ragged array; every element at one depth must have the same shape`
@@ -141,15 +168,22 @@ function collect(v: unknown, shape: number[], depth: number, path: string, out: 
     );
   }
   if (v.length !== shape[depth]) {
-    throw new Error(`${path} has ${v.length} elements but ${depth === 0 ? 'its shape is' : `${path.replace(/\[\d+\]$/, '[0]')} has`} ${shape[depth]}: ragged array; every row must have the same length`);
+    throw new Error(
+      `${path} has ${v.length} elements but ${depth === 0 ? 'its shape is' : `${path.replace(/\[\d+\]$/, '[0]')} has`} ${shape[depth]}: ragged array; every row must have the same length`,
+    );
   }
-  for (let k = 0; k < v.length; k++) collect(v[k], shape, depth + 1, `${path}[${k}]`, out);
+  for (let k = 0; k < v.length; k++)
+    collect(v[k], shape, depth + 1, `${path}[${k}]`, out);
 }
 
 /** Read field `key` of a JSONL example as a shape and append its values; throws plain Errors. */
 function readTensor(v: unknown, key: 'x' | 'y', out: Values): number[] {
   const shape = probeShape(v);
-  check(!shape.includes(0), () => `${key} has an empty array (shape ${shapeStr(shape)}); give at least one value per dimension`);
+  check(
+    !shape.includes(0),
+    () =>
+      `${key} has an empty array (shape ${shapeStr(shape)}); give at least one value per dimension`,
+  );
   collect(v, shape, 0, key, out);
   return shape;
 }
@@ -162,7 +196,11 @@ function readTensor(v: unknown, key: 'x' | 'y', out: Values): number[] {
  *   lines, a mix of class labels and regression targets, a bad `"split"` value, an empty file,
  *   labels not below `opts.classes`, or an impossible split.
  */
-export function tensorDatasetFromJsonl(source: string, text: string, opts: TensorOptions = {}): TensorDataset {
+export function tensorDatasetFromJsonl(
+  source: string,
+  text: string,
+  opts: TensorOptions = {},
+): TensorDataset {
   const valFraction = opts.valFraction ?? DEFAULT_VAL_FRACTION;
   checkValFraction(valFraction);
   if (opts.classes !== undefined) checkClassesOption(opts.classes);
@@ -194,16 +232,26 @@ export function tensorDatasetFromJsonl(source: string, text: string, opts: Tenso
     }
     check(
       typeof obj === 'object' && obj !== null && !Array.isArray(obj),
-      () => `${at} is ${describeJson(obj)}, not a JSON object; write ${JSONL_FORMAT}.`,
+      () =>
+        `${at} is ${describeJson(obj)}, not a JSON object; write ${JSONL_FORMAT}.`,
     );
     const o = obj as Record<string, unknown>;
     for (const key of ['x', 'y'] as const) {
-      check(key in o, () => `${at} has no "${key}" field (fields: ${Object.keys(o).map((k) => JSON.stringify(k)).join(', ') || 'none'}); write ${JSONL_FORMAT}.`);
+      check(
+        key in o,
+        () =>
+          `${at} has no "${key}" field (fields: ${
+            Object.keys(o)
+              .map((k) => JSON.stringify(k))
+              .join(', ') || 'none'
+          }); write ${JSONL_FORMAT}.`,
+      );
     }
     if ('split' in o) {
       check(
         o.split === 'train' || o.split === 'val',
-        () => `${at} has "split": ${JSON.stringify(o.split)}; use "train" or "val" (or leave the field out).`,
+        () =>
+          `${at} has "split": ${JSON.stringify(o.split)}; use "train" or "val" (or leave the field out).`,
       );
       anySplit = true;
     }
@@ -226,26 +274,37 @@ export function tensorDatasetFromJsonl(source: string, text: string, opts: Tenso
       const first = firstLine;
       check(
         sameShape(xs1, xShape),
-        () => `${at}: x has shape ${shapeStr(xs1)} but line ${first}'s x has shape ${shapeStr(xShape!)}; every example's x must have the same shape.`,
+        () =>
+          `${at}: x has shape ${shapeStr(xs1)} but line ${first}'s x has shape ${shapeStr(xShape!)}; every example's x must have the same shape.`,
       );
       const ys0 = yShape!;
       check(
         (ys1.length === 0) === (ys0.length === 0),
-        () => `${at}: y is ${ys1.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys1)}`} but line ${first}'s y is ${ys0.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys0)}`}; mixed label kinds: every y must be a class label (an integer >= 0) or every y a regression target of one shape.`,
+        () =>
+          `${at}: y is ${ys1.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys1)}`} but line ${first}'s y is ${ys0.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys0)}`}; mixed label kinds: every y must be a class label (an integer >= 0) or every y a regression target of one shape.`,
       );
       check(
         sameShape(ys1, ys0),
-        () => `${at}: y has shape ${shapeStr(ys1)} but line ${first}'s y has shape ${shapeStr(ys0)}; every example's regression target must have the same shape.`,
+        () =>
+          `${at}: y has shape ${shapeStr(ys1)} but line ${first}'s y has shape ${shapeStr(ys0)}; every example's regression target must have the same shape.`,
       );
     }
     if (notLabel === undefined) {
       const v = ys.a[ys.n - 1];
-      if (ys1.length !== 0 || !Number.isInteger(v) || v < 0) notLabel = { line: li + 1, y: JSON.stringify(o.y).slice(0, 40) };
+      if (ys1.length !== 0 || !Number.isInteger(v) || v < 0)
+        notLabel = { line: li + 1, y: JSON.stringify(o.y).slice(0, 40) };
     }
   }
-  check(xShape !== undefined && yShape !== undefined, () => `JSONL file ${source} has no examples (it is empty or only blank lines); write ${JSONL_FORMAT}.`);
+  check(
+    xShape !== undefined && yShape !== undefined,
+    () =>
+      `JSONL file ${source} has no examples (it is empty or only blank lines); write ${JSONL_FORMAT}.`,
+  );
   const n = isVal.length;
-  const x = toFloat32(xs.get(), (i) => `${source} line ${lineOf[Math.floor(i / (xs.n / n))]}: x`);
+  const x = toFloat32(
+    xs.get(),
+    (i) => `${source} line ${lineOf[Math.floor(i / (xs.n / n))]}: x`,
+  );
   let target: TensorTarget;
   let y: Int32Array | Float32Array;
   if (notLabel === undefined) {
@@ -255,9 +314,13 @@ export function tensorDatasetFromJsonl(source: string, text: string, opts: Tenso
     const nl = notLabel;
     check(
       opts.classes === undefined,
-      () => `${source} line ${nl.line}: y is ${nl.y}, not a class label, but ${opts.classes} classes were asked for; class labels must be integers >= 0 (or ask for no classes to train on regression targets).`,
+      () =>
+        `${source} line ${nl.line}: y is ${nl.y}, not a class label, but ${opts.classes} classes were asked for; class labels must be integers >= 0 (or ask for no classes to train on regression targets).`,
     );
-    y = toFloat32(ys.get(), (i) => `${source} line ${lineOf[Math.floor(i / (ys.n / n))]}: y`);
+    y = toFloat32(
+      ys.get(),
+      (i) => `${source} line ${lineOf[Math.floor(i / (ys.n / n))]}: y`,
+    );
     target = { kind: 'values', shape: yShape };
   }
   const xPer = xShape.reduce((a, b) => a * b, 1);
@@ -268,12 +331,16 @@ export function tensorDatasetFromJsonl(source: string, text: string, opts: Tenso
     const nVal = isVal.filter(Boolean).length;
     check(
       nVal < n,
-      () => `JSONL file ${source} has "split": "val" on all ${n} examples, leaving none for training; mark some "train", or leave out every "split" field to hold out a random ${valFraction} of the examples.`,
+      () =>
+        `JSONL file ${source} has "split": "val" on all ${n} examples, leaving none for training; mark some "train", or leave out every "split" field to hold out a random ${valFraction} of the examples.`,
     );
     const pick = (want: boolean): TensorSplit => {
       const m = want ? nVal : n - nVal;
       const px = new Float32Array(m * xPer);
-      const py = y instanceof Float32Array ? new Float32Array(m * yPer) : new Int32Array(m * yPer);
+      const py =
+        y instanceof Float32Array
+          ? new Float32Array(m * yPer)
+          : new Int32Array(m * yPer);
       let k = 0;
       for (let i = 0; i < n; i++) {
         if (isVal[i] !== want) continue;
@@ -286,26 +353,54 @@ export function tensorDatasetFromJsonl(source: string, text: string, opts: Tenso
     train = pick(false);
     val = pick(true);
   } else {
-    ({ train, val } = splitExamples<Int32Array | Float32Array>({ x, y }, xPer, valFraction, opts.splitSeed ?? 0, yPer));
+    ({ train, val } = splitExamples<Int32Array | Float32Array>(
+      { x, y },
+      xPer,
+      valFraction,
+      opts.splitSeed ?? 0,
+      yPer,
+    ));
   }
-  return { kind: 'tensor', name: opts.name ?? basename(source), xShape, target, train, val };
+  return {
+    kind: 'tensor',
+    name: opts.name ?? basename(source),
+    xShape,
+    target,
+    train,
+    val,
+  };
 }
 
 function checkClassesOption(classes: number): void {
-  check(Number.isInteger(classes) && classes >= 1, () => `Number of classes ${classes} is invalid; give a positive integer.`);
+  check(
+    Number.isInteger(classes) && classes >= 1,
+    () => `Number of classes ${classes} is invalid; give a positive integer.`,
+  );
 }
 
 /** `opts.classes` or the largest label + 1, after checking that every label is below it. */
-function classesOf(ys: Int32Array[], given: number | undefined, source: string): number {
+function classesOf(
+  ys: Int32Array[],
+  given: number | undefined,
+  source: string,
+): number {
   let max = -1;
-  for (const y of ys) for (let i = 0; i < y.length; i++) if (y[i] > max) max = y[i];
+  for (const y of ys)
+    for (let i = 0; i < y.length; i++) if (y[i] > max) max = y[i];
   if (given === undefined) return max + 1;
-  check(max < given, () => `${source} has class label ${max}, but ${given} classes were asked for (labels must be in [0, ${given})); ask for at least ${max + 1} classes or fix the labels.`);
+  check(
+    max < given,
+    () =>
+      `${source} has class label ${max}, but ${given} classes were asked for (labels must be in [0, ${given})); ask for at least ${max + 1} classes or fix the labels.`,
+  );
   return given;
 }
 
 /** float32 copy of `v`, rejecting NaN, infinities and values beyond float32's range. */
-function toFloat32(v: ArrayLike<number>, where: (i: number) => string): Float32Array {
+function toFloat32(
+  v: ArrayLike<number>,
+  where: (i: number) => string,
+): Float32Array {
   const out = new Float32Array(v.length);
   for (let i = 0; i < v.length; i++) {
     const a = v[i];
@@ -322,12 +417,23 @@ function toFloat32(v: ArrayLike<number>, where: (i: number) => string): Float32A
 }
 
 /** int32 class labels from integer values, rejecting negative ones and ones beyond int32. */
-function toLabels(v: ArrayLike<number>, where: (i: number) => string): Int32Array {
+function toLabels(
+  v: ArrayLike<number>,
+  where: (i: number) => string,
+): Int32Array {
   const out = new Int32Array(v.length);
   for (let i = 0; i < v.length; i++) {
     const a = v[i];
-    check(Number.isInteger(a) && a >= 0, () => `${where(i)} is class label ${a}; labels must be class numbers 0, 1, 2, ...`);
-    check(a <= 0x7fffffff, () => `${where(i)} is class label ${a}, too large (labels must be below 2^31); number the classes 0, 1, 2, ...`);
+    check(
+      Number.isInteger(a) && a >= 0,
+      () =>
+        `${where(i)} is class label ${a}; labels must be class numbers 0, 1, 2, ...`,
+    );
+    check(
+      a <= 0x7fffffff,
+      () =>
+        `${where(i)} is class label ${a}, too large (labels must be below 2^31); number the classes 0, 1, 2, ...`,
+    );
     out[i] = a;
   }
   return out;
@@ -346,12 +452,30 @@ function toLabels(v: ArrayLike<number>, where: (i: number) => string): Int32Arra
  *   seeded by `splitSeed`) is held out instead.
  * @throws LayerwiseError if the file is missing or unreadable, or as {@link tensorDatasetFromJsonl}.
  */
-export async function loadJsonlDataset(path: string, opts: TensorOptions = {}): Promise<TensorDataset> {
-  const text = await readUtf8File(path, 'JSONL', 'a .jsonl file', 'write it as UTF-8 JSON.');
+export async function loadJsonlDataset(
+  path: string,
+  opts: TensorOptions = {},
+): Promise<TensorDataset> {
+  const text = await readUtf8File(
+    path,
+    'JSONL',
+    'a .jsonl file',
+    'write it as UTF-8 JSON.',
+  );
   return tensorDatasetFromJsonl(path, text, opts);
 }
 
-const INT_DTYPES = new Set(['bool', 'uint8', 'int8', 'uint16', 'int16', 'uint32', 'int32', 'uint64', 'int64']);
+const INT_DTYPES = new Set([
+  'bool',
+  'uint8',
+  'int8',
+  'uint16',
+  'int16',
+  'uint32',
+  'int32',
+  'uint64',
+  'int64',
+]);
 
 /** The values of an .npy array as JS numbers (int64/uint64 converted with Number). */
 function numbersOf(a: NpyArray): ArrayLike<number> {
@@ -368,39 +492,67 @@ function npySplit(
   X: NpyArray,
   Y: NpyArray,
   where: { x: string; y: string },
-): { split: TensorSplit; xShape: number[]; target: { kind: 'classes' } | { kind: 'values'; shape: number[] } } {
+): {
+  split: TensorSplit;
+  xShape: number[];
+  target: { kind: 'classes' } | { kind: 'values'; shape: number[] };
+} {
   check(
     X.shape.length >= 1,
-    () => `.npy file ${where.x} holds a 0-d array (header field 'shape' is ()); features need shape (N, ...) with one row per example.`,
+    () =>
+      `.npy file ${where.x} holds a 0-d array (header field 'shape' is ()); features need shape (N, ...) with one row per example.`,
   );
   const n = X.shape[0];
-  check(n > 0, () => `.npy file ${where.x} has no examples (header field 'shape' is ${pyShape(X.shape)}); give a file with at least one example.`);
+  check(
+    n > 0,
+    () =>
+      `.npy file ${where.x} has no examples (header field 'shape' is ${pyShape(X.shape)}); give a file with at least one example.`,
+  );
   check(
     X.shape.every((d) => d > 0),
-    () => `.npy file ${where.x} has an empty feature dimension (header field 'shape' is ${pyShape(X.shape)}); every example needs at least one value.`,
+    () =>
+      `.npy file ${where.x} has an empty feature dimension (header field 'shape' is ${pyShape(X.shape)}); every example needs at least one value.`,
   );
   check(
     Y.shape.length >= 1 && Y.shape[0] === n,
-    () => `Size mismatch: ${where.x} has ${n} examples (shape ${pyShape(X.shape)}) but ${where.y} has ${Y.shape.length === 0 ? 'a 0-d array' : `${Y.shape[0]} (shape ${pyShape(Y.shape)})`}; give the targets that belong to these features, one row per example.`,
+    () =>
+      `Size mismatch: ${where.x} has ${n} examples (shape ${pyShape(X.shape)}) but ${where.y} has ${Y.shape.length === 0 ? 'a 0-d array' : `${Y.shape[0]} (shape ${pyShape(Y.shape)})`}; give the targets that belong to these features, one row per example.`,
   );
   const xShape = X.shape.length === 1 ? [1] : X.shape.slice(1);
   const perX = X.data.length / n;
-  const x = toFloat32(numbersOf(X), (i) => `.npy file ${where.x}: example ${Math.floor(i / perX)} (flat index ${i})`);
+  const x = toFloat32(
+    numbersOf(X),
+    (i) =>
+      `.npy file ${where.x}: example ${Math.floor(i / perX)} (flat index ${i})`,
+  );
   if (INT_DTYPES.has(Y.dtype)) {
     check(
       Y.shape.length === 1,
-      () => `.npy file ${where.y} has integer dtype ${Y.dtype} and shape ${pyShape(Y.shape)}; integer targets are class labels of shape (N,): for one-hot labels save y.argmax(1), for regression targets save y.astype('<f4').`,
+      () =>
+        `.npy file ${where.y} has integer dtype ${Y.dtype} and shape ${pyShape(Y.shape)}; integer targets are class labels of shape (N,): for one-hot labels save y.argmax(1), for regression targets save y.astype('<f4').`,
     );
-    const y = toLabels(numbersOf(Y), (i) => `.npy file ${where.y}: example ${i}`);
+    const y = toLabels(
+      numbersOf(Y),
+      (i) => `.npy file ${where.y}: example ${i}`,
+    );
     return { split: { x, y }, xShape, target: { kind: 'classes' } };
   }
   check(
     Y.shape.slice(1).every((d) => d > 0),
-    () => `.npy file ${where.y} has an empty target dimension (header field 'shape' is ${pyShape(Y.shape)}); every example needs at least one target value.`,
+    () =>
+      `.npy file ${where.y} has an empty target dimension (header field 'shape' is ${pyShape(Y.shape)}); every example needs at least one target value.`,
   );
   const perY = Y.data.length / n;
-  const y = toFloat32(numbersOf(Y), (i) => `.npy file ${where.y}: example ${Math.floor(i / perY)} (flat index ${i})`);
-  return { split: { x, y }, xShape, target: { kind: 'values', shape: Y.shape.slice(1) } };
+  const y = toFloat32(
+    numbersOf(Y),
+    (i) =>
+      `.npy file ${where.y}: example ${Math.floor(i / perY)} (flat index ${i})`,
+  );
+  return {
+    split: { x, y },
+    xShape,
+    target: { kind: 'values', shape: Y.shape.slice(1) },
+  };
 }
 
 /**
@@ -425,34 +577,61 @@ export async function loadNpyDataset(
   const tr = npySplit(tx, ty, paths);
   let train: TensorSplit;
   let val: TensorSplit;
-  const yPer = tr.target.kind === 'classes' ? 1 : tr.target.shape.reduce((a, b) => a * b, 1);
+  const yPer =
+    tr.target.kind === 'classes'
+      ? 1
+      : tr.target.shape.reduce((a, b) => a * b, 1);
   if (paths.valX !== undefined || paths.valY !== undefined) {
-    check(paths.valX !== undefined && paths.valY !== undefined, 'Give both validation .npy files (features and targets), or neither.');
+    check(
+      paths.valX !== undefined && paths.valY !== undefined,
+      'Give both validation .npy files (features and targets), or neither.',
+    );
     const vp = { x: paths.valX, y: paths.valY };
     const [vx, vy] = await readPair(readNpyFile, vp.x, vp.y);
     const va = npySplit(vx, vy, vp);
     check(
       sameShape(va.xShape, tr.xShape),
-      () => `Validation features ${vp.x} have shape ${shapeStr(va.xShape)} per example but training features ${paths.x} have ${shapeStr(tr.xShape)}; give files of the same data set.`,
+      () =>
+        `Validation features ${vp.x} have shape ${shapeStr(va.xShape)} per example but training features ${paths.x} have ${shapeStr(tr.xShape)}; give files of the same data set.`,
     );
-    const desc = (t: typeof tr.target) => (t.kind === 'classes' ? 'integer class labels' : `float targets of shape ${shapeStr(t.shape)}`);
+    const desc = (t: typeof tr.target) =>
+      t.kind === 'classes'
+        ? 'integer class labels'
+        : `float targets of shape ${shapeStr(t.shape)}`;
     check(
-      va.target.kind === tr.target.kind && (va.target.kind === 'classes' || sameShape(va.target.shape, (tr.target as { shape: number[] }).shape)),
-      () => `Validation targets ${vp.y} are ${desc(va.target)} but training targets ${paths.y} are ${desc(tr.target)}; give files of the same data set (same dtype kind and shape).`,
+      va.target.kind === tr.target.kind &&
+        (va.target.kind === 'classes' ||
+          sameShape(va.target.shape, (tr.target as { shape: number[] }).shape)),
+      () =>
+        `Validation targets ${vp.y} are ${desc(va.target)} but training targets ${paths.y} are ${desc(tr.target)}; give files of the same data set (same dtype kind and shape).`,
     );
     train = tr.split;
     val = va.split;
   } else {
     const xPer = tr.xShape.reduce((a, b) => a * b, 1);
-    ({ train, val } = splitExamples<Int32Array | Float32Array>(tr.split, xPer, valFraction, opts.splitSeed ?? 0, yPer));
+    ({ train, val } = splitExamples<Int32Array | Float32Array>(
+      tr.split,
+      xPer,
+      valFraction,
+      opts.splitSeed ?? 0,
+      yPer,
+    ));
   }
   const target: TensorTarget =
     tr.target.kind === 'classes'
-      ? { kind: 'classes', classes: classesOf([train.y as Int32Array, val.y as Int32Array], opts.classes, paths.valY ? `${paths.y} or ${paths.valY}` : paths.y) }
+      ? {
+          kind: 'classes',
+          classes: classesOf(
+            [train.y as Int32Array, val.y as Int32Array],
+            opts.classes,
+            paths.valY ? `${paths.y} or ${paths.valY}` : paths.y,
+          ),
+        }
       : tr.target;
   check(
     opts.classes === undefined || target.kind === 'classes',
-    () => `.npy file ${paths.y} has float targets (regression) but ${opts.classes} classes were asked for; save class labels with an integer dtype, e.g. y.astype('<i8').`,
+    () =>
+      `.npy file ${paths.y} has float targets (regression) but ${opts.classes} classes were asked for; save class labels with an integer dtype, e.g. y.astype('<i8').`,
   );
   return { kind: 'tensor', name, xShape: tr.xShape, target, train, val };
 }

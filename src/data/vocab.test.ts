@@ -1,5 +1,5 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
 import { Vocab } from './vocab.js';
 
@@ -7,7 +7,10 @@ test('fromText gives sorted unique code points and encode/decode round-trips', (
   const text = 'hello, wörld! 🐳 whale\n';
   const v = Vocab.fromText(text);
   const cps = v.chars.map((c) => c.codePointAt(0)!);
-  assert.deepEqual(cps, [...cps].sort((a, b) => a - b));
+  assert.deepEqual(
+    cps,
+    [...cps].sort((a, b) => a - b),
+  );
   assert.equal(new Set(v.chars).size, v.size);
   assert.ok(v.chars.includes('🐳'), 'astral characters are one entry');
   const ids = v.encode(text);
@@ -39,12 +42,17 @@ test('fromJSON rejects malformed input with LayerwiseError', () => {
     { kind: 'char', chars: ['a', 'a'] },
     { kind: 'char', chars: ['b', 'a'] },
   ];
-  for (const j of bad) assert.throws(() => Vocab.fromJSON(j), LayerwiseError, JSON.stringify(j));
+  for (const j of bad)
+    assert.throws(() => Vocab.fromJSON(j), LayerwiseError, JSON.stringify(j));
 });
 
 test('unknown characters and bad ids', () => {
   const v = Vocab.fromText('abc');
-  assert.throws(() => v.encode('abz'), (e: unknown) => e instanceof LayerwiseError && /"z".*position 2/.test(e.message));
+  assert.throws(
+    () => v.encode('abz'),
+    (e: unknown) =>
+      e instanceof LayerwiseError && /"z".*position 2/.test(e.message),
+  );
   assert.deepEqual(Array.from(v.encode('azb', 'skip')), [0, 1]);
   assert.equal(v.idOf('z'), -1);
   assert.equal(v.covers('cab'), true);

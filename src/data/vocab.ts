@@ -44,7 +44,10 @@ export class Vocab {
    */
   constructor(chars: Iterable<string>) {
     const list = Array.from(chars);
-    check(list.length > 0, 'A vocabulary needs at least one character; build it from a non-empty text.');
+    check(
+      list.length > 0,
+      'A vocabulary needs at least one character; build it from a non-empty text.',
+    );
     this.bmp = new Int32Array(0x10000).fill(-1);
     this.astral = new Map();
     let prev = -1;
@@ -52,12 +55,14 @@ export class Vocab {
       const ch = list[id];
       check(
         typeof ch === 'string' && ch.length > 0 && Array.from(ch).length === 1,
-        () => `Vocabulary entry ${id} is ${JSON.stringify(ch)}, not a single character; each entry must be exactly one Unicode code point.`,
+        () =>
+          `Vocabulary entry ${id} is ${JSON.stringify(ch)}, not a single character; each entry must be exactly one Unicode code point.`,
       );
       const cp = ch.codePointAt(0)!;
       check(
         cp > prev,
-        () => `Vocabulary entry ${id} ${describeChar(ch)} is ${cp === prev ? 'a duplicate' : 'out of order'}; entries must be unique and sorted by code point (Vocab.fromText builds a valid one).`,
+        () =>
+          `Vocabulary entry ${id} ${describeChar(ch)} is ${cp === prev ? 'a duplicate' : 'out of order'}; entries must be unique and sorted by code point (Vocab.fromText builds a valid one).`,
       );
       prev = cp;
       if (cp < 0x10000) this.bmp[cp] = id;
@@ -71,7 +76,10 @@ export class Vocab {
    * @throws LayerwiseError if `text` is empty.
    */
   static fromText(text: string): Vocab {
-    check(text.length > 0, 'Cannot build a vocabulary from an empty text; give a non-empty text.');
+    check(
+      text.length > 0,
+      'Cannot build a vocabulary from an empty text; give a non-empty text.',
+    );
     const seen = new Set<number>();
     for (const ch of text) seen.add(ch.codePointAt(0)!);
     const cps = Array.from(seen).sort((a, b) => a - b);
@@ -111,7 +119,9 @@ export class Vocab {
       const id = this.idOf(ch);
       if (id >= 0) out[n++] = id;
       else if (onUnknown === 'throw') {
-        const ctx = Array.from(text).slice(Math.max(0, pos - 10), pos + 10).join('');
+        const ctx = Array.from(text)
+          .slice(Math.max(0, pos - 10), pos + 10)
+          .join('');
         throw new LayerwiseError(
           `Character ${describeChar(ch)} at position ${pos} (near ${JSON.stringify(ctx.slice(0, QUOTE_MAX))}) is not in the ${this.size}-character vocabulary; remove it from the text, or use a model trained on text that contains it.`,
         );
@@ -132,7 +142,8 @@ export class Vocab {
       const id = ids[i];
       check(
         Number.isInteger(id) && id >= 0 && id < this.chars.length,
-        () => `Token id ${id} at position ${i} is outside the vocabulary (ids 0..${this.chars.length - 1}); the ids must come from a model using this vocabulary.`,
+        () =>
+          `Token id ${id} at position ${i} is outside the vocabulary (ids 0..${this.chars.length - 1}); the ids must come from a model using this vocabulary.`,
       );
       parts[i] = this.chars[id];
     }
@@ -146,7 +157,10 @@ export class Vocab {
 
   /** Whether `other` has exactly the same characters in the same order (hence the same ids). */
   equals(other: Vocab): boolean {
-    return this.chars.length === other.chars.length && this.chars.every((c, i) => c === other.chars[i]);
+    return (
+      this.chars.length === other.chars.length &&
+      this.chars.every((c, i) => c === other.chars[i])
+    );
   }
 
   /**
@@ -155,19 +169,37 @@ export class Vocab {
    *   unique, sorted code points.
    */
   static fromJSON(json: unknown): Vocab {
-    const fix = 'the checkpoint\'s vocabulary is damaged; use an intact checkpoint or retrain.';
-    check(typeof json === 'object' && json !== null && !Array.isArray(json), `Vocabulary must be an object {kind: 'char', chars: [...]}, got ${Array.isArray(json) ? 'an array' : json === null ? 'null' : typeof json}; ${fix}`);
+    const fix =
+      "the checkpoint's vocabulary is damaged; use an intact checkpoint or retrain.";
+    check(
+      typeof json === 'object' && json !== null && !Array.isArray(json),
+      `Vocabulary must be an object {kind: 'char', chars: [...]}, got ${Array.isArray(json) ? 'an array' : json === null ? 'null' : typeof json}; ${fix}`,
+    );
     const o = json as Record<string, unknown>;
-    check(o.kind === 'char', () => `Vocabulary kind is ${JSON.stringify(o.kind)}, expected "char"; ${fix}`);
-    check(Array.isArray(o.chars), () => `Vocabulary "chars" must be an array of single characters, got ${typeof o.chars}; ${fix}`);
+    check(
+      o.kind === 'char',
+      () =>
+        `Vocabulary kind is ${JSON.stringify(o.kind)}, expected "char"; ${fix}`,
+    );
+    check(
+      Array.isArray(o.chars),
+      () =>
+        `Vocabulary "chars" must be an array of single characters, got ${typeof o.chars}; ${fix}`,
+    );
     const chars = o.chars as unknown[];
     chars.forEach((c, i) =>
-      check(typeof c === 'string', () => `Vocabulary entry ${i} is a ${typeof c}, not a string; ${fix}`),
+      check(
+        typeof c === 'string',
+        () => `Vocabulary entry ${i} is a ${typeof c}, not a string; ${fix}`,
+      ),
     );
     try {
       return new Vocab(chars as string[]);
     } catch (e) {
-      if (e instanceof LayerwiseError) throw new LayerwiseError(`${e.message} (while reading a saved vocabulary: ${fix})`);
+      if (e instanceof LayerwiseError)
+        throw new LayerwiseError(
+          `${e.message} (while reading a saved vocabulary: ${fix})`,
+        );
       throw e;
     }
   }

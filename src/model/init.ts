@@ -16,10 +16,14 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
       for (let i = 0; i < out.length; i++) out[i] = rng.normal() * init.std;
       return;
     case 'uniform':
-      for (let i = 0; i < out.length; i++) out[i] = (rng.next() * 2 - 1) * init.limit;
+      for (let i = 0; i < out.length; i++)
+        out[i] = (rng.next() * 2 - 1) * init.limit;
       return;
     case 'values':
-      if (init.values.length !== out.length) throw new Error(`initial values have ${init.values.length} elements, the parameter ${out.length}`);
+      if (init.values.length !== out.length)
+        throw new Error(
+          `initial values have ${init.values.length} elements, the parameter ${out.length}`,
+        );
       out.set(init.values);
       return;
   }
@@ -32,9 +36,23 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
  * exactly the same weights. With `shared`, every array is backed by its own SharedArrayBuffer
  * (which L2L's parameter server can adopt without a copy; see src/param-server/store.ts).
  */
-export function initParams(blocks: readonly Block[], seed: number, from = 0, to = blocks.length, opts: { shared?: boolean } = {}): HostParams {
+export function initParams(
+  blocks: readonly Block[],
+  seed: number,
+  from = 0,
+  to = blocks.length,
+  opts: { shared?: boolean } = {},
+): HostParams {
   const out: HostParams = new Map();
-  for (let b = from; b < to; b++) initBlockParams(blocks[b], seed, b, (name) => paramKey(b, name), out, opts.shared);
+  for (let b = from; b < to; b++)
+    initBlockParams(
+      blocks[b],
+      seed,
+      b,
+      (name) => paramKey(b, name),
+      out,
+      opts.shared,
+    );
   return out;
 }
 
@@ -43,11 +61,25 @@ export function initParams(blocks: readonly Block[], seed: number, from = 0, to 
  * streams (seed, stream, parameter index). Model blocks use their index as the stream;
  * auxiliary heads use streams past the model's blocks.
  */
-export function initBlockParams(block: Block, seed: number, stream: number, key: (name: string) => string, out: HostParams, shared = false): void {
+export function initBlockParams(
+  block: Block,
+  seed: number,
+  stream: number,
+  key: (name: string) => string,
+  out: HostParams,
+  shared = false,
+): void {
   block.params.forEach((spec, j) => {
     const n = sizeOf(spec.shape);
-    const values = shared ? new Float32Array(new SharedArrayBuffer(4 * n)) : new Float32Array(n);
-    const rng = new Rng((Math.imul(seed + 1, 0x01000193) ^ Math.imul(stream + 1, 0x9e3779b1) ^ Math.imul(j + 1, 0x85ebca6b)) >>> 0);
+    const values = shared
+      ? new Float32Array(new SharedArrayBuffer(4 * n))
+      : new Float32Array(n);
+    const rng = new Rng(
+      (Math.imul(seed + 1, 0x01000193) ^
+        Math.imul(stream + 1, 0x9e3779b1) ^
+        Math.imul(j + 1, 0x85ebca6b)) >>>
+        0,
+    );
     fill(spec.init, values, rng);
     out.set(key(spec.name), values);
   });

@@ -16,8 +16,13 @@
  */
 import type * as tf from '@tensorflow/tfjs-core';
 import type * as tfl from '@tensorflow/tfjs-layers';
-import { LayerwiseError, check } from '../util/errors.js';
-import { sizeOf, type Block, type BlockParams, type ParamSpec } from './block.js';
+import { check, LayerwiseError } from '../util/errors.js';
+import {
+  type Block,
+  type BlockParams,
+  type ParamSpec,
+  sizeOf,
+} from './block.js';
 
 type Layer = tfl.layers.Layer;
 type Shape = Array<number | null>;
@@ -49,8 +54,14 @@ function shortName(w: tfl.LayerVariable): string {
 
 /** The layers a layer reads from (input layers as {@link INPUT}). */
 function inboundOf(l: Layer): string[] {
-  check(l.inboundNodes.length === 1, () => `layer "${l.name}" is applied ${l.inboundNodes.length} times (a shared or unused layer); layerwise needs each layer applied exactly once: give each use its own layer`);
-  return l.inboundNodes[0]!.inboundLayers.map((i) => (isInputLayer(i as Layer) ? INPUT : i.name));
+  check(
+    l.inboundNodes.length === 1,
+    () =>
+      `layer "${l.name}" is applied ${l.inboundNodes.length} times (a shared or unused layer); layerwise needs each layer applied exactly once: give each use its own layer`,
+  );
+  return l.inboundNodes[0]!.inboundLayers.map((i) =>
+    isInputLayer(i as Layer) ? INPUT : i.name,
+  );
 }
 
 /**
@@ -64,22 +75,48 @@ function inboundOf(l: Layer): string[] {
  *   groups that do not cover the layers in order, or a connection that crosses a block boundary
  *   (naming both layers and the group that would contain it).
  */
-export function blocksFromLayersModel(model: tfl.LayersModel, opts: LayersModelOptions = {}): Block[] {
-  check(model.inputs.length === 1 && model.outputs.length === 1,
-    () => `model "${model.name}" has ${model.inputs.length} inputs and ${model.outputs.length} outputs; layerwise trains models with one input and one output`);
+export function blocksFromLayersModel(
+  model: tfl.LayersModel,
+  opts: LayersModelOptions = {},
+): Block[] {
+  check(
+    model.inputs.length === 1 && model.outputs.length === 1,
+    () =>
+      `model "${model.name}" has ${model.inputs.length} inputs and ${model.outputs.length} outputs; layerwise trains models with one input and one output`,
+  );
   const layers = model.layers.filter((l) => !isInputLayer(l));
-  check(layers.length > 0, () => `model "${model.name}" has no layers besides its input`);
+  check(
+    layers.length > 0,
+    () => `model "${model.name}" has no layers besides its input`,
+  );
   const byName = new Map(layers.map((l) => [l.name, l]));
   for (const l of layers) {
     const fixed = l.nonTrainableWeights;
-    check(fixed.length === 0, () => `layer "${l.name}" (${l.getClassName()}) has non-trainable weights (${fixed.map(shortName).join(', ')}); layerwise trains every weight: remove the layer or make it trainable (BatchNormalization's moving statistics are not supported yet)`);
+    check(
+      fixed.length === 0,
+      () =>
+        `layer "${l.name}" (${l.getClassName()}) has non-trainable weights (${fixed.map(shortName).join(', ')}); layerwise trains every weight: remove the layer or make it trainable (BatchNormalization's moving statistics are not supported yet)`,
+    );
   }
   const order = layers.map((l) => l.name);
-  const groups = opts.groups === undefined ? layers.map((l) => [l.name]) : groupsByName(opts.groups, order);
+  const groups =
+    opts.groups === undefined
+      ? layers.map((l) => [l.name])
+      : groupsByName(opts.groups, order);
   const flat = groups.flat();
-  for (const n of flat) check(byName.has(n), () => `block groups name layer "${n}", which model "${model.name}" does not have; its layers: ${order.join(', ')}`);
-  check(flat.length === order.length && flat.every((n, i) => n === order[i]) && groups.every((g) => g.length > 0),
-    () => `block groups must list every layer once, in model order, no group empty: ${order.join(', ')}; got ${JSON.stringify(groups)}`);
+  for (const n of flat)
+    check(
+      byName.has(n),
+      () =>
+        `block groups name layer "${n}", which model "${model.name}" does not have; its layers: ${order.join(', ')}`,
+    );
+  check(
+    flat.length === order.length &&
+      flat.every((n, i) => n === order[i]) &&
+      groups.every((g) => g.length > 0),
+    () =>
+      `block groups must list every layer once, in model order, no group empty: ${order.join(', ')}; got ${JSON.stringify(groups)}`,
+  );
   const blockOf = new Map<string, number>();
   groups.forEach((g, b) => g.forEach((n) => blockOf.set(n, b)));
   blockOf.set(INPUT, -1);
@@ -98,35 +135,63 @@ export function blocksFromLayersModel(model: tfl.LayersModel, opts: LayersModelO
         const from = blockOf.get(src)!;
         const expected = b === 0 ? INPUT : outputs[b - 1];
         if (src !== expected) {
-          const span = order.slice(Math.max(0, order.indexOf(src)), order.indexOf(n) + 1);
+          const span = order.slice(
+            Math.max(0, order.indexOf(src)),
+            order.indexOf(n) + 1,
+          );
           throw new LayerwiseError(
             `layer "${n}" (block ${b}) reads "${src}" (${src === INPUT ? 'the model input' : `block ${from}`}), a connection that crosses a block boundary; ` +
-            `put the layers from "${span[0]}" to "${n}" in one block, e.g. groups: ${JSON.stringify([span])}`,
+              `put the layers from "${span[0]}" to "${n}" in one block, e.g. groups: ${JSON.stringify([span])}`,
           );
         }
       }
     }
     const outs = g.filter((n) => !consumed.has(n));
-    check(outs.length === 1, () => `block ${b} (${g.join(', ')}) has ${outs.length} layers whose output leaves it (${outs.join(', ')}); a block must end in one layer`);
+    check(
+      outs.length === 1,
+      () =>
+        `block ${b} (${g.join(', ')}) has ${outs.length} layers whose output leaves it (${outs.join(', ')}); a block must end in one layer`,
+    );
     outputs.push(outs[0]!);
   });
   const modelOut = model.outputs[0]!.sourceLayer.name;
-  check(outputs[outputs.length - 1] === modelOut, () => `the last block ends in "${outputs[outputs.length - 1]}" but the model's output is "${modelOut}"; the model's layers must end in its output layer`);
+  check(
+    outputs[outputs.length - 1] === modelOut,
+    () =>
+      `the last block ends in "${outputs[outputs.length - 1]}" but the model's output is "${modelOut}"; the model's layers must end in its output layer`,
+  );
 
   const copy = opts.initialValues ?? true;
-  return groups.map((g, b) => makeBlock(g.map((n) => byName.get(n)!), outputs[b]!, copy));
+  return groups.map((g, b) =>
+    makeBlock(
+      g.map((n) => byName.get(n)!),
+      outputs[b]!,
+      copy,
+    ),
+  );
 }
 
-function groupsByName(groups: string[][] | number[], order: string[]): string[][] {
+function groupsByName(
+  groups: string[][] | number[],
+  order: string[],
+): string[][] {
   if (!groups.every((g) => typeof g === 'number')) return groups as string[][];
   const counts = groups as number[];
-  check(counts.every((c) => Number.isInteger(c) && c > 0) && counts.reduce((a, c) => a + c, 0) === order.length,
-    () => `block groups ${JSON.stringify(counts)} must be positive layer counts summing to the model's ${order.length} layers (${order.join(', ')})`);
+  check(
+    counts.every((c) => Number.isInteger(c) && c > 0) &&
+      counts.reduce((a, c) => a + c, 0) === order.length,
+    () =>
+      `block groups ${JSON.stringify(counts)} must be positive layer counts summing to the model's ${order.length} layers (${order.join(', ')})`,
+  );
   let at = 0;
   return counts.map((c) => order.slice(at, (at += c)));
 }
 
-function makeBlock(layers: Layer[], output: string, copyInitial: boolean): Block {
+function makeBlock(
+  layers: Layer[],
+  output: string,
+  copyInitial: boolean,
+): Block {
   const params: ParamSpec[] = [];
   // the strategy's tensors for this call; the layers' weights read from here
   let current: BlockParams | null = null;
@@ -135,17 +200,32 @@ function makeBlock(layers: Layer[], output: string, copyInitial: boolean): Block
       // by position in the block: auto-generated layer names (dense_Dense3) depend on how many
       // layers the thread built before, and every device must agree on the keys
       const name = layers.length === 1 ? shortName(w) : `${li}/${shortName(w)}`;
-      check(!params.some((p) => p.name === name), () => `layer "${l.name}" has two weights named "${shortName(w)}"; give its weights distinct names`);
+      check(
+        !params.some((p) => p.name === name),
+        () =>
+          `layer "${l.name}" has two weights named "${shortName(w)}"; give its weights distinct names`,
+      );
       const shape = w.shape.map((d) => {
-        check(typeof d === 'number' && d >= 0, () => `weight ${name} has an undefined shape ${JSON.stringify(w.shape)}; build the model with a fixed input shape`);
+        check(
+          typeof d === 'number' && d >= 0,
+          () =>
+            `weight ${name} has an undefined shape ${JSON.stringify(w.shape)}; build the model with a fixed input shape`,
+        );
         return d as number;
       });
-      const values = copyInitial ? (w.read().dataSync() as Float32Array).slice() : undefined;
-      params.push({ name, shape, init: values ? { kind: 'values', values } : { kind: 'zeros' } });
+      const values = copyInitial
+        ? (w.read().dataSync() as Float32Array).slice()
+        : undefined;
+      params.push({
+        name,
+        shape,
+        init: values ? { kind: 'values', values } : { kind: 'zeros' },
+      });
       w.dispose();
       (w as { read: () => tf.Tensor }).read = () => {
         const t = current?.[name];
-        if (!t) throw new Error(`weight ${name} read outside its block's forward`);
+        if (!t)
+          throw new Error(`weight ${name} read outside its block's forward`);
         return t;
       };
     }
@@ -154,22 +234,38 @@ function makeBlock(layers: Layer[], output: string, copyInitial: boolean): Block
   const run = (x: tf.Tensor | tfl.SymbolicTensor): Map<string, unknown> => {
     const out = new Map<string, unknown>([[INPUT, x]]);
     for (const l of layers) {
-      const ins = inboundOf(l).map((s) => out.get(names.includes(s) ? s : INPUT));
-      out.set(l.name, l.apply(ins.length === 1 ? (ins[0] as tf.Tensor) : (ins as tf.Tensor[])));
+      const ins = inboundOf(l).map((s) =>
+        out.get(names.includes(s) ? s : INPUT),
+      );
+      out.set(
+        l.name,
+        l.apply(
+          ins.length === 1 ? (ins[0] as tf.Tensor) : (ins as tf.Tensor[]),
+        ),
+      );
     }
     return out;
   };
   return {
-    name: layers.length === 1 ? names[0]! : `${names[0]}..${names[names.length - 1]}`,
+    name:
+      layers.length === 1
+        ? names[0]!
+        : `${names[0]}..${names[names.length - 1]}`,
     params,
     outputShape(inputShape) {
       const shapes = new Map<string, Shape>([[INPUT, inputShape]]);
       for (const l of layers) {
-        const ins = inboundOf(l).map((s) => shapes.get(names.includes(s) ? s : INPUT)!);
-        const s = l.computeOutputShape(ins.length === 1 ? ins[0]! : ins) as Shape;
+        const ins = inboundOf(l).map(
+          (s) => shapes.get(names.includes(s) ? s : INPUT)!,
+        );
+        const s = l.computeOutputShape(
+          ins.length === 1 ? ins[0]! : ins,
+        ) as Shape;
         shapes.set(l.name, s);
       }
-      return shapes.get(output)!.map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : NaN) : d));
+      return shapes
+        .get(output)!
+        .map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : NaN) : d));
     },
     forward(p, x) {
       current = p;
@@ -185,14 +281,22 @@ function makeBlock(layers: Layer[], output: string, copyInitial: boolean): Block
       let total = 0;
       const shapes = new Map<string, number[]>([[INPUT, inputShape]]);
       for (const l of layers) {
-        const ins = inboundOf(l).map((s) => shapes.get(names.includes(s) ? s : INPUT)!);
-        const out = (l.computeOutputShape(ins.length === 1 ? ins[0]! : ins) as Shape).map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : 1) : d));
+        const ins = inboundOf(l).map(
+          (s) => shapes.get(names.includes(s) ? s : INPUT)!,
+        );
+        const out = (
+          l.computeOutputShape(ins.length === 1 ? ins[0]! : ins) as Shape
+        ).map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : 1) : d));
         shapes.set(l.name, out);
         const outSize = sizeOf(out);
         total += outSize;
         if (l.getClassName() === 'Embedding') continue; // a lookup, no products
         for (const w of l.trainableWeights) {
-          if (w.shape.length >= 2) total += 2 * sizeOf(w.shape as number[]) * (outSize / (out[out.length - 1] || 1));
+          if (w.shape.length >= 2)
+            total +=
+              2 *
+              sizeOf(w.shape as number[]) *
+              (outSize / (out[out.length - 1] || 1));
         }
       }
       return total;

@@ -1,12 +1,19 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { assertClose } from '../testing/assert-close.js';
+import { test } from 'node:test';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend } from '../backend/index.js';
-import { causalMask, causalSelfAttention, gelu, layerNorm, maskedSoftmax, softmaxCrossEntropy } from './layers.js';
+import { assertClose } from '../testing/assert-close.js';
+import {
+  causalMask,
+  causalSelfAttention,
+  gelu,
+  layerNorm,
+  maskedSoftmax,
+  softmaxCrossEntropy,
+} from './layers.js';
 
 function values(n: number, seed: number, scale = 1): Float32Array {
-  let x = seed * 2654435761 >>> 0;
+  let x = (seed * 2654435761) >>> 0;
   return Float32Array.from({ length: n }, () => {
     x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
     return (x / 2 ** 31 - 1) * scale;
@@ -15,12 +22,20 @@ function values(n: number, seed: number, scale = 1): Float32Array {
 
 /** The stock TF.js compositions these layers replaced (autodiff gradients). */
 const reference = {
-  layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, epsilon = 1e-5): tf.Tensor {
+  layerNorm(
+    x: tf.Tensor,
+    g: tf.Tensor,
+    b: tf.Tensor,
+    epsilon = 1e-5,
+  ): tf.Tensor {
     const axis = x.rank - 1;
     const mean = tf.mean(x, axis, true);
     const centered = tf.sub(x, mean);
     const variance = tf.mean(tf.square(centered), axis, true);
-    return tf.add(tf.mul(tf.mul(centered, tf.rsqrt(tf.add(variance, epsilon))), g), b);
+    return tf.add(
+      tf.mul(tf.mul(centered, tf.rsqrt(tf.add(variance, epsilon))), g),
+      b,
+    );
   },
   gelu(x: tf.Tensor): tf.Tensor {
     const c = Math.sqrt(2 / Math.PI);
@@ -28,7 +43,10 @@ const reference = {
     return tf.mul(tf.mul(x, 0.5), tf.add(tf.tanh(inner), 1));
   },
   maskedSoftmax(s: tf.Tensor, scale: number): tf.Tensor {
-    return tf.softmax(tf.add(tf.mul(s, scale), causalMask(s.shape[s.rank - 1]!)), -1);
+    return tf.softmax(
+      tf.add(tf.mul(s, scale), causalMask(s.shape[s.rank - 1]!)),
+      -1,
+    );
   },
   softmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar {
     const v = logits.shape[logits.shape.length - 1]!;
@@ -39,7 +57,11 @@ const reference = {
 };
 
 /** Value of f(xs) and gradients of sum(f(xs) * w) w.r.t. xs, read back. */
-function valueAndGrads(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], seed: number): Float32Array[] {
+function valueAndGrads(
+  f: (...xs: tf.Tensor[]) => tf.Tensor,
+  xs: tf.Tensor[],
+  seed: number,
+): Float32Array[] {
   return tf.tidy(() => {
     const y = f(...xs);
     const w = tf.tensor(values(y.size, seed), y.shape);
@@ -48,7 +70,12 @@ function valueAndGrads(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], se
   });
 }
 
-const close = (x: ArrayLike<number>, y: ArrayLike<number>, what: string, tol = 2e-5) => assertClose(x, y, what, tol);
+const close = (
+  x: ArrayLike<number>,
+  y: ArrayLike<number>,
+  what: string,
+  tol = 2e-5,
+) => assertClose(x, y, what, tol);
 
 interface Case {
   name: string;
@@ -57,31 +84,59 @@ interface Case {
   inputs: () => tf.Tensor[];
 }
 
-const labels = () => tf.tensor(Int32Array.from(values(2 * 5, 4), (v) => Math.floor((v + 1) * 3.5)), [2, 5], 'int32');
+const labels = () =>
+  tf.tensor(
+    Int32Array.from(values(2 * 5, 4), (v) => Math.floor((v + 1) * 3.5)),
+    [2, 5],
+    'int32',
+  );
 const cases: Case[] = [
   {
-    name: 'layerNorm', ours: (x, g, b) => layerNorm(x!, g!, b!), ref: (x, g, b) => reference.layerNorm(x!, g!, b!),
-    inputs: () => [tf.tensor(values(2 * 3 * 16, 1, 3), [2, 3, 16]), tf.tensor(values(16, 2), [16]), tf.tensor(values(16, 3), [16])],
+    name: 'layerNorm',
+    ours: (x, g, b) => layerNorm(x!, g!, b!),
+    ref: (x, g, b) => reference.layerNorm(x!, g!, b!),
+    inputs: () => [
+      tf.tensor(values(2 * 3 * 16, 1, 3), [2, 3, 16]),
+      tf.tensor(values(16, 2), [16]),
+      tf.tensor(values(16, 3), [16]),
+    ],
   },
-  { name: 'gelu', ours: (x) => gelu(x!), ref: (x) => reference.gelu(x!), inputs: () => [tf.tensor(values(3 * 40, 5, 4), [3, 40])] },
   {
-    name: 'maskedSoftmax', ours: (s) => maskedSoftmax(s!, 0.3), ref: (s) => reference.maskedSoftmax(s!, 0.3),
+    name: 'gelu',
+    ours: (x) => gelu(x!),
+    ref: (x) => reference.gelu(x!),
+    inputs: () => [tf.tensor(values(3 * 40, 5, 4), [3, 40])],
+  },
+  {
+    name: 'maskedSoftmax',
+    ours: (s) => maskedSoftmax(s!, 0.3),
+    ref: (s) => reference.maskedSoftmax(s!, 0.3),
     inputs: () => [tf.tensor(values(3 * 6 * 6, 6, 5), [3, 6, 6])],
   },
   {
-    name: 'softmaxCrossEntropy', ours: (l) => softmaxCrossEntropy(l!, labels()), ref: (l) => reference.softmaxCrossEntropy(l!, labels()),
+    name: 'softmaxCrossEntropy',
+    ours: (l) => softmaxCrossEntropy(l!, labels()),
+    ref: (l) => reference.softmaxCrossEntropy(l!, labels()),
     inputs: () => [tf.tensor(values(2 * 5 * 7, 7, 3), [2, 5, 7])],
   },
 ];
 
 test('custom-gradient layers match the stock TF.js compositions on cpu and wasm (values and gradients)', async () => {
   await initBackend('cpu');
-  const expected = cases.map((c, i) => valueAndGrads(c.ref, c.inputs(), 10 + i));
+  const expected = cases.map((c, i) =>
+    valueAndGrads(c.ref, c.inputs(), 10 + i),
+  );
   for (const backend of ['cpu', 'wasm']) {
     await initBackend(backend);
     cases.forEach((c, i) => {
       const got = valueAndGrads(c.ours, c.inputs(), 10 + i);
-      got.forEach((g, j) => close(g, expected[i]![j]!, `${backend} ${c.name} ${j === 0 ? 'value' : `grad ${j - 1}`}`));
+      got.forEach((g, j) =>
+        close(
+          g,
+          expected[i]![j]!,
+          `${backend} ${c.name} ${j === 0 ? 'value' : `grad ${j - 1}`}`,
+        ),
+      );
     });
   }
 });
@@ -94,12 +149,15 @@ test('custom-gradient layers match central finite differences (float64 reference
     const y0 = c.ours(...xs);
     const w = values(y0.size, 20 + i);
     y0.dispose();
-    const objective = (vals: Float32Array[]) => tf.tidy(() => {
-      const y = c.ours(...vals.map((v, k) => tf.tensor(v, xs[k]!.shape))).dataSync();
-      let s = 0;
-      for (let q = 0; q < y.length; q++) s += y[q]! * w[q]!;
-      return s;
-    });
+    const objective = (vals: Float32Array[]) =>
+      tf.tidy(() => {
+        const y = c
+          .ours(...vals.map((v, k) => tf.tensor(v, xs[k]!.shape)))
+          .dataSync();
+        let s = 0;
+        for (let q = 0; q < y.length; q++) s += y[q]! * w[q]!;
+        return s;
+      });
     xs.forEach((x, k) => {
       const base = xs.map((t) => Float32Array.from(t.dataSync()));
       const h = 1e-2;
@@ -112,7 +170,10 @@ test('custom-gradient layers match central finite differences (float64 reference
         base[k]![q] = orig;
         const fd = (up - down) / (2 * h);
         const g = grads[k]![q]!;
-        assert.ok(Math.abs(fd - g) <= 2e-3 * (1 + Math.abs(fd)), `${c.name} input ${k} [${q}]: fd ${fd} vs grad ${g}`);
+        assert.ok(
+          Math.abs(fd - g) <= 2e-3 * (1 + Math.abs(fd)),
+          `${c.name} input ${k} [${q}]: fd ${fd} vs grad ${g}`,
+        );
       }
     });
     xs.forEach((t) => t.dispose());
@@ -122,10 +183,19 @@ test('custom-gradient layers match central finite differences (float64 reference
 test('causal self-attention: wasm values and gradients match cpu', async () => {
   const [B, T, D, H] = [2, 5, 8, 2];
   const mk = () => [
-    tf.tensor(values(B * T * D, 31), [B, T, D]), tf.tensor(values(D * 3 * D, 32, 0.5), [D, 3 * D]), tf.tensor(values(3 * D, 33), [3 * D]),
-    tf.tensor(values(D * D, 34, 0.5), [D, D]), tf.tensor(values(D, 35), [D]),
+    tf.tensor(values(B * T * D, 31), [B, T, D]),
+    tf.tensor(values(D * 3 * D, 32, 0.5), [D, 3 * D]),
+    tf.tensor(values(3 * D, 33), [3 * D]),
+    tf.tensor(values(D * D, 34, 0.5), [D, D]),
+    tf.tensor(values(D, 35), [D]),
   ];
-  const f = (x?: tf.Tensor, a?: tf.Tensor, b?: tf.Tensor, c?: tf.Tensor, d?: tf.Tensor) => causalSelfAttention(x!, H, a!, b!, c!, d!);
+  const f = (
+    x?: tf.Tensor,
+    a?: tf.Tensor,
+    b?: tf.Tensor,
+    c?: tf.Tensor,
+    d?: tf.Tensor,
+  ) => causalSelfAttention(x!, H, a!, b!, c!, d!);
   await initBackend('cpu');
   const cpu = valueAndGrads(f, mk(), 40);
   await initBackend('wasm');

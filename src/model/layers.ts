@@ -4,8 +4,16 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import {
-  CAUSAL_ATTENTION_GRAD_KERNEL, CAUSAL_ATTENTION_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, SOFTMAX_CROSS_ENTROPY_KERNEL,
-  CAUSAL_SOFTMAX_GRAD_KERNEL, CAUSAL_SOFTMAX_KERNEL, GELU_GRAD_KERNEL, GELU_KERNEL, LAYER_NORM_GRAD_KERNEL, LAYER_NORM_KERNEL,
+  CAUSAL_ATTENTION_GRAD_KERNEL,
+  CAUSAL_ATTENTION_KERNEL,
+  CAUSAL_SOFTMAX_GRAD_KERNEL,
+  CAUSAL_SOFTMAX_KERNEL,
+  GELU_GRAD_KERNEL,
+  GELU_KERNEL,
+  LAYER_NORM_GRAD_KERNEL,
+  LAYER_NORM_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from '../backend/kernel-names.js';
 
 /** The result of a custom-gradient forward function: its value and the gradient function. */
@@ -25,23 +33,34 @@ function customGrad<A extends tf.Tensor[]>(
 ): (...args: A) => tf.Tensor {
   const tidied = (...args: [...A, tf.GradSaveFunc]): CustomResult => {
     const r = f(...args);
-    return { value: r.value, gradFunc: (dy, saved) => tf.tidy(() => r.gradFunc(dy, saved)) };
+    return {
+      value: r.value,
+      gradFunc: (dy, saved) => tf.tidy(() => r.gradFunc(dy, saved)),
+    };
   };
-  const g = tf.customGrad(tidied as unknown as Parameters<typeof tf.customGrad>[0]);
+  const g = tf.customGrad(
+    tidied as unknown as Parameters<typeof tf.customGrad>[0],
+  );
   return (...args: A) => g(...args);
 }
 
 /** Whether the current backend registers both kernels of a fused pair (backend/kernel-names.ts). */
 const hasFused = (forward: string, gradient: string): boolean =>
-  tf.getKernel(forward, tf.getBackend()) !== undefined && tf.getKernel(gradient, tf.getBackend()) !== undefined;
+  tf.getKernel(forward, tf.getBackend()) !== undefined &&
+  tf.getKernel(gradient, tf.getBackend()) !== undefined;
 
 /** y = x W + b over the last axis. x: [..., Din], w: [Din, Dout], b: [Dout] -> [..., Dout]. */
 export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
   const din = x.shape[x.shape.length - 1];
   const lead = x.shape.slice(0, -1);
-  const x2 = x.rank === 2 ? (x as tf.Tensor2D) : tf.reshape(x, [-1, din]) as tf.Tensor2D;
+  const x2 =
+    x.rank === 2
+      ? (x as tf.Tensor2D)
+      : (tf.reshape(x, [-1, din]) as tf.Tensor2D);
   // fused: the backend adds the bias in the product's output (the native device in place)
-  const y: tf.Tensor = b ? tf.fused.matMul({ a: x2, b: w as tf.Tensor2D, bias: b }) : tf.matMul(x2, w as tf.Tensor2D);
+  const y: tf.Tensor = b
+    ? tf.fused.matMul({ a: x2, b: w as tf.Tensor2D, bias: b })
+    : tf.matMul(x2, w as tf.Tensor2D);
   return x.rank === 2 ? y : tf.reshape(y, [...lead, w.shape[1] as number]);
 }
 
@@ -56,44 +75,69 @@ const leadingAxes = (rank: number): number[] => [...Array(rank - 1).keys()];
  * dg = sum over rows of dy * xhat, db = sum over rows of dy. On a backend that registers the
  * fused kernels (backend/kernel-names.ts: native), forward and gradient are one kernel each.
  */
-export function layerNorm(x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, epsilon = 1e-5): tf.Tensor {
-  if (x.dtype === 'float32' && hasFused(LAYER_NORM_KERNEL, LAYER_NORM_GRAD_KERNEL)) {
+export function layerNorm(
+  x: tf.Tensor,
+  g: tf.Tensor,
+  b: tf.Tensor,
+  epsilon = 1e-5,
+): tf.Tensor {
+  if (
+    x.dtype === 'float32' &&
+    hasFused(LAYER_NORM_KERNEL, LAYER_NORM_GRAD_KERNEL)
+  ) {
     // one fused kernel each way where the backend has them (native): the same math
-    const fused = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
-      const [y, xhat, rstd] = tf.engine().runKernel(LAYER_NORM_KERNEL, { x, g, b }, { epsilon }) as tf.Tensor[];
-      save([xhat!, rstd!, g]);
-      return {
-        value: y!,
-        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
-          const [xh, rs, gg] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
-          return tf.engine().runKernel(LAYER_NORM_GRAD_KERNEL, { dy: dy as tf.Tensor, xhat: xh, rstd: rs, g: gg }) as tf.Tensor[];
-        },
-      };
-    });
+    const fused = customGrad(
+      (x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
+        const [y, xhat, rstd] = tf
+          .engine()
+          .runKernel(
+            LAYER_NORM_KERNEL,
+            { x, g, b },
+            { epsilon },
+          ) as tf.Tensor[];
+        save([xhat!, rstd!, g]);
+        return {
+          value: y!,
+          gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+            const [xh, rs, gg] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
+            return tf.engine().runKernel(LAYER_NORM_GRAD_KERNEL, {
+              dy: dy as tf.Tensor,
+              xhat: xh,
+              rstd: rs,
+              g: gg,
+            }) as tf.Tensor[];
+          },
+        };
+      },
+    );
     return fused(x, g, b);
   }
-  const f = customGrad((x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
-    const axis = x.rank - 1;
-    const centered = tf.sub(x, tf.mean(x, axis, true));
-    const rstd = tf.rsqrt(tf.add(tf.mean(tf.square(centered), axis, true), epsilon));
-    const xhat = tf.mul(centered, rstd);
-    save([xhat, rstd, g]);
-    return {
-      value: tf.add(tf.mul(xhat, g), b),
-      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
-        const d = dy as tf.Tensor;
-        const [xh, rs, gg] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
-        const rows = leadingAxes(d.rank);
-        const dg = tf.sum(tf.mul(d, xh), rows);
-        const db = tf.sum(d, rows);
-        const dxhat = tf.mul(d, gg);
-        const m1 = tf.mean(dxhat, axis, true);
-        const m2 = tf.mean(tf.mul(dxhat, xh), axis, true);
-        const dx = tf.mul(tf.sub(tf.sub(dxhat, m1), tf.mul(xh, m2)), rs);
-        return [dx, dg, db];
-      },
-    };
-  });
+  const f = customGrad(
+    (x: tf.Tensor, g: tf.Tensor, b: tf.Tensor, save: tf.GradSaveFunc) => {
+      const axis = x.rank - 1;
+      const centered = tf.sub(x, tf.mean(x, axis, true));
+      const rstd = tf.rsqrt(
+        tf.add(tf.mean(tf.square(centered), axis, true), epsilon),
+      );
+      const xhat = tf.mul(centered, rstd);
+      save([xhat, rstd, g]);
+      return {
+        value: tf.add(tf.mul(xhat, g), b),
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+          const d = dy as tf.Tensor;
+          const [xh, rs, gg] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
+          const rows = leadingAxes(d.rank);
+          const dg = tf.sum(tf.mul(d, xh), rows);
+          const db = tf.sum(d, rows);
+          const dxhat = tf.mul(d, gg);
+          const m1 = tf.mean(dxhat, axis, true);
+          const m2 = tf.mean(tf.mul(dxhat, xh), axis, true);
+          const dx = tf.mul(tf.sub(tf.sub(dxhat, m1), tf.mul(xh, m2)), rs);
+          return [dx, dg, db];
+        },
+      };
+    },
+  );
   return f(x, g, b);
 }
 
@@ -116,7 +160,12 @@ export function gelu(x: tf.Tensor): tf.Tensor {
       save([x]);
       return {
         value: tf.engine().runKernel(GELU_KERNEL, { x }) as tf.Tensor,
-        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [tf.engine().runKernel(GELU_GRAD_KERNEL, { x: saved[0]!, dy: dy as tf.Tensor }) as tf.Tensor],
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [
+          tf.engine().runKernel(GELU_GRAD_KERNEL, {
+            x: saved[0]!,
+            dy: dy as tf.Tensor,
+          }) as tf.Tensor,
+        ],
       };
     });
     return fused(x);
@@ -146,7 +195,8 @@ export function causalMask(t: number): tf.Tensor2D {
   let m = maskCache.get(t);
   if (!m) {
     m = new Float32Array(t * t);
-    for (let i = 0; i < t; i++) for (let j = i + 1; j < t; j++) m[i * t + j] = -1e9;
+    for (let i = 0; i < t; i++)
+      for (let j = i + 1; j < t; j++) m[i * t + j] = -1e9;
     maskCache.set(t, m);
   }
   return tf.tensor2d(m, [t, t]);
@@ -159,14 +209,27 @@ export function causalMask(t: number): tf.Tensor2D {
  */
 export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
   const t = scores.shape[scores.rank - 1]!;
-  if (scores.dtype === 'float32' && hasFused(CAUSAL_SOFTMAX_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL)) {
+  if (
+    scores.dtype === 'float32' &&
+    hasFused(CAUSAL_SOFTMAX_KERNEL, CAUSAL_SOFTMAX_GRAD_KERNEL)
+  ) {
     // one fused kernel each way where the backend has them (native): the same math
     const fused = customGrad((s: tf.Tensor, save: tf.GradSaveFunc) => {
-      const y = tf.engine().runKernel(CAUSAL_SOFTMAX_KERNEL, { x: s }, { scale }) as tf.Tensor;
+      const y = tf
+        .engine()
+        .runKernel(CAUSAL_SOFTMAX_KERNEL, { x: s }, { scale }) as tf.Tensor;
       save([y]);
       return {
         value: y,
-        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [tf.engine().runKernel(CAUSAL_SOFTMAX_GRAD_KERNEL, { y: saved[0]!, dy: dy as tf.Tensor }, { scale }) as tf.Tensor],
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [
+          tf
+            .engine()
+            .runKernel(
+              CAUSAL_SOFTMAX_GRAD_KERNEL,
+              { y: saved[0]!, dy: dy as tf.Tensor },
+              { scale },
+            ) as tf.Tensor,
+        ],
       };
     });
     return fused(scores);
@@ -197,29 +260,58 @@ export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
  * [B, H, T, T] for the gradient; elsewhere it is composed of stock ops (the same math).
  */
 export function causalSelfAttention(
-  x: tf.Tensor, heads: number, wqkv: tf.Tensor, bqkv: tf.Tensor, wo: tf.Tensor, bo: tf.Tensor,
+  x: tf.Tensor,
+  heads: number,
+  wqkv: tf.Tensor,
+  bqkv: tf.Tensor,
+  wo: tf.Tensor,
+  bo: tf.Tensor,
 ): tf.Tensor {
   const [B, T, D] = x.shape as [number, number, number];
   const dh = D / heads;
   const qkv = dense(x, wqkv, bqkv); // [B, T, 3D]
-  if (qkv.dtype === 'float32' && hasFused(CAUSAL_ATTENTION_KERNEL, CAUSAL_ATTENTION_GRAD_KERNEL)) {
+  if (
+    qkv.dtype === 'float32' &&
+    hasFused(CAUSAL_ATTENTION_KERNEL, CAUSAL_ATTENTION_GRAD_KERNEL)
+  ) {
     const fused = customGrad((qkv: tf.Tensor, save: tf.GradSaveFunc) => {
-      const [ctx, p] = tf.engine().runKernel(CAUSAL_ATTENTION_KERNEL, { qkv }, { heads }) as tf.Tensor[];
+      const [ctx, p] = tf
+        .engine()
+        .runKernel(CAUSAL_ATTENTION_KERNEL, { qkv }, { heads }) as tf.Tensor[];
       save([qkv, p!]);
       return {
         value: ctx!,
-        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) =>
-          [tf.engine().runKernel(CAUSAL_ATTENTION_GRAD_KERNEL, { dy: dy as tf.Tensor, qkv: saved[0]!, p: saved[1]! }, { heads }) as tf.Tensor],
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [
+          tf
+            .engine()
+            .runKernel(
+              CAUSAL_ATTENTION_GRAD_KERNEL,
+              { dy: dy as tf.Tensor, qkv: saved[0]!, p: saved[1]! },
+              { heads },
+            ) as tf.Tensor,
+        ],
       };
     });
     return dense(fused(qkv), wo, bo);
   }
   // [B, T, 3, H, dh] -> [3, B, H, T, dh] (rows of dh move whole), then q, k, v: [BH, T, dh]
-  const split = tf.transpose(tf.reshape(qkv, [B, T, 3, heads, dh]), [2, 0, 3, 1, 4]);
-  const [q, k, v] = tf.unstack(split, 0).map((t) => tf.reshape(t, [B * heads, T, dh])) as [tf.Tensor, tf.Tensor, tf.Tensor];
+  const split = tf.transpose(
+    tf.reshape(qkv, [B, T, 3, heads, dh]),
+    [2, 0, 3, 1, 4],
+  );
+  const [q, k, v] = tf
+    .unstack(split, 0)
+    .map((t) => tf.reshape(t, [B * heads, T, dh])) as [
+    tf.Tensor,
+    tf.Tensor,
+    tf.Tensor,
+  ];
   const att = maskedSoftmax(tf.matMul(q, k, false, true), 1 / Math.sqrt(dh)); // [BH, T, T]
   const ctx = tf.matMul(att, v); // [BH, T, dh]
-  const merged = tf.reshape(tf.transpose(tf.reshape(ctx, [B, heads, T, dh]), [0, 2, 1, 3]), [B, T, D]);
+  const merged = tf.reshape(
+    tf.transpose(tf.reshape(ctx, [B, heads, T, dh]), [0, 2, 1, 3]),
+    [B, T, D],
+  );
   return dense(merged, wo, bo);
 }
 
@@ -229,18 +321,37 @@ export function causalSelfAttention(
  * labels; dlogits = (softmax - onehot) * dy / N over the N predictions. On a backend that
  * registers the fused kernels (native), one kernel each way, saving only the probabilities.
  */
-export function softmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar {
+export function softmaxCrossEntropy(
+  logits: tf.Tensor,
+  labels: tf.Tensor,
+): tf.Scalar {
   const v = logits.shape[logits.shape.length - 1]!;
   const shape = logits.shape;
-  if (logits.dtype === 'float32' && hasFused(SOFTMAX_CROSS_ENTROPY_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL)) {
+  if (
+    logits.dtype === 'float32' &&
+    hasFused(SOFTMAX_CROSS_ENTROPY_KERNEL, SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL)
+  ) {
     const flatLabels = tf.reshape(labels, [-1]);
     const fused = customGrad((lg: tf.Tensor, save: tf.GradSaveFunc) => {
-      const [loss, probs] = tf.engine().runKernel(SOFTMAX_CROSS_ENTROPY_KERNEL, { logits: tf.reshape(lg, [-1, v]), labels: flatLabels }) as tf.Tensor[];
+      const [loss, probs] = tf
+        .engine()
+        .runKernel(SOFTMAX_CROSS_ENTROPY_KERNEL, {
+          logits: tf.reshape(lg, [-1, v]),
+          labels: flatLabels,
+        }) as tf.Tensor[];
       save([probs!, flatLabels]);
       return {
         value: loss!,
-        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) =>
-          [tf.reshape(tf.engine().runKernel(SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, { probs: saved[0]!, labels: saved[1]!, dy: dy as tf.Tensor }) as tf.Tensor, shape)],
+        gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [
+          tf.reshape(
+            tf.engine().runKernel(SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, {
+              probs: saved[0]!,
+              labels: saved[1]!,
+              dy: dy as tf.Tensor,
+            }) as tf.Tensor,
+            shape,
+          ),
+        ],
       };
     });
     return fused(logits) as tf.Scalar;

@@ -8,9 +8,12 @@
  *   it for a model compiled with `loss: 'sparseCategoricalCrossentropy'`.
  * - `mse`: mean squared error between the output and float32 targets of the same shape.
  */
-export const LOSSES = ['softmax-cross-entropy', 'sparse-categorical-crossentropy', 'mse'] as const;
+export const LOSSES = [
+  'softmax-cross-entropy',
+  'sparse-categorical-crossentropy',
+  'mse',
+] as const;
 export type LossName = (typeof LOSSES)[number];
 
 /** Whether a loss compares class indices (classification) rather than values. */
 export const isClassification = (loss: LossName): boolean => loss !== 'mse';
-

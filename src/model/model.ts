@@ -3,12 +3,17 @@
  * plain JSON, so that every worker thread can rebuild the same model from the same config.
  */
 import type * as tf from '@tensorflow/tfjs-core';
-import { LayerwiseError, check } from '../util/errors.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import type { Block } from './block.js';
 import { paramCount } from './block.js';
 import { softmaxCrossEntropy } from './layers.js';
-import { accuracy, isClassification, lossFunction, type LossName } from './losses.js';
-import { loadModelModule, type LoadedModule } from './module.js';
+import {
+  accuracy,
+  isClassification,
+  type LossName,
+  lossFunction,
+} from './losses.js';
+import { type LoadedModule, loadModelModule } from './module.js';
 import { decoderBlock, embedding, lmHead } from './transformer.js';
 import { convBlock, denseBlock, features, maxPoolBlock } from './vision.js';
 
@@ -66,7 +71,10 @@ export interface Model {
 }
 
 /** The evaluation metrics of a classifier (and of a language model: next-token accuracy). */
-const classification = (output: tf.Tensor, labels: tf.Tensor): Record<string, tf.Scalar> => ({ accuracy: accuracy(output, labels) });
+const classification = (
+  output: tf.Tensor,
+  labels: tf.Tensor,
+): Record<string, tf.Scalar> => ({ accuracy: accuracy(output, labels) });
 
 /** Model modules this thread has loaded, by path (see {@link loadModel}). */
 const modules = new Map<string, LoadedModule>();
@@ -77,8 +85,15 @@ const modules = new Map<string, LoadedModule>();
  * (the coordinator's initParams needs them; devices do not).
  * @throws LayerwiseError as {@link buildModel} and model/module.ts loadModelModule.
  */
-export async function loadModel(config: ModelConfig, opts: { initialValues?: boolean } = {}): Promise<Model> {
-  if (config.arch === 'module' && !modules.has(config.path)) modules.set(config.path, await loadModelModule(config.path, opts.initialValues ?? true));
+export async function loadModel(
+  config: ModelConfig,
+  opts: { initialValues?: boolean } = {},
+): Promise<Model> {
+  if (config.arch === 'module' && !modules.has(config.path))
+    modules.set(
+      config.path,
+      await loadModelModule(config.path, opts.initialValues ?? true),
+    );
   return buildModel(config);
 }
 
@@ -91,9 +106,14 @@ export function buildModel(config: ModelConfig): Model {
   switch (config.arch) {
     case 'module': {
       const m = modules.get(config.path);
-      if (!m) throw new LayerwiseError(`model module ${config.path} is not loaded in this thread; build it with loadModel()`);
+      if (!m)
+        throw new LayerwiseError(
+          `model module ${config.path} is not loaded in this thread; build it with loadModel()`,
+        );
       return {
-        config, blocks: m.blocks, inputDtype: config.inputDtype,
+        config,
+        blocks: m.blocks,
+        inputDtype: config.inputDtype,
         inputShape: (n) => [n, ...config.inputShape],
         loss: lossFunction(config.loss),
         ...(isClassification(config.loss) ? { metrics: classification } : {}),
@@ -101,26 +121,53 @@ export function buildModel(config: ModelConfig): Model {
     }
     case 'charlm': {
       const { layers, dModel, heads, context, vocab } = config;
-      for (const [k, v] of Object.entries({ layers, dModel, heads, context, vocab })) {
-        check(Number.isInteger(v) && v > 0, `model ${k} must be a positive integer, got ${v}`);
+      for (const [k, v] of Object.entries({
+        layers,
+        dModel,
+        heads,
+        context,
+        vocab,
+      })) {
+        check(
+          Number.isInteger(v) && v > 0,
+          `model ${k} must be a positive integer, got ${v}`,
+        );
       }
-      check(dModel % heads === 0, `--d-model ${dModel} must be divisible by --heads ${heads}`);
+      check(
+        dModel % heads === 0,
+        `--d-model ${dModel} must be divisible by --heads ${heads}`,
+      );
       const blocks: Block[] = [embedding('embed', vocab, context, dModel)];
-      for (let i = 0; i < layers; i++) blocks.push(decoderBlock(`decoder${i}`, dModel, heads, layers));
+      for (let i = 0; i < layers; i++)
+        blocks.push(decoderBlock(`decoder${i}`, dModel, heads, layers));
       blocks.push(lmHead('head', dModel, vocab));
       return {
-        config, blocks, inputDtype: 'int32',
+        config,
+        blocks,
+        inputDtype: 'int32',
         inputShape: (n) => [n, context],
-        loss: softmaxCrossEntropy, metrics: classification,
+        loss: softmaxCrossEntropy,
+        metrics: classification,
       };
     }
     case 'mlp': {
-      const sizes = [features(config.inputShape), ...config.hidden, config.classes];
-      const blocks = sizes.slice(1).map((out, i) => denseBlock(`dense${i}`, sizes[i], out, i < sizes.length - 2));
+      const sizes = [
+        features(config.inputShape),
+        ...config.hidden,
+        config.classes,
+      ];
+      const blocks = sizes
+        .slice(1)
+        .map((out, i) =>
+          denseBlock(`dense${i}`, sizes[i], out, i < sizes.length - 2),
+        );
       return {
-        config, blocks, inputDtype: 'float32',
+        config,
+        blocks,
+        inputDtype: 'float32',
         inputShape: (n) => [n, ...config.inputShape],
-        loss: softmaxCrossEntropy, metrics: classification,
+        loss: softmaxCrossEntropy,
+        metrics: classification,
       };
     }
     case 'cnn': {
@@ -129,7 +176,10 @@ export function buildModel(config: ModelConfig): Model {
       let shape = [1, h, w, c];
       let cin = c;
       config.channels.forEach((cout, i) => {
-        for (const b of [convBlock(`conv${i}`, cin, cout), maxPoolBlock(`pool${i}`)]) {
+        for (const b of [
+          convBlock(`conv${i}`, cin, cout),
+          maxPoolBlock(`pool${i}`),
+        ]) {
           blocks.push(b);
           shape = b.outputShape(shape);
         }
@@ -137,15 +187,22 @@ export function buildModel(config: ModelConfig): Model {
       });
       const flat = features(shape.slice(1));
       blocks.push(denseBlock('dense0', flat, config.hidden, true));
-      blocks.push(denseBlock('classifier', config.hidden, config.classes, false));
+      blocks.push(
+        denseBlock('classifier', config.hidden, config.classes, false),
+      );
       return {
-        config, blocks, inputDtype: 'float32',
+        config,
+        blocks,
+        inputDtype: 'float32',
         inputShape: (n) => [n, ...config.inputShape],
-        loss: softmaxCrossEntropy, metrics: classification,
+        loss: softmaxCrossEntropy,
+        metrics: classification,
       };
     }
     default:
-      throw new LayerwiseError(`unknown model architecture ${(config as { arch: string }).arch}`);
+      throw new LayerwiseError(
+        `unknown model architecture ${(config as { arch: string }).arch}`,
+      );
   }
 }
 

@@ -3,8 +3,9 @@
  * strategy uses, in this thread) lowers the loss on the same batch, and every parameter gets
  * a finite, non-zero gradient (which fails if a backend lacks a kernel or gradient).
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { initBackend } from '../backend/index.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
@@ -13,7 +14,10 @@ import { PRESETS } from './presets.js';
 
 for (const backend of ['wasm', 'cpu', 'native']) {
   // the native backend where its addon is built (npm ci builds it where libdnnl-dev is installed)
-  const skip = backend === 'native' && !nativeAddon() ? `native backend unavailable: ${nativeUnavailable()}` : false;
+  const skip =
+    backend === 'native' && !nativeAddon()
+      ? `native backend unavailable: ${nativeUnavailable()}`
+      : false;
   for (const name of Object.keys(PRESETS)) {
     test(`${name} trains on ${backend}`, { skip }, async () => {
       await initBackend(backend);
@@ -29,8 +33,15 @@ for (const backend of ['wasm', 'cpu', 'native']) {
           assert.ok(Number.isFinite(n) && n > 0, `${k}: gradient norm^2 ${n}`);
         }
       });
-      assert.ok(Number.isFinite(loss0) && loss1 < loss0, `loss ${loss0} -> ${loss1}`);
-      assert.equal(tf.memory().numTensors, before, 'every tensor of the step was freed');
+      assert.ok(
+        Number.isFinite(loss0) && loss1 < loss0,
+        `loss ${loss0} -> ${loss1}`,
+      );
+      assert.equal(
+        tf.memory().numTensors,
+        before,
+        'every tensor of the step was freed',
+      );
     });
   }
 }

@@ -25,7 +25,12 @@ interface Preset {
   make(shape: DataShape, o: ShapeOverrides): ModelConfig;
 }
 
-function charlm(layers: number, dModel: number, heads: number, context: number): Preset['make'] {
+function charlm(
+  layers: number,
+  dModel: number,
+  heads: number,
+  context: number,
+): Preset['make'] {
   return (shape, o) => ({
     arch: 'charlm',
     layers: o.layers ?? layers,
@@ -37,23 +42,34 @@ function charlm(layers: number, dModel: number, heads: number, context: number):
 }
 
 function need<T>(v: T | undefined, what: string): T {
-  if (v === undefined) throw new LayerwiseError(`this preset needs ${what}; pick a matching --data`);
+  if (v === undefined)
+    throw new LayerwiseError(
+      `this preset needs ${what}; pick a matching --data`,
+    );
   return v;
 }
 
 /** The presets by name. */
 export const PRESETS: Record<string, Preset> = {
   'charlm-tiny': {
-    description: 'character Transformer LM, 2 layers, d_model 64, 2 heads, context 64',
-    data: 'text', defaultData: 'moby-dick', make: charlm(2, 64, 2, 64),
+    description:
+      'character Transformer LM, 2 layers, d_model 64, 2 heads, context 64',
+    data: 'text',
+    defaultData: 'moby-dick',
+    make: charlm(2, 64, 2, 64),
   },
   'charlm-small': {
-    description: 'character Transformer LM, 4 layers, d_model 256, 4 heads, context 128',
-    data: 'text', defaultData: 'moby-dick', make: charlm(4, 256, 4, 128),
+    description:
+      'character Transformer LM, 4 layers, d_model 256, 4 heads, context 128',
+    data: 'text',
+    defaultData: 'moby-dick',
+    make: charlm(4, 256, 4, 128),
   },
   'mlp-mnist': {
-    description: 'MLP 784-256-256-10 (hidden width from --d-model, depth from --layers)',
-    data: 'image', defaultData: 'mnist',
+    description:
+      'MLP 784-256-256-10 (hidden width from --d-model, depth from --layers)',
+    data: 'image',
+    defaultData: 'mnist',
     make: (s, o) => ({
       arch: 'mlp',
       inputShape: need(s.inputShape, 'images'),
@@ -62,12 +78,16 @@ export const PRESETS: Record<string, Preset> = {
     }),
   },
   'cnn-mnist': {
-    description: 'CNN conv16, max-pool, conv32, max-pool (3x3 convolutions with ReLU, 2x2 pooling), dense 128, classifier: 6 blocks',
-    data: 'image', defaultData: 'mnist',
+    description:
+      'CNN conv16, max-pool, conv32, max-pool (3x3 convolutions with ReLU, 2x2 pooling), dense 128, classifier: 6 blocks',
+    data: 'image',
+    defaultData: 'mnist',
     make: (s, o) => ({
       arch: 'cnn',
       inputShape: need(s.inputShape, 'images'),
-      channels: o.layers ? Array.from({ length: o.layers }, (_, i) => 16 * 2 ** i) : [16, 32],
+      channels: o.layers
+        ? Array.from({ length: o.layers }, (_, i) => 16 * 2 ** i)
+        : [16, 32],
       hidden: o.dModel ?? 128,
       classes: need(s.classes, 'class labels'),
     }),
@@ -77,6 +97,9 @@ export const PRESETS: Record<string, Preset> = {
 /** Looks a preset up by name; throws {@link LayerwiseError} listing the valid names. */
 export function getPreset(name: string): Preset {
   const p = PRESETS[name];
-  if (!p) throw new LayerwiseError(`unknown preset '${name}'; valid presets: ${Object.keys(PRESETS).join(', ')}`);
+  if (!p)
+    throw new LayerwiseError(
+      `unknown preset '${name}'; valid presets: ${Object.keys(PRESETS).join(', ')}`,
+    );
   return p;
 }

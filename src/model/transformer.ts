@@ -1,11 +1,16 @@
 /** Blocks of a character-level causal Transformer language model (pre-LN, GPT-2 style). */
 import * as tf from '@tensorflow/tfjs-core';
-import type { Block } from './block.js';
 import { LayerwiseError } from '../util/errors.js';
+import type { Block } from './block.js';
 import { causalSelfAttention, dense, gelu, layerNorm } from './layers.js';
 
 /** Token + learned position embedding. Input: int32 token ids [B, T]; output [B, T, D]. */
-export function embedding(name: string, vocab: number, context: number, d: number): Block {
+export function embedding(
+  name: string,
+  vocab: number,
+  context: number,
+  d: number,
+): Block {
   return {
     name,
     params: [
@@ -16,7 +21,9 @@ export function embedding(name: string, vocab: number, context: number, d: numbe
     forward(p, x) {
       const t = x.shape[1] as number;
       if (x.rank !== 2 || t > context) {
-        throw new LayerwiseError(`embedding input must be token ids [B, T] with T <= context ${context}, got shape [${x.shape}]`);
+        throw new LayerwiseError(
+          `embedding input must be token ids [B, T] with T <= context ${context}, got shape [${x.shape}]`,
+        );
       }
       const tok = tf.gather(p.tok, x as tf.Tensor2D); // [B, T, D]
       const pos = t === context ? p.pos : tf.slice(p.pos, [0, 0], [t, d]);
@@ -30,7 +37,12 @@ export function embedding(name: string, vocab: number, context: number, d: numbe
  * Pre-LN decoder block: x + attn(ln1(x)), then + mlp(ln2(x)) with a 4D-wide GELU MLP.
  * [B, T, D] -> [B, T, D]. 12 D^2 + 13 D parameters.
  */
-export function decoderBlock(name: string, d: number, heads: number, nLayers: number): Block {
+export function decoderBlock(
+  name: string,
+  d: number,
+  heads: number,
+  nLayers: number,
+): Block {
   const std = 0.02;
   const projStd = 0.02 / Math.sqrt(2 * nLayers); // GPT-2's scaled init of residual projections
   return {
@@ -51,9 +63,20 @@ export function decoderBlock(name: string, d: number, heads: number, nLayers: nu
     ],
     outputShape: (s) => s,
     forward(p, x) {
-      const a = causalSelfAttention(layerNorm(x, p.ln1_g, p.ln1_b), heads, p.wqkv, p.bqkv, p.wo, p.bo);
+      const a = causalSelfAttention(
+        layerNorm(x, p.ln1_g, p.ln1_b),
+        heads,
+        p.wqkv,
+        p.bqkv,
+        p.wo,
+        p.bo,
+      );
       const h = tf.add(x, a);
-      const m = dense(gelu(dense(layerNorm(h, p.ln2_g, p.ln2_b), p.w1, p.b1)), p.w2, p.b2);
+      const m = dense(
+        gelu(dense(layerNorm(h, p.ln2_g, p.ln2_b), p.w1, p.b1)),
+        p.w2,
+        p.b2,
+      );
       return tf.add(h, m);
     },
     flops: ([b, t]) => 2 * b * t * 12 * d * d + 4 * b * t * t * d,

@@ -8,11 +8,20 @@ import { dense } from './layers.js';
  * Fully connected layer with optional ReLU. Flattens its input first, so it also serves as the
  * first layer after images: [B, ...] -> [B, out].
  */
-export function denseBlock(name: string, inFeatures: number, out: number, relu: boolean): Block {
+export function denseBlock(
+  name: string,
+  inFeatures: number,
+  out: number,
+  relu: boolean,
+): Block {
   return {
     name,
     params: [
-      { name: 'w', shape: [inFeatures, out], init: { kind: 'uniform', limit: Math.sqrt(6 / (inFeatures + out)) } },
+      {
+        name: 'w',
+        shape: [inFeatures, out],
+        init: { kind: 'uniform', limit: Math.sqrt(6 / (inFeatures + out)) },
+      },
       { name: 'b', shape: [out], init: { kind: 'zeros' } },
     ],
     outputShape: ([b]) => [b, out],
@@ -30,16 +39,27 @@ export function denseBlock(name: string, inFeatures: number, out: number, relu: 
  * Pooling is a block of its own ({@link maxPoolBlock}): partitions cut between layers, and the
  * finer blocks let a balance even out stages (GPipe and torchgpipe partition by layer).
  */
-export function convBlock(name: string, cin: number, cout: number, k = 3): Block {
+export function convBlock(
+  name: string,
+  cin: number,
+  cout: number,
+  k = 3,
+): Block {
   return {
     name,
     params: [
-      { name: 'w', shape: [k, k, cin, cout], init: { kind: 'uniform', limit: Math.sqrt(6 / (k * k * (cin + cout))) } },
+      {
+        name: 'w',
+        shape: [k, k, cin, cout],
+        init: { kind: 'uniform', limit: Math.sqrt(6 / (k * k * (cin + cout))) },
+      },
       { name: 'b', shape: [cout], init: { kind: 'zeros' } },
     ],
     outputShape: ([b, h, w]) => [b, h, w, cout],
     forward(p, x) {
-      return tf.relu(tf.add(tf.conv2d(x as tf.Tensor4D, p.w as tf.Tensor4D, 1, 'same'), p.b));
+      return tf.relu(
+        tf.add(tf.conv2d(x as tf.Tensor4D, p.w as tf.Tensor4D, 1, 'same'), p.b),
+      );
     },
     flops: ([b, h, w]) => 2 * b * h * w * k * k * cin * cout,
   };

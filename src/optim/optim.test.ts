@@ -1,10 +1,15 @@
-import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
 import { tf } from '../backend/tfjs.js';
 import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
-import { DeviceOptimizer, clipScale, defaultOptimizerConfig, type OptimizerConfig } from './optimizer.js';
-import { learningRate, type LrSchedule } from './lr.js';
+import { type LrSchedule, learningRate } from './lr.js';
+import {
+  clipScale,
+  DeviceOptimizer,
+  defaultOptimizerConfig,
+  type OptimizerConfig,
+} from './optimizer.js';
 
 before(async () => {
   await tf.setBackend('cpu');
@@ -14,7 +19,10 @@ const SHAPES: Record<string, number[]> = { w: [3, 4], b: [4], k: [2, 2, 1, 3] };
 const size = (s: number[]) => s.reduce((a, b) => a * b, 1);
 
 /** Host float64 copies of the parameters and the device variables holding the same values. */
-function makeParams(seed: number, names = Object.keys(SHAPES)): { host: Map<string, Float64Array>; dev: Map<string, tf.Variable> } {
+function makeParams(
+  seed: number,
+  names = Object.keys(SHAPES),
+): { host: Map<string, Float64Array>; dev: Map<string, tf.Variable> } {
   const rng = new Rng(seed);
   const host = new Map<string, Float64Array>();
   const dev = new Map<string, tf.Variable>();
@@ -29,7 +37,11 @@ function makeParams(seed: number, names = Object.keys(SHAPES)): { host: Map<stri
 /** Seeded gradients for one step, as float32 (what the device sees). */
 function makeGrads(rng: Rng, names: string[]): Map<string, Float32Array> {
   const g = new Map<string, Float32Array>();
-  for (const name of names) g.set(name, new Float32Array(size(SHAPES[name])).map(() => rng.normal() * 0.5));
+  for (const name of names)
+    g.set(
+      name,
+      new Float32Array(size(SHAPES[name])).map(() => rng.normal() * 0.5),
+    );
   return g;
 }
 
@@ -51,7 +63,12 @@ class RefOptimizer {
     this.slots.set(name, s);
     return (s[key] ??= new Float64Array(n));
   }
-  apply(params: Map<string, Float64Array>, grads: Map<string, Float32Array>, lr: number, scale: number): void {
+  apply(
+    params: Map<string, Float64Array>,
+    grads: Map<string, Float32Array>,
+    lr: number,
+    scale: number,
+  ): void {
     this.t++;
     const c = this.c;
     for (const [name, p] of params) {
@@ -87,12 +104,18 @@ class RefOptimizer {
   }
 }
 
-function assertClose(dev: Map<string, tf.Variable>, host: Map<string, Float64Array>, tol: number, what: string): void {
+function assertClose(
+  dev: Map<string, tf.Variable>,
+  host: Map<string, Float64Array>,
+  tol: number,
+  what: string,
+): void {
   for (const [name, v] of dev) {
     const got = v.dataSync();
     const want = host.get(name)!;
     let max = 0;
-    for (let i = 0; i < want.length; i++) max = Math.max(max, Math.abs(got[i] - want[i]));
+    for (let i = 0; i < want.length; i++)
+      max = Math.max(max, Math.abs(got[i] - want[i]));
     assert.ok(max <= tol, `${what}: ${name} differs by ${max}`);
   }
 }
@@ -104,7 +127,12 @@ function scaleOf(grads: Map<string, Float32Array>, maxNorm: number): number {
   return clipScale(ss, maxNorm);
 }
 
-function runAgainstReference(config: OptimizerConfig, names: string[], steps: number, seed: number): void {
+function runAgainstReference(
+  config: OptimizerConfig,
+  names: string[],
+  steps: number,
+  seed: number,
+): void {
   const { host, dev } = makeParams(seed, names);
   const opt = new DeviceOptimizer(config);
   const ref = new RefOptimizer(config);
@@ -114,45 +142,85 @@ function runAgainstReference(config: OptimizerConfig, names: string[], steps: nu
     const g = makeGrads(rng, names);
     const scale = scaleOf(g, config.clipNorm);
     if (scale < 1) clipped++;
-    const lr = 0.05 * (1 + t) / steps;
+    const lr = (0.05 * (1 + t)) / steps;
     const gd = toDevice(g);
     opt.apply(dev, gd, lr, scale);
     ref.apply(host, g, lr, scale);
     dispose(gd);
     assertClose(dev, host, 1e-5, `${config.kind} step ${t + 1}`);
   }
-  if (config.clipNorm > 0) assert.ok(clipped > 0, 'the test exercises clipping');
+  if (config.clipNorm > 0)
+    assert.ok(clipped > 0, 'the test exercises clipping');
   opt.dispose();
   for (const v of dev.values()) v.dispose();
 }
 
 test('SGD with momentum matches the float64 reference, with clipping', () => {
-  const c: OptimizerConfig = { ...defaultOptimizerConfig('sgd'), momentum: 0.9, clipNorm: 1 };
+  const c: OptimizerConfig = {
+    ...defaultOptimizerConfig('sgd'),
+    momentum: 0.9,
+    clipNorm: 1,
+  };
   assert.equal(c.weightDecay, 0);
   runAgainstReference(c, ['w', 'b', 'k'], 5, 10);
 });
 
 test('SGD without momentum and with weight decay on a matrix matches the reference', () => {
-  runAgainstReference({ ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 }, ['w', 'b', 'k'], 3, 20);
-  runAgainstReference({ ...defaultOptimizerConfig('sgd'), momentum: 0.5, weightDecay: 0.1, clipNorm: 2 }, ['w', 'k'], 4, 30);
+  runAgainstReference(
+    { ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 },
+    ['w', 'b', 'k'],
+    3,
+    20,
+  );
+  runAgainstReference(
+    {
+      ...defaultOptimizerConfig('sgd'),
+      momentum: 0.5,
+      weightDecay: 0.1,
+      clipNorm: 2,
+    },
+    ['w', 'k'],
+    4,
+    30,
+  );
 });
 
 test('AdamW matches the float64 reference, with clipping and weight decay', () => {
   const c = defaultOptimizerConfig('adamw');
-  assert.deepEqual(c, { kind: 'adamw', momentum: 0.9, beta1: 0.9, beta2: 0.95, epsilon: 1e-8, weightDecay: 0.01, clipNorm: 1 });
+  assert.deepEqual(c, {
+    kind: 'adamw',
+    momentum: 0.9,
+    beta1: 0.9,
+    beta2: 0.95,
+    epsilon: 1e-8,
+    weightDecay: 0.01,
+    clipNorm: 1,
+  });
   runAgainstReference(c, ['w', 'b', 'k'], 6, 40);
-  runAgainstReference({ ...c, weightDecay: 0.2, beta1: 0.8, beta2: 0.99, clipNorm: 0 }, ['w', 'b', 'k'], 4, 50);
+  runAgainstReference(
+    { ...c, weightDecay: 0.2, beta1: 0.8, beta2: 0.99, clipNorm: 0 },
+    ['w', 'b', 'k'],
+    4,
+    50,
+  );
 });
 
 test('AdamW weight decay applies only to rank >= 2 parameters', () => {
-  const c: OptimizerConfig = { ...defaultOptimizerConfig('adamw'), weightDecay: 0.1 };
+  const c: OptimizerConfig = {
+    ...defaultOptimizerConfig('adamw'),
+    weightDecay: 0.1,
+  };
   const { dev } = makeParams(7);
-  const before = new Map([...dev].map(([k, v]) => [k, Float32Array.from(v.dataSync())]));
+  const before = new Map(
+    [...dev].map(([k, v]) => [k, Float32Array.from(v.dataSync())]),
+  );
   const opt = new DeviceOptimizer(c);
   const lr = 0.5;
   for (let t = 0; t < 3; t++) {
     // Zero gradients: the Adam part is 0 / (0 + epsilon) = 0, only decay moves parameters.
-    const zeros = new Map([...dev].map(([k, v]) => [k, tf.zerosLike(v) as tf.Tensor]));
+    const zeros = new Map(
+      [...dev].map(([k, v]) => [k, tf.zerosLike(v) as tf.Tensor]),
+    );
     opt.apply(dev, zeros, lr, 1);
     dispose(zeros);
   }
@@ -161,7 +229,11 @@ test('AdamW weight decay applies only to rank >= 2 parameters', () => {
     const got = v.dataSync();
     const b0 = before.get(k)!;
     const factor = SHAPES[k].length >= 2 ? shrink : 1;
-    for (let i = 0; i < b0.length; i++) assert.ok(Math.abs(got[i] - b0[i] * factor) < 1e-6, `${k}[${i}]: ${got[i]} vs ${b0[i] * factor}`);
+    for (let i = 0; i < b0.length; i++)
+      assert.ok(
+        Math.abs(got[i] - b0[i] * factor) < 1e-6,
+        `${k}[${i}]: ${got[i]} vs ${b0[i] * factor}`,
+      );
   }
   opt.dispose();
 });
@@ -177,11 +249,19 @@ test('parameters without a gradient are left alone; gradients are not disposed; 
   for (const t of g.values()) assert.equal(t.isDisposed, false);
   const n = tf.memory().numTensors;
   for (let i = 0; i < 3; i++) opt.apply(dev, g, 0.1, 0.5);
-  assert.equal(tf.memory().numTensors, n, 'steady state: no new tensors per step');
+  assert.equal(
+    tf.memory().numTensors,
+    n,
+    'steady state: no new tensors per step',
+  );
   dispose(g);
   const withSlots = tf.memory().numTensors;
   opt.dispose();
-  assert.equal(tf.memory().numTensors, withSlots - 4, 'dispose frees the m and v slots of b and k');
+  assert.equal(
+    tf.memory().numTensors,
+    withSlots - 4,
+    'dispose frees the m and v slots of b and k',
+  );
   for (const v of dev.values()) v.dispose();
 });
 
@@ -195,8 +275,15 @@ test('clipScale', () => {
   assert.equal(clipScale(0, 1), 1);
   assert.equal(clipScale(1, 1), 1 / (1 + 1e-6));
   // Scaled gradients have norm maxNorm (up to the 1e-6 guard).
-  for (const [ss, max] of [[100, 1], [2.5, 0.3], [1e6, 5]]) {
-    assert.ok(Math.abs(Math.sqrt(ss) * clipScale(ss, max) - max) < 1e-5 * max, `ss=${ss} max=${max}`);
+  for (const [ss, max] of [
+    [100, 1],
+    [2.5, 0.3],
+    [1e6, 5],
+  ]) {
+    assert.ok(
+      Math.abs(Math.sqrt(ss) * clipScale(ss, max) - max) < 1e-5 * max,
+      `ss=${ss} max=${max}`,
+    );
   }
 });
 
@@ -213,12 +300,18 @@ test('getState/setState round trip continues identically', async () => {
       opt.apply(a, g, 0.03, scaleOf(grads[t], c.clipNorm));
       dispose(g);
     }
-    const state = (await opt.getState());
+    const state = await opt.getState();
     assert.equal(state.step, 2);
     assert.deepEqual(Object.keys(state.slots).sort(), [...names].sort());
-    for (const s of Object.values(state.slots)) assert.deepEqual(Object.keys(s).sort(), kind === 'sgd' ? ['velocity'] : ['m', 'v']);
+    for (const s of Object.values(state.slots))
+      assert.deepEqual(
+        Object.keys(s).sort(),
+        kind === 'sgd' ? ['velocity'] : ['m', 'v'],
+      );
     // A second optimizer on a copy of the parameters, restored from the state.
-    const b = new Map([...a].map(([k, v]) => [k, tf.variable(v.clone(), false)]));
+    const b = new Map(
+      [...a].map(([k, v]) => [k, tf.variable(v.clone(), false)]),
+    );
     const opt2 = new DeviceOptimizer(c);
     opt2.setState(state, b);
     const snapshot = structuredClone(state);
@@ -229,8 +322,13 @@ test('getState/setState round trip continues identically', async () => {
       opt2.apply(b, g, 0.03, scale);
       dispose(g);
     }
-    for (const [k, v] of a) assert.deepEqual(b.get(k)!.dataSync(), v.dataSync(), `${kind} ${k}`);
-    assert.deepEqual(state, snapshot, 'getState returned copies: later steps do not change them');
+    for (const [k, v] of a)
+      assert.deepEqual(b.get(k)!.dataSync(), v.dataSync(), `${kind} ${k}`);
+    assert.deepEqual(
+      state,
+      snapshot,
+      'getState returned copies: later steps do not change them',
+    );
     assert.equal((await opt.getState()).step, 5);
     opt.dispose();
     opt2.dispose();
@@ -238,34 +336,58 @@ test('getState/setState round trip continues identically', async () => {
   }
 });
 
-test(
-  'setState copies the arrays it is given',
-  async () => {
-    const { dev } = makeParams(14, ['w']);
-    const opt = new DeviceOptimizer(defaultOptimizerConfig('sgd'));
-    const state = { step: 1, slots: { w: { velocity: new Float32Array(12).fill(1) } } };
-    opt.setState(state, dev);
-    state.slots.w.velocity.fill(100);
-    const got = (await opt.getState()).slots.w.velocity;
-    opt.dispose();
-    for (const v of dev.values()) v.dispose();
-    assert.deepEqual(got, new Float32Array(12).fill(1));
-  },
-);
+test('setState copies the arrays it is given', async () => {
+  const { dev } = makeParams(14, ['w']);
+  const opt = new DeviceOptimizer(defaultOptimizerConfig('sgd'));
+  const state = {
+    step: 1,
+    slots: { w: { velocity: new Float32Array(12).fill(1) } },
+  };
+  opt.setState(state, dev);
+  state.slots.w.velocity.fill(100);
+  const got = (await opt.getState()).slots.w.velocity;
+  opt.dispose();
+  for (const v of dev.values()) v.dispose();
+  assert.deepEqual(got, new Float32Array(12).fill(1));
+});
 
 test('setState rejects unknown parameters and wrong sizes', () => {
   const { dev } = makeParams(13, ['w', 'b']);
   const opt = new DeviceOptimizer(defaultOptimizerConfig('adamw'));
-  assert.throws(() => opt.setState({ step: 1, slots: { nope: { m: new Float32Array(4) } } }, dev), (e: unknown) => e instanceof LayerwiseError && /'nope'/.test(e.message));
-  assert.throws(() => opt.setState({ step: 1, slots: { w: { m: new Float32Array(5) } } }, dev), (e: unknown) => e instanceof LayerwiseError && /'w\.m' has 5 values, parameter has 12/.test(e.message));
-  assert.throws(() => defaultOptimizerConfig('lion' as never), (e: unknown) => e instanceof LayerwiseError && /unknown optimizer 'lion'/.test(e.message));
+  assert.throws(
+    () =>
+      opt.setState(
+        { step: 1, slots: { nope: { m: new Float32Array(4) } } },
+        dev,
+      ),
+    (e: unknown) => e instanceof LayerwiseError && /'nope'/.test(e.message),
+  );
+  assert.throws(
+    () =>
+      opt.setState({ step: 1, slots: { w: { m: new Float32Array(5) } } }, dev),
+    (e: unknown) =>
+      e instanceof LayerwiseError &&
+      /'w\.m' has 5 values, parameter has 12/.test(e.message),
+  );
+  assert.throws(
+    () => defaultOptimizerConfig('lion' as never),
+    (e: unknown) =>
+      e instanceof LayerwiseError && /unknown optimizer 'lion'/.test(e.message),
+  );
   opt.dispose();
   for (const v of dev.values()) v.dispose();
 });
 
 test('learningRate: linear warm-up, constant, cosine endpoints', () => {
-  const s: LrSchedule = { lr: 0.1, warmup: 4, decay: 'cosine', totalSteps: 14, minRatio: 0.1 };
-  const near = (a: number, b: number, what: string) => assert.ok(Math.abs(a - b) < 1e-12, `${what}: ${a} vs ${b}`);
+  const s: LrSchedule = {
+    lr: 0.1,
+    warmup: 4,
+    decay: 'cosine',
+    totalSteps: 14,
+    minRatio: 0.1,
+  };
+  const near = (a: number, b: number, what: string) =>
+    assert.ok(Math.abs(a - b) < 1e-12, `${what}: ${a} vs ${b}`);
   // Warm-up: lr * (step + 1) / warmup, reaching lr at the last warm-up step.
   near(learningRate(0, s), 0.025, 'step 0');
   near(learningRate(1, s), 0.05, 'step 1');
@@ -275,7 +397,11 @@ test('learningRate: linear warm-up, constant, cosine endpoints', () => {
   near(learningRate(9, s), 0.1 * (0.1 + 0.9 * 0.5), 'cosine middle');
   near(learningRate(14, s), 0.01, 'cosine end');
   near(learningRate(100, s), 0.01, 'after the end');
-  for (let t = 4; t < 14; t++) assert.ok(learningRate(t + 1, s) < learningRate(t, s), `decreasing at ${t}`);
+  for (let t = 4; t < 14; t++)
+    assert.ok(
+      learningRate(t + 1, s) < learningRate(t, s),
+      `decreasing at ${t}`,
+    );
   // Constant decay.
   const c: LrSchedule = { ...s, decay: 'constant' };
   near(learningRate(0, c), 0.025, 'constant warm-up');
@@ -284,5 +410,10 @@ test('learningRate: linear warm-up, constant, cosine endpoints', () => {
   near(learningRate(0, { ...s, warmup: 0 }), 0.1, 'no warm-up, cosine start');
   near(learningRate(14, { ...s, warmup: 0 }), 0.01, 'no warm-up, cosine end');
   near(learningRate(0, { ...c, warmup: 0 }), 0.1, 'no warm-up, constant');
-  for (const lr of [0, -1, NaN]) assert.throws(() => learningRate(0, { ...s, lr }), (e: unknown) => e instanceof LayerwiseError && /--lr must be positive/.test(e.message));
+  for (const lr of [0, -1, NaN])
+    assert.throws(
+      () => learningRate(0, { ...s, lr }),
+      (e: unknown) =>
+        e instanceof LayerwiseError && /--lr must be positive/.test(e.message),
+    );
 });

@@ -10,8 +10,8 @@
  * Gradients are first multiplied by the global clipping scale (see {@link clipScale}).
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { LayerwiseError } from '../util/errors.js';
 import { ADAMW_KERNEL, SGD_KERNEL } from '../backend/kernel-names.js';
+import { LayerwiseError } from '../util/errors.js';
 import { decayRate } from './weight-decay.js';
 
 export type OptimizerKind = 'sgd' | 'adamw';
@@ -31,11 +31,23 @@ export interface OptimizerConfig {
 }
 
 /** Defaults: AdamW(0.9, 0.95, 1e-8), weight decay 0.01, clipping at norm 1. */
-export function defaultOptimizerConfig(kind: OptimizerKind = 'adamw'): OptimizerConfig {
+export function defaultOptimizerConfig(
+  kind: OptimizerKind = 'adamw',
+): OptimizerConfig {
   if (!OPTIMIZER_KINDS.includes(kind)) {
-    throw new LayerwiseError(`unknown optimizer '${kind}'; valid: ${OPTIMIZER_KINDS.join(', ')}`);
+    throw new LayerwiseError(
+      `unknown optimizer '${kind}'; valid: ${OPTIMIZER_KINDS.join(', ')}`,
+    );
   }
-  return { kind, momentum: 0.9, beta1: 0.9, beta2: 0.95, epsilon: 1e-8, weightDecay: kind === 'adamw' ? 0.01 : 0, clipNorm: 1 };
+  return {
+    kind,
+    momentum: 0.9,
+    beta1: 0.9,
+    beta2: 0.95,
+    epsilon: 1e-8,
+    weightDecay: kind === 'adamw' ? 0.01 : 0,
+    clipNorm: 1,
+  };
 }
 
 /**
@@ -76,12 +88,21 @@ export class DeviceOptimizer {
    * (same shapes as the parameters); `lr` the learning rate of this step; `scale` the global
    * clipping scale. Gradients are not disposed.
    */
-  apply(params: ReadonlyMap<string, tf.Variable>, grads: ReadonlyMap<string, tf.Tensor>, lr: number, scale: number): void {
+  apply(
+    params: ReadonlyMap<string, tf.Variable>,
+    grads: ReadonlyMap<string, tf.Tensor>,
+    lr: number,
+    scale: number,
+  ): void {
     this.step++;
     const c = this.config;
     const t = this.step;
     // a backend with the fused update kernel (the native device) does each parameter in one pass
-    const fused = tf.getKernel(c.kind === 'sgd' ? SGD_KERNEL : ADAMW_KERNEL, tf.getBackend()) !== undefined;
+    const fused =
+      tf.getKernel(
+        c.kind === 'sgd' ? SGD_KERNEL : ADAMW_KERNEL,
+        tf.getBackend(),
+      ) !== undefined;
     for (const [name, p] of params) {
       const g0 = grads.get(name);
       if (!g0) continue;
@@ -105,7 +126,9 @@ export class DeviceOptimizer {
           const m = this.slot(name, p, 'm');
           const v = this.slot(name, p, 'v');
           m.assign(tf.add(tf.mul(m, c.beta1), tf.mul(g, 1 - c.beta1)));
-          v.assign(tf.add(tf.mul(v, c.beta2), tf.mul(tf.square(g), 1 - c.beta2)));
+          v.assign(
+            tf.add(tf.mul(v, c.beta2), tf.mul(tf.square(g), 1 - c.beta2)),
+          );
           const mhat = tf.div(m, 1 - c.beta1 ** t);
           const vhat = tf.div(v, 1 - c.beta2 ** t);
           let upd = tf.div(mhat, tf.add(tf.sqrt(vhat), c.epsilon));
@@ -117,20 +140,45 @@ export class DeviceOptimizer {
   }
 
   /** The same update through the backend's fused kernel (backend/kernel-names.ts ADAMW_KERNEL, SGD_KERNEL). */
-  private applyFused(name: string, p: tf.Variable, g: tf.Tensor, lr: number, scale: number, wd: number): void {
+  private applyFused(
+    name: string,
+    p: tf.Variable,
+    g: tf.Tensor,
+    lr: number,
+    scale: number,
+    wd: number,
+  ): void {
     const c = this.config;
     if (c.kind === 'sgd') {
-      const velocity = c.momentum > 0 ? this.slot(name, p, 'velocity') : undefined;
-      const inputs: tf.NamedTensorMap = velocity ? { p, g, velocity } : { p, g };
-      const out = tf.engine().runKernel(SGD_KERNEL, inputs, { lr, momentum: c.momentum, weightDecay: wd, scale }) as tf.Tensor[];
+      const velocity =
+        c.momentum > 0 ? this.slot(name, p, 'velocity') : undefined;
+      const inputs: tf.NamedTensorMap = velocity
+        ? { p, g, velocity }
+        : { p, g };
+      const out = tf.engine().runKernel(SGD_KERNEL, inputs, {
+        lr,
+        momentum: c.momentum,
+        weightDecay: wd,
+        scale,
+      }) as tf.Tensor[];
       p.assign(out[0]!);
       if (velocity) velocity.assign(out[1]!);
       return;
     }
     const m = this.slot(name, p, 'm');
     const v = this.slot(name, p, 'v');
-    const attrs = { lr, beta1: c.beta1, beta2: c.beta2, epsilon: c.epsilon, weightDecay: wd, step: this.step, scale };
-    const out = tf.engine().runKernel(ADAMW_KERNEL, { p, g, m, v }, attrs) as tf.Tensor[];
+    const attrs = {
+      lr,
+      beta1: c.beta1,
+      beta2: c.beta2,
+      epsilon: c.epsilon,
+      weightDecay: wd,
+      step: this.step,
+      scale,
+    };
+    const out = tf
+      .engine()
+      .runKernel(ADAMW_KERNEL, { p, g, m, v }, attrs) as tf.Tensor[];
     p.assign(out[0]!);
     m.assign(out[1]!);
     v.assign(out[2]!);
@@ -141,22 +189,31 @@ export class DeviceOptimizer {
     const slots: OptimizerState['slots'] = {};
     for (const [name, s] of this.slots) {
       slots[name] = {};
-      for (const [k, v] of Object.entries(s)) slots[name][k] = ((await v.data()) as Float32Array).slice();
+      for (const [k, v] of Object.entries(s))
+        slots[name][k] = ((await v.data()) as Float32Array).slice();
     }
     return { step: this.step, slots };
   }
 
   /** Restores a state from {@link getState}; shapes are taken from the parameters. */
-  setState(state: OptimizerState, params: ReadonlyMap<string, tf.Variable>): void {
+  setState(
+    state: OptimizerState,
+    params: ReadonlyMap<string, tf.Variable>,
+  ): void {
     this.dispose();
     this.step = state.step;
     for (const [name, s] of Object.entries(state.slots)) {
       const p = params.get(name);
-      if (!p) throw new LayerwiseError(`optimizer state names parameter '${name}', which this model does not have`);
+      if (!p)
+        throw new LayerwiseError(
+          `optimizer state names parameter '${name}', which this model does not have`,
+        );
       const rec: Record<string, tf.Variable> = {};
       for (const [k, arr] of Object.entries(s)) {
         if (arr.length !== p.size) {
-          throw new LayerwiseError(`optimizer state '${name}.${k}' has ${arr.length} values, parameter has ${p.size}`);
+          throw new LayerwiseError(
+            `optimizer state '${name}.${k}' has ${arr.length} values, parameter has ${p.size}`,
+          );
         }
         const init = tf.tensor(arr.slice(), p.shape); // copy: some backends keep the array
         rec[k] = tf.variable(init, false);
@@ -168,7 +225,8 @@ export class DeviceOptimizer {
 
   /** Frees the slot tensors. */
   dispose(): void {
-    for (const s of this.slots.values()) for (const v of Object.values(s)) v.dispose();
+    for (const s of this.slots.values())
+      for (const v of Object.values(s)) v.dispose();
     this.slots.clear();
   }
 }

@@ -10,6 +10,9 @@ import type { OptimizerConfig } from './optimizer.js';
  * `cfg.weightDecay` for matrices and kernels (rank >= 2), 0 for biases and gains, as in
  * minGPT and nanoGPT (decoupled decay: Loshchilov & Hutter, 2019).
  */
-export function decayRate(cfg: Pick<OptimizerConfig, 'weightDecay'>, rank: number): number {
+export function decayRate(
+  cfg: Pick<OptimizerConfig, 'weightDecay'>,
+  rank: number,
+): number {
   return rank >= 2 ? cfg.weightDecay : 0;
 }

@@ -30,18 +30,36 @@ export function slotNames(cfg: OptimizerConfig): string[] {
   return cfg.momentum > 0 ? ['velocity'] : [];
 }
 
-function need(slots: Record<string, Float32Array>, name: string, n: number): Float32Array {
+function need(
+  slots: Record<string, Float32Array>,
+  name: string,
+  n: number,
+): Float32Array {
   const s = slots[name];
-  if (!(s instanceof Float32Array)) throw new Error(`hostUpdate: missing optimizer slot '${name}'`);
-  if (s.length !== n) throw new Error(`hostUpdate: optimizer slot '${name}' has ${s.length} values, the parameter ${n}`);
+  if (!(s instanceof Float32Array))
+    throw new Error(`hostUpdate: missing optimizer slot '${name}'`);
+  if (s.length !== n)
+    throw new Error(
+      `hostUpdate: optimizer slot '${name}' has ${s.length} values, the parameter ${n}`,
+    );
   return s;
 }
 
 /** The checks both updates make before changing anything; the element count and the weight decay that applies. */
-function checkUpdate(cfg: OptimizerConfig, rank: number, p: Float32Array, g: Float32Array, step: number): { n: number; wd: number } {
+function checkUpdate(
+  cfg: OptimizerConfig,
+  rank: number,
+  p: Float32Array,
+  g: Float32Array,
+  step: number,
+): { n: number; wd: number } {
   const n = p.length;
-  if (g.length !== n) throw new Error(`hostUpdate: gradient has ${g.length} values, the parameter ${n}`);
-  if (cfg.kind === 'adamw' && !(step >= 1)) throw new Error(`hostUpdate: AdamW needs a 1-based step, got ${step}`);
+  if (g.length !== n)
+    throw new Error(
+      `hostUpdate: gradient has ${g.length} values, the parameter ${n}`,
+    );
+  if (cfg.kind === 'adamw' && !(step >= 1))
+    throw new Error(`hostUpdate: AdamW needs a 1-based step, got ${step}`);
   return { n, wd: decayRate(cfg, rank) };
 }
 
@@ -69,8 +87,14 @@ function checkUpdate(cfg: OptimizerConfig, rank: number, p: Float32Array, g: Flo
  * needed slot is missing, or if AdamW gets a step < 1.
  */
 export function hostUpdate(
-  cfg: OptimizerConfig, rank: number, p: Float32Array, g: Float32Array, slots: Record<string, Float32Array>,
-  lr: number, scale: number, step: number,
+  cfg: OptimizerConfig,
+  rank: number,
+  p: Float32Array,
+  g: Float32Array,
+  slots: Record<string, Float32Array>,
+  lr: number,
+  scale: number,
+  step: number,
 ): void {
   const { n, wd } = checkUpdate(cfg, rank, p, g, step);
   if (cfg.kind === 'sgd') {
@@ -120,13 +144,40 @@ export function hostUpdate(
  * calling thread's OpenMP team. Throws an Error like {@link hostUpdate}.
  */
 export function nativeHostUpdate(
-  lib: NativeAddon, cfg: OptimizerConfig, rank: number, p: Float32Array, g: Float32Array, slots: Record<string, Float32Array>,
-  lr: number, scale: number, step: number,
+  lib: NativeAddon,
+  cfg: OptimizerConfig,
+  rank: number,
+  p: Float32Array,
+  g: Float32Array,
+  slots: Record<string, Float32Array>,
+  lr: number,
+  scale: number,
+  step: number,
 ): void {
   const { n, wd } = checkUpdate(cfg, rank, p, g, step);
   if (cfg.kind === 'sgd') {
-    lib.sgd(p, g, cfg.momentum > 0 ? need(slots, 'velocity', n) : null, lr, cfg.momentum, wd, scale);
+    lib.sgd(
+      p,
+      g,
+      cfg.momentum > 0 ? need(slots, 'velocity', n) : null,
+      lr,
+      cfg.momentum,
+      wd,
+      scale,
+    );
     return;
   }
-  lib.adamw(p, g, need(slots, 'm', n), need(slots, 'v', n), lr, cfg.beta1, cfg.beta2, cfg.epsilon, wd, step, scale);
+  lib.adamw(
+    p,
+    g,
+    need(slots, 'm', n),
+    need(slots, 'v', n),
+    lr,
+    cfg.beta1,
+    cfg.beta2,
+    cfg.epsilon,
+    wd,
+    step,
+    scale,
+  );
 }

@@ -10,15 +10,17 @@
  * {@link JobMessage}; out: `{type: 'ready'}`, {@link DoneMessage} or {@link ErrorMessage}.
  */
 import { parentPort, workerData } from 'node:worker_threads';
-import type { OptimizerConfig } from '../optim/optimizer.js';
 import { nativeAddon } from '../backend/native-addon.js';
+import type { OptimizerConfig } from '../optim/optimizer.js';
 import { hostUpdate, nativeHostUpdate } from './host-optimizer.js';
 import { ParamStore, type StoreLayout } from './store.js';
 
 // the server's threads are its parallelism: one OpenMP thread each, so they do not oversubscribe
 const lib = nativeAddon();
 lib?.setThreads(1);
-const update: typeof hostUpdate = lib ? (...args) => nativeHostUpdate(lib, ...args) : hostUpdate;
+const update: typeof hostUpdate = lib
+  ? (...args) => nativeHostUpdate(lib, ...args)
+  : hostUpdate;
 
 /** What the server passes to each optimizer thread. */
 export interface OptimizerWorkerData {
@@ -68,29 +70,49 @@ export interface ErrorMessage {
 }
 
 const port = parentPort;
-if (!port) throw new Error('optimizer-worker.js must run in a worker thread started by ParameterServer');
+if (!port)
+  throw new Error(
+    'optimizer-worker.js must run in a worker thread started by ParameterServer',
+  );
 const data = workerData as OptimizerWorkerData;
 const store = ParamStore.attach(data.layout);
 const counters = new Int32Array(data.counters);
 const { config, thread } = data;
 
 function run(msg: JobMessage): number {
-  if (msg.keys.length !== msg.grads.length) throw new Error(`job of layer ${msg.layer}: ${msg.keys.length} keys but ${msg.grads.length} gradients`);
+  if (msg.keys.length !== msg.grads.length)
+    throw new Error(
+      `job of layer ${msg.layer}: ${msg.keys.length} keys but ${msg.grads.length} gradients`,
+    );
   // Check every tensor before changing any, so a bad gradient leaves the layer as it was.
   for (let i = 0; i < msg.keys.length; i++) {
     const key = msg.keys[i];
     const g = msg.grads[i];
     const p = store.param(key);
-    if (!(g instanceof Float32Array)) throw new TypeError(`gradient of '${key}' (layer ${msg.layer}) is not a Float32Array`);
+    if (!(g instanceof Float32Array))
+      throw new TypeError(
+        `gradient of '${key}' (layer ${msg.layer}) is not a Float32Array`,
+      );
     if (g.length !== p.length) {
-      throw new RangeError(`gradient of '${key}' (layer ${msg.layer}) has ${g.length} values, the parameter has ${p.length} (shape [${store.shape(key)}])`);
+      throw new RangeError(
+        `gradient of '${key}' (layer ${msg.layer}) has ${g.length} values, the parameter has ${p.length} (shape [${store.shape(key)}])`,
+      );
     }
   }
   let n = 0;
   for (let i = 0; i < msg.keys.length; i++) {
     const key = msg.keys[i];
     const p = store.param(key);
-    update(config, store.shape(key).length, p, msg.grads[i], store.slots(key), msg.lr, msg.scale, msg.t);
+    update(
+      config,
+      store.shape(key).length,
+      p,
+      msg.grads[i],
+      store.slots(key),
+      msg.lr,
+      msg.scale,
+      msg.t,
+    );
     n += p.length;
   }
   return n;
@@ -102,12 +124,28 @@ port.on('message', (msg: JobMessage) => {
   try {
     const params = run(msg);
     const ms = performance.now() - t0;
-    if (msg.counter === -1 || (msg.counter >= 0 && Atomics.sub(counters, msg.counter, 1) === 1)) store.markUpdated(msg.layer);
-    const done: DoneMessage = { type: 'done', job: msg.job, thread, startedAt: performance.timeOrigin + t0, ms, params };
+    if (
+      msg.counter === -1 ||
+      (msg.counter >= 0 && Atomics.sub(counters, msg.counter, 1) === 1)
+    )
+      store.markUpdated(msg.layer);
+    const done: DoneMessage = {
+      type: 'done',
+      job: msg.job,
+      thread,
+      startedAt: performance.timeOrigin + t0,
+      ms,
+      params,
+    };
     port.postMessage(done);
   } catch (e) {
     const err = e instanceof Error ? e : new Error(String(e));
-    const out: ErrorMessage = { type: 'error', job: msg.job, thread, error: { name: err.name, message: err.message, stack: err.stack } };
+    const out: ErrorMessage = {
+      type: 'error',
+      job: msg.job,
+      thread,
+      error: { name: err.name, message: err.message, stack: err.stack },
+    };
     port.postMessage(out);
   }
 });

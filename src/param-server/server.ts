@@ -16,13 +16,27 @@
  * of one tensor are applied in step order even when steps overlap.
  */
 import { Worker } from 'node:worker_threads';
-import { LayerwiseError, check } from '../util/errors.js';
 import { configureOpenMP } from '../backend/native-addon.js';
 import type { HostParams } from '../model/init.js';
-import { clipScale, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
+import {
+  clipScale,
+  type OptimizerConfig,
+  type OptimizerState,
+} from '../optim/optimizer.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { slotNames } from './host-optimizer.js';
-import type { DoneMessage, ErrorMessage, JobMessage, OptimizerWorkerData } from './optimizer-worker.js';
-import { ParamStore, STORE_CLOSED, STORE_FAILED, type StoreLayout } from './store.js';
+import type {
+  DoneMessage,
+  ErrorMessage,
+  JobMessage,
+  OptimizerWorkerData,
+} from './optimizer-worker.js';
+import {
+  ParamStore,
+  STORE_CLOSED,
+  STORE_FAILED,
+  type StoreLayout,
+} from './store.js';
 
 /** One part of one layer's update, for the trace (one track per optimizer thread). */
 export interface ServerSpan {
@@ -69,7 +83,10 @@ interface Held {
 /** Error of an optimizer thread, re-raised on the main thread. */
 export class EpsError extends Error {
   override readonly name = 'EpsError';
-  constructor(message: string, readonly causeName?: string) {
+  constructor(
+    message: string,
+    readonly causeName?: string,
+  ) {
     super(message);
   }
 }
@@ -95,7 +112,8 @@ export class ParameterServer {
   private readonly counters: Int32Array;
   private readonly freeCounters: number[];
   private spans: ServerSpan[] = [];
-  private waiters: Array<{ resolve: () => void; reject: (e: Error) => void }> = [];
+  private waiters: Array<{ resolve: () => void; reject: (e: Error) => void }> =
+    [];
   private failure: Error | undefined;
   private closed = false;
   private running: number;
@@ -110,15 +128,25 @@ export class ParameterServer {
   ) {
     this.pushed = new Array<boolean>(mem.numLayers).fill(false);
     this.counters = new Int32Array(counters);
-    this.freeCounters = Array.from({ length: this.counters.length }, (_, i) => this.counters.length - 1 - i);
+    this.freeCounters = Array.from(
+      { length: this.counters.length },
+      (_, i) => this.counters.length - 1 - i,
+    );
     this.running = workers.length;
     this.owner = assignThreads(mem.layout, workers.length);
     workers.forEach((w, i) => {
       w.on('message', (m: DoneMessage | ErrorMessage) => this.onMessage(m));
-      w.on('error', (e) => this.fail(new EpsError(`optimizer thread ${i} crashed: ${e.message}`, e.name)));
+      w.on('error', (e) =>
+        this.fail(
+          new EpsError(`optimizer thread ${i} crashed: ${e.message}`, e.name),
+        ),
+      );
       w.on('exit', (code) => {
         this.running--;
-        if (!this.closed) this.fail(new EpsError(`optimizer thread ${i} exited with code ${code}`));
+        if (!this.closed)
+          this.fail(
+            new EpsError(`optimizer thread ${i} exited with code ${code}`),
+          );
       });
     });
   }
@@ -130,16 +158,30 @@ export class ParameterServer {
    * {@link ParamStore.create}) or a bad thread count; rejects if a thread fails to start.
    */
   static async create(o: ParameterServerOptions): Promise<ParameterServer> {
-    check(Number.isInteger(o.threads) && o.threads >= 1, `the parameter server needs a positive integer number of threads, got ${o.threads}`);
-    const store = ParamStore.create(o.params, o.layers, o.optimizer, o.shapes, { adopt: o.adopt });
+    check(
+      Number.isInteger(o.threads) && o.threads >= 1,
+      `the parameter server needs a positive integer number of threads, got ${o.threads}`,
+    );
+    const store = ParamStore.create(o.params, o.layers, o.optimizer, o.shapes, {
+      adopt: o.adopt,
+    });
     const counters = new SharedArrayBuffer(4 * (4 * store.numLayers + 64));
     const workers: Worker[] = [];
     const started: Array<Promise<void>> = [];
     try {
       for (let i = 0; i < o.threads; i++) {
-        const data: OptimizerWorkerData = { layout: store.layout, config: { ...o.optimizer }, thread: i, counters };
+        const data: OptimizerWorkerData = {
+          layout: store.layout,
+          config: { ...o.optimizer },
+          thread: i,
+          counters,
+        };
         configureOpenMP(); // before the thread may load the native addon
-        workers.push(new Worker(new URL('./optimizer-worker.js', import.meta.url), { workerData: data }));
+        workers.push(
+          new Worker(new URL('./optimizer-worker.js', import.meta.url), {
+            workerData: data,
+          }),
+        );
       }
     } catch (e) {
       await Promise.all(workers.map((w) => w.terminate())); // threads started before the one that failed
@@ -147,16 +189,35 @@ export class ParameterServer {
     }
     for (let i = 0; i < o.threads; i++) {
       const w = workers[i];
-      started.push(new Promise<void>((resolve, reject) => {
-        const onError = (e: Error) => reject(new EpsError(`optimizer thread ${i} failed to start: ${e.message}`, e.name));
-        w.once('error', onError);
-        w.once('exit', (code) => reject(new EpsError(`optimizer thread ${i} exited with code ${code} before it was ready`)));
-        w.once('message', (m: { type: string }) => {
-          w.off('error', onError);
-          if (m.type === 'ready') resolve();
-          else reject(new EpsError(`optimizer thread ${i} sent '${m.type}' before 'ready'`));
-        });
-      }));
+      started.push(
+        new Promise<void>((resolve, reject) => {
+          const onError = (e: Error) =>
+            reject(
+              new EpsError(
+                `optimizer thread ${i} failed to start: ${e.message}`,
+                e.name,
+              ),
+            );
+          w.once('error', onError);
+          w.once('exit', (code) =>
+            reject(
+              new EpsError(
+                `optimizer thread ${i} exited with code ${code} before it was ready`,
+              ),
+            ),
+          );
+          w.once('message', (m: { type: string }) => {
+            w.off('error', onError);
+            if (m.type === 'ready') resolve();
+            else
+              reject(
+                new EpsError(
+                  `optimizer thread ${i} sent '${m.type}' before 'ready'`,
+                ),
+              );
+          });
+        }),
+      );
     }
     try {
       await Promise.all(started);
@@ -189,7 +250,8 @@ export class ParameterServer {
   }
 
   private usable(what: string): void {
-    if (this.closed) throw new EpsError(`parameter server was closed; cannot ${what}`);
+    if (this.closed)
+      throw new EpsError(`parameter server was closed; cannot ${what}`);
     if (this.failure) throw this.failure;
   }
 
@@ -200,9 +262,12 @@ export class ParameterServer {
    */
   beginStep(lr: number): void {
     this.usable('begin a step');
-    if (!Number.isFinite(lr)) throw new RangeError(`learning rate must be a finite number, got ${lr}`);
+    if (!Number.isFinite(lr))
+      throw new RangeError(`learning rate must be a finite number, got ${lr}`);
     if (this.stepOpen && this.pushedCount < this.pushed.length) {
-      throw new Error(`step ${this.step} is incomplete: layers ${this.missing().join(', ')} were not pushed`);
+      throw new Error(
+        `step ${this.step} is incomplete: layers ${this.missing().join(', ')} were not pushed`,
+      );
     }
     this.step++;
     this.lr = lr;
@@ -234,16 +299,28 @@ export class ParameterServer {
    * twice in a step, or a key not of that layer; throws the server's error if it failed. A
    * gradient of the wrong length fails in the optimizer thread: {@link idle} rejects naming the key.
    */
-  push(layer: number, grads: Record<string, Float32Array>, sumSquares: number): void {
+  push(
+    layer: number,
+    grads: Record<string, Float32Array>,
+    sumSquares: number,
+  ): void {
     this.usable('push a gradient');
     if (!this.stepOpen) throw new Error('push before beginStep');
-    if (!(Number.isInteger(layer) && layer >= 0 && layer < this.pushed.length)) {
-      throw new RangeError(`layer ${layer} is out of range: the model has ${this.pushed.length} layers`);
+    if (
+      !(Number.isInteger(layer) && layer >= 0 && layer < this.pushed.length)
+    ) {
+      throw new RangeError(
+        `layer ${layer} is out of range: the model has ${this.pushed.length} layers`,
+      );
     }
-    if (this.pushed[layer]) throw new Error(`layer ${layer} was already pushed in step ${this.step}`);
+    if (this.pushed[layer])
+      throw new Error(`layer ${layer} was already pushed in step ${this.step}`);
     const owner = this.owner[layer];
     for (const key of Object.keys(grads)) {
-      if (!owner.has(key)) throw new Error(`gradient '${key}' pushed for layer ${layer}, which has no such parameter (it has ${[...owner.keys()].join(', ') || 'none'})`);
+      if (!owner.has(key))
+        throw new Error(
+          `gradient '${key}' pushed for layer ${layer}, which has no such parameter (it has ${[...owner.keys()].join(', ') || 'none'})`,
+        );
     }
     this.pushed[layer] = true;
     this.pushedCount++;
@@ -264,10 +341,15 @@ export class ParameterServer {
     this.settle();
   }
 
-  private dispatch(layer: number, grads: Record<string, Float32Array>, scale: number): void {
+  private dispatch(
+    layer: number,
+    grads: Record<string, Float32Array>,
+    scale: number,
+  ): void {
     const owner = this.owner[layer];
     const parts = new Map<number, { keys: string[]; grads: Float32Array[] }>();
-    for (const key of this.mem.layout.layers[layer]) { // the layer's order, not the caller's
+    for (const key of this.mem.layout.layers[layer]) {
+      // the layer's order, not the caller's
       const g = grads[key];
       if (g === undefined) continue;
       const t = owner.get(key)!;
@@ -280,7 +362,7 @@ export class ParameterServer {
       this.mem.markUpdated(layer); // push() settles once the whole batch of dispatches is out
       return;
     }
-    const counter = parts.size === 1 ? -1 : this.freeCounters.pop() ?? -2;
+    const counter = parts.size === 1 ? -1 : (this.freeCounters.pop() ?? -2);
     if (counter >= 0) Atomics.store(this.counters, counter, parts.size);
     const job = this.nextJob++;
     this.jobs.set(job, { layer, parts: parts.size, counter });
@@ -303,7 +385,17 @@ export class ParameterServer {
       });
     }
     for (const [t, part] of parts) {
-      const msg: JobMessage = { type: 'job', job, layer, keys: part.keys, grads: part.grads, lr: this.lr, scale, t: this.step, counter };
+      const msg: JobMessage = {
+        type: 'job',
+        job,
+        layer,
+        keys: part.keys,
+        grads: part.grads,
+        lr: this.lr,
+        scale,
+        t: this.step,
+        counter,
+      };
       this.workers[t].postMessage(msg, transfers.get(t));
     }
   }
@@ -311,11 +403,22 @@ export class ParameterServer {
   private onMessage(m: DoneMessage | ErrorMessage): void {
     if (m.type === 'error') {
       const job = this.jobs.get(m.job);
-      this.fail(new EpsError(`optimizer thread ${m.thread}, layer ${job?.layer ?? '?'}: ${m.error.message}`, m.error.name));
+      this.fail(
+        new EpsError(
+          `optimizer thread ${m.thread}, layer ${job?.layer ?? '?'}: ${m.error.message}`,
+          m.error.name,
+        ),
+      );
       return;
     }
     if (m.type !== 'done') return;
-    this.spans.push({ layer: this.jobs.get(m.job)?.layer ?? -1, thread: m.thread, startedAt: m.startedAt, ms: m.ms, params: m.params });
+    this.spans.push({
+      layer: this.jobs.get(m.job)?.layer ?? -1,
+      thread: m.thread,
+      startedAt: m.startedAt,
+      ms: m.ms,
+      params: m.params,
+    });
     const job = this.jobs.get(m.job);
     if (!job) return;
     if (--job.parts > 0) return;
@@ -349,9 +452,13 @@ export class ParameterServer {
    */
   idle(): Promise<void> {
     if (this.failure) return Promise.reject(this.failure);
-    if (this.closed) return Promise.reject(new EpsError('parameter server was closed'));
-    if (this.jobs.size === 0 && this.held.length === 0) return Promise.resolve();
-    return new Promise((resolve, reject) => this.waiters.push({ resolve, reject }));
+    if (this.closed)
+      return Promise.reject(new EpsError('parameter server was closed'));
+    if (this.jobs.size === 0 && this.held.length === 0)
+      return Promise.resolve();
+    return new Promise((resolve, reject) =>
+      this.waiters.push({ resolve, reject }),
+    );
   }
 
   /** Update spans since the last call (one per part of a layer's update), in completion order. */
@@ -365,7 +472,8 @@ export class ParameterServer {
   async getParams(): Promise<HostParams> {
     await this.idle();
     const out: HostParams = new Map();
-    for (const key of this.mem.keys()) out.set(key, this.mem.param(key).slice());
+    for (const key of this.mem.keys())
+      out.set(key, this.mem.param(key).slice());
     return out;
   }
 
@@ -400,14 +508,26 @@ export class ParameterServer {
   async setOptimizerState(s: OptimizerState): Promise<void> {
     await this.idle();
     this.usable('set the optimizer state');
-    check(Number.isInteger(s.step) && s.step >= 0, `optimizer state step must be a non-negative integer, got ${s.step}`);
+    check(
+      Number.isInteger(s.step) && s.step >= 0,
+      `optimizer state step must be a non-negative integer, got ${s.step}`,
+    );
     const names = slotNames(this.config);
     for (const [key, rec] of Object.entries(s.slots)) {
-      check(this.mem.layerOf(key) !== undefined, `optimizer state names parameter '${key}', which this model does not have`);
+      check(
+        this.mem.layerOf(key) !== undefined,
+        `optimizer state names parameter '${key}', which this model does not have`,
+      );
       const n = this.mem.param(key).length;
       for (const [name, arr] of Object.entries(rec)) {
-        check(names.includes(name), `optimizer state '${key}.${name}' is not a slot of ${this.config.kind}${this.config.kind === 'sgd' ? ` with momentum ${this.config.momentum}` : ''} (its slots: ${names.join(', ') || 'none'})`);
-        check(arr !== null && typeof arr === 'object' && arr.length === n, `optimizer state '${key}.${name}' has ${arr?.length} values, parameter has ${n}`);
+        check(
+          names.includes(name),
+          `optimizer state '${key}.${name}' is not a slot of ${this.config.kind}${this.config.kind === 'sgd' ? ` with momentum ${this.config.momentum}` : ''} (its slots: ${names.join(', ') || 'none'})`,
+        );
+        check(
+          arr !== null && typeof arr === 'object' && arr.length === n,
+          `optimizer state '${key}.${name}' has ${arr?.length} values, parameter has ${n}`,
+        );
       }
     }
     this.live.clear();
@@ -446,7 +566,10 @@ export class ParameterServer {
  * work in this layer (ties: least work overall), so a layer's parts are balanced by element
  * count and one-tensor layers alternate between threads.
  */
-function assignThreads(layout: StoreLayout, threads: number): Array<Map<string, number>> {
+function assignThreads(
+  layout: StoreLayout,
+  threads: number,
+): Array<Map<string, number>> {
   const total = new Array<number>(threads).fill(0);
   const size = (k: string) => layout.shapes[k].reduce((a, b) => a * b, 1);
   return layout.layers.map((keys) => {
@@ -456,7 +579,11 @@ function assignThreads(layout: StoreLayout, threads: number): Array<Map<string, 
     for (const k of sorted) {
       let best = 0;
       for (let t = 1; t < threads; t++) {
-        if (load[t] < load[best] || (load[t] === load[best] && total[t] < total[best])) best = t;
+        if (
+          load[t] < load[best] ||
+          (load[t] === load[best] && total[t] < total[best])
+        )
+          best = t;
       }
       owner.set(k, best);
       load[best] += size(k);

@@ -10,10 +10,11 @@
  *
  * This module must not import TF.js: it runs in the optimizer worker threads.
  */
-import { LayerwiseError, check } from '../util/errors.js';
-import { paramKey, sizeOf, type Block } from '../model/block.js';
+
+import { type Block, paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { slotNames } from './host-optimizer.js';
 
 /**
@@ -51,19 +52,30 @@ export const STORE_CLOSED = 2;
  * Layers and shapes of a model's blocks, for {@link ParamStore.create}: layer b holds the keys
  * `<b>.<name>` of block b's parameters, in declaration order.
  */
-export function blockLayers(blocks: readonly Block[]): { layers: string[][]; shapes: Record<string, number[]> } {
+export function blockLayers(blocks: readonly Block[]): {
+  layers: string[][];
+  shapes: Record<string, number[]>;
+} {
   const shapes: Record<string, number[]> = {};
-  const layers = blocks.map((b, bi) => b.params.map((spec) => {
-    const key = paramKey(bi, spec.name);
-    shapes[key] = [...spec.shape];
-    return key;
-  }));
+  const layers = blocks.map((b, bi) =>
+    b.params.map((spec) => {
+      const key = paramKey(bi, spec.name);
+      shapes[key] = [...spec.shape];
+      return key;
+    }),
+  );
   return { layers, shapes };
 }
 
 interface AtomicsWithWaitAsync {
-  waitAsync(a: Int32Array, index: number, value: number, timeout?: number):
-    { async: false; value: 'not-equal' | 'timed-out' } | { async: true; value: Promise<'ok' | 'timed-out'> };
+  waitAsync(
+    a: Int32Array,
+    index: number,
+    value: number,
+    timeout?: number,
+  ):
+    | { async: false; value: 'not-equal' | 'timed-out' }
+    | { async: true; value: Promise<'ok' | 'timed-out'> };
 }
 const atomics = Atomics as unknown as AtomicsWithWaitAsync;
 
@@ -80,13 +92,17 @@ export class ParamStore {
   private readonly statusView: Int32Array;
 
   private constructor(readonly layout: StoreLayout) {
-    for (const [k, b] of Object.entries(layout.params)) this.paramViews.set(k, new Float32Array(b));
+    for (const [k, b] of Object.entries(layout.params))
+      this.paramViews.set(k, new Float32Array(b));
     for (const [k, s] of Object.entries(layout.slots)) {
       const rec: Record<string, Float32Array> = {};
-      for (const [name, b] of Object.entries(s)) rec[name] = new Float32Array(b);
+      for (const [name, b] of Object.entries(s))
+        rec[name] = new Float32Array(b);
       this.slotViews.set(k, rec);
     }
-    layout.layers.forEach((keys, l) => keys.forEach((k) => this.layerOfKey.set(k, l)));
+    layout.layers.forEach((keys, l) =>
+      keys.forEach((k) => this.layerOfKey.set(k, l)),
+    );
     this.versions = new Int32Array(layout.versions);
     this.statusView = new Int32Array(layout.status);
   }
@@ -109,25 +125,49 @@ export class ParamStore {
    * `shapes` lacks, a key appears twice, a key of `params` belongs to no layer, or a value
    * array's length differs from its shape's size.
    */
-  static create(params: HostParams, layers: string[][], optimizer: OptimizerConfig, shapes: Record<string, number[]>, opts: { adopt?: boolean } = {}): ParamStore {
+  static create(
+    params: HostParams,
+    layers: string[][],
+    optimizer: OptimizerConfig,
+    shapes: Record<string, number[]>,
+    opts: { adopt?: boolean } = {},
+  ): ParamStore {
     const seen = new Set<string>();
     const layout: StoreLayout = {
-      layers: layers.map((ks) => [...ks]), shapes: {}, params: {}, slots: {},
-      versions: new SharedArrayBuffer(4 * layers.length), status: new SharedArrayBuffer(4),
+      layers: layers.map((ks) => [...ks]),
+      shapes: {},
+      params: {},
+      slots: {},
+      versions: new SharedArrayBuffer(4 * layers.length),
+      status: new SharedArrayBuffer(4),
     };
     const names = slotNames(optimizer);
     layers.forEach((keys, l) => {
       for (const key of keys) {
-        check(!seen.has(key), `parameter '${key}' appears in more than one layer (again in layer ${l})`);
+        check(
+          !seen.has(key),
+          `parameter '${key}' appears in more than one layer (again in layer ${l})`,
+        );
         seen.add(key);
         const values = params.get(key);
-        check(values !== undefined, `layer ${l} names parameter '${key}', which the parameters do not have`);
+        check(
+          values !== undefined,
+          `layer ${l} names parameter '${key}', which the parameters do not have`,
+        );
         const shape = shapes[key];
         check(Array.isArray(shape), `parameter '${key}' has no shape`);
         const n = sizeOf(shape);
-        check(values.length === n, `parameter '${key}' has ${values.length} values, its shape [${shape}] needs ${n}`);
+        check(
+          values.length === n,
+          `parameter '${key}' has ${values.length} values, its shape [${shape}] needs ${n}`,
+        );
         const own = values.buffer;
-        if (opts.adopt && own instanceof SharedArrayBuffer && values.byteOffset === 0 && values.byteLength === own.byteLength) {
+        if (
+          opts.adopt &&
+          own instanceof SharedArrayBuffer &&
+          values.byteOffset === 0 &&
+          values.byteLength === own.byteLength
+        ) {
           layout.params[key] = own;
         } else {
           const buf = new SharedArrayBuffer(4 * n);
@@ -135,10 +175,13 @@ export class ParamStore {
           layout.params[key] = buf;
         }
         layout.shapes[key] = [...shape];
-        layout.slots[key] = Object.fromEntries(names.map((s) => [s, new SharedArrayBuffer(4 * n)]));
+        layout.slots[key] = Object.fromEntries(
+          names.map((s) => [s, new SharedArrayBuffer(4 * n)]),
+        );
       }
     });
-    for (const key of params.keys()) check(seen.has(key), `parameter '${key}' belongs to no layer`);
+    for (const key of params.keys())
+      check(seen.has(key), `parameter '${key}' belongs to no layer`);
     return new ParamStore(layout);
   }
 
@@ -184,8 +227,12 @@ export class ParamStore {
   }
 
   private checkLayer(layer: number): void {
-    if (!(Number.isInteger(layer) && layer >= 0 && layer < this.versions.length)) {
-      throw new RangeError(`layer ${layer} is out of range: the store has ${this.versions.length} layers`);
+    if (
+      !(Number.isInteger(layer) && layer >= 0 && layer < this.versions.length)
+    ) {
+      throw new RangeError(
+        `layer ${layer} is out of range: the store has ${this.versions.length} layers`,
+      );
     }
   }
 
@@ -220,7 +267,9 @@ export class ParamStore {
         const status = this.status;
         if (status !== STORE_OK) {
           Atomics.notify(this.versions, layer); // release the waiter just registered
-          throw new LayerwiseError(`layer ${layer} will not reach version ${atLeast} (at ${cur}): the parameter server ${status === STORE_CLOSED ? 'was closed' : 'failed'}`);
+          throw new LayerwiseError(
+            `layer ${layer} will not reach version ${atLeast} (at ${cur}): the parameter server ${status === STORE_CLOSED ? 'was closed' : 'failed'}`,
+          );
         }
         if (r.async) await r.value;
       }
@@ -239,6 +288,7 @@ export class ParamStore {
   /** Marks the store failed or closed (first call wins) and wakes every waiter so it can reject. */
   stop(status: typeof STORE_FAILED | typeof STORE_CLOSED): void {
     Atomics.compareExchange(this.statusView, 0, STORE_OK, status);
-    for (let l = 0; l < this.versions.length; l++) Atomics.notify(this.versions, l);
+    for (let l = 0; l < this.versions.length; l++)
+      Atomics.notify(this.versions, l);
   }
 }

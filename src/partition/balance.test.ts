@@ -1,8 +1,13 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
-import { balanceByCost, parseBalance, stageRanges, validateBalance } from './balance.js';
+import {
+  balanceByCost,
+  parseBalance,
+  stageRanges,
+  validateBalance,
+} from './balance.js';
 
 /** Every way to cut n blocks into k contiguous non-empty parts, as block counts. */
 function* compositions(n: number, k: number): Generator<number[]> {
@@ -29,7 +34,8 @@ function maxPart(costs: readonly number[], sizes: readonly number[]): number {
 
 function bruteForce(costs: readonly number[], k: number): number {
   let best = Infinity;
-  for (const p of compositions(costs.length, k)) best = Math.min(best, maxPart(costs, p));
+  for (const p of compositions(costs.length, k))
+    best = Math.min(best, maxPart(costs, p));
   return best;
 }
 
@@ -38,17 +44,30 @@ function checkOptimal(costs: readonly number[], k: number, tol = 0): void {
   const what = `costs [${costs.join(', ')}], k=${k}`;
   const b = balanceByCost(costs, k);
   assert.equal(b.length, k, what);
-  assert.ok(b.every((x) => Number.isInteger(x) && x >= 1), `${what}: ${b}`);
-  assert.equal(b.reduce((s, x) => s + x, 0), costs.length, what);
+  assert.ok(
+    b.every((x) => Number.isInteger(x) && x >= 1),
+    `${what}: ${b}`,
+  );
+  assert.equal(
+    b.reduce((s, x) => s + x, 0),
+    costs.length,
+    what,
+  );
   validateBalance(b, costs.length, k);
   const got = maxPart(costs, b);
   const want = bruteForce(costs, k);
-  assert.ok(Math.abs(got - want) <= tol, `${what}: balance ${b} costs ${got}, optimum ${want}`);
+  assert.ok(
+    Math.abs(got - want) <= tol,
+    `${what}: balance ${b} costs ${got}, optimum ${want}`,
+  );
 }
 
 test('compositions enumerates C(n-1, k-1) partitions (sanity of the brute force)', () => {
-  const binom = (n: number, r: number): number => (r === 0 ? 1 : (binom(n - 1, r - 1) * n) / r);
-  for (let n = 1; n <= 8; n++) for (let k = 1; k <= n; k++) assert.equal([...compositions(n, k)].length, binom(n - 1, k - 1));
+  const binom = (n: number, r: number): number =>
+    r === 0 ? 1 : (binom(n - 1, r - 1) * n) / r;
+  for (let n = 1; n <= 8; n++)
+    for (let k = 1; k <= n; k++)
+      assert.equal([...compositions(n, k)].length, binom(n - 1, k - 1));
 });
 
 test('balanceByCost is optimal against brute force on random integer costs', () => {
@@ -82,7 +101,13 @@ test('balanceByCost on hand-made cases', () => {
   assert.deepEqual(balanceByCost([1, 1, 1, 100], 2), [3, 1]);
   // 1..9 into 3: {1..5}=15, {6,7}=13, {8,9}=17 is optimal (a part holding 8 and 9 costs >= 17,
   // and splitting them leaves 1..7 = 28 for two parts, or 1..8 = 36 for two parts: >= 18).
-  assert.equal(maxPart([1, 2, 3, 4, 5, 6, 7, 8, 9], balanceByCost([1, 2, 3, 4, 5, 6, 7, 8, 9], 3)), 17);
+  assert.equal(
+    maxPart(
+      [1, 2, 3, 4, 5, 6, 7, 8, 9],
+      balanceByCost([1, 2, 3, 4, 5, 6, 7, 8, 9], 3),
+    ),
+    17,
+  );
   // Zero-cost blocks (e.g. an embedding with no flops) still get a stage each when k = n.
   assert.deepEqual(balanceByCost([0, 0, 0], 3), [1, 1, 1]);
   const z = balanceByCost([0, 5, 0, 5], 2);
@@ -93,35 +118,95 @@ test('balanceByCost on hand-made cases', () => {
 });
 
 test('balanceByCost rejects k > n and k < 1, naming the limit', () => {
-  assert.throws(() => balanceByCost([1, 2, 3], 4), (e: unknown) => e instanceof LayerwiseError && /3 blocks into 4 stages/.test(e.message) && /at most 3 stages/.test(e.message));
-  assert.throws(() => balanceByCost([], 1), (e: unknown) => e instanceof LayerwiseError && /at most 0 stages/.test(e.message));
+  assert.throws(
+    () => balanceByCost([1, 2, 3], 4),
+    (e: unknown) =>
+      e instanceof LayerwiseError &&
+      /3 blocks into 4 stages/.test(e.message) &&
+      /at most 3 stages/.test(e.message),
+  );
+  assert.throws(
+    () => balanceByCost([], 1),
+    (e: unknown) =>
+      e instanceof LayerwiseError && /at most 0 stages/.test(e.message),
+  );
   for (const k of [0, -1, 1.5, NaN]) {
-    assert.throws(() => balanceByCost([1, 2, 3], k), (e: unknown) => e instanceof LayerwiseError && /positive integer/.test(e.message) && e.message.includes(String(k)), `k=${k}`);
+    assert.throws(
+      () => balanceByCost([1, 2, 3], k),
+      (e: unknown) =>
+        e instanceof LayerwiseError &&
+        /positive integer/.test(e.message) &&
+        e.message.includes(String(k)),
+      `k=${k}`,
+    );
   }
 });
 
 test('validateBalance accepts good balances and explains bad ones', () => {
   validateBalance([2, 3, 3], 8, 3);
   validateBalance([1], 1, 1);
-  const err = (re: RegExp) => (e: unknown) => e instanceof LayerwiseError && re.test(e.message);
+  const err = (re: RegExp) => (e: unknown) =>
+    e instanceof LayerwiseError && re.test(e.message);
   // Wrong number of entries.
-  assert.throws(() => validateBalance([4, 4], 8, 3), err(/2 entries but --stages is 3/));
-  assert.throws(() => validateBalance([2, 2, 2, 2], 8, 3), err(/4 entries but --stages is 3/));
+  assert.throws(
+    () => validateBalance([4, 4], 8, 3),
+    err(/2 entries but --stages is 3/),
+  );
+  assert.throws(
+    () => validateBalance([2, 2, 2, 2], 8, 3),
+    err(/4 entries but --stages is 3/),
+  );
   // Empty stage or non-integer entry.
-  assert.throws(() => validateBalance([0, 4, 4], 8, 3), err(/at least 1 block/));
-  assert.throws(() => validateBalance([-1, 5, 4], 8, 3), err(/at least 1 block/));
-  assert.throws(() => validateBalance([2.5, 2.5, 3], 8, 3), err(/whole numbers/));
+  assert.throws(
+    () => validateBalance([0, 4, 4], 8, 3),
+    err(/at least 1 block/),
+  );
+  assert.throws(
+    () => validateBalance([-1, 5, 4], 8, 3),
+    err(/at least 1 block/),
+  );
+  assert.throws(
+    () => validateBalance([2.5, 2.5, 3], 8, 3),
+    err(/whole numbers/),
+  );
   // Wrong sum: the message names the sum and the number of blocks.
-  assert.throws(() => validateBalance([2, 3, 4], 8, 3), err(/sums to 9, but the model has 8 blocks/));
-  assert.throws(() => validateBalance([1, 1, 1], 8, 3), (e: unknown) => e instanceof LayerwiseError && e.message.includes('sums to 3') && e.message.includes('8 blocks'));
+  assert.throws(
+    () => validateBalance([2, 3, 4], 8, 3),
+    err(/sums to 9, but the model has 8 blocks/),
+  );
+  assert.throws(
+    () => validateBalance([1, 1, 1], 8, 3),
+    (e: unknown) =>
+      e instanceof LayerwiseError &&
+      e.message.includes('sums to 3') &&
+      e.message.includes('8 blocks'),
+  );
 });
 
 test('parseBalance parses comma-separated counts and rejects anything else', () => {
   assert.deepEqual(parseBalance('2,3,3'), [2, 3, 3]);
   assert.deepEqual(parseBalance(' 2 , 3,3 '), [2, 3, 3]);
   assert.deepEqual(parseBalance('12'), [12]);
-  for (const bad of ['', '2,,3', '2,a', 'a', '2.5,1', '-1,2', '2;3', '1e2', '0x3', '2,3,']) {
-    assert.throws(() => parseBalance(bad), (e: unknown) => e instanceof LayerwiseError && e.message.includes(`'${bad}'`) && /comma-separated/.test(e.message), `'${bad}'`);
+  for (const bad of [
+    '',
+    '2,,3',
+    '2,a',
+    'a',
+    '2.5,1',
+    '-1,2',
+    '2;3',
+    '1e2',
+    '0x3',
+    '2,3,',
+  ]) {
+    assert.throws(
+      () => parseBalance(bad),
+      (e: unknown) =>
+        e instanceof LayerwiseError &&
+        e.message.includes(`'${bad}'`) &&
+        /comma-separated/.test(e.message),
+      `'${bad}'`,
+    );
   }
 });
 
@@ -137,7 +222,14 @@ test('stageRanges is contiguous and covers every block', () => {
       assert.equal(r[i].to - r[i].from, balance[i]);
       if (i > 0) assert.equal(r[i].from, r[i - 1].to);
     }
-    assert.equal(r[k - 1].to, balance.reduce((a, b) => a + b, 0));
+    assert.equal(
+      r[k - 1].to,
+      balance.reduce((a, b) => a + b, 0),
+    );
   }
-  assert.deepEqual(stageRanges([2, 3, 3]), [{ from: 0, to: 2 }, { from: 2, to: 5 }, { from: 5, to: 8 }]);
+  assert.deepEqual(stageRanges([2, 3, 3]), [
+    { from: 0, to: 2 },
+    { from: 2, to: 5 },
+    { from: 5, to: 8 },
+  ]);
 });

@@ -14,16 +14,26 @@ export interface StageRange {
  * Checks a balance against the model: one entry per stage, each >= 1, summing to the number
  * of blocks. Throws {@link LayerwiseError} saying which rule is broken and the valid range.
  */
-export function validateBalance(balance: readonly number[], nBlocks: number, stages: number): void {
+export function validateBalance(
+  balance: readonly number[],
+  nBlocks: number,
+  stages: number,
+): void {
   if (balance.length !== stages) {
-    throw new LayerwiseError(`balance ${balance.join(',')} has ${balance.length} entries but --stages is ${stages}; give one block count per stage`);
+    throw new LayerwiseError(
+      `balance ${balance.join(',')} has ${balance.length} entries but --stages is ${stages}; give one block count per stage`,
+    );
   }
   if (balance.some((b) => !Number.isInteger(b) || b < 1)) {
-    throw new LayerwiseError(`balance ${balance.join(',')} leaves a stage empty or is not whole numbers; every stage needs at least 1 block`);
+    throw new LayerwiseError(
+      `balance ${balance.join(',')} leaves a stage empty or is not whole numbers; every stage needs at least 1 block`,
+    );
   }
   const sum = balance.reduce((a, b) => a + b, 0);
   if (sum !== nBlocks) {
-    throw new LayerwiseError(`balance ${balance.join(',')} sums to ${sum}, but the model has ${nBlocks} blocks; the entries must sum to ${nBlocks}`);
+    throw new LayerwiseError(
+      `balance ${balance.join(',')} sums to ${sum}, but the model has ${nBlocks} blocks; the entries must sum to ${nBlocks}`,
+    );
   }
 }
 
@@ -31,7 +41,9 @@ export function validateBalance(balance: readonly number[], nBlocks: number, sta
 export function parseBalance(text: string): number[] {
   const parts = text.split(',').map((s) => s.trim());
   if (parts.some((p) => !/^\d+$/.test(p))) {
-    throw new LayerwiseError(`--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3, or one of flops, params, time, memory`);
+    throw new LayerwiseError(
+      `--balance '${text}' must be comma-separated block counts, one per stage, e.g. 2,3,3, or one of flops, params, time, memory`,
+    );
   }
   return parts.map(Number);
 }
@@ -46,7 +58,11 @@ export function parseBalance(text: string): number[] {
 export function balanceByCost(costs: readonly number[], k: number): number[] {
   const prefix = [0];
   for (const c of costs) prefix.push(prefix[prefix.length - 1] + c);
-  return balanceByStageCost(costs.length, k, (_, from, to) => prefix[to] - prefix[from]);
+  return balanceByStageCost(
+    costs.length,
+    k,
+    (_, from, to) => prefix[to] - prefix[from],
+  );
 }
 
 /** Block ranges of each stage for a balance. */
@@ -68,11 +84,23 @@ export function stageRanges(balance: readonly number[]): StageRange[] {
  * in the pipeline. Returns the balance (blocks per stage). Throws {@link LayerwiseError} when k
  * exceeds n.
  */
-export function balanceByStageCost(n: number, k: number, stageCost: (stage: number, from: number, to: number) => number): number[] {
-  if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
-  if (k > n) throw new LayerwiseError(`cannot cut ${n} blocks into ${k} stages: use at most ${n} stages`);
-  const best = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(Infinity));
-  const cut = Array.from({ length: k + 1 }, () => new Array<number>(n + 1).fill(-1));
+export function balanceByStageCost(
+  n: number,
+  k: number,
+  stageCost: (stage: number, from: number, to: number) => number,
+): number[] {
+  if (!Number.isInteger(k) || k < 1)
+    throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
+  if (k > n)
+    throw new LayerwiseError(
+      `cannot cut ${n} blocks into ${k} stages: use at most ${n} stages`,
+    );
+  const best = Array.from({ length: k + 1 }, () =>
+    new Array<number>(n + 1).fill(Infinity),
+  );
+  const cut = Array.from({ length: k + 1 }, () =>
+    new Array<number>(n + 1).fill(-1),
+  );
   best[0][0] = 0;
   for (let j = 1; j <= k; j++) {
     for (let i = j; i <= n - (k - j); i++) {

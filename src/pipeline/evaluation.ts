@@ -11,8 +11,13 @@ import type { PendingReads } from './pending-reads.js';
  * device and hands them to `record` once `reads` is flushed. The caller keeps `output` and
  * `labels`.
  */
-export function recordEvaluation(reads: PendingReads, model: Model, output: tf.Tensor, labels: tf.Tensor,
-  record: (loss: number, metrics: Record<string, number>) => void): void {
+export function recordEvaluation(
+  reads: PendingReads,
+  model: Model,
+  output: tf.Tensor,
+  labels: tf.Tensor,
+  record: (loss: number, metrics: Record<string, number>) => void,
+): void {
   let names: string[] = [];
   const values = tf.tidy(() => {
     const loss = model.loss(output, labels);
@@ -20,5 +25,10 @@ export function recordEvaluation(reads: PendingReads, model: Model, output: tf.T
     names = Object.keys(ms);
     return tf.stack([loss, ...names.map((n) => ms[n]!)]);
   });
-  reads.read(values, (v) => record(Number(v[0]), Object.fromEntries(names.map((n, i) => [n, Number(v[i + 1])]))));
+  reads.read(values, (v) =>
+    record(
+      Number(v[0]),
+      Object.fromEntries(names.map((n, i) => [n, Number(v[i + 1])])),
+    ),
+  );
 }

@@ -4,15 +4,35 @@
  * communication and the tracing, dispatches compute through the table, and reports a failing
  * action with the schedule marked.
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
-import { gpipeSchedule, localSchedule, type Action } from '../schedule/schedule.js';
-import { execute, ScheduleError, waitingMs, type Handlers, type LayerGrads, type StageLinks, type StageProgram } from './executor.js';
+import {
+  type Action,
+  gpipeSchedule,
+  localSchedule,
+} from '../schedule/schedule.js';
+import {
+  execute,
+  type Handlers,
+  type LayerGrads,
+  ScheduleError,
+  type StageLinks,
+  type StageProgram,
+  waitingMs,
+} from './executor.js';
 
 /** Links whose receives are served from queues filled beforehand; sends are recorded (and freed). */
-function fakeLinks(o: { acts?: number[]; grads?: number[]; polled?: number[]; scale?: number } = {}) {
+function fakeLinks(
+  o: {
+    acts?: number[];
+    grads?: number[];
+    polled?: number[];
+    scale?: number;
+  } = {},
+) {
   const sent: string[] = [];
   const norms: number[] = [];
   const pushed: LayerGrads[] = [];
@@ -55,7 +75,10 @@ function fakeLinks(o: { acts?: number[]; grads?: number[]; polled?: number[]; sc
 }
 
 /** A stage kind that runs forward (x + 10), backward (dy * 2), optimizer_step, and records every call. */
-function fakeStage(extra: Partial<Handlers> = {}, pending = () => 0): StageProgram & { calls: string[] } {
+function fakeStage(
+  extra: Partial<Handlers> = {},
+  pending = () => 0,
+): StageProgram & { calls: string[] } {
   const calls: string[] = [];
   return {
     kind: 'fake stage',
@@ -91,28 +114,62 @@ function fakeStage(extra: Partial<Handlers> = {}, pending = () => 0): StageProgr
   };
 }
 
-test('the core receives, sends and all-reduces; compute goes through the stage kind\'s handlers in schedule order', async () => {
+test("the core receives, sends and all-reduces; compute goes through the stage kind's handlers in schedule order", async () => {
   await initBackend('cpu');
   const before = tf.memory().numTensors;
   // the middle stage of three: it receives activations and gradients and sends both
   const actions = gpipeSchedule(2, 3, 'always')[1];
   const stage = fakeStage();
-  const { links, sent, norms } = fakeLinks({ acts: [0, 1], grads: [1, 0], scale: 0.25 });
+  const { links, sent, norms } = fakeLinks({
+    acts: [0, 1],
+    grads: [1, 0],
+    scale: 0.25,
+  });
   const trace = await execute(stage, actions, links, { m: 2, lr: 0.1 }, 1);
-  assert.deepEqual(stage.calls, ['F0', 'F1', 'B1', 'B0', 'STEP lr=0.1 scale=0.25']);
+  assert.deepEqual(stage.calls, [
+    'F0',
+    'F1',
+    'B1',
+    'B0',
+    'STEP lr=0.1 scale=0.25',
+  ]);
   assert.deepEqual(sent, ['act0=10', 'act1=11', 'grad1=2', 'grad0=0']);
-  assert.deepEqual(norms, [7], 'the all-reduce gets the stage kind\'s share of the norm');
+  assert.deepEqual(
+    norms,
+    [7],
+    "the all-reduce gets the stage kind's share of the norm",
+  );
   // one span per action, except backwards, split into recompute + backward by io.phase, and the
   // all-reduce, split into the stage's own norm (busy) and the wait for the others
   assert.equal(trace.length, actions.length + 3);
-  assert.deepEqual(trace.filter((s) => s.op === 'backward').map((s) => s.label), ['recompute', 'backward', 'recompute', 'backward']);
+  assert.deepEqual(
+    trace.filter((s) => s.op === 'backward').map((s) => s.label),
+    ['recompute', 'backward', 'recompute', 'backward'],
+  );
   const norm = trace.filter((s) => s.op === 'reduce_grad_norm');
-  assert.deepEqual(norm.map((s) => s.label), ['grad_norm', 'reduce_grad_norm']);
-  assert.ok(norm[0]!.end - norm[0]!.start >= 2, `the local norm's span covers its 2 ms: ${JSON.stringify(norm[0])}`);
-  assert.equal(waitingMs(norm), norm[1]!.end - norm[1]!.start, 'only the wait for the other stages counts as waiting');
-  for (let i = 1; i < trace.length; i++) assert.ok(trace[i].start >= trace[i - 1].start, 'spans are in order');
-  assert.ok(waitingMs(trace) >= 0 && waitingMs(trace) <= trace[trace.length - 1].end);
-  assert.equal(tf.memory().numTensors, before, 'every tensor that passed through the step was freed');
+  assert.deepEqual(
+    norm.map((s) => s.label),
+    ['grad_norm', 'reduce_grad_norm'],
+  );
+  assert.ok(
+    norm[0]!.end - norm[0]!.start >= 2,
+    `the local norm's span covers its 2 ms: ${JSON.stringify(norm[0])}`,
+  );
+  assert.equal(
+    waitingMs(norm),
+    norm[1]!.end - norm[1]!.start,
+    'only the wait for the other stages counts as waiting',
+  );
+  for (let i = 1; i < trace.length; i++)
+    assert.ok(trace[i].start >= trace[i - 1].start, 'spans are in order');
+  assert.ok(
+    waitingMs(trace) >= 0 && waitingMs(trace) <= trace[trace.length - 1].end,
+  );
+  assert.equal(
+    tf.memory().numTensors,
+    before,
+    'every tensor that passed through the step was freed',
+  );
 });
 
 test('a first stage takes its inputs from the step, a last stage its labels; the link order is checked', async () => {
@@ -129,11 +186,25 @@ test('a first stage takes its inputs from the step, a last stage its labels; the
   });
   const inputs = [tf.scalar(5), tf.scalar(6)];
   const labels = [tf.scalar(50), tf.scalar(60)];
-  await execute(stage, [{ op: 'forward', mb: 1, keep: false, grad: false }, { op: 'forward', mb: 0, keep: false, grad: false }], fakeLinks().links, { inputs, labels, m: 2, lr: 0 });
+  await execute(
+    stage,
+    [
+      { op: 'forward', mb: 1, keep: false, grad: false },
+      { op: 'forward', mb: 0, keep: false, grad: false },
+    ],
+    fakeLinks().links,
+    { inputs, labels, m: 2, lr: 0 },
+  );
   assert.deepEqual(seen, [6, 60, 5, 50]);
   // a receive that delivers another micro-batch than the schedule expects is a schedule bug
   const wrong = fakeLinks({ acts: [1] });
-  await assert.rejects(execute(fakeStage(), [{ op: 'recv_act', mb: 0 }], wrong.links, { m: 2, lr: 0 }), /received the activation of micro-batch 1 while its schedule expects 0/);
+  await assert.rejects(
+    execute(fakeStage(), [{ op: 'recv_act', mb: 0 }], wrong.links, {
+      m: 2,
+      lr: 0,
+    }),
+    /received the activation of micro-batch 1 while its schedule expects 0/,
+  );
 });
 
 test('an action the stage kind does not have fails with the schedule shown and the failing action marked', async () => {
@@ -146,16 +217,32 @@ test('an action the stage kind does not have fails with the schedule shown and t
     { op: 'optimizer_step' },
   ];
   const inputs = [tf.scalar(1), tf.scalar(2)];
-  const err = await execute(fakeStage(), actions, fakeLinks().links, { inputs, m: 2, lr: 0 }, 3).then(() => null, (e: unknown) => e);
+  const err = await execute(
+    fakeStage(),
+    actions,
+    fakeLinks().links,
+    { inputs, m: 2, lr: 0 },
+    3,
+  ).then(
+    () => null,
+    (e: unknown) => e,
+  );
   assert.ok(err instanceof ScheduleError, String(err));
   assert.match(err.message, /a fake stage has no 'local_update' action/);
   assert.equal(err.stage, 3);
   assert.equal(err.index, 2);
-  assert.equal(err.schedule, 'schedule of stage 3, action 3 of 4:\n  3F0\n  3SA0\n  3L1  <-- ERROR HERE\n  3STEP');
-  assert.equal(tf.memory().numTensors, before, 'the input the stage never reached was freed with the failure');
+  assert.equal(
+    err.schedule,
+    'schedule of stage 3, action 3 of 4:\n  3F0\n  3SA0\n  3L1  <-- ERROR HERE\n  3STEP',
+  );
+  assert.equal(
+    tf.memory().numTensors,
+    before,
+    'the input the stage never reached was freed with the failure',
+  );
 });
 
-test('a handler\'s own error keeps its name and message; a long schedule is shown around the failing action', async () => {
+test("a handler's own error keeps its name and message; a long schedule is shown around the failing action", async () => {
   await initBackend('cpu');
   const actions = gpipeSchedule(40, 1, 'always')[0];
   let n = 0;
@@ -170,14 +257,27 @@ test('a handler\'s own error keeps its name and message; a long schedule is show
     },
   });
   const inputs = Array.from({ length: 40 }, (_, i) => tf.scalar(i));
-  const err = await execute(stage, actions, fakeLinks().links, { inputs, m: 40, lr: 0 }).then(() => null, (e: unknown) => e);
+  const err = await execute(stage, actions, fakeLinks().links, {
+    inputs,
+    m: 40,
+    lr: 0,
+  }).then(
+    () => null,
+    (e: unknown) => e,
+  );
   assert.ok(err instanceof ScheduleError);
   assert.equal(err.name, 'DeviceOutOfMemoryError');
   assert.equal(err.message, 'device out of memory: needs 2 KiB');
   const lines = err.schedule.split('\n');
-  assert.equal(lines[0], `schedule of stage 0, action 20 of ${actions.length}:`);
+  assert.equal(
+    lines[0],
+    `schedule of stage 0, action 20 of ${actions.length}:`,
+  );
   assert.equal(lines[1], '  ... 13 earlier');
-  assert.equal(lines.filter((l) => l.endsWith('<-- ERROR HERE')).join(), '  0F19  <-- ERROR HERE');
+  assert.equal(
+    lines.filter((l) => l.endsWith('<-- ERROR HERE')).join(),
+    '  0F19  <-- ERROR HERE',
+  );
   assert.match(lines[lines.length - 1], /^ {2}\.\.\. \d+ later$/);
   assert.equal(lines.length, 1 + 1 + 13 + 1);
 });
@@ -207,17 +307,41 @@ test('local parallelism: poll_grads applies every gradient that has arrived; dra
   const inputs = [tf.scalar(0), tf.scalar(1)];
   const labels = [tf.scalar(0), tf.scalar(1)];
   await execute(stage, actions, links, { inputs, labels, m: 2, lr: 0 });
-  assert.deepEqual(applied, [0], 'the one gradient that had arrived, applied without waiting');
+  assert.deepEqual(
+    applied,
+    [0],
+    'the one gradient that had arrived, applied without waiting',
+  );
   await execute(stage, [{ op: 'drain_grads' }], links, { m: 2, lr: 0 });
-  assert.deepEqual(applied, [0, 1, 2], 'draining received until nothing was outstanding');
+  assert.deepEqual(
+    applied,
+    [0, 1, 2],
+    'draining received until nothing was outstanding',
+  );
 });
 
 test('push_grads reaches the parameter server link through io.pushGrads; without such a link it fails', async () => {
   await initBackend('cpu');
-  const stage = fakeStage({ push_grads: (a, io) => io.pushGrads({ layer: a.layer, grads: { [`${a.layer}.w`]: new Float32Array([1]) }, sumSquares: 1 }) });
+  const stage = fakeStage({
+    push_grads: (a, io) =>
+      io.pushGrads({
+        layer: a.layer,
+        grads: { [`${a.layer}.w`]: new Float32Array([1]) },
+        sumSquares: 1,
+      }),
+  });
   const { links, pushed } = fakeLinks();
-  await execute(stage, [{ op: 'push_grads', layer: 2 }], links, { m: 1, lr: 0 });
-  assert.deepEqual(pushed.map((g) => g.layer), [2]);
+  await execute(stage, [{ op: 'push_grads', layer: 2 }], links, {
+    m: 1,
+    lr: 0,
+  });
+  assert.deepEqual(
+    pushed.map((g) => g.layer),
+    [2],
+  );
   const { pushGrads: _, ...noServer } = links;
-  await assert.rejects(execute(stage, [{ op: 'push_grads', layer: 2 }], noServer, { m: 1, lr: 0 }), /push_grads needs a link to the parameter server/);
+  await assert.rejects(
+    execute(stage, [{ op: 'push_grads', layer: 2 }], noServer, { m: 1, lr: 0 }),
+    /push_grads needs a link to the parameter server/,
+  );
 });

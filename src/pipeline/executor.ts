@@ -15,11 +15,12 @@
  * When an action fails, the error carries the stage's schedule with that action marked
  * (`<-- ERROR HERE`, as PyTorch pipelining prints it): see {@link ScheduleError}.
  */
+
+import { type GpuSubmit, gpuQueue } from '../backend/gpu-queue.js';
 import type { tf } from '../backend/tfjs.js';
-import { gpuQueue, type GpuSubmit } from '../backend/gpu-queue.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerState } from '../optim/optimizer.js';
-import { formatScheduleError, type Action } from '../schedule/schedule.js';
+import { type Action, formatScheduleError } from '../schedule/schedule.js';
 
 /** A layer's accumulated gradient on its way to the parameter server (L2L; host copies, by parameter key). */
 export interface LayerGrads {
@@ -106,15 +107,31 @@ export interface TraceSpan {
  * receives, the norm all-reduce, waiting for outstanding overlap gradients, and L2L's wait for
  * a layer's update. The measured bubble of a stage is their share of its step.
  */
-export const WAITING_LABELS: ReadonlySet<string> = new Set(['recv_act', 'recv_grad', 'reduce_grad_norm', 'drain_grads', 'wait_params']);
+export const WAITING_LABELS: ReadonlySet<string> = new Set([
+  'recv_act',
+  'recv_grad',
+  'reduce_grad_norm',
+  'drain_grads',
+  'wait_params',
+]);
 
 /** Milliseconds of `trace` spent waiting (see {@link WAITING_LABELS}). */
 export function waitingMs(trace: readonly TraceSpan[]): number {
-  return trace.filter((t) => WAITING_LABELS.has(t.label)).reduce((a, t) => a + (t.end - t.start), 0);
+  return trace
+    .filter((t) => WAITING_LABELS.has(t.label))
+    .reduce((a, t) => a + (t.end - t.start), 0);
 }
 
 /** Ops the executor's core runs itself (communication); every other op is a stage kind's compute. */
-export const COMMUNICATION_OPS = ['recv_act', 'send_act', 'recv_grad', 'send_grad', 'reduce_grad_norm', 'poll_grads', 'drain_grads'] as const;
+export const COMMUNICATION_OPS = [
+  'recv_act',
+  'send_act',
+  'recv_grad',
+  'send_grad',
+  'reduce_grad_norm',
+  'poll_grads',
+  'drain_grads',
+] as const;
 export type CommunicationOp = (typeof COMMUNICATION_OPS)[number];
 export type ComputeOp = Exclude<Action['op'], CommunicationOp>;
 /** The action type of one op, e.g. `ActionOf<'layer_forward'>` has `layer`, `mb` and `grad`. */
@@ -161,7 +178,10 @@ export interface StepIO {
 }
 
 /** A compute handler: runs one action of its op on the stage. */
-export type Handler<K extends ComputeOp> = (a: ActionOf<K>, io: StepIO) => void | Promise<void>;
+export type Handler<K extends ComputeOp> = (
+  a: ActionOf<K>,
+  io: StepIO,
+) => void | Promise<void>;
 
 /** The handler table of a stage kind: which compute ops it runs, and how. */
 export type Handlers = { [K in ComputeOp]?: Handler<K> };
@@ -214,7 +234,12 @@ export interface StageProgram {
  */
 export class ScheduleError extends Error {
   override readonly name: string;
-  constructor(override readonly cause: Error, readonly stage: number, readonly index: number, readonly schedule: string) {
+  constructor(
+    override readonly cause: Error,
+    readonly stage: number,
+    readonly index: number,
+    readonly schedule: string,
+  ) {
     super(cause.message);
     this.name = cause.name; // a DeviceOutOfMemoryError stays recognisable by name
     this.stack = `${cause.stack ?? cause.message}\n${schedule}`;
@@ -226,12 +251,18 @@ class Mailbox {
   private readonly m = new Map<number, tf.Tensor>();
   constructor(private readonly what: string) {}
   put(mb: number, t: tf.Tensor): void {
-    if (this.m.has(mb)) throw new Error(`${this.what} of micro-batch ${mb} is already waiting (schedule out of order)`);
+    if (this.m.has(mb))
+      throw new Error(
+        `${this.what} of micro-batch ${mb} is already waiting (schedule out of order)`,
+      );
     this.m.set(mb, t);
   }
   take(mb: number, by: string): tf.Tensor {
     const t = this.m.get(mb);
-    if (!t) throw new Error(`${by} of micro-batch ${mb}: no ${this.what} to use (schedule out of order)`);
+    if (!t)
+      throw new Error(
+        `${by} of micro-batch ${mb}: no ${this.what} to use (schedule out of order)`,
+      );
     this.m.delete(mb);
     return t;
   }
@@ -246,7 +277,10 @@ class Mailbox {
 
 function handlerFor(program: StageProgram, op: ComputeOp): Handler<ComputeOp> {
   const h = program.handlers[op] as Handler<ComputeOp> | undefined;
-  if (!h) throw new Error(`a ${program.kind} has no '${op}' action; the schedule does not fit this stage kind`);
+  if (!h)
+    throw new Error(
+      `a ${program.kind} has no '${op}' action; the schedule does not fit this stage kind`,
+    );
   return h;
 }
 
@@ -256,7 +290,13 @@ function handlerFor(program: StageProgram, op: ComputeOp): Handler<ComputeOp> {
  * Returns the trace of the step. Throws {@link ScheduleError} (the failing action marked in its
  * schedule) when an action fails; tensors still in the step's mailboxes are freed first.
  */
-export async function execute(program: StageProgram, actions: readonly Action[], links: StageLinks, inp: StepInputs, stage = 0): Promise<TraceSpan[]> {
+export async function execute(
+  program: StageProgram,
+  actions: readonly Action[],
+  links: StageLinks,
+  inp: StepInputs,
+  stage = 0,
+): Promise<TraceSpan[]> {
   const t0 = performance.now();
   const trace: TraceSpan[] = [];
   const inputs = new Mailbox('input');
@@ -289,7 +329,8 @@ export async function execute(program: StageProgram, actions: readonly Action[],
     takeOutputGrad: (mb) => outputGrads.take(mb, current),
     putInputGrad: (mb, t) => inputGrads.put(mb, t),
     pushGrads(g) {
-      if (!links.pushGrads) throw new Error(`${current} needs a link to the parameter server`);
+      if (!links.pushGrads)
+        throw new Error(`${current} needs a link to the parameter server`);
       links.pushGrads(g);
     },
     phase(label, ms, rest) {
@@ -305,11 +346,17 @@ export async function execute(program: StageProgram, actions: readonly Action[],
     },
   };
   const expect = (got: number, want: number, what: string) => {
-    if (got !== want) throw new Error(`stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`);
+    if (got !== want)
+      throw new Error(
+        `stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`,
+      );
   };
   const receivedGradient = async (g: { mb: number; t: tf.Tensor }) => {
     outputGrads.put(g.mb, g.t);
-    await handlerFor(program, 'overlap_backward')({ op: 'overlap_backward', mb: g.mb }, io);
+    await handlerFor(program, 'overlap_backward')(
+      { op: 'overlap_backward', mb: g.mb },
+      io,
+    );
   };
   for (let i = 0; i < actions.length; i++) {
     const a = actions[i];
@@ -340,32 +387,47 @@ export async function execute(program: StageProgram, actions: readonly Action[],
           await links.sendGradient(a.mb, inputGrads.take(a.mb, a.op));
           break;
         case 'reduce_grad_norm':
-          if (!program.gradSquaredNorm) throw new Error(`a ${program.kind} cannot take part in the gradient-norm all-reduce`);
-        {
-          // computing this stage's own sum of squares is work, not waiting: its own span
-          const t = performance.now();
-          const local = await program.gradSquaredNorm();
-          const ms = performance.now() - t;
-          scale = await links.reduceGradNorm(local);
-          split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
-          break;
-        }
+          if (!program.gradSquaredNorm)
+            throw new Error(
+              `a ${program.kind} cannot take part in the gradient-norm all-reduce`,
+            );
+          {
+            // computing this stage's own sum of squares is work, not waiting: its own span
+            const t = performance.now();
+            const local = await program.gradSquaredNorm();
+            const ms = performance.now() - t;
+            scale = await links.reduceGradNorm(local);
+            split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
+            break;
+          }
         case 'poll_grads':
-          for (let g = links.pollGradient(); g; g = links.pollGradient()) await receivedGradient(g);
+          for (let g = links.pollGradient(); g; g = links.pollGradient())
+            await receivedGradient(g);
           break;
         case 'drain_grads':
-          while ((program.pendingGradients?.() ?? 0) > 0) await receivedGradient(await links.recvGradient());
+          while ((program.pendingGradients?.() ?? 0) > 0)
+            await receivedGradient(await links.recvGradient());
           break;
         default:
           await handlerFor(program, a.op)(a, io);
       }
     } catch (e) {
-      for (const box of [inputs, labels, outputs, outputGrads, inputGrads]) box.dispose();
+      for (const box of [inputs, labels, outputs, outputGrads, inputGrads])
+        box.dispose();
       const err = e instanceof Error ? e : new Error(String(e));
-      throw new ScheduleError(err, stage, i, formatScheduleError(stage, actions, i));
+      throw new ScheduleError(
+        err,
+        stage,
+        i,
+        formatScheduleError(stage, actions, i),
+      );
     }
     const end = performance.now() - t0;
-    const at = { op: a.op, mb: 'mb' in a ? a.mb : -1, ...('layer' in a ? { layer: a.layer } : {}) };
+    const at = {
+      op: a.op,
+      mb: 'mb' in a ? a.mb : -1,
+      ...('layer' in a ? { layer: a.layer } : {}),
+    };
     const s = split as { label: string; ms: number; rest?: string } | null;
     if (s && s.ms > 0) {
       const mid = Math.min(start + s.ms, end); // a phase never outlasts its action
@@ -385,7 +447,10 @@ export async function execute(program: StageProgram, actions: readonly Action[],
  * one, whichever is later, and ends when the GPU reported it done, or earlier where a read
  * completed after the action's last submit (waits for the last report).
  */
-async function gpuSpans(marks: ReadonlyArray<{ a: Action; s: GpuSubmit }>, t0: number): Promise<TraceSpan[]> {
+async function gpuSpans(
+  marks: ReadonlyArray<{ a: Action; s: GpuSubmit }>,
+  t0: number,
+): Promise<TraceSpan[]> {
   const done = await Promise.all(marks.map((m) => m.s.done));
   const spans: TraceSpan[] = [];
   let prev = -Infinity;
@@ -396,7 +461,16 @@ async function gpuSpans(marks: ReadonlyArray<{ a: Action; s: GpuSubmit }>, t0: n
     // last submit bounds the GPU's work sooner (a host stash's download waited for it)
     const end = Math.max(Math.min(done[i], s.idleBy ?? Infinity) - t0, start);
     prev = end;
-    spans.push({ label: a.op, op: a.op, mb: 'mb' in a ? a.mb : -1, ...('layer' in a ? { layer: a.layer } : {}), start, end, gpu: true, submitMs: s.submitMs });
+    spans.push({
+      label: a.op,
+      op: a.op,
+      mb: 'mb' in a ? a.mb : -1,
+      ...('layer' in a ? { layer: a.layer } : {}),
+      start,
+      end,
+      gpu: true,
+      submitMs: s.submitMs,
+    });
   });
   return spans;
 }

@@ -10,7 +10,7 @@
  * backpropagates it through its last n blocks only (re-computing them from their stashed
  * input) and adds the result to the gradients of its next local step.
  */
-import { recordEvaluation } from './evaluation.js';
+
 import { tf } from '../backend/tfjs.js';
 import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
@@ -18,6 +18,7 @@ import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
+import { recordEvaluation } from './evaluation.js';
 import type { Handlers } from './executor.js';
 import type { StageContext } from './stage-kind.js';
 import { StageParams } from './stage-params.js';
@@ -48,25 +49,45 @@ export class LocalStage extends TrainableStage {
 
   readonly handlers: Handlers = {
     local_update: (a, io) => {
-      const { out, dx } = this.update(a.mb, io.takeInput(a.mb), io.takeLabels(a.mb));
+      const { out, dx } = this.update(
+        a.mb,
+        io.takeInput(a.mb),
+        io.takeLabels(a.mb),
+      );
       if (out) io.putOutput(a.mb, out);
       if (dx) io.putInputGrad(a.mb, dx);
     },
-    overlap_backward: (a, io) => this.overlapBackward(a.mb, io.takeOutputGrad(a.mb)),
+    overlap_backward: (a, io) =>
+      this.overlapBackward(a.mb, io.takeOutputGrad(a.mb)),
     local_step: (_a, io) => this.localStep(io.lr),
     forward: (a, io) => {
-      if (a.grad) throw new Error('a local stage trains with local_update, not forward (forward is for evaluation)');
-      const out = this.evalForward(a.mb, io.takeInput(a.mb), io.takeLabels(a.mb));
+      if (a.grad)
+        throw new Error(
+          'a local stage trains with local_update, not forward (forward is for evaluation)',
+        );
+      const out = this.evalForward(
+        a.mb,
+        io.takeInput(a.mb),
+        io.takeLabels(a.mb),
+      );
       if (out) io.putOutput(a.mb, out);
     },
   };
 
-  constructor(model: Model, range: StageRange, values: HostParams, optimizer: OptimizerConfig, readonly role: LocalRole) {
+  constructor(
+    model: Model,
+    range: StageRange,
+    values: HostParams,
+    optimizer: OptimizerConfig,
+    readonly role: LocalRole,
+  ) {
     super(model, range, values, optimizer);
     this.clipNorm = optimizer.clipNorm;
     const tail = role.overlapTail;
     if (!Number.isInteger(tail) || tail < 0 || tail >= range.to - range.from) {
-      throw new Error(`overlap ${tail} must be smaller than stage ${role.stage}'s ${range.to - range.from} blocks`);
+      throw new Error(
+        `overlap ${tail} must be smaller than stage ${role.stage}'s ${range.to - range.from} blocks`,
+      );
     }
     this.head = this.isLast ? null : auxHead(model, role.stage, range.to);
     for (const spec of this.head?.params ?? []) {
@@ -77,9 +98,15 @@ export class LocalStage extends TrainableStage {
   }
 
   /** Loss of this stage for output `h`: the auxiliary head's, or the model's on the last stage. */
-  private localLoss(h: tf.Tensor, labels: tf.Tensor, param: (key: string) => tf.Tensor): tf.Scalar {
+  private localLoss(
+    h: tf.Tensor,
+    labels: tf.Tensor,
+    param: (key: string) => tf.Tensor,
+  ): tf.Scalar {
     if (!this.head) return this.model.loss(h, labels);
-    const p = Object.fromEntries(this.headParams.map(([name, key]) => [name, param(key)]));
+    const p = Object.fromEntries(
+      this.headParams.map(([name, key]) => [name, param(key)]),
+    );
     return this.model.loss(this.head.forward(p, h), labels);
   }
 
@@ -90,7 +117,11 @@ export class LocalStage extends TrainableStage {
    * returns the output to send on (null on the last stage) and the input gradient (when the
    * previous stage overlaps, else null).
    */
-  update(mb: number, x: tf.Tensor, labels: tf.Tensor): { out: tf.Tensor | null; dx: tf.Tensor | null } {
+  update(
+    mb: number,
+    x: tf.Tensor,
+    labels: tf.Tensor,
+  ): { out: tf.Tensor | null; dx: tf.Tensor | null } {
     const keys = this.params.keys();
     const params = this.params.list(keys);
     const wantX = this.role.sendsInputGrad;
@@ -100,9 +131,16 @@ export class LocalStage extends TrainableStage {
     const f = (...args: tf.Tensor[]) => {
       const param = StageParams.byKey(keys, args);
       const input = wantX ? args[keys.length] : x;
-      const h = this.params.applyBlocks(this.range.from, this.range.to, input, param, (b, hin) => {
-        if (this.role.overlapTail > 0 && b === tailFrom) tailIn = tf.keep(tf.clone(hin));
-      });
+      const h = this.params.applyBlocks(
+        this.range.from,
+        this.range.to,
+        input,
+        param,
+        (b, hin) => {
+          if (this.role.overlapTail > 0 && b === tailFrom)
+            tailIn = tf.keep(tf.clone(hin));
+        },
+      );
       if (!this.isLast) out = tf.keep(tf.clone(h));
       return this.localLoss(h, labels, param);
     };
@@ -127,12 +165,24 @@ export class LocalStage extends TrainableStage {
    */
   overlapBackward(mb: number, dy: tf.Tensor): void {
     const oldest = this.tailStash.shift();
-    if (!oldest) throw new Error(`overlap gradient for micro-batch ${mb}, but no update is waiting for one`);
-    if (oldest.mb !== mb) throw new Error(`overlap gradient for micro-batch ${mb} while the oldest waiting update is ${oldest.mb}`);
+    if (!oldest)
+      throw new Error(
+        `overlap gradient for micro-batch ${mb}, but no update is waiting for one`,
+      );
+    if (oldest.mb !== mb)
+      throw new Error(
+        `overlap gradient for micro-batch ${mb} while the oldest waiting update is ${oldest.mb}`,
+      );
     const tailIn = oldest.input;
     const from = this.range.to - this.role.overlapTail;
     const tailKeys = this.params.keysOfBlocks(from, this.range.to);
-    const f = (...ps: tf.Tensor[]) => this.params.applyBlocks(from, this.range.to, tailIn, StageParams.byKey(tailKeys, ps));
+    const f = (...ps: tf.Tensor[]) =>
+      this.params.applyBlocks(
+        from,
+        this.range.to,
+        tailIn,
+        StageParams.byKey(tailKeys, ps),
+      );
     let grads: tf.Tensor[];
     try {
       grads = tf.grads(f)(this.params.list(tailKeys), dy);
@@ -150,7 +200,10 @@ export class LocalStage extends TrainableStage {
 
   /** Local optimizer step: clipping by this stage's own gradient norm, then the update. */
   async localStep(lr: number): Promise<void> {
-    const scale = clipScale(this.clipNorm > 0 ? await this.grads.sumSquares() : 0, this.clipNorm);
+    const scale = clipScale(
+      this.clipNorm > 0 ? await this.grads.sumSquares() : 0,
+      this.clipNorm,
+    );
     this.applyGradients(lr, scale);
   }
 
@@ -168,7 +221,10 @@ export class LocalStage extends TrainableStage {
           this.metrics.set(mb, metrics);
         });
       } else {
-        this.reads.scalar(this.localLoss(h, labels, (k) => this.params.vars.get(k)!), (v) => this.losses.set(mb, v));
+        this.reads.scalar(
+          this.localLoss(h, labels, (k) => this.params.vars.get(k)!),
+          (v) => this.losses.set(mb, v),
+        );
       }
       return h;
     });
@@ -196,5 +252,11 @@ export class LocalStage extends TrainableStage {
 
 /** The local-parallelism stage kind, as a device worker creates it (options: its {@link LocalRole}). */
 export function createStage(ctx: StageContext, role: unknown): LocalStage {
-  return new LocalStage(ctx.model, ctx.range, ctx.params, ctx.optimizer, role as LocalRole);
+  return new LocalStage(
+    ctx.model,
+    ctx.range,
+    ctx.params,
+    ctx.optimizer,
+    role as LocalRole,
+  );
 }

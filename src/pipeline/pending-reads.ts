@@ -7,13 +7,19 @@
 import { tf } from '../backend/tfjs.js';
 
 export class PendingReads {
-  private items: Array<{ t: tf.Tensor; use: (values: Float32Array | Int32Array | Uint8Array) => void }> = [];
+  private items: Array<{
+    t: tf.Tensor;
+    use: (values: Float32Array | Int32Array | Uint8Array) => void;
+  }> = [];
 
   /**
    * Reads `t` later and hands its values to `use`. Takes `t` over (kept out of any enclosing
    * tidy, disposed once read); pass a clone to keep using it.
    */
-  read(t: tf.Tensor, use: (values: Float32Array | Int32Array | Uint8Array) => void): void {
+  read(
+    t: tf.Tensor,
+    use: (values: Float32Array | Int32Array | Uint8Array) => void,
+  ): void {
     this.items.push({ t: tf.keep(t), use });
   }
 
@@ -27,7 +33,11 @@ export class PendingReads {
     const items = this.items;
     this.items = [];
     try {
-      const values = await Promise.all(items.map((i) => i.t.data() as Promise<Float32Array | Int32Array | Uint8Array>));
+      const values = await Promise.all(
+        items.map(
+          (i) => i.t.data() as Promise<Float32Array | Int32Array | Uint8Array>,
+        ),
+      );
       items.forEach((it, k) => it.use(values[k]!));
     } finally {
       for (const it of items) it.t.dispose();

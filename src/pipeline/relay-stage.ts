@@ -17,15 +17,16 @@
  * mini-batch loss is the mean of the M micro-batch losses; backward re-computes each layer
  * from its stashed input (the activations of a layer's inside never outlive its call).
  */
-import { recordEvaluation } from './evaluation.js';
-import { PendingReads } from './pending-reads.js';
-import { tf } from '../backend/tfjs.js';
+
 import { gpuQueue, makeResident } from '../backend/gpu-queue.js';
+import { tf } from '../backend/tfjs.js';
+import { type BlockParams, paramKey } from '../model/block.js';
 import type { Model } from '../model/model.js';
-import { paramKey, type BlockParams } from '../model/block.js';
-import { ParamStore, type StoreLayout } from '../param-server/store.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
+import { ParamStore, type StoreLayout } from '../param-server/store.js';
+import { recordEvaluation } from './evaluation.js';
 import type { Handlers, LayerGrads, StageProgram, StepIO } from './executor.js';
+import { PendingReads } from './pending-reads.js';
 import { backwardRecorded, recordForward } from './rematerialize.js';
 import type { StageContext } from './stage-kind.js';
 import { GradAccumulator } from './stage-params.js';
@@ -34,7 +35,13 @@ import { GradAccumulator } from './stage-params.js';
 export type StashPlace = 'device' | 'host';
 
 /** A stashed activation: a device tensor, or its values in host memory. */
-type Stashed = tf.Tensor | { values: Float32Array | Int32Array; shape: number[]; dtype: 'float32' | 'int32' };
+type Stashed =
+  | tf.Tensor
+  | {
+      values: Float32Array | Int32Array;
+      shape: number[];
+      dtype: 'float32' | 'int32';
+    };
 
 /** The relay's options, sent by the L2L strategy: the parameter server's shared memory and the stash place. */
 export interface RelayOptions {
@@ -106,7 +113,13 @@ export class RelayStage implements StageProgram {
    * @param stashPlace where layer inputs wait between forward and backward
    * @param traceGpu record the GPU's spans (see StageProgram.traceGpu)
    */
-  constructor(readonly model: Model, private readonly store: ParamStore, readonly stashPlace: StashPlace, private readonly optimizer: OptimizerConfig, readonly traceGpu = false) {}
+  constructor(
+    readonly model: Model,
+    private readonly store: ParamStore,
+    readonly stashPlace: StashPlace,
+    private readonly optimizer: OptimizerConfig,
+    readonly traceGpu = false,
+  ) {}
 
   readonly handlers: Handlers = {
     load_layer: async (a, io) => {
@@ -126,7 +139,8 @@ export class RelayStage implements StageProgram {
       this.layerBackward(a.layer, a.mb, io);
       io.gpuWork();
     },
-    push_grads: async (a, io) => io.pushGrads(await this.takeLayerGrads(a.layer)),
+    push_grads: async (a, io) =>
+      io.pushGrads(await this.takeLayerGrads(a.layer)),
     release_layer: (a) => this.release(a.layer),
     optimizer_step: () => this.step(),
   };
@@ -137,7 +151,10 @@ export class RelayStage implements StageProgram {
 
   /** Parameter names and keys of layer l, in the store's order. */
   private layerKeys(l: number): Array<[string, string]> {
-    return this.model.blocks[l].params.map((spec) => [spec.name, paramKey(l, spec.name)]);
+    return this.model.blocks[l].params.map((spec) => [
+      spec.name,
+      paramKey(l, spec.name),
+    ]);
   }
 
   /**
@@ -177,7 +194,11 @@ export class RelayStage implements StageProgram {
     this.loaded.set(l, p); // registered first: a failing upload leaves nothing unreleased
     for (const [name, key] of this.layerKeys(l)) {
       const host = this.store.param(key);
-      p[name] = tf.tensor(copy ? host.slice() : host, this.store.shape(key), 'float32');
+      p[name] = tf.tensor(
+        copy ? host.slice() : host,
+        this.store.shape(key),
+        'float32',
+      );
     }
     makeResident(Object.values(p));
   }
@@ -192,7 +213,10 @@ export class RelayStage implements StageProgram {
 
   private layerParams(l: number): BlockParams {
     const p = this.loaded.get(l);
-    if (!p) throw new Error(`layer ${l} used while not on the device (schedule must load_layer first)`);
+    if (!p)
+      throw new Error(
+        `layer ${l} used while not on the device (schedule must load_layer first)`,
+      );
     return p;
   }
 
@@ -212,7 +236,11 @@ export class RelayStage implements StageProgram {
           t.dispose();
         }
         // wasm's reads are already a fresh copy of its heap; other backends may return their own storage
-        entries.set(mb, { values: copiesOnCreation() ? v : v.slice(), shape, dtype });
+        entries.set(mb, {
+          values: copiesOnCreation() ? v : v.slice(),
+          shape,
+          dtype,
+        });
       };
       if (gpuQueue() === null) return download(); // a host backend: the values are there already
       // a GPU: the read waits for the GPU to compute t; let the host go on meanwhile
@@ -229,7 +257,12 @@ export class RelayStage implements StageProgram {
    * The stashed input of layer l for mb as a device tensor the caller owns. `keep`: a host
    * stash entry stays (the caller gets an uploaded copy); otherwise the entry is removed.
    */
-  private takeStash(l: number, mb: number, io: StepIO, keep = false): tf.Tensor {
+  private takeStash(
+    l: number,
+    mb: number,
+    io: StepIO,
+    keep = false,
+  ): tf.Tensor {
     const s = this.stash.get(l)?.get(mb);
     if (s) {
       const host = !(s instanceof tf.Tensor);
@@ -237,7 +270,9 @@ export class RelayStage implements StageProgram {
       return host ? tf.tensor(s.values, s.shape, s.dtype) : s;
     }
     if (l === 0) return io.takeInput(mb); // the step's input: the stage owns it now
-    throw new Error(`layer ${l}, micro-batch ${mb}: no stashed input (schedule out of order)`);
+    throw new Error(
+      `layer ${l}, micro-batch ${mb}: no stashed input (schedule out of order)`,
+    );
   }
 
   /**
@@ -245,10 +280,18 @@ export class RelayStage implements StageProgram {
    * backward and the output is stashed as layer l+1's input; without, the input is freed and
    * the last layer records the micro-batch loss in {@link losses}.
    */
-  async layerForward(l: number, mb: number, grad: boolean, io: StepIO): Promise<void> {
+  async layerForward(
+    l: number,
+    mb: number,
+    grad: boolean,
+    io: StepIO,
+  ): Promise<void> {
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
-    if (l === this.layers - 1 && grad) throw new Error('the relay fuses the last layer\'s forward into its backward; schedule layer_backward');
+    if (l === this.layers - 1 && grad)
+      throw new Error(
+        "the relay fuses the last layer's forward into its backward; schedule layer_backward",
+      );
     // a host-stashed input stays in the stash for the backward: only its upload is freed here
     const hostKept = grad && this.stashPlace === 'host' && l > 0;
     const x = this.takeStash(l, mb, io, hostKept);
@@ -257,19 +300,30 @@ export class RelayStage implements StageProgram {
         const labels = io.takeLabels(mb);
         try {
           const out = tf.tidy(() => block.forward(p, x));
-          recordEvaluation(this.reads, this.model, out, labels, (loss, metrics) => {
-            this.losses.set(mb, loss);
-            this.metrics.set(mb, metrics);
-          });
+          recordEvaluation(
+            this.reads,
+            this.model,
+            out,
+            labels,
+            (loss, metrics) => {
+              this.losses.set(mb, loss);
+              this.metrics.set(mb, metrics);
+            },
+          );
           out.dispose();
         } finally {
           labels.dispose();
         }
         return;
       }
-      await this.putStash(l + 1, mb, tf.tidy(() => block.forward(p, x)));
+      await this.putStash(
+        l + 1,
+        mb,
+        tf.tidy(() => block.forward(p, x)),
+      );
     } finally {
-      if (grad && !hostKept) await this.putStash(l, mb, x); // device stash, or layer 0's tokens
+      if (grad && !hostKept)
+        await this.putStash(l, mb, x); // device stash, or layer 0's tokens
       else x.dispose();
     }
   }
@@ -286,7 +340,8 @@ export class RelayStage implements StageProgram {
     const names = this.layerKeys(l).map(([n]) => n);
     const last = l === this.layers - 1;
     const seed = last ? tf.scalar(1 / io.m) : this.dys.get(mb);
-    if (!seed) throw new Error(`layer ${l}, micro-batch ${mb}: no incoming gradient`);
+    if (!seed)
+      throw new Error(`layer ${l}, micro-batch ${mb}: no incoming gradient`);
     this.dys.delete(mb);
     let x: tf.Tensor | undefined;
     let labels: tf.Tensor | undefined;
@@ -304,10 +359,14 @@ export class RelayStage implements StageProgram {
       const xs = [...names.map((n) => p[n]), ...(wantInput ? [x] : [])];
       if (xs.length === 0) return;
       const rec = recordForward(() => f(...xs));
-      if (last) this.reads.scalar(tf.clone(rec.y), (v) => this.losses.set(mb, v));
+      if (last)
+        this.reads.scalar(tf.clone(rec.y), (v) => this.losses.set(mb, v));
       const grads = backwardRecorded(rec, xs, seed);
       // the stage's accumulators hold only the current layer's gradient (pushed before the next layer)
-      this.grads.add(this.layerKeys(l).map(([, key]) => key), grads);
+      this.grads.add(
+        this.layerKeys(l).map(([, key]) => key),
+        grads,
+      );
       if (wantInput) this.dys.set(mb, grads[names.length]);
     } finally {
       seed.dispose();
@@ -316,14 +375,14 @@ export class RelayStage implements StageProgram {
     }
   }
 
-
   /**
    * Downloads layer l's accumulated gradient (float32, host copies that can be transferred)
    * and its sum of squares; frees the device copies.
    */
   async takeLayerGrads(l: number): Promise<LayerGrads> {
     // the server needs the norm only for global clipping
-    const sumSquares = this.optimizer.clipNorm > 0 ? await this.grads.sumSquares() : 0;
+    const sumSquares =
+      this.optimizer.clipNorm > 0 ? await this.grads.sumSquares() : 0;
     const grads: Record<string, Float32Array> = {};
     const copy = !copiesOnCreation(); // wasm's reads are already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
@@ -345,7 +404,8 @@ export class RelayStage implements StageProgram {
   /** Frees the step's gradients, stash, incoming gradients and loaded layers. */
   reset(): void {
     this.grads.clear();
-    for (const s of this.stash.values()) for (const t of s.values()) if (t instanceof tf.Tensor) t.dispose();
+    for (const s of this.stash.values())
+      for (const t of s.values()) if (t instanceof tf.Tensor) t.dispose();
     this.stash.clear();
     for (const t of this.dys.values()) t.dispose();
     this.dys.clear();
@@ -360,5 +420,11 @@ export class RelayStage implements StageProgram {
 /** The L2L relay stage kind, as a device worker creates it (options: {@link RelayOptions}). */
 export function createStage(ctx: StageContext, options: unknown): RelayStage {
   const o = options as RelayOptions;
-  return new RelayStage(ctx.model, ParamStore.attach(o.layout), o.stash, ctx.optimizer, o.traceGpu === true);
+  return new RelayStage(
+    ctx.model,
+    ParamStore.attach(o.layout),
+    o.stash,
+    ctx.optimizer,
+    o.traceGpu === true,
+  );
 }

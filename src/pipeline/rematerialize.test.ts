@@ -1,11 +1,16 @@
-import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
 import { tf } from '../backend/tfjs.js';
 import { initParams } from '../model/init.js';
-import { decoderBlock } from '../model/transformer.js';
 import { dense, softmaxCrossEntropy } from '../model/layers.js';
+import { decoderBlock } from '../model/transformer.js';
 import { Rng } from '../util/rng.js';
-import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward } from './rematerialize.js';
+import {
+  backwardRecompute,
+  backwardRecorded,
+  disposeRecorded,
+  recordForward,
+} from './rematerialize.js';
 
 before(async () => {
   await tf.setBackend('cpu');
@@ -15,12 +20,21 @@ type Fn = (...xs: tf.Tensor[]) => tf.Tensor;
 
 function randn(shape: number[], rng: Rng, std = 1): tf.Tensor {
   const n = shape.reduce((a, b) => a * b, 1);
-  return tf.tensor(new Float32Array(n).map(() => rng.normal() * std), shape);
+  return tf.tensor(
+    new Float32Array(n).map(() => rng.normal() * std),
+    shape,
+  );
 }
 
 /** A small two-layer MLP on [B, 5] inputs, output [B, 3]; params w1 [5, 7], b1 [7], w2 [7, 3], b2 [3]. */
 function mlp(rng: Rng): { f: Fn; xs: tf.Tensor[] } {
-  const xs = [randn([5, 7], rng, 0.5), randn([7], rng, 0.1), randn([7, 3], rng, 0.5), randn([3], rng, 0.1), randn([4, 5], rng)];
+  const xs = [
+    randn([5, 7], rng, 0.5),
+    randn([7], rng, 0.1),
+    randn([7, 3], rng, 0.5),
+    randn([3], rng, 0.1),
+    randn([4, 5], rng),
+  ];
   const f: Fn = (w1, b1, w2, b2, x) => dense(tf.tanh(dense(x, w1, b1)), w2, b2);
   return { f, xs };
 }
@@ -56,14 +70,22 @@ function maxAbsDiff(a: tf.Tensor, b: tf.Tensor): number {
   return m;
 }
 
-function assertSameGrads(got: tf.Tensor[], want: tf.Tensor[], what: string, tol = 1e-6): void {
+function assertSameGrads(
+  got: tf.Tensor[],
+  want: tf.Tensor[],
+  what: string,
+  tol = 1e-6,
+): void {
   assert.equal(got.length, want.length, what);
   got.forEach((g, i) => {
     const d = maxAbsDiff(g, want[i]);
     assert.ok(d <= tol, `${what}: gradient ${i} differs by ${d}`);
   });
   // The gradients are not all zero (the comparison means something).
-  assert.ok(want.some((w) => tf.tidy(() => tf.max(tf.abs(w)).dataSync()[0]) > 1e-4), `${what}: all gradients vanish`);
+  assert.ok(
+    want.some((w) => tf.tidy(() => tf.max(tf.abs(w)).dataSync()[0]) > 1e-4),
+    `${what}: all gradients vanish`,
+  );
 }
 
 const disposeAll = (ts: tf.Tensor[]) => ts.forEach((t) => t.dispose());
@@ -92,17 +114,28 @@ for (const [name, make] of CASES) {
     const recorded = backwardRecorded(rec, xs, dy);
     assertSameGrads(recorded, ref, `${name} recorded`);
     disposeAll(recorded);
-    assert.equal(tf.memory().numTensors, n0, `${name}: recorded backward leaves no tensors`);
+    assert.equal(
+      tf.memory().numTensors,
+      n0,
+      `${name}: recorded backward leaves no tensors`,
+    );
     assert.equal(tf.memory().numBytes, b0);
     assert.equal(rec.y.isDisposed, true);
 
     const recomputed = backwardRecompute(f, xs, dy);
     assertSameGrads(recomputed, ref, `${name} recompute`);
     disposeAll(recomputed);
-    assert.equal(tf.memory().numTensors, n0, `${name}: recompute leaves no tensors`);
+    assert.equal(
+      tf.memory().numTensors,
+      n0,
+      `${name}: recompute leaves no tensors`,
+    );
 
     // A scalar loss with a scalar seed, as on the last stage (dL/dloss = 1/M).
-    const labels = tf.tensor1d(Array.from({ length: xs[xs.length - 1].shape[0] }, (_, i) => i % 3), 'int32');
+    const labels = tf.tensor1d(
+      Array.from({ length: xs[xs.length - 1].shape[0] }, (_, i) => i % 3),
+      'int32',
+    );
     const lossFn: Fn = (...a) => {
       const out = f(...a);
       const flat = tf.reshape(out, [out.shape[0], -1]);
@@ -118,7 +151,11 @@ for (const [name, make] of CASES) {
     const reLoss = backwardRecompute(lossFn, xs, seed);
     assertSameGrads(reLoss, refLoss, `${name} loss recompute`);
     disposeAll([...gotLoss, ...reLoss]);
-    assert.equal(tf.memory().numTensors, n1, `${name}: loss backward leaves no tensors`);
+    assert.equal(
+      tf.memory().numTensors,
+      n1,
+      `${name}: loss backward leaves no tensors`,
+    );
 
     disposeAll([...ref, ...refLoss, ...xs, dy, labels, seed]);
   });
@@ -145,11 +182,19 @@ for (const [name, make] of CASES) {
     const { f, xs } = make(rng);
     const params = xs.slice(0, -1);
     const x = xs[xs.length - 1];
-    const inputs = [x, tf.tidy(() => tf.mul(x, -0.5)), tf.tidy(() => tf.add(x, 0.3))];
-    const dys = inputs.map(() => tf.tidy(() => randn(f(...params, x).shape, rng)));
+    const inputs = [
+      x,
+      tf.tidy(() => tf.mul(x, -0.5)),
+      tf.tidy(() => tf.add(x, 0.3)),
+    ];
+    const dys = inputs.map(() =>
+      tf.tidy(() => randn(f(...params, x).shape, rng)),
+    );
     const refs = inputs.map((inp, i) => tf.grads(f)([...params, inp], dys[i]));
     const n0 = tf.memory().numTensors;
-    const recs = inputs.slice(0, 2).map((inp) => recordForward(() => f(...params, inp)));
+    const recs = inputs
+      .slice(0, 2)
+      .map((inp) => recordForward(() => f(...params, inp)));
     // Micro-batch 2 recomputes while 0 and 1 are pending.
     const g2 = backwardRecompute(f, [...params, inputs[2]], dys[2]);
     assertSameGrads(g2, refs[2], `${name} mb 2 (recompute)`);
@@ -165,13 +210,22 @@ for (const [name, make] of CASES) {
 
 test('recordForward refuses to run inside a gradient computation and leaves the engine usable', () => {
   const x = tf.scalar(3);
-  assert.throws(() => tf.grads((a: tf.Tensor) => recordForward(() => tf.mul(a, a)).y)([x]), /inside a gradient computation/);
-  const engine = tf.engine() as unknown as { state: { activeTape: unknown; gradientDepth: number } };
+  assert.throws(
+    () => tf.grads((a: tf.Tensor) => recordForward(() => tf.mul(a, a)).y)([x]),
+    /inside a gradient computation/,
+  );
+  const engine = tf.engine() as unknown as {
+    state: { activeTape: unknown; gradientDepth: number };
+  };
   assert.equal(engine.state.gradientDepth, 0);
   // A failing forward leaves the tape off, and later gradients are right.
-  assert.throws(() => recordForward(() => {
-    throw new Error('boom');
-  }), /boom/);
+  assert.throws(
+    () =>
+      recordForward(() => {
+        throw new Error('boom');
+      }),
+    /boom/,
+  );
   assert.equal(engine.state.activeTape, null);
   assert.equal(engine.state.gradientDepth, 0);
   const [g] = tf.grads((a: tf.Tensor) => tf.mul(a, a))([x]);

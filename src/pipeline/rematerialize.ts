@@ -40,7 +40,8 @@ export interface Recorded {
  */
 export function recordForward(f: () => tf.Tensor): Recorded {
   const e = engine();
-  if (e.state.gradientDepth !== 0) throw new Error('recordForward cannot run inside a gradient computation');
+  if (e.state.gradientDepth !== 0)
+    throw new Error('recordForward cannot run inside a gradient computation');
   e.startTape();
   let y: tf.Tensor;
   let tape: unknown[];
@@ -59,7 +60,11 @@ export function recordForward(f: () => tf.Tensor): Recorded {
  * with respect to `xs`, which must have been inputs of the recorded forward. Frees the kept
  * activations and rec.y. Throws when some x does not influence y.
  */
-export function backwardRecorded(rec: Recorded, xs: tf.Tensor[], dy: tf.Tensor): tf.Tensor[] {
+export function backwardRecorded(
+  rec: Recorded,
+  xs: tf.Tensor[],
+  dy: tf.Tensor,
+): tf.Tensor[] {
   const grads = tf.grads(() => {
     engine().state.activeTape!.push(...rec.tape);
     return rec.y;
@@ -71,7 +76,8 @@ export function backwardRecorded(rec: Recorded, xs: tf.Tensor[], dy: tf.Tensor):
 
 /** Frees a recorded forward that will never be backpropagated (for example after an error). */
 export function disposeRecorded(rec: Recorded): void {
-  for (const node of rec.tape as Array<{ saved?: tf.Tensor[] }>) node.saved?.forEach((t) => t.dispose());
+  for (const node of rec.tape as Array<{ saved?: tf.Tensor[] }>)
+    node.saved?.forEach((t) => t.dispose());
   rec.tape = [];
   rec.y.dispose();
 }
@@ -83,7 +89,12 @@ export function disposeRecorded(rec: Recorded): void {
  * recomputed activations are freed before returning. `timing.ms` receives the milliseconds
  * spent re-computing the forward.
  */
-export function backwardRecompute(f: (...xs: tf.Tensor[]) => tf.Tensor, xs: tf.Tensor[], dy: tf.Tensor, timing?: { ms: number }): tf.Tensor[] {
+export function backwardRecompute(
+  f: (...xs: tf.Tensor[]) => tf.Tensor,
+  xs: tf.Tensor[],
+  dy: tf.Tensor,
+  timing?: { ms: number },
+): tf.Tensor[] {
   const t0 = performance.now();
   const rec = recordForward(() => f(...xs));
   if (timing) timing.ms = performance.now() - t0;

@@ -5,11 +5,12 @@
  * pipeline/stage.ts (backprop), pipeline/local-stage.ts (local parallelism),
  * pipeline/relay-stage.ts (L2L relay).
  */
-import { LayerwiseError } from '../util/errors.js';
+
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
+import { LayerwiseError } from '../util/errors.js';
 import type { StageProgram } from './executor.js';
 
 /** What every stage is created from, on its device. */
@@ -43,9 +44,16 @@ export interface StageKindRef {
  */
 export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
   if (!/^[a-z0-9-]+(\/[a-z0-9-]+)*\.js$/.test(ref.module)) {
-    throw new LayerwiseError(`stage kind module '${ref.module}' must be a path under the package such as 'pipeline/stage.js'`);
+    throw new LayerwiseError(
+      `stage kind module '${ref.module}' must be a path under the package such as 'pipeline/stage.js'`,
+    );
   }
-  const mod = (await import(new URL(`../${ref.module}`, import.meta.url).href)) as { createStage?: CreateStage };
-  if (typeof mod.createStage !== 'function') throw new Error(`stage kind module '${ref.module}' exports no createStage function`);
+  const mod = (await import(
+    new URL(`../${ref.module}`, import.meta.url).href
+  )) as { createStage?: CreateStage };
+  if (typeof mod.createStage !== 'function')
+    throw new Error(
+      `stage kind module '${ref.module}' exports no createStage function`,
+    );
   return mod.createStage;
 }

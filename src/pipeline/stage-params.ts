@@ -5,9 +5,9 @@
  * both; the L2L relay stage, whose parameters live in the parameter server, only accumulates.
  */
 import { tf } from '../backend/tfjs.js';
+import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
-import { paramKey, sizeOf } from '../model/block.js';
 import type { StageRange } from '../partition/balance.js';
 
 /**
@@ -24,7 +24,11 @@ export class StageParams {
    * @param values initial values of (at least) these blocks' parameters, host arrays by key
    * @throws Error when a value is missing or has the wrong number of elements
    */
-  constructor(readonly model: Model, readonly range: StageRange, values: HostParams) {
+  constructor(
+    readonly model: Model,
+    readonly range: StageRange,
+    values: HostParams,
+  ) {
     for (let b = range.from; b < range.to; b++) {
       const names: Array<[string, string]> = [];
       for (const spec of model.blocks[b].params) {
@@ -40,7 +44,10 @@ export class StageParams {
   add(key: string, shape: number[], values: HostParams): void {
     const v = values.get(key);
     if (!v) throw new Error(`no initial value for parameter ${key}`);
-    if (v.length !== sizeOf(shape)) throw new Error(`parameter ${key} has ${v.length} values, expected shape [${shape}]`);
+    if (v.length !== sizeOf(shape))
+      throw new Error(
+        `parameter ${key} has ${v.length} values, expected shape [${shape}]`,
+      );
     const init = tf.tensor(v.slice(), shape, 'float32'); // copy: cpu keeps the array
     this.vars.set(key, tf.variable(init, false)); // unnamed: several stages may share a thread
     init.dispose(); // the variable holds its own reference to the data
@@ -62,7 +69,9 @@ export class StageParams {
 
   /** Keys of the parameters of blocks [from, to) (model block indices within the stage). */
   keysOfBlocks(from: number, to: number): string[] {
-    return this.blockKeys.slice(from - this.range.from, to - this.range.from).flatMap((bp) => bp.map(([, key]) => key));
+    return this.blockKeys
+      .slice(from - this.range.from, to - this.range.from)
+      .flatMap((bp) => bp.map(([, key]) => key));
   }
 
   /**
@@ -70,19 +79,29 @@ export class StageParams {
    * (the variables by default; autodiff passes its own tensors). `onBlock(b, input)` sees the
    * input of every block.
    */
-  applyBlocks(from: number, to: number, x: tf.Tensor, param: (key: string) => tf.Tensor = (k) => this.vars.get(k)!, onBlock?: (b: number, input: tf.Tensor) => void): tf.Tensor {
+  applyBlocks(
+    from: number,
+    to: number,
+    x: tf.Tensor,
+    param: (key: string) => tf.Tensor = (k) => this.vars.get(k)!,
+    onBlock?: (b: number, input: tf.Tensor) => void,
+  ): tf.Tensor {
     let h = x;
     for (let b = from; b < to; b++) {
       onBlock?.(b, h);
       const p: Record<string, tf.Tensor> = {};
-      for (const [name, key] of this.blockKeys[b - this.range.from]) p[name] = param(key);
+      for (const [name, key] of this.blockKeys[b - this.range.from])
+        p[name] = param(key);
       h = this.model.blocks[b].forward(p, h);
     }
     return h;
   }
 
   /** Looks tensors given positionally in the order of `keys` up by key. */
-  static byKey(keys: readonly string[], tensors: readonly tf.Tensor[]): (key: string) => tf.Tensor {
+  static byKey(
+    keys: readonly string[],
+    tensors: readonly tf.Tensor[],
+  ): (key: string) => tf.Tensor {
     const m = new Map(keys.map((k, i) => [k, tensors[i]]));
     return (k) => m.get(k)!;
   }
@@ -90,7 +109,9 @@ export class StageParams {
   /** Current values on the host (fresh copies). */
   async toHost(): Promise<HostParams> {
     const out: HostParams = new Map();
-    const values = await Promise.all([...this.vars.values()].map((v) => v.data() as Promise<Float32Array>));
+    const values = await Promise.all(
+      [...this.vars.values()].map((v) => v.data() as Promise<Float32Array>),
+    );
     [...this.vars.keys()].forEach((k, i) => out.set(k, values[i]!.slice()));
     return out;
   }
@@ -138,7 +159,9 @@ export class GradAccumulator {
 
   /** Sum of squares of every accumulated element (a stage's share of the global norm); each sum read asynchronously, added in double. */
   async sumSquares(): Promise<number> {
-    const sums = [...this.grads.values()].map((g) => tf.tidy(() => tf.sum(tf.square(g))));
+    const sums = [...this.grads.values()].map((g) =>
+      tf.tidy(() => tf.sum(tf.square(g))),
+    );
     try {
       const values = await Promise.all(sums.map((t) => t.data()));
       return values.reduce((s, v) => s + v[0]!, 0);

@@ -9,11 +9,17 @@
  * gradients equal those of the whole mini-batch on one device.
  */
 import { tf } from '../backend/tfjs.js';
-import type { Handlers } from './executor.js';
 import { recordEvaluation } from './evaluation.js';
-import { backwardRecompute, backwardRecorded, disposeRecorded, recordForward, type Recorded } from './rematerialize.js';
-import { StageParams } from './stage-params.js';
+import type { Handlers } from './executor.js';
+import {
+  backwardRecompute,
+  backwardRecorded,
+  disposeRecorded,
+  type Recorded,
+  recordForward,
+} from './rematerialize.js';
 import type { StageContext } from './stage-kind.js';
+import { StageParams } from './stage-params.js';
 import { TrainableStage } from './trainable-stage.js';
 
 interface MicroBatchState {
@@ -39,7 +45,12 @@ export class Stage extends TrainableStage {
       if (y) io.putOutput(a.mb, y);
     },
     backward: (a, io) => {
-      const dx = this.backward(a.mb, this.isLast ? null : io.takeOutputGrad(a.mb), io.m, io.diagnose);
+      const dx = this.backward(
+        a.mb,
+        this.isLast ? null : io.takeOutputGrad(a.mb),
+        io.m,
+        io.diagnose,
+      );
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
     },
@@ -50,7 +61,12 @@ export class Stage extends TrainableStage {
   private fn(labels?: tf.Tensor): (...args: tf.Tensor[]) => tf.Tensor {
     const keys = this.params.keys();
     return (...args) => {
-      const out = this.params.applyBlocks(this.range.from, this.range.to, args[keys.length], StageParams.byKey(keys, args));
+      const out = this.params.applyBlocks(
+        this.range.from,
+        this.range.to,
+        args[keys.length],
+        StageParams.byKey(keys, args),
+      );
       return this.isLast ? this.model.loss(out, labels!) : out;
     };
   }
@@ -61,22 +77,37 @@ export class Stage extends TrainableStage {
    * false nothing is kept (evaluation). Returns the output to send on (non-last stages), or
    * null on the last stage, which records the micro-batch loss in {@link losses}.
    */
-  forward(mb: number, x: tf.Tensor, opts: { keep: boolean; grad: boolean; labels?: tf.Tensor }): tf.Tensor | null {
+  forward(
+    mb: number,
+    x: tf.Tensor,
+    opts: { keep: boolean; grad: boolean; labels?: tf.Tensor },
+  ): tf.Tensor | null {
     const f = this.fn(opts.labels);
     const params = this.params.list();
     if (!opts.grad) {
       try {
         if (this.isLast) {
           // evaluation: the loss and the metrics of the model's output
-          const out = tf.tidy(() => this.params.applyBlocks(this.range.from, this.range.to, x));
-          recordEvaluation(this.reads, this.model, out, opts.labels!, (loss, metrics) => {
-            this.losses.set(mb, loss);
-            this.metrics.set(mb, metrics);
-          });
+          const out = tf.tidy(() =>
+            this.params.applyBlocks(this.range.from, this.range.to, x),
+          );
+          recordEvaluation(
+            this.reads,
+            this.model,
+            out,
+            opts.labels!,
+            (loss, metrics) => {
+              this.losses.set(mb, loss);
+              this.metrics.set(mb, metrics);
+            },
+          );
           out.dispose();
           return null;
         }
-        return this.finish(mb, tf.tidy(() => f(...params, x)));
+        return this.finish(
+          mb,
+          tf.tidy(() => f(...params, x)),
+        );
       } finally {
         x.dispose();
         opts.labels?.dispose();
@@ -86,9 +117,14 @@ export class Stage extends TrainableStage {
     this.mbs.set(mb, st);
     if (opts.keep) {
       st.recorded = recordForward(() => f(...params, x));
-      return this.isLast ? this.finish(mb, st.recorded.y, false) : tf.clone(st.recorded.y);
+      return this.isLast
+        ? this.finish(mb, st.recorded.y, false)
+        : tf.clone(st.recorded.y);
     }
-    return this.finish(mb, tf.tidy(() => f(...params, x)));
+    return this.finish(
+      mb,
+      tf.tidy(() => f(...params, x)),
+    );
   }
 
   private finish(mb: number, y: tf.Tensor, dispose = true): tf.Tensor | null {
@@ -98,15 +134,20 @@ export class Stage extends TrainableStage {
     return null;
   }
 
-
   /**
    * Backward of micro-batch `mb`: `dy` is the gradient of its output ([B/M, ...] like the
    * output; ignored on the last stage, which uses 1/m). Accumulates the parameter gradients
    * and returns the gradient of the stage input (null on the first stage).
    */
-  backward(mb: number, dy: tf.Tensor | null, m: number, diagnose = false): tf.Tensor | null {
+  backward(
+    mb: number,
+    dy: tf.Tensor | null,
+    m: number,
+    diagnose = false,
+  ): tf.Tensor | null {
     const st = this.mbs.get(mb);
-    if (!st) throw new Error(`backward of micro-batch ${mb} without its forward`);
+    if (!st)
+      throw new Error(`backward of micro-batch ${mb} without its forward`);
     this.mbs.delete(mb);
     const seed = this.isLast ? tf.scalar(1 / m) : dy!;
     const params = this.params.list();
@@ -127,7 +168,12 @@ export class Stage extends TrainableStage {
         grads = backwardRecorded(st.recorded, xs, seed);
       } else {
         const f = this.fn(st.labels);
-        grads = backwardRecompute(wantInput ? f : (...ps) => f(...ps, st.input), xs, seed, timing);
+        grads = backwardRecompute(
+          wantInput ? f : (...ps) => f(...ps, st.input),
+          xs,
+          seed,
+          timing,
+        );
       }
     } finally {
       seed.dispose();

@@ -5,13 +5,18 @@
  * L2L relay (relay-stage.ts) keeps none of it: its parameters and optimizer live in the
  * parameter server.
  */
-import { PendingReads } from './pending-reads.js';
+
+import { tf } from '../backend/tfjs.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
-import { DeviceOptimizer, type OptimizerConfig, type OptimizerState } from '../optim/optimizer.js';
+import {
+  DeviceOptimizer,
+  type OptimizerConfig,
+  type OptimizerState,
+} from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import { tf } from '../backend/tfjs.js';
 import type { Handlers, NumericFault, StageProgram } from './executor.js';
+import { PendingReads } from './pending-reads.js';
 import { GradAccumulator, StageParams } from './stage-params.js';
 
 export abstract class TrainableStage implements StageProgram {
@@ -34,7 +39,12 @@ export abstract class TrainableStage implements StageProgram {
    * @param range this stage's blocks [from, to)
    * @param values initial parameter values of (at least) this stage's blocks
    */
-  constructor(readonly model: Model, readonly range: StageRange, values: HostParams, optimizer: OptimizerConfig) {
+  constructor(
+    readonly model: Model,
+    readonly range: StageRange,
+    values: HostParams,
+    optimizer: OptimizerConfig,
+  ) {
     this.params = new StageParams(model, range, values);
     this.optimizer = new DeviceOptimizer(optimizer);
   }
@@ -88,19 +98,33 @@ export abstract class TrainableStage implements StageProgram {
    * Checks `t` (float tensors only) for non-finite values, read at the step's end: the first
    * check of a `group` that finds one becomes a fault, with that value.
    */
-  protected checkFinite(t: tf.Tensor, fault: Omit<NumericFault, 'value' | 'stage' | 'blockName'>, group: string): void {
+  protected checkFinite(
+    t: tf.Tensor,
+    fault: Omit<NumericFault, 'value' | 'stage' | 'blockName'>,
+    group: string,
+  ): void {
     if (t.dtype !== 'float32') return;
     // [all finite (1/0), the first non-finite value]
     const probe = tf.tidy(() => {
       const flat = tf.reshape(t, [-1]);
       const bad = tf.logicalNot(tf.isFinite(flat));
-      const first = flat.size ? tf.gather(flat, tf.argMax(tf.cast(bad, 'int32'))) : tf.scalar(0);
-      return tf.stack([tf.cast(tf.logicalNot(tf.any(bad)), 'float32'), tf.reshape(first, [])]);
+      const first = flat.size
+        ? tf.gather(flat, tf.argMax(tf.cast(bad, 'int32')))
+        : tf.scalar(0);
+      return tf.stack([
+        tf.cast(tf.logicalNot(tf.any(bad)), 'float32'),
+        tf.reshape(first, []),
+      ]);
     });
     this.reads.read(probe, ([ok, value]) => {
       if (ok === 1 || this.faultGroups.has(group)) return;
       this.faultGroups.add(group);
-      this.faults.push({ ...fault, stage: this.index, blockName: this.model.blocks[fault.block]?.name ?? '?', value: String(value) });
+      this.faults.push({
+        ...fault,
+        stage: this.index,
+        blockName: this.model.blocks[fault.block]?.name ?? '?',
+        value: String(value),
+      });
     });
   }
 
@@ -112,7 +136,11 @@ export abstract class TrainableStage implements StageProgram {
    * (without taking it) and records the first block whose output is not finite, or the loss
    * (last stage, with `labels`).
    */
-  protected diagnoseForward(mb: number, x: tf.Tensor, labels?: tf.Tensor): void {
+  protected diagnoseForward(
+    mb: number,
+    x: tf.Tensor,
+    labels?: tf.Tensor,
+  ): void {
     const group = `forward ${mb}`;
     tf.tidy(() => {
       this.checkFinite(x, { what: 'input', block: this.range.from, mb }, group);
@@ -121,16 +149,29 @@ export abstract class TrainableStage implements StageProgram {
         h = this.params.applyBlocks(b, b + 1, h);
         this.checkFinite(h, { what: 'activation', block: b, mb }, group);
       }
-      if (this.isLast && labels) this.checkFinite(this.model.loss(h, labels), { what: 'loss', block: this.range.to - 1, mb }, group);
+      if (this.isLast && labels)
+        this.checkFinite(
+          this.model.loss(h, labels),
+          { what: 'loss', block: this.range.to - 1, mb },
+          group,
+        );
     });
   }
 
   /** Diagnosis of micro-batch `mb`'s parameter gradients (by key, in `keys` order): records the last block with a non-finite one. */
-  protected diagnoseGradients(mb: number, keys: readonly string[], grads: readonly tf.Tensor[]): void {
+  protected diagnoseGradients(
+    mb: number,
+    keys: readonly string[],
+    grads: readonly tf.Tensor[],
+  ): void {
     for (let i = grads.length - 1; i >= 0; i--) {
       const block = Number(keys[i]!.slice(0, keys[i]!.indexOf('.')));
       if (!Number.isInteger(block)) continue;
-      this.checkFinite(grads[i]!, { what: 'gradient', block, mb }, `gradients ${mb}`);
+      this.checkFinite(
+        grads[i]!,
+        { what: 'gradient', block, mb },
+        `gradients ${mb}`,
+      );
     }
   }
 

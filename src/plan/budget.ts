@@ -10,16 +10,17 @@
  * Predictions are made by each strategy's spec (strategies/*.ts, `memory`). Loading this
  * module loads TF.js, so the trainer imports it only when a budget is given.
  */
+
+import { DeviceOutOfMemoryError } from '../backend/out-of-memory.js';
+import { tf } from '../backend/tfjs.js';
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
+import type { ModelProfile } from '../cost/costs.js';
+import { type ProfileOptions, profileModel } from '../cost/profile.js';
 import { auxHead } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
-import type { ModelProfile } from '../cost/costs.js';
-import { profileModel, type ProfileOptions } from '../cost/profile.js';
-import { DeviceOutOfMemoryError } from '../backend/out-of-memory.js';
 import { specOf } from '../strategies/index.js';
-import { tf } from '../backend/tfjs.js';
-import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 
 /** What {@link checkDeviceBudget} found. */
 export interface BudgetCheck {
@@ -51,25 +52,52 @@ export function budgetProfileSizes(b: number): number[] {
  * the same activation shape are profiled once. Returns one-block profiles keyed by end (bytes,
  * seconds), for `ModelProfile.auxHeads`. Throws {@link LayerwiseError} like profileModel.
  */
-export async function profileAuxHeads(model: Model, ends: readonly number[], opts: ProfileOptions): Promise<Record<number, ModelProfile>> {
+export async function profileAuxHeads(
+  model: Model,
+  ends: readonly number[],
+  opts: ProfileOptions,
+): Promise<Record<number, ModelProfile>> {
   const out: Record<number, ModelProfile> = {};
   const byKey = new Map<string, ModelProfile>();
   for (const end of [...new Set(ends)]) {
-    if (!(Number.isInteger(end) && end > 0 && end < model.blocks.length)) throw new RangeError(`an auxiliary head sits after a block that is not the last; got end ${end} of ${model.blocks.length} blocks`);
+    if (!(Number.isInteger(end) && end > 0 && end < model.blocks.length))
+      throw new RangeError(
+        `an auxiliary head sits after a block that is not the last; got end ${end} of ${model.blocks.length} blocks`,
+      );
     let shape = model.inputShape(1);
     for (let b = 0; b < end; b++) shape = model.blocks[b].outputShape(shape);
     const head = auxHead(model, 0, end);
-    const key = JSON.stringify([shape.slice(1), head.params.map((p) => p.shape)]);
+    const key = JSON.stringify([
+      shape.slice(1),
+      head.params.map((p) => p.shape),
+    ]);
     let p = byKey.get(key);
     if (!p) {
       // the head as the second block of a model whose first block only passes its input on, so
       // that the head's backward computes its input gradient, as in a local update
-      const pass: Block = { name: 'input', params: [], outputShape: (s) => s, forward: (_p, x) => tf.clone(x), flops: () => 0 };
-      const headModel: Model = { config: model.config, blocks: [pass, head], inputDtype: 'float32', inputShape: (n) => [n, ...shape.slice(1)], loss: model.loss };
+      const pass: Block = {
+        name: 'input',
+        params: [],
+        outputShape: (s) => s,
+        forward: (_p, x) => tf.clone(x),
+        flops: () => 0,
+      };
+      const headModel: Model = {
+        config: model.config,
+        blocks: [pass, head],
+        inputDtype: 'float32',
+        inputShape: (n) => [n, ...shape.slice(1)],
+        loss: model.loss,
+      };
       const full = await profileModel(headModel, opts);
       p = {
-        backend: full.backend, blocks: [full.blocks[1]],
-        sizes: full.sizes.map((s) => ({ batch: s.batch, labelBytes: s.labelBytes, blocks: [s.blocks[1]] })),
+        backend: full.backend,
+        blocks: [full.blocks[1]],
+        sizes: full.sizes.map((s) => ({
+          batch: s.batch,
+          labelBytes: s.labelBytes,
+          blocks: [s.blocks[1]],
+        })),
       };
       byKey.set(key, p);
     }
@@ -88,23 +116,50 @@ export async function profileAuxHeads(model: Model, ends: readonly number[], opt
  * STRATEGY, predicted); try ...` naming the stage with the largest predicted peak when it
  * exceeds the budget, and {@link LayerwiseError} for an unavailable backend.
  */
-export async function checkDeviceBudget(cfg: TrainConfig, model: Model, ranges: StageRange[]): Promise<BudgetCheck> {
+export async function checkDeviceBudget(
+  cfg: TrainConfig,
+  model: Model,
+  ranges: StageRange[],
+): Promise<BudgetCheck> {
   const spec = specOf(cfg.strategy);
   const budget = cfg.deviceMemory;
   const microBatch = spec.memory.microBatch(cfg);
   const t0 = performance.now();
-  const opts: ProfileOptions = { backend: cfg.backend, microBatchSizes: budgetProfileSizes(microBatch), optimizer: optimizerConfigOf(cfg), repeats: 1, warmup: 0, seed: cfg.seed };
+  const opts: ProfileOptions = {
+    backend: cfg.backend,
+    microBatchSizes: budgetProfileSizes(microBatch),
+    optimizer: optimizerConfigOf(cfg),
+    repeats: 1,
+    warmup: 0,
+    seed: cfg.seed,
+  };
   const profile = await profileModel(model, opts);
-  if (spec.memory.auxHeads && ranges.length > 1) profile.auxHeads = await profileAuxHeads(model, ranges.slice(0, -1).map((r) => r.to), opts);
+  if (spec.memory.auxHeads && ranges.length > 1)
+    profile.auxHeads = await profileAuxHeads(
+      model,
+      ranges.slice(0, -1).map((r) => r.to),
+      opts,
+    );
   const predicted = spec.memory.predictPeakBytes(profile, cfg, ranges);
   const profileSeconds = (performance.now() - t0) / 1000;
   if (budget !== undefined) {
     const worst = predicted.reduce((w, b, i) => (b > predicted[w] ? i : w), 0);
     if (predicted[worst] > budget) {
       throw new DeviceOutOfMemoryError({
-        needs: predicted[worst], budget, stage: worst, strategy: cfg.strategy, how: 'predicted', advice: spec.outOfMemoryAdvice(cfg),
+        needs: predicted[worst],
+        budget,
+        stage: worst,
+        strategy: cfg.strategy,
+        how: 'predicted',
+        advice: spec.outOfMemoryAdvice(cfg),
       });
     }
   }
-  return { budget, strategy: cfg.strategy, predicted, microBatch, profileSeconds };
+  return {
+    budget,
+    strategy: cfg.strategy,
+    predicted,
+    microBatch,
+    profileSeconds,
+  };
 }

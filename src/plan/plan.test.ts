@@ -1,12 +1,13 @@
 /** The planner on hand-made profiles, size parsing, and `layerwise plan`'s bad input. */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import type { ModelProfile } from '../cost/costs.js';
-import { plan, type PlanRequest } from './plan.js';
 import { divisors } from '../cost/strategy-plan.js';
 import { parseSize } from '../util/size.js';
+import { type PlanRequest, plan } from './plan.js';
 
 const MiB = 2 ** 20;
 
@@ -16,21 +17,60 @@ const MiB = 2 ** 20;
  */
 function profile(n: number, heads = true): ModelProfile {
   const at = (b: number, f = 1) => ({
-    inBytes: 1024 * b, outBytes: 1024 * b, fwdPeakBytes: 2 * MiB * b * f, keptBytes: MiB * b * f, bwdPeakBytes: 2 * MiB * b * f, fwdSeconds: 1e-3 * b * f, bwdSeconds: 2e-3 * b * f,
+    inBytes: 1024 * b,
+    outBytes: 1024 * b,
+    fwdPeakBytes: 2 * MiB * b * f,
+    keptBytes: MiB * b * f,
+    bwdPeakBytes: 2 * MiB * b * f,
+    fwdSeconds: 1e-3 * b * f,
+    bwdSeconds: 2e-3 * b * f,
   });
   const head: ModelProfile = {
     backend: 'cpu',
-    blocks: [{ name: 'aux', paramBytes: MiB / 16, maxParamBytes: MiB / 16, optTransientBytes: MiB / 16, optSeconds: 1e-5 }],
-    sizes: [1, 32].map((b) => ({ batch: b, labelBytes: 4 * b, blocks: [at(b, 1 / 16)] })),
+    blocks: [
+      {
+        name: 'aux',
+        paramBytes: MiB / 16,
+        maxParamBytes: MiB / 16,
+        optTransientBytes: MiB / 16,
+        optSeconds: 1e-5,
+      },
+    ],
+    sizes: [1, 32].map((b) => ({
+      batch: b,
+      labelBytes: 4 * b,
+      blocks: [at(b, 1 / 16)],
+    })),
   };
   return {
     backend: 'cpu',
-    blocks: Array.from({ length: n }, (_, i) => ({ name: `b${i}`, paramBytes: MiB, maxParamBytes: MiB / 2, optTransientBytes: MiB, optSeconds: 1e-4 })),
-    sizes: [1, 32].map((b) => ({ batch: b, labelBytes: 4 * b, blocks: Array.from({ length: n }, () => at(b)) })),
-    ...(heads ? { auxHeads: Object.fromEntries(Array.from({ length: n - 1 }, (_, i) => [i + 1, head])) } : {}),
+    blocks: Array.from({ length: n }, (_, i) => ({
+      name: `b${i}`,
+      paramBytes: MiB,
+      maxParamBytes: MiB / 2,
+      optTransientBytes: MiB,
+      optSeconds: 1e-4,
+    })),
+    sizes: [1, 32].map((b) => ({
+      batch: b,
+      labelBytes: 4 * b,
+      blocks: Array.from({ length: n }, () => at(b)),
+    })),
+    ...(heads
+      ? {
+          auxHeads: Object.fromEntries(
+            Array.from({ length: n - 1 }, (_, i) => [i + 1, head]),
+          ),
+        }
+      : {}),
   };
 }
-const REQ: PlanRequest = { deviceMemory: 512 * MiB, stages: 4, batchSize: 32, slots: 2 };
+const REQ: PlanRequest = {
+  deviceMemory: 512 * MiB,
+  stages: 4,
+  batchSize: 32,
+  slots: 2,
+};
 
 test('sizes: SI and IEC units, plain and scientific bytes; bad sizes name the fix', () => {
   assert.equal(parseSize('512MB'), 512e6);
@@ -39,7 +79,10 @@ test('sizes: SI and IEC units, plain and scientific bytes; bad sizes name the fi
   assert.equal(parseSize('4096'), 4096);
   assert.equal(parseSize('64 kib'), 65536);
   for (const bad of ['lots', '-1MB', '0', '12XB', '']) {
-    assert.throws(() => parseSize(bad), /--device-memory '.*' is not a positive size; write e.g. 512MB, 1.5GiB or 2e9/);
+    assert.throws(
+      () => parseSize(bad),
+      /--device-memory '.*' is not a positive size; write e.g. 512MB, 1.5GiB or 2e9/,
+    );
   }
 });
 
@@ -51,10 +94,16 @@ test('a model too large for one device: single does not fit, gpipe does, and is 
   assert.ok(single.peakBytes[0] > 512 * MiB);
   assert.equal(gpipe.fits, true);
   assert.ok(Math.max(...gpipe.peakBytes) <= 512 * MiB);
-  assert.equal(gpipe.balance.reduce((a, b) => a + b, 0), 8);
+  assert.equal(
+    gpipe.balance.reduce((a, b) => a + b, 0),
+    8,
+  );
   assert.ok(32 % gpipe.microBatches === 0);
   assert.equal(p.recommended, 'gpipe');
-  assert.match(p.recommendation, /^gpipe \(--strategy gpipe --stages 4 --micro-batches \d+ --checkpoint \w+ --schedule \w+ --balance [\d,]+\)/);
+  assert.match(
+    p.recommendation,
+    /^gpipe \(--strategy gpipe --stages 4 --micro-batches \d+ --checkpoint \w+ --schedule \w+ --balance [\d,]+\)/,
+  );
   // the equal blocks are balanced 2,2,2,2; the bubble is predicted from the simulated schedule
   assert.deepEqual(gpipe.balance, [2, 2, 2, 2]);
   assert.ok(gpipe.bubble.every((b) => b >= 0 && b < 1));
@@ -63,34 +112,75 @@ test('a model too large for one device: single does not fit, gpipe does, and is 
 test('a generous budget: the fastest exact plan wins; a tiny one: nothing fits, and the plan says what to change', () => {
   const big = plan(profile(8), { ...REQ, deviceMemory: 64 * 2 ** 30 });
   assert.ok(big.strategies.every((s) => s.fits));
-  const fastest = Math.min(...big.strategies.filter((s) => s.exact).map((s) => s.stepSeconds));
-  assert.equal(big.strategies.find((s) => s.strategy === big.recommended)!.stepSeconds, fastest);
+  const fastest = Math.min(
+    ...big.strategies.filter((s) => s.exact).map((s) => s.stepSeconds),
+  );
+  assert.equal(
+    big.strategies.find((s) => s.strategy === big.recommended)!.stepSeconds,
+    fastest,
+  );
   const tiny = plan(profile(8), { ...REQ, deviceMemory: MiB });
   assert.equal(tiny.recommended, null);
-  assert.match(tiny.recommendation, /^nothing fits 1 MiB per device: the smallest predicted peak is .* use more --stages, a smaller --batch-size, or more --device-memory/);
+  assert.match(
+    tiny.recommendation,
+    /^nothing fits 1 MiB per device: the smallest predicted peak is .* use more --stages, a smaller --batch-size, or more --device-memory/,
+  );
 });
 
 test('a fixed --micro-batches is used; impossible requests are rejected with the fix', () => {
   const p = plan(profile(8), { ...REQ, microBatches: 8 });
-  assert.equal(p.strategies.find((s) => s.strategy === 'gpipe')!.microBatches, 8);
-  assert.throws(() => plan(profile(3), REQ), /--stages 4 exceeds the model's 3 blocks; use at most 3 stages/);
-  assert.throws(() => plan(profile(8), { ...REQ, microBatches: 5 }), /--micro-batches 5 must divide --batch-size 32/);
-  assert.throws(() => plan(profile(8), { ...REQ, deviceMemory: 0 }), /--device-memory must be a positive size/);
+  assert.equal(
+    p.strategies.find((s) => s.strategy === 'gpipe')!.microBatches,
+    8,
+  );
+  assert.throws(
+    () => plan(profile(3), REQ),
+    /--stages 4 exceeds the model's 3 blocks; use at most 3 stages/,
+  );
+  assert.throws(
+    () => plan(profile(8), { ...REQ, microBatches: 5 }),
+    /--micro-batches 5 must divide --batch-size 32/,
+  );
+  assert.throws(
+    () => plan(profile(8), { ...REQ, deviceMemory: 0 }),
+    /--device-memory must be a positive size/,
+  );
   const one = plan(profile(8), { ...REQ, stages: 1 });
-  assert.match(one.strategies.find((s) => s.strategy === 'gpipe')!.unavailable ?? '', /needs --stages 2 or more/);
+  assert.match(
+    one.strategies.find((s) => s.strategy === 'gpipe')!.unavailable ?? '',
+    /needs --stages 2 or more/,
+  );
   assert.deepEqual(divisors(12), [1, 2, 3, 4, 6, 12]);
 });
 
 test('layerwise plan: bad input exits with status 2 and names the problem', () => {
   const cli = fileURLToPath(new URL('../cli/main.js', import.meta.url));
-  const run = (args: string[]) => spawnSync(process.execPath, [cli, 'plan', ...args], { encoding: 'utf8', timeout: 60_000 });
-  const base = ['--preset', 'charlm-tiny', '--layers', '1', '--d-model', '16', '--context', '8', '--batch-size', '8'];
+  const run = (args: string[]) =>
+    spawnSync(process.execPath, [cli, 'plan', ...args], {
+      encoding: 'utf8',
+      timeout: 60_000,
+    });
+  const base = [
+    '--preset',
+    'charlm-tiny',
+    '--layers',
+    '1',
+    '--d-model',
+    '16',
+    '--context',
+    '8',
+    '--batch-size',
+    '8',
+  ];
   let r = run([...base, '--device-memory', 'much', '--stages', '2']);
   assert.equal(r.status, 2);
   assert.match(r.stderr, /--device-memory 'much' is not a positive size/);
   r = run([...base, '--device-memory', '1GB', '--stages', '9']);
   assert.equal(r.status, 2);
-  assert.match(r.stderr, /--stages 9 exceeds the model's 3 blocks; use at most 3 stages/);
+  assert.match(
+    r.stderr,
+    /--stages 9 exceeds the model's 3 blocks; use at most 3 stages/,
+  );
   r = run([...base, '--device-memory', '1GB', '--stages', '2']);
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /recommendation: /);
@@ -104,7 +194,10 @@ test('local parallelism is planned with its auxiliary heads, free-running stages
   assert.equal(gpipe.exact, true);
   assert.equal(local.fits, true);
   assert.equal(local.stages, 4);
-  assert.equal(local.balance.reduce((a, b) => a + b, 0), 8);
+  assert.equal(
+    local.balance.reduce((a, b) => a + b, 0),
+    8,
+  );
   // stages run free: no fill or drain, and the fastest balance is the even one; the last stage has
   // no head, so it idles a little; no backward crosses stages, so it is faster than gpipe here
   assert.deepEqual(local.balance, [2, 2, 2, 2]);
@@ -114,24 +207,45 @@ test('local parallelism is planned with its auxiliary heads, free-running stages
   // each stage but the last holds its head too
   assert.ok(local.peakBytes[0] > local.peakBytes[3]);
   assert.notEqual(p.recommended, 'local');
-  assert.match(p.recommendation, /local fits too and is predicted [\d.]+x faster \(--strategy local --stages 4 --micro-batches \d+ --balance 2,2,2,2; it trains with local losses/);
+  assert.match(
+    p.recommendation,
+    /local fits too and is predicted [\d.]+x faster \(--strategy local --stages 4 --micro-batches \d+ --balance 2,2,2,2; it trains with local losses/,
+  );
   // without the heads' costs local cannot be planned, and says so
-  const bare = plan(profile(8, false), REQ).strategies.find((s) => s.strategy === 'local')!;
+  const bare = plan(profile(8, false), REQ).strategies.find(
+    (s) => s.strategy === 'local',
+  )!;
   assert.match(bare.unavailable ?? '', /needs the auxiliary heads profiled/);
 });
 
 test('a deep model on one small device: only l2l fits, with the host stash, and is recommended', () => {
   // 64 blocks of 1 MiB: single needs the whole model plus AdamW state (3 x 64 MiB) and every tape;
   // l2l holds about two layers' parameters, one gradient and one layer's activations
-  const p = plan(profile(64), { ...REQ, stages: 1, deviceMemory: 96 * MiB, microBatches: 4 });
+  const p = plan(profile(64), {
+    ...REQ,
+    stages: 1,
+    deviceMemory: 96 * MiB,
+    microBatches: 4,
+  });
   const l2l = p.strategies.find((s) => s.strategy === 'l2l')!;
   assert.equal(p.strategies.find((s) => s.strategy === 'single')!.fits, false);
   assert.equal(l2l.fits, true);
   assert.ok(l2l.peakBytes[0] < 96 * MiB, `l2l peak ${l2l.peakBytes[0]}`);
   assert.equal(l2l.stash, 'host');
   assert.equal(p.recommended, 'l2l');
-  assert.match(p.recommendation, /--strategy l2l --micro-batches 4 --stash host/);
+  assert.match(
+    p.recommendation,
+    /--strategy l2l --micro-batches 4 --stash host/,
+  );
   // and l2l's peak does not grow with depth, where single's does
-  const shallow = plan(profile(8), { ...REQ, stages: 1, deviceMemory: 96 * MiB, microBatches: 4 });
-  assert.equal(shallow.strategies.find((s) => s.strategy === 'l2l')!.peakBytes[0], l2l.peakBytes[0]);
+  const shallow = plan(profile(8), {
+    ...REQ,
+    stages: 1,
+    deviceMemory: 96 * MiB,
+    microBatches: 4,
+  });
+  assert.equal(
+    shallow.strategies.find((s) => s.strategy === 'l2l')!.peakBytes[0],
+    l2l.peakBytes[0],
+  );
 });

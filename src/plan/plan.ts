@@ -9,11 +9,16 @@
  * are faster or when only they fit: the recommendation prefers the fastest strategy that fits
  * among those that train exactly like single-device backprop.
  */
-import { check } from '../util/errors.js';
+
 import type { ModelProfile } from '../cost/costs.js';
-import { unavailable, type PlanRequest, type StrategyPlan } from '../cost/strategy-plan.js';
-import { formatSize } from '../util/size.js';
+import {
+  type PlanRequest,
+  type StrategyPlan,
+  unavailable,
+} from '../cost/strategy-plan.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
+import { check } from '../util/errors.js';
+import { formatSize } from '../util/size.js';
 
 export type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 
@@ -33,13 +38,29 @@ export interface Plan {
  * divide the batch, or more stages than blocks.
  */
 export function checkRequest(req: PlanRequest, n: number): void {
-  check(req.deviceMemory > 0 && Number.isFinite(req.deviceMemory), `--device-memory must be a positive size, got ${req.deviceMemory} bytes`);
-  check(Number.isInteger(req.batchSize) && req.batchSize >= 1, `--batch-size must be an integer >= 1, got ${req.batchSize}`);
-  check(Number.isInteger(req.stages) && req.stages >= 1, `--stages must be an integer >= 1, got ${req.stages}`);
-  check(req.stages <= n, `--stages ${req.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`);
+  check(
+    req.deviceMemory > 0 && Number.isFinite(req.deviceMemory),
+    `--device-memory must be a positive size, got ${req.deviceMemory} bytes`,
+  );
+  check(
+    Number.isInteger(req.batchSize) && req.batchSize >= 1,
+    `--batch-size must be an integer >= 1, got ${req.batchSize}`,
+  );
+  check(
+    Number.isInteger(req.stages) && req.stages >= 1,
+    `--stages must be an integer >= 1, got ${req.stages}`,
+  );
+  check(
+    req.stages <= n,
+    `--stages ${req.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`,
+  );
   if (req.microBatches !== undefined) {
-    check(Number.isInteger(req.microBatches) && req.microBatches >= 1 && req.batchSize % req.microBatches === 0,
-      `--micro-batches ${req.microBatches} must divide --batch-size ${req.batchSize}; pick a divisor of ${req.batchSize} (or leave it out to search them)`);
+    check(
+      Number.isInteger(req.microBatches) &&
+        req.microBatches >= 1 &&
+        req.batchSize % req.microBatches === 0,
+      `--micro-batches ${req.microBatches} must divide --batch-size ${req.batchSize}; pick a divisor of ${req.batchSize} (or leave it out to search them)`,
+    );
   }
 }
 
@@ -50,32 +71,59 @@ export function checkRequest(req: PlanRequest, n: number): void {
 export function plan(profile: ModelProfile, req: PlanRequest): Plan {
   checkRequest(req, profile.blocks.length);
   const strategies = STRATEGY_SPECS.map((spec) => {
-    if (!spec.oneDevice && req.stages < 2) return unavailable(spec.name, spec.exact, 'needs --stages 2 or more', req);
+    if (!spec.oneDevice && req.stages < 2)
+      return unavailable(
+        spec.name,
+        spec.exact,
+        'needs --stages 2 or more',
+        req,
+      );
     return spec.plan(profile, req);
   });
   const fitting = strategies.filter((s) => s.fits && !s.unavailable);
   // exact strategies (the same updates as single-device backprop) first; local only when none fits
-  const pool = fitting.some((s) => s.exact) ? fitting.filter((s) => s.exact) : fitting;
+  const pool = fitting.some((s) => s.exact)
+    ? fitting.filter((s) => s.exact)
+    : fitting;
   let recommended: StrategyPlan | null = null;
-  for (const s of pool) if (!recommended || s.stepSeconds < recommended.stepSeconds) recommended = s;
+  for (const s of pool)
+    if (!recommended || s.stepSeconds < recommended.stepSeconds)
+      recommended = s;
   let recommendation: string;
   if (recommended) {
     const r = recommended;
-    const others = fitting.filter((s) => s !== r).map((s) => {
-      const ratio = s.stepSeconds / r.stepSeconds;
-      const speed = ratio < 1 ? `and is predicted ${(1 / ratio).toFixed(2)}x faster` : `but is predicted ${ratio.toFixed(2)}x slower`;
-      return `${s.strategy} fits too ${speed}${s.exact ? '' : ` (${describe(s)}; it trains with local losses, not backprop's updates)`}`;
-    });
-    const rate = (req.tokensPerExample ?? 1) > 1 ? `${Math.round(r.tokensPerSecond)} tokens/s` : `${Math.round(r.examplesPerSecond)} examples/s`;
-    recommendation = `${r.strategy} (${describe(r)}): predicted ${rate}, peak ${formatSize(maxOf(r.peakBytes))} of ${formatSize(req.deviceMemory)}` +
+    const others = fitting
+      .filter((s) => s !== r)
+      .map((s) => {
+        const ratio = s.stepSeconds / r.stepSeconds;
+        const speed =
+          ratio < 1
+            ? `and is predicted ${(1 / ratio).toFixed(2)}x faster`
+            : `but is predicted ${ratio.toFixed(2)}x slower`;
+        return `${s.strategy} fits too ${speed}${s.exact ? '' : ` (${describe(s)}; it trains with local losses, not backprop's updates)`}`;
+      });
+    const rate =
+      (req.tokensPerExample ?? 1) > 1
+        ? `${Math.round(r.tokensPerSecond)} tokens/s`
+        : `${Math.round(r.examplesPerSecond)} examples/s`;
+    recommendation =
+      `${r.strategy} (${describe(r)}): predicted ${rate}, peak ${formatSize(maxOf(r.peakBytes))} of ${formatSize(req.deviceMemory)}` +
       (others.length ? `; ${others.join('; ')}` : '');
   } else {
     const avail = strategies.filter((s) => !s.unavailable);
-    const least = avail.reduce((a, b) => (Math.max(...b.peakBytes) < Math.max(...a.peakBytes) ? b : a));
-    recommendation = `nothing fits ${formatSize(req.deviceMemory)} per device: the smallest predicted peak is ${formatSize(maxOf(least.peakBytes))} (${describe(least)}); ` +
+    const least = avail.reduce((a, b) =>
+      Math.max(...b.peakBytes) < Math.max(...a.peakBytes) ? b : a,
+    );
+    recommendation =
+      `nothing fits ${formatSize(req.deviceMemory)} per device: the smallest predicted peak is ${formatSize(maxOf(least.peakBytes))} (${describe(least)}); ` +
       `use more --stages, a smaller --batch-size, or more --device-memory`;
   }
-  return { request: req, strategies, recommended: recommended?.strategy ?? null, recommendation };
+  return {
+    request: req,
+    strategies,
+    recommended: recommended?.strategy ?? null,
+    recommendation,
+  };
 }
 
 function maxOf(xs: number[]): number {

@@ -1,7 +1,11 @@
-import { test } from 'node:test';
-import { once } from 'node:events';
 import assert from 'node:assert/strict';
-import { MessageChannel, type MessagePort, type TransferListItem } from 'node:worker_threads';
+import { once } from 'node:events';
+import { test } from 'node:test';
+import {
+  MessageChannel,
+  type MessagePort,
+  type TransferListItem,
+} from 'node:worker_threads';
 import { Channel, type Message, type PortLike } from './channel.js';
 
 /**
@@ -9,7 +13,14 @@ import { Channel, type Message, type PortLike } from './channel.js';
  * ports afterwards (an open port with a 'message' listener keeps the process alive; unref()
  * instead would let the event loop end before pending messages are delivered).
  */
-async function withPair(body: (a: Channel, b: Channel, pa: MessagePort, pb: MessagePort) => Promise<void>): Promise<void> {
+async function withPair(
+  body: (
+    a: Channel,
+    b: Channel,
+    pa: MessagePort,
+    pb: MessagePort,
+  ) => Promise<void>,
+): Promise<void> {
   const { port1, port2 } = new MessageChannel();
   try {
     const a = new Channel(port1);
@@ -28,7 +39,13 @@ const LIMIT_MS = 5000;
 async function within<T>(ms: number, p: Promise<T>): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms (a receive never resolved)`)), ms);
+    timer = setTimeout(
+      () =>
+        reject(
+          new Error(`timed out after ${ms} ms (a receive never resolved)`),
+        ),
+      ms,
+    );
   });
   try {
     return await Promise.race([p, timeout]);
@@ -49,7 +66,14 @@ async function flush(from: Channel, to: Channel): Promise<void> {
 /** Whether `p` has settled, after letting pending microtasks run. */
 async function settled(p: Promise<unknown>): Promise<boolean> {
   let done = false;
-  p.then(() => { done = true; }, () => { done = true; });
+  p.then(
+    () => {
+      done = true;
+    },
+    () => {
+      done = true;
+    },
+  );
   await new Promise((r) => setImmediate(r));
   return done;
 }
@@ -80,7 +104,10 @@ test('different types are queued independently', async () => {
     assert.deepEqual(await b.recv('B'), { type: 'B', v: 10 });
     assert.deepEqual(await b.recv('B'), { type: 'B', v: 20 });
     assert.equal(b.tryRecv('B'), null);
-    assert.deepEqual([await b.recv('A'), await b.recv('A'), await b.recv('A')].map((m) => m.v), [1, 2, 3]);
+    assert.deepEqual(
+      [await b.recv('A'), await b.recv('A'), await b.recv('A')].map((m) => m.v),
+      [1, 2, 3],
+    );
     assert.equal(b.tryRecv('A'), null);
     // A pending recv of one type is not resolved by a message of another type.
     const pendingB = b.recv('B');
@@ -123,7 +150,10 @@ test('several pending recvs of one type resolve in order', async () => {
     ps.forEach((p, k) => p.then(() => order.push(k)));
     for (let i = 0; i < 4; i++) a.send({ type: 'x', i });
     const got = await Promise.all(ps);
-    assert.deepEqual(got.map((m) => m.i), [0, 1, 2, 3]);
+    assert.deepEqual(
+      got.map((m) => m.i),
+      [0, 1, 2, 3],
+    );
     assert.deepEqual(order, [0, 1, 2, 3]);
   });
 });
@@ -169,8 +199,14 @@ test('fail rejects every pending recv, every later recv, and makes tryRecv throw
     const later = b.recv('x');
     assert.equal(await settled(later), true);
     await assert.rejects(later, (e) => e === err);
-    assert.throws(() => b.tryRecv('q'), (e) => e === err);
-    assert.throws(() => b.tryRecv('none'), (e) => e === err);
+    assert.throws(
+      () => b.tryRecv('q'),
+      (e) => e === err,
+    );
+    assert.throws(
+      () => b.tryRecv('none'),
+      (e) => e === err,
+    );
     // Messages arriving after the failure do not resolve anything either.
     const arrived = once(pb, 'message');
     a.send({ type: 'x', n: 2 });
@@ -193,7 +229,9 @@ test('buffers in the transfer list move to the receiver', async () => {
     assert.equal(moved.buffer.byteLength, 0);
     assert.equal(moved.length, 0);
     assert.equal(copied.buffer.byteLength, 12);
-    const m = await b.recv<Message & { moved: Float32Array; copied: Int32Array }>('data');
+    const m = await b.recv<
+      Message & { moved: Float32Array; copied: Int32Array }
+    >('data');
     assert.ok(m.moved instanceof Float32Array);
     assert.deepEqual(Array.from(m.moved), [1.5, -2, 3.25, 4]);
     assert.ok(m.copied instanceof Int32Array);
@@ -205,8 +243,17 @@ test('buffers in the transfer list move to the receiver', async () => {
 });
 
 /** A pair of in-process fake ports: postMessage calls the peer's listeners synchronously. */
-function fakePair(): { pa: PortLike & { sent: Array<[unknown, readonly TransferListItem[] | undefined]> }; pb: PortLike } {
-  type Fake = PortLike & { listeners: Array<(v: unknown) => void>; peer?: Fake; sent: Array<[unknown, readonly TransferListItem[] | undefined]> };
+function fakePair(): {
+  pa: PortLike & {
+    sent: Array<[unknown, readonly TransferListItem[] | undefined]>;
+  };
+  pb: PortLike;
+} {
+  type Fake = PortLike & {
+    listeners: Array<(v: unknown) => void>;
+    peer?: Fake;
+    sent: Array<[unknown, readonly TransferListItem[] | undefined]>;
+  };
   const make = (): Fake => {
     const f: Fake = {
       listeners: [],

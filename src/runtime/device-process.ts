@@ -12,7 +12,12 @@ if (!token) {
   console.error('layerwise device: LAYERWISE_TOKEN is not set');
   process.exit(2);
 }
-const server = await startDeviceServer({ host: '127.0.0.1', port: 0, token, once: true });
+const server = await startDeviceServer({
+  host: '127.0.0.1',
+  port: 0,
+  token,
+  once: true,
+});
 process.stdout.write(`layerwise-device listening on ${server.address}\n`);
 const parent = process.ppid;
 // the coordinator may die without closing its link (SIGKILL): then so does this device

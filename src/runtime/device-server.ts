@@ -10,17 +10,34 @@
  * runs the model code it is sent, so an open port must not accept strangers. Binds to loopback
  * unless given another host; TLS where certificates are given.
  */
-import * as grpc from '@grpc/grpc-js';
+
 import { timingSafeEqual } from 'node:crypto';
-import { MessageChannel, Worker, type MessagePort } from 'node:worker_threads';
-import { DEVICE_SERVICE, LINK_OPTIONS, StreamPort, VERSION, dial, type TlsFiles } from './grpc-link.js';
+import { MessageChannel, type MessagePort, Worker } from 'node:worker_threads';
+import * as grpc from '@grpc/grpc-js';
+import {
+  DEVICE_SERVICE,
+  dial,
+  LINK_OPTIONS,
+  StreamPort,
+  type TlsFiles,
+  VERSION,
+} from './grpc-link.js';
 import type { RemoteLink } from './protocol.js';
 
 /** The ArrayBuffers behind a decoded message's typed arrays, moved (not copied) into the stage thread. */
-function buffersOf(v: unknown, out = new Set<ArrayBuffer>(), depth = 0): ArrayBuffer[] {
+function buffersOf(
+  v: unknown,
+  out = new Set<ArrayBuffer>(),
+  depth = 0,
+): ArrayBuffer[] {
   if (depth <= 6 && v !== null && typeof v === 'object') {
     if (ArrayBuffer.isView(v)) {
-      if (v.byteOffset === 0 && v.byteLength === v.buffer.byteLength && v.buffer instanceof ArrayBuffer) out.add(v.buffer);
+      if (
+        v.byteOffset === 0 &&
+        v.byteLength === v.buffer.byteLength &&
+        v.buffer instanceof ArrayBuffer
+      )
+        out.add(v.buffer);
     } else {
       for (const x of Object.values(v)) buffersOf(x, out, depth + 1);
     }
@@ -69,7 +86,9 @@ const ACCEPT_TIMEOUT_MS = 30_000;
  * Starts a device server. Resolves once it listens.
  * @throws Error when the address cannot be bound (in use, not an interface of this host).
  */
-export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceServer> {
+export async function startDeviceServer(
+  o: DeviceServerOptions,
+): Promise<DeviceServer> {
   const log = o.log ?? (() => undefined);
   const server = new grpc.Server(LINK_OPTIONS);
   let busy = false;
@@ -82,7 +101,11 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
     finish();
   };
 
-  const refuse = (call: grpc.ServerDuplexStream<Buffer, Buffer>, code: grpc.status, details: string) => {
+  const refuse = (
+    call: grpc.ServerDuplexStream<Buffer, Buffer>,
+    code: grpc.status,
+    details: string,
+  ) => {
     log(`refused a link: ${details}`);
     call.emit('error', { code, details, metadata: new grpc.Metadata() });
   };
@@ -93,16 +116,36 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
       const token = String(md.get('layerwise-token')[0] ?? '');
       const version = String(md.get('layerwise-version')[0] ?? '');
       const role = String(md.get('layerwise-role')[0] ?? '');
-      if (!sameToken(token, o.token)) return refuse(call, grpc.status.UNAUTHENTICATED, 'wrong token: the coordinator and every device need the same LAYERWISE_TOKEN');
-      if (version !== VERSION) return refuse(call, grpc.status.FAILED_PRECONDITION, `version mismatch: this device runs layerwise ${VERSION}, the peer ${version || 'an unknown version'}; run the same version everywhere`);
+      if (!sameToken(token, o.token))
+        return refuse(
+          call,
+          grpc.status.UNAUTHENTICATED,
+          'wrong token: the coordinator and every device need the same LAYERWISE_TOKEN',
+        );
+      if (version !== VERSION)
+        return refuse(
+          call,
+          grpc.status.FAILED_PRECONDITION,
+          `version mismatch: this device runs layerwise ${VERSION}, the peer ${version || 'an unknown version'}; run the same version everywhere`,
+        );
       const port = new StreamPort(call);
       if (role === 'peer') {
         if (peerWaiter) peerWaiter(port);
         else pendingPeer = port;
         return;
       }
-      if (role !== 'control') return refuse(call, grpc.status.INVALID_ARGUMENT, `unknown link role '${role}'`);
-      if (busy) return refuse(call, grpc.status.RESOURCE_EXHAUSTED, 'this device is busy with another coordinator');
+      if (role !== 'control')
+        return refuse(
+          call,
+          grpc.status.INVALID_ARGUMENT,
+          `unknown link role '${role}'`,
+        );
+      if (busy)
+        return refuse(
+          call,
+          grpc.status.RESOURCE_EXHAUSTED,
+          'this device is busy with another coordinator',
+        );
       busy = true;
       log(`coordinator connected from ${call.getPeer()}`);
       const peers: StreamPort[] = [];
@@ -119,7 +162,9 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
         log(`run ended: ${why}`);
         if (o.once) void close();
       };
-      port.onClose((why) => end(`the coordinator's link closed (${why.message})`));
+      port.onClose((why) =>
+        end(`the coordinator's link closed (${why.message})`),
+      );
       worker.on('error', (e) => end(`the stage thread crashed: ${e.message}`));
       worker.on('exit', () => end('the stage thread exited'));
       // the stage thread's replies and messages go to the coordinator as they are
@@ -127,27 +172,44 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
         if (!ended) port.postMessage(m);
       });
       // a peer link bridged to a MessagePort the stage thread owns
-      const bridge = async (link: RemoteLink, side: 'prev' | 'next'): Promise<MessagePort> => {
+      const bridge = async (
+        link: RemoteLink,
+        side: 'prev' | 'next',
+      ): Promise<MessagePort> => {
         let peer: StreamPort;
         if ('connect' in link) {
           const d = dial(link.connect, 'peer', o.token, o.tls);
           // fail init at once, saying why, when the next stage cannot be reached (address, TLS)
-          await new Promise<void>((resolve, reject) => d.client.waitForReady(Date.now() + CONNECT_TIMEOUT_MS, (e) => (e
-            ? reject(new Error(`cannot link to the next stage's device at ${link.connect}: ${e.message}${o.tls ? ' (with TLS: the workers need --tls-ca, the CA that signed each other\'s certificates)' : ''}`))
-            : resolve())));
+          await new Promise<void>((resolve, reject) =>
+            d.client.waitForReady(Date.now() + CONNECT_TIMEOUT_MS, (e) =>
+              e
+                ? reject(
+                    new Error(
+                      `cannot link to the next stage's device at ${link.connect}: ${e.message}${o.tls ? " (with TLS: the workers need --tls-ca, the CA that signed each other's certificates)" : ''}`,
+                    ),
+                  )
+                : resolve(),
+            ),
+          );
           peer = d.port;
         } else {
-          peer = pendingPeer ?? await new Promise<StreamPort>((resolve, reject) => {
-            const timer = setTimeout(() => {
-              peerWaiter = null;
-              reject(new Error(`the previous stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`));
-            }, ACCEPT_TIMEOUT_MS);
-            peerWaiter = (p) => {
-              clearTimeout(timer);
-              peerWaiter = null;
-              resolve(p);
-            };
-          });
+          peer =
+            pendingPeer ??
+            (await new Promise<StreamPort>((resolve, reject) => {
+              const timer = setTimeout(() => {
+                peerWaiter = null;
+                reject(
+                  new Error(
+                    `the previous stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`,
+                  ),
+                );
+              }, ACCEPT_TIMEOUT_MS);
+              peerWaiter = (p) => {
+                clearTimeout(timer);
+                peerWaiter = null;
+                resolve(p);
+              };
+            }));
           pendingPeer = null;
         }
         peers.push(peer);
@@ -155,7 +217,8 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
         peer.on('message', (m) => port1.postMessage(m, buffersOf(m)));
         port1.on('message', (m) => peer.postMessage(m));
         peer.onClose((why) => {
-          if (!ended) port1.postMessage({ type: 'link-lost', side, why: why.message });
+          if (!ended)
+            port1.postMessage({ type: 'link-lost', side, why: why.message });
           port1.close();
         });
         return port2;
@@ -164,7 +227,11 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
       let queue = Promise.resolve();
       port.on('message', (m) => {
         queue = queue.then(async () => {
-          const msg = m as { type: string; method?: string; args?: { prev?: RemoteLink; next?: RemoteLink } };
+          const msg = m as {
+            type: string;
+            method?: string;
+            args?: { prev?: RemoteLink; next?: RemoteLink };
+          };
           const ports: MessagePort[] = [];
           if (msg.type === 'request' && msg.method === 'init' && msg.args) {
             try {
@@ -172,10 +239,22 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
                 msg.args.prev ? bridge(msg.args.prev, 'prev') : undefined,
                 msg.args.next ? bridge(msg.args.next, 'next') : undefined,
               ]);
-              msg.args = { ...msg.args, prev: prev as unknown as RemoteLink, next: next as unknown as RemoteLink };
-              ports.push(...[prev, next].filter((x): x is MessagePort => x !== undefined));
+              msg.args = {
+                ...msg.args,
+                prev: prev as unknown as RemoteLink,
+                next: next as unknown as RemoteLink,
+              };
+              ports.push(
+                ...[prev, next].filter(
+                  (x): x is MessagePort => x !== undefined,
+                ),
+              );
             } catch (e) {
-              port.postMessage({ type: 'reply', id: (m as { id: number }).id, error: { name: 'Error', message: (e as Error).message } });
+              port.postMessage({
+                type: 'reply',
+                id: (m as { id: number }).id,
+                error: { name: 'Error', message: (e as Error).message },
+              });
               return;
             }
           }
@@ -186,10 +265,23 @@ export async function startDeviceServer(o: DeviceServerOptions): Promise<DeviceS
   });
 
   const host = o.host ?? '127.0.0.1';
-  const creds = o.tls?.cert && o.tls.key
-    ? grpc.ServerCredentials.createSsl(o.tls.ca ?? null, [{ cert_chain: o.tls.cert, private_key: o.tls.key }], o.tls.requireClientCert === true)
-    : grpc.ServerCredentials.createInsecure();
-  const hostPort = host.includes(':') ? `[${host}]:${o.port}` : `${host}:${o.port}`;
-  const port = await new Promise<number>((resolve, reject) => server.bindAsync(hostPort, creds, (e, p) => (e ? reject(e) : resolve(p))));
-  return { address: host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`, done, close };
+  const creds =
+    o.tls?.cert && o.tls.key
+      ? grpc.ServerCredentials.createSsl(
+          o.tls.ca ?? null,
+          [{ cert_chain: o.tls.cert, private_key: o.tls.key }],
+          o.tls.requireClientCert === true,
+        )
+      : grpc.ServerCredentials.createInsecure();
+  const hostPort = host.includes(':')
+    ? `[${host}]:${o.port}`
+    : `${host}:${o.port}`;
+  const port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync(hostPort, creds, (e, p) => (e ? reject(e) : resolve(p))),
+  );
+  return {
+    address: host.includes(':') ? `[${host}]:${port}` : `${host}:${port}`,
+    done,
+    close,
+  };
 }

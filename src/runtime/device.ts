@@ -5,12 +5,12 @@
  * device that crashes, exits or stops answering rejects every pending call, so a failing stage
  * stops the whole run.
  */
-import { Worker, type TransferListItem } from 'node:worker_threads';
+import { type TransferListItem, Worker } from 'node:worker_threads';
 import { configureOpenMP } from '../backend/native-addon.js';
 import { configureWebGPUEnvironment } from '../backend/webgpu.js';
+import type { LayerGrads } from '../pipeline/executor.js';
 import { Channel, type Message } from './channel.js';
 import type { StageApi } from './protocol.js';
-import type { LayerGrads } from '../pipeline/executor.js';
 
 interface Reply extends Message {
   id: number;
@@ -25,7 +25,12 @@ interface Reply extends Message {
  */
 export class StageError extends Error {
   override readonly name = 'StageError';
-  constructor(readonly stage: number, message: string, readonly causeName?: string, readonly schedule?: string) {
+  constructor(
+    readonly stage: number,
+    message: string,
+    readonly causeName?: string,
+    readonly schedule?: string,
+  ) {
     super(`stage ${stage}: ${message}`);
   }
 }
@@ -48,8 +53,16 @@ export abstract class Device {
   abstract readonly where: string;
 
   /** Calls a worker method and waits for its reply. Throws {@link StageError} on failure. */
-  async call<K extends keyof StageApi>(method: K, args: StageApi[K][0], transfer: readonly TransferListItem[] = []): Promise<StageApi[K][1]> {
-    if (this.closed) throw new StageError(this.index, `worker was stopped; cannot call ${method}`);
+  async call<K extends keyof StageApi>(
+    method: K,
+    args: StageApi[K][0],
+    transfer: readonly TransferListItem[] = [],
+  ): Promise<StageApi[K][1]> {
+    if (this.closed)
+      throw new StageError(
+        this.index,
+        `worker was stopped; cannot call ${method}`,
+      );
     const id = this.nextId++;
     this.pending++;
     let r: Reply;
@@ -63,10 +76,20 @@ export abstract class Device {
       this.pending--;
     }
     this.answered = true;
-    if (r.id !== id) throw new StageError(this.index, `protocol error: reply ${r.id} to request ${id}`);
+    if (r.id !== id)
+      throw new StageError(
+        this.index,
+        `protocol error: reply ${r.id} to request ${id}`,
+      );
     if (r.error) {
-      const e = new StageError(this.index, r.error.message, r.error.name, r.error.schedule);
-      if (r.error.stack) e.stack = `${e.message}\n--- in the worker ---\n${r.error.stack}`;
+      const e = new StageError(
+        this.index,
+        r.error.message,
+        r.error.name,
+        r.error.schedule,
+      );
+      if (r.error.stack)
+        e.stack = `${e.message}\n--- in the worker ---\n${r.error.stack}`;
       throw e;
     }
     return r.result as StageApi[K][1];
@@ -74,7 +97,8 @@ export abstract class Device {
 
   /** Waits for the stage's squared gradient norm (during a step's reduce_grad_norm). */
   async recvGradNorm(): Promise<number> {
-    return (await this.ch.recv<Message & { sumSquares: number }>('norm')).sumSquares;
+    return (await this.ch.recv<Message & { sumSquares: number }>('norm'))
+      .sumSquares;
   }
 
   /** L2L: waits for the next layer gradient the relay hands to the parameter server. */
@@ -106,10 +130,15 @@ export class StageWorker extends Device {
     configureWebGPUEnvironment(); // before any device thread may load Dawn
     this.worker = new Worker(new URL('./worker.js', import.meta.url));
     this.ch = new Channel(this.worker);
-    this.worker.on('error', (e) => this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)));
+    this.worker.on('error', (e) =>
+      this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)),
+    );
     this.exited = new Promise((resolve) => {
       this.worker.on('exit', (code) => {
-        if (!this.closed) this.ch.fail(new StageError(index, `worker exited with code ${code}`));
+        if (!this.closed)
+          this.ch.fail(
+            new StageError(index, `worker exited with code ${code}`),
+          );
         resolve(code);
       });
     });
@@ -118,9 +147,13 @@ export class StageWorker extends Device {
   async terminate(): Promise<void> {
     if (!this.closed && !this.failed && this.pending === 0) {
       // a healthy worker frees its backend first (a GPU device's queue drained), within 5 s
-      await Promise.race([this.call('shutdown', null).catch(() => undefined), new Promise((r) => setTimeout(r, 5000).unref())]);
+      await Promise.race([
+        this.call('shutdown', null).catch(() => undefined),
+        new Promise((r) => setTimeout(r, 5000).unref()),
+      ]);
     }
-    if (!this.closed) this.ch.fail(new StageError(this.index, 'worker was stopped'));
+    if (!this.closed)
+      this.ch.fail(new StageError(this.index, 'worker was stopped'));
     this.closed = true;
     await this.worker.terminate();
   }

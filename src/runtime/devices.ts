@@ -7,13 +7,18 @@
  * Schedules, stages, the executor and the strategies are the same on every kind; only the
  * channel's transport differs (MessagePorts between threads, gRPC links between processes).
  */
-import { LayerwiseError, check } from '../util/errors.js';
-import { BACKENDS } from '../backend/names.js';
-import { type Device, StageWorker } from './device.js';
-import { RemoteDevice, newRunToken, spawnDeviceProcess } from './remote-device.js';
-import type { RemoteLink } from './protocol.js';
-import type { TlsFiles } from './grpc-link.js';
+
 import { readFileSync } from 'node:fs';
+import { BACKENDS } from '../backend/names.js';
+import { check, LayerwiseError } from '../util/errors.js';
+import { type Device, StageWorker } from './device.js';
+import type { TlsFiles } from './grpc-link.js';
+import type { RemoteLink } from './protocol.js';
+import {
+  newRunToken,
+  RemoteDevice,
+  spawnDeviceProcess,
+} from './remote-device.js';
 
 /** Per-device choices that override the run's (`backend=wasm+threads=2`). */
 export interface DeviceOptions {
@@ -28,20 +33,36 @@ export type DeviceSpec =
   | ({ kind: 'host'; address: string } & DeviceOptions);
 
 /** `backend=...`, `threads=...` and (processes) NAME=VALUE environment pairs joined by '+'. */
-function parseSettings(d: string, text: string, envAllowed: boolean): DeviceOptions & { env: Record<string, string> } {
+function parseSettings(
+  d: string,
+  text: string,
+  envAllowed: boolean,
+): DeviceOptions & { env: Record<string, string> } {
   const out: DeviceOptions & { env: Record<string, string> } = { env: {} };
   for (const kv of text.split('+').filter((x) => x !== '')) {
     const eq = kv.indexOf('=');
-    check(eq > 0, `--devices entry '${d}': settings are KEY=VALUE pairs joined by '+', e.g. process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`);
+    check(
+      eq > 0,
+      `--devices entry '${d}': settings are KEY=VALUE pairs joined by '+', e.g. process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`,
+    );
     const [k, v] = [kv.slice(0, eq), kv.slice(eq + 1)];
     if (k === 'backend') {
-      check((BACKENDS as readonly string[]).includes(v), `--devices entry '${d}': unknown backend '${v}'; valid: ${BACKENDS.join(', ')}`);
+      check(
+        (BACKENDS as readonly string[]).includes(v),
+        `--devices entry '${d}': unknown backend '${v}'; valid: ${BACKENDS.join(', ')}`,
+      );
       out.backend = v;
     } else if (k === 'threads') {
-      check(/^[1-9]\d*$/.test(v), `--devices entry '${d}': threads must be a positive integer, got '${v}'`);
+      check(
+        /^[1-9]\d*$/.test(v),
+        `--devices entry '${d}': threads must be a positive integer, got '${v}'`,
+      );
       out.threads = Number(v);
     } else {
-      check(envAllowed && /^[A-Z_][A-Z0-9_]*$/.test(k), `--devices entry '${d}': '${k}' is not backend, threads${envAllowed ? ' or an environment variable (NAME in capitals)' : ''}`);
+      check(
+        envAllowed && /^[A-Z_][A-Z0-9_]*$/.test(k),
+        `--devices entry '${d}': '${k}' is not backend, threads${envAllowed ? ' or an environment variable (NAME in capitals)' : ''}`,
+      );
       out.env[k] = v;
     }
   }
@@ -53,29 +74,48 @@ function parseSettings(d: string, text: string, envAllowed: boolean): DeviceOpti
  * or `HOST:PORT`, one per stage (a single entry is repeated for every stage).
  * @throws LayerwiseError naming the entry that is none of these, or a count that is not k.
  */
-export function parseDevices(spec: string | undefined, k: number): DeviceSpec[] {
-  if (spec === undefined || spec.trim() === '') return Array.from({ length: k }, () => ({ kind: 'thread' as const }));
+export function parseDevices(
+  spec: string | undefined,
+  k: number,
+): DeviceSpec[] {
+  if (spec === undefined || spec.trim() === '')
+    return Array.from({ length: k }, () => ({ kind: 'thread' as const }));
   const items = spec.split(',').map((s) => s.trim());
-  const list = items.length === 1 ? Array.from({ length: k }, () => items[0]!) : items;
-  check(list.length === k, `--devices lists ${list.length} devices but the run has ${k} stages; give one per stage (or one for all)`);
+  const list =
+    items.length === 1 ? Array.from({ length: k }, () => items[0]!) : items;
+  check(
+    list.length === k,
+    `--devices lists ${list.length} devices but the run has ${k} stages; give one per stage (or one for all)`,
+  );
   return list.map((d): DeviceSpec => {
     if (d === 'thread') return { kind: 'thread' };
     if (d === 'process' || d.startsWith('process:')) {
-      const { env, ...o } = parseSettings(d, d === 'process' ? '' : d.slice('process:'.length), true);
+      const { env, ...o } = parseSettings(
+        d,
+        d === 'process' ? '' : d.slice('process:'.length),
+        true,
+      );
       return { kind: 'process', env, ...o };
     }
     const slash = d.indexOf('/');
     const address = slash < 0 ? d : d.slice(0, slash);
     const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(address);
-    check(m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
-      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`);
-    const { env: _env, ...o } = parseSettings(d, slash < 0 ? '' : d.slice(slash + 1), false);
+    check(
+      m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
+      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`,
+    );
+    const { env: _env, ...o } = parseSettings(
+      d,
+      slash < 0 ? '' : d.slice(slash + 1),
+      false,
+    );
     return { kind: 'host', address, ...o };
   });
 }
 
 /** Whether every device is a worker thread (neighbours linked by MessagePorts). */
-export const allThreads = (specs: readonly DeviceSpec[]): boolean => specs.every((s) => s.kind === 'thread');
+export const allThreads = (specs: readonly DeviceSpec[]): boolean =>
+  specs.every((s) => s.kind === 'thread');
 
 /**
  * Starts or connects the devices. Threads and processes of other hosts cannot be neighbours
@@ -84,17 +124,44 @@ export const allThreads = (specs: readonly DeviceSpec[]): boolean => specs.every
  * were started with (LAYERWISE_TOKEN); spawned processes get a fresh one when it is undefined.
  * @throws LayerwiseError for a mix of threads and other devices, or a remote host without a token.
  */
-export async function openDevices(specs: readonly DeviceSpec[], token = process.env.LAYERWISE_TOKEN): Promise<Device[]> {
+export async function openDevices(
+  specs: readonly DeviceSpec[],
+  token = process.env.LAYERWISE_TOKEN,
+): Promise<Device[]> {
   if (allThreads(specs)) return specs.map((_, i) => new StageWorker(i));
-  check(specs.every((s) => s.kind !== 'thread'), '--devices mixes thread with process or HOST:PORT devices; use processes for every stage (or threads for every stage)');
+  check(
+    specs.every((s) => s.kind !== 'thread'),
+    '--devices mixes thread with process or HOST:PORT devices; use processes for every stage (or threads for every stage)',
+  );
   const hosts = specs.some((s) => s.kind === 'host');
-  if (hosts && !token) throw new LayerwiseError('--devices names other hosts but LAYERWISE_TOKEN is not set; set it to the token the workers were started with');
+  if (hosts && !token)
+    throw new LayerwiseError(
+      '--devices names other hosts but LAYERWISE_TOKEN is not set; set it to the token the workers were started with',
+    );
   const runToken = token ?? newRunToken();
   const tls = tlsFromEnv();
-  const opened = await Promise.allSettled(specs.map((s, i) => (s.kind === 'process' ? spawnDeviceProcess(i, runToken, s.env) : Promise.resolve(new RemoteDevice(i, (s as { address: string }).address, runToken, undefined, tls)))));
+  const opened = await Promise.allSettled(
+    specs.map((s, i) =>
+      s.kind === 'process'
+        ? spawnDeviceProcess(i, runToken, s.env)
+        : Promise.resolve(
+            new RemoteDevice(
+              i,
+              (s as { address: string }).address,
+              runToken,
+              undefined,
+              tls,
+            ),
+          ),
+    ),
+  );
   const failed = opened.find((r) => r.status === 'rejected');
   if (failed) {
-    await Promise.all(opened.map((r) => (r.status === 'fulfilled' ? r.value.terminate() : undefined)));
+    await Promise.all(
+      opened.map((r) =>
+        r.status === 'fulfilled' ? r.value.terminate() : undefined,
+      ),
+    );
     throw (failed as PromiseRejectedResult).reason;
   }
   return opened.map((r) => (r as PromiseFulfilledResult<Device>).value);
@@ -112,15 +179,22 @@ function tlsFromEnv(): TlsFiles | undefined {
     try {
       return readFileSync(path);
     } catch (e) {
-      throw new LayerwiseError(`${name}=${path} cannot be read (${(e as Error).message.split('\n')[0]}); point it at a PEM file`);
+      throw new LayerwiseError(
+        `${name}=${path} cannot be read (${(e as Error).message.split('\n')[0]}); point it at a PEM file`,
+      );
     }
   };
   const ca = read('LAYERWISE_TLS_CA');
-  return ca ? { ca, cert: read('LAYERWISE_TLS_CERT'), key: read('LAYERWISE_TLS_KEY') } : undefined;
+  return ca
+    ? { ca, cert: read('LAYERWISE_TLS_CERT'), key: read('LAYERWISE_TLS_KEY') }
+    : undefined;
 }
 
 /** The gRPC links of stage `i` of `k` remote devices: accept the previous stage's, dial the next's. */
-export function remoteLinks(devices: readonly Device[], i: number): { prev?: RemoteLink; next?: RemoteLink } {
+export function remoteLinks(
+  devices: readonly Device[],
+  i: number,
+): { prev?: RemoteLink; next?: RemoteLink } {
   const next = devices[i + 1];
   return {
     ...(i > 0 ? { prev: { accept: true as const } } : {}),

@@ -13,20 +13,26 @@
  * within {@link KEEPALIVE_TIMEOUT_MS}, turn a dead host or a cut network into an error within
  * seconds, never a hang.
  */
-import * as grpc from '@grpc/grpc-js';
-import { serialize, deserialize } from 'node:v8';
+
 import { createRequire } from 'node:module';
+import { deserialize, serialize } from 'node:v8';
+import * as grpc from '@grpc/grpc-js';
 import type { PortLike } from './channel.js';
 
 /** layerwise's version (package.json), which a device and its coordinator must share. */
-export const VERSION: string = (createRequire(import.meta.url)('../../package.json') as { version: string }).version;
+export const VERSION: string = (
+  createRequire(import.meta.url)('../../package.json') as { version: string }
+).version;
 
 /** Largest frame, bytes (gRPC's default receive limit is 4 MiB). */
 export const FRAME_BYTES = 1 << 20;
 /** A link whose peer does not answer a keepalive ping within this many ms fails. */
 export const KEEPALIVE_TIMEOUT_MS = 3000;
 
-const passBuffer = { serialize: (b: Buffer) => b, deserialize: (b: Buffer) => b };
+const passBuffer = {
+  serialize: (b: Buffer) => b,
+  deserialize: (b: Buffer) => b,
+};
 
 /** The device service: one bidirectional stream of byte frames per link. */
 export const DEVICE_SERVICE: grpc.ServiceDefinition = {
@@ -52,7 +58,9 @@ export const LINK_OPTIONS: grpc.ChannelOptions = {
 };
 
 /** The duplex stream of a link, client or server side. */
-type LinkStream = grpc.ClientDuplexStream<Buffer, Buffer> | grpc.ServerDuplexStream<Buffer, Buffer>;
+type LinkStream =
+  | grpc.ClientDuplexStream<Buffer, Buffer>
+  | grpc.ServerDuplexStream<Buffer, Buffer>;
 
 const MORE = 0;
 const LAST = 1;
@@ -132,7 +140,8 @@ export class StreamPort implements PortLike {
   private receive(frame: Buffer): void {
     this.parts.push(frame.subarray(1));
     if (frame[0] !== LAST) return;
-    const whole = this.parts.length === 1 ? this.parts[0]! : Buffer.concat(this.parts);
+    const whole =
+      this.parts.length === 1 ? this.parts[0]! : Buffer.concat(this.parts);
     this.parts.length = 0;
     this.bytesIn += whole.length;
     const value = deserialize(whole);
@@ -166,14 +175,31 @@ export type LinkRole = 'control' | 'peer';
  * The returned port fails (onClose) if the server refuses the link (wrong token or version:
  * the error carries the server's message) or the connection is lost.
  */
-export function dial(address: string, role: LinkRole, token: string, tls?: TlsFiles, version = VERSION): { port: StreamPort; client: grpc.Client } {
-  const creds = tls?.ca || tls?.cert ? grpc.credentials.createSsl(tls.ca ?? null, tls.key ?? null, tls.cert ?? null) : grpc.credentials.createInsecure();
+export function dial(
+  address: string,
+  role: LinkRole,
+  token: string,
+  tls?: TlsFiles,
+  version = VERSION,
+): { port: StreamPort; client: grpc.Client } {
+  const creds =
+    tls?.ca || tls?.cert
+      ? grpc.credentials.createSsl(
+          tls.ca ?? null,
+          tls.key ?? null,
+          tls.cert ?? null,
+        )
+      : grpc.credentials.createInsecure();
   const Client = grpc.makeGenericClientConstructor(DEVICE_SERVICE, 'Device');
   const client = new Client(address, creds, LINK_OPTIONS);
   const md = new grpc.Metadata();
   md.set('layerwise-token', token);
   md.set('layerwise-version', version);
   md.set('layerwise-role', role);
-  const stream = (client as unknown as { link(md: grpc.Metadata): grpc.ClientDuplexStream<Buffer, Buffer> }).link(md);
+  const stream = (
+    client as unknown as {
+      link(md: grpc.Metadata): grpc.ClientDuplexStream<Buffer, Buffer>;
+    }
+  ).link(md);
   return { port: new StreamPort(stream), client };
 }

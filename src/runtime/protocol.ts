@@ -1,12 +1,12 @@
 import type { MessagePort } from 'node:worker_threads';
+import type { HostTensor } from '../data/microbatch.js';
 /** Messages between the main thread and a stage worker, and between neighbouring stages. */
 import type { ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import type { Action } from '../schedule/schedule.js';
 import type { NumericFault, TraceSpan } from '../pipeline/executor.js';
-import type { HostTensor } from '../data/microbatch.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
+import type { Action } from '../schedule/schedule.js';
 
 /**
  * A stage-to-stage link between devices in different processes (runtime/grpc-link.ts): dial the

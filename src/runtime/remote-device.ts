@@ -6,7 +6,7 @@
  * link that stops answering keepalive pings, fails every pending call with a {@link StageError}
  * naming the stage and where it ran, within seconds.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -28,9 +28,17 @@ export class RemoteDevice extends Device {
    * Connects to the device server at `address` (HOST:PORT) as stage `index`'s coordinator.
    * `child`: the process behind it, when this coordinator spawned it (killed on terminate).
    */
-  constructor(index: number, readonly address: string, token: string, private readonly child?: ChildProcess, tls?: TlsFiles) {
+  constructor(
+    index: number,
+    readonly address: string,
+    token: string,
+    private readonly child?: ChildProcess,
+    tls?: TlsFiles,
+  ) {
     super(index);
-    this.where = child ? `process ${child.pid} at ${address}` : `host ${address}`;
+    this.where = child
+      ? `process ${child.pid} at ${address}`
+      : `host ${address}`;
     const { port, client } = dial(address, 'control', token, tls);
     this.port = port;
     this.client = client;
@@ -38,27 +46,55 @@ export class RemoteDevice extends Device {
     port.onClose((why) => {
       if (this.closed) return;
       // refused, or never reachable: the user's setup (token, version, address), not a lost device
-      const refused = /UNAUTHENTICATED|FAILED_PRECONDITION|RESOURCE_EXHAUSTED/.test(why.message);
+      const refused =
+        /UNAUTHENTICATED|FAILED_PRECONDITION|RESOURCE_EXHAUSTED/.test(
+          why.message,
+        );
       if (refused || (!this.answered && /UNAVAILABLE/.test(why.message))) {
-        const fix = refused ? '' : `; start one there with layerwise worker --listen ${address}, or fix the address in --devices`;
-        const what = refused ? why.message.replace(/^\d+ [A-Z_]+: /, '') : `no layerwise worker answers at ${address}`;
-        this.ch.fail(new StageError(index, `device ${this.where} refused the run: ${what}${fix}`, 'LayerwiseError'));
+        const fix = refused
+          ? ''
+          : `; start one there with layerwise worker --listen ${address}, or fix the address in --devices`;
+        const what = refused
+          ? why.message.replace(/^\d+ [A-Z_]+: /, '')
+          : `no layerwise worker answers at ${address}`;
+        this.ch.fail(
+          new StageError(
+            index,
+            `device ${this.where} refused the run: ${what}${fix}`,
+            'LayerwiseError',
+          ),
+        );
       } else {
-        this.ch.fail(new StageError(index, `device ${this.where} is gone: ${why.message}`));
+        this.ch.fail(
+          new StageError(index, `device ${this.where} is gone: ${why.message}`),
+        );
       }
     });
     child?.on('exit', (code, signal) => {
-      if (!this.closed) this.ch.fail(new StageError(index, `device ${this.where} exited (${signal ?? `code ${code}`})`));
+      if (!this.closed)
+        this.ch.fail(
+          new StageError(
+            index,
+            `device ${this.where} exited (${signal ?? `code ${code}`})`,
+          ),
+        );
     });
   }
 
   async terminate(): Promise<void> {
-    if (!this.closed) this.ch.fail(new StageError(this.index, 'device was stopped'));
+    if (!this.closed)
+      this.ch.fail(new StageError(this.index, 'device was stopped'));
     this.closed = true;
     this.port.end();
     this.client.close();
-    if (this.child && this.child.exitCode === null && this.child.signalCode === null) {
-      const gone = new Promise<void>((r) => this.child!.once('exit', () => r()));
+    if (
+      this.child &&
+      this.child.exitCode === null &&
+      this.child.signalCode === null
+    ) {
+      const gone = new Promise<void>((r) =>
+        this.child!.once('exit', () => r()),
+      );
       this.child.kill('SIGTERM');
       const t = setTimeout(() => this.child!.kill('SIGKILL'), 2000);
       await gone;
@@ -78,23 +114,50 @@ process.once('exit', () => {
  * connects to it. `env`: extra environment (e.g. CUDA_VISIBLE_DEVICES).
  * @throws StageError when the process fails to start or to listen within 30 s.
  */
-export async function spawnDeviceProcess(index: number, token: string, env: Record<string, string> = {}): Promise<RemoteDevice> {
+export async function spawnDeviceProcess(
+  index: number,
+  token: string,
+  env: Record<string, string> = {},
+): Promise<RemoteDevice> {
   const entry = fileURLToPath(new URL('./device-process.js', import.meta.url));
-  const child = spawn(process.execPath, [entry], { env: { ...process.env, ...env, LAYERWISE_TOKEN: token }, stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(process.execPath, [entry], {
+    env: { ...process.env, ...env, LAYERWISE_TOKEN: token },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  });
   children.add(child);
   child.once('exit', () => children.delete(child));
   const address = await new Promise<string>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new StageError(index, 'device process did not start listening within 30 s')), 30_000);
+    const timer = setTimeout(
+      () =>
+        reject(
+          new StageError(
+            index,
+            'device process did not start listening within 30 s',
+          ),
+        ),
+      30_000,
+    );
     const lines = createInterface({ input: child.stdout! });
     lines.once('line', (l) => {
       clearTimeout(timer);
       const m = /listening on (\S+)/.exec(l);
       if (m) resolve(m[1]!);
-      else reject(new StageError(index, `device process said '${l}' instead of its address`));
+      else
+        reject(
+          new StageError(
+            index,
+            `device process said '${l}' instead of its address`,
+          ),
+        );
     });
     child.once('exit', (code, signal) => {
       clearTimeout(timer);
-      reject(new StageError(index, `device process exited before listening (${signal ?? `code ${code}`})`));
+      reject(
+        new StageError(
+          index,
+          `device process exited before listening (${signal ?? `code ${code}`})`,
+        ),
+      );
     });
   });
   return new RemoteDevice(index, address, token, child);

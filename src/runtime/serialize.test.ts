@@ -1,5 +1,5 @@
-import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
+import { before, test } from 'node:test';
 import { MessageChannel } from 'node:worker_threads';
 import { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
@@ -11,15 +11,21 @@ before(async () => {
 });
 
 /** The bytes of a typed array, to compare values bit for bit (NaN, -0). */
-const bytes = (a: Float32Array | Int32Array) => Array.from(new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
+const bytes = (a: Float32Array | Int32Array) =>
+  Array.from(new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
 
 /** Runs `body` with two Channels over a MessageChannel, within 5 s, and closes the ports after. */
-async function withChannels(body: (a: Channel, b: Channel) => Promise<void>): Promise<void> {
+async function withChannels(
+  body: (a: Channel, b: Channel) => Promise<void>,
+): Promise<void> {
   const { port1, port2 } = new MessageChannel();
   let timer: NodeJS.Timeout | undefined;
   try {
     const timeout = new Promise<never>((_, reject) => {
-      timer = setTimeout(() => reject(new Error('timed out (a receive never resolved)')), 5000);
+      timer = setTimeout(
+        () => reject(new Error('timed out (a receive never resolved)')),
+        5000,
+      );
     });
     await Promise.race([body(new Channel(port1), new Channel(port2)), timeout]);
   } finally {
@@ -29,8 +35,23 @@ async function withChannels(body: (a: Channel, b: Channel) => Promise<void>): Pr
   }
 }
 
-const FLOATS = [0, -0, 1, -1.5, 0.1, 1e-40, 3.4028234663852886e38, -Infinity, Infinity, NaN, Math.PI, -7.25];
-const INTS = [0, 1, -1, 2147483647, -2147483648, 123456789, -42, 7, 8, 9, 10, 11];
+const FLOATS = [
+  0,
+  -0,
+  1,
+  -1.5,
+  0.1,
+  1e-40,
+  3.4028234663852886e38,
+  -Infinity,
+  Infinity,
+  NaN,
+  Math.PI,
+  -7.25,
+];
+const INTS = [
+  0, 1, -1, 2147483647, -2147483648, 123456789, -42, 7, 8, 9, 10, 11,
+];
 
 test('toWire copies a float32 tensor exactly and disposes it', async () => {
   const n0 = tf.memory().numTensors;
@@ -64,7 +85,10 @@ test('toWire copies an int32 tensor exactly and disposes it', async () => {
 
 test('toWire of a computed tensor gives its values', async () => {
   const n0 = tf.memory().numTensors;
-  const a = tf.tensor([[1, 2, 3], [4, 5, 6]]);
+  const a = tf.tensor([
+    [1, 2, 3],
+    [4, 5, 6],
+  ]);
   const w = await toWire(tf.transpose(a));
   a.dispose();
   assert.equal(tf.memory().numTensors, n0);
@@ -107,7 +131,8 @@ test('fromWire(toWire(t)) round-trips float32 and int32 tensors', async () => {
     [INTS, [12], 'int32'],
     [INTS, [1, 4, 3, 1], 'int32'],
   ] as Array<[number[], number[], 'float32' | 'int32']>) {
-    const expected = dtype === 'int32' ? new Int32Array(values) : new Float32Array(values);
+    const expected =
+      dtype === 'int32' ? new Int32Array(values) : new Float32Array(values);
     const back = fromWire(await toWire(tf.tensor(values, shape, dtype)));
     const what = `${dtype} [${shape}]`;
     assert.deepEqual(back.shape, shape, what);
@@ -121,7 +146,10 @@ test('fromWire(toWire(t)) round-trips float32 and int32 tensors', async () => {
 });
 
 test('a scalar round-trips', async () => {
-  for (const [v, dtype] of [[3.5, 'float32'], [-17, 'int32']] as Array<[number, 'float32' | 'int32']>) {
+  for (const [v, dtype] of [
+    [3.5, 'float32'],
+    [-17, 'int32'],
+  ] as Array<[number, 'float32' | 'int32']>) {
     const w = await toWire(tf.scalar(v, dtype));
     assert.deepEqual(w.shape, []);
     assert.equal(w.dtype, dtype);
@@ -141,7 +169,9 @@ test('an empty tensor (shape [0, 3]) round-trips', async () => {
     assert.deepEqual(w.shape, [0, 3]);
     assert.equal(w.dtype, dtype);
     assert.equal(w.data.length, 0);
-    assert.ok(w.data instanceof (dtype === 'int32' ? Int32Array : Float32Array));
+    assert.ok(
+      w.data instanceof (dtype === 'int32' ? Int32Array : Float32Array),
+    );
     const back = fromWire(w);
     assert.deepEqual(back.shape, [0, 3]);
     assert.equal(back.dtype, dtype);
@@ -151,17 +181,30 @@ test('an empty tensor (shape [0, 3]) round-trips', async () => {
 });
 
 test('fromWire makes a tensor of the wire shape and dtype', () => {
-  const w: HostTensor = { shape: [2, 2], dtype: 'int32', data: new Int32Array([5, 6, 7, 8]) };
+  const w: HostTensor = {
+    shape: [2, 2],
+    dtype: 'int32',
+    data: new Int32Array([5, 6, 7, 8]),
+  };
   const t = fromWire(w);
   assert.deepEqual(t.shape, [2, 2]);
   assert.equal(t.dtype, 'int32');
-  assert.deepEqual(t.arraySync(), [[5, 6], [7, 8]]);
+  assert.deepEqual(t.arraySync(), [
+    [5, 6],
+    [7, 8],
+  ]);
   t.dispose();
 });
 
 test('transferables lists each buffer once, in order, and skips undefined', () => {
-  const w = (data: Float32Array | Int32Array, shape = [data.length]): HostTensor =>
-    ({ shape, dtype: data instanceof Int32Array ? 'int32' : 'float32', data });
+  const w = (
+    data: Float32Array | Int32Array,
+    shape = [data.length],
+  ): HostTensor => ({
+    shape,
+    dtype: data instanceof Int32Array ? 'int32' : 'float32',
+    data,
+  });
   const a = w(new Float32Array([1, 2]));
   const b = w(new Int32Array([3]));
   const shared = new ArrayBuffer(16);
@@ -175,7 +218,11 @@ test('transferables lists each buffer once, in order, and skips undefined', () =
   assert.equal(list[1], shared);
   assert.equal(list[2], b.data.buffer);
   // Works on any iterable (e.g. a generator).
-  function* gen() { yield b; yield undefined; yield b; }
+  function* gen() {
+    yield b;
+    yield undefined;
+    yield b;
+  }
   const g = transferables(gen());
   assert.equal(g.length, 1);
   assert.equal(g[0], b.data.buffer);
@@ -183,8 +230,16 @@ test('transferables lists each buffer once, in order, and skips undefined', () =
 
 test('a transferables list is accepted by postMessage when wire tensors share a buffer', async () => {
   const shared = new ArrayBuffer(16);
-  const w1: HostTensor = { shape: [2], dtype: 'float32', data: new Float32Array(shared, 0, 2) };
-  const w2: HostTensor = { shape: [2], dtype: 'float32', data: new Float32Array(shared, 8, 2) };
+  const w1: HostTensor = {
+    shape: [2],
+    dtype: 'float32',
+    data: new Float32Array(shared, 0, 2),
+  };
+  const w2: HostTensor = {
+    shape: [2],
+    dtype: 'float32',
+    data: new Float32Array(shared, 8, 2),
+  };
   w1.data.set([1, 2]);
   w2.data.set([3, 4]);
   await withChannels(async (a, b) => {
@@ -204,7 +259,11 @@ test('a transferables list is accepted by postMessage when wire tensors share a 
 
 test('copyWire gives an independent copy with its own buffer', () => {
   const big = new Float32Array([0, 0, 1.5, 2.5, 3.5, 0]);
-  const w: HostTensor = { shape: [3, 1], dtype: 'float32', data: big.subarray(2, 5) };
+  const w: HostTensor = {
+    shape: [3, 1],
+    dtype: 'float32',
+    data: big.subarray(2, 5),
+  };
   const c = copyWire(w);
   assert.deepEqual(c.shape, [3, 1]);
   assert.equal(c.dtype, 'float32');
@@ -223,7 +282,11 @@ test('copyWire gives an independent copy with its own buffer', () => {
   w.data[1] = -2;
   assert.equal(c.data[1], 2.5);
   // int32 keeps its type.
-  const ci = copyWire({ shape: [2], dtype: 'int32', data: new Int32Array([4, -5]) });
+  const ci = copyWire({
+    shape: [2],
+    dtype: 'int32',
+    data: new Int32Array([4, -5]),
+  });
   assert.ok(ci.data instanceof Int32Array);
   assert.equal(ci.dtype, 'int32');
   assert.deepEqual(Array.from(ci.data), [4, -5]);
@@ -253,14 +316,17 @@ test('a wire tensor sent through a MessageChannel arrives intact and detaches th
       [FLOATS, [3, 4], 'float32'],
       [INTS, [2, 2, 3], 'int32'],
     ] as Array<[number[], number[], 'float32' | 'int32']>) {
-      const expected = dtype === 'int32' ? new Int32Array(values) : new Float32Array(values);
+      const expected =
+        dtype === 'int32' ? new Int32Array(values) : new Float32Array(values);
       const w = await toWire(tf.tensor(values, shape, dtype));
       const sent = w.data.buffer;
       // As runtime/worker.ts sends activations and gradients.
       a.send({ type: 'act', mb: 3, tensor: w }, transferables([w]));
       assert.equal(sent.byteLength, 0);
       assert.equal(w.data.length, 0);
-      const m = await b.recv<Message & { mb: number; tensor: HostTensor }>('act');
+      const m = await b.recv<Message & { mb: number; tensor: HostTensor }>(
+        'act',
+      );
       assert.equal(m.mb, 3);
       assert.deepEqual(m.tensor.shape, shape);
       assert.equal(m.tensor.dtype, dtype);
@@ -269,7 +335,10 @@ test('a wire tensor sent through a MessageChannel arrives intact and detaches th
       const t = fromWire(m.tensor);
       assert.deepEqual(t.shape, shape);
       assert.equal(t.dtype, dtype);
-      assert.deepEqual(bytes(t.dataSync() as Float32Array | Int32Array), bytes(expected));
+      assert.deepEqual(
+        bytes(t.dataSync() as Float32Array | Int32Array),
+        bytes(expected),
+      );
       t.dispose();
     }
     assert.equal(tf.memory().numTensors, n0);

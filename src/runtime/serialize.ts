@@ -6,7 +6,6 @@
 import { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
 
-
 /**
  * Copies a tensor to the host (an asynchronous read: a GPU device cannot read synchronously)
  * and disposes it. The copy is always fresh: some backends (cpu) return their own storage,
@@ -15,7 +14,11 @@ import type { HostTensor } from '../data/microbatch.js';
 export async function toWire(t: tf.Tensor): Promise<HostTensor> {
   try {
     const data = ((await t.data()) as Float32Array | Int32Array).slice();
-    return { shape: t.shape.slice(), dtype: t.dtype as 'float32' | 'int32', data };
+    return {
+      shape: t.shape.slice(),
+      dtype: t.dtype as 'float32' | 'int32',
+      data,
+    };
   } finally {
     t.dispose();
   }
@@ -27,9 +30,13 @@ export function fromWire(w: HostTensor): tf.Tensor {
 }
 
 /** The transfer list for wire tensors (their buffers). */
-export function transferables(ws: Iterable<HostTensor | undefined>): ArrayBuffer[] {
+export function transferables(
+  ws: Iterable<HostTensor | undefined>,
+): ArrayBuffer[] {
   const out: ArrayBuffer[] = [];
-  for (const w of ws) if (w && !out.includes(w.data.buffer as ArrayBuffer)) out.push(w.data.buffer as ArrayBuffer);
+  for (const w of ws)
+    if (w && !out.includes(w.data.buffer as ArrayBuffer))
+      out.push(w.data.buffer as ArrayBuffer);
   return out;
 }
 

@@ -5,25 +5,50 @@
  * directly with its neighbour stages (MessagePorts between threads, gRPC links between
  * processes; see {@link LinkResolver}).
  */
-import { backendHeapBytes, initBackend, releaseBackend } from '../backend/index.js';
+import {
+  backendHeapBytes,
+  initBackend,
+  releaseBackend,
+} from '../backend/index.js';
+import {
+  deviceBytes,
+  peakBytes,
+  resetPeakBytes,
+  setDeviceBudget,
+} from '../backend/memory.js';
+import type { tf } from '../backend/tfjs.js';
+import type { HostTensor } from '../data/microbatch.js';
 import { loadModel } from '../model/model.js';
-import { execute, ScheduleError, type StageLinks, type StageProgram } from '../pipeline/executor.js';
+import {
+  execute,
+  ScheduleError,
+  type StageLinks,
+  type StageProgram,
+} from '../pipeline/executor.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
 import type { Channel, Message } from './channel.js';
-import { peakBytes, deviceBytes, resetPeakBytes, setDeviceBudget } from '../backend/memory.js';
-import type { StageApi, StageInit, StageStep, StageStepResult } from './protocol.js';
+import type {
+  StageApi,
+  StageInit,
+  StageStep,
+  StageStepResult,
+} from './protocol.js';
 import { fromWire, toWire, transferables } from './serialize.js';
-import type { HostTensor } from '../data/microbatch.js';
-import type { tf } from '../backend/tfjs.js';
 
 /** Turns StageInit's `prev` / `next` (a MessagePort, or a gRPC link to open or to accept) into a channel. */
-export type LinkResolver = (link: NonNullable<StageInit['prev']>, side: 'prev' | 'next') => Channel | Promise<Channel>;
+export type LinkResolver = (
+  link: NonNullable<StageInit['prev']>,
+  side: 'prev' | 'next',
+) => Channel | Promise<Channel>;
 
 /**
  * Serves the coordinator's requests on `main` until the channel fails (the coordinator is gone)
  * and resolves then; `resolve` makes the neighbour links of `init`.
  */
-export async function serveStage(main: Channel, resolve: LinkResolver): Promise<void> {
+export async function serveStage(
+  main: Channel,
+  resolve: LinkResolver,
+): Promise<void> {
   let stage: StageProgram | null = null;
   let stageIndex = 0;
   let prev: Channel | null = null;
@@ -34,13 +59,21 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     tensor: HostTensor;
   }
 
-  async function sendTensor(ch: Channel | null, type: string, mb: number, t: tf.Tensor): Promise<void> {
+  async function sendTensor(
+    ch: Channel | null,
+    type: string,
+    mb: number,
+    t: tf.Tensor,
+  ): Promise<void> {
     if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
     const w = await toWire(t);
     ch.send({ type, mb, tensor: w }, transferables([w]));
   }
 
-  async function recvTensor(ch: Channel | null, type: string): Promise<{ mb: number; t: tf.Tensor }> {
+  async function recvTensor(
+    ch: Channel | null,
+    type: string,
+  ): Promise<{ mb: number; t: tf.Tensor }> {
     if (!ch) throw new Error(`stage has no neighbour to receive ${type} from`);
     const m = await ch.recv<TensorMessage>(type);
     return { mb: m.mb, t: fromWire(m.tensor) };
@@ -56,7 +89,15 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     },
     sendGradient: (mb, t) => sendTensor(prev, 'grad', mb, t),
     pushGrads(g) {
-      main.send({ type: 'grads', layer: g.layer, grads: g.grads, sumSquares: g.sumSquares }, Object.values(g.grads).map((a) => a.buffer as ArrayBuffer));
+      main.send(
+        {
+          type: 'grads',
+          layer: g.layer,
+          grads: g.grads,
+          sumSquares: g.sumSquares,
+        },
+        Object.values(g.grads).map((a) => a.buffer as ArrayBuffer),
+      );
     },
     async reduceGradNorm(sumSquares) {
       main.send({ type: 'norm', sumSquares });
@@ -70,14 +111,32 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     return stage;
   }
 
-  const handlers: { [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]> } = {
+  const handlers: {
+    [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]>;
+  } = {
     async init(a: StageInit) {
-      await initBackend(a.backend, a.backend === 'native' && a.threads ? { threads: a.threads } : {});
+      await initBackend(
+        a.backend,
+        a.backend === 'native' && a.threads ? { threads: a.threads } : {},
+      );
       const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
       const create = await loadStageKind(a.stage);
-      stage = create({ index: a.index, model, range: a.range, params: new Map(Object.entries(a.params)), optimizer: a.optimizer }, a.stage.options);
+      stage = create(
+        {
+          index: a.index,
+          model,
+          range: a.range,
+          params: new Map(Object.entries(a.params)),
+          optimizer: a.optimizer,
+        },
+        a.stage.options,
+      );
       stageIndex = a.index;
-      setDeviceBudget(a.deviceMemory, { stage: a.index, strategy: a.strategy, advice: a.oomAdvice });
+      setDeviceBudget(a.deviceMemory, {
+        stage: a.index,
+        strategy: a.strategy,
+        advice: a.oomAdvice,
+      });
       prev = a.prev ? await resolve(a.prev, 'prev') : null;
       next = a.next ? await resolve(a.next, 'next') : null;
       resetPeakBytes();
@@ -95,7 +154,13 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
       const labels = a.labels?.map(fromWire);
       let trace: Awaited<ReturnType<typeof execute>>;
       try {
-        trace = await execute(s, a.actions, links, { inputs, labels, m: a.m, lr: a.lr, diagnose: a.diagnose }, stageIndex);
+        trace = await execute(
+          s,
+          a.actions,
+          links,
+          { inputs, labels, m: a.m, lr: a.lr, diagnose: a.diagnose },
+          stageIndex,
+        );
         await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end
       } catch (e) {
         // a failed step frees the inputs and labels it was given: a stage may not have reached
@@ -104,24 +169,41 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
         s.discard?.();
         throw e;
       }
-      const losses = [...s.losses.entries()].sort((x, y) => x[0] - y[0]).map(([, l]) => l);
-      const metrics = s.metrics?.size ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v) : undefined;
-      const r: StageStepResult = { losses, ...(metrics ? { metrics } : {}), ...(s.faults?.length ? { faults: [...s.faults] } : {}), trace, peakBytes: peakBytes(), bytes: deviceBytes(), heapBytes: backendHeapBytes(), ms: performance.now() - t0, startedAt };
+      const losses = [...s.losses.entries()]
+        .sort((x, y) => x[0] - y[0])
+        .map(([, l]) => l);
+      const metrics = s.metrics?.size
+        ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v)
+        : undefined;
+      const r: StageStepResult = {
+        losses,
+        ...(metrics ? { metrics } : {}),
+        ...(s.faults?.length ? { faults: [...s.faults] } : {}),
+        trace,
+        peakBytes: peakBytes(),
+        bytes: deviceBytes(),
+        heapBytes: backendHeapBytes(),
+        ms: performance.now() - t0,
+        startedAt,
+      };
       return r;
     },
     async getParams() {
       const s = need();
-      if (!s.getParams) throw new Error(`a ${s.kind} keeps no parameters on its device`);
+      if (!s.getParams)
+        throw new Error(`a ${s.kind} keeps no parameters on its device`);
       return Object.fromEntries(await s.getParams());
     },
     async getOptimizerState() {
       const s = need();
-      if (!s.getOptimizerState) throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+      if (!s.getOptimizerState)
+        throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
       return await s.getOptimizerState();
     },
     async setOptimizerState(st) {
       const s = need();
-      if (!s.setOptimizerState) throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+      if (!s.setOptimizerState)
+        throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
       s.setOptimizerState(st);
       return null;
     },
@@ -161,7 +243,16 @@ export async function serveStage(main: Channel, resolve: LinkResolver): Promise<
     } catch (e) {
       const err = e as Error;
       const schedule = err instanceof ScheduleError ? err.schedule : undefined;
-      main.send({ type: 'reply', id: req.id, error: { name: err.name, message: err.message, stack: err.stack, schedule } });
+      main.send({
+        type: 'reply',
+        id: req.id,
+        error: {
+          name: err.name,
+          message: err.message,
+          stack: err.stack,
+          schedule,
+        },
+      });
       (stage as StageProgram | null)?.reset();
     }
   }
@@ -173,7 +264,12 @@ function collectBuffers(v: unknown): ArrayBuffer[] {
   const walk = (x: unknown, depth: number) => {
     if (depth > 4 || x === null || typeof x !== 'object') return;
     if (ArrayBuffer.isView(x)) {
-      if (x.byteOffset === 0 && x.byteLength === x.buffer.byteLength && !(x.buffer instanceof SharedArrayBuffer)) out.add(x.buffer as ArrayBuffer);
+      if (
+        x.byteOffset === 0 &&
+        x.byteLength === x.buffer.byteLength &&
+        !(x.buffer instanceof SharedArrayBuffer)
+      )
+        out.add(x.buffer as ArrayBuffer);
       return;
     }
     for (const y of Object.values(x)) walk(y, depth + 1);

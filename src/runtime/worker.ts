@@ -7,13 +7,22 @@ import { MessagePort, parentPort } from 'node:worker_threads';
 import { Channel } from './channel.js';
 import { serveStage } from './stage-host.js';
 
-if (!parentPort) throw new Error('runtime/worker.js must run in a worker thread');
+if (!parentPort)
+  throw new Error('runtime/worker.js must run in a worker thread');
 void serveStage(new Channel(parentPort), (link, side) => {
-  if (!(link instanceof MessagePort)) throw new Error(`a worker-thread device needs a MessagePort to its ${side} stage`);
+  if (!(link instanceof MessagePort))
+    throw new Error(
+      `a worker-thread device needs a MessagePort to its ${side} stage`,
+    );
   const ch = new Channel(link);
   // in a device process, the I/O thread says when the gRPC link behind this port is lost
   link.on('message', (m: { type?: string; why?: string }) => {
-    if (m?.type === 'link-lost') ch.fail(new Error(`the link to the ${side === 'prev' ? 'previous' : 'next'} stage was lost: ${m.why}`));
+    if (m?.type === 'link-lost')
+      ch.fail(
+        new Error(
+          `the link to the ${side === 'prev' ? 'previous' : 'next'} stage was lost: ${m.why}`,
+        ),
+      );
   });
   return ch;
 });

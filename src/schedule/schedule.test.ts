@@ -1,8 +1,8 @@
-import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
 import {
-  REMAT_MODES,
+  type Action,
   clockCycles,
   evalSchedule,
   formatAction,
@@ -12,11 +12,11 @@ import {
   keepsActivations,
   makeSchedule,
   oneFOneBSchedule,
-  type Action,
+  REMAT_MODES,
   type RematMode,
   type Schedule,
 } from './schedule.js';
-import { simulate, type CostFn } from './simulate.js';
+import { type CostFn, simulate } from './simulate.js';
 
 const MS = [1, 2, 4, 8];
 const KS = [1, 2, 3, 4];
@@ -44,7 +44,8 @@ function maxInFlight(acts: readonly Action[]): number {
 }
 
 const range = (n: number) => Array.from({ length: n }, (_, i) => i);
-const unit: CostFn = (_, a) => (a.op === 'forward' ? 1 : a.op === 'backward' ? 2 : 0);
+const unit: CostFn = (_, a) =>
+  a.op === 'forward' ? 1 : a.op === 'backward' ? 2 : 0;
 
 test('simulate accepts gpipe and 1f1b for every M, K and mode', () => {
   for (const [name, make] of KINDS) {
@@ -52,10 +53,18 @@ test('simulate accepts gpipe and 1f1b for every M, K and mode', () => {
       for (const k of KS) {
         for (const mode of REMAT_MODES) {
           const s = make(m, k, mode);
-          assert.equal(s.length, k, `${name} M=${m} K=${k}: one list per stage`);
+          assert.equal(
+            s.length,
+            k,
+            `${name} M=${m} K=${k}: one list per stage`,
+          );
           const r = simulate(s);
           const total = s.reduce((n, acts) => n + acts.length, 0);
-          assert.equal(r.events.length, total, `${name} M=${m} K=${k}: every action ran`);
+          assert.equal(
+            r.events.length,
+            total,
+            `${name} M=${m} K=${k}: every action ran`,
+          );
         }
       }
     }
@@ -71,8 +80,16 @@ test('every stage forwards and backwards each micro-batch exactly once, forward 
           const what = `${name} M=${m} K=${k} stage ${st}`;
           const f = mbsOf(acts, 'forward');
           const b = mbsOf(acts, 'backward');
-          assert.deepEqual([...f].sort((x, y) => x - y), range(m), `${what}: forwards`);
-          assert.deepEqual([...b].sort((x, y) => x - y), range(m), `${what}: backwards`);
+          assert.deepEqual(
+            [...f].sort((x, y) => x - y),
+            range(m),
+            `${what}: forwards`,
+          );
+          assert.deepEqual(
+            [...b].sort((x, y) => x - y),
+            range(m),
+            `${what}: backwards`,
+          );
           for (let i = 0; i < m; i++) {
             const fi = acts.findIndex((a) => a.op === 'forward' && a.mb === i);
             const bi = acts.findIndex((a) => a.op === 'backward' && a.mb === i);
@@ -81,20 +98,58 @@ test('every stage forwards and backwards each micro-batch exactly once, forward 
           // Forwards always run in micro-batch order (the input channel is FIFO).
           assert.deepEqual(f, range(m), `${what}: forward order`);
           // Exactly one norm all-reduce and one optimizer step, at the very end, in that order.
-          assert.deepEqual(acts.slice(-2).map((a) => a.op), ['reduce_grad_norm', 'optimizer_step'], what);
-          assert.equal(acts.filter((a) => a.op === 'optimizer_step' || a.op === 'reduce_grad_norm').length, 2, what);
+          assert.deepEqual(
+            acts.slice(-2).map((a) => a.op),
+            ['reduce_grad_norm', 'optimizer_step'],
+            what,
+          );
+          assert.equal(
+            acts.filter(
+              (a) => a.op === 'optimizer_step' || a.op === 'reduce_grad_norm',
+            ).length,
+            2,
+            what,
+          );
           // Communication only where there is a neighbour.
           const ops = new Set(acts.map((a) => a.op));
-          assert.equal(ops.has('recv_act'), st > 0, `${what}: recv_act iff not first`);
-          assert.equal(ops.has('send_grad'), st > 0, `${what}: send_grad iff not first`);
-          assert.equal(ops.has('send_act'), st < k - 1, `${what}: send_act iff not last`);
-          assert.equal(ops.has('recv_grad'), st < k - 1, `${what}: recv_grad iff not last`);
+          assert.equal(
+            ops.has('recv_act'),
+            st > 0,
+            `${what}: recv_act iff not first`,
+          );
+          assert.equal(
+            ops.has('send_grad'),
+            st > 0,
+            `${what}: send_grad iff not first`,
+          );
+          assert.equal(
+            ops.has('send_act'),
+            st < k - 1,
+            `${what}: send_act iff not last`,
+          );
+          assert.equal(
+            ops.has('recv_grad'),
+            st < k - 1,
+            `${what}: recv_grad iff not last`,
+          );
           // A receive directly precedes the forward that consumes it, a send directly follows.
           acts.forEach((a, i) => {
-            if (a.op === 'recv_act') assert.deepEqual(acts[i + 1], { ...acts[i + 1], op: 'forward', mb: a.mb }, what);
-            if (a.op === 'send_act') assert.deepEqual(acts[i - 1], { ...acts[i - 1], op: 'forward', mb: a.mb }, what);
-            if (a.op === 'recv_grad') assert.deepEqual(acts[i + 1], { op: 'backward', mb: a.mb }, what);
-            if (a.op === 'send_grad') assert.deepEqual(acts[i - 1], { op: 'backward', mb: a.mb }, what);
+            if (a.op === 'recv_act')
+              assert.deepEqual(
+                acts[i + 1],
+                { ...acts[i + 1], op: 'forward', mb: a.mb },
+                what,
+              );
+            if (a.op === 'send_act')
+              assert.deepEqual(
+                acts[i - 1],
+                { ...acts[i - 1], op: 'forward', mb: a.mb },
+                what,
+              );
+            if (a.op === 'recv_grad')
+              assert.deepEqual(acts[i + 1], { op: 'backward', mb: a.mb }, what);
+            if (a.op === 'send_grad')
+              assert.deepEqual(acts[i - 1], { op: 'backward', mb: a.mb }, what);
           });
         });
       }
@@ -108,8 +163,16 @@ test('receives match sends in order between neighbouring stages', () => {
       for (const k of KS) {
         const s = make(m, k, 'always');
         for (let st = 0; st + 1 < k; st++) {
-          assert.deepEqual(mbsOf(s[st + 1], 'recv_act'), mbsOf(s[st], 'send_act'), `${name} M=${m} K=${k} act ${st}->${st + 1}`);
-          assert.deepEqual(mbsOf(s[st], 'recv_grad'), mbsOf(s[st + 1], 'send_grad'), `${name} M=${m} K=${k} grad ${st + 1}->${st}`);
+          assert.deepEqual(
+            mbsOf(s[st + 1], 'recv_act'),
+            mbsOf(s[st], 'send_act'),
+            `${name} M=${m} K=${k} act ${st}->${st + 1}`,
+          );
+          assert.deepEqual(
+            mbsOf(s[st], 'recv_grad'),
+            mbsOf(s[st + 1], 'send_grad'),
+            `${name} M=${m} K=${k} grad ${st + 1}->${st}`,
+          );
         }
       }
     }
@@ -121,13 +184,22 @@ test('gpipe: all forwards, then backwards in reverse order; exact lists for stag
     for (const k of KS) {
       const s = gpipeSchedule(m, k, 'never');
       for (const acts of s) {
-        assert.deepEqual(mbsOf(acts, 'backward'), range(m).reverse(), `M=${m} K=${k}`);
+        assert.deepEqual(
+          mbsOf(acts, 'backward'),
+          range(m).reverse(),
+          `M=${m} K=${k}`,
+        );
         const lastF = acts.map((a) => a.op).lastIndexOf('forward');
         const firstB = acts.findIndex((a) => a.op === 'backward');
         assert.ok(lastF < firstB, `M=${m} K=${k}: fill then drain`);
       }
       // Stage 0 starts computing at once: its first action is the forward of micro-batch 0.
-      assert.deepEqual(s[0][0], { op: 'forward', mb: 0, keep: true, grad: true });
+      assert.deepEqual(s[0][0], {
+        op: 'forward',
+        mb: 0,
+        keep: true,
+        grad: true,
+      });
       // The last stage: receive, forward for each micro-batch, then (no gradient to receive)
       // backward and send the input gradient, last micro-batch first.
       const last = k - 1;
@@ -150,16 +222,37 @@ test('1f1b: backwards in micro-batch order, warm-up of K-s-1 forwards', () => {
   for (const m of MS) {
     for (const k of KS) {
       const s = oneFOneBSchedule(m, k, 'never');
-      assert.deepEqual(s[0][0], { op: 'forward', mb: 0, keep: true, grad: true });
+      assert.deepEqual(s[0][0], {
+        op: 'forward',
+        mb: 0,
+        keep: true,
+        grad: true,
+      });
       s.forEach((acts, st) => {
-        assert.deepEqual(mbsOf(acts, 'backward'), range(m), `M=${m} K=${k} stage ${st}`);
+        assert.deepEqual(
+          mbsOf(acts, 'backward'),
+          range(m),
+          `M=${m} K=${k} stage ${st}`,
+        );
         const firstB = acts.findIndex((a) => a.op === 'backward');
-        const before = acts.slice(0, firstB).filter((a) => a.op === 'forward').length;
-        assert.equal(before, Math.min(k - st, m), `M=${m} K=${k} stage ${st}: forwards before the first backward`);
+        const before = acts
+          .slice(0, firstB)
+          .filter((a) => a.op === 'forward').length;
+        assert.equal(
+          before,
+          Math.min(k - st, m),
+          `M=${m} K=${k} stage ${st}: forwards before the first backward`,
+        );
       });
       // The last stage alternates strictly: F0 B0 F1 B1 ...
-      const fb = s[k - 1].filter((a) => a.op === 'forward' || a.op === 'backward').map((a) => `${a.op[0]}${(a as { mb: number }).mb}`);
-      assert.deepEqual(fb, range(m).flatMap((i) => [`f${i}`, `b${i}`]), `M=${m} K=${k} last stage`);
+      const fb = s[k - 1]
+        .filter((a) => a.op === 'forward' || a.op === 'backward')
+        .map((a) => `${a.op[0]}${(a as { mb: number }).mb}`);
+      assert.deepEqual(
+        fb,
+        range(m).flatMap((i) => [`f${i}`, `b${i}`]),
+        `M=${m} K=${k} last stage`,
+      );
     }
   }
 });
@@ -172,8 +265,15 @@ test('in-flight micro-batches: 1f1b keeps at most K - s on stage s, gpipe keeps 
       for (let st = 0; st < k; st++) {
         assert.equal(maxInFlight(g[st]), m, `gpipe M=${m} K=${k} stage ${st}`);
         const inflight = maxInFlight(o[st]);
-        assert.ok(inflight <= k - st, `1f1b M=${m} K=${k} stage ${st}: ${inflight} > ${k - st}`);
-        assert.equal(inflight, Math.min(k - st, m), `1f1b M=${m} K=${k} stage ${st}`);
+        assert.ok(
+          inflight <= k - st,
+          `1f1b M=${m} K=${k} stage ${st}: ${inflight} > ${k - st}`,
+        );
+        assert.equal(
+          inflight,
+          Math.min(k - st, m),
+          `1f1b M=${m} K=${k} stage ${st}`,
+        );
       }
     }
   }
@@ -187,10 +287,23 @@ test('keep flags follow the checkpoint mode', () => {
       for (const k of KS) {
         for (const mode of REMAT_MODES) {
           for (const acts of make(m, k, mode)) {
-            const fw = acts.filter((a): a is Extract<Action, { op: 'forward' }> => a.op === 'forward');
-            assert.ok(fw.every((a) => a.grad), `${name}: training forwards record gradients`);
-            const kept = fw.filter((a) => a.keep).map((a) => a.mb).sort((x, y) => x - y);
-            assert.deepEqual(kept, expectKept(mode, m), `${name} M=${m} K=${k} ${mode}`);
+            const fw = acts.filter(
+              (a): a is Extract<Action, { op: 'forward' }> =>
+                a.op === 'forward',
+            );
+            assert.ok(
+              fw.every((a) => a.grad),
+              `${name}: training forwards record gradients`,
+            );
+            const kept = fw
+              .filter((a) => a.keep)
+              .map((a) => a.mb)
+              .sort((x, y) => x - y);
+            assert.deepEqual(
+              kept,
+              expectKept(mode, m),
+              `${name} M=${m} K=${k} ${mode}`,
+            );
           }
         }
       }
@@ -208,9 +321,16 @@ test('evalSchedule: forwards only, nothing kept, no step', () => {
       const s = evalSchedule(m, k);
       simulate(s);
       for (const acts of s) {
-        assert.ok(acts.every((a) => a.op === 'forward' || a.op === 'recv_act' || a.op === 'send_act'));
+        assert.ok(
+          acts.every(
+            (a) =>
+              a.op === 'forward' || a.op === 'recv_act' || a.op === 'send_act',
+          ),
+        );
         assert.deepEqual(mbsOf(acts, 'forward'), range(m));
-        assert.ok(acts.every((a) => a.op !== 'forward' || (!a.keep && !a.grad)));
+        assert.ok(
+          acts.every((a) => a.op !== 'forward' || (!a.keep && !a.grad)),
+        );
       }
     }
   }
@@ -221,45 +341,89 @@ test('gpipe timeline follows the clock-cycle table; makespan and bubble are the 
     for (const k of KS) {
       const r = simulate(gpipeSchedule(m, k, 'except_last'), unit);
       const startOf = (op: 'forward' | 'backward', mb: number, st: number) =>
-        r.events.find((e) => e.stage === st && e.action.op === op && (e.action as { mb: number }).mb === mb)!.start;
+        r.events.find(
+          (e) =>
+            e.stage === st &&
+            e.action.op === op &&
+            (e.action as { mb: number }).mb === mb,
+        )!.start;
       // Forward of micro-batch i on stage j runs in clock tick i + j (cost 1 per tick).
       let tick = 0;
       for (const pairs of clockCycles(m, k)) {
-        for (const [i, j] of pairs) assert.equal(startOf('forward', i, j), tick, `M=${m} K=${k} F${i} on ${j}`);
+        for (const [i, j] of pairs)
+          assert.equal(
+            startOf('forward', i, j),
+            tick,
+            `M=${m} K=${k} F${i} on ${j}`,
+          );
         tick++;
       }
       // Backward: the mirrored table after the last forward ends at tick M+K-1, 2 per tick.
       for (let i = 0; i < m; i++) {
         for (let j = 0; j < k; j++) {
-          assert.equal(startOf('backward', i, j), m + k - 1 + 2 * ((m - 1 - i) + (k - 1 - j)), `M=${m} K=${k} B${i} on ${j}`);
+          assert.equal(
+            startOf('backward', i, j),
+            m + k - 1 + 2 * (m - 1 - i + (k - 1 - j)),
+            `M=${m} K=${k} B${i} on ${j}`,
+          );
         }
       }
       // Each stage is busy 3M; the step takes (M + K - 1) ticks of forward + backward.
       assert.equal(r.makespan, 3 * (m + k - 1), `M=${m} K=${k} makespan`);
-      for (const b of r.bubble) assert.ok(Math.abs(b - (k - 1) / (m + k - 1)) < 1e-12, `M=${m} K=${k} bubble ${b}`);
+      for (const b of r.bubble)
+        assert.ok(
+          Math.abs(b - (k - 1) / (m + k - 1)) < 1e-12,
+          `M=${m} K=${k} bubble ${b}`,
+        );
       assert.ok(Math.abs(idealBubble(m, k) - (k - 1) / (m + k - 1)) < 1e-15);
     }
   }
 });
 
 test('gpipe and 1f1b have the same makespan (f + b)(M + K - 1) for any uniform costs', () => {
-  for (const [f, b] of [[1, 1], [1, 2], [2, 3], [3, 1]]) {
-    const cost: CostFn = (_, a) => (a.op === 'forward' ? f : a.op === 'backward' ? b : 0);
+  for (const [f, b] of [
+    [1, 1],
+    [1, 2],
+    [2, 3],
+    [3, 1],
+  ]) {
+    const cost: CostFn = (_, a) =>
+      a.op === 'forward' ? f : a.op === 'backward' ? b : 0;
     for (const m of MS) {
       for (const k of KS) {
         for (const [name, make] of KINDS) {
           const r = simulate(make(m, k, 'always'), cost);
-          assert.equal(r.makespan, (f + b) * (m + k - 1), `${name} f=${f} b=${b} M=${m} K=${k}`);
+          assert.equal(
+            r.makespan,
+            (f + b) * (m + k - 1),
+            `${name} f=${f} b=${b} M=${m} K=${k}`,
+          );
           assert.equal(r.bubble.length, k);
-          for (const x of r.bubble) assert.ok(Math.abs(x - idealBubble(m, k)) < 1e-12, `${name} f=${f} b=${b} M=${m} K=${k}: bubble ${x}`);
+          for (const x of r.bubble)
+            assert.ok(
+              Math.abs(x - idealBubble(m, k)) < 1e-12,
+              `${name} f=${f} b=${b} M=${m} K=${k}: bubble ${x}`,
+            );
         }
       }
     }
   }
   // An unbalanced pipeline: the slow stage dictates the pace and idles least.
-  const slow: CostFn = (s, a) => (a.op === 'forward' ? (s === 1 ? 2 : 1) : a.op === 'backward' ? (s === 1 ? 4 : 2) : 0);
+  const slow: CostFn = (s, a) =>
+    a.op === 'forward'
+      ? s === 1
+        ? 2
+        : 1
+      : a.op === 'backward'
+        ? s === 1
+          ? 4
+          : 2
+        : 0;
   const r = simulate(gpipeSchedule(4, 3, 'never'), slow);
-  assert.ok(r.bubble[1] < r.bubble[0] && r.bubble[1] < r.bubble[2], `bubbles ${r.bubble}`);
+  assert.ok(
+    r.bubble[1] < r.bubble[0] && r.bubble[1] < r.bubble[2],
+    `bubbles ${r.bubble}`,
+  );
   assert.ok(r.makespan > 3 * (4 + 3 - 1));
 });
 
@@ -270,26 +434,57 @@ test('clockCycles yields exactly the pairs with i + j = t', () => {
       assert.equal(ticks.length, m + n - 1, `m=${m} n=${n}`);
       ticks.forEach((pairs, t) => {
         const want: string[] = [];
-        for (let i = 0; i < m; i++) for (let j = 0; j < n; j++) if (i + j === t) want.push(`${i},${j}`);
-        assert.deepEqual(pairs.map(([i, j]) => `${i},${j}`).sort(), want.sort(), `m=${m} n=${n} t=${t}`);
+        for (let i = 0; i < m; i++)
+          for (let j = 0; j < n; j++) if (i + j === t) want.push(`${i},${j}`);
+        assert.deepEqual(
+          pairs.map(([i, j]) => `${i},${j}`).sort(),
+          want.sort(),
+          `m=${m} n=${n} t=${t}`,
+        );
       });
     }
   }
   // The documented 4 x 3 table.
-  assert.deepEqual([...clockCycles(4, 3)], [
-    [[0, 0]],
-    [[1, 0], [0, 1]],
-    [[2, 0], [1, 1], [0, 2]],
-    [[3, 0], [2, 1], [1, 2]],
-    [[3, 1], [2, 2]],
-    [[3, 2]],
-  ]);
+  assert.deepEqual(
+    [...clockCycles(4, 3)],
+    [
+      [[0, 0]],
+      [
+        [1, 0],
+        [0, 1],
+      ],
+      [
+        [2, 0],
+        [1, 1],
+        [0, 2],
+      ],
+      [
+        [3, 0],
+        [2, 1],
+        [1, 2],
+      ],
+      [
+        [3, 1],
+        [2, 2],
+      ],
+      [[3, 2]],
+    ],
+  );
 });
 
 test('formatAction and formatSchedule print compact labels', () => {
-  assert.equal(formatAction(1, { op: 'forward', mb: 3, keep: false, grad: true }), '1F3');
-  assert.equal(formatAction(1, { op: 'forward', mb: 3, keep: true, grad: true }), '1Fk3');
-  assert.equal(formatAction(0, { op: 'forward', mb: 2, keep: true, grad: false }), '0F2');
+  assert.equal(
+    formatAction(1, { op: 'forward', mb: 3, keep: false, grad: true }),
+    '1F3',
+  );
+  assert.equal(
+    formatAction(1, { op: 'forward', mb: 3, keep: true, grad: true }),
+    '1Fk3',
+  );
+  assert.equal(
+    formatAction(0, { op: 'forward', mb: 2, keep: true, grad: false }),
+    '0F2',
+  );
   assert.equal(formatAction(0, { op: 'backward', mb: 0 }), '0B0');
   assert.equal(formatAction(2, { op: 'recv_act', mb: 1 }), '2RA1');
   assert.equal(formatAction(2, { op: 'send_act', mb: 1 }), '2SA1');
@@ -310,7 +505,8 @@ test('formatAction and formatSchedule print compact labels', () => {
 });
 
 /** A deep copy of a schedule to break on purpose. */
-const copy = (s: Schedule): Schedule => s.map((acts) => acts.map((a) => ({ ...a })));
+const copy = (s: Schedule): Schedule =>
+  s.map((acts) => acts.map((a) => ({ ...a })));
 
 test('simulate rejects invalid schedules, naming the stage', () => {
   // Backward before forward on stage 1.
@@ -320,7 +516,10 @@ test('simulate rejects invalid schedules, naming the stage', () => {
   assert.throws(() => simulate(a), /stage 1 .*backward before forward/);
 
   // Single stage: backward with no forward at all.
-  assert.throws(() => simulate([[{ op: 'backward', mb: 0 }]]), /stage 0 .*backward before forward/);
+  assert.throws(
+    () => simulate([[{ op: 'backward', mb: 0 }]]),
+    /stage 0 .*backward before forward/,
+  );
 
   // A receive nobody sends: stage 1 waits for an activation that never comes.
   const b = copy(gpipeSchedule(2, 2, 'never'));
@@ -332,52 +531,117 @@ test('simulate rejects invalid schedules, naming the stage', () => {
 
   // Swapped receive order: stage 2 expects micro-batch 1 first, the channel delivers 0.
   const c = copy(gpipeSchedule(2, 3, 'never'));
-  const ra = c[2].map((x, i) => (x.op === 'recv_act' ? i : -1)).filter((i) => i >= 0);
+  const ra = c[2]
+    .map((x, i) => (x.op === 'recv_act' ? i : -1))
+    .filter((i) => i >= 0);
   [c[2][ra[0]], c[2][ra[1]]] = [c[2][ra[1]], c[2][ra[0]]];
-  assert.throws(() => simulate(c), /stage 2 .*expected activation of micro-batch 1, the channel delivers 0/);
+  assert.throws(
+    () => simulate(c),
+    /stage 2 .*expected activation of micro-batch 1, the channel delivers 0/,
+  );
 
   // Swapped gradient order on stage 0.
   const d = copy(gpipeSchedule(3, 2, 'never'));
-  const rg = d[0].map((x, i) => (x.op === 'recv_grad' ? i : -1)).filter((i) => i >= 0);
+  const rg = d[0]
+    .map((x, i) => (x.op === 'recv_grad' ? i : -1))
+    .filter((i) => i >= 0);
   [d[0][rg[0]], d[0][rg[2]]] = [d[0][rg[2]], d[0][rg[0]]];
-  assert.throws(() => simulate(d), /stage 0 .*expected gradient of micro-batch 0, the channel delivers 2/);
+  assert.throws(
+    () => simulate(d),
+    /stage 0 .*expected gradient of micro-batch 0, the channel delivers 2/,
+  );
 
   // A micro-batch forwarded twice; a step before every backward; receive on the first stage.
   const e = copy(gpipeSchedule(2, 1, 'never'));
   e[0].splice(1, 0, { op: 'forward', mb: 0, keep: true, grad: true });
   assert.throws(() => simulate(e), /stage 0 .*forwarded twice/);
   const g = copy(gpipeSchedule(2, 2, 'never'));
-  g[1] = g[1].filter((x) => !(x.op === 'backward' && x.mb === 0) && !(x.op === 'send_grad' && x.mb === 0));
+  g[1] = g[1].filter(
+    (x) =>
+      !(x.op === 'backward' && x.mb === 0) &&
+      !(x.op === 'send_grad' && x.mb === 0),
+  );
   assert.throws(() => simulate(g), /stage 1 .*step before every backward/);
-  assert.throws(() => simulate([[{ op: 'forward', mb: 0, keep: true, grad: true }, { op: 'optimizer_step' }]]), /stage 0 .*step before every backward/);
-  assert.throws(() => simulate([[{ op: 'recv_act', mb: 0 }]]), /stage 0 .*no previous stage/);
-  assert.throws(() => simulate([[{ op: 'recv_grad', mb: 0 }]]), /stage 0 .*no next stage/);
+  assert.throws(
+    () =>
+      simulate([
+        [
+          { op: 'forward', mb: 0, keep: true, grad: true },
+          { op: 'optimizer_step' },
+        ],
+      ]),
+    /stage 0 .*step before every backward/,
+  );
+  assert.throws(
+    () => simulate([[{ op: 'recv_act', mb: 0 }]]),
+    /stage 0 .*no previous stage/,
+  );
+  assert.throws(
+    () => simulate([[{ op: 'recv_grad', mb: 0 }]]),
+    /stage 0 .*no next stage/,
+  );
 });
 
-test(
-  'simulate names the stage for sends past the pipeline ends',
-  () => {
-    const fb: Action[] = [{ op: 'forward', mb: 0, keep: true, grad: true }, { op: 'backward', mb: 0 }];
-    assert.throws(() => simulate([[...fb, { op: 'send_grad', mb: 0 }]]), /stage 0 /);
-    assert.throws(() => simulate([[fb[0], { op: 'send_act', mb: 0 }, fb[1]]]), /stage 0 /);
-  },
-);
+test('simulate names the stage for sends past the pipeline ends', () => {
+  const fb: Action[] = [
+    { op: 'forward', mb: 0, keep: true, grad: true },
+    { op: 'backward', mb: 0 },
+  ];
+  assert.throws(
+    () => simulate([[...fb, { op: 'send_grad', mb: 0 }]]),
+    /stage 0 /,
+  );
+  assert.throws(
+    () => simulate([[fb[0], { op: 'send_act', mb: 0 }, fb[1]]]),
+    /stage 0 /,
+  );
+});
 
 test('bad M or K throw LayerwiseError', () => {
-  for (const [m, k] of [[0, 1], [1, 0], [-1, 2], [2, -3], [1.5, 2], [2, 2.5], [NaN, 1], [1, NaN]]) {
+  for (const [m, k] of [
+    [0, 1],
+    [1, 0],
+    [-1, 2],
+    [2, -3],
+    [1.5, 2],
+    [2, 2.5],
+    [NaN, 1],
+    [1, NaN],
+  ]) {
     for (const make of [gpipeSchedule, oneFOneBSchedule]) {
-      assert.throws(() => make(m, k, 'never'), (e: unknown) => e instanceof LayerwiseError && /positive integer/.test(e.message) && e.message.includes(String(m < 1 || !Number.isInteger(m) ? m : k)), `M=${m} K=${k}`);
+      assert.throws(
+        () => make(m, k, 'never'),
+        (e: unknown) =>
+          e instanceof LayerwiseError &&
+          /positive integer/.test(e.message) &&
+          e.message.includes(String(m < 1 || !Number.isInteger(m) ? m : k)),
+        `M=${m} K=${k}`,
+      );
     }
     assert.throws(() => evalSchedule(m, k), LayerwiseError);
   }
-  assert.throws(() => makeSchedule('zigzag' as never, 2, 2, 'never'), (e: unknown) => e instanceof LayerwiseError && /unknown schedule 'zigzag'.*gpipe, 1f1b/.test(e.message));
-  assert.deepEqual(makeSchedule('gpipe', 4, 3, 'always'), gpipeSchedule(4, 3, 'always'));
-  assert.deepEqual(makeSchedule('1f1b', 4, 3, 'always'), oneFOneBSchedule(4, 3, 'always'));
+  assert.throws(
+    () => makeSchedule('zigzag' as never, 2, 2, 'never'),
+    (e: unknown) =>
+      e instanceof LayerwiseError &&
+      /unknown schedule 'zigzag'.*gpipe, 1f1b/.test(e.message),
+  );
+  assert.deepEqual(
+    makeSchedule('gpipe', 4, 3, 'always'),
+    gpipeSchedule(4, 3, 'always'),
+  );
+  assert.deepEqual(
+    makeSchedule('1f1b', 4, 3, 'always'),
+    oneFOneBSchedule(4, 3, 'always'),
+  );
 });
 
 test('simulate rejects a message that is sent but never received', () => {
   // forward-only: stage 0 sends two activations, stage 1 receives one
   const s = evalSchedule(2, 2);
   s[1] = s[1].filter((a) => !('mb' in a && a.mb === 1));
-  assert.throws(() => simulate(s), /stage 1 never receives the activation of micro-batch 1/);
+  assert.throws(
+    () => simulate(s),
+    /stage 1 never receives the activation of micro-batch 1/,
+  );
 });

@@ -11,7 +11,11 @@ import { LayerwiseError } from '../util/errors.js';
 
 /** Re-materialization (activation checkpointing) modes, as in torchgpipe. */
 export type RematMode = 'always' | 'except_last' | 'never';
-export const REMAT_MODES: readonly RematMode[] = ['always', 'except_last', 'never'];
+export const REMAT_MODES: readonly RematMode[] = [
+  'always',
+  'except_last',
+  'never',
+];
 
 /** Schedules this executor understands. */
 export type ScheduleKind = 'gpipe' | '1f1b';
@@ -79,45 +83,81 @@ export type Action =
 export type Schedule = Action[][];
 
 const SHORT: Record<Action['op'], string> = {
-  recv_act: 'RA', forward: 'F', send_act: 'SA', recv_grad: 'RG', backward: 'B', send_grad: 'SG',
-  reduce_grad_norm: 'NORM', optimizer_step: 'STEP',
-  local_update: 'L', overlap_backward: 'O', poll_grads: 'POLL', drain_grads: 'DRAIN', local_step: 'LSTEP',
-  load_layer: 'LOAD', prefetch_layer: 'PREF', layer_forward: 'F', layer_backward: 'B', push_grads: 'PUSH', release_layer: 'FREE',
+  recv_act: 'RA',
+  forward: 'F',
+  send_act: 'SA',
+  recv_grad: 'RG',
+  backward: 'B',
+  send_grad: 'SG',
+  reduce_grad_norm: 'NORM',
+  optimizer_step: 'STEP',
+  local_update: 'L',
+  overlap_backward: 'O',
+  poll_grads: 'POLL',
+  drain_grads: 'DRAIN',
+  local_step: 'LSTEP',
+  load_layer: 'LOAD',
+  prefetch_layer: 'PREF',
+  layer_forward: 'F',
+  layer_backward: 'B',
+  push_grads: 'PUSH',
+  release_layer: 'FREE',
 };
 
 /** Compact text form of an action: `1F3`, `0B0`, `2STEP`. Forwards that recompute nothing print `F`, kept ones `Fk`. */
 export function formatAction(stage: number, a: Action): string {
-  if ('layer' in a) return `${stage}L${a.layer}${SHORT[a.op]}${'mb' in a ? a.mb : ''}`;
+  if ('layer' in a)
+    return `${stage}L${a.layer}${SHORT[a.op]}${'mb' in a ? a.mb : ''}`;
   const kind = a.op === 'forward' && a.keep && a.grad ? 'Fk' : SHORT[a.op];
   return 'mb' in a ? `${stage}${kind}${a.mb}` : `${stage}${kind}`;
 }
 
 /** One line per stage, actions separated by spaces. */
 export function formatSchedule(s: Schedule): string {
-  return s.map((acts, k) => acts.map((a) => formatAction(k, a)).join(' ')).join('\n');
+  return s
+    .map((acts, k) => acts.map((a) => formatAction(k, a)).join(' '))
+    .join('\n');
 }
 
 /**
  * A stage's actions, one per line, with the action at `index` marked `<-- ERROR HERE` (as PyTorch
  * pipelining shows a failing schedule); at most `context` actions on each side, the rest counted.
  */
-export function formatScheduleError(stage: number, actions: readonly Action[], index: number, context = 6): string {
+export function formatScheduleError(
+  stage: number,
+  actions: readonly Action[],
+  index: number,
+  context = 6,
+): string {
   const from = Math.max(0, index - context);
   const to = Math.min(actions.length, index + context + 1);
-  const lines = [`schedule of stage ${stage}, action ${index + 1} of ${actions.length}:`];
+  const lines = [
+    `schedule of stage ${stage}, action ${index + 1} of ${actions.length}:`,
+  ];
   if (from > 0) lines.push(`  ... ${from} earlier`);
-  for (let i = from; i < to; i++) lines.push(`  ${formatAction(stage, actions[i])}${i === index ? '  <-- ERROR HERE' : ''}`);
+  for (let i = from; i < to; i++)
+    lines.push(
+      `  ${formatAction(stage, actions[i])}${i === index ? '  <-- ERROR HERE' : ''}`,
+    );
   if (to < actions.length) lines.push(`  ... ${actions.length - to} later`);
   return lines.join('\n');
 }
 
 function checkArgs(m: number, k: number): void {
-  if (!Number.isInteger(m) || m < 1) throw new LayerwiseError(`micro-batches must be a positive integer, got ${m}`);
-  if (!Number.isInteger(k) || k < 1) throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
+  if (!Number.isInteger(m) || m < 1)
+    throw new LayerwiseError(
+      `micro-batches must be a positive integer, got ${m}`,
+    );
+  if (!Number.isInteger(k) || k < 1)
+    throw new LayerwiseError(`stages must be a positive integer, got ${k}`);
 }
 
 /** Whether micro-batch mb keeps its forward activations under a re-materialization mode. */
-export function keepsActivations(mode: RematMode, mb: number, m: number): boolean {
+export function keepsActivations(
+  mode: RematMode,
+  mb: number,
+  m: number,
+): boolean {
   return mode === 'never' || (mode === 'except_last' && mb === m - 1);
 }
 
@@ -136,15 +176,25 @@ export function keepsActivations(mode: RematMode, mb: number, m: number): boolea
  * Backward runs the same table mirrored (last micro-batch first, from the last stage).
  * Yields, per tick, the list of [micro-batch, stage] pairs.
  */
-export function* clockCycles(m: number, n: number): Generator<Array<[number, number]>> {
+export function* clockCycles(
+  m: number,
+  n: number,
+): Generator<Array<[number, number]>> {
   for (let t = 0; t < m + n - 1; t++) {
     const pairs: Array<[number, number]> = [];
-    for (let j = Math.max(0, t - m + 1); j < Math.min(n, t + 1); j++) pairs.push([t - j, j]);
+    for (let j = Math.max(0, t - m + 1); j < Math.min(n, t + 1); j++)
+      pairs.push([t - j, j]);
     yield pairs;
   }
 }
 
-function fwd(stage: number, k: number, mb: number, keep: boolean, grad = true): Action[] {
+function fwd(
+  stage: number,
+  k: number,
+  mb: number,
+  keep: boolean,
+  grad = true,
+): Action[] {
   const out: Action[] = [];
   if (stage > 0) out.push({ op: 'recv_act', mb });
   out.push({ op: 'forward', mb, keep, grad });
@@ -171,7 +221,8 @@ export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
   checkArgs(m, k);
   return Array.from({ length: k }, (_, s) => {
     const acts: Action[] = [];
-    for (let i = 0; i < m; i++) acts.push(...fwd(s, k, i, keepsActivations(mode, i, m)));
+    for (let i = 0; i < m; i++)
+      acts.push(...fwd(s, k, i, keepsActivations(mode, i, m)));
     for (let i = m - 1; i >= 0; i--) acts.push(...bwd(s, k, i));
     return [...acts, ...STEP];
   });
@@ -182,14 +233,19 @@ export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
  * forwards, then alternates one forward and one backward, then drains the remaining
  * backwards. Same bubble as GPipe, but at most k - s micro-batches are in flight per stage.
  */
-export function oneFOneBSchedule(m: number, k: number, mode: RematMode): Schedule {
+export function oneFOneBSchedule(
+  m: number,
+  k: number,
+  mode: RematMode,
+): Schedule {
   checkArgs(m, k);
   return Array.from({ length: k }, (_, s) => {
     const acts: Action[] = [];
     const warm = Math.min(k - s - 1, m);
     let f = 0;
     let b = 0;
-    for (; f < warm; f++) acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
+    for (; f < warm; f++)
+      acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
     while (b < m) {
       if (f < m) {
         acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
@@ -213,14 +269,21 @@ export function evalSchedule(m: number, k: number): Schedule {
 }
 
 /** The training schedule of a kind. */
-export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: RematMode): Schedule {
+export function makeSchedule(
+  kind: ScheduleKind,
+  m: number,
+  k: number,
+  mode: RematMode,
+): Schedule {
   switch (kind) {
     case 'gpipe':
       return gpipeSchedule(m, k, mode);
     case '1f1b':
       return oneFOneBSchedule(m, k, mode);
     default:
-      throw new LayerwiseError(`unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`);
+      throw new LayerwiseError(
+        `unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`,
+      );
   }
 }
 
@@ -235,7 +298,12 @@ export function makeSchedule(kind: ScheduleKind, m: number, k: number, mode: Rem
  * waits (a {@link flushSchedule} collects what is outstanding).
  * Stage s works on micro-batch i while stage s+1 works on micro-batch i-1.
  */
-export function localSchedule(m: number, k: number, overlap: number, deterministic: boolean): Schedule {
+export function localSchedule(
+  m: number,
+  k: number,
+  overlap: number,
+  deterministic: boolean,
+): Schedule {
   checkArgs(m, k);
   return Array.from({ length: k }, (_, s) => {
     const receivesGrad = overlap > 0 && s < k - 1;
@@ -246,18 +314,28 @@ export function localSchedule(m: number, k: number, overlap: number, determinist
       acts.push({ op: 'local_update', mb: i });
       if (s < k - 1) acts.push({ op: 'send_act', mb: i });
       if (sendsGrad) acts.push({ op: 'send_grad', mb: i });
-      if (receivesGrad && deterministic && i > 0) acts.push({ op: 'recv_grad', mb: i - 1 }, { op: 'overlap_backward', mb: i - 1 });
+      if (receivesGrad && deterministic && i > 0)
+        acts.push(
+          { op: 'recv_grad', mb: i - 1 },
+          { op: 'overlap_backward', mb: i - 1 },
+        );
       if (receivesGrad && !deterministic) acts.push({ op: 'poll_grads' });
       acts.push({ op: 'local_step' });
     }
-    if (receivesGrad && deterministic) acts.push({ op: 'recv_grad', mb: m - 1 }, { op: 'overlap_backward', mb: m - 1 });
+    if (receivesGrad && deterministic)
+      acts.push(
+        { op: 'recv_grad', mb: m - 1 },
+        { op: 'overlap_backward', mb: m - 1 },
+      );
     return acts;
   });
 }
 
 /** Local parallelism: every stage but the last waits for its outstanding overlap gradients. */
 export function flushSchedule(k: number): Schedule {
-  return Array.from({ length: k }, (_, s) => (s < k - 1 ? [{ op: 'drain_grads' } as Action] : []));
+  return Array.from({ length: k }, (_, s) =>
+    s < k - 1 ? [{ op: 'drain_grads' } as Action] : [],
+  );
 }
 
 /**
@@ -284,7 +362,10 @@ export function flushSchedule(k: number): Schedule {
  */
 export function relaySchedule(layers: number, m: number): Schedule {
   checkArgs(m, 1);
-  if (!Number.isInteger(layers) || layers < 1) throw new LayerwiseError(`layers must be a positive integer, got ${layers}`);
+  if (!Number.isInteger(layers) || layers < 1)
+    throw new LayerwiseError(
+      `layers must be a positive integer, got ${layers}`,
+    );
   const acts: Action[] = [];
   for (let l = 0; l < layers - 1; l++) {
     acts.push({ op: 'load_layer', layer: l });
@@ -298,9 +379,13 @@ export function relaySchedule(layers: number, m: number): Schedule {
     acts.push({ op: 'load_layer', layer: l });
     for (let i = m - 1; i >= 0; i--) {
       acts.push({ op: 'layer_backward', layer: l, mb: i });
-      if (i === m - 1 && l > 0) acts.push({ op: 'prefetch_layer', layer: l - 1 });
+      if (i === m - 1 && l > 0)
+        acts.push({ op: 'prefetch_layer', layer: l - 1 });
     }
-    acts.push({ op: 'push_grads', layer: l }, { op: 'release_layer', layer: l });
+    acts.push(
+      { op: 'push_grads', layer: l },
+      { op: 'release_layer', layer: l },
+    );
   }
   acts.push({ op: 'optimizer_step' });
   return [acts];
@@ -314,7 +399,8 @@ export function relayEvalSchedule(layers: number, m: number): Schedule {
     acts.push({ op: 'load_layer', layer: l });
     for (let i = 0; i < m; i++) {
       acts.push({ op: 'layer_forward', layer: l, mb: i, grad: false });
-      if (i === 0 && l + 1 < layers) acts.push({ op: 'prefetch_layer', layer: l + 1 });
+      if (i === 0 && l + 1 < layers)
+        acts.push({ op: 'prefetch_layer', layer: l + 1 });
     }
     acts.push({ op: 'release_layer', layer: l });
   }

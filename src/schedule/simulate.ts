@@ -98,7 +98,10 @@ interface Msg {
  * before all backwards, a relay layer used while not loaded or out of order, a local step with
  * nothing to apply.
  */
-export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimResult {
+export function simulate(
+  schedule: Schedule,
+  cost: CostFn = defaultCost,
+): SimResult {
   const k = schedule.length;
   const pc = new Array<number>(k).fill(0);
   const clock = new Array<number>(k).fill(0);
@@ -107,15 +110,25 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
   const act: Msg[][] = Array.from({ length: k }, () => []);
   const grad: Msg[][] = Array.from({ length: k }, () => []);
   // micro-batches: the largest index + 1 in the whole schedule
-  const m = schedule.reduce((n, acts) => acts.reduce((x, a) => ('mb' in a ? Math.max(x, a.mb + 1) : x), n), 0);
+  const m = schedule.reduce(
+    (n, acts) =>
+      acts.reduce((x, a) => ('mb' in a ? Math.max(x, a.mb + 1) : x), n),
+    0,
+  );
   const state = schedule.map((acts) => ({
-    received: new Set<number>(), forwarded: new Set<number>(), gradIn: new Set<number>(), backwarded: new Set<number>(),
+    received: new Set<number>(),
+    forwarded: new Set<number>(),
+    gradIn: new Set<number>(),
+    backwarded: new Set<number>(),
     /** micro-batches whose activation this stage sent on */
     sentAct: new Set<number>(),
     /** local_update actions since the last local_step */
     updates: 0,
     // relay: layers inferred per stage
-    layers: acts.reduce((n, a) => ('layer' in a ? Math.max(n, a.layer + 1) : n), 0),
+    layers: acts.reduce(
+      (n, a) => ('layer' in a ? Math.max(n, a.layer + 1) : n),
+      0,
+    ),
     trains: acts.some((a) => a.op === 'layer_backward'),
     loaded: new Set<number>(),
     /** per layer, micro-batch -> the forward's grad flag */
@@ -124,10 +137,19 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
     pushed: new Set<number>(),
   }));
   // per stage, the micro-batches whose gradient the next stage sends back (what drain_grads waits for)
-  const gradsBack = schedule.map((_, s) => new Set(s + 1 < k ? schedule[s + 1].flatMap((a) => (a.op === 'send_grad' ? [a.mb] : [])) : []));
+  const gradsBack = schedule.map(
+    (_, s) =>
+      new Set(
+        s + 1 < k
+          ? schedule[s + 1].flatMap((a) => (a.op === 'send_grad' ? [a.mb] : []))
+          : [],
+      ),
+  );
   const events: SimEvent[] = [];
   const fail = (s: number, a: Action, why: string): never => {
-    throw new Error(`invalid schedule: stage ${s} ${JSON.stringify(a)}: ${why}`);
+    throw new Error(
+      `invalid schedule: stage ${s} ${JSON.stringify(a)}: ${why}`,
+    );
   };
   const fwdOf = (s: number, l: number) => {
     const f = state[s].layerFwd;
@@ -141,7 +163,12 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
   };
   /** Takes an overlap gradient from the channel (poll_grads, drain_grads); returns its arrival time. */
   const takeGrad = (s: number, a: Action, msg: Msg): number => {
-    if (!state[s].forwarded.has(msg.mb)) fail(s, a, `gradient of micro-batch ${msg.mb}, which this stage did not update`);
+    if (!state[s].forwarded.has(msg.mb))
+      fail(
+        s,
+        a,
+        `gradient of micro-batch ${msg.mb}, which this stage did not update`,
+      );
     state[s].gradIn.add(msg.mb);
     return msg.t;
   };
@@ -157,7 +184,12 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
       const q = act[s - 1];
       if (q.length === 0) return false;
       const msg = q.shift()!;
-      if (msg.mb !== a.mb) fail(s, a, `expected activation of micro-batch ${a.mb}, the channel delivers ${msg.mb}`);
+      if (msg.mb !== a.mb)
+        fail(
+          s,
+          a,
+          `expected activation of micro-batch ${a.mb}, the channel delivers ${msg.mb}`,
+        );
       st.received.add(a.mb);
       ready = Math.max(ready, msg.t);
     } else if (a.op === 'recv_grad') {
@@ -165,11 +197,17 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
       const q = grad[s];
       if (q.length === 0) return false;
       const msg = q.shift()!;
-      if (msg.mb !== a.mb) fail(s, a, `expected gradient of micro-batch ${a.mb}, the channel delivers ${msg.mb}`);
+      if (msg.mb !== a.mb)
+        fail(
+          s,
+          a,
+          `expected gradient of micro-batch ${a.mb}, the channel delivers ${msg.mb}`,
+        );
       st.gradIn.add(a.mb);
       ready = Math.max(ready, msg.t);
     } else if (a.op === 'forward') {
-      if (s > 0 && !st.received.has(a.mb)) fail(s, a, 'forward before its input was received');
+      if (s > 0 && !st.received.has(a.mb))
+        fail(s, a, 'forward before its input was received');
       if (st.forwarded.has(a.mb)) fail(s, a, 'micro-batch forwarded twice');
       st.forwarded.add(a.mb);
     } else if (a.op === 'send_act') {
@@ -179,7 +217,8 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
       st.sentAct.add(a.mb);
     } else if (a.op === 'backward') {
       if (!st.forwarded.has(a.mb)) fail(s, a, 'backward before forward');
-      if (s < k - 1 && !st.gradIn.has(a.mb)) fail(s, a, 'backward before its output gradient was received');
+      if (s < k - 1 && !st.gradIn.has(a.mb))
+        fail(s, a, 'backward before its output gradient was received');
       if (st.backwarded.has(a.mb)) fail(s, a, 'micro-batch backwarded twice');
       st.backwarded.add(a.mb);
     } else if (a.op === 'send_grad') {
@@ -187,16 +226,28 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
       if (!st.backwarded.has(a.mb)) fail(s, a, 'send_grad before backward');
       grad[s - 1].push({ mb: a.mb, t: clock[s] });
     } else if (a.op === 'local_update') {
-      if (s > 0 && !st.received.has(a.mb)) fail(s, a, 'local update before its input was received');
+      if (s > 0 && !st.received.has(a.mb))
+        fail(s, a, 'local update before its input was received');
       if (st.forwarded.has(a.mb)) fail(s, a, 'micro-batch updated twice');
       st.forwarded.add(a.mb);
       st.backwarded.add(a.mb);
       st.updates++;
     } else if (a.op === 'overlap_backward') {
-      if (!st.gradIn.has(a.mb)) fail(s, a, 'overlap backward before its gradient was received');
-      if (!st.forwarded.has(a.mb)) fail(s, a, 'overlap backward of a micro-batch this stage did not update');
+      if (!st.gradIn.has(a.mb))
+        fail(s, a, 'overlap backward before its gradient was received');
+      if (!st.forwarded.has(a.mb))
+        fail(
+          s,
+          a,
+          'overlap backward of a micro-batch this stage did not update',
+        );
     } else if (a.op === 'local_step') {
-      if (st.updates === 0) fail(s, a, 'local step with no local_update since the previous step (nothing to apply)');
+      if (st.updates === 0)
+        fail(
+          s,
+          a,
+          'local step with no local_update since the previous step (nothing to apply)',
+        );
       st.updates = 0;
     } else if (a.op === 'poll_grads') {
       if (s === k - 1) fail(s, a, 'the last stage has no next stage');
@@ -206,15 +257,31 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
       while (q.length > 0 && q[0].t <= clock[s]) takeGrad(s, a, q.shift()!);
     } else if (a.op === 'drain_grads') {
       if (s === k - 1) fail(s, a, 'the last stage has no next stage');
-      const coming = new Set([...st.sentAct].filter((mb) => gradsBack[s].has(mb) && !st.gradIn.has(mb)));
+      const coming = new Set(
+        [...st.sentAct].filter(
+          (mb) => gradsBack[s].has(mb) && !st.gradIn.has(mb),
+        ),
+      );
       for (const msg of grad[s]) coming.delete(msg.mb);
       if (coming.size > 0) return false;
-      for (let msg = grad[s].shift(); msg; msg = grad[s].shift()) ready = Math.max(ready, takeGrad(s, a, msg));
+      for (let msg = grad[s].shift(); msg; msg = grad[s].shift())
+        ready = Math.max(ready, takeGrad(s, a, msg));
     } else if (a.op === 'optimizer_step' || a.op === 'reduce_grad_norm') {
-      if (st.backwarded.size !== st.forwarded.size) fail(s, a, 'step before every backward');
-      if (a.op === 'optimizer_step' && st.trains && st.pushed.size < st.layers) {
-        const missing = Array.from({ length: st.layers }, (_, l) => l).filter((l) => !st.pushed.has(l));
-        fail(s, a, `step before every layer's gradients were pushed (layers ${missing.join(', ')} not pushed)`);
+      if (st.backwarded.size !== st.forwarded.size)
+        fail(s, a, 'step before every backward');
+      if (
+        a.op === 'optimizer_step' &&
+        st.trains &&
+        st.pushed.size < st.layers
+      ) {
+        const missing = Array.from({ length: st.layers }, (_, l) => l).filter(
+          (l) => !st.pushed.has(l),
+        );
+        fail(
+          s,
+          a,
+          `step before every layer's gradients were pushed (layers ${missing.join(', ')} not pushed)`,
+        );
       }
     } else if (a.op === 'load_layer') {
       st.loaded.add(a.layer);
@@ -224,27 +291,74 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
       st.loaded.delete(a.layer); // no-op when not loaded, as in the runtime
     } else if (a.op === 'layer_forward') {
       const l = a.layer;
-      if (!st.loaded.has(l)) fail(s, a, `layer ${l} is not loaded (load_layer it first; released layers and prefetches do not count)`);
-      if (a.grad && l === st.layers - 1) fail(s, a, `forward with grad through the last layer ${l}: the relay fuses its forward into layer_backward`);
-      if (l > 0 && !fwdOf(s, l - 1).has(a.mb)) fail(s, a, `forward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${l - 1}`);
-      if (fwdOf(s, l).has(a.mb)) fail(s, a, `micro-batch ${a.mb} forwarded twice through layer ${l}`);
+      if (!st.loaded.has(l))
+        fail(
+          s,
+          a,
+          `layer ${l} is not loaded (load_layer it first; released layers and prefetches do not count)`,
+        );
+      if (a.grad && l === st.layers - 1)
+        fail(
+          s,
+          a,
+          `forward with grad through the last layer ${l}: the relay fuses its forward into layer_backward`,
+        );
+      if (l > 0 && !fwdOf(s, l - 1).has(a.mb))
+        fail(
+          s,
+          a,
+          `forward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${l - 1}`,
+        );
+      if (fwdOf(s, l).has(a.mb))
+        fail(s, a, `micro-batch ${a.mb} forwarded twice through layer ${l}`);
       fwdOf(s, l).set(a.mb, a.grad);
     } else if (a.op === 'layer_backward') {
       const l = a.layer;
-      if (!st.loaded.has(l)) fail(s, a, `layer ${l} is not loaded (load_layer it first; released layers and prefetches do not count)`);
-      if (l > 0 && !fwdOf(s, l - 1).has(a.mb)) fail(s, a, `backward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${l - 1} (no stashed input)`);
-      if (fwdOf(s, l).get(a.mb) === false) fail(s, a, `backward through layer ${l} after a forward without grad, which kept no input`);
-      if (l < st.layers - 1 && !bwdOf(s, l + 1).has(a.mb)) fail(s, a, `backward through layer ${l} before the backward of micro-batch ${a.mb} through layer ${l + 1} (no incoming gradient)`);
-      if (bwdOf(s, l).has(a.mb)) fail(s, a, `micro-batch ${a.mb} backwarded twice through layer ${l}`);
+      if (!st.loaded.has(l))
+        fail(
+          s,
+          a,
+          `layer ${l} is not loaded (load_layer it first; released layers and prefetches do not count)`,
+        );
+      if (l > 0 && !fwdOf(s, l - 1).has(a.mb))
+        fail(
+          s,
+          a,
+          `backward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${l - 1} (no stashed input)`,
+        );
+      if (fwdOf(s, l).get(a.mb) === false)
+        fail(
+          s,
+          a,
+          `backward through layer ${l} after a forward without grad, which kept no input`,
+        );
+      if (l < st.layers - 1 && !bwdOf(s, l + 1).has(a.mb))
+        fail(
+          s,
+          a,
+          `backward through layer ${l} before the backward of micro-batch ${a.mb} through layer ${l + 1} (no incoming gradient)`,
+        );
+      if (bwdOf(s, l).has(a.mb))
+        fail(s, a, `micro-batch ${a.mb} backwarded twice through layer ${l}`);
       for (const [other, mbs] of st.layerBwd) {
-        if (other !== l && mbs.size > 0 && !st.pushed.has(other)) fail(s, a, `backward through layer ${l} while layer ${other}'s gradients are not pushed (one layer's gradient is accumulated at a time)`);
+        if (other !== l && mbs.size > 0 && !st.pushed.has(other))
+          fail(
+            s,
+            a,
+            `backward through layer ${l} while layer ${other}'s gradients are not pushed (one layer's gradient is accumulated at a time)`,
+          );
       }
       bwdOf(s, l).add(a.mb);
     } else if (a.op === 'push_grads') {
       const l = a.layer;
       if (st.pushed.has(l)) fail(s, a, `gradients of layer ${l} pushed twice`);
       const done = bwdOf(s, l).size;
-      if (done < m) fail(s, a, `push before every backward through layer ${l} (${done} of ${m} micro-batches)`);
+      if (done < m)
+        fail(
+          s,
+          a,
+          `push before every backward through layer ${l} (${done} of ${m} micro-batches)`,
+        );
       st.pushed.add(l);
     }
     const c = cost(s, a);
@@ -264,23 +378,49 @@ export function simulate(schedule: Schedule, cost: CostFn = defaultCost): SimRes
     // Stuck: the earliest poll_grads goes ahead with what has arrived (it never waits).
     let p = -1;
     for (let s = 0; s < k; s++) {
-      if (!finished(s) && schedule[s][pc[s]].op === 'poll_grads' && (p < 0 || clock[s] < clock[p])) p = s;
+      if (
+        !finished(s) &&
+        schedule[s][pc[s]].op === 'poll_grads' &&
+        (p < 0 || clock[s] < clock[p])
+      )
+        p = s;
     }
     if (p < 0) break;
     tryRun(p, true);
   }
   for (let s = 0; s < k; s++) {
-    if (!finished(s)) fail(s, schedule[s][pc[s]], 'deadlock: waits for a message that is never sent');
+    if (!finished(s))
+      fail(
+        s,
+        schedule[s][pc[s]],
+        'deadlock: waits for a message that is never sent',
+      );
   }
   const carried: SimResult['carried'] = [];
   for (let s = 0; s < k - 1; s++) {
-    if (act[s].length) throw new Error(`invalid schedule: stage ${s + 1} never receives the activation of micro-batch ${act[s][0].mb} that stage ${s} sends`);
+    if (act[s].length)
+      throw new Error(
+        `invalid schedule: stage ${s + 1} never receives the activation of micro-batch ${act[s][0].mb} that stage ${s} sends`,
+      );
     if (grad[s].length) {
-      const takers = schedule[s].filter((a) => a.op === 'poll_grads' || a.op === 'drain_grads' || a.op === 'recv_grad');
-      if (takers.at(-1)?.op !== 'poll_grads') throw new Error(`invalid schedule: stage ${s} never receives the gradient of micro-batch ${grad[s][0].mb} that stage ${s + 1} sends`);
+      const takers = schedule[s].filter(
+        (a) =>
+          a.op === 'poll_grads' ||
+          a.op === 'drain_grads' ||
+          a.op === 'recv_grad',
+      );
+      if (takers.at(-1)?.op !== 'poll_grads')
+        throw new Error(
+          `invalid schedule: stage ${s} never receives the gradient of micro-batch ${grad[s][0].mb} that stage ${s + 1} sends`,
+        );
       for (const msg of grad[s]) carried.push({ stage: s, mb: msg.mb });
     }
   }
   const makespan = Math.max(0, ...clock);
-  return { events, makespan, bubble: busy.map((b) => (makespan > 0 ? 1 - b / makespan : 0)), carried };
+  return {
+    events,
+    makespan,
+    bubble: busy.map((b) => (makespan > 0 ? 1 - b / makespan : 0)),
+    carried,
+  };
 }

@@ -7,21 +7,48 @@
  * for global clipping, so training equals single-device training. Runs on backprop stages
  * (pipeline/stage.ts) through the shared pipeline runner (pipeline.ts).
  */
-import { parseDevices } from '../runtime/devices.js';
+
 import { optimizerConfigOf } from '../config/config.js';
-import { blockBalanceCosts, costsAt, optimizerSlots, type StepShape } from '../cost/costs.js';
+import {
+  blockBalanceCosts,
+  costsAt,
+  optimizerSlots,
+  type StepShape,
+} from '../cost/costs.js';
 import { predictPeakBytes, stagePeakBytes } from '../cost/memory.js';
-import { better, divisors, plannedAs, type StrategyPlan } from '../cost/strategy-plan.js';
-import { balanceByCost, balanceByStageCost, stageRanges } from '../partition/balance.js';
-import { REMAT_MODES, SCHEDULE_KINDS, evalSchedule, makeSchedule, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
-import { PipelineStrategy, type PipelineKind } from './pipeline.js';
-import { threadsPerDevice, type StrategySpec } from './spec.js';
+import {
+  better,
+  divisors,
+  plannedAs,
+  type StrategyPlan,
+} from '../cost/strategy-plan.js';
+import {
+  balanceByCost,
+  balanceByStageCost,
+  stageRanges,
+} from '../partition/balance.js';
+import { parseDevices } from '../runtime/devices.js';
+import {
+  evalSchedule,
+  makeSchedule,
+  REMAT_MODES,
+  type RematMode,
+  SCHEDULE_KINDS,
+  type ScheduleKind,
+} from '../schedule/schedule.js';
+import { type PipelineKind, PipelineStrategy } from './pipeline.js';
+import { type StrategySpec, threadsPerDevice } from './spec.js';
 
 /**
  * A pipeline of backprop stages: schedule `kind` (fill-drain or 1F1B) of m micro-batches over
  * k stages with re-materialization `remat`. single is the case k = 1, m = 1, remat 'never'.
  */
-export function backpropPipeline(m: number, k: number, remat: RematMode, kind: ScheduleKind): PipelineKind {
+export function backpropPipeline(
+  m: number,
+  k: number,
+  remat: RematMode,
+  kind: ScheduleKind,
+): PipelineKind {
   return {
     train: makeSchedule(kind, m, k, remat),
     eval: evalSchedule(m, k),
@@ -36,16 +63,41 @@ export const gpipe: StrategySpec = {
   help: 'GPipe: K stages on K devices, M micro-batches, re-materialization; the same updates as single',
   exact: true,
   oneDevice: false,
-  create: (cfg, model, params, ranges) => PipelineStrategy.create({
-    name: 'gpipe', backend: cfg.backend, model: model.config, ranges, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg),
-    kind: backpropPipeline(cfg.microBatches, ranges.length, cfg.remat, cfg.schedule), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), devices: parseDevices(cfg.devices, ranges.length),
-    oomAdvice: gpipe.outOfMemoryAdvice(cfg),
-  }, params),
+  create: (cfg, model, params, ranges) =>
+    PipelineStrategy.create(
+      {
+        name: 'gpipe',
+        backend: cfg.backend,
+        model: model.config,
+        ranges,
+        microBatches: cfg.microBatches,
+        optimizer: optimizerConfigOf(cfg),
+        kind: backpropPipeline(
+          cfg.microBatches,
+          ranges.length,
+          cfg.remat,
+          cfg.schedule,
+        ),
+        deviceMemory: cfg.deviceMemory,
+        threads: threadsPerDevice(cfg, ranges.length),
+        devices: parseDevices(cfg.devices, ranges.length),
+        oomAdvice: gpipe.outOfMemoryAdvice(cfg),
+      },
+      params,
+    ),
   memory: {
     microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
-    predictPeakBytes: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), ranges, {
-      m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule, slots: optimizerSlots(optimizerConfigOf(cfg)),
-    }),
+    predictPeakBytes: (profile, cfg, ranges) =>
+      predictPeakBytes(
+        costsAt(profile, cfg.batchSize / cfg.microBatches),
+        ranges,
+        {
+          m: cfg.microBatches,
+          remat: cfg.remat,
+          schedule: cfg.schedule,
+          slots: optimizerSlots(optimizerConfigOf(cfg)),
+        },
+      ),
   },
   /**
    * Searches every number of micro-batches M dividing N (or the one given), every
@@ -57,8 +109,12 @@ export const gpipe: StrategySpec = {
   plan(profile, req) {
     const n = profile.blocks.length;
     const k = req.stages;
-    const ms = req.microBatches !== undefined ? [req.microBatches] : divisors(req.batchSize);
-    const params = req.paramCounts ?? profile.blocks.map((b) => b.paramBytes / 4);
+    const ms =
+      req.microBatches !== undefined
+        ? [req.microBatches]
+        : divisors(req.batchSize);
+    const params =
+      req.paramCounts ?? profile.blocks.map((b) => b.paramBytes / 4);
     let best: StrategyPlan | null = null;
     for (const m of ms) {
       const costs = costsAt(profile, req.batchSize / m);
@@ -67,12 +123,33 @@ export const gpipe: StrategySpec = {
           const shape: StepShape = { m, remat, schedule, slots: req.slots };
           const sched = makeSchedule(schedule, m, k, remat);
           const balances: Array<[string, number[]]> = [
-            ['time', balanceByCost(blockBalanceCosts(costs, 'time', shape, k), k)],
-            ['memory', balanceByStageCost(n, k, (s, from, to) => stagePeakBytes(costs, { from, to }, s, sched, req.slots))],
-            ['params', balanceByCost(params.map((p) => Math.max(1, p)), k)],
+            [
+              'time',
+              balanceByCost(blockBalanceCosts(costs, 'time', shape, k), k),
+            ],
+            [
+              'memory',
+              balanceByStageCost(n, k, (s, from, to) =>
+                stagePeakBytes(costs, { from, to }, s, sched, req.slots),
+              ),
+            ],
+            [
+              'params',
+              balanceByCost(
+                params.map((p) => Math.max(1, p)),
+                k,
+              ),
+            ],
           ];
           for (const [by, balance] of balances) {
-            const p = plannedAs('gpipe', profile, req, stageRanges(balance), shape, by);
+            const p = plannedAs(
+              'gpipe',
+              profile,
+              req,
+              stageRanges(balance),
+              shape,
+              by,
+            );
             if (!best || better(p, best)) best = p;
           }
         }
@@ -80,7 +157,9 @@ export const gpipe: StrategySpec = {
     }
     return best!;
   },
-  flags: (p) => `--strategy gpipe --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.remat} --schedule ${p.schedule} --balance ${p.balance.join(',')}`,
+  flags: (p) =>
+    `--strategy gpipe --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.remat} --schedule ${p.schedule} --balance ${p.balance.join(',')}`,
   outOfMemoryAdvice: () => 'try --strategy l2l, or more --stages',
-  describeRun: (cfg) => `micro-batches ${cfg.microBatches} of ${cfg.batchSize / cfg.microBatches}, schedule ${cfg.schedule}, checkpoint (re-materialization) ${cfg.remat}`,
+  describeRun: (cfg) =>
+    `micro-batches ${cfg.microBatches} of ${cfg.batchSize / cfg.microBatches}, schedule ${cfg.schedule}, checkpoint (re-materialization) ${cfg.remat}`,
 };

@@ -6,14 +6,15 @@
  * stage within seconds. Skipped, saying why, where network namespaces cannot be made (not
  * root, no ip command, a sandbox that forbids them).
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
-import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process';
 import { createInterface } from 'node:readline';
+import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import type { TrainConfig } from '../config/config.js';
-import { trainTinyLm } from '../testing/fixtures.js';
 import { maxParamDiff } from '../testing/assert-close.js';
+import { trainTinyLm } from '../testing/fixtures.js';
 
 const CLI = fileURLToPath(new URL('../cli/main.js', import.meta.url));
 const TAG = `lw${process.pid % 10000}`;
@@ -23,7 +24,8 @@ const SUBNET = `10.${77 + (process.pid % 50)}.0`;
 const ADDRS = [`${SUBNET}.2`, `${SUBNET}.3`];
 const TOKEN = 'netns-test-token';
 
-const sh = (...args: string[]) => execFileSync(args[0]!, args.slice(1), { stdio: 'pipe' });
+const sh = (...args: string[]) =>
+  execFileSync(args[0]!, args.slice(1), { stdio: 'pipe' });
 
 /** Makes the namespaces and the bridge; returns why not, or null when they exist. */
 function makeNetwork(): string | null {
@@ -33,11 +35,32 @@ function makeNetwork(): string | null {
     sh('ip', 'link', 'set', BRIDGE, 'up');
     NS.forEach((ns, i) => {
       sh('ip', 'netns', 'add', ns);
-      sh('ip', 'link', 'add', `${ns}h`, 'type', 'veth', 'peer', 'name', `${ns}n`);
+      sh(
+        'ip',
+        'link',
+        'add',
+        `${ns}h`,
+        'type',
+        'veth',
+        'peer',
+        'name',
+        `${ns}n`,
+      );
       sh('ip', 'link', 'set', `${ns}n`, 'netns', ns);
       sh('ip', 'link', 'set', `${ns}h`, 'master', BRIDGE);
       sh('ip', 'link', 'set', `${ns}h`, 'up');
-      sh('ip', 'netns', 'exec', ns, 'ip', 'addr', 'add', `${ADDRS[i]}/24`, 'dev', `${ns}n`);
+      sh(
+        'ip',
+        'netns',
+        'exec',
+        ns,
+        'ip',
+        'addr',
+        'add',
+        `${ADDRS[i]}/24`,
+        'dev',
+        `${ns}n`,
+      );
       sh('ip', 'netns', 'exec', ns, 'ip', 'link', 'set', `${ns}n`, 'up');
       sh('ip', 'netns', 'exec', ns, 'ip', 'link', 'set', 'lo', 'up');
     });
@@ -68,29 +91,61 @@ function removeNetwork(): void {
   }
 }
 
-const why = process.platform === 'linux' ? makeNetwork() : 'network namespaces are Linux only';
+const why =
+  process.platform === 'linux'
+    ? makeNetwork()
+    : 'network namespaces are Linux only';
 process.on('exit', () => {
   if (why === null) removeNetwork();
 });
 
 /** Starts `layerwise worker` in namespace i; resolves once it listens. */
 async function startWorker(i: number): Promise<ChildProcess> {
-  const child = spawn('ip', ['netns', 'exec', NS[i]!, process.execPath, CLI, 'worker', '--listen', `${ADDRS[i]}:7070`],
-    { env: { ...process.env, LAYERWISE_TOKEN: TOKEN }, stdio: ['ignore', 'pipe', 'inherit'] });
+  const child = spawn(
+    'ip',
+    [
+      'netns',
+      'exec',
+      NS[i]!,
+      process.execPath,
+      CLI,
+      'worker',
+      '--listen',
+      `${ADDRS[i]}:7070`,
+    ],
+    {
+      env: { ...process.env, LAYERWISE_TOKEN: TOKEN },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    },
+  );
   const lines = createInterface({ input: child.stdout! });
   await new Promise<void>((resolve, reject) => {
     lines.on('line', (l) => {
       if (/listening on/.test(l)) resolve();
     });
-    child.once('exit', (c) => reject(new Error(`worker in ${NS[i]} exited with ${c}`)));
+    child.once('exit', (c) =>
+      reject(new Error(`worker in ${NS[i]} exited with ${c}`)),
+    );
   });
   return child;
 }
 
 const SHAPE = { layers: 2, dModel: 32, heads: 2, context: 16 };
 
-const run = (o: Partial<TrainConfig>, steps = 3, during?: (step: number) => void) =>
-  trainTinyLm({ backend: 'wasm', strategy: 'gpipe', stages: 2, microBatches: 2, ...o }, { shape: SHAPE, batchSize: 8, lrs: new Array<number>(steps).fill(1e-3), during });
+const run = (
+  o: Partial<TrainConfig>,
+  steps = 3,
+  during?: (step: number) => void,
+) =>
+  trainTinyLm(
+    { backend: 'wasm', strategy: 'gpipe', stages: 2, microBatches: 2, ...o },
+    {
+      shape: SHAPE,
+      batchSize: 8,
+      lrs: new Array<number>(steps).fill(1e-3),
+      during,
+    },
+  );
 
 /** Whether namespace 0 reaches the worker in namespace 1 (bridged traffic may be filtered: br_netfilter, iptables). */
 function bridged(): boolean {
@@ -103,11 +158,15 @@ function bridged(): boolean {
   }
 }
 
-test('gpipe K=2 on two hosts (network namespaces) equals threads; a cut link fails the run naming the stage', { skip: why ?? false }, async (t) => {
+test('gpipe K=2 on two hosts (network namespaces) equals threads; a cut link fails the run naming the stage', {
+  skip: why ?? false,
+}, async (t) => {
   const workers = await Promise.all([startWorker(0), startWorker(1)]);
   if (!bridged()) {
     for (const w of workers) w.kill('SIGTERM');
-    t.skip('the namespaces cannot reach each other over the bridge (bridged traffic filtered here, e.g. br_netfilter with an iptables FORWARD drop)');
+    t.skip(
+      'the namespaces cannot reach each other over the bridge (bridged traffic filtered here, e.g. br_netfilter with an iptables FORWARD drop)',
+    );
     return;
   }
   const saved = process.env.LAYERWISE_TOKEN;
@@ -116,8 +175,16 @@ test('gpipe K=2 on two hosts (network namespaces) equals threads; a cut link fai
     const devices = ADDRS.map((a) => `${a}:7070`).join(',');
     const threads = await run({});
     const hosts = await run({ devices });
-    hosts.losses.forEach((l, i) => assert.ok(Math.abs(l - threads.losses[i]!) <= 1e-4, `step ${i}: hosts ${l} vs threads ${threads.losses[i]}`));
-    assert.ok(maxParamDiff(hosts.params, threads.params) <= 1e-4, 'parameters over hosts equal threads');
+    hosts.losses.forEach((l, i) =>
+      assert.ok(
+        Math.abs(l - threads.losses[i]!) <= 1e-4,
+        `step ${i}: hosts ${l} vs threads ${threads.losses[i]}`,
+      ),
+    );
+    assert.ok(
+      maxParamDiff(hosts.params, threads.params) <= 1e-4,
+      'parameters over hosts equal threads',
+    );
     // cut the second host's link in the middle of a run: a timeout error, not a hang
     const t0 = performance.now();
     let cutAt = 0;
@@ -126,12 +193,18 @@ test('gpipe K=2 on two hosts (network namespaces) equals threads; a cut link fai
         sh('ip', 'link', 'set', `${NS[1]}h`, 'down');
         cutAt = performance.now();
       }
-    }).then(() => new Error('no failure'), (e: Error) => e);
+    }).then(
+      () => new Error('no failure'),
+      (e: Error) => e,
+    );
     sh('ip', 'link', 'set', `${NS[1]}h`, 'up');
     assert.ok(cutAt > t0, 'the link was cut mid-run');
     assert.match(error.message, /stage 1: device host [\d.]+:7070 is gone/);
     const seconds = (performance.now() - cutAt) / 1000;
-    assert.ok(seconds < 15, `the run failed ${seconds.toFixed(1)} s after the cut`);
+    assert.ok(
+      seconds < 15,
+      `the run failed ${seconds.toFixed(1)} s after the cut`,
+    );
   } finally {
     if (saved === undefined) delete process.env.LAYERWISE_TOKEN;
     else process.env.LAYERWISE_TOKEN = saved;

@@ -7,29 +7,45 @@
  * A new strategy is one file under strategies/ exporting its spec (plus its stage kind under
  * pipeline/ if it needs a new one), listed in {@link STRATEGY_SPECS}.
  */
-import { LayerwiseError } from '../util/errors.js';
+
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 import { paramCount } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
-import { balanceByCost, stageRanges, validateBalance, type StageRange } from '../partition/balance.js';
-import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
+import {
+  balanceByCost,
+  type StageRange,
+  stageRanges,
+  validateBalance,
+} from '../partition/balance.js';
+import { LayerwiseError } from '../util/errors.js';
 import { gpipe } from './gpipe.js';
 import { l2l } from './l2l.js';
 import { local } from './local.js';
 import { single } from './single.js';
-import { threadsPerDevice, type StrategySpec } from './spec.js';
+import { type StrategySpec, threadsPerDevice } from './spec.js';
 import type { Strategy } from './strategy.js';
 
 /** Every strategy, in the order they are reported. */
-export const STRATEGY_SPECS: readonly StrategySpec[] = [single, gpipe, local, l2l];
+export const STRATEGY_SPECS: readonly StrategySpec[] = [
+  single,
+  gpipe,
+  local,
+  l2l,
+];
 
 /** The names of every strategy. */
-export const STRATEGY_NAMES: readonly string[] = STRATEGY_SPECS.map((s) => s.name);
+export const STRATEGY_NAMES: readonly string[] = STRATEGY_SPECS.map(
+  (s) => s.name,
+);
 
 /** The spec of strategy `name`. Throws {@link LayerwiseError} naming the valid ones. */
 export function specOf(name: string): StrategySpec {
   const s = STRATEGY_SPECS.find((x) => x.name === name);
-  if (!s) throw new LayerwiseError(`unknown strategy '${name}'; valid: ${STRATEGY_NAMES.join(', ')}`);
+  if (!s)
+    throw new LayerwiseError(
+      `unknown strategy '${name}'; valid: ${STRATEGY_NAMES.join(', ')}`,
+    );
   return s;
 }
 
@@ -65,16 +81,40 @@ export function blockFlops(model: Model, microBatch: number): number[] {
  * the one that balances `costs` (one per block, from {@link resolveStages}). Throws
  * {@link LayerwiseError} for an impossible balance, and an Error when time/memory costs are missing.
  */
-export function planStages(cfg: TrainConfig, model: Model, costs?: readonly number[]): StageRange[] {
+export function planStages(
+  cfg: TrainConfig,
+  model: Model,
+  costs?: readonly number[],
+): StageRange[] {
   const n = model.blocks.length;
   if (specOf(cfg.strategy).oneDevice) return [{ from: 0, to: n }];
   if (cfg.stages > n) {
-    throw new LayerwiseError(`--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`);
+    throw new LayerwiseError(
+      `--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`,
+    );
   }
-  if (cfg.balance === 'flops') return stageRanges(balanceByCost(blockFlops(model, Math.max(1, Math.floor(cfg.batchSize / cfg.microBatches))), cfg.stages));
-  if (cfg.balance === 'params') return stageRanges(balanceByCost(model.blocks.map((b) => Math.max(1, paramCount(b))), cfg.stages));
+  if (cfg.balance === 'flops')
+    return stageRanges(
+      balanceByCost(
+        blockFlops(
+          model,
+          Math.max(1, Math.floor(cfg.batchSize / cfg.microBatches)),
+        ),
+        cfg.stages,
+      ),
+    );
+  if (cfg.balance === 'params')
+    return stageRanges(
+      balanceByCost(
+        model.blocks.map((b) => Math.max(1, paramCount(b))),
+        cfg.stages,
+      ),
+    );
   if (cfg.balance === 'time' || cfg.balance === 'memory') {
-    if (!costs) throw new Error(`--balance ${cfg.balance} needs profiled block costs: use resolveStages`);
+    if (!costs)
+      throw new Error(
+        `--balance ${cfg.balance} needs profiled block costs: use resolveStages`,
+      );
     return stageRanges(balanceByCost(costs, cfg.stages));
   }
   validateBalance(cfg.balance, n, cfg.stages);
@@ -87,27 +127,42 @@ export function planStages(cfg: TrainConfig, model: Model, costs?: readonly numb
  * batchSize / microBatches. Throws {@link LayerwiseError} for an impossible balance or an
  * unavailable backend.
  */
-export async function resolveStages(cfg: TrainConfig, model: Model): Promise<StageRange[]> {
-  if (specOf(cfg.strategy).oneDevice || (cfg.balance !== 'time' && cfg.balance !== 'memory')) return planStages(cfg, model);
+export async function resolveStages(
+  cfg: TrainConfig,
+  model: Model,
+): Promise<StageRange[]> {
+  if (
+    specOf(cfg.strategy).oneDevice ||
+    (cfg.balance !== 'time' && cfg.balance !== 'memory')
+  )
+    return planStages(cfg, model);
   planStages({ ...cfg, balance: 'params' }, model); // the stage count, before spending time profiling
   const { profiledBalanceCosts } = await import('../cost/profile.js');
   const costs = await profiledBalanceCosts(model, {
-    kind: cfg.balance, backend: cfg.backend, microBatch: cfg.batchSize / cfg.microBatches, stages: cfg.stages,
-    shape: { m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule }, optimizer: optimizerConfigOf(cfg),
+    kind: cfg.balance,
+    backend: cfg.backend,
+    microBatch: cfg.batchSize / cfg.microBatches,
+    stages: cfg.stages,
+    shape: { m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule },
+    optimizer: optimizerConfigOf(cfg),
     threads: threadsPerDevice(cfg, cfg.stages), // as each device will run its kernels
   });
   return planStages(cfg, model, costs);
 }
-
 
 /**
  * Starts the strategy a configuration names, with these initial parameters, on `ranges` if
  * given (e.g. from {@link resolveStages}), else on {@link resolveStages}' ranges. Throws
  * {@link LayerwiseError} for an unknown strategy or flags it rejects.
  */
-export async function createStrategy(cfg: TrainConfig, model: Model, params: HostParams, given?: StageRange[]): Promise<Strategy> {
+export async function createStrategy(
+  cfg: TrainConfig,
+  model: Model,
+  params: HostParams,
+  given?: StageRange[],
+): Promise<Strategy> {
   const spec = specOf(cfg.strategy);
   spec.validate?.(cfg);
-  const ranges = given ?? await resolveStages(cfg, model);
+  const ranges = given ?? (await resolveStages(cfg, model));
   return spec.create(cfg, model, params, ranges);
 }

@@ -17,28 +17,39 @@
  * server: the strategy cannot continue (some layers may have been updated and others not), and
  * every later call rejects with the first error. Resume from the last checkpoint instead.
  */
+
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
+import { costsAt } from '../cost/costs.js';
+import { predictRelayPeakBytes } from '../cost/memory.js';
+import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
+import { predictRelayStepTime } from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
-import { blockLayers } from '../param-server/store.js';
+import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { ParameterServer, type ServerSpan } from '../param-server/server.js';
-import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
+import { blockLayers } from '../param-server/store.js';
 import { waitingMs } from '../pipeline/executor.js';
-import { check } from '../util/errors.js';
-import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
-import { costsAt } from '../cost/costs.js';
-import { predictRelayPeakBytes } from '../cost/memory.js';
-import { predictRelayStepTime } from '../cost/time.js';
-import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
-import { threadsPerDevice, type StrategySpec } from './spec.js';
-import { formatSize } from '../util/size.js';
+import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { transferables } from '../runtime/serialize.js';
-import { splitMicroBatches, type HostTensor } from '../data/microbatch.js';
-import { relayEvalSchedule, relaySchedule, type Schedule } from '../schedule/schedule.js';
-import { MetricMeans, type Evaluation, type StepReport, type Strategy, type Submission } from './strategy.js';
+import {
+  relayEvalSchedule,
+  relaySchedule,
+  type Schedule,
+} from '../schedule/schedule.js';
+import { check } from '../util/errors.js';
+import { formatSize } from '../util/size.js';
+import { type StrategySpec, threadsPerDevice } from './spec.js';
+import {
+  type Evaluation,
+  MetricMeans,
+  type StepReport,
+  type Strategy,
+  type Submission,
+} from './strategy.js';
 
 export interface L2LOptions {
   backend: string;
@@ -74,7 +85,12 @@ export class L2LStrategy implements Strategy {
   private failure: Error | null = null;
   private closed = false;
 
-  private constructor(private readonly opts: L2LOptions, model: Model, private readonly worker: StageWorker, private readonly server: ParameterServer) {
+  private constructor(
+    private readonly opts: L2LOptions,
+    model: Model,
+    private readonly worker: StageWorker,
+    private readonly server: ParameterServer,
+  ) {
     this.layers = model.blocks.length;
     this.train = relaySchedule(this.layers, opts.microBatches);
   }
@@ -83,16 +99,42 @@ export class L2LStrategy implements Strategy {
    * Starts the parameter server (its optimizer threads, with `params` copied into shared host
    * memory, or adopted with `adoptParams`) and the device worker. Throws (after stopping both) if either fails to start.
    */
-  static async create(opts: L2LOptions, model: Model, params: HostParams): Promise<L2LStrategy> {
+  static async create(
+    opts: L2LOptions,
+    model: Model,
+    params: HostParams,
+  ): Promise<L2LStrategy> {
     const { layers, shapes } = blockLayers(model.blocks);
-    const server = await ParameterServer.create({ params, layers, shapes, optimizer: opts.optimizer, threads: opts.serverThreads, adopt: opts.adoptParams });
+    const server = await ParameterServer.create({
+      params,
+      layers,
+      shapes,
+      optimizer: opts.optimizer,
+      threads: opts.serverThreads,
+      adopt: opts.adoptParams,
+    });
     const worker = new StageWorker(0);
     const s = new L2LStrategy(opts, model, worker, server);
     try {
       await worker.call('init', {
-        index: 0, backend: opts.backend, threads: opts.threads, model: opts.model, range: { from: 0, to: layers.length }, params: {},
-        optimizer: opts.optimizer, stage: { module: 'pipeline/relay-stage.js', options: { layout: server.layout, stash: opts.stash, traceGpu: opts.traceGpu } satisfies RelayOptions },
-        deviceMemory: opts.deviceMemory, strategy: 'l2l', oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
+        index: 0,
+        backend: opts.backend,
+        threads: opts.threads,
+        model: opts.model,
+        range: { from: 0, to: layers.length },
+        params: {},
+        optimizer: opts.optimizer,
+        stage: {
+          module: 'pipeline/relay-stage.js',
+          options: {
+            layout: server.layout,
+            stash: opts.stash,
+            traceGpu: opts.traceGpu,
+          } satisfies RelayOptions,
+        },
+        deviceMemory: opts.deviceMemory,
+        strategy: 'l2l',
+        oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
       });
     } catch (e) {
       await s.close();
@@ -106,7 +148,12 @@ export class L2LStrategy implements Strategy {
    * parameter server. Rejects with the strategy's first failure: an optimizer thread's failure
    * stops the device too, and the cause is reported, not the stop.
    */
-  private async run(schedule: Schedule, batch: Batch, lr: number, training: boolean): Promise<StageStepResult> {
+  private async run(
+    schedule: Schedule,
+    batch: Batch,
+    lr: number,
+    training: boolean,
+  ): Promise<StageStepResult> {
     try {
       return await this.runOnDevice(schedule, batch, lr, training);
     } catch (e) {
@@ -114,13 +161,22 @@ export class L2LStrategy implements Strategy {
     }
   }
 
-  private async runOnDevice(schedule: Schedule, batch: Batch, lr: number, training: boolean): Promise<StageStepResult> {
+  private async runOnDevice(
+    schedule: Schedule,
+    batch: Batch,
+    lr: number,
+    training: boolean,
+  ): Promise<StageStepResult> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
     const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
     const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
     if (training) this.server.beginStep(lr);
-    const call = this.worker.call('step', { actions: schedule[0], m, lr, inputs, labels }, transferables([...inputs, ...labels] as HostTensor[]));
+    const call = this.worker.call(
+      'step',
+      { actions: schedule[0], m, lr, inputs, labels },
+      transferables([...inputs, ...labels] as HostTensor[]),
+    );
     if (!training) return call;
     const pushes = (async () => {
       for (let i = 0; i < this.layers; i++) {
@@ -141,10 +197,12 @@ export class L2LStrategy implements Strategy {
   }
 
   submit(batch: Batch, lr: number): Submission {
-    const done = this.last.catch(() => undefined).then(async () => {
-      const r = await this.run(this.train, batch, lr, true);
-      return report(r, this.server.takeSpans());
-    });
+    const done = this.last
+      .catch(() => undefined)
+      .then(async () => {
+        const r = await this.run(this.train, batch, lr, true);
+        return report(r, this.server.takeSpans());
+      });
     done.catch(async () => {
       await this.close();
     });
@@ -159,22 +217,24 @@ export class L2LStrategy implements Strategy {
   }
 
   async evaluate(batches: Batch[]): Promise<Evaluation> {
-    const ev = this.last.catch(() => undefined).then(async () => {
-      const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
-      let sum = 0;
-      let n = 0;
-      const metrics = new MetricMeans();
-      for (const b of batches) {
-        const r = await this.run(sched, b, 0, false);
-        metrics.add(r.metrics);
-        for (const l of r.losses) {
-          sum += l;
-          n++;
+    const ev = this.last
+      .catch(() => undefined)
+      .then(async () => {
+        const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
+        let sum = 0;
+        let n = 0;
+        const metrics = new MetricMeans();
+        for (const b of batches) {
+          const r = await this.run(sched, b, 0, false);
+          metrics.add(r.metrics);
+          for (const l of r.losses) {
+            sum += l;
+            n++;
+          }
         }
-      }
-      const m = metrics.means();
-      return { loss: n ? sum / n : NaN, ...(m ? { metrics: m } : {}) };
-    });
+        const m = metrics.means();
+        return { loss: n ? sum / n : NaN, ...(m ? { metrics: m } : {}) };
+      });
     this.last = ev; // later steps wait for the evaluation (the device runs one schedule at a time)
     return ev;
   }
@@ -218,8 +278,15 @@ function report(r: StageStepResult, serverSpans: ServerSpan[]): StepReport {
   const loss = r.losses.reduce((a, b) => a + b, 0) / r.losses.length;
   const waited = waitingMs(r.trace);
   return {
-    loss, stageLosses: [loss], peakBytes: [r.peakBytes], heapBytes: [r.heapBytes], stageSeconds: [r.ms / 1000],
-    bubble: [r.ms > 0 ? waited / r.ms : 0], traces: [r.trace], startedAt: [r.startedAt], serverSpans,
+    loss,
+    stageLosses: [loss],
+    peakBytes: [r.peakBytes],
+    heapBytes: [r.heapBytes],
+    stageSeconds: [r.ms / 1000],
+    bubble: [r.ms > 0 ? waited / r.ms : 0],
+    traces: [r.trace],
+    startedAt: [r.startedAt],
+    serverSpans,
   };
 }
 
@@ -230,17 +297,40 @@ export const l2l: StrategySpec = {
   exact: true,
   oneDevice: true,
   validate(cfg) {
-    check(cfg.stages === 1, `--strategy l2l runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`);
-    check(cfg.devices === undefined || cfg.devices === 'thread', `--strategy l2l keeps its parameter server in memory it shares with its device, a worker thread; drop --devices ${cfg.devices}`);
+    check(
+      cfg.stages === 1,
+      `--strategy l2l runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`,
+    );
+    check(
+      cfg.devices === undefined || cfg.devices === 'thread',
+      `--strategy l2l keeps its parameter server in memory it shares with its device, a worker thread; drop --devices ${cfg.devices}`,
+    );
   },
-  create: (cfg, model, params) => L2LStrategy.create({
-    backend: cfg.backend, model: model.config, microBatches: cfg.microBatches, optimizer: optimizerConfigOf(cfg), stash: cfg.stash,
-    serverThreads: cfg.serverThreads, deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, 1), traceGpu: cfg.trace !== undefined,
-  }, model, params),
+  create: (cfg, model, params) =>
+    L2LStrategy.create(
+      {
+        backend: cfg.backend,
+        model: model.config,
+        microBatches: cfg.microBatches,
+        optimizer: optimizerConfigOf(cfg),
+        stash: cfg.stash,
+        serverThreads: cfg.serverThreads,
+        deviceMemory: cfg.deviceMemory,
+        threads: threadsPerDevice(cfg, 1),
+        traceGpu: cfg.trace !== undefined,
+      },
+      model,
+      params,
+    ),
   memory: {
     microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
     // parameters and optimizer state live in host memory, so the optimizer's slots do not count
-    predictPeakBytes: (profile, cfg) => [predictRelayPeakBytes(costsAt(profile, cfg.batchSize / cfg.microBatches), { m: cfg.microBatches, stash: cfg.stash })],
+    predictPeakBytes: (profile, cfg) => [
+      predictRelayPeakBytes(
+        costsAt(profile, cfg.batchSize / cfg.microBatches),
+        { m: cfg.microBatches, stash: cfg.stash },
+      ),
+    ],
   },
   /**
    * Searches M and the stash place. Its peak holds about one layer's parameters and gradient
@@ -249,18 +339,38 @@ export const l2l: StrategySpec = {
    * when its host optimizer is slower than the device (cost/time.ts).
    */
   plan(profile, req) {
-    const ms = req.microBatches !== undefined ? [req.microBatches] : divisors(req.batchSize);
+    const ms =
+      req.microBatches !== undefined
+        ? [req.microBatches]
+        : divisors(req.batchSize);
     let best: StrategyPlan | null = null;
     for (const m of ms) {
       const costs = costsAt(profile, req.batchSize / m);
       for (const stash of ['host', 'device'] as const) {
         const peak = predictRelayPeakBytes(costs, { m, stash });
-        const t = predictRelayStepTime(costs, { m, stash, clip: req.clip ?? true });
+        const t = predictRelayStepTime(costs, {
+          m,
+          stash,
+          clip: req.clip ?? true,
+        });
         const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
         const p: StrategyPlan = {
-          strategy: 'l2l', exact: true, fits: peak <= req.deviceMemory, stages: 1, microBatches: m, remat: 'always', schedule: 'gpipe',
-          balance: [profile.blocks.length], balancedBy: 'one layer at a time', peakBytes: [peak], stepSeconds: t.seconds, bubble: t.bubble,
-          idealBubble: 0, examplesPerSecond: perSecond, tokensPerSecond: perSecond * (req.tokensPerExample ?? 1), stash,
+          strategy: 'l2l',
+          exact: true,
+          fits: peak <= req.deviceMemory,
+          stages: 1,
+          microBatches: m,
+          remat: 'always',
+          schedule: 'gpipe',
+          balance: [profile.blocks.length],
+          balancedBy: 'one layer at a time',
+          peakBytes: [peak],
+          stepSeconds: t.seconds,
+          bubble: t.bubble,
+          idealBubble: 0,
+          examplesPerSecond: perSecond,
+          tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
+          stash,
           display: { remat: 'always', schedule: `relay, stash ${stash}` },
         };
         if (!best || better(p, best)) best = p;
@@ -268,12 +378,17 @@ export const l2l: StrategySpec = {
     }
     return best!;
   },
-  planNote: "l2l's step is the device's work (every layer re-computed in backward) plus the part of the parameter server's host updates that the device's work does not hide",
-  flags: (p) => `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}`,
-  outOfMemoryAdvice: (cfg) => `try a smaller --batch-size or more --micro-batches${cfg.stash === 'host' ? '' : ', or --stash host'}`,
+  planNote:
+    "l2l's step is the device's work (every layer re-computed in backward) plus the part of the parameter server's host updates that the device's work does not hide",
+  flags: (p) =>
+    `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}`,
+  outOfMemoryAdvice: (cfg) =>
+    `try a smaller --batch-size or more --micro-batches${cfg.stash === 'host' ? '' : ', or --stash host'}`,
   describeRun(cfg: TrainConfig, bytes: number) {
     const slots = cfg.optimizer === 'adamw' ? 2 : 1;
-    return `l2l: ${cfg.microBatches} micro-batch(es) of ${cfg.batchSize / cfg.microBatches}, stash in ${cfg.stash} memory; ` +
-      `the parameter server holds ${formatSize(bytes * (1 + slots))} of parameters and optimizer state in host memory (${cfg.serverThreads} optimizer thread(s))`;
+    return (
+      `l2l: ${cfg.microBatches} micro-batch(es) of ${cfg.batchSize / cfg.microBatches}, stash in ${cfg.stash} memory; ` +
+      `the parameter server holds ${formatSize(bytes * (1 + slots))} of parameters and optimizer state in host memory (${cfg.serverThreads} optimizer thread(s))`
+    );
   },
 };

@@ -4,46 +4,85 @@
  * blocks of the previous stage; a failing stage stops the run, and a stopped run leaves no
  * partial checkpoint.
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { test } from 'node:test';
 import { initBackend } from '../backend/index.js';
-import { makeBatcher, type Batch } from '../data/batcher.js';
+import { tf } from '../backend/tfjs.js';
+import { type Batch, makeBatcher } from '../data/batcher.js';
 import { textDatasetFromString } from '../data/text.js';
 import { auxKey, initAuxParams } from '../model/aux-head.js';
 import { paramKey } from '../model/block.js';
-import { initParams, type HostParams } from '../model/init.js';
+import { type HostParams, initParams } from '../model/init.js';
 import { buildModel, type CharLmConfig } from '../model/model.js';
-import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
+import {
+  defaultOptimizerConfig,
+  type OptimizerConfig,
+} from '../optim/optimizer.js';
 import { LocalStage } from '../pipeline/local-stage.js';
 import { StageError } from '../runtime/device.js';
-import { tf } from '../backend/tfjs.js';
 import { loadCheckpoint } from '../train/checkpoint-io.js';
 import { train } from '../train/trainer.js';
 import { Rng } from '../util/rng.js';
-import { PipelineStrategy } from './pipeline.js';
 import { backpropPipeline } from './gpipe.js';
 import { localPipeline } from './local.js';
+import { PipelineStrategy } from './pipeline.js';
 
-const WORDS = ['the', 'whale', 'sea', 'ship', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
+const WORDS = [
+  'the',
+  'whale',
+  'sea',
+  'ship',
+  'ahab',
+  'white',
+  'call',
+  'me',
+  'ishmael',
+  'and',
+  'of',
+  'a',
+];
 const rng = new Rng(9);
 let text = '';
-while (text.length < 3000) text += WORDS[rng.int(WORDS.length)] + (rng.int(7) === 0 ? '.\n' : ' ');
+while (text.length < 3000)
+  text += WORDS[rng.int(WORDS.length)] + (rng.int(7) === 0 ? '.\n' : ' ');
 const ds = textDatasetFromString('words', text);
 // blocks: embed, decoder0, decoder1, decoder2, head -> stages [embed, decoder0, decoder1] [decoder2, head]
-const LM: CharLmConfig = { arch: 'charlm', layers: 3, dModel: 16, heads: 2, context: 8, vocab: ds.vocab.size };
+const LM: CharLmConfig = {
+  arch: 'charlm',
+  layers: 3,
+  dModel: 16,
+  heads: 2,
+  context: 8,
+  vocab: ds.vocab.size,
+};
 const model = buildModel(LM);
-const RANGES = [{ from: 0, to: 3 }, { from: 3, to: 5 }];
-const OPT: OptimizerConfig = { ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 };
+const RANGES = [
+  { from: 0, to: 3 },
+  { from: 3, to: 5 },
+];
+const OPT: OptimizerConfig = {
+  ...defaultOptimizerConfig('sgd'),
+  momentum: 0,
+  clipNorm: 0,
+};
 const batches: Batch[] = (() => {
   const b = makeBatcher(ds, { batchSize: 4, context: 8, seed: 2 });
   return [b.next(), b.next(), b.next()];
 })();
 
 function params(seed: number): HostParams {
-  return new Map([...initParams(model.blocks, seed), ...initAuxParams(model, RANGES.map((r) => r.to), seed)]);
+  return new Map([
+    ...initParams(model.blocks, seed),
+    ...initAuxParams(
+      model,
+      RANGES.map((r) => r.to),
+      seed,
+    ),
+  ]);
 }
 
 /** Stage 1's parameters (blocks 3, 4) from another seed: a different stage-1 loss. */
@@ -54,9 +93,28 @@ function perturbStage1(p: HostParams): HostParams {
   return out;
 }
 
-async function run(p: HostParams, ranges: typeof RANGES, m: number, local: { overlap: number; deterministic: boolean } | undefined, opt = OPT): Promise<{ params: HostParams; losses: number[] }> {
-  const kind = local ? localPipeline(m, ranges.length, local.overlap, local.deterministic) : backpropPipeline(m, ranges.length, 'never', 'gpipe');
-  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges, microBatches: m, optimizer: opt, kind }, p);
+async function run(
+  p: HostParams,
+  ranges: typeof RANGES,
+  m: number,
+  local: { overlap: number; deterministic: boolean } | undefined,
+  opt = OPT,
+): Promise<{ params: HostParams; losses: number[] }> {
+  const kind = local
+    ? localPipeline(m, ranges.length, local.overlap, local.deterministic)
+    : backpropPipeline(m, ranges.length, 'never', 'gpipe');
+  const s = await PipelineStrategy.create(
+    {
+      name: 'local',
+      backend: 'wasm',
+      model: LM,
+      ranges,
+      microBatches: m,
+      optimizer: opt,
+      kind,
+    },
+    p,
+  );
   try {
     const losses: number[] = [];
     for (const b of batches) losses.push((await s.trainStep(b, 0.05)).loss);
@@ -75,33 +133,66 @@ function maxDiff(a: Float32Array, b: Float32Array): number {
 test('greedy: a different stage-1 loss leaves stage 0 untouched; stage 1 does change', async () => {
   const base = params(1);
   const a = await run(base, RANGES, 2, { overlap: 0, deterministic: false });
-  const b = await run(perturbStage1(base), RANGES, 2, { overlap: 0, deterministic: false });
+  const b = await run(perturbStage1(base), RANGES, 2, {
+    overlap: 0,
+    deterministic: false,
+  });
   for (const [k, v] of a.params) {
     const stage0 = k.startsWith('aux0.') || Number(k.split('.')[0]) < 3;
-    if (stage0) assert.equal(maxDiff(v, b.params.get(k)!), 0, `${k} must not depend on stage 1`);
+    if (stage0)
+      assert.equal(
+        maxDiff(v, b.params.get(k)!),
+        0,
+        `${k} must not depend on stage 1`,
+      );
   }
-  assert.ok(maxDiff(a.params.get(paramKey(4, 'w'))!, b.params.get(paramKey(4, 'w'))!) > 1e-3);
+  assert.ok(
+    maxDiff(a.params.get(paramKey(4, 'w'))!, b.params.get(paramKey(4, 'w'))!) >
+      1e-3,
+  );
   // and stage 0 did train
-  assert.ok(maxDiff(a.params.get(paramKey(1, 'w1'))!, base.get(paramKey(1, 'w1'))!) > 1e-4);
+  assert.ok(
+    maxDiff(a.params.get(paramKey(1, 'w1'))!, base.get(paramKey(1, 'w1'))!) >
+      1e-4,
+  );
 });
 
 test('overlap 1: stage 1 loss reaches stage 0 (deterministic runs are reproducible)', async () => {
   const base = params(1);
   const a = await run(base, RANGES, 2, { overlap: 1, deterministic: true });
   const again = await run(base, RANGES, 2, { overlap: 1, deterministic: true });
-  const b = await run(perturbStage1(base), RANGES, 2, { overlap: 1, deterministic: true });
-  for (const [k, v] of a.params) assert.equal(maxDiff(v, again.params.get(k)!), 0, `${k} reproducible`);
-  assert.ok(maxDiff(a.params.get(paramKey(2, 'w1'))!, b.params.get(paramKey(2, 'w1'))!) > 0, 'the overlapped block feels stage 1');
+  const b = await run(perturbStage1(base), RANGES, 2, {
+    overlap: 1,
+    deterministic: true,
+  });
+  for (const [k, v] of a.params)
+    assert.equal(maxDiff(v, again.params.get(k)!), 0, `${k} reproducible`);
+  assert.ok(
+    maxDiff(
+      a.params.get(paramKey(2, 'w1'))!,
+      b.params.get(paramKey(2, 'w1'))!,
+    ) > 0,
+    'the overlapped block feels stage 1',
+  );
 });
 
 test('K = 1 local parallelism is single-device training', async () => {
-  const opt: OptimizerConfig = { ...defaultOptimizerConfig('adamw'), clipNorm: 1 };
+  const opt: OptimizerConfig = {
+    ...defaultOptimizerConfig('adamw'),
+    clipNorm: 1,
+  };
   const p = initParams(model.blocks, 3);
   const one = [{ from: 0, to: 5 }];
   const local = await run(p, one, 1, { overlap: 0, deterministic: false }, opt);
   const single = await run(p, one, 1, undefined, opt);
-  local.losses.forEach((l, i) => assert.ok(Math.abs(l - single.losses[i]) <= 1e-5, `step ${i}: ${l} vs ${single.losses[i]}`));
-  for (const [k, v] of single.params) assert.ok(maxDiff(v, local.params.get(k)!) <= 1e-5, k);
+  local.losses.forEach((l, i) =>
+    assert.ok(
+      Math.abs(l - single.losses[i]) <= 1e-5,
+      `step ${i}: ${l} vs ${single.losses[i]}`,
+    ),
+  );
+  for (const [k, v] of single.params)
+    assert.ok(maxDiff(v, local.params.get(k)!) <= 1e-5, k);
 });
 
 test('--overlap n trains exactly the last n blocks of the previous stage', async () => {
@@ -129,7 +220,11 @@ test('--overlap n trains exactly the last n blocks of the previous stage', async
         const block = k.startsWith('aux') ? -1 : Number(k.split('.')[0]);
         const inTail = block >= RANGES[0].to - n;
         const d = maxDiff(v, pb.get(k)!);
-        if (inTail) assert.ok(d > 0, `overlap ${n}: ${k} (in the last ${n} blocks) must be trained by stage 1's gradient`);
+        if (inTail)
+          assert.ok(
+            d > 0,
+            `overlap ${n}: ${k} (in the last ${n} blocks) must be trained by stage 1's gradient`,
+          );
         else assert.equal(d, 0, `overlap ${n}: ${k} must not be`);
       }
       assert.ok(pa.has(auxKey(0, 'w')), 'stage 0 has an auxiliary head');
@@ -141,12 +236,35 @@ test('--overlap n trains exactly the last n blocks of the previous stage', async
 });
 
 test('a stage that throws stops the run naming the stage; no worker keeps running', async () => {
-  const s = await PipelineStrategy.create({ name: 'local', backend: 'wasm', model: LM, ranges: RANGES, microBatches: 2, optimizer: OPT, kind: localPipeline(2, RANGES.length, 1, false) }, params(1));
+  const s = await PipelineStrategy.create(
+    {
+      name: 'local',
+      backend: 'wasm',
+      model: LM,
+      ranges: RANGES,
+      microBatches: 2,
+      optimizer: OPT,
+      kind: localPipeline(2, RANGES.length, 1, false),
+    },
+    params(1),
+  );
   await s.trainStep(batches[0], 0.05);
   // inputs longer than the context: the embedding on stage 0 throws
-  const bad: Batch = { ...batches[1], x: new Int32Array(4 * 9), xShape: [4, 9] };
-  await assert.rejects(s.trainStep(bad, 0.05), (e: unknown) => e instanceof StageError && e.stage === 0 && /^stage 0: .*context 8/.test(e.message));
-  const workers = (s as unknown as { workers: Array<{ exited: Promise<number> }> }).workers;
+  const bad: Batch = {
+    ...batches[1],
+    x: new Int32Array(4 * 9),
+    xShape: [4, 9],
+  };
+  await assert.rejects(
+    s.trainStep(bad, 0.05),
+    (e: unknown) =>
+      e instanceof StageError &&
+      e.stage === 0 &&
+      /^stage 0: .*context 8/.test(e.message),
+  );
+  const workers = (
+    s as unknown as { workers: Array<{ exited: Promise<number> }> }
+  ).workers;
   await Promise.all(workers.map((w) => w.exited));
   await assert.rejects(s.getParams(), StageError);
 });
@@ -155,18 +273,43 @@ test('a run stopped mid-way leaves its last complete checkpoint and no partial o
   const out = mkdtempSync(join(tmpdir(), 'layerwise-local-'));
   try {
     await assert.rejects(
-      train({ preset: 'charlm-tiny', strategy: 'local', stages: 2, microBatches: 2, batchSize: 8, layers: 1, dModel: 16, heads: 2, context: 8, steps: 4, saveEvery: 1, evalBatches: 1, out }, undefined, {
-        onStep(m) {
-          if (m.step === 2) throw new Error('stopped at step 2');
+      train(
+        {
+          preset: 'charlm-tiny',
+          strategy: 'local',
+          stages: 2,
+          microBatches: 2,
+          batchSize: 8,
+          layers: 1,
+          dModel: 16,
+          heads: 2,
+          context: 8,
+          steps: 4,
+          saveEvery: 1,
+          evalBatches: 1,
+          out,
         },
-      }),
+        undefined,
+        {
+          onStep(m) {
+            if (m.step === 2) throw new Error('stopped at step 2');
+          },
+        },
+      ),
       /stopped at step 2/,
     );
-    assert.deepEqual(readdirSync(out).filter((f) => f.includes('.tmp') || f.includes('.old')), [], 'no temporary folders');
+    assert.deepEqual(
+      readdirSync(out).filter((f) => f.includes('.tmp') || f.includes('.old')),
+      [],
+      'no temporary folders',
+    );
     assert.ok(existsSync(join(out, 'checkpoint', 'meta.json')));
     const ck = await loadCheckpoint(join(out, 'checkpoint'));
     assert.equal(ck.step, 1);
-    assert.ok(ck.params.has(auxKey(0, 'w')), 'the auxiliary head is saved with the checkpoint');
+    assert.ok(
+      ck.params.has(auxKey(0, 'w')),
+      'the auxiliary head is saved with the checkpoint',
+    );
   } finally {
     rmSync(out, { recursive: true, force: true });
   }

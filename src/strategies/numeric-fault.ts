@@ -7,38 +7,72 @@
  * with a non-finite parameter gradient. When the diagnosis does not reproduce it, the stages
  * whose gradient sums of squares were not finite.
  */
-import type { NumericFault } from '../pipeline/executor.js';
+
 import type { StageRange } from '../partition/balance.js';
+import type { NumericFault } from '../pipeline/executor.js';
 import { NumericFaultError } from '../util/errors.js';
 
-const FORWARD_ORDER: Record<NumericFault['what'], number> = { input: 0, activation: 1, loss: 2, gradient: 3 };
+const FORWARD_ORDER: Record<NumericFault['what'], number> = {
+  input: 0,
+  activation: 1,
+  loss: 2,
+  gradient: 3,
+};
 
 /** The first fault of `faults` in the order above, or undefined. */
-export function firstFault(faults: readonly NumericFault[]): NumericFault | undefined {
+export function firstFault(
+  faults: readonly NumericFault[],
+): NumericFault | undefined {
   const fwd = faults.filter((f) => f.what !== 'gradient');
   if (fwd.length) {
-    return [...fwd].sort((a, b) => a.block - b.block || FORWARD_ORDER[a.what] - FORWARD_ORDER[b.what] || a.mb - b.mb)[0];
+    return [...fwd].sort(
+      (a, b) =>
+        a.block - b.block ||
+        FORWARD_ORDER[a.what] - FORWARD_ORDER[b.what] ||
+        a.mb - b.mb,
+    )[0];
   }
   return [...faults].sort((a, b) => b.block - a.block || a.mb - b.mb)[0];
 }
 
 /** The error naming the first fault (see {@link firstFault}); `sums`: each stage's gradient sum of squares in the faulty step. */
-export function describeFaults(faults: readonly NumericFault[], sums: readonly number[], ranges: readonly StageRange[]): NumericFaultError {
+export function describeFaults(
+  faults: readonly NumericFault[],
+  sums: readonly number[],
+  ranges: readonly StageRange[],
+): NumericFaultError {
   const f = firstFault(faults);
   if (!f) {
-    const bad = sums.map((s, i) => [s, i] as const).filter(([s]) => !Number.isFinite(s));
-    const where = bad.map(([s, i]) => `stage ${i} (blocks ${ranges[i]!.from}-${ranges[i]!.to - 1}): ${s}`).join(', ');
-    return new NumericFaultError(`the gradient norm was not finite on ${where || 'some stage'} (the diagnosing re-run did not reproduce it)`);
+    const bad = sums
+      .map((s, i) => [s, i] as const)
+      .filter(([s]) => !Number.isFinite(s));
+    const where = bad
+      .map(
+        ([s, i]) =>
+          `stage ${i} (blocks ${ranges[i]!.from}-${ranges[i]!.to - 1}): ${s}`,
+      )
+      .join(', ');
+    return new NumericFaultError(
+      `the gradient norm was not finite on ${where || 'some stage'} (the diagnosing re-run did not reproduce it)`,
+    );
   }
   const block = `block ${f.block} (${f.blockName}) on stage ${f.stage}, micro-batch ${f.mb}`;
   switch (f.what) {
     case 'input':
-      return new NumericFaultError(f.stage === 0 ? `the input data of micro-batch ${f.mb} holds ${f.value}; clean the data set` : `the input of ${block} is ${f.value}`);
+      return new NumericFaultError(
+        f.stage === 0
+          ? `the input data of micro-batch ${f.mb} holds ${f.value}; clean the data set`
+          : `the input of ${block} is ${f.value}`,
+      );
     case 'activation':
       return new NumericFaultError(`the output of ${block} became ${f.value}`);
     case 'loss':
-      return new NumericFaultError(`the loss became ${f.value} (after ${block})`);
+      return new NumericFaultError(
+        `the loss became ${f.value} (after ${block})`,
+      );
     case 'gradient':
-      return new NumericFaultError(`the gradient of ${block} became ${f.value} (its forward was finite)`);
+      return new NumericFaultError(
+        `the gradient of ${block} became ${f.value} (its forward was finite)`,
+      );
   }
 }

@@ -3,15 +3,16 @@
  * model on one device, plain backprop on the whole mini-batch (one micro-batch, activations
  * kept). It is the backprop pipeline (gpipe.ts) with one stage.
  */
-import { parseDevices } from '../runtime/devices.js';
+
 import { optimizerConfigOf } from '../config/config.js';
 import { costsAt, optimizerSlots } from '../cost/costs.js';
 import { predictPeakBytes } from '../cost/memory.js';
 import { plannedAs } from '../cost/strategy-plan.js';
+import { parseDevices } from '../runtime/devices.js';
 import { check } from '../util/errors.js';
 import { backpropPipeline } from './gpipe.js';
 import { PipelineStrategy } from './pipeline.js';
-import { threadsPerDevice, type StrategySpec } from './spec.js';
+import { type StrategySpec, threadsPerDevice } from './spec.js';
 
 export const single: StrategySpec = {
   name: 'single',
@@ -19,21 +20,49 @@ export const single: StrategySpec = {
   exact: true,
   oneDevice: true,
   validate(cfg) {
-    check(cfg.stages === 1, `--strategy single runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`);
+    check(
+      cfg.stages === 1,
+      `--strategy single runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`,
+    );
   },
-  create: (cfg, model, params, ranges) => PipelineStrategy.create({
-    name: 'single', backend: cfg.backend, model: model.config, ranges, microBatches: 1, optimizer: optimizerConfigOf(cfg),
-    kind: backpropPipeline(1, 1, 'never', 'gpipe'), deviceMemory: cfg.deviceMemory, threads: threadsPerDevice(cfg, ranges.length), devices: parseDevices(cfg.devices, ranges.length), oomAdvice: single.outOfMemoryAdvice(cfg),
-  }, params),
+  create: (cfg, model, params, ranges) =>
+    PipelineStrategy.create(
+      {
+        name: 'single',
+        backend: cfg.backend,
+        model: model.config,
+        ranges,
+        microBatches: 1,
+        optimizer: optimizerConfigOf(cfg),
+        kind: backpropPipeline(1, 1, 'never', 'gpipe'),
+        deviceMemory: cfg.deviceMemory,
+        threads: threadsPerDevice(cfg, ranges.length),
+        devices: parseDevices(cfg.devices, ranges.length),
+        oomAdvice: single.outOfMemoryAdvice(cfg),
+      },
+      params,
+    ),
   memory: {
     microBatch: (cfg) => cfg.batchSize,
-    predictPeakBytes: (profile, cfg, ranges) => predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, {
-      m: 1, remat: 'never', schedule: 'gpipe', slots: optimizerSlots(optimizerConfigOf(cfg)),
-    }),
+    predictPeakBytes: (profile, cfg, ranges) =>
+      predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, {
+        m: 1,
+        remat: 'never',
+        schedule: 'gpipe',
+        slots: optimizerSlots(optimizerConfigOf(cfg)),
+      }),
   },
   /** The whole model, M = 1, activations kept. */
   plan: (profile, req) =>
-    plannedAs('single', profile, req, [{ from: 0, to: profile.blocks.length }], { m: 1, remat: 'never', schedule: 'gpipe', slots: req.slots }, 'whole model'),
+    plannedAs(
+      'single',
+      profile,
+      req,
+      [{ from: 0, to: profile.blocks.length }],
+      { m: 1, remat: 'never', schedule: 'gpipe', slots: req.slots },
+      'whole model',
+    ),
   flags: () => '--strategy single',
-  outOfMemoryAdvice: () => 'try --strategy l2l, or --strategy gpipe with more --stages',
+  outOfMemoryAdvice: () =>
+    'try --strategy l2l, or --strategy gpipe with more --stages',
 };

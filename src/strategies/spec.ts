@@ -6,18 +6,24 @@
  * line, and the out-of-memory advice. The stage kind a strategy runs on its devices is named by
  * its runner (strategies/pipeline.ts, strategies/l2l.ts) as a module under pipeline/.
  */
+
+import { availableParallelism } from 'node:os';
 import type { TrainConfig } from '../config/config.js';
 import type { ModelProfile } from '../cost/costs.js';
 import type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
-import { availableParallelism } from 'node:os';
 import type { Strategy } from './strategy.js';
 
 /** Threads of each of `devices` devices: --threads, or the machine's cores divided among them (at least 1). */
-export function threadsPerDevice(cfg: Pick<TrainConfig, 'threads'>, devices: number): number {
-  return cfg.threads > 0 ? cfg.threads : Math.max(1, Math.floor(availableParallelism() / devices));
+export function threadsPerDevice(
+  cfg: Pick<TrainConfig, 'threads'>,
+  devices: number,
+): number {
+  return cfg.threads > 0
+    ? cfg.threads
+    : Math.max(1, Math.floor(availableParallelism() / devices));
 }
 
 export interface StrategySpec {
@@ -35,7 +41,12 @@ export interface StrategySpec {
    */
   validate?(cfg: TrainConfig): void;
   /** Starts the strategy on `ranges` (from strategies/index.ts resolveStages) with these initial parameters. */
-  create(cfg: TrainConfig, model: Model, params: HostParams, ranges: StageRange[]): Promise<Strategy>;
+  create(
+    cfg: TrainConfig,
+    model: Model,
+    params: HostParams,
+    ranges: StageRange[],
+  ): Promise<Strategy>;
   /**
    * The device-memory prediction of a run: peak bytes per device (stage) for `cfg` on
    * `ranges`, from a profile at {@link microBatch} examples (plan/budget.ts profiles it).
@@ -45,7 +56,11 @@ export interface StrategySpec {
     microBatch(cfg: TrainConfig): number;
     /** Whether the prediction needs `profile.auxHeads` at every stage's end but the last (local parallelism). */
     auxHeads?: boolean;
-    predictPeakBytes(profile: ModelProfile, cfg: TrainConfig, ranges: readonly StageRange[]): number[];
+    predictPeakBytes(
+      profile: ModelProfile,
+      cfg: TrainConfig,
+      ranges: readonly StageRange[],
+    ): number[];
   };
   /** `layerwise plan`: the best settings of this strategy for the request (peak, step time, bubble). */
   plan(profile: ModelProfile, req: PlanRequest): StrategyPlan;

@@ -7,8 +7,8 @@
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerState } from '../optim/optimizer.js';
-import type { TraceSpan } from '../pipeline/executor.js';
 import type { ServerSpan } from '../param-server/server.js';
+import type { TraceSpan } from '../pipeline/executor.js';
 
 /** What one training step reports. */
 export interface StepReport {
@@ -57,13 +57,16 @@ export class MetricMeans {
   private n = 0;
   add(records: ReadonlyArray<Record<string, number>> | undefined): void {
     for (const r of records ?? []) {
-      for (const [k, v] of Object.entries(r)) this.sums.set(k, (this.sums.get(k) ?? 0) + v);
+      for (const [k, v] of Object.entries(r))
+        this.sums.set(k, (this.sums.get(k) ?? 0) + v);
       this.n++;
     }
   }
   /** The means, or undefined when nothing was recorded. */
   means(): Record<string, number> | undefined {
-    return this.n ? Object.fromEntries([...this.sums].map(([k, s]) => [k, s / this.n])) : undefined;
+    return this.n
+      ? Object.fromEntries([...this.sums].map(([k, s]) => [k, s / this.n]))
+      : undefined;
   }
 }
 

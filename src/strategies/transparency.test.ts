@@ -4,22 +4,35 @@
  * mini-batch (K = 1, M = 1, no re-materialization), on the wasm backend with worker stages.
  * Also: per-stage memory, and what happens when a stage fails.
  */
-import { test } from 'node:test';
+
 import assert from 'node:assert/strict';
+import { test } from 'node:test';
 import type { Batch } from '../data/batcher.js';
 import { makeBatcher, validationBatches } from '../data/batcher.js';
 import { paramCount } from '../model/block.js';
-import { initParams, type HostParams } from '../model/init.js';
-import { buildModel, type CharLmConfig, type MlpConfig, type ModelConfig } from '../model/model.js';
-import { defaultOptimizerConfig, type OptimizerConfig } from '../optim/optimizer.js';
+import { type HostParams, initParams } from '../model/init.js';
+import {
+  buildModel,
+  type CharLmConfig,
+  type MlpConfig,
+  type ModelConfig,
+} from '../model/model.js';
+import {
+  defaultOptimizerConfig,
+  type OptimizerConfig,
+} from '../optim/optimizer.js';
 import { balanceByCost, stageRanges } from '../partition/balance.js';
 import { StageError, type StageWorker } from '../runtime/device.js';
-import { makeSchedule, type RematMode, type ScheduleKind } from '../schedule/schedule.js';
-import { Rng } from '../util/rng.js';
-import { tinyWhaleDataset } from '../testing/fixtures.js';
+import {
+  makeSchedule,
+  type RematMode,
+  type ScheduleKind,
+} from '../schedule/schedule.js';
 import { maxParamDiff } from '../testing/assert-close.js';
-import { PipelineStrategy } from './pipeline.js';
+import { tinyWhaleDataset } from '../testing/fixtures.js';
+import { Rng } from '../util/rng.js';
 import { backpropPipeline } from './gpipe.js';
+import { PipelineStrategy } from './pipeline.js';
 import type { StepReport } from './strategy.js';
 
 const TOL = 1e-4;
@@ -31,22 +44,42 @@ const LRS = [3e-3, 2e-3, 1e-3];
  * constant factor away. Clipping at norm 1 is active on the first steps (gradient norms are
  * about 1.7, 1.2, 0.5 here), which checks the all-reduce of the stages' norms too.
  */
-const LM_OPT: OptimizerConfig = { ...defaultOptimizerConfig('sgd'), momentum: 0.9, clipNorm: 1 };
+const LM_OPT: OptimizerConfig = {
+  ...defaultOptimizerConfig('sgd'),
+  momentum: 0.9,
+  clipNorm: 1,
+};
 const LM_LR = 100;
 
 // ---- one small text data set and charlm model, shared by every run ----
 const ds = tinyWhaleDataset();
-const LM: CharLmConfig = { arch: 'charlm', layers: 2, dModel: 32, heads: 2, context: 16, vocab: ds.vocab.size };
+const LM: CharLmConfig = {
+  arch: 'charlm',
+  layers: 2,
+  dModel: 32,
+  heads: 2,
+  context: 16,
+  vocab: ds.vocab.size,
+};
 const lmModel = buildModel(LM);
 const lmParams = initParams(lmModel.blocks, 1);
 const lmBatches: Batch[] = (() => {
   const b = makeBatcher(ds, { batchSize: 8, context: 16, seed: 1 });
   return [b.next(), b.next(), b.next()];
 })();
-const lmVal = validationBatches(ds, { batchSize: 8, context: 16, maxBatches: 2 });
+const lmVal = validationBatches(ds, {
+  batchSize: 8,
+  context: 16,
+  maxBatches: 2,
+});
 
 // ---- a small image classifier on random images ----
-const MLP: MlpConfig = { arch: 'mlp', inputShape: [4, 4, 1], hidden: [8, 8], classes: 3 };
+const MLP: MlpConfig = {
+  arch: 'mlp',
+  inputShape: [4, 4, 1],
+  hidden: [8, 8],
+  classes: 3,
+};
 const mlpModel = buildModel(MLP);
 const mlpParams = initParams(mlpModel.blocks, 2);
 const imgBatches: Batch[] = (() => {
@@ -80,29 +113,59 @@ function workersOf(s: PipelineStrategy): StageWorker[] {
   return (s as unknown as { workers: StageWorker[] }).workers;
 }
 
-async function create(model: ModelConfig, params: HostParams, c: RunConfig, optimizer: OptimizerConfig): Promise<PipelineStrategy> {
+async function create(
+  model: ModelConfig,
+  params: HostParams,
+  c: RunConfig,
+  optimizer: OptimizerConfig,
+): Promise<PipelineStrategy> {
   const built = buildModel(model);
   const ranges = stageRanges(balanceByCost(built.blocks.map(paramCount), c.k));
   return PipelineStrategy.create(
-    { name: label(c), backend: 'wasm', model, ranges, microBatches: c.m, kind: backpropPipeline(c.m, c.k, c.remat, c.schedule), optimizer },
+    {
+      name: label(c),
+      backend: 'wasm',
+      model,
+      ranges,
+      microBatches: c.m,
+      kind: backpropPipeline(c.m, c.k, c.remat, c.schedule),
+      optimizer,
+    },
     params,
   );
 }
 
-async function train(model: ModelConfig, params: HostParams, batches: Batch[], val: Batch[], c: RunConfig, optimizer: OptimizerConfig, lrScale = 1): Promise<RunResult> {
+async function train(
+  model: ModelConfig,
+  params: HostParams,
+  batches: Batch[],
+  val: Batch[],
+  c: RunConfig,
+  optimizer: OptimizerConfig,
+  lrScale = 1,
+): Promise<RunResult> {
   const s = await create(model, params, c, optimizer);
   try {
     const reports: StepReport[] = [];
-    for (let i = 0; i < batches.length; i++) reports.push(await s.trainStep(batches[i], LRS[i] * lrScale));
+    for (let i = 0; i < batches.length; i++)
+      reports.push(await s.trainStep(batches[i], LRS[i] * lrScale));
     const evalLoss = val.length ? (await s.evaluate(val)).loss : NaN;
-    return { losses: reports.map((r) => r.loss), params: await s.getParams(), reports, evalLoss };
+    return {
+      losses: reports.map((r) => r.loss),
+      params: await s.getParams(),
+      reports,
+      evalLoss,
+    };
   } finally {
     await s.close();
   }
 }
 
 /** Runs the tasks with at most `limit` at a time (worker start-up is CPU-bound). */
-async function pool<T>(tasks: Array<() => Promise<T>>, limit: number): Promise<T[]> {
+async function pool<T>(
+  tasks: Array<() => Promise<T>>,
+  limit: number,
+): Promise<T[]> {
   const out = new Array<T>(tasks.length);
   let next = 0;
   const lane = async () => {
@@ -111,20 +174,28 @@ async function pool<T>(tasks: Array<() => Promise<T>>, limit: number): Promise<T
       out[i] = await tasks[i]();
     }
   };
-  await Promise.all(Array.from({ length: Math.min(limit, tasks.length) }, lane));
+  await Promise.all(
+    Array.from({ length: Math.min(limit, tasks.length) }, lane),
+  );
   return out;
 }
-
 
 function assertTransparent(got: RunResult, ref: RunResult, what: string): void {
   assert.equal(got.losses.length, ref.losses.length);
   got.losses.forEach((l, i) => {
     assert.ok(Number.isFinite(l), `${what}: step ${i} loss ${l}`);
-    assert.ok(Math.abs(l - ref.losses[i]) <= TOL, `${what}: step ${i} loss ${l} vs single ${ref.losses[i]}`);
+    assert.ok(
+      Math.abs(l - ref.losses[i]) <= TOL,
+      `${what}: step ${i} loss ${l} vs single ${ref.losses[i]}`,
+    );
   });
   const d = maxParamDiff(got.params, ref.params);
   assert.ok(d <= TOL, `${what}: final parameters differ by ${d}`);
-  if (Number.isFinite(ref.evalLoss)) assert.ok(Math.abs(got.evalLoss - ref.evalLoss) <= TOL, `${what}: eval ${got.evalLoss} vs ${ref.evalLoss}`);
+  if (Number.isFinite(ref.evalLoss))
+    assert.ok(
+      Math.abs(got.evalLoss - ref.evalLoss) <= TOL,
+      `${what}: eval ${got.evalLoss} vs ${ref.evalLoss}`,
+    );
 }
 
 const SINGLE: RunConfig = { k: 1, m: 1, remat: 'never', schedule: 'gpipe' };
@@ -146,35 +217,58 @@ let lmRuns: Promise<Map<string, RunResult>> | undefined;
 function lmResults(): Promise<Map<string, RunResult>> {
   lmRuns ??= (async () => {
     const configs = [SINGLE, ...LM_CONFIGS, ONE_F_ONE_B];
-    const results = await pool(configs.map((c) => () => train(LM, lmParams, lmBatches, lmVal, c, LM_OPT, LM_LR)), 2);
+    const results = await pool(
+      configs.map(
+        (c) => () => train(LM, lmParams, lmBatches, lmVal, c, LM_OPT, LM_LR),
+      ),
+      2,
+    );
     return new Map(configs.map((c, i) => [label(c), results[i]]));
   })();
   return lmRuns;
 }
 
 test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, and 1f1b, train like a single device', async () => {
-  for (const k of [2, 3]) assert.deepEqual(makeSchedule('gpipe', 1, k, 'except_last'), makeSchedule('gpipe', 1, k, 'never'));
+  for (const k of [2, 3])
+    assert.deepEqual(
+      makeSchedule('gpipe', 1, k, 'except_last'),
+      makeSchedule('gpipe', 1, k, 'never'),
+    );
   const runs = await lmResults();
   const ref = runs.get(label(SINGLE))!;
   // The comparison is meaningful: training moved the parameters well beyond the tolerance.
   const moved = maxParamDiff(ref.params, lmParams);
-  assert.ok(moved > 10 * TOL, `single-device training changed the parameters by ${moved}`);
+  assert.ok(
+    moved > 10 * TOL,
+    `single-device training changed the parameters by ${moved}`,
+  );
   assert.ok(ref.losses.every((l) => l > 0 && Number.isFinite(l)));
   for (const c of [...LM_CONFIGS, ONE_F_ONE_B]) {
     const r = runs.get(label(c))!;
     assertTransparent(r, ref, label(c));
     for (const rep of r.reports) {
-      assert.equal(rep.peakBytes.length, c.k, `${label(c)}: one peak per stage`);
+      assert.equal(
+        rep.peakBytes.length,
+        c.k,
+        `${label(c)}: one peak per stage`,
+      );
       assert.equal(rep.traces.length, c.k);
       assert.equal(rep.stageSeconds.length, c.k);
-      assert.ok(rep.bubble.every((b) => b >= 0 && b <= 1), `${label(c)}: bubble ${rep.bubble}`);
+      assert.ok(
+        rep.bubble.every((b) => b >= 0 && b <= 1),
+        `${label(c)}: bubble ${rep.bubble}`,
+      );
       // Every stage ran forward and backward of each micro-batch once.
       for (const tr of rep.traces) {
         assert.equal(tr.filter((t) => t.label === 'forward').length, c.m);
         assert.equal(tr.filter((t) => t.label === 'backward').length, c.m);
         // re-materialized backwards also show their recompute as a span of its own
-        const recomputed = c.remat === 'always' ? c.m : c.remat === 'except_last' ? c.m - 1 : 0;
-        assert.equal(tr.filter((t) => t.label === 'recompute').length, recomputed);
+        const recomputed =
+          c.remat === 'always' ? c.m : c.remat === 'except_last' ? c.m - 1 : 0;
+        assert.equal(
+          tr.filter((t) => t.label === 'recompute').length,
+          recomputed,
+        );
       }
     }
   }
@@ -186,26 +280,50 @@ test('charlm: every stage of K = 2 peaks below the single device; re-materializa
   assert.ok(single.every((p) => p > 0));
   for (const c of LM_CONFIGS.filter((x) => x.k === 2)) {
     runs.get(label(c))!.reports.forEach((rep, step) => {
-      rep.peakBytes.forEach((p, s) => assert.ok(p > 0 && p < single[step], `${label(c)} step ${step} stage ${s}: ${p} >= single ${single[step]}`));
+      rep.peakBytes.forEach((p, s) =>
+        assert.ok(
+          p > 0 && p < single[step],
+          `${label(c)} step ${step} stage ${s}: ${p} >= single ${single[step]}`,
+        ),
+      );
     });
   }
   // With M = 4, keeping only stage inputs ('always') holds less than keeping every micro-batch's
   // activations ('never'); 'except_last' keeps one micro-batch, never more than 'never'.
   for (const k of [2, 3]) {
     const peak = (remat: RematMode, schedule: ScheduleKind = 'gpipe') =>
-      runs.get(label({ k, m: 4, remat, schedule }))!.reports.map((r) => r.peakBytes);
+      runs
+        .get(label({ k, m: 4, remat, schedule }))!
+        .reports.map((r) => r.peakBytes);
     const always = peak('always');
     const except = peak('except_last');
     const never = peak('never');
-    never.forEach((stages, step) => stages.forEach((p, s) => {
-      assert.ok(always[step][s] < p, `K=${k} step ${step} stage ${s}: always ${always[step][s]} >= never ${p}`);
-      assert.ok(except[step][s] <= p, `K=${k} step ${step} stage ${s}: except_last ${except[step][s]} > never ${p}`);
-    }));
+    never.forEach((stages, step) =>
+      stages.forEach((p, s) => {
+        assert.ok(
+          always[step][s] < p,
+          `K=${k} step ${step} stage ${s}: always ${always[step][s]} >= never ${p}`,
+        );
+        assert.ok(
+          except[step][s] <= p,
+          `K=${k} step ${step} stage ${s}: except_last ${except[step][s]} > never ${p}`,
+        );
+      }),
+    );
   }
   // 1F1B keeps at most K - s micro-batches in flight instead of M = 4: less memory, same result.
-  const g = runs.get(label({ ...ONE_F_ONE_B, schedule: 'gpipe' }))!.reports.map((r) => r.peakBytes);
+  const g = runs
+    .get(label({ ...ONE_F_ONE_B, schedule: 'gpipe' }))!
+    .reports.map((r) => r.peakBytes);
   const o = runs.get(label(ONE_F_ONE_B))!.reports.map((r) => r.peakBytes);
-  g.forEach((stages, step) => stages.forEach((p, s) => assert.ok(o[step][s] < p, `1f1b step ${step} stage ${s}: ${o[step][s]} >= gpipe ${p}`)));
+  g.forEach((stages, step) =>
+    stages.forEach((p, s) =>
+      assert.ok(
+        o[step][s] < p,
+        `1f1b step ${step} stage ${s}: ${o[step][s]} >= gpipe ${p}`,
+      ),
+    ),
+  );
 });
 
 test('mlp image classifier: K = 2, M = 2 trains like a single device (AdamW)', async () => {
@@ -224,10 +342,16 @@ test('mlp image classifier: K = 2, M = 2 trains like a single device (AdamW)', a
 async function allExited(s: PipelineStrategy, ms: number): Promise<number[]> {
   let timer: NodeJS.Timeout | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(new Error(`workers still running after ${ms} ms`)), ms);
+    timer = setTimeout(
+      () => reject(new Error(`workers still running after ${ms} ms`)),
+      ms,
+    );
   });
   try {
-    return await Promise.race([Promise.all(workersOf(s).map((w) => w.exited)), timeout]);
+    return await Promise.race([
+      Promise.all(workersOf(s).map((w) => w.exited)),
+      timeout,
+    ]);
   } finally {
     clearTimeout(timer);
   }
@@ -236,8 +360,18 @@ async function allExited(s: PipelineStrategy, ms: number): Promise<number[]> {
 /** A strategy that was stopped by a failing stage (reused by the last test). */
 let failed: PipelineStrategy | undefined;
 
-async function checkFailure(bad: Batch, stage: number, what: RegExp, failing: RegExp): Promise<void> {
-  const s = await create(LM, lmParams, { k: 2, m: 2, remat: 'except_last', schedule: 'gpipe' }, LM_OPT);
+async function checkFailure(
+  bad: Batch,
+  stage: number,
+  what: RegExp,
+  failing: RegExp,
+): Promise<void> {
+  const s = await create(
+    LM,
+    lmParams,
+    { k: 2, m: 2, remat: 'except_last', schedule: 'gpipe' },
+    LM_OPT,
+  );
   // The strategy works before the failure.
   const ok = await s.trainStep(lmBatches[0], LRS[0]);
   assert.ok(Number.isFinite(ok.loss));
@@ -247,7 +381,10 @@ async function checkFailure(bad: Batch, stage: number, what: RegExp, failing: Re
     assert.match(e.message, new RegExp(`^stage ${stage}: `));
     assert.match(e.message, what);
     // the error shows the stage's schedule with the failing action marked
-    assert.match(e.schedule ?? '', new RegExp(`^schedule of stage ${stage}, action \\d+ of \\d+:`));
+    assert.match(
+      e.schedule ?? '',
+      new RegExp(`^schedule of stage ${stage}, action \\d+ of \\d+:`),
+    );
     assert.match(e.schedule ?? '', failing);
     return true;
   });
@@ -263,7 +400,12 @@ test('a failing first stage rejects trainStep naming stage 0 and stops every wor
   // A token id past the vocabulary: the embedding's gather fails on stage 0 while stage 1 waits.
   const x = lmBatches[1].x.slice();
   x[5] = LM.vocab;
-  await checkFailure({ ...lmBatches[1], x }, 0, /index value/, /\n {2}0F\d {2}<-- ERROR HERE/);
+  await checkFailure(
+    { ...lmBatches[1], x },
+    0,
+    /index value/,
+    /\n {2}0F\d {2}<-- ERROR HERE/,
+  );
 });
 
 test('a failing last stage rejects trainStep naming stage 1 and stops every worker', async () => {
@@ -271,20 +413,35 @@ test('a failing last stage rejects trainStep naming stage 1 and stops every work
   // while stage 0 waits for the gradient.
   const b = lmBatches[1];
   const y = new Int32Array(8 * 17);
-  await checkFailure({ ...b, y, yShape: [8, 17], tokens: 8 * 17 }, 1, /broadcast|shape/i, /\n {2}1Fk?\d {2}<-- ERROR HERE/);
+  await checkFailure(
+    { ...b, y, yShape: [8, 17], tokens: 8 * 17 },
+    1,
+    /broadcast|shape/i,
+    /\n {2}1Fk?\d {2}<-- ERROR HERE/,
+  );
 });
 
-test(
-  'calls on a closed strategy reject instead of waiting forever',
-  async () => {
-    const s = failed ?? (await create(LM, lmParams, { k: 2, m: 1, remat: 'never', schedule: 'gpipe' }, defaultOptimizerConfig('adamw')));
-    await s.close();
-    let timer: NodeJS.Timeout | undefined;
-    const hung = new Promise<string>((resolve) => {
-      timer = setTimeout(() => resolve('still pending after 2 s'), 2000);
-    });
-    const outcome = await Promise.race([s.getParams().then(() => 'resolved', (e: Error) => `rejected: ${e.message}`), hung]);
-    clearTimeout(timer);
-    assert.match(outcome, /^rejected/);
-  },
-);
+test('calls on a closed strategy reject instead of waiting forever', async () => {
+  const s =
+    failed ??
+    (await create(
+      LM,
+      lmParams,
+      { k: 2, m: 1, remat: 'never', schedule: 'gpipe' },
+      defaultOptimizerConfig('adamw'),
+    ));
+  await s.close();
+  let timer: NodeJS.Timeout | undefined;
+  const hung = new Promise<string>((resolve) => {
+    timer = setTimeout(() => resolve('still pending after 2 s'), 2000);
+  });
+  const outcome = await Promise.race([
+    s.getParams().then(
+      () => 'resolved',
+      (e: Error) => `rejected: ${e.message}`,
+    ),
+    hung,
+  ]);
+  clearTimeout(timer);
+  assert.match(outcome, /^rejected/);
+});

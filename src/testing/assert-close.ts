@@ -5,7 +5,12 @@ import type { HostParams } from '../model/init.js';
  * Test helper: asserts max |x - y| <= tol * (1 + max |y|) elementwise (a relative tolerance
  * that stays meaningful near zero). Throws an AssertionError naming `what`.
  */
-export function assertClose(x: ArrayLike<number>, y: ArrayLike<number>, what: string, tol = 1e-4): void {
+export function assertClose(
+  x: ArrayLike<number>,
+  y: ArrayLike<number>,
+  what: string,
+  tol = 1e-4,
+): void {
   assert.equal(x.length, y.length, `${what}: lengths`);
   let diff = 0;
   let scale = 0;
@@ -13,7 +18,10 @@ export function assertClose(x: ArrayLike<number>, y: ArrayLike<number>, what: st
     diff = Math.max(diff, Math.abs(x[i]! - y[i]!));
     scale = Math.max(scale, Math.abs(y[i]!));
   }
-  assert.ok(diff <= tol * (1 + scale), `${what}: max abs diff ${diff} (scale ${scale})`);
+  assert.ok(
+    diff <= tol * (1 + scale),
+    `${what}: max abs diff ${diff} (scale ${scale})`,
+  );
 }
 
 /**
@@ -21,12 +29,17 @@ export function assertClose(x: ArrayLike<number>, y: ArrayLike<number>, what: st
  * parameter sets. Asserts first that both have the same keys and each key the same length.
  */
 export function maxParamDiff(a: HostParams, b: HostParams): number {
-  assert.deepEqual([...a.keys()].sort(), [...b.keys()].sort(), 'same parameter keys');
+  assert.deepEqual(
+    [...a.keys()].sort(),
+    [...b.keys()].sort(),
+    'same parameter keys',
+  );
   let max = 0;
   for (const [k, v] of a) {
     const w = b.get(k)!;
     assert.equal(w.length, v.length, k);
-    for (let i = 0; i < v.length; i++) max = Math.max(max, Math.abs(v[i] - w[i]));
+    for (let i = 0; i < v.length; i++)
+      max = Math.max(max, Math.abs(v[i] - w[i]));
   }
   return max;
 }

@@ -15,11 +15,20 @@ export function randomArray(n: number, seed: number): Float32Array {
 }
 
 /** Runs `f` on fresh random tensors of `shapes` on backend `name` and returns its outputs' values and shapes. */
-export async function onBackend(name: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[]): Promise<Array<{ shape: number[]; values: Float32Array }>> {
+export async function onBackend(
+  name: string,
+  shapes: number[][],
+  f: (...xs: tf.Tensor[]) => tf.Tensor[],
+): Promise<Array<{ shape: number[]; values: Float32Array }>> {
   await initBackend(name);
   return tf.tidy(() => {
-    const xs = shapes.map((s, i) => tf.tensor(randomArray(tf.util.sizeFromShape(s), 100 + i), s, 'float32'));
-    return f(...xs).map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array }));
+    const xs = shapes.map((s, i) =>
+      tf.tensor(randomArray(tf.util.sizeFromShape(s), 100 + i), s, 'float32'),
+    );
+    return f(...xs).map((y) => ({
+      shape: y.shape,
+      values: y.dataSync() as Float32Array,
+    }));
   });
 }
 
@@ -27,7 +36,10 @@ export async function onBackend(name: string, shapes: number[][], f: (...xs: tf.
  * The largest |got - want| relative to want's scale (max(1, max |want|)); NaN-safe: a NaN
  * difference makes it NaN, which no tolerance accepts.
  */
-export function scaledDifference(got: ArrayLike<number>, want: ArrayLike<number>): { worst: number; scale: number } {
+export function scaledDifference(
+  got: ArrayLike<number>,
+  want: ArrayLike<number>,
+): { worst: number; scale: number } {
   const scale = Math.max(1, ...Array.from(want, Math.abs));
   let worst = 0;
   for (let j = 0; j < got.length; j++) {
@@ -41,16 +53,25 @@ export function scaledDifference(got: ArrayLike<number>, want: ArrayLike<number>
  * Asserts that `f` on `backend` gives the cpu backend's outputs (shapes equal, values within
  * `tol` of their scale). `nonEmpty`: also that no output is empty.
  */
-export async function assertSameAsCpu(backend: string, what: string, shapes: number[][], f: (...xs: tf.Tensor[]) => tf.Tensor[],
-  opts: { tol?: number; nonEmpty?: boolean } = {}): Promise<void> {
+export async function assertSameAsCpu(
+  backend: string,
+  what: string,
+  shapes: number[][],
+  f: (...xs: tf.Tensor[]) => tf.Tensor[],
+  opts: { tol?: number; nonEmpty?: boolean } = {},
+): Promise<void> {
   const tol = opts.tol ?? 1e-4;
   const cpu = await onBackend('cpu', shapes, f);
   const got = await onBackend(backend, shapes, f);
   assert.equal(got.length, cpu.length);
   got.forEach((y, i) => {
     assert.deepEqual(y.shape, cpu[i]!.shape, `${what}: output ${i} shape`);
-    if (opts.nonEmpty) assert.ok(y.values.length > 0, `${what}: output ${i} is empty`);
+    if (opts.nonEmpty)
+      assert.ok(y.values.length > 0, `${what}: output ${i} is empty`);
     const { worst, scale } = scaledDifference(y.values, cpu[i]!.values);
-    assert.ok(worst <= tol, `${what}: output ${i} differs from cpu by ${worst} of its scale ${scale}`);
+    assert.ok(
+      worst <= tol,
+      `${what}: output ${i} differs from cpu by ${worst} of its scale ${scale}`,
+    );
   });
 }

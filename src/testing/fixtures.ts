@@ -1,22 +1,37 @@
 /**
  * Test helpers: small, seeded data shared by the tests (never used by the library itself).
  */
-import { makeBatcher, type Batch } from '../data/batcher.js';
+
+import { tf } from '../backend/tfjs.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
-import { initParams, type HostParams } from '../model/init.js';
+import { type Batch, makeBatcher } from '../data/batcher.js';
+import { type Dataset, loadDataset } from '../data/index.js';
+import { type TextDataset, textDatasetFromString } from '../data/text.js';
+import { type HostParams, initParams } from '../model/init.js';
+import type { Model } from '../model/model.js';
 import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
-import { loadDataset, type Dataset } from '../data/index.js';
-import { Stage } from '../pipeline/stage.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
-import { tf } from '../backend/tfjs.js';
+import { Stage } from '../pipeline/stage.js';
 import { createStrategy } from '../strategies/index.js';
-import { textDatasetFromString, type TextDataset } from '../data/text.js';
-import type { Model } from '../model/model.js';
 import type { StepReport, Strategy } from '../strategies/strategy.js';
 import { Rng } from '../util/rng.js';
 
-const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call', 'me', 'ishmael', 'and', 'of', 'a'];
+const WORDS = [
+  'the',
+  'whale',
+  'sea',
+  'ship',
+  'captain',
+  'ahab',
+  'white',
+  'call',
+  'me',
+  'ishmael',
+  'and',
+  'of',
+  'a',
+];
 
 /**
  * A ~4000-character text of whale words (seed 5), as the data set 'tiny-whale': the same
@@ -25,7 +40,8 @@ const WORDS = ['the', 'whale', 'sea', 'ship', 'captain', 'ahab', 'white', 'call'
 export function tinyWhaleDataset(): TextDataset {
   const rng = new Rng(5);
   let text = '';
-  while (text.length < 4000) text += WORDS[rng.int(WORDS.length)] + (rng.int(8) === 0 ? '.\n' : ' ');
+  while (text.length < 4000)
+    text += WORDS[rng.int(WORDS.length)] + (rng.int(8) === 0 ? '.\n' : ' ');
   return textDatasetFromString('tiny-whale', text);
 }
 
@@ -44,11 +60,32 @@ export function randomBatch(model: Model, n: number, rng: Rng): Batch {
   }
   const out = model.blocks.reduce((sh, b) => b.outputShape(sh), xShape);
   if (cfg.arch === 'module' && cfg.loss === 'mse') {
-    const y = new Float32Array(out.reduce((a, b) => a * b, 1)).map(() => rng.normal());
-    return { x: new Float32Array(size).map(() => rng.next()), xShape, y, yShape: out, examples: n, tokens: n };
+    const y = new Float32Array(out.reduce((a, b) => a * b, 1)).map(() =>
+      rng.normal(),
+    );
+    return {
+      x: new Float32Array(size).map(() => rng.next()),
+      xShape,
+      y,
+      yShape: out,
+      examples: n,
+      tokens: n,
+    };
   }
-  const classes = cfg.arch === 'mlp' || cfg.arch === 'cnn' ? cfg.classes : cfg.arch === 'module' ? out[out.length - 1]! : 2;
-  return { x: new Float32Array(size).map(() => rng.next()), xShape, y: new Int32Array(n).map(() => rng.int(classes)), yShape: [n], examples: n, tokens: n };
+  const classes =
+    cfg.arch === 'mlp' || cfg.arch === 'cnn'
+      ? cfg.classes
+      : cfg.arch === 'module'
+        ? out[out.length - 1]!
+        : 2;
+  return {
+    x: new Float32Array(size).map(() => rng.next()),
+    xShape,
+    y: new Int32Array(n).map(() => rng.int(classes)),
+    yShape: [n],
+    examples: n,
+    tokens: n,
+  };
 }
 
 /**
@@ -56,7 +93,12 @@ export function randomBatch(model: Model, n: number, rng: Rng): Batch {
  * examples (the first creates the optimizer slots, so the second is the steady state the
  * memory model predicts). Closes the strategy, also when a step throws.
  */
-export async function steadyPeakBytes(s: Strategy, model: Model, n: number, rng: Rng): Promise<number[]> {
+export async function steadyPeakBytes(
+  s: Strategy,
+  model: Model,
+  n: number,
+  rng: Rng,
+): Promise<number[]> {
   try {
     await s.trainStep(randomBatch(model, n, rng), 1e-3);
     return (await s.trainStep(randomBatch(model, n, rng), 1e-3)).peakBytes;
@@ -82,11 +124,26 @@ export interface TinyLmRun {
  * when a step throws.
  * The strategy comparisons (native, devices, hosts, webgpu) all train through this.
  */
-export async function trainTinyLm(o: Partial<TrainConfig>, run: TinyLmRun): Promise<{ losses: number[]; params: HostParams; reports: StepReport[] }> {
+export async function trainTinyLm(
+  o: Partial<TrainConfig>,
+  run: TinyLmRun,
+): Promise<{ losses: number[]; params: HostParams; reports: StepReport[] }> {
   const ds = tinyWhaleDataset();
-  const cfg = resolveConfig({ preset: 'charlm-tiny', batchSize: run.batchSize, threads: 1, ...run.shape, ...o } as Parameters<typeof resolveConfig>[0]);
-  const model = buildModel(getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg));
-  const batcher = makeBatcher(ds, { batchSize: run.batchSize, context: run.shape.context, seed: 2 });
+  const cfg = resolveConfig({
+    preset: 'charlm-tiny',
+    batchSize: run.batchSize,
+    threads: 1,
+    ...run.shape,
+    ...o,
+  } as Parameters<typeof resolveConfig>[0]);
+  const model = buildModel(
+    getPreset('charlm-tiny').make({ vocab: ds.vocab.size }, cfg),
+  );
+  const batcher = makeBatcher(ds, {
+    batchSize: run.batchSize,
+    context: run.shape.context,
+    seed: 2,
+  });
   const s = await createStrategy(cfg, model, initParams(model.blocks, 5));
   try {
     const reports: StepReport[] = [];
@@ -94,7 +151,11 @@ export async function trainTinyLm(o: Partial<TrainConfig>, run: TinyLmRun): Prom
       run.during?.(i);
       reports.push(await s.trainStep(batcher.next(), lr));
     }
-    return { losses: reports.map((r) => r.loss), params: await s.getParams(), reports };
+    return {
+      losses: reports.map((r) => r.loss),
+      params: await s.getParams(),
+      reports,
+    };
   } finally {
     await s.close();
   }
@@ -109,16 +170,34 @@ const presetData = new Map<string, Promise<Dataset>>();
  * Returns the loss on that batch before and after the step. `afterBackward` sees the stage
  * holding its gradients, before the update. Leaves no tensor behind.
  */
-export async function presetSgdStep(name: string, batchSize: number, afterBackward?: (stage: Stage) => void): Promise<{ loss0: number; loss1: number }> {
+export async function presetSgdStep(
+  name: string,
+  batchSize: number,
+  afterBackward?: (stage: Stage) => void,
+): Promise<{ loss0: number; loss1: number }> {
   const preset = getPreset(name);
-  if (!presetData.has(preset.defaultData)) presetData.set(preset.defaultData, loadDataset(preset.defaultData));
+  if (!presetData.has(preset.defaultData))
+    presetData.set(preset.defaultData, loadDataset(preset.defaultData));
   const ds = await presetData.get(preset.defaultData)!;
-  if (ds.kind === 'tensor') throw new Error(`preset ${name} trains on text or image data, not ${ds.name}`);
-  const config = preset.make(ds.kind === 'text' ? { vocab: ds.vocab.size } : { inputShape: ds.shape, classes: ds.classes }, {});
+  if (ds.kind === 'tensor')
+    throw new Error(
+      `preset ${name} trains on text or image data, not ${ds.name}`,
+    );
+  const config = preset.make(
+    ds.kind === 'text'
+      ? { vocab: ds.vocab.size }
+      : { inputShape: ds.shape, classes: ds.classes },
+    {},
+  );
   const model = buildModel(config);
   const context = config.arch === 'charlm' ? config.context : undefined;
   const batch = makeBatcher(ds, { batchSize, context, seed: 3 }).next();
-  const stage = new Stage(model, { from: 0, to: model.blocks.length }, initParams(model.blocks, 7), { ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 });
+  const stage = new Stage(
+    model,
+    { from: 0, to: model.blocks.length },
+    initParams(model.blocks, 7),
+    { ...defaultOptimizerConfig('sgd'), momentum: 0, clipNorm: 0 },
+  );
   try {
     const x = () => tf.tensor(batch.x, batch.xShape, model.inputDtype);
     const y = () => tf.tensor(batch.y, batch.yShape, 'int32');

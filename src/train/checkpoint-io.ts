@@ -13,11 +13,11 @@ import { createHash } from 'node:crypto';
 import { existsSync, statSync } from 'node:fs';
 import { readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { LayerwiseError } from '../util/errors.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import { loadModel, type ModelConfig } from '../model/model.js';
 import type { OptimizerState } from '../optim/optimizer.js';
+import { LayerwiseError } from '../util/errors.js';
 import { replaceDirAtomic } from '../util/fsx.js';
 
 export const CHECKPOINT_FORMAT = 'layerwise-checkpoint';
@@ -56,7 +56,12 @@ export interface Checkpoint extends CheckpointMeta {
   optimizer: OptimizerState;
 }
 
-function pack(arrays: Array<{ entry: Omit<ArrayEntry, 'offset' | 'length'>; values: Float32Array }>): { bin: Uint8Array; index: ArrayEntry[] } {
+function pack(
+  arrays: Array<{
+    entry: Omit<ArrayEntry, 'offset' | 'length'>;
+    values: Float32Array;
+  }>,
+): { bin: Uint8Array; index: ArrayEntry[] } {
   const total = arrays.reduce((s, a) => s + a.values.length, 0);
   const all = new Float32Array(total);
   const index: ArrayEntry[] = [];
@@ -70,25 +75,44 @@ function pack(arrays: Array<{ entry: Omit<ArrayEntry, 'offset' | 'length'>; valu
 }
 
 function info(bin: Uint8Array): FileInfo {
-  return { bytes: bin.byteLength, sha256: createHash('sha256').update(bin).digest('hex') };
+  return {
+    bytes: bin.byteLength,
+    sha256: createHash('sha256').update(bin).digest('hex'),
+  };
 }
 
 /** Writes a checkpoint folder at `dir` atomically, replacing any previous one. */
-export async function saveCheckpoint(dir: string, ck: Checkpoint): Promise<void> {
+export async function saveCheckpoint(
+  dir: string,
+  ck: Checkpoint,
+): Promise<void> {
   const model = await loadModel(ck.model);
-  const paramArrays = model.blocks.flatMap((b, bi) => b.params.map((spec) => {
-    const key = paramKey(bi, spec.name);
-    const values = ck.params.get(key);
-    if (!values) throw new Error(`checkpoint: no value for parameter ${key}`);
-    return { entry: { key, shape: spec.shape }, values };
-  }));
+  const paramArrays = model.blocks.flatMap((b, bi) =>
+    b.params.map((spec) => {
+      const key = paramKey(bi, spec.name);
+      const values = ck.params.get(key);
+      if (!values) throw new Error(`checkpoint: no value for parameter ${key}`);
+      return { entry: { key, shape: spec.shape }, values };
+    }),
+  );
   // parameters outside the model's blocks (auxiliary heads of local parallelism), by key
   const blockKeys = new Set(paramArrays.map((a) => a.entry.key));
-  for (const [key, values] of [...ck.params].sort(([a], [b]) => a.localeCompare(b))) {
-    if (!blockKeys.has(key)) paramArrays.push({ entry: { key, shape: [values.length] }, values });
+  for (const [key, values] of [...ck.params].sort(([a], [b]) =>
+    a.localeCompare(b),
+  )) {
+    if (!blockKeys.has(key))
+      paramArrays.push({ entry: { key, shape: [values.length] }, values });
   }
-  const slotArrays = Object.entries(ck.optimizer.slots).sort(([a], [b]) => a.localeCompare(b)).flatMap(([key, slots]) =>
-    Object.entries(slots).sort(([a], [b]) => a.localeCompare(b)).map(([slot, values]) => ({ entry: { key, slot, shape: [values.length] }, values })));
+  const slotArrays = Object.entries(ck.optimizer.slots)
+    .sort(([a], [b]) => a.localeCompare(b))
+    .flatMap(([key, slots]) =>
+      Object.entries(slots)
+        .sort(([a], [b]) => a.localeCompare(b))
+        .map(([slot, values]) => ({
+          entry: { key, slot, shape: [values.length] },
+          values,
+        })),
+    );
   const p = pack(paramArrays);
   const o = pack(slotArrays);
   const meta = {
@@ -124,36 +148,62 @@ export function resolveCheckpointDir(dir: string): string {
   } catch {
     // missing: loadCheckpoint says so
   }
-  if (isFile) throw new LayerwiseError(`${dir} is a file, not a run folder; give the --out folder of an earlier 'layerwise train' run (or its checkpoint folder)`);
+  if (isFile)
+    throw new LayerwiseError(
+      `${dir} is a file, not a run folder; give the --out folder of an earlier 'layerwise train' run (or its checkpoint folder)`,
+    );
   return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
 }
 
 function bad(dir: string, what: string): never {
-  throw new LayerwiseError(`checkpoint ${dir} is corrupt or not a layerwise checkpoint: ${what}; point --resume/--checkpoint at a folder written by 'layerwise train' (it holds meta.json, params.bin, optimizer.bin)`);
+  throw new LayerwiseError(
+    `checkpoint ${dir} is corrupt or not a layerwise checkpoint: ${what}; point --resume/--checkpoint at a folder written by 'layerwise train' (it holds meta.json, params.bin, optimizer.bin)`,
+  );
 }
 
 /** A well-formed checkpoint whose parameters are not the model's (throws LayerwiseError). */
 function misfit(dir: string, what: string): never {
-  throw new LayerwiseError(`checkpoint ${dir} does not fit its model: ${what}. It was written for a different model ` +
-    '(an earlier layerwise version of the preset: cnn-mnist\'s convolution and pooling became separate blocks; or a model module changed since): start a new run, or use the version that wrote it');
+  throw new LayerwiseError(
+    `checkpoint ${dir} does not fit its model: ${what}. It was written for a different model ` +
+      "(an earlier layerwise version of the preset: cnn-mnist's convolution and pooling became separate blocks; or a model module changed since): start a new run, or use the version that wrote it",
+  );
 }
 
-async function readBin(dir: string, name: string, expected: FileInfo): Promise<Float32Array> {
+async function readBin(
+  dir: string,
+  name: string,
+  expected: FileInfo,
+): Promise<Float32Array> {
   let buf: Buffer;
   try {
     buf = await readFile(join(dir, name));
   } catch {
     bad(dir, `${name} is missing`);
   }
-  if (buf.byteLength !== expected?.bytes) bad(dir, `${name} has ${buf.byteLength} bytes, meta.json says ${expected?.bytes}`);
-  if (createHash('sha256').update(buf).digest('hex') !== expected.sha256) bad(dir, `${name} does not match its SHA-256 in meta.json`);
+  if (buf.byteLength !== expected?.bytes)
+    bad(
+      dir,
+      `${name} has ${buf.byteLength} bytes, meta.json says ${expected?.bytes}`,
+    );
+  if (createHash('sha256').update(buf).digest('hex') !== expected.sha256)
+    bad(dir, `${name} does not match its SHA-256 in meta.json`);
   const copy = new Uint8Array(buf.byteLength);
   copy.set(buf);
   return new Float32Array(copy.buffer);
 }
 
-function slice(dir: string, all: Float32Array, e: ArrayEntry, file: string): Float32Array {
-  if (!Number.isInteger(e.offset) || !Number.isInteger(e.length) || e.offset < 0 || e.offset + e.length > all.length) {
+function slice(
+  dir: string,
+  all: Float32Array,
+  e: ArrayEntry,
+  file: string,
+): Float32Array {
+  if (
+    !Number.isInteger(e.offset) ||
+    !Number.isInteger(e.length) ||
+    e.offset < 0 ||
+    e.offset + e.length > all.length
+  ) {
     bad(dir, `${file} entry ${e.key} lies outside the file`);
   }
   return all.slice(e.offset, e.offset + e.length);
@@ -169,7 +219,9 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
     if (!(await stat(dir)).isDirectory()) bad(dir, 'it is not a folder');
   } catch (e) {
     if (e instanceof LayerwiseError) throw e;
-    throw new LayerwiseError(`checkpoint folder ${dir} does not exist; give the --out folder of an earlier 'layerwise train' run`);
+    throw new LayerwiseError(
+      `checkpoint folder ${dir} does not exist; give the --out folder of an earlier 'layerwise train' run`,
+    );
   }
   let text: string;
   try {
@@ -178,17 +230,38 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
     bad(dir, 'meta.json is missing');
   }
   let meta: {
-    format?: string; version?: number; step?: number; config?: Record<string, unknown>; model?: ModelConfig; vocab?: unknown; data?: unknown; stats?: CheckpointMeta['stats'];
-    params?: ArrayEntry[]; optimizer?: { step: number; slots: ArrayEntry[] }; files?: Record<string, FileInfo>;
+    format?: string;
+    version?: number;
+    step?: number;
+    config?: Record<string, unknown>;
+    model?: ModelConfig;
+    vocab?: unknown;
+    data?: unknown;
+    stats?: CheckpointMeta['stats'];
+    params?: ArrayEntry[];
+    optimizer?: { step: number; slots: ArrayEntry[] };
+    files?: Record<string, FileInfo>;
   };
   try {
     meta = JSON.parse(text);
   } catch {
     bad(dir, 'meta.json is not valid JSON');
   }
-  if (meta.format !== CHECKPOINT_FORMAT) bad(dir, `meta.json format is ${JSON.stringify(meta.format)}`);
-  if (meta.version !== CHECKPOINT_VERSION) bad(dir, `version ${meta.version} (this layerwise reads version ${CHECKPOINT_VERSION})`);
-  if (!meta.model || !Array.isArray(meta.params) || !meta.optimizer || !meta.files || !Number.isInteger(meta.step) || !meta.config) {
+  if (meta.format !== CHECKPOINT_FORMAT)
+    bad(dir, `meta.json format is ${JSON.stringify(meta.format)}`);
+  if (meta.version !== CHECKPOINT_VERSION)
+    bad(
+      dir,
+      `version ${meta.version} (this layerwise reads version ${CHECKPOINT_VERSION})`,
+    );
+  if (
+    !meta.model ||
+    !Array.isArray(meta.params) ||
+    !meta.optimizer ||
+    !meta.files ||
+    !Number.isInteger(meta.step) ||
+    !meta.config
+  ) {
     bad(dir, 'meta.json lacks step, config, model, params, optimizer or files');
   }
   const model = await loadModel(meta.model);
@@ -196,29 +269,49 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
   const oAll = await readBin(dir, 'optimizer.bin', meta.files['optimizer.bin']);
   const byKey = new Map(meta.params.map((e) => [e.key, e]));
   const params: HostParams = new Map();
-  model.blocks.forEach((b, bi) => b.params.forEach((spec) => {
-    const key = paramKey(bi, spec.name);
-    const e = byKey.get(key);
-    if (!e) misfit(dir, `parameter ${key} (${b.name}) is missing`);
-    if (e.shape.join(',') !== spec.shape.join(',') || e.length !== sizeOf(spec.shape)) {
-      misfit(dir, `parameter ${key} (${b.name}) has shape [${e.shape}], the model needs [${spec.shape}]`);
-    }
-    params.set(key, slice(dir, pAll, e, 'params.bin'));
-  }));
+  model.blocks.forEach((b, bi) =>
+    b.params.forEach((spec) => {
+      const key = paramKey(bi, spec.name);
+      const e = byKey.get(key);
+      if (!e) misfit(dir, `parameter ${key} (${b.name}) is missing`);
+      if (
+        e.shape.join(',') !== spec.shape.join(',') ||
+        e.length !== sizeOf(spec.shape)
+      ) {
+        misfit(
+          dir,
+          `parameter ${key} (${b.name}) has shape [${e.shape}], the model needs [${spec.shape}]`,
+        );
+      }
+      params.set(key, slice(dir, pAll, e, 'params.bin'));
+    }),
+  );
   for (const [key, e] of byKey) {
     if (params.has(key)) continue;
-    if (!/^aux\d+\./.test(key)) bad(dir, `parameter ${key} belongs to no block of the model`);
+    if (!/^aux\d+\./.test(key))
+      bad(dir, `parameter ${key} belongs to no block of the model`);
     params.set(key, slice(dir, pAll, e, 'params.bin')); // an auxiliary head (local parallelism)
   }
   const slots: OptimizerState['slots'] = {};
   for (const e of meta.optimizer.slots) {
     const p = params.get(e.key);
-    if (!p || !e.slot) bad(dir, `optimizer state for unknown parameter ${e.key}`);
-    if (e.length !== p.length) bad(dir, `optimizer slot ${e.key}.${e.slot} has ${e.length} values, the parameter ${p.length}`);
+    if (!p || !e.slot)
+      bad(dir, `optimizer state for unknown parameter ${e.key}`);
+    if (e.length !== p.length)
+      bad(
+        dir,
+        `optimizer slot ${e.key}.${e.slot} has ${e.length} values, the parameter ${p.length}`,
+      );
     (slots[e.key] ??= {})[e.slot] = slice(dir, oAll, e, 'optimizer.bin');
   }
   return {
-    step: meta.step!, config: meta.config!, model: meta.model!, vocab: meta.vocab, data: meta.data, stats: meta.stats ?? { wallS: 0 },
-    params, optimizer: { step: meta.optimizer.step, slots },
+    step: meta.step!,
+    config: meta.config!,
+    model: meta.model!,
+    vocab: meta.vocab,
+    data: meta.data,
+    stats: meta.stats ?? { wallS: 0 },
+    params,
+    optimizer: { step: meta.optimizer.step, slots },
   };
 }

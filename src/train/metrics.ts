@@ -81,6 +81,9 @@ export class MetricsLog {
   }
   /** Writes summary.json atomically. */
   async summary(s: Summary): Promise<void> {
-    await writeFileAtomic(join(this.out, 'summary.json'), `${JSON.stringify(s, null, 2)}\n`);
+    await writeFileAtomic(
+      join(this.out, 'summary.json'),
+      `${JSON.stringify(s, null, 2)}\n`,
+    );
   }
 }

@@ -12,10 +12,17 @@
  *   lock of a run that was killed is taken over, at once when its pid is gone on this host,
  *   else once it has not been refreshed for {@link STALE_MS}.
  */
-import { accessSync, constants, readFileSync, statSync, utimesSync, type Stats } from 'node:fs';
+import {
+  accessSync,
+  constants,
+  readFileSync,
+  type Stats,
+  statSync,
+  utimesSync,
+} from 'node:fs';
 import { mkdir, rm, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
-import { dirname, join, relative, resolve, isAbsolute } from 'node:path';
+import { dirname, isAbsolute, join, relative, resolve } from 'node:path';
 import lockfile from 'proper-lockfile';
 import { LayerwiseError } from '../util/errors.js';
 
@@ -66,38 +73,67 @@ function within(child: string, parent: string): boolean {
 export function checkOutFolder(out: string, flag = '--out'): void {
   const st = statOrNull(out);
   if (st) {
-    if (!st.isDirectory()) throw new LayerwiseError(`${flag} ${out} is an existing file, not a folder; give a folder path (a new one, or an earlier run's folder)`);
-    if (!writable(out)) throw new LayerwiseError(`${flag} ${out} is not writable (permission denied); choose a folder you can write to`);
+    if (!st.isDirectory())
+      throw new LayerwiseError(
+        `${flag} ${out} is an existing file, not a folder; give a folder path (a new one, or an earlier run's folder)`,
+      );
+    if (!writable(out))
+      throw new LayerwiseError(
+        `${flag} ${out} is not writable (permission denied); choose a folder you can write to`,
+      );
     return;
   }
   const near = nearestExisting(out);
   if (!near.stat.isDirectory()) {
-    throw new LayerwiseError(`${flag} ${out} cannot be created: ${near.path} is a file, not a folder; choose another ${flag}`);
+    throw new LayerwiseError(
+      `${flag} ${out} cannot be created: ${near.path} is a file, not a folder; choose another ${flag}`,
+    );
   }
   if (!writable(near.path)) {
-    throw new LayerwiseError(`${flag} ${out} cannot be created: ${near.path} is not writable (permission denied); choose a folder you can write to`);
+    throw new LayerwiseError(
+      `${flag} ${out} cannot be created: ${near.path} is not writable (permission denied); choose a folder you can write to`,
+    );
   }
 }
 
 /** Checks a file to be written at the end of the run (e.g. --trace): its folder exists (or is inside `out`) and is writable. */
 export function checkOutputFile(path: string, flag: string, out: string): void {
   const st = statOrNull(path);
-  if (st?.isDirectory()) throw new LayerwiseError(`${flag} ${path} is a folder; give a file path, e.g. ${join(path, 'trace.json')}`);
-  if (st && !writable(path) && !writable(dirname(resolve(path)))) throw new LayerwiseError(`${flag} ${path} is not writable (permission denied); choose a file you can write`);
+  if (st?.isDirectory())
+    throw new LayerwiseError(
+      `${flag} ${path} is a folder; give a file path, e.g. ${join(path, 'trace.json')}`,
+    );
+  if (st && !writable(path) && !writable(dirname(resolve(path))))
+    throw new LayerwiseError(
+      `${flag} ${path} is not writable (permission denied); choose a file you can write`,
+    );
   const dir = dirname(resolve(path));
   if (within(dir, out)) return; // created with the run folder (checked as --out)
   const dst = statOrNull(dir);
-  if (!dst) throw new LayerwiseError(`${flag} ${path}: its folder ${dirname(path)} does not exist; create it first, or write the file into the --out folder`);
-  if (!dst.isDirectory()) throw new LayerwiseError(`${flag} ${path}: ${dirname(path)} is a file, not a folder; choose another path`);
-  if (!writable(dir)) throw new LayerwiseError(`${flag} ${path}: folder ${dirname(path)} is not writable (permission denied); choose a folder you can write to`);
+  if (!dst)
+    throw new LayerwiseError(
+      `${flag} ${path}: its folder ${dirname(path)} does not exist; create it first, or write the file into the --out folder`,
+    );
+  if (!dst.isDirectory())
+    throw new LayerwiseError(
+      `${flag} ${path}: ${dirname(path)} is a file, not a folder; choose another path`,
+    );
+  if (!writable(dir))
+    throw new LayerwiseError(
+      `${flag} ${path}: folder ${dirname(path)} is not writable (permission denied); choose a folder you can write to`,
+    );
 }
 
 /** Checks every path a run will write (--out, --trace) before any work starts. Writes nothing. */
 export function checkRunPaths(cfg: { out: string; trace?: string }): void {
-  if (typeof cfg.out !== 'string' || cfg.out.trim() === '') throw new LayerwiseError('--out must name a folder');
+  if (typeof cfg.out !== 'string' || cfg.out.trim() === '')
+    throw new LayerwiseError('--out must name a folder');
   checkOutFolder(cfg.out);
   if (cfg.trace !== undefined) {
-    if (typeof cfg.trace !== 'string' || cfg.trace.trim() === '') throw new LayerwiseError('--trace must name a file, e.g. runs/x/trace.json');
+    if (typeof cfg.trace !== 'string' || cfg.trace.trim() === '')
+      throw new LayerwiseError(
+        '--trace must name a file, e.g. runs/x/trace.json',
+      );
     checkOutputFile(cfg.trace, '--trace', cfg.out);
   }
 }
@@ -139,12 +175,19 @@ export interface RunLock {
  * Creates `dir` if needed and takes its lock. Throws {@link LayerwiseError} when another live
  * run holds it, naming the folder and that run's pid, host and start time.
  */
-export async function lockRunFolder(dir: string, opts: { staleMs?: number } = {}): Promise<RunLock> {
+export async function lockRunFolder(
+  dir: string,
+  opts: { staleMs?: number } = {},
+): Promise<RunLock> {
   await mkdir(dir, { recursive: true });
   const stale = opts.staleMs ?? STALE_MS;
   let compromised: Error | undefined;
   const options = {
-    lockfilePath: join(dir, LOCK_DIR), realpath: false, retries: 0, stale, update: Math.max(1000, stale / 4),
+    lockfilePath: join(dir, LOCK_DIR),
+    realpath: false,
+    retries: 0,
+    stale,
+    update: Math.max(1000, stale / 4),
     onCompromised: (e: Error) => {
       compromised = e;
     },
@@ -155,7 +198,12 @@ export async function lockRunFolder(dir: string, opts: { staleMs?: number } = {}
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code !== 'ELOCKED') throw e;
     const owner = readOwner(dir);
-    if (owner && owner.host === hostname() && owner.pid !== process.pid && !alive(owner.pid)) {
+    if (
+      owner &&
+      owner.host === hostname() &&
+      owner.pid !== process.pid &&
+      !alive(owner.pid)
+    ) {
       // the run that held it was killed: age its lock so that the lock library removes it and
       // takes it (its own stale-lock path, which re-checks the lock as it goes)
       try {
@@ -173,14 +221,21 @@ export async function lockRunFolder(dir: string, opts: { staleMs?: number } = {}
       throw inUse(dir, owner);
     }
   }
-  const me: Owner = { pid: process.pid, host: hostname(), started: new Date().toISOString(), command: process.argv.slice(1).join(' ') };
+  const me: Owner = {
+    pid: process.pid,
+    host: hostname(),
+    started: new Date().toISOString(),
+    command: process.argv.slice(1).join(' '),
+  };
   await writeFile(join(dir, LOCK_OWNER), `${JSON.stringify(me)}\n`);
   let released = false;
   return {
     dir,
     assertHeld() {
       if (compromised) {
-        throw new LayerwiseError(`lost the lock on run folder ${dir} (${compromised.message}); another process may be writing it: check who, then resume with --resume ${dir}`);
+        throw new LayerwiseError(
+          `lost the lock on run folder ${dir} (${compromised.message}); another process may be writing it: check who, then resume with --resume ${dir}`,
+        );
       }
     },
     async release() {
@@ -194,6 +249,10 @@ export async function lockRunFolder(dir: string, opts: { staleMs?: number } = {}
 }
 
 function inUse(dir: string, owner: Owner | null): LayerwiseError {
-  const who = owner ? `process ${owner.pid} on ${owner.host}, started ${owner.started}` : 'another process';
-  return new LayerwiseError(`run folder ${dir} is in use by another layerwise run (${who}); wait for it to finish, stop it, or give another --out`);
+  const who = owner
+    ? `process ${owner.pid} on ${owner.host}, started ${owner.started}`
+    : 'another process';
+  return new LayerwiseError(
+    `run folder ${dir} is in use by another layerwise run (${who}); wait for it to finish, stop it, or give another --out`,
+  );
 }

@@ -3,11 +3,11 @@
  * autoregressive sampling with temperature over the last `context` characters.
  */
 import { initBackend } from '../backend/index.js';
+import { tf } from '../backend/tfjs.js';
 import { Vocab } from '../data/vocab.js';
-import { LayerwiseError, check } from '../util/errors.js';
 import { paramKey } from '../model/block.js';
 import { buildModel } from '../model/model.js';
-import { tf } from '../backend/tfjs.js';
+import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { loadCheckpoint, resolveCheckpointDir } from './checkpoint-io.js';
 
@@ -29,23 +29,41 @@ export interface SampleOptions {
  * vocabulary.
  */
 export async function sampleText(o: SampleOptions): Promise<string> {
-  check(Number.isInteger(o.length) && o.length >= 0, `--length must be a non-negative integer, got ${o.length}`);
-  check(o.temperature > 0, `--temperature must be positive, got ${o.temperature}`);
+  check(
+    Number.isInteger(o.length) && o.length >= 0,
+    `--length must be a non-negative integer, got ${o.length}`,
+  );
+  check(
+    o.temperature > 0,
+    `--temperature must be positive, got ${o.temperature}`,
+  );
   const ck = await loadCheckpoint(resolveCheckpointDir(o.checkpoint));
   if (ck.model.arch !== 'charlm' || !ck.vocab) {
-    throw new LayerwiseError(`checkpoint ${o.checkpoint} holds a ${ck.model.arch} model; 'sample' needs a character language model (charlm-*)`);
+    throw new LayerwiseError(
+      `checkpoint ${o.checkpoint} holds a ${ck.model.arch} model; 'sample' needs a character language model (charlm-*)`,
+    );
   }
   const vocab = Vocab.fromJSON(ck.vocab);
   const prompt = o.prompt ?? '\n';
   if (!vocab.covers(prompt)) {
-    const missing = [...new Set([...prompt].filter((c) => vocab.idOf(c) < 0))].join('');
-    throw new LayerwiseError(`--prompt has characters the model never saw: ${JSON.stringify(missing)}`);
+    const missing = [
+      ...new Set([...prompt].filter((c) => vocab.idOf(c) < 0)),
+    ].join('');
+    throw new LayerwiseError(
+      `--prompt has characters the model never saw: ${JSON.stringify(missing)}`,
+    );
   }
   await initBackend(o.backend);
   const model = buildModel(ck.model);
   const ctx = ck.model.context;
   const params = model.blocks.map((b, bi) =>
-    Object.fromEntries(b.params.map((s) => [s.name, tf.tensor(ck.params.get(paramKey(bi, s.name))!, s.shape)])));
+    Object.fromEntries(
+      b.params.map((s) => [
+        s.name,
+        tf.tensor(ck.params.get(paramKey(bi, s.name))!, s.shape),
+      ]),
+    ),
+  );
   const ids = Array.from(vocab.encode(prompt));
   const rng = new Rng(o.seed);
   for (let i = 0; i < o.length; i++) {
@@ -53,7 +71,9 @@ export async function sampleText(o: SampleOptions): Promise<string> {
     const probs = tf.tidy(() => {
       let h: tf.Tensor = tf.tensor2d(window, [1, window.length], 'int32');
       model.blocks.forEach((b, bi) => (h = b.forward(params[bi], h)));
-      const last = tf.slice(h, [0, window.length - 1, 0], [1, 1, -1]).reshape([-1]);
+      const last = tf
+        .slice(h, [0, window.length - 1, 0], [1, 1, -1])
+        .reshape([-1]);
       return tf.softmax(tf.div(last, o.temperature)).dataSync() as Float32Array;
     });
     let u = rng.next();

@@ -8,9 +8,10 @@
  * - a per-stage summary: busy and idle (bubble) percentages and peak device bytes.
  * Format reference: Trace Event Format, "Complete events" (ph = 'X', microseconds).
  */
-import { WAITING_LABELS, type TraceSpan } from '../pipeline/executor.js';
-import type { StepReport } from '../strategies/strategy.js';
+
 import type { ServerSpan } from '../param-server/server.js';
+import { type TraceSpan, WAITING_LABELS } from '../pipeline/executor.js';
+import type { StepReport } from '../strategies/strategy.js';
 import { writeFileAtomic } from '../util/fsx.js';
 
 /** A span placed on the run's timeline, ms since the first recorded step began. */
@@ -39,37 +40,79 @@ export interface StageSummary {
 }
 
 /** L2L: the device's parameter transfers, drawn on a track of their own. */
-const TRANSFERS = new Set(['load_layer', 'upload', 'wait_params', 'prefetch_layer', 'push_grads', 'release_layer']);
+const TRANSFERS = new Set([
+  'load_layer',
+  'upload',
+  'wait_params',
+  'prefetch_layer',
+  'push_grads',
+  'release_layer',
+]);
 const COLORS: Record<string, string> = {
-  forward: '#4e79a7', backward: '#59a14f', recompute: '#f28e2b', optimizer_step: '#e15759',
-  recv_act: '#dddddd', recv_grad: '#dddddd', reduce_grad_norm: '#bbbbbb', grad_norm: '#edc948', send_act: '#9c755f', send_grad: '#9c755f',
-  layer_forward: '#4e79a7', layer_backward: '#59a14f', upload: '#76b7b2', load_layer: '#76b7b2', prefetch_layer: '#76b7b2',
-  push_grads: '#9c755f', release_layer: '#bab0ac', wait_params: '#dddddd', server_update: '#e15759',
+  forward: '#4e79a7',
+  backward: '#59a14f',
+  recompute: '#f28e2b',
+  optimizer_step: '#e15759',
+  recv_act: '#dddddd',
+  recv_grad: '#dddddd',
+  reduce_grad_norm: '#bbbbbb',
+  grad_norm: '#edc948',
+  send_act: '#9c755f',
+  send_grad: '#9c755f',
+  layer_forward: '#4e79a7',
+  layer_backward: '#59a14f',
+  upload: '#76b7b2',
+  load_layer: '#76b7b2',
+  prefetch_layer: '#76b7b2',
+  push_grads: '#9c755f',
+  release_layer: '#bab0ac',
+  wait_params: '#dddddd',
+  server_update: '#e15759',
 };
 
 /** Human label of a span: `F3`, `B3`, `R3` (recompute), `wait act 3`, `step`. */
 export function spanName(s: TraceSpan): string {
   const mb = s.mb >= 0 ? String(s.mb) : '';
   switch (s.label) {
-    case 'forward': return `F${mb}`;
-    case 'backward': return `B${mb}`;
-    case 'recompute': return `R${mb}`;
-    case 'recv_act': return `wait act ${mb}`;
-    case 'recv_grad': return `wait grad ${mb}`;
-    case 'send_act': return `send act ${mb}`;
-    case 'send_grad': return `send grad ${mb}`;
-    case 'grad_norm': return 'grad norm';
-    case 'reduce_grad_norm': return 'norm all-reduce';
-    case 'optimizer_step': return 'step';
-    case 'layer_forward': return `L${s.layer} F${mb}`;
-    case 'layer_backward': return `L${s.layer} B${mb}`;
-    case 'load_layer': case 'upload': return `upload L${s.layer}`;
-    case 'prefetch_layer': return `prefetch L${s.layer}`;
-    case 'wait_params': return `wait L${s.layer}`;
-    case 'push_grads': return `grads L${s.layer}`;
-    case 'release_layer': return `free L${s.layer}`;
-    case 'server_update': return `update L${s.layer}`;
-    default: return s.label;
+    case 'forward':
+      return `F${mb}`;
+    case 'backward':
+      return `B${mb}`;
+    case 'recompute':
+      return `R${mb}`;
+    case 'recv_act':
+      return `wait act ${mb}`;
+    case 'recv_grad':
+      return `wait grad ${mb}`;
+    case 'send_act':
+      return `send act ${mb}`;
+    case 'send_grad':
+      return `send grad ${mb}`;
+    case 'grad_norm':
+      return 'grad norm';
+    case 'reduce_grad_norm':
+      return 'norm all-reduce';
+    case 'optimizer_step':
+      return 'step';
+    case 'layer_forward':
+      return `L${s.layer} F${mb}`;
+    case 'layer_backward':
+      return `L${s.layer} B${mb}`;
+    case 'load_layer':
+    case 'upload':
+      return `upload L${s.layer}`;
+    case 'prefetch_layer':
+      return `prefetch L${s.layer}`;
+    case 'wait_params':
+      return `wait L${s.layer}`;
+    case 'push_grads':
+      return `grads L${s.layer}`;
+    case 'release_layer':
+      return `free L${s.layer}`;
+    case 'server_update':
+      return `update L${s.layer}`;
+    default:
+      return s.label;
   }
 }
 
@@ -91,7 +134,8 @@ export class TraceRecorder {
   add(step: number, r: StepReport): void {
     this.origin ??= Math.min(...r.startedAt);
     const relay = r.serverSpans !== undefined;
-    if (relay) this.gpuTrack ??= r.traces.some((spans) => spans.some((s) => s.gpu));
+    if (relay)
+      this.gpuTrack ??= r.traces.some((spans) => spans.some((s) => s.gpu));
     const g = this.gpuTrack ? 1 : 0; // tracks after the device's own move down by one
     r.traces.forEach((spans, stage) => {
       const base = r.startedAt[stage] - this.origin!;
@@ -99,8 +143,22 @@ export class TraceRecorder {
       let end = 0;
       if (!relay) this.tracks.set(stage, `stage ${stage}`);
       for (const s of spans) {
-        const track = relay ? (s.gpu ? 1 : TRANSFERS.has(s.label) ? 1 + g : 0) : stage;
-        if (this.keepSpans) this.spans.push({ ...s, stage, track, step, t0: base + s.start, t1: base + s.end });
+        const track = relay
+          ? s.gpu
+            ? 1
+            : TRANSFERS.has(s.label)
+              ? 1 + g
+              : 0
+          : stage;
+        if (this.keepSpans)
+          this.spans.push({
+            ...s,
+            stage,
+            track,
+            step,
+            t0: base + s.start,
+            t1: base + s.end,
+          });
         if (s.gpu) continue; // the GPU's time, not the stage's: busy and step time are the host's
         if (!WAITING_LABELS.has(s.label)) busy += s.end - s.start;
         end = Math.max(end, s.end);
@@ -130,7 +188,19 @@ export class TraceRecorder {
       this.tracks.set(track, `PS thread ${u.thread}`);
       const t0 = u.startedAt - this.origin;
       if (this.keepSpans) {
-        this.spans.push({ label: 'server_update', op: 'optimizer_step', mb: -1, layer: u.layer, stage: 0, track, step, start: t0, end: t0 + u.ms, t0, t1: t0 + u.ms });
+        this.spans.push({
+          label: 'server_update',
+          op: 'optimizer_step',
+          mb: -1,
+          layer: u.layer,
+          stage: 0,
+          track,
+          step,
+          start: t0,
+          end: t0 + u.ms,
+          t0,
+          t1: t0 + u.ms,
+        });
       }
     }
   }
@@ -139,18 +209,39 @@ export class TraceRecorder {
   summary(): StageSummary[] {
     return this.total.map((t, stage) => {
       const busyPct = t > 0 ? (100 * this.busy[stage]) / t : 0;
-      return { stage, busyPct, idlePct: 100 - busyPct, peakBytes: this.peaks[stage] };
+      return {
+        stage,
+        busyPct,
+        idlePct: 100 - busyPct,
+        peakBytes: this.peaks[stage],
+      };
     });
   }
 
   /** Chrome trace event JSON. */
   chromeTrace(): string {
-    const events: object[] = [...this.tracks].map(([t, name]) => ({ name: 'thread_name', ph: 'M', pid: 1, tid: t, args: { name } }));
+    const events: object[] = [...this.tracks].map(([t, name]) => ({
+      name: 'thread_name',
+      ph: 'M',
+      pid: 1,
+      tid: t,
+      args: { name },
+    }));
     for (const s of this.spans) {
       events.push({
-        name: spanName(s), cat: s.gpu ? `gpu ${s.label}` : s.label, ph: 'X', pid: 1, tid: s.track,
-        ts: Math.round(s.t0 * 1000), dur: Math.max(1, Math.round((s.t1 - s.t0) * 1000)),
-        args: { step: s.step, micro_batch: s.mb, ...(s.layer !== undefined ? { layer: s.layer } : {}), ...(s.gpu ? { host_ms_in_submit: s.submitMs } : {}) },
+        name: spanName(s),
+        cat: s.gpu ? `gpu ${s.label}` : s.label,
+        ph: 'X',
+        pid: 1,
+        tid: s.track,
+        ts: Math.round(s.t0 * 1000),
+        dur: Math.max(1, Math.round((s.t1 - s.t0) * 1000)),
+        args: {
+          step: s.step,
+          micro_batch: s.mb,
+          ...(s.layer !== undefined ? { layer: s.layer } : {}),
+          ...(s.gpu ? { host_ms_in_submit: s.submitMs } : {}),
+        },
       });
     }
     return JSON.stringify({ traceEvents: events, displayTimeUnit: 'ms' });
@@ -159,7 +250,9 @@ export class TraceRecorder {
   /** SVG timeline of the last `steps` recorded steps: one row per stage, time left to right. */
   svg(steps = 2): string {
     const last = Math.max(...this.spans.map((s) => s.step));
-    const shown = this.spans.filter((s) => s.step > last - steps && s.t1 - s.t0 > 0);
+    const shown = this.spans.filter(
+      (s) => s.step > last - steps && s.t1 - s.t0 > 0,
+    );
     const k = Math.max(...shown.map((s) => s.track)) + 1;
     const t0 = Math.min(...shown.map((s) => s.t0));
     const t1 = Math.max(...shown.map((s) => s.t1));
@@ -167,33 +260,63 @@ export class TraceRecorder {
     const left = 90;
     const row = 34;
     const top = 30;
-    const x = (t: number) => left + ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - left - 10);
+    const x = (t: number) =>
+      left + ((t - t0) / Math.max(1e-9, t1 - t0)) * (W - left - 10);
     const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;');
     const parts: string[] = [];
-    parts.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${top + k * row + 50}" font-family="sans-serif" font-size="11">`);
+    parts.push(
+      `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${top + k * row + 50}" font-family="sans-serif" font-size="11">`,
+    );
     parts.push(`<rect width="100%" height="100%" fill="white"/>`);
-    parts.push(`<text x="${left}" y="18" font-size="13">pipeline timeline: last ${Math.min(steps, last)} step(s), ${(t1 - t0).toFixed(0)} ms; grey = waiting (bubble)</text>`);
+    parts.push(
+      `<text x="${left}" y="18" font-size="13">pipeline timeline: last ${Math.min(steps, last)} step(s), ${(t1 - t0).toFixed(0)} ms; grey = waiting (bubble)</text>`,
+    );
     for (let s = 0; s < k; s++) {
       const y = top + s * row;
-      parts.push(`<text x="4" y="${y + row / 2 + 4}">${esc(this.tracks.get(s) ?? `stage ${s}`)}</text>`);
-      parts.push(`<rect x="${left}" y="${y + 2}" width="${W - left - 10}" height="${row - 4}" fill="#f7f7f7"/>`);
+      parts.push(
+        `<text x="4" y="${y + row / 2 + 4}">${esc(this.tracks.get(s) ?? `stage ${s}`)}</text>`,
+      );
+      parts.push(
+        `<rect x="${left}" y="${y + 2}" width="${W - left - 10}" height="${row - 4}" fill="#f7f7f7"/>`,
+      );
     }
     for (const sp of shown) {
       const y = top + sp.track * row;
       const x0 = x(sp.t0);
       const w = Math.max(0.5, x(sp.t1) - x0);
       const name = spanName(sp);
-      parts.push(`<rect x="${x0.toFixed(2)}" y="${y + 4}" width="${w.toFixed(2)}" height="${row - 8}" fill="${COLORS[sp.label] ?? '#999'}" stroke="white" stroke-width="0.5"><title>${esc(`step ${sp.step} ${name}: ${(sp.t1 - sp.t0).toFixed(1)} ms`)}</title></rect>`);
-      if (w > 16 && !WAITING_LABELS.has(sp.label)) parts.push(`<text x="${(x0 + w / 2).toFixed(2)}" y="${y + row / 2 + 4}" text-anchor="middle" fill="white">${esc(name)}</text>`);
+      parts.push(
+        `<rect x="${x0.toFixed(2)}" y="${y + 4}" width="${w.toFixed(2)}" height="${row - 8}" fill="${COLORS[sp.label] ?? '#999'}" stroke="white" stroke-width="0.5"><title>${esc(`step ${sp.step} ${name}: ${(sp.t1 - sp.t0).toFixed(1)} ms`)}</title></rect>`,
+      );
+      if (w > 16 && !WAITING_LABELS.has(sp.label))
+        parts.push(
+          `<text x="${(x0 + w / 2).toFixed(2)}" y="${y + row / 2 + 4}" text-anchor="middle" fill="white">${esc(name)}</text>`,
+        );
     }
     const legend = [...this.tracks.values()].includes('transfers')
-      ? ['layer_forward', 'layer_backward', 'upload', 'push_grads', 'server_update', 'wait_params']
+      ? [
+          'layer_forward',
+          'layer_backward',
+          'upload',
+          'push_grads',
+          'server_update',
+          'wait_params',
+        ]
       : ['forward', 'backward', 'recompute', 'optimizer_step', 'recv_act'];
-    const legendName: Record<string, string> = { recv_act: 'wait', wait_params: 'wait for PS', layer_forward: 'forward', layer_backward: 'recompute + backward', push_grads: 'grads to PS', server_update: 'PS optimizer' };
+    const legendName: Record<string, string> = {
+      recv_act: 'wait',
+      wait_params: 'wait for PS',
+      layer_forward: 'forward',
+      layer_backward: 'recompute + backward',
+      push_grads: 'grads to PS',
+      server_update: 'PS optimizer',
+    };
     legend.forEach((l, i) => {
       const lx = left + i * 150;
       const ly = top + k * row + 18;
-      parts.push(`<rect x="${lx}" y="${ly - 10}" width="12" height="12" fill="${COLORS[l]}"/><text x="${lx + 16}" y="${ly}">${legendName[l] ?? l.replace('_', ' ')}</text>`);
+      parts.push(
+        `<rect x="${lx}" y="${ly - 10}" width="12" height="12" fill="${COLORS[l]}"/><text x="${lx + 16}" y="${ly}">${legendName[l] ?? l.replace('_', ' ')}</text>`,
+      );
     });
     parts.push('</svg>');
     return `${parts.join('\n')}\n`;

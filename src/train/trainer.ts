@@ -5,37 +5,75 @@
  * Everything that can be wrong with the input (config, data, checkpoint, balance) is checked
  * before anything is written, so a bad run leaves no files behind.
  */
-import { parseDevices } from '../runtime/devices.js';
+
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { join } from 'node:path';
-import { makeBatcher, validationBatches, type BatcherState } from '../data/batcher.js';
-import { loadDataset, Vocab, type Dataset } from '../data/index.js';
-import { LayerwiseError, } from '../util/errors.js';
-import { initParams, type HostParams } from '../model/init.js';
-import { loadModel, modelParamCount, type Model, } from '../model/model.js';
+import {
+  resolveConfig,
+  runModelConfig,
+  type TrainConfig,
+} from '../config/config.js';
+import {
+  type BatcherState,
+  makeBatcher,
+  validationBatches,
+} from '../data/batcher.js';
+import { type Dataset, loadDataset, Vocab } from '../data/index.js';
+import { type HostParams, initParams } from '../model/init.js';
+import { loadModel, type Model, modelParamCount } from '../model/model.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
-import { createStrategy, resolveStages, validateStrategy } from '../strategies/index.js';
-import type { Strategy } from '../strategies/strategy.js';
 import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
+import { parseDevices } from '../runtime/devices.js';
+import {
+  createStrategy,
+  resolveStages,
+  validateStrategy,
+} from '../strategies/index.js';
+import type { Strategy } from '../strategies/strategy.js';
+import {
+  LayerwiseError,
+  NumericFaultError,
+  tagRunDir,
+} from '../util/errors.js';
 import { writeFileAtomic } from '../util/fsx.js';
-import { checkRunPaths, lockRunFolder } from './run-folder.js';
-import { NumericFaultError, tagRunDir } from '../util/errors.js';
-import { checkpointDir, loadCheckpoint, resolveCheckpointDir, saveCheckpoint, type Checkpoint } from './checkpoint-io.js';
-import { runModelConfig, resolveConfig, type TrainConfig } from '../config/config.js';
+import {
+  type Checkpoint,
+  checkpointDir,
+  loadCheckpoint,
+  resolveCheckpointDir,
+  saveCheckpoint,
+} from './checkpoint-io.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
-import { TraceRecorder, type StageSummary } from './trace.js';
+import { checkRunPaths, lockRunFolder } from './run-folder.js';
+import { type StageSummary, TraceRecorder } from './trace.js';
 
 /** Flags that define the model and data stream; a resumed run must not change them. */
-const FIXED_ON_RESUME = ['preset', 'model', 'loss', 'data', 'layers', 'dModel', 'heads', 'context', 'batchSize', 'seed'] as const;
+const FIXED_ON_RESUME = [
+  'preset',
+  'model',
+  'loss',
+  'data',
+  'layers',
+  'dModel',
+  'heads',
+  'context',
+  'batchSize',
+  'seed',
+] as const;
 
 /** Progress callbacks (the CLI draws a progress bar with them). */
 export interface TrainHooks {
   /** Once, before the first step. */
   onStart?(info: {
-    config: TrainConfig; model: Model; params: number; bytes: number; ranges: Array<{ from: number; to: number }>; startStep: number;
+    config: TrainConfig;
+    model: Model;
+    params: number;
+    bytes: number;
+    ranges: Array<{ from: number; to: number }>;
+    startStep: number;
     /** With --device-memory: the budget and the predicted peak device bytes per stage (see plan/budget.ts). */
     budget?: BudgetCheck;
   }): void;
@@ -53,8 +91,6 @@ export interface TrainResult {
   /** The trace files written (Chrome JSON, SVG), when --trace was given. */
   traceFiles?: string[];
 }
-
-
 
 /** A step handed to the strategy whose report has not been recorded yet. */
 interface InFlight {
@@ -86,7 +122,10 @@ interface Prepared {
  * state, and with --device-memory checks the predicted peak device bytes against the budget
  * (plan/budget.ts; throws DeviceOutOfMemoryError, a {@link LayerwiseError}). Writes nothing.
  */
-export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?: string): Promise<Prepared> {
+export async function prepare(
+  raw: Parameters<typeof resolveConfig>[0],
+  resume?: string,
+): Promise<Prepared> {
   let ck: Checkpoint | undefined;
   let cfg: TrainConfig;
   if (resume) {
@@ -94,12 +133,18 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     const saved = ck.config as unknown as TrainConfig;
     for (const k of FIXED_ON_RESUME) {
       const given = (raw as Record<string, unknown>)[k];
-      if (given !== undefined && JSON.stringify(given) !== JSON.stringify(saved[k])) {
-        throw new LayerwiseError(`checkpoint ${resume} was trained with ${k} = ${JSON.stringify(saved[k])}, not ${JSON.stringify(given)}; drop that flag to resume, or start a new run`);
+      if (
+        given !== undefined &&
+        JSON.stringify(given) !== JSON.stringify(saved[k])
+      ) {
+        throw new LayerwiseError(
+          `checkpoint ${resume} was trained with ${k} = ${JSON.stringify(saved[k])}, not ${JSON.stringify(given)}; drop that flag to resume, or start a new run`,
+        );
       }
     }
     const merged: Record<string, unknown> = { ...saved };
-    for (const [k, v] of Object.entries(raw)) if (v !== undefined) merged[k] = v;
+    for (const [k, v] of Object.entries(raw))
+      if (v !== undefined) merged[k] = v;
     if (raw.out === undefined) merged.out = saved.out ?? resume;
     cfg = resolveConfig(merged as Parameters<typeof resolveConfig>[0]);
   } else {
@@ -111,13 +156,17 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
   const ds = await loadDataset(cfg.data, { vocab });
   const modelConfig = await runModelConfig(cfg, ds);
   if (ck && JSON.stringify(ck.model) !== JSON.stringify(modelConfig)) {
-    throw new LayerwiseError(`checkpoint model ${JSON.stringify(ck.model)} does not match this configuration's ${JSON.stringify(modelConfig)}; resume with the same preset and data`);
+    throw new LayerwiseError(
+      `checkpoint model ${JSON.stringify(ck.model)} does not match this configuration's ${JSON.stringify(modelConfig)}; resume with the same preset and data`,
+    );
   }
   const model = await loadModel(modelConfig);
   const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
   parseDevices(cfg.devices, ranges.length); // and the devices
   if (ck && ck.step >= cfg.steps) {
-    throw new LayerwiseError(`checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`);
+    throw new LayerwiseError(
+      `checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`,
+    );
   }
   let budget: BudgetCheck | undefined;
   if (cfg.deviceMemory !== undefined) {
@@ -126,7 +175,9 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
     budget = await checkDeviceBudget(cfg, model, ranges);
   }
   return {
-    cfg, ds, model,
+    cfg,
+    ds,
+    model,
     params: ck ? ck.params : initParams(model.blocks, cfg.seed),
     optimizer: ck?.optimizer,
     data: ck?.data as BatcherState | undefined,
@@ -141,7 +192,9 @@ export async function prepare(raw: Parameters<typeof resolveConfig>[0], resume?:
 async function truncateMetrics(out: string, step: number): Promise<void> {
   const path = join(out, 'metrics.jsonl');
   if (!existsSync(path)) return;
-  const lines = (await readFile(path, 'utf8')).split('\n').filter((l) => l.trim() !== '');
+  const lines = (await readFile(path, 'utf8'))
+    .split('\n')
+    .filter((l) => l.trim() !== '');
   const keep = lines.filter((l) => {
     try {
       return (JSON.parse(l) as StepMetrics).step <= step;
@@ -158,13 +211,25 @@ async function truncateMetrics(out: string, step: number): Promise<void> {
  * Throws {@link LayerwiseError} for bad input (before writing anything) and StageError when a
  * stage fails (after stopping every worker).
  */
-export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: string, hooks: TrainHooks = {}): Promise<TrainResult> {
+export async function train(
+  raw: Parameters<typeof resolveConfig>[0],
+  resume?: string,
+  hooks: TrainHooks = {},
+): Promise<TrainResult> {
   const t0 = performance.now();
   const p = await prepare(raw, resume);
   const { cfg, ds, model } = p;
-  const context = model.config.arch === 'charlm' ? model.config.context : undefined;
-  const valBatches = validationBatches(ds, { batchSize: cfg.batchSize, context, maxBatches: cfg.evalBatches });
-  if (valBatches.length === 0) throw new LayerwiseError(`the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`);
+  const context =
+    model.config.arch === 'charlm' ? model.config.context : undefined;
+  const valBatches = validationBatches(ds, {
+    batchSize: cfg.batchSize,
+    context,
+    maxBatches: cfg.evalBatches,
+  });
+  if (valBatches.length === 0)
+    throw new LayerwiseError(
+      `the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`,
+    );
   // one writer per run folder: a second run on it fails here, before it writes anything
   const existed = existsSync(cfg.out);
   const lock = await lockRunFolder(cfg.out);
@@ -173,11 +238,19 @@ export async function train(raw: Parameters<typeof resolveConfig>[0], resume?: s
     return await run(p, t0, hooks, lock, valBatches);
   } catch (e) {
     // a run that failed before writing anything (devices that refused it, say) leaves no folder
-    failedEmpty = !existed && (e instanceof LayerwiseError || (e as { causeName?: string }).causeName === 'LayerwiseError');
+    failedEmpty =
+      !existed &&
+      (e instanceof LayerwiseError ||
+        (e as { causeName?: string }).causeName === 'LayerwiseError');
     throw failedEmpty ? e : tagRunDir(e, cfg.out); // the CLI writes an internal error's full report there
   } finally {
     await lock.release();
-    if (failedEmpty && !existed && (await readdir(cfg.out).catch(() => ['?'])).length === 0) await rm(cfg.out, { recursive: true, force: true });
+    if (
+      failedEmpty &&
+      !existed &&
+      (await readdir(cfg.out).catch(() => ['?'])).length === 0
+    )
+      await rm(cfg.out, { recursive: true, force: true });
   }
 }
 
@@ -187,12 +260,36 @@ const DIVERGENCE_FACTOR = 10;
 const DIVERGENCE_WARMUP = 2;
 const DIVERGENCE_WINDOW = 50;
 
-async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHeld(): void }, valBatches: ReturnType<typeof validationBatches>): Promise<TrainResult> {
+async function run(
+  p: Prepared,
+  t0: number,
+  hooks: TrainHooks,
+  lock: { assertHeld(): void },
+  valBatches: ReturnType<typeof validationBatches>,
+): Promise<TrainResult> {
   const { cfg, ds, model, ranges } = p;
   const targetName = ds.kind === 'text' ? 'tokens_per_s' : 'examples_per_s';
-  const batcher = makeBatcher(ds, { batchSize: cfg.batchSize, context: cfg.context ?? (model.config.arch === 'charlm' ? model.config.context : undefined), seed: cfg.seed }, p.data);
+  const batcher = makeBatcher(
+    ds,
+    {
+      batchSize: cfg.batchSize,
+      context:
+        cfg.context ??
+        (model.config.arch === 'charlm' ? model.config.context : undefined),
+      seed: cfg.seed,
+    },
+    p.data,
+  );
   const nParams = modelParamCount(model);
-  hooks.onStart?.({ config: cfg, model, params: nParams, bytes: nParams * 4, ranges, startStep: p.startStep, budget: p.budget });
+  hooks.onStart?.({
+    config: cfg,
+    model,
+    params: nParams,
+    bytes: nParams * 4,
+    ranges,
+    startStep: p.startStep,
+    budget: p.budget,
+  });
 
   const strategy: Strategy = await createStrategy(cfg, model, p.params, ranges);
   const log = new MetricsLog(cfg.out);
@@ -200,7 +297,10 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
   let last: StepMetrics | undefined;
   let valLoss = NaN;
   let valAux: number[] | undefined;
-  let valMetrics: Pick<StepMetrics, 'val_accuracy' | 'val_bpc' | 'val_perplexity'> = {};
+  let valMetrics: Pick<
+    StepMetrics,
+    'val_accuracy' | 'val_bpc' | 'val_perplexity'
+  > = {};
   let targets = 0;
   let trainSeconds = 0;
   const recorder = new TraceRecorder(cfg.trace !== undefined);
@@ -211,26 +311,47 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
     await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
-    const lrOf = (step: number) => learningRate(step, { lr: cfg.lr, warmup: cfg.warmup, decay: cfg.decay, totalSteps: cfg.steps, minRatio: 0.1 });
+    const lrOf = (step: number) =>
+      learningRate(step, {
+        lr: cfg.lr,
+        warmup: cfg.warmup,
+        decay: cfg.decay,
+        totalSteps: cfg.steps,
+        minRatio: 0.1,
+      });
     let savedStep = p.startStep > 0 ? p.startStep : undefined;
     const recent: number[] = [];
     let warned = false;
     const save = async (step: number) => {
       lock.assertHeld();
       await saveCheckpoint(checkpointDir(cfg.out), {
-        step, config: cfg as unknown as Record<string, unknown>, model: model.config,
-        stats: { initialLoss: stats.initialLoss, wallS: stats.wallS + (performance.now() - t0) / 1000 },
-        vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null, data: batcher.state(),
-        params: await strategy.getParams(), optimizer: await strategy.getOptimizerState(),
+        step,
+        config: cfg as unknown as Record<string, unknown>,
+        model: model.config,
+        stats: {
+          initialLoss: stats.initialLoss,
+          wallS: stats.wallS + (performance.now() - t0) / 1000,
+        },
+        vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null,
+        data: batcher.state(),
+        params: await strategy.getParams(),
+        optimizer: await strategy.getOptimizerState(),
       });
       savedStep = step;
     };
-    const intact = () => (savedStep !== undefined ? `the checkpoint of step ${savedStep} in ${checkpointDir(cfg.out)} is intact` : 'no checkpoint was saved yet');
-    const advice = () => `lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`;
+    const intact = () =>
+      savedStep !== undefined
+        ? `the checkpoint of step ${savedStep} in ${checkpointDir(cfg.out)} is intact`
+        : 'no checkpoint was saved yet';
+    const advice = () =>
+      `lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`;
     /** A numeric fault of step `done`, found before any parameter was updated with it (see PipelineStrategy), with the step and advice. */
     const withStep = (e: unknown, done: number): unknown =>
-      e instanceof NumericFaultError && e.step === undefined ? e.at(done, `nothing was updated with it; ${intact()}; ${advice()}`) : e;
-    const due = (done: number, every: number) => (every > 0 && done % every === 0) || done === cfg.steps;
+      e instanceof NumericFaultError && e.step === undefined
+        ? e.at(done, `nothing was updated with it; ${intact()}; ${advice()}`)
+        : e;
+    const due = (done: number, every: number) =>
+      (every > 0 && done % every === 0) || done === cfg.steps;
     /** Records a submitted step once it is done: metrics, evaluation, checkpoint. */
     const finish = async (f: InFlight) => {
       const done = f.step + 1;
@@ -243,14 +364,24 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
       const secs = f.seconds;
       if (!Number.isFinite(r.loss)) {
         const st = r.stageLosses.findIndex((l) => !Number.isFinite(l));
-        const where = cfg.strategy === 'local' && st >= 0 ? ` (first in the local loss of stage ${st})` : '';
-        throw new NumericFaultError(`loss became ${r.loss}${where}`).at(done, `${intact()}; ${advice()}`);
+        const where =
+          cfg.strategy === 'local' && st >= 0
+            ? ` (first in the local loss of stage ${st})`
+            : '';
+        throw new NumericFaultError(`loss became ${r.loss}${where}`).at(
+          done,
+          `${intact()}; ${advice()}`,
+        );
       }
       if (recent.length >= DIVERGENCE_WARMUP && !warned) {
-        const median = [...recent].sort((a, b) => a - b)[Math.floor((recent.length - 1) / 2)]!; // the lower median
+        const median = [...recent].sort((a, b) => a - b)[
+          Math.floor((recent.length - 1) / 2)
+        ]!; // the lower median
         if (r.loss > DIVERGENCE_FACTOR * median) {
           warned = true;
-          hooks.warn?.(`loss ${r.loss.toPrecision(3)} at step ${done} is more than ${DIVERGENCE_FACTOR}x its running median ${median.toPrecision(3)}: training may be diverging; consider a lower --lr (now ${cfg.lr})`);
+          hooks.warn?.(
+            `loss ${r.loss.toPrecision(3)} at step ${done} is more than ${DIVERGENCE_FACTOR}x its running median ${median.toPrecision(3)}: training may be diverging; consider a lower --lr (now ${cfg.lr})`,
+          );
         }
       }
       recent.push(r.loss);
@@ -264,12 +395,21 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
         measured++;
       }
       r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
-      r.heapBytes?.forEach((b, i) => (heap[i] = b === undefined ? NaN : Math.max(heap[i], b)));
+      r.heapBytes?.forEach(
+        (b, i) => (heap[i] = b === undefined ? NaN : Math.max(heap[i], b)),
+      );
       recorder.add(done, r);
       const m: StepMetrics = {
-        step: done, loss: r.loss, lr: f.lr, step_s: secs, [targetName]: f.tokens / secs,
-        peak_device_bytes: r.peakBytes, bubble: r.bubble,
-        ...(r.heapBytes?.every((h) => h !== undefined) ? { wasm_heap_bytes: r.heapBytes as number[] } : {}),
+        step: done,
+        loss: r.loss,
+        lr: f.lr,
+        step_s: secs,
+        [targetName]: f.tokens / secs,
+        peak_device_bytes: r.peakBytes,
+        bubble: r.bubble,
+        ...(r.heapBytes?.every((h) => h !== undefined)
+          ? { wasm_heap_bytes: r.heapBytes as number[] }
+          : {}),
         ...(cfg.strategy === 'local' ? { stage_losses: r.stageLosses } : {}),
       };
       if (due(done, cfg.evalEvery)) {
@@ -277,9 +417,13 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
         valLoss = ev.loss;
         m.val_loss = valLoss;
         valMetrics = {
-          ...(ev.metrics?.accuracy !== undefined ? { val_accuracy: ev.metrics.accuracy } : {}),
+          ...(ev.metrics?.accuracy !== undefined
+            ? { val_accuracy: ev.metrics.accuracy }
+            : {}),
           // a character model's loss is nats per character
-          ...(ds.kind === 'text' ? { val_bpc: valLoss / Math.LN2, val_perplexity: Math.exp(valLoss) } : {}),
+          ...(ds.kind === 'text'
+            ? { val_bpc: valLoss / Math.LN2, val_perplexity: Math.exp(valLoss) }
+            : {}),
         };
         Object.assign(m, valMetrics);
         if (ev.auxLosses) {
@@ -307,7 +451,13 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
         const batch = batcher.next();
         const lr = lrOf(step);
         const sub = strategy.submit(batch, lr);
-        inFlight.push({ step, lr, tokens: batch.tokens, seconds: NaN, done: sub.done });
+        inFlight.push({
+          step,
+          lr,
+          tokens: batch.tokens,
+          seconds: NaN,
+          done: sub.done,
+        });
         try {
           await sub.accepted;
         } catch (e) {
@@ -327,7 +477,8 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
         }
       }
       while (inFlight.length) await finish(inFlight.shift()!);
-      if (strategy.drainServerSpans) recorder.addServerSpans(cfg.steps, await strategy.drainServerSpans());
+      if (strategy.drainServerSpans)
+        recorder.addServerSpans(cfg.steps, await strategy.drainServerSpans());
     } finally {
       // a failure leaves later steps' promises behind: they reject with the same stage error
       for (const f of inFlight) f.done.catch(() => undefined);
@@ -337,20 +488,38 @@ async function run(p: Prepared, t0: number, hooks: TrainHooks, lock: { assertHel
   }
   const wall = stats.wallS + (performance.now() - t0) / 1000;
   const summary: Summary = {
-    strategy: cfg.strategy, backend: cfg.backend, preset: cfg.preset, params: nParams,
-    stages: ranges.length, micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
-    rematerialization: cfg.remat, schedule: cfg.schedule, balance: ranges.map((r) => r.to - r.from),
-    batch_size: cfg.batchSize, steps: cfg.steps,
-    initial_loss: stats.initialLoss ?? NaN, final_loss: last?.loss ?? NaN, val_loss: valLoss, ...valMetrics,
+    strategy: cfg.strategy,
+    backend: cfg.backend,
+    preset: cfg.preset,
+    params: nParams,
+    stages: ranges.length,
+    micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
+    rematerialization: cfg.remat,
+    schedule: cfg.schedule,
+    balance: ranges.map((r) => r.to - r.from),
+    batch_size: cfg.batchSize,
+    steps: cfg.steps,
+    initial_loss: stats.initialLoss ?? NaN,
+    final_loss: last?.loss ?? NaN,
+    val_loss: valLoss,
+    ...valMetrics,
     ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
-    peak_device_bytes: peak, bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
+    peak_device_bytes: peak,
+    bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
     ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
     // with --device-memory: the budget and the peak predicted before training, beside the measured one
-    ...(p.budget ? { device_memory_budget: p.budget.budget, predicted_peak_device_bytes: p.budget.predicted?.map(Math.round) ?? null } : {}),
+    ...(p.budget
+      ? {
+          device_memory_budget: p.budget.budget,
+          predicted_peak_device_bytes:
+            p.budget.predicted?.map(Math.round) ?? null,
+        }
+      : {}),
     wall_s: wall,
   };
   await log.summary(summary);
-  const traceFiles = cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
+  const traceFiles =
+    cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
   return { summary, outDir: cfg.out, stages: recorder.summary(), traceFiles };
 }

@@ -9,8 +9,14 @@ export class LayerwiseError extends Error {
 }
 
 /** Throw a {@link LayerwiseError} with `message` unless `cond` holds. */
-export function check(cond: unknown, message: string | (() => string)): asserts cond {
-  if (!cond) throw new LayerwiseError(typeof message === 'function' ? message() : message);
+export function check(
+  cond: unknown,
+  message: string | (() => string),
+): asserts cond {
+  if (!cond)
+    throw new LayerwiseError(
+      typeof message === 'function' ? message() : message,
+    );
 }
 
 /**
@@ -20,7 +26,10 @@ export function check(cond: unknown, message: string | (() => string)): asserts 
  */
 export class NumericFaultError extends LayerwiseError {
   override readonly name: string = 'NumericFaultError';
-  constructor(readonly detail: string, readonly step?: number) {
+  constructor(
+    readonly detail: string,
+    readonly step?: number,
+  ) {
     super(step === undefined ? detail : `${detail} at step ${step}`);
   }
   /** The same fault at `step`, with what was (not) written and what to do. */
@@ -45,5 +54,7 @@ export function tagRunDir(e: unknown, dir: string): unknown {
 
 /** The run folder {@link tagRunDir} marked `e` with, if any. */
 export function runDirOf(e: unknown): string | undefined {
-  return e && typeof e === 'object' && 'runDir' in e ? String((e as { runDir: unknown }).runDir) : undefined;
+  return e && typeof e === 'object' && 'runDir' in e
+    ? String((e as { runDir: unknown }).runDir)
+    : undefined;
 }

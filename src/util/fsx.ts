@@ -6,7 +6,10 @@ import { mkdir, rename, rm, writeFile } from 'node:fs/promises';
 import { dirname } from 'node:path';
 
 /** Writes `data` to `path` atomically (temp file + rename), creating the folder if needed. */
-export async function writeFileAtomic(path: string, data: string | Uint8Array): Promise<void> {
+export async function writeFileAtomic(
+  path: string,
+  data: string | Uint8Array,
+): Promise<void> {
   await mkdir(dirname(path), { recursive: true });
   const tmp = `${path}.tmp-${process.pid}-${Date.now()}`;
   try {
@@ -23,7 +26,10 @@ export async function writeFileAtomic(path: string, data: string | Uint8Array): 
  * temporary sibling folder, which then takes `dest`'s place; the previous `dest` is removed
  * only after the new one is in place. If `fill` throws, nothing at `dest` changes.
  */
-export async function replaceDirAtomic(dest: string, fill: (dir: string) => Promise<void>): Promise<void> {
+export async function replaceDirAtomic(
+  dest: string,
+  fill: (dir: string) => Promise<void>,
+): Promise<void> {
   const tmp = `${dest}.tmp-${process.pid}-${Date.now()}`;
   const old = `${dest}.old-${process.pid}-${Date.now()}`;
   await mkdir(tmp, { recursive: true });

@@ -13,14 +13,29 @@ import { LayerwiseError } from './errors.js';
  */
 export function parseSize(text: string, flag = '--device-memory'): number {
   const t = text.trim();
-  const v = /^\d+(\.\d+)?(e\+?\d+)?$/i.test(t) ? Number(t) : bytes.parse(t.replace(/^(\d+(?:\.\d+)?)\s*(ki|mi|gi|ti|pi)b$/i, (_, n: string, u: string) => `${n}${u[0]}iB`));
+  const v = /^\d+(\.\d+)?(e\+?\d+)?$/i.test(t)
+    ? Number(t)
+    : bytes.parse(
+        t.replace(
+          /^(\d+(?:\.\d+)?)\s*(ki|mi|gi|ti|pi)b$/i,
+          (_, n: string, u: string) => `${n}${u[0]}iB`,
+        ),
+      );
   if (v === null || !Number.isFinite(v) || v < 1) {
-    throw new LayerwiseError(`${flag} '${text}' is not a positive size; write e.g. 512MB, 1.5GiB or 2e9 (bytes)`);
+    throw new LayerwiseError(
+      `${flag} '${text}' is not a positive size; write e.g. 512MB, 1.5GiB or 2e9 (bytes)`,
+    );
   }
   return Math.floor(v);
 }
 
 /** Formats bytes with binary units, e.g. `1.5 GiB`, `512 B`. */
 export function formatSize(n: number): string {
-  return bytes.format(Math.round(n), { mode: 'binary', decimalPlaces: 1, unitSeparator: ' ' }) ?? `${n} B`;
+  return (
+    bytes.format(Math.round(n), {
+      mode: 'binary',
+      decimalPlaces: 1,
+      unitSeparator: ' ',
+    }) ?? `${n} B`
+  );
 }

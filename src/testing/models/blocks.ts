@@ -2,10 +2,19 @@
 import * as tf from '@tensorflow/tfjs-core';
 import type { Block } from '../../model/block.js';
 
-const denseBlock = (name: string, din: number, dout: number, relu: boolean): Block => ({
+const denseBlock = (
+  name: string,
+  din: number,
+  dout: number,
+  relu: boolean,
+): Block => ({
   name,
   params: [
-    { name: 'w', shape: [din, dout], init: { kind: 'uniform', limit: Math.sqrt(6 / (din + dout)) } },
+    {
+      name: 'w',
+      shape: [din, dout],
+      init: { kind: 'uniform', limit: Math.sqrt(6 / (din + dout)) },
+    },
     { name: 'b', shape: [dout], init: { kind: 'zeros' } },
   ],
   outputShape: ([b]) => [b!, dout],
@@ -16,4 +25,11 @@ const denseBlock = (name: string, din: number, dout: number, relu: boolean): Blo
   flops: ([b]) => 2 * b! * din * dout,
 });
 
-export default { blocks: [denseBlock('hidden', 16, 9, true), denseBlock('hidden2', 9, 6, true), denseBlock('out', 6, 3, false)], inputShape: [4, 4, 1] };
+export default {
+  blocks: [
+    denseBlock('hidden', 16, 9, true),
+    denseBlock('hidden2', 9, 6, true),
+    denseBlock('out', 6, 3, false),
+  ],
+  inputShape: [4, 4, 1],
+};

@@ -12,11 +12,18 @@ export class Scale extends tfl.layers.Layer {
   private s: tfl.LayerVariable | null = null;
   override build(inputShape: tfl.Shape | tfl.Shape[]): void {
     const shape = inputShape as tfl.Shape;
-    this.s = this.addWeight('s', [shape[shape.length - 1] as number], 'float32', tfl.initializers.ones());
+    this.s = this.addWeight(
+      's',
+      [shape[shape.length - 1] as number],
+      'float32',
+      tfl.initializers.ones(),
+    );
     this.built = true;
   }
   override call(inputs: tf.Tensor | tf.Tensor[]): tf.Tensor {
-    return tf.tidy(() => tf.mul(Array.isArray(inputs) ? inputs[0]! : inputs, this.s!.read()));
+    return tf.tidy(() =>
+      tf.mul(Array.isArray(inputs) ? inputs[0]! : inputs, this.s!.read()),
+    );
   }
   override getClassName(): string {
     return Scale.className;
@@ -27,12 +34,22 @@ tf.serialization.registerClass(Scale);
 /** The functional model; with `named`, layers carry fixed names (used by the groups). */
 export function residual(): tfl.LayersModel {
   const input = tfl.input({ shape: [4, 4, 1] });
-  const flat = tfl.layers.flatten({ name: 'flat' }).apply(input) as tfl.SymbolicTensor;
-  const h = tfl.layers.dense({ units: 8, activation: 'relu', name: 'in' }).apply(flat) as tfl.SymbolicTensor;
-  const a = tfl.layers.dense({ units: 8, activation: 'tanh', name: 'branch' }).apply(h) as tfl.SymbolicTensor;
-  const sum = tfl.layers.add({ name: 'skip' }).apply([a, h]) as tfl.SymbolicTensor;
+  const flat = tfl.layers
+    .flatten({ name: 'flat' })
+    .apply(input) as tfl.SymbolicTensor;
+  const h = tfl.layers
+    .dense({ units: 8, activation: 'relu', name: 'in' })
+    .apply(flat) as tfl.SymbolicTensor;
+  const a = tfl.layers
+    .dense({ units: 8, activation: 'tanh', name: 'branch' })
+    .apply(h) as tfl.SymbolicTensor;
+  const sum = tfl.layers
+    .add({ name: 'skip' })
+    .apply([a, h]) as tfl.SymbolicTensor;
   const scaled = new Scale({ name: 'scale' }).apply(sum) as tfl.SymbolicTensor;
-  const out = tfl.layers.dense({ units: 3, name: 'logits' }).apply(scaled) as tfl.SymbolicTensor;
+  const out = tfl.layers
+    .dense({ units: 3, name: 'logits' })
+    .apply(scaled) as tfl.SymbolicTensor;
   return tfl.model({ inputs: input, outputs: out });
 }
 
