@@ -19,6 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { parseSize } from '../util/size.js';
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 const TINY = [
@@ -53,12 +54,26 @@ function run(args: string[]): {
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-cli-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
-function expectBadInput(name: string, args: string[], message: RegExp): void {
+/**
+ * A rejected `train`: exit 2, `message` on stderr, nothing written. With `budget` (bytes), the
+ * message's `needs X` (in whichever binary unit the predicted peak takes: it differs between
+ * backends) must exceed it.
+ */
+function expectBadInput(
+  name: string,
+  args: string[],
+  message: RegExp,
+  budget?: number,
+): void {
   test(`bad input: ${name}`, () => {
     const out = join(tmp, `bad-${name.replace(/\W+/g, '-')}`);
     const r = run(['train', ...args, '--out', out]);
     assert.equal(r.code, 2, `exit code (stderr: ${r.err})`);
     assert.match(r.err, message);
+    if (budget !== undefined) {
+      const needs = parseSize(/needs ([\d.]+ [KMG]?i?B)/.exec(r.err)![1]!);
+      assert.ok(needs > budget, `needs ${needs} B, over ${budget} B`);
+    }
     assert.equal(existsSync(out), false, 'a rejected run must leave no files');
   });
 }
@@ -112,7 +127,8 @@ expectBadInput(
 expectBadInput(
   'over --device-memory (single)',
   [...TINY, '--device-memory', '1MB'],
-  /layerwise: error: device out of memory: needs [\d.]+ MiB, budget 976.6 KiB \(stage 0 of single, predicted\); try --strategy l2l, or --strategy gpipe with more --stages\n/,
+  /layerwise: error: device out of memory: needs [\d.]+ [KMG]?i?B, budget 976.6 KiB \(stage 0 of single, predicted\); try --strategy l2l, or --strategy gpipe with more --stages\n/,
+  1e6,
 );
 expectBadInput(
   'over --device-memory (local)',
@@ -127,7 +143,8 @@ expectBadInput(
     '--device-memory',
     '300kB',
   ],
-  /device out of memory: needs [\d.]+ KiB, budget 293 KiB \(stage \d of local, predicted\); try --strategy l2l, more --stages, or more --micro-batches/,
+  /device out of memory: needs [\d.]+ [KMG]?i?B, budget 293 KiB \(stage \d of local, predicted\); try --strategy l2l, more --stages, or more --micro-batches/,
+  300e3,
 );
 
 expectBadInput(
@@ -141,7 +158,8 @@ expectBadInput(
     '--device-memory',
     '10kB',
   ],
-  /device out of memory: needs [\d.]+ [KMG]iB, budget 9.8 KiB \(stage 0 of l2l, predicted\); try a smaller --batch-size or more --micro-batches, or --stash host/,
+  /device out of memory: needs [\d.]+ [KMG]?i?B, budget 9.8 KiB \(stage 0 of l2l, predicted\); try a smaller --batch-size or more --micro-batches, or --stash host/,
+  10e3,
 );
 expectBadInput(
   'l2l on several devices',

@@ -165,10 +165,12 @@ test('--balance time separates the heavy blocks of a deliberately uneven model',
   );
 });
 
+const native = await import('../backend/native-addon.js');
+
 test("profiling on native with a device's thread count measures with it and gives the main thread its team back", {
-  skip: (await import('../backend/native-addon.js')).nativeAddon()
+  skip: native.nativeAddon()
     ? false
-    : 'native addon not built',
+    : `native backend unavailable: ${native.nativeUnavailable()}`,
 }, async () => {
   const { nativeAddon } = await import('../backend/native-addon.js');
   const addon = nativeAddon()!;
