@@ -14,6 +14,7 @@ import { trainWithRestarts } from '../train/restarts.js';
 import { sampleText } from '../train/sample.js';
 import type { TrainHooks } from '../train/trainer.js';
 import { LayerwiseError } from '../util/errors.js';
+import { formatSize } from '../util/size.js';
 import { reportError } from './report-error.js';
 
 function int(v: string): number {
@@ -26,17 +27,6 @@ function num(v: string): number {
   if (v.trim() === '' || !Number.isFinite(x))
     throw new InvalidArgumentError('must be a number');
   return x;
-}
-
-/** Human-readable bytes (binary units). */
-export function formatBytes(b: number): string {
-  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let i = 0;
-  while (b >= 1024 && i < u.length - 1) {
-    b /= 1024;
-    i++;
-  }
-  return `${b.toFixed(i ? 1 : 0)} ${u[i]}`;
 }
 
 function hooks(): TrainHooks {
@@ -53,7 +43,7 @@ function hooks(): TrainHooks {
             .join(', ')})`,
       );
       console.log(
-        `model ${config.model ?? config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatBytes(bytes)} fp32`,
+        `model ${config.model ?? config.preset}: ${model.blocks.length} blocks, ${params.toLocaleString('en-US')} parameters, ${formatSize(bytes)} fp32`,
       );
       console.log(
         `strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`,
@@ -62,7 +52,7 @@ function hooks(): TrainHooks {
       if (setup) console.log(setup);
       if (budget?.budget !== undefined) {
         console.log(
-          `device budget ${formatBytes(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatBytes).join(' / ') : 'not predicted'}`,
+          `device budget ${formatSize(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatSize).join(' / ') : 'not predicted'}`,
         );
       }
       if (startStep) console.log(`resuming at step ${startStep}`);
@@ -265,12 +255,12 @@ program
         : `${(s.examples_per_s ?? 0).toFixed(0)} examples/s`;
     console.log(
       `done: loss ${s.initial_loss.toFixed(4)} -> ${s.final_loss.toFixed(4)}, validation ${s.val_loss.toFixed(4)}${s.val_accuracy !== undefined ? ` (accuracy ${(100 * s.val_accuracy).toFixed(1)}%)` : ''}${s.val_bpc !== undefined ? ` (${s.val_bpc.toFixed(3)} bits/char)` : ''}, ${rate}, ` +
-        `peak device ${s.peak_device_bytes.map(formatBytes).join(' / ')}${s.wasm_heap_bytes ? ` (wasm heap ${s.wasm_heap_bytes.map(formatBytes).join(' / ')})` : ''}, ` +
+        `peak device ${s.peak_device_bytes.map(formatSize).join(' / ')}${s.wasm_heap_bytes ? ` (wasm heap ${s.wasm_heap_bytes.map(formatSize).join(' / ')})` : ''}, ` +
         `${s.wall_s.toFixed(1)} s; wrote ${r.outDir}`,
     );
     for (const st of r.stages) {
       console.log(
-        `  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatBytes(st.peakBytes)}`,
+        `  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatSize(st.peakBytes)}`,
       );
     }
     if (r.traceFiles) console.log(`trace: ${r.traceFiles.join(', ')}`);
