@@ -75,3 +75,27 @@ export class Channel {
     this.queues.set(m.type, q);
   }
 }
+
+/**
+ * The ArrayBuffers behind the typed arrays in a message (up to 6 levels of nesting deep), to
+ * transfer rather than copy: only a buffer a typed array covers whole, never a
+ * SharedArrayBuffer (shared, not moved) nor a slice of a larger buffer (the rest would go too).
+ */
+export function ownedBuffers(v: unknown): ArrayBuffer[] {
+  const out = new Set<ArrayBuffer>();
+  const walk = (x: unknown, depth: number): void => {
+    if (depth > 6 || x === null || typeof x !== 'object') return;
+    if (ArrayBuffer.isView(x)) {
+      if (
+        x.byteOffset === 0 &&
+        x.byteLength === x.buffer.byteLength &&
+        x.buffer instanceof ArrayBuffer
+      )
+        out.add(x.buffer);
+      return;
+    }
+    for (const y of Object.values(x)) walk(y, depth + 1);
+  };
+  walk(v, 0);
+  return [...out];
+}

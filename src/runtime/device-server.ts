@@ -14,6 +14,7 @@
 import { timingSafeEqual } from 'node:crypto';
 import { MessageChannel, type MessagePort, Worker } from 'node:worker_threads';
 import * as grpc from '@grpc/grpc-js';
+import { ownedBuffers } from './channel.js';
 import {
   DEVICE_SERVICE,
   dial,
@@ -23,27 +24,6 @@ import {
   VERSION,
 } from './grpc-link.js';
 import type { RemoteLink } from './protocol.js';
-
-/** The ArrayBuffers behind a decoded message's typed arrays, moved (not copied) into the stage thread. */
-function buffersOf(
-  v: unknown,
-  out = new Set<ArrayBuffer>(),
-  depth = 0,
-): ArrayBuffer[] {
-  if (depth <= 6 && v !== null && typeof v === 'object') {
-    if (ArrayBuffer.isView(v)) {
-      if (
-        v.byteOffset === 0 &&
-        v.byteLength === v.buffer.byteLength &&
-        v.buffer instanceof ArrayBuffer
-      )
-        out.add(v.buffer);
-    } else {
-      for (const x of Object.values(v)) buffersOf(x, out, depth + 1);
-    }
-  }
-  return [...out];
-}
 
 /** Options of {@link startDeviceServer}. */
 export interface DeviceServerOptions {
@@ -214,7 +194,7 @@ export async function startDeviceServer(
         }
         peers.push(peer);
         const { port1, port2 } = new MessageChannel();
-        peer.on('message', (m) => port1.postMessage(m, buffersOf(m)));
+        peer.on('message', (m) => port1.postMessage(m, ownedBuffers(m)));
         port1.on('message', (m) => peer.postMessage(m));
         peer.onClose((why) => {
           if (!ended)
@@ -258,7 +238,7 @@ export async function startDeviceServer(
               return;
             }
           }
-          if (!ended) worker.postMessage(msg, [...ports, ...buffersOf(msg)]);
+          if (!ended) worker.postMessage(msg, [...ports, ...ownedBuffers(msg)]);
         });
       });
     },

@@ -26,7 +26,7 @@ import {
   type StageProgram,
 } from '../pipeline/executor.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
-import type { Channel, Message } from './channel.js';
+import { type Channel, type Message, ownedBuffers } from './channel.js';
 import type {
   StageApi,
   StageInit,
@@ -239,7 +239,7 @@ export async function serveStage(
       const handler = handlers[req.method] as (a: unknown) => Promise<unknown>;
       if (!handler) throw new Error(`unknown worker method ${req.method}`);
       const result = await handler(req.args);
-      main.send({ type: 'reply', id: req.id, result }, collectBuffers(result));
+      main.send({ type: 'reply', id: req.id, result }, ownedBuffers(result));
     } catch (e) {
       const err = e as Error;
       const schedule = err instanceof ScheduleError ? err.schedule : undefined;
@@ -256,24 +256,4 @@ export async function serveStage(
       (stage as StageProgram | null)?.reset();
     }
   }
-}
-
-/** Typed-array buffers in a reply, transferred rather than copied. */
-function collectBuffers(v: unknown): ArrayBuffer[] {
-  const out = new Set<ArrayBuffer>();
-  const walk = (x: unknown, depth: number) => {
-    if (depth > 4 || x === null || typeof x !== 'object') return;
-    if (ArrayBuffer.isView(x)) {
-      if (
-        x.byteOffset === 0 &&
-        x.byteLength === x.buffer.byteLength &&
-        !(x.buffer instanceof SharedArrayBuffer)
-      )
-        out.add(x.buffer as ArrayBuffer);
-      return;
-    }
-    for (const y of Object.values(x)) walk(y, depth + 1);
-  };
-  walk(v, 0);
-  return [...out];
 }
