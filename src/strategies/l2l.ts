@@ -24,13 +24,12 @@ import { predictRelayPeakBytes } from '../cost/memory.js';
 import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
 import { predictRelayStepTime } from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
-import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
+import type { HostTensor } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { ParameterServer, type ServerSpan } from '../param-server/server.js';
 import { blockLayers } from '../param-server/store.js';
-import { waitingMs } from '../pipeline/executor.js';
 import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
 import { StageWorker } from '../runtime/device.js';
 import type { StageStepResult } from '../runtime/protocol.js';
@@ -44,11 +43,16 @@ import { check } from '../util/errors.js';
 import { formatSize } from '../util/size.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 import {
-  type Evaluation,
-  MetricMeans,
-  type StepReport,
-  type Strategy,
-  type Submission,
+  evaluateBatches,
+  microBatchesOf,
+  stepReport,
+  submission,
+} from './stage-results.js';
+import type {
+  Evaluation,
+  StepReport,
+  Strategy,
+  Submission,
 } from './strategy.js';
 
 export interface L2LOptions {
@@ -169,8 +173,7 @@ export class L2LStrategy implements Strategy {
   ): Promise<StageStepResult> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
-    const inputs = splitMicroBatches({ data: batch.x, shape: batch.xShape }, m);
-    const labels = splitMicroBatches({ data: batch.y, shape: batch.yShape }, m);
+    const { inputs, labels } = microBatchesOf(batch, m);
     if (training) this.server.beginStep(lr);
     const call = this.worker.call(
       'step',
@@ -201,15 +204,14 @@ export class L2LStrategy implements Strategy {
       .catch(() => undefined)
       .then(async () => {
         const r = await this.run(this.train, batch, lr, true);
-        return report(r, this.server.takeSpans());
+        // the bubble: the time the device waited for the parameter server
+        return { ...stepReport([r]), serverSpans: this.server.takeSpans() };
       });
     done.catch(async () => {
       await this.close();
     });
     this.last = done;
-    const accepted = done.then(() => undefined);
-    accepted.catch(() => undefined); // callers may await only `done`
-    return { accepted, done };
+    return submission(done);
   }
 
   trainStep(batch: Batch, lr: number): Promise<StepReport> {
@@ -219,21 +221,13 @@ export class L2LStrategy implements Strategy {
   async evaluate(batches: Batch[]): Promise<Evaluation> {
     const ev = this.last
       .catch(() => undefined)
-      .then(async () => {
+      .then(() => {
         const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
-        let sum = 0;
-        let n = 0;
-        const metrics = new MetricMeans();
-        for (const b of batches) {
-          const r = await this.run(sched, b, 0, false);
-          metrics.add(r.metrics);
-          for (const l of r.losses) {
-            sum += l;
-            n++;
-          }
-        }
-        const m = metrics.means();
-        return { loss: n ? sum / n : NaN, ...(m ? { metrics: m } : {}) };
+        return evaluateBatches(
+          batches,
+          async (b) => [await this.run(sched, b, 0, false)],
+          false,
+        );
       });
     this.last = ev; // later steps wait for the evaluation (the device runs one schedule at a time)
     return ev;
@@ -271,23 +265,6 @@ export class L2LStrategy implements Strategy {
     this.closed = true;
     await Promise.all([this.worker.terminate(), this.server.close()]);
   }
-}
-
-/** One step's report; the bubble is the time the device waited for the parameter server. */
-function report(r: StageStepResult, serverSpans: ServerSpan[]): StepReport {
-  const loss = r.losses.reduce((a, b) => a + b, 0) / r.losses.length;
-  const waited = waitingMs(r.trace);
-  return {
-    loss,
-    stageLosses: [loss],
-    peakBytes: [r.peakBytes],
-    heapBytes: [r.heapBytes],
-    stageSeconds: [r.ms / 1000],
-    bubble: [r.ms > 0 ? waited / r.ms : 0],
-    traces: [r.trace],
-    startedAt: [r.startedAt],
-    serverSpans,
-  };
 }
 
 /** The l2l strategy: the relay above on one device, the model and optimizer in host memory. */

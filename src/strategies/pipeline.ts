@@ -10,7 +10,7 @@
 
 import { MessageChannel, type MessagePort } from 'node:worker_threads';
 import type { Batch } from '../data/batcher.js';
-import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
+import type { HostTensor } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
 import type { ModelConfig } from '../model/model.js';
 import {
@@ -19,7 +19,6 @@ import {
   type OptimizerState,
 } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import { waitingMs } from '../pipeline/executor.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 import { type Device, StageError } from '../runtime/device.js';
 import {
@@ -34,11 +33,16 @@ import { copyWire, transferables } from '../runtime/serialize.js';
 import type { Schedule } from '../schedule/schedule.js';
 import { describeFaults } from './numeric-fault.js';
 import {
-  type Evaluation,
-  MetricMeans,
-  type StepReport,
-  type Strategy,
-  type Submission,
+  evaluateBatches,
+  microBatchesOf,
+  stepReport,
+  submission,
+} from './stage-results.js';
+import type {
+  Evaluation,
+  StepReport,
+  Strategy,
+  Submission,
 } from './strategy.js';
 
 /** What a strategy runs on its stages (see gpipe.ts backpropPipeline, local.ts localPipeline). */
@@ -230,12 +234,9 @@ export class PipelineStrategy implements Strategy {
     const fault: { sums?: number[] } = {};
     const m = this.opts.microBatches;
     const k = this.workers.length;
-    const inputs = batch
-      ? splitMicroBatches({ data: batch.x, shape: batch.xShape }, m)
-      : undefined;
-    const labels = batch
-      ? splitMicroBatches({ data: batch.y, shape: batch.yShape }, m)
-      : undefined;
+    const { inputs, labels } = batch
+      ? microBatchesOf(batch, m)
+      : { inputs: undefined, labels: undefined };
     const calls = this.workers.map((w, i) => {
       const withLabels = i === k - 1 || this.opts.kind.labelsOnEveryStage;
       const step = {
@@ -326,15 +327,10 @@ export class PipelineStrategy implements Strategy {
   submit(batch: Batch, lr: number): Submission {
     const { first, all, fault } = this.dispatch(this.train, batch, lr);
     const done = all.then((rs) =>
-      fault.sums ? this.locate(batch, lr, fault.sums) : report(rs),
+      fault.sums ? this.locate(batch, lr, fault.sums) : stepReport(rs),
     );
-    done.catch(() => undefined);
     // stages that run free: the first stage can take the next mini-batch while later ones finish
-    const accepted = (this.opts.kind.freeRunning ? first : done).then(
-      () => undefined,
-    );
-    accepted.catch(() => undefined); // callers may await only `done`
-    return { accepted, done };
+    return submission(done, this.opts.kind.freeRunning ? first : done);
   }
 
   async trainStep(batch: Batch, lr: number): Promise<StepReport> {
@@ -343,30 +339,11 @@ export class PipelineStrategy implements Strategy {
 
   async evaluate(batches: Batch[]): Promise<Evaluation> {
     await this.settle();
-    const sched = this.opts.kind.eval;
-    const sums = new Array<number>(this.workers.length).fill(0);
-    const counts = new Array<number>(this.workers.length).fill(0);
-    const metrics = new MetricMeans();
-    for (const b of batches) {
-      const { all } = this.dispatch(sched, b, 0);
-      const rs = await all;
-      metrics.add(rs[rs.length - 1]!.metrics);
-      rs.forEach((r, i) => {
-        for (const l of r.losses) {
-          sums[i] += l;
-          counts[i]++;
-        }
-      });
-    }
-    const means = sums.map((s, i) => (counts[i] ? s / counts[i] : NaN));
-    const m = metrics.means();
-    return {
-      loss: means[means.length - 1],
-      ...(m ? { metrics: m } : {}),
-      ...(this.opts.kind.labelsOnEveryStage && means.length > 1
-        ? { auxLosses: means.slice(0, -1) }
-        : {}),
-    };
+    return evaluateBatches(
+      batches,
+      (b) => this.dispatch(this.opts.kind.eval, b, 0).all,
+      this.opts.kind.labelsOnEveryStage,
+    );
   }
 
   async getParams(): Promise<HostParams> {
@@ -406,20 +383,4 @@ export class PipelineStrategy implements Strategy {
     // one at a time: GPU drivers (Mesa under Dawn) crashed when two device threads tore down at once
     for (const w of this.workers) await w.terminate();
   }
-}
-
-/** Mean loss and per-stage measurements of one step. */
-function report(results: StageStepResult[]): StepReport {
-  const losses = results[results.length - 1].losses;
-  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-  return {
-    loss: mean(losses),
-    stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
-    peakBytes: results.map((r) => r.peakBytes),
-    heapBytes: results.map((r) => r.heapBytes),
-    stageSeconds: results.map((r) => r.ms / 1000),
-    bubble: results.map((r) => (r.ms > 0 ? waitingMs(r.trace) / r.ms : 0)),
-    traces: results.map((r) => r.trace),
-    startedAt: results.map((r) => r.startedAt),
-  };
 }

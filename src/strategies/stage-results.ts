@@ -1,0 +1,88 @@
+/**
+ * What the runners that send schedules to devices share (pipeline.ts: single, gpipe, local;
+ * l2l.ts): a mini-batch cut into the micro-batches a step carries, a step's report from its
+ * stages' results, the evaluation over validation batches, and a submitted step.
+ */
+import type { Batch } from '../data/batcher.js';
+import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
+import { waitingMs } from '../pipeline/executor.js';
+import type { StageStepResult } from '../runtime/protocol.js';
+import {
+  type Evaluation,
+  MetricMeans,
+  type StepReport,
+  type Submission,
+} from './strategy.js';
+
+/** A mini-batch's inputs and labels, each cut into `m` micro-batches. */
+export function microBatchesOf(
+  batch: Batch,
+  m: number,
+): { inputs: HostTensor[]; labels: HostTensor[] } {
+  return {
+    inputs: splitMicroBatches({ data: batch.x, shape: batch.xShape }, m),
+    labels: splitMicroBatches({ data: batch.y, shape: batch.yShape }, m),
+  };
+}
+
+const mean = (xs: readonly number[]): number =>
+  xs.reduce((a, b) => a + b, 0) / xs.length;
+
+/**
+ * One step's report from its stages' results, in stage order: the loss is the last stage's
+ * mean over micro-batches; each stage's bubble is its time waiting (receives, the norm
+ * all-reduce, L2L's parameter server) over its step time.
+ */
+export function stepReport(results: readonly StageStepResult[]): StepReport {
+  return {
+    loss: mean(results[results.length - 1]!.losses),
+    stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
+    peakBytes: results.map((r) => r.peakBytes),
+    heapBytes: results.map((r) => r.heapBytes),
+    stageSeconds: results.map((r) => r.ms / 1000),
+    bubble: results.map((r) => (r.ms > 0 ? waitingMs(r.trace) / r.ms : 0)),
+    traces: results.map((r) => r.trace),
+    startedAt: results.map((r) => r.startedAt),
+  };
+}
+
+/**
+ * Evaluates batch after batch, `run` giving one batch's stage results (of an evaluation
+ * schedule): the loss and metrics are the last stage's means over every micro-batch; with
+ * `auxLosses` (local parallelism's auxiliary heads), also every other stage's mean loss.
+ */
+export async function evaluateBatches(
+  batches: readonly Batch[],
+  run: (b: Batch) => Promise<readonly StageStepResult[]>,
+  auxLosses: boolean,
+): Promise<Evaluation> {
+  let losses: number[][] = [];
+  const metrics = new MetricMeans();
+  for (const b of batches) {
+    const rs = await run(b);
+    if (!losses.length) losses = rs.map(() => []);
+    metrics.add(rs[rs.length - 1]!.metrics);
+    rs.forEach((r, i) => losses[i]!.push(...r.losses));
+  }
+  const means = losses.map((ls) => (ls.length ? mean(ls) : NaN));
+  const m = metrics.means();
+  return {
+    loss: means.length ? means[means.length - 1]! : NaN,
+    ...(m ? { metrics: m } : {}),
+    ...(auxLosses && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}),
+  };
+}
+
+/**
+ * A submitted step: `done` gives its report; `accepted` (default: `done`) says when the next
+ * step may be submitted. Neither becomes an unhandled rejection: callers may await only one.
+ */
+export function submission(
+  done: Promise<StepReport>,
+  accepted: Promise<unknown> = done,
+): Submission {
+  done.catch(() => undefined);
+  const a = accepted.then(() => undefined);
+  a.catch(() => undefined);
+  return { accepted: a, done };
+}
