@@ -68,6 +68,7 @@ export const local: StrategySpec = {
   help: 'local parallelism: a local loss (auxiliary head) per stage, stages update on their own, only activations travel',
   exact: false,
   oneDevice: false,
+  stageLosses: true,
   async create(cfg, model, params, ranges) {
     ranges.slice(0, -1).forEach((r, i) => {
       if (cfg.overlap >= r.to - r.from) {

@@ -35,6 +35,8 @@ export interface StrategySpec {
   readonly exact: boolean;
   /** Whether it runs on exactly one device (single, l2l); else on `--stages` devices (K >= 2 to plan). */
   readonly oneDevice: boolean;
+  /** Whether every stage has a loss of its own (local parallelism): the metrics record each stage's, and a non-finite one is named by its stage. */
+  readonly stageLosses?: boolean;
   /**
    * Checks the resolved configuration's strategy-specific flags before anything is loaded.
    * Throws {@link LayerwiseError} naming the flag and the fix.

@@ -30,6 +30,7 @@ import { parseDevices } from '../runtime/devices.js';
 import {
   createStrategy,
   resolveStages,
+  specOf,
   validateStrategy,
 } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
@@ -291,6 +292,7 @@ async function run(
     budget: p.budget,
   });
 
+  const spec = specOf(cfg.strategy);
   const strategy: Strategy = await createStrategy(cfg, model, p.params, ranges);
   const log = new MetricsLog(cfg.out);
   const stats = { ...p.stats };
@@ -365,7 +367,7 @@ async function run(
       if (!Number.isFinite(r.loss)) {
         const st = r.stageLosses.findIndex((l) => !Number.isFinite(l));
         const where =
-          cfg.strategy === 'local' && st >= 0
+          spec.stageLosses && st >= 0
             ? ` (first in the local loss of stage ${st})`
             : '';
         throw new NumericFaultError(`loss became ${r.loss}${where}`).at(
@@ -410,7 +412,7 @@ async function run(
         ...(r.heapBytes?.every((h) => h !== undefined)
           ? { wasm_heap_bytes: r.heapBytes as number[] }
           : {}),
-        ...(cfg.strategy === 'local' ? { stage_losses: r.stageLosses } : {}),
+        ...(spec.stageLosses ? { stage_losses: r.stageLosses } : {}),
       };
       if (due(done, cfg.evalEvery)) {
         const ev = await strategy.evaluate(valBatches);
@@ -493,7 +495,7 @@ async function run(
     preset: cfg.preset,
     params: nParams,
     stages: ranges.length,
-    micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
+    micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
     rematerialization: cfg.remat,
     schedule: cfg.schedule,
     balance: ranges.map((r) => r.to - r.from),
