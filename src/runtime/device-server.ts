@@ -2,7 +2,8 @@
  * A device in its own process, on this host or another: a gRPC server (`layerwise worker
  * --listen HOST:PORT`) that one coordinator at a time drives. The coordinator opens a 'control'
  * link and sends the same requests a worker thread gets; the previous stage's device opens a
- * 'peer' link for activations and gradients. The process's main thread only moves bytes: the
+ * 'peer' link for activations and gradients (or, for a worker-thread neighbour, which has no
+ * server, the coordinator opens it on the thread's behalf: 'peer' or 'next-peer'). The process's main thread only moves bytes: the
  * stage computes in a worker thread (runtime/worker.js, as a thread device does) bridged to the
  * links by MessagePorts, so the network is read and written while the stage computes (a
  * computing thread cannot answer HTTP/2 flow control, which serialised transfer and compute). A link that does not
@@ -12,10 +13,11 @@
  */
 
 import { timingSafeEqual } from 'node:crypto';
-import { MessageChannel, type MessagePort, Worker } from 'node:worker_threads';
+import { type MessagePort, Worker } from 'node:worker_threads';
 import * as grpc from '@grpc/grpc-js';
 import { ownedBuffers } from './channel.js';
 import {
+  bridgeToPort,
   DEVICE_SERVICE,
   dial,
   LINK_OPTIONS,
@@ -72,8 +74,10 @@ export async function startDeviceServer(
   const log = o.log ?? (() => undefined);
   const server = new grpc.Server(LINK_OPTIONS);
   let busy = false;
-  let peerWaiter: ((p: StreamPort) => void) | null = null;
-  let pendingPeer: StreamPort | null = null;
+  // a neighbour's link per side of the stage: waited for by init, or arrived before it
+  type Side = 'prev' | 'next';
+  const peerWaiter: Partial<Record<Side, (p: StreamPort) => void>> = {};
+  const pendingPeer: Partial<Record<Side, StreamPort>> = {};
   let finish!: () => void;
   const done = new Promise<void>((r) => (finish = r));
   const close = async () => {
@@ -109,9 +113,12 @@ export async function startDeviceServer(
           `version mismatch: this device runs layerwise ${VERSION}, the peer ${version || 'an unknown version'}; run the same version everywhere`,
         );
       const port = new StreamPort(call);
-      if (role === 'peer') {
-        if (peerWaiter) peerWaiter(port);
-        else pendingPeer = port;
+      if (role === 'peer' || role === 'next-peer') {
+        // 'peer': the previous stage dialled this device; 'next-peer': the next stage did
+        const side: Side = role === 'peer' ? 'prev' : 'next';
+        const waiter = peerWaiter[side];
+        if (waiter) waiter(port);
+        else pendingPeer[side] = port;
         return;
       }
       if (role !== 'control')
@@ -138,7 +145,8 @@ export async function startDeviceServer(
         for (const l of peers) l.end();
         port.end();
         busy = false;
-        pendingPeer = null;
+        delete pendingPeer.prev;
+        delete pendingPeer.next;
         log(`run ended: ${why}`);
         if (o.once) void close();
       };
@@ -174,34 +182,26 @@ export async function startDeviceServer(
           peer = d.port;
         } else {
           peer =
-            pendingPeer ??
+            pendingPeer[side] ??
             (await new Promise<StreamPort>((resolve, reject) => {
               const timer = setTimeout(() => {
-                peerWaiter = null;
+                delete peerWaiter[side];
                 reject(
                   new Error(
-                    `the previous stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`,
+                    `the ${side === 'prev' ? 'previous' : 'next'} stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`,
                   ),
                 );
               }, ACCEPT_TIMEOUT_MS);
-              peerWaiter = (p) => {
+              peerWaiter[side] = (p) => {
                 clearTimeout(timer);
-                peerWaiter = null;
+                delete peerWaiter[side];
                 resolve(p);
               };
             }));
-          pendingPeer = null;
+          delete pendingPeer[side];
         }
         peers.push(peer);
-        const { port1, port2 } = new MessageChannel();
-        peer.on('message', (m) => port1.postMessage(m, ownedBuffers(m)));
-        port1.on('message', (m) => peer.postMessage(m));
-        peer.onClose((why) => {
-          if (!ended)
-            port1.postMessage({ type: 'link-lost', side, why: why.message });
-          port1.close();
-        });
-        return port2;
+        return bridgeToPort(peer, side, () => !ended);
       };
       // the coordinator's requests go to the stage thread; init's remote links become MessagePorts first
       let queue = Promise.resolve();

@@ -4,8 +4,9 @@
  * backend, threads and environment: `process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`),
  * or a device server another host runs (`HOST:PORT`, started there with `layerwise worker
  * --listen`; its own backend and threads: `HOST:PORT/backend=native+threads=8`).
- * Schedules, stages, the executor and the strategies are the same on every kind; only the
- * channel's transport differs (MessagePorts between threads, gRPC links between processes).
+ * One list may mix the kinds. Schedules, stages, the executor and the strategies are the same
+ * on every kind; only the channel's transport differs (runtime/links.ts: MessagePorts between
+ * threads, gRPC links between processes, bridged to a MessagePort for a thread).
  */
 
 import { readFileSync } from 'node:fs';
@@ -13,7 +14,6 @@ import { BACKENDS } from '../backend/names.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { type Device, StageWorker } from './device.js';
 import type { TlsFiles } from './grpc-link.js';
-import type { RemoteLink } from './protocol.js';
 import {
   newRunToken,
   RemoteDevice,
@@ -113,26 +113,19 @@ export function parseDevices(
   });
 }
 
-/** Whether every device is a worker thread (neighbours linked by MessagePorts). */
-export const allThreads = (specs: readonly DeviceSpec[]): boolean =>
-  specs.every((s) => s.kind === 'thread');
-
 /**
- * Starts or connects the devices. Threads and processes of other hosts cannot be neighbours
- * (a thread has no server to accept a link), so a run uses threads only, or none.
- * `token`: the run's shared token; for `HOST:PORT` devices it must be the one their workers
- * were started with (LAYERWISE_TOKEN); spawned processes get a fresh one when it is undefined.
- * @throws LayerwiseError for a mix of threads and other devices, or a remote host without a token.
+ * Starts or connects the devices, of any mix of kinds (runtime/links.ts links neighbours
+ * whatever they are). `token`: the run's shared token; for `HOST:PORT` devices it must be the
+ * one their workers were started with (LAYERWISE_TOKEN); spawned processes get a fresh one
+ * when it is undefined.
+ * @throws LayerwiseError for a remote host without a token.
  */
 export async function openDevices(
   specs: readonly DeviceSpec[],
   token = process.env.LAYERWISE_TOKEN,
 ): Promise<Device[]> {
-  if (allThreads(specs)) return specs.map((_, i) => new StageWorker(i));
-  check(
-    specs.every((s) => s.kind !== 'thread'),
-    '--devices mixes thread with process or HOST:PORT devices; use processes for every stage (or threads for every stage)',
-  );
+  if (specs.every((s) => s.kind === 'thread'))
+    return specs.map((_, i) => new StageWorker(i));
   const hosts = specs.some((s) => s.kind === 'host');
   if (hosts && !token)
     throw new LayerwiseError(
@@ -141,18 +134,15 @@ export async function openDevices(
   const runToken = token ?? newRunToken();
   const tls = tlsFromEnv();
   const opened = await Promise.allSettled(
-    specs.map((s, i) =>
-      s.kind === 'process'
-        ? spawnDeviceProcess(i, runToken, s.env)
-        : Promise.resolve(
-            new RemoteDevice(
-              i,
-              (s as { address: string }).address,
-              runToken,
-              undefined,
-              tls,
-            ),
-          ),
+    specs.map(
+      (s, i): Promise<Device> =>
+        s.kind === 'thread'
+          ? Promise.resolve(new StageWorker(i))
+          : s.kind === 'process'
+            ? spawnDeviceProcess(i, runToken, s.env)
+            : Promise.resolve(
+                new RemoteDevice(i, s.address, runToken, undefined, tls),
+              ),
     ),
   );
   const failed = opened.find((r) => r.status === 'rejected');
@@ -188,16 +178,4 @@ function tlsFromEnv(): TlsFiles | undefined {
   return ca
     ? { ca, cert: read('LAYERWISE_TLS_CERT'), key: read('LAYERWISE_TLS_KEY') }
     : undefined;
-}
-
-/** The gRPC links of stage `i` of `k` remote devices: accept the previous stage's, dial the next's. */
-export function remoteLinks(
-  devices: readonly Device[],
-  i: number,
-): { prev?: RemoteLink; next?: RemoteLink } {
-  const next = devices[i + 1];
-  return {
-    ...(i > 0 ? { prev: { accept: true as const } } : {}),
-    ...(next ? { next: { connect: (next as RemoteDevice).address } } : {}),
-  };
 }

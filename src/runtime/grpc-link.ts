@@ -8,16 +8,17 @@
  * later frames wait for 'drain' in order.
  *
  * Every link carries metadata: the run's shared token, layerwise's version and the link's role
- * ('control': the coordinator's request/reply link to a device; 'peer': a stage's link to the
- * next stage, direct, not through the coordinator). Keepalive pings every second, answered
+ * ('control': the coordinator's request/reply link to a device; 'peer' and 'next-peer': a
+ * stage's link to its neighbour stage, see {@link LinkRole}). Keepalive pings every second, answered
  * within {@link KEEPALIVE_TIMEOUT_MS}, turn a dead host or a cut network into an error within
  * seconds, never a hang.
  */
 
 import { createRequire } from 'node:module';
 import { deserialize, serialize } from 'node:v8';
+import { MessageChannel, type MessagePort } from 'node:worker_threads';
 import * as grpc from '@grpc/grpc-js';
-import type { PortLike } from './channel.js';
+import { ownedBuffers, type PortLike } from './channel.js';
 
 /** layerwise's version (package.json), which a device and its coordinator must share. */
 export const VERSION: string = (
@@ -166,8 +167,42 @@ export interface TlsFiles {
   requireClientCert?: boolean;
 }
 
-/** The role of a link, sent in its metadata. */
-export type LinkRole = 'control' | 'peer';
+/**
+ * The role of a link, sent in its metadata: 'control', the coordinator's; 'peer', the previous
+ * stage's link to the device it dials; 'next-peer', the next stage's link to the device it
+ * dials (a coordinator's, for a worker-thread device after a device server: see
+ * remote-device.ts `bridgedLink`).
+ */
+export type LinkRole = 'control' | 'peer' | 'next-peer';
+
+/**
+ * A peer link bridged to a MessagePort, for a stage thread that speaks MessagePorts: the link's
+ * messages go to the port (their typed arrays' buffers moved, not copied) and the port's to the
+ * link. When the link ends while `live()`, the port hears `{type: 'link-lost', side, why}`,
+ * which runtime/worker.ts turns into a failed channel naming the `side` stage. Returns the
+ * port to hand to the stage thread.
+ */
+export function bridgeToPort(
+  peer: StreamPort,
+  side: 'prev' | 'next',
+  live: () => boolean = () => true,
+): MessagePort {
+  const { port1, port2 } = new MessageChannel();
+  peer.on('message', (m) => port1.postMessage(m, ownedBuffers(m)));
+  port1.on('message', (m) => {
+    try {
+      peer.postMessage(m);
+    } catch {
+      // the link is gone: the stage hears of it through 'link-lost'
+    }
+  });
+  peer.onClose((why) => {
+    if (live())
+      port1.postMessage({ type: 'link-lost', side, why: why.message });
+    port1.close();
+  });
+  return port2;
+}
 
 /**
  * Opens a link to the device server at `address` (HOST:PORT) in `role`, presenting `token`

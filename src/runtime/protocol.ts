@@ -9,8 +9,9 @@ import type { StageKindRef } from '../pipeline/stage-kind.js';
 import type { Action } from '../schedule/schedule.js';
 
 /**
- * A stage-to-stage link between devices in different processes (runtime/grpc-link.ts): dial the
- * next stage's device at `connect` (HOST:PORT), or accept the previous stage's link.
+ * A stage-to-stage link of a device server (runtime/grpc-link.ts): dial the next stage's device
+ * at `connect` (HOST:PORT), or accept the neighbour's link (the previous stage's device, or this
+ * coordinator dialling for a worker-thread neighbour; see runtime/links.ts).
  */
 export type RemoteLink = { connect: string } | { accept: true };
 
@@ -33,9 +34,9 @@ export interface StageInit {
   strategy?: string;
   /** What the out-of-memory message suggests (the strategy's advice). */
   oomAdvice?: string;
-  /** Link to the previous stage (absent on the first stage): a MessagePort between threads, or a gRPC link it accepts. */
+  /** Link to the previous stage (absent on the first stage): a MessagePort (a thread's), or a gRPC link it accepts. */
   prev?: MessagePort | RemoteLink;
-  /** Link to the next stage (absent on the last stage): a MessagePort, or the next device's address to dial. */
+  /** Link to the next stage (absent on the last stage): a MessagePort, the next device's address to dial, or a link it accepts. */
   next?: MessagePort | RemoteLink;
 }
 

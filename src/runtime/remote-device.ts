@@ -10,10 +10,16 @@ import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
+import type { MessagePort } from 'node:worker_threads';
 import type * as grpc from '@grpc/grpc-js';
 import { Channel } from './channel.js';
 import { Device, StageError } from './device.js';
-import { dial, type StreamPort, type TlsFiles } from './grpc-link.js';
+import {
+  bridgeToPort,
+  dial,
+  type StreamPort,
+  type TlsFiles,
+} from './grpc-link.js';
 
 /** A fresh random token for the devices a coordinator spawns itself. */
 export const newRunToken = (): string => randomBytes(24).toString('base64url');
@@ -22,6 +28,9 @@ export class RemoteDevice extends Device {
   protected readonly ch: Channel;
   private readonly port: StreamPort;
   private readonly client: grpc.Client;
+  /** Links this coordinator opened to the device on a worker-thread neighbour's behalf. */
+  private readonly bridged: Array<{ port: StreamPort; client: grpc.Client }> =
+    [];
   readonly where: string;
 
   /**
@@ -31,9 +40,9 @@ export class RemoteDevice extends Device {
   constructor(
     index: number,
     readonly address: string,
-    token: string,
+    private readonly token: string,
     private readonly child?: ChildProcess,
-    tls?: TlsFiles,
+    private readonly tls?: TlsFiles,
   ) {
     super(index);
     this.where = child
@@ -81,10 +90,33 @@ export class RemoteDevice extends Device {
     });
   }
 
+  /**
+   * A link to this device's stage for its neighbour on `side` when that neighbour is a worker
+   * thread of this process, which has no server to accept a link and speaks MessagePorts: this
+   * coordinator dials the device in the neighbour's place and bridges the link to the
+   * MessagePort it returns, for the thread's init. The device's init must accept on `side`
+   * (`{ accept: true }`). The link closes with this device.
+   */
+  bridgedLink(side: 'prev' | 'next'): MessagePort {
+    const role = side === 'prev' ? 'peer' : 'next-peer';
+    const d = dial(this.address, role, this.token, this.tls);
+    this.bridged.push(d);
+    // the thread's side: this device is its next stage when the thread is this one's previous
+    return bridgeToPort(
+      d.port,
+      side === 'prev' ? 'next' : 'prev',
+      () => !this.closed,
+    );
+  }
+
   async terminate(): Promise<void> {
     if (!this.closed)
       this.ch.fail(new StageError(this.index, 'device was stopped'));
     this.closed = true;
+    for (const b of this.bridged.splice(0)) {
+      b.port.end();
+      b.client.close();
+    }
     this.port.end();
     this.client.close();
     if (

@@ -1,6 +1,6 @@
 /**
  * Devices beyond one process: gpipe (K = 2, 3) and local over child processes equal the same
- * runs over worker threads; a device killed with SIGKILL mid-step stops the run within seconds
+ * runs over worker threads, and so do lists that mix threads, processes and hosts; a device killed with SIGKILL mid-step stops the run within seconds
  * naming the stage and leaves no process behind; a device that stops answering (a cut link,
  * simulated with SIGSTOP) times out; a worker refuses a coordinator with the wrong token or
  * another version; links over TLS (test certificates made with openssl) train as threads do.
@@ -101,6 +101,47 @@ test('gpipe K=2 and K=3 and local K=2 over child processes equal the same runs o
       d <= 1e-4,
       `${what}: parameters over processes differ from threads by ${d}`,
     );
+  }
+  assert.deepEqual(devicePids(), [], 'no device process outlives its run');
+});
+
+test('one --devices list mixes threads, processes and hosts: thread,process equals thread,thread; process,thread,HOST:PORT equals threads', async () => {
+  // a device server in this process stands for another host (its stage runs in a worker thread)
+  const server = await startDeviceServer({ port: 0, token: 'mixed-token' });
+  const env = { ...process.env };
+  try {
+    process.env.LAYERWISE_TOKEN = 'mixed-token';
+    const cases: Array<[string, string, Partial<TrainConfig>]> = [
+      [
+        'thread,process',
+        'thread,thread',
+        { strategy: 'gpipe', stages: 2, microBatches: 2 },
+      ],
+      [
+        // a process before a thread, a thread before a host: both bridged by the coordinator
+        `process,thread,${server.address}`,
+        'thread,thread,thread',
+        { strategy: 'gpipe', stages: 3, microBatches: 4, schedule: '1f1b' },
+      ],
+    ];
+    for (const [devices, reference, o] of cases) {
+      const threads = await run({ ...o, devices: reference });
+      const mixed = await run({ ...o, devices });
+      assert.deepEqual(
+        mixed.losses,
+        threads.losses,
+        `${devices}: the losses of ${reference}`,
+      );
+      const d = maxParamDiff(mixed.params, threads.params);
+      assert.equal(
+        d,
+        0,
+        `${devices}: parameters differ from ${reference}'s by ${d}`,
+      );
+    }
+  } finally {
+    process.env = env;
+    await server.close();
   }
   assert.deepEqual(devicePids(), [], 'no device process outlives its run');
 });

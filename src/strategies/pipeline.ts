@@ -8,7 +8,6 @@
  * stage kind, where labels go and whether stages run free across mini-batches.
  */
 
-import { MessageChannel, type MessagePort } from 'node:worker_threads';
 import type { Batch } from '../data/batcher.js';
 import type { HostTensor } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
@@ -22,12 +21,11 @@ import type { StageRange } from '../partition/balance.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 import { type Device, StageError } from '../runtime/device.js';
 import {
-  allThreads,
   type DeviceOptions,
   type DeviceSpec,
   openDevices,
-  remoteLinks,
 } from '../runtime/devices.js';
+import { linkNeighbours } from '../runtime/links.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
 import type { Schedule } from '../schedule/schedule.js';
@@ -148,8 +146,8 @@ export class PipelineStrategy implements Strategy {
   }
 
   /**
-   * Starts one worker per stage, links neighbours with MessageChannels and uploads each stage's
-   * initial parameters. Throws (after stopping the workers) if any stage fails to start.
+   * Starts one device per stage, links neighbours (runtime/links.ts, whatever the devices are)
+   * and uploads each stage's initial parameters. Throws (after stopping the workers) if any stage fails to start.
    */
   static async create(
     opts: PipelineOptions,
@@ -164,30 +162,14 @@ export class PipelineStrategy implements Strategy {
     const workers = await openDevices(specs);
     const s = new PipelineStrategy(opts, workers);
     try {
-      // neighbours: MessagePorts between threads, direct gRPC links between processes
-      const threads = allThreads(specs);
-      const ports = threads
-        ? Array.from({ length: k - 1 }, () => new MessageChannel())
-        : [];
+      const links = linkNeighbours(workers);
       await Promise.all(
         workers.map((w, i) => {
           const r = opts.ranges[i];
           const own: Record<string, Float32Array> = {};
           for (const [key, v] of params)
             if (ownerStage(key, opts.ranges) === i) own[key] = v.slice();
-          const { prev, next } = threads
-            ? {
-                prev: i > 0 ? ports[i - 1].port2 : undefined,
-                next: i < k - 1 ? ports[i].port1 : undefined,
-              }
-            : remoteLinks(workers, i);
-          const transfer = threads
-            ? [
-                ...Object.values(own).map((a) => a.buffer as ArrayBuffer),
-                ...(prev ? [prev as MessagePort] : []),
-                ...(next ? [next as MessagePort] : []),
-              ]
-            : [];
+          const { prev, next, transfer } = links[i]!;
           return w.call(
             'init',
             {
@@ -205,7 +187,10 @@ export class PipelineStrategy implements Strategy {
               strategy: opts.name,
               oomAdvice: opts.oomAdvice,
             },
-            transfer,
+            [
+              ...Object.values(own).map((a) => a.buffer as ArrayBuffer),
+              ...transfer,
+            ],
           );
         }),
       );
