@@ -12,6 +12,7 @@ import '@tensorflow/tfjs';
 import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { check, LayerwiseError } from '../util/errors.js';
+import { registerComposedKernels } from './composed-kernels.js';
 import { registerMatMulGrad } from './matmul-grad.js';
 import { BACKENDS, type BackendName } from './names.js';
 import {
@@ -40,6 +41,10 @@ function registerExtensions(): void {
   registerWasmLayoutKernels();
   registerWasmMatMul();
   registerMatMulGrad();
+  // layerwise's own ops (kernel-names.ts) composed of stock ops on every backend but native,
+  // which registers its own kernels (and copies the cpu backend's for any it lacks)
+  for (const name of BACKENDS)
+    if (name !== 'native') registerComposedKernels(name);
   registered = true;
 }
 
@@ -87,7 +92,8 @@ async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
  * Select and initialise the TF.js backend `name` for the calling thread, then register
  * layerwise's wasm kernels (UnsortedSegmentSum, Conv2DBackpropFilter, fast BatchMatMul and
  * _FusedMatMul) and its broadcasting matMul gradient, once per thread (safe to call again, e.g.
- * to switch backend).
+ * to switch backend), and the composed form of each of layerwise's own kernels
+ * (backend/composed-kernels.ts) where this backend has none of its own.
  *
  * `opts.threads`: for 'wasm', the XNNPACK thread count, effective only where the multithreaded
  * wasm binary loads (browsers with cross-origin isolation; Node loads the single-threaded SIMD

@@ -1,7 +1,9 @@
 /**
- * Kernels layerwise adds to TF.js (not stock kernels): a backend that registers one runs the
- * fused version; elsewhere the model composes the same math from stock ops. Today only the native
- * backend (backend/native.ts) registers them.
+ * Kernels layerwise adds to TF.js (not stock kernels). The model calls each forward/gradient pair
+ * as one op (model/layers.ts); the native backend registers its own C++ kernels
+ * (backend/native.ts), every other backend the composed form of stock ops
+ * (backend/composed-kernels.ts), under the same names. The optimizer's fused updates (ADAMW_KERNEL,
+ * SGD_KERNEL) are native only: optim/optimizer.ts composes the update where they are missing.
  */
 
 /** GELU, tanh approximation (model/layers.ts gelu): inputs {x}. */

@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as tf from '@tensorflow/tfjs-core';
+import { causalMask } from '../backend/composed-kernels.js';
 import { initBackend } from '../backend/index.js';
 import { assertClose } from '../testing/assert-close.js';
 import {
-  causalMask,
   causalSelfAttention,
   gelu,
   layerNorm,
@@ -47,6 +47,38 @@ const reference = {
       tf.add(tf.mul(s, scale), causalMask(s.shape[s.rank - 1]!)),
       -1,
     );
+  },
+  attention(x: tf.Tensor, heads: number, ...w: tf.Tensor[]): tf.Tensor {
+    const [B, T, D] = x.shape as [number, number, number];
+    const dh = D / heads;
+    const [wqkv, bqkv, wo, bo] = w as [
+      tf.Tensor,
+      tf.Tensor,
+      tf.Tensor,
+      tf.Tensor,
+    ];
+    const proj = (a: tf.Tensor, m: tf.Tensor, b: tf.Tensor, n: number) =>
+      tf.reshape(
+        tf.add(tf.matMul(tf.reshape(a, [-1, D]), m as tf.Tensor2D), b),
+        [B, T, n],
+      );
+    const qkv = tf.reshape(proj(x, wqkv, bqkv, 3 * D), [B, T, 3, heads, dh]);
+    const [q, k, v] = tf
+      .unstack(tf.transpose(qkv, [2, 0, 3, 1, 4]), 0)
+      .map((t) => tf.reshape(t, [B * heads, T, dh])) as [
+      tf.Tensor,
+      tf.Tensor,
+      tf.Tensor,
+    ];
+    const p = reference.maskedSoftmax(
+      tf.matMul(q, k, false, true),
+      1 / Math.sqrt(dh),
+    );
+    const ctx = tf.transpose(
+      tf.reshape(tf.matMul(p, v), [B, heads, T, dh]),
+      [0, 2, 1, 3],
+    );
+    return proj(tf.reshape(ctx, [B, T, D]), wo, bo, D);
   },
   softmaxCrossEntropy(logits: tf.Tensor, labels: tf.Tensor): tf.Scalar {
     const v = logits.shape[logits.shape.length - 1]!;
@@ -112,6 +144,18 @@ const cases: Case[] = [
     ours: (s) => maskedSoftmax(s!, 0.3),
     ref: (s) => reference.maskedSoftmax(s!, 0.3),
     inputs: () => [tf.tensor(values(3 * 6 * 6, 6, 5), [3, 6, 6])],
+  },
+  {
+    name: 'causalSelfAttention',
+    ours: (x, ...w) => causalSelfAttention(x!, 2, w[0]!, w[1]!, w[2]!, w[3]!),
+    ref: (x, ...w) => reference.attention(x!, 2, ...w),
+    inputs: () => [
+      tf.tensor(values(2 * 5 * 8, 41), [2, 5, 8]),
+      tf.tensor(values(8 * 24, 42, 0.5), [8, 24]),
+      tf.tensor(values(24, 43), [24]),
+      tf.tensor(values(8 * 8, 44, 0.5), [8, 8]),
+      tf.tensor(values(8, 45), [8]),
+    ],
   },
   {
     name: 'softmaxCrossEntropy',

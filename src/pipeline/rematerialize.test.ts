@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
+import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
 import { initParams } from '../model/init.js';
 import { dense, softmaxCrossEntropy } from '../model/layers.js';
@@ -13,7 +14,7 @@ import {
 } from './rematerialize.js';
 
 before(async () => {
-  await tf.setBackend('cpu');
+  await initBackend('cpu');
 });
 
 type Fn = (...xs: tf.Tensor[]) => tf.Tensor;
