@@ -86,8 +86,8 @@ const ROOT_CAUSE_WAIT_MS = 2000;
  * The error to report for a failed step: a lost device (its process died, its link was cut:
  * a StageError the device handle raised, without a cause from inside the stage) rather than a
  * neighbour's complaint that its link to that device broke, which often arrives first.
- * Waits up to {@link ROOT_CAUSE_WAIT_MS} for the other stages to fail too, only after such a
- * complaint.
+ * Only after such a complaint, waits up to {@link ROOT_CAUSE_WAIT_MS} for another stage's
+ * device-lost error (returned as soon as it arrives).
  */
 async function rootCause(
   calls: ReadonlyArray<Promise<unknown>>,
@@ -99,20 +99,24 @@ async function rootCause(
     !/the link to the (next|previous) stage was lost/.test(first.message)
   )
     return first;
-  const settled = await Promise.race([
-    Promise.allSettled(calls),
-    new Promise<null>((r) =>
-      setTimeout(() => r(null), ROOT_CAUSE_WAIT_MS).unref(),
+  const isRoot = (e: unknown): boolean =>
+    e instanceof StageError && e.causeName === undefined;
+  // the first device-lost error among the other stages, as soon as one arrives (a stage still
+  // waiting for its lost neighbour may never settle), else `first` once all have settled or
+  // the wait is over
+  const root = await Promise.race([
+    ...calls.map((c) =>
+      c.then(
+        () => new Promise<never>(() => undefined),
+        (e: unknown) => (isRoot(e) ? e : new Promise<never>(() => undefined)),
+      ),
+    ),
+    Promise.allSettled(calls).then(() => first),
+    new Promise<unknown>((r) =>
+      setTimeout(() => r(first), ROOT_CAUSE_WAIT_MS).unref(),
     ),
   ]);
-  if (!settled) return first;
-  const errors = settled
-    .filter((r): r is PromiseRejectedResult => r.status === 'rejected')
-    .map((r) => r.reason as unknown);
-  return (
-    errors.find((e) => e instanceof StageError && e.causeName === undefined) ??
-    first
-  );
+  return root;
 }
 
 /** The stage that owns a parameter key (`<block>.<name>` or `aux<stage>.<name>`). */
