@@ -81,7 +81,12 @@ export async function build(outDir = join(root, 'dist-web')) {
   return outDir;
 }
 
-if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
-  const out = await build(process.argv[2] ? resolve(process.argv[2]) : undefined);
+if (
+  process.argv[1] &&
+  resolve(process.argv[1]) === fileURLToPath(import.meta.url)
+) {
+  const out = await build(
+    process.argv[2] ? resolve(process.argv[2]) : undefined,
+  );
   console.log(`built the page into ${out}`);
 }

@@ -10,10 +10,14 @@
  * For tests, `window.layerwise` holds the run's state, metrics lines and summary.
  */
 import 'uplot/dist/uPlot.min.css';
+import * as tf from '@tensorflow/tfjs-core';
 import uPlot from 'uplot';
+import { initBackend } from '../src/backend/index.js';
+import { paramKey } from '../src/model/block.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
-import { runInPage } from './run.js';
+import { generateText } from '../src/train/sample.js';
+import { type PageRunResult, runInPage } from './run.js';
 
 type State = 'idle' | 'running' | 'stopping' | 'done' | 'stopped' | 'error';
 
@@ -181,15 +185,69 @@ function download(name: string, text: string, type: string): HTMLAnchorElement {
   return a;
 }
 
+/**
+ * 300 characters sampled from the trained model after a newline (temperature 0.8, seed 0, as
+ * `layerwise sample` does), on this thread's cpu backend; '' for a model that is not a
+ * character model.
+ */
+async function sample(r: PageRunResult): Promise<string> {
+  if (r.model.config.arch !== 'charlm' || r.dataset.kind !== 'text') return '';
+  await initBackend('cpu');
+  return generateText({
+    model: r.model.config,
+    params: r.params,
+    vocab: r.dataset.vocab,
+    prompt: '\n',
+    length: 300,
+    temperature: 0.8,
+    seed: 0,
+  });
+}
+
+/**
+ * A button that downloads the trained model as TF.js files (tf.io.browserDownloads):
+ * layerwise-model.json (a tf.io weights manifest with the layerwise model configuration, as
+ * `layerwise export` writes for a preset) and layerwise-model.weights.bin (float32).
+ */
+function modelDownload(r: PageRunResult): HTMLButtonElement {
+  const button = document.createElement('button');
+  button.textContent = 'download the model (TF.js files)';
+  button.addEventListener('click', async () => {
+    const named = r.model.blocks.flatMap((b, bi) =>
+      b.params.map((p) => ({
+        name: `${b.name}/${p.name}`,
+        tensor: tf.tensor(r.params.get(paramKey(bi, p.name))!, p.shape),
+      })),
+    );
+    try {
+      const { data, specs } = await tf.io.encodeWeights(named);
+      // the browser's 'downloads://' handler is tf.io.browserDownloads
+      const [handler] = tf.io.getSaveHandlers('downloads://layerwise-model');
+      await handler!.save!({
+        modelTopology: { format: 'layerwise-weights', model: r.model.config },
+        format: 'layerwise-weights',
+        generatedBy: 'layerwise (browser page)',
+        weightSpecs: specs,
+        weightData: data,
+      });
+    } finally {
+      tf.dispose(named.map((n) => n.tensor));
+    }
+  });
+  return button;
+}
+
 let stopAsked = false;
 
 /** The run the form (or the URL) describes. */
 function formOptions() {
   const num = (id: string) => Number($<HTMLInputElement>(id).value);
+  const strategy = $<HTMLSelectElement>('strategy').value;
   return {
     preset: presetSel.value,
-    strategy: $<HTMLSelectElement>('strategy').value,
-    stages: num('stages'),
+    strategy,
+    // single and l2l run on one device: the stages field speaks for gpipe and local
+    stages: strategy === 'single' || strategy === 'l2l' ? 1 : num('stages'),
     microBatches: num('microBatches'),
     steps: num('steps'),
     backend: $<HTMLSelectElement>('backend').value as 'wasm' | 'webgpu',
@@ -233,7 +291,9 @@ async function start(): Promise<void> {
     });
     page.summary = r.summary;
     $('summary').textContent = JSON.stringify(r.summary, null, 2);
+    $('sample').textContent = await sample(r);
     $('downloads').append(
+      modelDownload(r),
       download(
         'metrics.jsonl',
         r.metrics.map((m) => `${JSON.stringify(m)}\n`).join(''),
@@ -298,5 +358,8 @@ if (!crossOriginIsolated)
 await detectBackends();
 const q = new URLSearchParams(location.search);
 if (q.get('backend') === 'webgpu' && !page.backends.includes('webgpu'))
-  say('webgpu was asked for, but this browser gives no WebGPU adapter: using wasm', true);
+  say(
+    'webgpu was asked for, but this browser gives no WebGPU adapter: using wasm',
+    true,
+  );
 if (fromUrl()) void start();

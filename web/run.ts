@@ -41,7 +41,11 @@ export interface PageRunOptions {
 /** Live progress of a run. */
 export interface PageRunHooks {
   /** Once, when the devices are up and before the first step. */
-  onStart?(info: { params: number; ranges: Array<{ from: number; to: number }>; dataset: string }): void;
+  onStart?(info: {
+    params: number;
+    ranges: Array<{ from: number; to: number }>;
+    dataset: string;
+  }): void;
   /** After each recorded step: its metrics line, its report, and the run's timeline so far. */
   onStep?(m: StepMetrics, report: StepReport, trace: TraceRecorder): void;
   /** Asked before each step: true ends the run after the steps already submitted. */
@@ -59,7 +63,7 @@ export interface PageRunResult {
   stopped: boolean;
 }
 
-/** How far above its running median a loss must be for the trainer to stop with an error. */
+/** Throws when a step's loss is not finite (NaN or infinite), with advice. */
 function checkFinite(loss: number, step: number, lr: number): void {
   if (!Number.isFinite(loss))
     throw new LayerwiseError(
@@ -133,6 +137,7 @@ export async function runInPage(
   let initialLoss: number | undefined;
   let valLoss = Number.NaN;
   let valMetrics: Partial<Summary> = {};
+  let valAux: number[] | undefined;
   let stopped = false;
   let done = 0;
   let params: HostParams;
@@ -189,11 +194,20 @@ export async function runInPage(
         const ev = await strategy.evaluate(valBatches);
         valLoss = ev.loss;
         m.val_loss = valLoss;
-        valMetrics =
-          ds.kind === 'text'
+        valMetrics = {
+          ...(ev.metrics?.accuracy !== undefined
+            ? { val_accuracy: ev.metrics.accuracy }
+            : {}),
+          // a character model's loss is nats per character
+          ...(ds.kind === 'text'
             ? { val_bpc: valLoss / Math.LN2, val_perplexity: Math.exp(valLoss) }
-            : {};
+            : {}),
+        };
         Object.assign(m, valMetrics);
+        if (ev.auxLosses) {
+          valAux = ev.auxLosses;
+          m.val_aux_losses = ev.auxLosses;
+        }
       }
       metrics.push(m);
       hooks.onStep?.(m, r, recorder);
@@ -222,6 +236,7 @@ export async function runInPage(
     final_loss: last?.loss ?? Number.NaN,
     val_loss: valLoss,
     ...valMetrics,
+    ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
     peak_device_bytes: peak,
     bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),

@@ -37,8 +37,12 @@ export const ISOLATION_HEADERS = {
 export async function serve({ dir, port = 0 }) {
   const root = resolve(dir);
   const server = createServer(async (req, res) => {
-    const path = decodeURIComponent(new URL(req.url ?? '/', 'http://x').pathname);
-    const file = normalize(join(root, path.endsWith('/') ? `${path}index.html` : path));
+    const path = decodeURIComponent(
+      new URL(req.url ?? '/', 'http://x').pathname,
+    );
+    const file = normalize(
+      join(root, path.endsWith('/') ? `${path}index.html` : path),
+    );
     if (!file.startsWith(root)) {
       res.writeHead(403, ISOLATION_HEADERS).end('forbidden');
       return;
@@ -52,7 +56,10 @@ export async function serve({ dir, port = 0 }) {
       });
       res.end(body);
     } catch {
-      res.writeHead(404, { ...ISOLATION_HEADERS, 'Content-Type': 'text/plain' });
+      res.writeHead(404, {
+        ...ISOLATION_HEADERS,
+        'Content-Type': 'text/plain',
+      });
       res.end(`not found: ${path}`);
     }
   });
@@ -64,7 +71,10 @@ export async function serve({ dir, port = 0 }) {
   return { url, close: () => new Promise((ok) => server.close(ok)) };
 }
 
-if (process.argv[1] && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) {
+if (
+  process.argv[1] &&
+  resolve(process.argv[1]) === fileURLToPath(import.meta.url)
+) {
   const arg = (name, dflt) => {
     const i = process.argv.indexOf(name);
     return i >= 0 ? process.argv[i + 1] : dflt;

@@ -11,4 +11,14 @@ export const mkdir = unavailable(m, 'mkdir');
 export const rename = unavailable(m, 'rename');
 export const rm = unavailable(m, 'rm');
 export const readdir = unavailable(m, 'readdir');
-export default { readFile, writeFile, appendFile, stat, access, mkdir, rename, rm, readdir };
+export default {
+  readFile,
+  writeFile,
+  appendFile,
+  stat,
+  access,
+  mkdir,
+  rename,
+  rm,
+  readdir,
+};

@@ -1,7 +1,7 @@
 /**
  * Injected first into every browser entry (web/build.mjs): the little of Node's globals the
  * library touches outside Node-only paths: `process.env` / `pid` / `cwd()` (empty, for
- * messages), and timers' `unref()` (Node's timers keep the process alive; a page has none):
+ * messages), `on` / `once` / `off` (no process events in a page), and timers' `unref()` (Node's timers keep the process alive; a page has none):
  * `setTimeout` returns its numeric id as a Number object with `unref` / `ref`, which
  * `clearTimeout` still accepts.
  */
@@ -13,6 +13,11 @@ g.process ??= {
   platform: 'browser',
   cwd: () => '/',
   versions: {},
+  argv: [],
+  // a page has no process events: listeners for 'exit' and the like are never called
+  on: () => g.process,
+  once: () => g.process,
+  off: () => g.process,
 };
 
 type Timer = (...args: unknown[]) => number;
@@ -20,7 +25,7 @@ for (const name of ['setTimeout', 'setInterval'] as const) {
   const original = g[name] as Timer;
   if ((original as { layerwise?: boolean }).layerwise) continue;
   const wrapped = (...args: unknown[]) => {
-    const id = new Number(original(...args)) as Number & {
+    const id = new Number(original(...args)) as number & {
       unref(): unknown;
       ref(): unknown;
     };

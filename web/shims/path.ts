@@ -54,4 +54,13 @@ export function relative(from: string, to: string): string {
   return [...a.slice(i).map(() => '..'), ...b.slice(i)].join('/');
 }
 
-export default { sep, isAbsolute, resolve, join, dirname, basename, extname, relative };
+export default {
+  sep,
+  isAbsolute,
+  resolve,
+  join,
+  dirname,
+  basename,
+  extname,
+  relative,
+};

@@ -8,6 +8,12 @@
 
 type Listener = (value: unknown) => void;
 
+/** The parts of a Web Worker's global scope this shim uses (the DOM lib does not declare it). */
+interface DedicatedWorkerGlobalScope extends EventTarget {
+  postMessage(value: unknown, transfer: Transferable[]): void;
+  close(): void;
+}
+
 interface Emitter {
   on(event: string, fn: Listener): unknown;
   once(event: string, fn: Listener): unknown;
@@ -57,7 +63,8 @@ export const MessageChannel = globalThis.MessageChannel;
 
 const inWorker =
   typeof (globalThis as { WorkerGlobalScope?: unknown }).WorkerGlobalScope !==
-    'undefined' && typeof (globalThis as { window?: unknown }).window === 'undefined';
+    'undefined' &&
+  typeof (globalThis as { window?: unknown }).window === 'undefined';
 
 /** Whether this is the page's main thread (false in a Web Worker). */
 export const isMainThread = !inWorker;
@@ -79,7 +86,10 @@ export class Worker implements Emitter {
     this.w.postMessage(init);
     this.w.addEventListener('message', (e) => this.emit('message', e.data));
     this.w.addEventListener('messageerror', () =>
-      this.emit('error', new Error('a message from the worker could not be read')),
+      this.emit(
+        'error',
+        new Error('a message from the worker could not be read'),
+      ),
     );
     this.w.addEventListener('error', (e) => {
       e.preventDefault();
@@ -190,11 +200,12 @@ if (inWorker) {
   const port = new ParentPort(scope);
   workerData = await new Promise<unknown>((resolve) => {
     let first = true;
-    scope.addEventListener('message', (e) => {
+    scope.addEventListener('message', (e: Event) => {
+      const data = (e as MessageEvent).data;
       if (first) {
         first = false;
-        resolve((e.data as WorkerInit).layerwiseWorkerData);
-      } else port.deliver(e.data);
+        resolve((data as WorkerInit).layerwiseWorkerData);
+      } else port.deliver(data);
     });
   });
   parentPort = port;
