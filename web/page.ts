@@ -6,9 +6,11 @@
  * files, metrics.jsonl), and the summary as JSON in #summary.
  *
  * URL parameters fill the form and `autostart=1` starts the run:
- * `?preset=charlm-tiny&strategy=gpipe&stages=2&micro-batches=4&steps=50&autostart=1`.
+ * `?preset=charlm-tiny&strategy=gpipe&stages=2&micro-batches=4&steps=50&autostart=1`; also
+ * batch-size, eval-batches, eval-every, seed and lr, as the command line's flags.
  * For tests, `window.layerwise` holds the run's state, metrics lines and summary.
  */
+import './wasm-env.js';
 import 'uplot/dist/uPlot.min.css';
 import * as tf from '@tensorflow/tfjs-core';
 import uPlot from 'uplot';
@@ -187,12 +189,12 @@ function download(name: string, text: string, type: string): HTMLAnchorElement {
 
 /**
  * 300 characters sampled from the trained model after a newline (temperature 0.8, seed 0, as
- * `layerwise sample` does), on this thread's cpu backend; '' for a model that is not a
+ * `layerwise sample` does), on this thread's wasm backend; '' for a model that is not a
  * character model.
  */
 async function sample(r: PageRunResult): Promise<string> {
   if (r.model.config.arch !== 'charlm' || r.dataset.kind !== 'text') return '';
-  await initBackend('cpu');
+  await initBackend('wasm');
   return generateText({
     model: r.model.config,
     params: r.params,
@@ -239,6 +241,25 @@ function modelDownload(r: PageRunResult): HTMLButtonElement {
 
 let stopAsked = false;
 
+/**
+ * Settings the form does not show, from the URL only (each as `layerwise train`'s flag of the
+ * same name): batch-size, eval-batches, eval-every, seed, lr. Missing: the preset's defaults.
+ */
+function advancedFromUrl() {
+  const q = new URLSearchParams(location.search);
+  const num = (key: string) => {
+    const v = q.get(key);
+    return v === null ? undefined : Number(v);
+  };
+  return {
+    batchSize: num('batch-size'),
+    evalBatches: num('eval-batches'),
+    evalEvery: num('eval-every'),
+    seed: num('seed'),
+    lr: num('lr'),
+  };
+}
+
 /** The run the form (or the URL) describes. */
 function formOptions() {
   const num = (id: string) => Number($<HTMLInputElement>(id).value);
@@ -252,6 +273,7 @@ function formOptions() {
     steps: num('steps'),
     backend: $<HTMLSelectElement>('backend').value as 'wasm' | 'webgpu',
     text: ownText,
+    ...advancedFromUrl(),
   };
 }
 

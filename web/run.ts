@@ -32,6 +32,7 @@ export interface PageRunOptions {
   backend: 'wasm' | 'webgpu' | 'cpu';
   batchSize?: number;
   evalEvery?: number;
+  evalBatches?: number;
   seed?: number;
   lr?: number;
   /** A person's own text (a dropped or picked .txt file) instead of the preset's data. */
@@ -90,6 +91,7 @@ export async function runInPage(
     backend: opts.backend,
     batchSize: opts.batchSize,
     evalEvery: opts.evalEvery,
+    evalBatches: opts.evalBatches,
     seed: opts.seed,
     lr: opts.lr,
     data: opts.text?.name,

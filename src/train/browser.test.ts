@@ -1,0 +1,301 @@
+/**
+ * The training page (web/, `npm run web`) in a real browser: Debian's chromium-headless-shell
+ * driven by playwright-core, the page built by esbuild and served with cross-origin isolation.
+ * The library runs in Web Workers there exactly as in Node, so a run in the page reproduces
+ * the same run of `layerwise train` in Node on the same backend and seed.
+ *
+ * Skips, saying why, where no Chromium is installed (CI installs chromium-headless-shell).
+ * LAYERWISE_SCREENSHOT=<file.png> also saves a screenshot of the page mid-run (the README's).
+ */
+
+import assert from 'node:assert/strict';
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import type { Browser, Page } from 'playwright-core';
+import type { StepMetrics, Summary } from './metrics.js';
+
+const CLI = fileURLToPath(new URL('../cli/main.js', import.meta.url));
+/** web/ beside dist/: the page's build, server and browser finder (plain .mjs, not compiled). */
+const WEB = new URL('../../web/', import.meta.url);
+
+interface WebTools {
+  findChromium(): string | undefined;
+  launchChromium(): Promise<Browser>;
+}
+const chromium = (await import(new URL('chromium.mjs', WEB).href)) as WebTools;
+const executable = chromium.findChromium();
+const skip = executable
+  ? false
+  : 'no Chromium installed: apt-get install chromium-headless-shell (or set LAYERWISE_CHROMIUM) to run the browser tests';
+
+/** What the page keeps in `window.layerwise` for tests. */
+interface PageState {
+  state: string;
+  metrics: StepMetrics[];
+  summary?: Summary;
+  error?: string;
+  backends: string[];
+}
+
+/** Runs `layerwise train` in Node; resolves with its metrics lines and summary. */
+async function trainInNode(
+  args: string[],
+): Promise<{ metrics: StepMetrics[]; summary: Summary }> {
+  const out = mkdtempSync(join(tmpdir(), 'lw-browser-node-'));
+  try {
+    const child = spawn(
+      process.execPath,
+      [CLI, 'train', ...args, '--out', out],
+      { stdio: ['ignore', 'ignore', 'pipe'] },
+    );
+    let stderr = '';
+    child.stderr.on('data', (d) => (stderr += d));
+    const code = await new Promise<number | null>((ok) =>
+      child.on('close', ok),
+    );
+    assert.equal(code, 0, `layerwise train failed: ${stderr}`);
+    return {
+      metrics: readFileSync(join(out, 'metrics.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as StepMetrics),
+      summary: JSON.parse(
+        readFileSync(join(out, 'summary.json'), 'utf8'),
+      ) as Summary,
+    };
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
+}
+
+/** The page's state once its run has ended (done, stopped or error), polled every 200 ms. */
+async function finished(page: Page, timeoutMs = 240_000): Promise<PageState> {
+  await page.waitForFunction(
+    () => {
+      const s = (window as unknown as { layerwise?: PageState }).layerwise
+        ?.state;
+      return s === 'done' || s === 'stopped' || s === 'error';
+    },
+    undefined,
+    { timeout: timeoutMs, polling: 200 },
+  );
+  return pageState(page);
+}
+
+function pageState(page: Page): Promise<PageState> {
+  return page.evaluate(
+    () => (window as unknown as { layerwise: PageState }).layerwise,
+  );
+}
+
+/** The losses of `a` equal those of `b` step by step within `tol`. */
+function assertLossesClose(
+  a: number[],
+  b: number[],
+  tol: number,
+  what: string,
+): void {
+  assert.equal(a.length, b.length, `${what}: step counts differ`);
+  a.forEach((x, i) =>
+    assert.ok(
+      Math.abs(x - b[i]!) <= tol,
+      `${what}: step ${i + 1} loss ${x} vs ${b[i]} (tolerance ${tol})`,
+    ),
+  );
+}
+
+test('the page and its shims type-check against the library (esbuild bundles without checking)', () => {
+  const tsc = fileURLToPath(
+    new URL('../../node_modules/typescript/bin/tsc', import.meta.url),
+  );
+  const r = spawnSync(
+    process.execPath,
+    [tsc, '-p', fileURLToPath(new URL('tsconfig.json', WEB))],
+    { encoding: 'utf8' },
+  );
+  assert.equal(r.status, 0, `tsc -p web/tsconfig.json: ${r.stdout}${r.stderr}`);
+});
+
+describe('the training page in Chromium', { skip }, () => {
+  let browser: Browser;
+  let url: string;
+  let close: () => Promise<void>;
+  let outDir: string;
+
+  before(async () => {
+    outDir = mkdtempSync(join(tmpdir(), 'lw-web-'));
+    const { build } = await import(new URL('build.mjs', WEB).href);
+    const { serve } = await import(new URL('serve.mjs', WEB).href);
+    await build(outDir);
+    ({ url, close } = await serve({ dir: outDir }));
+    browser = await chromium.launchChromium();
+  });
+
+  after(async () => {
+    await browser?.close();
+    await close?.();
+    rmSync(outDir, { recursive: true, force: true });
+  });
+
+  /** A new tab with the page's errors collected (an uncaught one fails the test that reads them). */
+  async function open(
+    query: string,
+  ): Promise<{ page: Page; errors: string[] }> {
+    const page = await browser.newPage();
+    const errors: string[] = [];
+    page.on('pageerror', (e) => errors.push(e.message));
+    await page.goto(`${url}?${query}`);
+    return { page, errors };
+  }
+
+  test('gpipe K=2 in Web Workers on wasm trains 20 steps of charlm-tiny with the losses of the same run in Node; the autostart URL fills #summary with summary.json fields', async () => {
+    const flags = {
+      preset: 'charlm-tiny',
+      strategy: 'gpipe',
+      stages: '2',
+      'micro-batches': '2',
+      steps: '20',
+      backend: 'wasm',
+      'eval-batches': '2',
+    };
+    const node = trainInNode(
+      Object.entries(flags).flatMap(([k, v]) => [`--${k}`, v]),
+    );
+    node.catch(() => undefined); // awaited below, after the page's run
+
+    const { page, errors } = await open(
+      `${new URLSearchParams(flags)}&autostart=1`,
+    );
+    const shot = process.env.LAYERWISE_SCREENSHOT;
+    if (shot) {
+      await page.setViewportSize({ width: 1200, height: 900 });
+      await page.waitForFunction(
+        () =>
+          (window as unknown as { layerwise: PageState }).layerwise.metrics
+            .length >= 12,
+        undefined,
+        { timeout: 240_000, polling: 100 },
+      );
+      await page.screenshot({ path: shot });
+    }
+    const s = await finished(page);
+    assert.equal(s.state, 'done', `the page's run failed: ${s.error}`);
+    assert.deepEqual(errors, []);
+    const n = await node;
+    assertLossesClose(
+      s.metrics.map((m) => m.loss),
+      n.metrics.map((m) => m.loss),
+      1e-4,
+      'page vs Node',
+    );
+    // #summary holds the summary as JSON: the same fields as summary.json, the same run
+    const shown = JSON.parse(
+      (await page.textContent('#summary')) ?? '',
+    ) as Summary;
+    assert.deepEqual(Object.keys(shown).sort(), Object.keys(n.summary).sort());
+    for (const k of [
+      'strategy',
+      'backend',
+      'preset',
+      'params',
+      'stages',
+      'micro_batches',
+      'balance',
+      'batch_size',
+      'steps',
+    ] as const)
+      assert.deepEqual(shown[k], n.summary[k], `summary field ${k}`);
+    for (const k of ['initial_loss', 'final_loss', 'val_loss'] as const)
+      assert.ok(
+        Math.abs(shown[k] - n.summary[k]) <= 1e-4,
+        `summary ${k}: page ${shown[k]} vs Node ${n.summary[k]}`,
+      );
+    // after the run: a text sample and the downloads
+    assert.ok(((await page.textContent('#sample')) ?? '').length > 100);
+    assert.equal(
+      await page.locator('#downloads a, #downloads button').count(),
+      3,
+    );
+    await page.close();
+  });
+
+  // two steps (the second's loss shows the first's update) of four sequences: WebGPU on
+  // SwiftShader compiles its shaders in the first step, which takes most of this test
+  test('single, l2l and webgpu single in the page: l2l equals single within 1e-4, webgpu equals wasm within 1e-3', async (t) => {
+    const run = async (query: string) => {
+      const { page, errors } = await open(
+        `preset=charlm-tiny&steps=2&batch-size=4&eval-batches=1&autostart=1&${query}`,
+      );
+      const s = await finished(page);
+      await page.close();
+      assert.equal(s.state, 'done', `${query}: ${s.error}`);
+      assert.deepEqual(errors, []);
+      return s;
+    };
+    const single = await run('strategy=single&backend=wasm');
+    const l2l = await run('strategy=l2l&micro-batches=2&backend=wasm');
+    assert.equal(l2l.summary?.strategy, 'l2l');
+    assertLossesClose(
+      l2l.metrics.map((m) => m.loss),
+      single.metrics.map((m) => m.loss),
+      1e-4,
+      'l2l vs single',
+    );
+    if (!single.backends.includes('webgpu')) {
+      t.skip('this Chromium gives no WebGPU adapter (SwiftShader)');
+      return;
+    }
+    const gpu = await run('strategy=single&backend=webgpu');
+    assert.equal(gpu.summary?.backend, 'webgpu');
+    assertLossesClose(
+      gpu.metrics.map((m) => m.loss),
+      single.metrics.map((m) => m.loss),
+      1e-3,
+      'webgpu vs wasm',
+    );
+  });
+
+  test('a binary or empty file, picked or dropped, gets a message on the page and nothing starts', async () => {
+    const { page, errors } = await open('preset=charlm-tiny');
+    const message = () => page.textContent('#message');
+    await page.setInputFiles('#file', {
+      name: 'weights.bin',
+      mimeType: 'application/octet-stream',
+      buffer: Buffer.from([0x89, 0x50, 0x4e, 0x47, 0, 0, 0, 13, 0xff]),
+    });
+    await page.waitForFunction(() =>
+      document.getElementById('message')?.textContent?.includes('binary'),
+    );
+    assert.match((await message()) ?? '', /weights\.bin is a binary file/);
+    await page.setInputFiles('#file', {
+      name: 'empty.txt',
+      mimeType: 'text/plain',
+      buffer: Buffer.alloc(0),
+    });
+    await page.waitForFunction(() =>
+      document.getElementById('message')?.textContent?.includes('empty'),
+    );
+    // dropped: a drop event carrying the file, as a person's drag from the desktop makes
+    await page.evaluate(() => {
+      const dt = new DataTransfer();
+      dt.items.add(
+        new File([new Uint8Array([0, 1, 2, 3, 0, 255])], 'image.png'),
+      );
+      document
+        .getElementById('drop')!
+        .dispatchEvent(new DragEvent('drop', { dataTransfer: dt }));
+    });
+    await page.waitForFunction(() =>
+      document.getElementById('message')?.textContent?.includes('image.png'),
+    );
+    assert.match((await message()) ?? '', /image\.png is a binary file/);
+    const s = await pageState(page);
+    assert.equal(s.state, 'idle');
+    assert.deepEqual(errors, []);
+    await page.close();
+  });
+});
