@@ -179,6 +179,23 @@ function drawMemory(peaks: number[]): void {
   );
 }
 
+/**
+ * Shows the trace recorder's SVG (the same drawing `--trace` writes), scaled to the page's
+ * width: it gives its size in pixels, so a viewBox of that size lets it shrink.
+ */
+function drawTimeline(svgText: string): void {
+  const el = $('timeline');
+  el.innerHTML = svgText;
+  const svg = el.querySelector('svg');
+  if (svg && !svg.hasAttribute('viewBox'))
+    svg.setAttribute(
+      'viewBox',
+      `0 0 ${svg.getAttribute('width')} ${svg.getAttribute('height')}`,
+    );
+  svg?.setAttribute('width', '100%');
+  svg?.removeAttribute('height');
+}
+
 function download(name: string, text: string, type: string): HTMLAnchorElement {
   const a = document.createElement('a');
   a.href = URL.createObjectURL(new Blob([text], { type }));
@@ -307,7 +324,7 @@ async function start(): Promise<void> {
         progress.value = m.step;
         chart.add(m);
         drawMemory(m.peak_device_bytes);
-        $('timeline').innerHTML = trace.svg(2);
+        drawTimeline(trace.svg(2));
       },
       stopRequested: () => stopAsked,
     });

@@ -259,6 +259,30 @@ describe('the training page in Chromium', { skip }, () => {
     );
   });
 
+  test('Stop ends the run after the current step, with the summary of the steps done', async () => {
+    const { page, errors } = await open(
+      'preset=charlm-tiny&strategy=gpipe&stages=2&micro-batches=2&steps=500&eval-every=0&eval-batches=1&backend=wasm&autostart=1',
+    );
+    await page.waitForFunction(
+      () =>
+        (window as unknown as { layerwise: PageState }).layerwise.metrics
+          .length >= 2,
+      undefined,
+      { timeout: 120_000, polling: 100 },
+    );
+    await page.click('#stop');
+    const s = await finished(page);
+    assert.equal(s.state, 'stopped', s.error);
+    assert.ok(s.metrics.length < 500);
+    assert.equal(s.summary?.steps, s.metrics.length);
+    assert.match(
+      (await page.textContent('#message')) ?? '',
+      new RegExp(`stopped after step ${s.metrics.length}`),
+    );
+    assert.deepEqual(errors, []);
+    await page.close();
+  });
+
   test('a binary or empty file, picked or dropped, gets a message on the page and nothing starts', async () => {
     const { page, errors } = await open('preset=charlm-tiny');
     const message = () => page.textContent('#message');
