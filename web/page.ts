@@ -205,8 +205,8 @@ function download(name: string, text: string, type: string): HTMLAnchorElement {
 }
 
 /**
- * 300 characters sampled from the trained model after a newline (temperature 0.8, seed 0, as
- * `layerwise sample` does), on this thread's wasm backend; '' for a model that is not a
+ * 300 characters sampled from the trained model after a newline, or the text's first character
+ * where it has no newline (temperature 0.8, seed 0, as `layerwise sample` does), on this thread's wasm backend; '' for a model that is not a
  * character model.
  */
 async function sample(r: PageRunResult): Promise<string> {
@@ -216,7 +216,10 @@ async function sample(r: PageRunResult): Promise<string> {
     model: r.model.config,
     params: r.params,
     vocab: r.dataset.vocab,
-    prompt: '\n',
+    // a newline, as `layerwise sample` starts, where the text has one; else its first character
+    prompt: r.dataset.vocab.covers('\n')
+      ? '\n'
+      : r.dataset.vocab.decode(r.dataset.train.subarray(0, 1)),
     length: 300,
     temperature: 0.8,
     seed: 0,

@@ -283,8 +283,10 @@ describe('the training page in Chromium', { skip }, () => {
     await page.close();
   });
 
-  test('a binary or empty file, picked or dropped, gets a message on the page and nothing starts', async () => {
-    const { page, errors } = await open('preset=charlm-tiny');
+  test("a binary or empty file, picked or dropped, or a text too short, gets a message on the page; a person's own text trains", async () => {
+    const { page, errors } = await open(
+      'preset=charlm-tiny&steps=2&eval-batches=1&backend=wasm',
+    );
     const message = () => page.textContent('#message');
     await page.setInputFiles('#file', {
       name: 'weights.bin',
@@ -317,8 +319,40 @@ describe('the training page in Chromium', { skip }, () => {
       document.getElementById('message')?.textContent?.includes('image.png'),
     );
     assert.match((await message()) ?? '', /image\.png is a binary file/);
-    const s = await pageState(page);
-    assert.equal(s.state, 'idle');
+    assert.equal((await pageState(page)).state, 'idle');
+    // a text too short to hold a validation batch: the library's message, on the page
+    const pickText = async (name: string, text: string) => {
+      await page.setInputFiles('#file', {
+        name,
+        mimeType: 'text/plain',
+        buffer: Buffer.from(text),
+      });
+      await page.waitForFunction(
+        (n) =>
+          document
+            .getElementById('message')
+            ?.textContent?.includes(`${n} loaded`),
+        name,
+      );
+    };
+    await pickText('short.txt', 'Call me Ishmael.');
+    await page.click('#start');
+    const short = await finished(page);
+    assert.equal(short.state, 'error');
+    assert.match((await message()) ?? '', /short\.txt .* give a longer text/);
+    // a person's own text trains, and the sample speaks its alphabet
+    const text = 'It was the best of times, it was the worst of times. ';
+    await pickText('dickens.txt', text.repeat(400));
+    await page.click('#start');
+    const s = await finished(page);
+    assert.equal(s.state, 'done', s.error);
+    assert.ok(Number.isFinite(s.summary?.final_loss));
+    const sample = (await page.textContent('#sample')) ?? '';
+    assert.ok(sample.length > 100);
+    assert.ok(
+      [...sample].every((c) => text.includes(c)),
+      sample,
+    );
     assert.deepEqual(errors, []);
     await page.close();
   });
