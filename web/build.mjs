@@ -42,6 +42,12 @@ const shimPlugin = {
         .map((k) => k.replace(/[/.@-]/g, '\\$&'))
         .join('|')})$`,
     );
+    // the coordinator's side of browser devices (a server, in Node only)
+    build.onResolve({ filter: /^\.\/browser-device\.js$/ }, (args) =>
+      args.importer.includes(`${'/'}node_modules${'/'}`)
+        ? undefined
+        : { path: join(web, 'shims', 'browser-device.ts') },
+    );
     build.onResolve({ filter }, (args) => {
       if (args.importer.includes(`${'/'}node_modules${'/'}`)) return undefined;
       return { path: join(web, 'shims', SHIMS[args.path]) };

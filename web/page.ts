@@ -9,6 +9,8 @@
  * `?preset=charlm-tiny&strategy=gpipe&stages=2&micro-batches=4&steps=50&autostart=1`; also
  * batch-size, eval-batches, eval-every, seed and lr, as the command line's flags.
  * For tests, `window.layerwise` holds the run's state, metrics lines and summary.
+ * `?device=1&token=...` (the URL `layerwise train --devices ...,browser` prints) makes the tab a
+ * device of that run instead (web/device.ts).
  */
 import './wasm-env.js';
 import 'uplot/dist/uPlot.min.css';
@@ -19,9 +21,17 @@ import { paramKey } from '../src/model/block.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
 import { generateText } from '../src/train/sample.js';
+import { serveAsDevice } from './device.js';
 import { type PageRunResult, runInPage } from './run.js';
 
-type State = 'idle' | 'running' | 'stopping' | 'done' | 'stopped' | 'error';
+type State =
+  | 'idle'
+  | 'running'
+  | 'stopping'
+  | 'done'
+  | 'stopped'
+  | 'error'
+  | 'device';
 
 /** What tests read from the page. */
 interface PageState {
@@ -397,11 +407,21 @@ if (!crossOriginIsolated)
     'this page is not cross-origin isolated (no SharedArrayBuffer): serve it with npm run web, or send Cross-Origin-Opener-Policy: same-origin and Cross-Origin-Embedder-Policy: require-corp',
     true,
   );
-await detectBackends();
 const q = new URLSearchParams(location.search);
-if (q.get('backend') === 'webgpu' && !page.backends.includes('webgpu'))
-  say(
-    'webgpu was asked for, but this browser gives no WebGPU adapter: using wasm',
-    true,
-  );
-if (fromUrl()) void start();
+if (q.get('device') !== null) {
+  // this tab is a device of a run in Node (`--devices thread,browser`): no form of its own
+  form.hidden = true;
+  page.state = 'device';
+  void serveAsDevice(q.get('token') ?? '', (line, ended) => {
+    say(line, ended === 'error');
+    if (ended) page.state = ended;
+  });
+} else {
+  await detectBackends();
+  if (q.get('backend') === 'webgpu' && !page.backends.includes('webgpu'))
+    say(
+      'webgpu was asked for, but this browser gives no WebGPU adapter: using wasm',
+      true,
+    );
+  if (fromUrl()) void start();
+}

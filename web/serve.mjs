@@ -31,8 +31,8 @@ export const ISOLATION_HEADERS = {
 };
 
 /**
- * Starts the server on 127.0.0.1 (`port` 0: any free port); resolves with its URL and a close
- * function.
+ * Starts the server on 127.0.0.1 (`port` 0: any free port); resolves with its URL, the
+ * node:http server (a browser device's WebSocket shares it) and a close function.
  */
 export async function serve({ dir, port = 0 }) {
   const root = resolve(dir);
@@ -68,7 +68,11 @@ export async function serve({ dir, port = 0 }) {
     server.listen(port, '127.0.0.1', ok);
   });
   const url = `http://127.0.0.1:${server.address().port}/`;
-  return { url, close: () => new Promise((ok) => server.close(ok)) };
+  return {
+    url,
+    server,
+    close: () => new Promise((ok) => server.close(ok)),
+  };
 }
 
 if (

@@ -3,7 +3,9 @@
  * default), a process this coordinator spawns on this host (`process`, optionally with its own
  * backend, threads and environment: `process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`),
  * or a device server another host runs (`HOST:PORT`, started there with `layerwise worker
- * --listen`; its own backend and threads: `HOST:PORT/backend=native+threads=8`).
+ * --listen`; its own backend and threads: `HOST:PORT/backend=native+threads=8`), or a browser
+ * tab that opens the page this coordinator serves (`browser`, `browser:backend=webgpu`; see
+ * runtime/browser-device.ts).
  * Schedules, stages, the executor and the strategies are the same on every kind; only the
  * channel's transport differs (MessagePorts between threads, gRPC links between processes).
  */
@@ -30,7 +32,8 @@ export interface DeviceOptions {
 export type DeviceSpec =
   | { kind: 'thread' }
   | ({ kind: 'process'; env: Record<string, string> } & DeviceOptions)
-  | ({ kind: 'host'; address: string } & DeviceOptions);
+  | ({ kind: 'host'; address: string } & DeviceOptions)
+  | ({ kind: 'browser' } & DeviceOptions);
 
 /** `backend=...`, `threads=...` and (processes) NAME=VALUE environment pairs joined by '+'. */
 function parseSettings(
@@ -89,6 +92,14 @@ export function parseDevices(
   );
   return list.map((d): DeviceSpec => {
     if (d === 'thread') return { kind: 'thread' };
+    if (d === 'browser' || d.startsWith('browser:')) {
+      const { env: _env, ...o } = parseSettings(
+        d,
+        d === 'browser' ? '' : d.slice('browser:'.length),
+        false,
+      );
+      return { kind: 'browser', ...o };
+    }
     if (d === 'process' || d.startsWith('process:')) {
       const { env, ...o } = parseSettings(
         d,
@@ -102,7 +113,7 @@ export function parseDevices(
     const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(address);
     check(
       m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
-      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`,
+      `--devices entry '${d}' is not thread, process, browser or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`,
     );
     const { env: _env, ...o } = parseSettings(
       d,
@@ -118,6 +129,13 @@ export const allThreads = (specs: readonly DeviceSpec[]): boolean =>
   specs.every((s) => s.kind === 'thread');
 
 /**
+ * Whether neighbours are linked by MessagePorts of this process: every device is a worker
+ * thread or a browser tab (whose ports this coordinator relays over its WebSocket).
+ */
+export const linkedByPorts = (specs: readonly DeviceSpec[]): boolean =>
+  specs.every((s) => s.kind === 'thread' || s.kind === 'browser');
+
+/**
  * Starts or connects the devices. Threads and processes of other hosts cannot be neighbours
  * (a thread has no server to accept a link), so a run uses threads only, or none.
  * `token`: the run's shared token; for `HOST:PORT` devices it must be the one their workers
@@ -129,6 +147,13 @@ export async function openDevices(
   token = process.env.LAYERWISE_TOKEN,
 ): Promise<Device[]> {
   if (allThreads(specs)) return specs.map((_, i) => new StageWorker(i));
+  if (specs.some((s) => s.kind === 'browser')) {
+    check(
+      linkedByPorts(specs),
+      '--devices mixes browser with process or HOST:PORT devices; a browser tab links to threads and other tabs through this coordinator: use thread or browser for every stage',
+    );
+    return openBrowserDevices(specs, token ?? newRunToken());
+  }
   check(
     specs.every((s) => s.kind !== 'thread'),
     '--devices mixes thread with process or HOST:PORT devices; use processes for every stage (or threads for every stage)',
@@ -165,6 +190,35 @@ export async function openDevices(
     throw (failed as PromiseRejectedResult).reason;
   }
   return opened.map((r) => (r as PromiseFulfilledResult<Device>).value);
+}
+
+/**
+ * Starts the thread devices and serves the page for the browser ones: prints the URL to open
+ * (on stderr) and waits for one tab per browser stage.
+ * @throws StageError when a tab does not come in time (see BrowserHub.device).
+ */
+async function openBrowserDevices(
+  specs: readonly DeviceSpec[],
+  token: string,
+): Promise<Device[]> {
+  const { BrowserHub } = await import('./browser-device.js');
+  const hub = await BrowserHub.start(token);
+  const browsers = specs.flatMap((s, i) => (s.kind === 'browser' ? [i] : []));
+  process.stderr.write(
+    `layerwise: stage${browsers.length > 1 ? 's' : ''} ${browsers.join(', ')} run${browsers.length > 1 ? '' : 's'} in a browser tab: open ${hub.url}${browsers.length > 1 ? ` in ${browsers.length} tabs` : ''} (waiting)\n`,
+  );
+  const devices: Device[] = [];
+  try {
+    for (const [i, s] of specs.entries())
+      devices.push(
+        s.kind === 'thread' ? new StageWorker(i) : await hub.device(i),
+      );
+    return devices;
+  } catch (e) {
+    await Promise.all(devices.map((d) => d.terminate()));
+    await hub.close();
+    throw e;
+  }
 }
 
 /**

@@ -23,9 +23,9 @@ import { waitingMs } from '../pipeline/executor.js';
 import type { StageKindRef } from '../pipeline/stage-kind.js';
 import { type Device, StageError } from '../runtime/device.js';
 import {
-  allThreads,
   type DeviceOptions,
   type DeviceSpec,
+  linkedByPorts,
   openDevices,
   remoteLinks,
 } from '../runtime/devices.js';
@@ -160,8 +160,9 @@ export class PipelineStrategy implements Strategy {
     const workers = await openDevices(specs);
     const s = new PipelineStrategy(opts, workers);
     try {
-      // neighbours: MessagePorts between threads, direct gRPC links between processes
-      const threads = allThreads(specs);
+      // neighbours: MessagePorts between threads (a browser tab's relayed by its device),
+      // direct gRPC links between processes
+      const threads = linkedByPorts(specs);
       const ports = threads
         ? Array.from({ length: k - 1 }, () => new MessageChannel())
         : [];

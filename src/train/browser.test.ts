@@ -41,10 +41,22 @@ interface PageState {
   backends: string[];
 }
 
-/** Runs `layerwise train` in Node; resolves with its metrics lines and summary. */
-async function trainInNode(
+/** What a `layerwise train` process did. */
+interface CliRun {
+  code: number | null;
+  stderr: string;
+  metrics: StepMetrics[];
+  summary?: Summary;
+}
+
+/**
+ * Runs `layerwise train` in Node with `args` (and a fresh --out); `onStderr` hears its stderr
+ * as it comes. Resolves with its exit code, stderr, metrics lines and summary (if written).
+ */
+async function runCli(
   args: string[],
-): Promise<{ metrics: StepMetrics[]; summary: Summary }> {
+  onStderr?: (text: string) => void,
+): Promise<CliRun> {
   const out = mkdtempSync(join(tmpdir(), 'lw-browser-node-'));
   try {
     const child = spawn(
@@ -53,23 +65,42 @@ async function trainInNode(
       { stdio: ['ignore', 'ignore', 'pipe'] },
     );
     let stderr = '';
-    child.stderr.on('data', (d) => (stderr += d));
+    child.stderr.on('data', (d) => {
+      stderr += d;
+      onStderr?.(stderr);
+    });
     const code = await new Promise<number | null>((ok) =>
       child.on('close', ok),
     );
-    assert.equal(code, 0, `layerwise train failed: ${stderr}`);
+    const read = (f: string) => {
+      try {
+        return readFileSync(join(out, f), 'utf8');
+      } catch {
+        return undefined;
+      }
+    };
+    const summary = read('summary.json');
     return {
-      metrics: readFileSync(join(out, 'metrics.jsonl'), 'utf8')
-        .trim()
+      code,
+      stderr,
+      metrics: (read('metrics.jsonl') ?? '')
         .split('\n')
+        .filter(Boolean)
         .map((l) => JSON.parse(l) as StepMetrics),
-      summary: JSON.parse(
-        readFileSync(join(out, 'summary.json'), 'utf8'),
-      ) as Summary,
+      summary: summary ? (JSON.parse(summary) as Summary) : undefined,
     };
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
+}
+
+/** Runs `layerwise train` in Node; resolves with its metrics lines and summary. */
+async function trainInNode(
+  args: string[],
+): Promise<{ metrics: StepMetrics[]; summary: Summary }> {
+  const r = await runCli(args);
+  assert.equal(r.code, 0, `layerwise train failed: ${r.stderr}`);
+  return { metrics: r.metrics, summary: r.summary! };
 }
 
 /** The page's state once its run has ended (done, stopped or error), polled every 200 ms. */
@@ -118,6 +149,22 @@ test('the page and its shims type-check against the library (esbuild bundles wit
     { encoding: 'utf8' },
   );
   assert.equal(r.status, 0, `tsc -p web/tsconfig.json: ${r.stdout}${r.stderr}`);
+});
+
+test('--devices parses browser entries and refuses mixing them with processes or hosts', async () => {
+  const { parseDevices, openDevices } = await import('../runtime/devices.js');
+  assert.deepEqual(parseDevices('thread,browser:backend=webgpu', 2), [
+    { kind: 'thread' },
+    { kind: 'browser', backend: 'webgpu' },
+  ]);
+  assert.throws(
+    () => parseDevices('browser:CUDA_VISIBLE_DEVICES=1', 1),
+    /is not backend, threads/,
+  );
+  await assert.rejects(
+    openDevices(parseDevices('process,browser', 2)),
+    /mixes browser with process or HOST:PORT devices/,
+  );
 });
 
 describe('the training page in Chromium', { skip }, () => {
@@ -355,5 +402,90 @@ describe('the training page in Chromium', { skip }, () => {
     );
     assert.deepEqual(errors, []);
     await page.close();
+  });
+
+  /** A run with `--devices thread,browser` whose printed URL a new tab opens; `onTab` gets the tab. */
+  async function runWithTab(
+    args: string[],
+    onTab?: (page: Page) => void,
+  ): Promise<CliRun> {
+    let opened = false;
+    return runCli(args, (text) => {
+      const m = /open (http\S+)/.exec(text);
+      if (!m || opened) return;
+      opened = true;
+      void browser.newPage().then(async (page) => {
+        await page.goto(m[1]!);
+        onTab?.(page);
+      });
+    });
+  }
+
+  const DEVICE_RUN = [
+    '--preset',
+    'charlm-tiny',
+    '--strategy',
+    'gpipe',
+    '--stages',
+    '2',
+    '--micro-batches',
+    '2',
+    '--backend',
+    'wasm',
+    '--eval-batches',
+    '1',
+  ];
+
+  test('--devices thread,browser: a tab joins as stage 1 and the losses equal --devices thread,thread', async () => {
+    const steps = ['--steps', '4'];
+    const threads = trainInNode([
+      ...DEVICE_RUN,
+      ...steps,
+      '--devices',
+      'thread,thread',
+    ]);
+    threads.catch(() => undefined); // awaited below
+    let tab: Page | undefined;
+    const r = await runWithTab(
+      [...DEVICE_RUN, ...steps, '--devices', 'thread,browser'],
+      (p) => (tab = p),
+    );
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stderr, /stage 1 runs in a browser tab: open http/);
+    assertLossesClose(
+      r.metrics.map((m) => m.loss),
+      (await threads).metrics.map((m) => m.loss),
+      1e-3,
+      'thread,browser vs thread,thread',
+    );
+    await tab!.waitForFunction(() =>
+      document.getElementById('message')?.textContent?.includes('run ended'),
+    );
+    assert.match(
+      (await tab!.textContent('#message')) ?? '',
+      /this tab ran stage 1/,
+    );
+    await tab!.close();
+  });
+
+  test('--devices thread,browser: closing the tab ends the run at once with the error, no hang', {
+    timeout: 120_000,
+  }, async () => {
+    const r = await runWithTab(
+      [...DEVICE_RUN, '--steps', '100000', '--devices', 'thread,browser'],
+      async (tab) => {
+        await tab.waitForFunction(() =>
+          document
+            .getElementById('message')
+            ?.textContent?.includes('this tab runs stage 1'),
+        );
+        await tab.close();
+      },
+    );
+    assert.notEqual(r.code, 0);
+    assert.match(
+      r.stderr,
+      /stage 1: the browser tab running this stage was closed or stopped answering/,
+    );
   });
 });
