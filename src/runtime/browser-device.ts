@@ -59,7 +59,7 @@ function frame(tag: number, value: unknown): Uint8Array {
  */
 export class BrowserHub {
   private readonly waiting: Array<(ws: WebSocket) => void> = [];
-  private open = 0;
+  private static shared: Promise<BrowserHub> | undefined;
 
   private constructor(
     /** The URL a person (or a test's browser) opens; it holds the run's token. */
@@ -68,6 +68,17 @@ export class BrowserHub {
     private readonly closeHttp: () => Promise<void>,
     private readonly dir: string,
   ) {}
+
+  /**
+   * This process's hub, started on first use with `token` and kept until the process exits, so
+   * the URL stays the same across the runs of a process: after a lost tab, `--max-restarts`
+   * waits for a new tab at the URL the person already has.
+   */
+  static get(token: string): Promise<BrowserHub> {
+    BrowserHub.shared ??= BrowserHub.start(token);
+    BrowserHub.shared.catch(() => (BrowserHub.shared = undefined));
+    return BrowserHub.shared;
+  }
 
   /**
    * Builds the page into a temporary folder and serves it on 127.0.0.1
@@ -116,6 +127,8 @@ export class BrowserHub {
         close,
         dir,
       );
+      server.unref(); // the hub waits for tabs only while a run does
+      process.once('exit', () => rmSync(dir, { recursive: true, force: true }));
       wss.on('connection', (ws) => {
         const take = hub.waiting.shift();
         if (take) take(ws);
@@ -149,14 +162,7 @@ export class BrowserHub {
       };
       this.waiting.push(take);
     });
-    this.open++;
-    return new BrowserDevice(index, ws, () => this.release());
-  }
-
-  /** Stops serving once the last device is done. */
-  private async release(): Promise<void> {
-    if (--this.open > 0) return;
-    await this.close();
+    return new BrowserDevice(index, ws);
   }
 
   /** Stops serving and removes the built page. */
@@ -179,7 +185,6 @@ export class BrowserDevice extends Device {
   constructor(
     index: number,
     private readonly ws: WebSocket,
-    private readonly onEnd: () => Promise<void>,
   ) {
     super(index);
     const listeners: Array<(v: unknown) => void> = [];
@@ -205,12 +210,17 @@ export class BrowserDevice extends Device {
       for (const p of this.links.values()) p.close();
       if (!this.closed)
         this.ch.fail(
-          new StageError(
-            index,
-            `the browser tab running this stage was closed or stopped answering (WebSocket ${code}${reason.length ? `: ${reason}` : ''}); keep the tab open while the run trains`,
-          ),
+          this.gone(`WebSocket ${code}${reason.length ? `: ${reason}` : ''}`),
         );
     });
+  }
+
+  /** The error of a lost tab: what every pending and later call of this device throws. */
+  private gone(why: string): StageError {
+    return new StageError(
+      this.index,
+      `the browser tab running this stage was closed or stopped answering (${why}); keep the tab open while the run trains`,
+    );
   }
 
   /** Sends a control message; init's neighbour MessagePorts stay here and are relayed. */
@@ -236,7 +246,7 @@ export class BrowserDevice extends Device {
       out = { ...m, args };
     }
     if (this.ws.readyState !== this.ws.OPEN)
-      throw new StageError(this.index, 'the browser tab is gone');
+      throw this.gone('its WebSocket is closing');
     this.ws.send(frame(LINK_TAG.control, out));
   }
 
@@ -253,6 +263,5 @@ export class BrowserDevice extends Device {
     clearInterval(this.heartbeat);
     for (const p of this.links.values()) p.close();
     this.ws.close(1000, 'the run ended');
-    await this.onEnd();
   }
 }

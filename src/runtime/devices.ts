@@ -73,8 +73,8 @@ function parseSettings(
 }
 
 /**
- * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`
- * or `HOST:PORT`, one per stage (a single entry is repeated for every stage).
+ * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`,
+ * `HOST:PORT` or `browser[:backend=...]`, one per stage (a single entry is repeated for every stage).
  * @throws LayerwiseError naming the entry that is none of these, or a count that is not k.
  */
 export function parseDevices(
@@ -113,7 +113,7 @@ export function parseDevices(
     const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(address);
     check(
       m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
-      `--devices entry '${d}' is not thread, process, browser or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`,
+      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT), nor browser (a browser tab)`,
     );
     const { env: _env, ...o } = parseSettings(
       d,
@@ -202,7 +202,7 @@ async function openBrowserDevices(
   token: string,
 ): Promise<Device[]> {
   const { BrowserHub } = await import('./browser-device.js');
-  const hub = await BrowserHub.start(token);
+  const hub = await BrowserHub.get(token);
   const browsers = specs.flatMap((s, i) => (s.kind === 'browser' ? [i] : []));
   process.stderr.write(
     `layerwise: stage${browsers.length > 1 ? 's' : ''} ${browsers.join(', ')} run${browsers.length > 1 ? '' : 's'} in a browser tab: open ${hub.url}${browsers.length > 1 ? ` in ${browsers.length} tabs` : ''} (waiting)\n`,
@@ -216,7 +216,6 @@ async function openBrowserDevices(
     return devices;
   } catch (e) {
     await Promise.all(devices.map((d) => d.terminate()));
-    await hub.close();
     throw e;
   }
 }

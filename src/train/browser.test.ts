@@ -44,31 +44,34 @@ interface PageState {
 /** What a `layerwise train` process did. */
 interface CliRun {
   code: number | null;
-  stderr: string;
+  /** stdout and stderr, as they came. */
+  output: string;
   metrics: StepMetrics[];
   summary?: Summary;
 }
 
 /**
- * Runs `layerwise train` in Node with `args` (and a fresh --out); `onStderr` hears its stderr
- * as it comes. Resolves with its exit code, stderr, metrics lines and summary (if written).
+ * Runs `layerwise train` in Node with `args` (and a fresh --out); `onOutput` hears its output
+ * so far as it comes. Resolves with its exit code, output, metrics lines and summary (if written).
  */
 async function runCli(
   args: string[],
-  onStderr?: (text: string) => void,
+  onOutput?: (text: string) => void,
 ): Promise<CliRun> {
   const out = mkdtempSync(join(tmpdir(), 'lw-browser-node-'));
   try {
     const child = spawn(
       process.execPath,
       [CLI, 'train', ...args, '--out', out],
-      { stdio: ['ignore', 'ignore', 'pipe'] },
+      { stdio: ['ignore', 'pipe', 'pipe'] },
     );
-    let stderr = '';
-    child.stderr.on('data', (d) => {
-      stderr += d;
-      onStderr?.(stderr);
-    });
+    let output = '';
+    const hear = (d: Buffer) => {
+      output += d;
+      onOutput?.(output);
+    };
+    child.stdout.on('data', hear);
+    child.stderr.on('data', hear);
     const code = await new Promise<number | null>((ok) =>
       child.on('close', ok),
     );
@@ -82,7 +85,7 @@ async function runCli(
     const summary = read('summary.json');
     return {
       code,
-      stderr,
+      output,
       metrics: (read('metrics.jsonl') ?? '')
         .split('\n')
         .filter(Boolean)
@@ -99,7 +102,7 @@ async function trainInNode(
   args: string[],
 ): Promise<{ metrics: StepMetrics[]; summary: Summary }> {
   const r = await runCli(args);
-  assert.equal(r.code, 0, `layerwise train failed: ${r.stderr}`);
+  assert.equal(r.code, 0, `layerwise train failed: ${r.output}`);
   return { metrics: r.metrics, summary: r.summary! };
 }
 
@@ -148,7 +151,7 @@ test('the page and its shims type-check against the library (esbuild bundles wit
     [tsc, '-p', fileURLToPath(new URL('tsconfig.json', WEB))],
     { encoding: 'utf8' },
   );
-  assert.equal(r.status, 0, `tsc -p web/tsconfig.json: ${r.stdout}${r.stderr}`);
+  assert.equal(r.status, 0, `tsc -p web/tsconfig.json: ${r.stdout}${r.output}`);
 });
 
 test('--devices parses browser entries and refuses mixing them with processes or hosts', async () => {
@@ -436,22 +439,29 @@ describe('the training page in Chromium', { skip }, () => {
     '1',
   ];
 
-  test('--devices thread,browser: a tab joins as stage 1 and the losses equal --devices thread,thread', async () => {
-    const steps = ['--steps', '4'];
-    const threads = trainInNode([
+  /** The reference: the same 6 steps on two worker threads (started once, when first asked). */
+  let reference: Promise<{ metrics: StepMetrics[] }> | undefined;
+  const onThreads = () => {
+    reference ??= trainInNode([
       ...DEVICE_RUN,
-      ...steps,
+      '--steps',
+      '6',
       '--devices',
       'thread,thread',
     ]);
-    threads.catch(() => undefined); // awaited below
+    reference.catch(() => undefined); // awaited by the tests
+    return reference;
+  };
+
+  test('--devices thread,browser: a tab joins as stage 1 and the losses equal --devices thread,thread', async () => {
+    const threads = onThreads();
     let tab: Page | undefined;
     const r = await runWithTab(
-      [...DEVICE_RUN, ...steps, '--devices', 'thread,browser'],
+      [...DEVICE_RUN, '--steps', '6', '--devices', 'thread,browser'],
       (p) => (tab = p),
     );
-    assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stderr, /stage 1 runs in a browser tab: open http/);
+    assert.equal(r.code, 0, r.output);
+    assert.match(r.output, /stage 1 runs in a browser tab: open http/);
     assertLossesClose(
       r.metrics.map((m) => m.loss),
       (await threads).metrics.map((m) => m.loss),
@@ -466,6 +476,56 @@ describe('the training page in Chromium', { skip }, () => {
       /this tab ran stage 1/,
     );
     await tab!.close();
+  });
+
+  test('--max-restarts: after its tab is closed the run waits for a new tab at the same URL and resumes exactly', {
+    timeout: 240_000,
+  }, async () => {
+    const threads = onThreads();
+    const urls: string[] = [];
+    let firstTab: Page | undefined;
+    let closing = false;
+    const r = await runCli(
+      [
+        ...DEVICE_RUN,
+        '--steps',
+        '6',
+        '--save-every',
+        '2',
+        '--max-restarts',
+        '1',
+        '--devices',
+        'thread,browser',
+      ],
+      (text) => {
+        // the first tab is closed once step 3 is reported (step 2's checkpoint is saved by then)
+        if (firstTab && !closing && /step 3\/6/.test(text)) {
+          closing = true;
+          void firstTab.close();
+        }
+        const printed = [...text.matchAll(/open (http\S+)/g)].map((m) => m[1]!);
+        if (printed.length === urls.length) return;
+        const url = printed[urls.length]!;
+        urls.push(url);
+        void browser.newPage().then(async (tab) => {
+          if (urls.length === 1) firstTab = tab;
+          await tab.goto(url);
+        });
+      },
+    );
+    assert.equal(r.code, 0, r.output);
+    assert.match(
+      r.output,
+      /browser tab running this stage was closed.*restarting the devices from the checkpoint in .* \(restart 1 of 1\)/,
+    );
+    assert.equal(urls.length, 2);
+    assert.equal(urls[1], urls[0]);
+    assertLossesClose(
+      r.metrics.map((m) => m.loss),
+      (await threads).metrics.map((m) => m.loss),
+      1e-3,
+      'restarted thread,browser vs thread,thread',
+    );
   });
 
   test('--devices thread,browser: closing the tab ends the run at once with the error, no hang', {
@@ -484,7 +544,7 @@ describe('the training page in Chromium', { skip }, () => {
     );
     assert.notEqual(r.code, 0);
     assert.match(
-      r.stderr,
+      r.output,
       /stage 1: the browser tab running this stage was closed or stopped answering/,
     );
   });
