@@ -39,7 +39,7 @@ interface PageState {
   metrics: StepMetrics[];
   summary?: Summary;
   error?: string;
-  /** The backend a run uses when the form says 'auto' (webgpu where an adapter exists). */
+  /** The backends this browser offers: webgpu first where it gives an adapter, and wasm. */
   backends: string[];
 }
 
