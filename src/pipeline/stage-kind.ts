@@ -38,8 +38,21 @@ export interface StageKindRef {
   options?: unknown;
 }
 
+/** Stage kinds registered in this thread, by module path (see {@link registerStageKind}). */
+const REGISTERED = new Map<string, CreateStage>();
+
 /**
- * Loads the stage kind `ref` names. Throws {@link LayerwiseError} for a module path outside the
+ * Registers the stage kind of module path `module` (e.g. 'pipeline/stage.js') in this thread,
+ * so that {@link loadStageKind} returns `create` without importing the module: for bundles
+ * (the browser's Web Worker devices, web/device-worker.ts), where there is no module tree to
+ * import from at run time.
+ */
+export function registerStageKind(module: string, create: CreateStage): void {
+  REGISTERED.set(module, create);
+}
+
+/**
+ * Loads the stage kind `ref` names (registered, else imported). Throws {@link LayerwiseError} for a module path outside the
  * package (absolute, with `..`, or not a .js file) and Error when the module has no `createStage`.
  */
 export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
@@ -48,6 +61,8 @@ export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
       `stage kind module '${ref.module}' must be a path under the package such as 'pipeline/stage.js'`,
     );
   }
+  const registered = REGISTERED.get(ref.module);
+  if (registered) return registered;
   const mod = (await import(
     new URL(`../${ref.module}`, import.meta.url).href
   )) as { createStage?: CreateStage };

@@ -3,10 +3,13 @@
  * default), a process this coordinator spawns on this host (`process`, optionally with its own
  * backend, threads and environment: `process:backend=wasm+threads=1+CUDA_VISIBLE_DEVICES=1`),
  * or a device server another host runs (`HOST:PORT`, started there with `layerwise worker
- * --listen`; its own backend and threads: `HOST:PORT/backend=native+threads=8`).
- * One list may mix the kinds. Schedules, stages, the executor and the strategies are the same
- * on every kind; only the channel's transport differs (runtime/links.ts: MessagePorts between
- * threads, gRPC links between processes, bridged to a MessagePort for a thread).
+ * --listen`; its own backend and threads: `HOST:PORT/backend=native+threads=8`), or a browser
+ * tab that opens the page this coordinator serves (`browser`, `browser:backend=webgpu`; see
+ * runtime/browser-device.ts).
+ * One list may mix threads, processes and hosts; browser tabs mix with threads. Schedules,
+ * stages, the executor and the strategies are the same on every kind; only the channel's
+ * transport differs (runtime/links.ts: MessagePorts between threads, relayed over a WebSocket
+ * for a tab, gRPC links between processes, bridged to a MessagePort for a thread).
  */
 
 import { readFileSync } from 'node:fs';
@@ -30,7 +33,8 @@ export interface DeviceOptions {
 export type DeviceSpec =
   | { kind: 'thread' }
   | ({ kind: 'process'; env: Record<string, string> } & DeviceOptions)
-  | ({ kind: 'host'; address: string } & DeviceOptions);
+  | ({ kind: 'host'; address: string } & DeviceOptions)
+  | ({ kind: 'browser' } & DeviceOptions);
 
 /** `backend=...`, `threads=...` and (processes) NAME=VALUE environment pairs joined by '+'. */
 function parseSettings(
@@ -70,8 +74,8 @@ function parseSettings(
 }
 
 /**
- * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`
- * or `HOST:PORT`, one per stage (a single entry is repeated for every stage).
+ * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`,
+ * `HOST:PORT` or `browser[:backend=...]`, one per stage (a single entry is repeated for every stage).
  * @throws LayerwiseError naming the entry that is none of these, or a count that is not k.
  */
 export function parseDevices(
@@ -89,6 +93,14 @@ export function parseDevices(
   );
   return list.map((d): DeviceSpec => {
     if (d === 'thread') return { kind: 'thread' };
+    if (d === 'browser' || d.startsWith('browser:')) {
+      const { env: _env, ...o } = parseSettings(
+        d,
+        d === 'browser' ? '' : d.slice('browser:'.length),
+        false,
+      );
+      return { kind: 'browser', ...o };
+    }
     if (d === 'process' || d.startsWith('process:')) {
       const { env, ...o } = parseSettings(
         d,
@@ -102,7 +114,7 @@ export function parseDevices(
     const m = /^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(address);
     check(
       m !== null && Number(m[2]) > 0 && Number(m[2]) < 65536,
-      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT)`,
+      `--devices entry '${d}' is not thread, process or HOST:PORT (a device started with layerwise worker --listen HOST:PORT), nor browser (a browser tab)`,
     );
     const { env: _env, ...o } = parseSettings(
       d,
@@ -114,11 +126,11 @@ export function parseDevices(
 }
 
 /**
- * Starts or connects the devices, of any mix of kinds (runtime/links.ts links neighbours
- * whatever they are). `token`: the run's shared token; for `HOST:PORT` devices it must be the
- * one their workers were started with (LAYERWISE_TOKEN); spawned processes get a fresh one
- * when it is undefined.
- * @throws LayerwiseError for a remote host without a token.
+ * Starts or connects the devices (runtime/links.ts links neighbours whatever they are).
+ * `token`: the run's shared token; for `HOST:PORT` devices it must be the one their workers
+ * were started with (LAYERWISE_TOKEN); spawned processes get a fresh one when it is undefined.
+ * @throws LayerwiseError for a remote host without a token, or browser tabs mixed with
+ * processes or hosts.
  */
 export async function openDevices(
   specs: readonly DeviceSpec[],
@@ -126,6 +138,13 @@ export async function openDevices(
 ): Promise<Device[]> {
   if (specs.every((s) => s.kind === 'thread'))
     return specs.map((_, i) => new StageWorker(i));
+  if (specs.some((s) => s.kind === 'browser')) {
+    check(
+      specs.every((s) => s.kind === 'thread' || s.kind === 'browser'),
+      '--devices mixes browser with process or HOST:PORT devices; a browser tab links to threads and other tabs through this coordinator: use thread or browser for every stage',
+    );
+    return openBrowserDevices(specs, token ?? newRunToken());
+  }
   const hosts = specs.some((s) => s.kind === 'host');
   if (hosts && !token)
     throw new LayerwiseError(
@@ -140,9 +159,11 @@ export async function openDevices(
           ? Promise.resolve(new StageWorker(i))
           : s.kind === 'process'
             ? spawnDeviceProcess(i, runToken, s.env)
-            : Promise.resolve(
-                new RemoteDevice(i, s.address, runToken, undefined, tls),
-              ),
+            : s.kind === 'host'
+              ? Promise.resolve(
+                  new RemoteDevice(i, s.address, runToken, undefined, tls),
+                )
+              : Promise.reject(new Error(`device ${i}: ${s.kind} here`)),
     ),
   );
   const failed = opened.find((r) => r.status === 'rejected');
@@ -155,6 +176,34 @@ export async function openDevices(
     throw (failed as PromiseRejectedResult).reason;
   }
   return opened.map((r) => (r as PromiseFulfilledResult<Device>).value);
+}
+
+/**
+ * Starts the thread devices and serves the page for the browser ones: prints the URL to open
+ * (on stderr) and waits for one tab per browser stage.
+ * @throws StageError when a tab does not come in time (see BrowserHub.device).
+ */
+async function openBrowserDevices(
+  specs: readonly DeviceSpec[],
+  token: string,
+): Promise<Device[]> {
+  const { BrowserHub } = await import('./browser-device.js');
+  const hub = await BrowserHub.get(token);
+  const browsers = specs.flatMap((s, i) => (s.kind === 'browser' ? [i] : []));
+  process.stderr.write(
+    `layerwise: stage${browsers.length > 1 ? 's' : ''} ${browsers.join(', ')} run${browsers.length > 1 ? '' : 's'} in a browser tab: open ${hub.url}${browsers.length > 1 ? ` in ${browsers.length} tabs` : ''} (waiting)\n`,
+  );
+  const devices: Device[] = [];
+  try {
+    for (const [i, s] of specs.entries())
+      devices.push(
+        s.kind === 'thread' ? new StageWorker(i) : await hub.device(i),
+      );
+    return devices;
+  } catch (e) {
+    await Promise.all(devices.map((d) => d.terminate()));
+    throw e;
+  }
 }
 
 /**

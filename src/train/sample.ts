@@ -6,7 +6,8 @@ import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
 import { Vocab } from '../data/vocab.js';
 import { paramKey } from '../model/block.js';
-import { buildModel } from '../model/model.js';
+import type { HostParams } from '../model/init.js';
+import { buildModel, type CharLmConfig } from '../model/model.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { loadCheckpoint, resolveCheckpointDir } from './checkpoint-io.js';
@@ -54,13 +55,41 @@ export async function sampleText(o: SampleOptions): Promise<string> {
     );
   }
   await initBackend(o.backend);
-  const model = buildModel(ck.model);
-  const ctx = ck.model.context;
+  return generateText({
+    model: ck.model,
+    params: ck.params,
+    vocab,
+    prompt,
+    length: o.length,
+    temperature: o.temperature,
+    seed: o.seed,
+  });
+}
+
+/**
+ * Generates `o.length` characters after `o.prompt` (whose characters the vocabulary covers)
+ * with character model `o.model` and its parameters `o.params` (float32, keyed as
+ * checkpoints key them), on this thread's current backend. Returns the prompt followed by the
+ * sample. Used by {@link sampleText} and by the browser page, which has its parameters in
+ * memory instead of a checkpoint.
+ */
+export function generateText(o: {
+  model: CharLmConfig;
+  params: HostParams;
+  vocab: Vocab;
+  prompt: string;
+  length: number;
+  temperature: number;
+  seed: number;
+}): string {
+  const { vocab, prompt } = o;
+  const model = buildModel(o.model);
+  const ctx = o.model.context;
   const params = model.blocks.map((b, bi) =>
     Object.fromEntries(
       b.params.map((s) => [
         s.name,
-        tf.tensor(ck.params.get(paramKey(bi, s.name))!, s.shape),
+        tf.tensor(o.params.get(paramKey(bi, s.name))!, s.shape),
       ]),
     ),
   );
