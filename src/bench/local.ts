@@ -1,8 +1,13 @@
 /**
  * `npm run bench -- local`: validation loss against wall-clock time for single, gpipe (K = 2)
  * and local parallelism (K = 2, greedy and overlap 1) on the same model, data and time budget,
- * and the throughput of each against single. Writes local.json, local.md and local.svg (a
- * line plot drawn with Vega-Lite).
+ * and the throughput of each against single and against gpipe. On a shared machine one run of
+ * each is noise, so the runs go in `rounds` rounds, each round in a rotated order (a slow spell
+ * falls on different strategies), and each strategy's figure is the median over rounds; the
+ * ratios are given both as median/median and as the median of the per-round ratios (A/B taken
+ * minutes apart at most). Process CPU seconds per 1000 tokens (all threads) are given beside:
+ * they measure the work, which contention changes less than the wall clock. Writes local.json,
+ * local.md and local.svg (a line plot of the first round, drawn with Vega-Lite).
  */
 
 import { join } from 'node:path';
@@ -25,8 +30,10 @@ import { markdownTable, writeBenchResults } from './report.js';
 export interface LocalBenchOptions {
   preset: string;
   batchSize: number;
-  /** Training seconds per strategy (evaluation time is not counted). */
+  /** Training seconds per strategy and round (evaluation time is not counted). */
   seconds: number;
+  /** Rounds: every strategy runs once per round, in an order rotated by one each round. */
+  rounds: number;
   /** Evaluate every this many training seconds. */
   evalSeconds: number;
   evalBatches: number;
@@ -39,15 +46,47 @@ export interface LocalBenchOptions {
   out: string;
 }
 
-interface Curve {
-  name: string;
+/** One strategy's run in one round. */
+interface Run {
+  round: number;
   steps: number;
+  /** Steady-state training throughput (no warm-up step, no evaluation), tokens per second. */
   tokens_per_s: number;
-  speedup: number;
+  /** Process CPU seconds (user + system, every thread) per 1000 steady-state tokens. */
+  cpu_s_per_ktoken: number;
   final_val_loss: number;
-  best_val_loss: number;
   /** (training seconds, validation loss) points. */
   points: Array<{ t: number; val_loss: number }>;
+}
+
+/** A strategy over all rounds: its runs and their medians. */
+interface Curve {
+  name: string;
+  runs: Run[];
+  /** Median over rounds of tokens/s. */
+  tokens_per_s: number;
+  /** Median tokens/s over single's median. */
+  speedup: number;
+  /** Median over rounds of (this round's tokens/s / single's in the same round). */
+  speedup_paired: number;
+  /** Median tokens/s over gpipe's median (null for single and gpipe). */
+  vs_gpipe: number | null;
+  /** Median over rounds of (tokens/s / gpipe's in the same round). */
+  vs_gpipe_paired: number | null;
+  cpu_s_per_ktoken: number;
+  /** Median over rounds of the final validation loss (the same seed every round). */
+  final_val_loss: number;
+  best_val_loss: number;
+  /** The first round's (training seconds, validation loss) points. */
+  points: Array<{ t: number; val_loss: number }>;
+}
+
+/** Median of a non-empty list (mean of the middle two for an even length). */
+export function median(xs: readonly number[]): number {
+  if (!xs.length) throw new Error('median of an empty list');
+  const s = [...xs].sort((a, b) => a - b);
+  const h = s.length >> 1;
+  return s.length % 2 ? s[h]! : (s[h - 1]! + s[h]!) / 2;
 }
 
 /** Runs the benchmark and writes its files. */
@@ -96,8 +135,13 @@ export async function benchLocal(
       },
     },
   ];
-  const curves: Curve[] = [];
-  for (const r of runs) {
+  if (!Number.isInteger(o.rounds) || o.rounds < 1)
+    throw new Error(`--rounds must be a positive integer, got ${o.rounds}`);
+  /** One training run of `r` for `o.seconds` from the same initial parameters and data order. */
+  const runOnce = async (
+    r: (typeof runs)[number],
+    round: number,
+  ): Promise<Run> => {
     const cfg = resolveConfig({
       ...base,
       balance: undefined,
@@ -105,10 +149,11 @@ export async function benchLocal(
       steps: 1_000_000,
     });
     const s = await createStrategy(cfg, model, params);
-    const points: Curve['points'] = [];
+    const points: Run['points'] = [];
     let t = 0;
     let tokens = 0;
     let steadySeconds = 0;
+    let steadyCpuMs = 0;
     let steps = 0;
     try {
       const batcher = makeBatcher(ds, {
@@ -122,6 +167,7 @@ export async function benchLocal(
       // accepts them (local parallelism lets the first stage run ahead), as the trainer does
       const inFlight: Array<Promise<unknown>> = [];
       let clock = performance.now();
+      let cpu = process.cpuUsage();
       while (t < o.seconds) {
         const b = batcher.next();
         const lr = learningRate(steps, {
@@ -136,40 +182,81 @@ export async function benchLocal(
         await sub.accepted;
         while (inFlight.length > s.devices) await inFlight.shift();
         const dt = (performance.now() - clock) / 1000;
+        const c = process.cpuUsage(cpu);
         steps++;
         t += dt;
         clock = performance.now();
+        cpu = process.cpuUsage();
         if (steps > 1) {
           // throughput: steady state (no warm-up step, no waits for evaluation)
           tokens += b.tokens;
           steadySeconds += dt;
+          steadyCpuMs += (c.user + c.system) / 1000;
         }
         if (t >= nextEval || t >= o.seconds) {
           await Promise.all(inFlight.splice(0));
           t += (performance.now() - clock) / 1000;
           points.push({ t, val_loss: (await s.evaluate(val)).loss });
           clock = performance.now();
+          cpu = process.cpuUsage();
           nextEval += o.evalSeconds;
         }
       }
     } finally {
       await s.close();
     }
-    const tps = tokens / steadySeconds;
-    const curve: Curve = {
-      name: r.name,
+    const run: Run = {
+      round,
       steps,
-      tokens_per_s: tps,
-      speedup: curves.length ? tps / curves[0].tokens_per_s : 1,
-      final_val_loss: points[points.length - 1].val_loss,
-      best_val_loss: Math.min(...points.map((p) => p.val_loss)),
+      tokens_per_s: tokens / steadySeconds,
+      cpu_s_per_ktoken: steadyCpuMs / tokens,
+      final_val_loss: points[points.length - 1]!.val_loss,
       points,
     };
-    curves.push(curve);
     log(
-      `${r.name}: ${steps} steps, ${tps.toFixed(0)} tokens/s (${curve.speedup.toFixed(2)}x single), val loss ${curve.final_val_loss.toFixed(4)} after ${t.toFixed(0)} s`,
+      `round ${round + 1}/${o.rounds} ${r.name}: ${steps} steps, ${run.tokens_per_s.toFixed(0)} tokens/s, ${run.cpu_s_per_ktoken.toFixed(3)} CPU s/1k tokens, val loss ${run.final_val_loss.toFixed(4)} after ${t.toFixed(0)} s`,
     );
+    return run;
+  };
+  const byRun: Run[][] = runs.map(() => []);
+  for (let round = 0; round < o.rounds; round++) {
+    for (let j = 0; j < runs.length; j++) {
+      const i = (j + round) % runs.length;
+      byRun[i]!.push(await runOnce(runs[i]!, round));
+    }
   }
+  const tps = (i: number, round: number) =>
+    byRun[i]!.find((x) => x.round === round)!.tokens_per_s;
+  const rounds = Array.from({ length: o.rounds }, (_, r) => r);
+  const medTps = byRun.map((rs) => median(rs.map((x) => x.tokens_per_s)));
+  const curves: Curve[] = runs.map((r, i) => {
+    const rs = [...byRun[i]!].sort((a, b) => a.round - b.round);
+    const againstGpipe = i >= 2;
+    return {
+      name: r.name,
+      runs: rs,
+      tokens_per_s: medTps[i]!,
+      speedup: medTps[i]! / medTps[0]!,
+      speedup_paired: median(rounds.map((k) => tps(i, k) / tps(0, k))),
+      vs_gpipe: againstGpipe ? medTps[i]! / medTps[1]! : null,
+      vs_gpipe_paired: againstGpipe
+        ? median(rounds.map((k) => tps(i, k) / tps(1, k)))
+        : null,
+      cpu_s_per_ktoken: median(rs.map((x) => x.cpu_s_per_ktoken)),
+      final_val_loss: median(rs.map((x) => x.final_val_loss)),
+      best_val_loss: Math.min(
+        ...rs.flatMap((x) => x.points.map((p) => p.val_loss)),
+      ),
+      points: rs[0]!.points,
+    };
+  });
+  for (const c of curves)
+    log(
+      `${c.name}: median ${c.tokens_per_s.toFixed(0)} tokens/s, ${c.speedup.toFixed(2)}x single (paired ${c.speedup_paired.toFixed(2)}x)` +
+        (c.vs_gpipe === null
+          ? ''
+          : `, ${c.vs_gpipe.toFixed(2)}x gpipe (paired ${c.vs_gpipe_paired!.toFixed(2)}x)`),
+    );
   const spec: TopLevelSpec = {
     $schema: 'https://vega.github.io/schema/vega-lite/v5.json',
     title: `${o.preset} on ${base.data}: validation loss vs training time (${o.backend}, ${o.seconds} s each)`,
@@ -209,25 +296,43 @@ export async function benchLocal(
   });
   const svg = await view.toSVG();
   await writeFileAtomic(join(o.out, 'local.svg'), svg);
+  const x = (v: number | null) => (v === null ? '-' : `${v.toFixed(2)}x`);
   const md = [
     `# local parallelism benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters) on ${base.data}, mini-batch ${o.batchSize}, lr ${o.lr}, backend ${o.backend}, ${o.seconds} s of training each (evaluation excluded), on this machine (${(await import('node:os')).cpus().length} cores). Plot: local.svg.\n`,
+    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters) on ${base.data}, mini-batch ${o.batchSize}, lr ${o.lr}, backend ${o.backend}, ${o.seconds} s of training each (evaluation excluded), ${o.rounds} round(s) in rotated order, on this machine (${(await import('node:os')).cpus().length} cores; shared machines make single runs noisy). Figures are medians over rounds; "paired" ratios are the median of each round's ratio. Plot (first round): local.svg.\n`,
     markdownTable({
       columns: [
         'strategy',
-        'steps',
-        'tokens/s (steady state)',
+        'tokens/s (median)',
         'vs single',
-        `val loss at ${o.seconds} s`,
+        'vs single (paired)',
+        'vs gpipe',
+        'vs gpipe (paired)',
+        'CPU s / 1k tokens',
+        `val loss at ${o.seconds} s (median)`,
         'best val loss',
       ],
       rows: curves.map((c) => [
         c.name,
-        c.steps,
         c.tokens_per_s.toFixed(0),
-        `${c.speedup.toFixed(2)}x`,
+        x(c.speedup),
+        x(c.speedup_paired),
+        x(c.vs_gpipe),
+        x(c.vs_gpipe_paired),
+        c.cpu_s_per_ktoken.toFixed(3),
         c.final_val_loss.toFixed(4),
         c.best_val_loss.toFixed(4),
+      ]),
+    }),
+    `\nEach round (tokens/s, steps, final val loss):\n`,
+    markdownTable({
+      columns: ['round', ...curves.map((c) => c.name)],
+      rows: Array.from({ length: o.rounds }, (_, r) => [
+        r + 1,
+        ...curves.map((c) => {
+          const run = c.runs.find((u) => u.round === r)!;
+          return `${run.tokens_per_s.toFixed(0)} (${run.steps}, ${run.final_val_loss.toFixed(4)})`;
+        }),
       ]),
     }),
   ].join('\n');

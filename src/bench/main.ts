@@ -4,6 +4,7 @@
  */
 import { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
+import { defaultBackend } from '../backend/names.js';
 import { benchBalance } from './balance.js';
 import { benchGpipe } from './gpipe.js';
 import { benchLocal } from './local.js';
@@ -188,9 +189,15 @@ program
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option(
     '--seconds <s>',
-    'training seconds per strategy',
+    'training seconds per strategy and round',
     (v) => Number(v),
-    90,
+    60,
+  )
+  .option(
+    '--rounds <n>',
+    'rounds, each running every strategy once in a rotated order (figures are medians)',
+    (v) => Number(v),
+    3,
   )
   .option(
     '--eval-seconds <s>',
@@ -212,7 +219,7 @@ program
     2,
   )
   .option('--lr <x>', 'learning rate', (v) => Number(v), 2e-3)
-  .option('--backend <name>', 'backend', 'wasm')
+  .option('--backend <name>', 'backend', defaultBackend())
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
