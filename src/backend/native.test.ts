@@ -343,6 +343,16 @@ test('native reductions, transpose and softmax equal cpu on any axes', {
     tf.max(x!, [2, 3]),
     tf.min(x!, 0),
     tf.min(x!, -1, true),
+    // every axis into one element: the one-pass path (a loss's mean, a sum of squares)
+    tf.mean(x!),
+    tf.max(x!),
+    tf.min(x!, [0, 1, 2, 3], true),
+  ]);
+  // above the size at which kernels split over the team
+  await assertSameAsCpu('a whole large tensor', [[300, 257]], (x) => [
+    tf.sum(tf.square(x!)),
+    tf.mean(x!),
+    tf.max(x!),
   ]);
   await assertSameAsCpu('transposes', [[2, 3, 4, 5]], (x) => [
     tf.transpose(x!),

@@ -405,7 +405,11 @@ function reduceKernel(name: string): tf.KernelFunc {
     const kept = tf.util.sizeFromShape(outShape);
     if (reduced === 0 && op >= 2) return cpuKernel(name, args); // max/min of nothing: the cpu backend's semantics
     const out = backend.alloc(kept);
-    if (axes.every((a, i) => a === i)) {
+    if (kept === 1) {
+      // every element into one (a loss's mean, a gradient's sum of squares): one vectorised
+      // pass over the buffer as it lies; column-wise it would be one dependent add per element
+      nativeAddon()!.reduce(op, values(backend, x), out, 1, reduced);
+    } else if (axes.every((a, i) => a === i)) {
       // the leading axes (a bias gradient's batch and time): column-wise, no transpose
       nativeAddon()!.reduceOuter(op, values(backend, x), out, reduced, kept);
     } else {
