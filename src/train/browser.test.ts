@@ -11,8 +11,10 @@
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { createServer } from 'node:http';
+import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { extname, join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import type { Browser, Page } from 'playwright-core';
@@ -359,6 +361,52 @@ describe('the training page in Chromium', { skip }, () => {
       small.message,
       /the output of block 3 \(head\) \[16, 64, \d+\], takes .* over the adapter's maxStorageBufferBindingSize of 64 KiB; use more micro-batches/,
     );
+  });
+
+  test('the built page works from any static server: at a sub-path, with only the two isolation headers (l2l needs SharedArrayBuffer)', async () => {
+    // a bare file server, not web/serve.mjs: what a person's nginx or GitHub-Pages-like host does
+    const TYPES: Record<string, string> = {
+      '.html': 'text/html',
+      '.js': 'text/javascript',
+      '.css': 'text/css',
+      '.wasm': 'application/wasm',
+    };
+    const server = createServer((req, res) => {
+      const path = new URL(req.url ?? '/', 'http://x').pathname;
+      const rel = path.replace(/^\/static\/layerwise\//, '') || 'index.html';
+      const headers = {
+        'Cross-Origin-Opener-Policy': 'same-origin',
+        'Cross-Origin-Embedder-Policy': 'require-corp',
+      };
+      try {
+        const body = readFileSync(join(outDir, rel.replace(/\.\./g, '')));
+        res.writeHead(200, {
+          ...headers,
+          'Content-Type': TYPES[extname(rel)] ?? 'application/octet-stream',
+        });
+        res.end(body);
+      } catch {
+        res.writeHead(404, headers).end();
+      }
+    });
+    await new Promise<void>((ok) => server.listen(0, '127.0.0.1', ok));
+    const { port } = server.address() as AddressInfo;
+    try {
+      const page = await browser.newPage();
+      const errors: string[] = [];
+      page.on('pageerror', (e) => errors.push(e.message));
+      await page.goto(
+        `http://127.0.0.1:${port}/static/layerwise/?preset=charlm-tiny&strategy=l2l&micro-batches=2&steps=2&batch-size=4&eval-batches=1&backend=wasm&autostart=1`,
+      );
+      const s = await finished(page, 120_000);
+      assert.equal(s.state, 'done', s.error);
+      assert.equal(await page.evaluate(() => crossOriginIsolated), true);
+      assert.equal(s.metrics.length, 2);
+      assert.deepEqual(errors, []);
+      await page.close();
+    } finally {
+      server.close();
+    }
   });
 
   test('Stop ends the run after the current step, with the summary of the steps done', async () => {
