@@ -17,6 +17,7 @@ import 'uplot/dist/uPlot.min.css';
 import * as tf from '@tensorflow/tfjs-core';
 import uPlot from 'uplot';
 import { initBackend } from '../src/backend/index.js';
+import type { WebGpuBufferLimits } from '../src/backend/webgpu-limits.js';
 import { paramKey } from '../src/model/block.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
@@ -41,6 +42,11 @@ interface PageState {
   error?: string;
   /** The backends this browser offers: webgpu first where it gives an adapter, and wasm. */
   backends: string[];
+  /**
+   * The WebGPU adapter's buffer limits a webgpu run checks the model against (bytes), each
+   * lowered to the URL's `webgpu-max-buffer` where given; absent without an adapter.
+   */
+  webgpuLimits?: WebGpuBufferLimits;
 }
 
 const page: PageState = { state: 'idle', metrics: [], backends: ['wasm'] };
@@ -125,12 +131,28 @@ drop.addEventListener('drop', (e) => {
 /** Offers webgpu where this browser gives an adapter (the devices are Web Workers, which see the same). */
 async function detectBackends(): Promise<void> {
   const gpu = (
-    navigator as { gpu?: { requestAdapter(): Promise<unknown | null> } }
+    navigator as {
+      gpu?: {
+        requestAdapter(): Promise<{ limits: WebGpuBufferLimits } | null>;
+      };
+    }
   ).gpu;
   const adapter = await gpu?.requestAdapter().catch(() => null);
   const sel = $<HTMLSelectElement>('backend');
   if (adapter) {
     page.backends = ['webgpu', 'wasm'];
+    // `webgpu-max-buffer=BYTES` checks the model against a smaller GPU's limits (the tests use it)
+    const cap = Number(
+      new URLSearchParams(location.search).get('webgpu-max-buffer') ??
+        Number.POSITIVE_INFINITY,
+    );
+    const at = (v: number) => (cap > 0 ? Math.min(v, cap) : v);
+    page.webgpuLimits = {
+      maxBufferSize: at(adapter.limits.maxBufferSize),
+      maxStorageBufferBindingSize: at(
+        adapter.limits.maxStorageBufferBindingSize,
+      ),
+    };
     sel.add(new Option('webgpu', 'webgpu'), 0);
     sel.value = 'webgpu';
   }
@@ -273,7 +295,8 @@ let stopAsked = false;
 
 /**
  * Settings the form does not show, from the URL only (each as `layerwise train`'s flag of the
- * same name): batch-size, eval-batches, eval-every, seed, lr. Missing: the preset's defaults.
+ * same name): batch-size, eval-batches, eval-every, seed, lr, and the model's shape: layers,
+ * d-model, heads, context. Missing: the preset's defaults.
  */
 function advancedFromUrl() {
   const q = new URLSearchParams(location.search);
@@ -287,6 +310,10 @@ function advancedFromUrl() {
     evalEvery: num('eval-every'),
     seed: num('seed'),
     lr: num('lr'),
+    layers: num('layers'),
+    dModel: num('d-model'),
+    heads: num('heads'),
+    context: num('context'),
   };
 }
 
@@ -303,6 +330,7 @@ function formOptions() {
     steps: num('steps'),
     backend: $<HTMLSelectElement>('backend').value as 'wasm' | 'webgpu',
     text: ownText,
+    webgpuLimits: page.webgpuLimits,
     ...advancedFromUrl(),
   };
 }

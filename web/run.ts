@@ -5,6 +5,11 @@
  * fields), the trace recorder's timeline, and the trained parameters. No checkpoints and no
  * resume here (the page has no files).
  */
+
+import {
+  checkWebGpuLimits,
+  type WebGpuBufferLimits,
+} from '../src/backend/webgpu-limits.js';
 import { resolveConfig, runModelConfig } from '../src/config/config.js';
 import { makeBatcher, validationBatches } from '../src/data/batcher.js';
 import { type Dataset, loadDataset } from '../src/data/index.js';
@@ -35,8 +40,15 @@ export interface PageRunOptions {
   evalBatches?: number;
   seed?: number;
   lr?: number;
+  /** The preset's shape, changed (`layerwise train`'s --layers, --d-model, --heads, --context). */
+  layers?: number;
+  dModel?: number;
+  heads?: number;
+  context?: number;
   /** A person's own text (a dropped or picked .txt file) instead of the preset's data. */
   text?: { name: string; text: string };
+  /** The WebGPU adapter's buffer limits: a webgpu run checks the model against them first. */
+  webgpuLimits?: WebGpuBufferLimits;
 }
 
 /** Live progress of a run. */
@@ -75,7 +87,7 @@ function checkFinite(loss: number, step: number, lr: number): void {
 /**
  * Trains as `opts` asks, in this page (devices are Web Workers). Throws
  * {@link LayerwiseError} for bad input (an unknown preset, a text with nothing to train on, a
- * strategy's flag checks) before any worker starts, and a StageError when a device fails.
+ * strategy's flag checks, a model over the WebGPU adapter's buffer limits) before any worker starts, and a StageError when a device fails.
  */
 export async function runInPage(
   opts: PageRunOptions,
@@ -94,6 +106,10 @@ export async function runInPage(
     evalBatches: opts.evalBatches,
     seed: opts.seed,
     lr: opts.lr,
+    layers: opts.layers,
+    dModel: opts.dModel,
+    heads: opts.heads,
+    context: opts.context,
     data: opts.text?.name,
     out: 'page',
   });
@@ -102,6 +118,14 @@ export async function runInPage(
     ? textDatasetFromString(opts.text.name, opts.text.text)
     : await loadDataset(cfg.data);
   const model = await loadModel(await runModelConfig(cfg, ds));
+  if (cfg.backend === 'webgpu' && opts.webgpuLimits)
+    checkWebGpuLimits(
+      model,
+      cfg.strategy === 'single'
+        ? cfg.batchSize
+        : Math.ceil(cfg.batchSize / cfg.microBatches),
+      opts.webgpuLimits,
+    );
   const ranges = await resolveStages(cfg, model);
   const context =
     model.config.arch === 'charlm' ? model.config.context : undefined;

@@ -3,12 +3,15 @@
  *
  * - a user's error ({@link LayerwiseError}: bad flags, data, checkpoints, a numeric fault, a run
  *   folder in use; a device over its --device-memory budget; a file-system error on a path the
- *   user gave) names the problem and the fix, and exits with status 2;
+ *   user gave) names the problem and the fix, and exits with status 2; so does a lost device
+ *   (its process killed, its host gone) once --max-restarts is used up, naming the command that
+ *   resumes the run;
  * - anything else is an internal failure: one line with the cause and where the full report
  *   is (`error.txt` in the run folder when there is one; `--debug` prints it on stderr), exit 1.
  */
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { isDeviceLoss } from '../train/restarts.js';
 import { LayerwiseError, runDirOf } from '../util/errors.js';
 
 /** File-system error codes a user's paths cause, and what to do about them. */
@@ -82,6 +85,15 @@ export function reportError(
     err.causeName === 'NumericFaultError'
   ) {
     print(`layerwise: error: ${firstLine(err.message)}`);
+    if (opts.debug) print(fullReport(err));
+    return 2;
+  }
+  // a lost device is the machine's fault, not the program's: the run resumes from its checkpoint
+  if (isDeviceLoss(err)) {
+    const dir = runDirOf(err);
+    print(
+      `layerwise: error: ${firstLine(err.message)}; continue the run with 'layerwise train --resume ${dir ?? '<its --out folder>'}' (add --max-restarts N to restart lost devices by itself)`,
+    );
     if (opts.debug) print(fullReport(err));
     return 2;
   }
