@@ -60,6 +60,12 @@ export class NativeBackend extends MathBackendCPU {
   readonly pool = new BufferPool();
   private internalRead = false;
 
+  constructor() {
+    super();
+    // no "install our node backend" banner on the first tensor (see backend/tfjs.ts)
+    (this as unknown as { firstUse: boolean }).firstUse = false;
+  }
+
   /** A float32 output of `length` elements whose every element the kernel writes (contents undefined). */
   alloc(length: number): Float32Array {
     return this.pool.take(length);

@@ -11,3 +11,34 @@ import '@tensorflow/tfjs';
 import * as tf from '@tensorflow/tfjs-core';
 
 export { tf };
+
+/**
+ * TF.js's CPU backend (`MathBackendCPU`, which the native backend extends) prints, on its first
+ * tensor in Node, "Hi, looks like you are running TensorFlow.js in Node.js. To speed things up
+ * dramatically, install our node backend": advice that does not apply here (layerwise has its
+ * own native backend). The banner is gated by the instance's private `firstUse` flag
+ * (tfjs-backend-cpu backend_cpu.js, `write`), so the registered factory is wrapped to clear it;
+ * every other TF.js warning still prints.
+ */
+function silenceNodeBanner(): void {
+  type Quiet = { firstUse?: boolean };
+  const made = (tf.engine() as unknown as { registry: Record<string, Quiet> })
+    .registry.cpu;
+  if (made) {
+    made.firstUse = false;
+    return;
+  }
+  const factory = tf.findBackendFactory('cpu');
+  if (!factory) return;
+  tf.removeBackend('cpu');
+  tf.registerBackend(
+    'cpu',
+    () => {
+      const b = factory() as unknown as Quiet;
+      b.firstUse = false;
+      return b as unknown as tf.KernelBackend;
+    },
+    1, // tfjs-backend-cpu's own priority
+  );
+}
+silenceNodeBanner();

@@ -17,6 +17,7 @@ import {
   readdirSync,
   readFileSync,
   rmSync,
+  statSync,
   utimesSync,
   writeFileSync,
 } from 'node:fs';
@@ -24,6 +25,7 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { checkpointDir } from '../train/checkpoint-io.js';
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 const TINY = [
@@ -44,13 +46,17 @@ const TINY = [
 ];
 const STACK = /\n\s+at /;
 
-function run(args: string[]): {
+function run(
+  args: string[],
+  extra: Record<string, string> = {},
+): {
   code: number | null;
   out: string;
   err: string;
 } {
-  const env = { ...process.env };
+  const env: NodeJS.ProcessEnv = { ...process.env };
   delete env.LAYERWISE_TOKEN; // the same cases wherever the tests run
+  Object.assign(env, extra);
   const r = spawnSync(process.execPath, [CLI, ...args], {
     encoding: 'utf8',
     timeout: 120_000,
@@ -314,7 +320,12 @@ const CASES: Case[] = [
   train(
     'text too short for a validation batch',
     [...TINY, '--data', tinyText],
-    /validation split of .*tiny\.txt holds less than one batch of 8/,
+    /the text .*tiny\.txt \(5 characters\) is too short: .* --context 16 .*give a smaller --context or --batch-size, or a longer text/,
+  ),
+  train(
+    'text too short with --batch-size 1: the fix is the context or the text',
+    [...TINY, '--data', tinyText, '--batch-size', '1'],
+    /the text .*tiny\.txt \(5 characters\) is too short: .*1 windows of --context 16 \(17 characters\); give a smaller --context, or a longer text/,
   ),
   train(
     'ragged JSON lines',
@@ -361,7 +372,7 @@ const CASES: Case[] = [
   {
     name: '--resume a missing folder',
     args: ['train', '--resume', join(tmp, 'no-run')],
-    message: /checkpoint folder .*no-run\/checkpoint does not exist/,
+    message: /run folder .*no-run does not exist/,
   },
   {
     name: '--resume a file',
@@ -371,7 +382,7 @@ const CASES: Case[] = [
   {
     name: '--resume an empty folder',
     args: ['train', '--resume', emptyRun],
-    message: /empty-run\/checkpoint does not exist/,
+    message: /empty-run holds no layerwise checkpoint/,
   },
   {
     name: '--resume a malformed meta.json',
@@ -495,7 +506,7 @@ test('the lock of a killed run is taken over: its pid is gone, or its lock is st
   );
   const r = run(['train', ...quick, '--out', out]);
   assert.equal(r.code, 0, r.err);
-  assert.ok(existsSync(join(out, 'checkpoint', 'meta.json')));
+  assert.ok(existsSync(join(checkpointDir(out), 'meta.json')));
   assert.equal(existsSync(join(out, '.lock')), false, 'released at the end');
   // no owner file, but a lock nobody has refreshed for a minute
   const stale = d('stale');
@@ -505,6 +516,21 @@ test('the lock of a killed run is taken over: its pid is gone, or its lock is st
   const s = run(['train', ...quick, '--out', stale]);
   assert.equal(s.code, 0, s.err);
 });
+
+/** SHA-256 of every file under `dir`, by relative path. */
+function treeHashes(dir: string): Record<string, string> {
+  return Object.fromEntries(
+    (readdirSync(dir, { recursive: true }) as string[])
+      .filter((n) => statSync(join(dir, n)).isFile())
+      .sort()
+      .map((n) => [
+        n,
+        createHash('sha256')
+          .update(readFileSync(join(dir, n)))
+          .digest('hex'),
+      ]),
+  );
+}
 
 function hashes(dir: string): Record<string, string> {
   return Object.fromEntries(
@@ -545,7 +571,7 @@ test('a numeric fault mid-run names the stage, block and micro-batch, updates no
     out,
   ]);
   assert.equal(a.code, 0, a.err);
-  const ck = join(out, 'checkpoint');
+  const ck = checkpointDir(out);
   const before = hashes(ck);
   const metricsBefore = readFileSync(join(out, 'metrics.jsonl'), 'utf8');
   // an absurd learning rate: the first update is finite but huge, the next forward overflows
@@ -553,7 +579,7 @@ test('a numeric fault mid-run names the stage, block and micro-batch, updates no
   assert.equal(b.code, 2, b.err);
   assert.match(
     b.err,
-    /layerwise: error: non-finite value at step \d+: the (output|loss|gradient|input).* (of )?block \d+ \(\w+\) on stage \d, micro-batch \d.*; nothing was updated with it; the checkpoint of step 2 in .*checkpoint is intact; lower --lr \(now 1000000\)/,
+    /layerwise: error: non-finite value at step \d+: the (output|loss|gradient|input).* (of )?block \d+ \(\w+\) on stage \d, micro-batch \d.*; nothing was updated with it; the checkpoint of step 2 in .*checkpoints\/step-2 is intact; lower --lr \(now 1000000\)/,
   );
   assert.doesNotMatch(b.err, STACK);
   assert.equal(errorLines(b.err).length, 1, b.err);
@@ -654,7 +680,7 @@ test("a checkpoint whose parameters are not its model's (another version of the 
   const r = run(['train', ...quick, '--out', out]);
   assert.equal(r.code, 0, r.err);
   // the same checkpoint as an earlier layout of the model would have written it: a block index moved
-  const metaPath = join(out, 'checkpoint', 'meta.json');
+  const metaPath = join(checkpointDir(out), 'meta.json');
   const meta = JSON.parse(readFileSync(metaPath, 'utf8')) as {
     params: Array<{ key: string }>;
   };
@@ -662,7 +688,7 @@ test("a checkpoint whose parameters are not its model's (another version of the 
   const was = moved.key;
   moved.key = `9${was}`;
   writeFileSync(metaPath, JSON.stringify(meta));
-  const before = hashes(join(out, 'checkpoint'));
+  const before = hashes(checkpointDir(out));
   for (const args of [
     ['train', '--resume', out, '--steps', '10'],
     ['sample', '--checkpoint', out, '--length', '5'],
@@ -681,7 +707,7 @@ test("a checkpoint whose parameters are not its model's (another version of the 
     assert.doesNotMatch(b.err, STACK);
   }
   assert.deepEqual(
-    hashes(join(out, 'checkpoint')),
+    hashes(checkpointDir(out)),
     before,
     'the checkpoint is untouched',
   );
@@ -689,5 +715,66 @@ test("a checkpoint whose parameters are not its model's (another version of the 
     existsSync(join(tmp, 'misfit-export')),
     false,
     'nothing exported',
+  );
+});
+
+test('an unreachable host mixed with a device process is a user error naming the host (exit 2), leaving nothing', () => {
+  for (const devices of ['127.0.0.1:1,process', 'process,127.0.0.1:1']) {
+    const out = join(tmp, `mixed-${devices.replace(/\W+/g, '-')}`);
+    const r = run(
+      [
+        'train',
+        ...TINY,
+        '--strategy',
+        'gpipe',
+        '--stages',
+        '2',
+        '--devices',
+        devices,
+        '--out',
+        out,
+      ],
+      { LAYERWISE_TOKEN: 'a-token' },
+    );
+    assert.equal(r.code, 2, `${devices}: ${r.err}`);
+    assert.match(
+      r.err,
+      /refused the run: no layerwise worker answers at 127\.0\.0\.1:1; start one there/,
+    );
+    assert.doesNotMatch(r.err, /internal error|UNAVAILABLE/);
+    assert.equal(existsSync(out), false, 'nothing written');
+  }
+});
+
+test('train into the --out of an earlier run refuses (exit 2, naming --resume and --overwrite) and touches nothing; --overwrite starts over', () => {
+  const out = join(tmp, 'taken');
+  assert.equal(run(['train', ...TINY, '--steps', '2', '--out', out]).code, 0);
+  const before = treeHashes(out);
+  const r = run(['train', ...TINY, '--steps', '1', '--out', out]);
+  assert.equal(r.code, 2, r.err);
+  assert.match(
+    r.err,
+    /--out .*taken already holds a run; continue it with 'layerwise train --resume .*taken', start it over with --overwrite/,
+  );
+  assert.deepEqual(treeHashes(out), before, 'the earlier run is untouched');
+  const o = run([
+    'train',
+    ...TINY,
+    '--steps',
+    '1',
+    '--out',
+    out,
+    '--overwrite',
+  ]);
+  assert.equal(o.code, 0, o.err);
+  const steps = readFileSync(join(out, 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l).step);
+  assert.deepEqual(steps, [1], 'a new run');
+  assert.equal(
+    JSON.parse(readFileSync(join(checkpointDir(out), 'meta.json'), 'utf8'))
+      .step,
+    1,
   );
 });

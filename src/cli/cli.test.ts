@@ -19,6 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { checkpointDir } from '../train/checkpoint-io.js';
 import { parseSize } from '../util/size.js';
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
@@ -260,6 +261,21 @@ test('a resumed run reproduces the losses of an uninterrupted one', () => {
     join(full, 'trace.json'),
   ]);
   assert.equal(a.code, 0, a.err);
+  assert.doesNotMatch(
+    a.out + a.err,
+    /TensorFlow\.js in Node\.js/,
+    'no TF.js banner',
+  );
+  // one bubble: the idle percentages printed are summary.json's
+  const bubble = JSON.parse(readFileSync(join(full, 'summary.json'), 'utf8'))
+    .bubble as number[];
+  const printed = [...a.out.matchAll(/idle \(bubble\) ([\d.]+)%/g)].map((m) =>
+    Number(m[1]),
+  );
+  assert.equal(printed.length, bubble.length);
+  printed.forEach((p, i) =>
+    assert.equal(p.toFixed(1), (100 * bubble[i]!).toFixed(1), `stage ${i}`),
+  );
   const b = run(['train', ...common, '--steps', '3', '--out', part]);
   assert.equal(b.code, 0, b.err);
   // continue to 6 steps, on another partition (single device): checkpoints are partition-free
@@ -386,7 +402,7 @@ test('resume refuses a checkpoint of another model and a corrupt checkpoint, wri
   assert.equal(mismatch.code, 2, mismatch.err);
   assert.match(mismatch.err, /trained with dModel = 32, not 64/);
   const before = readdirSync(full).sort();
-  const ck = join(full, 'checkpoint', 'params.bin');
+  const ck = join(checkpointDir(full), 'params.bin');
   truncateSync(ck, 100);
   const corrupt = run(['train', '--resume', full, '--steps', '8']);
   assert.equal(corrupt.code, 2, corrupt.err);
@@ -397,12 +413,26 @@ test('resume refuses a checkpoint of another model and a corrupt checkpoint, wri
     'nothing added next to the run',
   );
   writeFileSync(
-    join(full, 'checkpoint', 'meta.json'),
+    join(checkpointDir(full), 'meta.json'),
     '{"format": "layerwise-checkpoint", "version": 1,',
   );
   const malformed = run(['sample', '--checkpoint', full]);
   assert.equal(malformed.code, 2, malformed.err);
   assert.match(malformed.err, /meta\.json is not valid JSON/);
+});
+
+test('sample with an empty --prompt starts from a line break instead of failing', () => {
+  const r = run([
+    'sample',
+    '--checkpoint',
+    part,
+    '--prompt',
+    '',
+    '--length',
+    '20',
+  ]);
+  assert.equal(r.code, 0, r.err);
+  assert.equal([...r.out.slice(0, -1)].length, 20, JSON.stringify(r.out));
 });
 
 test('sample generates text from a trained character model', () => {
@@ -720,14 +750,25 @@ test('a device process killed mid-run stops it naming the stage, --resume contin
     a,
     15,
   );
-  assert.notEqual(r.code, 0);
+  // no restart left: a user-facing error (exit 2) with the command that resumes, no error.txt
+  assert.equal(r.code, 2, r.err);
   assert.match(r.err, /stage 1: device process \d+ at 127\.0\.0\.1:\d+/);
+  assert.match(r.err, /resume it with: layerwise train --resume .*kill-a/);
+  assert.doesNotMatch(r.err, /internal error/);
+  assert.equal(existsSync(join(a, 'error.txt')), false);
+  // a report left by an earlier failure is stale once a resume succeeds
+  writeFileSync(join(a, 'error.txt'), 'layerwise internal error (earlier)\n');
   assert.ok(
     r.killedAfterS < 10,
     `stopped ${r.killedAfterS.toFixed(1)} s after the kill`,
   );
   const c = run(['train', '--resume', a, '--steps', '40']);
   assert.equal(c.code, 0, c.err);
+  assert.equal(
+    existsSync(join(a, 'error.txt')),
+    false,
+    'stale error.txt removed',
+  );
   losses(a).forEach((l, i) =>
     assert.ok(
       Math.abs(l - want[i]!) <= 1e-4,

@@ -226,6 +226,10 @@ program
     'continue the run in this folder exactly where it stopped',
   )
   .option(
+    '--overwrite',
+    'start a new run in an --out folder that holds one (its checkpoints and metrics are deleted)',
+  )
+  .option(
     '--max-restarts <n>',
     'when a device is lost (process killed, host unreachable), restart the devices and resume from the last checkpoint, at most n times',
     int,
@@ -236,7 +240,17 @@ program
       throw new LayerwiseError(
         '--preset or --model is required (or --resume DIR); see layerwise train --help',
       );
-    const { resume, checkpoint, maxRestarts, ...rest } = o;
+    const { resume, checkpoint, maxRestarts, overwrite, ...rest } = o;
+    // stopped (SIGTERM, Ctrl-C) during a save: its temporary files go, the previous checkpoint stays the latest
+    const { removeSaveLeftovers } = await import('../train/checkpoint-io.js');
+    for (const [sig, code] of [
+      ['SIGTERM', 143],
+      ['SIGINT', 130],
+    ] as const)
+      process.once(sig, () => {
+        removeSaveLeftovers();
+        process.exit(code);
+      });
     const raw = { ...rest, remat: checkpoint }; // --checkpoint keeps torchgpipe's name for re-materialization
     const r = await trainWithRestarts(
       raw,
@@ -247,6 +261,7 @@ program
         console.log(
           `${e.message.split('\n')[0]}; restarting the devices from ${from} (restart ${n} of ${maxRestarts})`,
         ),
+      { overwrite, argv: argv.slice(2) },
     );
     const s = r.summary;
     const rate =
@@ -338,8 +353,16 @@ program
     '--device-memory <size>',
     'memory per device, e.g. 512MB, 1.5GiB, 2e9',
   )
-  .requiredOption('--stages <K>', 'devices available (pipeline stages)', int)
-  .requiredOption('--batch-size <N>', 'mini-batch size (examples)', int)
+  .option(
+    '--stages <K>',
+    "devices available (pipeline stages); default: train's",
+    int,
+  )
+  .option(
+    '--batch-size <N>',
+    "mini-batch size (examples); default: train's",
+    int,
+  )
   .option(
     '--micro-batches <M>',
     'micro-batches (default: search the divisors of N)',

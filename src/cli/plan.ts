@@ -34,8 +34,10 @@ export interface PlanOptions {
   model?: string;
   /** A size such as 512MB, 1.5GiB or 2e9. */
   deviceMemory: string;
-  stages: number;
-  batchSize: number;
+  /** Devices; default: train's (config DEFAULTS). */
+  stages?: number;
+  /** Mini-batch size; default: train's (config DEFAULTS). */
+  batchSize?: number;
   microBatches?: number;
   backend?: string;
   optimizer?: 'adamw' | 'sgd';
@@ -82,6 +84,7 @@ export async function runPlan(
     model: o.model,
     data: o.data,
     batchSize: o.batchSize,
+    stages: o.stages,
     backend: o.backend,
     optimizer: o.optimizer,
     layers: o.layers,
@@ -94,7 +97,7 @@ export async function runPlan(
   const opt = optimizerConfigOf(cfg);
   const req: PlanRequest = {
     deviceMemory,
-    stages: o.stages,
+    stages: cfg.stages,
     batchSize: cfg.batchSize,
     microBatches: o.microBatches,
     slots: optimizerSlots(opt),
@@ -110,7 +113,7 @@ export async function runPlan(
     microBatchSizes: sizes,
     optimizer: opt,
   });
-  if (o.stages >= 2) {
+  if (cfg.stages >= 2) {
     // local parallelism: the auxiliary head any stage but the last could end with
     profile.auxHeads = await profileAuxHeads(
       model,
@@ -122,7 +125,7 @@ export async function runPlan(
   const p = plan(profile, req);
   const head = [
     `plan for ${o.preset}: ${model.blocks.length} blocks, ${modelParamCount(model).toLocaleString('en-US')} parameters, ${cfg.optimizer}, mini-batch ${cfg.batchSize}`,
-    `budget ${formatSize(deviceMemory)} per device, ${o.stages} device${o.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
+    `budget ${formatSize(deviceMemory)} per device, ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
     '',
   ];
   const rows = p.strategies.map((s) =>

@@ -184,6 +184,11 @@ test('layerwise plan: bad input exits with status 2 and names the problem', () =
   r = run([...base, '--device-memory', '1GB', '--stages', '2']);
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /recommendation: /);
+  // --stages and --batch-size default to train's (1 device, mini-batch 32)
+  r = run([...base.slice(0, -2), '--device-memory', '1GB']);
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /mini-batch 32\b/);
+  assert.match(r.stdout, /per device, 1 device;/);
 });
 
 test('local parallelism is planned with its auxiliary heads, free-running stages, and never silently recommended over backprop', () => {

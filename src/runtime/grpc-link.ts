@@ -114,6 +114,14 @@ export class StreamPort implements PortLike {
     else this.closers.push(f);
   }
 
+  /**
+   * After the link closed: what a later {@link postMessage} throws instead of the transport's
+   * own error (the owner's explanation of the failure, e.g. a device that cannot be reached).
+   */
+  failWith(e: Error): void {
+    if (this.closedWith) this.closedWith = e;
+  }
+
   /** Ends the link from this side. */
   end(): void {
     if (this.closedWith) return;

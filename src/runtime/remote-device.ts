@@ -66,17 +66,20 @@ export class RemoteDevice extends Device {
         const what = refused
           ? why.message.replace(/^\d+ [A-Z_]+: /, '')
           : `no layerwise worker answers at ${address}`;
-        this.ch.fail(
-          new StageError(
-            index,
-            `device ${this.where} refused the run: ${what}${fix}`,
-            'LayerwiseError',
-          ),
+        const err = new StageError(
+          index,
+          `device ${this.where} refused the run: ${what}${fix}`,
+          'LayerwiseError',
         );
+        this.port.failWith(err); // a request sent later (the init of a mixed pipeline) says so too
+        this.ch.fail(err);
       } else {
-        this.ch.fail(
-          new StageError(index, `device ${this.where} is gone: ${why.message}`),
+        const err = new StageError(
+          index,
+          `device ${this.where} is gone: ${why.message}`,
         );
+        this.port.failWith(err);
+        this.ch.fail(err);
       }
     });
     child?.on('exit', (code, signal) => {

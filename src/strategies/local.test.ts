@@ -24,7 +24,7 @@ import {
 } from '../optim/optimizer.js';
 import { LocalStage } from '../pipeline/local-stage.js';
 import { StageError } from '../runtime/device.js';
-import { loadCheckpoint } from '../train/checkpoint-io.js';
+import { checkpointDir, loadCheckpoint } from '../train/checkpoint-io.js';
 import { train } from '../train/trainer.js';
 import { Rng } from '../util/rng.js';
 import { backpropPipeline } from './gpipe.js';
@@ -303,8 +303,8 @@ test('a run stopped mid-way leaves its last complete checkpoint and no partial o
       [],
       'no temporary folders',
     );
-    assert.ok(existsSync(join(out, 'checkpoint', 'meta.json')));
-    const ck = await loadCheckpoint(join(out, 'checkpoint'));
+    assert.ok(existsSync(join(checkpointDir(out), 'meta.json')));
+    const ck = await loadCheckpoint(checkpointDir(out));
     assert.equal(ck.step, 1);
     assert.ok(
       ck.params.has(auxKey(0, 'w')),

@@ -5,14 +5,38 @@
  *   params.bin     every parameter, fp32 little-endian, in index order;
  *   optimizer.bin  every optimizer slot (momentum, Adam m and v), fp32, in index order.
  * Parameters and optimizer state are keyed by parameter key (`<block>.<name>`), so a checkpoint
- * is independent of the strategy and partition that wrote it. Written atomically
- * (temp folder + rename); every read is validated and a bad checkpoint raises a
- * {@link LayerwiseError} that names the file and the problem.
+ * is independent of the strategy and partition that wrote it. Every read is validated and a bad
+ * checkpoint raises a {@link LayerwiseError} that names the file and the problem.
+ *
+ * A run folder keeps its checkpoints crash-safely ({@link saveRunCheckpoint}):
+ *   checkpoints/step-<N>/   one folder per checkpoint, written as `step-<N>.tmp-<pid>`, fsynced,
+ *                           then renamed into place;
+ *   checkpoints/latest.json the pointer `{"step": N, "dir": "step-<N>"}`, switched by one atomic
+ *                           rename (fsynced) once the new folder is complete; the previous
+ *                           checkpoint is removed only after the switch.
+ * Whatever instant the process dies, the run folder holds at least the previous complete
+ * checkpoint; {@link findCheckpoint} takes the newest one whose files match their checksums and
+ * {@link cleanCheckpoints} removes what the crash left behind. Runs of earlier versions kept a
+ * plain `checkpoint/` folder (replaced via `checkpoint.tmp-*` and `checkpoint.old-*`): still read.
  */
 import { createHash } from 'node:crypto';
-import { existsSync, statSync } from 'node:fs';
-import { readFile, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import {
+  existsSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+} from 'node:fs';
+import {
+  mkdir,
+  open,
+  readFile,
+  rename,
+  rm,
+  stat,
+  writeFile,
+} from 'node:fs/promises';
+import { join, relative, resolve } from 'node:path';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import { loadModel, type ModelConfig } from '../model/model.js';
@@ -81,11 +105,10 @@ function info(bin: Uint8Array): FileInfo {
   };
 }
 
-/** Writes a checkpoint folder at `dir` atomically, replacing any previous one. */
-export async function saveCheckpoint(
-  dir: string,
+/** The files of checkpoint `ck`: name -> bytes (meta.json last: it names the others' checksums). */
+async function checkpointFiles(
   ck: Checkpoint,
-): Promise<void> {
+): Promise<Array<[string, Uint8Array | string]>> {
   const model = await loadModel(ck.model);
   const paramArrays = model.blocks.flatMap((b, bi) =>
     b.params.map((spec) => {
@@ -128,31 +151,365 @@ export async function saveCheckpoint(
     optimizer: { step: ck.optimizer.step, slots: o.index },
     files: { 'params.bin': info(p.bin), 'optimizer.bin': info(o.bin) },
   };
+  return [
+    ['params.bin', p.bin],
+    ['optimizer.bin', o.bin],
+    ['meta.json', JSON.stringify(meta, null, 1)],
+  ];
+}
+
+/**
+ * Writes a stand-alone checkpoint folder at `dir` atomically (temp folder + rename), replacing
+ * any previous one. Runs save with {@link saveRunCheckpoint}.
+ */
+export async function saveCheckpoint(
+  dir: string,
+  ck: Checkpoint,
+): Promise<void> {
+  const files = await checkpointFiles(ck);
   await replaceDirAtomic(dir, async (tmp) => {
-    await writeFile(join(tmp, 'params.bin'), p.bin);
-    await writeFile(join(tmp, 'optimizer.bin'), o.bin);
-    await writeFile(join(tmp, 'meta.json'), JSON.stringify(meta, null, 1));
+    for (const [name, data] of files) await writeFile(join(tmp, name), data);
   });
 }
 
-/** Where a run folder keeps its checkpoint. */
-export function checkpointDir(out: string): string {
-  return join(out, 'checkpoint');
+/** The run folder's checkpoints (see the module comment). */
+export const CHECKPOINTS = 'checkpoints';
+/** The pointer file inside {@link CHECKPOINTS}. */
+export const POINTER = 'latest.json';
+/** Earlier versions' single checkpoint folder. */
+export const OLD_CHECKPOINT = 'checkpoint';
+
+/*
+ * Test-only fault injection: with LAYERWISE_TEST_KILL_AFTER_FS_CHANGES=N the process SIGKILLs
+ * itself right after the Nth file-system change (mkdir, file written, rename, removal) made by
+ * the checkpoint code, so that tests can stop a real run at every point of its saves.
+ */
+let fsChanges = 0;
+const killAfter = Number(process.env.LAYERWISE_TEST_KILL_AFTER_FS_CHANGES ?? 0);
+/** The signal sent (LAYERWISE_TEST_KILL_SIGNAL, default SIGKILL). */
+const killSignal = (process.env.LAYERWISE_TEST_KILL_SIGNAL ??
+  'SIGKILL') as NodeJS.Signals;
+function changed(): void {
+  fsChanges++;
+  if (killAfter > 0 && fsChanges === killAfter)
+    process.kill(process.pid, killSignal);
 }
 
-/** Accepts a run folder or its checkpoint folder; returns the checkpoint folder. */
-export function resolveCheckpointDir(dir: string): string {
-  let isFile = false;
+/** Temporary paths of a save in progress: removed if the process is told to stop (see {@link removeSaveLeftovers}). */
+const inProgress = new Set<string>();
+
+/**
+ * Removes the temporary files and folders of a save in progress, synchronously (for a SIGTERM
+ * or SIGINT handler: the process exits right after). The checkpoint before it stays the latest.
+ */
+export function removeSaveLeftovers(): void {
+  for (const p of inProgress) rmSync(p, { recursive: true, force: true });
+  inProgress.clear();
+}
+
+async function fsyncPath(path: string): Promise<void> {
+  const fh = await open(path, 'r');
   try {
-    isFile = !statSync(dir).isDirectory();
-  } catch {
-    // missing: loadCheckpoint says so
+    await fh.sync();
+  } finally {
+    await fh.close();
   }
-  if (isFile)
+}
+
+async function writeSynced(
+  path: string,
+  data: Uint8Array | string,
+): Promise<void> {
+  const fh = await open(path, 'w');
+  try {
+    await fh.writeFile(data);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** The step a `step-<N>` folder name holds, or undefined for any other name. */
+function stepOfName(name: string): number | undefined {
+  const m = /^step-(\d+)$/.exec(name);
+  return m ? Number(m[1]) : undefined;
+}
+
+function readPointer(out: string): { step: number; dir: string } | undefined {
+  try {
+    const p = JSON.parse(readFileSync(join(out, CHECKPOINTS, POINTER), 'utf8'));
+    return typeof p.dir === 'string' && stepOfName(p.dir) !== undefined
+      ? p
+      : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+async function switchPointer(
+  out: string,
+  name: string,
+  step: number,
+): Promise<void> {
+  const root = join(out, CHECKPOINTS);
+  const tmp = join(root, `${POINTER}.tmp-${process.pid}`);
+  inProgress.add(tmp);
+  await writeSynced(tmp, `${JSON.stringify({ step, dir: name })}\n`);
+  changed();
+  await rename(tmp, join(root, POINTER));
+  inProgress.delete(tmp);
+  changed();
+  await fsyncPath(root);
+}
+
+/**
+ * Saves checkpoint `ck` into run folder `out` crash-safely (see the module comment): the new
+ * folder is written and fsynced under a temporary name, renamed into `checkpoints/step-<N>`, the
+ * pointer is switched to it by one atomic rename, and only then are older checkpoints (and an
+ * earlier version's `checkpoint/` folder) removed. Returns the new checkpoint's folder.
+ */
+export async function saveRunCheckpoint(
+  out: string,
+  ck: Checkpoint,
+): Promise<string> {
+  const files = await checkpointFiles(ck);
+  const root = join(out, CHECKPOINTS);
+  if (!existsSync(root)) {
+    await mkdir(root, { recursive: true });
+    changed();
+    await fsyncPath(out);
+  }
+  const name = `step-${ck.step}`;
+  const final = join(root, name);
+  const tmp = join(root, `${name}.tmp-${process.pid}`);
+  inProgress.add(tmp);
+  await rm(tmp, { recursive: true, force: true });
+  await mkdir(tmp);
+  changed();
+  for (const [file, data] of files) {
+    await writeSynced(join(tmp, file), data);
+    changed();
+  }
+  await fsyncPath(tmp);
+  if (existsSync(final)) {
+    // a folder of this step left by an earlier attempt that found it incomplete: never the pointer's
+    await rm(final, { recursive: true, force: true });
+    changed();
+  }
+  await rename(tmp, final);
+  inProgress.delete(tmp);
+  changed();
+  await fsyncPath(root);
+  await switchPointer(out, name, ck.step);
+  await removeOthers(out, final);
+  return final;
+}
+
+/** Removes every checkpoint and leftover of run folder `out` except the folder `keep`. */
+async function removeOthers(out: string, keep: string): Promise<string[]> {
+  const removed: string[] = [];
+  const root = join(out, CHECKPOINTS);
+  const gone = async (p: string) => {
+    if (resolve(p) === resolve(keep)) return;
+    await rm(p, { recursive: true, force: true });
+    removed.push(p);
+    changed();
+  };
+  let names: string[] = [];
+  try {
+    names = readdirSync(root);
+  } catch {
+    // no checkpoints folder
+  }
+  for (const n of names.sort()) if (n !== POINTER) await gone(join(root, n));
+  for (const n of readdirSync(out).sort())
+    if (
+      n === OLD_CHECKPOINT ||
+      n.startsWith(`${OLD_CHECKPOINT}.tmp-`) ||
+      n.startsWith(`${OLD_CHECKPOINT}.old-`)
+    )
+      await gone(join(out, n));
+  return removed;
+}
+
+/** Whether run folder `out` holds a checkpoint (complete or not yet verified): any candidate {@link findCheckpoint} would try. */
+export function hasCheckpoint(out: string): boolean {
+  return candidates(out).length > 0;
+}
+
+interface Candidate {
+  dir: string;
+  step: number;
+  /** The pointer names it. */
+  current: boolean;
+}
+
+/** The checkpoint folders of run folder `out`, newest first (the pointer's first among equals). */
+function candidates(out: string): Candidate[] {
+  const list: Candidate[] = [];
+  const ptr = readPointer(out);
+  try {
+    for (const n of readdirSync(join(out, CHECKPOINTS))) {
+      const step = stepOfName(n);
+      if (step !== undefined)
+        list.push({
+          dir: join(out, CHECKPOINTS, n),
+          step,
+          current: ptr?.dir === n,
+        });
+    }
+  } catch {
+    // none
+  }
+  let names: string[] = [];
+  try {
+    names = readdirSync(out);
+  } catch {
+    // not a folder
+  }
+  for (const n of names) {
+    if (n !== OLD_CHECKPOINT && !n.startsWith(`${OLD_CHECKPOINT}.old-`))
+      continue;
+    const dir = join(out, n);
+    let step = -1;
+    try {
+      step = Number(
+        JSON.parse(readFileSync(join(dir, 'meta.json'), 'utf8')).step,
+      );
+    } catch {
+      // unreadable: tried last, its error is reported if nothing else loads
+    }
+    list.push({
+      dir,
+      step: Number.isFinite(step) ? step : -1,
+      current: n === OLD_CHECKPOINT,
+    });
+  }
+  return list.sort(
+    (a, b) => b.step - a.step || Number(b.current) - Number(a.current),
+  );
+}
+
+/** The files a run folder holds once a run has done a step in it. */
+const RUN_FILES = [
+  'metrics.jsonl',
+  'summary.json',
+  CHECKPOINTS,
+  OLD_CHECKPOINT,
+];
+
+/** Whether `out` holds (part of) a run that did a step: its metrics, summary or checkpoints. */
+export function holdsRun(out: string): boolean {
+  return RUN_FILES.some((f) => existsSync(join(out, f)));
+}
+
+/** Quotes `arg` for a POSIX shell when it needs it. */
+function shellQuote(arg: string): string {
+  return /^[\w@%+=:,./-]+$/.test(arg)
+    ? arg
+    : `'${arg.replaceAll("'", "'\\''")}'`;
+}
+
+/** The command that starts the run in `out` again (from run.json), or undefined. */
+function restartCommand(out: string): string | undefined {
+  try {
+    const r = JSON.parse(readFileSync(join(out, 'run.json'), 'utf8')) as {
+      argv?: unknown;
+    };
+    if (!Array.isArray(r.argv) || !r.argv.every((a) => typeof a === 'string'))
+      return undefined;
+    const argv = (r.argv as string[]).filter((a) => a !== '--overwrite');
+    return ['layerwise', ...argv, '--overwrite'].map(shellQuote).join(' ');
+  } catch {
+    return undefined;
+  }
+}
+
+/** A found checkpoint: its folder and contents. */
+export interface FoundCheckpoint {
+  dir: string;
+  ck: Checkpoint;
+  /** The run folder it belongs to (undefined when a checkpoint folder was given directly). */
+  run?: string;
+}
+
+/**
+ * Finds and loads the newest complete checkpoint of `path`: a run folder (newest `step-<N>`
+ * folder whose files match their checksums; an earlier version's `checkpoint/` and its
+ * `checkpoint.old-*` too) or a checkpoint folder itself. Writes nothing. Throws
+ * {@link LayerwiseError} when the path is missing or a file, when no checkpoint is complete yet
+ * (naming the command that starts the run again), or with the newest candidate's problem when
+ * none of them loads.
+ */
+export async function findCheckpoint(path: string): Promise<FoundCheckpoint> {
+  let st: ReturnType<typeof statSync> | undefined;
+  try {
+    st = statSync(path);
+  } catch {
     throw new LayerwiseError(
-      `${dir} is a file, not a run folder; give the --out folder of an earlier 'layerwise train' run (or its checkpoint folder)`,
+      `run folder ${path} does not exist; give the --out folder of an earlier 'layerwise train' run`,
     );
-  return existsSync(join(dir, 'meta.json')) ? dir : checkpointDir(dir);
+  }
+  if (!st.isDirectory())
+    throw new LayerwiseError(
+      `${path} is a file, not a run folder; give the --out folder of an earlier 'layerwise train' run (or its checkpoint folder)`,
+    );
+  if (existsSync(join(path, 'meta.json')))
+    return { dir: path, ck: await loadCheckpoint(path) };
+  const list = candidates(path);
+  let first: unknown;
+  for (const c of list) {
+    try {
+      return { dir: c.dir, ck: await loadCheckpoint(c.dir), run: path };
+    } catch (e) {
+      first ??= e;
+    }
+  }
+  if (first) throw first;
+  if (holdsRun(path) || existsSync(join(path, 'run.json'))) {
+    const cmd = restartCommand(path);
+    throw new LayerwiseError(
+      `run folder ${path} holds no complete checkpoint yet (the run stopped before its first save finished); start it again with: ${cmd ?? "your 'layerwise train' command with --overwrite"}`,
+    );
+  }
+  throw new LayerwiseError(
+    `${path} holds no layerwise checkpoint; give the --out folder of an earlier 'layerwise train' run (or its checkpoint folder)`,
+  );
+}
+
+/**
+ * After resuming run folder `out` from its checkpoint folder `keep` (found by
+ * {@link findCheckpoint}): points the pointer at `keep` when it is a `step-<N>` folder, then
+ * removes every other checkpoint and every leftover of an interrupted save. An earlier
+ * version's `checkpoint/` folder is kept until the first new save. Returns the paths removed.
+ */
+export async function cleanCheckpoints(
+  out: string,
+  keep: string,
+): Promise<string[]> {
+  const rel = relative(resolve(out), resolve(keep));
+  const name = rel.startsWith(`${CHECKPOINTS}/`)
+    ? rel.slice(CHECKPOINTS.length + 1)
+    : undefined;
+  const step = name === undefined ? undefined : stepOfName(name);
+  if (name !== undefined && step !== undefined) {
+    if (readPointer(out)?.dir !== name) await switchPointer(out, name, step);
+    return removeOthers(out, keep);
+  }
+  // an earlier version's checkpoint: remove only what is not a checkpoint
+  const removed: string[] = [];
+  for (const n of readdirSync(out))
+    if (n.startsWith(`${OLD_CHECKPOINT}.tmp-`)) {
+      await rm(join(out, n), { recursive: true, force: true });
+      removed.push(join(out, n));
+    }
+  return removed;
+}
+
+/** The newest checkpoint folder the pointer of run folder `out` names (else an earlier version's `checkpoint/`). */
+export function checkpointDir(out: string): string {
+  const ptr = readPointer(out);
+  return ptr ? join(out, CHECKPOINTS, ptr.dir) : join(out, OLD_CHECKPOINT);
 }
 
 function bad(dir: string, what: string): never {

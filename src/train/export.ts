@@ -21,7 +21,7 @@ import { loadModel, type Model } from '../model/model.js';
 import { loadModelModule } from '../model/module.js';
 import { check } from '../util/errors.js';
 import { replaceDirAtomic } from '../util/fsx.js';
-import { loadCheckpoint, resolveCheckpointDir } from './checkpoint-io.js';
+import { findCheckpoint } from './checkpoint-io.js';
 
 /** What {@link exportRun} wrote. */
 export interface ExportResult {
@@ -85,7 +85,7 @@ export async function exportRun(
   out: string,
 ): Promise<ExportResult> {
   await checkOut(out);
-  const ck = await loadCheckpoint(resolveCheckpointDir(run));
+  const { ck } = await findCheckpoint(run);
   const model = await loadModel(ck.model);
   const tensors = tf.tidy(() => namedParams(model, ck.params));
   try {

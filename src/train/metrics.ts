@@ -62,6 +62,12 @@ export interface Summary {
   peak_device_bytes: number[];
   /** wasm backend: largest heap size per stage over the run, bytes. */
   wasm_heap_bytes?: number[];
+  /**
+   * The run's bubble per stage, the one definition layerwise reports (also printed at the end
+   * as "idle (bubble)"): the mean of the stage's per-step `bubble` of metrics.jsonl (time it
+   * waited for other stages / its step time) over the steps throughput counts (all but a
+   * process's first, which warms kernels up).
+   */
   bubble: number[];
   /** With --device-memory: the budget and the peak predicted before training, bytes. */
   device_memory_budget?: number;

@@ -4,12 +4,16 @@
  * the run's last checkpoint (or from the start, if none was saved yet), at most N times.
  * Failures of the run itself (bad input, a stage's error, out of memory) are not retried.
  */
-import { existsSync } from 'node:fs';
-import { join } from 'node:path';
 import { resolveConfig } from '../config/config.js';
 import { StageError } from '../runtime/device.js';
-import { checkpointDir } from './checkpoint-io.js';
-import { type TrainHooks, type TrainResult, train } from './trainer.js';
+import { LayerwiseError } from '../util/errors.js';
+import { hasCheckpoint } from './checkpoint-io.js';
+import {
+  type TrainHooks,
+  type TrainOptions,
+  type TrainResult,
+  train,
+} from './trainer.js';
 
 /** Whether `e` is a lost device (gone, exited, crashed) rather than an error the stage raised. */
 export const isDeviceLoss = (e: unknown): boolean =>
@@ -17,7 +21,9 @@ export const isDeviceLoss = (e: unknown): boolean =>
 
 /**
  * {@link train}, restarted after each device loss up to `maxRestarts` times. `out`: the run
- * folder (whose checkpoint a restart resumes); `onRestart` hears each restart.
+ * folder (whose checkpoint a restart resumes); `onRestart` hears each restart. A device lost
+ * with no restart left ends the run as a {@link LayerwiseError} (a fault of the machines, not
+ * a bug) that names the device and the command that resumes the run.
  */
 export async function trainWithRestarts(
   raw: Parameters<typeof train>[0],
@@ -26,16 +32,27 @@ export async function trainWithRestarts(
   maxRestarts: number,
   onRestart: (attempt: number, error: Error, from: string) => void = () =>
     undefined,
+  opts: TrainOptions = {},
 ): Promise<TrainResult> {
   let from = resume;
+  let overwrite = opts.overwrite;
   for (let attempt = 0; ; attempt++) {
     try {
-      return await train(raw, from, hooks);
+      return await train(raw, from, hooks, { ...opts, overwrite });
     } catch (e) {
-      if (!isDeviceLoss(e) || attempt >= maxRestarts) throw e;
+      if (!isDeviceLoss(e)) throw e;
       // where this run saves its checkpoints: --out, else the resumed folder, else the default
       const out = raw.out ?? resume ?? resolveConfig(raw).out;
-      if (existsSync(join(checkpointDir(out), 'meta.json'))) from = out;
+      if (attempt >= maxRestarts) {
+        const again = hasCheckpoint(out)
+          ? `resume it with: layerwise train --resume ${out}`
+          : 'no checkpoint was saved yet: start it again with --overwrite';
+        throw new LayerwiseError(
+          `${(e as Error).message.split('\n')[0]}; ${maxRestarts > 0 ? `no restart left (--max-restarts ${maxRestarts})` : 'the run stopped'}; ${again} (--max-restarts N restarts lost devices by itself)`,
+        );
+      }
+      if (hasCheckpoint(out)) from = out;
+      else overwrite = true; // lost before the first checkpoint: start over in the same folder
       onRestart(
         attempt + 1,
         e as Error,

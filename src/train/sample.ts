@@ -10,7 +10,7 @@ import type { HostParams } from '../model/init.js';
 import { buildModel, type CharLmConfig } from '../model/model.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
-import { loadCheckpoint, resolveCheckpointDir } from './checkpoint-io.js';
+import { findCheckpoint } from './checkpoint-io.js';
 
 export interface SampleOptions {
   /** Run folder or checkpoint folder. */
@@ -38,7 +38,7 @@ export async function sampleText(o: SampleOptions): Promise<string> {
     o.temperature > 0,
     `--temperature must be positive, got ${o.temperature}`,
   );
-  const ck = await loadCheckpoint(resolveCheckpointDir(o.checkpoint));
+  const { ck } = await findCheckpoint(o.checkpoint);
   if (ck.model.arch !== 'charlm' || !ck.vocab) {
     throw new LayerwiseError(
       `checkpoint ${o.checkpoint} holds a ${ck.model.arch} model; 'sample' needs a character language model (charlm-*)`,
@@ -46,6 +46,10 @@ export async function sampleText(o: SampleOptions): Promise<string> {
   }
   const vocab = Vocab.fromJSON(ck.vocab);
   const prompt = o.prompt ?? '\n';
+  if (prompt === '' && !vocab.covers('\n'))
+    throw new LayerwiseError(
+      `--prompt is empty and the model's text has no line breaks to start from; give a --prompt of at least one character`,
+    );
   if (!vocab.covers(prompt)) {
     const missing = [
       ...new Set([...prompt].filter((c) => vocab.idOf(c) < 0)),
@@ -67,7 +71,9 @@ export async function sampleText(o: SampleOptions): Promise<string> {
 }
 
 /**
- * Generates `o.length` characters after `o.prompt` (whose characters the vocabulary covers)
+ * Generates `o.length` characters after `o.prompt` (whose characters the vocabulary covers;
+ * an empty prompt starts from a line break, as at the start of a paragraph, which the result
+ * leaves out)
  * with character model `o.model` and its parameters `o.params` (float32, keyed as
  * checkpoints key them), on this thread's current backend. Returns the prompt followed by the
  * sample. Used by {@link sampleText} and by the browser page, which has its parameters in
@@ -93,7 +99,8 @@ export function generateText(o: {
       ]),
     ),
   );
-  const ids = Array.from(vocab.encode(prompt));
+  const start = prompt === '' ? 1 : 0; // an empty prompt: from a line break, not returned
+  const ids = Array.from(vocab.encode(start ? '\n' : prompt));
   const rng = new Rng(o.seed);
   for (let i = 0; i < o.length; i++) {
     const window = ids.slice(-ctx);
@@ -117,5 +124,5 @@ export function generateText(o: {
     ids.push(next);
   }
   params.forEach((p) => tf.dispose(Object.values(p)));
-  return vocab.decode(ids);
+  return vocab.decode(ids.slice(start));
 }

@@ -8,7 +8,7 @@
 
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import {
   resolveConfig,
   runModelConfig,
@@ -41,11 +41,13 @@ import {
 } from '../util/errors.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import {
+  CHECKPOINTS,
   type Checkpoint,
-  checkpointDir,
-  loadCheckpoint,
-  resolveCheckpointDir,
-  saveCheckpoint,
+  cleanCheckpoints,
+  findCheckpoint,
+  holdsRun,
+  OLD_CHECKPOINT,
+  saveRunCheckpoint,
 } from './checkpoint-io.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
 import { checkRunPaths, lockRunFolder } from './run-folder.js';
@@ -103,8 +105,18 @@ interface InFlight {
   done: Promise<import('../strategies/strategy.js').StepReport>;
 }
 
+/** How {@link train} treats the --out folder. */
+export interface TrainOptions {
+  /** A fresh run into a folder that holds a run replaces it (else that is refused). */
+  overwrite?: boolean;
+  /** The command line that started the run (written to run.json: the command that starts it again). */
+  argv?: string[];
+}
+
 interface Prepared {
   cfg: TrainConfig;
+  /** The checkpoint folder resumed from, when it lies in --out (its leftovers are cleaned there). */
+  resumedDir?: string;
   ds: Dataset;
   model: Model;
   params: HostParams;
@@ -126,11 +138,14 @@ interface Prepared {
 export async function prepare(
   raw: Parameters<typeof resolveConfig>[0],
   resume?: string,
+  opts: TrainOptions = {},
 ): Promise<Prepared> {
   let ck: Checkpoint | undefined;
   let cfg: TrainConfig;
+  let found: Awaited<ReturnType<typeof findCheckpoint>> | undefined;
   if (resume) {
-    ck = await loadCheckpoint(resolveCheckpointDir(resume));
+    found = await findCheckpoint(resume);
+    ck = found.ck;
     const saved = ck.config as unknown as TrainConfig;
     for (const k of FIXED_ON_RESUME) {
       const given = (raw as Record<string, unknown>)[k];
@@ -153,6 +168,13 @@ export async function prepare(
   }
   validateStrategy(cfg);
   checkRunPaths(cfg); // --out and --trace, before any work (the data and model paths are checked as they load)
+  const resumedDir =
+    found && within(found.dir, cfg.out) ? found.dir : undefined;
+  if (!resumedDir && !opts.overwrite && holdsRun(cfg.out)) {
+    throw new LayerwiseError(
+      `--out ${cfg.out} already holds a run; continue it with 'layerwise train --resume ${cfg.out}', start it over with --overwrite (deletes that run), or give another --out`,
+    );
+  }
   const vocab = ck?.vocab ? Vocab.fromJSON(ck.vocab) : undefined;
   const ds = await loadDataset(cfg.data, { vocab });
   const modelConfig = await runModelConfig(cfg, ds);
@@ -177,6 +199,7 @@ export async function prepare(
   }
   return {
     cfg,
+    resumedDir,
     ds,
     model,
     params: ck ? ck.params : initParams(model.blocks, cfg.seed),
@@ -188,6 +211,21 @@ export async function prepare(
     budget,
   };
 }
+
+/** Whether `child` lies inside folder `parent`. */
+function within(child: string, parent: string): boolean {
+  return resolve(child).startsWith(`${resolve(parent)}/`);
+}
+
+/** Everything a run writes into its folder (removed by --overwrite before the new run starts). */
+const RUN_OUTPUTS = [
+  'metrics.jsonl',
+  'summary.json',
+  'run.json',
+  'error.txt',
+  CHECKPOINTS,
+  OLD_CHECKPOINT,
+];
 
 /** Keeps only the metrics lines of steps <= `step` (a resumed run rewrites what came after). */
 async function truncateMetrics(out: string, step: number): Promise<void> {
@@ -216,9 +254,10 @@ export async function train(
   raw: Parameters<typeof resolveConfig>[0],
   resume?: string,
   hooks: TrainHooks = {},
+  opts: TrainOptions = {},
 ): Promise<TrainResult> {
   const t0 = performance.now();
-  const p = await prepare(raw, resume);
+  const p = await prepare(raw, resume, opts);
   const { cfg, ds, model } = p;
   const context =
     model.config.arch === 'charlm' ? model.config.context : undefined;
@@ -227,16 +266,42 @@ export async function train(
     context,
     maxBatches: cfg.evalBatches,
   });
-  if (valBatches.length === 0)
+  if (valBatches.length === 0) {
+    if (ds.kind === 'text' && context !== undefined) {
+      // a batch is batchSize windows of context + 1 characters, each starting `context` after the last
+      const need = cfg.batchSize * context + 1;
+      const chars = ds.train.length + ds.val.length;
+      throw new LayerwiseError(
+        `the text ${cfg.data} (${chars} characters) is too short: its validation split (the last ${ds.val.length} characters) holds less than one batch of ${cfg.batchSize} windows of --context ${context} (${need} characters); give a smaller --context${cfg.batchSize > 1 ? ' or --batch-size' : ''}, or a longer text (about ${Math.ceil(need / 0.1)} characters)`,
+      );
+    }
     throw new LayerwiseError(
       `the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`,
     );
+  }
   // one writer per run folder: a second run on it fails here, before it writes anything
   const existed = existsSync(cfg.out);
   const lock = await lockRunFolder(cfg.out);
   let failedEmpty = false;
   try {
-    return await run(p, t0, hooks, lock, valBatches);
+    if (p.resumedDir) {
+      // what a crash left behind: interrupted saves, checkpoints older (or broken newer) than this one
+      await cleanCheckpoints(cfg.out, p.resumedDir);
+    } else if (existed) {
+      // a fresh run (--overwrite, or a restart before the first checkpoint): the old run goes
+      const names = await readdir(cfg.out);
+      for (const n of names)
+        if (RUN_OUTPUTS.includes(n) || n.startsWith(`${OLD_CHECKPOINT}.`))
+          await rm(join(cfg.out, n), { recursive: true, force: true });
+    }
+    if (!p.resumedDir && opts.argv)
+      await writeFileAtomic(
+        join(cfg.out, 'run.json'),
+        `${JSON.stringify({ argv: opts.argv })}\n`,
+      );
+    const r = await run(p, t0, hooks, lock, valBatches);
+    await rm(join(cfg.out, 'error.txt'), { force: true }); // a report of an earlier failure is stale now
+    return r;
   } catch (e) {
     // a run that failed before writing anything (devices that refused it, say) leaves no folder
     failedEmpty =
@@ -249,7 +314,7 @@ export async function train(
     if (
       failedEmpty &&
       !existed &&
-      (await readdir(cfg.out).catch(() => ['?'])).length === 0
+      (await readdir(cfg.out).catch(() => ['?'])).every((n) => n === 'run.json')
     )
       await rm(cfg.out, { recursive: true, force: true });
   }
@@ -322,11 +387,12 @@ async function run(
         minRatio: 0.1,
       });
     let savedStep = p.startStep > 0 ? p.startStep : undefined;
+    let savedDir = p.resumedDir;
     const recent: number[] = [];
     let warned = false;
     const save = async (step: number) => {
       lock.assertHeld();
-      await saveCheckpoint(checkpointDir(cfg.out), {
+      savedDir = await saveRunCheckpoint(cfg.out, {
         step,
         config: cfg as unknown as Record<string, unknown>,
         model: model.config,
@@ -343,7 +409,7 @@ async function run(
     };
     const intact = () =>
       savedStep !== undefined
-        ? `the checkpoint of step ${savedStep} in ${checkpointDir(cfg.out)} is intact`
+        ? `the checkpoint of step ${savedStep} in ${savedDir ?? cfg.out} is intact`
         : 'no checkpoint was saved yet';
     const advice = () =>
       `lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`;
@@ -523,5 +589,10 @@ async function run(
   await log.summary(summary);
   const traceFiles =
     cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
-  return { summary, outDir: cfg.out, stages: recorder.summary(), traceFiles };
+  // one bubble for the run (summary.json's, printed by the CLI too): see Summary.bubble
+  const stages = recorder.summary().map((st) => {
+    const idlePct = 100 * (summary.bubble[st.stage] ?? 0);
+    return { ...st, idlePct, busyPct: 100 - idlePct };
+  });
+  return { summary, outDir: cfg.out, stages, traceFiles };
 }
