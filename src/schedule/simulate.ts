@@ -168,8 +168,10 @@ export function simulate(
   );
   const events: SimEvent[] = [];
   const fail = (s: number, a: Action, why: string): never => {
-    throw new Error(
-      `invalid schedule: stage ${s} ${JSON.stringify(a)}: ${why}`,
+    // the failing action itself travels with the error (a schedule file marks it)
+    throw Object.assign(
+      new Error(`invalid schedule: stage ${s} ${JSON.stringify(a)}: ${why}`),
+      { action: a },
     );
   };
   const finished = (d: number) => pc[d] >= schedule[d].length;
