@@ -9,6 +9,7 @@ import { Command, InvalidArgumentError } from 'commander';
 import { BACKENDS, defaultBackend } from '../backend/names.js';
 import { LOSSES } from '../model/loss-names.js';
 import { PRESETS } from '../model/presets.js';
+import { SCHEDULE_KINDS } from '../schedule/schedule.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
 import { trainWithRestarts } from '../train/restarts.js';
 import { sampleText } from '../train/sample.js';
@@ -381,6 +382,20 @@ program
     const { json, ...opts } = o;
     const r = await runPlan(opts);
     console.log(json ? JSON.stringify(r.plan, null, 2) : r.text);
+  });
+
+program
+  .command('schedule')
+  .description(
+    "print a schedule's per-device grid (PyTorch pipelining's notation), its simulated bubble and peak activations per device",
+  )
+  .requiredOption('--schedule <kind>', SCHEDULE_KINDS.join(' | '))
+  .requiredOption('--stages <K>', 'pipeline stages (devices)', int)
+  .requiredOption('--micro-batches <M>', 'micro-batches', int)
+  .option('--format <text|csv>', "text, or csv as PyTorch's _dump_csv", 'text')
+  .action(async (o) => {
+    const { printSchedule } = await import('./schedule.js');
+    console.log(printSchedule(o));
   });
 
 program

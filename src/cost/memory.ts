@@ -34,6 +34,14 @@
 
 import type { StageRange } from '../partition/balance.js';
 import {
+  declarationOf,
+  type LayerBytes,
+  type MemoryWalk,
+  type OpSpec,
+  type StageBytes,
+} from '../schedule/ops.js';
+import {
+  type Action,
   localSchedule,
   makeSchedule,
   relaySchedule,
@@ -66,67 +74,70 @@ export function stagePeakBytes(
   const first = stage === 0;
   const last = stage === k - 1;
   const m = actions.filter((a) => a.op === 'forward').length;
-  let cur =
+  return walk(
+    actions,
+    t,
+    { first, last, labelBytes: c.labelBytes },
     t.params * (1 + slots) +
-    (first ? m * t.inBytes : 0) +
-    (last ? m * c.labelBytes : 0);
-  let peak = cur;
-  const bump = (extra: number) => {
-    peak = Math.max(peak, cur + extra);
+      (first ? m * t.inBytes : 0) +
+      (last ? m * c.labelBytes : 0),
+  );
+}
+
+const NO_BYTES: StageBytes = {
+  params: 0,
+  maxParam: 0,
+  optTransient: 0,
+  inBytes: 0,
+  outBytes: 0,
+  fwdPeak: 0,
+  kept: 0,
+  bwdPeak: 0,
+};
+
+/**
+ * Walks `actions` from `start` bytes, each action by its op's declared memory effect
+ * (schedule/ops.ts `memory`), and returns the peak.
+ */
+function walk(
+  actions: readonly Action[],
+  t: StageBytes,
+  opts: Partial<
+    Pick<
+      MemoryWalk,
+      | 'first'
+      | 'last'
+      | 'labelBytes'
+      | 'grads'
+      | 'tail'
+      | 'sendsInputGrad'
+      | 'layers'
+      | 'hostStash'
+    >
+  >,
+  start: number,
+): number {
+  let peak = start;
+  const w: MemoryWalk = {
+    cur: start,
+    bump(extra) {
+      peak = Math.max(peak, w.cur + extra);
+    },
+    first: opts.first ?? false,
+    last: opts.last ?? false,
+    t,
+    labelBytes: opts.labelBytes ?? 0,
+    kept: new Set(),
+    grads: opts.grads ?? 0,
+    tail: opts.tail ?? null,
+    sendsInputGrad: opts.sendsInputGrad ?? false,
+    layers: opts.layers ?? [],
+    hostStash: opts.hostStash ?? false,
+    loaded: new Set(),
+    gradsStarted: new Set(),
   };
-  const kept = new Set<number>();
-  let haveGrads = false;
   for (const a of actions) {
-    switch (a.op) {
-      case 'recv_act':
-        cur += t.inBytes;
-        break;
-      case 'forward':
-        bump(t.fwdPeak);
-        if (a.keep) {
-          cur += t.kept; // the output is part of the tape; the copy sent on shares its data
-          kept.add(a.mb);
-        } else if (!last) {
-          cur += t.outBytes; // output held until sent
-        }
-        break;
-      case 'send_act':
-        if (!kept.has(a.mb)) cur -= t.outBytes;
-        break;
-      case 'recv_grad':
-        cur += t.outBytes;
-        break;
-      case 'backward':
-        if (!kept.has(a.mb)) {
-          bump(t.fwdPeak); // re-materialization: the forward again, on the tape
-          cur += t.kept;
-        }
-        kept.delete(a.mb);
-        bump(t.bwdPeak);
-        cur +=
-          -t.kept -
-          t.inBytes -
-          (last ? c.labelBytes : t.outBytes) +
-          t.params +
-          (first ? 0 : t.inBytes);
-        if (haveGrads) {
-          bump(t.maxParam); // adding the new gradients into the accumulated ones, one at a time
-          cur -= t.params;
-        }
-        haveGrads = true;
-        break;
-      case 'send_grad':
-        cur -= t.inBytes;
-        break;
-      case 'reduce_grad_norm':
-        bump(t.maxParam);
-        break;
-      case 'optimizer_step':
-        bump(t.optTransient);
-        if (haveGrads) cur -= t.params;
-        haveGrads = false;
-        break;
-    }
+    (declarationOf(a.op) as OpSpec<typeof a.op>).memory(a, w);
   }
   return peak;
 }
@@ -192,70 +203,16 @@ export function localStagePeakBytes(
   const m = shape.m;
   // bytes of accumulated gradients: with overlap, the tail's from the previous mini-batch's
   // last micro-batch (applied at this mini-batch's first step)
-  let grads = tail ? tail.params : 0;
-  let cur =
+  const grads = tail ? tail.params : 0;
+  return walk(
+    actions,
+    t,
+    { first, last, labelBytes: c.labelBytes, grads, tail, sendsInputGrad },
     t.params * (1 + shape.slots) +
-    grads +
-    m * c.labelBytes +
-    (first ? m * t.inBytes : 0);
-  let peak = cur;
-  const bump = (extra: number) => {
-    peak = Math.max(peak, cur + extra);
-  };
-  /** New gradients of `bytes` added to the accumulators: a sum per parameter, one at a time. */
-  const accumulate = (bytes: number, maxParam: number) => {
-    cur += bytes;
-    if (grads > 0) {
-      bump(maxParam);
-      cur -= Math.min(bytes, grads);
-    }
-    grads = Math.max(grads, bytes);
-  };
-  for (const a of actions) {
-    switch (a.op) {
-      case 'recv_act':
-        cur += t.inBytes;
-        break;
-      case 'local_update': {
-        const out = last ? 0 : t.outBytes; // the copy of the output to send on
-        const stash = tail ? tail.inBytes : 0; // the tail's input, kept for the overlap
-        bump(t.fwdPeak);
-        cur += t.kept + out + stash;
-        bump(t.bwdPeak);
-        // the tape is freed; the input and labels are disposed; the input gradient stays when it is sent back
-        cur +=
-          -t.kept - t.inBytes - c.labelBytes + (sendsInputGrad ? t.inBytes : 0);
-        accumulate(t.params, t.maxParam);
-        break;
-      }
-      case 'send_act':
-        cur -= t.outBytes;
-        break;
-      case 'send_grad':
-        cur -= t.inBytes;
-        break;
-      case 'recv_grad':
-        cur += t.outBytes;
-        break;
-      case 'overlap_backward':
-        if (tail) {
-          bump(tail.fwdPeak); // the tail again, on the tape, from its stashed input
-          bump(tail.kept + tail.bwdPeak);
-          accumulate(tail.params, tail.maxParam);
-          cur -= tail.inBytes + t.outBytes; // the stash entry and the received gradient
-        }
-        break;
-      case 'local_step':
-        bump(t.maxParam); // the gradient norm, one parameter at a time
-        bump(t.optTransient);
-        cur -= grads;
-        grads = 0;
-        break;
-      default:
-        break;
-    }
-  }
-  return peak;
+      grads +
+      m * c.labelBytes +
+      (first ? m * t.inBytes : 0),
+  );
 }
 
 /**
@@ -289,69 +246,11 @@ export function predictRelayPeakBytes(
   shape: RelayShape,
 ): number {
   const n = c.blocks.length;
-  const b = c.blocks;
-  const host = shape.stash === 'host';
-  let cur = shape.m * (b[0].inBytes + c.labelBytes);
-  let peak = cur;
-  const bump = (extra: number) => {
-    peak = Math.max(peak, cur + extra);
-  };
-  const loaded = new Set<number>();
-  const gradsStarted = new Set<number>();
-  for (const a of relaySchedule(n, shape.m)[0]) {
-    switch (a.op) {
-      case 'load_layer':
-      case 'prefetch_layer':
-        if (!loaded.has(a.layer)) {
-          loaded.add(a.layer);
-          cur += b[a.layer].paramBytes;
-        }
-        break;
-      case 'release_layer':
-        if (loaded.delete(a.layer)) cur -= b[a.layer].paramBytes;
-        break;
-      case 'layer_forward': {
-        const l = b[a.layer];
-        if (host && a.layer > 0) cur += l.inBytes; // uploaded from the host stash
-        bump(l.fwdPeakBytes);
-        if (host) {
-          bump(l.outBytes); // the output, downloaded to the host stash and freed
-          if (a.layer > 0) cur -= l.inBytes;
-        } else {
-          cur += l.outBytes; // the output stays on the device as the next layer's stashed input
-        }
-        break;
-      }
-      case 'layer_backward': {
-        const l = b[a.layer];
-        const last = a.layer === n - 1;
-        if (host && a.layer > 0) cur += l.inBytes;
-        bump(l.fwdPeakBytes); // re-computation on the tape
-        cur += l.keptBytes;
-        bump(l.bwdPeakBytes);
-        cur -= l.keptBytes;
-        // adding into the accumulated gradient: this micro-batch's gradients are all alive while
-        // each parameter's sum is made (the accumulator frees them one parameter at a time)
-        if (gradsStarted.has(a.layer)) bump(l.paramBytes + l.maxParamBytes);
-        else {
-          gradsStarted.add(a.layer);
-          cur += l.paramBytes;
-        }
-        if (a.layer > 0) cur += l.inBytes; // the input gradient, for the layer below
-        if (!last) cur -= l.outBytes; // the incoming gradient is freed
-        cur -= l.inBytes; // the stashed input (layer 0: the micro-batch's tokens)
-        if (last) cur -= c.labelBytes;
-        break;
-      }
-      case 'push_grads': {
-        const l = b[a.layer];
-        bump(l.maxParamBytes); // the sum of squares, one parameter at a time
-        if (gradsStarted.delete(a.layer)) cur -= l.paramBytes;
-        break;
-      }
-      default:
-        break;
-    }
-  }
-  return peak;
+  const layers: LayerBytes[] = c.blocks;
+  return walk(
+    relaySchedule(n, shape.m)[0],
+    NO_BYTES,
+    { labelBytes: c.labelBytes, layers, hostStash: shape.stash === 'host' },
+    shape.m * (c.blocks[0].inBytes + c.labelBytes),
+  );
 }

@@ -8,7 +8,7 @@
 
 import type { StageRange } from '../partition/balance.js';
 import { makeSchedule } from '../schedule/schedule.js';
-import { simulate } from '../schedule/simulate.js';
+import { opCost, simulate } from '../schedule/simulate.js';
 import {
   type BlockCost,
   type LocalShape,
@@ -53,13 +53,16 @@ export function predictStepTime(
         acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : [])),
       ),
   );
-  const sim = simulate(sched, (s, a) => {
-    const t = totals[s];
-    if (a.op === 'forward') return t.fwd;
-    if (a.op === 'backward') return t.bwd + (keptBy[s].has(a.mb) ? 0 : t.fwd);
-    if (a.op === 'optimizer_step') return t.opt;
-    return 0;
-  });
+  // each action's seconds by its op's declared cost (schedule/ops.ts), from its stage's totals
+  const terms = totals.map((t, s) => ({
+    fwd: t.fwd,
+    bwd: t.bwd,
+    opt: t.opt,
+    recomputes: (mb: number) => !keptBy[s].has(mb),
+    tail: 0,
+    layer: () => ({ fwd: 0, bwd: 0 }),
+  }));
+  const sim = simulate(sched, (_d, a) => opCost(a, terms[a.stage]));
   const busy = new Array<number>(ranges.length).fill(0);
   for (const e of sim.events) busy[e.stage] += e.end - e.start;
   return { seconds: sim.makespan, bubble: sim.bubble, busySeconds: busy };

@@ -11,8 +11,11 @@ import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
 import {
   type Action,
+  type ComputeAction,
+  type ComputeSchedule,
   gpipeSchedule,
   localSchedule,
+  lower,
 } from '../schedule/schedule.js';
 import {
   execute,
@@ -23,6 +26,7 @@ import {
   type StageProgram,
   waitingMs,
 } from './executor.js';
+import { checkHandlers } from './stage-kind.js';
 
 /** Links whose receives are served from queues filled beforehand; sends are recorded (and freed). */
 function fakeLinks(
@@ -189,8 +193,8 @@ test('a first stage takes its inputs from the step, a last stage its labels; the
   await execute(
     stage,
     [
-      { op: 'forward', mb: 1, keep: false, grad: false },
-      { op: 'forward', mb: 0, keep: false, grad: false },
+      { op: 'forward', stage: 0, mb: 1, keep: false, grad: false },
+      { op: 'forward', stage: 0, mb: 0, keep: false, grad: false },
     ],
     fakeLinks().links,
     { inputs, labels, m: 2, lr: 0 },
@@ -199,7 +203,7 @@ test('a first stage takes its inputs from the step, a last stage its labels; the
   // a receive that delivers another micro-batch than the schedule expects is a schedule bug
   const wrong = fakeLinks({ acts: [1] });
   await assert.rejects(
-    execute(fakeStage(), [{ op: 'recv_act', mb: 0 }], wrong.links, {
+    execute(fakeStage(), [{ op: 'recv_act', stage: 0, mb: 0 }], wrong.links, {
       m: 2,
       lr: 0,
     }),
@@ -211,10 +215,10 @@ test('an action the stage kind does not have fails with the schedule shown and t
   await initBackend('cpu');
   const before = tf.memory().numTensors;
   const actions: Action[] = [
-    { op: 'forward', mb: 0, keep: false, grad: true },
-    { op: 'send_act', mb: 0 },
-    { op: 'local_update', mb: 1 },
-    { op: 'optimizer_step' },
+    { op: 'forward', stage: 3, mb: 0, keep: false, grad: true },
+    { op: 'send_act', stage: 3, mb: 0 },
+    { op: 'local_update', stage: 3, mb: 1 },
+    { op: 'optimizer_step', stage: 3 },
   ];
   const inputs = [tf.scalar(1), tf.scalar(2)];
   const err = await execute(
@@ -233,7 +237,7 @@ test('an action the stage kind does not have fails with the schedule shown and t
   assert.equal(err.index, 2);
   assert.equal(
     err.schedule,
-    'schedule of stage 3, action 3 of 4:\n  3F0\n  3SA0\n  3L1  <-- ERROR HERE\n  3STEP',
+    'schedule of device 3, action 3 of 4:\n  3F0\n  3SA0\n  3L1  <-- ERROR HERE\n  3STEP',
   );
   assert.equal(
     tf.memory().numTensors,
@@ -271,7 +275,7 @@ test("a handler's own error keeps its name and message; a long schedule is shown
   const lines = err.schedule.split('\n');
   assert.equal(
     lines[0],
-    `schedule of stage 0, action 20 of ${actions.length}:`,
+    `schedule of device 0, action 20 of ${actions.length}:`,
   );
   assert.equal(lines[1], '  ... 13 earlier');
   assert.equal(
@@ -312,7 +316,10 @@ test('local parallelism: poll_grads applies every gradient that has arrived; dra
     [0],
     'the one gradient that had arrived, applied without waiting',
   );
-  await execute(stage, [{ op: 'drain_grads' }], links, { m: 2, lr: 0 });
+  await execute(stage, [{ op: 'drain_grads', stage: 0 }], links, {
+    m: 2,
+    lr: 0,
+  });
   assert.deepEqual(
     applied,
     [0, 1, 2],
@@ -331,7 +338,7 @@ test('push_grads reaches the parameter server link through io.pushGrads; without
       }),
   });
   const { links, pushed } = fakeLinks();
-  await execute(stage, [{ op: 'push_grads', layer: 2 }], links, {
+  await execute(stage, [{ op: 'push_grads', stage: 0, layer: 2 }], links, {
     m: 1,
     lr: 0,
   });
@@ -341,7 +348,102 @@ test('push_grads reaches the parameter server link through io.pushGrads; without
   );
   const { pushGrads: _, ...noServer } = links;
   await assert.rejects(
-    execute(stage, [{ op: 'push_grads', layer: 2 }], noServer, { m: 1, lr: 0 }),
+    execute(stage, [{ op: 'push_grads', stage: 0, layer: 2 }], noServer, {
+      m: 1,
+      lr: 0,
+    }),
     /push_grads needs a link to the parameter server/,
   );
+});
+
+test("one device runs several stages: each action on its stage's program, neighbours on the device hand over directly, one all-reduce for the device", async () => {
+  await initBackend('cpu');
+  // stages 0 and 1 on device 0, stage 2 on another device (lowered fill-drain, M = 2)
+  const s0 = fakeStage();
+  const s1 = fakeStage();
+  const compute: ComputeSchedule = [
+    [
+      ...[0, 1].flatMap((mb) =>
+        [0, 1].map(
+          (stage): ComputeAction => ({
+            op: 'forward',
+            stage,
+            mb,
+            keep: false,
+            grad: true,
+          }),
+        ),
+      ),
+      ...[1, 0].flatMap((mb) =>
+        [1, 0].map((stage): ComputeAction => ({ op: 'backward', stage, mb })),
+      ),
+    ],
+    [],
+  ];
+  const actions = lower(compute, [0, 0, 1], { step: 'all-reduce' })[0];
+  const { links, sent, norms } = fakeLinks({ grads: [1, 0], scale: 0.5 });
+  const inputs = [tf.scalar(1), tf.scalar(2)];
+  const trace = await execute(
+    new Map([
+      [0, s0],
+      [1, s1],
+    ]),
+    actions,
+    links,
+    { inputs, m: 2, lr: 0.1 },
+  );
+  assert.deepEqual(s0.calls, ['F0', 'F1', 'B1', 'B0', 'STEP lr=0.1 scale=0.5']);
+  assert.deepEqual(s1.calls, ['F0', 'F1', 'B1', 'B0', 'STEP lr=0.1 scale=0.5']);
+  // stage 1's outputs went on (x + 10 + 10); nothing crossed between stages 0 and 1 by link
+  assert.deepEqual(sent, ['act0=21', 'act1=22']);
+  assert.deepEqual(
+    norms,
+    [14],
+    "the device's share: both stages' sums of squares",
+  );
+  assert.deepEqual(
+    [...new Set(trace.map((t) => t.stage))].sort(),
+    [0, 1],
+    'spans name their stage',
+  );
+  // an action of a stage this device does not run fails with the schedule marked
+  await assert.rejects(
+    execute(
+      new Map([[0, fakeStage()]]),
+      [{ op: 'optimizer_step', stage: 4 }],
+      links,
+      { m: 1, lr: 0 },
+    ),
+    (e: unknown) =>
+      e instanceof ScheduleError &&
+      /stage 4 does not run on this device/.test(e.message) &&
+      /4STEP {2}<-- ERROR HERE/.test(e.schedule),
+  );
+});
+
+test('an op without a declaration fails at run time and in a handler table at load time', async () => {
+  await initBackend('cpu');
+  const bogus = { op: 'teleport', stage: 0, mb: 0 } as unknown as Action;
+  await assert.rejects(
+    execute(fakeStage(), [bogus], fakeLinks().links, { m: 1, lr: 0 }),
+    (e: unknown) =>
+      e instanceof ScheduleError &&
+      /op 'teleport' has no declaration/.test(e.message) &&
+      /0teleport0 {2}<-- ERROR HERE/.test(e.schedule),
+  );
+  const withBogus = fakeStage({
+    teleport: () => {},
+  } as unknown as Partial<Handlers>);
+  assert.throws(
+    () => checkHandlers(withBogus),
+    /op 'teleport' has no declaration/,
+  );
+  const withCore = fakeStage({
+    recv_act: () => {},
+  } as unknown as Partial<Handlers>);
+  assert.throws(
+    () => checkHandlers(withCore),
+    /a fake stage handles 'recv_act', which the executor's core runs/,
+  );
+  assert.equal(checkHandlers(fakeStage()).kind, 'fake stage');
 });

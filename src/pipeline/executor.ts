@@ -20,7 +20,18 @@ import { type GpuSubmit, gpuQueue } from '../backend/gpu-queue.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerState } from '../optim/optimizer.js';
-import { type Action, formatScheduleError } from '../schedule/schedule.js';
+import {
+  type ActionOf,
+  CORE_OPS,
+  type CoreOp,
+  declarationOf,
+  OPS,
+} from '../schedule/ops.js';
+import {
+  type Action,
+  type ComputeOp,
+  formatScheduleError,
+} from '../schedule/schedule.js';
 
 /** A layer's accumulated gradient on its way to the parameter server (L2L; host copies, by parameter key). */
 export interface LayerGrads {
@@ -87,6 +98,8 @@ export interface TraceSpan {
   /** The op, or the label of one of its phases. */
   label: string;
   op: Action['op'];
+  /** The action's (virtual) stage. */
+  stage: number;
   mb: number;
   /** L2L: the layer the action works on. */
   layer?: number;
@@ -104,14 +117,12 @@ export interface TraceSpan {
 
 /**
  * Labels of the spans in which a stage waits for another stage or for the parameter server:
- * receives, the norm all-reduce, waiting for outstanding overlap gradients, and L2L's wait for
- * a layer's update. The measured bubble of a stage is their share of its step.
+ * the ops declared as waiting (schedule/ops.ts: receives, the norm all-reduce, waiting for
+ * outstanding overlap gradients) and L2L's wait for a layer's update (`wait_params`, a phase
+ * of load_layer). The measured bubble of a stage is their share of its step.
  */
 export const WAITING_LABELS: ReadonlySet<string> = new Set([
-  'recv_act',
-  'recv_grad',
-  'reduce_grad_norm',
-  'drain_grads',
+  ...(Object.keys(OPS) as Array<Action['op']>).filter((op) => OPS[op].waits),
   'wait_params',
 ]);
 
@@ -122,20 +133,10 @@ export function waitingMs(trace: readonly TraceSpan[]): number {
     .reduce((a, t) => a + (t.end - t.start), 0);
 }
 
-/** Ops the executor's core runs itself (communication); every other op is a stage kind's compute. */
-export const COMMUNICATION_OPS = [
-  'recv_act',
-  'send_act',
-  'recv_grad',
-  'send_grad',
-  'reduce_grad_norm',
-  'poll_grads',
-  'drain_grads',
-] as const;
-export type CommunicationOp = (typeof COMMUNICATION_OPS)[number];
-export type ComputeOp = Exclude<Action['op'], CommunicationOp>;
-/** The action type of one op, e.g. `ActionOf<'layer_forward'>` has `layer`, `mb` and `grad`. */
-export type ActionOf<K extends Action['op']> = Extract<Action, { op: K }>;
+/** Ops the executor's core runs itself (communication); every other op is a stage kind's compute (schedule/ops.ts CORE_OPS). */
+export const COMMUNICATION_OPS = CORE_OPS;
+export type CommunicationOp = CoreOp;
+export type { ActionOf, ComputeOp };
 
 /**
  * What a compute handler sees of the step: the step's mailboxes (taking a tensor passes its
@@ -229,8 +230,9 @@ export interface StageProgram {
 }
 
 /**
- * An action failed: `message` is the cause's; {@link schedule} shows the stage's actions with
- * the failing one marked. `cause` is the original error.
+ * An action failed: `message` is the cause's; {@link stage} is the failing action's stage,
+ * {@link index} its position in its device's list, and {@link schedule} shows the device's
+ * actions with the failing one marked. `cause` is the original error.
  */
 export class ScheduleError extends Error {
   override readonly name: string;
@@ -246,28 +248,27 @@ export class ScheduleError extends Error {
   }
 }
 
-/** The step's tensors between actions, keyed by micro-batch. */
+/** The step's tensors between actions, keyed by stage and micro-batch. */
 class Mailbox {
-  private readonly m = new Map<number, tf.Tensor>();
+  private readonly m = new Map<string, tf.Tensor>();
   constructor(private readonly what: string) {}
-  put(mb: number, t: tf.Tensor): void {
-    if (this.m.has(mb))
+  put(stage: number, mb: number, t: tf.Tensor): void {
+    const key = `${stage}:${mb}`;
+    if (this.m.has(key))
       throw new Error(
-        `${this.what} of micro-batch ${mb} is already waiting (schedule out of order)`,
+        `${this.what} of stage ${stage}, micro-batch ${mb} is already waiting (schedule out of order)`,
       );
-    this.m.set(mb, t);
+    this.m.set(key, t);
   }
-  take(mb: number, by: string): tf.Tensor {
-    const t = this.m.get(mb);
+  take(stage: number, mb: number, by: string): tf.Tensor {
+    const key = `${stage}:${mb}`;
+    const t = this.m.get(key);
     if (!t)
       throw new Error(
-        `${by} of micro-batch ${mb}: no ${this.what} to use (schedule out of order)`,
+        `${by} of stage ${stage}, micro-batch ${mb}: no ${this.what} to use (schedule out of order)`,
       );
-    this.m.delete(mb);
+    this.m.delete(key);
     return t;
-  }
-  has(mb: number): boolean {
-    return this.m.has(mb);
   }
   dispose(): void {
     for (const t of this.m.values()) t.dispose();
@@ -285,34 +286,61 @@ function handlerFor(program: StageProgram, op: ComputeOp): Handler<ComputeOp> {
 }
 
 /**
- * Runs `actions`, stage `stage`'s list of one step, in order. Receives must match the
- * schedule's micro-batch order (channels are FIFO); a mismatch is a schedule bug and throws.
- * Returns the trace of the step. Throws {@link ScheduleError} (the failing action marked in its
- * schedule) when an action fails; tensors still in the step's mailboxes are freed first.
+ * The programs of a device by stage: a map as given, or one program for every stage the
+ * device's actions name (a device that runs one stage).
+ */
+function programsOf(
+  programs: StageProgram | ReadonlyMap<number, StageProgram>,
+  actions: readonly Action[],
+): ReadonlyMap<number, StageProgram> {
+  if (programs instanceof Map) return programs;
+  const one = programs as StageProgram;
+  return new Map(actions.map((a) => [a.stage, one]));
+}
+
+/**
+ * Runs `actions`, device `device`'s list of one step, in order; each action runs on the program
+ * of its stage (`programs`: by stage, or one program for the device's one stage). Receives must
+ * match the schedule's micro-batch order (channels are FIFO); a mismatch is a schedule bug and
+ * throws. Stages on this device hand their outputs and input gradients to each other directly
+ * (the lowering put no send or receive between them). The step's inputs belong to the device's
+ * first stage, its labels to whichever stage takes them. Returns the trace of the step. Throws
+ * {@link ScheduleError} (the failing action marked in its schedule) when an action fails, an op
+ * has no declaration (schedule/ops.ts) or a stage has no program here; tensors still in the
+ * step's mailboxes are freed first.
  */
 export async function execute(
-  program: StageProgram,
+  programs: StageProgram | ReadonlyMap<number, StageProgram>,
   actions: readonly Action[],
   links: StageLinks,
   inp: StepInputs,
-  stage = 0,
+  device = 0,
 ): Promise<TraceSpan[]> {
   const t0 = performance.now();
   const trace: TraceSpan[] = [];
+  const byStage = programsOf(programs, actions);
+  const programOf = (stage: number): StageProgram => {
+    const p = byStage.get(stage);
+    if (!p) throw new Error(`stage ${stage} does not run on this device`);
+    return p;
+  };
+  const firstStage = Math.min(...byStage.keys());
   const inputs = new Mailbox('input');
   const labels = new Mailbox('labels');
   const outputs = new Mailbox('output');
   const outputGrads = new Mailbox('output gradient');
   const inputGrads = new Mailbox('input gradient');
-  inp.inputs?.forEach((t, mb) => t && inputs.put(mb, t));
-  inp.labels?.forEach((t, mb) => t && labels.put(mb, t));
+  inp.inputs?.forEach((t, mb) => t && inputs.put(firstStage, mb, t));
+  inp.labels?.forEach((t, mb) => t && labels.put(-1, mb, t));
   const hasLabels = (inp.labels?.length ?? 0) > 0;
   let scale = 1;
   let split: { label: string; ms: number; rest?: string } | null = null;
   let current: Action['op'] = 'forward';
+  let stage = firstStage;
   let action: Action | null = null;
   const gpu = gpuQueue();
-  const timeline = gpu !== null && program.traceGpu === true;
+  const timeline =
+    gpu !== null && [...byStage.values()].some((p) => p.traceGpu === true);
   const gpuMarks: Array<{ a: Action; s: GpuSubmit }> = [];
   let outstanding = 0; // GPU marks whose work the GPU has not reported done yet
   const io: StepIO = {
@@ -322,12 +350,19 @@ export async function execute(
     get scale() {
       return scale;
     },
-    takeInput: (mb) => inputs.take(mb, current),
-    takeLabels: (mb) => labels.take(mb, current),
-    takeLabelsIfAny: (mb) => (hasLabels ? labels.take(mb, current) : null),
-    putOutput: (mb, t) => outputs.put(mb, t),
-    takeOutputGrad: (mb) => outputGrads.take(mb, current),
-    putInputGrad: (mb, t) => inputGrads.put(mb, t),
+    takeInput: (mb) => inputs.take(stage, mb, current),
+    takeLabels: (mb) => labels.take(-1, mb, current),
+    takeLabelsIfAny: (mb) => (hasLabels ? labels.take(-1, mb, current) : null),
+    putOutput: (mb, t) =>
+      // the next stage on this device takes it directly
+      byStage.has(stage + 1)
+        ? inputs.put(stage + 1, mb, t)
+        : outputs.put(stage, mb, t),
+    takeOutputGrad: (mb) => outputGrads.take(stage, mb, current),
+    putInputGrad: (mb, t) =>
+      byStage.has(stage - 1)
+        ? outputGrads.put(stage - 1, mb, t)
+        : inputGrads.put(stage, mb, t),
     pushGrads(g) {
       if (!links.pushGrads)
         throw new Error(`${current} needs a link to the parameter server`);
@@ -351,65 +386,81 @@ export async function execute(
         `stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`,
       );
   };
-  const receivedGradient = async (g: { mb: number; t: tf.Tensor }) => {
-    outputGrads.put(g.mb, g.t);
-    await handlerFor(program, 'overlap_backward')(
-      { op: 'overlap_backward', mb: g.mb },
+  const receivedGradient = async (
+    at: number,
+    g: { mb: number; t: tf.Tensor },
+  ) => {
+    outputGrads.put(at, g.mb, g.t);
+    await handlerFor(programOf(at), 'overlap_backward')(
+      { op: 'overlap_backward', stage: at, mb: g.mb },
       io,
     );
   };
   for (let i = 0; i < actions.length; i++) {
     const a = actions[i];
     current = a.op;
+    stage = a.stage;
     action = a;
     split = null;
     if (timeline && outstanding > 0) await gpu.poll(); // the GPU's finished work reported now, not at the next wait
     gpu?.begin();
     const start = performance.now() - t0;
     try {
-      switch (a.op) {
+      const core = declarationOf(a.op).core; // an op nobody declared is an error, never free
+      const program = programOf(a.stage);
+      switch (core ? a.op : 'compute') {
         case 'recv_act': {
           const { mb, t } = await links.recvActivation();
-          inputs.put(mb, t);
-          expect(mb, a.mb, 'activation');
+          inputs.put(a.stage, mb, t);
+          expect(mb, (a as ActionOf<'recv_act'>).mb, 'activation');
           break;
         }
-        case 'send_act':
-          await links.sendActivation(a.mb, outputs.take(a.mb, a.op));
+        case 'send_act': {
+          const mb = (a as ActionOf<'send_act'>).mb;
+          await links.sendActivation(mb, outputs.take(a.stage, mb, a.op));
           break;
+        }
         case 'recv_grad': {
           const { mb, t } = await links.recvGradient();
-          outputGrads.put(mb, t);
-          expect(mb, a.mb, 'gradient');
+          outputGrads.put(a.stage, mb, t);
+          expect(mb, (a as ActionOf<'recv_grad'>).mb, 'gradient');
           break;
         }
-        case 'send_grad':
-          await links.sendGradient(a.mb, inputGrads.take(a.mb, a.op));
+        case 'send_grad': {
+          const mb = (a as ActionOf<'send_grad'>).mb;
+          await links.sendGradient(mb, inputGrads.take(a.stage, mb, a.op));
           break;
-        case 'reduce_grad_norm':
-          if (!program.gradSquaredNorm)
+        }
+        case 'reduce_grad_norm': {
+          // this device's share: the sum over the stages it runs (each program once)
+          const own = [...new Set(byStage.values())];
+          const cannot = own.find((p) => !p.gradSquaredNorm);
+          if (cannot)
             throw new Error(
-              `a ${program.kind} cannot take part in the gradient-norm all-reduce`,
+              `a ${cannot.kind} cannot take part in the gradient-norm all-reduce`,
             );
-          {
-            // computing this stage's own sum of squares is work, not waiting: its own span
-            const t = performance.now();
-            const local = await program.gradSquaredNorm();
-            const ms = performance.now() - t;
-            scale = await links.reduceGradNorm(local);
-            split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
-            break;
-          }
+          // computing this device's own sum of squares is work, not waiting: its own span
+          const t = performance.now();
+          let local = 0;
+          for (const p of own) local += await p.gradSquaredNorm!();
+          const ms = performance.now() - t;
+          scale = await links.reduceGradNorm(local);
+          split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
+          break;
+        }
         case 'poll_grads':
           for (let g = links.pollGradient(); g; g = links.pollGradient())
-            await receivedGradient(g);
+            await receivedGradient(a.stage, g);
           break;
         case 'drain_grads':
           while ((program.pendingGradients?.() ?? 0) > 0)
-            await receivedGradient(await links.recvGradient());
+            await receivedGradient(a.stage, await links.recvGradient());
           break;
         default:
-          await handlerFor(program, a.op)(a, io);
+          await handlerFor(program, a.op as ComputeOp)(
+            a as ActionOf<ComputeOp>,
+            io,
+          );
       }
     } catch (e) {
       for (const box of [inputs, labels, outputs, outputGrads, inputGrads])
@@ -417,14 +468,15 @@ export async function execute(
       const err = e instanceof Error ? e : new Error(String(e));
       throw new ScheduleError(
         err,
-        stage,
+        a.stage,
         i,
-        formatScheduleError(stage, actions, i),
+        formatScheduleError(device, actions, i),
       );
     }
     const end = performance.now() - t0;
     const at = {
       op: a.op,
+      stage: a.stage,
       mb: 'mb' in a ? a.mb : -1,
       ...('layer' in a ? { layer: a.layer } : {}),
     };
@@ -464,6 +516,7 @@ async function gpuSpans(
     spans.push({
       label: a.op,
       op: a.op,
+      stage: a.stage,
       mb: 'mb' in a ? a.mb : -1,
       ...('layer' in a ? { layer: a.layer } : {}),
       start,

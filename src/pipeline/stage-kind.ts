@@ -10,6 +10,7 @@ import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
+import { CORE_OPS, declarationOf } from '../schedule/ops.js';
 import { LayerwiseError } from '../util/errors.js';
 import type { StageProgram } from './executor.js';
 
@@ -52,7 +53,24 @@ export function registerStageKind(module: string, create: CreateStage): void {
 }
 
 /**
- * Loads the stage kind `ref` names (registered, else imported). Throws {@link LayerwiseError} for a module path outside the
+ * Checks a stage kind's handler table against the op declarations (schedule/ops.ts): every op
+ * it handles is declared, and is compute (the executor's core runs communication). Throws an
+ * Error naming the kind and the op otherwise. Returns the program.
+ */
+export function checkHandlers<P extends StageProgram>(program: P): P {
+  for (const op of Object.keys(program.handlers)) {
+    declarationOf(op); // throws for an op nobody declared
+    if ((CORE_OPS as readonly string[]).includes(op))
+      throw new Error(
+        `a ${program.kind} handles '${op}', which the executor's core runs (communication)`,
+      );
+  }
+  return program;
+}
+
+/**
+ * Loads the stage kind `ref` names (registered, else imported); the stages it creates have their
+ * handler tables checked ({@link checkHandlers}). Throws {@link LayerwiseError} for a module path outside the
  * package (absolute, with `..`, or not a .js file) and Error when the module has no `createStage`.
  */
 export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
@@ -62,7 +80,7 @@ export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
     );
   }
   const registered = REGISTERED.get(ref.module);
-  if (registered) return registered;
+  if (registered) return (ctx, options) => checkHandlers(registered(ctx, options));
   const mod = (await import(
     new URL(`../${ref.module}`, import.meta.url).href
   )) as { createStage?: CreateStage };
@@ -70,5 +88,6 @@ export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
     throw new Error(
       `stage kind module '${ref.module}' exports no createStage function`,
     );
-  return mod.createStage;
+  const create = mod.createStage;
+  return (ctx, options) => checkHandlers(create(ctx, options));
 }

@@ -3,17 +3,27 @@ import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
 import {
   type Action,
+  type ComputeAction,
+  type ComputeSchedule,
+  chainPlacement,
   clockCycles,
   evalSchedule,
   formatAction,
   formatSchedule,
+  gpipeCompute,
   gpipeSchedule,
   idealBubble,
   keepsActivations,
+  localCompute,
+  localSchedule,
+  lower,
   makeSchedule,
+  oneFOneBCompute,
   oneFOneBSchedule,
   REMAT_MODES,
   type RematMode,
+  relayCompute,
+  relaySchedule,
   type Schedule,
 } from './schedule.js';
 import { type CostFn, simulate } from './simulate.js';
@@ -147,9 +157,17 @@ test('every stage forwards and backwards each micro-batch exactly once, forward 
                 what,
               );
             if (a.op === 'recv_grad')
-              assert.deepEqual(acts[i + 1], { op: 'backward', mb: a.mb }, what);
+              assert.deepEqual(
+                acts[i + 1],
+                { op: 'backward', stage: a.stage, mb: a.mb },
+                what,
+              );
             if (a.op === 'send_grad')
-              assert.deepEqual(acts[i - 1], { op: 'backward', mb: a.mb }, what);
+              assert.deepEqual(
+                acts[i - 1],
+                { op: 'backward', stage: a.stage, mb: a.mb },
+                what,
+              );
           });
         });
       }
@@ -196,6 +214,7 @@ test('gpipe: all forwards, then backwards in reverse order; exact lists for stag
       // Stage 0 starts computing at once: its first action is the forward of micro-batch 0.
       assert.deepEqual(s[0][0], {
         op: 'forward',
+        stage: 0,
         mb: 0,
         keep: true,
         grad: true,
@@ -205,14 +224,23 @@ test('gpipe: all forwards, then backwards in reverse order; exact lists for stag
       const last = k - 1;
       const expected: Action[] = [];
       for (let i = 0; i < m; i++) {
-        if (last > 0) expected.push({ op: 'recv_act', mb: i });
-        expected.push({ op: 'forward', mb: i, keep: true, grad: true });
+        if (last > 0) expected.push({ op: 'recv_act', stage: last, mb: i });
+        expected.push({
+          op: 'forward',
+          stage: last,
+          mb: i,
+          keep: true,
+          grad: true,
+        });
       }
       for (let i = m - 1; i >= 0; i--) {
-        expected.push({ op: 'backward', mb: i });
-        if (last > 0) expected.push({ op: 'send_grad', mb: i });
+        expected.push({ op: 'backward', stage: last, mb: i });
+        if (last > 0) expected.push({ op: 'send_grad', stage: last, mb: i });
       }
-      expected.push({ op: 'reduce_grad_norm' }, { op: 'optimizer_step' });
+      expected.push(
+        { op: 'reduce_grad_norm', stage: last },
+        { op: 'optimizer_step', stage: last },
+      );
       assert.deepEqual(s[last], expected, `M=${m} K=${k}: last stage`);
     }
   }
@@ -224,6 +252,7 @@ test('1f1b: backwards in micro-batch order, warm-up of K-s-1 forwards', () => {
       const s = oneFOneBSchedule(m, k, 'never');
       assert.deepEqual(s[0][0], {
         op: 'forward',
+        stage: 0,
         mb: 0,
         keep: true,
         grad: true,
@@ -474,24 +503,24 @@ test('clockCycles yields exactly the pairs with i + j = t', () => {
 
 test('formatAction and formatSchedule print compact labels', () => {
   assert.equal(
-    formatAction(1, { op: 'forward', mb: 3, keep: false, grad: true }),
+    formatAction({ stage: 1, op: 'forward', mb: 3, keep: false, grad: true }),
     '1F3',
   );
   assert.equal(
-    formatAction(1, { op: 'forward', mb: 3, keep: true, grad: true }),
+    formatAction({ stage: 1, op: 'forward', mb: 3, keep: true, grad: true }),
     '1Fk3',
   );
   assert.equal(
-    formatAction(0, { op: 'forward', mb: 2, keep: true, grad: false }),
+    formatAction({ stage: 0, op: 'forward', mb: 2, keep: true, grad: false }),
     '0F2',
   );
-  assert.equal(formatAction(0, { op: 'backward', mb: 0 }), '0B0');
-  assert.equal(formatAction(2, { op: 'recv_act', mb: 1 }), '2RA1');
-  assert.equal(formatAction(2, { op: 'send_act', mb: 1 }), '2SA1');
-  assert.equal(formatAction(2, { op: 'recv_grad', mb: 1 }), '2RG1');
-  assert.equal(formatAction(2, { op: 'send_grad', mb: 1 }), '2SG1');
-  assert.equal(formatAction(2, { op: 'optimizer_step' }), '2STEP');
-  assert.equal(formatAction(2, { op: 'reduce_grad_norm' }), '2NORM');
+  assert.equal(formatAction({ stage: 0, op: 'backward', mb: 0 }), '0B0');
+  assert.equal(formatAction({ stage: 2, op: 'recv_act', mb: 1 }), '2RA1');
+  assert.equal(formatAction({ stage: 2, op: 'send_act', mb: 1 }), '2SA1');
+  assert.equal(formatAction({ stage: 2, op: 'recv_grad', mb: 1 }), '2RG1');
+  assert.equal(formatAction({ stage: 2, op: 'send_grad', mb: 1 }), '2SG1');
+  assert.equal(formatAction({ stage: 2, op: 'optimizer_step' }), '2STEP');
+  assert.equal(formatAction({ stage: 2, op: 'reduce_grad_norm' }), '2NORM');
   assert.equal(
     formatSchedule(gpipeSchedule(2, 2, 'except_last')),
     '0F0 0SA0 0Fk1 0SA1 0RG1 0B1 0RG0 0B0 0NORM 0STEP\n' +
@@ -512,21 +541,21 @@ test('simulate rejects invalid schedules, naming the stage', () => {
   // Backward before forward on stage 1.
   const a = copy(gpipeSchedule(2, 2, 'never'));
   const f = a[1].findIndex((x) => x.op === 'forward');
-  a[1].splice(f, 0, { op: 'backward', mb: 0 });
+  a[1].splice(f, 0, { op: 'backward', stage: 1, mb: 0 });
   assert.throws(() => simulate(a), /stage 1 .*backward before forward/);
 
   // Single stage: backward with no forward at all.
   assert.throws(
-    () => simulate([[{ op: 'backward', mb: 0 }]]),
+    () => simulate([[{ op: 'backward', stage: 0, mb: 0 }]]),
     /stage 0 .*backward before forward/,
   );
 
   // A receive nobody sends: stage 1 waits for an activation that never comes.
   const b = copy(gpipeSchedule(2, 2, 'never'));
-  b[1].push({ op: 'recv_act', mb: 2 });
+  b[1].push({ op: 'recv_act', stage: 1, mb: 2 });
   assert.throws(() => simulate(b), /stage 1 .*recv_act.*deadlock/);
   const b2 = copy(gpipeSchedule(2, 3, 'never'));
-  b2[0].push({ op: 'recv_grad', mb: 0 });
+  b2[0].push({ op: 'recv_grad', stage: 0, mb: 0 });
   assert.throws(() => simulate(b2), /stage 0 .*recv_grad.*deadlock/);
 
   // Swapped receive order: stage 2 expects micro-batch 1 first, the channel delivers 0.
@@ -553,7 +582,7 @@ test('simulate rejects invalid schedules, naming the stage', () => {
 
   // A micro-batch forwarded twice; a step before every backward; receive on the first stage.
   const e = copy(gpipeSchedule(2, 1, 'never'));
-  e[0].splice(1, 0, { op: 'forward', mb: 0, keep: true, grad: true });
+  e[0].splice(1, 0, { op: 'forward', stage: 0, mb: 0, keep: true, grad: true });
   assert.throws(() => simulate(e), /stage 0 .*forwarded twice/);
   const g = copy(gpipeSchedule(2, 2, 'never'));
   g[1] = g[1].filter(
@@ -566,33 +595,33 @@ test('simulate rejects invalid schedules, naming the stage', () => {
     () =>
       simulate([
         [
-          { op: 'forward', mb: 0, keep: true, grad: true },
-          { op: 'optimizer_step' },
+          { op: 'forward', stage: 0, mb: 0, keep: true, grad: true },
+          { op: 'optimizer_step', stage: 0 },
         ],
       ]),
     /stage 0 .*step before every backward/,
   );
   assert.throws(
-    () => simulate([[{ op: 'recv_act', mb: 0 }]]),
+    () => simulate([[{ op: 'recv_act', stage: 0, mb: 0 }]]),
     /stage 0 .*no previous stage/,
   );
   assert.throws(
-    () => simulate([[{ op: 'recv_grad', mb: 0 }]]),
+    () => simulate([[{ op: 'recv_grad', stage: 0, mb: 0 }]]),
     /stage 0 .*no next stage/,
   );
 });
 
 test('simulate names the stage for sends past the pipeline ends', () => {
   const fb: Action[] = [
-    { op: 'forward', mb: 0, keep: true, grad: true },
-    { op: 'backward', mb: 0 },
+    { op: 'forward', stage: 0, mb: 0, keep: true, grad: true },
+    { op: 'backward', stage: 0, mb: 0 },
   ];
   assert.throws(
-    () => simulate([[...fb, { op: 'send_grad', mb: 0 }]]),
+    () => simulate([[...fb, { op: 'send_grad', stage: 0, mb: 0 }]]),
     /stage 0 /,
   );
   assert.throws(
-    () => simulate([[fb[0], { op: 'send_act', mb: 0 }, fb[1]]]),
+    () => simulate([[fb[0], { op: 'send_act', stage: 0, mb: 0 }, fb[1]]]),
     /stage 0 /,
   );
 });
@@ -643,5 +672,128 @@ test('simulate rejects a message that is sent but never received', () => {
   assert.throws(
     () => simulate(s),
     /stage 1 never receives the activation of micro-batch 1/,
+  );
+});
+
+test('compute-only generators have no communication; lowering adds exactly the old sends and receives', () => {
+  for (const m of MS)
+    for (const k of KS)
+      for (const mode of REMAT_MODES)
+        for (const [gen, lowered] of [
+          [gpipeCompute, gpipeSchedule],
+          [oneFOneBCompute, oneFOneBSchedule],
+        ] as const) {
+          const c = gen(m, k, mode);
+          for (const acts of c)
+            for (const a of acts)
+              assert.ok(['forward', 'backward'].includes(a.op), a.op);
+          const s = lower(c, chainPlacement(k), { step: 'all-reduce' });
+          assert.deepEqual(s, lowered(m, k, mode));
+          // removing the communication and the step gives the compute list back
+          assert.deepEqual(
+            s.map((acts) =>
+              acts.filter((a) => a.op === 'forward' || a.op === 'backward'),
+            ),
+            c,
+          );
+          // every action names its stage: stage s on device s
+          s.forEach((acts, d) => {
+            for (const a of acts) assert.equal(a.stage, d);
+          });
+        }
+});
+
+test('lower: stages on one device hand over directly (no send or receive between them); each device steps each of its stages', () => {
+  // 3 stages on 2 devices: stages 0 and 1 on device 0, stage 2 on device 1; fill-drain
+  const m = 2;
+  const compute: ComputeSchedule = [
+    [
+      ...Array.from({ length: m }, (_, mb) => mb).flatMap((mb) =>
+        [0, 1].map(
+          (stage): ComputeAction => ({
+            op: 'forward',
+            stage,
+            mb,
+            keep: false,
+            grad: true,
+          }),
+        ),
+      ),
+      ...[1, 0].flatMap((mb) =>
+        [1, 0].map((stage): ComputeAction => ({ op: 'backward', stage, mb })),
+      ),
+    ],
+    [
+      ...Array.from({ length: m }, (_, mb) => mb).map(
+        (mb): ComputeAction => ({
+          op: 'forward',
+          stage: 2,
+          mb,
+          keep: false,
+          grad: true,
+        }),
+      ),
+      ...[1, 0].map((mb): ComputeAction => ({ op: 'backward', stage: 2, mb })),
+    ],
+  ];
+  const s = lower(compute, [0, 0, 1], { step: 'all-reduce' });
+  assert.equal(
+    formatSchedule(s),
+    [
+      '0F0 1F0 1SA0 0F1 1F1 1SA1 1RG1 1B1 0B1 1RG0 1B0 0B0 0NORM 0STEP 1STEP',
+      '2RA0 2F0 2RA1 2F1 2B1 2SG1 2B0 2SG0 2NORM 2STEP',
+    ].join('\n'),
+  );
+  const sim = simulate(s);
+  assert.equal(sim.events.length, s[0].length + s[1].length);
+  assert.ok(sim.events.every((e) => e.device === (e.stage === 2 ? 1 : 0)));
+  // a stage in the wrong device's list, a stage out of range, links that do not exist
+  assert.throws(
+    () => lower(compute, [0, 1, 1]),
+    /stage 1 is placed on device 1/,
+  );
+  assert.throws(() => lower(compute, [0, 0]), /stage 2 is not one of the 2/);
+  assert.throws(
+    () => lower([[], [], []], [0, 2, 1]),
+    /stage 0 on device 0 and stage 1 on device 2/,
+  );
+  // communication in a compute-only list is refused
+  assert.throws(
+    () =>
+      lower(
+        [[{ op: 'send_act', stage: 0, mb: 0 }]] as unknown as ComputeSchedule,
+        [0],
+      ),
+    /a compute-only schedule has no communication/,
+  );
+  // simulate refuses a stage whose actions are on two devices
+  const split = s.map((acts) => [...acts]);
+  split[1].unshift({ op: 'optimizer_step', stage: 0 });
+  assert.throws(
+    () => simulate(split),
+    /stage 0 has actions on devices 0 and 1/,
+  );
+});
+
+test('local and relay schedules are compute-only lists plus lowering', () => {
+  for (const det of [true, false]) {
+    const c = localCompute(3, 3, 1, det);
+    for (const acts of c)
+      for (const a of acts)
+        assert.ok(
+          ['local_update', 'overlap_backward', 'local_step'].includes(a.op),
+        );
+    assert.deepEqual(
+      lower(c, chainPlacement(3), { overlap: { deterministic: det } }),
+      localSchedule(3, 3, 1, det),
+    );
+  }
+  assert.deepEqual(lower(relayCompute(3, 2), [0]), relaySchedule(3, 2));
+  assert.equal(
+    formatSchedule(localSchedule(2, 2, 1, true)),
+    [
+      '0L0 0SA0 0LSTEP 0L1 0SA1 0RG0 0O0 0LSTEP 0RG1 0O1',
+      '1RA0 1L0 1SG0 1LSTEP 1RA1 1L1 1SG1 1LSTEP',
+    ].join('\n'),
   );
 });

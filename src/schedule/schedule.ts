@@ -8,6 +8,7 @@
  * micro-batch 3), which makes schedules easy to test, to compare and to show in a trace.
  */
 import { LayerwiseError } from '../util/errors.js';
+import { type CoreOp, declarationOf, OPS, type OpSpec } from './ops.js';
 
 /** Re-materialization (activation checkpointing) modes, as in torchgpipe. */
 export type RematMode = 'always' | 'except_last' | 'never';
@@ -21,8 +22,8 @@ export const REMAT_MODES: readonly RematMode[] = [
 export type ScheduleKind = 'gpipe' | '1f1b';
 export const SCHEDULE_KINDS: readonly ScheduleKind[] = ['gpipe', '1f1b'];
 
-/** One step of one stage's work. `mb` is the micro-batch index in [0, M). */
-export type Action =
+/** What one action does; {@link Action} adds the stage it belongs to. `mb` is the micro-batch index in [0, M). */
+export type ActionBody =
   /** Wait for micro-batch mb's activation from the previous stage. */
   | { op: 'recv_act'; mb: number }
   /**
@@ -79,52 +80,60 @@ export type Action =
   /** L2L: free the layer's parameters on the device. */
   | { op: 'release_layer'; layer: number };
 
-/** Per stage, the list of its actions for one mini-batch. */
-export type Schedule = Action[][];
-
-const SHORT: Record<Action['op'], string> = {
-  recv_act: 'RA',
-  forward: 'F',
-  send_act: 'SA',
-  recv_grad: 'RG',
-  backward: 'B',
-  send_grad: 'SG',
-  reduce_grad_norm: 'NORM',
-  optimizer_step: 'STEP',
-  local_update: 'L',
-  overlap_backward: 'O',
-  poll_grads: 'POLL',
-  drain_grads: 'DRAIN',
-  local_step: 'LSTEP',
-  load_layer: 'LOAD',
-  prefetch_layer: 'PREF',
-  layer_forward: 'F',
-  layer_backward: 'B',
-  push_grads: 'PUSH',
-  release_layer: 'FREE',
+/**
+ * One action of a schedule: what it does and the (virtual) stage it belongs to, as PyTorch
+ * pipelining's `_Action(stage_index, computation_type, microbatch_index)`. A device may run
+ * several stages; a stage runs on one device.
+ */
+export type Action = ActionBody & {
+  /** The (virtual) stage in [0, S): the model's stage of blocks the action works on. */
+  stage: number;
 };
 
-/** Compact text form of an action: `1F3`, `0B0`, `2STEP`. Forwards that recompute nothing print `F`, kept ones `Fk`. */
-export function formatAction(stage: number, a: Action): string {
+/**
+ * A lowered schedule: per device, the ordered list of its actions for one mini-batch, with
+ * communication (receives, sends, the gradient-norm all-reduce) in place. What the executor
+ * runs. Made from a {@link ComputeSchedule} by {@link lower}.
+ */
+export type Schedule = Action[][];
+
+/** An action of compute: run by a stage kind's handler, not by the executor's core. */
+export type ComputeAction = Exclude<Action, { op: CoreOp }>;
+/** The ops of compute. */
+export type ComputeOp = ComputeAction['op'];
+
+/**
+ * A compute-only schedule (the first level): per device, the order of its compute actions
+ * (forward, backward, local updates, relay layers...), each naming its stage, and no
+ * communication. A schedule generator returns one; {@link lower} adds the communication.
+ */
+export type ComputeSchedule = ComputeAction[][];
+
+/**
+ * Compact text form of an action: `1F3` (stage 1, forward of micro-batch 3), `0B0`, `2STEP`.
+ * Forwards that recompute nothing print `F`, kept ones `Fk`; relay actions name their layer
+ * (`0L3F1`).
+ */
+export function formatAction(a: Action): string {
+  // an undeclared op prints as itself, so an error about it can show the schedule
+  const short = Object.hasOwn(OPS, a.op) ? OPS[a.op].short : String(a.op);
   if ('layer' in a)
-    return `${stage}L${a.layer}${SHORT[a.op]}${'mb' in a ? a.mb : ''}`;
-  const kind = a.op === 'forward' && a.keep && a.grad ? 'Fk' : SHORT[a.op];
-  return 'mb' in a ? `${stage}${kind}${a.mb}` : `${stage}${kind}`;
+    return `${a.stage}L${a.layer}${short}${'mb' in a ? a.mb : ''}`;
+  const kind = a.op === 'forward' && a.keep && a.grad ? 'Fk' : short;
+  return 'mb' in a ? `${a.stage}${kind}${a.mb}` : `${a.stage}${kind}`;
 }
 
-/** One line per stage, actions separated by spaces. */
-export function formatSchedule(s: Schedule): string {
-  return s
-    .map((acts, k) => acts.map((a) => formatAction(k, a)).join(' '))
-    .join('\n');
+/** One line per device, actions separated by spaces. */
+export function formatSchedule(s: readonly (readonly Action[])[]): string {
+  return s.map((acts) => acts.map(formatAction).join(' ')).join('\n');
 }
 
 /**
- * A stage's actions, one per line, with the action at `index` marked `<-- ERROR HERE` (as PyTorch
+ * A device's actions, one per line, with the action at `index` marked `<-- ERROR HERE` (as PyTorch
  * pipelining shows a failing schedule); at most `context` actions on each side, the rest counted.
  */
 export function formatScheduleError(
-  stage: number,
+  device: number,
   actions: readonly Action[],
   index: number,
   context = 6,
@@ -132,12 +141,12 @@ export function formatScheduleError(
   const from = Math.max(0, index - context);
   const to = Math.min(actions.length, index + context + 1);
   const lines = [
-    `schedule of stage ${stage}, action ${index + 1} of ${actions.length}:`,
+    `schedule of device ${device}, action ${index + 1} of ${actions.length}:`,
   ];
   if (from > 0) lines.push(`  ... ${from} earlier`);
   for (let i = from; i < to; i++)
     lines.push(
-      `  ${formatAction(stage, actions[i])}${i === index ? '  <-- ERROR HERE' : ''}`,
+      `  ${formatAction(actions[i])}${i === index ? '  <-- ERROR HERE' : ''}`,
     );
   if (to < actions.length) lines.push(`  ... ${actions.length - to} later`);
   return lines.join('\n');
@@ -188,98 +197,200 @@ export function* clockCycles(
   }
 }
 
-function fwd(
-  stage: number,
-  k: number,
-  mb: number,
-  keep: boolean,
-  grad = true,
-): Action[] {
-  const out: Action[] = [];
-  if (stage > 0) out.push({ op: 'recv_act', mb });
-  out.push({ op: 'forward', mb, keep, grad });
-  if (stage < k - 1) out.push({ op: 'send_act', mb });
-  return out;
+/** Stage s of k on device s: the placement of every schedule with one stage per device. */
+export function chainPlacement(k: number): number[] {
+  return Array.from({ length: k }, (_, s) => s);
 }
 
-function bwd(stage: number, k: number, mb: number): Action[] {
-  const out: Action[] = [];
-  if (stage < k - 1) out.push({ op: 'recv_grad', mb });
-  out.push({ op: 'backward', mb });
-  if (stage > 0) out.push({ op: 'send_grad', mb });
-  return out;
+/** What {@link lower} adds besides sends and receives. */
+export interface LowerOptions {
+  /**
+   * 'all-reduce': each device ends with the gradient-norm all-reduce (one `reduce_grad_norm`,
+   * named by the device's first stage) and one `optimizer_step` per stage it runs, in stage
+   * order (synchronous pipelines). 'none' (default): the compute list has its own steps, or
+   * none (evaluation, local parallelism, the relay).
+   */
+  step?: 'all-reduce' | 'none';
+  /** Local parallelism's overlap: input gradients go back, applied at fixed points or polled. */
+  overlap?: { deterministic: boolean };
 }
-
-const STEP: Action[] = [{ op: 'reduce_grad_norm' }, { op: 'optimizer_step' }];
 
 /**
- * GPipe fill-drain schedule for m micro-batches on k stages: every stage runs all forwards in
- * order, then all backwards in reverse order, then one synchronous optimizer step.
- * Throws {@link LayerwiseError} for m < 1 or k < 1.
+ * Lowers a compute-only schedule to the schedule the executor runs (the second level), as
+ * PyTorch pipelining's `_add_send_recv`: around each compute action, the receives and sends its
+ * op declares (schedule/ops.ts `lower`) where the neighbouring stage runs on another device
+ * (stages on the same device hand tensors over directly); then the step (see
+ * {@link LowerOptions}). A receive comes right before the compute that needs it and a send right
+ * after the compute that produced it, so the lowered order is the compute order. `placement[s]`
+ * is the device of stage s.
+ *
+ * Throws {@link LayerwiseError} when an action's stage is not placed on the device whose list it
+ * is in, when a stage is out of range, or when neighbouring stages on different devices are not
+ * on neighbouring devices in the same direction (device d sends activations only to d + 1
+ * today: StageLinks connect a device to its previous and next one).
  */
-export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
-  checkArgs(m, k);
-  return Array.from({ length: k }, (_, s) => {
-    const acts: Action[] = [];
-    for (let i = 0; i < m; i++)
-      acts.push(...fwd(s, k, i, keepsActivations(mode, i, m)));
-    for (let i = m - 1; i >= 0; i--) acts.push(...bwd(s, k, i));
-    return [...acts, ...STEP];
+export function lower(
+  compute: ComputeSchedule,
+  placement: readonly number[],
+  opts: LowerOptions = {},
+): Schedule {
+  const stages = placement.length;
+  for (let s = 0; s + 1 < stages; s++) {
+    const a = placement[s];
+    const b = placement[s + 1];
+    if (a !== b && b !== a + 1)
+      throw new LayerwiseError(
+        `stage ${s} on device ${a} and stage ${s + 1} on device ${b}: links connect device d only to d + 1, so the next stage must be on the same device or the next one`,
+      );
+  }
+  return compute.map((acts, device) => {
+    const out: Action[] = [];
+    for (const a of acts) {
+      if (!Number.isInteger(a.stage) || a.stage < 0 || a.stage >= stages)
+        throw new LayerwiseError(
+          `action ${formatAction(a)} on device ${device}: stage ${a.stage} is not one of the ${stages} stages`,
+        );
+      if (placement[a.stage] !== device)
+        throw new LayerwiseError(
+          `action ${formatAction(a)} in device ${device}'s list, but stage ${a.stage} is placed on device ${placement[a.stage]}`,
+        );
+      const spec = declarationOf(a.op) as OpSpec<typeof a.op>;
+      if (spec.core)
+        throw new LayerwiseError(
+          `action ${formatAction(a)}: a compute-only schedule has no communication (lowering adds it)`,
+        );
+      const around = spec.lower?.(a, {
+        remotePrev: a.stage > 0 && placement[a.stage - 1] !== device,
+        remoteNext: a.stage < stages - 1 && placement[a.stage + 1] !== device,
+        overlap: opts.overlap,
+      });
+      out.push(...(around?.before ?? []), a, ...(around?.after ?? []));
+    }
+    if (opts.step === 'all-reduce') {
+      const own = placement
+        .map((d, s) => (d === device ? s : -1))
+        .filter((s) => s >= 0);
+      if (own.length > 0) {
+        out.push({ op: 'reduce_grad_norm', stage: own[0] });
+        for (const s of own) out.push({ op: 'optimizer_step', stage: s });
+      }
+    }
+    return out;
   });
 }
 
 /**
- * 1F1B (PipeDream-Flush, Narayanan et al., 2021): stage s runs min(k - s - 1, m) warm-up
- * forwards, then alternates one forward and one backward, then drains the remaining
- * backwards. Same bubble as GPipe, but at most k - s micro-batches are in flight per stage.
+ * GPipe fill-drain, compute only: every stage runs all forwards in order, then all backwards
+ * in reverse order (see {@link clockCycles}); stage s on device s. Forwards keep their
+ * activations by `mode` ({@link keepsActivations}). Throws {@link LayerwiseError} for m < 1 or
+ * k < 1.
  */
+export function gpipeCompute(
+  m: number,
+  k: number,
+  mode: RematMode,
+): ComputeSchedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const acts: ComputeAction[] = [];
+    for (let i = 0; i < m; i++) acts.push(forward(s, i, mode, m));
+    for (let i = m - 1; i >= 0; i--)
+      acts.push({ op: 'backward', stage: s, mb: i });
+    return acts;
+  });
+}
+
+function forward(
+  stage: number,
+  mb: number,
+  mode: RematMode,
+  m: number,
+): ComputeAction {
+  return {
+    op: 'forward',
+    stage,
+    mb,
+    keep: keepsActivations(mode, mb, m),
+    grad: true,
+  };
+}
+
+/**
+ * 1F1B (PipeDream-Flush, Narayanan et al., 2021), compute only: stage s runs
+ * min(k - s - 1, m) warm-up forwards, then alternates one forward and one backward, then
+ * drains the remaining backwards. Same bubble as GPipe, but at most k - s micro-batches are in
+ * flight on stage s. For m = 4, k = 2 (`1F0` = stage 1, forward of micro-batch 0):
+ *
+ *     device 0:  0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3
+ *     device 1:  1F0 1B0 1F1 1B1 1F2 1B2 1F3 1B3
+ */
+export function oneFOneBCompute(
+  m: number,
+  k: number,
+  mode: RematMode,
+): ComputeSchedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const acts: ComputeAction[] = [];
+    const warm = Math.min(k - s - 1, m);
+    let f = 0;
+    for (; f < warm; f++) acts.push(forward(s, f, mode, m));
+    for (let b = 0; b < m; b++) {
+      if (f < m) acts.push(forward(s, f++, mode, m));
+      acts.push({ op: 'backward', stage: s, mb: b });
+    }
+    return acts;
+  });
+}
+
+/** GPipe fill-drain, lowered onto k devices with the synchronous step ({@link gpipeCompute}). */
+export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
+  return lower(gpipeCompute(m, k, mode), chainPlacement(k), {
+    step: 'all-reduce',
+  });
+}
+
+/** 1F1B, lowered onto k devices with the synchronous step ({@link oneFOneBCompute}). */
 export function oneFOneBSchedule(
   m: number,
   k: number,
   mode: RematMode,
 ): Schedule {
-  checkArgs(m, k);
-  return Array.from({ length: k }, (_, s) => {
-    const acts: Action[] = [];
-    const warm = Math.min(k - s - 1, m);
-    let f = 0;
-    let b = 0;
-    for (; f < warm; f++)
-      acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
-    while (b < m) {
-      if (f < m) {
-        acts.push(...fwd(s, k, f, keepsActivations(mode, f, m)));
-        f++;
-      }
-      acts.push(...bwd(s, k, b));
-      b++;
-    }
-    return [...acts, ...STEP];
+  return lower(oneFOneBCompute(m, k, mode), chainPlacement(k), {
+    step: 'all-reduce',
   });
 }
 
-/** Forward-only schedule for evaluation: nothing is kept for backward. */
+/** Forward-only schedule for evaluation: nothing is kept for backward, no step. */
 export function evalSchedule(m: number, k: number): Schedule {
   checkArgs(m, k);
-  return Array.from({ length: k }, (_, s) => {
-    const acts: Action[] = [];
-    for (let i = 0; i < m; i++) acts.push(...fwd(s, k, i, false, false));
-    return acts;
-  });
+  const compute = Array.from({ length: k }, (_, s) =>
+    Array.from(
+      { length: m },
+      (_, i): ComputeAction => ({
+        op: 'forward',
+        stage: s,
+        mb: i,
+        keep: false,
+        grad: false,
+      }),
+    ),
+  );
+  return lower(compute, chainPlacement(k));
 }
 
-/** The training schedule of a kind. */
-export function makeSchedule(
+/** The compute-only training schedule of a kind. */
+export function computeSchedule(
   kind: ScheduleKind,
   m: number,
   k: number,
   mode: RematMode,
-): Schedule {
+): ComputeSchedule {
   switch (kind) {
     case 'gpipe':
-      return gpipeSchedule(m, k, mode);
+      return gpipeCompute(m, k, mode);
     case '1f1b':
-      return oneFOneBSchedule(m, k, mode);
+      return oneFOneBCompute(m, k, mode);
     default:
       throw new LayerwiseError(
         `unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`,
@@ -287,16 +398,56 @@ export function makeSchedule(
   }
 }
 
+/** The training schedule of a kind, lowered onto k devices (stage s on device s) with the synchronous step. */
+export function makeSchedule(
+  kind: ScheduleKind,
+  m: number,
+  k: number,
+  mode: RematMode,
+): Schedule {
+  return lower(computeSchedule(kind, m, k, mode), chainPlacement(k), {
+    step: 'all-reduce',
+  });
+}
+
 /**
- * Local parallelism (Laskin et al., 2020): every stage makes one local update per micro-batch
- * and passes its output on; nothing flows back unless `overlap` > 0, in which case each stage
- * but the first sends its input gradient to the previous stage, which backpropagates it through
- * its last `overlap` blocks. With `deterministic`, the previous stage applies the overlap
- * gradient of micro-batch i-1 at its step for micro-batch i (a fixed interleaving; the one of
- * micro-batch M-1 is applied at the next mini-batch's first step); otherwise it applies
- * whatever has arrived before each step, from this mini-batch or an earlier one, and never
- * waits (a {@link flushSchedule} collects what is outstanding).
- * Stage s works on micro-batch i while stage s+1 works on micro-batch i-1.
+ * Local parallelism (Laskin et al., 2020), compute only: every stage makes one local update
+ * per micro-batch (`local_update`, then `local_step`); stage s works on micro-batch i while
+ * stage s+1 works on micro-batch i-1. With `overlap` > 0 and `deterministic`, stage s (but the
+ * last) applies the overlap gradient of micro-batch i-1 (`overlap_backward`) before its step
+ * for micro-batch i, and that of micro-batch M-1 at the end (applied at the next mini-batch's
+ * first step). The sends, the input gradients sent back and free-running overlap's polls are
+ * the lowering's (see {@link localSchedule}).
+ */
+export function localCompute(
+  m: number,
+  k: number,
+  overlap: number,
+  deterministic: boolean,
+): ComputeSchedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const fixed = overlap > 0 && deterministic && s < k - 1;
+    const acts: ComputeAction[] = [];
+    for (let i = 0; i < m; i++) {
+      acts.push({ op: 'local_update', stage: s, mb: i });
+      if (fixed && i > 0)
+        acts.push({ op: 'overlap_backward', stage: s, mb: i - 1 });
+      acts.push({ op: 'local_step', stage: s });
+    }
+    if (fixed) acts.push({ op: 'overlap_backward', stage: s, mb: m - 1 });
+    return acts;
+  });
+}
+
+/**
+ * Local parallelism's schedule, lowered: {@link localCompute} with the activation sent on after
+ * each update, and with `overlap` > 0 each stage but the first sending its input gradient back
+ * (the previous stage backpropagates it through its last `overlap` blocks). With
+ * `deterministic`, the previous stage receives it at the fixed point of {@link localCompute};
+ * otherwise it applies whatever has arrived before each step (`poll_grads`), from this
+ * mini-batch or an earlier one, and never waits (a {@link flushSchedule} collects what is
+ * outstanding).
  */
 export function localSchedule(
   m: number,
@@ -304,43 +455,24 @@ export function localSchedule(
   overlap: number,
   deterministic: boolean,
 ): Schedule {
-  checkArgs(m, k);
-  return Array.from({ length: k }, (_, s) => {
-    const receivesGrad = overlap > 0 && s < k - 1;
-    const sendsGrad = overlap > 0 && s > 0;
-    const acts: Action[] = [];
-    for (let i = 0; i < m; i++) {
-      if (s > 0) acts.push({ op: 'recv_act', mb: i });
-      acts.push({ op: 'local_update', mb: i });
-      if (s < k - 1) acts.push({ op: 'send_act', mb: i });
-      if (sendsGrad) acts.push({ op: 'send_grad', mb: i });
-      if (receivesGrad && deterministic && i > 0)
-        acts.push(
-          { op: 'recv_grad', mb: i - 1 },
-          { op: 'overlap_backward', mb: i - 1 },
-        );
-      if (receivesGrad && !deterministic) acts.push({ op: 'poll_grads' });
-      acts.push({ op: 'local_step' });
-    }
-    if (receivesGrad && deterministic)
-      acts.push(
-        { op: 'recv_grad', mb: m - 1 },
-        { op: 'overlap_backward', mb: m - 1 },
-      );
-    return acts;
-  });
+  return lower(
+    localCompute(m, k, overlap, deterministic),
+    chainPlacement(k),
+    overlap > 0 ? { overlap: { deterministic } } : {},
+  );
 }
 
-/** Local parallelism: every stage but the last waits for its outstanding overlap gradients. */
+/** Local parallelism: every stage but the last waits for its outstanding overlap gradients (already lowered: one core op). */
 export function flushSchedule(k: number): Schedule {
   return Array.from({ length: k }, (_, s) =>
-    s < k - 1 ? [{ op: 'drain_grads' } as Action] : [],
+    s < k - 1 ? [{ op: 'drain_grads', stage: s } as Action] : [],
   );
 }
 
 /**
  * L2L relay schedule (Pudipeddi et al., 2020, arXiv 2002.05645) for `layers` layers (blocks)
- * and m micro-batches on one device; one list. Forward runs layer by layer over all
+ * and m micro-batches on one device, stage 0; compute only (the relay talks to no other stage:
+ * its lowering adds nothing). Forward runs layer by layer over all
  * micro-batches: load layer l, run the first micro-batch through l, prefetch l+1, run the other
  * micro-batches through l, release l. The prefetch comes after the layer's first compute so that
  * on a device with an asynchronous queue (webgpu) the upload of l+1 overlaps the GPU's work on l
@@ -360,51 +492,58 @@ export function flushSchedule(k: number): Schedule {
  *
  * Throws {@link LayerwiseError} for m < 1 or layers < 1.
  */
-export function relaySchedule(layers: number, m: number): Schedule {
+export function relayCompute(layers: number, m: number): ComputeSchedule {
   checkArgs(m, 1);
   if (!Number.isInteger(layers) || layers < 1)
     throw new LayerwiseError(
       `layers must be a positive integer, got ${layers}`,
     );
-  const acts: Action[] = [];
+  const stage = 0;
+  const acts: ComputeAction[] = [];
   for (let l = 0; l < layers - 1; l++) {
-    acts.push({ op: 'load_layer', layer: l });
+    acts.push({ op: 'load_layer', stage, layer: l });
     for (let i = 0; i < m; i++) {
-      acts.push({ op: 'layer_forward', layer: l, mb: i, grad: true });
-      if (i === 0) acts.push({ op: 'prefetch_layer', layer: l + 1 });
+      acts.push({ op: 'layer_forward', stage, layer: l, mb: i, grad: true });
+      if (i === 0) acts.push({ op: 'prefetch_layer', stage, layer: l + 1 });
     }
-    if (l < layers - 2) acts.push({ op: 'release_layer', layer: l });
+    if (l < layers - 2) acts.push({ op: 'release_layer', stage, layer: l });
   }
   for (let l = layers - 1; l >= 0; l--) {
-    acts.push({ op: 'load_layer', layer: l });
+    acts.push({ op: 'load_layer', stage, layer: l });
     for (let i = m - 1; i >= 0; i--) {
-      acts.push({ op: 'layer_backward', layer: l, mb: i });
+      acts.push({ op: 'layer_backward', stage, layer: l, mb: i });
       if (i === m - 1 && l > 0)
-        acts.push({ op: 'prefetch_layer', layer: l - 1 });
+        acts.push({ op: 'prefetch_layer', stage, layer: l - 1 });
     }
     acts.push(
-      { op: 'push_grads', layer: l },
-      { op: 'release_layer', layer: l },
+      { op: 'push_grads', stage, layer: l },
+      { op: 'release_layer', stage, layer: l },
     );
   }
-  acts.push({ op: 'optimizer_step' });
+  acts.push({ op: 'optimizer_step', stage });
   return [acts];
 }
 
-/** L2L evaluation: every layer forward over all micro-batches, the last one recording the losses; prefetches as in {@link relaySchedule}. */
+/** The relay's schedule ({@link relayCompute}), lowered onto its one device. */
+export function relaySchedule(layers: number, m: number): Schedule {
+  return lower(relayCompute(layers, m), [0]);
+}
+
+/** L2L evaluation: every layer forward over all micro-batches, the last one recording the losses; prefetches as in {@link relayCompute}. */
 export function relayEvalSchedule(layers: number, m: number): Schedule {
   checkArgs(m, 1);
-  const acts: Action[] = [];
+  const stage = 0;
+  const acts: ComputeAction[] = [];
   for (let l = 0; l < layers; l++) {
-    acts.push({ op: 'load_layer', layer: l });
+    acts.push({ op: 'load_layer', stage, layer: l });
     for (let i = 0; i < m; i++) {
-      acts.push({ op: 'layer_forward', layer: l, mb: i, grad: false });
+      acts.push({ op: 'layer_forward', stage, layer: l, mb: i, grad: false });
       if (i === 0 && l + 1 < layers)
-        acts.push({ op: 'prefetch_layer', layer: l + 1 });
+        acts.push({ op: 'prefetch_layer', stage, layer: l + 1 });
     }
-    acts.push({ op: 'release_layer', layer: l });
+    acts.push({ op: 'release_layer', stage, layer: l });
   }
-  return [acts];
+  return lower([acts], [0]);
 }
 
 /** Bubble fraction of a fill-drain pipeline with equal stages: (K - 1) / (M + K - 1). */

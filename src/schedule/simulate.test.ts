@@ -41,15 +41,17 @@ const isOp =
 const then = (a: Schedule, b: Schedule): Schedule =>
   a.map((acts, s) => [...acts, ...b[s]]);
 
-const load = (layer: number): Action => ({ op: 'load_layer', layer });
+const load = (layer: number): Action => ({ op: 'load_layer', stage: 0, layer });
 const F = (layer: number, mb: number, grad = true): Action => ({
   op: 'layer_forward',
+  stage: 0,
   layer,
   mb,
   grad,
 });
 const B = (layer: number, mb: number): Action => ({
   op: 'layer_backward',
+  stage: 0,
   layer,
   mb,
 });
@@ -83,19 +85,19 @@ test('gpipe, 1f1b and evaluation schedules simulate for several M, K and remat m
 test('defaultCost: relay compute 1 and 2, local update 3, the rest free', () => {
   assert.equal(defaultCost(0, F(0, 0)), 1);
   assert.equal(defaultCost(0, B(0, 0)), 2);
-  assert.equal(defaultCost(0, { op: 'local_update', mb: 0 }), 3);
+  assert.equal(defaultCost(0, { op: 'local_update', stage: 0, mb: 0 }), 3);
   assert.equal(
-    defaultCost(0, { op: 'forward', mb: 0, keep: true, grad: true }),
+    defaultCost(0, { op: 'forward', stage: 0, mb: 0, keep: true, grad: true }),
     1,
   );
-  assert.equal(defaultCost(0, { op: 'backward', mb: 0 }), 2);
+  assert.equal(defaultCost(0, { op: 'backward', stage: 0, mb: 0 }), 2);
   for (const a of [
     load(0),
-    { op: 'prefetch_layer', layer: 0 },
-    { op: 'push_grads', layer: 0 },
-    { op: 'release_layer', layer: 0 },
-    { op: 'local_step' },
-    { op: 'optimizer_step' },
+    { op: 'prefetch_layer', stage: 0, layer: 0 },
+    { op: 'push_grads', stage: 0, layer: 0 },
+    { op: 'release_layer', stage: 0, layer: 0 },
+    { op: 'local_step', stage: 0 },
+    { op: 'optimizer_step', stage: 0 },
   ] as Action[]) {
     assert.equal(defaultCost(0, a), 0, a.op);
   }
@@ -199,6 +201,7 @@ test('relay: a layer is used only while loaded by load_layer; release of an unlo
   const a = copy(relaySchedule(3, 2));
   a[0].splice(indexOf(a[0], isOp('layer_forward', { layer: 1 })), 0, {
     op: 'release_layer',
+    stage: 0,
     layer: 1,
   });
   assert.throws(
@@ -209,6 +212,7 @@ test('relay: a layer is used only while loaded by load_layer; release of an unlo
   const b = copy(relaySchedule(3, 2));
   b[0].splice(indexOf(b[0], isOp('layer_backward', { layer: 0 })), 0, {
     op: 'release_layer',
+    stage: 0,
     layer: 0,
   });
   assert.throws(
@@ -222,18 +226,23 @@ test('relay: a layer is used only while loaded by load_layer; release of an unlo
   assert.throws(
     () =>
       simulate([
-        [{ op: 'prefetch_layer', layer: 0 }, F(0, 0), load(1), B(1, 0)],
+        [
+          { op: 'prefetch_layer', stage: 0, layer: 0 },
+          F(0, 0),
+          load(1),
+          B(1, 0),
+        ],
       ]),
     /layer 0 is not loaded/,
   );
   // releasing what is not loaded, and loading twice, are allowed
   const d = copy(relaySchedule(3, 2));
-  d[0].unshift({ op: 'release_layer', layer: 2 }, load(0), load(0));
+  d[0].unshift({ op: 'release_layer', stage: 0, layer: 2 }, load(0), load(0));
   d[0].splice(
     indexOf(d[0], isOp('push_grads', { layer: 0 })),
     0,
-    { op: 'release_layer', layer: 1 },
-    { op: 'release_layer', layer: 1 },
+    { op: 'release_layer', stage: 0, layer: 1 },
+    { op: 'release_layer', stage: 0, layer: 1 },
   );
   assert.equal(simulate(d).events.length, total(d));
 });
@@ -329,6 +338,7 @@ test('relay: push_grads after every backward through the layer, once; the step a
   const b = copy(relaySchedule(2, 3));
   b[0].splice(indexOf(b[0], isOp('push_grads', { layer: 1 })), 0, {
     op: 'push_grads',
+    stage: 0,
     layer: 1,
   });
   assert.throws(() => simulate(b), /gradients of layer 1 pushed twice/);
@@ -351,23 +361,26 @@ test('relay: push_grads after every backward through the layer, once; the step a
 
 test('local: a local_step needs a local_update since the previous one; poll and drain need a next stage', () => {
   const a = copy(localSchedule(2, 2, 0, true));
-  a[1].splice(indexOf(a[1], isOp('local_step')) + 1, 0, { op: 'local_step' });
+  a[1].splice(indexOf(a[1], isOp('local_step')) + 1, 0, {
+    op: 'local_step',
+    stage: 1,
+  });
   assert.throws(
     () => simulate(a),
     /stage 1 .*"local_step".*local step with no local_update since the previous step/,
   );
   assert.throws(
-    () => simulate([[{ op: 'local_step' }]]),
+    () => simulate([[{ op: 'local_step', stage: 0 }]]),
     /stage 0 .*local step with no local_update/,
   );
   const b = copy(localSchedule(2, 2, 1, false));
-  b[1].push({ op: 'poll_grads' });
+  b[1].push({ op: 'poll_grads', stage: 1 });
   assert.throws(
     () => simulate(b),
     /stage 1 .*"poll_grads".*the last stage has no next stage/,
   );
   assert.throws(
-    () => simulate([[{ op: 'drain_grads' }]]),
+    () => simulate([[{ op: 'drain_grads', stage: 0 }]]),
     /stage 0 .*"drain_grads".*the last stage has no next stage/,
   );
 });
@@ -382,7 +395,10 @@ test('local: gradients left over are an error unless the receiving stage polls l
   );
   // a drain followed by a stage that sends later: a drain does not carry
   const b = copy(localSchedule(2, 2, 1, false));
-  b[0].splice(indexOf(b[0], isOp('poll_grads')), 1, { op: 'drain_grads' });
+  b[0].splice(indexOf(b[0], isOp('poll_grads')), 1, {
+    op: 'drain_grads',
+    stage: 0,
+  });
   b[0].splice(indexOf(b[0], isOp('poll_grads')), 1);
   // stage 0 now drains after micro-batch 0 (waiting for it) and never takes micro-batch 1's gradient
   assert.throws(
@@ -392,15 +408,15 @@ test('local: gradients left over are an error unless the receiving stage polls l
   // the next stage stalls before its send_grad: the drain waits forever
   const c: Schedule = [
     [
-      { op: 'local_update', mb: 0 },
-      { op: 'send_act', mb: 0 },
-      { op: 'drain_grads' },
+      { op: 'local_update', stage: 0, mb: 0 },
+      { op: 'send_act', stage: 0, mb: 0 },
+      { op: 'drain_grads', stage: 0 },
     ],
     [
-      { op: 'recv_act', mb: 0 },
-      { op: 'local_update', mb: 0 },
-      { op: 'recv_act', mb: 1 },
-      { op: 'send_grad', mb: 0 },
+      { op: 'recv_act', stage: 1, mb: 0 },
+      { op: 'local_update', stage: 1, mb: 0 },
+      { op: 'recv_act', stage: 1, mb: 1 },
+      { op: 'send_grad', stage: 1, mb: 0 },
     ],
   ];
   assert.throws(() => simulate(c), /stage 0 .*"drain_grads".*deadlock/);

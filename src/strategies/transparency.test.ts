@@ -383,7 +383,7 @@ async function checkFailure(
     // the error shows the stage's schedule with the failing action marked
     assert.match(
       e.schedule ?? '',
-      new RegExp(`^schedule of stage ${stage}, action \\d+ of \\d+:`),
+      new RegExp(`^schedule of device ${stage}, action \\d+ of \\d+:`),
     );
     assert.match(e.schedule ?? '', failing);
     return true;

@@ -1,0 +1,57 @@
+/**
+ * `layerwise schedule`: a named schedule's per-device grid in PyTorch pipelining's notation
+ * (schedule/grid.ts), as text or as the CSV PyTorch's `_dump_csv` writes, with the simulated
+ * bubble per device (forward 1, backward 2) and the peak activations per device (micro-batches
+ * forwarded and not yet backwarded).
+ */
+import {
+  gridToCsv,
+  gridToText,
+  peakInFlight,
+  scheduleGrid,
+} from '../schedule/grid.js';
+import {
+  chainPlacement,
+  computeSchedule,
+  makeSchedule,
+  SCHEDULE_KINDS,
+  type ScheduleKind,
+} from '../schedule/schedule.js';
+import { simulate } from '../schedule/simulate.js';
+import { LayerwiseError } from '../util/errors.js';
+
+/** Options of `layerwise schedule`. */
+export interface ScheduleOptions {
+  schedule: string;
+  stages: number;
+  microBatches: number;
+  format?: string;
+}
+
+/**
+ * The text `layerwise schedule` prints. Throws {@link LayerwiseError} (exit 2) for an unknown
+ * schedule or format, or stages or micro-batches that are not positive integers.
+ */
+export function printSchedule(o: ScheduleOptions): string {
+  if (!(SCHEDULE_KINDS as readonly string[]).includes(o.schedule))
+    throw new LayerwiseError(
+      `unknown schedule '${o.schedule}'; valid: ${SCHEDULE_KINDS.join(', ')}`,
+    );
+  const format = o.format ?? 'text';
+  if (format !== 'text' && format !== 'csv')
+    throw new LayerwiseError(`unknown format '${format}'; valid: text, csv`);
+  const kind = o.schedule as ScheduleKind;
+  const k = o.stages;
+  const m = o.microBatches;
+  const compute = computeSchedule(kind, m, k, 'always');
+  const grid = scheduleGrid(compute, chainPlacement(k));
+  if (format === 'csv') return gridToCsv(grid).trimEnd();
+  const sim = simulate(makeSchedule(kind, m, k, 'always'));
+  const peak = peakInFlight(compute);
+  return [
+    `${kind}, ${k} stages, ${m} micro-batches`,
+    gridToText(grid),
+    `simulated bubble (forward 1, backward 2): ${sim.bubble.map((b, d) => `device ${d} ${b.toFixed(3)}`).join(', ')}`,
+    `peak activations (micro-batches in flight): ${peak.map((p, d) => `device ${d} ${p}`).join(', ')}`,
+  ].join('\n');
+}

@@ -1,0 +1,168 @@
+/**
+ * Schedule files in PyTorch pipelining's compute-only CSV (torch/distributed/pipelining/
+ * schedules.py `_dump_csv` / `_load_csv`): one row per device, one cell per time slot, a cell
+ * `<stage><type><mb>` (F forward, B full backward; I and W, the split backward, are refused
+ * until it exists here), an empty cell for an idle slot, and the compound cell
+ * `(0F3;3B1)OVERLAP_F_B` run as its parts in order. The stage-to-device placement is inferred
+ * from the rows. {@link loadScheduleCsv} checks the file and throws one
+ * {@link LayerwiseError} naming the offending action, with the schedule printed and its row
+ * marked `<-- ERROR HERE`. Pure (no tensors, no files).
+ */
+import { LayerwiseError } from '../util/errors.js';
+import { cellOf } from './grid.js';
+import {
+  type Action,
+  type ComputeAction,
+  type ComputeSchedule,
+  keepsActivations,
+  lower,
+  type RematMode,
+} from './schedule.js';
+import { simulate } from './simulate.js';
+
+/** A checked schedule file: per device its compute actions, and stage s's device placement[s]. */
+export interface LoadedSchedule {
+  compute: ComputeSchedule;
+  placement: number[];
+  /** Micro-batches M (the largest index + 1). */
+  m: number;
+}
+
+interface Cell {
+  device: number;
+  text: string;
+  stage: number;
+  type: string;
+  mb: number;
+}
+
+function splitCells(row: string): string[] {
+  return row.split(',').map((c) => c.trim());
+}
+
+/**
+ * Parses and checks a schedule file's text: cell syntax; F and B only; a stage on one device;
+ * stages 0..S-1 all present; every stage has one F and one B per micro-batch 0..M-1; stages
+ * on different devices only between neighbouring devices (d, d + 1); no deadlock and every
+ * dependency met (the lowered schedule simulated). Forwards keep activations by `remat`.
+ * Throws {@link LayerwiseError} with the offending action named and the schedule printed with
+ * `<-- ERROR HERE` on its row.
+ */
+export function loadScheduleCsv(
+  text: string,
+  remat: RematMode = 'never',
+): LoadedSchedule {
+  const rows = text.replace(/\r/g, '').replace(/\n+$/, '').split('\n');
+  const shown = rows.map(splitCells);
+  const fail = (device: number, what: string, why: string): never => {
+    const grid = shown
+      .map(
+        (cells, d) =>
+          `  device ${d}: ${cells.map((c) => c || '.').join(' ')}${d === device ? `  <-- ERROR HERE (${what})` : ''}`,
+      )
+      .join('\n');
+    throw new LayerwiseError(
+      `schedule file: action ${what} on device ${device}: ${why}\n${grid}`,
+    );
+  };
+  const cells: Cell[][] = shown.map((row, device) =>
+    row.flatMap((raw) => {
+      if (raw === '') return [];
+      const compound = /^\((.*)\)OVERLAP_F_B$/.exec(raw);
+      const parts = compound ? compound[1].split(';') : [raw];
+      return parts.map((p) => {
+        const c = /^(\d+)([A-Z]+)(\d+)$/.exec(p.trim());
+        if (!c)
+          fail(
+            device,
+            p,
+            'not a cell <stage><type><micro-batch> such as 1F3 (or an empty cell)',
+          );
+        const [, stage, type, mb] = c!;
+        if (type === 'I' || type === 'W')
+          fail(
+            device,
+            p,
+            'the split backward (I, W) is not supported yet: use B (full backward)',
+          );
+        if (type !== 'F' && type !== 'B')
+          fail(device, p, `unknown type '${type}' (valid: F, B)`);
+        return { device, text: p, stage: +stage, type, mb: +mb };
+      });
+    }),
+  );
+  const all = cells.flat();
+  if (all.length === 0)
+    throw new LayerwiseError('schedule file: no actions in it');
+  const placement: number[] = [];
+  for (const c of all) {
+    const at = placement[c.stage];
+    if (at !== undefined && at !== c.device)
+      fail(
+        c.device,
+        c.text,
+        `stage ${c.stage} also has actions on device ${at} (a stage runs on one device)`,
+      );
+    placement[c.stage] = c.device;
+  }
+  const stages = placement.length;
+  for (let s = 0; s < stages; s++)
+    if (placement[s] === undefined)
+      throw new LayerwiseError(
+        `schedule file: stage ${s} has no action (stages must be 0..${stages - 1})`,
+      );
+  const m = Math.max(...all.map((c) => c.mb)) + 1;
+  const seen = new Set<string>();
+  for (const c of all) {
+    const key = `${c.stage}${c.type}${c.mb}`;
+    if (seen.has(key)) fail(c.device, c.text, 'appears twice');
+    seen.add(key);
+  }
+  for (let s = 0; s < stages; s++)
+    for (let mb = 0; mb < m; mb++)
+      for (const type of ['F', 'B'])
+        if (!seen.has(`${s}${type}${mb}`))
+          fail(
+            placement[s],
+            `${s}${type}${mb}`,
+            `missing: stage ${s} needs one F and one B for each of the ${m} micro-batches`,
+          );
+  const compute: ComputeSchedule = cells.map((row) =>
+    row.map(
+      (c): ComputeAction =>
+        c.type === 'F'
+          ? {
+              op: 'forward',
+              stage: c.stage,
+              mb: c.mb,
+              keep: keepsActivations(remat, c.mb, m),
+              grad: true,
+            }
+          : { op: 'backward', stage: c.stage, mb: c.mb },
+    ),
+  );
+  let lowered: Action[][];
+  try {
+    lowered = lower(compute, placement, { step: 'all-reduce' });
+  } catch (e) {
+    throw new LayerwiseError(`schedule file: ${(e as Error).message}`);
+  }
+  try {
+    simulate(lowered);
+  } catch (e) {
+    const a = (e as { action?: Action }).action;
+    const device = a ? lowered.findIndex((acts) => acts.includes(a)) : -1;
+    if (!a || device < 0) throw e;
+    // the compute action the failure is at: the failing one, or the next one on its device
+    const from = lowered[device].indexOf(a);
+    const at = lowered[device]
+      .slice(from)
+      .find((x) => compute[device].includes(x as ComputeAction));
+    const why = (e as Error).message.replace(
+      /^invalid schedule: stage \d+ \{.*?\}: /,
+      '',
+    );
+    fail(device, at ? cellOf(at as ComputeAction) : String(a.op), why);
+  }
+  return { compute, placement, m };
+}
