@@ -203,7 +203,18 @@ const inProgress = new Set<string>();
  * or SIGINT handler: the process exits right after). The checkpoint before it stays the latest.
  */
 export function removeSaveLeftovers(): void {
-  for (const p of inProgress) rmSync(p, { recursive: true, force: true });
+  for (const p of inProgress) {
+    // the save's own write may be creating a file in the folder on libuv's thread pool right now
+    // (ENOTEMPTY): each new try lists the folder again and removes that file too
+    for (let tries = 0; tries < 50; tries++) {
+      try {
+        rmSync(p, { recursive: true, force: true });
+        break;
+      } catch {
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5); // 5 ms
+      }
+    }
+  }
   inProgress.clear();
 }
 

@@ -123,6 +123,8 @@ interface Prepared {
   optimizer?: OptimizerState;
   data?: BatcherState;
   startStep: number;
+  /** The resumed checkpoint already reaches --steps (nothing to train; train() says so after tidying the folder). */
+  finished: boolean;
   stats: { initialLoss?: number; wallS: number };
   /** The stages' block ranges (profiled first for --balance time|memory). */
   ranges: StageRange[];
@@ -186,11 +188,8 @@ export async function prepare(
   const model = await loadModel(modelConfig);
   const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
   parseDevices(cfg.devices, ranges.length); // and the devices
-  if (ck && ck.step >= cfg.steps) {
-    throw new LayerwiseError(
-      `checkpoint is at step ${ck.step}, which already reaches --steps ${cfg.steps}; pass a larger --steps to continue`,
-    );
-  }
+  const finished = ck !== undefined && ck.step >= cfg.steps;
+  if (finished && !resumedDir) throw alreadyReaches(ck!.step, cfg);
   let budget: BudgetCheck | undefined;
   if (cfg.deviceMemory !== undefined) {
     // before any file or worker exists: a run that cannot fit fails here (loads TF.js, so only when asked)
@@ -206,10 +205,19 @@ export async function prepare(
     optimizer: ck?.optimizer,
     data: ck?.data as BatcherState | undefined,
     startStep: ck?.step ?? 0,
+    finished,
     stats: ck?.stats ?? { wallS: 0 },
     ranges,
     budget,
   };
+}
+
+/** The error of a resume whose checkpoint (of step `step`) already reaches --steps. */
+function alreadyReaches(step: number, cfg: TrainConfig): LayerwiseError {
+  const summary = join(cfg.out, 'summary.json');
+  return new LayerwiseError(
+    `checkpoint is at step ${step}, which already reaches --steps ${cfg.steps}${existsSync(summary) ? ` (the run is complete: ${summary})` : ''}; pass a larger --steps to continue`,
+  );
 }
 
 /** Whether `child` lies inside folder `parent`. */
@@ -294,6 +302,8 @@ export async function train(
         if (RUN_OUTPUTS.includes(n) || n.startsWith(`${OLD_CHECKPOINT}.`))
           await rm(join(cfg.out, n), { recursive: true, force: true });
     }
+    // a finished run (perhaps killed after its last checkpoint: summary.json is written before that save), tidied above
+    if (p.finished) throw alreadyReaches(p.startStep, cfg);
     if (!p.resumedDir && opts.argv)
       await writeFileAtomic(
         join(cfg.out, 'run.json'),
@@ -375,6 +385,40 @@ async function run(
   const bubbleSum = new Array<number>(strategy.devices).fill(0);
   const heap = new Array<number>(strategy.devices).fill(0);
   let measured = 0;
+  /** summary.json's fields from the steps recorded so far. */
+  const summarize = (): Summary => ({
+    strategy: cfg.strategy,
+    backend: cfg.backend,
+    preset: cfg.preset,
+    params: nParams,
+    stages: ranges.length,
+    micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
+    rematerialization: cfg.remat,
+    schedule: cfg.schedule,
+    balance: ranges.map((r) => r.to - r.from),
+    batch_size: cfg.batchSize,
+    steps: cfg.steps,
+    initial_loss: stats.initialLoss ?? NaN,
+    final_loss: last?.loss ?? NaN,
+    val_loss: valLoss,
+    ...valMetrics,
+    ...(valAux ? { val_aux_losses: valAux } : {}),
+    [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
+    peak_device_bytes: peak,
+    bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
+    ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
+    // with --device-memory: the budget and the peak predicted before training, beside the measured one
+    ...(p.budget
+      ? {
+          device_memory_budget: p.budget.budget,
+          predicted_peak_device_bytes:
+            p.budget.predicted?.map(Math.round) ?? null,
+        }
+      : {}),
+    wall_s: stats.wallS + (performance.now() - t0) / 1000,
+  });
+  /** The summary, written at the last step before its checkpoint: a kill during that save leaves a complete run. */
+  let result: Summary | undefined;
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
     await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
@@ -502,6 +546,10 @@ async function run(
       await log.append(m);
       last = m;
       hooks.onStep?.(m, cfg.steps);
+      if (done === cfg.steps) {
+        result = summarize();
+        await log.summary(result);
+      }
       if (due(done, cfg.saveEvery)) await save(done);
     };
     // Steps are submitted as soon as the strategy accepts the next one (local parallelism's
@@ -554,39 +602,8 @@ async function run(
   } finally {
     await strategy.close();
   }
-  const wall = stats.wallS + (performance.now() - t0) / 1000;
-  const summary: Summary = {
-    strategy: cfg.strategy,
-    backend: cfg.backend,
-    preset: cfg.preset,
-    params: nParams,
-    stages: ranges.length,
-    micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
-    rematerialization: cfg.remat,
-    schedule: cfg.schedule,
-    balance: ranges.map((r) => r.to - r.from),
-    batch_size: cfg.batchSize,
-    steps: cfg.steps,
-    initial_loss: stats.initialLoss ?? NaN,
-    final_loss: last?.loss ?? NaN,
-    val_loss: valLoss,
-    ...valMetrics,
-    ...(valAux ? { val_aux_losses: valAux } : {}),
-    [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
-    peak_device_bytes: peak,
-    bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
-    ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
-    // with --device-memory: the budget and the peak predicted before training, beside the measured one
-    ...(p.budget
-      ? {
-          device_memory_budget: p.budget.budget,
-          predicted_peak_device_bytes:
-            p.budget.predicted?.map(Math.round) ?? null,
-        }
-      : {}),
-    wall_s: wall,
-  };
-  await log.summary(summary);
+  const summary = result ?? summarize(); // a run that trained no step here
+  if (!result) await log.summary(summary);
   const traceFiles =
     cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
   // one bubble for the run (summary.json's, printed by the CLI too): see Summary.bubble
