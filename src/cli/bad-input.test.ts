@@ -406,17 +406,17 @@ const CASES: Case[] = [
     message: /does not exist/,
   },
   {
-    name: 'plan without --device-memory',
+    name: 'plan with --stages 0',
     args: [
       'plan',
       '--preset',
       'charlm-tiny',
       '--stages',
-      '2',
+      '0',
       '--batch-size',
       '8',
     ],
-    message: /required option '--device-memory <size>' not specified/,
+    message: /--stages must be an integer >= 1, got 0/,
   },
 ];
 

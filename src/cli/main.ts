@@ -350,9 +350,9 @@ program
     '--model <module.js>',
     'your own model instead of a preset (see train --model)',
   )
-  .requiredOption(
+  .option(
     '--device-memory <size>',
-    'memory per device, e.g. 512MB, 1.5GiB, 2e9',
+    "memory per device, e.g. 512MB, 1.5GiB, 2e9 (default: this machine's memory shared by the devices)",
   )
   .option(
     '--stages <K>',

@@ -4,6 +4,7 @@
  * thread), runs the planner and renders the result as text.
  */
 
+import { totalmem } from 'node:os';
 import {
   optimizerConfigOf,
   resolveConfig,
@@ -32,8 +33,8 @@ export interface PlanOptions {
   preset?: string;
   /** Path of a model module (model/module.ts). */
   model?: string;
-  /** A size such as 512MB, 1.5GiB or 2e9. */
-  deviceMemory: string;
+  /** A size such as 512MB, 1.5GiB or 2e9; default: this machine's memory divided among the stages. */
+  deviceMemory?: string;
   /** Devices; default: train's (config DEFAULTS). */
   stages?: number;
   /** Mini-batch size; default: train's (config DEFAULTS). */
@@ -78,7 +79,6 @@ export function profileSizes(
 export async function runPlan(
   o: PlanOptions,
 ): Promise<{ plan: Plan; profile: ModelProfile; text: string }> {
-  const deviceMemory = parseSize(o.deviceMemory);
   const cfg = resolveConfig({
     preset: o.preset,
     model: o.model,
@@ -92,6 +92,15 @@ export async function runPlan(
     heads: o.heads,
     context: o.context,
   });
+  // the CPU backends' devices share this machine's memory; other devices' memory is not known here
+  const deviceMemory =
+    o.deviceMemory !== undefined
+      ? parseSize(o.deviceMemory)
+      : Math.floor(totalmem() / cfg.stages);
+  const assumed =
+    o.deviceMemory === undefined
+      ? ` (assumed: this machine's ${formatSize(totalmem())} of memory shared by ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; give --device-memory to plan for another budget)`
+      : '';
   const ds = await loadDataset(cfg.data);
   const model = await loadModel(await runModelConfig(cfg, ds));
   const opt = optimizerConfigOf(cfg);
@@ -125,7 +134,7 @@ export async function runPlan(
   const p = plan(profile, req);
   const head = [
     `plan for ${o.preset}: ${model.blocks.length} blocks, ${modelParamCount(model).toLocaleString('en-US')} parameters, ${cfg.optimizer}, mini-batch ${cfg.batchSize}`,
-    `budget ${formatSize(deviceMemory)} per device, ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
+    `budget ${formatSize(deviceMemory)} per device${assumed}, ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
     '',
   ];
   const rows = p.strategies.map((s) =>
@@ -178,7 +187,7 @@ export async function runPlan(
     .map(([f, v]) => ` ${f} ${String(v)}`)
     .join('');
   const rec = p.recommended
-    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize} --device-memory ${o.deviceMemory}`
+    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize}${o.deviceMemory !== undefined ? ` --device-memory ${o.deviceMemory}` : ''}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
     'throughput assumes one device per stage (a core or an accelerator each)',

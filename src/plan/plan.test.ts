@@ -191,6 +191,36 @@ test('layerwise plan: bad input exits with status 2 and names the problem', () =
   assert.match(r.stdout, /per device, 1 device;/);
 });
 
+test("layerwise plan takes train's defaults: --stages 1, --batch-size 32, and this machine's memory (saying so)", () => {
+  const cli = fileURLToPath(new URL('../cli/main.js', import.meta.url));
+  const r = spawnSync(
+    process.execPath,
+    [
+      cli,
+      'plan',
+      '--preset',
+      'charlm-tiny',
+      '--layers',
+      '1',
+      '--d-model',
+      '16',
+      '--context',
+      '8',
+      '--backend',
+      'wasm',
+    ],
+    { encoding: 'utf8', timeout: 60_000 },
+  );
+  assert.equal(r.status, 0, r.stderr);
+  assert.match(r.stdout, /mini-batch 32/);
+  assert.match(
+    r.stdout,
+    /per device \(assumed: this machine's .* of memory shared by 1 device; give --device-memory/,
+  );
+  assert.match(r.stdout, /, 1 device;/);
+  assert.match(r.stdout, /recommendation: /);
+});
+
 test('local parallelism is planned with its auxiliary heads, free-running stages, and never silently recommended over backprop', () => {
   const p = plan(profile(8), { ...REQ, deviceMemory: 64 * 2 ** 30 });
   const local = p.strategies.find((s) => s.strategy === 'local')!;
