@@ -17,7 +17,7 @@ import 'uplot/dist/uPlot.min.css';
 import * as tf from '@tensorflow/tfjs-core';
 import uPlot from 'uplot';
 import { initBackend } from '../src/backend/index.js';
-import type { WebGpuBufferLimits } from '../src/backend/webgpu-limits.js';
+import type { WebGpuBufferLimits } from '../src/plan/webgpu-limits.js';
 import { paramKey } from '../src/model/block.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';

@@ -9,7 +9,7 @@
 import {
   checkWebGpuLimits,
   type WebGpuBufferLimits,
-} from '../src/backend/webgpu-limits.js';
+} from '../src/plan/webgpu-limits.js';
 import { resolveConfig, runModelConfig } from '../src/config/config.js';
 import { makeBatcher, validationBatches } from '../src/data/batcher.js';
 import { type Dataset, loadDataset } from '../src/data/index.js';

@@ -693,7 +693,7 @@ describe('the training page in Chromium', { skip }, () => {
     );
   });
 
-  test('--devices thread,browser: closing the tab ends the run at once as a user error (exit 2, one line naming --resume), no hang', {
+  test('--devices thread,browser: closing the tab ends the run at once as a user error (exit 2, one line with the command that goes on), no hang', {
     timeout: 120_000,
   }, async () => {
     const r = await runWithTab(
@@ -715,7 +715,8 @@ describe('the training page in Chromium', { skip }, () => {
     assert.equal(errors.length, 1, r.output);
     assert.match(
       errors[0]!,
-      /^layerwise: error: stage 1: the browser tab running this stage was closed or stopped answering .*; continue the run with 'layerwise train --resume \S+'/,
+      // closed before the first checkpoint: the command that starts it again (else --resume DIR)
+      /^layerwise: error: stage 1: the browser tab running this stage was closed or stopped answering .*; no checkpoint was saved yet: start it again with: layerwise train .*--devices thread,browser.* --overwrite/,
     );
     assert.doesNotMatch(r.output, /internal error/);
   });

@@ -422,7 +422,7 @@ function shellQuote(arg: string): string {
 }
 
 /** The command that starts the run in `out` again (from run.json), or undefined. */
-function restartCommand(out: string): string | undefined {
+export function restartCommand(out: string): string | undefined {
   try {
     const r = JSON.parse(readFileSync(join(out, 'run.json'), 'utf8')) as {
       argv?: unknown;

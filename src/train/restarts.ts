@@ -7,7 +7,7 @@
 import { resolveConfig } from '../config/config.js';
 import { StageError } from '../runtime/device.js';
 import { LayerwiseError } from '../util/errors.js';
-import { hasCheckpoint } from './checkpoint-io.js';
+import { hasCheckpoint, restartCommand } from './checkpoint-io.js';
 import {
   type TrainHooks,
   type TrainOptions,
@@ -46,7 +46,7 @@ export async function trainWithRestarts(
       if (attempt >= maxRestarts) {
         const again = hasCheckpoint(out)
           ? `resume it with: layerwise train --resume ${out}`
-          : 'no checkpoint was saved yet: start it again with --overwrite';
+          : `no checkpoint was saved yet: start it again with: ${restartCommand(out) ?? 'the same command and --overwrite'}`;
         throw new LayerwiseError(
           `${(e as Error).message.split('\n')[0]}; ${maxRestarts > 0 ? `no restart left (--max-restarts ${maxRestarts})` : 'the run stopped'}; ${again} (--max-restarts N restarts lost devices by itself)`,
         );

@@ -11,6 +11,7 @@ export const mkdir = unavailable(m, 'mkdir');
 export const rename = unavailable(m, 'rename');
 export const rm = unavailable(m, 'rm');
 export const readdir = unavailable(m, 'readdir');
+export const open = unavailable(m, 'open');
 export default {
   readFile,
   writeFile,
@@ -21,4 +22,5 @@ export default {
   rename,
   rm,
   readdir,
+  open,
 };

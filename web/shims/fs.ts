@@ -9,6 +9,7 @@ export const readFileSync = unavailable(m, 'readFileSync');
 export const writeFileSync = unavailable(m, 'writeFileSync');
 export const utimesSync = unavailable(m, 'utimesSync');
 export const readdirSync = unavailable(m, 'readdirSync');
+export const rmSync = unavailable(m, 'rmSync');
 export const constants = { W_OK: 2, X_OK: 1, R_OK: 4, F_OK: 0 };
 export type Stats = { isFile(): boolean; isDirectory(): boolean };
 export default { existsSync, statSync, readFileSync, constants };
