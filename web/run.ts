@@ -6,10 +6,6 @@
  * resume here (the page has no files).
  */
 
-import {
-  checkWebGpuLimits,
-  type WebGpuBufferLimits,
-} from '../src/plan/webgpu-limits.js';
 import { resolveConfig, runModelConfig } from '../src/config/config.js';
 import { makeBatcher, validationBatches } from '../src/data/batcher.js';
 import { type Dataset, loadDataset } from '../src/data/index.js';
@@ -17,6 +13,10 @@ import { textDatasetFromString } from '../src/data/text.js';
 import { type HostParams, initParams } from '../src/model/init.js';
 import { loadModel, type Model, modelParamCount } from '../src/model/model.js';
 import { learningRate } from '../src/optim/lr.js';
+import {
+  checkWebGpuLimits,
+  type WebGpuBufferLimits,
+} from '../src/plan/webgpu-limits.js';
 import {
   createStrategy,
   resolveStages,

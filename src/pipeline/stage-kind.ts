@@ -80,7 +80,8 @@ export async function loadStageKind(ref: StageKindRef): Promise<CreateStage> {
     );
   }
   const registered = REGISTERED.get(ref.module);
-  if (registered) return (ctx, options) => checkHandlers(registered(ctx, options));
+  if (registered)
+    return (ctx, options) => checkHandlers(registered(ctx, options));
   const mod = (await import(
     new URL(`../${ref.module}`, import.meta.url).href
   )) as { createStage?: CreateStage };
