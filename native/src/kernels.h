@@ -1,6 +1,7 @@
 // layerwise native kernels: declarations shared by the N-API glue (addon.cc) and the kernels.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -113,6 +114,32 @@ void maxPool(const float* x, float* y, const ConvGeometry& g);
 void maxPoolGrad(const float* x, const float* dy, float* dx, const ConvGeometry& g);
 void avgPool(const float* x, float* y, const ConvGeometry& g);
 void avgPoolGrad(const float* dy, float* dx, const ConvGeometry& g);
+
+// bfloat16 (bf16.cc). dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN), the upper
+// 16 bits of the float32 pattern; vectorised with vcvtne2ps2bf16 where built for AVX512-BF16.
+void toBf16(const float* src, uint16_t* dst, int64_t n);
+// dst[i] = src[i] widened to float32 (exact).
+void fromBf16(const uint16_t* src, float* dst, int64_t n);
+
+// A bf16 product operand: its bf16 values when the caller has them (a cached weight), else its
+// float32 values, which the product converts into a per-thread scratch buffer first.
+struct Bf16Operand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
+// The batched product of matmul() above with bf16 operands, float32 accumulation and a float32
+// C, on oneDNN's matmul primitive (one primitive per shape, built once per thread). aStride is 0
+// (A broadcast) or m * k, bStride 0 or k * n (else -1). impl, when given, gets the primitive's
+// implementation name (e.g. "brg:avx512_core_bf16"). Returns 0 or oneDNN's status.
+int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
+               int64_t n, int64_t k, bool transA, bool transB, std::string* impl = nullptr);
+
+// oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx512_core_amx", "avx2", ...),
+// whether it has bf16 dot-product instructions (avx512_bf16 or AMX), and how toBf16 converts.
+std::string cpuIsa();
+bool nativeBf16();
+const char* bf16Conversion();
 
 // Flush denormal floats to zero (FTZ, DAZ) on this thread and its OpenMP team.
 void flushDenormals();

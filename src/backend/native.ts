@@ -59,6 +59,23 @@ export class NativeBackend extends MathBackendCPU {
   /** Output buffers of the native kernels, reused across steps. */
   readonly pool = new BufferPool();
   private internalRead = false;
+  /**
+   * The compute precision of the products (BatchMatMul, _FusedMatMul): 'fp32', or 'bf16'
+   * (bfloat16 operands on oneDNN's bf16 matmul, float32 accumulation and float32 outputs; the
+   * tensors stay float32). Set through initBackend's `precision` (backend/index.ts).
+   */
+  precision: ComputePrecision = 'fp32';
+  /**
+   * bf16 copies of parameters (the data of registered tf.Variables), by data id: converted the
+   * first time a product reads that data, reused by every later product (each micro-batch's
+   * forward and backward) until the data is freed. A parameter update gives the variable new
+   * data (Variable.assign), hence a new id and a new conversion: one per parameter version. Data
+   * never changes under an id (kernels write only their own new outputs), so an entry is stale
+   * only once its id is freed, when {@link disposeData} and {@link move} drop it.
+   */
+  private readonly bf16Params = new Map<tf.DataId, Uint16Array>();
+  /** Parameter conversions to bf16 so far (each a new parameter version, or one freed and read again). */
+  bf16ParamConversions = 0;
 
   /** A float32 output of `length` elements whose every element the kernel writes (contents undefined). */
   alloc(length: number): Float32Array {
@@ -84,14 +101,41 @@ export class NativeBackend extends MathBackendCPU {
   ): void {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
+    this.bf16Params.delete(dataId); // new values under this id
   }
 
   override disposeData(dataId: tf.DataId, force = false): boolean {
     const entry = this.data.has(dataId) ? this.data.get(dataId) : undefined;
     const done = super.disposeData(dataId, force);
-    if (entry !== undefined && !this.data.has(dataId))
+    if (entry !== undefined && !this.data.has(dataId)) {
       this.pool.release(entry.values);
+      this.bf16Params.delete(dataId);
+    }
     return done;
+  }
+
+  /**
+   * A product operand for the bf16 path: a parameter's cached bf16 copy (converted now if it
+   * has none), else the float32 values, which the addon converts into its scratch per product.
+   */
+  bf16Operand(t: tf.TensorInfo): Float32Array | Uint16Array {
+    const f32 = this.data.get(t.dataId).values as Float32Array;
+    if (!isParameterData(t.dataId)) return f32;
+    let bf = this.bf16Params.get(t.dataId);
+    if (bf === undefined) {
+      bf = new Uint16Array(f32.length);
+      nativeAddon()!.toBf16(f32, bf);
+      this.bf16Params.set(t.dataId, bf);
+      this.bf16ParamConversions++;
+    }
+    return bf;
+  }
+
+  /** Bytes held in bf16 parameter copies (backend-private: not in tf.memory()'s count). */
+  bf16ParamBytes(): number {
+    let n = 0;
+    for (const a of this.bf16Params.values()) n += a.byteLength;
+    return n;
   }
 
   /** The stored values, which the caller may keep: their buffer leaves the pool for good. */
@@ -115,8 +159,19 @@ export class NativeBackend extends MathBackendCPU {
 
   override dispose(): void {
     this.pool.clear();
+    this.bf16Params.clear();
     super.dispose();
   }
+}
+
+/** The compute precision of the native device's products (see {@link NativeBackend.precision}). */
+export type ComputePrecision = 'fp32' | 'bf16';
+
+/** Whether `dataId` is the data of a registered tf.Variable (a parameter) in this thread's engine. */
+function isParameterData(dataId: tf.DataId): boolean {
+  const vars = tf.engine().state.registeredVariables;
+  for (const name in vars) if (vars[name]!.dataId === dataId) return true;
+  return false;
 }
 
 type Attrs = Record<string, unknown>;
@@ -160,7 +215,33 @@ function nativeMatMul(
   const bv = backend.data.get(b.dataId).values as Float32Array;
   const batchA = tf.util.sizeFromShape(batchShapeA);
   const batchB = tf.util.sizeFromShape(batchShapeB);
-  if (out.length > 0) {
+  const dense = (x: number) => x === batch || x === 1;
+  if (
+    out.length > 0 &&
+    k > 0 &&
+    backend.precision === 'bf16' &&
+    dense(batchA) &&
+    dense(batchB)
+  ) {
+    // bf16 operands (a parameter's cached copy, or converted per product), float32 sums and C
+    const [ab, bb] = [backend.bf16Operand(a), backend.bf16Operand(b)];
+    if (batchB === 1 && !tA)
+      lib.matmulBf16(ab, bb, out, 1, 0, 0, batch * m, n, k, false, tB);
+    else
+      lib.matmulBf16(
+        ab,
+        bb,
+        out,
+        batch,
+        batchA === 1 ? 0 : m * k,
+        batchB === 1 ? 0 : k * n,
+        m,
+        n,
+        k,
+        tA,
+        tB,
+      );
+  } else if (out.length > 0) {
     if (batchB === 1 && !tA) {
       // a's batch folds into the rows of one product with the shared b
       lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);

@@ -138,12 +138,32 @@ program
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option('--backend <name>', 'backend', 'native')
+  .option('--precision <p>', 'compute precision: fp32 or bf16', 'fp32')
   .option('--steps <n>', 'measured steps', (v) => Number(v), 3)
   .option('--shapes', 'split the rows by input shapes', false)
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchKernels } = await import('./kernels.js');
     await benchKernels(o, (s) => console.log(s));
+  });
+
+program
+  .command('bf16-matmul')
+  .description(
+    "native fp32 vs bf16 matrix products on charlm-small's shapes, with and without converting the operands",
+  )
+  .option(
+    '--rows <n>',
+    'activation rows (batch x context)',
+    (v) => Number(v),
+    4096,
+  )
+  .option('--reps <n>', 'repetitions per variant', (v) => Number(v), 10)
+  .option('--threads <n>', 'OpenMP threads', (v) => Number(v))
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchBf16Matmul } = await import('./bf16-matmul.js');
+    await benchBf16Matmul(o, (s) => console.log(s));
   });
 
 program

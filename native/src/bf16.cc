@@ -1,0 +1,179 @@
+// bfloat16 compute (Kalamkar et al., 2019, "A Study of BFLOAT16 for Deep Learning Training"):
+// float32 to bf16 conversion, and the batched matrix product on oneDNN's bf16 matmul primitive
+// (bf16 operands, float32 accumulation and float32 output). Why not the f32 matmul with
+// fpmath_mode::bf16: oneDNN 2.6.3 still runs its f32 kernel then (measured); and why not its
+// f32-to-bf16 reorder: it is several times slower than the vectorised loop below.
+#include <dnnl.hpp>
+#include <immintrin.h>
+#include <omp.h>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+#include "kernels.h"
+#include "signals.h"
+
+namespace layerwise {
+
+namespace {
+
+// Round to nearest even on the upper 16 bits; NaN stays NaN (quiet), infinities stay.
+inline uint16_t bf16Scalar(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// One chunk [0, n) of the conversion, vectorised where the compiler targets AVX-512.
+void convertChunk(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  // vcvtne2ps2bf16: 32 floats to 32 bf16 per instruction, round to nearest even
+  for (; i + 32 <= n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(src + i);
+    const __m512 hi = _mm512_loadu_ps(src + i + 16);
+    const __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);  // low half from lo, high half from hi
+    _mm512_storeu_si512(reinterpret_cast<void*>(dst + i), reinterpret_cast<__m512i>(r));
+  }
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+  // integer round to nearest even, 16 floats at a time: u + 0x7fff + ((u >> 16) & 1), then >> 16
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i absMask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absMask), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+#endif
+  for (; i < n; i++) dst[i] = bf16Scalar(src[i]);
+}
+
+// oneDNN's engine and stream of this thread (each device's worker thread has its own), and the
+// matmul primitives built so far, by shape: a primitive is built once per shape and reused.
+struct Bf16Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  std::map<Key, dnnl::matmul> primitives;
+  std::map<Key, std::string> impls;
+  std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
+};
+
+Bf16Context& context() {
+  thread_local Bf16Context ctx;
+  return ctx;
+}
+
+// Memory descriptor of op(X) for a [batch, rows, cols] product operand stored row-major as
+// [rows, cols], or [cols, rows] when transposed (read in place through its strides).
+dnnl::memory::desc operandDesc(int64_t batch, int64_t rows, int64_t cols, bool trans, dnnl::memory::data_type dt) {
+  using dims = dnnl::memory::dims;
+  const dims strides = trans ? dims{rows * cols, 1, rows} : dims{rows * cols, cols, 1};
+  return dnnl::memory::desc(dims{batch, rows, cols}, dt, strides);
+}
+
+dnnl::matmul& primitive(Bf16Context& ctx, int64_t batchA, int64_t batchB, int64_t batch, int64_t m, int64_t n, int64_t k,
+                        bool transA, bool transB) {
+  const Bf16Context::Key key{batchA, batchB, batch, m, n, k, transA, transB};
+  auto it = ctx.primitives.find(key);
+  if (it != ctx.primitives.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  const auto src = operandDesc(batchA, m, k, transA, dt::bf16);
+  const auto wei = operandDesc(batchB, k, n, transB, dt::bf16);
+  const auto dst = operandDesc(batch, m, n, false, dt::f32);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), ctx.engine);
+  ctx.impls[key] = pd.impl_info_str();
+  return ctx.primitives.emplace(key, dnnl::matmul(pd)).first->second;
+}
+
+}  // namespace
+
+void toBf16(const float* src, uint16_t* dst, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;  // elements per OpenMP task: 64 KiB of floats
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t from = c * kChunk;
+    convertChunk(src + from, dst + from, std::min(kChunk, n - from));
+  }
+}
+
+void fromBf16(const uint16_t* src, float* dst, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
+               int64_t n, int64_t k, bool transA, bool transB, std::string* impl) {
+  if (m == 0 || n == 0) return 0;
+  if (k == 0) {
+    std::memset(c, 0, sizeof(float) * batch * m * n);
+    return 0;
+  }
+  if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) return -1;  // dense or broadcast only
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& ctx = context();
+  const int64_t batchA = aStride == 0 ? 1 : batch, batchB = bStride == 0 ? 1 : batch;
+  auto operand = [](const Bf16Operand& x, int64_t count, std::vector<uint16_t>& scratch) -> uint16_t* {
+    if (x.bf16 != nullptr) return const_cast<uint16_t*>(x.bf16);
+    if (static_cast<int64_t>(scratch.size()) < count) scratch.resize(static_cast<size_t>(count));
+    toBf16(x.f32, scratch.data(), count);
+    return scratch.data();
+  };
+  uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
+  uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
+  try {
+    dnnl::matmul& mm = primitive(ctx, batchA, batchB, batch, m, n, k, transA, transB);
+    using dt = dnnl::memory::data_type;
+    dnnl::memory src(operandDesc(batchA, m, k, transA, dt::bf16), ctx.engine, av);
+    dnnl::memory wei(operandDesc(batchB, k, n, transB, dt::bf16), ctx.engine, bv);
+    dnnl::memory dst(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
+    mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    ctx.stream.wait();
+    if (impl != nullptr) *impl = ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB}];
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+std::string cpuIsa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::sse41: return "sse41";
+    default: return "other";
+  }
+}
+
+bool nativeBf16() {
+  const auto isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
+const char* bf16Conversion() {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  return "vcvtne2ps2bf16 (AVX512-BF16)";
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+  return "AVX-512 integer round-to-nearest-even";
+#else
+  return "scalar round-to-nearest-even";
+#endif
+}
+
+}  // namespace layerwise
