@@ -9,6 +9,7 @@
  */
 
 import { MessageChannel, type MessagePort } from 'node:worker_threads';
+import type { Precision } from '../backend/names.js';
 import type { Batch } from '../data/batcher.js';
 import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
@@ -73,6 +74,8 @@ export interface PipelineOptions {
   oomAdvice?: string;
   /** Threads of each device's kernels (see initBackend). */
   threads?: number;
+  /** Compute precision of every device's products (see initBackend); default fp32. */
+  precision?: Precision;
   /** Which device runs each stage (runtime/devices.ts); default a worker thread each. */
   devices?: DeviceSpec[];
 }
@@ -190,6 +193,7 @@ export class PipelineStrategy implements Strategy {
               index: i,
               backend: (specs[i] as DeviceOptions).backend ?? opts.backend,
               threads: (specs[i] as DeviceOptions).threads ?? opts.threads,
+              precision: opts.precision,
               model: opts.model,
               range: r,
               params: own,
