@@ -265,26 +265,29 @@ Napi::Value Gather(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale)
+// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale[, bf16])
 Napi::Value CausalAttention(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
   Need(info, 0, batch * t * 3 * heads * dh, "qkv");
   Need(info, 1, batch * t * heads * dh, "ctx");
   Need(info, 2, batch * heads * t * t, "p");
-  const int s = causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, static_cast<float>(F64(info, 7)));
+  const bool bf16 = info.Length() > 8 && info[8].ToBoolean().Value();
+  const int s = (bf16 ? causalAttentionBf16 : causalAttention)(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh,
+                                                                static_cast<float>(F64(info, 7)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
 
-// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale)
+// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale[, bf16])
 Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 4), t = I64(info, 5), heads = I64(info, 6), dh = I64(info, 7);
   Need(info, 0, batch * t * heads * dh, "dctx");
   Need(info, 1, batch * t * 3 * heads * dh, "qkv");
   Need(info, 2, batch * heads * t * t, "p");
   Need(info, 3, batch * t * 3 * heads * dh, "dqkv");
-  const int s = causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads, dh,
-                                    static_cast<float>(F64(info, 8)));
+  const bool bf16 = info.Length() > 9 && info[9].ToBoolean().Value();
+  const int s = (bf16 ? causalAttentionGradBf16 : causalAttentionGrad)(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"),
+                                                                        F32(info, 3, "dqkv"), batch, t, heads, dh, static_cast<float>(F64(info, 8)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }

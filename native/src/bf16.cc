@@ -93,6 +93,67 @@ dnnl::matmul& primitive(Bf16Context& ctx, int64_t batchA, int64_t batchB, int64_
   return ctx.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
+// Runs the cached batched product c[i] = op(a[i]) op(b[i]) on dense bf16 batches (attention's
+// per-(batch, head) products as one primitive). Throws dnnl::error.
+void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+             bool transB);
+
+// Per-thread scratch of the attention kernels: bf16 q, k, v [3, B, H, T, dh], a bf16 [B, H, T, dh]
+// or [B, H, T, T] operand, and float32 products [B, H, T, dh] x3 and [B, H, T, T].
+struct AttentionScratch {
+  std::vector<uint16_t> qkv, x, y;
+  std::vector<float> f[3], square;
+};
+
+template <typename T>
+T* grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+// qkv [B, T, 3, H, dh] float32 -> [3, B, H, T, dh] bf16 (q, k, v each dense per head)
+void splitHeadsBf16(const float* qkv, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
+  const int64_t D = H * dh;
+#pragma omp parallel for schedule(static) if (B * T * D > (1 << 16))
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t s = 0; s < 3; s++)
+      for (int64_t h = 0; h < H; h++)
+        convertChunk(qkv + (bt * 3 + s) * D + h * dh, out + (((s * B + b) * H + h) * T + t) * dh, dh);
+  }
+}
+
+// x [B, T, H, dh] float32 -> [B, H, T, dh] bf16
+void headsFirstBf16(const float* x, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
+  const int64_t D = H * dh;
+#pragma omp parallel for schedule(static) if (B * T * D > (1 << 16))
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t h = 0; h < H; h++) convertChunk(x + bt * D + h * dh, out + ((b * H + h) * T + t) * dh, dh);
+  }
+}
+
+// y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..]
+void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride) {
+#pragma omp parallel for schedule(static) if (B * T * H * dh > (1 << 16))
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t h = 0; h < H; h++)
+      std::memcpy(out + bt * stride + h * dh, y + ((b * H + h) * T + t) * dh, sizeof(float) * dh);
+  }
+}
+
+void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+             bool transB) {
+  using dt = dnnl::memory::data_type;
+  dnnl::matmul& mm = primitive(ctx, batch, batch, batch, m, n, k, transA, transB);
+  dnnl::memory src(operandDesc(batch, m, k, transA, dt::bf16), ctx.engine, const_cast<uint16_t*>(a));
+  dnnl::memory wei(operandDesc(batch, k, n, transB, dt::bf16), ctx.engine, const_cast<uint16_t*>(b));
+  dnnl::memory dst(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
+  mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  ctx.stream.wait();
+}
+
 }  // namespace
 
 void toBf16(const float* src, uint16_t* dst, int64_t n) {
@@ -141,6 +202,62 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
     mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
     ctx.stream.wait();
     if (impl != nullptr) *impl = ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB}];
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
+  if (batch * t * heads * dh == 0) return 0;
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& c = context();
+  thread_local AttentionScratch w;
+  const int64_t B = batch, H = heads, T = t, BH = B * H, n = BH * T * dh;
+  try {
+    // q, k, v converted and laid out per head, so every product is one dense batched primitive
+    uint16_t* x = grow(w.qkv, 3 * n);
+    splitHeadsBf16(qkv, x, B, T, H, dh);
+    batched(c, x, x + n, p, BH, T, T, dh, false, true);  // scores = q k^T [BH, T, T]
+    causalSoftmax(p, p, BH, T, scale);                    // float32, in place
+    uint16_t* pb = grow(w.x, BH * T * T);
+    toBf16(p, pb, BH * T * T);
+    float* y = grow(w.f[0], n);
+    batched(c, pb, x + 2 * n, y, BH, T, dh, T, false, false);  // P v [BH, T, dh]
+    headsBack(y, ctx, B, T, H, dh, H * dh);                    // -> ctx [B, T, H, dh]
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
+                            int64_t dh, float scale) {
+  if (batch * t * heads * dh == 0) return 0;
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& c = context();
+  thread_local AttentionScratch w;
+  const int64_t B = batch, H = heads, T = t, BH = B * H, n = BH * T * dh, D = H * dh;
+  try {
+    uint16_t* x = grow(w.qkv, 3 * n);
+    splitHeadsBf16(qkv, x, B, T, H, dh);
+    uint16_t* dc = grow(w.y, n);
+    headsFirstBf16(dctx, dc, B, T, H, dh);
+    uint16_t* sq = grow(w.x, BH * T * T);
+    toBf16(p, sq, BH * T * T);
+    float* dq = grow(w.f[0], n);
+    float* dk = grow(w.f[1], n);
+    float* dv = grow(w.f[2], n);
+    float* ds = grow(w.square, BH * T * T);
+    batched(c, sq, dc, dv, BH, T, dh, T, true, false);         // dv = P^T dctx
+    batched(c, dc, x + 2 * n, ds, BH, T, T, dh, false, true);  // dP = dctx v^T
+    softmaxGrad(p, ds, ds, BH * T, T, scale);                  // dscores, float32
+    toBf16(ds, sq, BH * T * T);                                // P's bf16 copy is done with
+    batched(c, sq, x + n, dq, BH, T, dh, T, false, false);     // dq = dscores k
+    batched(c, sq, x, dk, BH, T, dh, T, true, false);          // dk = dscores^T q
+    headsBack(dq, dqkv, B, T, H, dh, 3 * D);
+    headsBack(dk, dqkv + D, B, T, H, dh, 3 * D);
+    headsBack(dv, dqkv + 2 * D, B, T, H, dh, 3 * D);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }

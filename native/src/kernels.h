@@ -135,6 +135,13 @@ struct Bf16Operand {
 int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
                int64_t n, int64_t k, bool transA, bool transB, std::string* impl = nullptr);
 
+// causalAttention / causalAttentionGrad above with their products on bf16 operands (q, k, v,
+// dctx, P and dscores converted per call; float32 accumulation), the softmax and its gradient
+// in float32, outputs float32. Returns 0 or oneDNN's status.
+int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale);
+int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
+                            int64_t dh, float scale);
+
 // oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx512_core_amx", "avx2", ...),
 // whether it has bf16 dot-product instructions (avx512_bf16 or AMX), and how toBf16 converts.
 std::string cpuIsa();

@@ -178,7 +178,8 @@ export interface NativeAddon {
   ): void;
   /**
    * Fused causal self-attention: from qkv [B, T, 3, H, dh] writes ctx [B, T, H, dh] and the
-   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T).
+   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T). bf16: the two
+   * products on bf16 operands (float32 accumulation; softmax and outputs float32).
    */
   causalAttention(
     qkv: Float32Array,
@@ -189,8 +190,9 @@ export interface NativeAddon {
     heads: number,
     dh: number,
     scale: number,
+    bf16?: boolean,
   ): void;
-  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p. */
+  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p (bf16: as above). */
   causalAttentionGrad(
     dctx: Float32Array,
     qkv: Float32Array,
@@ -201,6 +203,7 @@ export interface NativeAddon {
     heads: number,
     dh: number,
     scale: number,
+    bf16?: boolean,
   ): void;
   /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
   softmaxCrossEntropy(

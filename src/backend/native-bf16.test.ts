@@ -9,6 +9,7 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { causalSelfAttention } from '../model/layers.js';
 import { randomArray } from '../testing/backend-compare.js';
 import { LayerwiseError } from '../util/errors.js';
 import { initBackend } from './index.js';
@@ -128,6 +129,43 @@ for (const [what, sa, sb, tA, tB] of CASES) {
   });
 }
 
+test('bf16 products reusing recently converted activations read each operand, never a recycled buffer', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const vals = [31, 32, 33, 34].map((seed) => randomArray(24 * 24, seed));
+  const ts = vals.map((v) => tf.tensor(v, [24, 24]));
+  // (a, b) then (a, c): a is the oldest recent copy when c is converted; then (d, a), (b, d)
+  const order: Array<[number, number]> = [
+    [0, 1],
+    [0, 2],
+    [3, 0],
+    [1, 3],
+    [0, 1],
+  ];
+  const got = order.map(
+    ([i, j]) =>
+      tf.tidy(() => tf.matMul(ts[i]!, ts[j]!).dataSync()) as Float32Array,
+  );
+  await initBackend('native', { precision: 'fp32' });
+  order.forEach(([i, j], n) => {
+    const want = tf.tidy(
+      () =>
+        tf
+          .matMul(
+            tf.tensor(rounded(vals[i]!), [24, 24]),
+            tf.tensor(rounded(vals[j]!), [24, 24]),
+          )
+          .dataSync() as Float32Array,
+    );
+    assert.ok(
+      relErr(got[n]!, want) < 1e-5,
+      `product ${n} (${i}, ${j}): ${relErr(got[n]!, want)}`,
+    );
+  });
+  for (const t of ts) t.dispose();
+});
+
 test('bf16 fused dense (bias) and its gradients stay within bf16 tolerance of fp32', {
   skip,
 }, async () => {
@@ -161,6 +199,48 @@ test('bf16 fused dense (bias) and its gradients stay within bf16 tolerance of fp
   for (let i = 0; i < ref.length; i++) {
     const e = relErr(got[i]!, ref[i]!);
     assert.ok(e < 3e-2 && e > 0, `gradient ${i}: relative error ${e}`);
+  }
+});
+
+test('bf16 causal attention (kernel and gradient) stays within bf16 tolerance of fp32', {
+  skip,
+}, async () => {
+  const [B, T, D, H] = [3, 19, 48, 4]; // T and dh (12) not multiples of 16
+  const x = randomArray(B * T * D, 21);
+  const w = [
+    randomArray(D * 3 * D, 22).map((v) => v * 0.2),
+    randomArray(3 * D, 23),
+    randomArray(D * D, 24).map((v) => v * 0.2),
+    randomArray(D, 25),
+  ];
+  const run = async (precision: 'fp32' | 'bf16') => {
+    await initBackend('native', { precision });
+    return tf.tidy(() => {
+      const xs = [
+        tf.tensor(x, [B, T, D]),
+        tf.tensor(w[0]!, [D, 3 * D]),
+        tf.tensor(w[1]!, [3 * D]),
+        tf.tensor(w[2]!, [D, D]),
+        tf.tensor(w[3]!, [D]),
+      ];
+      const f = (
+        xt: tf.Tensor,
+        a: tf.Tensor,
+        b: tf.Tensor,
+        c: tf.Tensor,
+        d: tf.Tensor,
+      ) => tf.sum(tf.square(causalSelfAttention(xt, H, a, b, c, d)));
+      const { value, grads } = tf.valueAndGrads(
+        f as (...t: tf.Tensor[]) => tf.Tensor,
+      )(xs);
+      return [value, ...grads].map((g) => g.dataSync() as Float32Array);
+    });
+  };
+  const ref = await run('fp32');
+  const got = await run('bf16');
+  for (let i = 0; i < ref.length; i++) {
+    const e = relErr(got[i]!, ref[i]!);
+    assert.ok(e < 3e-2 && e > 0, `output ${i}: relative error ${e}`);
   }
 });
 

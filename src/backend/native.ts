@@ -76,6 +76,13 @@ export class NativeBackend extends MathBackendCPU {
   private readonly bf16Params = new Map<tf.DataId, Uint16Array>();
   /** Parameter conversions to bf16 so far (each a new parameter version, or one freed and read again). */
   bf16ParamConversions = 0;
+  /**
+   * bf16 copies of the last few activations the products converted, by data id: a gradient
+   * reads dy twice in a row (dx = dy W^T, then dW = x^T dy), so the second product reuses the
+   * first one's conversion. Bounded (RECENT_BF16 entries, their buffers recycled), so it adds
+   * at most a few activations' worth of bf16 bytes.
+   */
+  private readonly recentBf16: Array<{ id: tf.DataId; bf: Uint16Array }> = [];
 
   /** A float32 output of `length` elements whose every element the kernel writes (contents undefined). */
   alloc(length: number): Float32Array {
@@ -102,6 +109,8 @@ export class NativeBackend extends MathBackendCPU {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
     this.bf16Params.delete(dataId); // new values under this id
+    const i = this.recentBf16.findIndex((e) => e.id === dataId);
+    if (i >= 0) this.recentBf16[i]!.id = {};
   }
 
   override disposeData(dataId: tf.DataId, force = false): boolean {
@@ -110,6 +119,8 @@ export class NativeBackend extends MathBackendCPU {
     if (entry !== undefined && !this.data.has(dataId)) {
       this.pool.release(entry.values);
       this.bf16Params.delete(dataId);
+      const i = this.recentBf16.findIndex((e) => e.id === dataId);
+      if (i >= 0) this.recentBf16[i]!.id = {}; // its buffer stays for reuse
     }
     return done;
   }
@@ -120,7 +131,7 @@ export class NativeBackend extends MathBackendCPU {
    */
   bf16Operand(t: tf.TensorInfo): Float32Array | Uint16Array {
     const f32 = this.data.get(t.dataId).values as Float32Array;
-    if (!isParameterData(t.dataId)) return f32;
+    if (!isParameterData(t.dataId)) return this.recentBf16Copy(t.dataId, f32);
     let bf = this.bf16Params.get(t.dataId);
     if (bf === undefined) {
       bf = new Uint16Array(f32.length);
@@ -128,6 +139,31 @@ export class NativeBackend extends MathBackendCPU {
       this.bf16Params.set(t.dataId, bf);
       this.bf16ParamConversions++;
     }
+    return bf;
+  }
+
+  /** An activation's bf16 copy: one of the last few converted, else converted now into a recycled buffer. */
+  private recentBf16Copy(id: tf.DataId, f32: Float32Array): Uint16Array {
+    const at = this.recentBf16.findIndex((e) => e.id === id);
+    if (at >= 0) {
+      // most recent now: the product's other operand, converted next, must not recycle this buffer
+      const [hit] = this.recentBf16.splice(at, 1);
+      this.recentBf16.push(hit!);
+      return hit!.bf.subarray(0, f32.length);
+    }
+    const old =
+      this.recentBf16.length >= RECENT_BF16
+        ? this.recentBf16.shift()!.bf
+        : undefined;
+    const bf =
+      old && old.length >= f32.length
+        ? old.subarray(0, f32.length)
+        : new Uint16Array(f32.length);
+    nativeAddon()!.toBf16(f32, bf);
+    this.recentBf16.push({
+      id,
+      bf: old && old.length >= f32.length ? old : bf,
+    });
     return bf;
   }
 
@@ -160,9 +196,16 @@ export class NativeBackend extends MathBackendCPU {
   override dispose(): void {
     this.pool.clear();
     this.bf16Params.clear();
+    this.recentBf16.length = 0;
     super.dispose();
   }
 }
+
+/**
+ * How many recently converted activations keep their bf16 copies (NativeBackend.recentBf16): at
+ * least 2, a product's two operands, so converting one never recycles the other's buffer.
+ */
+const RECENT_BF16 = 2;
 
 /** The compute precision of the native device's products (see {@link NativeBackend.precision}). */
 export type ComputePrecision = 'fp32' | 'bf16';
@@ -765,6 +808,7 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
       h,
       dh,
       1 / Math.sqrt(dh),
+      backend.precision === 'bf16',
     );
   return [
     backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
@@ -796,6 +840,7 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
       h,
       dh,
       1 / Math.sqrt(dh),
+      backend.precision === 'bf16',
     );
   return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
 }
