@@ -24,9 +24,10 @@ program
   .option('--micro-batches <list>', 'micro-batch counts', '1,2,4,8')
   .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
   .option('--backend <name>', 'backend', 'wasm')
+  .option('--precision <p>', 'compute precision: fp32 or bf16 (native)', 'fp32')
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
-    await initBackend(o.backend); // validates the name before workers start
+    await initBackend(o.backend, { precision: o.precision }); // validates the name and precision before workers start
     await benchGpipe(
       { ...o, microBatches: String(o.microBatches).split(',').map(Number) },
       (s) => console.log(s),
