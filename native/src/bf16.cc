@@ -2,7 +2,8 @@
 // float32 to bf16 conversion, and the batched matrix product on oneDNN's bf16 matmul primitive
 // (bf16 operands, float32 accumulation and float32 output). Why not the f32 matmul with
 // fpmath_mode::bf16: oneDNN 2.6.3 still runs its f32 kernel then (measured); and why not its
-// f32-to-bf16 reorder: it is several times slower than the vectorised loop below.
+// f32-to-bf16 reorder: it is several times slower than the vectorised loop below. On a CPU
+// without avx512_bf16 or AMX the products are emulated (see product()): same numbers, f32 speed.
 #include <dnnl.hpp>
 #include <immintrin.h>
 #include <omp.h>
@@ -143,15 +144,33 @@ void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int6
   }
 }
 
-void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-             bool transB) {
+// c = op(a) op(b) on bf16 operands (batchA, batchB: 1 or batch), float32 accumulation and c:
+// oneDNN's bf16 matmul where the CPU has bf16 instructions; elsewhere (oneDNN 2.6.3 has no bf16
+// matmul on AVX2, and on AVX-512 without bf16 its emulation is slower than f32) the operands,
+// already rounded to bf16, are widened to float32 and multiplied by sgemm: the same numbers up to
+// the summation order, at f32 speed. Throws dnnl::error.
+void product(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batchA, int64_t batchB, int64_t batch, int64_t m,
+             int64_t n, int64_t k, bool transA, bool transB) {
+  if (!nativeBf16()) {
+    thread_local std::vector<float> fa, fb;
+    fromBf16(a, grow(fa, batchA * m * k), batchA * m * k);
+    fromBf16(b, grow(fb, batchB * k * n), batchB * k * n);
+    const int s = matmul(fa.data(), fb.data(), c, batch, batchA == 1 ? 0 : m * k, batchB == 1 ? 0 : k * n, m, n, k, transA, transB);
+    if (s != 0) throw dnnl::error(static_cast<dnnl_status_t>(s), "sgemm on widened bf16 operands");
+    return;
+  }
   using dt = dnnl::memory::data_type;
-  dnnl::matmul& mm = primitive(ctx, batch, batch, batch, m, n, k, transA, transB);
-  dnnl::memory src(operandDesc(batch, m, k, transA, dt::bf16), ctx.engine, const_cast<uint16_t*>(a));
-  dnnl::memory wei(operandDesc(batch, k, n, transB, dt::bf16), ctx.engine, const_cast<uint16_t*>(b));
+  dnnl::matmul& mm = primitive(ctx, batchA, batchB, batch, m, n, k, transA, transB);
+  dnnl::memory src(operandDesc(batchA, m, k, transA, dt::bf16), ctx.engine, const_cast<uint16_t*>(a));
+  dnnl::memory wei(operandDesc(batchB, k, n, transB, dt::bf16), ctx.engine, const_cast<uint16_t*>(b));
   dnnl::memory dst(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
   mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
   ctx.stream.wait();
+}
+
+void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+             bool transB) {
+  product(ctx, a, b, c, batch, batch, batch, m, n, k, transA, transB);
 }
 
 }  // namespace
@@ -194,14 +213,10 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
   uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
   uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
   try {
-    dnnl::matmul& mm = primitive(ctx, batchA, batchB, batch, m, n, k, transA, transB);
-    using dt = dnnl::memory::data_type;
-    dnnl::memory src(operandDesc(batchA, m, k, transA, dt::bf16), ctx.engine, av);
-    dnnl::memory wei(operandDesc(batchB, k, n, transB, dt::bf16), ctx.engine, bv);
-    dnnl::memory dst(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
-    mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
-    ctx.stream.wait();
-    if (impl != nullptr) *impl = ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB}];
+    product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB);
+    if (impl != nullptr)
+      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB}]
+                           : "emulated: sgemm on bf16-rounded operands (" + cpuIsa() + ")";
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }
@@ -279,8 +294,11 @@ std::string cpuIsa() {
 }
 
 bool nativeBf16() {
-  const auto isa = dnnl::get_effective_cpu_isa();
-  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  static const bool native = [] {
+    const auto isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return native;
 }
 
 const char* bf16Conversion() {

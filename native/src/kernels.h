@@ -131,7 +131,9 @@ struct Bf16Operand {
 // The batched product of matmul() above with bf16 operands, float32 accumulation and a float32
 // C, on oneDNN's matmul primitive (one primitive per shape, built once per thread). aStride is 0
 // (A broadcast) or m * k, bStride 0 or k * n (else -1). impl, when given, gets the primitive's
-// implementation name (e.g. "brg:avx512_core_bf16"). Returns 0 or oneDNN's status.
+// implementation name (e.g. "brg:avx512_core_bf16"). Without bf16 instructions (nativeBf16()
+// false) the bf16-rounded operands are widened and multiplied by sgemm instead: the same numbers
+// up to the summation order. Returns 0 or oneDNN's status.
 int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
                int64_t n, int64_t k, bool transA, bool transB, std::string* impl = nullptr);
 

@@ -58,6 +58,6 @@ export function bf16Support(): {
     ...i,
     note: i.nativeBf16
       ? `bf16 on ${i.isa} (bf16 dot-product instructions), conversion by ${i.conversion}`
-      : `bf16 on ${i.isa}: this CPU has no avx512_bf16 or AMX, so oneDNN emulates bf16 (correct, but expect no speed-up over fp32)`,
+      : `bf16 emulated on ${i.isa}: this CPU has no avx512_bf16 or AMX, so the operands are rounded to bf16 and multiplied by fp32 sgemm (the same numbers, no speed-up over fp32)`,
   };
 }

@@ -235,7 +235,8 @@ export interface NativeAddon {
    * matmul primitive: a and b each bf16 values (Uint16Array) or float32 values (Float32Array,
    * converted per call into a per-thread scratch); aStride 0 or m * k, bStride 0 or k * n
    * (RangeError otherwise). Returns the oneDNN implementation that ran (e.g.
-   * "brg:avx512_core_bf16"; on a CPU without bf16 instructions oneDNN emulates them).
+   * "brg:avx512_core_bf16"; on a CPU without bf16 instructions the bf16-rounded operands are
+   * multiplied by sgemm, "emulated: ...").
    */
   matmulBf16(
     a: Float32Array | Uint16Array,

@@ -4,10 +4,13 @@
  * accumulation) and the float32 product within bf16's tolerance, for transposed, batched and
  * broadcast operands; parameters are converted once per version and a changed or freed
  * parameter is never read from a stale copy; backends without bf16 refuse it. Skipped, saying
- * why, where the addon is not built or the CPU has no avx512_bf16/AMX.
+ * why, where the addon is not built or the CPU has no avx512_bf16/AMX. On any CPU with the addon:
+ * with oneDNN held to AVX2 (no bf16 instructions), bf16 still runs, emulated, gives the same
+ * numbers and says so.
  */
 
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { test } from 'node:test';
 import { causalSelfAttention } from '../model/layers.js';
 import { randomArray } from '../testing/backend-compare.js';
@@ -307,4 +310,45 @@ test('--precision bf16 on a backend without bf16 kernels is refused, naming the 
     initBackend('cpu', { precision: 'fp8' as 'bf16' }),
     /unknown precision 'fp8'/,
   );
+});
+
+test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives the same numbers and says so', {
+  skip: nativeAddon()
+    ? false
+    : `native backend unavailable: ${nativeUnavailable()}`,
+}, () => {
+  // ONEDNN_MAX_CPU_ISA is read when oneDNN starts: a child process
+  const here = new URL('.', import.meta.url).href;
+  const script = `
+    const { initBackend } = await import('${here}index.js');
+    const { bf16Support } = await import('${here}names.js');
+    const tf = await import('@tensorflow/tfjs-core');
+    const info = bf16Support();
+    const a = Float32Array.from({ length: 37 * 70 }, (_, i) => Math.sin(i) * 3);
+    const b = Float32Array.from({ length: 70 * 45 }, (_, i) => Math.cos(i * 0.7));
+    const round = (x) => { const f = new Float32Array([x]); const u = new Uint32Array(f.buffer);
+      u[0] = ((u[0] + 0x7fff + ((u[0] >>> 16) & 1)) >>> 16) << 16; return f[0]; };
+    const prod = (x, y) => tf.tidy(() => tf.matMul(tf.tensor(x, [37, 70]), tf.tensor(y, [70, 45])).dataSync());
+    await initBackend('native', { precision: 'bf16' });
+    const got = prod(a, b);
+    await initBackend('native', { precision: 'fp32' });
+    const want = prod(a.map(round), b.map(round));
+    let e = 0; for (let i = 0; i < got.length; i++) e = Math.max(e, Math.abs(got[i] - want[i]));
+    console.log(JSON.stringify({ info, e }));
+  `;
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+    encoding: 'utf8',
+    env: { ...process.env, ONEDNN_MAX_CPU_ISA: 'AVX2' },
+    cwd: new URL('../..', import.meta.url).pathname,
+  });
+  assert.equal(r.status, 0, r.stderr);
+  const line = r.stdout.trim().split('\n').pop()!;
+  const { info, e } = JSON.parse(line) as {
+    info: { nativeBf16: boolean; isa: string; note: string };
+    e: number;
+  };
+  assert.equal(info.isa, 'avx2');
+  assert.equal(info.nativeBf16, false);
+  assert.match(info.note, /emulated/);
+  assert.ok(e < 1e-4, `emulated bf16 vs fp32 of rounded operands: ${e}`);
 });

@@ -2,11 +2,15 @@
  * bf16 mixed precision on the native backend trains like single-device bf16 under every
  * strategy that splits the model or the batch: gpipe K=2 (M=2) and l2l (M=2) equal single bf16
  * within 1e-3 after 3 steps (losses and parameters), and bf16 stays near fp32 without being fp32
- * (the products really ran in bf16). Skipped, saying why, where the addon is not built or the
+ * (the products really ran in bf16); a bf16 run resumed from its checkpoint (float32 masters)
+ * continues like the uninterrupted one. Skipped, saying why, where the addon is not built or the
  * CPU has no avx512_bf16 or AMX.
  */
 
 import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { bf16Support } from '../backend/names.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
@@ -62,5 +66,54 @@ test('bf16: gpipe K=2 and l2l train like single bf16; bf16 is near fp32 but not 
     );
     const d = maxParamDiff(r.params, ref.params);
     assert.ok(d <= TOL, `${name}: parameters differ from single bf16 by ${d}`);
+  }
+});
+
+test('a bf16 run saves float32 masters and its precision, and resumes like the uninterrupted run', {
+  skip,
+}, async () => {
+  const { train } = await import('../train/trainer.js');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-'));
+  try {
+    const common = {
+      preset: 'charlm-tiny',
+      ...SHAPE,
+      batchSize: 8,
+      evalBatches: 1,
+      evalEvery: 0,
+      lr: 0.01,
+      warmup: 1,
+      backend: 'native',
+      precision: 'bf16' as const,
+      strategy: 'gpipe',
+      stages: 2,
+      microBatches: 2,
+    };
+    const full = await train({ ...common, steps: 4, out: join(dir, 'full') });
+    await train({ ...common, steps: 2, out: join(dir, 'part') });
+    const resumed = await train({ steps: 4 }, join(dir, 'part'));
+    assert.equal(full.summary.precision, 'bf16');
+    assert.equal(resumed.summary.precision, 'bf16', 'precision kept on resume');
+    const losses = (run: string) =>
+      readFileSync(join(dir, run, 'metrics.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l).loss as number);
+    const [a, b] = [losses('full'), losses('part')];
+    assert.equal(b.length, 4);
+    a.forEach((l, i) =>
+      assert.ok(Math.abs(l - b[i]!) <= 1e-4, `step ${i + 1}: ${l} vs ${b[i]}`),
+    );
+    // the checkpoint's parameters are float32 masters: 4 bytes each
+    const meta = JSON.parse(
+      readFileSync(join(dir, 'full', 'checkpoint', 'meta.json'), 'utf8'),
+    );
+    assert.equal(meta.config.precision, 'bf16');
+    assert.equal(
+      statSync(join(dir, 'full', 'checkpoint', 'params.bin')).size,
+      4 * full.summary.params,
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });
