@@ -103,9 +103,11 @@ struct ConvGeometry {
 // Convolution on oneDNN's primitives (conv.cc): y = conv(x, w) (+ bias [outChannels] when not
 // null, then ReLU when relu); dx = its gradient for x from dy; dw = its gradient for w. Return 0,
 // or oneDNN's status (e.g. a geometry it does not take) with the output unspecified.
-int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu);
-int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g);
-int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g);
+// bf16: the inputs (x and w; dy and w; x and dy) converted to bf16, f32 accumulation and outputs
+// (emulated, as matmulBf16, where the CPU has no bf16 instructions).
+int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu, bool bf16 = false);
+int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g, bool bf16 = false);
+int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g, bool bf16 = false);
 
 // Pooling (TF.js cpu semantics): max over the window's input positions (NaN never wins); the
 // max pool gradient routes dy to the first maximum of each window in row-major order; the

@@ -247,6 +247,47 @@ test('bf16 causal attention (kernel and gradient) stays within bf16 tolerance of
   }
 });
 
+test('bf16 convolution (forward, both gradients) stays within bf16 tolerance of fp32', {
+  skip,
+}, async () => {
+  const x = randomArray(2 * 9 * 11 * 5, 41);
+  const w = randomArray(3 * 3 * 5 * 7, 42);
+  const b = randomArray(7, 43);
+  const run = async (precision: 'fp32' | 'bf16') => {
+    await initBackend('native', { precision });
+    return tf.tidy(() => {
+      const xs = [
+        tf.tensor(x, [2, 9, 11, 5]),
+        tf.tensor(w, [3, 3, 5, 7]),
+        tf.tensor(b, [7]),
+      ];
+      const f = (xt: tf.Tensor, wt: tf.Tensor, bt: tf.Tensor) =>
+        tf.sum(
+          tf.square(
+            tf.fused.conv2d({
+              x: xt as tf.Tensor4D,
+              filter: wt as tf.Tensor4D,
+              strides: [2, 1],
+              pad: 'same',
+              bias: bt,
+              activation: 'relu',
+            }),
+          ),
+        );
+      const { value, grads } = tf.valueAndGrads(
+        f as (...t: tf.Tensor[]) => tf.Tensor,
+      )(xs);
+      return [value, ...grads].map((g) => g.dataSync() as Float32Array);
+    });
+  };
+  const ref = await run('fp32');
+  const got = await run('bf16');
+  for (let i = 0; i < ref.length; i++) {
+    const e = relErr(got[i]!, ref[i]!);
+    assert.ok(e < 3e-2 && e > 0, `output ${i}: relative error ${e}`);
+  }
+});
+
 test('a parameter is converted once per version, and a changed or freed one is never read stale', {
   skip,
 }, async () => {
