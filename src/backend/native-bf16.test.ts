@@ -16,6 +16,7 @@ import { causalSelfAttention } from '../model/layers.js';
 import { randomArray } from '../testing/backend-compare.js';
 import { LayerwiseError } from '../util/errors.js';
 import { initBackend } from './index.js';
+import { deviceBytes } from './memory.js';
 import { bf16Support } from './names.js';
 import type { NativeBackend } from './native.js';
 import { nativeAddon, nativeUnavailable } from './native.js';
@@ -310,13 +311,19 @@ test('a parameter is converted once per version, and a changed or freed one is n
   const [t1, t2] = [tf.tensor(w1, [24, 8]), tf.tensor(w2, [24, 8])];
   const v = tf.variable(t1);
   t1.dispose(); // the variable holds the data
+  const bytesBefore = deviceBytes();
   for (let i = 0; i < 3; i++) assert.deepEqual(product(v), want1, `read ${i}`);
   assert.equal(
     be.bf16ParamConversions - before,
     1,
     'three products, one conversion',
   );
-  assert.equal(be.bf16ParamBytes() > 0, true);
+  assert.equal(be.bf16ParamBytes(), 2 * 24 * 8);
+  assert.equal(
+    deviceBytes() - bytesBefore,
+    2 * 24 * 8,
+    'the bf16 copy counts as device bytes',
+  );
 
   // a new version: the cached copy of w1 must not be used
   v.assign(t2);
@@ -337,6 +344,9 @@ test('a parameter is converted once per version, and a changed or freed one is n
     0,
     'copies of freed parameters are dropped',
   );
+  // w1's and w2's f32 data (both alive at bytesBefore) and x are gone too; the recent
+  // activation copies stay
+  assert.equal(deviceBytes(), bytesBefore - 2 * 4 * 24 * 8 - 4 * 16 * 24);
 });
 
 test('--precision bf16 on a backend without bf16 kernels is refused, naming the fix', async () => {

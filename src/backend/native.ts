@@ -40,6 +40,7 @@ import {
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from './kernel-names.js';
+import { countPrivateBytes } from './memory.js';
 import { nativeAddon } from './native-addon.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
 
@@ -108,7 +109,7 @@ export class NativeBackend extends MathBackendCPU {
   ): void {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
-    this.bf16Params.delete(dataId); // new values under this id
+    this.dropBf16Param(dataId); // new values under this id
     const i = this.recentBf16.findIndex((e) => e.id === dataId);
     if (i >= 0) this.recentBf16[i]!.id = {};
   }
@@ -118,7 +119,7 @@ export class NativeBackend extends MathBackendCPU {
     const done = super.disposeData(dataId, force);
     if (entry !== undefined && !this.data.has(dataId)) {
       this.pool.release(entry.values);
-      this.bf16Params.delete(dataId);
+      this.dropBf16Param(dataId);
       const i = this.recentBf16.findIndex((e) => e.id === dataId);
       if (i >= 0) this.recentBf16[i]!.id = {}; // its buffer stays for reuse
     }
@@ -134,12 +135,20 @@ export class NativeBackend extends MathBackendCPU {
     if (!isParameterData(t.dataId)) return this.recentBf16Copy(t.dataId, f32);
     let bf = this.bf16Params.get(t.dataId);
     if (bf === undefined) {
+      countPrivateBytes(2 * f32.length); // device bytes, under the budget
       bf = new Uint16Array(f32.length);
       nativeAddon()!.toBf16(f32, bf);
       this.bf16Params.set(t.dataId, bf);
       this.bf16ParamConversions++;
     }
     return bf;
+  }
+
+  private dropBf16Param(dataId: tf.DataId): void {
+    const bf = this.bf16Params.get(dataId);
+    if (bf === undefined) return;
+    this.bf16Params.delete(dataId);
+    countPrivateBytes(-bf.byteLength);
   }
 
   /** An activation's bf16 copy: one of the last few converted, else converted now into a recycled buffer. */
@@ -155,14 +164,15 @@ export class NativeBackend extends MathBackendCPU {
       this.recentBf16.length >= RECENT_BF16
         ? this.recentBf16.shift()!.bf
         : undefined;
-    const bf =
-      old && old.length >= f32.length
-        ? old.subarray(0, f32.length)
-        : new Uint16Array(f32.length);
+    const reuse = old !== undefined && old.length >= f32.length;
+    if (!reuse) countPrivateBytes(2 * f32.length - (old?.byteLength ?? 0));
+    const bf = reuse
+      ? old.subarray(0, f32.length)
+      : new Uint16Array(f32.length);
     nativeAddon()!.toBf16(f32, bf);
     this.recentBf16.push({
       id,
-      bf: old && old.length >= f32.length ? old : bf,
+      bf: reuse ? old : bf,
     });
     return bf;
   }
@@ -195,7 +205,8 @@ export class NativeBackend extends MathBackendCPU {
 
   override dispose(): void {
     this.pool.clear();
-    this.bf16Params.clear();
+    for (const id of [...this.bf16Params.keys()]) this.dropBf16Param(id);
+    for (const e of this.recentBf16) countPrivateBytes(-e.bf.byteLength);
     this.recentBf16.length = 0;
     super.dispose();
   }
