@@ -19,6 +19,12 @@ namespace layerwise {
 
 namespace {
 
+// Conversions and copies up to this many elements run on the calling thread: they are bound by
+// memory bandwidth (measured: 1M elements 0.084 ms on one thread, 0.088 ms on two; 4M 0.85 and
+// 0.80 ms), and waking the OpenMP team for each costs more than it saves when other threads
+// contend for the cores.
+constexpr int64_t kSerialCopy = int64_t{1} << 23;
+
 // Round to nearest even on the upper 16 bits; NaN stays NaN (quiet), infinities stay.
 inline uint16_t bf16Scalar(float f) {
   uint32_t u;
@@ -115,7 +121,7 @@ T* grow(std::vector<T>& v, int64_t n) {
 // qkv [B, T, 3, H, dh] float32 -> [3, B, H, T, dh] bf16 (q, k, v each dense per head)
 void splitHeadsBf16(const float* qkv, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
   const int64_t D = H * dh;
-#pragma omp parallel for schedule(static) if (B * T * D > (1 << 16))
+#pragma omp parallel for schedule(static) if (3 * B * T * D > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
     for (int64_t s = 0; s < 3; s++)
@@ -127,7 +133,7 @@ void splitHeadsBf16(const float* qkv, uint16_t* out, int64_t B, int64_t T, int64
 // x [B, T, H, dh] float32 -> [B, H, T, dh] bf16
 void headsFirstBf16(const float* x, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
   const int64_t D = H * dh;
-#pragma omp parallel for schedule(static) if (B * T * D > (1 << 16))
+#pragma omp parallel for schedule(static) if (B * T * D > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
     for (int64_t h = 0; h < H; h++) convertChunk(x + bt * D + h * dh, out + ((b * H + h) * T + t) * dh, dh);
@@ -136,7 +142,7 @@ void headsFirstBf16(const float* x, uint16_t* out, int64_t B, int64_t T, int64_t
 
 // y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..]
 void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride) {
-#pragma omp parallel for schedule(static) if (B * T * H * dh > (1 << 16))
+#pragma omp parallel for schedule(static) if (B * T * H * dh > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
     for (int64_t h = 0; h < H; h++)
@@ -178,7 +184,7 @@ void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, i
 void toBf16(const float* src, uint16_t* dst, int64_t n) {
   constexpr int64_t kChunk = 1 << 14;  // elements per OpenMP task: 64 KiB of floats
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (chunks > 1)
+#pragma omp parallel for schedule(static) if (n > kSerialCopy)
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t from = c * kChunk;
     convertChunk(src + from, dst + from, std::min(kChunk, n - from));
@@ -186,7 +192,7 @@ void toBf16(const float* src, uint16_t* dst, int64_t n) {
 }
 
 void fromBf16(const uint16_t* src, float* dst, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
+#pragma omp parallel for schedule(static) if (n > kSerialCopy)
   for (int64_t i = 0; i < n; i++) {
     const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
     std::memcpy(dst + i, &u, 4);
