@@ -84,6 +84,8 @@ export class NativeBackend extends MathBackendCPU {
    * at most a few activations' worth of bf16 bytes.
    */
   private readonly recentBf16: Array<{ id: tf.DataId; bf: Uint16Array }> = [];
+  /** Elements of the largest activation converted so far (the recent buffers' size). */
+  private recentBf16Max = 0;
 
   /** A float32 output of `length` elements whose every element the kernel writes (contents undefined). */
   alloc(length: number): Float32Array {
@@ -164,16 +166,18 @@ export class NativeBackend extends MathBackendCPU {
       this.recentBf16.length >= RECENT_BF16
         ? this.recentBf16.shift()!.bf
         : undefined;
-    const reuse = old !== undefined && old.length >= f32.length;
-    if (!reuse) countPrivateBytes(2 * f32.length - (old?.byteLength ?? 0));
-    const bf = reuse
-      ? old.subarray(0, f32.length)
-      : new Uint16Array(f32.length);
+    // a buffer as large as the largest activation so far: the sizes alternate (a dense layer's
+    // input, its wider hidden layer), and a fresh array is zero-filled, which cost more than
+    // the conversion
+    this.recentBf16Max = Math.max(this.recentBf16Max, f32.length);
+    let buf = old;
+    if (buf === undefined || buf.length < f32.length) {
+      countPrivateBytes(2 * this.recentBf16Max - (buf?.byteLength ?? 0));
+      buf = new Uint16Array(this.recentBf16Max);
+    }
+    const bf = buf.subarray(0, f32.length);
     nativeAddon()!.toBf16(f32, bf);
-    this.recentBf16.push({
-      id,
-      bf: reuse ? old : bf,
-    });
+    this.recentBf16.push({ id, bf: buf });
     return bf;
   }
 
