@@ -14,7 +14,9 @@
  * activation in place in the product's buffer; and layerwise's fused kernels
  * (backend/kernel-names.ts): GELU, layer norm, causal softmax, causal multi-head attention
  * (q, k, v read in place from the qkv projection), softmax cross-entropy and their gradients, and the
- * one-pass AdamW and SGD updates of the device optimizer. Outputs come from a
+ * one-pass AdamW and SGD updates of the device optimizer. With `precision` 'bf16' the products,
+ * attention and convolutions read bfloat16 copies of their operands (native/src/bf16.cc; a
+ * parameter's copy made once per version and kept behind its tensor). Outputs come from a
  * {@link BufferPool} (backend/buffer-pool.ts). Each worker thread (device) loads the addon
  * itself and has its own OpenMP team (`threads`).
  *
@@ -41,6 +43,7 @@ import {
   SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from './kernel-names.js';
 import { countPrivateBytes } from './memory.js';
+import type { Precision } from './names.js';
 import { nativeAddon } from './native-addon.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
 
@@ -61,11 +64,12 @@ export class NativeBackend extends MathBackendCPU {
   readonly pool = new BufferPool();
   private internalRead = false;
   /**
-   * The compute precision of the products (BatchMatMul, _FusedMatMul): 'fp32', or 'bf16'
-   * (bfloat16 operands on oneDNN's bf16 matmul, float32 accumulation and float32 outputs; the
-   * tensors stay float32). Set through initBackend's `precision` (backend/index.ts).
+   * The compute precision of the products (BatchMatMul, _FusedMatMul, causal attention,
+   * convolutions, and their gradients): 'fp32', or 'bf16' (bfloat16 operands on oneDNN's bf16
+   * matmul and convolution, float32 accumulation and float32 outputs; the tensors stay
+   * float32). Set through initBackend's `precision` (backend/index.ts).
    */
-  precision: ComputePrecision = 'fp32';
+  precision: Precision = 'fp32';
   /**
    * bf16 copies of parameters (the data of registered tf.Variables), by data id: converted the
    * first time a product reads that data, reused by every later product (each micro-batch's
@@ -130,7 +134,8 @@ export class NativeBackend extends MathBackendCPU {
 
   /**
    * A product operand for the bf16 path: a parameter's cached bf16 copy (converted now if it
-   * has none), else the float32 values, which the addon converts into its scratch per product.
+   * has none), else an activation's bf16 copy among the recent ones (converted now if absent).
+   * Throws DeviceOutOfMemoryError where a new copy would take the device over its budget.
    */
   bf16Operand(t: tf.TensorInfo): Float32Array | Uint16Array {
     const f32 = this.data.get(t.dataId).values as Float32Array;
@@ -181,7 +186,7 @@ export class NativeBackend extends MathBackendCPU {
     return bf;
   }
 
-  /** Bytes held in bf16 parameter copies (backend-private: not in tf.memory()'s count). */
+  /** Bytes held in bf16 parameter copies (behind the tensors: counted by backend/memory.ts, not by tf.memory()). */
   bf16ParamBytes(): number {
     let n = 0;
     for (const a of this.bf16Params.values()) n += a.byteLength;
@@ -221,9 +226,6 @@ export class NativeBackend extends MathBackendCPU {
  * least 2, a product's two operands, so converting one never recycles the other's buffer.
  */
 const RECENT_BF16 = 2;
-
-/** The compute precision of the native device's products (see {@link NativeBackend.precision}). */
-export type ComputePrecision = 'fp32' | 'bf16';
 
 /** Whether `dataId` is the data of a registered tf.Variable (a parameter) in this thread's engine. */
 function isParameterData(dataId: tf.DataId): boolean {
