@@ -249,6 +249,7 @@ export async function runInPage(
   const summary: Summary = {
     strategy: cfg.strategy,
     backend: cfg.backend,
+    precision: cfg.precision,
     preset: cfg.preset,
     params: nParams,
     stages: ranges.length,

@@ -265,26 +265,29 @@ Napi::Value Gather(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale)
+// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale[, bf16])
 Napi::Value CausalAttention(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
   Need(info, 0, batch * t * 3 * heads * dh, "qkv");
   Need(info, 1, batch * t * heads * dh, "ctx");
   Need(info, 2, batch * heads * t * t, "p");
-  const int s = causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, static_cast<float>(F64(info, 7)));
+  const bool bf16 = info.Length() > 8 && info[8].ToBoolean().Value();
+  const int s = (bf16 ? causalAttentionBf16 : causalAttention)(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh,
+                                                                static_cast<float>(F64(info, 7)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
 
-// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale)
+// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale[, bf16])
 Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 4), t = I64(info, 5), heads = I64(info, 6), dh = I64(info, 7);
   Need(info, 0, batch * t * heads * dh, "dctx");
   Need(info, 1, batch * t * 3 * heads * dh, "qkv");
   Need(info, 2, batch * heads * t * t, "p");
   Need(info, 3, batch * t * 3 * heads * dh, "dqkv");
-  const int s = causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads, dh,
-                                    static_cast<float>(F64(info, 8)));
+  const bool bf16 = info.Length() > 9 && info[9].ToBoolean().Value();
+  const int s = (bf16 ? causalAttentionGradBf16 : causalAttentionGrad)(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"),
+                                                                        F32(info, 3, "dqkv"), batch, t, heads, dh, static_cast<float>(F64(info, 8)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -307,6 +310,75 @@ Napi::Value SoftmaxCrossEntropyGrad(const Napi::CallbackInfo& info) {
   Need(info, 2, rows * classes, "dlogits");
   softmaxCrossEntropyGrad(F32(info, 0, "probs"), I32(info, 1, "labels"), F32(info, 2, "dlogits"), rows, classes, static_cast<float>(F64(info, 5)));
   return info.Env().Undefined();
+}
+
+uint16_t* U16(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (!info[i].IsTypedArray() || info[i].As<Napi::TypedArray>().TypedArrayType() != napi_uint16_array) {
+    throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a Uint16Array (bf16)");
+  }
+  return info[i].As<Napi::Uint16Array>().Data();
+}
+
+// toBf16(src: Float32Array, dst: Uint16Array)
+Napi::Value ToBf16(const Napi::CallbackInfo& info) {
+  const float* src = F32(info, 0, "src");
+  uint16_t* dst = U16(info, 1, "dst");
+  if (Len(info, 1) < Len(info, 0)) throw Napi::RangeError::New(info.Env(), "toBf16: dst is shorter than src");
+  toBf16(src, dst, static_cast<int64_t>(Len(info, 0)));
+  return info.Env().Undefined();
+}
+
+// fromBf16(src: Uint16Array, dst: Float32Array)
+Napi::Value FromBf16(const Napi::CallbackInfo& info) {
+  const uint16_t* src = U16(info, 0, "src");
+  float* dst = F32(info, 1, "dst");
+  if (Len(info, 1) < Len(info, 0)) throw Napi::RangeError::New(info.Env(), "fromBf16: dst is shorter than src");
+  fromBf16(src, dst, static_cast<int64_t>(Len(info, 0)));
+  return info.Env().Undefined();
+}
+
+// A bf16 operand: a Uint16Array of bf16 values, or a Float32Array converted by the product.
+Bf16Operand Operand(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  Bf16Operand o;
+  if (info[i].IsTypedArray() && info[i].As<Napi::TypedArray>().TypedArrayType() == napi_uint16_array) {
+    o.bf16 = info[i].As<Napi::Uint16Array>().Data();
+  } else {
+    o.f32 = F32(info, i, what);
+  }
+  return o;
+}
+
+// matmulBf16(a, b, c, batch, aStride, bStride, m, n, k, transA, transB) -> implementation name;
+// a and b each a Float32Array or a Uint16Array of bf16 values, c a Float32Array
+Napi::Value MatMulBf16(const Napi::CallbackInfo& info) {
+  if (info.Length() != 11) throw Napi::TypeError::New(info.Env(), "matmulBf16 takes 11 arguments");
+  const Bf16Operand a = Operand(info, 0, "a"), b = Operand(info, 1, "b");
+  float* c = F32(info, 2, "c");
+  const int64_t batch = I64(info, 3), aStride = I64(info, 4), bStride = I64(info, 5);
+  const int64_t m = I64(info, 6), n = I64(info, 7), k = I64(info, 8);
+  const bool transA = info[9].As<Napi::Boolean>().Value(), transB = info[10].As<Napi::Boolean>().Value();
+  if (batch < 1 || m < 0 || n < 0 || k < 0) throw Napi::RangeError::New(info.Env(), "matmulBf16: bad sizes");
+  if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) {
+    throw Napi::RangeError::New(info.Env(), "matmulBf16: aStride must be 0 or m*k, bStride 0 or k*n");
+  }
+  if (static_cast<int64_t>(Len(info, 0)) < (batch - 1) * aStride + m * k ||
+      static_cast<int64_t>(Len(info, 1)) < (batch - 1) * bStride + k * n ||
+      static_cast<int64_t>(Len(info, 2)) < batch * m * n) {
+    throw Napi::RangeError::New(info.Env(), "matmulBf16: an array is shorter than its matrices");
+  }
+  std::string impl;
+  const int s = matmulBf16(a, b, c, batch, aStride, bStride, m, n, k, transA, transB, &impl);
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN bf16 matmul failed with status " + std::to_string(s));
+  return Napi::String::New(info.Env(), impl);
+}
+
+// bf16Info() -> { isa, nativeBf16, conversion }
+Napi::Value Bf16Info(const Napi::CallbackInfo& info) {
+  Napi::Object o = Napi::Object::New(info.Env());
+  o.Set("isa", cpuIsa());
+  o.Set("nativeBf16", nativeBf16());
+  o.Set("conversion", bf16Conversion());
+  return o;
 }
 
 Napi::Value SetThreads(const Napi::CallbackInfo& info) {
@@ -350,6 +422,10 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("causalAttentionGrad", Napi::Function::New(env, CausalAttentionGrad));
   exports.Set("softmaxCrossEntropy", Napi::Function::New(env, SoftmaxCrossEntropy));
   exports.Set("softmaxCrossEntropyGrad", Napi::Function::New(env, SoftmaxCrossEntropyGrad));
+  exports.Set("toBf16", Napi::Function::New(env, ToBf16));
+  exports.Set("fromBf16", Napi::Function::New(env, FromBf16));
+  exports.Set("matmulBf16", Napi::Function::New(env, MatMulBf16));
+  exports.Set("bf16Info", Napi::Function::New(env, Bf16Info));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("threads", Napi::Function::New(env, Threads));
   layerwise::registerConv(env, exports);

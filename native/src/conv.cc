@@ -4,7 +4,9 @@
 // is reordered to the layout oneDNN's jit kernels choose (brgconv / jit:avx512_core here: 5-15x
 // faster than the gemm-based kernels it takes for a fixed HWIO filter). Primitives are created once
 // per geometry and kept in a per-thread cache with the thread's CPU engine and stream: each device
-// worker thread has its own. Errors: oneDNN's status is returned, never thrown.
+// worker thread has its own. Errors: oneDNN's status is returned, never thrown. With bf16, the
+// three kernels read bf16 copies of their inputs (oneDNN's bf16 convolution, f32 accumulation and
+// f32 outputs).
 #include "kernels.h"
 #include "signals.h"
 #include <dnnl.hpp>
@@ -49,13 +51,15 @@ struct Descs {
   memory::dims strides, dilates, padL, padR;
 };
 
-Descs descs(const ConvGeometry& g) {
+// The descriptors of a geometry; the data types of the activations (src), the filter (wei) and
+// the output side (dst): all f32, or for bf16 compute the bf16 inputs and f32 outputs of a kind.
+Descs descs(const ConvGeometry& g, dt src = dt::f32, dt wei = dt::f32, dt dst = dt::f32) {
   const memory::dims w{g.outChannels, g.inChannels, g.filterHeight, g.filterWidth};
   return {
-      memory::desc({g.batch, g.inChannels, g.inHeight, g.inWidth}, dt::f32, tag::nhwc),
-      memory::desc(w, dt::f32, tag::hwio),
-      memory::desc(w, dt::f32, tag::any),
-      memory::desc({g.batch, g.outChannels, g.outHeight, g.outWidth}, dt::f32, tag::nhwc),
+      memory::desc({g.batch, g.inChannels, g.inHeight, g.inWidth}, src, tag::nhwc),
+      memory::desc(w, wei, tag::hwio),
+      memory::desc(w, wei, tag::any),
+      memory::desc({g.batch, g.outChannels, g.outHeight, g.outWidth}, dst, tag::nhwc),
       memory::desc({g.outChannels}, dt::f32, tag::x),
       {g.strideHeight, g.strideWidth},
       {g.dilationHeight - 1, g.dilationWidth - 1},  // oneDNN counts the gaps: TF's 1 is its 0
@@ -96,14 +100,42 @@ void weightsLayout(const Ctx& c, const Descs& d, const memory::desc& chosen, boo
 }
 
 // The weights the primitive reads: the user's HWIO filter, or its reordered copy.
-memory weightsIn(Ctx& c, const Descs& d, Entry& e, const float* w) {
-  memory user(d.wei, c.engine, const_cast<float*>(w));
+memory weightsIn(Ctx& c, const Descs& d, Entry& e, const void* w) {
+  memory user(d.wei, c.engine, const_cast<void*>(w));
   if (!e.reorder) return user;
   e.weiReorder.execute(c.stream, {{DNNL_ARG_FROM, user}, {DNNL_ARG_TO, e.wei}});
   return e.wei;
 }
 
-void* mut(const float* p) { return const_cast<float*>(p); }
+void* mut(const void* p) { return const_cast<void*>(p); }
+
+// bf16 operands of the bf16 kernels: converted into this thread's scratch slots. Where the CPU
+// has no bf16 instructions (oneDNN 2.6.3 has no bf16 convolution on AVX2), the operands are
+// rounded to bf16 and widened back, and the f32 kernels run on them: the same numbers.
+struct Bf16Scratch {
+  std::vector<uint16_t> h[2];
+  std::vector<float> f[2];
+};
+Bf16Scratch& bf16Scratch() {
+  thread_local Bf16Scratch s;
+  return s;
+}
+const uint16_t* asBf16(int slot, const float* x, int64_t n) {
+  auto& v = bf16Scratch().h[slot];
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  toBf16(x, v.data(), n);
+  return v.data();
+}
+const float* roundedToBf16(int slot, const float* x, int64_t n) {
+  const uint16_t* h = asBf16(slot, x, n);
+  auto& v = bf16Scratch().f[slot];
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  fromBf16(h, v.data(), n);
+  return v.data();
+}
+int64_t inSize(const ConvGeometry& g) { return g.batch * g.inHeight * g.inWidth * g.inChannels; }
+int64_t outSize(const ConvGeometry& g) { return g.batch * g.outHeight * g.outWidth * g.outChannels; }
+int64_t filterSize(const ConvGeometry& g) { return g.filterHeight * g.filterWidth * g.inChannels * g.outChannels; }
 
 int status(const dnnl::error& e) { return e.status == 0 ? -1 : static_cast<int>(e.status); }
 
@@ -130,11 +162,15 @@ Entry& cached(Ctx& c, std::vector<int64_t> k, Make&& make) {
 
 }  // namespace
 
-int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu) {
+int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu, bool bf16) {
+  if (bf16 && !nativeBf16())
+    return conv2d(roundedToBf16(0, x, inSize(g)), roundedToBf16(1, w, filterSize(g)), bias, y, g, relu, false);
   return guarded([&] {
     Ctx& c = ctx();
-    const Descs d = descs(g);
-    Entry& e = cached(c, key(0, g, (bias != nullptr ? 1 : 0) | (relu ? 2 : 0)), [&] {
+    const Descs d = bf16 ? descs(g, dt::bf16, dt::bf16, dt::f32) : descs(g);
+    const void* xs = bf16 ? static_cast<const void*>(asBf16(0, x, inSize(g))) : x;
+    const void* ws = bf16 ? static_cast<const void*>(asBf16(1, w, filterSize(g))) : w;
+    Entry& e = cached(c, key(0, g, (bias != nullptr ? 1 : 0) | (relu ? 2 : 0) | (bf16 ? 4 : 0)), [&] {
       auto pd = forwardPd(c, d, bias != nullptr, relu);
       Entry n;
       n.prim = dnnl::convolution_forward(pd);
@@ -142,8 +178,8 @@ int conv2d(const float* x, const float* w, const float* bias, float* y, const Co
       return n;
     });
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, memory(d.src, c.engine, mut(x))},
-        {DNNL_ARG_WEIGHTS, weightsIn(c, d, e, w)},
+        {DNNL_ARG_SRC, memory(d.src, c.engine, mut(xs))},
+        {DNNL_ARG_WEIGHTS, weightsIn(c, d, e, ws)},
         {DNNL_ARG_DST, memory(d.dst, c.engine, y)},
     };
     if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, memory(d.bias, c.engine, mut(bias)));
@@ -152,13 +188,18 @@ int conv2d(const float* x, const float* w, const float* bias, float* y, const Co
   });
 }
 
-int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g) {
+int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g, bool bf16) {
+  if (bf16 && !nativeBf16())
+    return conv2dBackpropInput(roundedToBf16(0, dy, outSize(g)), roundedToBf16(1, w, filterSize(g)), dx, g, false);
   return guarded([&] {
     using namespace dnnl;
     Ctx& c = ctx();
-    const Descs d = descs(g);
-    Entry& e = cached(c, key(1, g, 0), [&] {
-      auto hint = forwardPd(c, d, false, false);
+    // bf16: diff_dst and weights bf16, diff_src f32
+    const Descs d = bf16 ? descs(g, dt::f32, dt::bf16, dt::bf16) : descs(g);
+    const void* dys = bf16 ? static_cast<const void*>(asBf16(0, dy, outSize(g))) : dy;
+    const void* ws = bf16 ? static_cast<const void*>(asBf16(1, w, filterSize(g))) : w;
+    Entry& e = cached(c, key(1, g, bf16 ? 4 : 0), [&] {
+      auto hint = forwardPd(c, bf16 ? descs(g, dt::bf16, dt::bf16, dt::bf16) : d, false, false);
       convolution_backward_data::desc desc(algorithm::convolution_direct, d.src, d.anyWei, d.dst, d.strides, d.dilates, d.padL, d.padR);
       convolution_backward_data::primitive_desc pd(desc, c.engine, hint);
       Entry n;
@@ -167,21 +208,26 @@ int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGe
       return n;
     });
     e.prim.execute(c.stream, {
-                                 {DNNL_ARG_DIFF_DST, memory(d.dst, c.engine, mut(dy))},
-                                 {DNNL_ARG_WEIGHTS, weightsIn(c, d, e, w)},
+                                 {DNNL_ARG_DIFF_DST, memory(d.dst, c.engine, mut(dys))},
+                                 {DNNL_ARG_WEIGHTS, weightsIn(c, d, e, ws)},
                                  {DNNL_ARG_DIFF_SRC, memory(d.src, c.engine, dx)},
                              });
     c.stream.wait();
   });
 }
 
-int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g) {
+int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g, bool bf16) {
+  if (bf16 && !nativeBf16())
+    return conv2dBackpropFilter(roundedToBf16(0, x, inSize(g)), roundedToBf16(1, dy, outSize(g)), dw, g, false);
   return guarded([&] {
     using namespace dnnl;
     Ctx& c = ctx();
-    const Descs d = descs(g);
-    Entry& e = cached(c, key(2, g, 0), [&] {
-      auto hint = forwardPd(c, d, false, false);
+    // bf16: src and diff_dst bf16, diff_weights f32
+    const Descs d = bf16 ? descs(g, dt::bf16, dt::f32, dt::bf16) : descs(g);
+    const void* xs = bf16 ? static_cast<const void*>(asBf16(0, x, inSize(g))) : x;
+    const void* dys = bf16 ? static_cast<const void*>(asBf16(1, dy, outSize(g))) : dy;
+    Entry& e = cached(c, key(2, g, bf16 ? 4 : 0), [&] {
+      auto hint = forwardPd(c, bf16 ? descs(g, dt::bf16, dt::bf16, dt::bf16) : d, false, false);
       convolution_backward_weights::desc desc(algorithm::convolution_direct, d.src, d.anyWei, d.dst, d.strides, d.dilates, d.padL, d.padR);
       convolution_backward_weights::primitive_desc pd(desc, c.engine, hint);
       Entry n;
@@ -191,8 +237,8 @@ int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvG
     });
     memory user(d.wei, c.engine, dw);
     e.prim.execute(c.stream, {
-                                 {DNNL_ARG_SRC, memory(d.src, c.engine, mut(x))},
-                                 {DNNL_ARG_DIFF_DST, memory(d.dst, c.engine, mut(dy))},
+                                 {DNNL_ARG_SRC, memory(d.src, c.engine, mut(xs))},
+                                 {DNNL_ARG_DIFF_DST, memory(d.dst, c.engine, mut(dys))},
                                  {DNNL_ARG_DIFF_WEIGHTS, e.reorder ? e.wei : user},
                              });
     if (e.reorder) e.weiReorder.execute(c.stream, {{DNNL_ARG_FROM, e.wei}, {DNNL_ARG_TO, user}});

@@ -42,26 +42,29 @@ int64_t InSize(const ConvGeometry& g) { return g.batch * g.inHeight * g.inWidth 
 int64_t OutSize(const ConvGeometry& g) { return g.batch * g.outHeight * g.outWidth * g.outChannels; }
 int64_t FilterSize(const ConvGeometry& g) { return g.filterHeight * g.filterWidth * g.inChannels * g.outChannels; }
 
-// conv2d(x, w, bias | null, y, geometry, relu): 0 or oneDNN's status
+// A kernel's optional last argument: bf16 compute (default false).
+bool Bf16(const Napi::CallbackInfo& info, size_t i) { return info.Length() > i && info[i].ToBoolean().Value(); }
+
+// conv2d(x, w, bias | null, y, geometry, relu[, bf16]): 0 or oneDNN's status
 Napi::Value Conv2d(const Napi::CallbackInfo& info) {
   const ConvGeometry g = Geometry(info, 4, false);
   const float* bias = info[2].IsNull() || info[2].IsUndefined() ? nullptr : Arr(info, 2, "bias", g.outChannels);
   const int s = conv2d(Arr(info, 0, "x", InSize(g)), Arr(info, 1, "w", FilterSize(g)), bias, Arr(info, 3, "y", OutSize(g)), g,
-                       info[5].ToBoolean().Value());
+                       info[5].ToBoolean().Value(), Bf16(info, 6));
   return Napi::Number::New(info.Env(), s);
 }
 
-// conv2dBackpropInput(dy, w, dx, geometry): 0 or oneDNN's status
+// conv2dBackpropInput(dy, w, dx, geometry[, bf16]): 0 or oneDNN's status
 Napi::Value Conv2dBackpropInput(const Napi::CallbackInfo& info) {
   const ConvGeometry g = Geometry(info, 3, false);
-  const int s = conv2dBackpropInput(Arr(info, 0, "dy", OutSize(g)), Arr(info, 1, "w", FilterSize(g)), Arr(info, 2, "dx", InSize(g)), g);
+  const int s = conv2dBackpropInput(Arr(info, 0, "dy", OutSize(g)), Arr(info, 1, "w", FilterSize(g)), Arr(info, 2, "dx", InSize(g)), g, Bf16(info, 4));
   return Napi::Number::New(info.Env(), s);
 }
 
-// conv2dBackpropFilter(x, dy, dw, geometry): 0 or oneDNN's status
+// conv2dBackpropFilter(x, dy, dw, geometry[, bf16]): 0 or oneDNN's status
 Napi::Value Conv2dBackpropFilter(const Napi::CallbackInfo& info) {
   const ConvGeometry g = Geometry(info, 3, false);
-  const int s = conv2dBackpropFilter(Arr(info, 0, "x", InSize(g)), Arr(info, 1, "dy", OutSize(g)), Arr(info, 2, "dw", FilterSize(g)), g);
+  const int s = conv2dBackpropFilter(Arr(info, 0, "x", InSize(g)), Arr(info, 1, "dy", OutSize(g)), Arr(info, 2, "dw", FilterSize(g)), g, Bf16(info, 4));
   return Napi::Number::New(info.Env(), s);
 }
 

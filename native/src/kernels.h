@@ -1,6 +1,7 @@
 // layerwise native kernels: declarations shared by the N-API glue (addon.cc) and the kernels.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -102,9 +103,11 @@ struct ConvGeometry {
 // Convolution on oneDNN's primitives (conv.cc): y = conv(x, w) (+ bias [outChannels] when not
 // null, then ReLU when relu); dx = its gradient for x from dy; dw = its gradient for w. Return 0,
 // or oneDNN's status (e.g. a geometry it does not take) with the output unspecified.
-int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu);
-int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g);
-int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g);
+// bf16: the inputs (x and w; dy and w; x and dy) converted to bf16, f32 accumulation and outputs
+// (emulated, as matmulBf16, where the CPU has no bf16 instructions).
+int conv2d(const float* x, const float* w, const float* bias, float* y, const ConvGeometry& g, bool relu, bool bf16 = false);
+int conv2dBackpropInput(const float* dy, const float* w, float* dx, const ConvGeometry& g, bool bf16 = false);
+int conv2dBackpropFilter(const float* x, const float* dy, float* dw, const ConvGeometry& g, bool bf16 = false);
 
 // Pooling (TF.js cpu semantics): max over the window's input positions (NaN never wins); the
 // max pool gradient routes dy to the first maximum of each window in row-major order; the
@@ -113,6 +116,41 @@ void maxPool(const float* x, float* y, const ConvGeometry& g);
 void maxPoolGrad(const float* x, const float* dy, float* dx, const ConvGeometry& g);
 void avgPool(const float* x, float* y, const ConvGeometry& g);
 void avgPoolGrad(const float* dy, float* dx, const ConvGeometry& g);
+
+// bfloat16 (bf16.cc). dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN), the upper
+// 16 bits of the float32 pattern; vectorised with vcvtne2ps2bf16 where built for AVX512-BF16.
+void toBf16(const float* src, uint16_t* dst, int64_t n);
+// dst[i] = src[i] widened to float32 (exact).
+void fromBf16(const uint16_t* src, float* dst, int64_t n);
+
+// A bf16 product operand: its bf16 values when the caller has them (a cached weight), else its
+// float32 values, which the product converts into a per-thread scratch buffer first.
+struct Bf16Operand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+
+// The batched product of matmul() above with bf16 operands, float32 accumulation and a float32
+// C, on oneDNN's matmul primitive (one primitive per shape, built once per thread). aStride is 0
+// (A broadcast) or m * k, bStride 0 or k * n (else -1). impl, when given, gets the primitive's
+// implementation name (e.g. "brg:avx512_core_bf16"). Without bf16 instructions (nativeBf16()
+// false) the bf16-rounded operands are widened and multiplied by sgemm instead: the same numbers
+// up to the summation order. Returns 0 or oneDNN's status.
+int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
+               int64_t n, int64_t k, bool transA, bool transB, std::string* impl = nullptr);
+
+// causalAttention / causalAttentionGrad above with their products on bf16 operands (q, k, v,
+// dctx, P and dscores converted per call; float32 accumulation), the softmax and its gradient
+// in float32, outputs float32. Returns 0 or oneDNN's status.
+int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale);
+int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
+                            int64_t dh, float scale);
+
+// oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx512_core_amx", "avx2", ...),
+// whether it has bf16 dot-product instructions (avx512_bf16 or AMX), and how toBf16 converts.
+std::string cpuIsa();
+bool nativeBf16();
+const char* bf16Conversion();
 
 // Flush denormal floats to zero (FTZ, DAZ) on this thread and its OpenMP team.
 void flushDenormals();

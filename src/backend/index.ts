@@ -14,8 +14,14 @@ import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { check, LayerwiseError } from '../util/errors.js';
 import { registerComposedKernels } from './composed-kernels.js';
 import { registerMatMulGrad } from './matmul-grad.js';
-import { BACKENDS, type BackendName } from './names.js';
 import {
+  BACKENDS,
+  type BackendName,
+  PRECISIONS,
+  type Precision,
+} from './names.js';
+import {
+  type NativeBackend,
   nativeAddon,
   nativeUnavailable,
   registerNativeBackend,
@@ -24,7 +30,7 @@ import { registerWasmKernels } from './wasm-kernels.js';
 import { registerWasmLayoutKernels } from './wasm-layout.js';
 import { registerWasmMatMul } from './wasm-matmul.js';
 
-export { BACKENDS, type BackendName };
+export { BACKENDS, type BackendName, PRECISIONS, type Precision };
 
 /** npm packages that provide the backends not built into this module (tfjs-node is optional: not a dependency). */
 const OPTIONAL_PACKAGE: Record<'tensorflow' | 'webgpu', string> = {
@@ -102,20 +108,34 @@ async function loadOptional(name: 'tensorflow' | 'webgpu'): Promise<void> {
  * cores). For 'tensorflow' it sets TF_NUM_INTRAOP_THREADS before the package is loaded. Ignored
  * by 'cpu' and 'webgpu'.
  *
+ * `opts.precision`: the compute precision of the products ('fp32' by default; see
+ * {@link PRECISIONS}). 'bf16' is the native backend's (NativeBackend.precision: bf16 operands on
+ * oneDNN's bf16 matmul, float32 accumulation and outputs, parameters converted once per
+ * version); every other backend has no bf16 kernels and refuses it.
+ *
  * Throws {@link LayerwiseError} for an unknown name (listing the valid ones), for a missing
  * optional package (naming the npm package to install), for 'native' where its addon is not
- * built (saying how to build it), or if the backend fails to initialise.
+ * built (saying how to build it), for a precision other than 'fp32' on a backend other than
+ * 'native', or if the backend fails to initialise.
  */
 export async function initBackend(
   name: string,
-  opts: { threads?: number } = {},
+  opts: { threads?: number; precision?: Precision } = {},
 ): Promise<void> {
   check(
     (BACKENDS as readonly string[]).includes(name),
     `unknown backend '${name}': expected one of ${BACKENDS.join(', ')}`,
   );
   const backend = name as BackendName;
-  const { threads } = opts;
+  const { threads, precision = 'fp32' } = opts;
+  check(
+    (PRECISIONS as readonly string[]).includes(precision),
+    `unknown precision '${precision}': expected one of ${PRECISIONS.join(', ')}`,
+  );
+  check(
+    precision === 'fp32' || backend === 'native',
+    `--precision ${precision} needs --backend native (oneDNN's bf16 matmul); backend '${backend}' computes in fp32 only: use --precision fp32 or --backend native`,
+  );
   check(
     threads === undefined || (Number.isInteger(threads) && threads >= 1),
     `threads must be a positive integer, got ${threads}`,
@@ -148,6 +168,8 @@ export async function initBackend(
     `backend '${backend}' failed to initialise (see the warning above)`,
   );
   await tf.ready();
+  if (backend === 'native')
+    (tf.backend() as NativeBackend).precision = precision;
 }
 
 /**

@@ -82,7 +82,27 @@ function install(): void {
   installedOn = engine;
 }
 
-/** Bytes of the data buffers this thread's backend holds for live tensors (each buffer once). */
+/**
+ * Counts `delta` bytes the backend holds privately, behind its tensors (the native backend's bf16
+ * copies of parameters and activations: backend/native.ts), as device bytes: positive when it
+ * allocates them (checked against the budget like a tensor, throwing
+ * {@link DeviceOutOfMemoryError} before counting), negative when it frees them.
+ */
+export function countPrivateBytes(delta: number): void {
+  install();
+  if (delta > 0 && budget !== undefined && current + delta > budget) {
+    throw new DeviceOutOfMemoryError({
+      needs: current + delta,
+      budget,
+      how: 'measured',
+      ...budgetContext,
+    });
+  }
+  current += delta;
+  if (current > peak) peak = current;
+}
+
+/** Bytes of the data buffers this thread's backend holds for live tensors (each buffer once), and its private buffers ({@link countPrivateBytes}). */
 export function deviceBytes(): number {
   install();
   return current;

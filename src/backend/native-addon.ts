@@ -178,7 +178,8 @@ export interface NativeAddon {
   ): void;
   /**
    * Fused causal self-attention: from qkv [B, T, 3, H, dh] writes ctx [B, T, H, dh] and the
-   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T).
+   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T). bf16: the two
+   * products on bf16 operands (float32 accumulation; softmax and outputs float32).
    */
   causalAttention(
     qkv: Float32Array,
@@ -189,8 +190,9 @@ export interface NativeAddon {
     heads: number,
     dh: number,
     scale: number,
+    bf16?: boolean,
   ): void;
-  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p. */
+  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p (bf16: as above). */
   causalAttentionGrad(
     dctx: Float32Array,
     qkv: Float32Array,
@@ -201,6 +203,7 @@ export interface NativeAddon {
     heads: number,
     dh: number,
     scale: number,
+    bf16?: boolean,
   ): void;
   /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
   softmaxCrossEntropy(
@@ -219,6 +222,40 @@ export interface NativeAddon {
     classes: number,
     dyOverRows: number,
   ): void;
+  /**
+   * dst[i] = src[i] rounded to bfloat16 (nearest even; NaN stays NaN): the upper 16 bits of the
+   * float32 pattern. Vectorised (vcvtne2ps2bf16 where built for AVX512-BF16). RangeError if dst
+   * is shorter than src.
+   */
+  toBf16(src: Float32Array, dst: Uint16Array): void;
+  /** dst[i] = the bf16 src[i] widened to float32 (exact). */
+  fromBf16(src: Uint16Array, dst: Float32Array): void;
+  /**
+   * {@link matmul} with bfloat16 operands and float32 accumulation and C, on oneDNN's bf16
+   * matmul primitive: a and b each bf16 values (Uint16Array) or float32 values (Float32Array,
+   * converted per call into a per-thread scratch); aStride 0 or m * k, bStride 0 or k * n
+   * (RangeError otherwise). Returns the oneDNN implementation that ran (e.g.
+   * "brg:avx512_core_bf16"; on a CPU without bf16 instructions the bf16-rounded operands are
+   * multiplied by sgemm, "emulated: ...").
+   */
+  matmulBf16(
+    a: Float32Array | Uint16Array,
+    b: Float32Array | Uint16Array,
+    c: Float32Array,
+    batch: number,
+    aStride: number,
+    bStride: number,
+    m: number,
+    n: number,
+    k: number,
+    transA: boolean,
+    transB: boolean,
+  ): string;
+  /**
+   * What bf16 runs on here: oneDNN's effective ISA (e.g. "avx512_core_bf16"), whether the CPU
+   * has bf16 dot-product instructions (avx512_bf16 or AMX), and the conversion's instructions.
+   */
+  bf16Info(): { isa: string; nativeBf16: boolean; conversion: string };
   /** Sets this thread's OpenMP team size. */
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */

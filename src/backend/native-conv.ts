@@ -23,7 +23,11 @@ import { nativeAddon } from './native-addon.js';
 
 /** The addon's convolution and pooling functions (native/src/conv_addon.cc); `geometry`: {@link geometry}. */
 interface ConvAddon {
-  /** y = conv(x, w) (+ bias, ReLU when asked); 0 or oneDNN's status. */
+  /**
+   * y = conv(x, w) (+ bias, ReLU when asked); 0 or oneDNN's status. bf16: x and w converted to
+   * bf16 (oneDNN's bf16 convolution, f32 accumulation and output; emulated without bf16
+   * instructions), likewise the two gradients' inputs.
+   */
   conv2d(
     x: Float32Array,
     w: Float32Array,
@@ -31,6 +35,7 @@ interface ConvAddon {
     y: Float32Array,
     geometry: number[],
     relu: boolean,
+    bf16?: boolean,
   ): number;
   /** dx from dy and w; 0 or oneDNN's status. */
   conv2dBackpropInput(
@@ -38,6 +43,7 @@ interface ConvAddon {
     w: Float32Array,
     dx: Float32Array,
     geometry: number[],
+    bf16?: boolean,
   ): number;
   /** dw from x and dy; 0 or oneDNN's status. */
   conv2dBackpropFilter(
@@ -45,6 +51,7 @@ interface ConvAddon {
     dy: Float32Array,
     dw: Float32Array,
     geometry: number[],
+    bf16?: boolean,
   ): number;
   maxPool(x: Float32Array, y: Float32Array, geometry: number[]): void;
   maxPoolGrad(
@@ -122,6 +129,7 @@ function convForward(
     y,
     geometry(c),
     relu,
+    backend.precision === 'bf16',
   );
   return s === 0 ? backend.makeTensorInfo(c.outShape, 'float32', y) : null;
 }
@@ -240,6 +248,7 @@ function conv2DBackpropInputKernel(args: KernelArgs): tf.TensorInfo {
       values(backend, filter),
       dx,
       geometry(c),
+      backend.precision === 'bf16',
     ) !== 0
   )
     return cpuKernel('Conv2DBackpropInput', args);
@@ -273,6 +282,7 @@ function conv2DBackpropFilterKernel(args: KernelArgs): tf.TensorInfo {
       values(backend, dy),
       dw,
       geometry(c),
+      backend.precision === 'bf16',
     ) !== 0
   )
     return cpuKernel('Conv2DBackpropFilter', args);

@@ -14,7 +14,9 @@
  * activation in place in the product's buffer; and layerwise's fused kernels
  * (backend/kernel-names.ts): GELU, layer norm, causal softmax, causal multi-head attention
  * (q, k, v read in place from the qkv projection), softmax cross-entropy and their gradients, and the
- * one-pass AdamW and SGD updates of the device optimizer. Outputs come from a
+ * one-pass AdamW and SGD updates of the device optimizer. With `precision` 'bf16' the products,
+ * attention and convolutions read bfloat16 copies of their operands (native/src/bf16.cc; a
+ * parameter's copy made once per version and kept behind its tensor). Outputs come from a
  * {@link BufferPool} (backend/buffer-pool.ts). Each worker thread (device) loads the addon
  * itself and has its own OpenMP team (`threads`).
  *
@@ -40,6 +42,8 @@ import {
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from './kernel-names.js';
+import { countPrivateBytes } from './memory.js';
+import type { Precision } from './names.js';
 import { nativeAddon } from './native-addon.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
 
@@ -59,6 +63,33 @@ export class NativeBackend extends MathBackendCPU {
   /** Output buffers of the native kernels, reused across steps. */
   readonly pool = new BufferPool();
   private internalRead = false;
+  /**
+   * The compute precision of the products (BatchMatMul, _FusedMatMul, causal attention,
+   * convolutions, and their gradients): 'fp32', or 'bf16' (bfloat16 operands on oneDNN's bf16
+   * matmul and convolution, float32 accumulation and float32 outputs; the tensors stay
+   * float32). Set through initBackend's `precision` (backend/index.ts).
+   */
+  precision: Precision = 'fp32';
+  /**
+   * bf16 copies of parameters (the data of registered tf.Variables), by data id: converted the
+   * first time a product reads that data, reused by every later product (each micro-batch's
+   * forward and backward) until the data is freed. A parameter update gives the variable new
+   * data (Variable.assign), hence a new id and a new conversion: one per parameter version. Data
+   * never changes under an id (kernels write only their own new outputs), so an entry is stale
+   * only once its id is freed, when {@link disposeData} and {@link move} drop it.
+   */
+  private readonly bf16Params = new Map<tf.DataId, Uint16Array>();
+  /** Parameter conversions to bf16 so far (each a new parameter version, or one freed and read again). */
+  bf16ParamConversions = 0;
+  /**
+   * bf16 copies of the last few activations the products converted, by data id: a gradient
+   * reads dy twice in a row (dx = dy W^T, then dW = x^T dy), so the second product reuses the
+   * first one's conversion. Bounded (RECENT_BF16 entries, their buffers recycled), so it adds
+   * at most a few activations' worth of bf16 bytes.
+   */
+  private readonly recentBf16: Array<{ id: tf.DataId; bf: Uint16Array }> = [];
+  /** Elements of the largest activation converted so far (the recent buffers' size). */
+  private recentBf16Max = 0;
 
   constructor() {
     super();
@@ -90,14 +121,82 @@ export class NativeBackend extends MathBackendCPU {
   ): void {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
+    this.dropBf16Param(dataId); // new values under this id
+    const i = this.recentBf16.findIndex((e) => e.id === dataId);
+    if (i >= 0) this.recentBf16[i]!.id = {};
   }
 
   override disposeData(dataId: tf.DataId, force = false): boolean {
     const entry = this.data.has(dataId) ? this.data.get(dataId) : undefined;
     const done = super.disposeData(dataId, force);
-    if (entry !== undefined && !this.data.has(dataId))
+    if (entry !== undefined && !this.data.has(dataId)) {
       this.pool.release(entry.values);
+      this.dropBf16Param(dataId);
+      const i = this.recentBf16.findIndex((e) => e.id === dataId);
+      if (i >= 0) this.recentBf16[i]!.id = {}; // its buffer stays for reuse
+    }
     return done;
+  }
+
+  /**
+   * A product operand for the bf16 path: a parameter's cached bf16 copy (converted now if it
+   * has none), else an activation's bf16 copy among the recent ones (converted now if absent).
+   * Throws DeviceOutOfMemoryError where a new copy would take the device over its budget.
+   */
+  bf16Operand(t: tf.TensorInfo): Float32Array | Uint16Array {
+    const f32 = this.data.get(t.dataId).values as Float32Array;
+    if (!isParameterData(t.dataId)) return this.recentBf16Copy(t.dataId, f32);
+    let bf = this.bf16Params.get(t.dataId);
+    if (bf === undefined) {
+      countPrivateBytes(2 * f32.length); // device bytes, under the budget
+      bf = new Uint16Array(f32.length);
+      nativeAddon()!.toBf16(f32, bf);
+      this.bf16Params.set(t.dataId, bf);
+      this.bf16ParamConversions++;
+    }
+    return bf;
+  }
+
+  private dropBf16Param(dataId: tf.DataId): void {
+    const bf = this.bf16Params.get(dataId);
+    if (bf === undefined) return;
+    this.bf16Params.delete(dataId);
+    countPrivateBytes(-bf.byteLength);
+  }
+
+  /** An activation's bf16 copy: one of the last few converted, else converted now into a recycled buffer. */
+  private recentBf16Copy(id: tf.DataId, f32: Float32Array): Uint16Array {
+    const at = this.recentBf16.findIndex((e) => e.id === id);
+    if (at >= 0) {
+      // most recent now: the product's other operand, converted next, must not recycle this buffer
+      const [hit] = this.recentBf16.splice(at, 1);
+      this.recentBf16.push(hit!);
+      return hit!.bf.subarray(0, f32.length);
+    }
+    const old =
+      this.recentBf16.length >= RECENT_BF16
+        ? this.recentBf16.shift()!.bf
+        : undefined;
+    // a buffer as large as the largest activation so far: the sizes alternate (a dense layer's
+    // input, its wider hidden layer), and a fresh array is zero-filled, which cost more than
+    // the conversion
+    this.recentBf16Max = Math.max(this.recentBf16Max, f32.length);
+    let buf = old;
+    if (buf === undefined || buf.length < f32.length) {
+      countPrivateBytes(2 * this.recentBf16Max - (buf?.byteLength ?? 0));
+      buf = new Uint16Array(this.recentBf16Max);
+    }
+    const bf = buf.subarray(0, f32.length);
+    nativeAddon()!.toBf16(f32, bf);
+    this.recentBf16.push({ id, bf: buf });
+    return bf;
+  }
+
+  /** Bytes held in bf16 parameter copies (behind the tensors: counted by backend/memory.ts, not by tf.memory()). */
+  bf16ParamBytes(): number {
+    let n = 0;
+    for (const a of this.bf16Params.values()) n += a.byteLength;
+    return n;
   }
 
   /** The stored values, which the caller may keep: their buffer leaves the pool for good. */
@@ -121,8 +220,24 @@ export class NativeBackend extends MathBackendCPU {
 
   override dispose(): void {
     this.pool.clear();
+    for (const id of [...this.bf16Params.keys()]) this.dropBf16Param(id);
+    for (const e of this.recentBf16) countPrivateBytes(-e.bf.byteLength);
+    this.recentBf16.length = 0;
     super.dispose();
   }
+}
+
+/**
+ * How many recently converted activations keep their bf16 copies (NativeBackend.recentBf16): at
+ * least 2, a product's two operands, so converting one never recycles the other's buffer.
+ */
+const RECENT_BF16 = 2;
+
+/** Whether `dataId` is the data of a registered tf.Variable (a parameter) in this thread's engine. */
+function isParameterData(dataId: tf.DataId): boolean {
+  const vars = tf.engine().state.registeredVariables;
+  for (const name in vars) if (vars[name]!.dataId === dataId) return true;
+  return false;
 }
 
 type Attrs = Record<string, unknown>;
@@ -166,7 +281,33 @@ function nativeMatMul(
   const bv = backend.data.get(b.dataId).values as Float32Array;
   const batchA = tf.util.sizeFromShape(batchShapeA);
   const batchB = tf.util.sizeFromShape(batchShapeB);
-  if (out.length > 0) {
+  const dense = (x: number) => x === batch || x === 1;
+  if (
+    out.length > 0 &&
+    k > 0 &&
+    backend.precision === 'bf16' &&
+    dense(batchA) &&
+    dense(batchB)
+  ) {
+    // bf16 operands (a parameter's cached copy, or converted per product), float32 sums and C
+    const [ab, bb] = [backend.bf16Operand(a), backend.bf16Operand(b)];
+    if (batchB === 1 && !tA)
+      lib.matmulBf16(ab, bb, out, 1, 0, 0, batch * m, n, k, false, tB);
+    else
+      lib.matmulBf16(
+        ab,
+        bb,
+        out,
+        batch,
+        batchA === 1 ? 0 : m * k,
+        batchB === 1 ? 0 : k * n,
+        m,
+        n,
+        k,
+        tA,
+        tB,
+      );
+  } else if (out.length > 0) {
     if (batchB === 1 && !tA) {
       // a's batch folds into the rows of one product with the shared b
       lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);
@@ -694,6 +835,7 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
       h,
       dh,
       1 / Math.sqrt(dh),
+      backend.precision === 'bf16',
     );
   return [
     backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
@@ -725,6 +867,7 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
       h,
       dh,
       1 / Math.sqrt(dh),
+      backend.precision === 'bf16',
     );
   return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
 }

@@ -7,6 +7,7 @@
  * thread wake-ups, and stages sharing cores when K exceeds them.
  */
 
+import type { Precision } from '../backend/names.js';
 import {
   modelConfigFor,
   optimizerConfigOf,
@@ -37,6 +38,8 @@ export interface GpipeBenchOptions {
   microBatches: number[];
   stages: number;
   backend: string;
+  /** Compute precision (bf16: native only). Default fp32. */
+  precision?: Precision;
   out: string;
 }
 
@@ -66,6 +69,7 @@ export async function benchGpipe(
     preset: o.preset,
     batchSize: o.batchSize,
     backend: o.backend,
+    precision: o.precision,
     steps: o.steps + 1,
   });
   const ds = await loadDataset(base.data);
@@ -82,6 +86,7 @@ export async function benchGpipe(
   // each stage's kernels on the threads its device gets (the cores divided among the stages)
   const profile = await profileModel(model, {
     backend: o.backend,
+    precision: o.precision,
     microBatchSizes: sizes,
     optimizer: optimizerConfigOf(base),
     threads: threadsPerDevice(base, o.stages),
@@ -175,7 +180,7 @@ export async function benchGpipe(
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   const md = [
     `# gpipe benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
+    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend} (${o.precision ?? 'fp32'}), median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
       columns: [
         'strategy',

@@ -6,7 +6,7 @@
  * allocation; with `--shapes` the rows are split by input shapes.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { initBackend } from '../backend/index.js';
+import { initBackend, type Precision } from '../backend/index.js';
 import {
   modelConfigFor,
   optimizerConfigOf,
@@ -23,6 +23,8 @@ export interface KernelsBenchOptions {
   preset: string;
   batchSize: number;
   backend: string;
+  /** Compute precision of the products (native only for bf16). */
+  precision?: Precision;
   /** Measured steps (after one warm-up step). */
   steps: number;
   /** Split rows by input shapes. */
@@ -34,7 +36,7 @@ export async function benchKernels(
   o: KernelsBenchOptions,
   log: (s: string) => void,
 ): Promise<void> {
-  await initBackend(o.backend);
+  await initBackend(o.backend, { precision: o.precision ?? 'fp32' });
   const times = new Map<string, { ms: number; calls: number }>();
   let timing = false;
   for (const k of tf.getKernelsForBackend(o.backend)) {
@@ -48,7 +50,7 @@ export async function benchKernels(
         const r = f(args);
         const key = o.shapes
           ? `${k.kernelName} ${Object.values(args.inputs)
-              .map((t) => `[${(t as tf.TensorInfo).shape}]`)
+              .map((t) => `[${(t as tf.TensorInfo | undefined)?.shape}]`)
               .join(' ')}`
           : k.kernelName;
         const e = times.get(key) ?? { ms: 0, calls: 0 };
@@ -105,7 +107,7 @@ export async function benchKernels(
     }))
     .sort((a, b) => b.ms_per_step - a.ms_per_step);
   log(
-    `${o.backend}: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms in kernels`,
+    `${o.backend} ${o.precision ?? 'fp32'}: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms in kernels`,
   );
   for (const r of rows.slice(0, 12))
     log(
@@ -126,7 +128,7 @@ export async function benchKernels(
   ].join('\n');
   const files = await writeBenchResults(
     o.out,
-    `kernels-${o.backend}`,
+    `kernels-${o.backend}${o.precision === 'bf16' ? '-bf16' : ''}`,
     {
       bench: 'kernels',
       options: o,

@@ -25,9 +25,10 @@ program
   .option('--micro-batches <list>', 'micro-batch counts', '1,2,4,8')
   .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
   .option('--backend <name>', 'backend', 'wasm')
+  .option('--precision <p>', 'compute precision: fp32 or bf16 (native)', 'fp32')
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
-    await initBackend(o.backend); // validates the name before workers start
+    await initBackend(o.backend, { precision: o.precision }); // validates the name and precision before workers start
     await benchGpipe(
       { ...o, microBatches: String(o.microBatches).split(',').map(Number) },
       (s) => console.log(s),
@@ -139,12 +140,59 @@ program
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option('--backend <name>', 'backend', 'native')
+  .option('--precision <p>', 'compute precision: fp32 or bf16', 'fp32')
   .option('--steps <n>', 'measured steps', (v) => Number(v), 3)
   .option('--shapes', 'split the rows by input shapes', false)
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchKernels } = await import('./kernels.js');
     await benchKernels(o, (s) => console.log(s));
+  });
+
+program
+  .command('bf16-matmul')
+  .description(
+    "native fp32 vs bf16 matrix products on charlm-small's shapes, with and without converting the operands",
+  )
+  .option(
+    '--rows <n>',
+    'activation rows (batch x context)',
+    (v) => Number(v),
+    4096,
+  )
+  .option('--reps <n>', 'repetitions per variant', (v) => Number(v), 10)
+  .option('--threads <n>', 'OpenMP threads', (v) => Number(v))
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchBf16Matmul } = await import('./bf16-matmul.js');
+    await benchBf16Matmul(o, (s) => console.log(s));
+  });
+
+program
+  .command('precision')
+  .description(
+    'fp32 vs bf16 mixed precision on native: single and gpipe tokens/s in one run (bars: bf16 1.5x single, 1.4x gpipe K=2); optional convergence check',
+  )
+  .option('--preset <name>', 'model preset', 'charlm-small')
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option(
+    '--steps <n>',
+    'measured steps per configuration',
+    (v) => Number(v),
+    6,
+  )
+  .option('--stages <K>', 'gpipe stages', (v) => Number(v), 2)
+  .option('--micro-batches <M>', 'gpipe micro-batches', (v) => Number(v), 4)
+  .option(
+    '--convergence <steps>',
+    'also train charlm-tiny this many steps at each precision and compare validation losses (0: skip)',
+    (v) => Number(v),
+    0,
+  )
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchPrecision } = await import('./precision.js');
+    await benchPrecision(o, (s) => console.log(s));
   });
 
 program

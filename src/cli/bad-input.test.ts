@@ -179,6 +179,16 @@ const CASES: Case[] = [
   ),
   train('lr not a number', [...TINY, '--lr', 'fast'], /--lr.*must be a number/),
   train(
+    'bf16 on wasm',
+    [...TINY, '--backend', 'wasm', '--precision', 'bf16'],
+    /--precision bf16 needs --backend native.*use --precision fp32 or --backend native/,
+  ),
+  train(
+    'unknown precision',
+    [...TINY, '--backend', 'wasm', '--precision', 'fp8'],
+    /unknown precision 'fp8'; valid: fp32, bf16/,
+  ),
+  train(
     'lr zero',
     [...TINY, '--lr', '0'],
     /--lr must be a positive number, got 0/,

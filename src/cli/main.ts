@@ -6,7 +6,7 @@ import cliProgress from 'cli-progress';
  * over its --device-memory budget); a failing stage or any other error exits with status 1.
  */
 import { Command, InvalidArgumentError } from 'commander';
-import { BACKENDS, defaultBackend } from '../backend/names.js';
+import { BACKENDS, bf16Support, defaultBackend } from '../backend/names.js';
 import { LOSSES } from '../model/loss-names.js';
 import { PRESETS } from '../model/presets.js';
 import { SCHEDULE_KINDS } from '../schedule/schedule.js';
@@ -49,6 +49,8 @@ function hooks(): TrainHooks {
       console.log(
         `strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`,
       );
+      if (config.precision !== 'fp32')
+        console.log(`precision ${config.precision}: ${bf16Support().note}`);
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
       if (budget?.budget !== undefined) {
@@ -201,6 +203,10 @@ program
     '--threads <n>',
     "threads of each device's kernels (native backend); default: the cores divided among the devices",
     int,
+  )
+  .option(
+    '--precision <p>',
+    'fp32 (default) | bf16: mixed precision on --backend native (products on bfloat16 operands with fp32 accumulation; weights, optimizer state, norms, softmax and loss fp32)',
   )
   .option('--layers <n>', 'override the preset: layers', int)
   .option('--d-model <n>', 'override the preset: model width', int)
@@ -370,6 +376,10 @@ program
     int,
   )
   .option('--backend <name>', BACKENDS.join(' | '))
+  .option(
+    '--precision <p>',
+    'fp32 (default) | bf16 (native only): profile and plan at this compute precision',
+  )
   .option('--optimizer <kind>', 'adamw | sgd')
   .option('--data <name|path>', "data set (default: the preset's)")
   .option('--layers <n>', 'override the preset: layers', int)

@@ -41,6 +41,8 @@ export interface PlanOptions {
   batchSize?: number;
   microBatches?: number;
   backend?: string;
+  /** Compute precision: fp32 (default) or bf16 (native only); the blocks are profiled at it. */
+  precision?: 'fp32' | 'bf16';
   optimizer?: 'adamw' | 'sgd';
   data?: string;
   layers?: number;
@@ -86,6 +88,7 @@ export async function runPlan(
     batchSize: o.batchSize,
     stages: o.stages,
     backend: o.backend,
+    precision: o.precision,
     optimizer: o.optimizer,
     layers: o.layers,
     dModel: o.dModel,
@@ -121,20 +124,26 @@ export async function runPlan(
     backend: cfg.backend,
     microBatchSizes: sizes,
     optimizer: opt,
+    precision: cfg.precision,
   });
   if (cfg.stages >= 2) {
     // local parallelism: the auxiliary head any stage but the last could end with
     profile.auxHeads = await profileAuxHeads(
       model,
       Array.from({ length: model.blocks.length - 1 }, (_, i) => i + 1),
-      { backend: cfg.backend, microBatchSizes: sizes, optimizer: opt },
+      {
+        backend: cfg.backend,
+        microBatchSizes: sizes,
+        optimizer: opt,
+        precision: cfg.precision,
+      },
     );
   }
   const secs = (performance.now() - t0) / 1000;
   const p = plan(profile, req);
   const head = [
     `plan for ${o.preset}: ${model.blocks.length} blocks, ${modelParamCount(model).toLocaleString('en-US')} parameters, ${cfg.optimizer}, mini-batch ${cfg.batchSize}`,
-    `budget ${formatSize(deviceMemory)} per device${assumed}, ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
+    `budget ${formatSize(deviceMemory)} per device${assumed}, ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} (${cfg.precision}) at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
     '',
   ];
   const rows = p.strategies.map((s) =>
@@ -181,6 +190,7 @@ export async function runPlan(
     ['--context', o.context],
     ['--optimizer', o.optimizer],
     ['--backend', o.backend],
+    ['--precision', o.precision],
   ];
   const sameModel = given
     .filter(([, v]) => v !== undefined)

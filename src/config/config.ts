@@ -4,7 +4,12 @@
  */
 
 import { basename } from 'node:path';
-import { BACKENDS, defaultBackend } from '../backend/names.js';
+import {
+  BACKENDS,
+  defaultBackend,
+  PRECISIONS,
+  type Precision,
+} from '../backend/names.js';
 import type { Dataset } from '../data/index.js';
 import { BUILTIN_DATASETS } from '../data/index.js';
 import {
@@ -74,6 +79,12 @@ export interface TrainConfig {
   clipNorm: number;
   seed: number;
   backend: string;
+  /**
+   * Compute precision (backend/names.ts PRECISIONS): 'fp32', or 'bf16' mixed precision on the
+   * native backend (products on bf16 operands with float32 accumulation; master weights,
+   * optimizer state, norms, softmax, loss and gradient sums float32).
+   */
+  precision: Precision;
   /** Threads of each device's kernels (native backend: its OpenMP team); 0 = the cores divided among the devices. */
   threads: number;
   out: string;
@@ -128,6 +139,7 @@ export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   clipNorm: 1,
   seed: 1,
   backend: defaultBackend(),
+  precision: 'fp32',
   threads: 0,
   evalEvery: 50,
   evalBatches: 8,
@@ -230,6 +242,11 @@ export function resolveConfig(
         : raw.deviceMemory,
   } as TrainConfig;
   oneOf('backend', c.backend, BACKENDS);
+  oneOf('precision', c.precision, PRECISIONS);
+  check(
+    c.precision === 'fp32' || c.backend === 'native',
+    `--precision ${c.precision} needs --backend native (oneDNN's bf16 matmul); backend ${c.backend} computes in fp32 only: use --precision fp32 or --backend native`,
+  );
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
   oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);

@@ -10,8 +10,10 @@
  * Per block, independent of the batch: parameter bytes, the largest parameter, and one
  * optimizer step's time and transient bytes.
  */
+
 import { initBackend } from '../backend/index.js';
 import { deviceBytes, peakBytes, resetPeakBytes } from '../backend/memory.js';
+import type { Precision } from '../backend/names.js';
 import { nativeAddon } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
 import { paramKey, sizeOf } from '../model/block.js';
@@ -50,6 +52,8 @@ export interface ProfileOptions {
    * start, so it is ignored there. Default: the backend's current.
    */
   threads?: number;
+  /** Compute precision to measure at (see initBackend; bf16 on native only). Default fp32. */
+  precision?: Precision;
 }
 
 function bytesOf(shape: number[]): number {
@@ -84,7 +88,10 @@ export async function profileModel(
   const warmup = opts.warmup ?? 2;
   const team = opts.backend === 'native' ? opts.threads : undefined;
   const before = team !== undefined ? nativeAddon()?.threads() : undefined;
-  await initBackend(opts.backend, team !== undefined ? { threads: team } : {});
+  await initBackend(opts.backend, {
+    ...(team !== undefined ? { threads: team } : {}),
+    precision: opts.precision ?? 'fp32',
+  });
   try {
     return await profileWithBackend(model, opts, sizes, repeats, warmup);
   } finally {
@@ -354,6 +361,8 @@ export async function profiledBalanceCosts(
     optimizer: OptimizerConfig;
     /** Kernel threads of each device (see ProfileOptions.threads). */
     threads?: number;
+    /** Compute precision of the devices (see ProfileOptions.precision). */
+    precision?: Precision;
   },
 ): Promise<number[]> {
   const profile = await profileModel(model, {
@@ -361,6 +370,7 @@ export async function profiledBalanceCosts(
     microBatchSizes: [o.microBatch],
     optimizer: o.optimizer,
     threads: o.threads,
+    precision: o.precision,
   });
   return blockBalanceCosts(
     costsAt(profile, o.microBatch),

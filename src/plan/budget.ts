@@ -127,6 +127,7 @@ export async function checkDeviceBudget(
   const t0 = performance.now();
   const opts: ProfileOptions = {
     backend: cfg.backend,
+    precision: cfg.precision, // bf16: the blocks' peaks include the backend's bf16 copies
     microBatchSizes: budgetProfileSizes(microBatch),
     optimizer: optimizerConfigOf(cfg),
     repeats: 1,

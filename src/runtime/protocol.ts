@@ -1,4 +1,5 @@
 import type { MessagePort } from 'node:worker_threads';
+import type { Precision } from '../backend/names.js';
 import type { HostTensor } from '../data/microbatch.js';
 /** Messages between the main thread and a stage worker, and between neighbouring stages. */
 import type { ModelConfig } from '../model/model.js';
@@ -21,6 +22,8 @@ export interface StageInit {
   backend: string;
   /** Threads of the device's kernels (see initBackend); undefined: the backend's default. */
   threads?: number;
+  /** Compute precision of the device's products (see initBackend); undefined: fp32. */
+  precision?: Precision;
   model: ModelConfig;
   range: StageRange;
   /** Initial parameter values of this stage's blocks, by parameter key. */

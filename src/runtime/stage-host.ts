@@ -115,10 +115,10 @@ export async function serveStage(
     [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]>;
   } = {
     async init(a: StageInit) {
-      await initBackend(
-        a.backend,
-        a.backend === 'native' && a.threads ? { threads: a.threads } : {},
-      );
+      await initBackend(a.backend, {
+        ...(a.backend === 'native' && a.threads ? { threads: a.threads } : {}),
+        precision: a.precision ?? 'fp32',
+      });
       const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
       const create = await loadStageKind(a.stage);
       stage = create(

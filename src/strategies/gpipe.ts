@@ -80,6 +80,7 @@ export const gpipe: StrategySpec = {
         ),
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, ranges.length),
+        precision: cfg.precision,
         devices: parseDevices(cfg.devices, ranges.length),
         oomAdvice: gpipe.outOfMemoryAdvice(cfg),
       },

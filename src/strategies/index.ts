@@ -146,6 +146,7 @@ export async function resolveStages(
     shape: { m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule },
     optimizer: optimizerConfigOf(cfg),
     threads: threadsPerDevice(cfg, cfg.stages), // as each device will run its kernels
+    precision: cfg.precision,
   });
   return planStages(cfg, model, costs);
 }

@@ -18,6 +18,7 @@
  * every later call rejects with the first error. Resume from the last checkpoint instead.
  */
 
+import type { Precision } from '../backend/names.js';
 import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 import { costsAt } from '../cost/costs.js';
 import { predictRelayPeakBytes } from '../cost/memory.js';
@@ -69,6 +70,8 @@ export interface L2LOptions {
   deviceMemory?: number;
   /** Threads of the device's kernels (see initBackend). */
   threads?: number;
+  /** Compute precision of the device's products (see initBackend); default fp32. */
+  precision?: Precision;
   /** Record the device GPU's spans in each step's trace (webgpu; costs about 0.5 ms per action, so only when a trace is written). */
   traceGpu?: boolean;
   /**
@@ -124,6 +127,7 @@ export class L2LStrategy implements Strategy {
         index: 0,
         backend: opts.backend,
         threads: opts.threads,
+        precision: opts.precision,
         model: opts.model,
         range: { from: 0, to: layers.length },
         params: {},
@@ -294,6 +298,7 @@ export const l2l: StrategySpec = {
         serverThreads: cfg.serverThreads,
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, 1),
+        precision: cfg.precision,
         traceGpu: cfg.trace !== undefined,
       },
       model,

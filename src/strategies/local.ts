@@ -99,6 +99,7 @@ export const local: StrategySpec = {
         ),
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, ranges.length),
+        precision: cfg.precision,
         devices: parseDevices(cfg.devices, ranges.length),
         oomAdvice: local.outOfMemoryAdvice(cfg),
       },

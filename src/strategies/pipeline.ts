@@ -8,6 +8,7 @@
  * stage kind, where labels go and whether stages run free across mini-batches.
  */
 
+import type { Precision } from '../backend/names.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostTensor } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
@@ -75,6 +76,8 @@ export interface PipelineOptions {
   oomAdvice?: string;
   /** Threads of each device's kernels (see initBackend). */
   threads?: number;
+  /** Compute precision of every device's products (see initBackend); default fp32. */
+  precision?: Precision;
   /** Which device runs each stage (runtime/devices.ts); default a worker thread each. */
   devices?: DeviceSpec[];
 }
@@ -180,6 +183,7 @@ export class PipelineStrategy implements Strategy {
               index: i,
               backend: (specs[i] as DeviceOptions).backend ?? opts.backend,
               threads: (specs[i] as DeviceOptions).threads ?? opts.threads,
+              precision: opts.precision,
               model: opts.model,
               range: r,
               params: own,

@@ -37,6 +37,7 @@ export const single: StrategySpec = {
         kind: backpropPipeline(1, 1, 'never', 'gpipe'),
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, ranges.length),
+        precision: cfg.precision,
         devices: parseDevices(cfg.devices, ranges.length),
         oomAdvice: single.outOfMemoryAdvice(cfg),
       },

@@ -38,6 +38,10 @@ export interface StepMetrics {
 export interface Summary {
   strategy: string;
   backend: string;
+  /** Compute precision (`--precision`): fp32 or bf16. */
+  precision: string;
+  /** With bf16: what it ran on (oneDNN's ISA, e.g. avx512_core_bf16, and whether bf16 is emulated). */
+  precision_note?: string;
   preset: string;
   params: number;
   stages: number;

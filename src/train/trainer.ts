@@ -9,6 +9,7 @@
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
+import { bf16Support } from '../backend/names.js';
 import {
   resolveConfig,
   runModelConfig,
@@ -389,6 +390,8 @@ async function run(
   const summarize = (): Summary => ({
     strategy: cfg.strategy,
     backend: cfg.backend,
+    precision: cfg.precision,
+    ...(cfg.precision !== 'fp32' ? { precision_note: bf16Support().note } : {}),
     preset: cfg.preset,
     params: nParams,
     stages: ranges.length,

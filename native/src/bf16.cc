@@ -1,0 +1,320 @@
+// bfloat16 compute (Kalamkar et al., 2019, "A Study of BFLOAT16 for Deep Learning Training"):
+// float32 to bf16 conversion, and the batched matrix product on oneDNN's bf16 matmul primitive
+// (bf16 operands, float32 accumulation and float32 output). Why not the f32 matmul with
+// fpmath_mode::bf16: oneDNN 2.6.3 still runs its f32 kernel then (measured); and why not its
+// f32-to-bf16 reorder: it is several times slower than the vectorised loop below. On a CPU
+// without avx512_bf16 or AMX the products are emulated (see product()): same numbers, f32 speed.
+#include <dnnl.hpp>
+#include <immintrin.h>
+#include <omp.h>
+#include <cstring>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+#include "kernels.h"
+#include "signals.h"
+
+namespace layerwise {
+
+namespace {
+
+// Conversions and copies up to this many elements run on the calling thread: they are bound by
+// memory bandwidth (measured: 1M elements 0.084 ms on one thread, 0.088 ms on two; 4M 0.85 and
+// 0.80 ms), and waking the OpenMP team for each costs more than it saves when other threads
+// contend for the cores.
+constexpr int64_t kSerialCopy = int64_t{1} << 23;
+
+// Round to nearest even on the upper 16 bits; NaN stays NaN (quiet), infinities stay.
+inline uint16_t bf16Scalar(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// One chunk [0, n) of the conversion, vectorised where the compiler targets AVX-512.
+void convertChunk(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  // vcvtne2ps2bf16: 32 floats to 32 bf16 per instruction, round to nearest even
+  for (; i + 32 <= n; i += 32) {
+    const __m512 lo = _mm512_loadu_ps(src + i);
+    const __m512 hi = _mm512_loadu_ps(src + i + 16);
+    const __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);  // low half from lo, high half from hi
+    _mm512_storeu_si512(reinterpret_cast<void*>(dst + i), reinterpret_cast<__m512i>(r));
+  }
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+  // integer round to nearest even, 16 floats at a time: u + 0x7fff + ((u >> 16) & 1), then >> 16
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7fff);
+  const __m512i absMask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x00400000);
+  for (; i + 16 <= n; i += 16) {
+    const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(src + i));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), one);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(bias, lsb));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, absMask), inf);
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, quiet));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+  }
+#endif
+  for (; i < n; i++) dst[i] = bf16Scalar(src[i]);
+}
+
+// oneDNN's engine and stream of this thread (each device's worker thread has its own), and the
+// matmul primitives built so far, by shape: a primitive is built once per shape and reused.
+struct Bf16Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  std::map<Key, dnnl::matmul> primitives;
+  std::map<Key, std::string> impls;
+  std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
+};
+
+Bf16Context& context() {
+  thread_local Bf16Context ctx;
+  return ctx;
+}
+
+// Memory descriptor of op(X) for a [batch, rows, cols] product operand stored row-major as
+// [rows, cols], or [cols, rows] when transposed (read in place through its strides).
+dnnl::memory::desc operandDesc(int64_t batch, int64_t rows, int64_t cols, bool trans, dnnl::memory::data_type dt) {
+  using dims = dnnl::memory::dims;
+  const dims strides = trans ? dims{rows * cols, 1, rows} : dims{rows * cols, cols, 1};
+  return dnnl::memory::desc(dims{batch, rows, cols}, dt, strides);
+}
+
+dnnl::matmul& primitive(Bf16Context& ctx, int64_t batchA, int64_t batchB, int64_t batch, int64_t m, int64_t n, int64_t k,
+                        bool transA, bool transB) {
+  const Bf16Context::Key key{batchA, batchB, batch, m, n, k, transA, transB};
+  auto it = ctx.primitives.find(key);
+  if (it != ctx.primitives.end()) return it->second;
+  using dt = dnnl::memory::data_type;
+  const auto src = operandDesc(batchA, m, k, transA, dt::bf16);
+  const auto wei = operandDesc(batchB, k, n, transB, dt::bf16);
+  const auto dst = operandDesc(batch, m, n, false, dt::f32);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), ctx.engine);
+  ctx.impls[key] = pd.impl_info_str();
+  return ctx.primitives.emplace(key, dnnl::matmul(pd)).first->second;
+}
+
+// Runs the cached batched product c[i] = op(a[i]) op(b[i]) on dense bf16 batches (attention's
+// per-(batch, head) products as one primitive). Throws dnnl::error.
+void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+             bool transB);
+
+// Per-thread scratch of the attention kernels: bf16 q, k, v [3, B, H, T, dh], a bf16 [B, H, T, dh]
+// or [B, H, T, T] operand, and float32 products [B, H, T, dh] x3 and [B, H, T, T].
+struct AttentionScratch {
+  std::vector<uint16_t> qkv, x, y;
+  std::vector<float> f[3], square;
+};
+
+template <typename T>
+T* grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+// qkv [B, T, 3, H, dh] float32 -> [3, B, H, T, dh] bf16 (q, k, v each dense per head)
+void splitHeadsBf16(const float* qkv, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
+  const int64_t D = H * dh;
+#pragma omp parallel for schedule(static) if (3 * B * T * D > kSerialCopy)
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t s = 0; s < 3; s++)
+      for (int64_t h = 0; h < H; h++)
+        convertChunk(qkv + (bt * 3 + s) * D + h * dh, out + (((s * B + b) * H + h) * T + t) * dh, dh);
+  }
+}
+
+// x [B, T, H, dh] float32 -> [B, H, T, dh] bf16
+void headsFirstBf16(const float* x, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
+  const int64_t D = H * dh;
+#pragma omp parallel for schedule(static) if (B * T * D > kSerialCopy)
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t h = 0; h < H; h++) convertChunk(x + bt * D + h * dh, out + ((b * H + h) * T + t) * dh, dh);
+  }
+}
+
+// y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..]
+void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride) {
+#pragma omp parallel for schedule(static) if (B * T * H * dh > kSerialCopy)
+  for (int64_t bt = 0; bt < B * T; bt++) {
+    const int64_t b = bt / T, t = bt % T;
+    for (int64_t h = 0; h < H; h++)
+      std::memcpy(out + bt * stride + h * dh, y + ((b * H + h) * T + t) * dh, sizeof(float) * dh);
+  }
+}
+
+// c = op(a) op(b) on bf16 operands (batchA, batchB: 1 or batch), float32 accumulation and c:
+// oneDNN's bf16 matmul where the CPU has bf16 instructions; elsewhere (oneDNN 2.6.3 has no bf16
+// matmul on AVX2, and on AVX-512 without bf16 its emulation is slower than f32) the operands,
+// already rounded to bf16, are widened to float32 and multiplied by sgemm: the same numbers up to
+// the summation order, at f32 speed. Throws dnnl::error.
+void product(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batchA, int64_t batchB, int64_t batch, int64_t m,
+             int64_t n, int64_t k, bool transA, bool transB) {
+  if (!nativeBf16()) {
+    thread_local std::vector<float> fa, fb;
+    fromBf16(a, grow(fa, batchA * m * k), batchA * m * k);
+    fromBf16(b, grow(fb, batchB * k * n), batchB * k * n);
+    const int s = matmul(fa.data(), fb.data(), c, batch, batchA == 1 ? 0 : m * k, batchB == 1 ? 0 : k * n, m, n, k, transA, transB);
+    if (s != 0) throw dnnl::error(static_cast<dnnl_status_t>(s), "sgemm on widened bf16 operands");
+    return;
+  }
+  using dt = dnnl::memory::data_type;
+  dnnl::matmul& mm = primitive(ctx, batchA, batchB, batch, m, n, k, transA, transB);
+  dnnl::memory src(operandDesc(batchA, m, k, transA, dt::bf16), ctx.engine, const_cast<uint16_t*>(a));
+  dnnl::memory wei(operandDesc(batchB, k, n, transB, dt::bf16), ctx.engine, const_cast<uint16_t*>(b));
+  dnnl::memory dst(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
+  mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  ctx.stream.wait();
+}
+
+void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
+             bool transB) {
+  product(ctx, a, b, c, batch, batch, batch, m, n, k, transA, transB);
+}
+
+}  // namespace
+
+void toBf16(const float* src, uint16_t* dst, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;  // elements per OpenMP task: 64 KiB of floats
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kSerialCopy)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t from = c * kChunk;
+    convertChunk(src + from, dst + from, std::min(kChunk, n - from));
+  }
+}
+
+void fromBf16(const uint16_t* src, float* dst, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > kSerialCopy)
+  for (int64_t i = 0; i < n; i++) {
+    const uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
+               int64_t n, int64_t k, bool transA, bool transB, std::string* impl) {
+  if (m == 0 || n == 0) return 0;
+  if (k == 0) {
+    std::memset(c, 0, sizeof(float) * batch * m * n);
+    return 0;
+  }
+  if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) return -1;  // dense or broadcast only
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& ctx = context();
+  const int64_t batchA = aStride == 0 ? 1 : batch, batchB = bStride == 0 ? 1 : batch;
+  auto operand = [](const Bf16Operand& x, int64_t count, std::vector<uint16_t>& scratch) -> uint16_t* {
+    if (x.bf16 != nullptr) return const_cast<uint16_t*>(x.bf16);
+    if (static_cast<int64_t>(scratch.size()) < count) scratch.resize(static_cast<size_t>(count));
+    toBf16(x.f32, scratch.data(), count);
+    return scratch.data();
+  };
+  uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
+  uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
+  try {
+    product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB);
+    if (impl != nullptr)
+      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB}]
+                           : "emulated: sgemm on bf16-rounded operands (" + cpuIsa() + ")";
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
+  if (batch * t * heads * dh == 0) return 0;
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& c = context();
+  thread_local AttentionScratch w;
+  const int64_t B = batch, H = heads, T = t, BH = B * H, n = BH * T * dh;
+  try {
+    // q, k, v converted and laid out per head, so every product is one dense batched primitive
+    uint16_t* x = grow(w.qkv, 3 * n);
+    splitHeadsBf16(qkv, x, B, T, H, dh);
+    batched(c, x, x + n, p, BH, T, T, dh, false, true);  // scores = q k^T [BH, T, T]
+    causalSoftmax(p, p, BH, T, scale);                    // float32, in place
+    uint16_t* pb = grow(w.x, BH * T * T);
+    toBf16(p, pb, BH * T * T);
+    float* y = grow(w.f[0], n);
+    batched(c, pb, x + 2 * n, y, BH, T, dh, T, false, false);  // P v [BH, T, dh]
+    headsBack(y, ctx, B, T, H, dh, H * dh);                    // -> ctx [B, T, H, dh]
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
+                            int64_t dh, float scale) {
+  if (batch * t * heads * dh == 0) return 0;
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& c = context();
+  thread_local AttentionScratch w;
+  const int64_t B = batch, H = heads, T = t, BH = B * H, n = BH * T * dh, D = H * dh;
+  try {
+    uint16_t* x = grow(w.qkv, 3 * n);
+    splitHeadsBf16(qkv, x, B, T, H, dh);
+    uint16_t* dc = grow(w.y, n);
+    headsFirstBf16(dctx, dc, B, T, H, dh);
+    uint16_t* sq = grow(w.x, BH * T * T);
+    toBf16(p, sq, BH * T * T);
+    float* dq = grow(w.f[0], n);
+    float* dk = grow(w.f[1], n);
+    float* dv = grow(w.f[2], n);
+    float* ds = grow(w.square, BH * T * T);
+    batched(c, sq, dc, dv, BH, T, dh, T, true, false);         // dv = P^T dctx
+    batched(c, dc, x + 2 * n, ds, BH, T, T, dh, false, true);  // dP = dctx v^T
+    softmaxGrad(p, ds, ds, BH * T, T, scale);                  // dscores, float32
+    toBf16(ds, sq, BH * T * T);                                // P's bf16 copy is done with
+    batched(c, sq, x + n, dq, BH, T, dh, T, false, false);     // dq = dscores k
+    batched(c, sq, x, dk, BH, T, dh, T, true, false);          // dk = dscores^T q
+    headsBack(dq, dqkv, B, T, H, dh, 3 * D);
+    headsBack(dk, dqkv + D, B, T, H, dh, 3 * D);
+    headsBack(dv, dqkv + 2 * D, B, T, H, dh, 3 * D);
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+std::string cpuIsa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::sse41: return "sse41";
+    default: return "other";
+  }
+}
+
+bool nativeBf16() {
+  static const bool native = [] {
+    const auto isa = dnnl::get_effective_cpu_isa();
+    return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+  }();
+  return native;
+}
+
+const char* bf16Conversion() {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+  return "vcvtne2ps2bf16 (AVX512-BF16)";
+#elif defined(__AVX512F__) && defined(__AVX512BW__)
+  return "AVX-512 integer round-to-nearest-even";
+#else
+  return "scalar round-to-nearest-even";
+#endif
+}
+
+}  // namespace layerwise

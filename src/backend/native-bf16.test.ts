@@ -1,0 +1,405 @@
+/**
+ * bf16 compute on the native backend: the conversion rounds to nearest even as the scalar
+ * reference does; bf16 products equal the float32 product of the bf16-rounded operands (float32
+ * accumulation) and the float32 product within bf16's tolerance, for transposed, batched and
+ * broadcast operands; parameters are converted once per version and a changed or freed
+ * parameter is never read from a stale copy; backends without bf16 refuse it. Skipped, saying
+ * why, where the addon is not built or the CPU has no avx512_bf16/AMX. On any CPU with the addon:
+ * with oneDNN held to AVX2 (no bf16 instructions), bf16 still runs, emulated, gives the same
+ * numbers and says so.
+ */
+
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { test } from 'node:test';
+import { causalSelfAttention } from '../model/layers.js';
+import { randomArray } from '../testing/backend-compare.js';
+import { LayerwiseError } from '../util/errors.js';
+import { initBackend } from './index.js';
+import { deviceBytes } from './memory.js';
+import { bf16Support } from './names.js';
+import type { NativeBackend } from './native.js';
+import { nativeAddon, nativeUnavailable } from './native.js';
+import { tf } from './tfjs.js';
+
+const skip = !nativeAddon()
+  ? `native backend unavailable: ${nativeUnavailable()}`
+  : !bf16Support().nativeBf16
+    ? `this CPU has no avx512_bf16 or AMX (${bf16Support().note})`
+    : false;
+
+/** Round-to-nearest-even float32 -> bf16 -> float32, the reference for the native conversion. */
+function roundBf16(x: number): number {
+  const f = new Float32Array([x]);
+  const u = new Uint32Array(f.buffer);
+  const v = u[0]!;
+  if ((v & 0x7fffffff) > 0x7f800000) return Number.NaN;
+  u[0] = ((v + 0x7fff + ((v >>> 16) & 1)) >>> 16) << 16;
+  return f[0]!;
+}
+
+/** bf16 rounding of every element (reference). */
+const rounded = (a: Float32Array) => a.map(roundBf16);
+
+/** max |a - b| / max |b|. */
+function relErr(a: Float32Array, b: Float32Array): number {
+  let e = 0;
+  let m = 0;
+  for (let i = 0; i < a.length; i++) {
+    e = Math.max(e, Math.abs(a[i]! - b[i]!));
+    m = Math.max(m, Math.abs(b[i]!));
+  }
+  return e / m;
+}
+
+const backend = () => tf.backend() as NativeBackend;
+
+test('toBf16 rounds to nearest even like the scalar reference; fromBf16 widens exactly', {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const special = [
+    1,
+    1.00390625,
+    1.01171875,
+    -2.5,
+    Math.PI,
+    65504,
+    3.4e38,
+    -0,
+    0,
+    Number.POSITIVE_INFINITY,
+    Number.NEGATIVE_INFINITY,
+    Number.NaN,
+  ];
+  // 1000 random values and the specials: the vector loop and its scalar tail both run
+  const src = new Float32Array(1000 + special.length);
+  src.set(randomArray(1000, 3).map((v) => v * 100));
+  src.set(special, 1000);
+  const bf = new Uint16Array(src.length);
+  lib.toBf16(src, bf);
+  const back = new Float32Array(src.length);
+  lib.fromBf16(bf, back);
+  for (let i = 0; i < src.length; i++) {
+    const want = roundBf16(src[i]!);
+    if (Number.isNaN(want)) assert.ok(Number.isNaN(back[i]!), `NaN at ${i}`);
+    else assert.equal(back[i], want, `element ${i}: ${src[i]}`);
+  }
+  assert.throws(() => lib.toBf16(src, new Uint16Array(3)), RangeError);
+});
+
+const CASES: Array<[string, number[], number[], boolean, boolean]> = [
+  ['2-D', [37, 70], [70, 45], false, false],
+  ['a transposed', [70, 37], [70, 45], true, false],
+  ['b transposed', [37, 70], [45, 70], false, true],
+  ['both transposed', [70, 37], [45, 70], true, true],
+  ['batched a, shared b (a dense layer)', [3, 33, 64], [64, 48], false, false],
+  ['batched, same batch', [4, 17, 40], [4, 40, 13], false, false],
+  ['shared a, batched b', [17, 40], [5, 40, 19], false, false],
+  ['batched, a transposed', [4, 40, 17], [4, 40, 13], true, false],
+];
+
+for (const [what, sa, sb, tA, tB] of CASES) {
+  test(`bf16 matMul (${what}) is the float32 product of bf16-rounded operands, within bf16 tolerance of fp32`, {
+    skip,
+  }, async () => {
+    await initBackend('native', { precision: 'bf16' });
+    const av = randomArray(tf.util.sizeFromShape(sa), 7);
+    const bv = randomArray(tf.util.sizeFromShape(sb), 8);
+    const run = (a: Float32Array, b: Float32Array) =>
+      tf.tidy(
+        () =>
+          tf
+            .matMul(tf.tensor(a, sa), tf.tensor(b, sb), tA, tB)
+            .dataSync() as Float32Array,
+      );
+    const bf16 = run(av, bv);
+    await initBackend('native', { precision: 'fp32' });
+    const exact = run(av, bv);
+    const ofRounded = run(rounded(av), rounded(bv));
+    // float32 accumulation: only the summation order differs from the fp32 product of the
+    // rounded operands (bf16 sums would be off by ~1e-3)
+    assert.ok(
+      relErr(bf16, ofRounded) < 1e-5,
+      `vs rounded operands: ${relErr(bf16, ofRounded)}`,
+    );
+    // bf16's 8-bit mantissa: a relative error of about 2^-9 per operand
+    const e = relErr(bf16, exact);
+    assert.ok(e < 2e-2, `vs fp32: ${e}`);
+    assert.ok(
+      e > 1e-7,
+      'the bf16 product equals the fp32 one: bf16 did not run',
+    );
+  });
+}
+
+test('bf16 products reusing recently converted activations read each operand, never a recycled buffer', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const vals = [31, 32, 33, 34].map((seed) => randomArray(24 * 24, seed));
+  const ts = vals.map((v) => tf.tensor(v, [24, 24]));
+  // (a, b) then (a, c): a is the oldest recent copy when c is converted; then (d, a), (b, d)
+  const order: Array<[number, number]> = [
+    [0, 1],
+    [0, 2],
+    [3, 0],
+    [1, 3],
+    [0, 1],
+  ];
+  const got = order.map(
+    ([i, j]) =>
+      tf.tidy(() => tf.matMul(ts[i]!, ts[j]!).dataSync()) as Float32Array,
+  );
+  await initBackend('native', { precision: 'fp32' });
+  order.forEach(([i, j], n) => {
+    const want = tf.tidy(
+      () =>
+        tf
+          .matMul(
+            tf.tensor(rounded(vals[i]!), [24, 24]),
+            tf.tensor(rounded(vals[j]!), [24, 24]),
+          )
+          .dataSync() as Float32Array,
+    );
+    assert.ok(
+      relErr(got[n]!, want) < 1e-5,
+      `product ${n} (${i}, ${j}): ${relErr(got[n]!, want)}`,
+    );
+  });
+  for (const t of ts) t.dispose();
+});
+
+test('bf16 fused dense (bias) and its gradients stay within bf16 tolerance of fp32', {
+  skip,
+}, async () => {
+  const x = randomArray(8 * 5 * 32, 11);
+  const w = randomArray(32 * 24, 12);
+  const b = randomArray(24, 13);
+  const run = async (precision: 'fp32' | 'bf16') => {
+    await initBackend('native', { precision });
+    return tf.tidy(() => {
+      const xs = [
+        tf.tensor(x, [40, 32]),
+        tf.tensor(w, [32, 24]),
+        tf.tensor(b, [24]),
+      ];
+      const f = (xt: tf.Tensor, wt: tf.Tensor, bt: tf.Tensor) =>
+        tf.sum(
+          tf.square(
+            tf.fused.matMul({
+              a: xt as tf.Tensor2D,
+              b: wt as tf.Tensor2D,
+              bias: bt,
+            }),
+          ),
+        );
+      const grads = tf.grads(f as (...t: tf.Tensor[]) => tf.Tensor)(xs);
+      return grads.map((g) => g.dataSync() as Float32Array);
+    });
+  };
+  const ref = await run('fp32');
+  const got = await run('bf16');
+  for (let i = 0; i < ref.length; i++) {
+    const e = relErr(got[i]!, ref[i]!);
+    assert.ok(e < 3e-2 && e > 0, `gradient ${i}: relative error ${e}`);
+  }
+});
+
+test('bf16 causal attention (kernel and gradient) stays within bf16 tolerance of fp32', {
+  skip,
+}, async () => {
+  const [B, T, D, H] = [3, 19, 48, 4]; // T and dh (12) not multiples of 16
+  const x = randomArray(B * T * D, 21);
+  const w = [
+    randomArray(D * 3 * D, 22).map((v) => v * 0.2),
+    randomArray(3 * D, 23),
+    randomArray(D * D, 24).map((v) => v * 0.2),
+    randomArray(D, 25),
+  ];
+  const run = async (precision: 'fp32' | 'bf16') => {
+    await initBackend('native', { precision });
+    return tf.tidy(() => {
+      const xs = [
+        tf.tensor(x, [B, T, D]),
+        tf.tensor(w[0]!, [D, 3 * D]),
+        tf.tensor(w[1]!, [3 * D]),
+        tf.tensor(w[2]!, [D, D]),
+        tf.tensor(w[3]!, [D]),
+      ];
+      const f = (
+        xt: tf.Tensor,
+        a: tf.Tensor,
+        b: tf.Tensor,
+        c: tf.Tensor,
+        d: tf.Tensor,
+      ) => tf.sum(tf.square(causalSelfAttention(xt, H, a, b, c, d)));
+      const { value, grads } = tf.valueAndGrads(
+        f as (...t: tf.Tensor[]) => tf.Tensor,
+      )(xs);
+      return [value, ...grads].map((g) => g.dataSync() as Float32Array);
+    });
+  };
+  const ref = await run('fp32');
+  const got = await run('bf16');
+  for (let i = 0; i < ref.length; i++) {
+    const e = relErr(got[i]!, ref[i]!);
+    assert.ok(e < 3e-2 && e > 0, `output ${i}: relative error ${e}`);
+  }
+});
+
+test('bf16 convolution (forward, both gradients) stays within bf16 tolerance of fp32', {
+  skip,
+}, async () => {
+  const x = randomArray(2 * 9 * 11 * 5, 41);
+  const w = randomArray(3 * 3 * 5 * 7, 42);
+  const b = randomArray(7, 43);
+  const run = async (precision: 'fp32' | 'bf16') => {
+    await initBackend('native', { precision });
+    return tf.tidy(() => {
+      const xs = [
+        tf.tensor(x, [2, 9, 11, 5]),
+        tf.tensor(w, [3, 3, 5, 7]),
+        tf.tensor(b, [7]),
+      ];
+      const f = (xt: tf.Tensor, wt: tf.Tensor, bt: tf.Tensor) =>
+        tf.sum(
+          tf.square(
+            tf.fused.conv2d({
+              x: xt as tf.Tensor4D,
+              filter: wt as tf.Tensor4D,
+              strides: [2, 1],
+              pad: 'same',
+              bias: bt,
+              activation: 'relu',
+            }),
+          ),
+        );
+      const { value, grads } = tf.valueAndGrads(
+        f as (...t: tf.Tensor[]) => tf.Tensor,
+      )(xs);
+      return [value, ...grads].map((g) => g.dataSync() as Float32Array);
+    });
+  };
+  const ref = await run('fp32');
+  const got = await run('bf16');
+  for (let i = 0; i < ref.length; i++) {
+    const e = relErr(got[i]!, ref[i]!);
+    assert.ok(e < 3e-2 && e > 0, `output ${i}: relative error ${e}`);
+  }
+});
+
+test('a parameter is converted once per version, and a changed or freed one is never read stale', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const x = tf.tensor(randomArray(16 * 24, 5), [16, 24]);
+  const w1 = randomArray(24 * 8, 6);
+  const w2 = randomArray(24 * 8, 7);
+  const product = (w: tf.Tensor) =>
+    tf.tidy(() => tf.matMul(x, w).dataSync() as Float32Array);
+  // references: the products with plain (non-parameter) tensors, converted per product
+  const want1 = product(tf.tensor(w1, [24, 8]));
+  const want2 = product(tf.tensor(w2, [24, 8]));
+  assert.ok(
+    relErr(want1, want2) > 0.1,
+    'the two weights must give different products',
+  );
+
+  const be = backend();
+  const before = be.bf16ParamConversions;
+  const [t1, t2] = [tf.tensor(w1, [24, 8]), tf.tensor(w2, [24, 8])];
+  const v = tf.variable(t1);
+  t1.dispose(); // the variable holds the data
+  const bytesBefore = deviceBytes();
+  for (let i = 0; i < 3; i++) assert.deepEqual(product(v), want1, `read ${i}`);
+  assert.equal(
+    be.bf16ParamConversions - before,
+    1,
+    'three products, one conversion',
+  );
+  assert.equal(be.bf16ParamBytes(), 2 * 24 * 8);
+  assert.equal(
+    deviceBytes() - bytesBefore,
+    2 * 24 * 8,
+    'the bf16 copy counts as device bytes',
+  );
+
+  // a new version: the cached copy of w1 must not be used
+  v.assign(t2);
+  t2.dispose();
+  assert.deepEqual(product(v), want2, 'stale bf16 copy after assign');
+  assert.equal(be.bf16ParamConversions - before, 2);
+
+  // a freed parameter's buffer goes back to the pool and may hold the next tensor's values
+  v.dispose();
+  const t3 = tf.tensor(w1, [24, 8]);
+  const v3 = tf.variable(t3);
+  t3.dispose();
+  assert.deepEqual(product(v3), want1, 'stale bf16 copy of a freed parameter');
+  v3.dispose();
+  x.dispose();
+  assert.equal(
+    be.bf16ParamBytes(),
+    0,
+    'copies of freed parameters are dropped',
+  );
+  // w1's and w2's f32 data (both alive at bytesBefore) and x are gone too; the recent
+  // activation copies stay
+  assert.equal(deviceBytes(), bytesBefore - 2 * 4 * 24 * 8 - 4 * 16 * 24);
+});
+
+test('--precision bf16 on a backend without bf16 kernels is refused, naming the fix', async () => {
+  await assert.rejects(
+    initBackend('cpu', { precision: 'bf16' }),
+    (e: Error) =>
+      e instanceof LayerwiseError &&
+      /--backend native/.test(e.message) &&
+      /fp32/.test(e.message),
+  );
+  await assert.rejects(
+    initBackend('cpu', { precision: 'fp8' as 'bf16' }),
+    /unknown precision 'fp8'/,
+  );
+});
+
+test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives the same numbers and says so', {
+  skip: nativeAddon()
+    ? false
+    : `native backend unavailable: ${nativeUnavailable()}`,
+}, () => {
+  // ONEDNN_MAX_CPU_ISA is read when oneDNN starts: a child process
+  const here = new URL('.', import.meta.url).href;
+  const script = `
+    const { initBackend } = await import('${here}index.js');
+    const { bf16Support } = await import('${here}names.js');
+    const tf = await import('@tensorflow/tfjs-core');
+    const info = bf16Support();
+    const a = Float32Array.from({ length: 37 * 70 }, (_, i) => Math.sin(i) * 3);
+    const b = Float32Array.from({ length: 70 * 45 }, (_, i) => Math.cos(i * 0.7));
+    const round = (x) => { const f = new Float32Array([x]); const u = new Uint32Array(f.buffer);
+      u[0] = ((u[0] + 0x7fff + ((u[0] >>> 16) & 1)) >>> 16) << 16; return f[0]; };
+    const prod = (x, y) => tf.tidy(() => tf.matMul(tf.tensor(x, [37, 70]), tf.tensor(y, [70, 45])).dataSync());
+    await initBackend('native', { precision: 'bf16' });
+    const got = prod(a, b);
+    await initBackend('native', { precision: 'fp32' });
+    const want = prod(a.map(round), b.map(round));
+    let e = 0; for (let i = 0; i < got.length; i++) e = Math.max(e, Math.abs(got[i] - want[i]));
+    console.log(JSON.stringify({ info, e }));
+  `;
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+    encoding: 'utf8',
+    env: { ...process.env, ONEDNN_MAX_CPU_ISA: 'AVX2' },
+    cwd: new URL('../..', import.meta.url).pathname,
+  });
+  assert.equal(r.status, 0, r.stderr);
+  const line = r.stdout.trim().split('\n').pop()!;
+  const { info, e } = JSON.parse(line) as {
+    info: { nativeBf16: boolean; isa: string; note: string };
+    e: number;
+  };
+  assert.equal(info.isa, 'avx2');
+  assert.equal(info.nativeBf16, false);
+  assert.match(info.note, /emulated/);
+  assert.ok(e < 1e-4, `emulated bf16 vs fp32 of rounded operands: ${e}`);
+});
