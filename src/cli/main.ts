@@ -184,6 +184,10 @@ program
   )
   .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
   .option(
+    '--schedule-file <F.csv>',
+    "a schedule in PyTorch pipelining's CSV (as 'layerwise schedule --format csv' writes it) instead of --schedule; checked before training",
+  )
+  .option(
     '--balance <list|kind>',
     "blocks per stage, e.g. 2,3,3, or flops (default: by the blocks' FLOP counts) | params (parameter count) | time | memory (profiled on --backend)",
   )

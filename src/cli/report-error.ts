@@ -1,9 +1,10 @@
 /**
- * The CLI's one error path. Every failure prints exactly one line on stderr, never a bare stack:
+ * The CLI's one error path. Every failure prints one line on stderr (a bad schedule file also its grid), never a bare stack:
  *
  * - a user's error ({@link LayerwiseError}: bad flags, data, checkpoints, a numeric fault, a run
  *   folder in use; a device over its --device-memory budget; a file-system error on a path the
- *   user gave) names the problem and the fix, and exits with status 2; so does a lost device
+ *   user gave) names the problem and the fix, and exits with status 2 (a bad schedule file's
+ *   message also prints the schedule below it, the faulty action marked `<-- ERROR HERE`); so does a lost device
  *   (its process killed, its host gone) once --max-restarts is used up, naming the command that
  *   resumes the run;
  * - anything else is an internal failure: one line with the cause and where the full report
@@ -73,7 +74,9 @@ export function reportError(
   const print = opts.print ?? ((l: string) => process.stderr.write(`${l}\n`));
   const err = (e instanceof Error ? e : new Error(String(e))) as ErrLike;
   if (err instanceof LayerwiseError) {
-    print(`layerwise: error: ${firstLine(err.message)}`);
+    // one line, but for what a message shows below it on purpose (a schedule file's grid with
+    // the faulty action marked <-- ERROR HERE)
+    print(`layerwise: error: ${err.message.trim()}`);
     if (opts.debug) print(fullReport(err));
     return 2;
   }

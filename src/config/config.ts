@@ -65,6 +65,11 @@ export interface TrainConfig {
   remat: RematMode;
   schedule: ScheduleKind;
   /**
+   * A schedule file in PyTorch pipelining's compute-only CSV (schedule/csv.ts), run instead of
+   * {@link schedule} (gpipe only; checked by strategies/gpipe.ts before anything starts).
+   */
+  scheduleFile?: string;
+  /**
    * Blocks per stage, or how to balance them: 'flops' (the blocks' FLOP counts, the default),
    * 'params' (parameter count), 'time' or 'memory'
    * (profiled on the backend; see cost/profile.ts).
@@ -249,6 +254,10 @@ export function resolveConfig(
   );
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
+  check(
+    c.scheduleFile === undefined || c.strategy === 'gpipe',
+    `--schedule-file runs a pipeline schedule: it needs --strategy gpipe, not ${c.strategy}`,
+  );
   oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);
   oneOf('stash place', c.stash, STASH_PLACES);
   posInt('server-threads', c.serverThreads);
@@ -423,4 +432,11 @@ export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
       ? { vocab: ds.vocab.size }
       : { inputShape: ds.shape, classes: ds.classes };
   return preset.make(shape, cfg);
+}
+
+/** The schedule a run names (summary.json, the run's first lines): the kind, or the file it ran. */
+export function scheduleName(cfg: TrainConfig): string {
+  return cfg.scheduleFile !== undefined
+    ? `file ${cfg.scheduleFile}`
+    : cfg.schedule;
 }

@@ -9,7 +9,11 @@
 
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import type { RematMode, ScheduleKind } from '../schedule/schedule.js';
+import type {
+  ComputeSchedule,
+  RematMode,
+  ScheduleKind,
+} from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
 
 /** What one block costs at one micro-batch size (bytes, seconds). */
@@ -103,6 +107,8 @@ export interface StepShape {
   m: number;
   remat: RematMode;
   schedule: ScheduleKind;
+  /** A compute-only schedule (a --schedule-file's, stage s on device s) walked instead of {@link schedule}'s. */
+  compute?: ComputeSchedule;
   /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
   slots: number;
 }

@@ -42,7 +42,9 @@ import {
 } from '../schedule/ops.js';
 import {
   type Action,
+  chainPlacement,
   localSchedule,
+  lower,
   makeSchedule,
   relaySchedule,
   type Schedule,
@@ -152,12 +154,11 @@ export function predictPeakBytes(
   ranges: readonly StageRange[],
   shape: StepShape,
 ): number[] {
-  const sched = makeSchedule(
-    shape.schedule,
-    shape.m,
-    ranges.length,
-    shape.remat,
-  );
+  const sched = shape.compute
+    ? lower(shape.compute, chainPlacement(ranges.length), {
+        step: 'all-reduce',
+      })
+    : makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
   return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
 }
 

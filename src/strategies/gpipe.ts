@@ -8,7 +8,12 @@
  * (pipeline/stage.ts) through the shared pipeline runner (pipeline.ts).
  */
 
-import { optimizerConfigOf } from '../config/config.js';
+import { readFileSync } from 'node:fs';
+import {
+  optimizerConfigOf,
+  scheduleName,
+  type TrainConfig,
+} from '../config/config.js';
 import {
   blockBalanceCosts,
   costsAt,
@@ -28,29 +33,39 @@ import {
   stageRanges,
 } from '../partition/balance.js';
 import { parseDevices } from '../runtime/devices.js';
+import { type LoadedSchedule, loadScheduleCsv } from '../schedule/csv.js';
 import {
+  type ComputeSchedule,
+  chainPlacement,
+  computeSchedule,
   evalSchedule,
+  lower,
   makeSchedule,
   REMAT_MODES,
   type RematMode,
   SCHEDULE_KINDS,
   type ScheduleKind,
 } from '../schedule/schedule.js';
+import { LayerwiseError } from '../util/errors.js';
 import { type PipelineKind, PipelineStrategy } from './pipeline.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 
 /**
- * A pipeline of backprop stages: schedule `kind` (fill-drain or 1F1B) of m micro-batches over
- * k stages with re-materialization `remat`. single is the case k = 1, m = 1, remat 'never'.
+ * A pipeline of backprop stages: schedule `kind` (fill-drain or 1F1B, or a compute-only
+ * schedule such as a schedule file's, stage s on device s) of m micro-batches over k stages
+ * with re-materialization `remat`. single is the case k = 1, m = 1, remat 'never'.
  */
 export function backpropPipeline(
   m: number,
   k: number,
   remat: RematMode,
-  kind: ScheduleKind,
+  kind: ScheduleKind | ComputeSchedule,
 ): PipelineKind {
   return {
-    train: makeSchedule(kind, m, k, remat),
+    train:
+      typeof kind === 'string'
+        ? makeSchedule(kind, m, k, remat)
+        : lower(kind, chainPlacement(k), { step: 'all-reduce' }),
     eval: evalSchedule(m, k),
     stage: () => ({ module: 'pipeline/stage.js' }),
     labelsOnEveryStage: false,
@@ -58,11 +73,68 @@ export function backpropPipeline(
   };
 }
 
+/**
+ * Reads and checks `cfg.scheduleFile` (PyTorch pipelining's compute-only CSV, schedule/csv.ts)
+ * for a run of `k` stages: the file's own checks (every F and B once per stage and
+ * micro-batch, dependencies, no deadlock), then one stage per device (stage s on device s),
+ * `k` stages and `cfg.microBatches` micro-batches. Throws {@link LayerwiseError} naming the
+ * problem and the fix (for the file's own faults: the action, with the grid marked
+ * `<-- ERROR HERE`).
+ */
+export function readScheduleFile(cfg: TrainConfig, k: number): LoadedSchedule {
+  const path = cfg.scheduleFile!;
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new LayerwiseError(
+      `--schedule-file ${path}: ${code === 'ENOENT' ? 'no such file' : code === 'EISDIR' ? 'a folder, not a file' : (e as Error).message}; write one with 'layerwise schedule --schedule 1f1b --stages ${k} --micro-batches ${cfg.microBatches} --format csv > F.csv'`,
+    );
+  }
+  let loaded: LoadedSchedule;
+  try {
+    loaded = loadScheduleCsv(text, cfg.remat);
+  } catch (e) {
+    if (e instanceof LayerwiseError)
+      throw new LayerwiseError(`--schedule-file ${path}: ${e.message}`);
+    throw e;
+  }
+  const { placement, m } = loaded;
+  if (placement.some((d, s) => d !== s))
+    throw new LayerwiseError(
+      `--schedule-file ${path} places stages ${placement.map((_, s) => s).join(',')} on devices ${placement.join(',')}: several stages on one device (interleaved or V-shape schedules) do not run here yet; give stage s on device s (one row per stage)`,
+    );
+  if (placement.length !== k)
+    throw new LayerwiseError(
+      `--schedule-file ${path} has ${placement.length} stages and the run ${k}; pass --stages ${placement.length}`,
+    );
+  if (m !== cfg.microBatches)
+    throw new LayerwiseError(
+      `--schedule-file ${path} has ${m} micro-batches and the run ${cfg.microBatches}; pass --micro-batches ${m}`,
+    );
+  return loaded;
+}
+
+/** The compute-only training schedule of a gpipe run of `k` stages: its --schedule-file's (checked), else its --schedule's. */
+export function gpipeComputeSchedule(
+  cfg: TrainConfig,
+  k: number,
+): ComputeSchedule {
+  return cfg.scheduleFile !== undefined
+    ? readScheduleFile(cfg, k).compute
+    : computeSchedule(cfg.schedule, cfg.microBatches, k, cfg.remat);
+}
+
 export const gpipe: StrategySpec = {
   name: 'gpipe',
   help: 'GPipe: K stages on K devices, M micro-batches, re-materialization; the same updates as single',
   exact: true,
   oneDevice: false,
+  validate(cfg) {
+    // a bad file stops the run here, before anything is written or started
+    if (cfg.scheduleFile !== undefined) readScheduleFile(cfg, cfg.stages);
+  },
   create: (cfg, model, params, ranges) =>
     PipelineStrategy.create(
       {
@@ -76,7 +148,7 @@ export const gpipe: StrategySpec = {
           cfg.microBatches,
           ranges.length,
           cfg.remat,
-          cfg.schedule,
+          gpipeComputeSchedule(cfg, ranges.length),
         ),
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, ranges.length),
@@ -96,6 +168,10 @@ export const gpipe: StrategySpec = {
           m: cfg.microBatches,
           remat: cfg.remat,
           schedule: cfg.schedule,
+          compute:
+            cfg.scheduleFile !== undefined
+              ? gpipeComputeSchedule(cfg, ranges.length)
+              : undefined,
           slots: optimizerSlots(optimizerConfigOf(cfg)),
         },
       ),
@@ -162,5 +238,5 @@ export const gpipe: StrategySpec = {
     `--strategy gpipe --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.remat} --schedule ${p.schedule} --balance ${p.balance.join(',')}`,
   outOfMemoryAdvice: () => 'try --strategy l2l, or more --stages',
   describeRun: (cfg) =>
-    `micro-batches ${cfg.microBatches} of ${cfg.batchSize / cfg.microBatches}, schedule ${cfg.schedule}, checkpoint (re-materialization) ${cfg.remat}`,
+    `micro-batches ${cfg.microBatches} of ${cfg.batchSize / cfg.microBatches}, schedule ${scheduleName(cfg)}, checkpoint (re-materialization) ${cfg.remat}`,
 };

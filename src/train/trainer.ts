@@ -13,6 +13,7 @@ import { bf16Support } from '../backend/names.js';
 import {
   resolveConfig,
   runModelConfig,
+  scheduleName,
   type TrainConfig,
 } from '../config/config.js';
 import {
@@ -397,7 +398,7 @@ async function run(
     stages: ranges.length,
     micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
     rematerialization: cfg.remat,
-    schedule: cfg.schedule,
+    schedule: scheduleName(cfg),
     balance: ranges.map((r) => r.to - r.from),
     batch_size: cfg.batchSize,
     steps: cfg.steps,
