@@ -200,6 +200,15 @@ program
   .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', num)
   .option('--seed <n>', 'seed for initialisation and data order', int)
   .option(
+    '--layer-drop <P>',
+    'LayerDrop: each step skips each block but the first and last with probability P (single, gpipe; evaluation runs every block)',
+    num,
+  )
+  .option(
+    '--layer-drop-schedule <kind>',
+    'constant (LayerDrop, Fan et al.) | progressive (PLD, Zhang & He: keep probability falling to 1 - P, lower for deeper blocks)',
+  )
+  .option(
     '--backend <name>',
     `${BACKENDS.join(' | ')} (default: native where its addon is built, else wasm)`,
   )

@@ -13,6 +13,10 @@ import {
 import type { Dataset } from '../data/index.js';
 import { BUILTIN_DATASETS } from '../data/index.js';
 import {
+  LAYER_DROP_SCHEDULES,
+  type LayerDropSchedule,
+} from '../model/layer-drop.js';
+import {
   isClassification,
   LOSSES,
   type LossName,
@@ -83,6 +87,13 @@ export interface TrainConfig {
   weightDecay?: number;
   clipNorm: number;
   seed: number;
+  /**
+   * LayerDrop probability P in [0, 1) (model/layer-drop.ts): each training step skips each
+   * block but the first and the last with probability P (or, progressive, by PLD); 0 = off.
+   */
+  layerDrop: number;
+  /** How --layer-drop's probability is applied: 'constant' (LayerDrop) or 'progressive' (PLD). */
+  layerDropSchedule: LayerDropSchedule;
   backend: string;
   /**
    * Compute precision (backend/names.ts PRECISIONS): 'fp32', or 'bf16' mixed precision on the
@@ -143,6 +154,8 @@ export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   optimizer: 'adamw',
   clipNorm: 1,
   seed: 1,
+  layerDrop: 0,
+  layerDropSchedule: 'constant',
   backend: defaultBackend(),
   precision: 'fp32',
   threads: 0,
@@ -291,6 +304,11 @@ export function resolveConfig(
     c.clipNorm >= 0,
     `--clip-norm must be >= 0 (0 disables clipping), got ${c.clipNorm}`,
   );
+  check(
+    c.layerDrop >= 0 && c.layerDrop < 1,
+    `--layer-drop must be a probability in [0, 1), got ${c.layerDrop}`,
+  );
+  oneOf('layer-drop schedule', c.layerDropSchedule, LAYER_DROP_SCHEDULES);
   check(
     c.batchSize % c.microBatches === 0,
     `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`,

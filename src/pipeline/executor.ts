@@ -74,6 +74,11 @@ export interface StepInputs {
    * block's gradients for non-finite values (recording {@link NumericFault}s) and updates nothing.
    */
   diagnose?: boolean;
+  /**
+   * Blocks (model indices) this training step skips (LayerDrop, model/layer-drop.ts): not
+   * computed, no gradient, not stepped. Absent: none (evaluation always runs every block).
+   */
+  dropped?: readonly number[];
 }
 
 /** A non-finite value a stage found while diagnosing a step (see {@link StepInputs.diagnose}). */
@@ -151,6 +156,8 @@ export interface StepIO {
   readonly scale: number;
   /** Whether this step diagnoses a numeric fault (see {@link StepInputs.diagnose}). */
   readonly diagnose: boolean;
+  /** Blocks this step skips (see {@link StepInputs.dropped}); empty for most steps. */
+  readonly dropped: ReadonlySet<number>;
   /** Takes micro-batch mb's input: the step's input on the first stage, else the received activation. Throws if absent. */
   takeInput(mb: number): tf.Tensor;
   /** Takes micro-batch mb's labels. Throws if this stage was given none. */
@@ -347,6 +354,7 @@ export async function execute(
     m: inp.m,
     lr: inp.lr,
     diagnose: inp.diagnose === true,
+    dropped: new Set(inp.dropped ?? []),
     get scale() {
       return scale;
     },

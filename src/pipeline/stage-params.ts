@@ -57,9 +57,14 @@ export class StageParams {
     return this.vars.size;
   }
 
-  /** Parameter keys in creation order. */
-  keys(): string[] {
-    return [...this.vars.keys()];
+  /**
+   * Parameter keys in creation order, less those of the blocks (model indices) in `dropped`
+   * (LayerDrop: a skipped block has no gradient and is not stepped).
+   */
+  keys(dropped?: ReadonlySet<number>): string[] {
+    const all = [...this.vars.keys()];
+    if (!dropped?.size) return all;
+    return all.filter((k) => !dropped.has(Number(k.slice(0, k.indexOf('.')))));
   }
 
   /** The variables of `keys`, in that order. */
@@ -77,7 +82,7 @@ export class StageParams {
   /**
    * Applies blocks [from, to) of this stage to `x`, taking each parameter from `param(key)`
    * (the variables by default; autodiff passes its own tensors). `onBlock(b, input)` sees the
-   * input of every block.
+   * input of every block it applies; blocks in `skip` (LayerDrop) are left out, as identities.
    */
   applyBlocks(
     from: number,
@@ -85,9 +90,11 @@ export class StageParams {
     x: tf.Tensor,
     param: (key: string) => tf.Tensor = (k) => this.vars.get(k)!,
     onBlock?: (b: number, input: tf.Tensor) => void,
+    skip?: ReadonlySet<number>,
   ): tf.Tensor {
     let h = x;
     for (let b = from; b < to; b++) {
+      if (skip?.has(b)) continue; // LayerDrop: the block is the identity this step
       onBlock?.(b, h);
       const p: Record<string, tf.Tensor> = {};
       for (const [name, key] of this.blockKeys[b - this.range.from])

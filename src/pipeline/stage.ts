@@ -22,12 +22,17 @@ import type { StageContext } from './stage-kind.js';
 import { StageParams } from './stage-params.js';
 import { TrainableStage } from './trainable-stage.js';
 
+/** No block skipped (evaluation, and training without --layer-drop). */
+const NONE: ReadonlySet<number> = new Set();
+
 interface MicroBatchState {
   /** The stage input (kept for re-materialization and for the input gradient). */
   input: tf.Tensor;
   labels?: tf.Tensor;
   /** Present when the forward activations were kept (no re-materialization). */
   recorded?: Recorded;
+  /** Blocks this step skips (LayerDrop), as the forward ran them; the backward follows it. */
+  dropped: ReadonlySet<number>;
 }
 
 export class Stage extends TrainableStage {
@@ -40,8 +45,13 @@ export class Stage extends TrainableStage {
     forward: (a, io) => {
       const x = io.takeInput(a.mb);
       const labels = this.isLast ? io.takeLabels(a.mb) : undefined;
-      if (io.diagnose) this.diagnoseForward(a.mb, x, labels);
-      const y = this.forward(a.mb, x, { keep: a.keep, grad: a.grad, labels });
+      if (io.diagnose) this.diagnoseForward(a.mb, x, labels, io.dropped);
+      const y = this.forward(a.mb, x, {
+        keep: a.keep,
+        grad: a.grad,
+        labels,
+        dropped: io.dropped,
+      });
       if (y) io.putOutput(a.mb, y);
     },
     backward: (a, io) => {
@@ -57,16 +67,27 @@ export class Stage extends TrainableStage {
     optimizer_step: (_a, io) => this.step(io.lr, io.diagnose ? NaN : io.scale), // a diagnosis updates nothing
   };
 
-  /** Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last stage. */
-  private fn(labels?: tf.Tensor): (...args: tf.Tensor[]) => tf.Tensor {
-    const keys = this.params.keys();
+  /**
+   * Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last
+   * stage; the params are those of the blocks not in `dropped`, which are skipped.
+   */
+  private fn(
+    labels?: tf.Tensor,
+    dropped: ReadonlySet<number> = NONE,
+  ): (...args: tf.Tensor[]) => tf.Tensor {
+    const keys = this.params.keys(dropped);
     return (...args) => {
-      const out = this.params.applyBlocks(
+      const x = args[keys.length];
+      const y = this.params.applyBlocks(
         this.range.from,
         this.range.to,
-        args[keys.length],
+        x,
         StageParams.byKey(keys, args),
+        undefined,
+        dropped,
       );
+      // every block of a middle stage skipped: an op on the tape, so autodiff sees y depend on x
+      const out = y === x ? tf.clone(x) : y;
       return this.isLast ? this.model.loss(out, labels!) : out;
     };
   }
@@ -75,15 +96,22 @@ export class Stage extends TrainableStage {
    * Forward of micro-batch `mb`. `x`: the stage input ([B/M, T] int32 tokens or float32
    * activations), owned by the stage from now on. `labels` on the last stage. With `grad`
    * false nothing is kept (evaluation). Returns the output to send on (non-last stages), or
-   * null on the last stage, which records the micro-batch loss in {@link losses}.
+   * null on the last stage, which records the micro-batch loss in {@link losses}. Training
+   * skips the blocks in `dropped` (LayerDrop); evaluation runs every block.
    */
   forward(
     mb: number,
     x: tf.Tensor,
-    opts: { keep: boolean; grad: boolean; labels?: tf.Tensor },
+    opts: {
+      keep: boolean;
+      grad: boolean;
+      labels?: tf.Tensor;
+      dropped?: ReadonlySet<number>;
+    },
   ): tf.Tensor | null {
-    const f = this.fn(opts.labels);
-    const params = this.params.list();
+    const dropped = opts.grad ? (opts.dropped ?? NONE) : NONE;
+    const f = this.fn(opts.labels, dropped);
+    const params = this.params.list(this.params.keys(dropped));
     if (!opts.grad) {
       try {
         if (this.isLast) {
@@ -113,7 +141,7 @@ export class Stage extends TrainableStage {
         opts.labels?.dispose();
       }
     }
-    const st: MicroBatchState = { input: x, labels: opts.labels };
+    const st: MicroBatchState = { input: x, labels: opts.labels, dropped };
     this.mbs.set(mb, st);
     if (opts.keep) {
       st.recorded = recordForward(() => f(...params, x));
@@ -150,7 +178,8 @@ export class Stage extends TrainableStage {
       throw new Error(`backward of micro-batch ${mb} without its forward`);
     this.mbs.delete(mb);
     const seed = this.isLast ? tf.scalar(1 / m) : dy!;
-    const params = this.params.list();
+    const keys = this.params.keys(st.dropped);
+    const params = this.params.list(keys);
     const wantInput = !this.isFirst;
     const xs = wantInput ? [...params, st.input] : params;
     if (xs.length === 0) {
@@ -167,7 +196,7 @@ export class Stage extends TrainableStage {
       if (st.recorded) {
         grads = backwardRecorded(st.recorded, xs, seed);
       } else {
-        const f = this.fn(st.labels);
+        const f = this.fn(st.labels, st.dropped);
         grads = backwardRecompute(
           wantInput ? f : (...ps) => f(...ps, st.input),
           xs,
@@ -181,7 +210,6 @@ export class Stage extends TrainableStage {
       st.labels?.dispose();
     }
     this.lastRecomputeMs = timing.ms;
-    const keys = this.params.keys();
     if (diagnose) this.diagnoseGradients(mb, keys, grads.slice(0, keys.length));
     this.grads.add(keys, grads);
     return wantInput ? grads[keys.length] : null;

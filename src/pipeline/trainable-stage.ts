@@ -140,12 +140,14 @@ export abstract class TrainableStage implements StageProgram {
     mb: number,
     x: tf.Tensor,
     labels?: tf.Tensor,
+    dropped?: ReadonlySet<number>,
   ): void {
     const group = `forward ${mb}`;
     tf.tidy(() => {
       this.checkFinite(x, { what: 'input', block: this.range.from, mb }, group);
       let h = x;
       for (let b = this.range.from; b < this.range.to; b++) {
+        if (dropped?.has(b)) continue; // skipped this step (LayerDrop)
         h = this.params.applyBlocks(b, b + 1, h);
         this.checkFinite(h, { what: 'activation', block: b, mb }, group);
       }

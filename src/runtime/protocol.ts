@@ -52,6 +52,8 @@ export interface StageStep {
   lr: number;
   /** Diagnose a numeric fault: check every block's output and gradients, update nothing (see pipeline/executor.ts). */
   diagnose?: boolean;
+  /** Blocks (model indices) skipped this step by --layer-drop (see model/layer-drop.ts). */
+  dropped?: number[];
 }
 
 /** What a stage reports after a step. */

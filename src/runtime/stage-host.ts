@@ -158,7 +158,14 @@ export async function serveStage(
           s,
           a.actions,
           links,
-          { inputs, labels, m: a.m, lr: a.lr, diagnose: a.diagnose },
+          {
+            inputs,
+            labels,
+            m: a.m,
+            lr: a.lr,
+            diagnose: a.diagnose,
+            dropped: a.dropped,
+          },
           stageIndex,
         );
         await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end

@@ -131,6 +131,7 @@ export const gpipe: StrategySpec = {
   help: 'GPipe: K stages on K devices, M micro-batches, re-materialization; the same updates as single',
   exact: true,
   oneDevice: false,
+  layerDrop: true,
   validate(cfg) {
     // a bad file stops the run here, before anything is written or started
     if (cfg.scheduleFile !== undefined) readScheduleFile(cfg, cfg.stages);

@@ -54,7 +54,18 @@ export function specOf(name: string): StrategySpec {
  * resolveConfig): the strategy exists and its spec's own checks pass. Throws {@link LayerwiseError}.
  */
 export function validateStrategy(cfg: TrainConfig): void {
-  specOf(cfg.strategy).validate?.(cfg);
+  const spec = specOf(cfg.strategy);
+  if (cfg.layerDrop > 0 && !spec.layerDrop)
+    throw new LayerwiseError(
+      `--layer-drop runs on --strategy ${STRATEGY_SPECS.filter(
+        (s) => s.layerDrop,
+      )
+        .map((s) => s.name)
+        .join(
+          ' or ',
+        )} so far, not ${cfg.strategy}; drop --layer-drop or change --strategy`,
+    );
+  spec.validate?.(cfg);
 }
 
 /**

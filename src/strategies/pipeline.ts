@@ -219,6 +219,7 @@ export class PipelineStrategy implements Strategy {
     batch: Batch | null,
     lr: number,
     diagnose = false,
+    dropped?: readonly number[],
   ): {
     first: Promise<unknown>;
     all: Promise<StageStepResult[]>;
@@ -239,6 +240,7 @@ export class PipelineStrategy implements Strategy {
         inputs: i === 0 ? inputs : undefined,
         labels: withLabels ? labels?.map(copyWire) : undefined,
         ...(diagnose ? { diagnose } : {}),
+        ...(dropped?.length ? { dropped: [...dropped] } : {}),
       };
       return w.call(
         'step',
@@ -301,8 +303,9 @@ export class PipelineStrategy implements Strategy {
     batch: Batch,
     lr: number,
     sums: number[],
+    dropped?: readonly number[],
   ): Promise<never> {
-    const rs = await this.dispatch(this.train, batch, lr, true).all;
+    const rs = await this.dispatch(this.train, batch, lr, true, dropped).all;
     throw describeFaults(
       rs.flatMap((r) => r.faults ?? []),
       sums,
@@ -317,10 +320,16 @@ export class PipelineStrategy implements Strategy {
       await this.dispatch(this.opts.kind.flush, null, 0).all;
   }
 
-  submit(batch: Batch, lr: number): Submission {
-    const { first, all, fault } = this.dispatch(this.train, batch, lr);
+  submit(batch: Batch, lr: number, dropped?: readonly number[]): Submission {
+    const { first, all, fault } = this.dispatch(
+      this.train,
+      batch,
+      lr,
+      false,
+      dropped,
+    );
     const done = all.then((rs) =>
-      fault.sums ? this.locate(batch, lr, fault.sums) : stepReport(rs),
+      fault.sums ? this.locate(batch, lr, fault.sums, dropped) : stepReport(rs),
     );
     // stages that run free: the first stage can take the next mini-batch while later ones finish
     return submission(done, this.opts.kind.freeRunning ? first : done);

@@ -19,6 +19,7 @@ export const single: StrategySpec = {
   help: 'the whole model on one device, plain backprop (the reference)',
   exact: true,
   oneDevice: true,
+  layerDrop: true,
   validate(cfg) {
     check(
       cfg.stages === 1,

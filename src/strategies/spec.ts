@@ -37,6 +37,8 @@ export interface StrategySpec {
   readonly oneDevice: boolean;
   /** Whether every stage has a loss of its own (local parallelism): the metrics record each stage's, and a non-finite one is named by its stage. */
   readonly stageLosses?: boolean;
+  /** Whether it skips the blocks --layer-drop draws (its submit honours `dropped`). */
+  readonly layerDrop?: boolean;
   /**
    * Checks the resolved configuration's strategy-specific flags before anything is loaded.
    * Throws {@link LayerwiseError} naming the flag and the fix.

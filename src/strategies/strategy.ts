@@ -76,8 +76,12 @@ export interface Strategy {
   readonly devices: number;
   /** One training step on a mini-batch with learning rate `lr`; resolves when it is done. */
   trainStep(batch: Batch, lr: number): Promise<StepReport>;
-  /** Submits a training step without waiting for it to finish (see {@link Submission}). */
-  submit(batch: Batch, lr: number): Submission;
+  /**
+   * Submits a training step without waiting for it to finish (see {@link Submission}).
+   * `dropped`: blocks (model indices) the step skips (--layer-drop, model/layer-drop.ts): not
+   * computed, no gradient, not stepped; only strategies whose spec accepts --layer-drop get any.
+   */
+  submit(batch: Batch, lr: number, dropped?: readonly number[]): Submission;
   /** Mean loss over these batches, without updating anything. */
   evaluate(batches: Batch[]): Promise<Evaluation>;
   /** Current parameters (host copies). */

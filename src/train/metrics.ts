@@ -30,6 +30,8 @@ export interface StepMetrics {
   val_perplexity?: number;
   /** Local parallelism: each stage's local loss this step (auxiliary heads, then the model's). */
   stage_losses?: number[];
+  /** With --layer-drop: the blocks (model indices) this step skipped. */
+  dropped_blocks?: number[];
   /** Local parallelism: validation loss of each auxiliary head. */
   val_aux_losses?: number[];
 }

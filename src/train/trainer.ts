@@ -23,6 +23,7 @@ import {
 } from '../data/batcher.js';
 import { type Dataset, loadDataset, Vocab } from '../data/index.js';
 import { type HostParams, initParams } from '../model/init.js';
+import { checkLayerDrop, droppedBlocks } from '../model/layer-drop.js';
 import { loadModel, type Model, modelParamCount } from '../model/model.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
@@ -102,6 +103,8 @@ interface InFlight {
   step: number;
   lr: number;
   tokens: number;
+  /** Blocks the step skipped (--layer-drop). */
+  dropped: number[];
   /** The step's share of the training wall time, seconds (see the loop). */
   seconds: number;
   done: Promise<import('../strategies/strategy.js').StepReport>;
@@ -188,6 +191,7 @@ export async function prepare(
     );
   }
   const model = await loadModel(modelConfig);
+  if (cfg.layerDrop > 0) checkLayerDrop(model);
   const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
   parseDevices(cfg.devices, ranges.length); // and the devices
   const finished = ck !== undefined && ck.step >= cfg.steps;
@@ -426,6 +430,11 @@ async function run(
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
     await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
+    const layerDrop = {
+      p: cfg.layerDrop,
+      schedule: cfg.layerDropSchedule,
+      seed: cfg.seed,
+    };
     const lrOf = (step: number) =>
       learningRate(step, {
         lr: cfg.lr,
@@ -527,6 +536,7 @@ async function run(
           ? { wasm_heap_bytes: r.heapBytes as number[] }
           : {}),
         ...(spec.stageLosses ? { stage_losses: r.stageLosses } : {}),
+        ...(cfg.layerDrop > 0 ? { dropped_blocks: f.dropped } : {}),
       };
       if (due(done, cfg.evalEvery)) {
         const ev = await strategy.evaluate(valBatches);
@@ -570,11 +580,13 @@ async function run(
         while (inFlight.length >= depth) await finish(inFlight.shift()!);
         const batch = batcher.next();
         const lr = lrOf(step);
-        const sub = strategy.submit(batch, lr);
+        const dropped = droppedBlocks(layerDrop, step, model.blocks.length);
+        const sub = strategy.submit(batch, lr, dropped);
         inFlight.push({
           step,
           lr,
           tokens: batch.tokens,
+          dropped,
           seconds: NaN,
           done: sub.done,
         });
