@@ -201,7 +201,7 @@ program
   .option('--seed <n>', 'seed for initialisation and data order', int)
   .option(
     '--layer-drop <P>',
-    'LayerDrop: each step skips each block but the first and last with probability P (single, gpipe; evaluation runs every block)',
+    'LayerDrop: each step skips each block but the first and last with probability P (single, gpipe, l2l; evaluation runs every block)',
     num,
   )
   .option(

@@ -316,8 +316,11 @@ export class RelayStage implements StageProgram {
         }
         return;
       }
+      // the next layer this step runs (LayerDrop skips some; never the last)
+      let next = l + 1;
+      while (io.dropped.has(next)) next++;
       await this.putStash(
-        l + 1,
+        next,
         mb,
         tf.tidy(() => block.forward(p, x)),
       );

@@ -492,28 +492,43 @@ export function flushSchedule(k: number): Schedule {
  *
  * Throws {@link LayerwiseError} for m < 1 or layers < 1.
  */
-export function relayCompute(layers: number, m: number): ComputeSchedule {
+export function relayCompute(
+  layers: number,
+  m: number,
+  dropped: ReadonlySet<number> = new Set(),
+): ComputeSchedule {
   checkArgs(m, 1);
   if (!Number.isInteger(layers) || layers < 1)
     throw new LayerwiseError(
       `layers must be a positive integer, got ${layers}`,
     );
+  if (dropped.has(0) || dropped.has(layers - 1))
+    throw new LayerwiseError(
+      'LayerDrop never skips the first or the last layer',
+    );
+  // the layers this step relays: LayerDrop's skipped ones are not loaded, computed or pushed
+  const run = Array.from({ length: layers }, (_, l) => l).filter(
+    (l) => !dropped.has(l),
+  );
   const stage = 0;
   const acts: ComputeAction[] = [];
-  for (let l = 0; l < layers - 1; l++) {
+  for (let j = 0; j < run.length - 1; j++) {
+    const l = run[j]!;
     acts.push({ op: 'load_layer', stage, layer: l });
     for (let i = 0; i < m; i++) {
       acts.push({ op: 'layer_forward', stage, layer: l, mb: i, grad: true });
-      if (i === 0) acts.push({ op: 'prefetch_layer', stage, layer: l + 1 });
+      if (i === 0)
+        acts.push({ op: 'prefetch_layer', stage, layer: run[j + 1]! });
     }
-    if (l < layers - 2) acts.push({ op: 'release_layer', stage, layer: l });
+    if (j < run.length - 2) acts.push({ op: 'release_layer', stage, layer: l });
   }
-  for (let l = layers - 1; l >= 0; l--) {
+  for (let j = run.length - 1; j >= 0; j--) {
+    const l = run[j]!;
     acts.push({ op: 'load_layer', stage, layer: l });
     for (let i = m - 1; i >= 0; i--) {
       acts.push({ op: 'layer_backward', stage, layer: l, mb: i });
-      if (i === m - 1 && l > 0)
-        acts.push({ op: 'prefetch_layer', stage, layer: l - 1 });
+      if (i === m - 1 && j > 0)
+        acts.push({ op: 'prefetch_layer', stage, layer: run[j - 1]! });
     }
     acts.push(
       { op: 'push_grads', stage, layer: l },
@@ -524,9 +539,13 @@ export function relayCompute(layers: number, m: number): ComputeSchedule {
   return [acts];
 }
 
-/** The relay's schedule ({@link relayCompute}), lowered onto its one device. */
-export function relaySchedule(layers: number, m: number): Schedule {
-  return lower(relayCompute(layers, m), [0]);
+/** The relay's schedule ({@link relayCompute}, less the layers in `dropped`), lowered onto its one device. */
+export function relaySchedule(
+  layers: number,
+  m: number,
+  dropped?: ReadonlySet<number>,
+): Schedule {
+  return lower(relayCompute(layers, m, dropped), [0]);
 }
 
 /** L2L evaluation: every layer forward over all micro-batches, the last one recording the losses; prefetches as in {@link relayCompute}. */

@@ -161,9 +161,10 @@ export class L2LStrategy implements Strategy {
     batch: Batch,
     lr: number,
     training: boolean,
+    dropped: readonly number[] = [],
   ): Promise<StageStepResult> {
     try {
-      return await this.runOnDevice(schedule, batch, lr, training);
+      return await this.runOnDevice(schedule, batch, lr, training, dropped);
     } catch (e) {
       throw this.failure ?? e;
     }
@@ -174,19 +175,31 @@ export class L2LStrategy implements Strategy {
     batch: Batch,
     lr: number,
     training: boolean,
+    dropped: readonly number[],
   ): Promise<StageStepResult> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
     const { inputs, labels } = microBatchesOf(batch, m);
-    if (training) this.server.beginStep(lr);
+    if (training) {
+      this.server.beginStep(lr);
+      // a layer LayerDrop skips has no gradient: the server leaves it (and its AdamW state) as is
+      for (const l of dropped) this.server.push(l, {}, 0);
+    }
     const call = this.worker.call(
       'step',
-      { actions: schedule[0], m, lr, inputs, labels },
+      {
+        actions: schedule[0],
+        m,
+        lr,
+        inputs,
+        labels,
+        ...(dropped.length ? { dropped: [...dropped] } : {}),
+      },
       transferables([...inputs, ...labels] as HostTensor[]),
     );
     if (!training) return call;
     const pushes = (async () => {
-      for (let i = 0; i < this.layers; i++) {
+      for (let i = 0; i < this.layers - dropped.length; i++) {
         const g = await this.worker.recvLayerGrads();
         this.server.push(g.layer, g.grads, g.sumSquares);
       }
@@ -203,11 +216,19 @@ export class L2LStrategy implements Strategy {
     await this.close();
   }
 
-  submit(batch: Batch, lr: number): Submission {
+  submit(
+    batch: Batch,
+    lr: number,
+    dropped: readonly number[] = [],
+  ): Submission {
+    // LayerDrop: the relay loads, computes and pushes only the layers this step keeps
+    const schedule = dropped.length
+      ? relaySchedule(this.layers, this.opts.microBatches, new Set(dropped))
+      : this.train;
     const done = this.last
       .catch(() => undefined)
       .then(async () => {
-        const r = await this.run(this.train, batch, lr, true);
+        const r = await this.run(schedule, batch, lr, true, dropped);
         // the bubble: the time the device waited for the parameter server
         return { ...stepReport([r]), serverSpans: this.server.takeSpans() };
       });
@@ -277,6 +298,7 @@ export const l2l: StrategySpec = {
   help: 'L2L layer-to-layer relay: parameters and optimizer in host memory (the eager parameter server), one layer at a time on one device',
   exact: true,
   oneDevice: true,
+  layerDrop: true,
   validate(cfg) {
     check(
       cfg.stages === 1,

@@ -19,6 +19,7 @@ import {
 } from '../model/layer-drop.js';
 import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
+import { relayCompute } from '../schedule/schedule.js';
 import { tinyWhaleDataset } from '../testing/fixtures.js';
 import { LayerwiseError } from '../util/errors.js';
 import { createStrategy } from './index.js';
@@ -59,10 +60,29 @@ test('the pattern: drawn from (seed, step) alone, blocks 1..n-2 only, at the rat
   assert.deepEqual(droppedBlocks(pld, 0, 8), []);
 });
 
+test('the relay loads, computes and pushes only the layers a step keeps', () => {
+  const acts = relayCompute(6, 2, new Set([2, 4]))[0]!;
+  const layersOf = (op: string) =>
+    new Set(
+      acts
+        .filter((a) => a.op === op)
+        .map((a) => (a as { layer: number }).layer),
+    );
+  for (const op of [
+    'load_layer',
+    'prefetch_layer',
+    'layer_backward',
+    'push_grads',
+  ])
+    assert.deepEqual([...layersOf(op)].sort(), [0, 1, 3, 5], op);
+  assert.deepEqual([...layersOf('layer_forward')].sort(), [0, 1, 3]); // the last layer's forward is fused into its backward
+  assert.throws(() => relayCompute(6, 2, new Set([5])), /never skips/);
+});
+
 /** charlm-tiny with 4 decoder blocks (6 blocks: 1..4 droppable), small enough for seconds. */
 const SHAPE = { layers: 4, dModel: 16, heads: 2, context: 8 };
 
-test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B) and K=3 (re-materialization) equal single with the same flag within 1e-5', {
+test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization) and l2l (both stash places) equal single with the same flag within 1e-5', {
   timeout: 240_000,
 }, async () => {
   const { train } = await import('../train/trainer.js');
@@ -102,6 +122,8 @@ test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B) and K=3 (re-materialization) equ
         '1f1b-k2',
         { strategy: 'gpipe', stages: 2, microBatches: 2, schedule: '1f1b' },
       ],
+      ['l2l-host', { strategy: 'l2l', microBatches: 2 }],
+      ['l2l-device', { strategy: 'l2l', microBatches: 2, stash: 'device' }],
       [
         'k3-remat',
         {
@@ -179,7 +201,7 @@ test('a skipped block is not computed, gets no gradient and is not stepped (Adam
   }
 });
 
-test('--layer-drop refused where it cannot run: other strategies, a model whose middle blocks change shape, P outside [0, 1)', async () => {
+test('--layer-drop refused where it cannot run: local parallelism, a model whose middle blocks change shape, P outside [0, 1)', async () => {
   const { prepare } = await import('../train/trainer.js');
   const base = {
     preset: 'charlm-tiny',
