@@ -67,6 +67,10 @@ export interface StageStepResult {
   bytes: number;
   /** wasm backend: size of its linear memory (heap) after the step, bytes (a high-water mark, capped at 4 GiB). */
   heapBytes?: number;
+  /** Bytes uploaded from host memory to the device during the step (counted by stages that move parameters or activations: L2L's relay). */
+  hostToDeviceBytes?: number;
+  /** Bytes downloaded from the device to host memory during the step (as above). */
+  deviceToHostBytes?: number;
   /** Wall time of the step on this stage, ms. */
   ms: number;
   /** When the stage began the step, ms since the Unix epoch (a clock shared by all threads). */

@@ -15,6 +15,7 @@ import {
   peakBytes,
   resetPeakBytes,
   setDeviceBudget,
+  takeTransferBytes,
 } from '../backend/memory.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
@@ -147,6 +148,7 @@ export async function serveStage(
       const t0 = performance.now();
       const startedAt = performance.timeOrigin + t0;
       resetPeakBytes();
+      takeTransferBytes(); // this step's transfers only (not the init's or an evaluation's)
       s.losses.clear();
       s.metrics?.clear();
       if (s.faults) s.faults.length = 0;
@@ -183,6 +185,7 @@ export async function serveStage(
         peakBytes: peakBytes(),
         bytes: deviceBytes(),
         heapBytes: backendHeapBytes(),
+        ...transferBytesOf(takeTransferBytes()),
         ms: performance.now() - t0,
         startedAt,
       };
@@ -256,4 +259,14 @@ export async function serveStage(
       (stage as StageProgram | null)?.reset();
     }
   }
+}
+
+/** The step's host/device transfers for its result: present only where the stage counted some. */
+function transferBytesOf(t: {
+  hostToDevice: number;
+  deviceToHost: number;
+}): Pick<StageStepResult, 'hostToDeviceBytes' | 'deviceToHostBytes'> {
+  return t.hostToDevice > 0 || t.deviceToHost > 0
+    ? { hostToDeviceBytes: t.hostToDevice, deviceToHostBytes: t.deviceToHost }
+    : {};
 }

@@ -118,3 +118,67 @@ test('a bf16 run saves float32 masters and its precision, and resumes like the u
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('l2l bf16 ships layers and stashes in bf16: host-to-device bytes per step at most 0.55x fp32, in metrics.jsonl and summary.json (charlm-small, M=4)', {
+  skip,
+}, async () => {
+  const { train } = await import('../train/trainer.js');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-l2l-'));
+  try {
+    const moved: Record<string, { h2d: number; d2h: number; peak: number }> =
+      {};
+    for (const precision of ['fp32', 'bf16'] as const) {
+      const out = join(dir, precision);
+      const r = await train({
+        preset: 'charlm-small',
+        batchSize: 32,
+        steps: 2,
+        evalBatches: 1,
+        evalEvery: 0,
+        lr: 1e-3,
+        warmup: 1,
+        backend: 'native',
+        precision,
+        strategy: 'l2l',
+        microBatches: 4,
+        stash: 'host',
+        out,
+      });
+      const lines = readFileSync(join(out, 'metrics.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
+      const m = lines[lines.length - 1];
+      assert.ok(
+        Array.isArray(m.host_to_device_bytes) &&
+          Array.isArray(m.device_to_host_bytes),
+        'metrics.jsonl reports the step transfers',
+      );
+      assert.deepEqual(
+        r.summary.host_to_device_bytes,
+        m.host_to_device_bytes,
+        'summary.json: the per-step mean (every step moves the same)',
+      );
+      moved[precision] = {
+        h2d: m.host_to_device_bytes[0],
+        d2h: m.device_to_host_bytes[0],
+        peak: m.peak_device_bytes[0],
+      };
+    }
+    const { fp32, bf16 } = moved as Record<string, (typeof moved)['fp32']>;
+    assert.ok(fp32!.h2d > 0 && fp32!.d2h > 0, 'fp32 counts its transfers');
+    const ratio = bf16!.h2d / fp32!.h2d;
+    assert.ok(
+      ratio <= 0.55,
+      `host-to-device bytes per step: bf16 ${bf16!.h2d} vs fp32 ${fp32!.h2d} (${ratio.toFixed(3)}x)`,
+    );
+    // the stash's downloads halve too (the gradients stay float32, for float32 accumulation)
+    assert.ok(
+      bf16!.d2h < fp32!.d2h,
+      `device-to-host: ${bf16!.d2h} vs ${fp32!.d2h}`,
+    );
+    assert.ok(bf16!.peak < fp32!.peak, `peak: ${bf16!.peak} vs ${fp32!.peak}`);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
