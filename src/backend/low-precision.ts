@@ -63,26 +63,30 @@ export function tensorFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
   return tf.tensor(f32, shape, 'float32');
 }
 
+/** t's values rounded to bf16 and widened back: a new float32 tensor of t's shape (t is kept). */
+export function roundTensor(t: tf.Tensor): tf.Tensor {
+  const v = t.dataSync() as Float32Array;
+  const bf = new Uint16Array(v.length);
+  roundToBf16(v, bf);
+  const f32 = new Float32Array(v.length);
+  widenBf16(bf, f32);
+  return tf.tensor(f32, t.shape, 'float32');
+}
+
 /**
  * A layer-boundary activation at the run's compute precision: on a bf16 backend ({@link
- * holdsBf16}) x's float32 values rounded to bf16 and widened back (same shape, float32; the
- * gradient passes straight through, float32), elsewhere x itself. Every strategy rounds at
- * each block boundary (pipeline/stage-params.ts applyBlocks, the L2L relay's stash), so the
- * activations a stage sends or stashes in bf16 lose nothing that single-device bf16 kept, and
- * the strategies compute the same numbers (issue 23 items 4 and 5).
+ * holdsBf16}) x's float32 values rounded to bf16 (a float32 tensor of x's shape), and in
+ * backward its gradient rounded to bf16 likewise; elsewhere x itself. Every strategy rounds at
+ * each block boundary (pipeline/stage-params.ts applyBlocks; the L2L relay's stash and incoming
+ * gradients), so the activations and gradients that stages send, and the stashes they keep,
+ * travel in bf16 without any strategy computing other numbers than single-device bf16 (issue
+ * 23 items 4 and 5).
  */
 export function roundActivation(x: tf.Tensor): tf.Tensor {
   if (x.dtype !== 'float32' || !holdsBf16()) return x;
-  const round = tf.customGrad(((t: tf.Tensor) => {
-    const v = t.dataSync() as Float32Array;
-    const bf = new Uint16Array(v.length);
-    roundToBf16(v, bf);
-    const f32 = new Float32Array(v.length);
-    widenBf16(bf, f32);
-    return {
-      value: tf.tensor(f32, t.shape, 'float32'),
-      gradFunc: (dy: tf.Tensor) => tf.clone(dy),
-    };
-  }) as unknown as Parameters<typeof tf.customGrad>[0]);
+  const round = tf.customGrad(((t: tf.Tensor) => ({
+    value: roundTensor(t),
+    gradFunc: (dy: tf.Tensor) => roundTensor(dy),
+  })) as unknown as Parameters<typeof tf.customGrad>[0]);
   return round(x);
 }

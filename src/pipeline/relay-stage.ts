@@ -21,6 +21,7 @@
 import { gpuQueue, makeResident } from '../backend/gpu-queue.js';
 import {
   holdsBf16,
+  roundTensor,
   roundToBf16,
   tensorFromBf16,
   widenBf16,
@@ -418,7 +419,14 @@ export class RelayStage implements StageProgram {
         this.layerKeys(l).map(([, key]) => key),
         grads,
       );
-      if (wantInput) this.dys.set(mb, grads[names.length]);
+      if (wantInput) {
+        // bf16: the boundary's gradient at the compute precision, as applyBlocks rounds it
+        const dx = grads[names.length]!;
+        if (holdsBf16()) {
+          this.dys.set(mb, roundTensor(dx));
+          dx.dispose();
+        } else this.dys.set(mb, dx);
+      }
     } finally {
       seed.dispose();
       x?.dispose();

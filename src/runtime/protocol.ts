@@ -67,9 +67,9 @@ export interface StageStepResult {
   bytes: number;
   /** wasm backend: size of its linear memory (heap) after the step, bytes (a high-water mark, capped at 4 GiB). */
   heapBytes?: number;
-  /** Bytes uploaded from host memory to the device during the step (counted by stages that move parameters or activations: L2L's relay). */
+  /** Bytes uploaded from host memory to the device during the step (backend/memory.ts countTransfer: L2L's layer and stash uploads, and activations and gradients received from other stages). */
   hostToDeviceBytes?: number;
-  /** Bytes downloaded from the device to host memory during the step (as above). */
+  /** Bytes downloaded from the device to host memory during the step (L2L's stash and gradients, what the stage sends to other stages). */
   deviceToHostBytes?: number;
   /** Wall time of the step on this stage, ms. */
   ms: number;

@@ -182,3 +182,55 @@ test('l2l bf16 ships layers and stashes in bf16: host-to-device bytes per step a
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('gpipe K=2 and local K=2 in bf16: activations and gradients cross stages as bf16, half the bytes of fp32 (metrics.jsonl)', {
+  skip,
+}, async () => {
+  const { train } = await import('../train/trainer.js');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-wire-'));
+  try {
+    const moved = async (
+      strategy: string,
+      precision: 'fp32' | 'bf16',
+    ): Promise<{ h2d: number[]; d2h: number[] }> => {
+      const out = join(dir, `${strategy}-${precision}`);
+      await train({
+        preset: 'charlm-tiny',
+        ...SHAPE,
+        batchSize: 8,
+        steps: 1,
+        evalBatches: 1,
+        evalEvery: 0,
+        lr: 1e-3,
+        backend: 'native',
+        precision,
+        strategy,
+        stages: 2,
+        microBatches: 2,
+        out,
+      });
+      const m = JSON.parse(
+        readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')[0]!,
+      );
+      return { h2d: m.host_to_device_bytes, d2h: m.device_to_host_bytes };
+    };
+    for (const strategy of ['gpipe', 'local']) {
+      const [a, b] = [
+        await moved(strategy, 'fp32'),
+        await moved(strategy, 'bf16'),
+      ];
+      // stage 0 sends activations (gpipe: receives gradients), stage 1 the reverse
+      for (const dir of ['h2d', 'd2h'] as const) {
+        const total = (x: number[]) => x.reduce((s, v) => s + v, 0);
+        assert.ok(total(a[dir]) > 0, `${strategy} fp32 counts ${dir}`);
+        assert.equal(
+          total(b[dir]),
+          total(a[dir]) / 2,
+          `${strategy} ${dir}: bf16 ${b[dir]} vs fp32 ${a[dir]}`,
+        );
+      }
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

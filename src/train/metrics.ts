@@ -19,9 +19,9 @@ export interface StepMetrics {
    * (a high-water mark that also holds XNNPACK's packed weights and allocator slack).
    */
   wasm_heap_bytes?: number[];
-  /** Bytes moved host to device per stage during the step, where the strategy moves parameters or activations through host memory (l2l: layer uploads, host-stash uploads). */
+  /** Bytes moved host to device per stage during the step, where the strategy moves parameters or activations through host memory (l2l: layer and host-stash uploads; gpipe, 1F1B, local: what a stage receives from others). */
   host_to_device_bytes?: number[];
-  /** Bytes moved device to host per stage during the step (l2l: layer gradients, host-stash downloads). */
+  /** Bytes moved device to host per stage during the step (l2l: layer gradients and host-stash downloads; gpipe, 1F1B, local: what a stage sends). */
   device_to_host_bytes?: number[];
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
