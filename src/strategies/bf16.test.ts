@@ -8,10 +8,12 @@
  */
 
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { bf16Support } from '../backend/names.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
 import type { TrainConfig } from '../config/config.js';
@@ -230,6 +232,60 @@ test('gpipe K=2 and local K=2 in bf16: activations and gradients cross stages as
         );
       }
     }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a numeric fault in a bf16 gpipe step is named by step, stage, block and micro-batch (issue 23 item 8)', {
+  skip,
+}, () => {
+  const cli = fileURLToPath(new URL('../cli/main.js', import.meta.url));
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-fault-'));
+  const train = (args: string[]) =>
+    spawnSync(process.execPath, [cli, 'train', ...args], {
+      encoding: 'utf8',
+      timeout: 300_000,
+    });
+  try {
+    const out = join(dir, 'run');
+    const common = [
+      '--preset',
+      'charlm-tiny',
+      '--layers',
+      '2',
+      '--d-model',
+      '32',
+      '--heads',
+      '2',
+      '--context',
+      '16',
+      '--batch-size',
+      '8',
+      '--eval-batches',
+      '1',
+      '--eval-every',
+      '0',
+      '--strategy',
+      'gpipe',
+      '--stages',
+      '2',
+      '--micro-batches',
+      '2',
+      '--backend',
+      'native',
+      '--precision',
+      'bf16',
+    ];
+    const a = train([...common, '--steps', '2', '--lr', '0.01', '--out', out]);
+    assert.equal(a.status, 0, a.stderr);
+    // an absurd learning rate: the first update is finite but huge, a later forward overflows
+    const b = train(['--resume', out, '--steps', '10', '--lr', '1e6']);
+    assert.equal(b.status, 2, b.stderr);
+    assert.match(
+      b.stderr,
+      /non-finite value at step \d+: the (output|loss|gradient|input).* (of )?block \d+ \(\w+\) on stage \d, micro-batch \d/,
+    );
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
