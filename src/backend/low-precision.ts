@@ -13,6 +13,7 @@ interface Bf16Holder {
   precision: string;
   fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
   roundToBf16(src: Float32Array, dst: Uint16Array): void;
+  widenFromBf16(src: Uint16Array, dst: Float32Array): void;
 }
 
 function holder(): Bf16Holder | null {
@@ -38,8 +39,13 @@ export function roundToBf16(src: Float32Array, dst: Uint16Array): void {
   else toBf16(src, dst);
 }
 
-/** dst[i] = the bf16 src[i] widened to float32 (exact). */
+/** dst[i] = the bf16 src[i] widened to float32 (exact): the backend's loop where it has one. */
 export function widenBf16(src: Uint16Array, dst: Float32Array): void {
+  const h = holder();
+  if (h) {
+    h.widenFromBf16(src, dst);
+    return;
+  }
   const u = new Uint32Array(dst.buffer, dst.byteOffset, dst.length);
   for (let i = 0; i < src.length; i++) u[i] = src[i]! << 16;
 }

@@ -177,6 +177,11 @@ export class NativeBackend extends MathBackendCPU {
     nativeAddon()!.toBf16(src, dst);
   }
 
+  /** dst[i] = the bf16 src[i] widened to float32 (exact; the addon's loop). */
+  widenFromBf16(src: Uint16Array, dst: Float32Array): void {
+    widenBf16(src, dst);
+  }
+
   /** bf16-only tensors ({@link fromBf16}) by data id: whether their float32 values were made since. */
   private readonly bf16Only = new Map<tf.DataId, { widened: boolean }>();
 
