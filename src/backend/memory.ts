@@ -114,6 +114,31 @@ export function peakBytes(): number {
   return peak;
 }
 
+let toDevice = 0;
+let toHost = 0;
+
+/**
+ * Counts `bytes` moved between host memory and this thread's device in one direction
+ * ('h2d': an upload, e.g. an L2L layer or a host-stashed activation; 'd2h': a download, e.g. a
+ * layer gradient for the parameter server). The payload as it crosses, so a bf16 upload counts
+ * 2 bytes per element. Read and reset per step with {@link takeTransferBytes}.
+ */
+export function countTransfer(direction: 'h2d' | 'd2h', bytes: number): void {
+  if (direction === 'h2d') toDevice += bytes;
+  else toHost += bytes;
+}
+
+/** Bytes counted by {@link countTransfer} since the last call, by direction; resets both. */
+export function takeTransferBytes(): {
+  hostToDevice: number;
+  deviceToHost: number;
+} {
+  const r = { hostToDevice: toDevice, deviceToHost: toHost };
+  toDevice = 0;
+  toHost = 0;
+  return r;
+}
+
 /** Starts a new peak measurement from the current level. */
 export function resetPeakBytes(): void {
   install();

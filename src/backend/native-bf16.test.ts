@@ -403,3 +403,32 @@ test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives
   assert.match(info.note, /emulated/);
   assert.ok(e < 1e-4, `emulated bf16 vs fp32 of rounded operands: ${e}`);
 });
+
+test("fromBf16: a bf16-only tensor holds 2 bytes per element, is the products' bf16 operand, widens exactly on a float32 read and frees all it counted", {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const [m, k, n] = [8, 64, 32];
+  const w = new Float32Array(randomArray(k * n, 7));
+  const bf = new Uint16Array(w.length);
+  nativeAddon()!.toBf16(w, bf);
+  const x = tf.tensor2d(randomArray(m * k, 8), [m, k]);
+  // the reference: a float32 weight of the rounded values (its product, run first, also sizes
+  // the backend's recycled activation buffers, which stay)
+  const ref = tf.tensor2d(rounded(w), [k, n]);
+  const yRef = tf.matMul(x, ref);
+  const start = deviceBytes();
+  const t = backend().fromBf16(bf.slice(), [k, n]);
+  assert.equal(deviceBytes() - start, 2 * k * n, '2 bytes per element');
+  // the product reads the bf16 values as they are: the same as a float32 weight in a bf16 run
+  const y = tf.matMul(x, t);
+  assert.deepEqual(await y.data(), await yRef.data());
+  assert.equal(deviceBytes() - start, 2 * k * n + 4 * m * n, 'not widened');
+  // a float32 read widens once (exact), 4 bytes per element more
+  assert.deepEqual(await t.data(), rounded(w));
+  assert.equal(deviceBytes() - start, 6 * k * n + 4 * m * n);
+  t.dispose();
+  y.dispose();
+  assert.equal(deviceBytes(), start, 'every byte counted is freed');
+  for (const a of [x, ref, yRef]) a.dispose();
+});

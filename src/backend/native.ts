@@ -130,7 +130,9 @@ export class NativeBackend extends MathBackendCPU {
     const entry = this.data.has(dataId) ? this.data.get(dataId) : undefined;
     const done = super.disposeData(dataId, force);
     if (entry !== undefined && !this.data.has(dataId)) {
-      this.pool.release(entry.values);
+      const lazy = this.bf16Only.get(dataId);
+      // a bf16-only tensor's float32 values (if made) are its own, never the pool's
+      if (lazy === undefined) this.pool.release(entry.values);
       this.dropBf16Param(dataId);
       const i = this.recentBf16.findIndex((e) => e.id === dataId);
       if (i >= 0) this.recentBf16[i]!.id = {}; // its buffer stays for reuse
@@ -144,16 +146,15 @@ export class NativeBackend extends MathBackendCPU {
    * Throws DeviceOutOfMemoryError where a new copy would take the device over its budget.
    */
   bf16Operand(t: tf.TensorInfo): Float32Array | Uint16Array {
+    let bf = this.bf16Params.get(t.dataId); // a parameter's copy, or a bf16-only tensor's values
+    if (bf !== undefined) return bf;
     const f32 = this.data.get(t.dataId).values as Float32Array;
     if (!isParameterData(t.dataId)) return this.recentBf16Copy(t.dataId, f32);
-    let bf = this.bf16Params.get(t.dataId);
-    if (bf === undefined) {
-      countPrivateBytes(2 * f32.length); // device bytes, under the budget
-      bf = new Uint16Array(f32.length);
-      nativeAddon()!.toBf16(f32, bf);
-      this.bf16Params.set(t.dataId, bf);
-      this.bf16ParamConversions++;
-    }
+    countPrivateBytes(2 * f32.length); // device bytes, under the budget
+    bf = new Uint16Array(f32.length);
+    nativeAddon()!.toBf16(f32, bf);
+    this.bf16Params.set(t.dataId, bf);
+    this.bf16ParamConversions++;
     return bf;
   }
 
@@ -161,7 +162,68 @@ export class NativeBackend extends MathBackendCPU {
     const bf = this.bf16Params.get(dataId);
     if (bf === undefined) return;
     this.bf16Params.delete(dataId);
-    countPrivateBytes(-bf.byteLength);
+    const lazy = this.bf16Only.get(dataId);
+    if (lazy === undefined) {
+      countPrivateBytes(-bf.byteLength);
+      return;
+    }
+    // a bf16-only tensor: the engine uncounts its 4 bytes per element; 2 of them were never held
+    this.bf16Only.delete(dataId);
+    countPrivateBytes(bf.byteLength - (lazy.widened ? 4 * bf.length : 0));
+  }
+
+  /** dst[i] = src[i] rounded to bf16 (the addon's vectorised loop; see backend/low-precision.ts). */
+  roundToBf16(src: Float32Array, dst: Uint16Array): void {
+    nativeAddon()!.toBf16(src, dst);
+  }
+
+  /** dst[i] = the bf16 src[i] widened to float32 (exact; the addon's loop). */
+  widenFromBf16(src: Uint16Array, dst: Float32Array): void {
+    widenBf16(src, dst);
+  }
+
+  /** bf16-only tensors ({@link fromBf16}) by data id: whether their float32 values were made since. */
+  private readonly bf16Only = new Map<tf.DataId, { widened: boolean }>();
+
+  /**
+   * A float32 tensor of `shape` held as its bf16 values `bf` (taken over, not copied): the
+   * products, attention and convolutions read `bf` as their bf16 operand directly, and the
+   * device holds 2 bytes per element (counted so by backend/memory.ts) until some other kernel
+   * reads the float32 values, which are then widened from `bf` once (exact; 4 more bytes per
+   * element from then on). Used by the L2L relay to upload a layer's weights in the compute
+   * precision (issue 23 item 4). The values are those of `bf` widened, so a tensor read only by
+   * products gives the same numbers as a float32 parameter in a bf16 run.
+   */
+  fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
+    const n = tf.util.sizeFromShape(shape);
+    if (bf.length !== n)
+      throw new RangeError(
+        `fromBf16: ${bf.length} bf16 values for shape [${shape}] (${n} elements)`,
+      );
+    countPrivateBytes(-2 * n); // the engine counts 4 bytes per element when it tracks the tensor
+    const id = super.write(new Float32Array(0), shape, 'float32');
+    const entry = this.data.get(id) as { values: unknown };
+    const state = { widened: false };
+    let f32: Float32Array | null = null;
+    Object.defineProperty(entry, 'values', {
+      configurable: true,
+      enumerable: true,
+      get: () => {
+        if (f32 === null) {
+          countPrivateBytes(4 * n);
+          f32 = new Float32Array(n);
+          widenBf16(bf, f32);
+          state.widened = true;
+        }
+        return f32;
+      },
+      set: (v: Float32Array) => {
+        f32 = v;
+      },
+    });
+    this.bf16Params.set(id, bf);
+    this.bf16Only.set(id, state);
+    return tf.engine().makeTensorFromDataId(id, shape, 'float32', this);
   }
 
   /** An activation's bf16 copy: one of the last few converted, else converted now into a recycled buffer. */
@@ -233,6 +295,17 @@ export class NativeBackend extends MathBackendCPU {
  */
 const RECENT_BF16 = 2;
 
+/** dst[i] = bf16 src[i] widened to float32 (exact): the addon's loop where built, else in JS. */
+export function widenBf16(src: Uint16Array, dst: Float32Array): void {
+  const lib = nativeAddon();
+  if (lib) {
+    lib.fromBf16(src, dst);
+    return;
+  }
+  const u = new Uint32Array(dst.buffer, dst.byteOffset, dst.length);
+  for (let i = 0; i < src.length; i++) u[i] = src[i]! << 16;
+}
+
 /** Whether `dataId` is the data of a registered tf.Variable (a parameter) in this thread's engine. */
 function isParameterData(dataId: tf.DataId): boolean {
   const vars = tf.engine().state.registeredVariables;
@@ -277,8 +350,6 @@ function nativeMatMul(
     k === 0
       ? backend.pool.takeZeroed(batch * m * n)
       : backend.alloc(batch * m * n); // no products to sum: zeros
-  const av = backend.data.get(a.dataId).values as Float32Array;
-  const bv = backend.data.get(b.dataId).values as Float32Array;
   const batchA = tf.util.sizeFromShape(batchShapeA);
   const batchB = tf.util.sizeFromShape(batchShapeB);
   const dense = (x: number) => x === batch || x === 1;
@@ -308,6 +379,9 @@ function nativeMatMul(
         tB,
       );
   } else if (out.length > 0) {
+    // read here, not above: a bf16-only tensor (NativeBackend.fromBf16) widens on its first float32 read
+    const av = backend.data.get(a.dataId).values as Float32Array;
+    const bv = backend.data.get(b.dataId).values as Float32Array;
     if (batchB === 1 && !tA) {
       // a's batch folds into the rows of one product with the shared b
       lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);

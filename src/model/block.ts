@@ -15,6 +15,22 @@ export interface ParamSpec {
   name: string;
   shape: number[];
   init: Init;
+  /**
+   * Read by a gather (an embedding table), not as a product's operand: at --precision bf16 such
+   * a parameter keeps float32 values on the device, since single-device bf16 does not round it
+   * (see {@link readByProducts}).
+   */
+  gathered?: boolean;
+}
+
+/**
+ * Whether a parameter is read only as an operand of products (matmul, convolution: rank >= 2
+ * and not {@link ParamSpec.gathered}), which at --precision bf16 read its bf16 rounding: such a
+ * parameter can be shipped to a device as bf16 values with the same results (the L2L relay,
+ * issue 23 item 4). Biases and normalisation parameters (rank 1) stay float32.
+ */
+export function readByProducts(spec: ParamSpec): boolean {
+  return spec.shape.length >= 2 && spec.gathered !== true;
 }
 
 /** A block's parameters as tensors, keyed by {@link ParamSpec.name}. */

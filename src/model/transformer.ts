@@ -14,8 +14,18 @@ export function embedding(
   return {
     name,
     params: [
-      { name: 'tok', shape: [vocab, d], init: { kind: 'normal', std: 0.02 } },
-      { name: 'pos', shape: [context, d], init: { kind: 'normal', std: 0.02 } },
+      {
+        name: 'tok',
+        shape: [vocab, d],
+        init: { kind: 'normal', std: 0.02 },
+        gathered: true,
+      },
+      {
+        name: 'pos',
+        shape: [context, d],
+        init: { kind: 'normal', std: 0.02 },
+        gathered: true,
+      },
     ],
     outputShape: ([b, t]) => [b, t, d],
     forward(p, x) {

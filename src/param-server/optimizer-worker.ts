@@ -18,6 +18,9 @@ import { ParamStore, type StoreLayout } from './store.js';
 // the server's threads are its parallelism: one OpenMP thread each, so they do not oversubscribe
 const lib = nativeAddon();
 lib?.setThreads(1);
+const toLow = lib
+  ? (src: Float32Array, dst: Uint16Array) => lib.toBf16(src, dst)
+  : undefined;
 const update: typeof hostUpdate = lib
   ? (...args) => nativeHostUpdate(lib, ...args)
   : hostUpdate;
@@ -113,6 +116,8 @@ function run(msg: JobMessage): number {
       msg.scale,
       msg.t,
     );
+    // the device's bf16 copy of this update, written before the layer's version moves on
+    store.refreshLow(key, toLow);
     n += p.length;
   }
   return n;

@@ -12,6 +12,7 @@ import {
   type OptimizerState,
 } from '../optim/optimizer.js';
 import { assertClose } from '../testing/assert-close.js';
+import { toBf16 } from '../util/bf16.js';
 import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { hostUpdate, slotNames } from './host-optimizer.js';
@@ -820,4 +821,67 @@ test('close() rejects pending idle() and version waiters', async () => {
   await assert.rejects(s.idle(), /closed/);
   assert.throws(() => s.push(2, {}, 0), /closed/);
   assert.equal(s.runningThreads, 0);
+});
+
+test('bf16 copies (issue 23 item 4): the masters stay float32, each update rewrites the copy of the same version', async () => {
+  const low = new Set(['0.w', '2.w', '3.w']);
+  const s = await ParameterServer.create({
+    params: initial(5),
+    layers: LAYERS,
+    shapes: SHAPES,
+    optimizer: CONFIGS[0]![1],
+    threads: 2,
+    lowPrecision: low,
+  });
+  try {
+    const rng = new Rng(9);
+    for (let step = 0; step < 2; step++) {
+      pushStep(s, gradsOf(rng), 0.05);
+      await s.idle();
+      for (const k of KEYS) {
+        const master = s.store.param(k);
+        const copy = s.store.low(k);
+        assert.ok(master instanceof Float32Array, `${k}: master is float32`);
+        assert.equal(master.buffer.byteLength, 4 * size(SHAPES[k]!));
+        if (!low.has(k)) {
+          assert.equal(copy, undefined, `${k} has no bf16 copy`);
+          continue;
+        }
+        assert.ok(copy instanceof Uint16Array, `${k}: a bf16 copy`);
+        const want = new Uint16Array(master.length);
+        toBf16(master, want);
+        assert.deepEqual(copy, want, `${k}: the copy is of this update`);
+        // the masters keep float32's low bits: they are not bf16 values themselves
+        const bits = new Uint32Array(
+          master.buffer,
+          master.byteOffset,
+          master.length,
+        );
+        assert.ok(
+          bits.some((b) => (b & 0xffff) !== 0),
+          `${k}: master rounded to bf16`,
+        );
+      }
+    }
+  } finally {
+    await s.close();
+  }
+});
+
+test('toBf16 rounds to nearest, ties to even, and keeps NaN a NaN', () => {
+  const f = new Float32Array([
+    1,
+    1 + 2 ** -8,
+    1 + 3 * 2 ** -8,
+    -2.5,
+    Infinity,
+    NaN,
+  ]);
+  const b = new Uint16Array(f.length);
+  toBf16(f, b);
+  const back = new Float32Array(
+    new Uint32Array([...b].map((x) => x << 16)).buffer,
+  );
+  assert.deepEqual([...back.slice(0, 5)], [1, 1, 1 + 2 ** -6, -2.5, Infinity]);
+  assert.ok(Number.isNaN(back[5]));
 });

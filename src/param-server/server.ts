@@ -67,6 +67,8 @@ export interface ParameterServerOptions {
    * {@link ParamStore.create}'s `opts.adopt`); the caller must not use them afterwards.
    */
   adopt?: boolean;
+  /** Keys that also keep a bfloat16 copy for the device (see StoreLayout.low); none by default. */
+  lowPrecision?: ReadonlySet<string>;
 }
 
 interface Job {
@@ -164,6 +166,7 @@ export class ParameterServer {
     );
     const store = ParamStore.create(o.params, o.layers, o.optimizer, o.shapes, {
       adopt: o.adopt,
+      lowPrecision: o.lowPrecision,
     });
     const counters = new SharedArrayBuffer(4 * (4 * store.numLayers + 64));
     const workers: Worker[] = [];

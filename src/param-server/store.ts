@@ -14,6 +14,7 @@
 import { type Block, paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
+import { toBf16 } from '../util/bf16.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { slotNames } from './host-optimizer.js';
 
@@ -33,6 +34,14 @@ export interface StoreLayout {
    * `{m, v}` (AdamW), `{velocity}` (SGD with momentum > 0) or `{}` (plain SGD).
    */
   slots: Record<string, Record<string, SharedArrayBuffer>>;
+  /**
+   * Per key shipped in the compute precision (issue 23 item 4: bf16 runs), a Uint16Array's
+   * buffer of the master's bfloat16 copy (2 bytes per element, rounded to nearest even),
+   * rewritten by the optimizer thread after each update of the key and before its layer's
+   * version moves on, so a device that waited on the version reads the copy of the same
+   * update. Absent for a float32 run. The masters stay float32.
+   */
+  low?: Record<string, SharedArrayBuffer>;
   /** Int32Array, one per layer: optimizer updates applied to that layer since the store was created. */
   versions: SharedArrayBuffer;
   /**
@@ -87,6 +96,7 @@ const atomics = Atomics as unknown as AtomicsWithWaitAsync;
 export class ParamStore {
   private readonly paramViews = new Map<string, Float32Array>();
   private readonly slotViews = new Map<string, Record<string, Float32Array>>();
+  private readonly lowViews = new Map<string, Uint16Array>();
   private readonly layerOfKey = new Map<string, number>();
   private readonly versions: Int32Array;
   private readonly statusView: Int32Array;
@@ -100,6 +110,8 @@ export class ParamStore {
         rec[name] = new Float32Array(b);
       this.slotViews.set(k, rec);
     }
+    for (const [k, b] of Object.entries(layout.low ?? {}))
+      this.lowViews.set(k, new Uint16Array(b));
     layout.layers.forEach((keys, l) =>
       keys.forEach((k) => this.layerOfKey.set(k, l)),
     );
@@ -121,6 +133,9 @@ export class ParamStore {
    *   the master copy, updated in place by the optimizer threads, so the caller must not use it
    *   afterwards. Saves 4 bytes per parameter at start-up. Other arrays are copied.
    *
+   * - `opts.lowPrecision`: keys that also get a shared bfloat16 copy ({@link StoreLayout.low},
+   *   2 bytes per element more), filled here from the initial values.
+   *
    * Throws {@link LayerwiseError} naming the key if a layer names a key that `params` or
    * `shapes` lacks, a key appears twice, a key of `params` belongs to no layer, or a value
    * array's length differs from its shape's size.
@@ -130,7 +145,7 @@ export class ParamStore {
     layers: string[][],
     optimizer: OptimizerConfig,
     shapes: Record<string, number[]>,
-    opts: { adopt?: boolean } = {},
+    opts: { adopt?: boolean; lowPrecision?: ReadonlySet<string> } = {},
   ): ParamStore {
     const seen = new Set<string>();
     const layout: StoreLayout = {
@@ -182,7 +197,17 @@ export class ParamStore {
     });
     for (const key of params.keys())
       check(seen.has(key), `parameter '${key}' belongs to no layer`);
-    return new ParamStore(layout);
+    if (opts.lowPrecision !== undefined) {
+      layout.low = {};
+      for (const key of opts.lowPrecision) {
+        check(seen.has(key), `low-precision key '${key}' belongs to no layer`);
+        const n = sizeOf(layout.shapes[key]!);
+        layout.low[key] = new SharedArrayBuffer(2 * n);
+      }
+    }
+    const store = new ParamStore(layout);
+    for (const key of store.lowViews.keys()) store.refreshLow(key);
+    return store;
   }
 
   /** Views over the memory of a layout made by {@link create} (in any thread). */
@@ -212,6 +237,23 @@ export class ParamStore {
     const s = this.slotViews.get(key);
     if (!s) throw new LayerwiseError(`unknown parameter '${key}'`);
     return s;
+  }
+
+  /** The bfloat16 copy of `key`'s master (a shared view), or undefined where the key has none. */
+  low(key: string): Uint16Array | undefined {
+    return this.lowViews.get(key);
+  }
+
+  /**
+   * Rewrites `key`'s bfloat16 copy from its master with `convert` (default {@link toBf16}; the
+   * optimizer threads pass the native addon's vectorised loop). No-op for a key without one.
+   */
+  refreshLow(
+    key: string,
+    convert: (src: Float32Array, dst: Uint16Array) => void = toBf16,
+  ): void {
+    const low = this.lowViews.get(key);
+    if (low !== undefined) convert(this.param(key), low);
   }
 
   /** The shape of `key`. Throws LayerwiseError for an unknown key. */

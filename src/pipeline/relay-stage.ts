@@ -19,6 +19,14 @@
  */
 
 import { gpuQueue, makeResident } from '../backend/gpu-queue.js';
+import {
+  holdsBf16,
+  roundTensor,
+  roundToBf16,
+  tensorFromBf16,
+  widenBf16,
+} from '../backend/low-precision.js';
+import { countPrivateBytes, countTransfer } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
 import { type BlockParams, paramKey } from '../model/block.js';
 import type { Model } from '../model/model.js';
@@ -34,14 +42,19 @@ import { GradAccumulator } from './stage-params.js';
 /** Where the layer-boundary activations wait between forward and backward. */
 export type StashPlace = 'device' | 'host';
 
-/** A stashed activation: a device tensor, or its values in host memory. */
+/**
+ * A stashed activation: a device tensor, or its values outside the engine: float32/int32 in
+ * host memory, or (bf16 runs) bfloat16 in host memory or in device memory (`device`: counted as
+ * the device's private bytes, backend/memory.ts).
+ */
 type Stashed =
   | tf.Tensor
   | {
       values: Float32Array | Int32Array;
       shape: number[];
       dtype: 'float32' | 'int32';
-    };
+    }
+  | { bf16: Uint16Array; shape: number[]; device: boolean };
 
 /** The relay's options, sent by the L2L strategy: the parameter server's shared memory and the stash place. */
 export interface RelayOptions {
@@ -193,12 +206,20 @@ export class RelayStage implements StageProgram {
     const p: BlockParams = {};
     this.loaded.set(l, p); // registered first: a failing upload leaves nothing unreleased
     for (const [name, key] of this.layerKeys(l)) {
+      const low = this.store.low(key);
+      if (low !== undefined && holdsBf16()) {
+        // the compute precision: 2 bytes per element cross, and stay on the device as such
+        p[name] = tensorFromBf16(low.slice(), this.store.shape(key));
+        countTransfer('h2d', low.byteLength);
+        continue;
+      }
       const host = this.store.param(key);
       p[name] = tf.tensor(
         copy ? host.slice() : host,
         this.store.shape(key),
         'float32',
       );
+      countTransfer('h2d', host.byteLength);
     }
     makeResident(Object.values(p));
   }
@@ -224,6 +245,23 @@ export class RelayStage implements StageProgram {
   private async putStash(l: number, mb: number, t: tf.Tensor): Promise<void> {
     let s = this.stash.get(l);
     if (!s) this.stash.set(l, (s = new Map()));
+    if (l > 0 && t.dtype === 'float32' && holdsBf16()) {
+      // bf16 run: the layer boundary waits as bf16 values, 2 bytes per element (issue 23 item 4)
+      const shape = t.shape.slice();
+      let bf16: Uint16Array;
+      try {
+        const v = (await t.data()) as Float32Array;
+        bf16 = new Uint16Array(v.length);
+        roundToBf16(v, bf16);
+      } finally {
+        t.dispose();
+      }
+      const device = this.stashPlace === 'device';
+      if (device) countPrivateBytes(bf16.byteLength);
+      else countTransfer('d2h', bf16.byteLength);
+      s.set(mb, { bf16, shape, device });
+      return;
+    }
     if (this.stashPlace === 'host' && l > 0) {
       const shape = t.shape.slice();
       const dtype = t.dtype as 'float32' | 'int32';
@@ -241,6 +279,7 @@ export class RelayStage implements StageProgram {
           shape,
           dtype,
         });
+        countTransfer('d2h', v.byteLength);
       };
       if (gpuQueue() === null) return download(); // a host backend: the values are there already
       // a GPU: the read waits for the GPU to compute t; let the host go on meanwhile
@@ -264,10 +303,22 @@ export class RelayStage implements StageProgram {
     keep = false,
   ): tf.Tensor {
     const s = this.stash.get(l)?.get(mb);
+    if (s && 'bf16' in s) {
+      if (!keep) {
+        this.stash.get(l)!.delete(mb);
+        if (s.device) countPrivateBytes(-s.bf16.byteLength);
+      }
+      if (!s.device) countTransfer('h2d', s.bf16.byteLength);
+      const f32 = new Float32Array(s.bf16.length);
+      widenBf16(s.bf16, f32);
+      return tf.tensor(f32, s.shape, 'float32');
+    }
     if (s) {
       const host = !(s instanceof tf.Tensor);
       if (!(keep && host)) this.stash.get(l)!.delete(mb);
-      return host ? tf.tensor(s.values, s.shape, s.dtype) : s;
+      if (!host) return s;
+      countTransfer('h2d', s.values.byteLength);
+      return tf.tensor(s.values, s.shape, s.dtype);
     }
     if (l === 0) return io.takeInput(mb); // the step's input: the stage owns it now
     throw new Error(
@@ -292,8 +343,9 @@ export class RelayStage implements StageProgram {
       throw new Error(
         "the relay fuses the last layer's forward into its backward; schedule layer_backward",
       );
-    // a host-stashed input stays in the stash for the backward: only its upload is freed here
-    const hostKept = grad && this.stashPlace === 'host' && l > 0;
+    // a host-stashed (or bf16-stashed) input stays in the stash for the backward: only its upload is freed here
+    const hostKept =
+      grad && l > 0 && (this.stashPlace === 'host' || holdsBf16());
     const x = this.takeStash(l, mb, io, hostKept);
     try {
       if (l === this.layers - 1) {
@@ -370,7 +422,14 @@ export class RelayStage implements StageProgram {
         this.layerKeys(l).map(([, key]) => key),
         grads,
       );
-      if (wantInput) this.dys.set(mb, grads[names.length]);
+      if (wantInput) {
+        // bf16: the boundary's gradient at the compute precision, as applyBlocks rounds it
+        const dx = grads[names.length]!;
+        if (holdsBf16()) {
+          this.dys.set(mb, roundTensor(dx));
+          dx.dispose();
+        } else this.dys.set(mb, dx);
+      }
     } finally {
       seed.dispose();
       x?.dispose();
@@ -393,6 +452,7 @@ export class RelayStage implements StageProgram {
       if (!g) continue;
       const v = (await g.data()) as Float32Array;
       grads[key] = copy ? v.slice() : v;
+      countTransfer('d2h', v.byteLength);
     }
     this.grads.clear();
     return { layer: l, grads, sumSquares };
@@ -408,7 +468,9 @@ export class RelayStage implements StageProgram {
   reset(): void {
     this.grads.clear();
     for (const s of this.stash.values())
-      for (const t of s.values()) if (t instanceof tf.Tensor) t.dispose();
+      for (const t of s.values())
+        if (t instanceof tf.Tensor) t.dispose();
+        else if ('bf16' in t && t.device) countPrivateBytes(-t.bf16.byteLength);
     this.stash.clear();
     for (const t of this.dys.values()) t.dispose();
     this.dys.clear();

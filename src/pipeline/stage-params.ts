@@ -4,6 +4,8 @@
  * micro-batches of a step ({@link GradAccumulator}). Backprop and local-parallelism stages own
  * both; the L2L relay stage, whose parameters live in the parameter server, only accumulates.
  */
+
+import { roundActivation } from '../backend/low-precision.js';
 import { tf } from '../backend/tfjs.js';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
@@ -100,6 +102,8 @@ export class StageParams {
       for (const [name, key] of this.blockKeys[b - this.range.from])
         p[name] = param(key);
       h = this.model.blocks[b].forward(p, h);
+      // bf16: each block boundary at the compute precision, where L2L stashes and stages send it
+      if (b < this.model.blocks.length - 1) h = roundActivation(h);
     }
     return h;
   }

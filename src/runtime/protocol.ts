@@ -69,6 +69,10 @@ export interface StageStepResult {
   bytes: number;
   /** wasm backend: size of its linear memory (heap) after the step, bytes (a high-water mark, capped at 4 GiB). */
   heapBytes?: number;
+  /** Bytes uploaded from host memory to the device during the step (backend/memory.ts countTransfer: L2L's layer and stash uploads, and activations and gradients received from other stages). */
+  hostToDeviceBytes?: number;
+  /** Bytes downloaded from the device to host memory during the step (L2L's stash and gradients, what the stage sends to other stages). */
+  deviceToHostBytes?: number;
   /** Wall time of the step on this stage, ms. */
   ms: number;
   /** When the stage began the step, ms since the Unix epoch (a clock shared by all threads). */

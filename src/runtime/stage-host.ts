@@ -10,11 +10,14 @@ import {
   initBackend,
   releaseBackend,
 } from '../backend/index.js';
+import { holdsBf16, roundToBf16, widenBf16 } from '../backend/low-precision.js';
 import {
+  countTransfer,
   deviceBytes,
   peakBytes,
   resetPeakBytes,
   setDeviceBudget,
+  takeTransferBytes,
 } from '../backend/memory.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
@@ -54,11 +57,18 @@ export async function serveStage(
   let prev: Channel | null = null;
   let next: Channel | null = null;
 
+  /** An activation or gradient between stages: float32/int32, or (bf16 runs) its bf16 values. */
   interface TensorMessage extends Message {
     mb: number;
-    tensor: HostTensor;
+    tensor?: HostTensor;
+    bf16?: { shape: number[]; data: Uint16Array };
   }
 
+  /**
+   * Sends t (disposed) to a neighbour stage. In a bf16 run a float32 tensor crosses as bf16 (2
+   * bytes per element): block boundaries are already bf16 values (roundActivation), so nothing
+   * is lost. Counted as device-to-host bytes of this stage (it leaves the device).
+   */
   async function sendTensor(
     ch: Channel | null,
     type: string,
@@ -66,8 +76,37 @@ export async function serveStage(
     t: tf.Tensor,
   ): Promise<void> {
     if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
+    if (t.dtype === 'float32' && holdsBf16()) {
+      const shape = t.shape.slice();
+      let data: Uint16Array;
+      try {
+        const v = (await t.data()) as Float32Array;
+        data = new Uint16Array(v.length);
+        roundToBf16(v, data);
+      } finally {
+        t.dispose();
+      }
+      countTransfer('d2h', data.byteLength);
+      ch.send({ type, mb, bf16: { shape, data } }, [
+        data.buffer as ArrayBuffer,
+      ]);
+      return;
+    }
     const w = await toWire(t);
+    countTransfer('d2h', w.data.byteLength);
     ch.send({ type, mb, tensor: w }, transferables([w]));
+  }
+
+  /** A received activation or gradient as a device tensor; counted as host-to-device bytes. */
+  function tensorOf(m: TensorMessage): tf.Tensor {
+    if (m.bf16) {
+      countTransfer('h2d', m.bf16.data.byteLength);
+      const f32 = new Float32Array(m.bf16.data.length);
+      widenBf16(m.bf16.data, f32);
+      return fromWire({ shape: m.bf16.shape, dtype: 'float32', data: f32 });
+    }
+    countTransfer('h2d', m.tensor!.data.byteLength);
+    return fromWire(m.tensor!);
   }
 
   async function recvTensor(
@@ -76,7 +115,7 @@ export async function serveStage(
   ): Promise<{ mb: number; t: tf.Tensor }> {
     if (!ch) throw new Error(`stage has no neighbour to receive ${type} from`);
     const m = await ch.recv<TensorMessage>(type);
-    return { mb: m.mb, t: fromWire(m.tensor) };
+    return { mb: m.mb, t: tensorOf(m) };
   }
 
   const links: StageLinks = {
@@ -85,7 +124,7 @@ export async function serveStage(
     recvGradient: () => recvTensor(next, 'grad'),
     pollGradient() {
       const m = next?.tryRecv<TensorMessage>('grad');
-      return m ? { mb: m.mb, t: fromWire(m.tensor) } : null;
+      return m ? { mb: m.mb, t: tensorOf(m) } : null;
     },
     sendGradient: (mb, t) => sendTensor(prev, 'grad', mb, t),
     pushGrads(g) {
@@ -147,6 +186,7 @@ export async function serveStage(
       const t0 = performance.now();
       const startedAt = performance.timeOrigin + t0;
       resetPeakBytes();
+      takeTransferBytes(); // this step's transfers only (not the init's or an evaluation's)
       s.losses.clear();
       s.metrics?.clear();
       if (s.faults) s.faults.length = 0;
@@ -190,6 +230,7 @@ export async function serveStage(
         peakBytes: peakBytes(),
         bytes: deviceBytes(),
         heapBytes: backendHeapBytes(),
+        ...transferBytesOf(takeTransferBytes()),
         ms: performance.now() - t0,
         startedAt,
       };
@@ -263,4 +304,14 @@ export async function serveStage(
       (stage as StageProgram | null)?.reset();
     }
   }
+}
+
+/** The step's host/device transfers for its result: present only where the stage counted some. */
+function transferBytesOf(t: {
+  hostToDevice: number;
+  deviceToHost: number;
+}): Pick<StageStepResult, 'hostToDeviceBytes' | 'deviceToHostBytes'> {
+  return t.hostToDevice > 0 || t.deviceToHost > 0
+    ? { hostToDeviceBytes: t.hostToDevice, deviceToHostBytes: t.deviceToHost }
+    : {};
 }

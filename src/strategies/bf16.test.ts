@@ -8,10 +8,12 @@
  */
 
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import { bf16Support } from '../backend/names.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
 import type { TrainConfig } from '../config/config.js';
@@ -113,6 +115,176 @@ test('a bf16 run saves float32 masters and its precision, and resumes like the u
     assert.equal(
       statSync(join(checkpointDir(join(dir, 'full')), 'params.bin')).size,
       4 * full.summary.params,
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('l2l bf16 ships layers and stashes in bf16: host-to-device bytes per step at most 0.55x fp32, in metrics.jsonl and summary.json (charlm-small, M=4)', {
+  skip,
+}, async () => {
+  const { train } = await import('../train/trainer.js');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-l2l-'));
+  try {
+    const moved: Record<string, { h2d: number; d2h: number; peak: number }> =
+      {};
+    for (const precision of ['fp32', 'bf16'] as const) {
+      const out = join(dir, precision);
+      const r = await train({
+        preset: 'charlm-small',
+        batchSize: 32,
+        steps: 2,
+        evalBatches: 1,
+        evalEvery: 0,
+        lr: 1e-3,
+        warmup: 1,
+        backend: 'native',
+        precision,
+        strategy: 'l2l',
+        microBatches: 4,
+        stash: 'host',
+        out,
+      });
+      const lines = readFileSync(join(out, 'metrics.jsonl'), 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l));
+      const m = lines[lines.length - 1];
+      assert.ok(
+        Array.isArray(m.host_to_device_bytes) &&
+          Array.isArray(m.device_to_host_bytes),
+        'metrics.jsonl reports the step transfers',
+      );
+      assert.deepEqual(
+        r.summary.host_to_device_bytes,
+        m.host_to_device_bytes,
+        'summary.json: the per-step mean (every step moves the same)',
+      );
+      moved[precision] = {
+        h2d: m.host_to_device_bytes[0],
+        d2h: m.device_to_host_bytes[0],
+        peak: m.peak_device_bytes[0],
+      };
+    }
+    const { fp32, bf16 } = moved as Record<string, (typeof moved)['fp32']>;
+    assert.ok(fp32!.h2d > 0 && fp32!.d2h > 0, 'fp32 counts its transfers');
+    const ratio = bf16!.h2d / fp32!.h2d;
+    assert.ok(
+      ratio <= 0.55,
+      `host-to-device bytes per step: bf16 ${bf16!.h2d} vs fp32 ${fp32!.h2d} (${ratio.toFixed(3)}x)`,
+    );
+    // the stash's downloads halve too (the gradients stay float32, for float32 accumulation)
+    assert.ok(
+      bf16!.d2h < fp32!.d2h,
+      `device-to-host: ${bf16!.d2h} vs ${fp32!.d2h}`,
+    );
+    assert.ok(bf16!.peak < fp32!.peak, `peak: ${bf16!.peak} vs ${fp32!.peak}`);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('gpipe K=2 and local K=2 in bf16: activations and gradients cross stages as bf16, half the bytes of fp32 (metrics.jsonl)', {
+  skip,
+}, async () => {
+  const { train } = await import('../train/trainer.js');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-wire-'));
+  try {
+    const moved = async (
+      strategy: string,
+      precision: 'fp32' | 'bf16',
+    ): Promise<{ h2d: number[]; d2h: number[] }> => {
+      const out = join(dir, `${strategy}-${precision}`);
+      await train({
+        preset: 'charlm-tiny',
+        ...SHAPE,
+        batchSize: 8,
+        steps: 1,
+        evalBatches: 1,
+        evalEvery: 0,
+        lr: 1e-3,
+        backend: 'native',
+        precision,
+        strategy,
+        stages: 2,
+        microBatches: 2,
+        out,
+      });
+      const m = JSON.parse(
+        readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')[0]!,
+      );
+      return { h2d: m.host_to_device_bytes, d2h: m.device_to_host_bytes };
+    };
+    for (const strategy of ['gpipe', 'local']) {
+      const [a, b] = [
+        await moved(strategy, 'fp32'),
+        await moved(strategy, 'bf16'),
+      ];
+      // stage 0 sends activations (gpipe: receives gradients), stage 1 the reverse
+      for (const dir of ['h2d', 'd2h'] as const) {
+        const total = (x: number[]) => x.reduce((s, v) => s + v, 0);
+        assert.ok(total(a[dir]) > 0, `${strategy} fp32 counts ${dir}`);
+        assert.equal(
+          total(b[dir]),
+          total(a[dir]) / 2,
+          `${strategy} ${dir}: bf16 ${b[dir]} vs fp32 ${a[dir]}`,
+        );
+      }
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('a numeric fault in a bf16 gpipe step is named by step, stage, block and micro-batch (issue 23 item 8)', {
+  skip,
+}, () => {
+  const cli = fileURLToPath(new URL('../cli/main.js', import.meta.url));
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-fault-'));
+  const train = (args: string[]) =>
+    spawnSync(process.execPath, [cli, 'train', ...args], {
+      encoding: 'utf8',
+      timeout: 300_000,
+    });
+  try {
+    const out = join(dir, 'run');
+    const common = [
+      '--preset',
+      'charlm-tiny',
+      '--layers',
+      '2',
+      '--d-model',
+      '32',
+      '--heads',
+      '2',
+      '--context',
+      '16',
+      '--batch-size',
+      '8',
+      '--eval-batches',
+      '1',
+      '--eval-every',
+      '0',
+      '--strategy',
+      'gpipe',
+      '--stages',
+      '2',
+      '--micro-batches',
+      '2',
+      '--backend',
+      'native',
+      '--precision',
+      'bf16',
+    ];
+    const a = train([...common, '--steps', '2', '--lr', '0.01', '--out', out]);
+    assert.equal(a.status, 0, a.stderr);
+    // an absurd learning rate: the first update is finite but huge, a later forward overflows
+    const b = train(['--resume', out, '--steps', '10', '--lr', '1e6']);
+    assert.equal(b.status, 2, b.stderr);
+    assert.match(
+      b.stderr,
+      /non-finite value at step \d+: the (output|loss|gradient|input).* (of )?block \d+ \(\w+\) on stage \d, micro-batch \d/,
     );
   } finally {
     rmSync(dir, { recursive: true, force: true });

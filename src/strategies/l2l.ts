@@ -26,6 +26,7 @@ import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
 import { predictRelayStepTime } from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostTensor } from '../data/microbatch.js';
+import { paramKey, readByProducts } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
@@ -112,6 +113,17 @@ export class L2LStrategy implements Strategy {
     params: HostParams,
   ): Promise<L2LStrategy> {
     const { layers, shapes } = blockLayers(model.blocks);
+    // bf16: the products' weights also live as bf16 copies in the server, shipped as such
+    const lowPrecision =
+      opts.precision === 'bf16'
+        ? new Set(
+            model.blocks.flatMap((b, bi) =>
+              b.params
+                .filter(readByProducts)
+                .map((spec) => paramKey(bi, spec.name)),
+            ),
+          )
+        : undefined;
     const server = await ParameterServer.create({
       params,
       layers,
@@ -119,6 +131,7 @@ export class L2LStrategy implements Strategy {
       optimizer: opts.optimizer,
       threads: opts.serverThreads,
       adopt: opts.adoptParams,
+      lowPrecision,
     });
     const worker = new StageWorker(0);
     const s = new L2LStrategy(opts, model, worker, server);

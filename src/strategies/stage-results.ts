@@ -39,6 +39,12 @@ export function stepReport(results: readonly StageStepResult[]): StepReport {
     stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
     peakBytes: results.map((r) => r.peakBytes),
     heapBytes: results.map((r) => r.heapBytes),
+    ...(results.some((r) => r.hostToDeviceBytes !== undefined)
+      ? {
+          hostToDeviceBytes: results.map((r) => r.hostToDeviceBytes ?? 0),
+          deviceToHostBytes: results.map((r) => r.deviceToHostBytes ?? 0),
+        }
+      : {}),
     stageSeconds: results.map((r) => r.ms / 1000),
     bubble: results.map((r) => (r.ms > 0 ? waitingMs(r.trace) / r.ms : 0)),
     traces: results.map((r) => r.trace),

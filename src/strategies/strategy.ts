@@ -20,6 +20,10 @@ export interface StepReport {
   peakBytes: number[];
   /** Per stage, wasm backend only: its heap (linear memory) size in bytes, a high-water mark. */
   heapBytes?: Array<number | undefined>;
+  /** Per stage (device): bytes moved host to device during the step, where the strategy counts them (l2l; stages' messages). */
+  hostToDeviceBytes?: number[];
+  /** Per stage (device): bytes moved device to host during the step (as above). */
+  deviceToHostBytes?: number[];
   /** Per stage: wall time of the step, seconds. */
   stageSeconds: number[];
   /** Per stage: fraction of the step spent waiting for other stages (the measured bubble). */

@@ -19,6 +19,10 @@ export interface StepMetrics {
    * (a high-water mark that also holds XNNPACK's packed weights and allocator slack).
    */
   wasm_heap_bytes?: number[];
+  /** Bytes moved host to device per stage during the step, where the strategy moves parameters or activations through host memory (l2l: layer and host-stash uploads; gpipe, 1F1B, local: what a stage receives from others). */
+  host_to_device_bytes?: number[];
+  /** Bytes moved device to host per stage during the step (l2l: layer gradients and host-stash downloads; gpipe, 1F1B, local: what a stage sends). */
+  device_to_host_bytes?: number[];
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
   val_loss?: number;
@@ -66,6 +70,10 @@ export interface Summary {
   tokens_per_s?: number;
   examples_per_s?: number;
   peak_device_bytes: number[];
+  /** Per step, per stage: the mean of metrics.jsonl's host_to_device_bytes over the run's steps (where counted). */
+  host_to_device_bytes?: number[];
+  /** Per step, per stage: the mean of device_to_host_bytes (as above). */
+  device_to_host_bytes?: number[];
   /** wasm backend: largest heap size per stage over the run, bytes. */
   wasm_heap_bytes?: number[];
   /**

@@ -390,6 +390,12 @@ async function run(
   const peak = new Array<number>(strategy.devices).fill(0);
   const bubbleSum = new Array<number>(strategy.devices).fill(0);
   const heap = new Array<number>(strategy.devices).fill(0);
+  // host/device transfers, summed over this process's steps (where the strategy counts them)
+  const moved = {
+    h2d: new Array<number>(strategy.devices).fill(0),
+    d2h: new Array<number>(strategy.devices).fill(0),
+    steps: 0,
+  };
   let measured = 0;
   /** summary.json's fields from the steps recorded so far. */
   const summarize = (): Summary => ({
@@ -413,6 +419,12 @@ async function run(
     ...(valAux ? { val_aux_losses: valAux } : {}),
     [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
     peak_device_bytes: peak,
+    ...(moved.steps > 0
+      ? {
+          host_to_device_bytes: moved.h2d.map((b) => b / moved.steps),
+          device_to_host_bytes: moved.d2h.map((b) => b / moved.steps),
+        }
+      : {}),
     bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
     ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
     // with --device-memory: the budget and the peak predicted before training, beside the measured one
@@ -520,6 +532,11 @@ async function run(
         measured++;
       }
       r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
+      if (r.hostToDeviceBytes && r.deviceToHostBytes) {
+        r.hostToDeviceBytes.forEach((b, i) => (moved.h2d[i] += b));
+        r.deviceToHostBytes.forEach((b, i) => (moved.d2h[i] += b));
+        moved.steps++;
+      }
       r.heapBytes?.forEach(
         (b, i) => (heap[i] = b === undefined ? NaN : Math.max(heap[i], b)),
       );
@@ -531,6 +548,12 @@ async function run(
         step_s: secs,
         [targetName]: f.tokens / secs,
         peak_device_bytes: r.peakBytes,
+        ...(r.hostToDeviceBytes && r.deviceToHostBytes
+          ? {
+              host_to_device_bytes: r.hostToDeviceBytes,
+              device_to_host_bytes: r.deviceToHostBytes,
+            }
+          : {}),
         bubble: r.bubble,
         ...(r.heapBytes?.every((h) => h !== undefined)
           ? { wasm_heap_bytes: r.heapBytes as number[] }

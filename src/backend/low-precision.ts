@@ -1,0 +1,98 @@
+/**
+ * The seam between the L2L relay and a backend's compute precision (issue 23 item 4): a
+ * parameter shipped as bfloat16 values becomes a float32 tensor that the backend keeps as those
+ * bf16 values where it can (the native backend at --precision bf16: NativeBackend.fromBf16, 2
+ * bytes per element on the device, read directly as the products' bf16 operands), or as their
+ * exact float32 widening elsewhere. Imports only TF.js, so the page's bundle can take it.
+ */
+import { toBf16 } from '../util/bf16.js';
+import { tf } from './tfjs.js';
+
+/** A backend that can hold a float32 tensor as bf16 values (backend/native.ts NativeBackend). */
+interface Bf16Holder {
+  precision: string;
+  fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
+  roundToBf16(src: Float32Array, dst: Uint16Array): void;
+  widenFromBf16(src: Uint16Array, dst: Float32Array): void;
+}
+
+function holder(): Bf16Holder | null {
+  const b = tf.backend() as unknown as Partial<Bf16Holder>;
+  return b.precision === 'bf16' && typeof b.fromBf16 === 'function'
+    ? (b as Bf16Holder)
+    : null;
+}
+
+/** Whether this thread's backend computes in bf16 and keeps bf16-only tensors (then {@link tensorFromBf16} halves their bytes). */
+export function holdsBf16(): boolean {
+  return holder() !== null;
+}
+
+/**
+ * dst[i] = src[i] rounded to bfloat16 (nearest, ties to even), on this thread's backend where
+ * it converts (the native addon's vectorised loop), else in JavaScript. RangeError on a length
+ * mismatch.
+ */
+export function roundToBf16(src: Float32Array, dst: Uint16Array): void {
+  const h = holder();
+  if (h) h.roundToBf16(src, dst);
+  else toBf16(src, dst);
+}
+
+/** dst[i] = the bf16 src[i] widened to float32 (exact): the backend's loop where it has one. */
+export function widenBf16(src: Uint16Array, dst: Float32Array): void {
+  const h = holder();
+  if (h) {
+    h.widenFromBf16(src, dst);
+    return;
+  }
+  const u = new Uint32Array(dst.buffer, dst.byteOffset, dst.length);
+  for (let i = 0; i < src.length; i++) u[i] = src[i]! << 16;
+}
+
+/**
+ * A float32 tensor of `shape` whose values are the bf16 values `bf` widened (exact). `bf` is
+ * taken over: the caller must not change it afterwards. On a bf16 native backend the device
+ * holds `bf` itself (see NativeBackend.fromBf16); elsewhere a widened Float32Array.
+ * RangeError if `bf`'s length is not the shape's size.
+ */
+export function tensorFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
+  const h = holder();
+  if (h) return h.fromBf16(bf, shape);
+  const n = tf.util.sizeFromShape(shape);
+  if (bf.length !== n)
+    throw new RangeError(
+      `tensorFromBf16: ${bf.length} bf16 values for shape [${shape}] (${n} elements)`,
+    );
+  const f32 = new Float32Array(n);
+  widenBf16(bf, f32);
+  return tf.tensor(f32, shape, 'float32');
+}
+
+/** t's values rounded to bf16 and widened back: a new float32 tensor of t's shape (t is kept). */
+export function roundTensor(t: tf.Tensor): tf.Tensor {
+  const v = t.dataSync() as Float32Array;
+  const bf = new Uint16Array(v.length);
+  roundToBf16(v, bf);
+  const f32 = new Float32Array(v.length);
+  widenBf16(bf, f32);
+  return tf.tensor(f32, t.shape, 'float32');
+}
+
+/**
+ * A layer-boundary activation at the run's compute precision: on a bf16 backend ({@link
+ * holdsBf16}) x's float32 values rounded to bf16 (a float32 tensor of x's shape), and in
+ * backward its gradient rounded to bf16 likewise; elsewhere x itself. Every strategy rounds at
+ * each block boundary (pipeline/stage-params.ts applyBlocks; the L2L relay's stash and incoming
+ * gradients), so the activations and gradients that stages send, and the stashes they keep,
+ * travel in bf16 without any strategy computing other numbers than single-device bf16 (issue
+ * 23 items 4 and 5).
+ */
+export function roundActivation(x: tf.Tensor): tf.Tensor {
+  if (x.dtype !== 'float32' || !holdsBf16()) return x;
+  const round = tf.customGrad(((t: tf.Tensor) => ({
+    value: roundTensor(t),
+    gradFunc: (dy: tf.Tensor) => roundTensor(dy),
+  })) as unknown as Parameters<typeof tf.customGrad>[0]);
+  return round(x);
+}
