@@ -277,6 +277,33 @@ program
 (await import('./param-server.js')).registerParamServerBench(program);
 
 program
+  .command('layer-drop')
+  .description(
+    'l2l with --layer-drop P against 0: host-to-device bytes per step, step time, tokens/s',
+  )
+  .option(
+    '--layers <n>',
+    'decoder blocks of charlm-small',
+    (v) => Number(v),
+    12,
+  )
+  .option('--p <x>', 'drop probability compared with 0', (v) => Number(v), 0.5)
+  .option(
+    '--steps <n>',
+    'steps per run (the first left out)',
+    (v) => Number(v),
+    8,
+  )
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--micro-batches <n>', 'l2l micro-batches', (v) => Number(v), 4)
+  .option('--backend <name>', 'backend', defaultBackend())
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchLayerDrop } = await import('./layer-drop.js');
+    await benchLayerDrop(o, (s) => console.log(s));
+  });
+
+program
   .command('l2l')
   .description(
     'l2l vs single: peak device memory and throughput against depth, largest model under a device budget, parameter server update rate',
