@@ -24,6 +24,7 @@ import {
 } from '../src/strategies/index.js';
 import type { StepReport, Strategy } from '../src/strategies/strategy.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
+import { StepTally } from '../src/train/step-tally.js';
 import { TraceRecorder } from '../src/train/trace.js';
 import { LayerwiseError } from '../src/util/errors.js';
 
@@ -143,7 +144,6 @@ export async function runInPage(
     context: cfg.context ?? context,
     seed: cfg.seed,
   });
-  const targetName = ds.kind === 'text' ? 'tokens_per_s' : 'examples_per_s';
   const nParams = modelParamCount(model);
   const strategy: Strategy = await createStrategy(
     cfg,
@@ -154,16 +154,12 @@ export async function runInPage(
   hooks.onStart?.({ params: nParams, ranges, dataset: ds.name });
   const metrics: StepMetrics[] = [];
   const recorder = new TraceRecorder(true);
-  const peak = new Array<number>(strategy.devices).fill(0);
-  const heap = new Array<number>(strategy.devices).fill(0);
-  const bubbleSum = new Array<number>(strategy.devices).fill(0);
-  let measured = 0;
-  let targets = 0;
-  let trainSeconds = 0;
+  const tally = new StepTally(
+    strategy.devices,
+    ds.kind === 'text',
+    cfg.strategy === 'local',
+  );
   let initialLoss: number | undefined;
-  let valLoss = Number.NaN;
-  let valMetrics: Partial<Summary> = {};
-  let valAux: number[] | undefined;
   let stopped = false;
   let done = 0;
   let params: HostParams;
@@ -191,50 +187,15 @@ export async function runInPage(
       done = step + 1;
       checkFinite(r.loss, done, cfg.lr);
       initialLoss ??= r.loss;
-      if (step > 0 || cfg.steps === 1) {
-        targets += batch.tokens;
-        trainSeconds += secs;
-        r.bubble.forEach((b, i) => (bubbleSum[i] += b));
-        measured++;
-      }
-      r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i]!, b)));
-      r.heapBytes?.forEach(
-        (b, i) =>
-          (heap[i] = b === undefined ? Number.NaN : Math.max(heap[i]!, b)),
-      );
       recorder.add(done, r);
-      const m: StepMetrics = {
+      const m = tally.step(r, {
         step: done,
-        loss: r.loss,
         lr,
-        step_s: secs,
-        [targetName]: batch.tokens / secs,
-        peak_device_bytes: r.peakBytes,
-        bubble: r.bubble,
-        ...(r.heapBytes?.every((h) => h !== undefined)
-          ? { wasm_heap_bytes: r.heapBytes as number[] }
-          : {}),
-        ...(cfg.strategy === 'local' ? { stage_losses: r.stageLosses } : {}),
-      };
-      if (due(done)) {
-        const ev = await strategy.evaluate(valBatches);
-        valLoss = ev.loss;
-        m.val_loss = valLoss;
-        valMetrics = {
-          ...(ev.metrics?.accuracy !== undefined
-            ? { val_accuracy: ev.metrics.accuracy }
-            : {}),
-          // a character model's loss is nats per character
-          ...(ds.kind === 'text'
-            ? { val_bpc: valLoss / Math.LN2, val_perplexity: Math.exp(valLoss) }
-            : {}),
-        };
-        Object.assign(m, valMetrics);
-        if (ev.auxLosses) {
-          valAux = ev.auxLosses;
-          m.val_aux_losses = ev.auxLosses;
-        }
-      }
+        tokens: batch.tokens,
+        seconds: secs,
+        counted: step > 0 || cfg.steps === 1, // the first step warms kernels up
+      });
+      if (due(done)) tally.evaluation(m, await strategy.evaluate(valBatches));
       metrics.push(m);
       hooks.onStep?.(m, r, recorder);
       mark = performance.now();
@@ -261,13 +222,7 @@ export async function runInPage(
     steps: done,
     initial_loss: initialLoss ?? Number.NaN,
     final_loss: last?.loss ?? Number.NaN,
-    val_loss: valLoss,
-    ...valMetrics,
-    ...(valAux ? { val_aux_losses: valAux } : {}),
-    [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
-    peak_device_bytes: peak,
-    bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
-    ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
+    ...tally.summaryFields(),
     wall_s: (performance.now() - t0) / 1000,
   };
   return { summary, metrics, model, params, dataset: ds, stopped };

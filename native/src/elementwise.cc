@@ -162,6 +162,18 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param) {
       }
       return true;
     }
+    case UnaryOp::RoundBf16: {  // one pass, as util/bf16.ts toBf16 then the exact widening
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+      for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        std::memcpy(&u, &x[i], 4);
+        const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+        const uint32_t quiet = (u | 0x00400000u) & 0xffff0000u;
+        const uint32_t r = (u & 0x7fffffffu) > 0x7f800000u ? quiet : rounded;
+        std::memcpy(&out[i], &r, 4);
+      }
+      return true;
+    }
   }
   return false;
 }

@@ -37,8 +37,9 @@ bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::
             const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape);
 
 // Element-wise out = op(x) over n elements.
-enum class UnaryOp { Exp = 0, Log = 1, Sqrt = 2, Rsqrt = 3, Square = 4, Neg = 5, Sigmoid = 6, Tanh = 7, Relu = 8, Abs = 9, Reciprocal = 10, Step = 11 };
+enum class UnaryOp { Exp = 0, Log = 1, Sqrt = 2, Rsqrt = 3, Square = 4, Neg = 5, Sigmoid = 6, Tanh = 7, Relu = 8, Abs = 9, Reciprocal = 10, Step = 11, RoundBf16 = 12 };
 // param: Step's alpha (the value where x <= 0); unused by the other ops
+// RoundBf16: x rounded to bfloat16 (nearest, ties to even; NaN stays a quiet NaN) and widened back
 bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param = 0.f);
 
 // GELU (tanh approximation, as x * sigmoid(x (c1 + c2 x^2))) and its gradient dx = dy * GELU'(x).

@@ -69,8 +69,16 @@ export function tensorFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
   return tf.tensor(f32, shape, 'float32');
 }
 
+/**
+ * The kernel that rounds a float32 tensor to bf16 and widens it back in one pass (the native
+ * backend's, backend/native.ts); {@link roundTensor} composes it where a backend has none.
+ */
+export const ROUND_BF16_KERNEL = 'LayerwiseRoundBf16';
+
 /** t's values rounded to bf16 and widened back: a new float32 tensor of t's shape (t is kept). */
 export function roundTensor(t: tf.Tensor): tf.Tensor {
+  if (tf.getKernel(ROUND_BF16_KERNEL, tf.getBackend()))
+    return tf.engine().runKernel(ROUND_BF16_KERNEL, { x: t }) as tf.Tensor;
   const v = t.dataSync() as Float32Array;
   const bf = new Uint16Array(v.length);
   roundToBf16(v, bf);

@@ -28,6 +28,12 @@ import {
 } from '../testing/backend-compare.js';
 import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
+import {
+  ROUND_BF16_KERNEL,
+  roundTensor,
+  roundToBf16,
+  widenBf16,
+} from './low-precision.js';
 import type { NativeBackend } from './native.js';
 import { nativeAddon, nativeKernelNames, nativeUnavailable } from './native.js';
 import { tf } from './tfjs.js';
@@ -198,6 +204,46 @@ test('native element-wise kernels equal cpu: broadcasting binary ops, unary ops'
   const st = tf.step(tf.tensor1d([NaN, -1, 0, 2]), 0.5);
   assert.deepEqual(Array.from(st.dataSync()), [NaN, 0.5, 0.5, 1]);
   st.dispose();
+});
+
+test("the native bf16 rounding kernel (roundTensor's one pass) equals the JS rounding and widening bit for bit, ties, NaN and infinities included", {
+  skip,
+}, async () => {
+  await initBackend('native');
+  assert.ok(
+    tf.getKernel(ROUND_BF16_KERNEL, 'native'),
+    'the native backend registers the kernel',
+  );
+  const special = [
+    1,
+    1.00390625,
+    1.01171875,
+    1.0078125,
+    -2.5,
+    Math.PI,
+    3.4e38,
+    3.40282e38,
+    -0,
+    0,
+  ];
+  special.push(Infinity, -Infinity, NaN, 1e-40, -1e-45);
+  // a signalling NaN (quiet bit clear) and a NaN whose payload sits in the low half only
+  const bits = new Uint32Array([0x7f800001, 0xff810000, 0x7fa00000]);
+  const src = new Float32Array(70000 + special.length + bits.length); // over the parallel threshold
+  src.set(randomArray(70000, 7).map((v) => v * 1000));
+  src.set(special, 70000);
+  src.set(new Float32Array(bits.buffer), 70000 + special.length);
+  const bf = new Uint16Array(src.length);
+  roundToBf16(src, bf);
+  const want = new Float32Array(src.length);
+  widenBf16(bf, want);
+  const x = tf.tensor1d(src);
+  const got = roundTensor(x);
+  assert.deepEqual(
+    new Uint32Array((got.dataSync() as Float32Array).slice().buffer),
+    new Uint32Array(want.buffer),
+  );
+  tf.dispose([x, got]);
 });
 
 test('the fused native GELU, layer norm and causal softmax and their gradients equal the composed ones on cpu', {

@@ -42,6 +42,7 @@ import {
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from './kernel-names.js';
+import { ROUND_BF16_KERNEL } from './low-precision.js';
 import { countPrivateBytes } from './memory.js';
 import type { Precision } from './names.js';
 import { nativeAddon } from './native-addon.js';
@@ -580,6 +581,15 @@ function binaryKernel(name: string): tf.KernelFunc {
     );
     return backend.makeTensorInfo(shape, 'float32', out);
   }) as tf.KernelFunc;
+}
+
+/** bf16 rounding of a float32 tensor, widened back (backend/low-precision.ts ROUND_BF16_KERNEL): one pass. */
+function roundBf16Kernel(args: KernelArgs): tf.TensorInfo {
+  const { x } = args.inputs as { x: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
+  nativeAddon()!.unary(12, values(backend, x), out); // UnaryOp::RoundBf16
+  return backend.makeTensorInfo(x.shape, 'float32', out);
 }
 
 function unaryKernel(name: string): tf.KernelFunc {
@@ -1131,6 +1141,7 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
     softmaxCrossEntropyGradKernel as tf.KernelFunc,
   [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
   [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
+  [ROUND_BF16_KERNEL]: roundBf16Kernel as unknown as tf.KernelFunc,
   ...NATIVE_CONV_KERNELS, // convolution and pooling (backend/native-conv.ts)
 };
 

@@ -54,6 +54,7 @@ import {
 } from './checkpoint-io.js';
 import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
 import { checkRunPaths, lockRunFolder } from './run-folder.js';
+import { StepTally } from './step-tally.js';
 import { type StageSummary, TraceRecorder } from './trace.js';
 
 /** Flags that define the model and data stream; a resumed run must not change them. */
@@ -350,7 +351,6 @@ async function run(
   valBatches: ReturnType<typeof validationBatches>,
 ): Promise<TrainResult> {
   const { cfg, ds, model, ranges } = p;
-  const targetName = ds.kind === 'text' ? 'tokens_per_s' : 'examples_per_s';
   const batcher = makeBatcher(
     ds,
     {
@@ -378,25 +378,13 @@ async function run(
   const log = new MetricsLog(cfg.out);
   const stats = { ...p.stats };
   let last: StepMetrics | undefined;
-  let valLoss = NaN;
-  let valAux: number[] | undefined;
-  let valMetrics: Pick<
-    StepMetrics,
-    'val_accuracy' | 'val_bpc' | 'val_perplexity'
-  > = {};
-  let targets = 0;
-  let trainSeconds = 0;
+  const tally = new StepTally(
+    strategy.devices,
+    ds.kind === 'text',
+    spec.stageLosses,
+    cfg.layerDrop > 0,
+  );
   const recorder = new TraceRecorder(cfg.trace !== undefined);
-  const peak = new Array<number>(strategy.devices).fill(0);
-  const bubbleSum = new Array<number>(strategy.devices).fill(0);
-  const heap = new Array<number>(strategy.devices).fill(0);
-  // host/device transfers, summed over this process's steps (where the strategy counts them)
-  const moved = {
-    h2d: new Array<number>(strategy.devices).fill(0),
-    d2h: new Array<number>(strategy.devices).fill(0),
-    steps: 0,
-  };
-  let measured = 0;
   /** summary.json's fields from the steps recorded so far. */
   const summarize = (): Summary => ({
     strategy: cfg.strategy,
@@ -414,19 +402,7 @@ async function run(
     steps: cfg.steps,
     initial_loss: stats.initialLoss ?? NaN,
     final_loss: last?.loss ?? NaN,
-    val_loss: valLoss,
-    ...valMetrics,
-    ...(valAux ? { val_aux_losses: valAux } : {}),
-    [targetName]: trainSeconds > 0 ? targets / trainSeconds : undefined,
-    peak_device_bytes: peak,
-    ...(moved.steps > 0
-      ? {
-          host_to_device_bytes: moved.h2d.map((b) => b / moved.steps),
-          device_to_host_bytes: moved.d2h.map((b) => b / moved.steps),
-        }
-      : {}),
-    bubble: bubbleSum.map((b) => (measured ? b / measured : 0)),
-    ...(heap.every((h) => h > 0) ? { wasm_heap_bytes: heap } : {}),
+    ...tally.summaryFields(),
     // with --device-memory: the budget and the peak predicted before training, beside the measured one
     ...(p.budget
       ? {
@@ -524,62 +500,18 @@ async function run(
       recent.push(r.loss);
       if (recent.length > DIVERGENCE_WINDOW) recent.shift();
       stats.initialLoss ??= r.loss;
-      if (f.step > p.startStep || cfg.steps - p.startStep === 1) {
-        // the first step of a process warms kernels up; throughput counts the rest
-        targets += f.tokens;
-        trainSeconds += secs;
-        r.bubble.forEach((b, i) => (bubbleSum[i] += b));
-        measured++;
-      }
-      r.peakBytes.forEach((b, i) => (peak[i] = Math.max(peak[i], b)));
-      if (r.hostToDeviceBytes && r.deviceToHostBytes) {
-        r.hostToDeviceBytes.forEach((b, i) => (moved.h2d[i] += b));
-        r.deviceToHostBytes.forEach((b, i) => (moved.d2h[i] += b));
-        moved.steps++;
-      }
-      r.heapBytes?.forEach(
-        (b, i) => (heap[i] = b === undefined ? NaN : Math.max(heap[i], b)),
-      );
       recorder.add(done, r);
-      const m: StepMetrics = {
+      const m = tally.step(r, {
         step: done,
-        loss: r.loss,
         lr: f.lr,
-        step_s: secs,
-        [targetName]: f.tokens / secs,
-        peak_device_bytes: r.peakBytes,
-        ...(r.hostToDeviceBytes && r.deviceToHostBytes
-          ? {
-              host_to_device_bytes: r.hostToDeviceBytes,
-              device_to_host_bytes: r.deviceToHostBytes,
-            }
-          : {}),
-        bubble: r.bubble,
-        ...(r.heapBytes?.every((h) => h !== undefined)
-          ? { wasm_heap_bytes: r.heapBytes as number[] }
-          : {}),
-        ...(spec.stageLosses ? { stage_losses: r.stageLosses } : {}),
-        ...(cfg.layerDrop > 0 ? { dropped_blocks: f.dropped } : {}),
-      };
-      if (due(done, cfg.evalEvery)) {
-        const ev = await strategy.evaluate(valBatches);
-        valLoss = ev.loss;
-        m.val_loss = valLoss;
-        valMetrics = {
-          ...(ev.metrics?.accuracy !== undefined
-            ? { val_accuracy: ev.metrics.accuracy }
-            : {}),
-          // a character model's loss is nats per character
-          ...(ds.kind === 'text'
-            ? { val_bpc: valLoss / Math.LN2, val_perplexity: Math.exp(valLoss) }
-            : {}),
-        };
-        Object.assign(m, valMetrics);
-        if (ev.auxLosses) {
-          valAux = ev.auxLosses;
-          m.val_aux_losses = ev.auxLosses;
-        }
-      }
+        tokens: f.tokens,
+        seconds: secs,
+        // the first step of a process warms kernels up; throughput counts the rest
+        counted: f.step > p.startStep || cfg.steps - p.startStep === 1,
+        dropped: f.dropped,
+      });
+      if (due(done, cfg.evalEvery))
+        tally.evaluation(m, await strategy.evaluate(valBatches));
       await log.append(m);
       last = m;
       hooks.onStep?.(m, cfg.steps);

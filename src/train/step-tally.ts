@@ -1,0 +1,167 @@
+/**
+ * The run's measured numbers, step by step: one place that turns a strategy's step reports and
+ * evaluations into metrics.jsonl lines and summary.json's measured fields, shared by the
+ * trainer (train/trainer.ts) and the browser page's loop (web/run.ts), so both write the same
+ * fields with the same definitions.
+ */
+import type { Evaluation, StepReport } from '../strategies/strategy.js';
+import type { StepMetrics, Summary } from './metrics.js';
+
+/** What one finished step was, besides its report. */
+export interface StepFacts {
+  /** The step's number counted from 1 (metrics.jsonl's `step`). */
+  step: number;
+  lr: number;
+  /** Targets (tokens, or examples for classifiers) the step trained on. */
+  tokens: number;
+  /** The step's wall time, s. */
+  seconds: number;
+  /** Whether the step counts toward throughput and the bubble (not a process's warm-up step). */
+  counted: boolean;
+  /** The blocks --layer-drop skipped (listed in metrics.jsonl when layer drop is on). */
+  dropped?: number[];
+}
+
+/** summary.json's fields that the tally measures. */
+export type MeasuredFields = Pick<
+  Summary,
+  | 'val_loss'
+  | 'val_accuracy'
+  | 'val_bpc'
+  | 'val_perplexity'
+  | 'val_aux_losses'
+  | 'tokens_per_s'
+  | 'examples_per_s'
+  | 'peak_device_bytes'
+  | 'host_to_device_bytes'
+  | 'device_to_host_bytes'
+  | 'bubble'
+  | 'wasm_heap_bytes'
+>;
+
+/**
+ * Folds step reports into metrics lines and summary fields. Units: bytes, s, targets per
+ * second. The bubble is the mean of the counted steps' per-step bubbles; transfers are the mean
+ * per step of the steps that count them; peaks are maxima over all steps.
+ */
+export class StepTally {
+  private readonly peak: number[];
+  private readonly bubbleSum: number[];
+  private readonly heap: number[];
+  private readonly h2d: number[];
+  private readonly d2h: number[];
+  private movedSteps = 0;
+  private measured = 0;
+  private targets = 0;
+  private trainSeconds = 0;
+  private valLoss = Number.NaN;
+  private valFields: Pick<
+    StepMetrics,
+    'val_accuracy' | 'val_bpc' | 'val_perplexity' | 'val_aux_losses'
+  > = {};
+
+  /**
+   * @param devices the strategy's devices (stages), the length of every per-stage array
+   * @param text whether targets are characters (tokens_per_s, val_bpc, val_perplexity) rather than examples
+   * @param stageLosses whether lines list each stage's local loss (local parallelism)
+   * @param layerDrop whether lines list the dropped blocks (--layer-drop above 0)
+   */
+  constructor(
+    devices: number,
+    private readonly text: boolean,
+    private readonly stageLosses = false,
+    private readonly layerDrop = false,
+  ) {
+    this.peak = new Array<number>(devices).fill(0);
+    this.bubbleSum = new Array<number>(devices).fill(0);
+    this.heap = new Array<number>(devices).fill(0);
+    this.h2d = new Array<number>(devices).fill(0);
+    this.d2h = new Array<number>(devices).fill(0);
+  }
+
+  /** metrics.jsonl's name of the throughput field. */
+  get targetName(): 'tokens_per_s' | 'examples_per_s' {
+    return this.text ? 'tokens_per_s' : 'examples_per_s';
+  }
+
+  /** Folds one finished step in and returns its metrics line (without evaluation fields). */
+  step(r: StepReport, f: StepFacts): StepMetrics {
+    if (f.counted) {
+      this.targets += f.tokens;
+      this.trainSeconds += f.seconds;
+      r.bubble.forEach((b, i) => (this.bubbleSum[i]! += b));
+      this.measured++;
+    }
+    r.peakBytes.forEach((b, i) => (this.peak[i] = Math.max(this.peak[i]!, b)));
+    const moved = r.hostToDeviceBytes && r.deviceToHostBytes;
+    if (moved) {
+      r.hostToDeviceBytes!.forEach((b, i) => (this.h2d[i]! += b));
+      r.deviceToHostBytes!.forEach((b, i) => (this.d2h[i]! += b));
+      this.movedSteps++;
+    }
+    r.heapBytes?.forEach(
+      (b, i) =>
+        (this.heap[i] =
+          b === undefined ? Number.NaN : Math.max(this.heap[i]!, b)),
+    );
+    return {
+      step: f.step,
+      loss: r.loss,
+      lr: f.lr,
+      step_s: f.seconds,
+      [this.targetName]: f.tokens / f.seconds,
+      peak_device_bytes: r.peakBytes,
+      ...(moved
+        ? {
+            host_to_device_bytes: r.hostToDeviceBytes,
+            device_to_host_bytes: r.deviceToHostBytes,
+          }
+        : {}),
+      bubble: r.bubble,
+      ...(r.heapBytes?.every((h) => h !== undefined)
+        ? { wasm_heap_bytes: r.heapBytes as number[] }
+        : {}),
+      ...(this.stageLosses ? { stage_losses: r.stageLosses } : {}),
+      ...(this.layerDrop ? { dropped_blocks: f.dropped ?? [] } : {}),
+    };
+  }
+
+  /** Folds an evaluation into the tally and into its step's line `m` (val_loss and the rest). */
+  evaluation(m: StepMetrics, ev: Evaluation): void {
+    this.valLoss = ev.loss;
+    this.valFields = {
+      ...(ev.metrics?.accuracy !== undefined
+        ? { val_accuracy: ev.metrics.accuracy }
+        : {}),
+      // a character model's loss is nats per character
+      ...(this.text
+        ? { val_bpc: ev.loss / Math.LN2, val_perplexity: Math.exp(ev.loss) }
+        : {}),
+      ...(ev.auxLosses ? { val_aux_losses: ev.auxLosses } : {}),
+    };
+    Object.assign(m, { val_loss: ev.loss }, this.valFields);
+  }
+
+  /** summary.json's measured fields, from the steps and evaluations folded in so far. */
+  summaryFields(): MeasuredFields {
+    return {
+      val_loss: this.valLoss,
+      ...this.valFields,
+      [this.targetName]:
+        this.trainSeconds > 0 ? this.targets / this.trainSeconds : undefined,
+      peak_device_bytes: [...this.peak],
+      ...(this.movedSteps > 0
+        ? {
+            host_to_device_bytes: this.h2d.map((b) => b / this.movedSteps),
+            device_to_host_bytes: this.d2h.map((b) => b / this.movedSteps),
+          }
+        : {}),
+      bubble: this.bubbleSum.map((b) =>
+        this.measured ? b / this.measured : 0,
+      ),
+      ...(this.heap.every((h) => h > 0)
+        ? { wasm_heap_bytes: [...this.heap] }
+        : {}),
+    };
+  }
+}
