@@ -63,7 +63,34 @@ function gradFunc(
 }
 
 /**
- * Register the broadcasting `BatchMatMul` gradient in place of the stock one. Gradients are
+ * Gradient of the `_FusedMatMul` kernel run directly (model/layers.ts dense: y = op(a) op(b) +
+ * bias, linear activation), which tfjs-core leaves unregistered (its `tf.fused.matMul` op wraps
+ * the kernel in a customGrad that computes every input's gradient at once): `a` and `b` as
+ * `BatchMatMul`'s, `bias` the sum of dy over the broadcast axes, each a lazy closure, so that a
+ * split backward runs the input's and the weights' products apart. Throws for a non-linear
+ * activation (the fused activation's derivative is not implemented here).
+ */
+function fusedGradFunc(
+  dy: tf.Tensor | tf.Tensor[],
+  saved: tf.Tensor[],
+  attrs: tf.NamedAttrMap,
+): Record<string, () => tf.Tensor> {
+  if ((attrs.activation ?? 'linear') !== 'linear')
+    throw new Error(
+      `_FusedMatMul gradient: activation ${String(attrs.activation)} is not supported; use dense then the activation`,
+    );
+  const [a, b, bias] = saved as [tf.Tensor, tf.Tensor, tf.Tensor | undefined];
+  const grads = gradFunc(dy, [a, b], attrs);
+  if (bias === undefined) return grads;
+  return {
+    ...grads,
+    bias: () => tf.tidy(() => unbroadcast(dy as tf.Tensor, bias.shape)),
+  };
+}
+
+/**
+ * Register the broadcasting `BatchMatMul` gradient in place of the stock one, and the
+ * `_FusedMatMul` kernel's ({@link fusedGradFunc}). Gradients are
  * global to the tfjs-core instance (all backends). Call once per thread.
  */
 export function registerMatMulGrad(): void {
@@ -71,5 +98,10 @@ export function registerMatMulGrad(): void {
     kernelName: 'BatchMatMul',
     inputsToSave: ['a', 'b'],
     gradFunc,
+  });
+  tf.registerGradient({
+    kernelName: '_FusedMatMul',
+    inputsToSave: ['a', 'b', 'bias'],
+    gradFunc: fusedGradFunc,
   });
 }

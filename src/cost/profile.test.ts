@@ -124,12 +124,13 @@ for (const c of CASES) {
 }
 
 test('--balance time separates the heavy blocks of a deliberately uneven model', async () => {
-  // dense0 and dense1 are 512x512 (heavy), the five after them 8 wide (light): an even split by
-  // block count would put both heavy blocks on stage 0
+  // dense0 and dense1 are 1024x1024 (heavy), the five after them 8 wide (light): an even split
+  // by block count would put both heavy blocks on stage 0. (At 512 wide the light blocks' fixed
+  // costs came near a heavy one's, and dense0's backward has no input gradient to compute.)
   const model = buildModel({
     arch: 'mlp',
-    inputShape: [512, 1, 1],
-    hidden: [512, 512, 8, 8, 8, 8],
+    inputShape: [1024, 1, 1],
+    hidden: [1024, 1024, 8, 8, 8, 8],
     classes: 4,
   });
   const cfg = resolveConfig({

@@ -54,9 +54,37 @@ export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
       : (tf.reshape(x, [-1, din]) as tf.Tensor2D);
   // fused: the backend adds the bias in the product's output (the native device in place)
   const y: tf.Tensor = b
-    ? tf.fused.matMul({ a: x2, b: w as tf.Tensor2D, bias: b })
+    ? fusedDense(x2, w, b)
     : tf.matMul(x2, w as tf.Tensor2D);
   return x.rank === 2 ? y : tf.reshape(y, [...lead, w.shape[1] as number]);
+}
+
+/**
+ * x W + b as one `_FusedMatMul` kernel, x: [N, Din], w: [Din, Dout], b: [Dout] -> [N, Dout]. Not
+ * `tf.fused.matMul`: that op wraps the kernel in a tf.customGrad, whose gradient computes dx, dW
+ * and db at once; the kernel run directly takes the gradient registered for it
+ * (backend/matmul-grad.ts), one lazy closure per input, so a zero-bubble schedule's split
+ * backward (pipeline/split-backward.ts) computes dx in its input part and dW, db in its weight
+ * part. Same kernels, same numbers.
+ */
+function fusedDense(x2: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  const [n, din] = x2.shape as [number, number];
+  const dout = w.shape[1] as number;
+  const a3 = tf.reshape(x2, [1, n, din]);
+  const b3 = tf.reshape(w, [1, din, dout]);
+  const y = tf
+    .engine()
+    .runKernel(
+      '_FusedMatMul',
+      { a: a3, b: b3, bias: b } as unknown as tf.NamedTensorMap,
+      {
+        transposeA: false,
+        transposeB: false,
+        activation: 'linear',
+        leakyreluAlpha: 0.2,
+      },
+    ) as tf.Tensor;
+  return tf.reshape(y, [n, dout]);
 }
 
 /**
