@@ -182,7 +182,10 @@ program
     '--checkpoint <mode>',
     're-materialization: always | except_last | never',
   )
-  .option('--schedule <kind>', 'gpipe (fill-drain) | 1f1b')
+  .option(
+    '--schedule <kind>',
+    'gpipe (fill-drain) | 1f1b | zb-h1 (zero-bubble: 1F1B with the backward split into input and weight parts)',
+  )
   .option(
     '--schedule-file <F.csv>',
     "a schedule in PyTorch pipelining's CSV (as 'layerwise schedule --format csv' writes it) instead of --schedule; checked before training",

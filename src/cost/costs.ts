@@ -255,7 +255,7 @@ export function blockBalanceCosts(
     return c.blocks.map(
       (b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds,
     );
-  const inFlight = shape.schedule === '1f1b' ? Math.min(stages, m) : m;
+  const inFlight = shape.schedule !== 'gpipe' ? Math.min(stages, m) : m; // 1F1B and ZB-H1 bound it by K
   const keptAtOnce = shape.remat === 'never' ? inFlight : 1;
   return c.blocks.map(
     (b) =>

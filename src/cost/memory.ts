@@ -130,6 +130,7 @@ function walk(
     t,
     labelBytes: opts.labelBytes ?? 0,
     kept: new Set(),
+    weightPending: new Set(),
     grads: opts.grads ?? 0,
     tail: opts.tail ?? null,
     sendsInputGrad: opts.sendsInputGrad ?? false,

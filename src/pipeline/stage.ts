@@ -18,6 +18,12 @@ import {
   type Recorded,
   recordForward,
 } from './rematerialize.js';
+import {
+  backwardInput,
+  backwardWeight,
+  disposePending,
+  type PendingWeightGrad,
+} from './split-backward.js';
 import type { StageContext } from './stage-kind.js';
 import { StageParams } from './stage-params.js';
 import { TrainableStage } from './trainable-stage.js';
@@ -33,6 +39,8 @@ interface MicroBatchState {
   recorded?: Recorded;
   /** Blocks this step skips (LayerDrop), as the forward ran them; the backward follows it. */
   dropped: ReadonlySet<number>;
+  /** After its input part (I) of a split backward: the weight part's work, for its W. */
+  pending?: PendingWeightGrad;
 }
 
 export class Stage extends TrainableStage {
@@ -64,6 +72,16 @@ export class Stage extends TrainableStage {
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
     },
+    backward_input: (a, io) => {
+      const dx = this.backwardInput(
+        a.mb,
+        this.isLast ? null : io.takeOutputGrad(a.mb),
+        io.m,
+      );
+      if (dx) io.putInputGrad(a.mb, dx);
+      io.phase('recompute', this.lastRecomputeMs);
+    },
+    backward_weight: (a, io) => this.backwardWeight(a.mb, io.diagnose),
     optimizer_step: (_a, io) => this.step(io.lr, io.diagnose ? NaN : io.scale), // a diagnosis updates nothing
   };
 
@@ -215,6 +233,64 @@ export class Stage extends TrainableStage {
     return wantInput ? grads[keys.length] : null;
   }
 
+  /**
+   * Input part (I) of micro-batch `mb`'s split backward (zero-bubble schedules; see
+   * split-backward.ts): `dy` as in {@link backward}. Re-computes the forward if it kept nothing,
+   * returns the gradient of the stage input (null on the first stage) and keeps the
+   * weight-gradient work, with the tape it needs, for {@link backwardWeight}. Throws when the
+   * micro-batch had no forward or already ran its I.
+   */
+  backwardInput(mb: number, dy: tf.Tensor | null, m: number): tf.Tensor | null {
+    const st = this.mbs.get(mb);
+    if (!st || st.pending)
+      throw new Error(
+        `backward_input of micro-batch ${mb} ${st ? 'twice' : 'without its forward'}`,
+      );
+    const seed = this.isLast ? tf.scalar(1 / m) : dy!;
+    const params = this.params.list(this.params.keys(st.dropped));
+    const wantInput = !this.isFirst;
+    const t0 = performance.now();
+    try {
+      const rec =
+        st.recorded ??
+        recordForward(() =>
+          this.fn(st.labels, st.dropped)(...params, st.input),
+        );
+      this.lastRecomputeMs = st.recorded ? 0 : performance.now() - t0;
+      st.recorded = undefined;
+      const { dx, pending } = backwardInput(
+        rec,
+        st.input,
+        params,
+        seed,
+        wantInput,
+      );
+      st.pending = pending;
+      return dx;
+    } finally {
+      seed.dispose();
+      st.input.dispose();
+      st.labels?.dispose();
+    }
+  }
+
+  /**
+   * Weight part (W) of micro-batch `mb`'s split backward: its parameter gradients from what its
+   * {@link backwardInput} kept, accumulated; the kept tape is freed. Throws when I has not run.
+   */
+  backwardWeight(mb: number, diagnose = false): void {
+    const st = this.mbs.get(mb);
+    if (!st?.pending)
+      throw new Error(
+        `backward_weight of micro-batch ${mb} before its backward_input`,
+      );
+    this.mbs.delete(mb);
+    const keys = this.params.keys(st.dropped);
+    const grads = backwardWeight(st.pending, this.params.list(keys));
+    if (diagnose) this.diagnoseGradients(mb, keys, grads);
+    this.grads.add(keys, grads);
+  }
+
   /** Optimizer step with learning rate `lr` and global clipping scale; clears the gradients and the step's state. */
   step(lr: number, scale: number): void {
     this.applyGradients(lr, scale);
@@ -225,6 +301,10 @@ export class Stage extends TrainableStage {
   reset(): void {
     this.grads.clear();
     for (const st of this.mbs.values()) {
+      if (st.pending) {
+        disposePending(st.pending); // input and labels went with its I
+        continue;
+      }
       st.input.dispose();
       st.labels?.dispose();
       if (st.recorded) disposeRecorded(st.recorded);

@@ -102,7 +102,7 @@ test('a model too large for one device: single does not fit, gpipe does, and is 
   assert.equal(p.recommended, 'gpipe');
   assert.match(
     p.recommendation,
-    /^gpipe \(--strategy gpipe --stages 4 --micro-batches \d+ --checkpoint \w+ --schedule \w+ --balance [\d,]+\)/,
+    /^gpipe \(--strategy gpipe --stages 4 --micro-batches \d+ --checkpoint \w+ --schedule [\w-]+ --balance [\d,]+\)/,
   );
   // the equal blocks are balanced 2,2,2,2; the bubble is predicted from the simulated schedule
   assert.deepEqual(gpipe.balance, [2, 2, 2, 2]);
@@ -234,17 +234,22 @@ test('local parallelism is planned with its auxiliary heads, free-running stages
     8,
   );
   // stages run free: no fill or drain, and the fastest balance is the even one; the last stage has
-  // no head, so it idles a little; no backward crosses stages, so it is faster than gpipe here
+  // no head, so it idles a little; no backward crosses stages, so it is about as fast as gpipe's
+  // best here (ZB-H1, whose split backward leaves little bubble either), its heads' work aside
   assert.deepEqual(local.balance, [2, 2, 2, 2]);
   assert.equal(Math.max(...local.bubble.slice(0, 3)), 0);
   assert.ok(local.bubble[3] > 0 && local.bubble[3] < 0.2, `${local.bubble}`);
-  assert.ok(local.stepSeconds < gpipe.stepSeconds);
+  assert.equal(gpipe.schedule, 'zb-h1');
+  assert.ok(
+    local.stepSeconds < 1.05 * gpipe.stepSeconds,
+    `local ${local.stepSeconds} s vs gpipe ${gpipe.stepSeconds} s`,
+  );
   // each stage but the last holds its head too
   assert.ok(local.peakBytes[0] > local.peakBytes[3]);
   assert.notEqual(p.recommended, 'local');
   assert.match(
     p.recommendation,
-    /local fits too and is predicted [\d.]+x faster \(--strategy local --stages 4 --micro-batches \d+ --balance 2,2,2,2; it trains with local losses/,
+    /local fits too (and|but) is predicted [\d.]+x (faster|slower) \(--strategy local --stages 4 --micro-batches \d+ --balance 2,2,2,2; it trains with local losses/,
   );
   // without the heads' costs local cannot be planned, and says so
   const bare = plan(profile(8, false), REQ).strategies.find(

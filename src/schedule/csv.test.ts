@@ -66,10 +66,16 @@ test('a bad file is refused naming the action, the schedule printed with its row
   );
   // a backward before its forward on the same device
   refused('0B0,0F0\n', /action 0B0 on device 0: backward before forward/);
-  // twice; a stage on two devices; bad syntax; the split backward not yet supported
+  // twice; a stage on two devices; bad syntax; a split backward half missing, or beside a B
   refused('0F0,0F0,0B0\n', /action 0F0 on device 0: appears twice/);
   refused('0F0,0B0\n0F1,0B1\n', /stage 0 also has actions on device 0/);
   refused('0F0,0X0\n', /0X0 on device 0: unknown type 'X'/);
   refused('0F0,hello\n', /action hello on device 0: not a cell/);
-  refused('0F0,0I0,0W0\n', /0I0 on device 0: the split backward/);
+  refused('0F0,0I0\n', /action 0W0 on device 0: missing/);
+  refused(
+    '0F0,0I0,0W0,0B0\n',
+    /action 0B0 on device 0: micro-batch 0 has both B and a split backward/,
+  );
+  // a weight part before its input part
+  refused('0F0,0W0,0I0\n', /action 0W0 on device 0: .*before/);
 });

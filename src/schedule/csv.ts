@@ -1,8 +1,8 @@
 /**
  * Schedule files in PyTorch pipelining's compute-only CSV (torch/distributed/pipelining/
  * schedules.py `_dump_csv` / `_load_csv`): one row per device, one cell per time slot, a cell
- * `<stage><type><mb>` (F forward, B full backward; I and W, the split backward, are refused
- * until it exists here), an empty cell for an idle slot, and the compound cell
+ * `<stage><type><mb>` (F forward, B full backward, I and W the zero-bubble split backward's input
+ * and weight parts), an empty cell for an idle slot, and the compound cell
  * `(0F3;3B1)OVERLAP_F_B` run as its parts in order. The stage-to-device placement is inferred
  * from the rows. {@link loadScheduleCsv} checks the file and throws one
  * {@link LayerwiseError} naming the offending action, with the schedule printed and its row
@@ -19,6 +19,17 @@ import {
   type RematMode,
 } from './schedule.js';
 import { simulate } from './simulate.js';
+
+/** A cell's type letter and the compute op it names (PyTorch pipelining's `_ComputationType`). */
+const OPS: Record<
+  string,
+  'backward' | 'backward_input' | 'backward_weight' | 'forward'
+> = {
+  F: 'forward',
+  B: 'backward',
+  I: 'backward_input',
+  W: 'backward_weight',
+};
 
 /** A checked schedule file: per device its compute actions, and stage s's device placement[s]. */
 export interface LoadedSchedule {
@@ -79,14 +90,8 @@ export function loadScheduleCsv(
             'not a cell <stage><type><micro-batch> such as 1F3 (or an empty cell)',
           );
         const [, stage, type, mb] = c!;
-        if (type === 'I' || type === 'W')
-          fail(
-            device,
-            p,
-            'the split backward (I, W) is not supported yet: use B (full backward)',
-          );
-        if (type !== 'F' && type !== 'B')
-          fail(device, p, `unknown type '${type}' (valid: F, B)`);
+        if (!(type in OPS))
+          fail(device, p, `unknown type '${type}' (valid: F, B, I, W)`);
         return { device, text: p, stage: +stage, type, mb: +mb };
       });
     }),
@@ -119,14 +124,23 @@ export function loadScheduleCsv(
     seen.add(key);
   }
   for (let s = 0; s < stages; s++)
-    for (let mb = 0; mb < m; mb++)
-      for (const type of ['F', 'B'])
-        if (!seen.has(`${s}${type}${mb}`))
+    for (let mb = 0; mb < m; mb++) {
+      const has = (type: string) => seen.has(`${s}${type}${mb}`);
+      const split = has('I') || has('W');
+      if (split && has('B'))
+        fail(
+          placement[s],
+          `${s}B${mb}`,
+          `micro-batch ${mb} has both B and a split backward (I, W): give it B, or I and W`,
+        );
+      for (const type of ['F', ...(split ? ['I', 'W'] : ['B'])])
+        if (!has(type))
           fail(
             placement[s],
             `${s}${type}${mb}`,
-            `missing: stage ${s} needs one F and one B for each of the ${m} micro-batches`,
+            `missing: stage ${s} needs for each of the ${m} micro-batches one F and one B (or one I and one W)`,
           );
+    }
   const compute: ComputeSchedule = cells.map((row) =>
     row.map(
       (c): ComputeAction =>
@@ -138,7 +152,7 @@ export function loadScheduleCsv(
               keep: keepsActivations(remat, c.mb, m),
               grad: true,
             }
-          : { op: 'backward', stage: c.stage, mb: c.mb },
+          : ({ op: OPS[c.type]!, stage: c.stage, mb: c.mb } as ComputeAction),
     ),
   );
   let lowered: Action[][];

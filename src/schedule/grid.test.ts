@@ -9,7 +9,12 @@ import {
   peakInFlight,
   scheduleGrid,
 } from './grid.js';
-import { chainPlacement, gpipeCompute, oneFOneBCompute } from './schedule.js';
+import {
+  chainPlacement,
+  gpipeCompute,
+  oneFOneBCompute,
+  zbH1Compute,
+} from './schedule.js';
 
 test("1f1b K=2 M=4 on time slots, as PyTorch's _dump_csv writes it (one row per device, empty cells idle)", () => {
   const grid = scheduleGrid(oneFOneBCompute(4, 2, 'always'), chainPlacement(2));
@@ -48,9 +53,11 @@ test('every compute action sits in exactly one slot; a stage waits for its input
   }
 });
 
-test('peak activations: 1f1b keeps K - s micro-batches in flight on stage s, gpipe keeps M', () => {
+test('peak activations: 1f1b and zb-h1 keep K - s micro-batches in flight on stage s, gpipe keeps M', () => {
   assert.deepEqual(peakInFlight(oneFOneBCompute(8, 4, 'always')), [4, 3, 2, 1]);
   assert.deepEqual(peakInFlight(gpipeCompute(8, 4, 'always')), [8, 8, 8, 8]);
+  // ZB-H1 splits 1F1B's backwards in place: the same activations in flight
+  assert.deepEqual(peakInFlight(zbH1Compute(8, 4, 'always')), [4, 3, 2, 1]);
 });
 
 test('layerwise schedule: grid, simulated bubble and peak activations; csv; bad input is a LayerwiseError', () => {

@@ -72,7 +72,9 @@ export function gridToText(grid: ScheduleGrid): string {
 
 /**
  * Peak activations per device: the largest number of (stage, micro-batch) pairs forwarded and
- * not yet backwarded at any point of the device's order (what 1F1B bounds by K - s).
+ * not yet backwarded (a full backward, or the input part of a split one: after it a micro-batch
+ * holds only what its weight part reads) at any point of the device's order (what 1F1B bounds
+ * by K - s).
  */
 export function peakInFlight(compute: ComputeSchedule): number[] {
   return compute.map((acts) => {
@@ -80,7 +82,7 @@ export function peakInFlight(compute: ComputeSchedule): number[] {
     let peak = 0;
     for (const a of acts) {
       if (a.op === 'forward' && a.grad) peak = Math.max(peak, ++cur);
-      else if (a.op === 'backward') cur--;
+      else if (a.op === 'backward' || a.op === 'backward_input') cur--;
     }
     return peak;
   });

@@ -54,6 +54,8 @@ export interface SimStage {
   gradIn: Set<number>;
   /** Micro-batches whose input gradient was computed (a full backward, or the input part). */
   backwarded: Set<number>;
+  /** Micro-batches whose input part (I) ran and whose weight part (W) has not. */
+  weightPending: Set<number>;
   /** Micro-batches whose activation this stage sent on. */
   sentAct: Set<number>;
   /** local_update actions since the last local_step. */
@@ -138,6 +140,8 @@ export interface MemoryWalk {
   readonly labelBytes: number;
   /** Micro-batches whose forward tape (activations and output) is kept. */
   readonly kept: Set<number>;
+  /** Micro-batches whose I ran and whose W has not: their tape's weight-gradient part is held. */
+  readonly weightPending: Set<number>;
   /** Bytes of accumulated gradients now. */
   grads: number;
   /** Local parallelism: the overlap tail's terms, and whether the input gradient is sent back. */
@@ -164,6 +168,12 @@ function accumulate(w: MemoryWalk, bytes: number, maxParam: number): void {
 export interface CostTerms {
   fwd: number;
   bwd: number;
+  /**
+   * The input-gradient part (I) of `bwd`; the weight part (W) is the rest. Default: half (a
+   * dense layer's backward is two products of one forward's size, dx and dW; Qi et al. take
+   * F = I = W).
+   */
+  bwdInput?: number;
   opt: number;
   /** Whether the backward of `mb` re-computes its forward (its forward kept nothing). */
   recomputes(mb: number): boolean;
@@ -274,13 +284,23 @@ function mustBeLoaded(c: SimContext, l: number): void {
     );
 }
 
-/** Sum-of-squares and step: only after every forwarded micro-batch of the device's stages was backwarded. */
+/** Sum-of-squares and step: only after every forwarded micro-batch of the device's stages was backwarded (and its W done). */
 function stepReady(c: SimContext): void {
   for (const s of c.deviceStages()) {
     const st = c.stateOf(s);
     if (st.backwarded.size !== st.forwarded.size)
       c.fail('step before every backward');
+    if (st.weightPending.size > 0)
+      c.fail(
+        `step before the weight gradients (W) of micro-batches ${[...st.weightPending].join(', ')}`,
+      );
   }
+}
+
+/** The input part's seconds (I) of a stage's backward, and the weight part's (W). */
+function splitCost(t: CostTerms): { i: number; w: number } {
+  const i = t.bwdInput ?? t.bwd / 2;
+  return { i, w: t.bwd - i };
 }
 
 /**
@@ -465,6 +485,53 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       accumulate(w, t.params, t.maxParam);
     },
     cost: (a, t) => t.bwd + (t.recomputes(a.mb) ? t.fwd : 0),
+  },
+  backward_input: {
+    short: 'I',
+    core: false,
+    waits: false,
+    lower: (a, c) => OPS.backward.lower!({ ...a, op: 'backward' }, c),
+    simulate(a, c) {
+      if (!OPS.backward.simulate({ ...a, op: 'backward' }, c)) return false;
+      c.st.weightPending.add(a.mb);
+      return true;
+    },
+    memory(a, w) {
+      // as a full backward, less the parameter gradients, and the tape stays for W (the
+      // saved inputs of the products and their output gradients: taken as the whole tape)
+      const t = w.t;
+      if (!w.kept.has(a.mb)) {
+        w.bump(t.fwdPeak);
+        w.cur += t.kept;
+      }
+      w.kept.delete(a.mb);
+      w.weightPending.add(a.mb);
+      w.bump(t.bwdPeak);
+      w.cur +=
+        -t.inBytes -
+        (w.last ? w.labelBytes : t.outBytes) +
+        (w.first ? 0 : t.inBytes);
+    },
+    cost: (a, t) => splitCost(t).i + (t.recomputes(a.mb) ? t.fwd : 0),
+  },
+  backward_weight: {
+    short: 'W',
+    core: false,
+    waits: false,
+    simulate(a, c) {
+      if (!c.st.weightPending.has(a.mb))
+        c.fail('weight gradient (W) before its input gradient (I)');
+      c.st.weightPending.delete(a.mb);
+      return true;
+    },
+    memory(a, w) {
+      const t = w.t;
+      w.bump(t.params); // this micro-batch's parameter gradients, made from the tape
+      w.weightPending.delete(a.mb);
+      w.cur -= t.kept;
+      accumulate(w, t.params, t.maxParam);
+    },
+    cost: (_a, t) => splitCost(t).w,
   },
   optimizer_step: {
     short: 'STEP',

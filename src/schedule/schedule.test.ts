@@ -25,6 +25,7 @@ import {
   relayCompute,
   relaySchedule,
   type Schedule,
+  zbH1Compute,
 } from './schedule.js';
 import { type CostFn, simulate } from './simulate.js';
 
@@ -306,6 +307,95 @@ test('in-flight micro-batches: 1f1b keeps at most K - s on stage s, gpipe keeps 
       }
     }
   }
+});
+
+test('zb-h1: 1F1B with split backwards: F, then I before W on stages s > 0 (W deferred by s), B on stage 0; 1F1B in flight; valid', () => {
+  for (const m of MS)
+    for (const k of KS)
+      for (const mode of REMAT_MODES) {
+        const c = zbH1Compute(m, k, mode);
+        const one = oneFOneBCompute(m, k, mode);
+        const lowered = lower(c, chainPlacement(k), { step: 'all-reduce' });
+        assert.equal(
+          simulate(lowered).events.length,
+          lowered.flat().length,
+          `zb-h1 M=${m} K=${k} ${mode}: every action ran`,
+        );
+        c.forEach((acts, s) => {
+          const what = `zb-h1 M=${m} K=${k} stage ${s}`;
+          assert.deepEqual(
+            mbsOf(acts, 'forward'),
+            range(m),
+            `${what}: forwards`,
+          );
+          // the forwards and the input gradients come in 1F1B's order
+          assert.deepEqual(
+            acts
+              .filter((a) => a.op !== 'backward_weight')
+              .map(
+                (a) =>
+                  `${a.op === 'backward_input' ? 'backward' : a.op}${'mb' in a ? a.mb : ''}`,
+              ),
+            one[s]!.map((a) => `${a.op}${'mb' in a ? a.mb : ''}`),
+            `${what}: 1F1B's order of F and B (I)`,
+          );
+          if (s === 0) {
+            assert.deepEqual(mbsOf(acts, 'backward'), range(m), `${what}: B`);
+            assert.equal(mbsOf(acts, 'backward_input').length, 0);
+            return;
+          }
+          assert.deepEqual(
+            mbsOf(acts, 'backward_input'),
+            range(m),
+            `${what}: I`,
+          );
+          assert.deepEqual(
+            mbsOf(acts, 'backward_weight'),
+            range(m),
+            `${what}: W`,
+          );
+          for (let j = 0; j < m; j++) {
+            const at = (op: string, mb: number) =>
+              acts.findIndex((a) => a.op === op && 'mb' in a && a.mb === mb);
+            assert.ok(at('backward_input', j) < at('backward_weight', j));
+            // W(j) waits until I(j + s) ran (or every I did)
+            const after = Math.min(j + s, m - 1);
+            assert.ok(
+              at('backward_weight', j) > at('backward_input', after),
+              `${what}: W${j} after I${after}`,
+            );
+          }
+        });
+      }
+});
+
+test("zb-h1 with F = I = W = 1 (B = 2): makespan 3M + K - 1 for M >= K, against 1F1B's 3(M + K - 1)", () => {
+  const cost: CostFn = (_, a) =>
+    a.op === 'forward' ||
+    a.op === 'backward_input' ||
+    a.op === 'backward_weight'
+      ? 1
+      : a.op === 'backward'
+        ? 2
+        : 0;
+  for (const m of MS)
+    for (const k of KS) {
+      if (m < k) continue;
+      const zb = simulate(
+        lower(zbH1Compute(m, k, 'never'), chainPlacement(k), {
+          step: 'all-reduce',
+        }),
+        cost,
+      );
+      const one = simulate(oneFOneBSchedule(m, k, 'never'), cost);
+      assert.equal(one.makespan, 3 * (m + k - 1), `1f1b M=${m} K=${k}`);
+      assert.equal(zb.makespan, 3 * m + k - 1, `zb-h1 M=${m} K=${k}`);
+      if (k > 1)
+        assert.ok(
+          Math.max(...zb.bubble) < Math.max(...one.bubble),
+          `zb-h1 M=${m} K=${k}: bubble ${zb.bubble} vs 1f1b ${one.bubble}`,
+        );
+    }
 });
 
 test('keep flags follow the checkpoint mode', () => {

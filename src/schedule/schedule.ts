@@ -19,8 +19,12 @@ export const REMAT_MODES: readonly RematMode[] = [
 ];
 
 /** Schedules this executor understands. */
-export type ScheduleKind = 'gpipe' | '1f1b';
-export const SCHEDULE_KINDS: readonly ScheduleKind[] = ['gpipe', '1f1b'];
+export type ScheduleKind = 'gpipe' | '1f1b' | 'zb-h1';
+export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
+  'gpipe',
+  '1f1b',
+  'zb-h1',
+];
 
 /** What one action does; {@link Action} adds the stage it belongs to. `mb` is the micro-batch index in [0, M). */
 export type ActionBody =
@@ -38,6 +42,13 @@ export type ActionBody =
   | { op: 'recv_grad'; mb: number }
   /** Backward pass of micro-batch mb, accumulating parameter gradients. */
   | { op: 'backward'; mb: number }
+  /**
+   * Zero-bubble split backward, first part (I): the gradient of micro-batch mb's stage input
+   * (what the previous stage waits for); the weight-gradient work is kept for its W.
+   */
+  | { op: 'backward_input'; mb: number }
+  /** Zero-bubble split backward, second part (W): micro-batch mb's parameter gradients from what its I kept, accumulated. */
+  | { op: 'backward_weight'; mb: number }
   /** Send the gradient of micro-batch mb's input to the previous stage. */
   | { op: 'send_grad'; mb: number }
   /** Contribute this stage's squared gradient norm and receive the global clipping scale. */
@@ -343,6 +354,50 @@ export function oneFOneBCompute(
   });
 }
 
+/**
+ * ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 3.1; the
+ * handcrafted schedule of their Megatron-DeepSpeed `ZeroBubbleH1Pipeline`), compute only: 1F1B
+ * with each backward split into its input part I (what the previous stage waits for) and its
+ * weight part W. Stage s runs 1F1B's min(k - s - 1, m) warm-up forwards, then for each
+ * micro-batch j a forward (while any is left) and I(j), followed by W(j - s) once j >= s: the
+ * last s weight parts are deferred to the end, where they fill the drain's bubble. In-flight
+ * micro-batches stay 1F1B's (at most k - s), so the peak activation memory is 1F1B's, and with
+ * F = I = W the bubble is about a third of 1F1B's: (k - 1) / (3m + k - 1) of the step against
+ * (k - 1) / (m + k - 1). Stage 0 runs full backwards (B): nothing waits for its input
+ * gradient, so splitting it gains nothing. For m = 4, k = 2:
+ *
+ *     device 0:  0F0 0F1 0B0 0F2 0B1 0F3 0B2 0B3
+ *     device 1:  1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1F3 1I3 1W2 1W3
+ *
+ * Throws {@link LayerwiseError} for m < 1 or k < 1.
+ */
+export function zbH1Compute(
+  m: number,
+  k: number,
+  mode: RematMode,
+): ComputeSchedule {
+  checkArgs(m, k);
+  return Array.from({ length: k }, (_, s) => {
+    const acts: ComputeAction[] = [];
+    const warm = Math.min(k - s - 1, m);
+    let f = 0;
+    for (; f < warm; f++) acts.push(forward(s, f, mode, m));
+    for (let j = 0; j < m; j++) {
+      if (f < m) acts.push(forward(s, f++, mode, m));
+      if (s === 0) {
+        acts.push({ op: 'backward', stage: s, mb: j });
+        continue;
+      }
+      acts.push({ op: 'backward_input', stage: s, mb: j });
+      if (j >= s) acts.push({ op: 'backward_weight', stage: s, mb: j - s });
+    }
+    if (s > 0)
+      for (let w = Math.max(0, m - s); w < m; w++)
+        acts.push({ op: 'backward_weight', stage: s, mb: w });
+    return acts;
+  });
+}
+
 /** GPipe fill-drain, lowered onto k devices with the synchronous step ({@link gpipeCompute}). */
 export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
   return lower(gpipeCompute(m, k, mode), chainPlacement(k), {
@@ -391,6 +446,8 @@ export function computeSchedule(
       return gpipeCompute(m, k, mode);
     case '1f1b':
       return oneFOneBCompute(m, k, mode);
+    case 'zb-h1':
+      return zbH1Compute(m, k, mode);
     default:
       throw new LayerwiseError(
         `unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`,

@@ -96,6 +96,7 @@ function newStage(acts: readonly Action[]): SimStage {
     forwarded: new Set(),
     gradIn: new Set(),
     backwarded: new Set(),
+    weightPending: new Set(),
     sentAct: new Set(),
     updates: 0,
     layers: acts.reduce(

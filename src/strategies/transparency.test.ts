@@ -211,12 +211,17 @@ for (const k of [2, 3]) {
   }
 }
 const ONE_F_ONE_B: RunConfig = { k: 3, m: 4, remat: 'never', schedule: '1f1b' };
+/** Zero-bubble ZB-H1 (split backward), keeping activations, and re-materializing every backward. */
+const ZB_H1: RunConfig[] = [
+  { k: 3, m: 4, remat: 'never', schedule: 'zb-h1' },
+  { k: 2, m: 4, remat: 'always', schedule: 'zb-h1' },
+];
 
 let lmRuns: Promise<Map<string, RunResult>> | undefined;
 /** Every charlm run, started once and shared by the tests below. */
 function lmResults(): Promise<Map<string, RunResult>> {
   lmRuns ??= (async () => {
-    const configs = [SINGLE, ...LM_CONFIGS, ONE_F_ONE_B];
+    const configs = [SINGLE, ...LM_CONFIGS, ONE_F_ONE_B, ...ZB_H1];
     const results = await pool(
       configs.map(
         (c) => () => train(LM, lmParams, lmBatches, lmVal, c, LM_OPT, LM_LR),
@@ -228,7 +233,7 @@ function lmResults(): Promise<Map<string, RunResult>> {
   return lmRuns;
 }
 
-test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, and 1f1b, train like a single device', async () => {
+test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, 1f1b and zb-h1, train like a single device', async () => {
   for (const k of [2, 3])
     assert.deepEqual(
       makeSchedule('gpipe', 1, k, 'except_last'),
@@ -243,7 +248,7 @@ test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, and 1f1b,
     `single-device training changed the parameters by ${moved}`,
   );
   assert.ok(ref.losses.every((l) => l > 0 && Number.isFinite(l)));
-  for (const c of [...LM_CONFIGS, ONE_F_ONE_B]) {
+  for (const c of [...LM_CONFIGS, ONE_F_ONE_B, ...ZB_H1]) {
     const r = runs.get(label(c))!;
     assertTransparent(r, ref, label(c));
     for (const rep of r.reports) {
@@ -258,10 +263,16 @@ test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, and 1f1b,
         rep.bubble.every((b) => b >= 0 && b <= 1),
         `${label(c)}: bubble ${rep.bubble}`,
       );
-      // Every stage ran forward and backward of each micro-batch once.
-      for (const tr of rep.traces) {
-        assert.equal(tr.filter((t) => t.label === 'forward').length, c.m);
-        assert.equal(tr.filter((t) => t.label === 'backward').length, c.m);
+      // Every stage ran forward and backward of each micro-batch once (zb-h1: its input and
+      // weight parts on every stage but the first)
+      rep.traces.forEach((tr, s) => {
+        const split = c.schedule === 'zb-h1' && s > 0;
+        const count = (label: string) =>
+          tr.filter((t) => t.label === label).length;
+        assert.equal(count('forward'), c.m);
+        assert.equal(count('backward'), split ? 0 : c.m);
+        assert.equal(count('backward_input'), split ? c.m : 0);
+        assert.equal(count('backward_weight'), split ? c.m : 0);
         // re-materialized backwards also show their recompute as a span of its own
         const recomputed =
           c.remat === 'always' ? c.m : c.remat === 'except_last' ? c.m - 1 : 0;
@@ -269,7 +280,7 @@ test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, and 1f1b,
           tr.filter((t) => t.label === 'recompute').length,
           recomputed,
         );
-      }
+      });
     }
   }
 });
@@ -316,13 +327,19 @@ test('charlm: every stage of K = 2 peaks below the single device; re-materializa
     .get(label({ ...ONE_F_ONE_B, schedule: 'gpipe' }))!
     .reports.map((r) => r.peakBytes);
   const o = runs.get(label(ONE_F_ONE_B))!.reports.map((r) => r.peakBytes);
+  // ZB-H1 holds 1F1B's in-flight micro-batches, and after each I only what its W reads
+  const z = runs.get(label(ZB_H1[0]!))!.reports.map((r) => r.peakBytes);
   g.forEach((stages, step) =>
-    stages.forEach((p, s) =>
+    stages.forEach((p, s) => {
       assert.ok(
         o[step][s] < p,
         `1f1b step ${step} stage ${s}: ${o[step][s]} >= gpipe ${p}`,
-      ),
-    ),
+      );
+      assert.ok(
+        z[step][s] < p,
+        `zb-h1 step ${step} stage ${s}: ${z[step][s]} >= gpipe ${p}`,
+      );
+    }),
   );
 });
 

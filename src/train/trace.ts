@@ -51,6 +51,8 @@ const TRANSFERS = new Set([
 const COLORS: Record<string, string> = {
   forward: '#4e79a7',
   backward: '#59a14f',
+  backward_input: '#8cd17d',
+  backward_weight: '#2f6b2a',
   recompute: '#f28e2b',
   optimizer_step: '#e15759',
   recv_act: '#dddddd',
@@ -70,7 +72,7 @@ const COLORS: Record<string, string> = {
   server_update: '#e15759',
 };
 
-/** Human label of a span: `F3`, `B3`, `R3` (recompute), `wait act 3`, `step`. */
+/** Human label of a span: `F3`, `B3`, `I3` and `W3` (the split backward), `R3` (recompute), `wait act 3`, `step`. */
 export function spanName(s: TraceSpan): string {
   const mb = s.mb >= 0 ? String(s.mb) : '';
   switch (s.label) {
@@ -78,6 +80,10 @@ export function spanName(s: TraceSpan): string {
       return `F${mb}`;
     case 'backward':
       return `B${mb}`;
+    case 'backward_input':
+      return `I${mb}`;
+    case 'backward_weight':
+      return `W${mb}`;
     case 'recompute':
       return `R${mb}`;
     case 'recv_act':
@@ -127,6 +133,13 @@ export class TraceRecorder {
   private readonly peaks: number[] = [];
   private readonly busy: number[] = [];
   private readonly total: number[] = [];
+  /** Whether any span is half of a split backward (zero-bubble schedules): the legend then shows I and W. */
+  private hasSplitBackward(): boolean {
+    return this.spans.some(
+      (s) => s.label === 'backward_input' || s.label === 'backward_weight',
+    );
+  }
+
   /** L2L: whether the run records the GPU's spans (webgpu), decided by its first report. */
   private gpuTrack: boolean | undefined;
 
@@ -302,9 +315,20 @@ export class TraceRecorder {
           'server_update',
           'wait_params',
         ]
-      : ['forward', 'backward', 'recompute', 'optimizer_step', 'recv_act'];
+      : [
+          'forward',
+          'backward',
+          ...(this.hasSplitBackward()
+            ? ['backward_input', 'backward_weight']
+            : []),
+          'recompute',
+          'optimizer_step',
+          'recv_act',
+        ];
     const legendName: Record<string, string> = {
       recv_act: 'wait',
+      backward_input: 'backward (input)',
+      backward_weight: 'backward (weights)',
       wait_params: 'wait for PS',
       layer_forward: 'forward',
       layer_backward: 'recompute + backward',
