@@ -1,6 +1,7 @@
 /**
  * `npm run bench -- gpipe`: throughput of single and of gpipe (K = 2) for M = 1, 2, 4, 8 in
- * each re-materialization mode on the same model and mini-batch, with each stage's measured
+ * each re-materialization mode (and each schedule of `--schedules`: gpipe, 1f1b, zb-h1) on the
+ * same model and mini-batch, with each stage's measured
  * bubble beside the ideal (K-1)/(M+K-1), beside the cost model's prediction for the stages'
  * profiled block times (cost/time.ts: free communication, one core per stage), and the peak
  * device bytes per stage. Measured above predicted is time the model leaves out: messages,
@@ -24,6 +25,7 @@ import {
   idealBubble,
   REMAT_MODES,
   type RematMode,
+  type ScheduleKind,
 } from '../schedule/schedule.js';
 import { createStrategy, planStages } from '../strategies/index.js';
 import { threadsPerDevice } from '../strategies/spec.js';
@@ -37,6 +39,12 @@ export interface GpipeBenchOptions {
   steps: number;
   microBatches: number[];
   stages: number;
+  /** Schedules to run (default gpipe's fill-drain only). */
+  schedules?: ScheduleKind[];
+  /** Re-materialization modes to run (default all). */
+  remats?: RematMode[];
+  /** Results file name (default 'gpipe'). */
+  name?: string;
   backend: string;
   /** Compute precision (bf16: native only). Default fp32. */
   precision?: Precision;
@@ -45,6 +53,7 @@ export interface GpipeBenchOptions {
 
 interface Row {
   strategy: string;
+  schedule: ScheduleKind | '-';
   stages: number;
   micro_batches: number;
   remat: RematMode | '-';
@@ -96,6 +105,7 @@ export async function benchGpipe(
     strategy: 'single' | 'gpipe',
     m: number,
     mode: RematMode,
+    schedule: ScheduleKind = 'gpipe',
   ): Promise<Omit<Row, 'speedup'>> {
     const cfg = resolveConfig({
       ...base,
@@ -104,6 +114,7 @@ export async function benchGpipe(
       stages: strategy === 'single' ? 1 : o.stages,
       microBatches: m,
       remat: mode,
+      schedule,
     });
     const s = await createStrategy(cfg, model, params);
     try {
@@ -140,6 +151,7 @@ export async function benchGpipe(
             }).bubble;
       return {
         strategy,
+        schedule: strategy === 'single' ? '-' : schedule,
         stages: k,
         micro_batches: strategy === 'single' ? 1 : m,
         remat: strategy === 'single' ? '-' : mode,
@@ -161,13 +173,15 @@ export async function benchGpipe(
   const single1 = await measure('single', 1, 'never');
   log(`single (first): ${single1.tokens_per_s.toFixed(0)} ${unit}`);
   const pipes: Array<Omit<Row, 'speedup'>> = [];
-  for (const mode of REMAT_MODES) {
+  for (const mode of o.remats ?? REMAT_MODES) {
     for (const m of o.microBatches) {
-      const r = await measure('gpipe', m, mode);
-      pipes.push(r);
-      log(
-        `gpipe K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} ${unit} (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`,
-      );
+      for (const schedule of o.schedules ?? ['gpipe']) {
+        const r = await measure('gpipe', m, mode, schedule);
+        pipes.push(r);
+        log(
+          `gpipe ${schedule} K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} ${unit} (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`,
+        );
+      }
     }
   }
   const single2 = await measure('single', 1, 'never');
@@ -179,11 +193,12 @@ export async function benchGpipe(
   }));
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   const md = [
-    `# gpipe benchmark\n`,
+    `# ${o.name ?? 'gpipe'} benchmark\n`,
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend} (${o.precision ?? 'fp32'}), median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
     markdownTable({
       columns: [
         'strategy',
+        'schedule',
         'K',
         'M',
         'checkpoint',
@@ -192,11 +207,12 @@ export async function benchGpipe(
         'speed-up vs single',
         'bubble per stage (measured)',
         'bubble per stage (cost model)',
-        'bubble (K-1)/(M+K-1)',
+        'bubble (K-1)/(M+K-1) (gpipe, 1F1B)',
         'peak device MiB per stage',
       ],
       rows: rows.map((r) => [
         r.strategy,
+        r.schedule,
         r.stages,
         r.micro_batches,
         r.remat,
@@ -212,7 +228,7 @@ export async function benchGpipe(
   ].join('\n');
   const files = await writeBenchResults(
     o.out,
-    'gpipe',
+    o.name ?? 'gpipe',
     { bench: 'gpipe', options: o, params: modelParamCount(model), rows },
     md,
   );

@@ -5,6 +5,8 @@
 import { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { defaultBackend } from '../backend/names.js';
+import { REMAT_MODES, SCHEDULE_KINDS } from '../schedule/schedule.js';
+import { LayerwiseError } from '../util/errors.js';
 import { benchBalance } from './balance.js';
 import { benchGpipe } from './gpipe.js';
 import { benchLocal } from './local.js';
@@ -24,13 +26,47 @@ program
   )
   .option('--micro-batches <list>', 'micro-batch counts', '1,2,4,8')
   .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
+  .option(
+    '--schedules <list>',
+    `schedules to compare (${SCHEDULE_KINDS.join(', ')})`,
+    'gpipe',
+  )
+  .option(
+    '--checkpoint <list>',
+    `re-materialization modes (${REMAT_MODES.join(', ')})`,
+    REMAT_MODES.join(','),
+  )
   .option('--backend <name>', 'backend', 'wasm')
   .option('--precision <p>', 'compute precision: fp32 or bf16 (native)', 'fp32')
+  .option(
+    '--name <name>',
+    'results file name (<name>.json, <name>.md)',
+    'gpipe',
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend, { precision: o.precision }); // validates the name and precision before workers start
+    const list = <T extends string>(
+      v: string,
+      valid: readonly T[],
+      what: string,
+    ): T[] =>
+      String(v)
+        .split(',')
+        .map((x) => {
+          if (!(valid as readonly string[]).includes(x))
+            throw new LayerwiseError(
+              `--${what}: unknown '${x}' (valid: ${valid.join(', ')})`,
+            );
+          return x as T;
+        });
     await benchGpipe(
-      { ...o, microBatches: String(o.microBatches).split(',').map(Number) },
+      {
+        ...o,
+        microBatches: String(o.microBatches).split(',').map(Number),
+        schedules: list(o.schedules, SCHEDULE_KINDS, 'schedules'),
+        remats: list(o.checkpoint, REMAT_MODES, 'checkpoint'),
+      },
       (s) => console.log(s),
     );
   });
