@@ -418,6 +418,12 @@ program
   .requiredOption('--schedule <kind>', SCHEDULE_KINDS.join(' | '))
   .requiredOption('--stages <K>', 'pipeline stages (devices)', int)
   .requiredOption('--micro-batches <M>', 'micro-batches', int)
+  .option(
+    '--virtual-stages <V>',
+    'stages per device of interleaved-1f1b',
+    int,
+    2,
+  )
   .option('--format <text|csv>', "text, or csv as PyTorch's _dump_csv", 'text')
   .action(async (o) => {
     const { printSchedule } = await import('./schedule.js');

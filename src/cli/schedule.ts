@@ -11,11 +11,12 @@ import {
   scheduleGrid,
 } from '../schedule/grid.js';
 import {
-  chainPlacement,
   computeSchedule,
   makeSchedule,
+  placementOf,
   SCHEDULE_KINDS,
   type ScheduleKind,
+  stagesPerDevice,
 } from '../schedule/schedule.js';
 import { simulate } from '../schedule/simulate.js';
 import { LayerwiseError } from '../util/errors.js';
@@ -25,6 +26,8 @@ export interface ScheduleOptions {
   schedule: string;
   stages: number;
   microBatches: number;
+  /** Stages per device of interleaved-1f1b (default 2). */
+  virtualStages?: number;
   format?: string;
 }
 
@@ -43,15 +46,27 @@ export function printSchedule(o: ScheduleOptions): string {
   const kind = o.schedule as ScheduleKind;
   const k = o.stages;
   const m = o.microBatches;
-  const compute = computeSchedule(kind, m, k, 'always');
-  const grid = scheduleGrid(compute, chainPlacement(k));
+  const v = o.virtualStages ?? 2;
+  const compute = computeSchedule(kind, m, k, 'always', v);
+  const placement = placementOf(kind, k, v);
+  const grid = scheduleGrid(compute, placement);
   if (format === 'csv') return gridToCsv(grid).trimEnd();
-  const sim = simulate(makeSchedule(kind, m, k, 'always'));
+  // each of a device's stages does 1/V of its work
+  const per = stagesPerDevice(kind, v);
+  const sim = simulate(makeSchedule(kind, m, k, 'always', v), (_d, a) =>
+    a.op === 'forward' ||
+    a.op === 'backward_input' ||
+    a.op === 'backward_weight'
+      ? 1 / per
+      : a.op === 'backward'
+        ? 2 / per
+        : 0,
+  );
   const peak = peakInFlight(compute);
   return [
-    `${kind}, ${k} stages, ${m} micro-batches`,
+    `${kind}, ${k} ${k === 1 ? 'device' : 'devices'}${per > 1 ? ` (${per} stages each; stage->device ${placement.map((d, s) => `${s}->${d}`).join(' ')})` : ''}, ${m} micro-batches`,
     gridToText(grid),
-    `simulated bubble (forward 1, backward 2): ${sim.bubble.map((b, d) => `device ${d} ${b.toFixed(3)}`).join(', ')}`,
+    `simulated bubble (forward 1, backward 2 = input 1 + weight 1, per device): ${sim.bubble.map((b, d) => `device ${d} ${b.toFixed(3)}`).join(', ')}`,
     `peak activations (micro-batches in flight): ${peak.map((p, d) => `device ${d} ${p}`).join(', ')}`,
   ].join('\n');
 }

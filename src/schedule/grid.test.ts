@@ -75,9 +75,9 @@ test('layerwise schedule: grid, simulated bubble and peak activations; csv; bad 
     '0F0,0F1,,0B0,0F2,0B1,0F3,0B2,,0B3\n,1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3,',
   );
   assert.throws(
-    () => printSchedule({ schedule: 'zbv', stages: 2, microBatches: 2 }),
+    () => printSchedule({ schedule: 'zbx', stages: 2, microBatches: 2 }),
     (e) =>
-      e instanceof LayerwiseError && /unknown schedule 'zbv'/.test(e.message),
+      e instanceof LayerwiseError && /unknown schedule 'zbx'/.test(e.message),
   );
   assert.throws(
     () =>
@@ -89,6 +89,29 @@ test('layerwise schedule: grid, simulated bubble and peak activations; csv; bad 
       }),
     (e) =>
       e instanceof LayerwiseError && /unknown format 'xml'/.test(e.message),
+  );
+  // two stages per device: the V-shape's placement, and a bubble well under 1F1B's 1/5
+  const zbv = printSchedule({ schedule: 'zbv', stages: 2, microBatches: 8 });
+  assert.match(
+    zbv,
+    /2 devices \(2 stages each; stage->device 0->0 1->1 2->1 3->0\)/,
+  );
+  const bubbles = [...zbv.matchAll(/device \d (0\.\d+)/g)].map((x) =>
+    Number(x[1]),
+  );
+  assert.equal(bubbles.length, 2);
+  assert.ok(
+    bubbles.every((b) => b < 0.05),
+    `zbv bubbles ${bubbles}`,
+  );
+  assert.match(
+    printSchedule({
+      schedule: 'interleaved-1f1b',
+      stages: 2,
+      microBatches: 4,
+      virtualStages: 3,
+    }),
+    /stage->device 0->0 1->1 2->0 3->1 4->0 5->1/,
   );
   assert.throws(
     () => printSchedule({ schedule: 'gpipe', stages: 0, microBatches: 2 }),

@@ -7,6 +7,7 @@ import {
   type ComputeSchedule,
   chainPlacement,
   clockCycles,
+  computeSchedule,
   evalSchedule,
   formatAction,
   formatSchedule,
@@ -14,12 +15,15 @@ import {
   gpipeSchedule,
   idealBubble,
   keepsActivations,
+  linkSide,
   localCompute,
   localSchedule,
   lower,
   makeSchedule,
+  needsWrapLink,
   oneFOneBCompute,
   oneFOneBSchedule,
+  placementOf,
   REMAT_MODES,
   type RematMode,
   relayCompute,
@@ -396,6 +400,102 @@ test("zb-h1 with F = I = W = 1 (B = 2): makespan 3M + K - 1 for M >= K, against 
           `zb-h1 M=${m} K=${k}: bubble ${zb.bubble} vs 1f1b ${one.bubble}`,
         );
     }
+});
+
+test('interleaved-1f1b and zbv: several stages per device, each stage F and B (zbv: I, W) once per micro-batch, valid; their placements', () => {
+  assert.deepEqual(placementOf('interleaved-1f1b', 3, 2), [0, 1, 2, 0, 1, 2]);
+  assert.deepEqual(placementOf('interleaved-1f1b', 2, 3), [0, 1, 0, 1, 0, 1]);
+  assert.deepEqual(placementOf('zbv', 3), [0, 1, 2, 2, 1, 0]);
+  assert.deepEqual(placementOf('1f1b', 3), [0, 1, 2]);
+  for (const [kind, v] of [
+    ['interleaved-1f1b', 2],
+    ['interleaved-1f1b', 3],
+    ['zbv', 2],
+  ] as const)
+    for (const m of MS)
+      for (const k of KS) {
+        const what = `${kind} V=${v} M=${m} K=${k}`;
+        const c = computeSchedule(kind, m, k, 'except_last', v);
+        const placement = placementOf(kind, k, v);
+        assert.equal(c.length, k, what);
+        const lowered = lower(c, placement, { step: 'all-reduce' });
+        assert.equal(
+          simulate(lowered).events.length,
+          lowered.flat().length,
+          `${what}: every action ran`,
+        );
+        for (let s = 0; s < placement.length; s++) {
+          const acts = c[placement[s]!]!.filter((a) => a.stage === s);
+          const ops =
+            kind === 'zbv'
+              ? ['forward', 'backward_input', 'backward_weight']
+              : ['forward', 'backward'];
+          for (const op of ops)
+            assert.deepEqual(
+              mbsOf(acts, op as Action['op']).sort((a, b) => a - b),
+              range(m),
+              `${what} stage ${s}: ${op}`,
+            );
+          assert.deepEqual(
+            mbsOf(acts, 'forward'),
+            range(m),
+            `${what} stage ${s}: forwards in order`,
+          );
+        }
+      }
+  assert.throws(
+    () => computeSchedule('interleaved-1f1b', 4, 2, 'never', 1),
+    /--virtual-stages of at least 2/,
+  );
+  assert.throws(
+    () => computeSchedule('interleaved-1f1b', 7, 3, 'never', 2),
+    /--micro-batches 7 is not a multiple of 2; use 8/,
+  );
+});
+
+test('interleaved-1f1b divides the bubble by V, zbv nearly removes it: makespans with F = I = W (B = 2F) per whole stage', () => {
+  // each of a device's V stages does 1/V of its work: F = 1/V, B = 2/V, I = W = 1/V
+  for (const v of [2, 3])
+    for (const k of [2, 3, 4])
+      for (const m of [4, 8, 12]) {
+        if (m < k || m % Math.max(1, Math.floor(m / k)) !== 0) continue;
+        const cost: CostFn = (_, a) =>
+          (a.op === 'forward' ? 1 : a.op === 'backward' ? 2 : 0) / v;
+        const r = simulate(
+          makeSchedule('interleaved-1f1b', m, k, 'never', v),
+          cost,
+        );
+        // 1F1B: 3(m + k - 1); interleaved: the fill and drain shrink V times
+        assert.ok(
+          Math.abs(r.makespan - (3 * m + (3 * (k - 1)) / v)) < 1e-9,
+          `interleaved V=${v} K=${k} M=${m}: makespan ${r.makespan}`,
+        );
+      }
+  const half: CostFn = (_, a) =>
+    a.op === 'forward' ||
+    a.op === 'backward_input' ||
+    a.op === 'backward_weight'
+      ? 0.5
+      : 0;
+  for (const k of [2, 3, 4])
+    for (const m of [8, 12, 16]) {
+      const r = simulate(makeSchedule('zbv', m, k, 'never'), half);
+      assert.ok(
+        Math.abs(r.makespan - (3 * m + (k - 1) / 2)) < 1e-9,
+        `zbv K=${k} M=${m}: makespan ${r.makespan}`,
+      );
+    }
+});
+
+test('links: neighbours both ways, and the ring from the last device to the first past 2 devices', () => {
+  assert.equal(linkSide(0, 1, 2), 'next');
+  assert.equal(linkSide(1, 0, 2), 'prev');
+  assert.equal(linkSide(2, 0, 3), 'next');
+  assert.equal(linkSide(0, 2, 3), 'prev');
+  assert.throws(() => linkSide(0, 2, 4), /linked to their neighbours/);
+  assert.equal(needsWrapLink(placementOf('interleaved-1f1b', 3, 2)), true);
+  assert.equal(needsWrapLink(placementOf('interleaved-1f1b', 2, 2)), false);
+  assert.equal(needsWrapLink(placementOf('zbv', 4)), false);
 });
 
 test('keep flags follow the checkpoint mode', () => {
@@ -844,8 +944,8 @@ test('lower: stages on one device hand over directly (no send or receive between
   );
   assert.throws(() => lower(compute, [0, 0]), /stage 2 is not one of the 2/);
   assert.throws(
-    () => lower([[], [], []], [0, 2, 1]),
-    /stage 0 on device 0 and stage 1 on device 2/,
+    () => lower([[], [], [], []], [0, 2, 1, 3]),
+    /stage 0 on device 0 and stage 1 on device 2: devices are linked to their neighbours/,
   );
   // communication in a compute-only list is refused
   assert.throws(

@@ -19,12 +19,44 @@ export const REMAT_MODES: readonly RematMode[] = [
 ];
 
 /** Schedules this executor understands. */
-export type ScheduleKind = 'gpipe' | '1f1b' | 'zb-h1';
+export type ScheduleKind =
+  | 'gpipe'
+  | '1f1b'
+  | 'zb-h1'
+  | 'interleaved-1f1b'
+  | 'zbv';
 export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
   'gpipe',
   '1f1b',
   'zb-h1',
+  'interleaved-1f1b',
+  'zbv',
 ];
+
+/**
+ * Stages per device of a schedule kind: `v` (--virtual-stages, at least 2) for interleaved
+ * 1F1B, 2 for the V-shape (zbv), 1 for the others. A run of k devices has k times that many
+ * (virtual) stages.
+ */
+export function stagesPerDevice(kind: ScheduleKind, v = 2): number {
+  if (kind === 'interleaved-1f1b') return v;
+  return kind === 'zbv' ? 2 : 1;
+}
+
+/**
+ * The device of each (virtual) stage of a kind on k devices: stage s on device s (one stage
+ * per device); interleaved, s mod k (Narayanan et al., 2021: device d runs stages d, d + k,
+ * d + 2k...); the V-shape, stages s and 2k - 1 - s on device s (Qi et al., 2024: device 0 runs
+ * the first and the last stage).
+ */
+export function placementOf(kind: ScheduleKind, k: number, v = 2): number[] {
+  const n = k * stagesPerDevice(kind, v);
+  if (kind === 'interleaved-1f1b')
+    return Array.from({ length: n }, (_, s) => s % k);
+  if (kind === 'zbv')
+    return Array.from({ length: n }, (_, s) => (s < k ? s : n - 1 - s));
+  return chainPlacement(k);
+}
 
 /** What one action does; {@link Action} adds the stage it belongs to. `mb` is the micro-batch index in [0, M). */
 export type ActionBody =
@@ -213,6 +245,41 @@ export function chainPlacement(k: number): number[] {
   return Array.from({ length: k }, (_, s) => s);
 }
 
+/**
+ * Which of device `from`'s links (of `devices` in a row) reaches device `to`: 'next' for
+ * from + 1, 'prev' for from - 1, and the ring's wrap link between the last device and the first
+ * (interleaved schedules on more than 2 devices: 'next' from the last, 'prev' from the first).
+ * Devices are linked to their neighbours only (runtime/links.ts), so any other pair throws
+ * {@link LayerwiseError} naming `what`.
+ */
+export function linkSide(
+  from: number,
+  to: number,
+  devices: number,
+  what = `device ${from} and device ${to}`,
+): 'next' | 'prev' {
+  if (to === from + 1) return 'next';
+  if (to === from - 1) return 'prev';
+  if (devices > 2 && from === devices - 1 && to === 0) return 'next';
+  if (devices > 2 && from === 0 && to === devices - 1) return 'prev';
+  throw new LayerwiseError(
+    `${what}: devices are linked to their neighbours (and the last to the first) only, so neighbouring stages must be on the same device or on neighbouring ones`,
+  );
+}
+
+/** Whether a placement needs the ring's wrap link between the last device and the first (see {@link linkSide}). */
+export function needsWrapLink(placement: readonly number[]): boolean {
+  const devices = Math.max(0, ...placement) + 1;
+  if (devices <= 2) return false;
+  return placement.some((d, s) => {
+    const e = placement[s + 1];
+    return (
+      e !== undefined &&
+      ((d === devices - 1 && e === 0) || (d === 0 && e === devices - 1))
+    );
+  });
+}
+
 /** What {@link lower} adds besides sends and receives. */
 export interface LowerOptions {
   /**
@@ -236,9 +303,8 @@ export interface LowerOptions {
  * is the device of stage s.
  *
  * Throws {@link LayerwiseError} when an action's stage is not placed on the device whose list it
- * is in, when a stage is out of range, or when neighbouring stages on different devices are not
- * on neighbouring devices in the same direction (device d sends activations only to d + 1
- * today: StageLinks connect a device to its previous and next one).
+ * is in, when a stage is out of range, or when neighbouring stages are on devices with no link
+ * between them ({@link linkSide}).
  */
 export function lower(
   compute: ComputeSchedule,
@@ -246,12 +312,16 @@ export function lower(
   opts: LowerOptions = {},
 ): Schedule {
   const stages = placement.length;
+  const devices = Math.max(0, ...placement) + 1;
   for (let s = 0; s + 1 < stages; s++) {
-    const a = placement[s];
-    const b = placement[s + 1];
-    if (a !== b && b !== a + 1)
-      throw new LayerwiseError(
-        `stage ${s} on device ${a} and stage ${s + 1} on device ${b}: links connect device d only to d + 1, so the next stage must be on the same device or the next one`,
+    const a = placement[s]!;
+    const b = placement[s + 1]!;
+    if (a !== b)
+      linkSide(
+        a,
+        b,
+        devices,
+        `stage ${s} on device ${a} and stage ${s + 1} on device ${b}`,
       );
   }
   return compute.map((acts, device) => {
@@ -398,6 +468,138 @@ export function zbH1Compute(
   });
 }
 
+/**
+ * Interleaved 1F1B (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+ * Clusters Using Megatron-LM", SC'21; PyTorch pipelining's `ScheduleInterleaved1F1B`), compute
+ * only: v stages per device, stage s on device s mod k ({@link placementOf}). Micro-batches go in
+ * rounds of r = m / max(1, floor(m / k)); device d runs min((v - 1) r + 2 (k - 1 - d), v m)
+ * warm-up forwards, then one forward and one backward at a time, then the remaining backwards.
+ * Its j-th forward works on its local stage floor(j / r) mod v (depth first: a round goes
+ * through every local stage before the next round starts), its j-th backward (counted from the
+ * end of the warm-up) on local stage v - 1 - floor(j / r) mod v. The bubble is (k - 1) / (v m)
+ * of the ideal step instead of 1F1B's (k - 1) / m; in flight: up to v times 1F1B's micro-batches
+ * per device, each of a stage v times smaller. Throws {@link LayerwiseError} for m < 1, k < 1,
+ * v < 2, or m not a multiple of its number of rounds.
+ */
+export function interleaved1F1BCompute(
+  m: number,
+  k: number,
+  v: number,
+  mode: RematMode,
+): ComputeSchedule {
+  checkArgs(m, k);
+  if (!Number.isInteger(v) || v < 2)
+    throw new LayerwiseError(
+      `interleaved-1f1b needs --virtual-stages of at least 2 (stages per device), got ${v}`,
+    );
+  const rounds = Math.max(1, Math.floor(m / k));
+  if (m % rounds !== 0)
+    throw new LayerwiseError(
+      `interleaved-1f1b runs micro-batches in ${rounds} rounds of equal size: --micro-batches ${m} is not a multiple of ${rounds}; use ${rounds * Math.ceil(m / rounds)}`,
+    );
+  const r = m / rounds;
+  return Array.from({ length: k }, (_, d) => {
+    const warm = Math.min((v - 1) * r + 2 * (k - 1 - d), v * m);
+    const stageOf = (local: number) => local * k + d;
+    const fwdStage = (j: number) => stageOf(Math.floor(j / r) % v);
+    const bwdStage = (j: number) =>
+      stageOf(v - 1 - (Math.floor((j - warm) / r) % v));
+    const nextMb = new Map<string, number>();
+    const mbOf = (what: string, stage: number) => {
+      const key = `${what}${stage}`;
+      const mb = nextMb.get(key) ?? 0;
+      nextMb.set(key, mb + 1);
+      return mb;
+    };
+    const acts: ComputeAction[] = [];
+    const f = (j: number) => {
+      const stage = fwdStage(j);
+      acts.push(forward(stage, mbOf('F', stage), mode, m));
+    };
+    const b = (j: number) => {
+      const stage = bwdStage(j);
+      acts.push({ op: 'backward', stage, mb: mbOf('B', stage) });
+    };
+    const total = v * m;
+    for (let j = 0; j < warm; j++) f(j);
+    for (let j = warm; j < total; j++) {
+      f(j);
+      b(j);
+    }
+    for (let j = total; j < total + warm; j++) b(j);
+    return acts;
+  });
+}
+
+/**
+ * ZBV, the V-shape zero-bubble schedule (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR
+ * 2024, section 6; PyTorch pipelining's `ScheduleZBVZeroBubble`), compute only: two stages per
+ * device, stages d and 2k - 1 - d on device d ({@link placementOf}), so the micro-batch goes down
+ * the devices and back up, and device 0 computes the loss. With c0 = d and c1 = 2k - 1 - d,
+ * device d runs 2 (k - d) - 1 forwards of c0; d pairs (c1 forward, c0 forward); k - d triples
+ * (c1 forward, I, W); then, while forwards remain, (c0 forward, c0 I, c0 W, c1 forward, c1 I,
+ * c1 W); then d pairs (c0 I, c1 I), k - d pairs (c0 I, c0 W), and the weight parts left, c1's
+ * first. With F = I = W the bubble is near zero at 1F1B's peak activation memory. Micro-batch
+ * indices past m - 1 are dropped (the generator runs at least 2k - 1). Throws
+ * {@link LayerwiseError} for m < 1 or k < 1.
+ */
+export function zbvCompute(
+  m: number,
+  k: number,
+  mode: RematMode,
+): ComputeSchedule {
+  checkArgs(m, k);
+  const n = Math.max(2 * k - 1, m);
+  return Array.from({ length: k }, (_, d) => {
+    const c0 = d;
+    const c1 = 2 * k - 1 - d;
+    const acts: ComputeAction[] = [];
+    let f0 = 0;
+    let f1 = 0;
+    let b0 = 0;
+    let b1 = 0;
+    const push = (a: ComputeAction) => {
+      if ((a as { mb: number }).mb < m) acts.push(a);
+    };
+    const F = (stage: number, mb: number) => push(forward(stage, mb, mode, m));
+    const I = (stage: number, mb: number) =>
+      push({ op: 'backward_input', stage, mb });
+    const W = (stage: number, mb: number) =>
+      push({ op: 'backward_weight', stage, mb });
+    for (let i = 0; i < 2 * (k - d) - 1; i++) F(c0, f0++);
+    for (let i = 0; i < d; i++) {
+      F(c1, f1++);
+      F(c0, f0++);
+    }
+    for (let i = 0; i < k - d; i++) {
+      F(c1, f1++);
+      I(c1, b1);
+      W(c1, b1++);
+    }
+    while (f1 < f0 || f0 < n) {
+      if (f0 < n) F(c0, f0++);
+      I(c0, b0);
+      W(c0, b0++);
+      F(c1, f1++);
+      I(c1, b1);
+      W(c1, b1++);
+    }
+    let w0 = b0;
+    let w1 = b1;
+    for (let i = 0; i < d; i++) {
+      I(c0, b0++);
+      I(c1, b1++);
+    }
+    for (let i = 0; i < k - d; i++) {
+      I(c0, b0++);
+      W(c0, w0++);
+    }
+    while (w1 < b1) W(c1, w1++);
+    while (w0 < b0) W(c0, w0++);
+    return acts;
+  });
+}
+
 /** GPipe fill-drain, lowered onto k devices with the synchronous step ({@link gpipeCompute}). */
 export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
   return lower(gpipeCompute(m, k, mode), chainPlacement(k), {
@@ -434,14 +636,22 @@ export function evalSchedule(m: number, k: number): Schedule {
   return lower(compute, chainPlacement(k));
 }
 
-/** The compute-only training schedule of a kind. */
+/**
+ * The compute-only training schedule of a kind on k devices (`v`: stages per device of
+ * interleaved 1F1B; see {@link placementOf} for where each stage runs).
+ */
 export function computeSchedule(
   kind: ScheduleKind,
   m: number,
   k: number,
   mode: RematMode,
+  v = 2,
 ): ComputeSchedule {
   switch (kind) {
+    case 'interleaved-1f1b':
+      return interleaved1F1BCompute(m, k, v, mode);
+    case 'zbv':
+      return zbvCompute(m, k, mode);
     case 'gpipe':
       return gpipeCompute(m, k, mode);
     case '1f1b':
@@ -455,14 +665,15 @@ export function computeSchedule(
   }
 }
 
-/** The training schedule of a kind, lowered onto k devices (stage s on device s) with the synchronous step. */
+/** The training schedule of a kind, lowered onto k devices (its {@link placementOf}) with the synchronous step. */
 export function makeSchedule(
   kind: ScheduleKind,
   m: number,
   k: number,
   mode: RematMode,
+  v = 2,
 ): Schedule {
-  return lower(computeSchedule(kind, m, k, mode), chainPlacement(k), {
+  return lower(computeSchedule(kind, m, k, mode, v), placementOf(kind, k, v), {
     step: 'all-reduce',
   });
 }

@@ -45,6 +45,7 @@ import {
   type RematMode,
   SCHEDULE_KINDS,
   type ScheduleKind,
+  stagesPerDevice,
 } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
 import { type PipelineKind, PipelineStrategy } from './pipeline.js';
@@ -197,7 +198,10 @@ export const gpipe: StrategySpec = {
     for (const m of ms) {
       const costs = costsAt(profile, req.batchSize / m);
       for (const remat of REMAT_MODES) {
-        for (const schedule of SCHEDULE_KINDS) {
+        // one stage per device: the memory and time models walk one stage per device
+        for (const schedule of SCHEDULE_KINDS.filter(
+          (x) => stagesPerDevice(x) === 1,
+        )) {
           const shape: StepShape = { m, remat, schedule, slots: req.slots };
           const sched = makeSchedule(schedule, m, k, remat);
           const balances: Array<[string, number[]]> = [
