@@ -184,7 +184,12 @@ program
   )
   .option(
     '--schedule <kind>',
-    'gpipe (fill-drain) | 1f1b | zb-h1 (zero-bubble: 1F1B with the backward split into input and weight parts)',
+    'gpipe (fill-drain) | 1f1b | zb-h1 (zero-bubble: 1F1B with the backward split into input and weight parts) | interleaved-1f1b (--virtual-stages V stages per device) | zbv (zero-bubble V-shape: 2 stages per device)',
+  )
+  .option(
+    '--virtual-stages <V>',
+    'stages per device of --schedule interleaved-1f1b (default 2)',
+    int,
   )
   .option(
     '--schedule-file <F.csv>',
@@ -298,7 +303,7 @@ program
     );
     for (const st of r.stages) {
       console.log(
-        `  stage ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatSize(st.peakBytes)}`,
+        `  ${s.devices !== undefined ? 'device' : 'stage'} ${st.stage}: busy ${st.busyPct.toFixed(1)}%, idle (bubble) ${st.idlePct.toFixed(1)}%, peak device ${formatSize(st.peakBytes)}`,
       );
     }
     if (r.traceFiles) console.log(`trace: ${r.traceFiles.join(', ')}`);

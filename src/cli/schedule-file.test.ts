@@ -1,8 +1,9 @@
 /**
  * `layerwise train --schedule-file F.csv` (issue 22, item 4): a schedule printed by
  * `layerwise schedule --format csv` (PyTorch pipelining's compute-only CSV) trains exactly as
- * the named schedule; a bad file (an action missing, two actions swapped into a deadlock,
- * several stages on one device, another micro-batch count) exits 2 with the offending action
+ * the named schedule, and PyTorch's own ZBV schedule (two stages per device) trains as single; a
+ * bad file (an action missing, two actions swapped into a deadlock, another device or
+ * micro-batch count) exits 2 with the offending action
  * and, for the file's own faults, the grid marked `<-- ERROR HERE`, and writes nothing.
  */
 import assert from 'node:assert/strict';
@@ -105,6 +106,55 @@ test('a schedule printed as CSV and run with --schedule-file trains exactly as t
   assert.equal(summary.schedule, `file ${file}`);
 });
 
+/**
+ * PyTorch pipelining's ScheduleZBVZeroBubble for 2 ranks and 4 micro-batches as its `_dump_csv`
+ * writes `pipeline_order` (rank 1 starts with one empty slot): the V-shape, stages 0 and 3 on
+ * device 0, stages 1 and 2 on device 1, the backward split into I and W.
+ */
+const PYTORCH_ZBV_2X4 = [
+  '0F0,0F1,0F2,3F0,3I0,3W0,3F1,3I1,3W1,0F3,0I0,0W0,3F2,3I2,3W2,0I1,0W1,3F3,3I3,3W3,0I2,0W2,0I3,0W3',
+  ',1F0,2F0,1F1,2F1,2I0,2W0,1F2,1I0,1W0,2F2,2I1,2W1,1F3,1I1,1W1,2F3,2I2,2W2,1I2,2I3,1I3,1W2,2W3,1W3',
+].join('\n');
+
+test("PyTorch's ZBV schedule (V-shape, split backward) runs from its CSV and trains like single; the named zbv is the same schedule", () => {
+  const file = join(tmp, 'zbv.csv');
+  writeFileSync(file, `${PYTORCH_ZBV_2X4}\n`);
+  const single = join(tmp, 'zbv-single');
+  const fromFile = join(tmp, 'zbv-file');
+  const named = join(tmp, 'zbv-named');
+  let r = run([
+    ...TRAIN.map((a) => (a === 'gpipe' ? 'single' : a)).filter(
+      (_a, i, all) =>
+        !['--stages', '--micro-batches'].includes(all[i]!) &&
+        !['--stages', '--micro-batches'].includes(all[i - 1]!),
+    ),
+    '--out',
+    single,
+  ]);
+  assert.equal(r.code, 0, r.err);
+  r = run([...TRAIN, '--schedule-file', file, '--out', fromFile]);
+  assert.equal(r.code, 0, r.err);
+  r = run([...TRAIN, '--schedule', 'zbv', '--out', named]);
+  assert.equal(r.code, 0, r.err);
+  const ref = losses(single);
+  assert.equal(ref.length, 3);
+  for (const [what, got] of [
+    ['file', losses(fromFile)],
+    ['named', losses(named)],
+  ] as const)
+    got.forEach((l, i) =>
+      assert.ok(
+        Math.abs(l - ref[i]!) <= 1e-5,
+        `${what} step ${i}: ${l} vs single ${ref[i]}`,
+      ),
+    );
+  const summary = JSON.parse(readFileSync(join(named, 'summary.json'), 'utf8'));
+  assert.equal(summary.stages, 4);
+  assert.equal(summary.devices, 2);
+  assert.equal(summary.virtual_stages, 2);
+  assert.equal(summary.schedule, 'zbv');
+});
+
 test('a bad schedule file exits 2 naming the action, with the grid marked <-- ERROR HERE, and writes nothing', () => {
   const rows = oneFOneBCsv().trimEnd().split('\n');
   const cases: Array<{
@@ -126,10 +176,10 @@ test('a bad schedule file exits 2 naming the action, with the grid marked <-- ER
       err: /action 0B1 on device 0: [\s\S]*\n {2}device 0: .*<-- ERROR HERE \(0B1\)/,
     },
     {
-      name: 'two stages on one device',
+      name: 'other devices',
       csv: '0F0,1F0,1B0,0B0\n',
       args: ['--micro-batches', '1'],
-      err: /several stages on one device .* do not run here yet/,
+      err: /has 1 devices \(rows\) and the run 2; pass --stages 1/,
     },
     {
       name: 'other micro-batches',

@@ -35,6 +35,7 @@ import {
   type RematMode,
   SCHEDULE_KINDS,
   type ScheduleKind,
+  stagesPerDevice,
 } from '../schedule/schedule.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { parseSize } from '../util/size.js';
@@ -68,6 +69,8 @@ export interface TrainConfig {
   /** Re-materialization (activation checkpointing, flag `--checkpoint` as in torchgpipe): always | except_last | never. */
   remat: RematMode;
   schedule: ScheduleKind;
+  /** Stages per device of `--schedule interleaved-1f1b` (at least 2; default 2). */
+  virtualStages: number;
   /**
    * A schedule file in PyTorch pipelining's compute-only CSV (schedule/csv.ts), run instead of
    * {@link schedule} (gpipe only; checked by strategies/gpipe.ts before anything starts).
@@ -146,6 +149,7 @@ export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   batchSize: 32,
   remat: 'except_last',
   schedule: 'gpipe',
+  virtualStages: 2,
   balance: 'flops',
   steps: 100,
   lr: 3e-3,
@@ -267,6 +271,15 @@ export function resolveConfig(
   );
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
+  posInt('virtual-stages', c.virtualStages);
+  check(
+    c.virtualStages >= 2 || c.schedule !== 'interleaved-1f1b',
+    `--schedule interleaved-1f1b runs several stages per device: --virtual-stages must be at least 2, got ${c.virtualStages}`,
+  );
+  check(
+    stagesPerDevice(c.schedule) === 1 || c.strategy === 'gpipe',
+    `--schedule ${c.schedule} runs several stages per device, a gpipe schedule: it needs --strategy gpipe, not ${c.strategy}`,
+  );
   check(
     c.scheduleFile === undefined || c.strategy === 'gpipe',
     `--schedule-file runs a pipeline schedule: it needs --strategy gpipe, not ${c.strategy}`,
@@ -450,6 +463,17 @@ export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
       ? { vocab: ds.vocab.size }
       : { inputShape: ds.shape, classes: ds.classes };
   return preset.make(shape, cfg);
+}
+
+/**
+ * Stages of a run's partition: --stages K devices times the stages each runs (gpipe with an
+ * interleaved or V-shape schedule; a schedule file's own count, found by reading it, is checked
+ * by strategies/gpipe.ts), else K.
+ */
+export function stageCount(cfg: TrainConfig): number {
+  if (cfg.strategy !== 'gpipe' || cfg.scheduleFile !== undefined)
+    return cfg.stages;
+  return cfg.stages * stagesPerDevice(cfg.schedule, cfg.virtualStages);
 }
 
 /** The schedule a run names (summary.json, the run's first lines): the kind, or the file it ran. */

@@ -107,8 +107,12 @@ export interface StepShape {
   m: number;
   remat: RematMode;
   schedule: ScheduleKind;
-  /** A compute-only schedule (a --schedule-file's, stage s on device s) walked instead of {@link schedule}'s. */
+  /** Stages per device of interleaved-1f1b (--virtual-stages; default 2). */
+  virtualStages?: number;
+  /** A compute-only schedule (a --schedule-file's) walked instead of {@link schedule}'s, with its placement (default stage s on device s). */
   compute?: ComputeSchedule;
+  /** The device of each stage of {@link compute}. */
+  placement?: number[];
   /** Optimizer state per parameter, in parameter sizes (see {@link optimizerSlots}). */
   slots: number;
 }

@@ -43,12 +43,15 @@ import {
 import {
   type Action,
   chainPlacement,
+  computeSchedule,
   localSchedule,
   lower,
-  makeSchedule,
+  placementOf,
   relaySchedule,
   type Schedule,
+  stagesPerDevice,
 } from '../schedule/schedule.js';
+import { LayerwiseError } from '../util/errors.js';
 import {
   type LocalShape,
   localTotals,
@@ -101,30 +104,59 @@ const NO_BYTES: StageBytes = {
  * Walks `actions` from `start` bytes, each action by its op's declared memory effect
  * (schedule/ops.ts `memory`), and returns the peak.
  */
+type WalkOptions = Partial<
+  Pick<
+    MemoryWalk,
+    | 'first'
+    | 'last'
+    | 'labelBytes'
+    | 'grads'
+    | 'tail'
+    | 'sendsInputGrad'
+    | 'layers'
+    | 'hostStash'
+  >
+>;
+
 function walk(
   actions: readonly Action[],
   t: StageBytes,
-  opts: Partial<
-    Pick<
-      MemoryWalk,
-      | 'first'
-      | 'last'
-      | 'labelBytes'
-      | 'grads'
-      | 'tail'
-      | 'sendsInputGrad'
-      | 'layers'
-      | 'hostStash'
-    >
-  >,
+  opts: WalkOptions,
   start: number,
 ): number {
   let peak = start;
-  const w: MemoryWalk = {
-    cur: start,
-    bump(extra) {
-      peak = Math.max(peak, w.cur + extra);
+  let cur = start;
+  const w = newWalk(t, opts, {
+    get cur() {
+      return cur;
     },
+    set cur(x: number) {
+      cur = x;
+    },
+    bump(extra: number) {
+      peak = Math.max(peak, cur + extra);
+    },
+  });
+  for (const a of actions) {
+    (declarationOf(a.op) as OpSpec<typeof a.op>).memory(a, w);
+  }
+  return peak;
+}
+
+/** A memory walk of one stage's terms whose bytes (`cur`, `bump`) are `bytes`' (shared by the stages of one device). */
+function newWalk(
+  t: StageBytes,
+  opts: WalkOptions,
+  bytes: Pick<MemoryWalk, 'cur' | 'bump'>,
+): MemoryWalk {
+  return {
+    get cur() {
+      return bytes.cur;
+    },
+    set cur(x: number) {
+      bytes.cur = x;
+    },
+    bump: (extra) => bytes.bump(extra),
     first: opts.first ?? false,
     last: opts.last ?? false,
     t,
@@ -139,28 +171,82 @@ function walk(
     loaded: new Set(),
     gradsStarted: new Set(),
   };
-  for (const a of actions) {
-    (declarationOf(a.op) as OpSpec<typeof a.op>).memory(a, w);
-  }
-  return peak;
 }
 
 /**
- * Predicted peak device bytes per stage for a partition (`ranges`, one per stage, contiguous
+ * Predicted peak device bytes per device for a partition (`ranges`, one per stage, contiguous
  * and covering the model) and a step shape. Single-device training is the one-stage case with
- * M = 1 and checkpoint 'never'. Throws {@link LayerwiseError} for an empty stage or bad M.
+ * M = 1 and checkpoint 'never'. A device running several stages (interleaved and V-shape
+ * schedules) walks its list once, each action by its stage's terms, all of them adding to the
+ * device's bytes. Throws {@link LayerwiseError} for an empty stage or bad M.
  */
 export function predictPeakBytes(
   c: MicroBatchCosts,
   ranges: readonly StageRange[],
   shape: StepShape,
 ): number[] {
-  const sched = shape.compute
-    ? lower(shape.compute, chainPlacement(ranges.length), {
-        step: 'all-reduce',
-      })
-    : makeSchedule(shape.schedule, shape.m, ranges.length, shape.remat);
-  return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
+  const v = shape.virtualStages ?? 2;
+  const placement = shape.compute
+    ? (shape.placement ?? chainPlacement(ranges.length))
+    : placementOf(
+        shape.schedule,
+        ranges.length / stagesPerDevice(shape.schedule, v),
+        v,
+      );
+  if (placement.length !== ranges.length)
+    throw new LayerwiseError(
+      `a schedule of ${placement.length} stages for ${ranges.length} stage ranges`,
+    );
+  const devices = Math.max(...placement) + 1;
+  const sched = lower(
+    shape.compute ??
+      computeSchedule(shape.schedule, shape.m, devices, shape.remat, v),
+    placement,
+    { step: 'all-reduce' },
+  );
+  if (devices === ranges.length)
+    return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
+  return sched.map((actions, d) => {
+    const stages = placement.flatMap((dev, s) => (dev === d ? [s] : []));
+    const m = shape.m;
+    let cur = 0;
+    let peak = 0;
+    const walks = new Map<number, MemoryWalk>();
+    for (const s of stages) {
+      const t = stageTotals(c, ranges[s]!);
+      const first = s === 0;
+      const last = s === ranges.length - 1;
+      cur +=
+        t.params * (1 + shape.slots) +
+        (first ? m * t.inBytes : 0) +
+        (last ? m * c.labelBytes : 0);
+      walks.set(
+        s,
+        newWalk(
+          t,
+          { first, last, labelBytes: c.labelBytes },
+          {
+            get cur() {
+              return cur;
+            },
+            set cur(x: number) {
+              cur = x;
+            },
+            bump(extra: number) {
+              peak = Math.max(peak, cur + extra);
+            },
+          },
+        ),
+      );
+    }
+    peak = cur;
+    for (const a of actions)
+      (declarationOf(a.op) as OpSpec<typeof a.op>).memory(
+        a,
+        walks.get(a.stage)!,
+      );
+    return peak;
+  });
 }
 
 /**

@@ -6,7 +6,11 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { resolveConfig, type TrainConfig } from '../config/config.js';
+import {
+  resolveConfig,
+  stageCount,
+  type TrainConfig,
+} from '../config/config.js';
 import { initParams } from '../model/init.js';
 import { buildModel, type Model } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
@@ -72,6 +76,22 @@ const RUNS: Array<Partial<TrainConfig>> = [
     remat: 'always',
     schedule: 'gpipe',
   },
+  // the split backward holds each micro-batch's weight-gradient inputs from its I to its W
+  {
+    strategy: 'gpipe',
+    stages: 2,
+    microBatches: 4,
+    remat: 'never',
+    schedule: 'zb-h1',
+  },
+  // two stages per device (the V-shape): a device's peak is both stages' bytes together
+  {
+    strategy: 'gpipe',
+    stages: 2,
+    microBatches: 4,
+    remat: 'never',
+    schedule: 'zbv',
+  },
 ];
 
 for (const c of CASES) {
@@ -95,6 +115,7 @@ for (const c of CASES) {
         ...c.overrides,
         ...run,
       } as Parameters<typeof resolveConfig>[0]);
+      if (stageCount(cfg) > c.model.blocks.length) continue;
       const ranges = await resolveStages(cfg, c.model);
       const single = cfg.strategy === 'single';
       const m = single ? 1 : cfg.microBatches;
@@ -102,6 +123,7 @@ for (const c of CASES) {
         m,
         remat: single ? 'never' : cfg.remat,
         schedule: single ? 'gpipe' : cfg.schedule,
+        virtualStages: cfg.virtualStages,
         slots: optimizerSlots(opt),
       });
       const measured = await steadyPeakBytes(

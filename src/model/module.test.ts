@@ -72,6 +72,25 @@ const STRATEGIES: Array<[string, Partial<TrainConfig>]> = [
       remat: 'always',
     },
   ],
+  [
+    'gpipe K=2 M=8 zb-h1',
+    { strategy: 'gpipe', stages: 2, microBatches: 8, schedule: 'zb-h1' },
+  ],
+  [
+    'gpipe K=2 M=8 interleaved-1f1b V=2',
+    {
+      strategy: 'gpipe',
+      stages: 2,
+      microBatches: 8,
+      schedule: 'interleaved-1f1b',
+      virtualStages: 2,
+      remat: 'never',
+    },
+  ],
+  [
+    'gpipe K=2 M=8 zbv',
+    { strategy: 'gpipe', stages: 2, microBatches: 8, schedule: 'zbv' },
+  ],
   ['local K=1', { strategy: 'local', stages: 1 }],
   ['l2l M=2', { strategy: 'l2l', microBatches: 2 }],
 ];
@@ -134,12 +153,14 @@ test('a tf.layers model trained by layerwise single equals plain TF.js (tf.varia
 });
 
 for (const name of ['mlp', 'residual', 'blocks']) {
-  test(`model module ${name}: gpipe K=2 and K=3, local K=1 and l2l train exactly like single`, async () => {
+  test(`model module ${name}: gpipe K=2 and K=3 (fill-drain, 1f1b, zb-h1, interleaved-1f1b, zbv), local K=1 and l2l train exactly like single`, async () => {
     await initBackend('cpu');
     const model = await moduleModel(name);
     const ref = await runStrategy(model, { strategy: 'single' });
     assert.ok(ref.losses.every(Number.isFinite), `single: ${ref.losses}`);
     for (const [what, o] of STRATEGIES) {
+      // two stages per device need four blocks
+      if (/interleaved|zbv/.test(what) && model.blocks.length < 4) continue;
       const r = await runStrategy(model, o);
       r.losses.forEach((l, i) =>
         assert.ok(

@@ -50,7 +50,7 @@ function fakeLinks(
       if (mb === undefined) throw new Error('no activation queued');
       return t(mb);
     },
-    sendActivation(mb, x) {
+    sendActivation(_stage, mb, x) {
       sent.push(`act${mb}=${x.dataSync()[0]}`);
       x.dispose();
     },
@@ -63,7 +63,7 @@ function fakeLinks(
       const mb = polled.shift();
       return mb === undefined ? null : t(mb);
     },
-    sendGradient(mb, x) {
+    sendGradient(_stage, mb, x) {
       sent.push(`grad${mb}=${x.dataSync()[0]}`);
       x.dispose();
     },

@@ -41,18 +41,22 @@ export interface LayerGrads {
   sumSquares: number;
 }
 
-/** How a stage talks to the rest of the pipeline (implemented over channels by runtime/worker.ts). */
+/**
+ * How a device's stages talk to the rest of the pipeline (implemented over channels by
+ * runtime/stage-host.ts). `stage` is the (virtual) stage of the action: a device running
+ * several stages has one FIFO per stage and direction.
+ */
 export interface StageLinks {
-  /** Next activation from the previous stage (FIFO). */
-  recvActivation(): Promise<{ mb: number; t: tf.Tensor }>;
-  /** Sends an activation to the next stage; the tensor is disposed by the link. Resolves once it is read off the device. */
-  sendActivation(mb: number, t: tf.Tensor): void | Promise<void>;
-  /** Next output gradient from the next stage (FIFO). */
-  recvGradient(): Promise<{ mb: number; t: tf.Tensor }>;
-  /** An output gradient from the next stage if one has arrived, else null. */
-  pollGradient(): { mb: number; t: tf.Tensor } | null;
-  /** Sends an input gradient to the previous stage; the tensor is disposed by the link. Resolves once it is read off the device. */
-  sendGradient(mb: number, t: tf.Tensor): void | Promise<void>;
+  /** Next activation for `stage` from stage - 1 (FIFO). */
+  recvActivation(stage: number): Promise<{ mb: number; t: tf.Tensor }>;
+  /** Sends `stage`'s output activation to stage + 1; the tensor is disposed by the link. Resolves once it is read off the device. */
+  sendActivation(stage: number, mb: number, t: tf.Tensor): void | Promise<void>;
+  /** Next output gradient for `stage` from stage + 1 (FIFO). */
+  recvGradient(stage: number): Promise<{ mb: number; t: tf.Tensor }>;
+  /** An output gradient for `stage` from stage + 1 if one has arrived, else null. */
+  pollGradient(stage: number): { mb: number; t: tf.Tensor } | null;
+  /** Sends `stage`'s input gradient to stage - 1; the tensor is disposed by the link. Resolves once it is read off the device. */
+  sendGradient(stage: number, mb: number, t: tf.Tensor): void | Promise<void>;
   /** All-reduce of squared gradient norms: returns the global clipping scale. */
   reduceGradNorm(sumSquares: number): Promise<number>;
   /** L2L: hands a layer's accumulated gradient to the parameter server (buffers are transferred). */
@@ -418,25 +422,33 @@ export async function execute(
       const program = programOf(a.stage);
       switch (core ? a.op : 'compute') {
         case 'recv_act': {
-          const { mb, t } = await links.recvActivation();
+          const { mb, t } = await links.recvActivation(a.stage);
           inputs.put(a.stage, mb, t);
           expect(mb, (a as ActionOf<'recv_act'>).mb, 'activation');
           break;
         }
         case 'send_act': {
           const mb = (a as ActionOf<'send_act'>).mb;
-          await links.sendActivation(mb, outputs.take(a.stage, mb, a.op));
+          await links.sendActivation(
+            a.stage,
+            mb,
+            outputs.take(a.stage, mb, a.op),
+          );
           break;
         }
         case 'recv_grad': {
-          const { mb, t } = await links.recvGradient();
+          const { mb, t } = await links.recvGradient(a.stage);
           outputGrads.put(a.stage, mb, t);
           expect(mb, (a as ActionOf<'recv_grad'>).mb, 'gradient');
           break;
         }
         case 'send_grad': {
           const mb = (a as ActionOf<'send_grad'>).mb;
-          await links.sendGradient(mb, inputGrads.take(a.stage, mb, a.op));
+          await links.sendGradient(
+            a.stage,
+            mb,
+            inputGrads.take(a.stage, mb, a.op),
+          );
           break;
         }
         case 'reduce_grad_norm': {
@@ -457,12 +469,16 @@ export async function execute(
           break;
         }
         case 'poll_grads':
-          for (let g = links.pollGradient(); g; g = links.pollGradient())
+          for (
+            let g = links.pollGradient(a.stage);
+            g;
+            g = links.pollGradient(a.stage)
+          )
             await receivedGradient(a.stage, g);
           break;
         case 'drain_grads':
           while ((program.pendingGradients?.() ?? 0) > 0)
-            await receivedGradient(a.stage, await links.recvGradient());
+            await receivedGradient(a.stage, await links.recvGradient(a.stage));
           break;
         default:
           await handlerFor(program, a.op as ComputeOp)(

@@ -37,18 +37,25 @@ function link(a: Device, b: Device): [StageLink, StageLink] {
 }
 
 /**
- * The neighbour links of a pipeline of devices, one entry per device in order. Links to a
- * device server that this process opens on a thread's behalf close when that device is
- * terminated.
+ * The neighbour links of a pipeline of devices, one entry per device in order; with `wrap`
+ * (interleaved schedules on more than 2 devices: the last device sends to the first), the last
+ * device's `next` and the first's `prev` are one more link between them, closing the ring.
+ * Links to a device server that this process opens on a thread's behalf close when that device
+ * is terminated.
  */
-export function linkNeighbours(devices: readonly Device[]): StageNeighbours[] {
+export function linkNeighbours(
+  devices: readonly Device[],
+  wrap = false,
+): StageNeighbours[] {
   const out: StageNeighbours[] = devices.map(() => ({ transfer: [] }));
-  for (let i = 0; i + 1 < devices.length; i++) {
-    const [next, prev] = link(devices[i]!, devices[i + 1]!);
+  const join = (i: number, j: number) => {
+    const [next, prev] = link(devices[i]!, devices[j]!);
     out[i]!.next = next;
-    out[i + 1]!.prev = prev;
+    out[j]!.prev = prev;
     if (next instanceof MessagePort) out[i]!.transfer.push(next);
-    if (prev instanceof MessagePort) out[i + 1]!.transfer.push(prev);
-  }
+    if (prev instanceof MessagePort) out[j]!.transfer.push(prev);
+  };
+  for (let i = 0; i + 1 < devices.length; i++) join(i, i + 1);
+  if (wrap && devices.length > 2) join(devices.length - 1, 0);
   return out;
 }

@@ -37,9 +37,24 @@ export interface StageInit {
   strategy?: string;
   /** What the out-of-memory message suggests (the strategy's advice). */
   oomAdvice?: string;
-  /** Link to the previous stage (absent on the first stage): a MessagePort (a thread's), or a gRPC link it accepts. */
+  /**
+   * The stages this device runs when it runs several (interleaved and V-shape schedules), each
+   * with its blocks, initial parameters and kind; absent: the one stage of index, range, params
+   * and stage above (then the first of these).
+   */
+  stages?: Array<{
+    index: number;
+    range: StageRange;
+    params: Record<string, Float32Array>;
+    stage: StageKindRef;
+  }>;
+  /** This device's index in the pipeline; absent: `index` (one stage per device). */
+  device?: number;
+  /** The device of each stage (schedule/schedule.ts placementOf); absent: stage s on device s. */
+  placement?: number[];
+  /** Link to the previous device (absent on the first device): a MessagePort (a thread's), or a gRPC link it accepts. */
   prev?: MessagePort | RemoteLink;
-  /** Link to the next stage (absent on the last stage): a MessagePort, the next device's address to dial, or a link it accepts. */
+  /** Link to the next device (absent on the last device, but for a ring's wrap link): a MessagePort, the next device's address to dial, or a link it accepts. */
   next?: MessagePort | RemoteLink;
 }
 

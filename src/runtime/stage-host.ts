@@ -1,9 +1,11 @@
 /**
  * What a device runs, whatever it is (a worker thread: runtime/worker.ts; a process on this or
- * another host: runtime/device-server.ts): one TF.js engine with its own backend, one stage,
- * and the schedules the coordinator sends for each step, exchanging activations and gradients
- * directly with its neighbour stages (MessagePorts between threads, gRPC links between
- * processes; see {@link LinkResolver}).
+ * another host: runtime/device-server.ts): one TF.js engine with its own backend, its stages
+ * (one, or several for interleaved and V-shape schedules: one program each), and the schedules
+ * the coordinator sends for each step, exchanging activations and gradients directly with its
+ * neighbour devices (MessagePorts between threads, gRPC links between processes; see
+ * {@link LinkResolver}). A message names the stage it is for (`act:<stage>`,
+ * `grad:<stage>`), so each stage has its own FIFO on a link several stages share.
  */
 import {
   backendHeapBytes,
@@ -22,6 +24,7 @@ import {
 import type { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
 import { loadModel } from '../model/model.js';
+import type { OptimizerState } from '../optim/optimizer.js';
 import {
   execute,
   ScheduleError,
@@ -29,6 +32,7 @@ import {
   type StageProgram,
 } from '../pipeline/executor.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
+import { linkSide } from '../schedule/schedule.js';
 import { type Channel, type Message, ownedBuffers } from './channel.js';
 import type {
   StageApi,
@@ -52,10 +56,26 @@ export async function serveStage(
   main: Channel,
   resolve: LinkResolver,
 ): Promise<void> {
-  let stage: StageProgram | null = null;
-  let stageIndex = 0;
+  /** The programs of this device's stages, by stage index (ascending). */
+  let programs = new Map<number, StageProgram>();
+  /** Each program's blocks, for routing optimizer state. */
+  let rangeOf = new Map<number, StageInit['range']>();
+  /** This device's index, and the device of each stage (empty: stage s on device s). */
+  let device = 0;
+  let placement: number[] = [];
   let prev: Channel | null = null;
   let next: Channel | null = null;
+
+  const deviceOf = (stage: number) => placement[stage] ?? stage;
+  /** The link to the device of `stage` (a neighbour's), or null where the pipeline ends. */
+  function channelTo(stage: number): Channel | null {
+    const d = deviceOf(stage);
+    const devices = placement.length ? Math.max(...placement) + 1 : d + 2;
+    return linkSide(device, d, devices) === 'next' ? next : prev;
+  }
+  /** Where stage `to` is on no device (before the first or past the last stage): no link. */
+  const exists = (to: number) =>
+    to >= 0 && (placement.length === 0 || to < placement.length);
 
   /** An activation or gradient between stages: float32/int32, or (bf16 runs) its bf16 values. */
   interface TensorMessage extends Message {
@@ -118,15 +138,18 @@ export async function serveStage(
     return { mb: m.mb, t: tensorOf(m) };
   }
 
+  const link = (to: number) => (exists(to) ? channelTo(to) : null);
   const links: StageLinks = {
-    recvActivation: () => recvTensor(prev, 'act'),
-    sendActivation: (mb, t) => sendTensor(next, 'act', mb, t),
-    recvGradient: () => recvTensor(next, 'grad'),
-    pollGradient() {
-      const m = next?.tryRecv<TensorMessage>('grad');
+    recvActivation: (stage) => recvTensor(link(stage - 1), `act:${stage}`),
+    sendActivation: (stage, mb, t) =>
+      sendTensor(link(stage + 1), `act:${stage + 1}`, mb, t),
+    recvGradient: (stage) => recvTensor(link(stage + 1), `grad:${stage}`),
+    pollGradient(stage) {
+      const m = link(stage + 1)?.tryRecv<TensorMessage>(`grad:${stage}`);
       return m ? { mb: m.mb, t: tensorOf(m) } : null;
     },
-    sendGradient: (mb, t) => sendTensor(prev, 'grad', mb, t),
+    sendGradient: (stage, mb, t) =>
+      sendTensor(link(stage - 1), `grad:${stage - 1}`, mb, t),
     pushGrads(g) {
       main.send(
         {
@@ -145,9 +168,30 @@ export async function serveStage(
     },
   };
 
-  function need(): StageProgram {
-    if (!stage) throw new Error('stage used before init');
-    return stage;
+  function need(): StageProgram[] {
+    if (programs.size === 0) throw new Error('stage used before init');
+    return [...programs.values()];
+  }
+
+  /** The optimizer slots of `slots` that belong to stage `index`'s blocks (`<block>.<name>`, or `aux<stage>.<name>`). */
+  function slotsOf(
+    slots: OptimizerState['slots'],
+    index: number,
+  ): OptimizerState['slots'] {
+    const r = rangeOf.get(index)!;
+    return Object.fromEntries(
+      Object.entries(slots).filter(([key]) => {
+        const prefix = key.slice(0, key.indexOf('.'));
+        if (prefix.startsWith('aux')) return Number(prefix.slice(3)) === index;
+        const block = Number(prefix);
+        return block >= r.from && block < r.to;
+      }),
+    );
+  }
+
+  function disposeAll(): void {
+    for (const p of programs.values()) p.dispose();
+    programs = new Map();
   }
 
   const handlers: {
@@ -159,18 +203,30 @@ export async function serveStage(
         precision: a.precision ?? 'fp32',
       });
       const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
-      const create = await loadStageKind(a.stage);
-      stage = create(
-        {
-          index: a.index,
-          model,
-          range: a.range,
-          params: new Map(Object.entries(a.params)),
-          optimizer: a.optimizer,
-        },
-        a.stage.options,
-      );
-      stageIndex = a.index;
+      const specs = a.stages ?? [
+        { index: a.index, range: a.range, params: a.params, stage: a.stage },
+      ];
+      programs = new Map();
+      rangeOf = new Map();
+      for (const sp of [...specs].sort((x, y) => x.index - y.index)) {
+        const create = await loadStageKind(sp.stage);
+        programs.set(
+          sp.index,
+          create(
+            {
+              index: sp.index,
+              model,
+              range: sp.range,
+              params: new Map(Object.entries(sp.params)),
+              optimizer: a.optimizer,
+            },
+            sp.stage.options,
+          ),
+        );
+        rangeOf.set(sp.index, sp.range);
+      }
+      device = a.device ?? a.index;
+      placement = a.placement ?? [];
       setDeviceBudget(a.deviceMemory, {
         stage: a.index,
         strategy: a.strategy,
@@ -182,20 +238,22 @@ export async function serveStage(
       return { bytes: deviceBytes() };
     },
     async step(a: StageStep) {
-      const s = need();
+      const all = need();
       const t0 = performance.now();
       const startedAt = performance.timeOrigin + t0;
       resetPeakBytes();
       takeTransferBytes(); // this step's transfers only (not the init's or an evaluation's)
-      s.losses.clear();
-      s.metrics?.clear();
-      if (s.faults) s.faults.length = 0;
+      for (const s of all) {
+        s.losses.clear();
+        s.metrics?.clear();
+        if (s.faults) s.faults.length = 0;
+      }
       const inputs = a.inputs?.map(fromWire);
       const labels = a.labels?.map(fromWire);
       let trace: Awaited<ReturnType<typeof execute>>;
       try {
         trace = await execute(
-          s,
+          programs,
           a.actions,
           links,
           {
@@ -206,26 +264,30 @@ export async function serveStage(
             diagnose: a.diagnose,
             dropped: a.dropped,
           },
-          stageIndex,
+          device,
         );
-        await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end
+        for (const s of all) await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end
       } catch (e) {
         // a failed step frees the inputs and labels it was given: a stage may not have reached
         // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
         for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
-        s.discard?.();
+        for (const s of all) s.discard?.();
         throw e;
       }
+      // the losses and metrics of the device's last stage that has any (the model's last
+      // stage; under local parallelism, each device's one stage)
+      const s = [...all].reverse().find((p) => p.losses.size > 0) ?? all[0]!;
       const losses = [...s.losses.entries()]
         .sort((x, y) => x[0] - y[0])
         .map(([, l]) => l);
       const metrics = s.metrics?.size
         ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v)
         : undefined;
+      const faults = all.flatMap((p) => p.faults ?? []);
       const r: StageStepResult = {
         losses,
         ...(metrics ? { metrics } : {}),
-        ...(s.faults?.length ? { faults: [...s.faults] } : {}),
+        ...(faults.length ? { faults } : {}),
         trace,
         peakBytes: peakBytes(),
         bytes: deviceBytes(),
@@ -237,32 +299,46 @@ export async function serveStage(
       return r;
     },
     async getParams() {
-      const s = need();
-      if (!s.getParams)
-        throw new Error(`a ${s.kind} keeps no parameters on its device`);
-      return Object.fromEntries(await s.getParams());
+      const out: Record<string, Float32Array> = {};
+      for (const s of need()) {
+        if (!s.getParams)
+          throw new Error(`a ${s.kind} keeps no parameters on its device`);
+        Object.assign(out, Object.fromEntries(await s.getParams()));
+      }
+      return out;
     },
     async getOptimizerState() {
-      const s = need();
-      if (!s.getOptimizerState)
-        throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
-      return await s.getOptimizerState();
+      const parts: OptimizerState[] = [];
+      for (const s of need()) {
+        if (!s.getOptimizerState)
+          throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+        parts.push(await s.getOptimizerState());
+      }
+      return {
+        step: parts[0]!.step,
+        slots: Object.assign({}, ...parts.map((p) => p.slots)),
+      };
     },
     async setOptimizerState(st) {
-      const s = need();
-      if (!s.setOptimizerState)
-        throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
-      s.setOptimizerState(st);
+      for (const [index, s] of programs) {
+        if (!s.setOptimizerState)
+          throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+        // each program takes its own blocks' slots (a device may run several stages)
+        s.setOptimizerState(
+          programs.size === 1
+            ? st
+            : { step: st.step, slots: slotsOf(st.slots, index) },
+        );
+      }
+      need();
       return null;
     },
     async dispose() {
-      stage?.dispose();
-      stage = null;
+      disposeAll();
       return null;
     },
     async shutdown() {
-      stage?.dispose();
-      stage = null;
+      disposeAll();
       await releaseBackend();
       return null;
     },
@@ -279,8 +355,7 @@ export async function serveStage(
     try {
       req = await main.recv<Request>('request');
     } catch {
-      (stage as StageProgram | null)?.dispose(); // the coordinator is gone
-      stage = null;
+      disposeAll(); // the coordinator is gone
       return;
     }
     try {
@@ -301,7 +376,7 @@ export async function serveStage(
           schedule,
         },
       });
-      (stage as StageProgram | null)?.reset();
+      for (const p of programs.values()) p.reset();
     }
   }
 }

@@ -619,21 +619,25 @@ export function oneFOneBSchedule(
 }
 
 /** Forward-only schedule for evaluation: nothing is kept for backward, no step. */
-export function evalSchedule(m: number, k: number): Schedule {
+export function evalSchedule(
+  m: number,
+  k: number,
+  placement: readonly number[] = chainPlacement(k),
+): Schedule {
   checkArgs(m, k);
-  const compute = Array.from({ length: k }, (_, s) =>
-    Array.from(
-      { length: m },
-      (_, i): ComputeAction => ({
+  const compute: ComputeSchedule = Array.from({ length: k }, () => []);
+  // a device runs its stages one after the other, every micro-batch through each
+  placement.forEach((d, s) => {
+    for (let i = 0; i < m; i++)
+      compute[d]!.push({
         op: 'forward',
         stage: s,
         mb: i,
         keep: false,
         grad: false,
-      }),
-    ),
-  );
-  return lower(compute, chainPlacement(k));
+      });
+  });
+  return lower(compute, placement);
 }
 
 /**

@@ -36,11 +36,11 @@ import { parseDevices } from '../runtime/devices.js';
 import { type LoadedSchedule, loadScheduleCsv } from '../schedule/csv.js';
 import {
   type ComputeSchedule,
-  chainPlacement,
   computeSchedule,
   evalSchedule,
   lower,
   makeSchedule,
+  placementOf,
   REMAT_MODES,
   type RematMode,
   SCHEDULE_KINDS,
@@ -51,23 +51,33 @@ import { LayerwiseError } from '../util/errors.js';
 import { type PipelineKind, PipelineStrategy } from './pipeline.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 
+/** A compute-only schedule with the device of each of its stages (a schedule file's, or a generator's). */
+export interface PlacedSchedule {
+  compute: ComputeSchedule;
+  placement: number[];
+}
+
 /**
- * A pipeline of backprop stages: schedule `kind` (fill-drain or 1F1B, or a compute-only
- * schedule such as a schedule file's, stage s on device s) of m micro-batches over k stages
- * with re-materialization `remat`. single is the case k = 1, m = 1, remat 'never'.
+ * A pipeline of backprop stages on k devices: schedule `kind` (a named one, its stages placed
+ * by {@link placementOf}; `v` stages per device for interleaved 1F1B) or a placed compute-only
+ * schedule (a schedule file's) of m micro-batches with re-materialization `remat`. single is
+ * the case k = 1, m = 1, remat 'never'.
  */
 export function backpropPipeline(
   m: number,
   k: number,
   remat: RematMode,
-  kind: ScheduleKind | ComputeSchedule,
+  kind: ScheduleKind | PlacedSchedule,
+  v = 2,
 ): PipelineKind {
+  const placement =
+    typeof kind === 'string' ? placementOf(kind, k, v) : kind.placement;
   return {
     train:
       typeof kind === 'string'
-        ? makeSchedule(kind, m, k, remat)
-        : lower(kind, chainPlacement(k), { step: 'all-reduce' }),
-    eval: evalSchedule(m, k),
+        ? makeSchedule(kind, m, k, remat, v)
+        : lower(kind.compute, kind.placement, { step: 'all-reduce' }),
+    eval: evalSchedule(m, k, placement),
     stage: () => ({ module: 'pipeline/stage.js' }),
     labelsOnEveryStage: false,
     freeRunning: false,
@@ -76,9 +86,10 @@ export function backpropPipeline(
 
 /**
  * Reads and checks `cfg.scheduleFile` (PyTorch pipelining's compute-only CSV, schedule/csv.ts)
- * for a run of `k` stages: the file's own checks (every F and B once per stage and
- * micro-batch, dependencies, no deadlock), then one stage per device (stage s on device s),
- * `k` stages and `cfg.microBatches` micro-batches. Throws {@link LayerwiseError} naming the
+ * for a run on `k` devices: the file's own checks (every F and B, or I and W, once per stage
+ * and micro-batch, dependencies, no deadlock; its rows place the stages, several per device
+ * for interleaved and V-shape schedules), then `k` devices and `cfg.microBatches`
+ * micro-batches. Throws {@link LayerwiseError} naming the
  * problem and the fix (for the file's own faults: the action, with the grid marked
  * `<-- ERROR HERE`).
  */
@@ -102,13 +113,10 @@ export function readScheduleFile(cfg: TrainConfig, k: number): LoadedSchedule {
     throw e;
   }
   const { placement, m } = loaded;
-  if (placement.some((d, s) => d !== s))
+  const devices = Math.max(...placement) + 1;
+  if (devices !== k)
     throw new LayerwiseError(
-      `--schedule-file ${path} places stages ${placement.map((_, s) => s).join(',')} on devices ${placement.join(',')}: several stages on one device (interleaved or V-shape schedules) do not run here yet; give stage s on device s (one row per stage)`,
-    );
-  if (placement.length !== k)
-    throw new LayerwiseError(
-      `--schedule-file ${path} has ${placement.length} stages and the run ${k}; pass --stages ${placement.length}`,
+      `--schedule-file ${path} has ${devices} devices (rows) and the run ${k}; pass --stages ${devices}`,
     );
   if (m !== cfg.microBatches)
     throw new LayerwiseError(
@@ -117,14 +125,28 @@ export function readScheduleFile(cfg: TrainConfig, k: number): LoadedSchedule {
   return loaded;
 }
 
-/** The compute-only training schedule of a gpipe run of `k` stages: its --schedule-file's (checked), else its --schedule's. */
+/**
+ * The compute-only training schedule of a gpipe run on `k` devices, with its placement: its
+ * --schedule-file's (checked), else its --schedule's.
+ */
 export function gpipeComputeSchedule(
   cfg: TrainConfig,
   k: number,
-): ComputeSchedule {
-  return cfg.scheduleFile !== undefined
-    ? readScheduleFile(cfg, k).compute
-    : computeSchedule(cfg.schedule, cfg.microBatches, k, cfg.remat);
+): PlacedSchedule {
+  if (cfg.scheduleFile !== undefined) {
+    const f = readScheduleFile(cfg, k);
+    return { compute: f.compute, placement: f.placement };
+  }
+  return {
+    compute: computeSchedule(
+      cfg.schedule,
+      cfg.microBatches,
+      k,
+      cfg.remat,
+      cfg.virtualStages,
+    ),
+    placement: placementOf(cfg.schedule, k, cfg.virtualStages),
+  };
 }
 
 export const gpipe: StrategySpec = {
@@ -137,8 +159,13 @@ export const gpipe: StrategySpec = {
     // a bad file stops the run here, before anything is written or started
     if (cfg.scheduleFile !== undefined) readScheduleFile(cfg, cfg.stages);
   },
-  create: (cfg, model, params, ranges) =>
-    PipelineStrategy.create(
+  create: (cfg, model, params, ranges) => {
+    const placed = gpipeComputeSchedule(cfg, cfg.stages);
+    if (placed.placement.length !== ranges.length)
+      throw new LayerwiseError(
+        `the schedule has ${placed.placement.length} stages and the partition ${ranges.length}: give --balance one block count per stage`,
+      );
+    return PipelineStrategy.create(
       {
         name: 'gpipe',
         backend: cfg.backend,
@@ -146,20 +173,17 @@ export const gpipe: StrategySpec = {
         ranges,
         microBatches: cfg.microBatches,
         optimizer: optimizerConfigOf(cfg),
-        kind: backpropPipeline(
-          cfg.microBatches,
-          ranges.length,
-          cfg.remat,
-          gpipeComputeSchedule(cfg, ranges.length),
-        ),
+        kind: backpropPipeline(cfg.microBatches, cfg.stages, cfg.remat, placed),
+        placement: placed.placement,
         deviceMemory: cfg.deviceMemory,
-        threads: threadsPerDevice(cfg, ranges.length),
+        threads: threadsPerDevice(cfg, cfg.stages),
         precision: cfg.precision,
-        devices: parseDevices(cfg.devices, ranges.length),
+        devices: parseDevices(cfg.devices, cfg.stages),
         oomAdvice: gpipe.outOfMemoryAdvice(cfg),
       },
       params,
-    ),
+    );
+  },
   memory: {
     microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
     predictPeakBytes: (profile, cfg, ranges) =>
@@ -170,10 +194,10 @@ export const gpipe: StrategySpec = {
           m: cfg.microBatches,
           remat: cfg.remat,
           schedule: cfg.schedule,
-          compute:
-            cfg.scheduleFile !== undefined
-              ? gpipeComputeSchedule(cfg, ranges.length)
-              : undefined,
+          virtualStages: cfg.virtualStages,
+          ...(cfg.scheduleFile !== undefined
+            ? gpipeComputeSchedule(cfg, cfg.stages)
+            : {}),
           slots: optimizerSlots(optimizerConfigOf(cfg)),
         },
       ),

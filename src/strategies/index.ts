@@ -8,7 +8,11 @@
  * pipeline/ if it needs a new one), listed in {@link STRATEGY_SPECS}.
  */
 
-import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
+import {
+  optimizerConfigOf,
+  stageCount,
+  type TrainConfig,
+} from '../config/config.js';
 import { paramCount } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
@@ -19,7 +23,7 @@ import {
   validateBalance,
 } from '../partition/balance.js';
 import { LayerwiseError } from '../util/errors.js';
-import { gpipe } from './gpipe.js';
+import { gpipe, readScheduleFile } from './gpipe.js';
 import { l2l } from './l2l.js';
 import { local } from './local.js';
 import { single } from './single.js';
@@ -99,9 +103,16 @@ export function planStages(
 ): StageRange[] {
   const n = model.blocks.length;
   if (specOf(cfg.strategy).oneDevice) return [{ from: 0, to: n }];
-  if (cfg.stages > n) {
+  // a schedule file says how many stages it places on the devices
+  const k =
+    cfg.strategy === 'gpipe' && cfg.scheduleFile !== undefined
+      ? readScheduleFile(cfg, cfg.stages).placement.length
+      : stageCount(cfg);
+  if (k > n) {
     throw new LayerwiseError(
-      `--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`,
+      k === cfg.stages
+        ? `--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`
+        : `--stages ${cfg.stages} with --schedule ${cfg.schedule} makes ${k} stages (${k / cfg.stages} per device), more than the model's ${n} blocks; use at most ${Math.floor(n / (k / cfg.stages))} devices (or more --layers)`,
     );
   }
   if (cfg.balance === 'flops')
@@ -111,14 +122,14 @@ export function planStages(
           model,
           Math.max(1, Math.floor(cfg.batchSize / cfg.microBatches)),
         ),
-        cfg.stages,
+        k,
       ),
     );
   if (cfg.balance === 'params')
     return stageRanges(
       balanceByCost(
         model.blocks.map((b) => Math.max(1, paramCount(b))),
-        cfg.stages,
+        k,
       ),
     );
   if (cfg.balance === 'time' || cfg.balance === 'memory') {
@@ -126,9 +137,9 @@ export function planStages(
       throw new Error(
         `--balance ${cfg.balance} needs profiled block costs: use resolveStages`,
       );
-    return stageRanges(balanceByCost(costs, cfg.stages));
+    return stageRanges(balanceByCost(costs, k));
   }
-  validateBalance(cfg.balance, n, cfg.stages);
+  validateBalance(cfg.balance, n, k);
   return stageRanges(cfg.balance);
 }
 
@@ -153,8 +164,13 @@ export async function resolveStages(
     kind: cfg.balance,
     backend: cfg.backend,
     microBatch: cfg.batchSize / cfg.microBatches,
-    stages: cfg.stages,
-    shape: { m: cfg.microBatches, remat: cfg.remat, schedule: cfg.schedule },
+    stages: stageCount(cfg),
+    shape: {
+      m: cfg.microBatches,
+      remat: cfg.remat,
+      schedule: cfg.schedule,
+      virtualStages: cfg.virtualStages,
+    },
     optimizer: optimizerConfigOf(cfg),
     threads: threadsPerDevice(cfg, cfg.stages), // as each device will run its kernels
     precision: cfg.precision,

@@ -29,7 +29,8 @@ import {
 import { linkNeighbours } from '../runtime/links.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
-import type { Schedule } from '../schedule/schedule.js';
+import { needsWrapLink, type Schedule } from '../schedule/schedule.js';
+import { LayerwiseError } from '../util/errors.js';
 import { describeFaults } from './numeric-fault.js';
 import {
   evaluateBatches,
@@ -78,8 +79,13 @@ export interface PipelineOptions {
   threads?: number;
   /** Compute precision of every device's products (see initBackend); default fp32. */
   precision?: Precision;
-  /** Which device runs each stage (runtime/devices.ts); default a worker thread each. */
+  /** What each device is (runtime/devices.ts); default a worker thread each. */
   devices?: DeviceSpec[];
+  /**
+   * The device of each stage (schedule/schedule.ts placementOf: several stages per device for
+   * interleaved and V-shape schedules); default stage s on device s.
+   */
+  placement?: number[];
 }
 
 /** How long a failed step waits for the other stages' outcomes, to report the root cause, ms. */
@@ -130,10 +136,22 @@ export function ownerStage(key: string, ranges: readonly StageRange[]): number {
   return ranges.findIndex((r) => block >= r.from && block < r.to);
 }
 
+/** The device of each stage of a pipeline's options: its placement, or stage s on device s. */
+function placementOf(opts: PipelineOptions): number[] {
+  const p = opts.placement ?? opts.ranges.map((_, s) => s);
+  if (p.length !== opts.ranges.length)
+    throw new Error(
+      `a placement of ${p.length} stages for ${opts.ranges.length} stage ranges`,
+    );
+  return p;
+}
+
 export class PipelineStrategy implements Strategy {
   readonly name: string;
   readonly devices: number;
   private readonly train: Schedule;
+  /** The device of each stage. */
+  private readonly placement: number[];
   private closed = false;
   /** Schedules sent to the stages that have not finished yet. */
   private readonly inflight = new Set<Promise<unknown>>();
@@ -144,6 +162,7 @@ export class PipelineStrategy implements Strategy {
   ) {
     this.name = opts.name;
     this.devices = workers.length;
+    this.placement = placementOf(opts);
     const k = workers.length;
     if (opts.kind.train.length !== k)
       throw new Error(
@@ -160,35 +179,53 @@ export class PipelineStrategy implements Strategy {
     opts: PipelineOptions,
     params: HostParams,
   ): Promise<PipelineStrategy> {
-    const k = opts.ranges.length;
+    const n = opts.ranges.length;
+    const placement = placementOf(opts);
+    const k = Math.max(...placement) + 1;
     const specs =
       opts.devices ??
       Array.from({ length: k }, () => ({ kind: 'thread' as const }));
     if (specs.length !== k)
-      throw new Error(`${specs.length} devices for ${k} stages`);
+      throw new Error(`${specs.length} devices for ${k} devices' stages`);
+    const wrap = needsWrapLink(placement);
+    if (wrap && specs.some((d) => d.kind !== 'thread'))
+      throw new LayerwiseError(
+        `this schedule sends from the last of ${k} devices to the first, a link only worker threads have here: use --stages 2, the V-shape (--schedule zbv), or thread devices`,
+      );
     const workers = await openDevices(specs);
     const s = new PipelineStrategy(opts, workers);
     try {
-      const links = linkNeighbours(workers);
+      const links = linkNeighbours(workers, wrap);
       await Promise.all(
-        workers.map((w, i) => {
-          const r = opts.ranges[i];
-          const own: Record<string, Float32Array> = {};
-          for (const [key, v] of params)
-            if (ownerStage(key, opts.ranges) === i) own[key] = v.slice();
-          const { prev, next, transfer } = links[i]!;
+        workers.map((w, d) => {
+          const stages = placement
+            .map((dev, i) => (dev === d ? i : -1))
+            .filter((i) => i >= 0)
+            .map((i) => {
+              const own: Record<string, Float32Array> = {};
+              for (const [key, v] of params)
+                if (ownerStage(key, opts.ranges) === i) own[key] = v.slice();
+              return {
+                index: i,
+                range: opts.ranges[i]!,
+                params: own,
+                stage: opts.kind.stage(i, n),
+              };
+            });
+          const first = stages[0]!;
+          const { prev, next, transfer } = links[d]!;
           return w.call(
             'init',
             {
-              index: i,
-              backend: (specs[i] as DeviceOptions).backend ?? opts.backend,
-              threads: (specs[i] as DeviceOptions).threads ?? opts.threads,
+              ...first,
+              backend: (specs[d] as DeviceOptions).backend ?? opts.backend,
+              threads: (specs[d] as DeviceOptions).threads ?? opts.threads,
               precision: opts.precision,
               model: opts.model,
-              range: r,
-              params: own,
               optimizer: opts.optimizer,
-              stage: opts.kind.stage(i, k),
+              ...(stages.length > 1 || opts.placement
+                ? { stages, device: d, placement }
+                : {}),
               prev,
               next,
               deviceMemory: opts.deviceMemory,
@@ -196,7 +233,9 @@ export class PipelineStrategy implements Strategy {
               oomAdvice: opts.oomAdvice,
             },
             [
-              ...Object.values(own).map((a) => a.buffer as ArrayBuffer),
+              ...stages.flatMap((st) =>
+                Object.values(st.params).map((a) => a.buffer as ArrayBuffer),
+              ),
               ...transfer,
             ],
           );
@@ -227,17 +266,18 @@ export class PipelineStrategy implements Strategy {
   } {
     const fault: { sums?: number[] } = {};
     const m = this.opts.microBatches;
-    const k = this.workers.length;
     const { inputs, labels } = batch
       ? microBatchesOf(batch, m)
       : { inputs: undefined, labels: undefined };
+    const inputDevice = this.placement[0]!;
+    const last = this.lossDevice();
     const calls = this.workers.map((w, i) => {
-      const withLabels = i === k - 1 || this.opts.kind.labelsOnEveryStage;
+      const withLabels = i === last || this.opts.kind.labelsOnEveryStage;
       const step = {
         actions: schedule[i],
         m,
         lr,
-        inputs: i === 0 ? inputs : undefined,
+        inputs: i === inputDevice ? inputs : undefined,
         labels: withLabels ? labels?.map(copyWire) : undefined,
         ...(diagnose ? { diagnose } : {}),
         ...(dropped?.length ? { dropped: [...dropped] } : {}),
@@ -294,6 +334,11 @@ export class PipelineStrategy implements Strategy {
     return { first, all, fault };
   }
 
+  /** The device of the model's last stage: it computes the loss. */
+  private lossDevice(): number {
+    return this.placement[this.placement.length - 1]!;
+  }
+
   /**
    * Runs the training step on `batch` again, diagnosing (every block's output, the loss and
    * every block's gradients checked; nothing updated), and throws the NumericFaultError that
@@ -329,7 +374,9 @@ export class PipelineStrategy implements Strategy {
       dropped,
     );
     const done = all.then((rs) =>
-      fault.sums ? this.locate(batch, lr, fault.sums, dropped) : stepReport(rs),
+      fault.sums
+        ? this.locate(batch, lr, fault.sums, dropped)
+        : stepReport(rs, this.lossDevice()),
     );
     // stages that run free: the first stage can take the next mini-batch while later ones finish
     return submission(done, this.opts.kind.freeRunning ? first : done);
@@ -345,6 +392,7 @@ export class PipelineStrategy implements Strategy {
       batches,
       (b) => this.dispatch(this.opts.kind.eval, b, 0).all,
       this.opts.kind.labelsOnEveryStage,
+      this.lossDevice(),
     );
   }
 
@@ -373,7 +421,8 @@ export class PipelineStrategy implements Strategy {
       this.workers.map((w, i) => {
         const slots: OptimizerState['slots'] = {};
         for (const [key, v] of Object.entries(s.slots))
-          if (ownerStage(key, this.opts.ranges) === i) slots[key] = v;
+          if (this.placement[ownerStage(key, this.opts.ranges)] === i)
+            slots[key] = v;
         return w.call('setOptimizerState', { step: s.step, slots });
       }),
     );

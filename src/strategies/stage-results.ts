@@ -29,13 +29,17 @@ const mean = (xs: readonly number[]): number =>
   xs.reduce((a, b) => a + b, 0) / xs.length;
 
 /**
- * One step's report from its stages' results, in stage order: the loss is the last stage's
- * mean over micro-batches; each stage's bubble is its time waiting (receives, the norm
- * all-reduce, L2L's parameter server) over its step time.
+ * One step's report from its devices' results, in device order: the loss is the mean over
+ * micro-batches of device `lossDevice` (default the last: the one running the model's last
+ * stage; device 0 in a V-shape schedule); each device's bubble is its time waiting (receives,
+ * the norm all-reduce, L2L's parameter server) over its step time.
  */
-export function stepReport(results: readonly StageStepResult[]): StepReport {
+export function stepReport(
+  results: readonly StageStepResult[],
+  lossDevice = results.length - 1,
+): StepReport {
   return {
-    loss: mean(results[results.length - 1]!.losses),
+    loss: mean(results[lossDevice]!.losses),
     stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
     peakBytes: results.map((r) => r.peakBytes),
     heapBytes: results.map((r) => r.heapBytes),
@@ -53,27 +57,29 @@ export function stepReport(results: readonly StageStepResult[]): StepReport {
 }
 
 /**
- * Evaluates batch after batch, `run` giving one batch's stage results (of an evaluation
- * schedule): the loss and metrics are the last stage's means over every micro-batch; with
- * `auxLosses` (local parallelism's auxiliary heads), also every other stage's mean loss.
+ * Evaluates batch after batch, `run` giving one batch's device results (of an evaluation
+ * schedule): the loss and metrics are device `lossDevice`'s (default the last) means over
+ * every micro-batch; with `auxLosses` (local parallelism's auxiliary heads), also every other
+ * stage's mean loss.
  */
 export async function evaluateBatches(
   batches: readonly Batch[],
   run: (b: Batch) => Promise<readonly StageStepResult[]>,
   auxLosses: boolean,
+  lossDevice?: number,
 ): Promise<Evaluation> {
   let losses: number[][] = [];
   const metrics = new MetricMeans();
   for (const b of batches) {
     const rs = await run(b);
     if (!losses.length) losses = rs.map(() => []);
-    metrics.add(rs[rs.length - 1]!.metrics);
+    metrics.add(rs[lossDevice ?? rs.length - 1]!.metrics);
     rs.forEach((r, i) => losses[i]!.push(...r.losses));
   }
   const means = losses.map((ls) => (ls.length ? mean(ls) : NaN));
   const m = metrics.means();
   return {
-    loss: means.length ? means[means.length - 1]! : NaN,
+    loss: means.length ? means[lossDevice ?? means.length - 1]! : NaN,
     ...(m ? { metrics: m } : {}),
     ...(auxLosses && means.length > 1 ? { auxLosses: means.slice(0, -1) } : {}),
   };

@@ -25,6 +25,7 @@ import { balanceByCost, stageRanges } from '../partition/balance.js';
 import { StageError, type StageWorker } from '../runtime/device.js';
 import {
   makeSchedule,
+  placementOf,
   type RematMode,
   type ScheduleKind,
 } from '../schedule/schedule.js';
@@ -120,7 +121,10 @@ async function create(
   optimizer: OptimizerConfig,
 ): Promise<PipelineStrategy> {
   const built = buildModel(model);
-  const ranges = stageRanges(balanceByCost(built.blocks.map(paramCount), c.k));
+  const placement = placementOf(c.schedule, c.k);
+  const ranges = stageRanges(
+    balanceByCost(built.blocks.map(paramCount), placement.length),
+  );
   return PipelineStrategy.create(
     {
       name: label(c),
@@ -129,6 +133,7 @@ async function create(
       ranges,
       microBatches: c.m,
       kind: backpropPipeline(c.m, c.k, c.remat, c.schedule),
+      placement,
       optimizer,
     },
     params,
@@ -216,12 +221,17 @@ const ZB_H1: RunConfig[] = [
   { k: 3, m: 4, remat: 'never', schedule: 'zb-h1' },
   { k: 2, m: 4, remat: 'always', schedule: 'zb-h1' },
 ];
+/** Two stages per device: interleaved 1F1B (V = 2) and the V-shape ZBV, K = 2, M = 8 (issue 22's bar). */
+const VIRTUAL: RunConfig[] = [
+  { k: 2, m: 8, remat: 'never', schedule: 'interleaved-1f1b' },
+  { k: 2, m: 8, remat: 'except_last', schedule: 'zbv' },
+];
 
 let lmRuns: Promise<Map<string, RunResult>> | undefined;
 /** Every charlm run, started once and shared by the tests below. */
 function lmResults(): Promise<Map<string, RunResult>> {
   lmRuns ??= (async () => {
-    const configs = [SINGLE, ...LM_CONFIGS, ONE_F_ONE_B, ...ZB_H1];
+    const configs = [SINGLE, ...LM_CONFIGS, ONE_F_ONE_B, ...ZB_H1, ...VIRTUAL];
     const results = await pool(
       configs.map(
         (c) => () => train(LM, lmParams, lmBatches, lmVal, c, LM_OPT, LM_LR),
@@ -233,7 +243,7 @@ function lmResults(): Promise<Map<string, RunResult>> {
   return lmRuns;
 }
 
-test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, 1f1b and zb-h1, train like a single device', async () => {
+test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, 1f1b, zb-h1, and two stages per device (interleaved-1f1b, zbv at K = 2, M = 8), train like a single device', async () => {
   for (const k of [2, 3])
     assert.deepEqual(
       makeSchedule('gpipe', 1, k, 'except_last'),
@@ -248,7 +258,7 @@ test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, 1f1b and 
     `single-device training changed the parameters by ${moved}`,
   );
   assert.ok(ref.losses.every((l) => l > 0 && Number.isFinite(l)));
-  for (const c of [...LM_CONFIGS, ONE_F_ONE_B, ...ZB_H1]) {
+  for (const c of [...LM_CONFIGS, ONE_F_ONE_B, ...ZB_H1, ...VIRTUAL]) {
     const r = runs.get(label(c))!;
     assertTransparent(r, ref, label(c));
     for (const rep of r.reports) {
@@ -265,21 +275,28 @@ test('charlm: gpipe with K = 2, 3, M = 1, 4 and every checkpoint mode, 1f1b and 
       );
       // Every stage ran forward and backward of each micro-batch once (zb-h1: its input and
       // weight parts on every stage but the first)
-      rep.traces.forEach((tr, s) => {
-        const split = c.schedule === 'zb-h1' && s > 0;
-        const count = (label: string) =>
-          tr.filter((t) => t.label === label).length;
-        assert.equal(count('forward'), c.m);
-        assert.equal(count('backward'), split ? 0 : c.m);
-        assert.equal(count('backward_input'), split ? c.m : 0);
-        assert.equal(count('backward_weight'), split ? c.m : 0);
-        // re-materialized backwards also show their recompute as a span of its own
-        const recomputed =
-          c.remat === 'always' ? c.m : c.remat === 'except_last' ? c.m - 1 : 0;
-        assert.equal(
-          tr.filter((t) => t.label === 'recompute').length,
-          recomputed,
-        );
+      const placement = placementOf(c.schedule, c.k);
+      rep.traces.forEach((tr, d) => {
+        for (let s = 0; s < placement.length; s++) {
+          if (placement[s] !== d) continue;
+          const split =
+            c.schedule === 'zbv' || (c.schedule === 'zb-h1' && s > 0);
+          const count = (label: string) =>
+            tr.filter((t) => t.stage === s && t.label === label).length;
+          const what = `${label(c)} device ${d} stage ${s}`;
+          assert.equal(count('forward'), c.m, what);
+          assert.equal(count('backward'), split ? 0 : c.m, what);
+          assert.equal(count('backward_input'), split ? c.m : 0, what);
+          assert.equal(count('backward_weight'), split ? c.m : 0, what);
+          // re-materialized backwards also show their recompute as a span of its own
+          const recomputed =
+            c.remat === 'always'
+              ? c.m
+              : c.remat === 'except_last'
+                ? c.m - 1
+                : 0;
+          assert.equal(count('recompute'), recomputed, what);
+        }
       });
     }
   }

@@ -50,7 +50,12 @@ export interface Summary {
   precision_note?: string;
   preset: string;
   params: number;
+  /** Stages of the partition (with several per device, more than the devices). */
   stages: number;
+  /** Devices, where a schedule runs several stages on each (interleaved-1f1b, zbv). */
+  devices?: number;
+  /** Stages per device, where more than one. */
+  virtual_stages?: number;
   micro_batches: number;
   /** Re-materialization mode (`--checkpoint`): always, except_last or never. */
   rematerialization: string;

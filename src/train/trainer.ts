@@ -194,7 +194,7 @@ export async function prepare(
   const model = await loadModel(modelConfig);
   if (cfg.layerDrop > 0) checkLayerDrop(model);
   const ranges = await resolveStages(cfg, model); // validates the balance now, before any file or worker exists
-  parseDevices(cfg.devices, ranges.length); // and the devices
+  parseDevices(cfg.devices, cfg.stages); // and the devices
   const finished = ck !== undefined && ck.step >= cfg.steps;
   if (finished && !resumedDir) throw alreadyReaches(ck!.step, cfg);
   let budget: BudgetCheck | undefined;
@@ -394,6 +394,9 @@ async function run(
     preset: cfg.preset,
     params: nParams,
     stages: ranges.length,
+    ...(ranges.length > cfg.stages && cfg.stages > 0
+      ? { devices: cfg.stages, virtual_stages: ranges.length / cfg.stages }
+      : {}),
     micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
     rematerialization: cfg.remat,
     schedule: scheduleName(cfg),
