@@ -148,6 +148,7 @@ export async function benchGpipe(
               m,
               remat: mode,
               schedule: cfg.schedule,
+              virtualStages: cfg.virtualStages,
             }).bubble;
       return {
         strategy,

@@ -184,7 +184,7 @@ program
   )
   .option(
     '--schedule <kind>',
-    'gpipe (fill-drain) | 1f1b | zb-h1 (zero-bubble: 1F1B with the backward split into input and weight parts) | interleaved-1f1b (--virtual-stages V stages per device) | zbv (zero-bubble V-shape: 2 stages per device)',
+    'gpipe (fill-drain) | 1f1b | zb-h1 (zero-bubble: 1F1B with the backward split into input and weight parts) | interleaved-1f1b (--virtual-stages V stages per device) | zbv (zero-bubble V-shape: 2 stages per device) | dualpipev (DualPipe of DeepSeek-V3 cut in half: V-shape, M >= 2K)',
   )
   .option(
     '--virtual-stages <V>',

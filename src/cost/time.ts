@@ -7,7 +7,12 @@
  */
 
 import type { StageRange } from '../partition/balance.js';
-import { makeSchedule } from '../schedule/schedule.js';
+import {
+  chainPlacement,
+  lower,
+  makeSchedule,
+  stagesPerDevice,
+} from '../schedule/schedule.js';
 import { opCost, simulate } from '../schedule/simulate.js';
 import {
   type BlockCost,
@@ -23,9 +28,9 @@ import {
 export interface StepTime {
   /** Wall seconds of one training step (the schedule's makespan). */
   seconds: number;
-  /** Per stage: fraction of the step it waits (the bubble). */
+  /** Per device: fraction of the step it waits (the bubble). */
   bubble: number[];
-  /** Per stage: seconds of compute. */
+  /** Per device: seconds of compute. */
   busySeconds: number[];
 }
 
@@ -40,31 +45,36 @@ export function predictStepTime(
   ranges: readonly StageRange[],
   shape: Omit<StepShape, 'slots'>,
 ): StepTime {
-  const sched = makeSchedule(
-    shape.schedule,
-    shape.m,
-    ranges.length,
-    shape.remat,
-  );
+  const v = shape.virtualStages ?? 2;
+  const sched = shape.compute
+    ? lower(shape.compute, shape.placement ?? chainPlacement(ranges.length), {
+        step: 'all-reduce',
+      })
+    : makeSchedule(
+        shape.schedule,
+        shape.m,
+        ranges.length / stagesPerDevice(shape.schedule, v),
+        shape.remat,
+        v,
+      );
   const totals = ranges.map((r) => stageTotals(c, r));
-  const keptBy = sched.map(
-    (acts) =>
-      new Set(
-        acts.flatMap((a) => (a.op === 'forward' && a.keep ? [a.mb] : [])),
-      ),
-  );
+  // per stage: the micro-batches whose forward keeps its activations
+  const keptBy = ranges.map(() => new Set<number>());
+  for (const a of sched.flat())
+    if (a.op === 'forward' && a.keep) keptBy[a.stage]!.add(a.mb);
   // each action's seconds by its op's declared cost (schedule/ops.ts), from its stage's totals
   const terms = totals.map((t, s) => ({
     fwd: t.fwd,
     bwd: t.bwd,
     opt: t.opt,
-    recomputes: (mb: number) => !keptBy[s].has(mb),
+    recomputes: (mb: number) => !keptBy[s]!.has(mb),
     tail: 0,
     layer: () => ({ fwd: 0, bwd: 0 }),
   }));
   const sim = simulate(sched, (_d, a) => opCost(a, terms[a.stage]));
-  const busy = new Array<number>(ranges.length).fill(0);
-  for (const e of sim.events) busy[e.stage] += e.end - e.start;
+  // per device (several stages may share one)
+  const busy = new Array<number>(sched.length).fill(0);
+  for (const e of sim.events) busy[e.device] += e.end - e.start;
   return { seconds: sim.makespan, bubble: sim.bubble, busySeconds: busy };
 }
 

@@ -91,6 +91,10 @@ const STRATEGIES: Array<[string, Partial<TrainConfig>]> = [
     'gpipe K=2 M=8 zbv',
     { strategy: 'gpipe', stages: 2, microBatches: 8, schedule: 'zbv' },
   ],
+  [
+    'gpipe K=2 M=8 dualpipev',
+    { strategy: 'gpipe', stages: 2, microBatches: 8, schedule: 'dualpipev' },
+  ],
   ['local K=1', { strategy: 'local', stages: 1 }],
   ['l2l M=2', { strategy: 'l2l', microBatches: 2 }],
 ];
@@ -153,14 +157,15 @@ test('a tf.layers model trained by layerwise single equals plain TF.js (tf.varia
 });
 
 for (const name of ['mlp', 'residual', 'blocks']) {
-  test(`model module ${name}: gpipe K=2 and K=3 (fill-drain, 1f1b, zb-h1, interleaved-1f1b, zbv), local K=1 and l2l train exactly like single`, async () => {
+  test(`model module ${name}: gpipe K=2 and K=3 (fill-drain, 1f1b, zb-h1, interleaved-1f1b, zbv, dualpipev), local K=1 and l2l train exactly like single`, async () => {
     await initBackend('cpu');
     const model = await moduleModel(name);
     const ref = await runStrategy(model, { strategy: 'single' });
     assert.ok(ref.losses.every(Number.isFinite), `single: ${ref.losses}`);
     for (const [what, o] of STRATEGIES) {
       // two stages per device need four blocks
-      if (/interleaved|zbv/.test(what) && model.blocks.length < 4) continue;
+      if (/interleaved|zbv|dualpipev/.test(what) && model.blocks.length < 4)
+        continue;
       const r = await runStrategy(model, o);
       r.losses.forEach((l, i) =>
         assert.ok(

@@ -18,6 +18,7 @@ test('a printed CSV loads back as the same schedule: compute lists, placement an
       [4, 2],
       [8, 3],
     ]) {
+      if (kind === 'dualpipev' && m < 2 * k) continue;
       const compute = computeSchedule(kind, m, k, 'except_last');
       const placement = placementOf(kind, k);
       const csv = gridToCsv(scheduleGrid(compute, placement));

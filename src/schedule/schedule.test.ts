@@ -402,19 +402,30 @@ test("zb-h1 with F = I = W = 1 (B = 2): makespan 3M + K - 1 for M >= K, against 
     }
 });
 
-test('interleaved-1f1b and zbv: several stages per device, each stage F and B (zbv: I, W) once per micro-batch, valid; their placements', () => {
+test('interleaved-1f1b, zbv and dualpipev: several stages per device, each stage F once and B (or I and W) once per micro-batch, valid; their placements', () => {
   assert.deepEqual(placementOf('interleaved-1f1b', 3, 2), [0, 1, 2, 0, 1, 2]);
   assert.deepEqual(placementOf('interleaved-1f1b', 2, 3), [0, 1, 0, 1, 0, 1]);
   assert.deepEqual(placementOf('zbv', 3), [0, 1, 2, 2, 1, 0]);
+  assert.deepEqual(placementOf('dualpipev', 2), [0, 1, 1, 0]);
   assert.deepEqual(placementOf('1f1b', 3), [0, 1, 2]);
   for (const [kind, v] of [
     ['interleaved-1f1b', 2],
     ['interleaved-1f1b', 3],
     ['zbv', 2],
+    ['dualpipev', 2],
   ] as const)
-    for (const m of MS)
+    for (const m of [...MS, 12])
       for (const k of KS) {
         const what = `${kind} V=${v} M=${m} K=${k}`;
+        if (kind === 'dualpipev' && m < 2 * k) {
+          assert.throws(
+            () => computeSchedule(kind, m, k, 'never'),
+            /dualpipev needs at least as many micro-batches as stages/,
+          );
+          continue;
+        }
+        if (kind === 'interleaved-1f1b' && m % Math.max(1, Math.floor(m / k)))
+          continue;
         const c = computeSchedule(kind, m, k, 'except_last', v);
         const placement = placementOf(kind, k, v);
         assert.equal(c.length, k, what);
@@ -426,21 +437,31 @@ test('interleaved-1f1b and zbv: several stages per device, each stage F and B (z
         );
         for (let s = 0; s < placement.length; s++) {
           const acts = c[placement[s]!]!.filter((a) => a.stage === s);
-          const ops =
-            kind === 'zbv'
-              ? ['forward', 'backward_input', 'backward_weight']
-              : ['forward', 'backward'];
-          for (const op of ops)
-            assert.deepEqual(
-              mbsOf(acts, op as Action['op']).sort((a, b) => a - b),
-              range(m),
-              `${what} stage ${s}: ${op}`,
-            );
           assert.deepEqual(
             mbsOf(acts, 'forward'),
             range(m),
             `${what} stage ${s}: forwards in order`,
           );
+          const n = (op: Action['op'], mb: number) =>
+            mbsOf(acts, op).filter((x) => x === mb).length;
+          for (let mb = 0; mb < m; mb++) {
+            assert.equal(
+              n('backward', mb) + n('backward_input', mb),
+              1,
+              `${what} stage ${s} micro-batch ${mb}: one B or I`,
+            );
+            assert.equal(
+              n('backward_weight', mb),
+              n('backward_input', mb),
+              `${what} stage ${s} micro-batch ${mb}: a W for its I`,
+            );
+          }
+          if (kind === 'zbv')
+            assert.equal(
+              mbsOf(acts, 'backward').length,
+              0,
+              `${what}: zbv splits every backward`,
+            );
         }
       }
   assert.throws(
@@ -483,6 +504,14 @@ test('interleaved-1f1b divides the bubble by V, zbv nearly removes it: makespans
       assert.ok(
         Math.abs(r.makespan - (3 * m + (k - 1) / 2)) < 1e-9,
         `zbv K=${k} M=${m}: makespan ${r.makespan}`,
+      );
+      // DualPipeV: its full backwards cost I + W
+      const full: CostFn = (_, a) => (a.op === 'backward' ? 1 : half(0, a));
+      const d = simulate(makeSchedule('dualpipev', m, k, 'never'), full);
+      const one = 3 * (m + k - 1);
+      assert.ok(
+        d.makespan < 3 * m + (k - 1) * 1.5 && d.makespan < one,
+        `dualpipev K=${k} M=${m}: makespan ${d.makespan} (1f1b ${one})`,
       );
     }
 });

@@ -24,13 +24,15 @@ export type ScheduleKind =
   | '1f1b'
   | 'zb-h1'
   | 'interleaved-1f1b'
-  | 'zbv';
+  | 'zbv'
+  | 'dualpipev';
 export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
   'gpipe',
   '1f1b',
   'zb-h1',
   'interleaved-1f1b',
   'zbv',
+  'dualpipev',
 ];
 
 /**
@@ -40,7 +42,7 @@ export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
  */
 export function stagesPerDevice(kind: ScheduleKind, v = 2): number {
   if (kind === 'interleaved-1f1b') return v;
-  return kind === 'zbv' ? 2 : 1;
+  return kind === 'zbv' || kind === 'dualpipev' ? 2 : 1;
 }
 
 /**
@@ -53,7 +55,7 @@ export function placementOf(kind: ScheduleKind, k: number, v = 2): number[] {
   const n = k * stagesPerDevice(kind, v);
   if (kind === 'interleaved-1f1b')
     return Array.from({ length: n }, (_, s) => s % k);
-  if (kind === 'zbv')
+  if (kind === 'zbv' || kind === 'dualpipev')
     return Array.from({ length: n }, (_, s) => (s < k ? s : n - 1 - s));
   return chainPlacement(k);
 }
@@ -600,6 +602,93 @@ export function zbvCompute(
   });
 }
 
+/**
+ * DualPipeV (DeepSeek-V3's DualPipe, Liu et al. 2024, cut in half; PyTorch pipelining's
+ * `ScheduleDualPipeV`, after deepseek-ai/DualPipe), compute only: the V-shape placement of zbv
+ * (stages d and 2k - 1 - d on device d). Device d runs 2 (k - d - 1) forwards of its first
+ * stage c0; d + 1 pairs (c0 forward, c1 forward); k - d - 1 triples (c1 I, a pending W, c1
+ * forward); then m - 2k + d + 1 rounds of the main step, a c0 forward with a c1 full backward
+ * and a c1 forward with a c0 full backward (DualPipe overlaps each pair's communication with
+ * the other's compute; here the pair runs one after the other); k - d - 1 rounds of (c1
+ * backward, c1 forward, c0 backward); d + 1 pairs (c1, c0) of backwards, the second half split
+ * into I with its W deferred; k - d - 1 rounds of (a pending W, c0 backward); and the W left. A
+ * split backward's W runs in the order its I ran. Needs m >= 2k. Throws
+ * {@link LayerwiseError} for m < 2k or k < 1.
+ */
+export function dualpipevCompute(
+  m: number,
+  k: number,
+  mode: RematMode,
+): ComputeSchedule {
+  checkArgs(m, k);
+  if (m < 2 * k)
+    throw new LayerwiseError(
+      `dualpipev needs at least as many micro-batches as stages (2 per device: ${2 * k}), got --micro-batches ${m}`,
+    );
+  return Array.from({ length: k }, (_, d) => {
+    const c0 = d;
+    const c1 = 2 * k - 1 - d;
+    const acts: ComputeAction[] = [];
+    const next = new Map<string, number>();
+    const take = (key: string) => {
+      const mb = next.get(key) ?? 0;
+      next.set(key, mb + 1);
+      return mb;
+    };
+    const weights: Array<{ stage: number; mb: number }> = [];
+    const F = (stage: number) =>
+      acts.push(forward(stage, take(`F${stage}`), mode, m));
+    // a full backward takes the next input-gradient index (PyTorch counts B and I together)
+    const B = (stage: number) =>
+      acts.push({ op: 'backward', stage, mb: take(`I${stage}`) });
+    const I = (stage: number) => {
+      const mb = take(`I${stage}`);
+      acts.push({ op: 'backward_input', stage, mb });
+      weights.push({ stage, mb });
+    };
+    const W = () => {
+      const w = weights.shift();
+      if (w) acts.push({ op: 'backward_weight', stage: w.stage, mb: w.mb });
+    };
+    for (let i = 0; i < 2 * (k - d - 1); i++) F(c0);
+    for (let i = 0; i < d + 1; i++) {
+      F(c0);
+      F(c1);
+    }
+    for (let i = 0; i < k - d - 1; i++) {
+      I(c1);
+      W();
+      F(c1);
+    }
+    for (let i = 0; i < m - 2 * k + d + 1; i++) {
+      F(c0);
+      B(c1);
+      F(c1);
+      B(c0);
+    }
+    for (let i = 0; i < k - d - 1; i++) {
+      B(c1);
+      F(c1);
+      B(c0);
+    }
+    let split = false;
+    const half = Math.floor((d + 1) / 2);
+    for (let i = 0; i < d + 1; i++) {
+      if (i === half && d % 2 === 1) split = true;
+      (split ? I : B)(c1);
+      if (i === half && d % 2 === 0) split = true;
+      (split ? I : B)(c0);
+    }
+    for (let i = 0; i < k - d - 1; i++) {
+      W();
+      (split ? I : B)(c0);
+    }
+    for (let i = 0; i < d + 1; i++) W();
+    while (weights.length > 0) W();
+    return acts;
+  });
+}
+
 /** GPipe fill-drain, lowered onto k devices with the synchronous step ({@link gpipeCompute}). */
 export function gpipeSchedule(m: number, k: number, mode: RematMode): Schedule {
   return lower(gpipeCompute(m, k, mode), chainPlacement(k), {
@@ -656,6 +745,8 @@ export function computeSchedule(
       return interleaved1F1BCompute(m, k, v, mode);
     case 'zbv':
       return zbvCompute(m, k, mode);
+    case 'dualpipev':
+      return dualpipevCompute(m, k, mode);
     case 'gpipe':
       return gpipeCompute(m, k, mode);
     case '1f1b':
