@@ -45,6 +45,8 @@ export interface GpipeBenchOptions {
   remats?: RematMode[];
   /** Results file name (default 'gpipe'). */
   name?: string;
+  /** Rounds: every configuration once per round, in a rotated order (default 1). */
+  rounds?: number;
   backend: string;
   /** Compute precision (bf16: native only). Default fp32. */
   precision?: Precision;
@@ -67,6 +69,8 @@ interface Row {
   balance: number[];
   peak_device_bytes: number[];
   step_s: number;
+  /** tokens/s of each round, in round order. */
+  tokens_per_s_rounds?: number[];
 }
 
 /** Runs the benchmark and writes gpipe.json and gpipe.md. */
@@ -169,33 +173,55 @@ export async function benchGpipe(
     }
   }
 
-  // single is measured first and last; speed-ups are against the mean of both, so a drift of
-  // the machine's speed during the run shows in the two single rows instead of hiding
-  const single1 = await measure('single', 1, 'never');
-  log(`single (first): ${single1.tokens_per_s.toFixed(0)} ${unit}`);
-  const pipes: Array<Omit<Row, 'speedup'>> = [];
-  for (const mode of o.remats ?? REMAT_MODES) {
-    for (const m of o.microBatches) {
-      for (const schedule of o.schedules ?? ['gpipe']) {
-        const r = await measure('gpipe', m, mode, schedule);
-        pipes.push(r);
-        log(
-          `gpipe ${schedule} K=${o.stages} M=${m} ${mode}: ${r.tokens_per_s.toFixed(0)} ${unit} (${(r.tokens_per_s / single1.tokens_per_s).toFixed(2)}x first single), bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/')}, ideal ${r.bubble_ideal.toFixed(3)})`,
-        );
-      }
+  // every configuration once per round, each round in a rotated order (single among them), so a
+  // drift of the machine's speed spreads over all of them; a row is each figure's median over
+  // the rounds, and speed-ups are against single's median
+  const configs: Array<{
+    strategy: 'single' | 'gpipe';
+    m: number;
+    mode: RematMode;
+    schedule: ScheduleKind;
+  }> = [{ strategy: 'single', m: 1, mode: 'never', schedule: 'gpipe' }];
+  for (const mode of o.remats ?? REMAT_MODES)
+    for (const m of o.microBatches)
+      for (const schedule of o.schedules ?? ['gpipe'])
+        configs.push({ strategy: 'gpipe', m, mode, schedule });
+  const rounds = Math.max(1, o.rounds ?? 1);
+  const runs: Array<Array<Omit<Row, 'speedup'>>> = configs.map(() => []);
+  for (let round = 0; round < rounds; round++)
+    for (let j = 0; j < configs.length; j++) {
+      const i = (j + round) % configs.length;
+      const c = configs[i]!;
+      const r = await measure(c.strategy, c.m, c.mode, c.schedule);
+      runs[i]!.push(r);
+      log(
+        `round ${round + 1}/${rounds}: ${c.strategy === 'single' ? 'single' : `gpipe ${c.schedule} K=${o.stages} M=${c.m} ${c.mode}`}: ${r.tokens_per_s.toFixed(0)} ${unit}, bubble ${r.bubble_measured.map((b) => b.toFixed(3)).join('/')} (cost model ${r.bubble_predicted.map((b) => b.toFixed(3)).join('/') || '-'}, ideal ${r.bubble_ideal.toFixed(3)})`,
+      );
     }
-  }
-  const single2 = await measure('single', 1, 'never');
-  log(`single (last): ${single2.tokens_per_s.toFixed(0)} ${unit}`);
-  const ref = (single1.tokens_per_s + single2.tokens_per_s) / 2;
-  const rows: Row[] = [single1, ...pipes, single2].map((r) => ({
+  const medianRow = (
+    rs: Array<Omit<Row, 'speedup'>>,
+  ): Omit<Row, 'speedup'> => ({
+    ...rs[0]!,
+    tokens_per_s: median(rs.map((r) => r.tokens_per_s)),
+    tokens_per_s_rounds: rs.map((r) => r.tokens_per_s),
+    bubble_measured: rs[0]!.bubble_measured.map((_, d) =>
+      median(rs.map((r) => r.bubble_measured[d]!)),
+    ),
+    peak_device_bytes: rs[0]!.peak_device_bytes.map((_, d) =>
+      Math.max(...rs.map((r) => r.peak_device_bytes[d]!)),
+    ),
+    step_s: median(rs.map((r) => r.step_s)),
+  });
+  const merged = runs.map(medianRow);
+  const ref = merged[0]!.tokens_per_s;
+  const rows: Row[] = merged.map((r) => ({
     ...r,
     speedup: r.tokens_per_s / ref,
   }));
   const mib = (b: number) => (b / 2 ** 20).toFixed(1);
   const md = [
     `# ${o.name ?? 'gpipe'} benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend} (${o.precision ?? 'fp32'}), median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores). Single runs first and last; speed-ups are against the mean of the two.\n`,
+    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend} (${o.precision ?? 'fp32'}), median of ${o.steps} measured steps after one warm-up step, on this machine (${(await import('node:os')).cpus().length} cores); ${rounds} round${rounds > 1 ? 's' : ''}, every configuration (single too) once per round in a rotated order, each figure the median over the rounds (peaks: the largest); speed-ups are against single's median.\n`,
     markdownTable({
       columns: [
         'strategy',

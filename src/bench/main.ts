@@ -43,6 +43,12 @@ program
     'results file name (<name>.json, <name>.md)',
     'gpipe',
   )
+  .option(
+    '--rounds <n>',
+    'every configuration once per round, rotated (medians reported)',
+    (v) => Number(v),
+    1,
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend, { precision: o.precision }); // validates the name and precision before workers start

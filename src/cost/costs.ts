@@ -48,6 +48,12 @@ export interface BlockCost {
   fwdSeconds: number;
   /** Seconds of one backward from a kept tape (without re-computation). */
   bwdSeconds: number;
+  /**
+   * Of {@link bwdSeconds}, the input-gradient part's (I of a zero-bubble split backward; the
+   * weight part W is the rest), measured by timing a split backward's two parts. Undefined
+   * (older profiles): half.
+   */
+  bwdInputSeconds?: number;
 }
 
 /** Every block's costs at one micro-batch size, and the label bytes of that micro-batch. */
@@ -75,6 +81,7 @@ export type BlockSizeCost = Pick<
   | 'bwdHeldBytes'
   | 'fwdSeconds'
   | 'bwdSeconds'
+  | 'bwdInputSeconds'
 >;
 
 /** A model's profile: size-independent block costs plus measurements at a few micro-batch sizes. */
@@ -134,6 +141,7 @@ const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = [
   'bwdHeldBytes',
   'fwdSeconds',
   'bwdSeconds',
+  'bwdInputSeconds',
 ];
 
 /**
@@ -235,6 +243,7 @@ export function stageTotals(c: MicroBatchCosts, r: StageRange) {
     bwdPeak: backwardPeak(bl),
     fwd: sum(bl.map((b) => b.fwdSeconds)),
     bwd: sum(bl.map((b) => b.bwdSeconds)),
+    bwdInput: sum(bl.map((b) => b.bwdInputSeconds ?? b.bwdSeconds / 2)),
     opt: sum(bl.map((b) => b.optSeconds)),
   };
 }

@@ -21,6 +21,7 @@ import { initParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { DeviceOptimizer, type OptimizerConfig } from '../optim/optimizer.js';
 import { backwardRecorded, recordForward } from '../pipeline/rematerialize.js';
+import { backwardInput, backwardWeight } from '../pipeline/split-backward.js';
 import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { median } from '../util/stats.js';
@@ -282,6 +283,8 @@ async function profileAt(
       const xs = i > 0 ? [...ps, xi] : ps;
       const fwd: number[] = [];
       const bwd: number[] = [];
+      /** The input part's share of a split backward (I over I + W; zero-bubble schedules). */
+      const inputShare: number[] = [];
       const mem: {
         fwdPeakBytes: number;
         keptBytes: number;
@@ -322,6 +325,8 @@ async function profileAt(
         if (r >= warmup) {
           fwd.push((t1 - t0) / 1000);
           bwd.push((t3 - t2) / 1000);
+          if (ps.length > 0)
+            inputShare.push(await splitShare(f, xi, ps, i > 0, i === last));
         }
         mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, fwdPeak);
         mem.keptBytes = Math.max(mem.keptBytes, kept);
@@ -335,6 +340,9 @@ async function profileAt(
         ...mem,
         fwdSeconds: median(fwd),
         bwdSeconds: median(bwd),
+        ...(inputShare.length > 0
+          ? { bwdInputSeconds: median(inputShare) * median(bwd) }
+          : {}),
       });
     }
     return { batch: n, labelBytes, blocks };
@@ -378,4 +386,32 @@ export async function profiledBalanceCosts(
     { ...o.shape, slots: optimizerSlots(o.optimizer) },
     o.stages,
   );
+}
+
+/**
+ * The input part's share of one split backward of `f` (a block's forward, on parameters `ps`
+ * and input `x`; `wantInput` false for the model's first block, whose input is data): the
+ * seconds of its I (pipeline/split-backward.ts) over those of I and W together, in [0, 1].
+ */
+async function splitShare(
+  f: () => tf.Tensor,
+  x: tf.Tensor,
+  ps: tf.Tensor[],
+  wantInput: boolean,
+  isLoss: boolean,
+): Promise<number> {
+  const rec = recordForward(f);
+  const dy = isLoss ? tf.scalar(1) : tf.onesLike(rec.y);
+  const t0 = performance.now();
+  const { dx, pending } = backwardInput(rec, x, ps, dy, wantInput);
+  if (dx) await dx.data();
+  const t1 = performance.now();
+  const grads = backwardWeight(pending, ps);
+  await grads[grads.length - 1]!.data();
+  const t2 = performance.now();
+  dx?.dispose();
+  dy.dispose();
+  for (const g of grads) g.dispose();
+  const total = t2 - t0;
+  return total > 0 ? (t1 - t0) / total : 0.5;
 }

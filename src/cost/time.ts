@@ -66,6 +66,7 @@ export function predictStepTime(
   const terms = totals.map((t, s) => ({
     fwd: t.fwd,
     bwd: t.bwd,
+    bwdInput: t.bwdInput,
     opt: t.opt,
     recomputes: (mb: number) => !keptBy[s]!.has(mb),
     tail: 0,
