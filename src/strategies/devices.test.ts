@@ -69,7 +69,7 @@ function devicePids(): number[] {
   }
 }
 
-test('gpipe K=2 and K=3 and local K=2 over child processes equal the same runs over worker threads', async () => {
+test('gpipe K=2 and K=3 (and zbv, two stages per device) and local K=2 over child processes equal the same runs over worker threads', async () => {
   const cases: Array<[string, Partial<TrainConfig>]> = [
     ['gpipe K=2', { strategy: 'gpipe', stages: 2, microBatches: 2 }],
     [
@@ -85,6 +85,11 @@ test('gpipe K=2 and K=3 and local K=2 over child processes equal the same runs o
     [
       'local K=2',
       { strategy: 'local', stages: 2, microBatches: 2, deterministic: true },
+    ],
+    // two stages per device: messages for both share each link, in both directions
+    [
+      'gpipe K=2 zbv',
+      { strategy: 'gpipe', stages: 2, microBatches: 4, schedule: 'zbv' },
     ],
   ];
   for (const [what, o] of cases) {
