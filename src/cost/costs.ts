@@ -54,6 +54,14 @@ export interface BlockCost {
    * (older profiles): half.
    */
   bwdInputSeconds?: number;
+  /**
+   * Bytes a split backward's input part leaves for its weight part (the weight products' saved
+   * inputs and output gradients; pipeline/split-backward.ts), measured between the two.
+   * Undefined (older profiles, or a block without parameters): the whole tape, {@link keptBytes}.
+   */
+  weightHeldBytes?: number;
+  /** Peak bytes of a split backward's input part above the kept tape (no parameter gradients made). Undefined: {@link bwdPeakBytes}. */
+  bwdInputPeakBytes?: number;
 }
 
 /** Every block's costs at one micro-batch size, and the label bytes of that micro-batch. */
@@ -82,6 +90,8 @@ export type BlockSizeCost = Pick<
   | 'fwdSeconds'
   | 'bwdSeconds'
   | 'bwdInputSeconds'
+  | 'weightHeldBytes'
+  | 'bwdInputPeakBytes'
 >;
 
 /** A model's profile: size-independent block costs plus measurements at a few micro-batch sizes. */
@@ -142,6 +152,8 @@ const SIZE_KEYS: ReadonlyArray<keyof BlockSizeCost> = [
   'fwdSeconds',
   'bwdSeconds',
   'bwdInputSeconds',
+  'weightHeldBytes',
+  'bwdInputPeakBytes',
 ];
 
 /**
@@ -225,6 +237,29 @@ export function backwardPeak(
   return peak;
 }
 
+/**
+ * Peak bytes above the kept tape during a split backward's input part through `blocks` (model
+ * order): they run last to first, each one's I with what it transiently needs, the blocks after
+ * it having already let go of what their W does not read.
+ */
+export function inputBackwardPeak(
+  blocks: ReadonlyArray<
+    Pick<
+      BlockCost,
+      'bwdPeakBytes' | 'bwdInputPeakBytes' | 'keptBytes' | 'weightHeldBytes'
+    >
+  >,
+): number {
+  let freed = 0;
+  let peak = 0;
+  for (let i = blocks.length - 1; i >= 0; i--) {
+    const b = blocks[i]!;
+    peak = Math.max(peak, (b.bwdInputPeakBytes ?? b.bwdPeakBytes) - freed);
+    freed += b.keptBytes - (b.weightHeldBytes ?? b.keptBytes);
+  }
+  return peak;
+}
+
 /** Sums of a stage's block costs (blocks [r.from, r.to)). Throws {@link LayerwiseError} for an empty stage. */
 export function stageTotals(c: MicroBatchCosts, r: StageRange) {
   const bl = c.blocks.slice(r.from, r.to);
@@ -240,6 +275,8 @@ export function stageTotals(c: MicroBatchCosts, r: StageRange) {
     outBytes: bl[bl.length - 1].outBytes,
     fwdPeak: sum(bl.map((b) => b.fwdPeakBytes)),
     kept: sum(bl.map((b) => b.keptBytes)),
+    weightHeld: sum(bl.map((b) => b.weightHeldBytes ?? b.keptBytes)),
+    bwdInputPeak: inputBackwardPeak(bl),
     bwdPeak: backwardPeak(bl),
     fwd: sum(bl.map((b) => b.fwdSeconds)),
     bwd: sum(bl.map((b) => b.bwdSeconds)),

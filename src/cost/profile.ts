@@ -285,6 +285,8 @@ async function profileAt(
       const bwd: number[] = [];
       /** The input part's share of a split backward (I over I + W; zero-bubble schedules). */
       const inputShare: number[] = [];
+      let weightHeld: number | undefined;
+      let inputPeak: number | undefined;
       const mem: {
         fwdPeakBytes: number;
         keptBytes: number;
@@ -325,8 +327,12 @@ async function profileAt(
         if (r >= warmup) {
           fwd.push((t1 - t0) / 1000);
           bwd.push((t3 - t2) / 1000);
-          if (ps.length > 0)
-            inputShare.push(await splitShare(f, xi, ps, i > 0, i === last));
+          if (ps.length > 0) {
+            const sp = await splitShare(f, xi, ps, i > 0, i === last);
+            inputShare.push(sp.share);
+            weightHeld = Math.max(weightHeld ?? 0, sp.heldBytes);
+            inputPeak = Math.max(inputPeak ?? 0, sp.peakBytes);
+          }
         }
         mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, fwdPeak);
         mem.keptBytes = Math.max(mem.keptBytes, kept);
@@ -343,6 +349,8 @@ async function profileAt(
         ...(inputShare.length > 0
           ? { bwdInputSeconds: median(inputShare) * median(bwd) }
           : {}),
+        ...(weightHeld !== undefined ? { weightHeldBytes: weightHeld } : {}),
+        ...(inputPeak !== undefined ? { bwdInputPeakBytes: inputPeak } : {}),
       });
     }
     return { batch: n, labelBytes, blocks };
@@ -389,9 +397,11 @@ export async function profiledBalanceCosts(
 }
 
 /**
- * The input part's share of one split backward of `f` (a block's forward, on parameters `ps`
- * and input `x`; `wantInput` false for the model's first block, whose input is data): the
- * seconds of its I (pipeline/split-backward.ts) over those of I and W together, in [0, 1].
+ * One split backward of `f` (a block's forward, on parameters `ps` and input `x`; `wantInput`
+ * false for the model's first block, whose input is data): `share`, the seconds of its input
+ * part I (pipeline/split-backward.ts) over those of I and W together, in [0, 1]; `heldBytes`,
+ * the device bytes I leaves for W (beside its input gradient); `peakBytes`, I's peak above the
+ * bytes held when it starts (the tape and the output gradient).
  */
 async function splitShare(
   f: () => tf.Tensor,
@@ -399,13 +409,21 @@ async function splitShare(
   ps: tf.Tensor[],
   wantInput: boolean,
   isLoss: boolean,
-): Promise<number> {
+): Promise<{ share: number; heldBytes: number; peakBytes: number }> {
+  const b0 = deviceBytes();
   const rec = recordForward(f);
   const dy = isLoss ? tf.scalar(1) : tf.onesLike(rec.y);
+  const b1 = deviceBytes();
+  resetPeakBytes();
   const t0 = performance.now();
   const { dx, pending } = backwardInput(rec, x, ps, dy, wantInput);
   if (dx) await dx.data();
   const t1 = performance.now();
+  const peak = Math.max(0, peakBytes() - b1);
+  const heldBytes = Math.max(
+    0,
+    deviceBytes() - b0 - dy.size * 4 - (dx ? dx.size * 4 : 0),
+  );
   const grads = backwardWeight(pending, ps);
   await grads[grads.length - 1]!.data();
   const t2 = performance.now();
@@ -413,5 +431,9 @@ async function splitShare(
   dy.dispose();
   for (const g of grads) g.dispose();
   const total = t2 - t0;
-  return total > 0 ? (t1 - t0) / total : 0.5;
+  return {
+    share: total > 0 ? (t1 - t0) / total : 0.5,
+    heldBytes,
+    peakBytes: peak,
+  };
 }

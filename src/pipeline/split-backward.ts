@@ -57,6 +57,12 @@ export interface PendingWeightGrad {
   seed?: { id: number; dy: tf.Tensor };
 }
 
+/** Frees a tape node's saved tensors (its gradient will not run again). */
+function release(node: TapeNode): void {
+  node.saved?.forEach((t) => t.dispose());
+  node.saved = [];
+}
+
 /** Whether a tape node's gradient is a customGrad's (all inputs' gradients made at once) rather than a registered, lazy one. */
 function eager(node: TapeNode): boolean {
   return tf.getGradient(node.kernelName) == null;
@@ -150,7 +156,10 @@ export function backwardInput(
   try {
     for (let i = tape.length - 1; i >= 0; i--) {
       const node = tape[i]!;
-      if (!node.outputs.some((o) => toY.has(o.id))) continue;
+      if (!node.outputs.some((o) => toY.has(o.id))) {
+        release(node);
+        continue;
+      }
       if (!node.outputs.some((o) => fromX.has(o.id))) {
         if (node.outputs.some((o) => fromP.has(o.id)))
           pending.paramNodes.unshift(node);
@@ -188,7 +197,11 @@ export function backwardInput(
             dys: dys.map((d) => (d ? d.clone() : null)),
             names: later,
           });
+        // what W does not read goes as soon as I is past it: the saved tensors of an op whose
+        // gradients are all made (a GELU's input, the attention probabilities...)
+        else release(node);
       }
+      if (later.length > 0 && eager(node)) release(node);
       for (const o of node.outputs) {
         grads.get(o.id)?.dispose();
         grads.delete(o.id);
@@ -201,9 +214,8 @@ export function backwardInput(
     throw e;
   }
   const dx = wantInput ? (grads.get(input.id) ?? tf.zerosLike(input)) : null;
-  // what W does not read goes now: the saved tensors of every op whose gradients are all made
-  // (a GELU's input, attention probabilities, a layer norm's normalized input...); W keeps only
-  // its products' inputs (x for dW = x^T dy) with the deferred output gradients
+  // W keeps only its products' inputs (x for dW = x^T dy) with the deferred output gradients,
+  // and the parameter-only ops' tapes
   const keep = new Set<TapeNode>(pending.paramNodes);
   for (const d of pending.deferred) if (d.dys) keep.add(d.node);
   for (const node of tape)

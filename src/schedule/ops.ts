@@ -114,6 +114,14 @@ export interface StageBytes {
   fwdPeak: number;
   kept: number;
   bwdPeak: number;
+  /**
+   * What a split backward's input part (I) leaves for its weight part (W): the weight
+   * products' saved inputs and their output gradients (pipeline/split-backward.ts frees the
+   * rest). Default: the whole tape ({@link kept}).
+   */
+  weightHeld?: number;
+  /** Peak above the kept tape during a split backward's input part. Default: {@link bwdPeak}. */
+  bwdInputPeak?: number;
 }
 
 /** One relay layer's bytes (a block's, cost/costs.ts BlockCost). */
@@ -497,8 +505,8 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       return true;
     },
     memory(a, w) {
-      // as a full backward, less the parameter gradients, and the tape stays for W (the
-      // saved inputs of the products and their output gradients: taken as the whole tape)
+      // as a full backward, less the parameter gradients; of the tape, what W reads stays (the
+      // saved inputs of the weight products and their output gradients)
       const t = w.t;
       if (!w.kept.has(a.mb)) {
         w.bump(t.fwdPeak);
@@ -506,9 +514,11 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       }
       w.kept.delete(a.mb);
       w.weightPending.add(a.mb);
-      w.bump(t.bwdPeak);
+      w.bump(t.bwdInputPeak ?? t.bwdPeak);
       w.cur +=
-        -t.inBytes -
+        -t.kept +
+        (t.weightHeld ?? t.kept) -
+        t.inBytes -
         (w.last ? w.labelBytes : t.outBytes) +
         (w.first ? 0 : t.inBytes);
     },
@@ -526,9 +536,9 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
     },
     memory(a, w) {
       const t = w.t;
-      w.bump(t.params); // this micro-batch's parameter gradients, made from the tape
+      w.bump(t.params); // this micro-batch's parameter gradients, made from what I left
       w.weightPending.delete(a.mb);
-      w.cur -= t.kept;
+      w.cur -= t.weightHeld ?? t.kept;
       accumulate(w, t.params, t.maxParam);
     },
     cost: (_a, t) => splitCost(t).w,
