@@ -16,6 +16,7 @@ import { writeFileAtomic } from '../util/fsx.js';
 
 /** A span placed on the run's timeline, ms since the first recorded step began. */
 export interface TimelineSpan extends TraceSpan {
+  /** The span's (virtual) stage; L2L: the device. */
   stage: number;
   /**
    * The row it is drawn on: the stage for pipelines; for L2L, 0 = the device's compute (host
@@ -133,6 +134,18 @@ export class TraceRecorder {
   private readonly peaks: number[] = [];
   private readonly busy: number[] = [];
   private readonly total: number[] = [];
+  /** Whether a device ran several stages: span names then start with their stage (`3F2`). */
+  private severalStages = false;
+
+  /** A span's name in the trace: {@link spanName}, with its stage where a device runs several. */
+  private nameOf(s: TimelineSpan): string {
+    if (!this.severalStages) return spanName(s);
+    const name = spanName(s);
+    return name.includes(' ')
+      ? `stage ${s.stage}: ${name}`
+      : `${s.stage}${name}`;
+  }
+
   /** Whether any span is half of a split backward (zero-bubble schedules): the legend then shows I and W. */
   private hasSplitBackward(): boolean {
     return this.spans.some(
@@ -163,10 +176,12 @@ export class TraceRecorder {
               ? 1 + g
               : 0
           : stage;
+        // a device running several stages (interleaved, V-shape): its spans name their stage
+        if (!relay && s.stage !== stage) this.severalStages = true;
         if (this.keepSpans)
           this.spans.push({
             ...s,
-            stage,
+            stage: relay ? stage : s.stage,
             track,
             step,
             t0: base + s.start,
@@ -242,7 +257,7 @@ export class TraceRecorder {
     }));
     for (const s of this.spans) {
       events.push({
-        name: spanName(s),
+        name: this.nameOf(s),
         cat: s.gpu ? `gpu ${s.label}` : s.label,
         ph: 'X',
         pid: 1,
@@ -297,7 +312,7 @@ export class TraceRecorder {
       const y = top + sp.track * row;
       const x0 = x(sp.t0);
       const w = Math.max(0.5, x(sp.t1) - x0);
-      const name = spanName(sp);
+      const name = this.nameOf(sp);
       parts.push(
         `<rect x="${x0.toFixed(2)}" y="${y + 4}" width="${w.toFixed(2)}" height="${row - 8}" fill="${COLORS[sp.label] ?? '#999'}" stroke="white" stroke-width="0.5"><title>${esc(`step ${sp.step} ${name}: ${(sp.t1 - sp.t0).toFixed(1)} ms`)}</title></rect>`,
       );
