@@ -95,7 +95,8 @@ export function plannedAs(
     strategy,
     exact: true,
     fits: peakBytes.every((b) => b <= req.deviceMemory),
-    stages: ranges.length,
+    // devices: a schedule may run several of the stages on each
+    stages: peakBytes.length,
     microBatches: shape.m,
     remat: shape.remat,
     schedule: shape.schedule,
@@ -104,7 +105,7 @@ export function plannedAs(
     peakBytes,
     stepSeconds: t.seconds,
     bubble: t.bubble,
-    idealBubble: idealBubble(shape.m, ranges.length),
+    idealBubble: idealBubble(shape.m, peakBytes.length),
     examplesPerSecond: perSecond,
     tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
     display:

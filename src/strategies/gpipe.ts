@@ -44,6 +44,7 @@ import {
   REMAT_MODES,
   type RematMode,
   SCHEDULE_KINDS,
+  type Schedule,
   type ScheduleKind,
   stagesPerDevice,
 } from '../schedule/schedule.js';
@@ -204,7 +205,8 @@ export const gpipe: StrategySpec = {
   },
   /**
    * Searches every number of micro-batches M dividing N (or the one given), every
-   * re-materialization mode, both schedules (fill-drain, 1F1B) and three balances: by profiled
+   * re-materialization mode, every schedule (those with several stages per device where the
+   * model has blocks enough; interleaved with V = 2) and three balances: by profiled
    * time, by exact minimum of the predicted stage peak, and by parameter count. Among the
    * candidates that fit it takes the fastest (ties: the smaller peak); when none fits, the one
    * with the smallest peak, to say by how much it misses.
@@ -222,28 +224,44 @@ export const gpipe: StrategySpec = {
     for (const m of ms) {
       const costs = costsAt(profile, req.batchSize / m);
       for (const remat of REMAT_MODES) {
-        // one stage per device: the memory and time models walk one stage per device
-        for (const schedule of SCHEDULE_KINDS.filter(
-          (x) => stagesPerDevice(x) === 1,
-        )) {
+        for (const schedule of SCHEDULE_KINDS) {
+          // several stages per device (interleaved with V = 2, the V-shapes): k times as many
+          // stages to balance, and a model with at least that many blocks
+          const per = stagesPerDevice(schedule);
+          const stages = k * per;
+          if (stages > n) continue;
           const shape: StepShape = { m, remat, schedule, slots: req.slots };
-          const sched = makeSchedule(schedule, m, k, remat);
+          let sched: Schedule;
+          try {
+            sched = makeSchedule(schedule, m, k, remat);
+          } catch (e) {
+            if (e instanceof LayerwiseError) continue; // e.g. dualpipev with M < 2K
+            throw e;
+          }
           const balances: Array<[string, number[]]> = [
             [
               'time',
-              balanceByCost(blockBalanceCosts(costs, 'time', shape, k), k),
-            ],
-            [
-              'memory',
-              balanceByStageCost(n, k, (s, from, to) =>
-                stagePeakBytes(costs, { from, to }, s, sched, req.slots),
+              balanceByCost(
+                blockBalanceCosts(costs, 'time', shape, stages),
+                stages,
               ),
             ],
+            // the exact memory balance walks one stage per device
+            ...(per === 1
+              ? ([
+                  [
+                    'memory',
+                    balanceByStageCost(n, k, (s, from, to) =>
+                      stagePeakBytes(costs, { from, to }, s, sched, req.slots),
+                    ),
+                  ],
+                ] as Array<[string, number[]]>)
+              : []),
             [
               'params',
               balanceByCost(
                 params.map((p) => Math.max(1, p)),
-                k,
+                stages,
               ),
             ],
           ];
