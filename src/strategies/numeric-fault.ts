@@ -35,22 +35,31 @@ export function firstFault(
   return [...faults].sort((a, b) => b.block - a.block || a.mb - b.mb)[0];
 }
 
-/** The error naming the first fault (see {@link firstFault}); `sums`: each stage's gradient sum of squares in the faulty step. */
+/**
+ * The error naming the first fault (see {@link firstFault}); `sums`: each device's gradient sum
+ * of squares in the faulty step; `placement`: the device of each stage of `ranges` (default
+ * stage s on device s).
+ */
 export function describeFaults(
   faults: readonly NumericFault[],
   sums: readonly number[],
   ranges: readonly StageRange[],
+  placement: readonly number[] = ranges.map((_, s) => s),
 ): NumericFaultError {
   const f = firstFault(faults);
   if (!f) {
     const bad = sums
       .map((s, i) => [s, i] as const)
       .filter(([s]) => !Number.isFinite(s));
+    const blocksOf = (s: number) =>
+      `blocks ${ranges[s]!.from}-${ranges[s]!.to - 1}`;
+    const several = placement.length > sums.length;
     const where = bad
-      .map(
-        ([s, i]) =>
-          `stage ${i} (blocks ${ranges[i]!.from}-${ranges[i]!.to - 1}): ${s}`,
-      )
+      .map(([v, i]) => {
+        if (!several) return `stage ${i} (${blocksOf(i)}): ${v}`;
+        const own = placement.flatMap((d, s) => (d === i ? [s] : []));
+        return `device ${i} (${own.map((s) => `stage ${s}, ${blocksOf(s)}`).join('; ')}): ${v}`;
+      })
       .join(', ');
     return new NumericFaultError(
       `the gradient norm was not finite on ${where || 'some stage'} (the diagnosing re-run did not reproduce it)`,

@@ -355,6 +355,7 @@ export class PipelineStrategy implements Strategy {
       rs.flatMap((r) => r.faults ?? []),
       sums,
       this.opts.ranges,
+      this.placement,
     );
   }
 
