@@ -110,6 +110,36 @@ test('gpipe K=2 and K=3 (and zbv, two stages per device) and local K=2 over chil
   assert.deepEqual(devicePids(), [], 'no device process outlives its run');
 });
 
+test('interleaved-1f1b on 3 devices (the last sends to the first over the ring link) over processes, and mixed with threads, equals threads', async () => {
+  const o: Partial<TrainConfig> = {
+    backend: 'wasm',
+    strategy: 'gpipe',
+    stages: 3,
+    microBatches: 6,
+    schedule: 'interleaved-1f1b',
+    remat: 'never',
+  };
+  const shape = { ...SHAPE, layers: 4 }; // 6 blocks for 6 stages
+  const go = (devices?: string) =>
+    trainTinyLm(
+      { ...o, ...(devices ? { devices } : {}) },
+      { shape, batchSize: 6, lrs: [3e-3, 2e-3] },
+    );
+  const threads = await go();
+  for (const devices of ['process', 'thread,process,thread']) {
+    const r = await go(devices);
+    r.losses.forEach((l, i) =>
+      assert.ok(
+        Math.abs(l - threads.losses[i]!) <= 1e-4,
+        `${devices} step ${i}: ${l} vs threads ${threads.losses[i]}`,
+      ),
+    );
+    const d = maxParamDiff(r.params, threads.params);
+    assert.ok(d <= 1e-4, `${devices}: parameters differ from threads by ${d}`);
+  }
+  assert.deepEqual(devicePids(), [], 'no device process outlives its run');
+});
+
 test('one --devices list mixes threads, processes and hosts: thread,process equals thread,thread; process,thread,HOST:PORT equals threads', async () => {
   // a device server in this process stands for another host (its stage runs in a worker thread)
   const server = await startDeviceServer({ port: 0, token: 'mixed-token' });

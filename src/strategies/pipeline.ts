@@ -187,11 +187,8 @@ export class PipelineStrategy implements Strategy {
       Array.from({ length: k }, () => ({ kind: 'thread' as const }));
     if (specs.length !== k)
       throw new Error(`${specs.length} devices for ${k} devices' stages`);
+    // interleaved schedules past 2 devices: the last device sends to the first
     const wrap = needsWrapLink(placement);
-    if (wrap && specs.some((d) => d.kind !== 'thread'))
-      throw new LayerwiseError(
-        `this schedule sends from the last of ${k} devices to the first, a link only worker threads have here: use --stages 2, the V-shape (--schedule zbv), or thread devices`,
-      );
     const workers = await openDevices(specs);
     const s = new PipelineStrategy(opts, workers);
     try {
