@@ -30,7 +30,6 @@ import { linkNeighbours } from '../runtime/links.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
 import { needsWrapLink, type Schedule } from '../schedule/schedule.js';
-import { LayerwiseError } from '../util/errors.js';
 import { describeFaults } from './numeric-fault.js';
 import {
   evaluateBatches,
