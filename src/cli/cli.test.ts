@@ -309,6 +309,52 @@ test('a resumed run reproduces the losses of an uninterrupted one', () => {
   assert.ok(summary.final_loss < summary.initial_loss);
 });
 
+test("a zbv run (two stages per device) resumes exactly: each device takes back its stages' parameters and optimizer state", () => {
+  const args = [
+    ...TINY,
+    '--layers',
+    '2', // 4 blocks for 4 stages
+    '--lr',
+    '0.01',
+    '--backend',
+    'wasm',
+  ];
+  const ref = join(tmp, 'zbv-ref');
+  const resumed = join(tmp, 'zbv-resumed');
+  const zbv = [
+    '--strategy',
+    'gpipe',
+    '--stages',
+    '2',
+    '--micro-batches',
+    '4',
+    '--schedule',
+    'zbv',
+  ];
+  let r = run(['train', ...args, '--steps', '6', '--out', ref]);
+  assert.equal(r.code, 0, r.err);
+  r = run(['train', ...args, ...zbv, '--steps', '3', '--out', resumed]);
+  assert.equal(r.code, 0, r.err);
+  r = run(['train', '--resume', resumed, '--steps', '6']);
+  assert.equal(r.code, 0, r.err);
+  assert.match(r.out, /resuming at step 3/);
+  assert.match(r.out, /schedule zbv/);
+  const want = losses(ref);
+  const got = losses(resumed);
+  assert.equal(got.length, 6);
+  got.forEach((l, i) =>
+    assert.ok(
+      Math.abs(l - want[i]!) <= 1e-4,
+      `step ${i + 1}: zbv resumed ${l} vs single ${want[i]}`,
+    ),
+  );
+  const summary = JSON.parse(
+    readFileSync(join(resumed, 'summary.json'), 'utf8'),
+  );
+  assert.equal(summary.devices, 2);
+  assert.equal(summary.stages, 4);
+});
+
 test('l2l resumes a gpipe checkpoint and continues exactly like the uninterrupted gpipe run', () => {
   const part2 = join(tmp, 'part-l2l');
   const b = run(['train', ...common, '--steps', '3', '--out', part2]);
