@@ -10,6 +10,7 @@
  */
 import { LayerwiseError } from '../util/errors.js';
 import { cellOf } from './grid.js';
+import { OPS } from './ops.js';
 import {
   type Action,
   type ComputeAction,
@@ -20,16 +21,16 @@ import {
 } from './schedule.js';
 import { simulate } from './simulate.js';
 
-/** A cell's type letter and the compute op it names (PyTorch pipelining's `_ComputationType`). */
-const OPS: Record<
-  string,
-  'backward' | 'backward_input' | 'backward_weight' | 'forward'
-> = {
-  F: 'forward',
-  B: 'backward',
-  I: 'backward_input',
-  W: 'backward_weight',
-};
+/**
+ * A cell's type letter and the compute op it names (PyTorch pipelining's `_ComputationType`):
+ * each op's own short name (schedule/ops.ts), F, B, I and W.
+ */
+const CELL_OPS: Readonly<Record<string, ComputeAction['op']>> =
+  Object.fromEntries(
+    (['forward', 'backward', 'backward_input', 'backward_weight'] as const).map(
+      (op) => [OPS[op].short, op],
+    ),
+  );
 
 /** A checked schedule file: per device its compute actions, and stage s's device placement[s]. */
 export interface LoadedSchedule {
@@ -90,7 +91,7 @@ export function loadScheduleCsv(
             'not a cell <stage><type><micro-batch> such as 1F3 (or an empty cell)',
           );
         const [, stage, type, mb] = c!;
-        if (!(type in OPS))
+        if (!(type in CELL_OPS))
           fail(device, p, `unknown type '${type}' (valid: F, B, I, W)`);
         return { device, text: p, stage: +stage, type, mb: +mb };
       });
@@ -152,7 +153,11 @@ export function loadScheduleCsv(
               keep: keepsActivations(remat, c.mb, m),
               grad: true,
             }
-          : ({ op: OPS[c.type]!, stage: c.stage, mb: c.mb } as ComputeAction),
+          : ({
+              op: CELL_OPS[c.type]!,
+              stage: c.stage,
+              mb: c.mb,
+            } as ComputeAction),
     ),
   );
   let lowered: Action[][];

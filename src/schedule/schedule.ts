@@ -448,26 +448,33 @@ export function zbH1Compute(
   k: number,
   mode: RematMode,
 ): ComputeSchedule {
-  checkArgs(m, k);
-  return Array.from({ length: k }, (_, s) => {
-    const acts: ComputeAction[] = [];
-    const warm = Math.min(k - s - 1, m);
-    let f = 0;
-    for (; f < warm; f++) acts.push(forward(s, f, mode, m));
-    for (let j = 0; j < m; j++) {
-      if (f < m) acts.push(forward(s, f++, mode, m));
-      if (s === 0) {
-        acts.push({ op: 'backward', stage: s, mb: j });
+  // 1F1B's lists, each backward of a stage s > 0 split in place: I(j), then W(j - s)
+  return oneFOneBCompute(m, k, mode).map((acts, s) => {
+    if (s === 0) return acts;
+    const out: ComputeAction[] = [];
+    for (const a of acts) {
+      if (a.op !== 'backward') {
+        out.push(a);
         continue;
       }
-      acts.push({ op: 'backward_input', stage: s, mb: j });
-      if (j >= s) acts.push({ op: 'backward_weight', stage: s, mb: j - s });
+      out.push({ op: 'backward_input', stage: s, mb: a.mb });
+      if (a.mb >= s)
+        out.push({ op: 'backward_weight', stage: s, mb: a.mb - s });
     }
-    if (s > 0)
-      for (let w = Math.max(0, m - s); w < m; w++)
-        acts.push({ op: 'backward_weight', stage: s, mb: w });
-    return acts;
+    for (let w = Math.max(0, m - s); w < m; w++)
+      out.push({ op: 'backward_weight', stage: s, mb: w });
+    return out;
   });
+}
+
+/** Per-key micro-batch counters (a stage's next forward, backward...): take(key) gives 0, 1, 2... */
+function microBatchCounters(): (key: string) => number {
+  const next = new Map<string, number>();
+  return (key) => {
+    const mb = next.get(key) ?? 0;
+    next.set(key, mb + 1);
+    return mb;
+  };
 }
 
 /**
@@ -506,21 +513,15 @@ export function interleaved1F1BCompute(
     const fwdStage = (j: number) => stageOf(Math.floor(j / r) % v);
     const bwdStage = (j: number) =>
       stageOf(v - 1 - (Math.floor((j - warm) / r) % v));
-    const nextMb = new Map<string, number>();
-    const mbOf = (what: string, stage: number) => {
-      const key = `${what}${stage}`;
-      const mb = nextMb.get(key) ?? 0;
-      nextMb.set(key, mb + 1);
-      return mb;
-    };
+    const take = microBatchCounters();
     const acts: ComputeAction[] = [];
     const f = (j: number) => {
       const stage = fwdStage(j);
-      acts.push(forward(stage, mbOf('F', stage), mode, m));
+      acts.push(forward(stage, take(`F${stage}`), mode, m));
     };
     const b = (j: number) => {
       const stage = bwdStage(j);
-      acts.push({ op: 'backward', stage, mb: mbOf('B', stage) });
+      acts.push({ op: 'backward', stage, mb: take(`B${stage}`) });
     };
     const total = v * m;
     for (let j = 0; j < warm; j++) f(j);
@@ -629,12 +630,7 @@ export function dualpipevCompute(
     const c0 = d;
     const c1 = 2 * k - 1 - d;
     const acts: ComputeAction[] = [];
-    const next = new Map<string, number>();
-    const take = (key: string) => {
-      const mb = next.get(key) ?? 0;
-      next.set(key, mb + 1);
-      return mb;
-    };
+    const take = microBatchCounters();
     const weights: Array<{ stage: number; mb: number }> = [];
     const F = (stage: number) =>
       acts.push(forward(stage, take(`F${stage}`), mode, m));
