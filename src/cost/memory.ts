@@ -83,9 +83,26 @@ export function stagePeakBytes(
     actions,
     t,
     { first, last, labelBytes: c.labelBytes },
+    startBytes(c, t, first, last, m, slots),
+  );
+}
+
+/**
+ * What a backprop stage holds when a step starts: its parameters and optimizer slots, and the
+ * first stage the M inputs, the last the M labels.
+ */
+function startBytes(
+  c: MicroBatchCosts,
+  t: StageBytes,
+  first: boolean,
+  last: boolean,
+  m: number,
+  slots: number,
+): number {
+  return (
     t.params * (1 + slots) +
-      (first ? m * t.inBytes : 0) +
-      (last ? m * c.labelBytes : 0),
+    (first ? m * t.inBytes : 0) +
+    (last ? m * c.labelBytes : 0)
   );
 }
 
@@ -100,10 +117,6 @@ const NO_BYTES: StageBytes = {
   bwdPeak: 0,
 };
 
-/**
- * Walks `actions` from `start` bytes, each action by its op's declared memory effect
- * (schedule/ops.ts `memory`), and returns the peak.
- */
 type WalkOptions = Partial<
   Pick<
     MemoryWalk,
@@ -118,36 +131,47 @@ type WalkOptions = Partial<
   >
 >;
 
+/** A device's bytes during a walk, now and at their peak (shared by the walks of its stages). */
+interface DeviceBytes {
+  cur: number;
+  peak: number;
+  /** Records a peak of `cur + extra` (a transient). */
+  bump(extra: number): void;
+}
+
+function deviceBytesFrom(start: number): DeviceBytes {
+  const b: DeviceBytes = {
+    cur: start,
+    peak: start,
+    bump(extra) {
+      b.peak = Math.max(b.peak, b.cur + extra);
+    },
+  };
+  return b;
+}
+
+/**
+ * Walks `actions` from `start` bytes, each action by its op's declared memory effect
+ * (schedule/ops.ts `memory`), and returns the peak.
+ */
 function walk(
   actions: readonly Action[],
   t: StageBytes,
   opts: WalkOptions,
   start: number,
 ): number {
-  let peak = start;
-  let cur = start;
-  const w = newWalk(t, opts, {
-    get cur() {
-      return cur;
-    },
-    set cur(x: number) {
-      cur = x;
-    },
-    bump(extra: number) {
-      peak = Math.max(peak, cur + extra);
-    },
-  });
-  for (const a of actions) {
+  const bytes = deviceBytesFrom(start);
+  const w = newWalk(t, opts, bytes);
+  for (const a of actions)
     (declarationOf(a.op) as OpSpec<typeof a.op>).memory(a, w);
-  }
-  return peak;
+  return bytes.peak;
 }
 
-/** A memory walk of one stage's terms whose bytes (`cur`, `bump`) are `bytes`' (shared by the stages of one device). */
+/** A memory walk of one stage's terms whose bytes are `bytes` (shared by the stages of one device). */
 function newWalk(
   t: StageBytes,
   opts: WalkOptions,
-  bytes: Pick<MemoryWalk, 'cur' | 'bump'>,
+  bytes: DeviceBytes,
 ): MemoryWalk {
   return {
     get cur() {
@@ -162,7 +186,6 @@ function newWalk(
     t,
     labelBytes: opts.labelBytes ?? 0,
     kept: new Set(),
-    weightPending: new Set(),
     grads: opts.grads ?? 0,
     tail: opts.tail ?? null,
     sendsInputGrad: opts.sendsInputGrad ?? false,
@@ -207,45 +230,26 @@ export function predictPeakBytes(
   if (devices === ranges.length)
     return ranges.map((r, s) => stagePeakBytes(c, r, s, sched, shape.slots));
   return sched.map((actions, d) => {
-    const stages = placement.flatMap((dev, s) => (dev === d ? [s] : []));
-    const m = shape.m;
-    let cur = 0;
-    let peak = 0;
+    const bytes = deviceBytesFrom(0);
     const walks = new Map<number, MemoryWalk>();
-    for (const s of stages) {
+    placement.forEach((dev, s) => {
+      if (dev !== d) return;
       const t = stageTotals(c, ranges[s]!);
       const first = s === 0;
       const last = s === ranges.length - 1;
-      cur +=
-        t.params * (1 + shape.slots) +
-        (first ? m * t.inBytes : 0) +
-        (last ? m * c.labelBytes : 0);
+      bytes.cur += startBytes(c, t, first, last, shape.m, shape.slots);
       walks.set(
         s,
-        newWalk(
-          t,
-          { first, last, labelBytes: c.labelBytes },
-          {
-            get cur() {
-              return cur;
-            },
-            set cur(x: number) {
-              cur = x;
-            },
-            bump(extra: number) {
-              peak = Math.max(peak, cur + extra);
-            },
-          },
-        ),
+        newWalk(t, { first, last, labelBytes: c.labelBytes }, bytes),
       );
-    }
-    peak = cur;
+    });
+    bytes.peak = bytes.cur;
     for (const a of actions)
       (declarationOf(a.op) as OpSpec<typeof a.op>).memory(
         a,
         walks.get(a.stage)!,
       );
-    return peak;
+    return bytes.peak;
   });
 }
 

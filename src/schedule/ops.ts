@@ -148,8 +148,6 @@ export interface MemoryWalk {
   readonly labelBytes: number;
   /** Micro-batches whose forward tape (activations and output) is kept. */
   readonly kept: Set<number>;
-  /** Micro-batches whose I ran and whose W has not: their tape's weight-gradient part is held. */
-  readonly weightPending: Set<number>;
   /** Bytes of accumulated gradients now. */
   grads: number;
   /** Local parallelism: the overlap tail's terms, and whether the input gradient is sent back. */
@@ -303,6 +301,34 @@ function stepReady(c: SimContext): void {
         `step before the weight gradients (W) of micro-batches ${[...st.weightPending].join(', ')}`,
       );
   }
+}
+
+/**
+ * A backward's bytes up to its parameter gradients (a full backward's, or a split one's input
+ * part): the forward again on the tape if micro-batch `mb` kept nothing (re-materialization),
+ * the transient `peak`, then of the tape only `held` bytes stay (a split's weight part reads
+ * them), the stage's input and its output gradient (the last stage: the labels) go, and the
+ * input gradient comes (not on the first stage).
+ */
+function backwardBytes(
+  mb: number,
+  w: MemoryWalk,
+  peak: number,
+  held: number,
+): void {
+  const t = w.t;
+  if (!w.kept.has(mb)) {
+    w.bump(t.fwdPeak);
+    w.cur += t.kept;
+  }
+  w.kept.delete(mb);
+  w.bump(peak);
+  w.cur +=
+    held -
+    t.kept -
+    t.inBytes -
+    (w.last ? w.labelBytes : t.outBytes) +
+    (w.first ? 0 : t.inBytes);
 }
 
 /** The input part's seconds (I) of a stage's backward, and the weight part's (W). */
@@ -478,19 +504,8 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       return true;
     },
     memory(a, w) {
-      const t = w.t;
-      if (!w.kept.has(a.mb)) {
-        w.bump(t.fwdPeak); // re-materialization: the forward again, on the tape
-        w.cur += t.kept;
-      }
-      w.kept.delete(a.mb);
-      w.bump(t.bwdPeak);
-      w.cur +=
-        -t.kept -
-        t.inBytes -
-        (w.last ? w.labelBytes : t.outBytes) +
-        (w.first ? 0 : t.inBytes);
-      accumulate(w, t.params, t.maxParam);
+      backwardBytes(a.mb, w, w.t.bwdPeak, 0);
+      accumulate(w, w.t.params, w.t.maxParam);
     },
     cost: (a, t) => t.bwd + (t.recomputes(a.mb) ? t.fwd : 0),
   },
@@ -508,19 +523,12 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       // as a full backward, less the parameter gradients; of the tape, what W reads stays (the
       // saved inputs of the weight products and their output gradients)
       const t = w.t;
-      if (!w.kept.has(a.mb)) {
-        w.bump(t.fwdPeak);
-        w.cur += t.kept;
-      }
-      w.kept.delete(a.mb);
-      w.weightPending.add(a.mb);
-      w.bump(t.bwdInputPeak ?? t.bwdPeak);
-      w.cur +=
-        -t.kept +
-        (t.weightHeld ?? t.kept) -
-        t.inBytes -
-        (w.last ? w.labelBytes : t.outBytes) +
-        (w.first ? 0 : t.inBytes);
+      backwardBytes(
+        a.mb,
+        w,
+        t.bwdInputPeak ?? t.bwdPeak,
+        t.weightHeld ?? t.kept,
+      );
     },
     cost: (a, t) => splitCost(t).i + (t.recomputes(a.mb) ? t.fwd : 0),
   },
@@ -534,10 +542,9 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       c.st.weightPending.delete(a.mb);
       return true;
     },
-    memory(a, w) {
+    memory(_a, w) {
       const t = w.t;
       w.bump(t.params); // this micro-batch's parameter gradients, made from what I left
-      w.weightPending.delete(a.mb);
       w.cur -= t.weightHeld ?? t.kept;
       accumulate(w, t.params, t.maxParam);
     },
