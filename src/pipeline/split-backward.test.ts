@@ -2,12 +2,11 @@ import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
-import { softmaxCrossEntropy } from '../model/layers.js';
 import {
   assertSameGrads,
   disposeAll,
-  type Fn,
   GRAD_CASES,
+  lossStage,
   maxAbsDiff,
   randn,
 } from '../testing/grad-cases.js';
@@ -69,15 +68,7 @@ for (const [name, make] of GRAD_CASES) {
     assert.equal(tf.memory().numTensors, n0);
 
     // a last stage: scalar loss, scalar seed
-    const labels = tf.tensor1d(
-      Array.from({ length: x.shape[0] }, (_, i) => i % 3),
-      'int32',
-    );
-    const lossFn: Fn = (...a) => {
-      const out = f(...a);
-      const flat = tf.reshape(out, [out.shape[0], -1]);
-      return softmaxCrossEntropy(tf.slice(flat, [0, 0], [-1, 3]), labels);
-    };
+    const { lossFn, labels } = lossStage(f, x.shape[0]!);
     const seed = tf.scalar(0.25);
     const refLoss = tf.grads(lossFn)(xs, seed);
     const n1 = tf.memory().numTensors;

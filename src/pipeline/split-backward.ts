@@ -197,11 +197,10 @@ export function backwardInput(
             dys: dys.map((d) => (d ? d.clone() : null)),
             names: later,
           });
-        // what W does not read goes as soon as I is past it: the saved tensors of an op whose
-        // gradients are all made (a GELU's input, the attention probabilities...)
-        else release(node);
       }
-      if (later.length > 0 && eager(node)) release(node);
+      // what W does not read goes as soon as I is past it: the saved tensors of an op whose
+      // gradients are all made (a GELU's input, the attention probabilities...)
+      if (later.length === 0 || eager(node)) release(node);
       for (const o of node.outputs) {
         grads.get(o.id)?.dispose();
         grads.delete(o.id);
@@ -218,11 +217,7 @@ export function backwardInput(
   // and the parameter-only ops' tapes
   const keep = new Set<TapeNode>(pending.paramNodes);
   for (const d of pending.deferred) if (d.dys) keep.add(d.node);
-  for (const node of tape)
-    if (!keep.has(node)) {
-      node.saved?.forEach((t) => t.dispose());
-      node.saved = [];
-    }
+  for (const node of tape) if (!keep.has(node)) release(node);
   pending.tape = tape.filter((node) => keep.has(node));
   if (!fromX.has(rec.y.id)) {
     pending.seed = { id: rec.y.id, dy: grads.get(rec.y.id)! };
@@ -294,7 +289,7 @@ export function disposePending(pending: PendingWeightGrad): void {
   pending.deferred = [];
   pending.seed?.dy.dispose();
   pending.seed = undefined;
-  for (const node of pending.tape) node.saved?.forEach((t) => t.dispose());
+  for (const node of pending.tape) release(node);
   pending.tape = [];
   pending.paramNodes = [];
 }

@@ -6,7 +6,7 @@
 import assert from 'node:assert/strict';
 import { tf } from '../backend/tfjs.js';
 import { initParams } from '../model/init.js';
-import { dense } from '../model/layers.js';
+import { dense, softmaxCrossEntropy } from '../model/layers.js';
 import { decoderBlock } from '../model/transformer.js';
 import type { Rng } from '../util/rng.js';
 
@@ -83,6 +83,24 @@ export function assertSameGrads(
 }
 
 export const disposeAll = (ts: tf.Tensor[]) => ts.forEach((t) => t.dispose());
+
+/**
+ * `f` turned into a last stage's scalar loss: the mean softmax cross-entropy of the first 3
+ * outputs of each of the `n` rows of f's output against labels i mod 3 ([n] int32, returned
+ * to be disposed by the caller).
+ */
+export function lossStage(f: Fn, n: number): { lossFn: Fn; labels: tf.Tensor } {
+  const labels = tf.tensor1d(
+    Array.from({ length: n }, (_, i) => i % 3),
+    'int32',
+  );
+  const lossFn: Fn = (...a) => {
+    const out = f(...a);
+    const flat = tf.reshape(out, [out.shape[0]!, -1]);
+    return softmaxCrossEntropy(tf.slice(flat, [0, 0], [-1, 3]), labels);
+  };
+  return { lossFn, labels };
+}
 
 export const GRAD_CASES = [
   ['mlp', mlp],
