@@ -63,15 +63,15 @@ export async function serveStage(
   /** This device's index, and the device of each stage (empty: stage s on device s). */
   let device = 0;
   let placement: number[] = [];
+  /** Devices in the pipeline (without a placement: unbounded, so no ring link). */
+  let devices = Number.POSITIVE_INFINITY;
   let prev: Channel | null = null;
   let next: Channel | null = null;
 
   const deviceOf = (stage: number) => placement[stage] ?? stage;
   /** The link to the device of `stage` (a neighbour's), or null where the pipeline ends. */
   function channelTo(stage: number): Channel | null {
-    const d = deviceOf(stage);
-    const devices = placement.length ? Math.max(...placement) + 1 : d + 2;
-    return linkSide(device, d, devices) === 'next' ? next : prev;
+    return linkSide(device, deviceOf(stage), devices) === 'next' ? next : prev;
   }
   /** Where stage `to` is on no device (before the first or past the last stage): no link. */
   const exists = (to: number) =>
@@ -227,6 +227,9 @@ export async function serveStage(
       }
       device = a.device ?? a.index;
       placement = a.placement ?? [];
+      devices = placement.length
+        ? Math.max(...placement) + 1
+        : Number.POSITIVE_INFINITY;
       setDeviceBudget(a.deviceMemory, {
         stage: a.index,
         strategy: a.strategy,
