@@ -33,6 +33,7 @@ import {
   predictLocalPeakBytes,
   predictPeakBytes,
   predictRelayPeakBytes,
+  predictRelayPipelinePeakBytes,
 } from './memory.js';
 import { profileModel } from './profile.js';
 import {
@@ -423,11 +424,16 @@ test('l2l: one layer of parameters at a time, no optimizer state; the device sta
 });
 
 for (const c of LOCAL_CASES) {
-  test(`l2l: predicted peak device bytes within 15% of measured, both stash places: ${c.preset}`, async () => {
+  test(`l2l: predicted peak device bytes within 15% of measured, both stash places, one device and pipelined on 2 (gpipe, 1f1b): ${c.preset}`, async () => {
     const n = 16;
     const params = initParams(c.model.blocks, 1);
     const rng = new Rng(4);
-    for (const stash of ['host', 'device'] as const) {
+    for (const [stages, schedule, stash] of [
+      [1, 'gpipe', 'host'],
+      [1, 'gpipe', 'device'],
+      [2, 'gpipe', 'host'],
+      [2, '1f1b', 'device'],
+    ] as const) {
       const cfg = resolveConfig({
         preset: c.preset,
         batchSize: n,
@@ -435,6 +441,8 @@ for (const c of LOCAL_CASES) {
         ...c.overrides,
         strategy: 'l2l',
         microBatches: 4,
+        stages,
+        schedule,
         stash,
       } as Parameters<typeof resolveConfig>[0]);
       const b = n / cfg.microBatches;
@@ -445,19 +453,27 @@ for (const c of LOCAL_CASES) {
         repeats: 1,
         warmup: 0,
       });
-      const predicted = predictRelayPeakBytes(costsAt(profile, b), {
-        m: cfg.microBatches,
-        stash,
-      });
-      const [measured] = await steadyPeakBytes(
-        await createStrategy(cfg, c.model, params),
+      const ranges = await resolveStages(cfg, c.model);
+      const shape = { m: cfg.microBatches, stash };
+      const predicted =
+        stages === 1
+          ? [predictRelayPeakBytes(costsAt(profile, b), shape)]
+          : predictRelayPipelinePeakBytes(costsAt(profile, b), ranges, {
+              ...shape,
+              schedule,
+            });
+      const measured = await steadyPeakBytes(
+        await createStrategy(cfg, c.model, params, ranges),
         c.model,
         n,
         rng,
       );
-      const what = `${c.preset} l2l M=4 stash ${stash}: predicted ${Math.round(predicted)} measured ${measured}`;
-      assert.ok(Math.abs(predicted - measured) <= 0.15 * measured, what);
-      console.log(what);
+      assert.equal(measured.length, stages);
+      measured.forEach((m, d) => {
+        const what = `${c.preset} l2l K=${stages} ${schedule} M=4 stash ${stash}, device ${d}: predicted ${Math.round(predicted[d]!)} measured ${m}`;
+        assert.ok(Math.abs(predicted[d]! - m) <= 0.15 * m, what);
+        console.log(what);
+      });
     }
   });
 }

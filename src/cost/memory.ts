@@ -47,8 +47,10 @@ import {
   localSchedule,
   lower,
   placementOf,
+  relayPipelineTraining,
   relaySchedule,
   type Schedule,
+  type ScheduleKind,
   stagesPerDevice,
 } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
@@ -127,6 +129,8 @@ type WalkOptions = Partial<
     | 'tail'
     | 'sendsInputGrad'
     | 'layers'
+    | 'firstLayer'
+    | 'lastLayer'
     | 'hostStash'
   >
 >;
@@ -190,6 +194,8 @@ function newWalk(
     tail: opts.tail ?? null,
     sendsInputGrad: opts.sendsInputGrad ?? false,
     layers: opts.layers ?? [],
+    firstLayer: opts.firstLayer ?? 0,
+    lastLayer: opts.lastLayer ?? (opts.layers?.length ?? 0) - 1,
     hostStash: opts.hostStash ?? false,
     loaded: new Set(),
     gradsStarted: new Set(),
@@ -345,4 +351,42 @@ export function predictRelayPeakBytes(
     { labelBytes: c.labelBytes, layers, hostStash: shape.stash === 'host' },
     shape.m * (c.blocks[0].inBytes + c.labelBytes),
   );
+}
+
+/**
+ * Predicted peak device bytes of each device of a pipelined relay (L2L on K devices, one stage
+ * of layers `ranges[d]` each), by walking each device's list of
+ * schedule/schedule.ts relayPipelineTraining as {@link predictRelayPeakBytes} walks the relay:
+ * besides the relay's terms, a stage holds the activations it received (its first layer's
+ * input) and its output until it is sent, and the gradients received and sent back. Device 0
+ * starts with the M inputs, the last device with the M labels. Bytes, per device.
+ */
+export function predictRelayPipelinePeakBytes(
+  c: MicroBatchCosts,
+  ranges: readonly StageRange[],
+  shape: RelayShape & { schedule: ScheduleKind },
+): number[] {
+  const layers: LayerBytes[] = c.blocks;
+  const k = ranges.length;
+  const sched = relayPipelineTraining(shape.schedule, shape.m, ranges);
+  return ranges.map((r, d) => {
+    const t: StageBytes = {
+      ...NO_BYTES,
+      inBytes: c.blocks[r.from]!.inBytes,
+      outBytes: c.blocks[r.to - 1]!.outBytes,
+    };
+    return walk(
+      sched[d]!,
+      t,
+      {
+        labelBytes: c.labelBytes,
+        layers,
+        firstLayer: r.from,
+        lastLayer: r.to - 1,
+        hostStash: shape.stash === 'host',
+      },
+      (d === 0 ? shape.m * c.blocks[0]!.inBytes : 0) +
+        (d === k - 1 ? shape.m * c.labelBytes : 0),
+    );
+  });
 }

@@ -552,6 +552,63 @@ test('with clipping, no layer is updated before every layer is pushed; then laye
   }
 });
 
+test("parts: with beginStep(lr, 3) a layer's gradient comes in 3 pushes that the server sums (clipping from the sum's norm); a fourth part is refused", async () => {
+  for (const clipNorm of [0, 2]) {
+    const cfg = { ...CONFIGS[2][1], clipNorm };
+    const p0 = initial(5);
+    const ref = new Reference(p0, cfg);
+    const s = await server(cfg, 2, p0);
+    try {
+      const rng = new Rng(8);
+      let clipped = 0;
+      for (let t = 1; t <= 2; t++) {
+        // three parts per key; the reference steps on their float32 sum, added in push order
+        const parts = [gradsOf(rng), gradsOf(rng), gradsOf(rng)];
+        const sum = new Map(
+          KEYS.map((k) => {
+            const g = parts[0]!.get(k)!.slice();
+            for (const q of parts.slice(1))
+              g.forEach((_, i) => (g[i]! += q.get(k)![i]!));
+            return [k, g];
+          }),
+        );
+        if (ref.step(sum, 0.03 * t) < 1) clipped++;
+        s.beginStep(0.03 * t, 3);
+        for (const l of [3, 2, 1, 0])
+          for (const q of parts) {
+            const rec = Object.fromEntries(
+              LAYERS[l]!.map((k) => [k, q.get(k)!.slice()]),
+            );
+            s.push(l, rec, -1); // a part's own sum of squares is not used
+          }
+        await s.idle();
+        for (let l = 0; l < LAYERS.length; l++)
+          assert.equal(s.store.version(l), t, `layer ${l} step ${t}`);
+      }
+      if (clipNorm > 0) assert.ok(clipped > 0, 'the test exercises clipping');
+      const got = await s.getParams();
+      for (const k of KEYS)
+        assertClose(got.get(k)!, ref.param(k), `clip ${clipNorm} ${k}`, TOL);
+      s.beginStep(0.1, 2);
+      s.push(1, {}, 0);
+      s.push(1, {}, 0);
+      assert.throws(() => s.push(1, {}, 0), /layer 1 was already pushed/);
+      s.push(3, { '3.w': new Float32Array(144) }, 0);
+      assert.throws(
+        () => s.push(3, { '3.w': new Float32Array(12) }, 0),
+        /gradient '3\.w' of layer 3: a part of 12 elements after one of 144/,
+      );
+      assert.throws(
+        () => s.beginStep(0.1, 0),
+        /positive integer number of pushes/,
+      );
+    } finally {
+      await s.close();
+      ref.dispose();
+    }
+  }
+});
+
 test('protocol errors: push before beginStep, twice, a foreign key, an incomplete step', async () => {
   const s = await server(CONFIGS[0][1], 1);
   try {

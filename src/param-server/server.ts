@@ -105,6 +105,13 @@ export class ParameterServer {
   private stepOpen = false;
   private pushed: boolean[];
   private pushedCount = 0;
+  /** Pushes that make up one layer's gradient this step (see {@link beginStep}). */
+  private parts = 1;
+  /** Per layer, the pushes summed so far this step and their sum (parts > 1). */
+  private partial = new Map<
+    number,
+    { count: number; grads: Record<string, Float32Array> }
+  >();
   private sumSquares = 0;
   private held: Held[] = [];
   /** Keys that have optimizer slots (a gradient since the last setOptimizerState, or set by it). */
@@ -259,14 +266,22 @@ export class ParameterServer {
   }
 
   /**
-   * Starts the next step (its 1-based t for AdamW) with learning rate `lr`.
-   * Throws an Error if the previous step is missing layers (every layer is pushed once per
-   * step), if `lr` is not a finite number, or if the server failed (its error) or was closed.
+   * Starts the next step (its 1-based t for AdamW) with learning rate `lr`. `parts`: the
+   * pushes that make up each layer's gradient this step (1: the device accumulated it; M: a
+   * pipelined relay pushes each micro-batch's part, and the server sums them, as the L2L
+   * paper's EPS sums what its devices push). Throws an Error if the previous step is missing
+   * layers (every layer's gradient is pushed once per step, in `parts` pushes), if `lr` is not
+   * a finite number or `parts` not a positive integer, or if the server failed (its error) or
+   * was closed.
    */
-  beginStep(lr: number): void {
+  beginStep(lr: number, parts = 1): void {
     this.usable('begin a step');
     if (!Number.isFinite(lr))
       throw new RangeError(`learning rate must be a finite number, got ${lr}`);
+    if (!(Number.isInteger(parts) && parts >= 1))
+      throw new RangeError(
+        `a layer's gradient comes in a positive integer number of pushes, got ${parts}`,
+      );
     if (this.stepOpen && this.pushedCount < this.pushed.length) {
       throw new Error(
         `step ${this.step} is incomplete: layers ${this.missing().join(', ')} were not pushed`,
@@ -278,6 +293,8 @@ export class ParameterServer {
     this.pushed.fill(false);
     this.pushedCount = 0;
     this.sumSquares = 0;
+    this.parts = parts;
+    this.partial.clear();
   }
 
   private missing(): number[] {
@@ -298,9 +315,14 @@ export class ParameterServer {
    * When a layer's update is applied its version is incremented ({@link ParamStore.markUpdated};
    * at once for a layer without gradients).
    *
+   * With `parts` > 1 ({@link beginStep}) each push is one part of the layer's gradient: the
+   * parts are summed here (in push order, float32) and the layer is complete at its last part;
+   * `sumSquares` is then ignored and computed from the sum.
+   *
    * Throws an Error (synchronously) for a push outside a step, a layer out of range or pushed
-   * twice in a step, or a key not of that layer; throws the server's error if it failed. A
-   * gradient of the wrong length fails in the optimizer thread: {@link idle} rejects naming the key.
+   * more often than its parts in a step, or a key not of that layer; throws the server's error
+   * if it failed. A gradient of the wrong length fails in the optimizer thread: {@link idle}
+   * rejects naming the key (a part of the wrong length: here, naming it).
    */
   push(
     layer: number,
@@ -325,6 +347,12 @@ export class ParameterServer {
           `gradient '${key}' pushed for layer ${layer}, which has no such parameter (it has ${[...owner.keys()].join(', ') || 'none'})`,
         );
     }
+    if (this.parts > 1) {
+      const whole = this.sumPart(layer, grads);
+      if (!whole) return;
+      grads = whole;
+      sumSquares = this.config.clipNorm > 0 ? squaredNorm(grads) : 0;
+    }
     this.pushed[layer] = true;
     this.pushedCount++;
     for (const key of Object.keys(grads)) this.live.add(key);
@@ -342,6 +370,30 @@ export class ParameterServer {
     for (const h of held) this.dispatch(h.layer, h.grads, scale);
     // once every layer is dispatched: a layer without gradients must not resolve idle() early
     this.settle();
+  }
+
+  /** Adds one part of layer's gradient to its sum; returns the sum at the last part, else null. */
+  private sumPart(
+    layer: number,
+    grads: Record<string, Float32Array>,
+  ): Record<string, Float32Array> | null {
+    let p = this.partial.get(layer);
+    if (!p) this.partial.set(layer, (p = { count: 0, grads: {} }));
+    for (const [key, g] of Object.entries(grads)) {
+      const sum = p.grads[key];
+      if (!sum) {
+        p.grads[key] = g;
+        continue;
+      }
+      if (sum.length !== g.length)
+        throw new RangeError(
+          `gradient '${key}' of layer ${layer}: a part of ${g.length} elements after one of ${sum.length}`,
+        );
+      for (let i = 0; i < g.length; i++) sum[i]! += g[i]!;
+    }
+    if (++p.count < this.parts) return null;
+    this.partial.delete(layer);
+    return p.grads;
   }
 
   private dispatch(
@@ -595,4 +647,12 @@ function assignThreads(
     // keep the layer's key order in the map (dispatch iterates the layout's order anyway)
     return new Map(keys.map((k) => [k, owner.get(k)!]));
   });
+}
+
+/** Sum of squares of every element of `grads`, accumulated in double. */
+function squaredNorm(grads: Record<string, Float32Array>): number {
+  let sum = 0;
+  for (const g of Object.values(grads))
+    for (let i = 0; i < g.length; i++) sum += g[i]! * g[i]!;
+  return sum;
 }

@@ -13,6 +13,13 @@
  * holds at most two layers' parameters, one layer's gradient and the activations of the
  * micro-batches of one layer boundary, whatever the depth).
  *
+ * Pipelined relay (L2L on K devices, schedule/schedule.ts relayPipelineSchedule): a stage relays
+ * only its range of layers. Its first layer's input is the step's input or the activation the
+ * previous stage sent; its last layer's output goes to the next stage (`putOutput`), and that
+ * stage's gradient of it seeds the backward (`takeOutputGrad`); its first layer's input
+ * gradient goes back (`putInputGrad`). There each layer's gradient is pushed per micro-batch
+ * (the parameter server sums them), since micro-batches, not layers, are the outer loop.
+ *
  * Correctness: the same math as single-device training on the whole mini-batch. The
  * mini-batch loss is the mean of the M micro-batch losses; backward re-computes each layer
  * from its stashed input (the activations of a layer's inside never outlive its call).
@@ -125,6 +132,7 @@ export class RelayStage implements StageProgram {
    * @param store views of the parameter server's shared host memory (parameters, versions)
    * @param stashPlace where layer inputs wait between forward and backward
    * @param traceGpu record the GPU's spans (see StageProgram.traceGpu)
+   * @param range the layers (model blocks) this stage relays; default every one
    */
   constructor(
     readonly model: Model,
@@ -132,6 +140,10 @@ export class RelayStage implements StageProgram {
     readonly stashPlace: StashPlace,
     private readonly optimizer: OptimizerConfig,
     readonly traceGpu = false,
+    readonly range: { from: number; to: number } = {
+      from: 0,
+      to: model.blocks.length,
+    },
   ) {}
 
   readonly handlers: Handlers = {
@@ -160,6 +172,20 @@ export class RelayStage implements StageProgram {
 
   get layers(): number {
     return this.model.blocks.length;
+  }
+
+  /** The first layer of this stage that the step runs (LayerDrop may skip the range's first). */
+  private firstLayer(io: StepIO): number {
+    let l = this.range.from;
+    while (l < this.range.to - 1 && io.dropped.has(l)) l++;
+    return l;
+  }
+
+  /** The next layer after l that the step runs (LayerDrop skips some; never the model's last). */
+  private nextLayer(l: number, io: StepIO): number {
+    let next = l + 1;
+    while (next < this.range.to && io.dropped.has(next)) next++;
+    return next;
   }
 
   /** Parameter names and keys of layer l, in the store's order. */
@@ -320,7 +346,8 @@ export class RelayStage implements StageProgram {
       countTransfer('h2d', s.values.byteLength);
       return tf.tensor(s.values, s.shape, s.dtype);
     }
-    if (l === 0) return io.takeInput(mb); // the step's input: the stage owns it now
+    // the step's input, or the previous stage's activation: the stage owns it now
+    if (l === this.firstLayer(io)) return io.takeInput(mb);
     throw new Error(
       `layer ${l}, micro-batch ${mb}: no stashed input (schedule out of order)`,
     );
@@ -343,9 +370,12 @@ export class RelayStage implements StageProgram {
       throw new Error(
         "the relay fuses the last layer's forward into its backward; schedule layer_backward",
       );
-    // a host-stashed (or bf16-stashed) input stays in the stash for the backward: only its upload is freed here
+    // a host-stashed (or bf16-stashed) input stays in the stash for the backward: only its
+    // upload is freed here (the stage's first layer takes its input from the step, and stashes it)
     const hostKept =
-      grad && l > 0 && (this.stashPlace === 'host' || holdsBf16());
+      grad &&
+      l !== this.firstLayer(io) &&
+      (this.stashPlace === 'host' || holdsBf16());
     const x = this.takeStash(l, mb, io, hostKept);
     try {
       if (l === this.layers - 1) {
@@ -368,14 +398,11 @@ export class RelayStage implements StageProgram {
         }
         return;
       }
-      // the next layer this step runs (LayerDrop skips some; never the last)
-      let next = l + 1;
-      while (io.dropped.has(next)) next++;
-      await this.putStash(
-        next,
-        mb,
-        tf.tidy(() => block.forward(p, x)),
-      );
+      const next = this.nextLayer(l, io);
+      const y = tf.tidy(() => block.forward(p, x));
+      // the stage's last layer: the output goes to the next stage
+      if (next >= this.range.to) io.putOutput(mb, y);
+      else await this.putStash(next, mb, y);
     } finally {
       if (grad && !hostKept)
         await this.putStash(l, mb, x); // device stash, or layer 0's tokens
@@ -394,10 +421,17 @@ export class RelayStage implements StageProgram {
     const block = this.model.blocks[l];
     const names = this.layerKeys(l).map(([n]) => n);
     const last = l === this.layers - 1;
-    const seed = last ? tf.scalar(1 / io.m) : this.dys.get(mb);
+    // the stage's last layer (not the model's): the next stage's gradient of its output
+    const fromNext = !last && this.nextLayer(l, io) >= this.range.to;
+    const seed = last
+      ? tf.scalar(1 / io.m)
+      : fromNext
+        ? io.takeOutputGrad(mb)
+        : this.dys.get(mb);
     if (!seed)
       throw new Error(`layer ${l}, micro-batch ${mb}: no incoming gradient`);
     this.dys.delete(mb);
+    const toPrev = l === this.firstLayer(io) && l > 0; // the input gradient goes to the previous stage
     let x: tf.Tensor | undefined;
     let labels: tf.Tensor | undefined;
     try {
@@ -425,7 +459,8 @@ export class RelayStage implements StageProgram {
       if (wantInput) {
         // bf16: the boundary's gradient at the compute precision, as applyBlocks rounds it
         const dx = grads[names.length]!;
-        if (holdsBf16()) {
+        if (toPrev) io.putInputGrad(mb, dx);
+        else if (holdsBf16()) {
           this.dys.set(mb, roundTensor(dx));
           dx.dispose();
         } else this.dys.set(mb, dx);
@@ -491,5 +526,6 @@ export function createStage(ctx: StageContext, options: unknown): RelayStage {
     o.stash,
     ctx.optimizer,
     o.traceGpu === true,
+    ctx.range,
   );
 }

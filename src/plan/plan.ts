@@ -71,7 +71,7 @@ export function checkRequest(req: PlanRequest, n: number): void {
 export function plan(profile: ModelProfile, req: PlanRequest): Plan {
   checkRequest(req, profile.blocks.length);
   const strategies = STRATEGY_SPECS.map((spec) => {
-    if (!spec.oneDevice && req.stages < 2)
+    if (!spec.oneDevice && !spec.anyStages && req.stages < 2)
       return unavailable(
         spec.name,
         spec.exact,

@@ -60,15 +60,20 @@ export interface SimStage {
   sentAct: Set<number>;
   /** local_update actions since the last local_step. */
   updates: number;
-  /** Relay: layers of this stage (the largest layer index + 1). */
-  layers: number;
+  /** Relay: the layers this stage's actions name, ascending (a pipelined relay's stage: its range, less dropped layers). */
+  layers: readonly number[];
+  /** Relay: the model's last layer (the largest layer any stage names): its loss is computed in its backward. */
+  lastLayer: number;
   /** Relay: whether the stage trains (has a layer_backward). */
   trains: boolean;
   loaded: Set<number>;
   /** Relay: per layer, micro-batch -> the forward's grad flag. */
   layerFwd: Map<number, Map<number, boolean>>;
   layerBwd: Map<number, Set<number>>;
+  /** Relay: layers whose gradients were pushed at least once this step. */
   pushed: Set<number>;
+  /** Relay: per layer, backwards since its last push (their gradient is still on the device). */
+  unpushed: Map<number, number>;
 }
 
 /** What a simulation rule sees of the simulation when its action is next on its device. */
@@ -155,6 +160,9 @@ export interface MemoryWalk {
   readonly sendsInputGrad: boolean;
   /** Relay: each layer's bytes, whether the stash is in host memory, what is loaded and which layers' gradients exist. */
   readonly layers: readonly LayerBytes[];
+  /** Relay: the first and the last layer of the walk's stage (a pipelined relay's range; else the model's). */
+  readonly firstLayer: number;
+  readonly lastLayer: number;
   readonly hostStash: boolean;
   readonly loaded: Set<number>;
   readonly gradsStarted: Set<number>;
@@ -281,6 +289,18 @@ function layerMap<V>(m: Map<number, V>, l: number, make: () => V): V {
     m.set(l, v);
   }
   return v;
+}
+
+/** The layer before `l` in its stage's list (undefined: `l` is the stage's first). */
+function layerBelow(st: SimStage, l: number): number | undefined {
+  const i = st.layers.indexOf(l);
+  return i > 0 ? st.layers[i - 1] : undefined;
+}
+
+/** The layer after `l` in its stage's list (undefined: `l` is the stage's last). */
+function layerAbove(st: SimStage, l: number): number | undefined {
+  const i = st.layers.indexOf(l);
+  return i >= 0 && i + 1 < st.layers.length ? st.layers[i + 1] : undefined;
 }
 
 function mustBeLoaded(c: SimContext, l: number): void {
@@ -557,13 +577,17 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
     simulate(_a, c) {
       stepReady(c);
       const st = c.st;
-      if (st.trains && st.pushed.size < st.layers) {
-        const missing = Array.from({ length: st.layers }, (_, l) => l).filter(
-          (l) => !st.pushed.has(l),
+      if (st.trains) {
+        const missing = st.layers.filter(
+          (l) =>
+            !st.pushed.has(l) ||
+            (st.unpushed.get(l) ?? 0) > 0 ||
+            (st.layerBwd.get(l)?.size ?? 0) < c.m,
         );
-        c.fail(
-          `step before every layer's gradients were pushed (layers ${missing.join(', ')} not pushed)`,
-        );
+        if (missing.length > 0)
+          c.fail(
+            `step before every layer's gradients of every micro-batch were pushed (layers ${missing.join(', ')} not pushed)`,
+          );
       }
       return true;
     },
@@ -711,25 +735,39 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       const l = a.layer;
       const st = c.st;
       mustBeLoaded(c, l);
-      if (a.grad && l === st.layers - 1)
+      if (a.grad && l === st.lastLayer)
         c.fail(
           `forward with grad through the last layer ${l}: the relay fuses its forward into layer_backward`,
         );
       const fwdOf = (x: number) => layerMap(st.layerFwd, x, () => new Map());
-      if (l > 0 && !fwdOf(l - 1).has(a.mb))
+      const below = layerBelow(st, l);
+      if (below !== undefined && !fwdOf(below).has(a.mb))
         c.fail(
-          `forward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${l - 1}`,
+          `forward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${below}`,
+        );
+      if (below === undefined && c.stage > 0 && !st.received.has(a.mb))
+        c.fail(
+          `forward through layer ${l}, the stage's first, before micro-batch ${a.mb}'s input was received`,
         );
       if (fwdOf(l).has(a.mb))
         c.fail(`micro-batch ${a.mb} forwarded twice through layer ${l}`);
       fwdOf(l).set(a.mb, a.grad);
+      if (layerAbove(st, l) === undefined && l !== st.lastLayer) {
+        // the stage's last layer: its output goes to the next stage
+        st.forwarded.add(a.mb);
+        handOver(c, c.stage + 1, 'input', a.mb);
+      }
       return true;
     },
     memory(a, w) {
       const l = w.layers[a.layer];
-      if (w.hostStash && a.layer > 0) w.cur += l.inBytes; // uploaded from the host stash
+      const first = a.layer === w.firstLayer; // its input: the step's, or received (recv_act)
+      if (w.hostStash && !first) w.cur += l.inBytes; // uploaded from the host stash
       w.bump(l.fwdPeakBytes);
-      if (w.hostStash) {
+      if (a.layer === w.lastLayer && a.layer < w.layers.length - 1) {
+        w.cur += l.outBytes; // the stage's output, held until send_act
+        if (w.hostStash && a.layer > 0) w.cur -= l.inBytes; // the input, downloaded to the stash
+      } else if (w.hostStash) {
         w.bump(l.outBytes); // the output, downloaded to the host stash and freed
         if (a.layer > 0) w.cur -= l.inBytes;
       } else {
@@ -749,27 +787,45 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       const fwdOf = (x: number) => layerMap(st.layerFwd, x, () => new Map());
       const bwdOf = (x: number) =>
         layerMap(st.layerBwd, x, () => new Set<number>());
-      if (l > 0 && !fwdOf(l - 1).has(a.mb))
+      const below = layerBelow(st, l);
+      const above = layerAbove(st, l);
+      if (below !== undefined && !fwdOf(below).has(a.mb))
         c.fail(
-          `backward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${l - 1} (no stashed input)`,
+          `backward through layer ${l} before the forward of micro-batch ${a.mb} through layer ${below} (no stashed input)`,
+        );
+      if (below === undefined && c.stage > 0 && !st.received.has(a.mb))
+        c.fail(
+          `backward through layer ${l}, the stage's first, before micro-batch ${a.mb}'s input was received`,
         );
       if (fwdOf(l).get(a.mb) === false)
         c.fail(
           `backward through layer ${l} after a forward without grad, which kept no input`,
         );
-      if (l < st.layers - 1 && !bwdOf(l + 1).has(a.mb))
+      if (above !== undefined && !bwdOf(above).has(a.mb))
         c.fail(
-          `backward through layer ${l} before the backward of micro-batch ${a.mb} through layer ${l + 1} (no incoming gradient)`,
+          `backward through layer ${l} before the backward of micro-batch ${a.mb} through layer ${above} (no incoming gradient)`,
+        );
+      if (above === undefined && l !== st.lastLayer && !st.gradIn.has(a.mb))
+        c.fail(
+          `backward through layer ${l}, the stage's last, before micro-batch ${a.mb}'s output gradient was received`,
         );
       if (bwdOf(l).has(a.mb))
         c.fail(`micro-batch ${a.mb} backwarded twice through layer ${l}`);
-      for (const [other, mbs] of st.layerBwd) {
-        if (other !== l && mbs.size > 0 && !st.pushed.has(other))
+      for (const [other, n] of st.unpushed) {
+        if (other !== l && n > 0)
           c.fail(
             `backward through layer ${l} while layer ${other}'s gradients are not pushed (one layer's gradient is accumulated at a time)`,
           );
       }
       bwdOf(l).add(a.mb);
+      st.unpushed.set(l, (st.unpushed.get(l) ?? 0) + 1);
+      if (below === undefined) {
+        // the stage's first layer: the micro-batch has been through the stage (on the model's
+        // last stage maybe only here), and its input gradient goes to the previous stage
+        st.forwarded.add(a.mb);
+        st.backwarded.add(a.mb);
+        handOver(c, c.stage - 1, 'grad', a.mb);
+      }
       return true;
     },
     memory(a, w) {
@@ -801,12 +857,11 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
     simulate(a, c) {
       const l = a.layer;
       const st = c.st;
-      if (st.pushed.has(l)) c.fail(`gradients of layer ${l} pushed twice`);
-      const done = st.layerBwd.get(l)?.size ?? 0;
-      if (done < c.m)
+      if (!st.unpushed.get(l))
         c.fail(
-          `push before every backward through layer ${l} (${done} of ${c.m} micro-batches)`,
+          `push of layer ${l} with no backward through it since its last push (pushed twice)`,
         );
+      st.unpushed.set(l, 0);
       st.pushed.add(l);
       return true;
     },

@@ -27,6 +27,8 @@ import {
   REMAT_MODES,
   type RematMode,
   relayCompute,
+  relayPipelineSchedule,
+  relayPipelineTraining,
   relaySchedule,
   type Schedule,
   zbH1Compute,
@@ -1014,5 +1016,119 @@ test('local and relay schedules are compute-only lists plus lowering', () => {
       '0L0 0SA0 0LSTEP 0L1 0SA1 0RG0 0O0 0LSTEP 0RG1 0O1',
       '1RA0 1L0 1SG0 1LSTEP 1RA1 1L1 1SG1 1LSTEP',
     ].join('\n'),
+  );
+});
+
+/** Ranges of n layers cut into k contiguous stages, the first ones one layer longer. */
+function cut(n: number, k: number): Array<{ from: number; to: number }> {
+  const out: Array<{ from: number; to: number }> = [];
+  let from = 0;
+  for (let d = 0; d < k; d++) {
+    const len = Math.floor(n / k) + (d < n % k ? 1 : 0);
+    out.push({ from, to: from + len });
+    from += len;
+  }
+  return out;
+}
+
+test("pipelined relay: gpipe and 1f1b stage schedules expanded over each stage's layers simulate for K = 2, 3 and M = 1..4, and beat the one-device relay", () => {
+  for (const kind of ['gpipe', '1f1b'] as const)
+    for (const k of [2, 3])
+      for (const m of [1, 2, 4])
+        for (const n of [k, k + 2, 7]) {
+          const ranges = cut(n, k);
+          const s = relayPipelineTraining(kind, m, ranges);
+          const r = simulate(s); // throws on any broken dependency
+          assert.equal(s.length, k);
+          s.forEach((acts, d) => {
+            const { from, to } = ranges[d]!;
+            // every layer of the stage: one backward and one push per micro-batch, nothing else's
+            for (let l = from; l < to; l++) {
+              const bwd = acts.filter(
+                (a) => a.op === 'layer_backward' && a.layer === l,
+              );
+              assert.deepEqual(
+                bwd.map((a) => (a as { mb: number }).mb).sort(),
+                Array.from({ length: m }, (_, i) => i),
+              );
+              assert.equal(
+                acts.filter((a) => a.op === 'push_grads' && a.layer === l)
+                  .length,
+                m,
+              );
+            }
+            assert.ok(
+              acts.every(
+                (a) => !('layer' in a) || (a.layer >= from && a.layer < to),
+              ),
+            );
+            assert.deepEqual(acts.at(-1), { op: 'optimizer_step', stage: d });
+            // at most two layers on the device at once (the current and the prefetched one)
+            const on = new Set<number>();
+            for (const a of acts) {
+              if (a.op === 'load_layer' || a.op === 'prefetch_layer')
+                on.add(a.layer);
+              if (a.op === 'release_layer') on.delete(a.layer);
+              assert.ok(
+                on.size <= 2,
+                `${kind} K=${k} M=${m}: layers ${[...on]} at once`,
+              );
+            }
+          });
+          if (n >= 2 * k && m >= 2) {
+            const one = simulate(relaySchedule(n, m));
+            assert.ok(
+              r.makespan < one.makespan,
+              `${kind} K=${k} M=${m} n=${n}: ${r.makespan} vs one device ${one.makespan}`,
+            );
+          }
+        }
+});
+
+test('pipelined relay: the exact 1F1B list of 2 stages of one layer each, M = 2 (the layer stays loaded between micro-batches)', () => {
+  assert.equal(
+    formatSchedule(
+      relayPipelineTraining('1f1b', 2, [
+        { from: 0, to: 1 },
+        { from: 1, to: 2 },
+      ]),
+    ),
+    [
+      '0L0LOAD 0L0F0 0SA0 0L0F1 0SA1 0RG0 0L0B0 0L0PUSH 0RG1 0L0B1 0L0PUSH 0L0FREE 0STEP',
+      '1RA0 1L1LOAD 1L1B0 1L1PUSH 1SG0 1RA1 1L1B1 1L1PUSH 1L1FREE 1SG1 1STEP',
+    ].join('\n'),
+  );
+  // evaluation: every layer forward without grad, the last one included
+  const e = relayPipelineSchedule(evalSchedule(1, 2), [
+    { from: 0, to: 2 },
+    { from: 2, to: 3 },
+  ]);
+  assert.equal(
+    formatSchedule(e),
+    [
+      '0L0LOAD 0L0F0 0L1PREF 0L0FREE 0L1LOAD 0L1F0 0L1FREE 0SA0',
+      '1RA0 1L2LOAD 1L2F0 1L2FREE',
+    ].join('\n'),
+  );
+  simulate(e);
+});
+
+test('pipelined relay: LayerDrop leaves dropped layers out; a stage with no layer left, or a split backward, is refused', () => {
+  const s = relayPipelineTraining('1f1b', 2, cut(6, 2), new Set([1, 4]));
+  simulate(s);
+  assert.ok(
+    s.flat().every((a) => !('layer' in a) || (a.layer !== 1 && a.layer !== 4)),
+  );
+  assert.throws(
+    () => relayPipelineTraining('gpipe', 2, cut(6, 3), new Set([2, 3])),
+    /stage 1 \(layers 2-3\) keeps no layer this step/,
+  );
+  assert.throws(
+    () =>
+      relayPipelineSchedule(
+        lower(computeSchedule('zb-h1', 2, 2, 'never'), chainPlacement(2)),
+        cut(4, 2),
+      ),
+    /a pipelined relay runs forwards and backwards, not 1I0; use --schedule gpipe or 1f1b/,
   );
 });

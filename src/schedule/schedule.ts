@@ -924,6 +924,160 @@ export function relayEvalSchedule(layers: number, m: number): Schedule {
   return lower([acts], [0]);
 }
 
+/** The stage schedules a pipelined relay runs on (layer actions have no split backward or several stages per device). */
+export const RELAY_PIPELINE_SCHEDULES: readonly ScheduleKind[] = [
+  'gpipe',
+  '1f1b',
+];
+
+/**
+ * Pipelined relay, L2L on K devices (issue 24; Pudipeddi et al., 2020, with GPipe's and 1F1B's
+ * micro-batch flow): the stage-level schedule `stageLevel` (lowered, stage s on device s: a
+ * gpipe or 1F1B training schedule without the norm all-reduce, or an evaluation schedule) with
+ * each forward F(s,i) and backward B(s,i) expanded into the relay's layer actions over stage
+ * s's layers `ranges[s]` (model block indices; LayerDrop's `dropped` left out):
+ *
+ * - F(s,i): for each layer in order, load_layer, layer_forward of micro-batch i, release_layer.
+ *   In training the model's last layer is left to the backward (the relay computes its forward
+ *   and the loss there).
+ * - B(s,i): for each layer in reverse order, load_layer, layer_backward, push_grads (this
+ *   micro-batch's gradient of the layer goes to the parameter server, which sums a layer's M
+ *   pushes: the device never accumulates more than one layer's gradient), release_layer.
+ * - A layer released and loaded again with only communication in between stays on the device;
+ *   after the first compute of each loaded layer the device prefetches the next layer it loads.
+ * - Training ends with each stage's optimizer_step. Sends and receives stay where the
+ *   stage-level lowering put them.
+ *
+ * The device thus holds at most two layers' parameters and one layer's gradient whatever the
+ * depth; the price is M uploads of each layer per pass instead of one (layer-major order,
+ * {@link relayCompute}, would leave nothing for the next stage to overlap). Throws
+ * {@link LayerwiseError} for an op with no relay form (a split backward), a stage whose layers
+ * are all dropped, or ranges that do not match the schedule's stages.
+ */
+export function relayPipelineSchedule(
+  stageLevel: Schedule,
+  ranges: ReadonlyArray<{ from: number; to: number }>,
+  dropped: ReadonlySet<number> = new Set(),
+): Schedule {
+  const last = ranges[ranges.length - 1]!.to - 1;
+  const keptOf = (s: number): number[] => {
+    const r = ranges[s];
+    if (!r)
+      throw new LayerwiseError(
+        `stage ${s} of the schedule has no layer range (${ranges.length} ranges)`,
+      );
+    const kept: number[] = [];
+    for (let l = r.from; l < r.to; l++) if (!dropped.has(l)) kept.push(l);
+    if (kept.length === 0)
+      throw new LayerwiseError(
+        `stage ${s} (layers ${r.from}-${r.to - 1}) keeps no layer this step; a pipelined relay needs one per stage (a smaller --layer-drop, or fewer --stages)`,
+      );
+    return kept;
+  };
+  return stageLevel.map((acts) => {
+    const out: Action[] = [];
+    const stages = new Set<number>();
+    let trains = false;
+    for (const a of acts) {
+      const stage = a.stage;
+      stages.add(stage);
+      if (a.op === 'forward') {
+        for (const layer of keptOf(stage)) {
+          if (a.grad && layer === last) continue;
+          out.push(
+            { op: 'load_layer', stage, layer },
+            { op: 'layer_forward', stage, layer, mb: a.mb, grad: a.grad },
+            { op: 'release_layer', stage, layer },
+          );
+        }
+      } else if (a.op === 'backward') {
+        trains = true;
+        for (const layer of keptOf(stage).reverse())
+          out.push(
+            { op: 'load_layer', stage, layer },
+            { op: 'layer_backward', stage, layer, mb: a.mb },
+            { op: 'push_grads', stage, layer },
+            { op: 'release_layer', stage, layer },
+          );
+      } else if (a.op === 'reduce_grad_norm' || a.op === 'optimizer_step') {
+        // the parameter server clips and steps
+      } else if (declarationOf(a.op).core) {
+        out.push(a);
+      } else {
+        throw new LayerwiseError(
+          `a pipelined relay runs forwards and backwards, not ${formatAction(a)}; use --schedule ${RELAY_PIPELINE_SCHEDULES.join(' or ')}`,
+        );
+      }
+    }
+    if (trains)
+      for (const stage of stages) out.push({ op: 'optimizer_step', stage });
+    return withPrefetches(keepUploads(out));
+  });
+}
+
+/**
+ * The pipelined relay's training schedule: `kind`'s (gpipe or 1f1b) stage schedule of m
+ * micro-batches on one device per range, expanded by {@link relayPipelineSchedule}.
+ */
+export function relayPipelineTraining(
+  kind: ScheduleKind,
+  m: number,
+  ranges: ReadonlyArray<{ from: number; to: number }>,
+  dropped?: ReadonlySet<number>,
+): Schedule {
+  const k = ranges.length;
+  return relayPipelineSchedule(
+    lower(computeSchedule(kind, m, k, 'always'), chainPlacement(k)),
+    ranges,
+    dropped,
+  );
+}
+
+/** Drops each release_layer whose layer is loaded again next, with only communication in between. */
+function keepUploads(acts: readonly Action[]): Action[] {
+  const out: Action[] = [];
+  for (let i = 0; i < acts.length; i++) {
+    const a = acts[i]!;
+    if (a.op === 'release_layer') {
+      let j = i + 1;
+      while (j < acts.length && declarationOf(acts[j]!.op).core) j++;
+      const b = acts[j];
+      if (
+        b?.op === 'load_layer' &&
+        b.layer === a.layer &&
+        b.stage === a.stage
+      ) {
+        out.push(...acts.slice(i + 1, j)); // the communication in between
+        i = j; // and neither the release nor the load
+        continue;
+      }
+    }
+    out.push(a);
+  }
+  return out;
+}
+
+/** After the first compute of each loaded layer: a prefetch of the next layer the list loads (if another). */
+function withPrefetches(acts: readonly Action[]): Action[] {
+  const out: Action[] = [];
+  let pending: Action | null = null; // the prefetch due after the next compute
+  acts.forEach((a, i) => {
+    if (a.op === 'load_layer') {
+      const next = acts.slice(i + 1).find((b) => b.op === 'load_layer');
+      pending =
+        next && next.op === 'load_layer' && next.layer !== a.layer
+          ? { op: 'prefetch_layer', stage: next.stage, layer: next.layer }
+          : null;
+    }
+    out.push(a);
+    if (pending && (a.op === 'layer_forward' || a.op === 'layer_backward')) {
+      out.push(pending);
+      pending = null;
+    }
+  });
+  return out;
+}
+
 /** Bubble fraction of a fill-drain pipeline with equal stages: (K - 1) / (M + K - 1). */
 export function idealBubble(m: number, k: number): number {
   return (k - 1) / (m + k - 1);

@@ -326,14 +326,14 @@ test("relay: backwards need the stashed input, the incoming gradient, and one la
   );
 });
 
-test('relay: push_grads after every backward through the layer, once; the step after every push', () => {
+test("relay: a layer's gradient is pushed before another layer's backward, never twice without a backward between; the step after every micro-batch's push", () => {
   const a = copy(relaySchedule(2, 3));
   const push = indexOf(a[0], isOp('push_grads', { layer: 1 }));
   const [p] = a[0].splice(push, 1);
   a[0].splice(indexOf(a[0], isOp('layer_backward', { layer: 1, mb: 0 })), 0, p);
   assert.throws(
     () => simulate(a),
-    /stage 0 .*"push_grads".*push before every backward through layer 1 \(2 of 3 micro-batches\)/,
+    /stage 0 .*"layer_backward".*backward through layer 0 while layer 1's gradients are not pushed/,
   );
   const b = copy(relaySchedule(2, 3));
   b[0].splice(indexOf(b[0], isOp('push_grads', { layer: 1 })), 0, {
@@ -341,13 +341,16 @@ test('relay: push_grads after every backward through the layer, once; the step a
     stage: 0,
     layer: 1,
   });
-  assert.throws(() => simulate(b), /gradients of layer 1 pushed twice/);
+  assert.throws(
+    () => simulate(b),
+    /push of layer 1 with no backward through it since its last push \(pushed twice\)/,
+  );
   // the step before layer 0 was pushed
   const c = copy(relaySchedule(3, 2));
   c[0].splice(indexOf(c[0], isOp('push_grads', { layer: 0 })), 1);
   assert.throws(
     () => simulate(c),
-    /stage 0 .*"optimizer_step".*step before every layer's gradients were pushed \(layers 0 not pushed\)/,
+    /stage 0 .*"optimizer_step".*step before every layer's gradients of every micro-batch were pushed \(layers 0 not pushed\)/,
   );
   // the step moved before the backward
   const d = copy(relaySchedule(3, 2));
@@ -355,7 +358,7 @@ test('relay: push_grads after every backward through the layer, once; the step a
   d[0].splice(indexOf(d[0], isOp('layer_backward')), 0, step);
   assert.throws(
     () => simulate(d),
-    /step before every layer's gradients were pushed \(layers 0, 1, 2 not pushed\)/,
+    /step before every layer's gradients of every micro-batch were pushed \(layers 0, 1, 2 not pushed\)/,
   );
 });
 

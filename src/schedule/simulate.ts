@@ -22,20 +22,25 @@
  *   sends back (by its schedule). Gradients still in flight at the end are an error, except
  *   where the receiving stage's last gradient-taking action is a poll_grads: those are carried to
  *   the next mini-batch (its polls or the flush take them) and listed in {@link SimResult.carried}.
- * - L2L relay (relaySchedule, relayEvalSchedule; per stage, normally one): L layers and M
- *   micro-batches are inferred as the largest layer index + 1 (of the stage) and the largest
- *   micro-batch index + 1 (of the whole schedule). layer_forward and layer_backward use a layer
- *   that load_layer put on the device and no release_layer removed since (a prefetch_layer alone
+ * - L2L relay (relaySchedule, relayEvalSchedule: one stage of every layer; relayPipelineSchedule:
+ *   a stage per device, each with its range of layers): a stage's layers are those its actions
+ *   name, the model's last layer the largest any stage names, and M the largest micro-batch
+ *   index + 1 (of the whole schedule). layer_forward and layer_backward use a layer that
+ *   load_layer put on the device and no release_layer removed since (a prefetch_layer alone
  *   does not count: the runtime skips it when the parameter server is not ready); releasing a
  *   layer that is not loaded is a no-op, like loading one that is. layer_forward of layer l and
- *   micro-batch i comes after layer l-1's forward of i, at most once, and never with grad on the
- *   last layer (its forward is fused into its backward). layer_backward of layer l, i comes after
- *   layer l-1's forward of i (its stashed input), not after a grad: false forward of l, i (which
- *   keeps no input), below the last layer after layer l+1's backward of i (its incoming
- *   gradient), at most once, and not while another layer has gradients that were not pushed (the
- *   stage accumulates one layer's gradient at a time). push_grads of a layer only after all M
- *   micro-batches were backwarded through it, at most once. optimizer_step of a training stage
- *   (one with a layer_backward) only after all L layers were pushed.
+ *   micro-batch i comes after the forward of i through the stage's layer below l (the stage's
+ *   first layer: after i's input was received, except on stage 0), at most once, and never with
+ *   grad on the model's last layer (its forward is fused into its backward); through the stage's
+ *   last layer it makes i's output, for send_act. layer_backward of l, i comes after the forward
+ *   below (its stashed input), not after a grad: false forward of l, i (which keeps no input),
+ *   after the backward of i through the layer above (its incoming gradient; the stage's last
+ *   layer: the gradient received, except on the model's last layer), at most once, and not
+ *   while another layer has gradients that were not pushed (the stage accumulates one layer's
+ *   gradient at a time); through the stage's first layer it makes i's input gradient, for
+ *   send_grad. push_grads of a layer takes the backwards since its last push (at least one).
+ *   optimizer_step of a training stage (one with a layer_backward) only after every layer was
+ *   backwarded for all M micro-batches and pushed.
  *
  * Errors read `invalid schedule: stage S {action as JSON}: why`.
  */
@@ -99,15 +104,16 @@ function newStage(acts: readonly Action[]): SimStage {
     weightPending: new Set(),
     sentAct: new Set(),
     updates: 0,
-    layers: acts.reduce(
-      (n, a) => ('layer' in a ? Math.max(n, a.layer + 1) : n),
-      0,
-    ),
+    layers: [
+      ...new Set(acts.flatMap((a) => ('layer' in a ? [a.layer] : []))),
+    ].sort((x, y) => x - y),
+    lastLayer: -1, // set once every stage is known
     trains: acts.some((a) => a.op === 'layer_backward'),
     loaded: new Set(),
     layerFwd: new Map(),
     layerBwd: new Map(),
     pushed: new Set(),
+    unpushed: new Map(),
   };
 }
 
@@ -158,6 +164,8 @@ export function simulate(
   const state = Array.from({ length: stages }, (_, s) =>
     newStage(byStage.get(s) ?? []),
   );
+  const lastLayer = Math.max(-1, ...state.flatMap((st) => st.layers));
+  for (const st of state) st.lastLayer = lastLayer;
   // per stage, the micro-batches whose gradient the next stage sends back (what drain_grads waits for)
   const gradsBack = state.map(
     (_, s) =>

@@ -1,6 +1,8 @@
 /**
  * L2L, layer-to-layer relay training (Pudipeddi et al., 2020, arXiv 2002.05645), on one
- * device. Every parameter and all optimizer state live in host memory, in the eager parameter
+ * device, or pipelined on K (`--stages K`: each device relays its own stage's layers from the
+ * one parameter server while micro-batches flow through the stages on the gpipe or 1F1B
+ * schedule; schedule/schedule.ts relayPipelineSchedule). Every parameter and all optimizer state live in host memory, in the eager parameter
  * server (src/param-server/server.ts); the device (one worker thread running a {@link RelayStage})
  * follows the relay schedule (schedule/schedule.ts relaySchedule): it uploads one layer at a
  * time from the server's shared memory, runs every micro-batch through it, and in backward
@@ -21,7 +23,10 @@
 import type { Precision } from '../backend/names.js';
 import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 import { costsAt } from '../cost/costs.js';
-import { predictRelayPeakBytes } from '../cost/memory.js';
+import {
+  predictRelayPeakBytes,
+  predictRelayPipelinePeakBytes,
+} from '../cost/memory.js';
 import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
 import { predictRelayStepTime } from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
@@ -32,14 +37,22 @@ import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { ParameterServer, type ServerSpan } from '../param-server/server.js';
 import { blockLayers } from '../param-server/store.js';
+import type { StageRange } from '../partition/balance.js';
 import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
 import { StageWorker } from '../runtime/device.js';
+import { parseDevices } from '../runtime/devices.js';
+import { linkNeighbours } from '../runtime/links.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { transferables } from '../runtime/serialize.js';
 import {
+  evalSchedule,
+  RELAY_PIPELINE_SCHEDULES,
   relayEvalSchedule,
+  relayPipelineSchedule,
+  relayPipelineTraining,
   relaySchedule,
   type Schedule,
+  type ScheduleKind,
 } from '../schedule/schedule.js';
 import { check } from '../util/errors.js';
 import { formatSize } from '../util/size.js';
@@ -60,6 +73,13 @@ import type {
 export interface L2LOptions {
   backend: string;
   model: ModelConfig;
+  /**
+   * The layers (blocks) of each device's stage, contiguous and covering the model; default one
+   * stage of every layer. More than one: the pipelined relay.
+   */
+  ranges?: StageRange[];
+  /** The stage schedule of a pipelined relay (gpipe or 1f1b; default gpipe). */
+  schedule?: ScheduleKind;
   /** Micro-batches M: each layer runs the mini-batch in M pieces (bounds the device's activations). */
   microBatches: number;
   optimizer: OptimizerConfig;
@@ -85,9 +105,10 @@ export interface L2LOptions {
 
 export class L2LStrategy implements Strategy {
   readonly name = 'l2l';
-  readonly devices = 1;
+  readonly devices: number;
   private readonly train: Schedule;
   private readonly layers: number;
+  private readonly ranges: StageRange[];
   /** The previous step; steps run one after another on the one device. */
   private last: Promise<unknown> = Promise.resolve();
   private failure: Error | null = null;
@@ -96,16 +117,41 @@ export class L2LStrategy implements Strategy {
   private constructor(
     private readonly opts: L2LOptions,
     model: Model,
-    private readonly worker: StageWorker,
+    private readonly workers: StageWorker[],
     private readonly server: ParameterServer,
   ) {
     this.layers = model.blocks.length;
-    this.train = relaySchedule(this.layers, opts.microBatches);
+    this.ranges = opts.ranges ?? [{ from: 0, to: this.layers }];
+    this.devices = this.ranges.length;
+    this.train = this.trainSchedule(new Set());
+  }
+
+  /**
+   * The training schedule without the layers in `dropped`: on one device the relay's
+   * layer-major order (each layer uploaded once per pass); on K, the stage schedule's
+   * micro-batches through each stage's layers.
+   */
+  private trainSchedule(dropped: ReadonlySet<number>): Schedule {
+    const m = this.opts.microBatches;
+    if (this.devices === 1) return relaySchedule(this.layers, m, dropped);
+    return relayPipelineTraining(
+      this.opts.schedule ?? 'gpipe',
+      m,
+      this.ranges,
+      dropped,
+    );
+  }
+
+  private evalSchedule(): Schedule {
+    const m = this.opts.microBatches;
+    if (this.devices === 1) return relayEvalSchedule(this.layers, m);
+    return relayPipelineSchedule(evalSchedule(m, this.devices), this.ranges);
   }
 
   /**
    * Starts the parameter server (its optimizer threads, with `params` copied into shared host
-   * memory, or adopted with `adoptParams`) and the device worker. Throws (after stopping both) if either fails to start.
+   * memory, or adopted with `adoptParams`) and the device workers (one per range, neighbours
+   * linked). Throws (after stopping them all) if any fails to start.
    */
   static async create(
     opts: L2LOptions,
@@ -133,30 +179,43 @@ export class L2LStrategy implements Strategy {
       adopt: opts.adoptParams,
       lowPrecision,
     });
-    const worker = new StageWorker(0);
-    const s = new L2LStrategy(opts, model, worker, server);
+    const ranges = opts.ranges ?? [{ from: 0, to: layers.length }];
+    const workers = ranges.map((_, d) => new StageWorker(d));
+    const s = new L2LStrategy(opts, model, workers, server);
     try {
-      await worker.call('init', {
-        index: 0,
-        backend: opts.backend,
-        threads: opts.threads,
-        precision: opts.precision,
-        model: opts.model,
-        range: { from: 0, to: layers.length },
-        params: {},
-        optimizer: opts.optimizer,
-        stage: {
-          module: 'pipeline/relay-stage.js',
-          options: {
-            layout: server.layout,
-            stash: opts.stash,
-            traceGpu: opts.traceGpu,
-          } satisfies RelayOptions,
-        },
-        deviceMemory: opts.deviceMemory,
-        strategy: 'l2l',
-        oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
-      });
+      const links = linkNeighbours(workers);
+      await Promise.all(
+        workers.map((w, d) => {
+          const { prev, next, transfer } = links[d]!;
+          return w.call(
+            'init',
+            {
+              index: d,
+              backend: opts.backend,
+              threads: opts.threads,
+              precision: opts.precision,
+              model: opts.model,
+              range: ranges[d]!,
+              params: {},
+              optimizer: opts.optimizer,
+              stage: {
+                module: 'pipeline/relay-stage.js',
+                options: {
+                  layout: server.layout,
+                  stash: opts.stash,
+                  traceGpu: opts.traceGpu,
+                } satisfies RelayOptions,
+              },
+              deviceMemory: opts.deviceMemory,
+              strategy: 'l2l',
+              oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
+              prev,
+              next,
+            },
+            transfer,
+          );
+        }),
+      );
     } catch (e) {
       await s.close();
       throw e;
@@ -165,9 +224,9 @@ export class L2LStrategy implements Strategy {
   }
 
   /**
-   * Runs one schedule on the device; during training, forwards each layer gradient to the
+   * Runs one schedule on the devices; during training, forwards each layer gradient to the
    * parameter server. Rejects with the strategy's first failure: an optimizer thread's failure
-   * stops the device too, and the cause is reported, not the stop.
+   * stops the devices too, and the cause is reported, not the stop.
    */
   private async run(
     schedule: Schedule,
@@ -175,7 +234,7 @@ export class L2LStrategy implements Strategy {
     lr: number,
     training: boolean,
     dropped: readonly number[] = [],
-  ): Promise<StageStepResult> {
+  ): Promise<StageStepResult[]> {
     try {
       return await this.runOnDevice(schedule, batch, lr, training, dropped);
     } catch (e) {
@@ -189,39 +248,65 @@ export class L2LStrategy implements Strategy {
     lr: number,
     training: boolean,
     dropped: readonly number[],
-  ): Promise<StageStepResult> {
+  ): Promise<StageStepResult[]> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
     const { inputs, labels } = microBatchesOf(batch, m);
-    if (training) {
-      this.server.beginStep(lr);
-      // a layer LayerDrop skips has no gradient: the server leaves it (and its AdamW state) as is
-      for (const l of dropped) this.server.push(l, {}, 0);
-    }
-    const call = this.worker.call(
-      'step',
-      {
-        actions: schedule[0],
-        m,
-        lr,
-        inputs,
-        labels,
-        ...(dropped.length ? { dropped: [...dropped] } : {}),
-      },
-      transferables([...inputs, ...labels] as HostTensor[]),
+    // each device's pushes, as its schedule says (a pipelined relay pushes per micro-batch)
+    const pushesOf = schedule.map(
+      (acts) => acts.filter((a) => a.op === 'push_grads').length,
     );
-    if (!training) return call;
-    const pushes = (async () => {
-      for (let i = 0; i < this.layers - dropped.length; i++) {
-        const g = await this.worker.recvLayerGrads();
-        this.server.push(g.layer, g.grads, g.sumSquares);
-      }
-      // a failing optimizer thread would leave the device waiting for a layer: stop everything
+    const parts = this.devices === 1 ? 1 : m;
+    if (training) {
+      this.server.beginStep(lr, parts);
+      // a layer LayerDrop skips has no gradient: the server leaves it (and its AdamW state) as is
+      for (const l of dropped)
+        for (let i = 0; i < parts; i++) this.server.push(l, {}, 0);
+    }
+    const last = this.devices - 1;
+    const calls = this.workers.map((w, d) =>
+      w.call(
+        'step',
+        {
+          actions: schedule[d]!,
+          m,
+          lr,
+          ...(d === 0 ? { inputs } : {}),
+          ...(d === last ? { labels } : {}),
+          ...(dropped.length ? { dropped: [...dropped] } : {}),
+        },
+        transferables([
+          ...(d === 0 ? inputs : []),
+          ...(d === last ? labels : []),
+        ] as HostTensor[]),
+      ),
+    );
+    const all = Promise.all(calls);
+    if (!training) return this.stopOnFailure(all);
+    const pushes = Promise.all(
+      this.workers.map(async (w, d) => {
+        for (let i = 0; i < pushesOf[d]!; i++) {
+          const g = await w.recvLayerGrads();
+          this.server.push(g.layer, g.grads, g.sumSquares);
+        }
+      }),
+    ).then(() => {
+      // a failing optimizer thread would leave a device waiting for a layer: stop everything
       this.server.idle().catch((e: Error) => this.fail(e));
-    })();
-    pushes.catch(() => undefined); // a failing device is reported through `call`
-    const [r] = await Promise.all([call, pushes]);
-    return r;
+    });
+    pushes.catch(() => undefined); // a failing device is reported through `all`
+    const [rs] = await this.stopOnFailure(Promise.all([all, pushes]));
+    return rs;
+  }
+
+  /** A failing device leaves its neighbours waiting for it: stop every device, then reject. */
+  private async stopOnFailure<T>(p: Promise<T>): Promise<T> {
+    try {
+      return await p;
+    } catch (e) {
+      if (this.devices > 1) await this.close();
+      throw e;
+    }
   }
 
   private async fail(e: Error): Promise<void> {
@@ -235,15 +320,15 @@ export class L2LStrategy implements Strategy {
     dropped: readonly number[] = [],
   ): Submission {
     // LayerDrop: the relay loads, computes and pushes only the layers this step keeps
-    const schedule = dropped.length
-      ? relaySchedule(this.layers, this.opts.microBatches, new Set(dropped))
-      : this.train;
     const done = this.last
       .catch(() => undefined)
       .then(async () => {
-        const r = await this.run(schedule, batch, lr, true, dropped);
-        // the bubble: the time the device waited for the parameter server
-        return { ...stepReport([r]), serverSpans: this.server.takeSpans() };
+        const schedule = dropped.length
+          ? this.trainSchedule(new Set(dropped))
+          : this.train;
+        const rs = await this.run(schedule, batch, lr, true, dropped);
+        // the bubble: the time a device waited for the parameter server or its neighbours
+        return { ...stepReport(rs), serverSpans: this.server.takeSpans() };
       });
     done.catch(async () => {
       await this.close();
@@ -260,14 +345,14 @@ export class L2LStrategy implements Strategy {
     const ev = this.last
       .catch(() => undefined)
       .then(() => {
-        const sched = relayEvalSchedule(this.layers, this.opts.microBatches);
+        const sched = this.evalSchedule();
         return evaluateBatches(
           batches,
-          async (b) => [await this.run(sched, b, 0, false)],
+          (b) => this.run(sched, b, 0, false),
           false,
         );
       });
-    this.last = ev; // later steps wait for the evaluation (the device runs one schedule at a time)
+    this.last = ev; // later steps wait for the evaluation (a device runs one schedule at a time)
     return ev;
   }
 
@@ -301,38 +386,49 @@ export class L2LStrategy implements Strategy {
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
-    await Promise.all([this.worker.terminate(), this.server.close()]);
+    await Promise.all([
+      ...this.workers.map((w) => w.terminate()),
+      this.server.close(),
+    ]);
   }
 }
 
-/** The l2l strategy: the relay above on one device, the model and optimizer in host memory. */
+/**
+ * The l2l strategy: the relay above on one device, or pipelined on `--stages K` devices (each
+ * relaying its stage's layers), the model and optimizer in host memory.
+ */
 export const l2l: StrategySpec = {
   name: 'l2l',
-  help: 'L2L layer-to-layer relay: parameters and optimizer in host memory (the eager parameter server), one layer at a time on one device',
+  help: 'L2L layer-to-layer relay: parameters and optimizer in host memory (the eager parameter server), one layer at a time on a device; --stages K pipelines K relaying devices',
   exact: true,
-  oneDevice: true,
+  oneDevice: false,
+  anyStages: true,
   layerDrop: true,
   validate(cfg) {
+    const k = cfg.stages;
     check(
-      cfg.stages === 1,
-      `--strategy l2l runs on one device; drop --stages ${cfg.stages} or use --strategy gpipe`,
+      cfg.devices === undefined ||
+        parseDevices(cfg.devices, k).every((d) => d.kind === 'thread'),
+      `--strategy l2l keeps its parameter server in memory it shares with its devices, worker threads; drop --devices ${cfg.devices}`,
     );
     check(
-      cfg.devices === undefined || cfg.devices === 'thread',
-      `--strategy l2l keeps its parameter server in memory it shares with its device, a worker thread; drop --devices ${cfg.devices}`,
+      k === 1 || RELAY_PIPELINE_SCHEDULES.includes(cfg.schedule),
+      `--strategy l2l --stages ${k} pipelines its relay on --schedule ${RELAY_PIPELINE_SCHEDULES.join(' or ')}, not ${cfg.schedule} (a relayed layer's backward is not split, and each device relays one stage)`,
     );
   },
-  create: (cfg, model, params) =>
+  create: (cfg, model, params, ranges) =>
     L2LStrategy.create(
       {
         backend: cfg.backend,
         model: model.config,
+        ranges,
+        schedule: cfg.schedule,
         microBatches: cfg.microBatches,
         optimizer: optimizerConfigOf(cfg),
         stash: cfg.stash,
         serverThreads: cfg.serverThreads,
         deviceMemory: cfg.deviceMemory,
-        threads: threadsPerDevice(cfg, 1),
+        threads: threadsPerDevice(cfg, cfg.stages),
         precision: cfg.precision,
         traceGpu: cfg.trace !== undefined,
       },
@@ -342,12 +438,16 @@ export const l2l: StrategySpec = {
   memory: {
     microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
     // parameters and optimizer state live in host memory, so the optimizer's slots do not count
-    predictPeakBytes: (profile, cfg) => [
-      predictRelayPeakBytes(
-        costsAt(profile, cfg.batchSize / cfg.microBatches),
-        { m: cfg.microBatches, stash: cfg.stash },
-      ),
-    ],
+    predictPeakBytes: (profile, cfg, ranges) => {
+      const costs = costsAt(profile, cfg.batchSize / cfg.microBatches);
+      const shape = { m: cfg.microBatches, stash: cfg.stash };
+      return ranges.length > 1
+        ? predictRelayPipelinePeakBytes(costs, ranges, {
+            ...shape,
+            schedule: cfg.schedule,
+          })
+        : [predictRelayPeakBytes(costs, shape)];
+    },
   },
   /**
    * Searches M and the stash place. Its peak holds about one layer's parameters and gradient

@@ -33,8 +33,10 @@ export interface StrategySpec {
   readonly help: string;
   /** Whether its updates equal single-device backprop's on the same seed and data (false: local parallelism). */
   readonly exact: boolean;
-  /** Whether it runs on exactly one device (single, l2l); else on `--stages` devices (K >= 2 to plan). */
+  /** Whether it runs on exactly one device (single); else on `--stages` devices (K >= 2 to plan, unless {@link anyStages}). */
   readonly oneDevice: boolean;
+  /** Whether it also runs on one device, `--stages 1` (l2l: the relay alone; K: the pipelined relay). */
+  readonly anyStages?: boolean;
   /** Whether every stage has a loss of its own (local parallelism): the metrics record each stage's, and a non-finite one is named by its stage. */
   readonly stageLosses?: boolean;
   /** Whether it skips the blocks --layer-drop draws (its submit honours `dropped`). */
