@@ -97,6 +97,17 @@ const STRATEGIES: Array<[string, Partial<TrainConfig>]> = [
   ],
   ['local K=1', { strategy: 'local', stages: 1 }],
   ['l2l M=2', { strategy: 'l2l', microBatches: 2 }],
+  ['l2l K=2 M=4', { strategy: 'l2l', stages: 2, microBatches: 4 }],
+  [
+    'l2l K=2 M=4 1f1b device stash',
+    {
+      strategy: 'l2l',
+      stages: 2,
+      microBatches: 4,
+      schedule: '1f1b',
+      stash: 'device',
+    },
+  ],
 ];
 
 test('a tf.layers model trained by layerwise single equals plain TF.js (tf.variableGrads + momentum SGD) after 3 steps', async () => {
@@ -157,7 +168,7 @@ test('a tf.layers model trained by layerwise single equals plain TF.js (tf.varia
 });
 
 for (const name of ['mlp', 'residual', 'blocks']) {
-  test(`model module ${name}: gpipe K=2 and K=3 (fill-drain, 1f1b, zb-h1, interleaved-1f1b, zbv, dualpipev), local K=1 and l2l train exactly like single`, async () => {
+  test(`model module ${name}: gpipe K=2 and K=3 (fill-drain, 1f1b, zb-h1, interleaved-1f1b, zbv, dualpipev), local K=1, l2l and l2l K=2 (pipelined relay) train exactly like single`, async () => {
     await initBackend('cpu');
     const model = await moduleModel(name);
     const ref = await runStrategy(model, { strategy: 'single' });
@@ -167,9 +178,11 @@ for (const name of ['mlp', 'residual', 'blocks']) {
       if (/interleaved|zbv|dualpipev/.test(what) && model.blocks.length < 4)
         continue;
       const r = await runStrategy(model, o);
+      // issue 24's bar for the pipelined relay on a user's model: losses within 1e-5
+      const tol = /l2l K=2/.test(what) ? 1e-5 : TOL;
       r.losses.forEach((l, i) =>
         assert.ok(
-          Math.abs(l - ref.losses[i]!) <= TOL,
+          Math.abs(l - ref.losses[i]!) <= tol,
           `${what} step ${i}: loss ${l} vs single ${ref.losses[i]}`,
         ),
       );

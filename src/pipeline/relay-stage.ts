@@ -364,6 +364,11 @@ export class RelayStage implements StageProgram {
     grad: boolean,
     io: StepIO,
   ): Promise<void> {
+    if (io.dropped.has(l)) {
+      // LayerDrop skipped every layer of this stage: the micro-batch goes on as it came
+      io.putOutput(mb, io.takeInput(mb));
+      return;
+    }
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
     if (l === this.layers - 1 && grad)
@@ -417,6 +422,10 @@ export class RelayStage implements StageProgram {
    * layer l-1.
    */
   layerBackward(l: number, mb: number, io: StepIO): void {
+    if (io.dropped.has(l)) {
+      io.putInputGrad(mb, io.takeOutputGrad(mb)); // a skipped stage: the gradient goes back as it came
+      return;
+    }
     const p = this.layerParams(l);
     const block = this.model.blocks[l];
     const names = this.layerKeys(l).map(([n]) => n);

@@ -111,13 +111,15 @@ export type ActionBody =
   | { op: 'prefetch_layer'; layer: number }
   /**
    * L2L: forward of micro-batch mb through `layer` alone. Its output is stashed as the next
-   * layer's input; on the last layer (evaluation only) the micro-batch loss is recorded.
+   * layer's input; on the last layer (evaluation only) the micro-batch loss is recorded. A
+   * layer the step drops (a pipelined relay's stage with no layer left) passes its input on.
    */
   | { op: 'layer_forward'; layer: number; mb: number; grad: boolean }
   /**
    * L2L: re-computation of `layer` for micro-batch mb from its stashed input, then backward
    * from the incoming gradient; accumulates the layer's gradient and keeps the input gradient
-   * for the layer below. On the last layer the loss is computed here (seeded with 1/M).
+   * for the layer below. On the last layer the loss is computed here (seeded with 1/M). A
+   * layer the step drops passes the gradient on.
    */
   | { op: 'layer_backward'; layer: number; mb: number }
   /** L2L: download the layer's accumulated gradient and hand it to the parameter server. */
@@ -950,9 +952,11 @@ export const RELAY_PIPELINE_SCHEDULES: readonly ScheduleKind[] = [
  *
  * The device thus holds at most two layers' parameters and one layer's gradient whatever the
  * depth; the price is M uploads of each layer per pass instead of one (layer-major order,
- * {@link relayCompute}, would leave nothing for the next stage to overlap). Throws
- * {@link LayerwiseError} for an op with no relay form (a split backward), a stage whose layers
- * are all dropped, or ranges that do not match the schedule's stages.
+ * {@link relayCompute}, would leave nothing for the next stage to overlap). A stage whose
+ * layers are all dropped this step passes each micro-batch on: a layer_forward and a
+ * layer_backward of its first (dropped) layer, which the relay stage runs as the identity,
+ * unloaded. Throws {@link LayerwiseError} for an op with no relay form (a split backward) or
+ * ranges that do not match the schedule's stages.
  */
 export function relayPipelineSchedule(
   stageLevel: Schedule,
@@ -968,10 +972,6 @@ export function relayPipelineSchedule(
       );
     const kept: number[] = [];
     for (let l = r.from; l < r.to; l++) if (!dropped.has(l)) kept.push(l);
-    if (kept.length === 0)
-      throw new LayerwiseError(
-        `stage ${s} (layers ${r.from}-${r.to - 1}) keeps no layer this step; a pipelined relay needs one per stage (a smaller --layer-drop, or fewer --stages)`,
-      );
     return kept;
   };
   return stageLevel.map((acts) => {
@@ -981,8 +981,19 @@ export function relayPipelineSchedule(
     for (const a of acts) {
       const stage = a.stage;
       stages.add(stage);
-      if (a.op === 'forward') {
-        for (const layer of keptOf(stage)) {
+      const kept =
+        a.op === 'forward' || a.op === 'backward' ? keptOf(stage) : [];
+      if (kept.length === 0 && (a.op === 'forward' || a.op === 'backward')) {
+        // LayerDrop skipped the whole stage: its first layer passes the micro-batch on, unloaded
+        const layer = ranges[stage]!.from;
+        out.push(
+          a.op === 'forward'
+            ? { op: 'layer_forward', stage, layer, mb: a.mb, grad: a.grad }
+            : { op: 'layer_backward', stage, layer, mb: a.mb },
+        );
+        trains ||= a.op === 'backward';
+      } else if (a.op === 'forward') {
+        for (const layer of kept) {
           if (a.grad && layer === last) continue;
           out.push(
             { op: 'load_layer', stage, layer },
@@ -992,7 +1003,7 @@ export function relayPipelineSchedule(
         }
       } else if (a.op === 'backward') {
         trains = true;
-        for (const layer of keptOf(stage).reverse())
+        for (const layer of kept.reverse())
           out.push(
             { op: 'load_layer', stage, layer },
             { op: 'layer_backward', stage, layer, mb: a.mb },

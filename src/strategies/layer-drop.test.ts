@@ -1,7 +1,8 @@
 /**
  * Dynamic architectures (issue 24 item 3, model/layer-drop.ts): the pattern depends only on
- * (seed, step) and never skips the first or the last block; single and gpipe (any K, schedule
- * and re-materialization) with the same --layer-drop train alike; a skipped block is not
+ * (seed, step) and never skips the first or the last block; single, gpipe (any K, schedule
+ * and re-materialization) and l2l (one device, and pipelined on 2) with the same --layer-drop
+ * train alike; a skipped block is not
  * stepped; a resumed run draws what the uninterrupted one did; bad uses are refused.
  */
 import assert from 'node:assert/strict';
@@ -82,7 +83,7 @@ test('the relay loads, computes and pushes only the layers a step keeps', () => 
 /** charlm-tiny with 4 decoder blocks (6 blocks: 1..4 droppable), small enough for seconds. */
 const SHAPE = { layers: 4, dModel: 16, heads: 2, context: 8 };
 
-test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization) and l2l (both stash places) equal single with the same flag within 1e-5', {
+test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization), l2l (both stash places) and l2l --stages 2 (gpipe, 1F1B) equal single with the same flag within 1e-5; resumed runs too', {
   timeout: 240_000,
 }, async () => {
   const { train } = await import('../train/trainer.js');
@@ -116,6 +117,10 @@ test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization) and l2
       out: join(dir, 'none'),
     });
     assert.notEqual(losses('none')[3].loss, ref[3].loss);
+    assert.ok(
+      ref.some((m) => m.dropped_blocks.includes(2)),
+      'some step skips block 2 (l2l-k3 below passes through its stage 1)',
+    );
     const runs: Array<[string, Record<string, unknown>]> = [
       ['gpipe-k2', { strategy: 'gpipe', stages: 2, microBatches: 4 }],
       [
@@ -124,6 +129,22 @@ test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization) and l2
       ],
       ['l2l-host', { strategy: 'l2l', microBatches: 2 }],
       ['l2l-device', { strategy: 'l2l', microBatches: 2, stash: 'device' }],
+      ['l2l-k2', { strategy: 'l2l', stages: 2, microBatches: 2 }],
+      // stage 1 is block 2 alone: a step that drops it passes micro-batches through the stage
+      [
+        'l2l-k3',
+        { strategy: 'l2l', stages: 3, microBatches: 2, balance: [2, 1, 3] },
+      ],
+      [
+        'l2l-k2-1f1b',
+        {
+          strategy: 'l2l',
+          stages: 2,
+          microBatches: 4,
+          schedule: '1f1b',
+          stash: 'device',
+        },
+      ],
       [
         'k3-remat',
         {
@@ -146,18 +167,22 @@ test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization) and l2
         );
       });
     }
-    // resume: the pattern of the steps after the checkpoint is the uninterrupted run's
-    await train({
-      ...common,
-      strategy: 'single',
-      steps: 2,
-      out: join(dir, 'part'),
-    });
-    await train({ steps: 4 }, join(dir, 'part'));
-    assert.deepEqual(
-      losses('part').map((m) => [m.loss, m.dropped_blocks]),
-      ref.map((m) => [m.loss, m.dropped_blocks]),
-    );
+    // resume: the pattern of the steps after the checkpoint is the uninterrupted run's (the
+    // pipelined relay resumes from the parameter server's masters and AdamW state)
+    for (const [name, flags] of [
+      ['part', { strategy: 'single' }],
+      ['part-l2l-k2', { strategy: 'l2l', stages: 2, microBatches: 2 }],
+    ] as const) {
+      await train({ ...common, ...flags, steps: 2, out: join(dir, name) });
+      await train({ steps: 4 }, join(dir, name));
+      losses(name).forEach((m, i) => {
+        assert.deepEqual(m.dropped_blocks, ref[i].dropped_blocks, name);
+        assert.ok(
+          Math.abs(m.loss - ref[i].loss) <= 1e-5,
+          `${name} step ${i + 1}: ${m.loss} vs ${ref[i].loss}`,
+        );
+      });
+    }
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
