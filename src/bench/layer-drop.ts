@@ -21,6 +21,8 @@ export interface LayerDropBenchOptions {
   steps: number;
   batchSize: number;
   microBatches: number;
+  /** l2l devices (more than 1: the pipelined relay); default 1. */
+  stages?: number;
   backend: string;
   out: string;
 }
@@ -56,6 +58,7 @@ export async function benchLayerDrop(
         preset: 'charlm-small',
         layers: o.layers,
         strategy: 'l2l',
+        stages: o.stages ?? 1,
         microBatches: o.microBatches,
         batchSize: o.batchSize,
         steps: o.steps,
@@ -96,7 +99,9 @@ export async function benchLayerDrop(
     step_s: drop.step_s / base.step_s,
     tokens_per_s: drop.tokens_per_s / base.tokens_per_s,
   };
-  const md = `# layer-drop benchmark\n\nl2l on charlm-small with ${o.layers} decoder blocks (${o.layers + 2} blocks: the embedding and the head are never skipped), mini-batch ${o.batchSize}, ${o.microBatches} micro-batches, backend ${o.backend}, host stash, ${o.steps} steps each (the first left out), one run after the other on this machine.\n\n${markdownTable(
+  const k = o.stages ?? 1;
+  const name = k > 1 ? `layer-drop-k${k}` : 'layer-drop';
+  const md = `# ${name} benchmark\n\nl2l${k > 1 ? ` --stages ${k} (the pipelined relay)` : ''} on charlm-small with ${o.layers} decoder blocks (${o.layers + 2} blocks: the embedding and the head are never skipped), mini-batch ${o.batchSize}, ${o.microBatches} micro-batches, backend ${o.backend}, host stash, ${o.steps} steps each (the first left out), one run after the other on this machine.\n\n${markdownTable(
     {
       columns: [
         '--layer-drop',
@@ -116,7 +121,7 @@ export async function benchLayerDrop(
   )}\nRatios at P = ${o.p} against P = 0: host-to-device bytes ${ratios.host_to_device_bytes.toFixed(2)}x (bar: at most 0.65x at P = 0.5), step time ${ratios.step_s.toFixed(2)}x, tokens/s ${ratios.tokens_per_s.toFixed(2)}x.\n`;
   const files = await writeBenchResults(
     o.out,
-    'layer-drop',
+    name,
     { options: o, runs, ratios },
     md,
   );

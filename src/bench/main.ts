@@ -338,11 +338,46 @@ program
   )
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option('--micro-batches <n>', 'l2l micro-batches', (v) => Number(v), 4)
+  .option(
+    '--stages <n>',
+    'l2l devices (more than 1: the pipelined relay)',
+    (v) => Number(v),
+    1,
+  )
   .option('--backend <name>', 'backend', defaultBackend())
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchLayerDrop } = await import('./layer-drop.js');
     await benchLayerDrop(o, (s) => console.log(s));
+  });
+
+program
+  .command('l2l-pipeline')
+  .description(
+    'the pipelined relay (l2l --stages K) against depth: peak device bytes per device, measured and predicted; one-device relay and gpipe for scale',
+  )
+  .option(
+    '--blocks <list>',
+    'blocks per model of the sweep (charlm-small)',
+    '6,12,24,48',
+  )
+  .option('--stages <n>', 'devices K', (v) => Number(v), 2)
+  .option('--micro-batches <n>', 'micro-batches', (v) => Number(v), 4)
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option(
+    '--steps <n>',
+    'steps per run (the first left out)',
+    (v) => Number(v),
+    3,
+  )
+  .option('--backend <name>', 'backend', defaultBackend())
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchL2LPipeline } = await import('./l2l-pipeline.js');
+    await benchL2LPipeline(
+      { ...o, blocks: String(o.blocks).split(',').map(Number) },
+      (s) => console.log(s),
+    );
   });
 
 program

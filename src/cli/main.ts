@@ -177,6 +177,11 @@ program
   )
   .option('--stages <K>', 'pipeline stages (devices)', int)
   .option('--micro-batches <M>', 'micro-batches per mini-batch', int)
+  .option(
+    '--replicas <R>',
+    'data-parallel replicas: R copies of the devices (R*K), each on 1/R of every mini-batch, gradients summed by a ring all-reduce (l2l: by the parameter server); single, gpipe, l2l',
+    int,
+  )
   .option('--batch-size <N>', 'mini-batch size (examples)', int)
   .option(
     '--checkpoint <mode>',

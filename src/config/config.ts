@@ -62,8 +62,14 @@ export interface TrainConfig {
   strategy: string;
   /** Number of pipeline stages K (devices). */
   stages: number;
-  /** Micro-batches M per mini-batch. */
+  /** Micro-batches M per mini-batch (per replica, with {@link replicas}). */
   microBatches: number;
+  /**
+   * Data-parallel replicas R (default 1): R copies of the run's devices (R*K in all), each on
+   * 1/R of every mini-batch, gradients summed across replicas before the one step (a ring
+   * all-reduce; for l2l, the parameter server sums the replicas' pushes). single, gpipe, l2l.
+   */
+  replicas: number;
   /** Mini-batch size N (examples). */
   batchSize: number;
   /** Re-materialization (activation checkpointing, flag `--checkpoint` as in torchgpipe): always | except_last | never. */
@@ -150,6 +156,7 @@ export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   remat: 'except_last',
   schedule: 'gpipe',
   virtualStages: 2,
+  replicas: 1,
   balance: 'flops',
   steps: 100,
   lr: 3e-3,
@@ -296,6 +303,15 @@ export function resolveConfig(
   oneOf('decay', c.decay, ['constant', 'cosine'] as const);
   posInt('stages', c.stages);
   posInt('micro-batches', c.microBatches);
+  posInt('replicas', c.replicas);
+  check(
+    c.replicas === 1 || c.strategy !== 'local',
+    `--replicas ${c.replicas}: data-parallel replicas run single, gpipe and l2l, whose updates are the mini-batch's; local parallelism's stages update on their own; drop --replicas`,
+  );
+  check(
+    c.batchSize % (c.microBatches * c.replicas) === 0,
+    `--batch-size ${c.batchSize} must be a multiple of --replicas ${c.replicas} x --micro-batches ${c.microBatches} = ${c.microBatches * c.replicas} (each replica takes an equal share, cut in M micro-batches)`,
+  );
   posInt('batch-size', c.batchSize);
   posInt('steps', c.steps);
   posInt('warmup', c.warmup, 0);

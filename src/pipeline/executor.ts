@@ -59,6 +59,11 @@ export interface StageLinks {
   sendGradient(stage: number, mb: number, t: tf.Tensor): void | Promise<void>;
   /** All-reduce of squared gradient norms: returns the global clipping scale. */
   reduceGradNorm(sumSquares: number): Promise<number>;
+  /**
+   * Data parallelism: sums `values` element-wise across the replicas of this device's stages
+   * (a ring all-reduce over the replica links), in place; every replica ends with the same sums.
+   */
+  allReduce?(values: Float32Array[]): Promise<void>;
   /** L2L: hands a layer's accumulated gradient to the parameter server (buffers are transferred). */
   pushGrads?(g: LayerGrads): void;
 }
@@ -71,6 +76,11 @@ export interface StepInputs {
   labels?: tf.Tensor[];
   /** Number of micro-batches M. */
   m: number;
+  /**
+   * Data-parallel replicas R running this step, each on its own part of the mini-batch
+   * (default 1): the mini-batch loss averages M x R micro-batch losses.
+   */
+  replicas?: number;
   /** Learning rate of this step. */
   lr: number;
   /**
@@ -154,6 +164,11 @@ export type { ActionOf, ComputeOp };
 export interface StepIO {
   /** Micro-batches M of this step. */
   readonly m: number;
+  /**
+   * Micro-batches whose losses the mini-batch loss averages: M, times the replicas R of a
+   * data-parallel run. The last stage seeds each micro-batch's backward with 1 / this.
+   */
+  readonly lossMicroBatches: number;
   /** Learning rate of this step. */
   readonly lr: number;
   /** Global clipping scale from the step's reduce_grad_norm (1 before it; NaN: a numeric fault, update nothing). */
@@ -221,6 +236,12 @@ export interface StageProgram {
   readonly metrics?: Map<number, Record<string, number>>;
   /** This stage's share of the global squared gradient norm (for reduce_grad_norm); NaN when its loss is not finite. */
   gradSquaredNorm?(): number | Promise<number>;
+  /**
+   * Data parallelism (all_reduce_grads): the accumulated gradients as host copies, in a fixed
+   * order (every replica of the stage lists the same keys), and their replacement by the sums.
+   */
+  gradientValues?(): Promise<Float32Array[]>;
+  setGradientValues?(values: readonly Float32Array[]): void;
   /** Non-finite values found by a diagnosing step (see {@link StepInputs.diagnose}); cleared with the losses. */
   readonly faults?: NumericFault[];
   /** Gradients this stage still expects from the next stage outside its schedule (for drain_grads). */
@@ -356,6 +377,7 @@ export async function execute(
   let outstanding = 0; // GPU marks whose work the GPU has not reported done yet
   const io: StepIO = {
     m: inp.m,
+    lossMicroBatches: inp.m * (inp.replicas ?? 1),
     lr: inp.lr,
     diagnose: inp.diagnose === true,
     dropped: new Set(inp.dropped ?? []),
@@ -466,6 +488,27 @@ export async function execute(
           const ms = performance.now() - t;
           scale = await links.reduceGradNorm(local);
           split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
+          break;
+        }
+        case 'all_reduce_grads': {
+          if (!links.allReduce)
+            throw new Error('all_reduce_grads needs links to the replicas');
+          // every stage of this device, in stage order: one all-reduce of all their gradients
+          const own = [...byStage.entries()]
+            .sort((x, y) => x[0] - y[0])
+            .map(([, p]) => p)
+            .filter((p, i, all) => all.indexOf(p) === i);
+          const cannot = own.find(
+            (p) => !p.gradientValues || !p.setGradientValues,
+          );
+          if (cannot)
+            throw new Error(
+              `a ${cannot.kind} cannot take part in the gradient all-reduce`,
+            );
+          const parts: Float32Array[][] = [];
+          for (const p of own) parts.push(await p.gradientValues!());
+          await links.allReduce(parts.flat());
+          own.forEach((p, i) => p.setGradientValues!(parts[i]!));
           break;
         }
         case 'poll_grads':

@@ -159,6 +159,36 @@ export class GradAccumulator {
     return this.grads.get(key);
   }
 
+  /** The keys of the sums, sorted (the order of {@link values} and {@link replace}). */
+  private sortedKeys(): string[] {
+    return [...this.grads.keys()].sort();
+  }
+
+  /** Host copies of the sums, by key in sorted order (read asynchronously, all at once). */
+  async values(): Promise<Float32Array[]> {
+    const keys = this.sortedKeys();
+    const vs = await Promise.all(keys.map((k) => this.grads.get(k)!.data()));
+    return vs.map((v) => Float32Array.from(v as Float32Array));
+  }
+
+  /** Replaces each sum (keys in sorted order, as {@link values} gave them) by the given values. Throws for a count or size mismatch. */
+  replace(values: readonly Float32Array[]): void {
+    const keys = this.sortedKeys();
+    if (values.length !== keys.length)
+      throw new Error(
+        `${values.length} gradient values for ${keys.length} accumulated gradients`,
+      );
+    keys.forEach((k, i) => {
+      const old = this.grads.get(k)!;
+      if (values[i]!.length !== old.size)
+        throw new Error(
+          `gradient '${k}': ${values[i]!.length} values for ${old.size} elements`,
+        );
+      this.grads.set(k, tf.tensor(values[i]!, old.shape, 'float32'));
+      old.dispose();
+    });
+  }
+
   entries(): IterableIterator<[string, tf.Tensor]> {
     return this.grads.entries();
   }

@@ -66,7 +66,7 @@ export class Stage extends TrainableStage {
       const dx = this.backward(
         a.mb,
         this.isLast ? null : io.takeOutputGrad(a.mb),
-        io.m,
+        io.lossMicroBatches,
         io.diagnose,
       );
       if (dx) io.putInputGrad(a.mb, dx);
@@ -76,7 +76,7 @@ export class Stage extends TrainableStage {
       const dx = this.backwardInput(
         a.mb,
         this.isLast ? null : io.takeOutputGrad(a.mb),
-        io.m,
+        io.lossMicroBatches,
       );
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);

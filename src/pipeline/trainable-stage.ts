@@ -79,6 +79,16 @@ export abstract class TrainableStage implements StageProgram {
     return this.grads.sumSquares();
   }
 
+  /** The accumulated gradients' values, by key in sorted order (for the replicas' all-reduce). */
+  async gradientValues(): Promise<Float32Array[]> {
+    return this.grads.values();
+  }
+
+  /** Replaces the accumulated gradients (same keys and order as {@link gradientValues}) by `values`. */
+  setGradientValues(values: readonly Float32Array[]): void {
+    this.grads.replace(values);
+  }
+
   /**
    * Applies the accumulated gradients with learning rate `lr` and clipping scale `scale`, then
    * clears them. A non-finite scale means the step had a numeric fault: nothing is updated.

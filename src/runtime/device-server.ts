@@ -21,7 +21,9 @@ import {
   DEVICE_SERVICE,
   dial,
   LINK_OPTIONS,
+  type PeerSide,
   StreamPort,
+  sideOf,
   type TlsFiles,
   VERSION,
 } from './grpc-link.js';
@@ -74,8 +76,8 @@ export async function startDeviceServer(
   const log = o.log ?? (() => undefined);
   const server = new grpc.Server(LINK_OPTIONS);
   let busy = false;
-  // a neighbour's link per side of the stage: waited for by init, or arrived before it
-  type Side = 'prev' | 'next';
+  // a neighbour's (or replica's) link per side of the stage: waited for by init, or arrived before it
+  type Side = PeerSide;
   const peerWaiter: Partial<Record<Side, (p: StreamPort) => void>> = {};
   const pendingPeer: Partial<Record<Side, StreamPort>> = {};
   let finish!: () => void;
@@ -113,9 +115,10 @@ export async function startDeviceServer(
           `version mismatch: this device runs layerwise ${VERSION}, the peer ${version || 'an unknown version'}; run the same version everywhere`,
         );
       const port = new StreamPort(call);
-      if (role === 'peer' || role === 'next-peer') {
-        // 'peer': the previous stage dialled this device; 'next-peer': the next stage did
-        const side: Side = role === 'peer' ? 'prev' : 'next';
+      const side = sideOf(role);
+      if (side) {
+        // 'peer': the previous stage dialled this device; 'next-peer': the next stage did (the
+        // replica roles: the previous or next replica in the ring)
         const waiter = peerWaiter[side];
         if (waiter) waiter(port);
         else pendingPeer[side] = port;
@@ -162,11 +165,17 @@ export async function startDeviceServer(
       // a peer link bridged to a MessagePort the stage thread owns
       const bridge = async (
         link: RemoteLink,
-        side: 'prev' | 'next',
+        side: Side,
       ): Promise<MessagePort> => {
         let peer: StreamPort;
         if ('connect' in link) {
-          const d = dial(link.connect, 'peer', o.token, o.tls);
+          // this device dials its next (stage or replica): it is that one's previous
+          const d = dial(
+            link.connect,
+            side === 'replica-next' ? 'replica-peer' : 'peer',
+            o.token,
+            o.tls,
+          );
           // fail init at once, saying why, when the next stage cannot be reached (address, TLS)
           await new Promise<void>((resolve, reject) =>
             d.client.waitForReady(Date.now() + CONNECT_TIMEOUT_MS, (e) =>
@@ -188,7 +197,7 @@ export async function startDeviceServer(
                 delete peerWaiter[side];
                 reject(
                   new Error(
-                    `the ${side === 'prev' ? 'previous' : 'next'} stage did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`,
+                    `the ${side.endsWith('prev') ? 'previous' : 'next'} ${side.startsWith('replica') ? 'replica' : 'stage'} did not link up within ${ACCEPT_TIMEOUT_MS / 1000} s`,
                   ),
                 );
               }, ACCEPT_TIMEOUT_MS);
@@ -210,22 +219,36 @@ export async function startDeviceServer(
           const msg = m as {
             type: string;
             method?: string;
-            args?: { prev?: RemoteLink; next?: RemoteLink };
+            args?: {
+              prev?: RemoteLink;
+              next?: RemoteLink;
+              replicaPrev?: RemoteLink;
+              replicaNext?: RemoteLink;
+            };
           };
           const ports: MessagePort[] = [];
           if (msg.type === 'request' && msg.method === 'init' && msg.args) {
             try {
-              const [prev, next] = await Promise.all([
-                msg.args.prev ? bridge(msg.args.prev, 'prev') : undefined,
-                msg.args.next ? bridge(msg.args.next, 'next') : undefined,
+              const a = msg.args;
+              const [prev, next, replicaPrev, replicaNext] = await Promise.all([
+                a.prev ? bridge(a.prev, 'prev') : undefined,
+                a.next ? bridge(a.next, 'next') : undefined,
+                a.replicaPrev
+                  ? bridge(a.replicaPrev, 'replica-prev')
+                  : undefined,
+                a.replicaNext
+                  ? bridge(a.replicaNext, 'replica-next')
+                  : undefined,
               ]);
               msg.args = {
-                ...msg.args,
+                ...a,
                 prev: prev as unknown as RemoteLink,
                 next: next as unknown as RemoteLink,
+                replicaPrev: replicaPrev as unknown as RemoteLink,
+                replicaNext: replicaNext as unknown as RemoteLink,
               };
               ports.push(
-                ...[prev, next].filter(
+                ...[prev, next, replicaPrev, replicaNext].filter(
                   (x): x is MessagePort => x !== undefined,
                 ),
               );

@@ -74,14 +74,17 @@ function parseSettings(
 }
 
 /**
- * Parses `--devices` for `k` stages: a comma-separated list of `thread`, `process[:ENV=V+...]`,
- * `HOST:PORT` or `browser[:backend=...]`, one per stage (a single entry is repeated for every stage).
- * @throws LayerwiseError naming the entry that is none of these, or a count that is not k.
+ * Parses `--devices` for `stages` devices times `replicas` (data parallelism: replica after
+ * replica): a comma-separated list of `thread`, `process[:ENV=V+...]`, `HOST:PORT` or
+ * `browser[:backend=...]`, one per device (a single entry is repeated for every device).
+ * @throws LayerwiseError naming the entry that is none of these, or a count that is not stages x replicas.
  */
 export function parseDevices(
   spec: string | undefined,
-  k: number,
+  stages: number,
+  replicas = 1,
 ): DeviceSpec[] {
+  const k = stages * replicas;
   if (spec === undefined || spec.trim() === '')
     return Array.from({ length: k }, () => ({ kind: 'thread' as const }));
   const items = spec.split(',').map((s) => s.trim());
@@ -89,7 +92,9 @@ export function parseDevices(
     items.length === 1 ? Array.from({ length: k }, () => items[0]!) : items;
   check(
     list.length === k,
-    `--devices lists ${list.length} devices but the run has ${k} stages; give one per stage (or one for all)`,
+    replicas > 1
+      ? `--devices lists ${list.length} devices but the run has ${replicas} replicas of ${stages} stage(s), ${k} devices; give one per device, replica after replica (or one for all)`
+      : `--devices lists ${list.length} devices but the run has ${k} stages; give one per stage (or one for all)`,
   );
   return list.map((d): DeviceSpec => {
     if (d === 'thread') return { kind: 'thread' };

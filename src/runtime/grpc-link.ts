@@ -179,9 +179,42 @@ export interface TlsFiles {
  * The role of a link, sent in its metadata: 'control', the coordinator's; 'peer', the previous
  * stage's link to the device it dials; 'next-peer', the next stage's link to the device it
  * dials (a coordinator's, for a worker-thread device after a device server: see
- * remote-device.ts `bridgedLink`).
+ * remote-device.ts `bridgedLink`); 'replica-peer' and 'replica-next-peer' the same in the
+ * ring of a stage's data-parallel replicas.
  */
-export type LinkRole = 'control' | 'peer' | 'next-peer';
+export type LinkRole =
+  | 'control'
+  | 'peer'
+  | 'next-peer'
+  | 'replica-peer'
+  | 'replica-next-peer';
+
+/** Which link of a stage's device: to its neighbour stages, or in the ring of its replicas. */
+export type PeerSide = 'prev' | 'next' | 'replica-prev' | 'replica-next';
+
+/** The role a dialler presents so that the dialled device takes the link as its `side`. */
+export function roleFor(side: PeerSide): LinkRole {
+  return side === 'prev'
+    ? 'peer'
+    : side === 'next'
+      ? 'next-peer'
+      : side === 'replica-prev'
+        ? 'replica-peer'
+        : 'replica-next-peer';
+}
+
+/** The side a dialled device takes a link of `role` as (null: not a peer link). */
+export function sideOf(role: string): PeerSide | null {
+  return role === 'peer'
+    ? 'prev'
+    : role === 'next-peer'
+      ? 'next'
+      : role === 'replica-peer'
+        ? 'replica-prev'
+        : role === 'replica-next-peer'
+          ? 'replica-next'
+          : null;
+}
 
 /**
  * A peer link bridged to a MessagePort, for a stage thread that speaks MessagePorts: the link's
@@ -192,7 +225,7 @@ export type LinkRole = 'control' | 'peer' | 'next-peer';
  */
 export function bridgeToPort(
   peer: StreamPort,
-  side: 'prev' | 'next',
+  side: PeerSide,
   live: () => boolean = () => true,
 ): MessagePort {
   const { port1, port2 } = new MessageChannel();

@@ -24,14 +24,17 @@ export interface StageNeighbours {
   transfer: MessagePort[];
 }
 
-/** The link between `a` and the next stage's device `b`: a's `next` and b's `prev`. */
-function link(a: Device, b: Device): [StageLink, StageLink] {
+/**
+ * The link between `a` and the next device `b` (the next stage's, or with `replica` the next
+ * replica's in a ring): a's `next` and b's `prev`.
+ */
+function link(a: Device, b: Device, replica: boolean): [StageLink, StageLink] {
   if (a instanceof RemoteDevice && b instanceof RemoteDevice)
     return [{ connect: b.address }, { accept: true }];
   if (b instanceof RemoteDevice)
-    return [b.bridgedLink('prev'), { accept: true }];
+    return [b.bridgedLink(replica ? 'replica-prev' : 'prev'), { accept: true }];
   if (a instanceof RemoteDevice)
-    return [{ accept: true }, a.bridgedLink('next')];
+    return [{ accept: true }, a.bridgedLink(replica ? 'replica-next' : 'next')];
   const { port1, port2 } = new MessageChannel();
   return [port1, port2];
 }
@@ -41,15 +44,17 @@ function link(a: Device, b: Device): [StageLink, StageLink] {
  * (interleaved schedules on more than 2 devices: the last device sends to the first), the last
  * device's `next` and the first's `prev` are one more link between them, closing the ring.
  * Links to a device server that this process opens on a thread's behalf close when that device
- * is terminated.
+ * is terminated. With `replica`, the links are a ring of one stage's data-parallel replicas
+ * (StageInit's `replicaPrev` / `replicaNext`; pass `wrap` for more than two).
  */
 export function linkNeighbours(
   devices: readonly Device[],
   wrap = false,
+  replica = false,
 ): StageNeighbours[] {
   const out: StageNeighbours[] = devices.map(() => ({ transfer: [] }));
   const join = (i: number, j: number) => {
-    const [next, prev] = link(devices[i]!, devices[j]!);
+    const [next, prev] = link(devices[i]!, devices[j]!, replica);
     out[i]!.next = next;
     out[j]!.prev = prev;
     if (next instanceof MessagePort) out[i]!.transfer.push(next);
@@ -57,5 +62,48 @@ export function linkNeighbours(
   };
   for (let i = 0; i + 1 < devices.length; i++) join(i, i + 1);
   if (wrap && devices.length > 2) join(devices.length - 1, 0);
+  return out;
+}
+
+/**
+ * The links of R data-parallel replicas of a pipeline of K devices (`devices[r * K + d]`:
+ * replica r's device d): each replica's neighbour links, and for each d the ring of its R
+ * replicas (one link for R = 2). One entry per device.
+ */
+export function linkReplicas(
+  devices: readonly Device[],
+  k: number,
+  wrap = false,
+): Array<
+  StageNeighbours & {
+    replicaPrev?: StageLink;
+    replicaNext?: StageLink;
+  }
+> {
+  const r = devices.length / k;
+  const out = devices.map(
+    () =>
+      ({ transfer: [] as MessagePort[] }) as StageNeighbours & {
+        replicaPrev?: StageLink;
+        replicaNext?: StageLink;
+      },
+  );
+  for (let i = 0; i < r; i++)
+    linkNeighbours(devices.slice(i * k, (i + 1) * k), wrap).forEach((n, d) => {
+      const o = out[i * k + d]!;
+      o.prev = n.prev;
+      o.next = n.next;
+      o.transfer.push(...n.transfer);
+    });
+  if (r > 1)
+    for (let d = 0; d < k; d++) {
+      const group = Array.from({ length: r }, (_, i) => devices[i * k + d]!);
+      linkNeighbours(group, true, true).forEach((n, i) => {
+        const o = out[i * k + d]!;
+        o.replicaPrev = n.prev;
+        o.replicaNext = n.next;
+        o.transfer.push(...n.transfer);
+      });
+    }
   return out;
 }

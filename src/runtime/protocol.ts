@@ -56,6 +56,14 @@ export interface StageInit {
   prev?: MessagePort | RemoteLink;
   /** Link to the next device (absent on the last device, but for a ring's wrap link): a MessagePort, the next device's address to dial, or a link it accepts. */
   next?: MessagePort | RemoteLink;
+  /**
+   * Data parallelism: this device's replica index and the replica count R (absent: one
+   * replica), and its links in the ring of the devices that run the same stages in each
+   * replica (two replicas: one link, `replicaNext` on replica 0, `replicaPrev` on replica 1).
+   */
+  replica?: { index: number; count: number };
+  replicaPrev?: MessagePort | RemoteLink;
+  replicaNext?: MessagePort | RemoteLink;
 }
 
 /** One training (or evaluation) step of one stage. */

@@ -17,6 +17,8 @@ import { Device, StageError } from './device.js';
 import {
   bridgeToPort,
   dial,
+  type PeerSide,
+  roleFor,
   type StreamPort,
   type TlsFiles,
 } from './grpc-link.js';
@@ -100,16 +102,17 @@ export class RemoteDevice extends Device {
    * MessagePort it returns, for the thread's init. The device's init must accept on `side`
    * (`{ accept: true }`). The link closes with this device.
    */
-  bridgedLink(side: 'prev' | 'next'): MessagePort {
-    const role = side === 'prev' ? 'peer' : 'next-peer';
-    const d = dial(this.address, role, this.token, this.tls);
+  bridgedLink(side: PeerSide): MessagePort {
+    const d = dial(this.address, roleFor(side), this.token, this.tls);
     this.bridged.push(d);
     // the thread's side: this device is its next stage when the thread is this one's previous
-    return bridgeToPort(
-      d.port,
-      side === 'prev' ? 'next' : 'prev',
-      () => !this.closed,
-    );
+    const theirs: Record<PeerSide, PeerSide> = {
+      prev: 'next',
+      next: 'prev',
+      'replica-prev': 'replica-next',
+      'replica-next': 'replica-prev',
+    };
+    return bridgeToPort(d.port, theirs[side], () => !this.closed);
   }
 
   async terminate(): Promise<void> {

@@ -42,10 +42,13 @@ import type {
 } from './protocol.js';
 import { fromWire, toWire, transferables } from './serialize.js';
 
-/** Turns StageInit's `prev` / `next` (a MessagePort, or a gRPC link to open or to accept) into a channel. */
+/** Which link of a device: to the neighbour stages, or in the ring of its replicas. */
+export type LinkSide = 'prev' | 'next' | 'replica-prev' | 'replica-next';
+
+/** Turns StageInit's `prev` / `next` / `replicaPrev` / `replicaNext` (a MessagePort, or a gRPC link to open or to accept) into a channel. */
 export type LinkResolver = (
   link: NonNullable<StageInit['prev']>,
-  side: 'prev' | 'next',
+  side: LinkSide,
 ) => Channel | Promise<Channel>;
 
 /**
@@ -67,6 +70,10 @@ export async function serveStage(
   let devices = Number.POSITIVE_INFINITY;
   let prev: Channel | null = null;
   let next: Channel | null = null;
+  /** Data parallelism: this device's replica, and its ring links to the other replicas. */
+  let replica = { index: 0, count: 1 };
+  let replicaPrev: Channel | null = null;
+  let replicaNext: Channel | null = null;
 
   const deviceOf = (stage: number) => placement[stage] ?? stage;
   /** The link to the device of `stage` (a neighbour's), or null where the pipeline ends. */
@@ -161,6 +168,16 @@ export async function serveStage(
         Object.values(g.grads).map((a) => a.buffer as ArrayBuffer),
       );
     },
+    async allReduce(values) {
+      const n = replica.count;
+      if (n <= 1) return;
+      // a ring of two is one link, used both ways
+      const to = replicaNext ?? replicaPrev;
+      const from = replicaPrev ?? replicaNext;
+      if (!to || !from)
+        throw new Error('all_reduce_grads without links to the replicas');
+      await ringAllReduce(values, replica.index, n, to, from);
+    },
     async reduceGradNorm(sumSquares) {
       main.send({ type: 'norm', sumSquares });
       const m = await main.recv<Message & { scale: number }>('scale');
@@ -237,6 +254,13 @@ export async function serveStage(
       });
       prev = a.prev ? await resolve(a.prev, 'prev') : null;
       next = a.next ? await resolve(a.next, 'next') : null;
+      replica = a.replica ?? { index: 0, count: 1 };
+      replicaPrev = a.replicaPrev
+        ? await resolve(a.replicaPrev, 'replica-prev')
+        : null;
+      replicaNext = a.replicaNext
+        ? await resolve(a.replicaNext, 'replica-next')
+        : null;
       resetPeakBytes();
       return { bytes: deviceBytes() };
     },
@@ -266,6 +290,7 @@ export async function serveStage(
             lr: a.lr,
             diagnose: a.diagnose,
             dropped: a.dropped,
+            replicas: replica.count,
           },
           device,
         );
@@ -392,4 +417,63 @@ function transferBytesOf(t: {
   return t.hostToDevice > 0 || t.deviceToHost > 0
     ? { hostToDeviceBytes: t.hostToDevice, deviceToHostBytes: t.deviceToHost }
     : {};
+}
+
+/**
+ * Ring all-reduce (Patarasuk & Yuan, 2009; as NCCL and Horovod): sums `values` element-wise
+ * across the `n` replicas of a ring, in place. The elements (all arrays, end to end) are cut
+ * into n chunks; n - 1 reduce-scatter rounds send one chunk to the next replica and add the
+ * chunk received from the previous one, after which replica r holds the whole sum of chunk
+ * r + 1; n - 1 all-gather rounds pass the summed chunks around. Each replica sends and
+ * receives 2 (n - 1) / n of the bytes, whatever n. Every replica ends with the same values
+ * (each chunk is summed once, on one replica, then copied).
+ */
+export async function ringAllReduce(
+  values: Float32Array[],
+  r: number,
+  n: number,
+  to: Channel,
+  from: Channel,
+): Promise<void> {
+  const total = values.reduce((a, v) => a + v.length, 0);
+  const bound = (c: number) => Math.floor((c * total) / n);
+  /** Visits chunk c's elements: f(array, start, end, offset in the chunk). */
+  const each = (
+    c: number,
+    f: (v: Float32Array, s: number, e: number, at: number) => void,
+  ) => {
+    const lo = bound(c);
+    const hi = bound(c + 1);
+    let base = 0;
+    for (const v of values) {
+      const s = Math.max(lo, base);
+      const e = Math.min(hi, base + v.length);
+      if (s < e) f(v, s - base, e - base, s - lo);
+      base += v.length;
+    }
+  };
+  const read = (c: number): Float32Array => {
+    const out = new Float32Array(bound(c + 1) - bound(c));
+    each(c, (v, s, e, at) => out.set(v.subarray(s, e), at));
+    return out;
+  };
+  interface Chunk extends Message {
+    data: Float32Array;
+  }
+  const exchange = async (send: number): Promise<Float32Array> => {
+    const data = read(send);
+    to.send({ type: 'allreduce', data }, [data.buffer as ArrayBuffer]);
+    return (await from.recv<Chunk>('allreduce')).data;
+  };
+  const mod = (x: number) => ((x % n) + n) % n;
+  for (let t = 0; t < n - 1; t++) {
+    const got = await exchange(mod(r - t));
+    each(mod(r - t - 1), (v, s, e, at) => {
+      for (let i = s; i < e; i++) v[i]! += got[at + i - s]!;
+    });
+  }
+  for (let t = 0; t < n - 1; t++) {
+    const got = await exchange(mod(r + 1 - t));
+    each(mod(r - t), (v, s, e, at) => v.set(got.subarray(at, at + e - s), s));
+  }
 }

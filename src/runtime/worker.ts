@@ -20,7 +20,7 @@ void serveStage(new Channel(parentPort), (link, side) => {
     if (m?.type === 'link-lost')
       ch.fail(
         new Error(
-          `the link to the ${side === 'prev' ? 'previous' : 'next'} stage was lost: ${m.why}`,
+          `the link to the ${side.endsWith('prev') ? 'previous' : 'next'} ${side.startsWith('replica') ? 'replica' : 'stage'} was lost: ${m.why}`,
         ),
       );
   });

@@ -29,6 +29,7 @@ export const CORE_OPS = [
   'recv_grad',
   'send_grad',
   'reduce_grad_norm',
+  'all_reduce_grads',
   'poll_grads',
   'drain_grads',
 ] as const;
@@ -435,6 +436,19 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
     },
     memory(_a, w) {
       w.bump(w.t.maxParam); // the sum of squares, one parameter at a time
+    },
+    cost: free,
+  },
+  all_reduce_grads: {
+    short: 'ALLRED',
+    core: true,
+    waits: true,
+    simulate(_a, c) {
+      stepReady(c);
+      return true;
+    },
+    memory(_a, w) {
+      w.bump(w.t.maxParam); // a sum replaces its accumulator one parameter at a time
     },
     cost: free,
   },

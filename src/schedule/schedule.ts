@@ -87,6 +87,11 @@ export type ActionBody =
   | { op: 'send_grad'; mb: number }
   /** Contribute this stage's squared gradient norm and receive the global clipping scale. */
   | { op: 'reduce_grad_norm' }
+  /**
+   * Data parallelism: sum the accumulated gradients of the device's stages across the
+   * replicas (a ring all-reduce), so every replica steps on the whole mini-batch's gradient.
+   */
+  | { op: 'all_reduce_grads' }
   /** One optimizer step on the accumulated gradients; gradients are reset. */
   | { op: 'optimizer_step' }
   /** Local parallelism: forward, local loss and backward of micro-batch mb within this stage. */

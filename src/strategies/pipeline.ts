@@ -26,10 +26,14 @@ import {
   type DeviceSpec,
   openDevices,
 } from '../runtime/devices.js';
-import { linkNeighbours } from '../runtime/links.js';
+import { linkReplicas } from '../runtime/links.js';
 import type { StageStepResult } from '../runtime/protocol.js';
 import { copyWire, transferables } from '../runtime/serialize.js';
-import { needsWrapLink, type Schedule } from '../schedule/schedule.js';
+import {
+  type Action,
+  needsWrapLink,
+  type Schedule,
+} from '../schedule/schedule.js';
 import { describeFaults } from './numeric-fault.js';
 import {
   evaluateBatches,
@@ -85,6 +89,14 @@ export interface PipelineOptions {
    * interleaved and V-shape schedules); default stage s on device s.
    */
   placement?: number[];
+  /**
+   * Data-parallel replicas R (default 1): R copies of the pipeline, replica r on devices
+   * r*K .. r*K+K-1 (`devices` lists all R*K), each on its 1/R of every mini-batch (micro-batches
+   * r*M .. r*M+M-1 of the mini-batch cut in R*M); before the step, each stage's gradients are
+   * summed across its replicas by a ring all-reduce (all_reduce_grads), so every replica makes
+   * the same update, single-device training's on the whole mini-batch.
+   */
+  replicas?: number;
 }
 
 /** How long a failed step waits for the other stages' outcomes, to report the root cause, ms. */
@@ -148,6 +160,9 @@ function placementOf(opts: PipelineOptions): number[] {
 export class PipelineStrategy implements Strategy {
   readonly name: string;
   readonly devices: number;
+  /** Devices of one replica K, and replicas R (devices = R*K). */
+  private readonly k: number;
+  private readonly replicas: number;
   private readonly train: Schedule;
   /** The device of each stage. */
   private readonly placement: number[];
@@ -162,12 +177,15 @@ export class PipelineStrategy implements Strategy {
     this.name = opts.name;
     this.devices = workers.length;
     this.placement = placementOf(opts);
-    const k = workers.length;
+    this.replicas = opts.replicas ?? 1;
+    const k = workers.length / this.replicas;
+    this.k = k;
     if (opts.kind.train.length !== k)
       throw new Error(
         `a schedule of ${opts.kind.train.length} stages for ${k} devices`,
       );
-    this.train = opts.kind.train;
+    this.train =
+      this.replicas > 1 ? withAllReduce(opts.kind.train) : opts.kind.train;
   }
 
   /**
@@ -181,19 +199,24 @@ export class PipelineStrategy implements Strategy {
     const n = opts.ranges.length;
     const placement = placementOf(opts);
     const k = Math.max(...placement) + 1;
+    const replicas = opts.replicas ?? 1;
     const specs =
       opts.devices ??
-      Array.from({ length: k }, () => ({ kind: 'thread' as const }));
-    if (specs.length !== k)
-      throw new Error(`${specs.length} devices for ${k} devices' stages`);
+      Array.from({ length: k * replicas }, () => ({ kind: 'thread' as const }));
+    if (specs.length !== k * replicas)
+      throw new Error(
+        `${specs.length} devices for ${replicas} replica(s) of ${k} devices`,
+      );
     // interleaved schedules past 2 devices: the last device sends to the first
     const wrap = needsWrapLink(placement);
     const workers = await openDevices(specs);
     const s = new PipelineStrategy(opts, workers);
     try {
-      const links = linkNeighbours(workers, wrap);
+      const links = linkReplicas(workers, k, wrap);
       await Promise.all(
-        workers.map((w, d) => {
+        workers.map((w, g) => {
+          const d = g % k; // the device within its replica
+          const r = Math.floor(g / k);
           const stages = placement
             .map((dev, i) => (dev === d ? i : -1))
             .filter((i) => i >= 0)
@@ -209,13 +232,13 @@ export class PipelineStrategy implements Strategy {
               };
             });
           const first = stages[0]!;
-          const { prev, next, transfer } = links[d]!;
+          const { prev, next, replicaPrev, replicaNext, transfer } = links[g]!;
           return w.call(
             'init',
             {
               ...first,
-              backend: (specs[d] as DeviceOptions).backend ?? opts.backend,
-              threads: (specs[d] as DeviceOptions).threads ?? opts.threads,
+              backend: (specs[g] as DeviceOptions).backend ?? opts.backend,
+              threads: (specs[g] as DeviceOptions).threads ?? opts.threads,
               precision: opts.precision,
               model: opts.model,
               optimizer: opts.optimizer,
@@ -224,6 +247,13 @@ export class PipelineStrategy implements Strategy {
                 : {}),
               prev,
               next,
+              ...(replicas > 1
+                ? {
+                    replica: { index: r, count: replicas },
+                    replicaPrev,
+                    replicaNext,
+                  }
+                : {}),
               deviceMemory: opts.deviceMemory,
               strategy: opts.name,
               oomAdvice: opts.oomAdvice,
@@ -245,9 +275,11 @@ export class PipelineStrategy implements Strategy {
   }
 
   /**
-   * Sends one schedule to every stage (with the batch's micro-batches, if any); all-reduces the
-   * gradient norm when the schedule has a reduce_grad_norm. `first` resolves when stage 0 is
-   * done, `all` when every stage is. If a stage fails, every worker is stopped and both reject.
+   * Sends one schedule to every stage (with the batch's micro-batches, if any) of every
+   * replica (`firstReplica`: of replica 0 alone, on the whole batch: evaluation); all-reduces
+   * the gradient norm when the schedule has a reduce_grad_norm. `first` resolves when stage 0
+   * is done, `all` when every stage is (results in device order). If a stage fails, every
+   * worker is stopped and both reject.
    */
   private dispatch(
     schedule: Schedule,
@@ -255,6 +287,7 @@ export class PipelineStrategy implements Strategy {
     lr: number,
     diagnose = false,
     dropped?: readonly number[],
+    firstReplica = false,
   ): {
     first: Promise<unknown>;
     all: Promise<StageStepResult[]>;
@@ -262,19 +295,27 @@ export class PipelineStrategy implements Strategy {
   } {
     const fault: { sums?: number[] } = {};
     const m = this.opts.microBatches;
+    const k = this.k;
+    const replicas = firstReplica ? 1 : this.replicas;
+    const workers = this.workers.slice(0, k * replicas);
+    // replica r takes micro-batches r*M .. r*M+M-1 of the mini-batch cut in R*M
     const { inputs, labels } = batch
-      ? microBatchesOf(batch, m)
+      ? microBatchesOf(batch, m * replicas)
       : { inputs: undefined, labels: undefined };
     const inputDevice = this.placement[0]!;
     const last = this.lossDevice();
-    const calls = this.workers.map((w, i) => {
+    const calls = workers.map((w, g) => {
+      const i = g % k;
+      const r = Math.floor(g / k);
+      const part = <T>(xs: T[] | undefined) => xs?.slice(r * m, (r + 1) * m);
       const withLabels = i === last || this.opts.kind.labelsOnEveryStage;
       const step = {
         actions: schedule[i],
         m,
         lr,
-        inputs: i === inputDevice ? inputs : undefined,
-        labels: withLabels ? labels?.map(copyWire) : undefined,
+        inputs: i === inputDevice ? part(inputs) : undefined,
+        labels: withLabels ? part(labels)?.map(copyWire) : undefined,
+        ...(replicas > 1 ? { replicas } : {}),
         ...(diagnose ? { diagnose } : {}),
         ...(dropped?.length ? { dropped: [...dropped] } : {}),
       };
@@ -294,19 +335,23 @@ export class PipelineStrategy implements Strategy {
       const everything = Promise.all(calls);
       try {
         if (reduce) {
-          const norms = Promise.all(
-            this.workers.map((w) => w.recvGradNorm()),
-          ).then((sq) => {
-            // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
-            // Infinity then): no stage updates (scale NaN), and submit() locates the fault
-            const total = sq.reduce((a, b) => a + b, 0);
-            if (!Number.isFinite(total)) fault.sums = sq;
-            const scale =
-              Number.isFinite(total) && !diagnose
-                ? clipScale(total, this.opts.optimizer.clipNorm)
-                : NaN;
-            for (const w of this.workers) w.sendScale(scale);
-          });
+          const norms = Promise.all(workers.map((w) => w.recvGradNorm())).then(
+            (sq) => {
+              // replicas hold the same summed gradients: the norm is replica 0's stages'
+              const own = sq.slice(0, k);
+              // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
+              // Infinity then): no stage updates (scale NaN), and submit() locates the fault
+              const total = sq.every(Number.isFinite)
+                ? own.reduce((a, b) => a + b, 0)
+                : Number.NaN;
+              if (!Number.isFinite(total)) fault.sums = own;
+              const scale =
+                Number.isFinite(total) && !diagnose
+                  ? clipScale(total, this.opts.optimizer.clipNorm)
+                  : NaN;
+              for (const w of workers) w.sendScale(scale);
+            },
+          );
           norms.catch(() => undefined); // a failing stage is reported through `everything`
           // a stage that fails before its norm rejects `everything`, which ends the wait
           await Promise.race([norms, everything]);
@@ -330,7 +375,18 @@ export class PipelineStrategy implements Strategy {
     return { first, all, fault };
   }
 
-  /** The device of the model's last stage: it computes the loss. */
+  /** A training step's report; with replicas, the loss is the mean of every replica's. */
+  private report(rs: StageStepResult[]): StepReport {
+    const r = stepReport(rs, this.lossDevice());
+    if (this.replicas === 1) return r;
+    const losses = Array.from(
+      { length: this.replicas },
+      (_, i) => rs[i * this.k + this.lossDevice()]!.losses,
+    ).flat();
+    return { ...r, loss: losses.reduce((a, b) => a + b, 0) / losses.length };
+  }
+
+  /** The device of the model's last stage (within a replica): it computes the loss. */
   private lossDevice(): number {
     return this.placement[this.placement.length - 1]!;
   }
@@ -373,7 +429,7 @@ export class PipelineStrategy implements Strategy {
     const done = all.then((rs) =>
       fault.sums
         ? this.locate(batch, lr, fault.sums, dropped)
-        : stepReport(rs, this.lossDevice()),
+        : this.report(rs),
     );
     // stages that run free: the first stage can take the next mini-batch while later ones finish
     return submission(done, this.opts.kind.freeRunning ? first : done);
@@ -387,7 +443,9 @@ export class PipelineStrategy implements Strategy {
     await this.settle();
     return evaluateBatches(
       batches,
-      (b) => this.dispatch(this.opts.kind.eval, b, 0).all,
+      // replica 0 evaluates the whole batch
+      (b) =>
+        this.dispatch(this.opts.kind.eval, b, 0, false, undefined, true).all,
       this.opts.kind.labelsOnEveryStage,
       this.lossDevice(),
     );
@@ -395,8 +453,9 @@ export class PipelineStrategy implements Strategy {
 
   async getParams(): Promise<HostParams> {
     await this.settle();
+    // every replica holds the same parameters: replica 0's
     const parts = await Promise.all(
-      this.workers.map((w) => w.call('getParams', null)),
+      this.workers.slice(0, this.k).map((w) => w.call('getParams', null)),
     );
     return new Map(parts.flatMap((p) => Object.entries(p)));
   }
@@ -404,7 +463,9 @@ export class PipelineStrategy implements Strategy {
   async getOptimizerState(): Promise<OptimizerState> {
     await this.settle();
     const parts = await Promise.all(
-      this.workers.map((w) => w.call('getOptimizerState', null)),
+      this.workers
+        .slice(0, this.k)
+        .map((w) => w.call('getOptimizerState', null)),
     );
     return {
       step: parts[0].step,
@@ -418,7 +479,7 @@ export class PipelineStrategy implements Strategy {
       this.workers.map((w, i) => {
         const slots: OptimizerState['slots'] = {};
         for (const [key, v] of Object.entries(s.slots))
-          if (this.placement[ownerStage(key, this.opts.ranges)] === i)
+          if (this.placement[ownerStage(key, this.opts.ranges)] === i % this.k)
             slots[key] = v;
         return w.call('setOptimizerState', { step: s.step, slots });
       }),
@@ -431,4 +492,18 @@ export class PipelineStrategy implements Strategy {
     // one at a time: GPU drivers (Mesa under Dawn) crashed when two device threads tore down at once
     for (const w of this.workers) await w.terminate();
   }
+}
+
+/**
+ * A schedule whose devices sum their stages' gradients across the replicas before the norm
+ * all-reduce and the step: an all_reduce_grads before each device's reduce_grad_norm.
+ */
+function withAllReduce(schedule: Schedule): Schedule {
+  return schedule.map((acts) =>
+    acts.flatMap((a): Action[] =>
+      a.op === 'reduce_grad_norm'
+        ? [{ op: 'all_reduce_grads', stage: a.stage }, a]
+        : [a],
+    ),
+  );
 }

@@ -56,6 +56,8 @@ export interface Summary {
   devices?: number;
   /** Stages per device, where more than one. */
   virtual_stages?: number;
+  /** Data-parallel replicas, where more than one (then `devices` counts all of them: replicas x devices per replica). */
+  replicas?: number;
   micro_batches: number;
   /** Re-materialization mode (`--checkpoint`): always, except_last or never. */
   rematerialization: string;

@@ -397,6 +397,9 @@ async function run(
     ...(ranges.length > cfg.stages && cfg.stages > 0
       ? { devices: cfg.stages, virtual_stages: ranges.length / cfg.stages }
       : {}),
+    ...(cfg.replicas > 1
+      ? { replicas: cfg.replicas, devices: cfg.replicas * cfg.stages }
+      : {}),
     micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
     rematerialization: cfg.remat,
     schedule: scheduleName(cfg),
