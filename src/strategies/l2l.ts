@@ -80,6 +80,12 @@ export interface L2LOptions {
   ranges?: StageRange[];
   /** The stage schedule of a pipelined relay (gpipe or 1f1b; default gpipe). */
   schedule?: ScheduleKind;
+  /**
+   * Data-parallel replicas R (default 1): R copies of the relay's devices, each on 1/R of every
+   * mini-batch, all pushing to the one parameter server, which sums what they push (the L2L
+   * paper's EPS) before it updates a layer.
+   */
+  replicas?: number;
   /** Micro-batches M: each layer runs the mini-batch in M pieces (bounds the device's activations). */
   microBatches: number;
   optimizer: OptimizerConfig;
@@ -109,6 +115,9 @@ export class L2LStrategy implements Strategy {
   private readonly train: Schedule;
   private readonly layers: number;
   private readonly ranges: StageRange[];
+  /** Devices of one replica (its stages) K, and the replicas R: devices = R*K, replica r on r*K .. r*K+K-1. */
+  private readonly k: number;
+  private readonly replicas: number;
   /** The previous step; steps run one after another on the one device. */
   private last: Promise<unknown> = Promise.resolve();
   private failure: Error | null = null;
@@ -122,7 +131,9 @@ export class L2LStrategy implements Strategy {
   ) {
     this.layers = model.blocks.length;
     this.ranges = opts.ranges ?? [{ from: 0, to: this.layers }];
-    this.devices = this.ranges.length;
+    this.k = this.ranges.length;
+    this.replicas = opts.replicas ?? 1;
+    this.devices = this.k * this.replicas;
     this.train = this.trainSchedule(new Set());
   }
 
@@ -133,7 +144,7 @@ export class L2LStrategy implements Strategy {
    */
   private trainSchedule(dropped: ReadonlySet<number>): Schedule {
     const m = this.opts.microBatches;
-    if (this.devices === 1) return relaySchedule(this.layers, m, dropped);
+    if (this.k === 1) return relaySchedule(this.layers, m, dropped);
     return relayPipelineTraining(
       this.opts.schedule ?? 'gpipe',
       m,
@@ -144,8 +155,8 @@ export class L2LStrategy implements Strategy {
 
   private evalSchedule(): Schedule {
     const m = this.opts.microBatches;
-    if (this.devices === 1) return relayEvalSchedule(this.layers, m);
-    return relayPipelineSchedule(evalSchedule(m, this.devices), this.ranges);
+    if (this.k === 1) return relayEvalSchedule(this.layers, m);
+    return relayPipelineSchedule(evalSchedule(m, this.k), this.ranges);
   }
 
   /**
@@ -180,13 +191,22 @@ export class L2LStrategy implements Strategy {
       lowPrecision,
     });
     const ranges = opts.ranges ?? [{ from: 0, to: layers.length }];
-    const workers = ranges.map((_, d) => new StageWorker(d));
+    const k = ranges.length;
+    const replicas = opts.replicas ?? 1;
+    const workers = Array.from(
+      { length: k * replicas },
+      (_, g) => new StageWorker(g),
+    );
     const s = new L2LStrategy(opts, model, workers, server);
     try {
-      const links = linkNeighbours(workers);
+      // each replica's pipeline links; the replicas meet in the parameter server, not over links
+      const links = Array.from({ length: replicas }, (_, r) =>
+        linkNeighbours(workers.slice(r * k, (r + 1) * k)),
+      ).flat();
       await Promise.all(
-        workers.map((w, d) => {
-          const { prev, next, transfer } = links[d]!;
+        workers.map((w, g) => {
+          const d = g % k;
+          const { prev, next, transfer } = links[g]!;
           return w.call(
             'init',
             {
@@ -211,6 +231,9 @@ export class L2LStrategy implements Strategy {
               oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
               prev,
               next,
+              ...(replicas > 1
+                ? { replica: { index: Math.floor(g / k), count: replicas } }
+                : {}),
             },
             transfer,
           );
@@ -251,41 +274,47 @@ export class L2LStrategy implements Strategy {
   ): Promise<StageStepResult[]> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
-    const { inputs, labels } = microBatchesOf(batch, m);
+    const k = this.k;
+    // training: every replica on its share; evaluation: replica 0 on the whole batch
+    const replicas = training ? this.replicas : 1;
+    const workers = this.workers.slice(0, k * replicas);
+    const { inputs, labels } = microBatchesOf(batch, m * replicas);
     // each device's pushes, as its schedule says (a pipelined relay pushes per micro-batch)
     const pushesOf = schedule.map(
       (acts) => acts.filter((a) => a.op === 'push_grads').length,
     );
-    const parts = this.devices === 1 ? 1 : m;
+    // the pushes that make up a layer's gradient: per micro-batch on K > 1, per replica
+    const parts = (k === 1 ? 1 : m) * replicas;
     if (training) {
       this.server.beginStep(lr, parts);
       // a layer LayerDrop skips has no gradient: the server leaves it (and its AdamW state) as is
       for (const l of dropped)
         for (let i = 0; i < parts; i++) this.server.push(l, {}, 0);
     }
-    const last = this.devices - 1;
-    const calls = this.workers.map((w, d) =>
-      w.call(
+    const calls = workers.map((w, g) => {
+      const d = g % k;
+      const r = Math.floor(g / k);
+      const mine = (xs: HostTensor[]) => xs.slice(r * m, (r + 1) * m);
+      const ins = d === 0 ? mine(inputs) : [];
+      const labs = d === k - 1 ? mine(labels) : [];
+      return w.call(
         'step',
         {
           actions: schedule[d]!,
           m,
           lr,
-          ...(d === 0 ? { inputs } : {}),
-          ...(d === last ? { labels } : {}),
+          ...(d === 0 ? { inputs: ins } : {}),
+          ...(d === k - 1 ? { labels: labs } : {}),
           ...(dropped.length ? { dropped: [...dropped] } : {}),
         },
-        transferables([
-          ...(d === 0 ? inputs : []),
-          ...(d === last ? labels : []),
-        ] as HostTensor[]),
-      ),
-    );
+        transferables([...ins, ...labs] as HostTensor[]),
+      );
+    });
     const all = Promise.all(calls);
     if (!training) return this.stopOnFailure(all);
     const pushes = Promise.all(
-      this.workers.map(async (w, d) => {
-        for (let i = 0; i < pushesOf[d]!; i++) {
+      workers.map(async (w, g) => {
+        for (let i = 0; i < pushesOf[g % k]!; i++) {
           const g = await w.recvLayerGrads();
           this.server.push(g.layer, g.grads, g.sumSquares);
         }
@@ -328,7 +357,17 @@ export class L2LStrategy implements Strategy {
           : this.train;
         const rs = await this.run(schedule, batch, lr, true, dropped);
         // the bubble: the time a device waited for the parameter server or its neighbours
-        return { ...stepReport(rs), serverSpans: this.server.takeSpans() };
+        const report = stepReport(rs, this.k - 1);
+        // with replicas, the loss is the mean over every replica's micro-batches
+        const losses = Array.from(
+          { length: this.replicas },
+          (_, r) => rs[r * this.k + this.k - 1]!.losses,
+        ).flat();
+        return {
+          ...report,
+          loss: losses.reduce((a, b) => a + b, 0) / losses.length,
+          serverSpans: this.server.takeSpans(),
+        };
       });
     done.catch(async () => {
       await this.close();
@@ -408,7 +447,9 @@ export const l2l: StrategySpec = {
     const k = cfg.stages;
     check(
       cfg.devices === undefined ||
-        parseDevices(cfg.devices, k).every((d) => d.kind === 'thread'),
+        parseDevices(cfg.devices, k, cfg.replicas).every(
+          (d) => d.kind === 'thread',
+        ),
       `--strategy l2l keeps its parameter server in memory it shares with its devices, worker threads; drop --devices ${cfg.devices}`,
     );
     check(
@@ -423,12 +464,13 @@ export const l2l: StrategySpec = {
         model: model.config,
         ranges,
         schedule: cfg.schedule,
+        replicas: cfg.replicas,
         microBatches: cfg.microBatches,
         optimizer: optimizerConfigOf(cfg),
         stash: cfg.stash,
         serverThreads: cfg.serverThreads,
         deviceMemory: cfg.deviceMemory,
-        threads: threadsPerDevice(cfg, cfg.stages),
+        threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
         precision: cfg.precision,
         traceGpu: cfg.trace !== undefined,
       },

@@ -125,8 +125,15 @@ export function spanName(s: TraceSpan): string {
 
 export class TraceRecorder {
   readonly spans: TimelineSpan[] = [];
-  /** @param keepSpans keep every span (for the trace files); otherwise only the totals. */
-  constructor(private readonly keepSpans = true) {}
+  /**
+   * @param keepSpans keep every span (for the trace files); otherwise only the totals.
+   * @param deviceName the track name of device d (default `stage d`; data-parallel runs name
+   *   the replica, e.g. `replica 1 stage 0`)
+   */
+  constructor(
+    private readonly keepSpans = true,
+    private readonly deviceName: (d: number) => string = (d) => `stage ${d}`,
+  ) {}
 
   private origin: number | null = null;
   /** Track names by track number. */
@@ -155,6 +162,13 @@ export class TraceRecorder {
 
   /** L2L: whether the run records the GPU's spans (webgpu), decided by its first report. */
   private gpuTrack: boolean | undefined;
+  /** L2L: the devices of the run (a pipelined relay or replicas: several), each with its own tracks. */
+  private relayDevices = 1;
+
+  /** L2L: tracks per device (its own, its GPU's where recorded, its transfers). */
+  private get relayTracks(): number {
+    return this.gpuTrack ? 3 : 2;
+  }
 
   /** Adds one step's report (its spans are aligned by each stage's start time). */
   add(step: number, r: StepReport): void {
@@ -163,18 +177,17 @@ export class TraceRecorder {
     if (relay)
       this.gpuTrack ??= r.traces.some((spans) => spans.some((s) => s.gpu));
     const g = this.gpuTrack ? 1 : 0; // tracks after the device's own move down by one
+    if (relay) this.relayDevices = r.traces.length;
     r.traces.forEach((spans, stage) => {
       const base = r.startedAt[stage] - this.origin!;
       let busy = 0;
       let end = 0;
-      if (!relay) this.tracks.set(stage, `stage ${stage}`);
+      if (!relay) this.tracks.set(stage, this.deviceName(stage));
+      // L2L: each device's own track, its GPU's and its transfers', device after device
+      const first = stage * this.relayTracks;
       for (const s of spans) {
         const track = relay
-          ? s.gpu
-            ? 1
-            : TRANSFERS.has(s.label)
-              ? 1 + g
-              : 0
+          ? first + (s.gpu ? 1 : TRANSFERS.has(s.label) ? 1 + g : 0)
           : stage;
         // a device running several stages (interleaved, V-shape): its spans name their stage
         if (!relay && s.stage !== stage) this.severalStages = true;
@@ -196,9 +209,16 @@ export class TraceRecorder {
       this.peaks[stage] = Math.max(this.peaks[stage] ?? 0, r.peakBytes[stage]);
     });
     if (relay) {
-      this.tracks.set(0, 'device');
-      if (g) this.tracks.set(1, 'device GPU');
-      this.tracks.set(1 + g, 'transfers');
+      for (let d = 0; d < this.relayDevices; d++) {
+        const name = this.relayDevices > 1 ? `device ${d}` : 'device';
+        const first = d * this.relayTracks;
+        this.tracks.set(first, name);
+        if (g) this.tracks.set(first + 1, `${name} GPU`);
+        this.tracks.set(
+          first + 1 + g,
+          this.relayDevices > 1 ? `${name} transfers` : 'transfers',
+        );
+      }
       this.addServerSpans(step, r.serverSpans!);
     }
   }
@@ -212,7 +232,7 @@ export class TraceRecorder {
   addServerSpans(step: number, spans: readonly ServerSpan[]): void {
     if (this.origin === null) return;
     for (const u of spans) {
-      const track = (this.gpuTrack ? 3 : 2) + u.thread;
+      const track = this.relayDevices * this.relayTracks + u.thread;
       this.tracks.set(track, `PS thread ${u.thread}`);
       const t0 = u.startedAt - this.origin;
       if (this.keepSpans) {

@@ -384,7 +384,14 @@ async function run(
     spec.stageLosses,
     cfg.layerDrop > 0,
   );
-  const recorder = new TraceRecorder(cfg.trace !== undefined);
+  // data-parallel replicas: device d is replica floor(d / K)'s device d mod K
+  const perReplica = strategy.devices / cfg.replicas;
+  const recorder = new TraceRecorder(
+    cfg.trace !== undefined,
+    cfg.replicas > 1
+      ? (d) => `replica ${Math.floor(d / perReplica)} stage ${d % perReplica}`
+      : undefined,
+  );
   /** summary.json's fields from the steps recorded so far. */
   const summarize = (): Summary => ({
     strategy: cfg.strategy,
