@@ -163,9 +163,14 @@ expectBadInput(
   10e3,
 );
 expectBadInput(
-  'l2l on several devices',
-  [...TINY, '--strategy', 'l2l', '--stages', '2'],
-  /--strategy l2l runs on one device; drop --stages 2/,
+  'l2l pipelined on a schedule with a split backward',
+  [...TINY, '--strategy', 'l2l', '--stages', '2', '--schedule', 'zb-h1'],
+  /--strategy l2l --stages 2 pipelines its relay on --schedule gpipe or 1f1b, not zb-h1/,
+);
+expectBadInput(
+  'l2l on device processes',
+  [...TINY, '--strategy', 'l2l', '--stages', '2', '--devices', 'process'],
+  /--strategy l2l keeps its parameter server in memory it shares with its devices, worker threads; drop --devices process/,
 );
 
 test('a generous --device-memory trains normally and reports the predicted peaks beside the measured ones', () => {

@@ -20,6 +20,7 @@ import { profileAuxHeads } from '../plan/budget.js';
 import {
   checkRequest,
   describe,
+  label,
   type Plan,
   type PlanRequest,
   plan,
@@ -150,7 +151,7 @@ export async function runPlan(
     s.unavailable
       ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
       : [
-          s.strategy,
+          label(s),
           s.fits ? 'yes' : 'NO',
           String(s.stages),
           String(s.microBatches),
@@ -197,13 +198,20 @@ export async function runPlan(
     .map(([f, v]) => ` ${f} ${String(v)}`)
     .join('');
   const rec = p.recommended
-    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.strategies.find((s) => s.strategy === p.recommended)!)} --batch-size ${cfg.batchSize}${o.deviceMemory !== undefined ? ` --device-memory ${o.deviceMemory}` : ''}`
+    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.recommendedPlan!)} --batch-size ${cfg.batchSize}${o.deviceMemory !== undefined ? ` --device-memory ${o.deviceMemory}` : ''}`
     : `recommendation: ${p.recommendation}`;
   const notes = [
-    'throughput assumes one device per stage (a core or an accelerator each)',
-    ...p.strategies.flatMap((s) =>
-      s.unavailable ? [] : (specOf(s.strategy).planNote ?? []),
-    ),
+    ...new Set([
+      'throughput assumes one device per stage (a core or an accelerator each)',
+      ...p.strategies.flatMap((s) =>
+        s.unavailable ? [] : (specOf(s.strategy).planNote ?? []),
+      ),
+      ...(p.strategies.some((s) => s.replicas)
+        ? [
+            "a row with replicas: R copies of the strategy's devices, each on 1/R of the mini-batch; peaks are one replica's, the gradient all-reduce is taken as free",
+          ]
+        : []),
+    ]),
   ];
   return {
     plan: p,

@@ -308,10 +308,6 @@ export function resolveConfig(
     c.replicas === 1 || c.strategy !== 'local',
     `--replicas ${c.replicas}: data-parallel replicas run single, gpipe and l2l, whose updates are the mini-batch's; local parallelism's stages update on their own; drop --replicas`,
   );
-  check(
-    c.batchSize % (c.microBatches * c.replicas) === 0,
-    `--batch-size ${c.batchSize} must be a multiple of --replicas ${c.replicas} x --micro-batches ${c.microBatches} = ${c.microBatches * c.replicas} (each replica takes an equal share, cut in M micro-batches)`,
-  );
   posInt('batch-size', c.batchSize);
   posInt('steps', c.steps);
   posInt('warmup', c.warmup, 0);
@@ -341,6 +337,10 @@ export function resolveConfig(
   check(
     c.batchSize % c.microBatches === 0,
     `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`,
+  );
+  check(
+    c.batchSize % (c.microBatches * c.replicas) === 0,
+    `--batch-size ${c.batchSize} must be a multiple of --replicas ${c.replicas} x --micro-batches ${c.microBatches} = ${c.microBatches * c.replicas} (each replica takes an equal share, cut in M micro-batches)`,
   );
   for (const k of ['layers', 'dModel', 'heads', 'context'] as const) {
     if (c[k] !== undefined)
@@ -490,6 +490,11 @@ export function stageCount(cfg: TrainConfig): number {
   if (cfg.strategy !== 'gpipe' || cfg.scheduleFile !== undefined)
     return cfg.stages;
   return cfg.stages * stagesPerDevice(cfg.schedule, cfg.virtualStages);
+}
+
+/** Examples per micro-batch of a run: the mini-batch cut among its replicas, then in M micro-batches. */
+export function microBatchSize(cfg: TrainConfig): number {
+  return cfg.batchSize / (cfg.microBatches * cfg.replicas);
 }
 
 /** The schedule a run names (summary.json, the run's first lines): the kind, or the file it ran. */

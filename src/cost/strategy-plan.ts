@@ -65,6 +65,12 @@ export interface StrategyPlan {
   unavailable?: string;
   /** L2L: where the stash lives. */
   stash?: 'host' | 'device';
+  /**
+   * Data-parallel replicas R of the plan (absent: one): R copies of its devices, each on 1/R
+   * of the mini-batch; its peaks are one replica's, its step time one replica's on its share
+   * (the gradient all-reduce taken as free).
+   */
+  replicas?: number;
   /** How the plan table shows its re-materialization and schedule ('-' where they do not apply). */
   display: { remat: string; schedule: string };
 }

@@ -11,6 +11,8 @@ import {
   chainPlacement,
   lower,
   makeSchedule,
+  relayPipelineTraining,
+  type ScheduleKind,
   stagesPerDevice,
 } from '../schedule/schedule.js';
 import { opCost, simulate } from '../schedule/simulate.js';
@@ -169,5 +171,48 @@ export function predictRelayStepTime(
     seconds,
     bubble: [seconds > 0 ? wait / seconds : 0],
     busySeconds: [device],
+  };
+}
+
+/**
+ * Predicted time of a pipelined relay step (L2L on K devices, one stage of layers `ranges[d]`
+ * each), seconds: simulates schedule/schedule.ts relayPipelineTraining with each layer's
+ * forward and backward (re-computation included) per micro-batch, transfers taken as free.
+ * The parameter server's updates (all parameters at `hostRate`) overlap the next step's
+ * forward as in {@link predictRelayStepTime} with clipping: the step grows by what they
+ * exceed the first device's forward. `bubble` is each device's idle fraction.
+ */
+export function predictRelayPipelineStepTime(
+  c: MicroBatchCosts,
+  ranges: readonly StageRange[],
+  shape: RelayShape & { schedule: ScheduleKind },
+  hostRate = HOST_UPDATE_PARAMS_PER_SECOND,
+): StepTime {
+  const sched = relayPipelineTraining(shape.schedule, shape.m, ranges);
+  const terms = {
+    fwd: 0,
+    bwd: 0,
+    opt: 0,
+    recomputes: () => false,
+    tail: 0,
+    layer: (l: number) => ({
+      fwd: c.blocks[l]!.fwdSeconds,
+      bwd: c.blocks[l]!.fwdSeconds + c.blocks[l]!.bwdSeconds,
+    }),
+  };
+  const sim = simulate(sched, (_d, a) => opCost(a, terms));
+  const busy = new Array<number>(sched.length).fill(0);
+  for (const e of sim.events) busy[e.device] += e.end - e.start;
+  const r0 = ranges[0]!;
+  const firstForward =
+    shape.m *
+    c.blocks.slice(r0.from, r0.to).reduce((a, l) => a + l.fwdSeconds, 0);
+  const server = c.blocks.reduce((s, l) => s + l.paramBytes / 4, 0) / hostRate;
+  const wait = Math.max(0, server - firstForward);
+  const seconds = sim.makespan + wait;
+  return {
+    seconds,
+    bubble: busy.map((b) => (seconds > 0 ? 1 - b / seconds : 0)),
+    busySeconds: busy,
   };
 }

@@ -87,9 +87,20 @@ test('sizes: SI and IEC units, plain and scientific bytes; bad sizes name the fi
   }
 });
 
-test('a model too large for one device: single does not fit, gpipe does, and is recommended', () => {
+test('a model too large for one device: single does not fit, gpipe and 4 replicas of single (a quarter of the batch each) do; the fastest that fits is recommended', () => {
   const p = plan(profile(8), REQ);
-  const single = p.strategies.find((s) => s.strategy === 'single')!;
+  const single = p.strategies.find(
+    (s) => s.strategy === 'single' && !s.replicas,
+  )!;
+  const replicated = p.strategies.find(
+    (s) => s.strategy === 'single' && s.replicas === 4,
+  )!;
+  assert.equal(replicated.fits, true);
+  assert.ok(replicated.peakBytes[0]! < single.peakBytes[0]!);
+  const fastest = Math.min(
+    ...p.strategies.filter((s) => s.fits && s.exact).map((s) => s.stepSeconds),
+  );
+  assert.equal(p.recommendedPlan!.stepSeconds, fastest);
   const gpipe = p.strategies.find((s) => s.strategy === 'gpipe')!;
   assert.equal(single.fits, false);
   assert.ok(single.peakBytes[0] > 512 * MiB);
@@ -100,10 +111,16 @@ test('a model too large for one device: single does not fit, gpipe does, and is 
     8,
   );
   assert.ok(32 % gpipe.microBatches === 0);
-  assert.equal(p.recommended, 'gpipe');
+  // without the replicas (a batch they cannot split), gpipe is recommended
+  const odd = plan(profile(8), { ...REQ, batchSize: 30 });
+  assert.equal(odd.recommended, 'gpipe');
   assert.match(
-    p.recommendation,
+    odd.recommendation,
     /^gpipe \(--strategy gpipe --stages 4 --micro-batches \d+ --checkpoint \w+ --schedule [\w-]+ --balance [\d,]+\)/,
+  );
+  assert.match(
+    plan(profile(8), REQ).recommendation,
+    /--replicas 4|--strategy gpipe/,
   );
   // the equal blocks are balanced evenly over the stages (2 each, or 1 each where a schedule
   // runs 2 stages per device); the bubble is predicted from the simulated schedule, per device
@@ -120,10 +137,7 @@ test('a generous budget: the fastest exact plan wins; a tiny one: nothing fits, 
   const fastest = Math.min(
     ...big.strategies.filter((s) => s.exact).map((s) => s.stepSeconds),
   );
-  assert.equal(
-    big.strategies.find((s) => s.strategy === big.recommended)!.stepSeconds,
-    fastest,
-  );
+  assert.equal(big.recommendedPlan!.stepSeconds, fastest);
   const tiny = plan(profile(8), { ...REQ, deviceMemory: MiB });
   assert.equal(tiny.recommended, null);
   assert.match(

@@ -28,6 +28,8 @@ export interface Plan {
   strategies: StrategyPlan[];
   /** Name of the recommended strategy, or null when none fits. */
   recommended: string | null;
+  /** The recommended plan (a strategy may be planned with and without replicas). */
+  recommendedPlan: StrategyPlan | null;
   /** One or two sentences: what to run, or what to change. */
   recommendation: string;
 }
@@ -80,6 +82,7 @@ export function plan(profile: ModelProfile, req: PlanRequest): Plan {
       );
     return spec.plan(profile, req);
   });
+  strategies.push(...replicatedPlans(profile, req));
   const fitting = strategies.filter((s) => s.fits && !s.unavailable);
   // exact strategies (the same updates as single-device backprop) first; local only when none fits
   const pool = fitting.some((s) => s.exact)
@@ -100,14 +103,14 @@ export function plan(profile: ModelProfile, req: PlanRequest): Plan {
           ratio < 1
             ? `and is predicted ${(1 / ratio).toFixed(2)}x faster`
             : `but is predicted ${ratio.toFixed(2)}x slower`;
-        return `${s.strategy} fits too ${speed}${s.exact ? '' : ` (${describe(s)}; it trains with local losses, not backprop's updates)`}`;
+        return `${label(s)} fits too ${speed}${s.exact ? '' : ` (${describe(s)}; it trains with local losses, not backprop's updates)`}`;
       });
     const rate =
       (req.tokensPerExample ?? 1) > 1
         ? `${Math.round(r.tokensPerSecond)} tokens/s`
         : `${Math.round(r.examplesPerSecond)} examples/s`;
     recommendation =
-      `${r.strategy} (${describe(r)}): predicted ${rate}, peak ${formatSize(maxOf(r.peakBytes))} of ${formatSize(req.deviceMemory)}` +
+      `${label(r)} (${describe(r)}): predicted ${rate}, peak ${formatSize(maxOf(r.peakBytes))} of ${formatSize(req.deviceMemory)}` +
       (others.length ? `; ${others.join('; ')}` : '');
   } else {
     const avail = strategies.filter((s) => !s.unavailable);
@@ -122,8 +125,45 @@ export function plan(profile: ModelProfile, req: PlanRequest): Plan {
     request: req,
     strategies,
     recommended: recommended?.strategy ?? null,
+    recommendedPlan: recommended,
     recommendation,
   };
+}
+
+/**
+ * Data-parallel plans for K >= 2 devices: each strategy that runs on one device and updates
+ * exactly (single, l2l), replicated K times (`--replicas K`), each replica on N/K of the
+ * mini-batch: its best one-device plan for N/K, whose step then covers all N examples. The
+ * gradient all-reduce is taken as free (threads exchange transferred buffers; for l2l the
+ * parameter server sums the replicas' pushes).
+ */
+function replicatedPlans(
+  profile: ModelProfile,
+  req: PlanRequest,
+): StrategyPlan[] {
+  const r = req.stages;
+  if (r < 2 || req.batchSize % r !== 0) return [];
+  const share = req.batchSize / r;
+  if (req.microBatches !== undefined && share % req.microBatches !== 0)
+    return [];
+  return STRATEGY_SPECS.filter(
+    (spec) => spec.exact && (spec.oneDevice || spec.anyStages),
+  ).map((spec) => {
+    const p = spec.plan(profile, { ...req, stages: 1, batchSize: share });
+    const perSecond =
+      p.stepSeconds > 0 ? req.batchSize / p.stepSeconds : Infinity;
+    return {
+      ...p,
+      replicas: r,
+      examplesPerSecond: perSecond,
+      tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
+    };
+  });
+}
+
+/** A plan's name in sentences: its strategy, with its replicas where more than one. */
+export function label(p: StrategyPlan): string {
+  return p.replicas ? `${p.strategy} x${p.replicas} replicas` : p.strategy;
 }
 
 function maxOf(xs: number[]): number {
@@ -132,5 +172,6 @@ function maxOf(xs: number[]): number {
 
 /** The training flags that realise a plan, e.g. `--strategy gpipe --stages 2 --micro-batches 8 --checkpoint except_last --schedule 1f1b --balance 3,2`. */
 export function describe(p: StrategyPlan): string {
-  return specOf(p.strategy).flags(p);
+  const flags = specOf(p.strategy).flags(p);
+  return p.replicas ? `${flags} --replicas ${p.replicas}` : flags;
 }

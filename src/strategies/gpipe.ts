@@ -10,6 +10,7 @@
 
 import { readFileSync } from 'node:fs';
 import {
+  microBatchSize,
   optimizerConfigOf,
   scheduleName,
   type TrainConfig,
@@ -187,22 +188,18 @@ export const gpipe: StrategySpec = {
     );
   },
   memory: {
-    microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
+    microBatch: microBatchSize,
     predictPeakBytes: (profile, cfg, ranges) =>
-      predictPeakBytes(
-        costsAt(profile, cfg.batchSize / cfg.microBatches),
-        ranges,
-        {
-          m: cfg.microBatches,
-          remat: cfg.remat,
-          schedule: cfg.schedule,
-          virtualStages: cfg.virtualStages,
-          ...(cfg.scheduleFile !== undefined
-            ? gpipeComputeSchedule(cfg, cfg.stages)
-            : {}),
-          slots: optimizerSlots(optimizerConfigOf(cfg)),
-        },
-      ),
+      predictPeakBytes(costsAt(profile, microBatchSize(cfg)), ranges, {
+        m: cfg.microBatches,
+        remat: cfg.remat,
+        schedule: cfg.schedule,
+        virtualStages: cfg.virtualStages,
+        ...(cfg.scheduleFile !== undefined
+          ? gpipeComputeSchedule(cfg, cfg.stages)
+          : {}),
+        slots: optimizerSlots(optimizerConfigOf(cfg)),
+      }),
   },
   /**
    * Searches every number of micro-batches M dividing N (or the one given), every
@@ -286,5 +283,5 @@ export const gpipe: StrategySpec = {
     `--strategy gpipe --stages ${p.stages} --micro-batches ${p.microBatches} --checkpoint ${p.remat} --schedule ${p.schedule} --balance ${p.balance.join(',')}`,
   outOfMemoryAdvice: () => 'try --strategy l2l, or more --stages',
   describeRun: (cfg) =>
-    `micro-batches ${cfg.microBatches} of ${cfg.batchSize / cfg.microBatches}, schedule ${scheduleName(cfg)}, checkpoint (re-materialization) ${cfg.remat}`,
+    `${cfg.replicas > 1 ? `${cfg.replicas} replicas, each ` : ''}micro-batches ${cfg.microBatches} of ${microBatchSize(cfg)}, schedule ${scheduleName(cfg)}, checkpoint (re-materialization) ${cfg.remat}`,
 };

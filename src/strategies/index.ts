@@ -9,6 +9,7 @@
  */
 
 import {
+  microBatchSize,
   optimizerConfigOf,
   stageCount,
   type TrainConfig,
@@ -163,7 +164,7 @@ export async function resolveStages(
   const costs = await profiledBalanceCosts(model, {
     kind: cfg.balance,
     backend: cfg.backend,
-    microBatch: cfg.batchSize / cfg.microBatches,
+    microBatch: microBatchSize(cfg),
     stages: stageCount(cfg),
     shape: {
       m: cfg.microBatches,

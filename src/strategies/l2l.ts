@@ -21,14 +21,21 @@
  */
 
 import type { Precision } from '../backend/names.js';
-import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
+import {
+  microBatchSize,
+  optimizerConfigOf,
+  type TrainConfig,
+} from '../config/config.js';
 import { costsAt } from '../cost/costs.js';
 import {
   predictRelayPeakBytes,
   predictRelayPipelinePeakBytes,
 } from '../cost/memory.js';
 import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
-import { predictRelayStepTime } from '../cost/time.js';
+import {
+  predictRelayPipelineStepTime,
+  predictRelayStepTime,
+} from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostTensor } from '../data/microbatch.js';
 import { paramKey, readByProducts } from '../model/block.js';
@@ -37,7 +44,11 @@ import type { Model, ModelConfig } from '../model/model.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { ParameterServer, type ServerSpan } from '../param-server/server.js';
 import { blockLayers } from '../param-server/store.js';
-import type { StageRange } from '../partition/balance.js';
+import {
+  balanceByCost,
+  type StageRange,
+  stageRanges,
+} from '../partition/balance.js';
 import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
 import { StageWorker } from '../runtime/device.js';
 import { parseDevices } from '../runtime/devices.js';
@@ -46,6 +57,7 @@ import type { StageStepResult } from '../runtime/protocol.js';
 import { transferables } from '../runtime/serialize.js';
 import {
   evalSchedule,
+  idealBubble,
   RELAY_PIPELINE_SCHEDULES,
   relayEvalSchedule,
   relayPipelineSchedule,
@@ -59,6 +71,7 @@ import { formatSize } from '../util/size.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 import {
   evaluateBatches,
+  mergeReplicas,
   microBatchesOf,
   stepReport,
   submission,
@@ -275,9 +288,8 @@ export class L2LStrategy implements Strategy {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
     const k = this.k;
-    // training: every replica on its share; evaluation: replica 0 on the whole batch
-    const replicas = training ? this.replicas : 1;
-    const workers = this.workers.slice(0, k * replicas);
+    const replicas = this.replicas; // each on its share of the batch
+    const workers = this.workers;
     const { inputs, labels } = microBatchesOf(batch, m * replicas);
     // each device's pushes, as its schedule says (a pipelined relay pushes per micro-batch)
     const pushesOf = schedule.map(
@@ -387,7 +399,8 @@ export class L2LStrategy implements Strategy {
         const sched = this.evalSchedule();
         return evaluateBatches(
           batches,
-          (b) => this.run(sched, b, 0, false),
+          async (b) =>
+            mergeReplicas(await this.run(sched, b, 0, false), this.k),
           false,
         );
       });
@@ -478,10 +491,10 @@ export const l2l: StrategySpec = {
       params,
     ),
   memory: {
-    microBatch: (cfg) => cfg.batchSize / cfg.microBatches,
+    microBatch: microBatchSize,
     // parameters and optimizer state live in host memory, so the optimizer's slots do not count
     predictPeakBytes: (profile, cfg, ranges) => {
-      const costs = costsAt(profile, cfg.batchSize / cfg.microBatches);
+      const costs = costsAt(profile, microBatchSize(cfg));
       const shape = { m: cfg.microBatches, stash: cfg.stash };
       return ranges.length > 1
         ? predictRelayPipelinePeakBytes(costs, ranges, {
@@ -503,8 +516,56 @@ export const l2l: StrategySpec = {
         ? [req.microBatches]
         : divisors(req.batchSize);
     let best: StrategyPlan | null = null;
+    const n = profile.blocks.length;
     for (const m of ms) {
       const costs = costsAt(profile, req.batchSize / m);
+      // the pipelined relay on the request's K devices: layers balanced by time, gpipe or 1F1B
+      if (req.stages >= 2 && req.stages <= n) {
+        const k = req.stages;
+        const balance = balanceByCost(
+          costs.blocks.map((b) => 2 * b.fwdSeconds + b.bwdSeconds),
+          k,
+        );
+        const ranges = stageRanges(balance);
+        for (const schedule of RELAY_PIPELINE_SCHEDULES)
+          for (const stash of ['host', 'device'] as const) {
+            const peakBytes = predictRelayPipelinePeakBytes(costs, ranges, {
+              m,
+              stash,
+              schedule,
+            });
+            const t = predictRelayPipelineStepTime(costs, ranges, {
+              m,
+              stash,
+              schedule,
+            });
+            const perSecond =
+              t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+            const p: StrategyPlan = {
+              strategy: 'l2l',
+              exact: true,
+              fits: peakBytes.every((b) => b <= req.deviceMemory),
+              stages: k,
+              microBatches: m,
+              remat: 'always',
+              schedule,
+              balance,
+              balancedBy: 'time',
+              peakBytes,
+              stepSeconds: t.seconds,
+              bubble: t.bubble,
+              idealBubble: idealBubble(m, k),
+              examplesPerSecond: perSecond,
+              tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
+              stash,
+              display: {
+                remat: 'always',
+                schedule: `${schedule} relay, stash ${stash}`,
+              },
+            };
+            if (!best || better(p, best)) best = p;
+          }
+      }
       for (const stash of ['host', 'device'] as const) {
         const peak = predictRelayPeakBytes(costs, { m, stash });
         const t = predictRelayStepTime(costs, {
@@ -540,13 +601,16 @@ export const l2l: StrategySpec = {
   planNote:
     "l2l's step is the device's work (every layer re-computed in backward) plus the part of the parameter server's host updates that the device's work does not hide",
   flags: (p) =>
-    `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}`,
+    `--strategy l2l --micro-batches ${p.microBatches} --stash ${p.stash}` +
+    (p.stages > 1
+      ? ` --stages ${p.stages} --schedule ${p.schedule} --balance ${p.balance.join(',')}`
+      : ''),
   outOfMemoryAdvice: (cfg) =>
     `try a smaller --batch-size or more --micro-batches${cfg.stash === 'host' ? '' : ', or --stash host'}`,
   describeRun(cfg: TrainConfig, bytes: number) {
     const slots = cfg.optimizer === 'adamw' ? 2 : 1;
     return (
-      `l2l: ${cfg.microBatches} micro-batch(es) of ${cfg.batchSize / cfg.microBatches}, stash in ${cfg.stash} memory; ` +
+      `l2l${cfg.stages > 1 ? ` on ${cfg.stages} pipelined devices (schedule ${cfg.schedule})` : ''}${cfg.replicas > 1 ? `, ${cfg.replicas} replicas` : ''}: ${cfg.microBatches} micro-batch(es) of ${microBatchSize(cfg)}, stash in ${cfg.stash} memory; ` +
       `the parameter server holds ${formatSize(bytes * (1 + slots))} of parameters and optimizer state in host memory (${cfg.serverThreads} optimizer thread(s))`
     );
   },

@@ -37,6 +37,7 @@ import {
 import { describeFaults } from './numeric-fault.js';
 import {
   evaluateBatches,
+  mergeReplicas,
   microBatchesOf,
   stepReport,
   submission,
@@ -276,10 +277,9 @@ export class PipelineStrategy implements Strategy {
 
   /**
    * Sends one schedule to every stage (with the batch's micro-batches, if any) of every
-   * replica (`firstReplica`: of replica 0 alone, on the whole batch: evaluation); all-reduces
-   * the gradient norm when the schedule has a reduce_grad_norm. `first` resolves when stage 0
-   * is done, `all` when every stage is (results in device order). If a stage fails, every
-   * worker is stopped and both reject.
+   * replica (each on its share of the batch); all-reduces the gradient norm when the schedule
+   * has a reduce_grad_norm. `first` resolves when stage 0 is done, `all` when every stage is
+   * (results in device order). If a stage fails, every worker is stopped and both reject.
    */
   private dispatch(
     schedule: Schedule,
@@ -287,7 +287,6 @@ export class PipelineStrategy implements Strategy {
     lr: number,
     diagnose = false,
     dropped?: readonly number[],
-    firstReplica = false,
   ): {
     first: Promise<unknown>;
     all: Promise<StageStepResult[]>;
@@ -296,8 +295,8 @@ export class PipelineStrategy implements Strategy {
     const fault: { sums?: number[] } = {};
     const m = this.opts.microBatches;
     const k = this.k;
-    const replicas = firstReplica ? 1 : this.replicas;
-    const workers = this.workers.slice(0, k * replicas);
+    const replicas = this.replicas;
+    const workers = this.workers;
     // replica r takes micro-batches r*M .. r*M+M-1 of the mini-batch cut in R*M
     const { inputs, labels } = batch
       ? microBatchesOf(batch, m * replicas)
@@ -443,9 +442,12 @@ export class PipelineStrategy implements Strategy {
     await this.settle();
     return evaluateBatches(
       batches,
-      // replica 0 evaluates the whole batch
-      (b) =>
-        this.dispatch(this.opts.kind.eval, b, 0, false, undefined, true).all,
+      // every replica evaluates its share of the batch
+      async (b) =>
+        mergeReplicas(
+          await this.dispatch(this.opts.kind.eval, b, 0).all,
+          this.k,
+        ),
       this.opts.kind.labelsOnEveryStage,
       this.lossDevice(),
     );

@@ -130,7 +130,7 @@ test('replicas over device processes (process,process and process,thread) equal 
   }
 });
 
-test("gpipe --replicas 2 stopped at step 2 and resumed reaches the uninterrupted single run's losses", async () => {
+test('gpipe --replicas 2 (traced: a track per device) stopped at step 2 and resumed reaches the uninterrupted single run losses', async () => {
   const { train } = await import('../train/trainer.js');
   const dir = mkdtempSync(join(tmpdir(), 'layerwise-replicas-'));
   try {

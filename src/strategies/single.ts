@@ -46,9 +46,9 @@ export const single: StrategySpec = {
       params,
     ),
   memory: {
-    microBatch: (cfg) => cfg.batchSize,
+    microBatch: (cfg) => cfg.batchSize / cfg.replicas,
     predictPeakBytes: (profile, cfg, ranges) =>
-      predictPeakBytes(costsAt(profile, cfg.batchSize), ranges, {
+      predictPeakBytes(costsAt(profile, cfg.batchSize / cfg.replicas), ranges, {
         m: 1,
         remat: 'never',
         schedule: 'gpipe',

@@ -86,6 +86,28 @@ export async function evaluateBatches(
 }
 
 /**
+ * The results of R data-parallel replicas of K devices each (`rs[r * K + d]`) as one replica's
+ * K results whose losses and metrics are every replica's, replica after replica (each replica
+ * ran equal micro-batches, so their mean is the mini-batch's). The rest is replica 0's.
+ */
+export function mergeReplicas(
+  rs: readonly StageStepResult[],
+  k: number,
+): StageStepResult[] {
+  const r = rs.length / k;
+  if (r === 1) return [...rs];
+  return rs.slice(0, k).map((first, d) => {
+    const mine = Array.from({ length: r }, (_, i) => rs[i * k + d]!);
+    const metrics = mine.flatMap((x) => x.metrics ?? []);
+    return {
+      ...first,
+      losses: mine.flatMap((x) => x.losses),
+      ...(metrics.length ? { metrics } : {}),
+    };
+  });
+}
+
+/**
  * A submitted step: `done` gives its report; `accepted` (default: `done`) says when the next
  * step may be submitted. Neither becomes an unhandled rejection: callers may await only one.
  */

@@ -407,7 +407,7 @@ async function run(
     ...(cfg.replicas > 1
       ? { replicas: cfg.replicas, devices: cfg.replicas * cfg.stages }
       : {}),
-    micro_batches: cfg.batchSize / spec.memory.microBatch(cfg),
+    micro_batches: cfg.batchSize / spec.memory.microBatch(cfg) / cfg.replicas,
     rematerialization: cfg.remat,
     schedule: scheduleName(cfg),
     balance: ranges.map((r) => r.to - r.from),
