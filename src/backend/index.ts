@@ -17,6 +17,7 @@ import { registerMatMulGrad } from './matmul-grad.js';
 import {
   BACKENDS,
   type BackendName,
+  checkPrecision,
   PRECISIONS,
   type Precision,
 } from './names.js';
@@ -132,10 +133,7 @@ export async function initBackend(
     (PRECISIONS as readonly string[]).includes(precision),
     `unknown precision '${precision}': expected one of ${PRECISIONS.join(', ')}`,
   );
-  check(
-    precision === 'fp32' || backend === 'native',
-    `--precision ${precision} needs --backend native (oneDNN's bf16 matmul); backend '${backend}' computes in fp32 only: use --precision fp32 or --backend native`,
-  );
+  checkPrecision(precision, backend);
   check(
     threads === undefined || (Number.isInteger(threads) && threads >= 1),
     `threads must be a positive integer, got ${threads}`,
@@ -145,7 +143,8 @@ export async function initBackend(
     wasmBackend.setThreadsCount(threads);
   if (backend === 'tensorflow' && threads !== undefined)
     process.env.TF_NUM_INTRAOP_THREADS ??= String(threads);
-  if (backend === 'webgpu') await installDawn(); // navigator.gpu before the backend package is imported
+  // navigator.gpu before the backend package is imported
+  const dawn = backend === 'webgpu' ? await installDawn() : undefined;
   if (backend === 'tensorflow' || backend === 'webgpu')
     await loadOptional(backend);
   if (backend === 'native') {
@@ -170,6 +169,22 @@ export async function initBackend(
   await tf.ready();
   if (backend === 'native')
     (tf.backend() as NativeBackend).precision = precision;
+  if (precision === 'f16') {
+    // f16 products need an adapter with shader-f16 (Mesa's lavapipe has it; Dawn's OpenGL backend does not)
+    const gpu = (globalThis as { navigator?: { gpu?: GPUWithAdapters } })
+      .navigator?.gpu;
+    const adapter = await gpu?.requestAdapter();
+    check(
+      adapter?.features?.has('shader-f16') === true,
+      `--precision f16 needs a webgpu adapter with the shader-f16 feature; this one (${dawn?.description ?? 'unknown'}) has none: use --precision fp32, or a GPU (or Mesa's lavapipe) that has it`,
+    );
+    const { registerF16Products } = await import('./webgpu-f16.js');
+    registerF16Products();
+  }
+}
+
+interface GPUWithAdapters {
+  requestAdapter(): Promise<{ features?: ReadonlySet<string> } | null>;
 }
 
 /**

@@ -6,7 +6,7 @@ import cliProgress from 'cli-progress';
  * over its --device-memory budget); a failing stage or any other error exits with status 1.
  */
 import { Command, InvalidArgumentError } from 'commander';
-import { BACKENDS, bf16Support, defaultBackend } from '../backend/names.js';
+import { BACKENDS, defaultBackend, precisionNote } from '../backend/names.js';
 import { LOSSES } from '../model/loss-names.js';
 import { PRESETS } from '../model/presets.js';
 import { SCHEDULE_KINDS } from '../schedule/schedule.js';
@@ -50,7 +50,9 @@ function hooks(): TrainHooks {
         `strategy ${config.strategy} on ${config.backend}: ${stages.join('; ')}`,
       );
       if (config.precision !== 'fp32')
-        console.log(`precision ${config.precision}: ${bf16Support().note}`);
+        console.log(
+          `precision ${config.precision}: ${precisionNote(config.precision)}`,
+        );
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
       if (budget?.budget !== undefined) {
@@ -184,6 +186,11 @@ program
   )
   .option('--batch-size <N>', 'mini-batch size (examples)', int)
   .option(
+    '--loss-scale <S>',
+    '--precision f16: the initial dynamic loss scale (default 65536; halved at each overflow, whose step is skipped, doubled after 2000 steps without)',
+    num,
+  )
+  .option(
     '--checkpoint <mode>',
     're-materialization: always | except_last | never',
   )
@@ -232,7 +239,7 @@ program
   )
   .option(
     '--precision <p>',
-    'fp32 (default) | bf16: mixed precision on --backend native (products on bfloat16 operands with fp32 accumulation; weights, optimizer state, norms, softmax and loss fp32)',
+    'fp32 (default) | bf16: mixed precision on --backend native (products on bfloat16 operands with fp32 accumulation; weights, optimizer state, norms, softmax and loss fp32) | f16: on --backend webgpu with shader-f16 (products on f16-rounded operands, dynamic loss scaling; single and gpipe)',
   )
   .option('--layers <n>', 'override the preset: layers', int)
   .option('--d-model <n>', 'override the preset: model width', int)

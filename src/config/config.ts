@@ -6,6 +6,7 @@
 import { basename } from 'node:path';
 import {
   BACKENDS,
+  checkPrecision,
   defaultBackend,
   PRECISIONS,
   type Precision,
@@ -105,11 +106,14 @@ export interface TrainConfig {
   layerDropSchedule: LayerDropSchedule;
   backend: string;
   /**
-   * Compute precision (backend/names.ts PRECISIONS): 'fp32', or 'bf16' mixed precision on the
-   * native backend (products on bf16 operands with float32 accumulation; master weights,
-   * optimizer state, norms, softmax, loss and gradient sums float32).
+   * Compute precision (backend/names.ts PRECISIONS): 'fp32', or mixed precision: 'bf16' on the
+   * native backend, 'f16' on webgpu with dynamic loss scaling (products on low-precision
+   * operands with float32 accumulation; master weights, optimizer state, norms, softmax, loss
+   * and gradient sums float32).
    */
   precision: Precision;
+  /** f16: the initial dynamic loss scale (optim/loss-scale.ts; default 2^16, halved at each overflow, doubled after 2000 steps without). */
+  lossScale: number;
   /** Threads of each device's kernels (native backend: its OpenMP team); 0 = the cores divided among the devices. */
   threads: number;
   out: string;
@@ -169,6 +173,7 @@ export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
   layerDropSchedule: 'constant',
   backend: defaultBackend(),
   precision: 'fp32',
+  lossScale: 65536,
   threads: 0,
   evalEvery: 50,
   evalBatches: 8,
@@ -272,9 +277,14 @@ export function resolveConfig(
   } as TrainConfig;
   oneOf('backend', c.backend, BACKENDS);
   oneOf('precision', c.precision, PRECISIONS);
+  checkPrecision(c.precision, c.backend);
   check(
-    c.precision === 'fp32' || c.backend === 'native',
-    `--precision ${c.precision} needs --backend native (oneDNN's bf16 matmul); backend ${c.backend} computes in fp32 only: use --precision fp32 or --backend native`,
+    c.lossScale > 0 && Number.isFinite(c.lossScale),
+    `--loss-scale must be a positive number, got ${c.lossScale}`,
+  );
+  check(
+    c.precision !== 'f16' || c.strategy === 'single' || c.strategy === 'gpipe',
+    `--precision f16 (with dynamic loss scaling) runs --strategy single and gpipe so far, not ${c.strategy}: use --precision fp32`,
   );
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);

@@ -81,6 +81,11 @@ export interface StepInputs {
    * (default 1): the mini-batch loss averages M x R micro-batch losses.
    */
   replicas?: number;
+  /**
+   * Loss scaling (f16, Micikevicius et al., 2018): the loss is multiplied by this before
+   * backward, so small gradients survive f16; default 1.
+   */
+  lossScale?: number;
   /** Learning rate of this step. */
   lr: number;
   /**
@@ -165,10 +170,12 @@ export interface StepIO {
   /** Micro-batches M of this step. */
   readonly m: number;
   /**
-   * Micro-batches whose losses the mini-batch loss averages: M, times the replicas R of a
-   * data-parallel run. The last stage seeds each micro-batch's backward with 1 / this.
+   * The gradient the last stage seeds each micro-batch's backward with: the loss scale (1, or
+   * f16's dynamic loss scale S) over the micro-batches the mini-batch loss averages (M, times
+   * the replicas R of a data-parallel run): S / (M R). Parameter gradients come out S times
+   * the mini-batch gradient; the step divides by S.
    */
-  readonly lossMicroBatches: number;
+  readonly lossSeed: number;
   /** Learning rate of this step. */
   readonly lr: number;
   /** Global clipping scale from the step's reduce_grad_norm (1 before it; NaN: a numeric fault, update nothing). */
@@ -377,7 +384,7 @@ export async function execute(
   let outstanding = 0; // GPU marks whose work the GPU has not reported done yet
   const io: StepIO = {
     m: inp.m,
-    lossMicroBatches: inp.m * (inp.replicas ?? 1),
+    lossSeed: (inp.lossScale ?? 1) / (inp.m * (inp.replicas ?? 1)),
     lr: inp.lr,
     diagnose: inp.diagnose === true,
     dropped: new Set(inp.dropped ?? []),

@@ -433,7 +433,7 @@ export class RelayStage implements StageProgram {
     // the stage's last layer (not the model's): the next stage's gradient of its output
     const fromNext = !last && this.nextLayer(l, io) >= this.range.to;
     const seed = last
-      ? tf.scalar(1 / io.lossMicroBatches)
+      ? tf.scalar(io.lossSeed)
       : fromNext
         ? io.takeOutputGrad(mb)
         : this.dys.get(mb);

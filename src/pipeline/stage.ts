@@ -66,7 +66,7 @@ export class Stage extends TrainableStage {
       const dx = this.backward(
         a.mb,
         this.isLast ? null : io.takeOutputGrad(a.mb),
-        io.lossMicroBatches,
+        io.lossSeed,
         io.diagnose,
       );
       if (dx) io.putInputGrad(a.mb, dx);
@@ -76,7 +76,7 @@ export class Stage extends TrainableStage {
       const dx = this.backwardInput(
         a.mb,
         this.isLast ? null : io.takeOutputGrad(a.mb),
-        io.lossMicroBatches,
+        io.lossSeed,
       );
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
@@ -182,20 +182,21 @@ export class Stage extends TrainableStage {
 
   /**
    * Backward of micro-batch `mb`: `dy` is the gradient of its output ([B/M, ...] like the
-   * output; ignored on the last stage, which uses 1/m). Accumulates the parameter gradients
+   * output; ignored on the last stage, which seeds `lossSeed`, 1/M times the loss scale).
+   * Accumulates the parameter gradients
    * and returns the gradient of the stage input (null on the first stage).
    */
   backward(
     mb: number,
     dy: tf.Tensor | null,
-    m: number,
+    lossSeed: number,
     diagnose = false,
   ): tf.Tensor | null {
     const st = this.mbs.get(mb);
     if (!st)
       throw new Error(`backward of micro-batch ${mb} without its forward`);
     this.mbs.delete(mb);
-    const seed = this.isLast ? tf.scalar(1 / m) : dy!;
+    const seed = this.isLast ? tf.scalar(lossSeed) : dy!;
     const keys = this.params.keys(st.dropped);
     const params = this.params.list(keys);
     const wantInput = !this.isFirst;
@@ -240,13 +241,17 @@ export class Stage extends TrainableStage {
    * weight-gradient work, with the tape it needs, for {@link backwardWeight}. Throws when the
    * micro-batch had no forward or already ran its I.
    */
-  backwardInput(mb: number, dy: tf.Tensor | null, m: number): tf.Tensor | null {
+  backwardInput(
+    mb: number,
+    dy: tf.Tensor | null,
+    lossSeed: number,
+  ): tf.Tensor | null {
     const st = this.mbs.get(mb);
     if (!st || st.pending)
       throw new Error(
         `backward_input of micro-batch ${mb} ${st ? 'twice' : 'without its forward'}`,
       );
-    const seed = this.isLast ? tf.scalar(1 / m) : dy!;
+    const seed = this.isLast ? tf.scalar(lossSeed) : dy!;
     const params = this.params.list(this.params.keys(st.dropped));
     const wantInput = !this.isFirst;
     const t0 = performance.now();

@@ -77,6 +77,8 @@ export interface StageStep {
   diagnose?: boolean;
   /** Blocks (model indices) skipped this step by --layer-drop (see model/layer-drop.ts). */
   dropped?: number[];
+  /** f16: the dynamic loss scale of this step (see optim/loss-scale.ts); default 1. */
+  lossScale?: number;
 }
 
 /** What a stage reports after a step. */

@@ -291,6 +291,7 @@ export async function serveStage(
             diagnose: a.diagnose,
             dropped: a.dropped,
             replicas: replica.count,
+            lossScale: a.lossScale,
           },
           device,
         );

@@ -182,6 +182,7 @@ export const gpipe: StrategySpec = {
         precision: cfg.precision,
         devices: parseDevices(cfg.devices, cfg.stages, cfg.replicas),
         replicas: cfg.replicas,
+        lossScaling: cfg.precision === 'f16' ? cfg.lossScale : undefined,
         oomAdvice: gpipe.outOfMemoryAdvice(cfg),
       },
       params,

@@ -14,6 +14,11 @@ import type { HostTensor } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
 import type { ModelConfig } from '../model/model.js';
 import {
+  initialLossScale,
+  type LossScaleState,
+  lossScaleStep,
+} from '../optim/loss-scale.js';
+import {
   clipScale,
   type OptimizerConfig,
   type OptimizerState,
@@ -98,6 +103,12 @@ export interface PipelineOptions {
    * the same update, single-device training's on the whole mini-batch.
    */
   replicas?: number;
+  /**
+   * f16: dynamic loss scaling (optim/loss-scale.ts) from this initial scale: each step's
+   * losses are scaled by the current scale, an overflowing step is skipped (nothing updated)
+   * and the scale halved. Absent: no loss scaling.
+   */
+  lossScaling?: number;
 }
 
 /** How long a failed step waits for the other stages' outcomes, to report the root cause, ms. */
@@ -165,6 +176,8 @@ export class PipelineStrategy implements Strategy {
   private readonly k: number;
   private readonly replicas: number;
   private readonly train: Schedule;
+  /** f16's dynamic loss scale (null: no loss scaling). */
+  private scaler: LossScaleState | null;
   /** The device of each stage. */
   private readonly placement: number[];
   private closed = false;
@@ -187,6 +200,20 @@ export class PipelineStrategy implements Strategy {
       );
     this.train =
       this.replicas > 1 ? withAllReduce(opts.kind.train) : opts.kind.train;
+    this.scaler =
+      opts.lossScaling !== undefined
+        ? initialLossScale(opts.lossScaling)
+        : null;
+  }
+
+  /** f16: the loss scaler's state (for checkpoints); undefined without loss scaling. */
+  lossScaleState(): LossScaleState | undefined {
+    return this.scaler ? { ...this.scaler } : undefined;
+  }
+
+  /** f16: continues from a checkpoint's loss scaler state (ignored without loss scaling). */
+  setLossScaleState(s: LossScaleState): void {
+    if (this.scaler) this.scaler = { ...s };
   }
 
   /**
@@ -290,9 +317,14 @@ export class PipelineStrategy implements Strategy {
   ): {
     first: Promise<unknown>;
     all: Promise<StageStepResult[]>;
-    fault: { sums?: number[] };
+    fault: { sums?: number[]; scaled?: { scale: number; skipped: boolean } };
   } {
-    const fault: { sums?: number[] } = {};
+    const fault: {
+      sums?: number[];
+      scaled?: { scale: number; skipped: boolean };
+    } = {};
+    // f16: this step's loss scale (a diagnosis reruns a step at scale 1)
+    const lossScale = this.scaler && !diagnose ? this.scaler.scale : 1;
     const m = this.opts.microBatches;
     const k = this.k;
     const replicas = this.replicas;
@@ -315,6 +347,7 @@ export class PipelineStrategy implements Strategy {
         inputs: i === inputDevice ? part(inputs) : undefined,
         labels: withLabels ? part(labels)?.map(copyWire) : undefined,
         ...(replicas > 1 ? { replicas } : {}),
+        ...(lossScale !== 1 ? { lossScale } : {}),
         ...(diagnose ? { diagnose } : {}),
         ...(dropped?.length ? { dropped: [...dropped] } : {}),
       };
@@ -343,11 +376,21 @@ export class PipelineStrategy implements Strategy {
               const total = sq.every(Number.isFinite)
                 ? own.reduce((a, b) => a + b, 0)
                 : Number.NaN;
-              if (!Number.isFinite(total)) fault.sums = own;
-              const scale =
-                Number.isFinite(total) && !diagnose
-                  ? clipScale(total, this.opts.optimizer.clipNorm)
-                  : NaN;
+              const clip = (x: number) =>
+                clipScale(x, this.opts.optimizer.clipNorm);
+              let scale: number;
+              if (this.scaler && !diagnose) {
+                // f16: an overflow skips the step and halves the scale; otherwise the gradients
+                // are unscaled in the clipping factor
+                const o = lossScaleStep(this.scaler, total, clip);
+                fault.scaled = { scale: this.scaler.scale, skipped: o.skip };
+                this.scaler = o.next;
+                if (o.fault) fault.sums = own;
+                scale = o.gradScale;
+              } else {
+                if (!Number.isFinite(total)) fault.sums = own;
+                scale = Number.isFinite(total) && !diagnose ? clip(total) : NaN;
+              }
               for (const w of workers) w.sendScale(scale);
             },
           );
@@ -428,7 +471,16 @@ export class PipelineStrategy implements Strategy {
     const done = all.then((rs) =>
       fault.sums
         ? this.locate(batch, lr, fault.sums, dropped)
-        : this.report(rs),
+        : {
+            ...this.report(rs),
+            ...(fault.scaled
+              ? {
+                  lossScale: fault.scaled.scale,
+                  skipped: fault.scaled.skipped,
+                  overflows: this.scaler!.overflows,
+                }
+              : {}),
+          },
     );
     // stages that run free: the first stage can take the next mini-batch while later ones finish
     return submission(done, this.opts.kind.freeRunning ? first : done);

@@ -41,6 +41,7 @@ export const single: StrategySpec = {
         precision: cfg.precision,
         devices: parseDevices(cfg.devices, 1, cfg.replicas),
         replicas: cfg.replicas,
+        lossScaling: cfg.precision === 'f16' ? cfg.lossScale : undefined,
         oomAdvice: single.outOfMemoryAdvice(cfg),
       },
       params,

@@ -4,8 +4,10 @@
  * (`<block>.<name>`), independent of how the model is partitioned: a checkpoint written by one
  * strategy resumes under another.
  */
+
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
+import type { LossScaleState } from '../optim/loss-scale.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import type { ServerSpan } from '../param-server/server.js';
 import type { TraceSpan } from '../pipeline/executor.js';
@@ -34,6 +36,10 @@ export interface StepReport {
   startedAt: number[];
   /** L2L: the parameter server's optimizer updates finished since the previous report. */
   serverSpans?: ServerSpan[];
+  /** f16: the loss scale this step ran with, whether it overflowed (skipped: nothing updated), and the overflows so far. */
+  lossScale?: number;
+  skipped?: boolean;
+  overflows?: number;
 }
 
 /** Validation result: the model's loss and, for local parallelism, each auxiliary head's. */
@@ -94,6 +100,10 @@ export interface Strategy {
   getOptimizerState(): Promise<OptimizerState>;
   /** Restores an optimizer state from {@link getOptimizerState}. */
   setOptimizerState(s: OptimizerState): Promise<void>;
+  /** f16: the dynamic loss scaler's state (checkpoints carry it); absent without loss scaling. */
+  lossScaleState?(): LossScaleState | undefined;
+  /** f16: continues from a checkpoint's loss scaler state. */
+  setLossScaleState?(s: LossScaleState): void;
   /**
    * L2L: waits until the parameter server has applied every update and returns the spans of
    * the updates not yet reported with a step (for the trace; the last step's updates finish

@@ -19,6 +19,7 @@
  * {@link cleanCheckpoints} removes what the crash left behind. Runs of earlier versions kept a
  * plain `checkpoint/` folder (replaced via `checkpoint.tmp-*` and `checkpoint.old-*`): still read.
  */
+
 import { createHash } from 'node:crypto';
 import {
   existsSync,
@@ -40,6 +41,7 @@ import { join, relative, resolve } from 'node:path';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import { loadModel, type ModelConfig } from '../model/model.js';
+import type { LossScaleState } from '../optim/loss-scale.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import { LayerwiseError } from '../util/errors.js';
 import { replaceDirAtomic } from '../util/fsx.js';
@@ -70,8 +72,8 @@ export interface CheckpointMeta {
   vocab: unknown;
   /** Data position (BatcherState), as JSON. */
   data: unknown;
-  /** Run statistics carried across resumes: first loss of the run, wall seconds so far. */
-  stats: { initialLoss?: number; wallS: number };
+  /** Run statistics carried across resumes: first loss of the run, wall seconds so far, and f16's loss scaler (optim/loss-scale.ts). */
+  stats: { initialLoss?: number; wallS: number; lossScale?: LossScaleState };
 }
 
 /** A loaded checkpoint. */

@@ -36,6 +36,10 @@ export interface StepMetrics {
   stage_losses?: number[];
   /** With --layer-drop: the blocks (model indices) this step skipped. */
   dropped_blocks?: number[];
+  /** f16: the dynamic loss scale of the step, whether its gradients overflowed (the step was skipped: nothing updated), and the overflows so far. */
+  loss_scale?: number;
+  skipped?: boolean;
+  overflows?: number;
   /** Local parallelism: validation loss of each auxiliary head. */
   val_aux_losses?: number[];
 }

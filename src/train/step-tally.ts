@@ -123,6 +123,13 @@ export class StepTally {
         : {}),
       ...(this.stageLosses ? { stage_losses: r.stageLosses } : {}),
       ...(this.layerDrop ? { dropped_blocks: f.dropped ?? [] } : {}),
+      ...(r.lossScale !== undefined
+        ? {
+            loss_scale: r.lossScale,
+            skipped: r.skipped === true,
+            overflows: r.overflows ?? 0,
+          }
+        : {}),
     };
   }
 

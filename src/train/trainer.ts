@@ -9,7 +9,7 @@
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { bf16Support } from '../backend/names.js';
+import { precisionNote } from '../backend/names.js';
 import {
   resolveConfig,
   runModelConfig,
@@ -25,6 +25,7 @@ import { type Dataset, loadDataset, Vocab } from '../data/index.js';
 import { type HostParams, initParams } from '../model/init.js';
 import { checkLayerDrop, droppedBlocks } from '../model/layer-drop.js';
 import { loadModel, type Model, modelParamCount } from '../model/model.js';
+import type { LossScaleState } from '../optim/loss-scale.js';
 import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
@@ -131,7 +132,7 @@ interface Prepared {
   startStep: number;
   /** The resumed checkpoint already reaches --steps (nothing to train; train() says so after tidying the folder). */
   finished: boolean;
-  stats: { initialLoss?: number; wallS: number };
+  stats: { initialLoss?: number; wallS: number; lossScale?: LossScaleState };
   /** The stages' block ranges (profiled first for --balance time|memory). */
   ranges: StageRange[];
   /** With --device-memory: the predicted peak device bytes per stage, within the budget. */
@@ -397,7 +398,9 @@ async function run(
     strategy: cfg.strategy,
     backend: cfg.backend,
     precision: cfg.precision,
-    ...(cfg.precision !== 'fp32' ? { precision_note: bf16Support().note } : {}),
+    ...(cfg.precision !== 'fp32'
+      ? { precision_note: precisionNote(cfg.precision) }
+      : {}),
     preset: cfg.preset,
     params: nParams,
     stages: ranges.length,
@@ -430,6 +433,7 @@ async function run(
   let result: Summary | undefined;
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
+    if (stats.lossScale) strategy.setLossScaleState?.(stats.lossScale);
     await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
     const layerDrop = {
       p: cfg.layerDrop,
@@ -457,6 +461,9 @@ async function run(
         stats: {
           initialLoss: stats.initialLoss,
           wallS: stats.wallS + (performance.now() - t0) / 1000,
+          ...(strategy.lossScaleState?.()
+            ? { lossScale: strategy.lossScaleState() }
+            : {}),
         },
         vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null,
         data: batcher.state(),
