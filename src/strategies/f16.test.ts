@@ -96,7 +96,7 @@ test('webgpu f16: the operands of every product are rounded to f16 (nearest even
   await initBackend('webgpu', { precision: 'f16' });
   const xs = [
     1.0001,
-    3.14159265,
+    Math.PI,
     0.1,
     65519,
     65520,
@@ -117,7 +117,7 @@ test('webgpu f16: the operands of every product are rounded to f16 (nearest even
     Infinity,
     -Infinity,
     0,
-    5.960464477539063e-8,
+    2 ** -24,
     -419 / 2 ** 24,
     0,
     2048,
@@ -133,7 +133,7 @@ test('webgpu f16: the operands of every product are rounded to f16 (nearest even
   );
   // a product takes rounded operands: 1.0001 * 1 + pi * 1 = 1 + 3.140625
   const y = await tf
-    .matMul(tf.tensor2d([[1.0001, 3.14159265]]), tf.tensor2d([[1], [1]]))
+    .matMul(tf.tensor2d([[1.0001, Math.PI]]), tf.tensor2d([[1], [1]]))
     .data();
   assert.equal(y[0], 4.140625);
 });
