@@ -208,6 +208,61 @@ test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too 
   );
 });
 
+test('webgpu f16 resumes exactly: the checkpoint carries the loss scaler (mid-overflow) with the float32 masters', {
+  skip: noF16,
+  timeout: 480_000,
+}, () => {
+  const base = [
+    'train',
+    '--preset',
+    'charlm-tiny',
+    '--layers',
+    '1',
+    '--d-model',
+    '32',
+    '--context',
+    '16',
+    '--batch-size',
+    '8',
+    '--eval-every',
+    '0',
+    '--eval-batches',
+    '1',
+    '--backend',
+    'webgpu',
+    '--precision',
+    'f16',
+    '--loss-scale',
+    '1e9',
+  ];
+  const full = join(tmp, 'resume-full');
+  const part = join(tmp, 'resume-part');
+  let r = run([...base, '--steps', '10', '--out', full]);
+  assert.equal(r.code, 0, r.err);
+  r = run([...base, '--steps', '5', '--out', part]);
+  assert.equal(r.code, 0, r.err);
+  r = run(['train', '--resume', part, '--steps', '10']);
+  assert.equal(r.code, 0, r.err);
+  const read = (dir: string) =>
+    readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => {
+        const m = JSON.parse(l);
+        return [m.loss, m.loss_scale, m.skipped];
+      });
+  const want = read(full);
+  assert.ok(
+    want.some((m) => m[2] === true),
+    'the run overflows at first',
+  );
+  assert.ok(
+    want.some((m) => m[2] === false),
+    'and then trains',
+  );
+  assert.deepEqual(read(part), want);
+});
+
 test('--precision f16 on an adapter without shader-f16, f16 on wasm and bf16 on wasm exit 2 saying why, writing nothing', {
   skip: noF16,
 }, () => {
