@@ -755,7 +755,7 @@ async function runAndKillDevice(
   };
 }
 
-test('a device process killed mid-run stops it naming the stage, --resume continues exactly, and --max-restarts resumes by itself', async () => {
+test('a device process killed mid-run stops it naming the stage, --resume continues exactly, and --max-restarts resumes by itself (also with 2 replicas)', async () => {
   // long enough steps (tens of ms) that the kill lands mid-run
   const base = [
     '--preset',
@@ -853,6 +853,41 @@ test('a device process killed mid-run stops it naming the stage, --resume contin
     assert.ok(
       Math.abs(l - want[i]!) <= 1e-4,
       `restarted step ${i + 1}: ${l} vs ${want[i]}`,
+    ),
+  );
+  // with 2 data-parallel replicas (4 device processes): the same, and the losses of the
+  // uninterrupted replicas run over threads (whose sums differ from one pipeline's in order)
+  const repRef = join(tmp, 'kill-replicas-ref');
+  assert.equal(
+    run(['train', ...base, '--replicas', '2', '--out', repRef]).code,
+    0,
+  );
+  const wantRep = losses(repRef);
+  const rep = join(tmp, 'kill-replicas');
+  const t = await runAndKillDevice(
+    [
+      'train',
+      ...base,
+      '--replicas',
+      '2',
+      '--devices',
+      'process',
+      '--max-restarts',
+      '1',
+      '--out',
+      rep,
+    ],
+    rep,
+    15,
+  );
+  assert.equal(t.code, 0, t.err);
+  assert.match(t.out, /restart 1 of 1/);
+  const lr = losses(rep);
+  assert.equal(lr.length, 40);
+  lr.forEach((l, i) =>
+    assert.ok(
+      Math.abs(l - wantRep[i]!) <= 1e-4,
+      `replicas, restarted step ${i + 1}: ${l} vs ${wantRep[i]}`,
     ),
   );
 });
