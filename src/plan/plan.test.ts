@@ -7,8 +7,9 @@ import { fileURLToPath } from 'node:url';
 import type { ModelProfile } from '../cost/costs.js';
 import { divisors } from '../cost/strategy-plan.js';
 import { type ScheduleKind, stagesPerDevice } from '../schedule/schedule.js';
+import { specOf } from '../strategies/index.js';
 import { parseSize } from '../util/size.js';
-import { type PlanRequest, plan } from './plan.js';
+import { describe, label, type PlanRequest, plan } from './plan.js';
 
 const MiB = 2 ** 20;
 
@@ -144,6 +145,46 @@ test('a generous budget: the fastest exact plan wins; a tiny one: nothing fits, 
     tiny.recommendation,
     /^nothing fits 1 MiB per device: the smallest predicted peak is .* use more --stages, a smaller --batch-size, or more --device-memory/,
   );
+});
+
+test("on K devices l2l also plans the pipelined relay (each device a stage of layers; its run line has --stages, --schedule, --balance), and single and l2l are planned as K replicas with one replica's peak", () => {
+  const p = plan(profile(8), { ...REQ, stages: 2 });
+  // equal blocks: two devices relaying half the layers each beat one relaying all of them
+  const l2l = p.strategies.find((s) => s.strategy === 'l2l' && !s.replicas)!;
+  const one = specOf('l2l').plan(profile(8), { ...REQ, stages: 1 });
+  assert.equal(l2l.stages, 2);
+  assert.equal(l2l.peakBytes.length, 2);
+  assert.deepEqual(l2l.balance, [4, 4]);
+  assert.ok(
+    l2l.stepSeconds < one.stepSeconds,
+    `pipelined ${l2l.stepSeconds} s vs one device ${one.stepSeconds} s`,
+  );
+  assert.ok(Math.max(...l2l.peakBytes) <= one.peakBytes[0]! * 1.05);
+  assert.match(
+    describe(l2l),
+    /^--strategy l2l --micro-batches \d+ --stash \w+ --stages 2 --schedule (gpipe|1f1b) --balance 4,4$/,
+  );
+  for (const name of ['single', 'l2l']) {
+    const r = p.strategies.find(
+      (s) => s.strategy === name && s.replicas === 2,
+    )!;
+    assert.ok(r, `${name} with 2 replicas is planned`);
+    const alone = specOf(name).plan(profile(8), {
+      ...REQ,
+      stages: 1,
+      batchSize: REQ.batchSize / 2,
+    });
+    assert.deepEqual(
+      r.peakBytes,
+      alone.peakBytes,
+      `${name}: one replica's peak`,
+    );
+    assert.ok(
+      Math.abs(r.examplesPerSecond - REQ.batchSize / alone.stepSeconds) < 1e-9,
+    );
+    assert.match(describe(r), / --replicas 2$/);
+    assert.equal(label(r), `${name} x2 replicas`);
+  }
 });
 
 test('a fixed --micro-batches is used; impossible requests are rejected with the fix', () => {
