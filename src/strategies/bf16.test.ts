@@ -290,3 +290,50 @@ test('a numeric fault in a bf16 gpipe step is named by step, stage, block and mi
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('bf16: the device memory predicted before training (profiled at bf16) is within 15% of the measured peak: single, gpipe K=2, l2l, l2l K=2', {
+  skip: skip ? skip : false,
+  timeout: 300_000,
+}, async () => {
+  const { train } = await import('../train/trainer.js');
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-bf16-memory-'));
+  try {
+    const cases: Array<[string, Record<string, unknown>]> = [
+      ['single', { strategy: 'single' }],
+      ['gpipe', { strategy: 'gpipe', stages: 2, microBatches: 4 }],
+      ['l2l', { strategy: 'l2l', microBatches: 4 }],
+      ['l2l-k2', { strategy: 'l2l', stages: 2, microBatches: 4 }],
+    ];
+    for (const [name, flags] of cases) {
+      const out = join(dir, name);
+      await train({
+        preset: 'charlm-tiny',
+        layers: 2,
+        dModel: 64,
+        heads: 2,
+        context: 32,
+        batchSize: 16,
+        steps: 2,
+        evalEvery: 0,
+        evalBatches: 1,
+        backend: 'native',
+        precision: 'bf16',
+        deviceMemory: '4GiB',
+        out,
+        ...flags,
+      });
+      const s = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8'));
+      const predicted = s.predicted_peak_device_bytes as number[];
+      const measured = s.peak_device_bytes as number[];
+      assert.equal(predicted.length, measured.length, name);
+      measured.forEach((m, i) =>
+        assert.ok(
+          Math.abs(predicted[i]! - m) <= 0.15 * m,
+          `${name} device ${i}: predicted ${predicted[i]}, measured ${m}`,
+        ),
+      );
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
