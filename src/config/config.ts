@@ -283,8 +283,8 @@ export function resolveConfig(
     `--loss-scale must be a positive number, got ${c.lossScale}`,
   );
   check(
-    c.precision !== 'f16' || c.strategy === 'single' || c.strategy === 'gpipe',
-    `--precision f16 (with dynamic loss scaling) runs --strategy single and gpipe so far, not ${c.strategy}: use --precision fp32`,
+    c.precision !== 'f16' || c.strategy !== 'local',
+    `--precision f16 (with dynamic loss scaling) runs --strategy single, gpipe and l2l, not local (its stages step on their own losses): use --precision fp32`,
   );
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);

@@ -609,6 +609,77 @@ test("parts: with beginStep(lr, 3) a layer's gradient comes in 3 pushes that the
   }
 });
 
+test("loss scaling (f16): scaled gradients are unscaled in the update; an overflowing step updates nothing (not even AdamW's step count), halves the scale and still moves every version on", async () => {
+  const cfg = { ...CONFIGS[2][1], clipNorm: 2 };
+  const p0 = initial(5);
+  const ref = new Reference(p0, cfg);
+  const s = await ParameterServer.create({
+    params: p0,
+    layers: LAYERS,
+    shapes: SHAPES,
+    optimizer: cfg,
+    threads: 1,
+    lossScale: 1024,
+  });
+  try {
+    const rng = new Rng(9);
+    const g = gradsOf(rng);
+    // step 1 overflows: an infinite element in layer 2
+    s.beginStep(0.05);
+    assert.equal(s.lossScale, 1024);
+    for (const l of [3, 2, 1, 0]) {
+      const rec = Object.fromEntries(
+        LAYERS[l]!.map((k) => {
+          const v = g.get(k)!.map((x) => x * 1024);
+          if (l === 2 && k === '2.w') v[3] = Number.POSITIVE_INFINITY;
+          return [k, v];
+        }),
+      );
+      s.push(l, rec, 0);
+    }
+    await s.idle();
+    assert.deepEqual(s.lastLossScale, {
+      scale: 1024,
+      skipped: true,
+      overflows: 1,
+    });
+    assert.equal(s.lossScale, 512);
+    for (let l = 0; l < LAYERS.length; l++) assert.equal(s.store.version(l), 1);
+    const same = await s.getParams();
+    for (const k of KEYS)
+      assertClose(same.get(k)!, p0.get(k)!, `skipped ${k}`, 0);
+    assert.equal((await s.getOptimizerState()).step, 0, 'no AdamW step');
+    // step 2: the gradients scaled by 512 give the reference's update on the unscaled ones
+    ref.step(g, 0.05);
+    s.beginStep(0.05);
+    for (const l of [3, 2, 1, 0])
+      s.push(
+        l,
+        Object.fromEntries(
+          LAYERS[l]!.map((k) => [k, g.get(k)!.map((x) => x * 512)]),
+        ),
+        0,
+      );
+    await s.idle();
+    assert.deepEqual(s.lastLossScale, {
+      scale: 512,
+      skipped: false,
+      overflows: 1,
+    });
+    const got = await s.getParams();
+    for (const k of KEYS) assertClose(got.get(k)!, ref.param(k), k, TOL);
+    assert.equal((await s.getOptimizerState()).step, 1);
+    assert.deepEqual(s.lossScaleState(), {
+      scale: 512,
+      goodSteps: 1,
+      overflows: 1,
+    });
+  } finally {
+    await s.close();
+    ref.dispose();
+  }
+});
+
 test('protocol errors: push before beginStep, twice, a foreign key, an incomplete step', async () => {
   const s = await server(CONFIGS[0][1], 1);
   try {

@@ -19,6 +19,11 @@ import { Worker } from 'node:worker_threads';
 import { configureOpenMP } from '../backend/native-addon.js';
 import type { HostParams } from '../model/init.js';
 import {
+  initialLossScale,
+  type LossScaleState,
+  lossScaleStep,
+} from '../optim/loss-scale.js';
+import {
   clipScale,
   type OptimizerConfig,
   type OptimizerState,
@@ -69,6 +74,12 @@ export interface ParameterServerOptions {
   adopt?: boolean;
   /** Keys that also keep a bfloat16 copy for the device (see StoreLayout.low); none by default. */
   lowPrecision?: ReadonlySet<string>;
+  /**
+   * f16: dynamic loss scaling from this initial scale (optim/loss-scale.ts): the devices'
+   * gradients come scaled by {@link ParameterServer.lossScale}; the server unscales them in the
+   * update, and a step whose gradients overflow updates nothing. Absent: no loss scaling.
+   */
+  lossScale?: number;
 }
 
 interface Job {
@@ -114,6 +125,9 @@ export class ParameterServer {
   >();
   private sumSquares = 0;
   private held: Held[] = [];
+  /** f16: the dynamic loss scaler (null: none), and what it decided for the last complete step. */
+  private scaler: LossScaleState | null = null;
+  private lastScaled: { scale: number; skipped: boolean } | null = null;
   /** Keys that have optimizer slots (a gradient since the last setOptimizerState, or set by it). */
   private readonly live = new Set<string>();
   private readonly jobs = new Map<number, Job>();
@@ -231,7 +245,14 @@ export class ParameterServer {
     }
     try {
       await Promise.all(started);
-      return new ParameterServer(store, { ...o.optimizer }, workers, counters);
+      const s = new ParameterServer(
+        store,
+        { ...o.optimizer },
+        workers,
+        counters,
+      );
+      if (o.lossScale !== undefined) s.scaler = initialLossScale(o.lossScale);
+      return s;
     } catch (e) {
       store.stop(STORE_CLOSED);
       await Promise.all(workers.map((w) => w.terminate()));
@@ -351,12 +372,15 @@ export class ParameterServer {
       const whole = this.sumPart(layer, grads);
       if (!whole) return;
       grads = whole;
-      sumSquares = this.config.clipNorm > 0 ? squaredNorm(grads) : 0;
+      sumSquares =
+        this.config.clipNorm > 0 || this.scaler ? squaredNorm(grads) : 0;
+    } else if (this.scaler) {
+      sumSquares = squaredNorm(grads); // whatever the device sent: loss scaling needs the norm
     }
     this.pushed[layer] = true;
     this.pushedCount++;
     for (const key of Object.keys(grads)) this.live.add(key);
-    if (!(this.config.clipNorm > 0)) {
+    if (!(this.config.clipNorm > 0) && !this.scaler) {
       this.dispatch(layer, grads, 1);
       this.settle();
       return;
@@ -364,9 +388,33 @@ export class ParameterServer {
     this.held.push({ layer, grads });
     this.sumSquares += sumSquares;
     if (this.pushedCount < this.pushed.length) return;
-    const scale = clipScale(this.sumSquares, this.config.clipNorm);
     const held = this.held.sort((a, b) => a.layer - b.layer);
     this.held = [];
+    let scale = clipScale(this.sumSquares, this.config.clipNorm);
+    if (this.scaler) {
+      const o = lossScaleStep(this.scaler, this.sumSquares, (sq) =>
+        clipScale(sq, this.config.clipNorm),
+      );
+      this.lastScaled = { scale: this.scaler.scale, skipped: o.skip };
+      if (o.fault) {
+        this.fail(
+          new LayerwiseError(
+            `step ${this.step}: the gradients are not finite even at loss scale ${this.scaler.scale}: a numeric fault, not f16's range; resume from the last checkpoint with a lower --lr`,
+          ),
+        );
+        return;
+      }
+      this.scaler = o.next;
+      if (o.skip) {
+        // an overflow: nothing is updated (AdamW's step count included); each layer's version
+        // still moves on, so the device goes on with the same parameters
+        this.step--;
+        for (const h of held) this.mem.markUpdated(h.layer);
+        this.settle();
+        return;
+      }
+      scale = o.gradScale;
+    }
     for (const h of held) this.dispatch(h.layer, h.grads, scale);
     // once every layer is dispatched: a layer without gradients must not resolve idle() early
     this.settle();
@@ -514,6 +562,30 @@ export class ParameterServer {
     return new Promise((resolve, reject) =>
       this.waiters.push({ resolve, reject }),
     );
+  }
+
+  /** f16: the loss scale the devices apply to this step's losses (1 without loss scaling). */
+  get lossScale(): number {
+    return this.scaler?.scale ?? 1;
+  }
+
+  /** f16: the scale of the last complete step and whether it overflowed (null: no loss scaling, or no step yet). */
+  get lastLossScale(): {
+    scale: number;
+    skipped: boolean;
+    overflows: number;
+  } | null {
+    return this.lastScaled && this.scaler
+      ? { ...this.lastScaled, overflows: this.scaler.overflows }
+      : null;
+  }
+
+  /** f16: the loss scaler's state (checkpoints), and continuing from one. */
+  lossScaleState(): LossScaleState | undefined {
+    return this.scaler ? { ...this.scaler } : undefined;
+  }
+  setLossScaleState(s: LossScaleState): void {
+    if (this.scaler) this.scaler = { ...s };
   }
 
   /** Update spans since the last call (one per part of a layer's update), in completion order. */

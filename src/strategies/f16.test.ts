@@ -138,7 +138,7 @@ test('webgpu f16: the operands of every product are rounded to f16 (nearest even
   assert.equal(y[0], 4.140625);
 });
 
-test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too large overflows, skips and halves, then trains', {
+test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too large overflows, skips and halves, then trains (single, and l2l through the parameter server)', {
   skip: noF16,
   timeout: 480_000,
 }, () => {
@@ -205,6 +205,28 @@ test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too 
   assert.ok(
     ms.at(-1)!.loss < ms[0]!.loss - 0.3,
     `loss ${ms[0]!.loss} -> ${ms.at(-1)!.loss}`,
+  );
+  // l2l: the parameter server unscales, and skips the overflowing steps the same way
+  const relay = join(tmp, 'f16-l2l');
+  r = run([
+    ...base,
+    '--strategy',
+    'l2l',
+    '--micro-batches',
+    '2',
+    '--loss-scale',
+    '1e9',
+    '--out',
+    relay,
+  ]);
+  assert.equal(r.code, 0, r.err);
+  ms = lines(relay);
+  assert.equal(ms[0]!.skipped, true);
+  assert.ok(ms.some((m) => !m.skipped));
+  assert.ok(ms.at(-1)!.overflows >= 2);
+  assert.ok(
+    ms.at(-1)!.loss < ms[0]!.loss - 0.3,
+    `l2l loss ${ms[0]!.loss} -> ${ms.at(-1)!.loss}`,
   );
 });
 

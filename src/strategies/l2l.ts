@@ -41,6 +41,7 @@ import type { HostTensor } from '../data/microbatch.js';
 import { paramKey, readByProducts } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
+import type { LossScaleState } from '../optim/loss-scale.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import { ParameterServer, type ServerSpan } from '../param-server/server.js';
 import { blockLayers } from '../param-server/store.js';
@@ -112,6 +113,8 @@ export interface L2LOptions {
   threads?: number;
   /** Compute precision of the device's products (see initBackend); default fp32. */
   precision?: Precision;
+  /** f16: the initial dynamic loss scale; the parameter server scales and unscales (absent: none). */
+  lossScale?: number;
   /** Record the device GPU's spans in each step's trace (webgpu; costs about 0.5 ms per action, so only when a trace is written). */
   traceGpu?: boolean;
   /**
@@ -202,6 +205,7 @@ export class L2LStrategy implements Strategy {
       threads: opts.serverThreads,
       adopt: opts.adoptParams,
       lowPrecision,
+      lossScale: opts.lossScale,
     });
     const ranges = opts.ranges ?? [{ from: 0, to: layers.length }];
     const k = ranges.length;
@@ -318,6 +322,9 @@ export class L2LStrategy implements Strategy {
           ...(d === 0 ? { inputs: ins } : {}),
           ...(d === k - 1 ? { labels: labs } : {}),
           ...(dropped.length ? { dropped: [...dropped] } : {}),
+          ...(training && this.server.lossScale !== 1
+            ? { lossScale: this.server.lossScale }
+            : {}),
         },
         transferables([...ins, ...labs] as HostTensor[]),
       );
@@ -375,10 +382,18 @@ export class L2LStrategy implements Strategy {
           { length: this.replicas },
           (_, r) => rs[r * this.k + this.k - 1]!.losses,
         ).flat();
+        const scaled = this.server.lastLossScale; // f16: decided at the step's last push
         return {
           ...report,
           loss: losses.reduce((a, b) => a + b, 0) / losses.length,
           serverSpans: this.server.takeSpans(),
+          ...(scaled
+            ? {
+                lossScale: scaled.scale,
+                skipped: scaled.skipped,
+                overflows: scaled.overflows,
+              }
+            : {}),
         };
       });
     done.catch(async () => {
@@ -435,6 +450,14 @@ export class L2LStrategy implements Strategy {
     await this.server.setOptimizerState(s);
   }
 
+  lossScaleState(): LossScaleState | undefined {
+    return this.server.lossScaleState();
+  }
+
+  setLossScaleState(s: LossScaleState): void {
+    this.server.setLossScaleState(s);
+  }
+
   async close(): Promise<void> {
     if (this.closed) return;
     this.closed = true;
@@ -485,6 +508,7 @@ export const l2l: StrategySpec = {
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
         precision: cfg.precision,
+        lossScale: cfg.precision === 'f16' ? cfg.lossScale : undefined,
         traceGpu: cfg.trace !== undefined,
       },
       model,
