@@ -181,12 +181,12 @@ const CASES: Case[] = [
   train(
     'bf16 on wasm',
     [...TINY, '--backend', 'wasm', '--precision', 'bf16'],
-    /--precision bf16 needs --backend native.*use --precision fp32 or --backend native/,
+    /--precision bf16 needs --backend native.*use --precision fp32, --backend native, or on webgpu --precision f16/,
   ),
   train(
     'unknown precision',
     [...TINY, '--backend', 'wasm', '--precision', 'fp8'],
-    /unknown precision 'fp8'; valid: fp32, bf16/,
+    /unknown precision 'fp8'; valid: fp32, bf16, f16/,
   ),
   train(
     'lr zero',

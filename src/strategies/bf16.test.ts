@@ -35,7 +35,7 @@ const run = (o: Partial<TrainConfig>) =>
     { shape: SHAPE, batchSize: 8, lrs: [3e-3, 2e-3, 1e-3] },
   );
 
-test('bf16: gpipe K=2 and l2l train like single bf16; bf16 is near fp32 but not fp32', {
+test('bf16: gpipe K=2, l2l, l2l K=2 and 2 replicas of gpipe K=2 train like single bf16; bf16 is near fp32 but not fp32', {
   skip,
 }, async () => {
   const fp32 = await run({ strategy: 'single' });
@@ -58,6 +58,11 @@ test('bf16: gpipe K=2 and l2l train like single bf16; bf16 is near fp32 but not 
       { strategy: 'gpipe', stages: 2, microBatches: 2, remat: 'except_last' },
     ],
     ['l2l M=2', { strategy: 'l2l', microBatches: 2, stash: 'host' }],
+    ['l2l K=2 M=2', { strategy: 'l2l', stages: 2, microBatches: 2 }],
+    [
+      'gpipe K=2 M=2, 2 replicas',
+      { strategy: 'gpipe', stages: 2, microBatches: 2, replicas: 2 },
+    ],
   ];
   for (const [name, o] of runs) {
     const r = await run({ ...o, precision: 'bf16' });
