@@ -59,6 +59,7 @@ const COLORS: Record<string, string> = {
   recv_act: '#dddddd',
   recv_grad: '#dddddd',
   reduce_grad_norm: '#bbbbbb',
+  all_reduce_grads: '#b07aa1',
   grad_norm: '#edc948',
   send_act: '#9c755f',
   send_grad: '#9c755f',
@@ -99,6 +100,8 @@ export function spanName(s: TraceSpan): string {
       return 'grad norm';
     case 'reduce_grad_norm':
       return 'norm all-reduce';
+    case 'all_reduce_grads':
+      return 'gradient all-reduce';
     case 'optimizer_step':
       return 'step';
     case 'layer_forward':
