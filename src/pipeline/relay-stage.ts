@@ -69,6 +69,12 @@ export interface RelayOptions {
   stash: StashPlace;
   /** Record the GPU's execution of each compute action and upload (webgpu; when a trace is written). */
   traceGpu?: boolean;
+  /**
+   * Whether the device sends each pushed gradient's sum of squares (for clipping; default
+   * true). False where the parameter server sums several pushes per layer (a pipelined relay,
+   * replicas) or scales the loss: it takes the norm of the sums itself.
+   */
+  deviceNorm?: boolean;
 }
 
 /**
@@ -144,6 +150,7 @@ export class RelayStage implements StageProgram {
       from: 0,
       to: model.blocks.length,
     },
+    private readonly deviceNorm = true,
   ) {}
 
   readonly handlers: Handlers = {
@@ -488,7 +495,9 @@ export class RelayStage implements StageProgram {
   async takeLayerGrads(l: number): Promise<LayerGrads> {
     // the server needs the norm only for global clipping
     const sumSquares =
-      this.optimizer.clipNorm > 0 ? await this.grads.sumSquares() : 0;
+      this.optimizer.clipNorm > 0 && this.deviceNorm
+        ? await this.grads.sumSquares()
+        : 0;
     const grads: Record<string, Float32Array> = {};
     const copy = !copiesOnCreation(); // wasm's reads are already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
@@ -536,5 +545,6 @@ export function createStage(ctx: StageContext, options: unknown): RelayStage {
     ctx.optimizer,
     o.traceGpu === true,
     ctx.range,
+    o.deviceNorm !== false,
   );
 }

@@ -241,6 +241,9 @@ export class L2LStrategy implements Strategy {
                   layout: server.layout,
                   stash: opts.stash,
                   traceGpu: opts.traceGpu,
+                  // the server takes the norm of what it sums (or scales) itself
+                  deviceNorm:
+                    k === 1 && replicas === 1 && opts.lossScale === undefined,
                 } satisfies RelayOptions,
               },
               deviceMemory: opts.deviceMemory,
