@@ -755,7 +755,7 @@ async function runAndKillDevice(
   };
 }
 
-test('a device process killed mid-run stops it naming the stage, --resume continues exactly, and --max-restarts resumes by itself (also with 2 replicas)', async () => {
+test('a device process killed mid-run (with --layer-drop) stops it naming the stage, --resume continues exactly, and --max-restarts resumes by itself (also with 2 replicas)', async () => {
   // long enough steps (tens of ms) that the kill lands mid-run
   const base = [
     '--preset',
@@ -790,10 +790,21 @@ test('a device process killed mid-run stops it naming the stage, --resume contin
     '10',
     '--eval-every',
     '0',
+    // dynamic architectures on: the resumed steps must draw the same blocks to skip
+    '--layer-drop',
+    '0.5',
   ];
   const ref = join(tmp, 'kill-ref');
   assert.equal(run(['train', ...base, '--out', ref]).code, 0);
   const want = losses(ref);
+  const dropped = readFileSync(join(ref, 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l).dropped_blocks as number[]);
+  assert.ok(
+    dropped.slice(15).some((d) => d.length > 0),
+    'steps after the kill skip blocks',
+  );
   // killed: the run stops within seconds with the stage named; the last checkpoint (step 10) survives
   const a = join(tmp, 'kill-a');
   const r = await runAndKillDevice(
