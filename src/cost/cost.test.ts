@@ -424,7 +424,7 @@ test('l2l: one layer of parameters at a time, no optimizer state; the device sta
 });
 
 for (const c of LOCAL_CASES) {
-  test(`l2l: predicted peak device bytes within 15% of measured, both stash places, one device and pipelined on 2 (gpipe, 1f1b): ${c.preset}`, async () => {
+  test(`l2l: predicted peak device bytes within 15% of measured (or one skipped prefetch's layer above it), both stash places, one device and pipelined on 2 (gpipe, 1f1b): ${c.preset}`, async () => {
     const n = 16;
     const params = initParams(c.model.blocks, 1);
     const rng = new Rng(4);
@@ -469,9 +469,19 @@ for (const c of LOCAL_CASES) {
         rng,
       );
       assert.equal(measured.length, stages);
+      // the prediction assumes every prefetch uploads; one the parameter server is not ready
+      // for (its update still running, as on a busy machine) is skipped, and the device then
+      // holds up to one layer's parameters less than predicted, never more
+      const layer = Math.max(
+        ...costsAt(profile, b).blocks.map((x) => x.paramBytes),
+      );
       measured.forEach((m, d) => {
-        const what = `${c.preset} l2l K=${stages} ${schedule} M=4 stash ${stash}, device ${d}: predicted ${Math.round(predicted[d]!)} measured ${m}`;
-        assert.ok(Math.abs(predicted[d]! - m) <= 0.15 * m, what);
+        const p = predicted[d]!;
+        const what = `${c.preset} l2l K=${stages} ${schedule} M=4 stash ${stash}, device ${d}: predicted ${Math.round(p)} measured ${m}`;
+        assert.ok(
+          m <= 1.15 * p && (Math.abs(p - m) <= 0.15 * m || p - m <= layer),
+          what,
+        );
         console.log(what);
       });
     }

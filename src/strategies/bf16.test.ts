@@ -312,12 +312,14 @@ test('bf16: the device memory predicted before training (profiled at bf16) is wi
     for (const [name, flags] of cases) {
       const out = join(dir, name);
       await train({
+        // activations well above one layer's parameters: a prefetch the parameter server is
+        // not ready for (skipped on a busy machine) changes l2l's peak by little
         preset: 'charlm-tiny',
         layers: 2,
-        dModel: 64,
+        dModel: 32,
         heads: 2,
-        context: 32,
-        batchSize: 16,
+        context: 64,
+        batchSize: 32,
         steps: 2,
         evalEvery: 0,
         evalBatches: 1,
