@@ -364,6 +364,9 @@ export async function execute(
     return p;
   };
   const firstStage = Math.min(...byStage.keys());
+  // this device's programs, each once, in the order of their stages (stage-host builds the map
+  // in ascending stage order, so replicas of a device list them alike)
+  const own = [...new Set(byStage.values())];
   const inputs = new Mailbox('input');
   const labels = new Mailbox('labels');
   const outputs = new Mailbox('output');
@@ -482,7 +485,6 @@ export async function execute(
         }
         case 'reduce_grad_norm': {
           // this device's share: the sum over the stages it runs (each program once)
-          const own = [...new Set(byStage.values())];
           const cannot = own.find((p) => !p.gradSquaredNorm);
           if (cannot)
             throw new Error(
@@ -500,11 +502,7 @@ export async function execute(
         case 'all_reduce_grads': {
           if (!links.allReduce)
             throw new Error('all_reduce_grads needs links to the replicas');
-          // every stage of this device, in stage order: one all-reduce of all their gradients
-          const own = [...byStage.entries()]
-            .sort((x, y) => x[0] - y[0])
-            .map(([, p]) => p)
-            .filter((p, i, all) => all.indexOf(p) === i);
+          // every stage of this device: one all-reduce of all their gradients
           const cannot = own.find(
             (p) => !p.gradientValues || !p.setGradientValues,
           );

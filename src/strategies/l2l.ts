@@ -296,7 +296,6 @@ export class L2LStrategy implements Strategy {
     const m = this.opts.microBatches;
     const k = this.k;
     const replicas = this.replicas; // each on its share of the batch
-    const workers = this.workers;
     const { inputs, labels } = microBatchesOf(batch, m * replicas);
     // each device's pushes, as its schedule says (a pipelined relay pushes per micro-batch)
     const pushesOf = schedule.map(
@@ -310,7 +309,7 @@ export class L2LStrategy implements Strategy {
       for (const l of dropped)
         for (let i = 0; i < parts; i++) this.server.push(l, {}, 0);
     }
-    const calls = workers.map((w, g) => {
+    const calls = this.workers.map((w, g) => {
       const d = g % k;
       const r = Math.floor(g / k);
       const mine = (xs: HostTensor[]) => xs.slice(r * m, (r + 1) * m);
@@ -335,10 +334,10 @@ export class L2LStrategy implements Strategy {
     const all = Promise.all(calls);
     if (!training) return this.stopOnFailure(all);
     const pushes = Promise.all(
-      workers.map(async (w, g) => {
+      this.workers.map(async (w, g) => {
         for (let i = 0; i < pushesOf[g % k]!; i++) {
-          const g = await w.recvLayerGrads();
-          this.server.push(g.layer, g.grads, g.sumSquares);
+          const lg = await w.recvLayerGrads();
+          this.server.push(lg.layer, lg.grads, lg.sumSquares);
         }
       }),
     ).then(() => {
@@ -378,17 +377,11 @@ export class L2LStrategy implements Strategy {
           ? this.trainSchedule(new Set(dropped))
           : this.train;
         const rs = await this.run(schedule, batch, lr, true, dropped);
-        // the bubble: the time a device waited for the parameter server or its neighbours
-        const report = stepReport(rs, this.k - 1);
-        // with replicas, the loss is the mean over every replica's micro-batches
-        const losses = Array.from(
-          { length: this.replicas },
-          (_, r) => rs[r * this.k + this.k - 1]!.losses,
-        ).flat();
         const scaled = this.server.lastLossScale; // f16: decided at the step's last push
         return {
-          ...report,
-          loss: losses.reduce((a, b) => a + b, 0) / losses.length,
+          // the bubble: the time a device waited for the parameter server or its neighbours;
+          // with replicas, the loss is the mean over every replica's micro-batches
+          ...stepReport(rs, this.k - 1, this.k),
           serverSpans: this.server.takeSpans(),
           ...(scaled
             ? {

@@ -328,14 +328,13 @@ export class PipelineStrategy implements Strategy {
     const m = this.opts.microBatches;
     const k = this.k;
     const replicas = this.replicas;
-    const workers = this.workers;
     // replica r takes micro-batches r*M .. r*M+M-1 of the mini-batch cut in R*M
     const { inputs, labels } = batch
       ? microBatchesOf(batch, m * replicas)
       : { inputs: undefined, labels: undefined };
     const inputDevice = this.placement[0]!;
     const last = this.lossDevice();
-    const calls = workers.map((w, g) => {
+    const calls = this.workers.map((w, g) => {
       const i = g % k;
       const r = Math.floor(g / k);
       const part = <T>(xs: T[] | undefined) => xs?.slice(r * m, (r + 1) * m);
@@ -367,33 +366,33 @@ export class PipelineStrategy implements Strategy {
       const everything = Promise.all(calls);
       try {
         if (reduce) {
-          const norms = Promise.all(workers.map((w) => w.recvGradNorm())).then(
-            (sq) => {
-              // replicas hold the same summed gradients: the norm is replica 0's stages'
-              const own = sq.slice(0, k);
-              // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
-              // Infinity then): no stage updates (scale NaN), and submit() locates the fault
-              const total = sq.every(Number.isFinite)
-                ? own.reduce((a, b) => a + b, 0)
-                : Number.NaN;
-              const clip = (x: number) =>
-                clipScale(x, this.opts.optimizer.clipNorm);
-              let scale: number;
-              if (this.scaler && !diagnose) {
-                // f16: an overflow skips the step and halves the scale; otherwise the gradients
-                // are unscaled in the clipping factor
-                const o = lossScaleStep(this.scaler, total, clip);
-                fault.scaled = { scale: this.scaler.scale, skipped: o.skip };
-                this.scaler = o.next;
-                if (o.fault) fault.sums = own;
-                scale = o.gradScale;
-              } else {
-                if (!Number.isFinite(total)) fault.sums = own;
-                scale = Number.isFinite(total) && !diagnose ? clip(total) : NaN;
-              }
-              for (const w of workers) w.sendScale(scale);
-            },
-          );
+          const norms = Promise.all(
+            this.workers.map((w) => w.recvGradNorm()),
+          ).then((sq) => {
+            // replicas hold the same summed gradients: the norm is replica 0's stages'
+            const own = sq.slice(0, k);
+            // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
+            // Infinity then): no stage updates (scale NaN), and submit() locates the fault
+            const total = sq.every(Number.isFinite)
+              ? own.reduce((a, b) => a + b, 0)
+              : Number.NaN;
+            const clip = (x: number) =>
+              clipScale(x, this.opts.optimizer.clipNorm);
+            let scale: number;
+            if (this.scaler && !diagnose) {
+              // f16: an overflow skips the step and halves the scale; otherwise the gradients
+              // are unscaled in the clipping factor
+              const o = lossScaleStep(this.scaler, total, clip);
+              fault.scaled = { scale: this.scaler.scale, skipped: o.skip };
+              this.scaler = o.next;
+              if (o.fault) fault.sums = own;
+              scale = o.gradScale;
+            } else {
+              if (!Number.isFinite(total)) fault.sums = own;
+              scale = Number.isFinite(total) && !diagnose ? clip(total) : NaN;
+            }
+            for (const w of this.workers) w.sendScale(scale);
+          });
           norms.catch(() => undefined); // a failing stage is reported through `everything`
           // a stage that fails before its norm rejects `everything`, which ends the wait
           await Promise.race([norms, everything]);
@@ -415,17 +414,6 @@ export class PipelineStrategy implements Strategy {
     this.inflight.add(all);
     all.finally(() => this.inflight.delete(all)).catch(() => undefined);
     return { first, all, fault };
-  }
-
-  /** A training step's report; with replicas, the loss is the mean of every replica's. */
-  private report(rs: StageStepResult[]): StepReport {
-    const r = stepReport(rs, this.lossDevice());
-    if (this.replicas === 1) return r;
-    const losses = Array.from(
-      { length: this.replicas },
-      (_, i) => rs[i * this.k + this.lossDevice()]!.losses,
-    ).flat();
-    return { ...r, loss: losses.reduce((a, b) => a + b, 0) / losses.length };
   }
 
   /** The device of the model's last stage (within a replica): it computes the loss. */
@@ -472,7 +460,8 @@ export class PipelineStrategy implements Strategy {
       fault.sums
         ? this.locate(batch, lr, fault.sums, dropped)
         : {
-            ...this.report(rs),
+            // with replicas, the loss is the mean over every replica's micro-batches
+            ...stepReport(rs, this.lossDevice(), this.k),
             ...(fault.scaled
               ? {
                   lossScale: fault.scaled.scale,

@@ -31,15 +31,20 @@ const mean = (xs: readonly number[]): number =>
 /**
  * One step's report from its devices' results, in device order: the loss is the mean over
  * micro-batches of device `lossDevice` (default the last: the one running the model's last
- * stage; device 0 in a V-shape schedule); each device's bubble is its time waiting (receives,
- * the norm all-reduce, L2L's parameter server) over its step time.
+ * stage; device 0 in a V-shape schedule) of every replica, replica r's devices being
+ * `results[r * perReplica ..]` (default one replica); each device's bubble is its time waiting
+ * (receives, the norm all-reduce, L2L's parameter server) over its step time.
  */
 export function stepReport(
   results: readonly StageStepResult[],
   lossDevice = results.length - 1,
+  perReplica = results.length,
 ): StepReport {
+  const losses = results.flatMap((r, i) =>
+    i % perReplica === lossDevice ? r.losses : [],
+  );
   return {
-    loss: mean(results[lossDevice]!.losses),
+    loss: mean(losses),
     stageLosses: results.map((r) => (r.losses.length ? mean(r.losses) : NaN)),
     peakBytes: results.map((r) => r.peakBytes),
     heapBytes: results.map((r) => r.heapBytes),
