@@ -344,13 +344,12 @@ export function predictRelayPeakBytes(
   shape: RelayShape,
 ): number {
   const n = c.blocks.length;
-  const layers: LayerBytes[] = c.blocks;
-  return walk(
-    relaySchedule(n, shape.m)[0],
-    NO_BYTES,
-    { labelBytes: c.labelBytes, layers, hostStash: shape.stash === 'host' },
-    shape.m * (c.blocks[0].inBytes + c.labelBytes),
-  );
+  return walkRelay(
+    c,
+    relaySchedule(n, shape.m),
+    [{ from: 0, to: n }],
+    shape,
+  )[0]!;
 }
 
 /**
@@ -366,9 +365,28 @@ export function predictRelayPipelinePeakBytes(
   ranges: readonly StageRange[],
   shape: RelayShape & { schedule: ScheduleKind },
 ): number[] {
+  return walkRelay(
+    c,
+    relayPipelineTraining(shape.schedule, shape.m, ranges),
+    ranges,
+    shape,
+  );
+}
+
+/**
+ * Walks relay schedule `sched` (device d relaying layers `ranges[d]`) by each op's memory
+ * effect: the layers' bytes, the stage's boundary (its first layer's input, its last layer's
+ * output) for the sends and receives, device 0 starting with the M inputs and the last device
+ * with the M labels. Peak bytes per device.
+ */
+function walkRelay(
+  c: MicroBatchCosts,
+  sched: Schedule,
+  ranges: readonly StageRange[],
+  shape: RelayShape,
+): number[] {
   const layers: LayerBytes[] = c.blocks;
   const k = ranges.length;
-  const sched = relayPipelineTraining(shape.schedule, shape.m, ranges);
   return ranges.map((r, d) => {
     const t: StageBytes = {
       ...NO_BYTES,

@@ -35,6 +35,7 @@ import { better, divisors, type StrategyPlan } from '../cost/strategy-plan.js';
 import {
   predictRelayPipelineStepTime,
   predictRelayStepTime,
+  type StepTime,
 } from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostTensor } from '../data/microbatch.js';
@@ -537,6 +538,37 @@ export const l2l: StrategySpec = {
         : divisors(req.batchSize);
     let best: StrategyPlan | null = null;
     const n = profile.blocks.length;
+    /** A relay plan from its shape, predicted peaks and step time (the rest is the relay's). */
+    const consider = (
+      shape: Pick<
+        StrategyPlan,
+        | 'stages'
+        | 'microBatches'
+        | 'schedule'
+        | 'balance'
+        | 'balancedBy'
+        | 'idealBubble'
+        | 'stash'
+      > & { display: string },
+      peakBytes: number[],
+      t: StepTime,
+    ) => {
+      const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
+      const p: StrategyPlan = {
+        ...shape,
+        strategy: 'l2l',
+        exact: true,
+        fits: peakBytes.every((b) => b <= req.deviceMemory),
+        remat: 'always',
+        peakBytes,
+        stepSeconds: t.seconds,
+        bubble: t.bubble,
+        examplesPerSecond: perSecond,
+        tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
+        display: { remat: 'always', schedule: shape.display },
+      };
+      if (!best || better(p, best)) best = p;
+    };
     for (const m of ms) {
       const costs = costsAt(profile, req.batchSize / m);
       // the pipelined relay on the request's K devices: layers balanced by time, gpipe or 1F1B
@@ -549,72 +581,38 @@ export const l2l: StrategySpec = {
         const ranges = stageRanges(balance);
         for (const schedule of RELAY_PIPELINE_SCHEDULES)
           for (const stash of ['host', 'device'] as const) {
-            const peakBytes = predictRelayPipelinePeakBytes(costs, ranges, {
-              m,
-              stash,
-              schedule,
-            });
-            const t = predictRelayPipelineStepTime(costs, ranges, {
-              m,
-              stash,
-              schedule,
-            });
-            const perSecond =
-              t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
-            const p: StrategyPlan = {
-              strategy: 'l2l',
-              exact: true,
-              fits: peakBytes.every((b) => b <= req.deviceMemory),
-              stages: k,
-              microBatches: m,
-              remat: 'always',
-              schedule,
-              balance,
-              balancedBy: 'time',
-              peakBytes,
-              stepSeconds: t.seconds,
-              bubble: t.bubble,
-              idealBubble: idealBubble(m, k),
-              examplesPerSecond: perSecond,
-              tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
-              stash,
-              display: {
-                remat: 'always',
-                schedule: `${schedule} relay, stash ${stash}`,
+            const shape = { m, stash, schedule };
+            consider(
+              {
+                stages: k,
+                microBatches: m,
+                schedule,
+                balance,
+                balancedBy: 'time',
+                idealBubble: idealBubble(m, k),
+                stash,
+                display: `${schedule} relay, stash ${stash}`,
               },
-            };
-            if (!best || better(p, best)) best = p;
+              predictRelayPipelinePeakBytes(costs, ranges, shape),
+              predictRelayPipelineStepTime(costs, ranges, shape),
+            );
           }
       }
-      for (const stash of ['host', 'device'] as const) {
-        const peak = predictRelayPeakBytes(costs, { m, stash });
-        const t = predictRelayStepTime(costs, {
-          m,
-          stash,
-          clip: req.clip ?? true,
-        });
-        const perSecond = t.seconds > 0 ? req.batchSize / t.seconds : Infinity;
-        const p: StrategyPlan = {
-          strategy: 'l2l',
-          exact: true,
-          fits: peak <= req.deviceMemory,
-          stages: 1,
-          microBatches: m,
-          remat: 'always',
-          schedule: 'gpipe',
-          balance: [profile.blocks.length],
-          balancedBy: 'one layer at a time',
-          peakBytes: [peak],
-          stepSeconds: t.seconds,
-          bubble: t.bubble,
-          idealBubble: 0,
-          examplesPerSecond: perSecond,
-          tokensPerSecond: perSecond * (req.tokensPerExample ?? 1),
-          stash,
-          display: { remat: 'always', schedule: `relay, stash ${stash}` },
-        };
-        if (!best || better(p, best)) best = p;
-      }
+      for (const stash of ['host', 'device'] as const)
+        consider(
+          {
+            stages: 1,
+            microBatches: m,
+            schedule: 'gpipe',
+            balance: [n],
+            balancedBy: 'one layer at a time',
+            idealBubble: 0,
+            stash,
+            display: `relay, stash ${stash}`,
+          },
+          [predictRelayPeakBytes(costs, { m, stash })],
+          predictRelayStepTime(costs, { m, stash, clip: req.clip ?? true }),
+        );
     }
     return best!;
   },
