@@ -7,12 +7,12 @@
  * 1.05x its peak at 6. For scale, the 6-block model also runs on the one-device relay and on
  * gpipe K (same M): tokens/s, host-to-device bytes per step. Writes l2l-pipeline.{json,md}.
  */
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { StepMetrics } from '../train/metrics.js';
+import { readStepMetrics } from '../train/metrics.js';
 import { train } from '../train/trainer.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import { markdownTable, stepFigures, writeBenchResults } from './report.js';
 
 export interface L2LPipelineBenchOptions {
   /** Blocks of each model of the sweep (decoder blocks + 2). */
@@ -41,10 +41,6 @@ interface RunFigures {
   tokens_per_s: number;
 }
 
-const median = (a: number[]) => {
-  const s = [...a].sort((x, y) => x - y);
-  return s[Math.floor((s.length - 1) / 2)]!;
-};
 const mib = (b: number) => (b / 2 ** 20).toFixed(1);
 
 /** Runs the sweep and the comparison rows, writes the results; `log` hears each run. */
@@ -74,22 +70,15 @@ export async function benchL2LPipeline(
       out,
       ...flags,
     });
-    const ms = readFileSync(join(out, 'metrics.jsonl'), 'utf8')
-      .trim()
-      .split('\n')
-      .map((l) => JSON.parse(l) as StepMetrics)
-      .slice(1); // the first step warms kernels up
-    const h2d = ms.map((m) =>
-      (m.host_to_device_bytes ?? []).reduce((x, y) => x + y, 0),
-    );
+    const f = stepFigures(readStepMetrics(out));
     const s = r.summary;
     const fig: RunFigures = {
       run,
       blocks,
       peak_device_bytes: s.peak_device_bytes ?? [],
       predicted_peak_device_bytes: s.predicted_peak_device_bytes ?? null,
-      host_to_device_bytes: h2d.reduce((a, b) => a + b, 0) / h2d.length,
-      step_s: median(ms.map((m) => m.step_s)),
+      host_to_device_bytes: f.hostToDeviceBytes,
+      step_s: f.stepSeconds,
       tokens_per_s: s.tokens_per_s ?? Number.NaN,
     };
     runs.push(fig);

@@ -6,12 +6,12 @@
  * median step seconds and tokens/s (summary.json), and the ratios. Issue 24's bar: bytes at
  * P = 0.5 at most 0.65x of P = 0, and a lower step time. Writes layer-drop.{json,md}.
  */
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import type { StepMetrics } from '../train/metrics.js';
+import { readStepMetrics } from '../train/metrics.js';
 import { train } from '../train/trainer.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import { markdownTable, stepFigures, writeBenchResults } from './report.js';
 
 export interface LayerDropBenchOptions {
   /** Decoder blocks of charlm-small (--layers). */
@@ -39,11 +39,6 @@ interface RunFigures {
   dropped_blocks: number;
 }
 
-const median = (a: number[]) => {
-  const s = [...a].sort((x, y) => x - y);
-  return s[Math.floor((s.length - 1) / 2)]!;
-};
-
 /** Runs the comparison and writes the results; `log` hears each run. */
 export async function benchLayerDrop(
   o: LayerDropBenchOptions,
@@ -68,18 +63,12 @@ export async function benchLayerDrop(
         layerDrop: p,
         out,
       });
-      const ms = readFileSync(join(out, 'metrics.jsonl'), 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l) as StepMetrics)
-        .slice(1); // the first step warms kernels up
-      const h2d = ms.map((m) =>
-        (m.host_to_device_bytes ?? []).reduce((x, y) => x + y, 0),
-      );
+      const f = stepFigures(readStepMetrics(out));
+      const ms = f.steps;
       const fig: RunFigures = {
         layer_drop: p,
-        host_to_device_bytes: h2d.reduce((a, b) => a + b, 0) / h2d.length,
-        step_s: median(ms.map((m) => m.step_s)),
+        host_to_device_bytes: f.hostToDeviceBytes,
+        step_s: f.stepSeconds,
         tokens_per_s: r.summary.tokens_per_s ?? Number.NaN,
         dropped_blocks:
           ms.reduce((a, m) => a + (m.dropped_blocks?.length ?? 0), 0) /

@@ -20,6 +20,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { checkpointDir } from '../train/checkpoint-io.js';
+import { readStepMetrics } from '../train/metrics.js';
 import { parseSize } from '../util/size.js';
 
 const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
@@ -229,10 +230,7 @@ test('bad input: malformed IDX data file', () => {
 });
 
 function losses(dir: string): number[] {
-  return readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => JSON.parse(l).loss as number);
+  return readStepMetrics(dir).map((m) => m.loss);
 }
 
 const full = join(tmp, 'full');
@@ -797,10 +795,7 @@ test('a device process killed mid-run (with --layer-drop) stops it naming the st
   const ref = join(tmp, 'kill-ref');
   assert.equal(run(['train', ...base, '--out', ref]).code, 0);
   const want = losses(ref);
-  const dropped = readFileSync(join(ref, 'metrics.jsonl'), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => JSON.parse(l).dropped_blocks as number[]);
+  const dropped = readStepMetrics(ref).map((m) => m.dropped_blocks ?? []);
   assert.ok(
     dropped.slice(15).some((d) => d.length > 0),
     'steps after the kill skip blocks',

@@ -20,6 +20,7 @@ import {
   LOSS_SCALE_DEFAULTS,
   lossScaleStep,
 } from '../optim/loss-scale.js';
+import { readStepMetrics } from '../train/metrics.js';
 
 const CLI = fileURLToPath(new URL('../cli/main.js', import.meta.url));
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-f16-'));
@@ -163,30 +164,17 @@ test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too 
     '--lr',
     '3e-3',
   ];
-  const lines = (dir: string) =>
-    readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
-      .trim()
-      .split('\n')
-      .map(
-        (l) =>
-          JSON.parse(l) as {
-            loss: number;
-            loss_scale: number;
-            skipped: boolean;
-            overflows: number;
-          },
-      );
   const out = join(tmp, 'f16');
   let r = run([...base, '--out', out]);
   assert.equal(r.code, 0, r.err);
-  let ms = lines(out);
+  let ms = readStepMetrics(out);
   assert.equal(ms.length, 20);
   assert.ok(
     ms[19]!.loss < ms[0]!.loss - 1,
     `loss ${ms[0]!.loss} -> ${ms[19]!.loss}`,
   );
   assert.ok(
-    ms.every((m) => m.loss_scale > 0 && typeof m.skipped === 'boolean'),
+    ms.every((m) => m.loss_scale! > 0 && typeof m.skipped === 'boolean'),
   );
   const summary = JSON.parse(readFileSync(join(out, 'summary.json'), 'utf8'));
   assert.equal(summary.precision, 'f16');
@@ -195,11 +183,11 @@ test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too 
   const big = join(tmp, 'f16-big');
   r = run([...base, '--loss-scale', '1e9', '--out', big]);
   assert.equal(r.code, 0, r.err);
-  ms = lines(big);
+  ms = readStepMetrics(big);
   assert.equal(ms[0]!.skipped, true);
   assert.equal(ms[0]!.loss_scale, 1e9);
   assert.equal(ms[1]!.loss_scale, 5e8);
-  assert.ok(ms.at(-1)!.overflows >= 2);
+  assert.ok(ms.at(-1)!.overflows! >= 2);
   const firstUpdate = ms.findIndex((m) => !m.skipped);
   assert.ok(firstUpdate > 0, 'some step trains');
   assert.ok(
@@ -220,10 +208,10 @@ test('webgpu f16 trains charlm-tiny 20 steps with the loss falling; a scale too 
     relay,
   ]);
   assert.equal(r.code, 0, r.err);
-  ms = lines(relay);
+  ms = readStepMetrics(relay);
   assert.equal(ms[0]!.skipped, true);
   assert.ok(ms.some((m) => !m.skipped));
-  assert.ok(ms.at(-1)!.overflows >= 2);
+  assert.ok(ms.at(-1)!.overflows! >= 2);
   assert.ok(
     ms.at(-1)!.loss < ms[0]!.loss - 0.3,
     `l2l loss ${ms[0]!.loss} -> ${ms.at(-1)!.loss}`,
@@ -266,13 +254,7 @@ test('webgpu f16 resumes exactly: the checkpoint carries the loss scaler (mid-ov
   r = run(['train', '--resume', part, '--steps', '10']);
   assert.equal(r.code, 0, r.err);
   const read = (dir: string) =>
-    readFileSync(join(dir, 'metrics.jsonl'), 'utf8')
-      .trim()
-      .split('\n')
-      .map((l) => {
-        const m = JSON.parse(l);
-        return [m.loss, m.loss_scale, m.skipped];
-      });
+    readStepMetrics(dir).map((m) => [m.loss, m.loss_scale, m.skipped]);
   const want = read(full);
   assert.ok(
     want.some((m) => m[2] === true),

@@ -6,7 +6,7 @@
  * stepped; a resumed run draws what the uninterrupted one did; bad uses are refused.
  */
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -22,6 +22,7 @@ import { buildModel } from '../model/model.js';
 import { getPreset } from '../model/presets.js';
 import { relayCompute } from '../schedule/schedule.js';
 import { tinyWhaleDataset } from '../testing/fixtures.js';
+import { readStepMetrics } from '../train/metrics.js';
 import { LayerwiseError } from '../util/errors.js';
 import { createStrategy } from './index.js';
 
@@ -101,15 +102,11 @@ test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization), l2l (
       layerDrop: 0.5,
       steps: 4,
     };
-    const losses = (run: string) =>
-      readFileSync(join(dir, run, 'metrics.jsonl'), 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l));
+    const losses = (run: string) => readStepMetrics(join(dir, run));
     await train({ ...common, strategy: 'single', out: join(dir, 'single') });
     const ref = losses('single');
     // the steps really vary the architecture: some skip blocks, the losses differ from no drop
-    assert.ok(ref.some((m) => m.dropped_blocks.length > 0));
+    assert.ok(ref.some((m) => m.dropped_blocks!.length > 0));
     await train({
       ...common,
       layerDrop: 0,
@@ -118,7 +115,7 @@ test('--layer-drop 0.5: gpipe K=2 (gpipe, 1F1B), K=3 (re-materialization), l2l (
     });
     assert.notEqual(losses('none')[3].loss, ref[3].loss);
     assert.ok(
-      ref.some((m) => m.dropped_blocks.includes(2)),
+      ref.some((m) => m.dropped_blocks!.includes(2)),
       'some step skips block 2 (l2l-k3 below passes through its stage 1)',
     );
     const runs: Array<[string, Record<string, unknown>]> = [

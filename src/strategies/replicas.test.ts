@@ -20,6 +20,7 @@ import { parseDevices } from '../runtime/devices.js';
 import { ringAllReduce } from '../runtime/stage-host.js';
 import { maxParamDiff } from '../testing/assert-close.js';
 import { trainTinyLm } from '../testing/fixtures.js';
+import { readStepMetrics } from '../train/metrics.js';
 import { LayerwiseError } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 
@@ -149,10 +150,7 @@ test('gpipe --replicas 2 (traced: a track per device) stopped at step 2 and resu
       steps: 4,
     };
     const losses = (run: string) =>
-      readFileSync(join(dir, run, 'metrics.jsonl'), 'utf8')
-        .trim()
-        .split('\n')
-        .map((l) => JSON.parse(l).loss as number);
+      readStepMetrics(join(dir, run)).map((m) => m.loss);
     await train({ ...common, strategy: 'single', out: join(dir, 'single') });
     const rep = {
       strategy: 'gpipe',

@@ -1,4 +1,5 @@
 /** Run outputs: metrics.jsonl (one JSON line per step) and summary.json. */
+import { readFileSync } from 'node:fs';
 import { appendFile, mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../util/fsx.js';
@@ -117,4 +118,12 @@ export class MetricsLog {
       `${JSON.stringify(s, null, 2)}\n`,
     );
   }
+}
+
+/** The step lines of run folder `out`'s metrics.jsonl, in order (what {@link MetricsLog} appended). */
+export function readStepMetrics(out: string): StepMetrics[] {
+  return readFileSync(join(out, 'metrics.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as StepMetrics);
 }
