@@ -6,7 +6,13 @@ import {
   type MessagePort,
   type TransferListItem,
 } from 'node:worker_threads';
-import { Channel, type Message, type PortLike } from './channel.js';
+import {
+  Channel,
+  LinkLostError,
+  type Message,
+  type PortLike,
+} from './channel.js';
+import { isDeviceLoss, StageError } from './device.js';
 
 /**
  * Runs `body` with two Channels over the two ends of a real MessageChannel, and closes both
@@ -304,4 +310,23 @@ test('a Channel works over any PortLike (postMessage + on("message"))', async ()
   // And the other way round.
   b.send({ type: 'back', v: 3 });
   assert.equal(a.tryRecv('back')?.v, 3);
+});
+
+test('a link lost between two devices counts as a lost device (restartable), an error a stage raised does not', async () => {
+  // the stage's channel to its neighbour fails with LinkLostError; the stage reports the
+  // error's name, and the device handle raises a StageError carrying it as causeName
+  await withPair(async (a) => {
+    const pending = a.recv('act');
+    a.fail(new LinkLostError('the link to the next replica was lost: x'));
+    const e = await pending.then(
+      () => assert.fail('recv resolved on a failed channel'),
+      (x: Error) => x,
+    );
+    assert.equal(e.name, 'LinkLostError');
+    assert.ok(isDeviceLoss(new StageError(1, e.message, e.name)));
+  });
+  assert.ok(isDeviceLoss(new StageError(0, 'worker exited with code 1')));
+  assert.ok(!isDeviceLoss(new StageError(0, 'bad shape', 'Error')));
+  assert.ok(!isDeviceLoss(new StageError(0, 'oom', 'DeviceOutOfMemoryError')));
+  assert.ok(!isDeviceLoss(new Error('the link to the next stage was lost')));
 });

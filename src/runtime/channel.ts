@@ -77,6 +77,15 @@ export class Channel {
 }
 
 /**
+ * A link between two devices (stage to stage, replica to replica) ended while the run used it:
+ * a fault of the machines (the device at its other end died, the network dropped it), so
+ * `--max-restarts` restarts the devices for it as for a lost device (train/restarts.ts).
+ */
+export class LinkLostError extends Error {
+  override readonly name = 'LinkLostError';
+}
+
+/**
  * The ArrayBuffers behind the typed arrays in a message (up to 6 levels of nesting deep), to
  * transfer rather than copy: only a buffer a typed array covers whole, never a
  * SharedArrayBuffer (shared, not moved) nor a slice of a larger buffer (the rest would go too).

@@ -35,6 +35,16 @@ export class StageError extends Error {
   }
 }
 
+/**
+ * Whether `e` is a lost device (gone, exited, crashed: a StageError the device handle raised,
+ * without a cause from inside the stage) or a link between two devices that was lost (the
+ * stage's {@link LinkLostError}), rather than an error the stage raised: a fault of the
+ * machines, which `--max-restarts` restarts.
+ */
+export const isDeviceLoss = (e: unknown): boolean =>
+  e instanceof StageError &&
+  (e.causeName === undefined || e.causeName === 'LinkLostError');
+
 /** What every kind of device offers the strategies. */
 export abstract class Device {
   protected abstract readonly ch: Channel;

@@ -4,7 +4,7 @@
  * MessagePorts the coordinator hands it.
  */
 import { MessagePort, parentPort } from 'node:worker_threads';
-import { Channel } from './channel.js';
+import { Channel, LinkLostError } from './channel.js';
 import { serveStage } from './stage-host.js';
 
 if (!parentPort)
@@ -19,7 +19,7 @@ void serveStage(new Channel(parentPort), (link, side) => {
   link.on('message', (m: { type?: string; why?: string }) => {
     if (m?.type === 'link-lost')
       ch.fail(
-        new Error(
+        new LinkLostError(
           `the link to the ${side.endsWith('prev') ? 'previous' : 'next'} ${side.startsWith('replica') ? 'replica' : 'stage'} was lost: ${m.why}`,
         ),
       );

@@ -126,10 +126,7 @@ async function rootCause(
   first: unknown,
 ): Promise<unknown> {
   // only a broken link points elsewhere; any other failure is its own cause
-  if (
-    !(first instanceof Error) ||
-    !/the link to the (next|previous) stage was lost/.test(first.message)
-  )
+  if (!(first instanceof StageError) || first.causeName !== 'LinkLostError')
     return first;
   const isRoot = (e: unknown): boolean =>
     e instanceof StageError && e.causeName === undefined;

@@ -5,7 +5,7 @@
  * Failures of the run itself (bad input, a stage's error, out of memory) are not retried.
  */
 import { resolveConfig } from '../config/config.js';
-import { StageError } from '../runtime/device.js';
+import { isDeviceLoss } from '../runtime/device.js';
 import { LayerwiseError } from '../util/errors.js';
 import { hasCheckpoint, restartCommand } from './checkpoint-io.js';
 import {
@@ -15,9 +15,7 @@ import {
   train,
 } from './trainer.js';
 
-/** Whether `e` is a lost device (gone, exited, crashed) rather than an error the stage raised. */
-export const isDeviceLoss = (e: unknown): boolean =>
-  e instanceof StageError && e.causeName === undefined;
+export { isDeviceLoss };
 
 /**
  * {@link train}, restarted after each device loss up to `maxRestarts` times. `out`: the run
