@@ -14,6 +14,7 @@ interface Bf16Holder {
   fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
   roundToBf16(src: Float32Array, dst: Uint16Array): void;
   widenFromBf16(src: Uint16Array, dst: Float32Array): void;
+  bf16Saved(t: tf.Tensor): tf.Tensor | null;
 }
 
 function holder(): Bf16Holder | null {
@@ -103,4 +104,54 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
     gradFunc: (dy: tf.Tensor) => roundTensor(dy),
   })) as unknown as Parameters<typeof tf.customGrad>[0]);
   return round(x);
+}
+
+/** The kernels that read their saved inputs, in backward, only as bf16 product operands. */
+const PRODUCT_KERNELS: ReadonlySet<string> = new Set([
+  'BatchMatMul',
+  '_FusedMatMul',
+]);
+
+/**
+ * On a bf16 backend ({@link holdsBf16}), replaces the saved inputs of a recorded forward's
+ * products (`tape`: tfjs tape nodes, pipeline/tape.ts) that are activations by bf16-only copies
+ * of them (NativeBackend.bf16Saved: 2 bytes per element instead of 4, the float32 values freed
+ * unless something else holds them), since their gradients (dW = x^T dy, dx = dy W^T) read
+ * them only as bf16 operands: the same gradients, half the bytes kept for the backward (issue
+ * 23 item 4). Data another kind of op saved too (a layer norm's input), or that a tensor
+ * outside the tape holds (the caller's input), stays float32. Elsewhere does nothing.
+ */
+export function keepSavedAtComputePrecision(
+  tape: ReadonlyArray<{ kernelName: string; saved?: tf.Tensor[] }>,
+): void {
+  const h = holder();
+  if (!h) return;
+  const readInFloat32 = new Set<tf.DataId>();
+  const savedRefs = new Map<tf.DataId, number>();
+  for (const node of tape)
+    for (const t of node.saved ?? []) {
+      if (!(t instanceof tf.Tensor)) continue; // a shape kept in place of a tensor
+      savedRefs.set(t.dataId, (savedRefs.get(t.dataId) ?? 0) + 1);
+      if (!PRODUCT_KERNELS.has(node.kernelName)) readInFloat32.add(t.dataId);
+    }
+  // data a tensor outside the tape holds too (the stage's input, say) stays float32 for it
+  const backend = tf.backend();
+  for (const [id, n] of savedRefs)
+    if (backend.refCount(id) > n) readInFloat32.add(id);
+  const copies = new Map<tf.DataId, tf.Tensor | null>();
+  for (const node of tape) {
+    const saved = node.saved;
+    if (!PRODUCT_KERNELS.has(node.kernelName) || !saved) continue;
+    saved.forEach((t, i) => {
+      if (readInFloat32.has(t.dataId) || t.dtype !== 'float32') return;
+      let copy = copies.get(t.dataId);
+      if (copy === undefined) {
+        copy = h.bf16Saved(t);
+        copies.set(t.dataId, copy);
+      } else if (copy !== null) copy = tf.clone(copy);
+      if (copy === null) return; // a parameter, or bf16 already
+      saved[i] = copy; // in place: the node's gradient closure holds this array
+      t.dispose();
+    });
+  }
 }

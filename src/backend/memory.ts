@@ -38,6 +38,9 @@ let current = 0;
 let peak = 0;
 let budget: number | undefined;
 let budgetContext: BudgetContext = {};
+/** Tensor disposals under way, and the private bytes the backend counted during them. */
+let disposing = 0;
+let deferred = 0;
 
 /** Tensors whose bytes TF.js counts here (complex ones through their parts, strings as they are written: neither here). */
 const counted = (a: TensorLike): boolean =>
@@ -70,7 +73,12 @@ function install(): void {
   };
   engine.disposeTensor = (a) => {
     const info = engine.state.tensorInfo.get(a.dataId);
-    dispose(a);
+    disposing++;
+    try {
+      dispose(a);
+    } finally {
+      disposing--;
+    }
     // the buffer is gone once the last tensor on it is disposed
     if (
       info !== undefined &&
@@ -78,6 +86,12 @@ function install(): void {
       !engine.state.tensorInfo.has(a.dataId)
     )
       current -= info.bytes;
+    // what the backend counted while freeing (a bf16-only tensor's private part), after the
+    // tensor's own bytes: a free never raises the peak
+    if (disposing === 0 && deferred !== 0) {
+      current += deferred;
+      deferred = 0;
+    }
   };
   installedOn = engine;
 }
@@ -90,6 +104,10 @@ function install(): void {
  */
 export function countPrivateBytes(delta: number): void {
   install();
+  if (disposing > 0) {
+    deferred += delta; // settled by the disposal under way, after its tensor's bytes
+    return;
+  }
   if (delta > 0 && budget !== undefined && current + delta > budget) {
     throw new DeviceOutOfMemoryError({
       needs: current + delta,

@@ -432,3 +432,47 @@ test("fromBf16: a bf16-only tensor holds 2 bytes per element, is the products' b
   assert.equal(deviceBytes(), start, 'every byte counted is freed');
   for (const a of [x, ref, yRef]) a.dispose();
 });
+
+test('a recorded forward keeps its products saved activations as bf16: half their bytes until the backward, the same gradients as tf.grads', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const { recordForward, backwardRecorded } = await import(
+    '../pipeline/rematerialize.js'
+  );
+  // y = relu(x W1) W2: x is the caller's; h = relu(x W1) [64, 128] is saved only by the
+  // second product (the relu saves its own input, x W1, in float32)
+  const x = tf.tensor(randomArray(64 * 32, 11), [64, 32]);
+  const w1 = tf.variable(tf.tensor(randomArray(32 * 128, 12), [32, 128]));
+  const w2 = tf.variable(tf.tensor(randomArray(128 * 16, 13), [128, 16]));
+  const f = (a: tf.Tensor, b: tf.Tensor, input: tf.Tensor) =>
+    tf.matMul(tf.relu(tf.matMul(input, a)), b);
+  const dy = tf.tensor(randomArray(64 * 16, 14), [64, 16]);
+  const ref = tf.grads(f)([w1, w2, x], dy);
+  // once first, so that the backend's conversion buffers have grown to these sizes
+  tf.dispose(
+    backwardRecorded(
+      recordForward(() => f(w1, w2, x)),
+      [w1, w2, x],
+      dy,
+    ),
+  );
+  const b0 = deviceBytes();
+  const rec = recordForward(() => f(w1, w2, x));
+  const kept = deviceBytes() - b0;
+  // kept: the output [64, 16], relu's input (float32) and h as bf16 (2 bytes per element)
+  const h = 64 * 128;
+  const got = backwardRecorded(rec, [w1, w2, x], dy);
+  for (let i = 0; i < 3; i++)
+    assert.deepEqual(
+      got[i]!.dataSync(),
+      ref[i]!.dataSync(),
+      `gradient ${i}: the same products of the same bf16 operands`,
+    );
+  assert.ok(
+    kept <= 4 * 64 * 16 + 4 * h + 2 * h,
+    `kept ${kept} B: the product's saved h is bf16`,
+  );
+  assert.ok(kept >= 4 * h + 2 * h, `kept ${kept} B`);
+  tf.dispose([...got, ...ref, x, w1, w2, dy]);
+});

@@ -183,6 +183,22 @@ export class NativeBackend extends MathBackendCPU {
     widenBf16(src, dst);
   }
 
+  /**
+   * A bf16-only copy ({@link fromBf16}) of `t`, an activation a product saved for its backward
+   * (backend/low-precision.ts keepSavedAtComputePrecision): its bf16 values, taken from the
+   * recent conversions where the forward's product made them, else converted now. Null for a
+   * parameter (its bf16 copy is cached per version) or a tensor already held as bf16.
+   */
+  bf16Saved(t: tf.Tensor): tf.Tensor | null {
+    if (this.bf16Params.has(t.dataId) || isParameterData(t.dataId)) return null;
+    const f32 = this.data.get(t.dataId).values as Float32Array;
+    const bf = new Uint16Array(f32.length);
+    const recent = this.recentBf16.find((e) => e.id === t.dataId);
+    if (recent) bf.set(recent.bf.subarray(0, f32.length));
+    else nativeAddon()!.toBf16(f32, bf);
+    return this.fromBf16(bf, t.shape);
+  }
+
   /** bf16-only tensors ({@link fromBf16}) by data id: whether their float32 values were made since. */
   private readonly bf16Only = new Map<tf.DataId, { widened: boolean }>();
 

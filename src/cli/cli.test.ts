@@ -128,9 +128,9 @@ expectBadInput(
 
 expectBadInput(
   'over --device-memory (single)',
-  [...TINY, '--device-memory', '1MB'],
-  /layerwise: error: device out of memory: needs [\d.]+ [KMG]?i?B, budget 976.6 KiB \(stage 0 of single, predicted\); try --strategy l2l, or --strategy gpipe with more --stages\n/,
-  1e6,
+  [...TINY, '--device-memory', '500kB'],
+  /layerwise: error: device out of memory: needs [\d.]+ [KMG]?i?B, budget 488.3 KiB \(stage 0 of single, predicted\); try --strategy l2l, or --strategy gpipe with more --stages\n/,
+  500e3,
 );
 expectBadInput(
   'over --device-memory (local)',

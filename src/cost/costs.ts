@@ -38,10 +38,11 @@ export interface BlockCost {
   /** Peak bytes above the level with the tape kept, during the block's backward. */
   bwdPeakBytes: number;
   /**
-   * Bytes the block's backward still holds when it returns (above the level with the tape
-   * kept): its parameter and input gradients and the intermediate gradients tf.grads keeps
-   * until it ends. The rest of {@link bwdPeakBytes} is freed as the backward goes (gradient
-   * functions run in tidy scopes). Undefined: all of it is held (older profiles).
+   * Bytes the block's backward still holds when it reaches the block's input, above the level
+   * before its forward: its parameter and input gradients. The backward frees the block's tape
+   * and intermediate gradients as it goes (pipeline/tape.ts backpropagate), so a stage's earlier
+   * blocks run their backward without the later blocks' tapes. Undefined (a block without
+   * parameters, or profiles from before): nothing freed, its tape plus its whole backward peak.
    */
   bwdHeldBytes?: number;
   /** Seconds of one forward (on the tape). */
@@ -216,17 +217,25 @@ export function sum(xs: number[]): number {
   return xs.reduce((a, b) => a + b, 0);
 }
 
-/** {@link BlockCost.bwdHeldBytes}, or all of the backward's peak where the profile does not say. */
+/**
+ * What a block's backward leaves above the level with its tape kept: its
+ * {@link BlockCost.bwdHeldBytes} less the tape it freed (negative when it freed more than it
+ * made), or all of its backward's peak where the profile does not say.
+ */
 export const heldAfterBackward = (
-  b: Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>,
-): number => b.bwdHeldBytes ?? b.bwdPeakBytes;
+  b: Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes' | 'keptBytes'>,
+): number =>
+  b.bwdHeldBytes !== undefined ? b.bwdHeldBytes - b.keptBytes : b.bwdPeakBytes;
 
 /**
- * Peak bytes above the kept tape during one backward through `blocks` (model order): they run
- * last to first, and each runs with what the ones after it still hold.
+ * Peak bytes above the kept tape (all blocks') during one backward through `blocks` (model
+ * order): they run last to first, and each runs with what the ones after it still hold, their
+ * tapes freed.
  */
 export function backwardPeak(
-  blocks: ReadonlyArray<Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes'>>,
+  blocks: ReadonlyArray<
+    Pick<BlockCost, 'bwdPeakBytes' | 'bwdHeldBytes' | 'keptBytes'>
+  >,
 ): number {
   let held = 0;
   let peak = 0;

@@ -15,8 +15,11 @@
  *   that micro-batch's backward (M in flight under fill-drain, at most K - s under 1F1B);
  * - a forward peaks at its transient (all of a block's intermediates live until the block's
  *   tidy ends) and keeps the tape's activations when it keeps them;
- * - a backward peaks at the kept tape plus its transient (new gradients, input gradient,
- *   intermediate gradients); a re-materialized backward first runs the forward again;
+ * - a backward peaks at the kept tape plus its transient (new gradients, input gradient, the
+ *   intermediate gradients still to be used); it frees each block's tape and intermediate
+ *   gradients as it passes them (pipeline/tape.ts), so a stage's earlier blocks run theirs
+ *   without the later blocks' tapes (costs.ts backwardPeak); a re-materialized backward first
+ *   runs the forward again;
  * - accumulated gradients (P) from the first backward to the optimizer step, which peaks at
  *   its per-parameter temporaries.
  *

@@ -316,9 +316,13 @@ async function profileAt(
           // a block without parameters on the model's input: nothing to differentiate
           rec.y.dispose();
         } else {
+          const yBytes = bytesOf(rec.y.shape);
           const g = backwardRecorded(rec, xs, dy);
           await settle(g[g.length - 1]);
-          if (i > 0) held = Math.max(0, probedBytes - b1);
+          // above the level before the forward (b1 is that level plus the tape and the seed
+          // dy), less the output: held here by the recorded forward, in a stage by the next
+          // block's tape, freed by then
+          if (i > 0) held = Math.max(0, probedBytes - b1 + kept - yBytes);
           g.forEach((t) => t.dispose());
         }
         const t3 = performance.now();

@@ -20,6 +20,11 @@ import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers } from './executor.js';
+import {
+  backwardRecompute,
+  backwardRecorded,
+  recordForward,
+} from './rematerialize.js';
 import type { StageContext } from './stage-kind.js';
 import { StageParams } from './stage-params.js';
 import { TrainableStage } from './trainable-stage.js';
@@ -144,11 +149,21 @@ export class LocalStage extends TrainableStage {
       if (!this.isLast) out = tf.keep(tf.clone(h));
       return this.localLoss(h, labels, param);
     };
-    let value: tf.Scalar;
+    let value: tf.Tensor;
     let grads: tf.Tensor[];
+    const seed = tf.scalar(1);
     try {
-      ({ value, grads } = tf.valueAndGrads(f)(wantX ? [...params, x] : params));
+      const xs = wantX ? [...params, x] : params;
+      const rec = recordForward(() => f(...xs));
+      value = tf.clone(rec.y);
+      try {
+        grads = backwardRecorded(rec, xs, seed);
+      } catch (e) {
+        value.dispose();
+        throw e;
+      }
     } finally {
+      seed.dispose();
       x.dispose();
       labels.dispose();
     }
@@ -185,7 +200,7 @@ export class LocalStage extends TrainableStage {
       );
     let grads: tf.Tensor[];
     try {
-      grads = tf.grads(f)(this.params.list(tailKeys), dy);
+      grads = backwardRecompute(f, this.params.list(tailKeys), dy);
     } finally {
       tailIn.dispose();
       dy.dispose();

@@ -1,7 +1,10 @@
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { initBackend } from '../backend/index.js';
+import { deviceBytes } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
+import { initParams } from '../model/init.js';
+import { decoderBlock } from '../model/transformer.js';
 import {
   assertSameGrads,
   disposeAll,
@@ -151,4 +154,72 @@ test('recordForward refuses to run inside a gradient computation and leaves the 
   assert.equal(g.dataSync()[0], 6);
   g.dispose();
   x.dispose();
+});
+
+test('a recorded backward frees the tape and the intermediate gradients as it goes: when it reaches the input, a block holds little more than its gradients (tf.grads holds the whole tape and every gradient)', () => {
+  const block = decoderBlock('d', 32, 2, 16);
+  const values = initParams([block], 1);
+  const ps = block.params.map((s) =>
+    tf.tensor(values.get(`0.${s.name}`)!, s.shape),
+  );
+  const x = randn([8, 16, 32], new Rng(2));
+  // an identity on the input whose gradient notes the device's bytes: the backward's last op
+  let probed = 0;
+  const probe = tf.customGrad(((t: tf.Tensor) => ({
+    value: tf.clone(t),
+    gradFunc: (d: tf.Tensor) => {
+      probed = deviceBytes();
+      return [tf.clone(d)];
+    },
+  })) as unknown as Parameters<typeof tf.customGrad>[0]) as (
+    t: tf.Tensor,
+  ) => tf.Tensor;
+  const f = (...a: tf.Tensor[]) => {
+    const p: Record<string, tf.Tensor> = {};
+    block.params.forEach((s, i) => (p[s.name] = a[i]!));
+    return block.forward(p, probe(a[a.length - 1]!));
+  };
+  const xs = [...ps, x];
+  const dy = tf.tidy(() => tf.onesLike(f(...xs)));
+  const gradBytes = xs.reduce((s, t) => s + 4 * t.size, 0);
+
+  const b0 = deviceBytes();
+  const rec = recordForward(() => f(...xs));
+  const kept = deviceBytes() - b0;
+  const ours = backwardRecorded(rec, xs, dy);
+  const oursHeld = probed - b0;
+  const b1 = deviceBytes();
+  const ref = tf.grads(f)(xs, dy);
+  const refHeld = probed - b1;
+  assertSameGrads(ours, ref, 'decoder block');
+  assert.ok(
+    kept > 4 * gradBytes,
+    `the tape (${kept} B) outweighs the gradients`,
+  );
+  assert.ok(
+    oursHeld < 2 * gradBytes,
+    `held at the input: ${oursHeld} B, the gradients ${gradBytes} B, the tape ${kept} B`,
+  );
+  assert.ok(refHeld >= kept, `tf.grads held ${refHeld} B, the tape ${kept} B`);
+  disposeAll([...ours, ...ref, ...xs, dy]);
+});
+
+test('a recorded forward does not keep what is saved only for its shape (a residual branch, a sum): the same gradients, fewer bytes', () => {
+  const rng = new Rng(5);
+  const x = randn([16, 8], rng);
+  const w = randn([8, 8], rng);
+  // m = x w is saved by Add only (its gradient reads shapes), s = m + x by Sum only
+  const f = (a: tf.Tensor, input: tf.Tensor) =>
+    tf.sum(tf.add(tf.matMul(input, a), input));
+  const ref = tf.grads(f)([w, x]);
+  const b0 = deviceBytes();
+  const rec = recordForward(() => f(w, x));
+  const kept = deviceBytes() - b0;
+  assert.ok(
+    kept < 4 * 16 * 8,
+    `kept ${kept} B: neither m nor s (${4 * 16 * 8} B each), the scalar output only`,
+  );
+  const got = backwardRecorded(rec, [w, x], tf.scalar(1));
+  assertSameGrads(got, ref, 'residual sum');
+  disposeAll([...got, ...ref, x, w]);
 });

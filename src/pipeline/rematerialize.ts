@@ -10,11 +10,14 @@
  * To really *keep* the forward activations (`--checkpoint never`) this module splits the
  * engine's gradient call in two: {@link recordForward} runs the forward with the engine's tape
  * on and takes the tape (its nodes hold the saved activations), and {@link backwardRecorded}
- * later hands that tape back to the engine's own backprop, which then frees the saved tensors.
+ * later backpropagates through that tape (tape.ts backpropagate: op by op, freeing each op's
+ * saved tensors and output gradients as soon as its gradient has run).
  * This relies on the engine's tape fields (`startTape`, `endTape`, `state.activeTape`), which
  * are internal to tfjs-core 4.x; the tests in rematerialize.test.ts pin that behaviour.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { keepSavedAtComputePrecision } from '../backend/low-precision.js';
+import { backpropagate, compactTape, type TapeNode } from './tape.js';
 
 interface TapeEngine {
   startTape(): void;
@@ -36,7 +39,9 @@ export interface Recorded {
 
 /**
  * Runs `f` with the gradient tape on and keeps the tape (and with it the activations) for a
- * later backward. Must not be called inside another gradient computation.
+ * later backward, compacted (tape.ts compactTape: inputs saved only for their shapes are not
+ * kept; at bf16 the products' saved activations are kept as bf16). Must not be called inside
+ * another gradient computation.
  */
 export function recordForward(f: () => tf.Tensor): Recorded {
   const e = engine();
@@ -52,6 +57,7 @@ export function recordForward(f: () => tf.Tensor): Recorded {
     e.endTape();
     e.state.activeTape = null;
   }
+  compactTape(tape as TapeNode[], keepSavedAtComputePrecision);
   return { y, tape };
 }
 
@@ -65,13 +71,13 @@ export function backwardRecorded(
   xs: tf.Tensor[],
   dy: tf.Tensor,
 ): tf.Tensor[] {
-  const grads = tf.grads(() => {
-    engine().state.activeTape!.push(...rec.tape);
-    return rec.y;
-  })(xs, dy);
+  const tape = rec.tape as TapeNode[];
   rec.tape = [];
-  rec.y.dispose(); // created outside tf.grads' scope, so not freed by it
-  return grads;
+  try {
+    return backpropagate(tape, rec.y, xs, dy);
+  } finally {
+    rec.y.dispose(); // created outside the backward's scope, so not freed by it
+  }
 }
 
 /** Frees a recorded forward that will never be backpropagated (for example after an error). */

@@ -23,15 +23,14 @@
  */
 import { tf } from '../backend/tfjs.js';
 import type { Recorded } from './rematerialize.js';
-
-/** A tfjs tape node (`@tensorflow/tfjs-core` tape.ts `TapeNode`). */
-interface TapeNode {
-  kernelName: string;
-  inputs: Record<string, tf.Tensor>;
-  outputs: tf.Tensor[];
-  gradient?: (dys: (tf.Tensor | null)[]) => Record<string, () => tf.Tensor>;
-  saved?: tf.Tensor[];
-}
+import {
+  accumulate,
+  dysOf,
+  eager,
+  gradientsOf,
+  release,
+  type TapeNode,
+} from './tape.js';
 
 /** One op's deferred weight-gradient work: its output gradients and the inputs to differentiate, or their gradients already made. */
 interface Deferred {
@@ -55,62 +54,6 @@ export interface PendingWeightGrad {
   fromParams: Set<number>;
   /** The output's gradient (owned) when the output does not depend on the input (no input gradient wanted): all of the backward is W's. */
   seed?: { id: number; dy: tf.Tensor };
-}
-
-/** Frees a tape node's saved tensors (its gradient will not run again). */
-function release(node: TapeNode): void {
-  node.saved?.forEach((t) => t.dispose());
-  node.saved = [];
-}
-
-/** Whether a tape node's gradient is a customGrad's (all inputs' gradients made at once) rather than a registered, lazy one. */
-function eager(node: TapeNode): boolean {
-  return tf.getGradient(node.kernelName) == null;
-}
-
-function accumulate(
-  grads: Map<number, tf.Tensor>,
-  x: tf.Tensor,
-  dx: tf.Tensor,
-): void {
-  const cur = grads.get(x.id);
-  if (!cur) {
-    grads.set(x.id, dx);
-    return;
-  }
-  grads.set(x.id, tf.add(cur, dx));
-  cur.dispose();
-  dx.dispose();
-}
-
-function dysOf(
-  node: TapeNode,
-  grads: Map<number, tf.Tensor>,
-): (tf.Tensor | null)[] {
-  return node.outputs.map((o) => grads.get(o.id) ?? null);
-}
-
-/** Runs `node`'s gradient for the inputs `names` (in one tidy scope): their gradients, in order. */
-function gradientsOf(
-  node: TapeNode,
-  dys: (tf.Tensor | null)[],
-  names: readonly string[],
-): tf.Tensor[] {
-  const gradient = node.gradient;
-  if (!gradient)
-    throw new Error(
-      `Cannot compute gradient: gradient function not found for ${node.kernelName}.`,
-    );
-  return tf.tidy(() => {
-    const g = gradient(dys);
-    return names.map((name) => {
-      if (!(name in g))
-        throw new Error(
-          `Cannot backprop through input ${name} of ${node.kernelName}.`,
-        );
-      return g[name]!();
-    });
-  });
 }
 
 /**
