@@ -150,7 +150,8 @@ export function keepSavedAtComputePrecision(
         copies.set(t.dataId, copy);
       } else if (copy !== null) copy = tf.clone(copy);
       if (copy === null) return; // a parameter, or bf16 already
-      saved[i] = copy; // in place: the node's gradient closure holds this array
+      // kept: made inside a recording's tidy scope, it must outlive that scope as saved tensors do
+      saved[i] = tf.keep(copy); // in place: the node's gradient closure holds this array
       t.dispose();
     });
   }

@@ -228,6 +228,23 @@ export const heldAfterBackward = (
   b.bwdHeldBytes !== undefined ? b.bwdHeldBytes - b.keptBytes : b.bwdPeakBytes;
 
 /**
+ * Peak bytes above the level before one forward through `blocks` (model order) on the tape:
+ * each block's intermediates go when it ends (pipeline/stage-params.ts applyBlocks), so each
+ * runs with the tapes of the blocks before it only.
+ */
+export function forwardPeak(
+  blocks: ReadonlyArray<Pick<BlockCost, 'fwdPeakBytes' | 'keptBytes'>>,
+): number {
+  let kept = 0;
+  let peak = 0;
+  for (const b of blocks) {
+    peak = Math.max(peak, kept + b.fwdPeakBytes);
+    kept += b.keptBytes;
+  }
+  return peak;
+}
+
+/**
  * Peak bytes above the kept tape (all blocks') during one backward through `blocks` (model
  * order): they run last to first, and each runs with what the ones after it still hold, their
  * tapes freed.
@@ -282,7 +299,7 @@ export function stageTotals(c: MicroBatchCosts, r: StageRange) {
     optTransient: Math.max(...bl.map((b) => b.optTransientBytes)),
     inBytes: bl[0].inBytes,
     outBytes: bl[bl.length - 1].outBytes,
-    fwdPeak: sum(bl.map((b) => b.fwdPeakBytes)),
+    fwdPeak: forwardPeak(bl),
     kept: sum(bl.map((b) => b.keptBytes)),
     weightHeld: sum(bl.map((b) => b.weightHeldBytes ?? b.keptBytes)),
     bwdInputPeak: inputBackwardPeak(bl),

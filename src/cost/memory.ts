@@ -13,8 +13,9 @@
  * - the micro-batch inputs the stage holds: the first stage gets all M inputs at the start of
  *   the step, the last stage all M label tensors; other stages hold received activations until
  *   that micro-batch's backward (M in flight under fill-drain, at most K - s under 1F1B);
- * - a forward peaks at its transient (all of a block's intermediates live until the block's
- *   tidy ends) and keeps the tape's activations when it keeps them;
+ * - a forward peaks at its transient (a block's intermediates live until the block's tidy
+ *   ends, with the compacted tapes of the blocks before it: costs.ts forwardPeak) and keeps
+ *   the tape's activations when it keeps them;
  * - a backward peaks at the kept tape plus its transient (new gradients, input gradient, the
  *   intermediate gradients still to be used); it frees each block's tape and intermediate
  *   gradients as it passes them (pipeline/tape.ts), so a stage's earlier blocks run theirs
@@ -23,9 +24,9 @@
  * - accumulated gradients (P) from the first backward to the optimizer step, which peaks at
  *   its per-parameter temporaries.
  *
- * Per-block quantities add up over a stage's blocks (checked on wasm and cpu: a stage's
- * forward transient, kept tape and backward transient are the sums of its blocks' within a few
- * percent). Units: bytes and seconds throughout.
+ * Per-block quantities add up over a stage's blocks (a stage's kept tape is the sum of its
+ * blocks'; its forward and backward transients are walked block by block, costs.ts
+ * forwardPeak and backwardPeak). Units: bytes and seconds throughout.
  *
  * Local parallelism ({@link predictLocalPeakBytes}) walks the
  * stage's local schedule the same way: each micro-batch is one local update (forward on the

@@ -16,7 +16,6 @@
  * are internal to tfjs-core 4.x; the tests in rematerialize.test.ts pin that behaviour.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { keepSavedAtComputePrecision } from '../backend/low-precision.js';
 import { backpropagate, compactTape, type TapeNode } from './tape.js';
 
 interface TapeEngine {
@@ -57,7 +56,7 @@ export function recordForward(f: () => tf.Tensor): Recorded {
     e.endTape();
     e.state.activeTape = null;
   }
-  compactTape(tape as TapeNode[], keepSavedAtComputePrecision);
+  compactTape(tape as TapeNode[]);
   return { y, tape };
 }
 

@@ -11,6 +11,7 @@ import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
+import { compactRecording } from './tape.js';
 
 /**
  * Device variables for the blocks [range.from, range.to) of a model (keys `<block>.<name>`),
@@ -101,9 +102,15 @@ export class StageParams {
       const p: Record<string, tf.Tensor> = {};
       for (const [name, key] of this.blockKeys[b - this.range.from])
         p[name] = param(key);
-      h = this.model.blocks[b].forward(p, h);
-      // bf16: each block boundary at the compute precision, where L2L stashes and stages send it
-      if (b < this.model.blocks.length - 1) h = roundActivation(h);
+      const input = h;
+      // one tidy scope per block: its intermediates go when it ends (what a recorded backward
+      // needs, its tape keeps), and a recording compacts the block's part of the tape now
+      h = tf.tidy(() => {
+        const y = this.model.blocks[b].forward(p, input);
+        // bf16: each block boundary at the compute precision, where L2L stashes and stages send it
+        return b < this.model.blocks.length - 1 ? roundActivation(y) : y;
+      });
+      compactRecording();
     }
     return h;
   }

@@ -13,6 +13,7 @@
  * This relies on the tape's fields (`inputs`, `outputs`, `gradient`, `saved`), internal to
  * tfjs-core 4.x (pinned 4.22); rematerialize.test.ts and tape.test.ts pin the behaviour.
  */
+import { keepSavedAtComputePrecision } from '../backend/low-precision.js';
 import { tf } from '../backend/tfjs.js';
 
 /** A tfjs tape node (`@tensorflow/tfjs-core` tape.ts `TapeNode`). */
@@ -174,18 +175,20 @@ class SavedShape {
   dispose(): void {}
 }
 
+/** How many nodes of a recording's tape (by its array) are compacted already. */
+const compactedUpTo = new WeakMap<TapeNode[], number>();
+
 /**
  * Shrinks what a recorded forward's tape keeps for its backward, without changing a gradient:
  * the saved inputs of {@link SHAPE_ONLY_GRADIENTS} kernels become {@link SavedShape}s (their
- * data freed unless another op saved it too), and at a low compute precision the backend's
- * `keepSaved` hook may replace saved product operands by copies at that precision
- * (backend/low-precision.ts keepSavedAtComputePrecision). Call right after the forward.
+ * data freed unless something else holds it), and at bf16 the products' saved activations
+ * become bf16 copies (backend/low-precision.ts keepSavedAtComputePrecision). Compacts the
+ * nodes not compacted yet ({@link compactRecording} may have done the earlier ones).
  */
-export function compactTape(
-  tape: readonly TapeNode[],
-  keepSaved?: (tape: readonly TapeNode[]) => void,
-): void {
-  for (const node of tape) {
+export function compactTape(tape: TapeNode[]): void {
+  const nodes = tape.slice(compactedUpTo.get(tape) ?? 0);
+  compactedUpTo.set(tape, tape.length);
+  for (const node of nodes) {
     if (!SHAPE_ONLY_GRADIENTS.has(node.kernelName) || !node.saved) continue;
     if (tf.getGradient(node.kernelName) == null) continue;
     // in place: the node's gradient closure holds this very array (tfjs engine addTapeNode)
@@ -199,5 +202,22 @@ export function compactTape(
       t.dispose();
     });
   }
-  keepSaved?.(tape);
+  keepSavedAtComputePrecision(nodes);
+}
+
+/**
+ * During a recorded forward (rematerialize.ts recordForward), {@link compactTape} on the nodes
+ * recorded since the last call: pipeline/stage-params.ts calls it after each block, whose
+ * intermediates its own tidy scope has freed, so a stage's forward holds its earlier blocks'
+ * tapes compacted (and at bf16 takes their products' operands from the conversions just made).
+ * Does nothing outside a recording.
+ */
+export function compactRecording(): void {
+  const state = (
+    tf.engine() as unknown as {
+      state: { activeTape: TapeNode[] | null; gradientDepth: number };
+    }
+  ).state;
+  if (state.activeTape && state.gradientDepth > 0)
+    compactTape(state.activeTape);
 }
