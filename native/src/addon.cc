@@ -147,24 +147,27 @@ Napi::Value Unary(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// gelu(x, out)
+// The optional bf16 copy of a kernel's output: argument i, a Uint16Array of at least n elements, or absent.
+uint16_t* OptionalBf16(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what);
+
+// gelu(x, out[, bf])
 Napi::Value Gelu(const Napi::CallbackInfo& info) {
   const int64_t n = static_cast<int64_t>(Len(info, 0));
   Need(info, 1, n, "out");
-  gelu(F32(info, 0, "x"), F32(info, 1, "out"), n);
+  gelu(F32(info, 0, "x"), F32(info, 1, "out"), n, OptionalBf16(info, 2, n, "gelu: bf"));
   return info.Env().Undefined();
 }
 
-// geluGrad(x, dy, dx)
+// geluGrad(x, dy, dx[, bf])
 Napi::Value GeluGrad(const Napi::CallbackInfo& info) {
   const int64_t n = static_cast<int64_t>(Len(info, 0));
   Need(info, 1, n, "dy");
   Need(info, 2, n, "dx");
-  geluGrad(F32(info, 0, "x"), F32(info, 1, "dy"), F32(info, 2, "dx"), n);
+  geluGrad(F32(info, 0, "x"), F32(info, 1, "dy"), F32(info, 2, "dx"), n, OptionalBf16(info, 3, n, "geluGrad: bf"));
   return info.Env().Undefined();
 }
 
-// layerNorm(x, g, b, y, xhat, rstd, rows, cols, epsilon)
+// layerNorm(x, g, b, y, xhat, rstd, rows, cols, epsilon[, bf])
 Napi::Value LayerNorm(const Napi::CallbackInfo& info) {
   const int64_t rows = I64(info, 6), cols = I64(info, 7);
   for (size_t i : {0, 3, 4}) Need(info, i, rows * cols, "x, y and xhat");
@@ -172,7 +175,7 @@ Napi::Value LayerNorm(const Napi::CallbackInfo& info) {
   Need(info, 2, cols, "b");
   Need(info, 5, rows, "rstd");
   layerNorm(F32(info, 0, "x"), F32(info, 1, "g"), F32(info, 2, "b"), F32(info, 3, "y"), F32(info, 4, "xhat"), F32(info, 5, "rstd"), rows, cols,
-            static_cast<float>(F64(info, 8)));
+            static_cast<float>(F64(info, 8)), OptionalBf16(info, 9, rows * cols, "layerNorm: bf"));
   return info.Env().Undefined();
 }
 
@@ -265,20 +268,22 @@ Napi::Value Gather(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale[, bf16])
+// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale[, bf16[, ctxBf]])
 Napi::Value CausalAttention(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
   Need(info, 0, batch * t * 3 * heads * dh, "qkv");
   Need(info, 1, batch * t * heads * dh, "ctx");
   Need(info, 2, batch * heads * t * t, "p");
   const bool bf16 = info.Length() > 8 && info[8].ToBoolean().Value();
-  const int s = (bf16 ? causalAttentionBf16 : causalAttention)(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh,
-                                                                static_cast<float>(F64(info, 7)));
+  const float scale = static_cast<float>(F64(info, 7));
+  const int s = bf16 ? causalAttentionBf16(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale,
+                                           OptionalBf16(info, 9, batch * t * heads * dh, "causalAttention: ctxBf"))
+                     : causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale);
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
 
-// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale[, bf16])
+// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale[, bf16[, dqkvBf]])
 Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 4), t = I64(info, 5), heads = I64(info, 6), dh = I64(info, 7);
   Need(info, 0, batch * t * heads * dh, "dctx");
@@ -286,8 +291,11 @@ Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   Need(info, 2, batch * heads * t * t, "p");
   Need(info, 3, batch * t * 3 * heads * dh, "dqkv");
   const bool bf16 = info.Length() > 9 && info[9].ToBoolean().Value();
-  const int s = (bf16 ? causalAttentionGradBf16 : causalAttentionGrad)(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"),
-                                                                        F32(info, 3, "dqkv"), batch, t, heads, dh, static_cast<float>(F64(info, 8)));
+  const float scale = static_cast<float>(F64(info, 8));
+  const int s = bf16 ? causalAttentionGradBf16(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t,
+                                               heads, dh, scale, OptionalBf16(info, 10, batch * t * 3 * heads * dh, "causalAttentionGrad: dqkvBf"))
+                     : causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads,
+                                           dh, scale);
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -317,6 +325,13 @@ uint16_t* U16(const Napi::CallbackInfo& info, size_t i, const char* what) {
     throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a Uint16Array (bf16)");
   }
   return info[i].As<Napi::Uint16Array>().Data();
+}
+
+uint16_t* OptionalBf16(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what) {
+  if (info.Length() <= i || info[i].IsUndefined()) return nullptr;
+  uint16_t* bf = U16(info, i, what);
+  if (static_cast<int64_t>(Len(info, i)) < n) throw Napi::RangeError::New(info.Env(), std::string(what) + " is shorter than the output");
+  return bf;
 }
 
 // toBf16(src: Float32Array, dst: Uint16Array)

@@ -19,11 +19,12 @@ namespace layerwise {
 
 namespace {
 
-// Conversions and copies up to this many elements run on the calling thread: they are bound by
-// memory bandwidth (measured: 1M elements 0.084 ms on one thread, 0.088 ms on two; 4M 0.85 and
-// 0.80 ms), and waking the OpenMP team for each costs more than it saves when other threads
-// contend for the cores.
-constexpr int64_t kSerialCopy = int64_t{1} << 23;
+// Conversions and copies up to this many elements run on the calling thread. In training one thread's
+// memory bandwidth bounds them: charlm-small's activations (1-4M elements,
+// read from L3 or memory) converted at 2.3-2.9 G elements/s on one thread, and spreading every
+// conversion above 256K elements over the OpenMP team took its bf16 step from 377 to 343-358 ms
+// (2 cores). Below this, the team's wake-up costs more than it saves.
+constexpr int64_t kSerialCopy = int64_t{1} << 18;
 
 // Round to nearest even on the upper 16 bits; NaN stays NaN (quiet), infinities stay.
 inline uint16_t bf16Scalar(float f) {
@@ -140,13 +141,17 @@ void headsFirstBf16(const float* x, uint16_t* out, int64_t B, int64_t T, int64_t
   }
 }
 
-// y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..]
-void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride) {
+// y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..];
+// with outBf (same layout as out), also its bf16 rounding there, segment by segment
+void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride, uint16_t* outBf = nullptr) {
 #pragma omp parallel for schedule(static) if (B * T * H * dh > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
-    for (int64_t h = 0; h < H; h++)
-      std::memcpy(out + bt * stride + h * dh, y + ((b * H + h) * T + t) * dh, sizeof(float) * dh);
+    for (int64_t h = 0; h < H; h++) {
+      float* o = out + bt * stride + h * dh;
+      std::memcpy(o, y + ((b * H + h) * T + t) * dh, sizeof(float) * dh);
+      if (outBf != nullptr) convertChunk(o, outBf + bt * stride + h * dh, dh);
+    }
   }
 }
 
@@ -191,6 +196,8 @@ void toBf16(const float* src, uint16_t* dst, int64_t n) {
   }
 }
 
+void toBf16Serial(const float* src, uint16_t* dst, int64_t n) { convertChunk(src, dst, n); }
+
 void fromBf16(const uint16_t* src, float* dst, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > kSerialCopy)
   for (int64_t i = 0; i < n; i++) {
@@ -229,7 +236,8 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
   return 0;
 }
 
-int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
+int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
+                        uint16_t* ctxBf) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
@@ -245,7 +253,7 @@ int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, i
     toBf16(p, pb, BH * T * T);
     float* y = grow(w.f[0], n);
     batched(c, pb, x + 2 * n, y, BH, T, dh, T, false, false);  // P v [BH, T, dh]
-    headsBack(y, ctx, B, T, H, dh, H * dh);                    // -> ctx [B, T, H, dh]
+    headsBack(y, ctx, B, T, H, dh, H * dh, ctxBf);             // -> ctx [B, T, H, dh]
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }
@@ -253,7 +261,7 @@ int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, i
 }
 
 int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
-                            int64_t dh, float scale) {
+                            int64_t dh, float scale, uint16_t* dqkvBf) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
@@ -276,9 +284,9 @@ int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p,
     toBf16(ds, sq, BH * T * T);                                // P's bf16 copy is done with
     batched(c, sq, x + n, dq, BH, T, dh, T, false, false);     // dq = dscores k
     batched(c, sq, x, dk, BH, T, dh, T, true, false);          // dk = dscores^T q
-    headsBack(dq, dqkv, B, T, H, dh, 3 * D);
-    headsBack(dk, dqkv + D, B, T, H, dh, 3 * D);
-    headsBack(dv, dqkv + 2 * D, B, T, H, dh, 3 * D);
+    headsBack(dq, dqkv, B, T, H, dh, 3 * D, dqkvBf);
+    headsBack(dk, dqkv + D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + D);
+    headsBack(dv, dqkv + 2 * D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + 2 * D);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }

@@ -182,28 +182,44 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param) {
 constexpr float kGeluC1 = 1.5957691216057308f;   // 2 sqrt(2 / pi)
 constexpr float kGeluC2 = 0.0713548162726009f;   // 0.044715 c1
 
-void gelu(const float* x, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallel)
-  for (int64_t i = 0; i < n; i++) {
-    const float v = x[i];
-    const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
-    out[i] = v * s;
+// Elements per chunk of an element-wise kernel that also writes a bf16 copy: converted while
+// the chunk is in cache.
+constexpr int64_t kChunk = 1 << 14;
+
+void gelu(const float* x, float* out, int64_t n, uint16_t* bf) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallel)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t from = c * kChunk, to = std::min(n, from + kChunk);
+#pragma omp simd
+    for (int64_t i = from; i < to; i++) {
+      const float v = x[i];
+      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
+      out[i] = v * s;
+    }
+    if (bf != nullptr) toBf16Serial(out + from, bf + from, to - from);
   }
 }
 
-void geluGrad(const float* x, const float* dy, float* dx, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallel)
-  for (int64_t i = 0; i < n; i++) {
-    const float v = x[i];
-    const float v2 = v * v;
-    const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
-    const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
-    dx[i] = dy[i] * (s + du * (s - s * s));
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n > kParallel)
+  for (int64_t c = 0; c < chunks; c++) {
+    const int64_t from = c * kChunk, to = std::min(n, from + kChunk);
+#pragma omp simd
+    for (int64_t i = from; i < to; i++) {
+      const float v = x[i];
+      const float v2 = v * v;
+      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
+      const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
+      dx[i] = dy[i] * (s + du * (s - s * s));
+    }
+    if (bf != nullptr) toBf16Serial(dx + from, bf + from, to - from);
   }
 }
 
 void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-               float epsilon) {
+               float epsilon, uint16_t* bf) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
   for (int64_t r = 0; r < rows; r++) {
     const float* in = x + r * cols;
@@ -223,6 +239,7 @@ void layerNorm(const float* x, const float* g, const float* b, float* y, float* 
       xh[i] = (in[i] - mean) * rs;
       o[i] = xh[i] * g[i] + b[i];
     }
+    if (bf != nullptr) toBf16Serial(o, bf + r * cols, cols);
   }
 }
 

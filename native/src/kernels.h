@@ -43,14 +43,16 @@ enum class UnaryOp { Exp = 0, Log = 1, Sqrt = 2, Rsqrt = 3, Square = 4, Neg = 5,
 bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param = 0.f);
 
 // GELU (tanh approximation, as x * sigmoid(x (c1 + c2 x^2))) and its gradient dx = dy * GELU'(x).
-void gelu(const float* x, float* out, int64_t n);
-void geluGrad(const float* x, const float* dy, float* dx, int64_t n);
+// With `bf` (not null), each also writes its output rounded to bf16 there (as toBf16 would),
+// chunk by chunk while the chunk is in cache: the bf16 copy a product then reads as its operand.
+void gelu(const float* x, float* out, int64_t n, uint16_t* bf = nullptr);
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf = nullptr);
 
 // Layer normalisation over the last axis of x [rows, cols] (model/layers.ts layerNorm):
 // xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + epsilon), y = xhat * g + b; and its gradient
 // dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), dg = sum_rows dy xhat, db = sum_rows dy.
 void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-               float epsilon);
+               float epsilon, uint16_t* bf = nullptr);
 void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
                    int64_t rows, int64_t cols);
 
@@ -121,6 +123,8 @@ void avgPoolGrad(const float* dy, float* dx, const ConvGeometry& g);
 // bfloat16 (bf16.cc). dst[i] = src[i] rounded to bf16 (nearest even; NaN stays NaN), the upper
 // 16 bits of the float32 pattern; vectorised with vcvtne2ps2bf16 where built for AVX512-BF16.
 void toBf16(const float* src, uint16_t* dst, int64_t n);
+// toBf16 on the calling thread only (for a chunk inside another kernel's parallel loop).
+void toBf16Serial(const float* src, uint16_t* dst, int64_t n);
 // dst[i] = src[i] widened to float32 (exact).
 void fromBf16(const uint16_t* src, float* dst, int64_t n);
 
@@ -142,10 +146,12 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
 
 // causalAttention / causalAttentionGrad above with their products on bf16 operands (q, k, v,
 // dctx, P and dscores converted per call; float32 accumulation), the softmax and its gradient
-// in float32, outputs float32. Returns 0 or oneDNN's status.
-int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale);
+// in float32, outputs float32; with ctxBf / dqkvBf (not null) also the output's bf16 rounding there,
+// written with it (the next product's operand). Returns 0 or oneDNN's status.
+int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
+                        uint16_t* ctxBf = nullptr);
 int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
-                            int64_t dh, float scale);
+                            int64_t dh, float scale, uint16_t* dqkvBf = nullptr);
 
 // oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx512_core_amx", "avx2", ...),
 // whether it has bf16 dot-product instructions (avx512_bf16 or AMX), and how toBf16 converts.

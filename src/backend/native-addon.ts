@@ -131,11 +131,22 @@ export interface NativeAddon {
     axisSize: number,
     inner: number,
   ): void;
-  /** GELU (tanh approximation, model/layers.ts) element-wise. */
-  gelu(x: Float32Array, out: Float32Array): void;
-  /** dx = dy * GELU'(x) element-wise. */
-  geluGrad(x: Float32Array, dy: Float32Array, dx: Float32Array): void;
-  /** Layer norm over the last axis of x [rows, cols]: writes y and xhat [rows, cols] and rstd [rows]. */
+  /**
+   * GELU (tanh approximation, model/layers.ts) element-wise. With `bf`, also writes out rounded
+   * to bf16 there (as toBf16), chunk by chunk while in cache (a product's operand).
+   */
+  gelu(x: Float32Array, out: Float32Array, bf?: Uint16Array): void;
+  /** dx = dy * GELU'(x) element-wise (with `bf`: dx's bf16 copy too, as gelu's). */
+  geluGrad(
+    x: Float32Array,
+    dy: Float32Array,
+    dx: Float32Array,
+    bf?: Uint16Array,
+  ): void;
+  /**
+   * Layer norm over the last axis of x [rows, cols]: writes y and xhat [rows, cols] and rstd
+   * [rows] (with `bf`: y's bf16 copy too, row by row).
+   */
   layerNorm(
     x: Float32Array,
     g: Float32Array,
@@ -146,6 +157,7 @@ export interface NativeAddon {
     rows: number,
     cols: number,
     epsilon: number,
+    bf?: Uint16Array,
   ): void;
   /** Layer norm's gradient: writes dx [rows, cols], dg and db [cols]. */
   layerNormGrad(
@@ -179,7 +191,8 @@ export interface NativeAddon {
   /**
    * Fused causal self-attention: from qkv [B, T, 3, H, dh] writes ctx [B, T, H, dh] and the
    * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T). bf16: the two
-   * products on bf16 operands (float32 accumulation; softmax and outputs float32).
+   * products on bf16 operands (float32 accumulation; softmax and outputs float32), and with
+   * `ctxBf` also ctx rounded to bf16 there (the next product's operand), written with it.
    */
   causalAttention(
     qkv: Float32Array,
@@ -191,8 +204,9 @@ export interface NativeAddon {
     dh: number,
     scale: number,
     bf16?: boolean,
+    ctxBf?: Uint16Array,
   ): void;
-  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p (bf16: as above). */
+  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p (bf16: as above, `dqkvBf` dqkv's bf16 copy). */
   causalAttentionGrad(
     dctx: Float32Array,
     qkv: Float32Array,
@@ -204,6 +218,7 @@ export interface NativeAddon {
     dh: number,
     scale: number,
     bf16?: boolean,
+    dqkvBf?: Uint16Array,
   ): void;
   /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
   softmaxCrossEntropy(

@@ -88,6 +88,73 @@ test('toBf16 rounds to nearest even like the scalar reference; fromBf16 widens e
   assert.throws(() => lib.toBf16(src, new Uint16Array(3)), RangeError);
 });
 
+test("kernels that write their output's bf16 copy with it (GELU and its gradient, layer norm, attention and its gradient) write exactly its rounding", {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const same = (f32: Float32Array, bf: Uint16Array, what: string) => {
+    const want = new Uint16Array(f32.length);
+    lib.toBf16(f32, want);
+    assert.deepEqual(bf, want, what);
+  };
+  // sizes above one thread's share and not multiples of the chunks: every path and tail runs
+  const n = 70_001;
+  const x = randomArray(n, 21).map((v) => v * 4);
+  const dy = randomArray(n, 22);
+  const out = new Float32Array(n);
+  const bf = new Uint16Array(n);
+  lib.gelu(x, out, bf);
+  same(out, bf, 'gelu');
+  const plain = new Float32Array(n);
+  lib.gelu(x, plain);
+  assert.deepEqual(plain, out, 'the float32 output does not change');
+  lib.geluGrad(x, dy, out, bf);
+  same(out, bf, 'geluGrad');
+  const [rows, cols] = [301, 96];
+  const xs = randomArray(rows * cols, 23);
+  const g = randomArray(cols, 24);
+  const b = randomArray(cols, 25);
+  const y = new Float32Array(rows * cols);
+  const ybf = new Uint16Array(rows * cols);
+  lib.layerNorm(
+    xs,
+    g,
+    b,
+    y,
+    new Float32Array(rows * cols),
+    new Float32Array(rows),
+    rows,
+    cols,
+    1e-5,
+    ybf,
+  );
+  same(y, ybf, 'layerNorm');
+  const [B, T, H, dh] = [2, 16, 2, 8];
+  const qkv = randomArray(B * T * 3 * H * dh, 26);
+  const ctx = new Float32Array(B * T * H * dh);
+  const ctxBf = new Uint16Array(ctx.length);
+  const p = new Float32Array(B * H * T * T);
+  lib.causalAttention(qkv, ctx, p, B, T, H, dh, 0.35, true, ctxBf);
+  same(ctx, ctxBf, 'causalAttention');
+  const dqkv = new Float32Array(qkv.length);
+  const dqkvBf = new Uint16Array(qkv.length);
+  lib.causalAttentionGrad(
+    randomArray(ctx.length, 27),
+    qkv,
+    p,
+    dqkv,
+    B,
+    T,
+    H,
+    dh,
+    0.35,
+    true,
+    dqkvBf,
+  );
+  same(dqkv, dqkvBf, 'causalAttentionGrad');
+  assert.throws(() => lib.gelu(x, out, new Uint16Array(3)), RangeError);
+});
+
 const CASES: Array<[string, number[], number[], boolean, boolean]> = [
   ['2-D', [37, 70], [70, 45], false, false],
   ['a transposed', [70, 37], [70, 45], true, false],
@@ -133,13 +200,13 @@ for (const [what, sa, sb, tA, tB] of CASES) {
   });
 }
 
-test('bf16 products reusing recently converted activations read each operand, never a recycled buffer', {
+test("bf16 products reusing activations' conversions (their shadows) read each operand, never a recycled buffer", {
   skip,
 }, async () => {
   await initBackend('native', { precision: 'bf16' });
   const vals = [31, 32, 33, 34].map((seed) => randomArray(24 * 24, seed));
   const ts = vals.map((v) => tf.tensor(v, [24, 24]));
-  // (a, b) then (a, c): a is the oldest recent copy when c is converted; then (d, a), (b, d)
+  // (a, b) then (a, c): a's shadow read again; then (d, a), (b, d)
   const order: Array<[number, number]> = [
     [0, 1],
     [0, 2],
@@ -168,6 +235,34 @@ test('bf16 products reusing recently converted activations read each operand, ne
     );
   });
   for (const t of ts) t.dispose();
+});
+
+test('a freed activation gives its bf16 shadow buffer back, and the next conversion into it never reads the old values', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const n = 256; // 128 KiB of bf16: large enough to be reused
+  const [va, vb, vc] = [41, 42, 43].map((seed) => randomArray(n * n, seed));
+  const b = tf.tensor(vb!, [n, n]);
+  const a = tf.tensor(va!, [n, n]);
+  const ab = tf.tidy(() => tf.matMul(a, b).dataSync()) as Float32Array;
+  a.dispose(); // its shadow's buffer goes back
+  const c = tf.tensor(vc!, [n, n]);
+  const cb = tf.tidy(() => tf.matMul(c, b).dataSync()) as Float32Array;
+  await initBackend('native', { precision: 'fp32' });
+  const ref = (v: Float32Array) =>
+    tf.tidy(
+      () =>
+        tf
+          .matMul(
+            tf.tensor(rounded(v), [n, n]),
+            tf.tensor(rounded(vb!), [n, n]),
+          )
+          .dataSync() as Float32Array,
+    );
+  assert.ok(relErr(ab, ref(va!)) < 1e-5, 'a b');
+  assert.ok(relErr(cb, ref(vc!)) < 1e-5, `c b: ${relErr(cb, ref(vc!))}`);
+  tf.dispose([b, c]);
 });
 
 test('bf16 fused dense (bias) and its gradients stay within bf16 tolerance of fp32', {
@@ -344,9 +439,12 @@ test('a parameter is converted once per version, and a changed or freed one is n
     0,
     'copies of freed parameters are dropped',
   );
-  // w1's and w2's f32 data (both alive at bytesBefore) and x are gone too; the recent
-  // activation copies stay
-  assert.equal(deviceBytes(), bytesBefore - 2 * 4 * 24 * 8 - 4 * 16 * 24);
+  // w1's and w2's f32 data (both alive at bytesBefore) and x are gone too, and with x its bf16
+  // shadow (made by the first product, alive at bytesBefore)
+  assert.equal(
+    deviceBytes(),
+    bytesBefore - 2 * 4 * 24 * 8 - 4 * 16 * 24 - 2 * 16 * 24,
+  );
 });
 
 test('--precision bf16 on a backend without bf16 kernels is refused, naming the fix', async () => {

@@ -83,14 +83,16 @@ export class NativeBackend extends MathBackendCPU {
   /** Parameter conversions to bf16 so far (each a new parameter version, or one freed and read again). */
   bf16ParamConversions = 0;
   /**
-   * bf16 copies of the last few activations the products converted, by data id: a gradient
-   * reads dy twice in a row (dx = dy W^T, then dW = x^T dy), so the second product reuses the
-   * first one's conversion. Bounded (RECENT_BF16 entries, their buffers recycled), so it adds
-   * at most a few activations' worth of bf16 bytes.
+   * bf16 copies of activations the products read, by data id (a "shadow" of the float32
+   * values): made by the first product that reads the data, reused by every later one (a
+   * gradient reads dy twice: dx = dy W^T, then dW = x^T dy), taken over by a recorded
+   * forward's saved operand (bf16Saved), dropped when the data is freed. Counted as device bytes
+   * while attached; their buffers then go back to {@link bf16Free} for the next conversion.
    */
-  private readonly recentBf16: Array<{ id: tf.DataId; bf: Uint16Array }> = [];
-  /** Elements of the largest activation converted so far (the recent buffers' size). */
-  private recentBf16Max = 0;
+  private readonly shadows = new Map<tf.DataId, Uint16Array>();
+  /** Free bf16 buffers by length (elements), reused so a conversion does not zero-fill a new one. */
+  private readonly bf16Free = new Map<number, Uint16Array[]>();
+  private bf16FreeBytes = 0;
 
   constructor() {
     super();
@@ -123,8 +125,7 @@ export class NativeBackend extends MathBackendCPU {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
     this.dropBf16Param(dataId); // new values under this id
-    const i = this.recentBf16.findIndex((e) => e.id === dataId);
-    if (i >= 0) this.recentBf16[i]!.id = {};
+    this.dropShadow(dataId);
   }
 
   override disposeData(dataId: tf.DataId, force = false): boolean {
@@ -135,22 +136,21 @@ export class NativeBackend extends MathBackendCPU {
       // a bf16-only tensor's float32 values (if made) are its own, never the pool's
       if (lazy === undefined) this.pool.release(entry.values);
       this.dropBf16Param(dataId);
-      const i = this.recentBf16.findIndex((e) => e.id === dataId);
-      if (i >= 0) this.recentBf16[i]!.id = {}; // its buffer stays for reuse
+      this.dropShadow(dataId);
     }
     return done;
   }
 
   /**
    * A product operand for the bf16 path: a parameter's cached bf16 copy (converted now if it
-   * has none), else an activation's bf16 copy among the recent ones (converted now if absent).
+   * has none), else an activation's bf16 shadow (converted now if it has none).
    * Throws DeviceOutOfMemoryError where a new copy would take the device over its budget.
    */
   bf16Operand(t: tf.TensorInfo): Float32Array | Uint16Array {
     let bf = this.bf16Params.get(t.dataId); // a parameter's copy, or a bf16-only tensor's values
     if (bf !== undefined) return bf;
     const f32 = this.data.get(t.dataId).values as Float32Array;
-    if (!isParameterData(t.dataId)) return this.recentBf16Copy(t.dataId, f32);
+    if (!isParameterData(t.dataId)) return this.shadowOf(t.dataId, f32);
     countPrivateBytes(2 * f32.length); // device bytes, under the budget
     bf = new Uint16Array(f32.length);
     nativeAddon()!.toBf16(f32, bf);
@@ -171,6 +171,7 @@ export class NativeBackend extends MathBackendCPU {
     // a bf16-only tensor: the engine uncounts its 4 bytes per element; 2 of them were never held
     this.bf16Only.delete(dataId);
     countPrivateBytes(bf.byteLength - (lazy.widened ? 4 * bf.length : 0));
+    this.giveBf16(bf); // taken over by fromBf16: nothing else reads it
   }
 
   /** dst[i] = src[i] rounded to bf16 (the addon's vectorised loop; see backend/low-precision.ts). */
@@ -185,17 +186,22 @@ export class NativeBackend extends MathBackendCPU {
 
   /**
    * A bf16-only copy ({@link fromBf16}) of `t`, an activation a product saved for its backward
-   * (backend/low-precision.ts keepSavedAtComputePrecision): its bf16 values, taken from the
-   * recent conversions where the forward's product made them, else converted now. Null for a
+   * (backend/low-precision.ts keepSavedAtComputePrecision): its bf16 values, its shadow taken
+   * over where the forward's product made one, else converted now. Null for a
    * parameter (its bf16 copy is cached per version) or a tensor already held as bf16.
    */
   bf16Saved(t: tf.Tensor): tf.Tensor | null {
     if (this.bf16Params.has(t.dataId) || isParameterData(t.dataId)) return null;
-    const f32 = this.data.get(t.dataId).values as Float32Array;
-    const bf = new Uint16Array(f32.length);
-    const recent = this.recentBf16.find((e) => e.id === t.dataId);
-    if (recent) bf.set(recent.bf.subarray(0, f32.length));
-    else nativeAddon()!.toBf16(f32, bf);
+    let bf = this.shadows.get(t.dataId);
+    if (bf !== undefined) {
+      // taken over: counted from now on as the new tensor's bytes
+      this.shadows.delete(t.dataId);
+      countPrivateBytes(-bf.byteLength);
+    } else {
+      const f32 = this.data.get(t.dataId).values as Float32Array;
+      bf = this.takeBf16(f32.length);
+      nativeAddon()!.toBf16(f32, bf);
+    }
     return this.fromBf16(bf, t.shape);
   }
 
@@ -243,32 +249,64 @@ export class NativeBackend extends MathBackendCPU {
     return tf.engine().makeTensorFromDataId(id, shape, 'float32', this);
   }
 
-  /** An activation's bf16 copy: one of the last few converted, else converted now into a recycled buffer. */
-  private recentBf16Copy(id: tf.DataId, f32: Float32Array): Uint16Array {
-    const at = this.recentBf16.findIndex((e) => e.id === id);
-    if (at >= 0) {
-      // most recent now: the product's other operand, converted next, must not recycle this buffer
-      const [hit] = this.recentBf16.splice(at, 1);
-      this.recentBf16.push(hit!);
-      return hit!.bf.subarray(0, f32.length);
-    }
-    const old =
-      this.recentBf16.length >= RECENT_BF16
-        ? this.recentBf16.shift()!.bf
-        : undefined;
-    // a buffer as large as the largest activation so far: the sizes alternate (a dense layer's
-    // input, its wider hidden layer), and a fresh array is zero-filled, which cost more than
-    // the conversion
-    this.recentBf16Max = Math.max(this.recentBf16Max, f32.length);
-    let buf = old;
-    if (buf === undefined || buf.length < f32.length) {
-      countPrivateBytes(2 * this.recentBf16Max - (buf?.byteLength ?? 0));
-      buf = new Uint16Array(this.recentBf16Max);
-    }
-    const bf = buf.subarray(0, f32.length);
+  /** An activation's bf16 shadow, converted into a free buffer now if it has none. */
+  private shadowOf(id: tf.DataId, f32: Float32Array): Uint16Array {
+    let bf = this.shadows.get(id);
+    if (bf !== undefined) return bf;
+    countPrivateBytes(2 * f32.length); // device bytes, under the budget
+    bf = this.takeBf16(f32.length);
     nativeAddon()!.toBf16(f32, bf);
-    this.recentBf16.push({ id, bf: buf });
+    this.shadows.set(id, bf);
     return bf;
+  }
+
+  /**
+   * bf16 mode: a buffer for a kernel to write its output's bf16 copy into while it writes the
+   * float32 values (counted now, under the budget); attach it with {@link attachShadow}. Null
+   * at fp32.
+   */
+  shadowBuffer(length: number): Uint16Array | null {
+    if (this.precision !== 'bf16' || length === 0) return null;
+    countPrivateBytes(2 * length);
+    return this.takeBf16(length);
+  }
+
+  /** Attaches a {@link shadowBuffer} the kernel filled as the shadow of its output `out`. */
+  attachShadow(out: tf.TensorInfo, bf: Uint16Array | null): tf.TensorInfo {
+    if (bf !== null) this.shadows.set(out.dataId, bf);
+    return out;
+  }
+
+  private dropShadow(id: tf.DataId): void {
+    const bf = this.shadows.get(id);
+    if (bf === undefined) return;
+    this.shadows.delete(id);
+    countPrivateBytes(-bf.byteLength);
+    this.giveBf16(bf);
+  }
+
+  /** A bf16 buffer of `length` elements, contents undefined: a free one, else a new one. */
+  private takeBf16(length: number): Uint16Array {
+    const bf = this.bf16Free.get(length)?.pop();
+    if (bf === undefined) return new Uint16Array(length);
+    this.bf16FreeBytes -= bf.byteLength;
+    return bf;
+  }
+
+  /** Returns a bf16 buffer nothing reads any more (a whole, unshared one; up to BF16_FREE_BYTES kept). */
+  private giveBf16(bf: Uint16Array): void {
+    if (
+      bf.byteLength < 64 * 1024 ||
+      bf.byteOffset !== 0 ||
+      bf.byteLength !== bf.buffer.byteLength ||
+      !(bf.buffer instanceof ArrayBuffer) ||
+      this.bf16FreeBytes + bf.byteLength > BF16_FREE_BYTES
+    )
+      return;
+    let list = this.bf16Free.get(bf.length);
+    if (!list) this.bf16Free.set(bf.length, (list = []));
+    list.push(bf);
+    this.bf16FreeBytes += bf.byteLength;
   }
 
   /** Bytes held in bf16 parameter copies (behind the tensors: counted by backend/memory.ts, not by tf.memory()). */
@@ -300,17 +338,15 @@ export class NativeBackend extends MathBackendCPU {
   override dispose(): void {
     this.pool.clear();
     for (const id of [...this.bf16Params.keys()]) this.dropBf16Param(id);
-    for (const e of this.recentBf16) countPrivateBytes(-e.bf.byteLength);
-    this.recentBf16.length = 0;
+    for (const id of [...this.shadows.keys()]) this.dropShadow(id);
+    this.bf16Free.clear();
+    this.bf16FreeBytes = 0;
     super.dispose();
   }
 }
 
-/**
- * How many recently converted activations keep their bf16 copies (NativeBackend.recentBf16): at
- * least 2, a product's two operands, so converting one never recycles the other's buffer.
- */
-const RECENT_BF16 = 2;
+/** The most bytes of free bf16 buffers a backend keeps for reuse (not device bytes: nothing holds them). */
+const BF16_FREE_BYTES = 256 * 2 ** 20;
 
 /** dst[i] = bf16 src[i] widened to float32 (exact): the addon's loop where built, else in JS. */
 export function widenBf16(src: Uint16Array, dst: Float32Array): void {
@@ -808,6 +844,7 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
   const y = backend.alloc(size);
   const xhat = backend.alloc(size);
   const rstd = backend.alloc(rows);
+  const bf = backend.shadowBuffer(size); // bf16: y's product operand, made in the same pass
   if (size > 0)
     nativeAddon()!.layerNorm(
       values(backend, x),
@@ -819,9 +856,10 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
       rows,
       cols,
       (args.attrs as Attrs).epsilon as number,
+      bf ?? undefined,
     );
   return [
-    backend.makeTensorInfo(x.shape, 'float32', y),
+    backend.attachShadow(backend.makeTensorInfo(x.shape, 'float32', y), bf),
     backend.makeTensorInfo(x.shape, 'float32', xhat),
     backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
   ];
@@ -925,6 +963,7 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
   );
   const ctx = backend.alloc(b * t * h * dh);
   const p = backend.alloc(b * h * t * t);
+  const bf = backend.shadowBuffer(ctx.length); // bf16: the next product's operand, written with ctx
   if (ctx.length > 0)
     nativeAddon()!.causalAttention(
       values(backend, qkv),
@@ -936,9 +975,13 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
       dh,
       1 / Math.sqrt(dh),
       backend.precision === 'bf16',
+      bf ?? undefined,
     );
   return [
-    backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
+    backend.attachShadow(
+      backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
+      bf,
+    ),
     backend.makeTensorInfo([b, h, t, t], 'float32', p),
   ];
 }
@@ -956,6 +999,7 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
     CAUSAL_ATTENTION_GRAD_KERNEL,
   );
   const dqkv = backend.alloc(b * t * 3 * h * dh);
+  const bf = backend.shadowBuffer(dqkv.length); // bf16: the products' dy, written with dqkv
   if (dqkv.length > 0)
     nativeAddon()!.causalAttentionGrad(
       values(backend, dy),
@@ -968,8 +1012,12 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
       dh,
       1 / Math.sqrt(dh),
       backend.precision === 'bf16',
+      bf ?? undefined,
     );
-  return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
+  return backend.attachShadow(
+    backend.makeTensorInfo(qkv.shape, 'float32', dqkv),
+    bf,
+  );
 }
 
 /** Labels as the Int32Array the addon reads (float labels are converted). */
@@ -1035,8 +1083,12 @@ function geluKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  nativeAddon()!.gelu(values(backend, x), out);
-  return backend.makeTensorInfo(x.shape, 'float32', out);
+  const bf = backend.shadowBuffer(out.length); // bf16: its product operand, made in the same pass
+  nativeAddon()!.gelu(values(backend, x), out, bf ?? undefined);
+  return backend.attachShadow(
+    backend.makeTensorInfo(x.shape, 'float32', out),
+    bf,
+  );
 }
 
 function geluGradKernel(args: KernelArgs): tf.TensorInfo {
@@ -1047,8 +1099,17 @@ function geluGradKernel(args: KernelArgs): tf.TensorInfo {
     () => `${GELU_GRAD_KERNEL}: x ${x.shape} and dy ${dy.shape} differ`,
   );
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out);
-  return backend.makeTensorInfo(x.shape, 'float32', out);
+  const bf = backend.shadowBuffer(out.length); // bf16: the products' dy, made in the same pass
+  nativeAddon()!.geluGrad(
+    values(backend, x),
+    values(backend, dy),
+    out,
+    bf ?? undefined,
+  );
+  return backend.attachShadow(
+    backend.makeTensorInfo(x.shape, 'float32', out),
+    bf,
+  );
 }
 
 function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
