@@ -16,24 +16,20 @@
  * are internal to tfjs-core 4.x; the tests in rematerialize.test.ts pin that behaviour.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { backpropagate, compactTape, type TapeNode } from './tape.js';
-
-interface TapeEngine {
-  startTape(): void;
-  endTape(): void;
-  state: { activeTape: unknown[] | null; gradientDepth: number };
-}
-
-function engine(): TapeEngine {
-  return tf.engine() as unknown as TapeEngine;
-}
+import {
+  backpropagate,
+  compactTape,
+  release,
+  type TapeNode,
+  tapeEngine,
+} from './tape.js';
 
 /** A forward pass whose activations are kept on the device until {@link backwardRecorded}. */
 export interface Recorded {
   /** Output of the forward function. */
   y: tf.Tensor;
   /** The engine's tape nodes of the forward; each holds the activations its gradient needs. */
-  tape: unknown[];
+  tape: TapeNode[];
 }
 
 /**
@@ -43,12 +39,12 @@ export interface Recorded {
  * another gradient computation.
  */
 export function recordForward(f: () => tf.Tensor): Recorded {
-  const e = engine();
+  const e = tapeEngine();
   if (e.state.gradientDepth !== 0)
     throw new Error('recordForward cannot run inside a gradient computation');
   e.startTape();
   let y: tf.Tensor;
-  let tape: unknown[];
+  let tape: TapeNode[];
   try {
     y = tf.tidy(f);
   } finally {
@@ -56,7 +52,7 @@ export function recordForward(f: () => tf.Tensor): Recorded {
     e.endTape();
     e.state.activeTape = null;
   }
-  compactTape(tape as TapeNode[]);
+  compactTape(tape);
   return { y, tape };
 }
 
@@ -70,7 +66,7 @@ export function backwardRecorded(
   xs: tf.Tensor[],
   dy: tf.Tensor,
 ): tf.Tensor[] {
-  const tape = rec.tape as TapeNode[];
+  const tape = rec.tape;
   rec.tape = [];
   try {
     return backpropagate(tape, rec.y, xs, dy);
@@ -81,8 +77,7 @@ export function backwardRecorded(
 
 /** Frees a recorded forward that will never be backpropagated (for example after an error). */
 export function disposeRecorded(rec: Recorded): void {
-  for (const node of rec.tape as Array<{ saved?: tf.Tensor[] }>)
-    node.saved?.forEach((t) => t.dispose());
+  for (const node of rec.tape) release(node);
   rec.tape = [];
   rec.y.dispose();
 }

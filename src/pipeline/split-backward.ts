@@ -25,9 +25,11 @@ import { tf } from '../backend/tfjs.js';
 import type { Recorded } from './rematerialize.js';
 import {
   accumulate,
+  dependOn,
   dysOf,
   eager,
   gradientsOf,
+  leadTo,
   release,
   type TapeNode,
 } from './tape.js';
@@ -71,24 +73,13 @@ export function backwardInput(
   dy: tf.Tensor,
   wantInput: boolean,
 ): { dx: tf.Tensor | null; pending: PendingWeightGrad } {
-  const tape = rec.tape as TapeNode[];
+  const tape = rec.tape;
   rec.tape = [];
   // which tensors depend on the stage input, and which on the parameters (forward order); with
   // no input gradient wanted (a first stage's tokens) every gradient is W's: I has no consumer
-  const fromX = new Set<number>(wantInput ? [input.id] : []);
-  const fromP = new Set<number>(params.map((p) => p.id));
-  for (const node of tape) {
-    const ins = Object.values(node.inputs);
-    if (ins.some((t) => fromX.has(t.id)))
-      for (const o of node.outputs) fromX.add(o.id);
-    if (ins.some((t) => fromP.has(t.id)))
-      for (const o of node.outputs) fromP.add(o.id);
-  }
-  // which tensors lead to the output (backward order)
-  const toY = new Set<number>([rec.y.id]);
-  for (let i = tape.length - 1; i >= 0; i--)
-    if (tape[i]!.outputs.some((o) => toY.has(o.id)))
-      for (const t of Object.values(tape[i]!.inputs)) toY.add(t.id);
+  const fromX = dependOn(tape, wantInput ? [input] : []);
+  const fromP = dependOn(tape, params);
+  const toY = leadTo(tape, rec.y);
   const grads = new Map<number, tf.Tensor>([[rec.y.id, dy.clone()]]);
   const pending: PendingWeightGrad = {
     deferred: [],

@@ -16,6 +16,18 @@
 import { keepSavedAtComputePrecision } from '../backend/low-precision.js';
 import { tf } from '../backend/tfjs.js';
 
+/** The engine's tape fields (tfjs-core engine.ts, internal to 4.x): recording on and off, and the nodes recorded. */
+export interface TapeEngine {
+  startTape(): void;
+  endTape(): void;
+  state: { activeTape: TapeNode[] | null; gradientDepth: number };
+}
+
+/** This thread's TF.js engine, seen through its tape fields. */
+export function tapeEngine(): TapeEngine {
+  return tf.engine() as unknown as TapeEngine;
+}
+
 /** A tfjs tape node (`@tensorflow/tfjs-core` tape.ts `TapeNode`). */
 export interface TapeNode {
   kernelName: string;
@@ -83,6 +95,27 @@ export function gradientsOf(
   });
 }
 
+/** Ids of `sources` and of every tensor the tape computed from them (walked in forward order). */
+export function dependOn(
+  tape: readonly TapeNode[],
+  sources: readonly tf.Tensor[],
+): Set<number> {
+  const ids = new Set(sources.map((t) => t.id));
+  for (const node of tape)
+    if (Object.values(node.inputs).some((t) => ids.has(t.id)))
+      for (const o of node.outputs) ids.add(o.id);
+  return ids;
+}
+
+/** Ids of `y` and of every tensor the tape computed it from (walked in backward order). */
+export function leadTo(tape: readonly TapeNode[], y: tf.Tensor): Set<number> {
+  const ids = new Set([y.id]);
+  for (let i = tape.length - 1; i >= 0; i--)
+    if (tape[i]!.outputs.some((o) => ids.has(o.id)))
+      for (const t of Object.values(tape[i]!.inputs)) ids.add(t.id);
+  return ids;
+}
+
 /**
  * The full backward of a recorded forward (`tape`, consumed: every node's saved tensors are
  * freed), output `y` with gradient `dy` (y's shape; a scalar seed for a loss; not taken):
@@ -101,14 +134,8 @@ export function backpropagate(
 ): tf.Tensor[] {
   const wanted = new Set(xs.map((x) => x.id));
   // the ops on a path from some x to y: their inputs from xs that lead to y get gradients
-  const fromX = new Set<number>(wanted);
-  for (const node of tape)
-    if (Object.values(node.inputs).some((t) => fromX.has(t.id)))
-      for (const o of node.outputs) fromX.add(o.id);
-  const toY = new Set<number>([y.id]);
-  for (let i = tape.length - 1; i >= 0; i--)
-    if (tape[i]!.outputs.some((o) => toY.has(o.id)))
-      for (const t of Object.values(tape[i]!.inputs)) toY.add(t.id);
+  const fromX = dependOn(tape, xs);
+  const toY = leadTo(tape, y);
   const grads = new Map<number, tf.Tensor>([[y.id, dy.clone()]]);
   try {
     for (let i = tape.length - 1; i >= 0; i--) {
@@ -213,11 +240,7 @@ export function compactTape(tape: TapeNode[]): void {
  * Does nothing outside a recording.
  */
 export function compactRecording(): void {
-  const state = (
-    tf.engine() as unknown as {
-      state: { activeTape: TapeNode[] | null; gradientDepth: number };
-    }
-  ).state;
+  const state = tapeEngine().state;
   if (state.activeTape && state.gradientDepth > 0)
     compactTape(state.activeTape);
 }
