@@ -126,6 +126,28 @@ export function deviceBytes(): number {
   return current;
 }
 
+/**
+ * An identity op whose gradient notes {@link deviceBytes} when a backward reaches it: put on a
+ * block's input, it reads what the block's backward still holds at its last step (the profiler's
+ * `bwdHeldBytes`). `bytes()` is the last figure noted (0 before any backward).
+ */
+export function backwardBytesProbe(): {
+  probe: (x: tf.Tensor) => tf.Tensor;
+  bytes: () => number;
+} {
+  let noted = 0;
+  const probe = tf.customGrad(((x: tf.Tensor) => ({
+    value: tf.clone(x),
+    gradFunc: (dy: tf.Tensor) => {
+      noted = deviceBytes();
+      return [tf.clone(dy)];
+    },
+  })) as unknown as Parameters<typeof tf.customGrad>[0]) as (
+    x: tf.Tensor,
+  ) => tf.Tensor;
+  return { probe, bytes: () => noted };
+}
+
 /** Peak bytes held since the last {@link resetPeakBytes} (or since start). */
 export function peakBytes(): number {
   install();

@@ -12,7 +12,12 @@
  */
 
 import { initBackend } from '../backend/index.js';
-import { deviceBytes, peakBytes, resetPeakBytes } from '../backend/memory.js';
+import {
+  backwardBytesProbe,
+  deviceBytes,
+  peakBytes,
+  resetPeakBytes,
+} from '../backend/memory.js';
 import type { Precision } from '../backend/names.js';
 import { nativeAddon } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
@@ -259,16 +264,7 @@ async function profileAt(
       g.forEach((t) => t.dispose());
     }
     const blocks: BlockSizeCost[] = [];
-    let probedBytes = 0;
-    const probe = tf.customGrad(((x: tf.Tensor) => ({
-      value: tf.clone(x),
-      gradFunc: (dy: tf.Tensor) => {
-        probedBytes = deviceBytes();
-        return [tf.clone(dy)];
-      },
-    })) as unknown as Parameters<typeof tf.customGrad>[0]) as (
-      x: tf.Tensor,
-    ) => tf.Tensor;
+    const { probe, bytes: probedBytes } = backwardBytesProbe();
     for (let i = 0; i <= last; i++) {
       const blk = model.blocks[i];
       const xi = inputs[i];
@@ -322,7 +318,7 @@ async function profileAt(
           // above the level before the forward (b1 is that level plus the tape and the seed
           // dy), less the output: held here by the recorded forward, in a stage by the next
           // block's tape, freed by then
-          if (i > 0) held = Math.max(0, probedBytes - b1 + kept - yBytes);
+          if (i > 0) held = Math.max(0, probedBytes() - b1 + kept - yBytes);
           g.forEach((t) => t.dispose());
         }
         const t3 = performance.now();

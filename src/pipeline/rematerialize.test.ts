@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { before, test } from 'node:test';
 import { initBackend } from '../backend/index.js';
-import { deviceBytes } from '../backend/memory.js';
+import { backwardBytesProbe, deviceBytes } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
 import { initParams } from '../model/init.js';
 import { decoderBlock } from '../model/transformer.js';
@@ -164,16 +164,7 @@ test('a recorded backward frees the tape and the intermediate gradients as it go
   );
   const x = randn([8, 16, 32], new Rng(2));
   // an identity on the input whose gradient notes the device's bytes: the backward's last op
-  let probed = 0;
-  const probe = tf.customGrad(((t: tf.Tensor) => ({
-    value: tf.clone(t),
-    gradFunc: (d: tf.Tensor) => {
-      probed = deviceBytes();
-      return [tf.clone(d)];
-    },
-  })) as unknown as Parameters<typeof tf.customGrad>[0]) as (
-    t: tf.Tensor,
-  ) => tf.Tensor;
+  const { probe, bytes: probed } = backwardBytesProbe();
   const f = (...a: tf.Tensor[]) => {
     const p: Record<string, tf.Tensor> = {};
     block.params.forEach((s, i) => (p[s.name] = a[i]!));
@@ -187,10 +178,10 @@ test('a recorded backward frees the tape and the intermediate gradients as it go
   const rec = recordForward(() => f(...xs));
   const kept = deviceBytes() - b0;
   const ours = backwardRecorded(rec, xs, dy);
-  const oursHeld = probed - b0;
+  const oursHeld = probed() - b0;
   const b1 = deviceBytes();
   const ref = tf.grads(f)(xs, dy);
-  const refHeld = probed - b1;
+  const refHeld = probed() - b1;
   assertSameGrads(ours, ref, 'decoder block');
   assert.ok(
     kept > 4 * gradBytes,
