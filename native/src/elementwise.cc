@@ -186,26 +186,32 @@ constexpr float kGeluC2 = 0.0713548162726009f;   // 0.044715 c1
 // the chunk is in cache.
 constexpr int64_t kChunk = 1 << 14;
 
-void gelu(const float* x, float* out, int64_t n, uint16_t* bf) {
+// Runs body(from, to) over [0, n) in chunks spread over the team, each chunk's out[from, to)
+// then rounded into bf (when not null) while it is in cache.
+template <typename Body>
+void chunkedWithBf16(int64_t n, const float* out, uint16_t* bf, Body body) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n > kParallel)
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t from = c * kChunk, to = std::min(n, from + kChunk);
+    body(from, to);
+    if (bf != nullptr) toBf16Serial(out + from, bf + from, to - from);
+  }
+}
+
+void gelu(const float* x, float* out, int64_t n, uint16_t* bf) {
+  chunkedWithBf16(n, out, bf, [&](int64_t from, int64_t to) {
 #pragma omp simd
     for (int64_t i = from; i < to; i++) {
       const float v = x[i];
       const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
       out[i] = v * s;
     }
-    if (bf != nullptr) toBf16Serial(out + from, bf + from, to - from);
-  }
+  });
 }
 
 void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > kParallel)
-  for (int64_t c = 0; c < chunks; c++) {
-    const int64_t from = c * kChunk, to = std::min(n, from + kChunk);
+  chunkedWithBf16(n, dx, bf, [&](int64_t from, int64_t to) {
 #pragma omp simd
     for (int64_t i = from; i < to; i++) {
       const float v = x[i];
@@ -214,8 +220,7 @@ void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* b
       const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
       dx[i] = dy[i] * (s + du * (s - s * s));
     }
-    if (bf != nullptr) toBf16Serial(dx + from, bf + from, to - from);
-  }
+  });
 }
 
 void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,

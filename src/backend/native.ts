@@ -262,18 +262,18 @@ export class NativeBackend extends MathBackendCPU {
 
   /**
    * bf16 mode: a buffer for a kernel to write its output's bf16 copy into while it writes the
-   * float32 values (counted now, under the budget); attach it with {@link attachShadow}. Null
-   * at fp32.
+   * float32 values (counted now, under the budget); attach it with {@link attachShadow}.
+   * Undefined at fp32 (the kernels' optional argument, left out).
    */
-  shadowBuffer(length: number): Uint16Array | null {
-    if (this.precision !== 'bf16' || length === 0) return null;
+  shadowBuffer(length: number): Uint16Array | undefined {
+    if (this.precision !== 'bf16' || length === 0) return undefined;
     countPrivateBytes(2 * length);
     return this.takeBf16(length);
   }
 
   /** Attaches a {@link shadowBuffer} the kernel filled as the shadow of its output `out`. */
-  attachShadow(out: tf.TensorInfo, bf: Uint16Array | null): tf.TensorInfo {
-    if (bf !== null) this.shadows.set(out.dataId, bf);
+  attachShadow(out: tf.TensorInfo, bf: Uint16Array | undefined): tf.TensorInfo {
+    if (bf !== undefined) this.shadows.set(out.dataId, bf);
     return out;
   }
 
@@ -856,7 +856,7 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
       rows,
       cols,
       (args.attrs as Attrs).epsilon as number,
-      bf ?? undefined,
+      bf,
     );
   return [
     backend.attachShadow(backend.makeTensorInfo(x.shape, 'float32', y), bf),
@@ -975,7 +975,7 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
       dh,
       1 / Math.sqrt(dh),
       backend.precision === 'bf16',
-      bf ?? undefined,
+      bf,
     );
   return [
     backend.attachShadow(
@@ -1012,7 +1012,7 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
       dh,
       1 / Math.sqrt(dh),
       backend.precision === 'bf16',
-      bf ?? undefined,
+      bf,
     );
   return backend.attachShadow(
     backend.makeTensorInfo(qkv.shape, 'float32', dqkv),
@@ -1084,7 +1084,7 @@ function geluKernel(args: KernelArgs): tf.TensorInfo {
   const backend = args.backend as NativeBackend;
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   const bf = backend.shadowBuffer(out.length); // bf16: its product operand, made in the same pass
-  nativeAddon()!.gelu(values(backend, x), out, bf ?? undefined);
+  nativeAddon()!.gelu(values(backend, x), out, bf);
   return backend.attachShadow(
     backend.makeTensorInfo(x.shape, 'float32', out),
     bf,
@@ -1100,12 +1100,7 @@ function geluGradKernel(args: KernelArgs): tf.TensorInfo {
   );
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   const bf = backend.shadowBuffer(out.length); // bf16: the products' dy, made in the same pass
-  nativeAddon()!.geluGrad(
-    values(backend, x),
-    values(backend, dy),
-    out,
-    bf ?? undefined,
-  );
+  nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out, bf);
   return backend.attachShadow(
     backend.makeTensorInfo(x.shape, 'float32', out),
     bf,
