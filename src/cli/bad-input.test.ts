@@ -25,9 +25,9 @@ import { hostname, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { runCli } from '../testing/cli.js';
 import { checkpointDir } from '../train/checkpoint-io.js';
 
-const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 const TINY = [
   '--preset',
   'charlm-tiny',
@@ -46,24 +46,9 @@ const TINY = [
 ];
 const STACK = /\n\s+at /;
 
-function run(
-  args: string[],
-  extra: Record<string, string> = {},
-): {
-  code: number | null;
-  out: string;
-  err: string;
-} {
-  const env: NodeJS.ProcessEnv = { ...process.env };
-  delete env.LAYERWISE_TOKEN; // the same cases wherever the tests run
-  Object.assign(env, extra);
-  const r = spawnSync(process.execPath, [CLI, ...args], {
-    encoding: 'utf8',
-    timeout: 120_000,
-    env,
-  });
-  return { code: r.status, out: r.stdout, err: r.stderr };
-}
+/** The CLI without the user's LAYERWISE_TOKEN (the same cases wherever the tests run), `extra` laid over. */
+const run = (args: string[], extra: Record<string, string> = {}) =>
+  runCli(args, { LAYERWISE_TOKEN: undefined, ...extra });
 
 /** The lines layerwise (or commander) printed on stderr, without TF.js's banner. */
 function errorLines(err: string): string[] {

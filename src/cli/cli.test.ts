@@ -5,7 +5,6 @@
  */
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import {
   existsSync,
   mkdtempSync,
@@ -19,11 +18,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
+import { CLI, runCli } from '../testing/cli.js';
 import { checkpointDir } from '../train/checkpoint-io.js';
 import { readStepMetrics } from '../train/metrics.js';
 import { parseSize } from '../util/size.js';
 
-const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 const TINY = [
   '--preset',
   'charlm-tiny',
@@ -41,17 +40,7 @@ const TINY = [
   '1',
 ];
 
-function run(args: string[]): {
-  code: number | null;
-  out: string;
-  err: string;
-} {
-  const r = spawnSync(process.execPath, [CLI, ...args], {
-    encoding: 'utf8',
-    timeout: 120_000,
-  });
-  return { code: r.status, out: r.stdout, err: r.stderr };
-}
+const run = (args: string[]) => runCli(args);
 
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-cli-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));

@@ -8,7 +8,6 @@
  */
 
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import {
   cpSync,
   mkdtempSync,
@@ -20,9 +19,8 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
+import { runCli } from '../testing/cli.js';
 
-const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 /** A tiny character model on one device: a process is about a second. */
 const FLAGS = [
   'train',
@@ -50,17 +48,7 @@ const FLAGS = [
   '1',
 ];
 
-function run(
-  args: string[],
-  env: Record<string, string> = {},
-): { code: number | null; signal: string | null; out: string; err: string } {
-  const r = spawnSync(process.execPath, [CLI, ...args], {
-    encoding: 'utf8',
-    timeout: 120_000,
-    env: { ...process.env, ...env },
-  });
-  return { code: r.status, signal: r.signal, out: r.stdout, err: r.stderr };
-}
+const run = runCli;
 
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-crash-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));

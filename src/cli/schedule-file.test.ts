@@ -7,7 +7,6 @@
  * and, for the file's own faults, the grid marked `<-- ERROR HERE`, and writes nothing.
  */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import {
   existsSync,
   mkdtempSync,
@@ -18,9 +17,8 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
+import { runCli } from '../testing/cli.js';
 
-const CLI = fileURLToPath(new URL('./main.js', import.meta.url));
 /** A tiny character model in 2 stages of 2 blocks, 4 micro-batches (a run is about 2 s). */
 const TRAIN = [
   'train',
@@ -50,17 +48,7 @@ const TRAIN = [
   'cpu',
 ];
 
-function run(args: string[]): {
-  code: number | null;
-  out: string;
-  err: string;
-} {
-  const r = spawnSync(process.execPath, [CLI, ...args], {
-    encoding: 'utf8',
-    timeout: 120_000,
-  });
-  return { code: r.status, out: r.stdout, err: r.stderr };
-}
+const run = (args: string[]) => runCli(args);
 
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-schedule-file-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));

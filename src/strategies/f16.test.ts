@@ -9,31 +9,23 @@
  * tests are skipped, saying why, where no such adapter can be made.
  */
 import assert from 'node:assert/strict';
-import { spawnSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import {
   initialLossScale,
   LOSS_SCALE_DEFAULTS,
   lossScaleStep,
 } from '../optim/loss-scale.js';
+import { runCli } from '../testing/cli.js';
 import { readStepMetrics } from '../train/metrics.js';
 
-const CLI = fileURLToPath(new URL('../cli/main.js', import.meta.url));
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-f16-'));
 process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 
-function run(args: string[], env: Record<string, string> = {}) {
-  const r = spawnSync(process.execPath, [CLI, ...args], {
-    encoding: 'utf8',
-    timeout: 240_000,
-    env: { ...process.env, ...env },
-  });
-  return { code: r.status, out: r.stdout, err: r.stderr };
-}
+const run = (args: string[], env: Record<string, string> = {}) =>
+  runCli(args, env, 240_000);
 
 /** Whether this machine has a webgpu adapter with shader-f16 (the default Dawn adapter). */
 async function f16Adapter(): Promise<string | false> {
