@@ -12,7 +12,7 @@
  */
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { isDeviceLoss } from '../train/restarts.js';
+import { isDeviceLoss } from '../runtime/device.js';
 import { LayerwiseError, runDirOf } from '../util/errors.js';
 
 /** File-system error codes a user's paths cause, and what to do about them. */

@@ -15,8 +15,6 @@ import {
   train,
 } from './trainer.js';
 
-export { isDeviceLoss };
-
 /**
  * {@link train}, restarted after each device loss up to `maxRestarts` times. `out`: the run
  * folder (whose checkpoint a restart resumes); `onRestart` hears each restart. A device lost
