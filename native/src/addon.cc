@@ -147,6 +147,7 @@ Napi::Value Unary(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+uint16_t* U16(const Napi::CallbackInfo& info, size_t i, const char* what);
 // The optional bf16 copy of a kernel's output: argument i, a Uint16Array of at least n elements, or absent.
 uint16_t* OptionalBf16(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what);
 
@@ -164,6 +165,62 @@ Napi::Value GeluGrad(const Napi::CallbackInfo& info) {
   Need(info, 1, n, "dy");
   Need(info, 2, n, "dx");
   geluGrad(F32(info, 0, "x"), F32(info, 1, "dy"), F32(info, 2, "dx"), n, OptionalBf16(info, 3, n, "geluGrad: bf"));
+  return info.Env().Undefined();
+}
+
+Bf16Operand Operand(const Napi::CallbackInfo& info, size_t i, const char* what);
+// Argument i: a Float32Array or a Uint16Array (bf16 values) of exactly n elements.
+Bf16Operand AnyOperand(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what) {
+  if (static_cast<int64_t>(Len(info, i)) != n) throw Napi::RangeError::New(info.Env(), std::string(what) + " has the wrong length");
+  return Operand(info, i, what);
+}
+
+// geluToBf16(x: Float32Array | Uint16Array, out: Uint16Array)
+Napi::Value GeluToBf16(const Napi::CallbackInfo& info) {
+  const int64_t n = static_cast<int64_t>(Len(info, 1));
+  geluToBf16(AnyOperand(info, 0, n, "geluToBf16: x"), U16(info, 1, "geluToBf16: out"), n);
+  return info.Env().Undefined();
+}
+
+// geluGradToBf16(x, dy: Float32Array | Uint16Array, dx: Uint16Array)
+Napi::Value GeluGradToBf16(const Napi::CallbackInfo& info) {
+  const int64_t n = static_cast<int64_t>(Len(info, 2));
+  geluGradToBf16(AnyOperand(info, 0, n, "geluGradToBf16: x"), AnyOperand(info, 1, n, "geluGradToBf16: dy"),
+                 U16(info, 2, "geluGradToBf16: dx"), n);
+  return info.Env().Undefined();
+}
+
+// binarySameShape(op, a, b: Float32Array | Uint16Array, out: Float32Array): out = a op b, all of one length
+Napi::Value BinarySameShape(const Napi::CallbackInfo& info) {
+  const int64_t n = static_cast<int64_t>(Len(info, 3));
+  if (!binarySameShape(static_cast<BinaryOp>(I64(info, 0)), AnyOperand(info, 1, n, "a"), AnyOperand(info, 2, n, "b"), F32(info, 3, "out"), n))
+    throw Napi::RangeError::New(info.Env(), "unknown binary op");
+  return info.Env().Undefined();
+}
+
+// layerNormToBf16(x: Float32Array | Uint16Array, g, b, yBf: Uint16Array, xhat, rstd, rows, cols, epsilon)
+Napi::Value LayerNormToBf16(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 6), cols = I64(info, 7);
+  Need(info, 1, cols, "g");
+  Need(info, 2, cols, "b");
+  Need(info, 3, rows * cols, "yBf");
+  Need(info, 4, rows * cols, "xhat");
+  Need(info, 5, rows, "rstd");
+  layerNormToBf16(AnyOperand(info, 0, rows * cols, "x"), F32(info, 1, "g"), F32(info, 2, "b"), U16(info, 3, "yBf"), F32(info, 4, "xhat"),
+                  F32(info, 5, "rstd"), rows, cols, static_cast<float>(F64(info, 8)));
+  return info.Env().Undefined();
+}
+
+// layerNormGradAny(dy, xhat: Float32Array | Uint16Array, rstd, g, dx, dg, db, rows, cols)
+Napi::Value LayerNormGradAny(const Napi::CallbackInfo& info) {
+  const int64_t rows = I64(info, 7), cols = I64(info, 8);
+  Need(info, 2, rows, "rstd");
+  Need(info, 3, cols, "g");
+  Need(info, 4, rows * cols, "dx");
+  Need(info, 5, cols, "dg");
+  Need(info, 6, cols, "db");
+  layerNormGrad(AnyOperand(info, 0, rows * cols, "dy"), AnyOperand(info, 1, rows * cols, "xhat"), F32(info, 2, "rstd"), F32(info, 3, "g"),
+                F32(info, 4, "dx"), F32(info, 5, "dg"), F32(info, 6, "db"), rows, cols);
   return info.Env().Undefined();
 }
 
@@ -199,12 +256,12 @@ Napi::Value Reduce(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// reduceOuter(op, x, out, outer, inner): over the outer axis of x [outer, inner]
+// reduceOuter(op, x, out, outer, inner): over the outer axis of x [outer, inner] (x float32 or bf16 values)
 Napi::Value ReduceOuter(const Napi::CallbackInfo& info) {
   const int64_t outer = I64(info, 3), inner = I64(info, 4);
   Need(info, 1, outer * inner, "x");
   Need(info, 2, inner, "out");
-  reduceOuter(static_cast<ReduceOp>(I64(info, 0)), F32(info, 1, "x"), F32(info, 2, "out"), outer, inner);
+  reduceOuter(static_cast<ReduceOp>(I64(info, 0)), Operand(info, 1, "x"), F32(info, 2, "out"), outer, inner);
   return info.Env().Undefined();
 }
 
@@ -276,9 +333,34 @@ Napi::Value CausalAttention(const Napi::CallbackInfo& info) {
   Need(info, 2, batch * heads * t * t, "p");
   const bool bf16 = info.Length() > 8 && info[8].ToBoolean().Value();
   const float scale = static_cast<float>(F64(info, 7));
-  const int s = bf16 ? causalAttentionBf16(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale,
+  Bf16Operand qkv;
+  qkv.f32 = F32(info, 0, "qkv");
+  const int s = bf16 ? causalAttentionBf16(qkv, F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale,
                                            OptionalBf16(info, 9, batch * t * heads * dh, "causalAttention: ctxBf"))
                      : causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale);
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
+  return info.Env().Undefined();
+}
+
+// causalAttentionToBf16(qkv: Float32Array | Uint16Array, pBf: Uint16Array, batch, t, heads, dh, scale, ctxBf: Uint16Array):
+// the bf16 path writing the probabilities and the context only as their bf16 roundings
+Napi::Value CausalAttentionToBf16(const Napi::CallbackInfo& info) {
+  const int64_t batch = I64(info, 2), t = I64(info, 3), heads = I64(info, 4), dh = I64(info, 5);
+  Need(info, 1, batch * heads * t * t, "pBf");
+  Need(info, 7, batch * t * heads * dh, "ctxBf");
+  const int s = causalAttentionBf16(AnyOperand(info, 0, batch * t * 3 * heads * dh, "qkv"), nullptr, nullptr, batch, t, heads, dh,
+                                    static_cast<float>(F64(info, 6)), U16(info, 7, "ctxBf"), U16(info, 1, "pBf"));
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
+  return info.Env().Undefined();
+}
+
+// causalAttentionGradToBf16(dctx, qkv, p: Float32Array | Uint16Array, batch, t, heads, dh, scale, dqkvBf: Uint16Array)
+Napi::Value CausalAttentionGradToBf16(const Napi::CallbackInfo& info) {
+  const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
+  Need(info, 8, batch * t * 3 * heads * dh, "dqkvBf");
+  const int s = causalAttentionGradBf16(AnyOperand(info, 0, batch * t * heads * dh, "dctx"), AnyOperand(info, 1, batch * t * 3 * heads * dh, "qkv"),
+                                        AnyOperand(info, 2, batch * heads * t * t, "p"), nullptr, batch, t, heads, dh,
+                                        static_cast<float>(F64(info, 7)), U16(info, 8, "dqkvBf"));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -292,7 +374,11 @@ Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   Need(info, 3, batch * t * 3 * heads * dh, "dqkv");
   const bool bf16 = info.Length() > 9 && info[9].ToBoolean().Value();
   const float scale = static_cast<float>(F64(info, 8));
-  const int s = bf16 ? causalAttentionGradBf16(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t,
+  Bf16Operand dctx, qkv, p;
+  dctx.f32 = F32(info, 0, "dctx");
+  qkv.f32 = F32(info, 1, "qkv");
+  p.f32 = F32(info, 2, "p");
+  const int s = bf16 ? causalAttentionGradBf16(dctx, qkv, p, F32(info, 3, "dqkv"), batch, t,
                                                heads, dh, scale, OptionalBf16(info, 10, batch * t * 3 * heads * dh, "causalAttentionGrad: dqkvBf"))
                      : causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads,
                                            dh, scale);
@@ -363,6 +449,34 @@ Bf16Operand Operand(const Napi::CallbackInfo& info, size_t i, const char* what) 
   return o;
 }
 
+// matmulBf16To(a, b, cBf: Uint16Array, bias: Float32Array | undefined, batch, aStride, bStride, m, n, k, transA, transB):
+// as matmulBf16, C written only as its bf16 rounding, bias [n] added to every row first
+Napi::Value MatMulBf16To(const Napi::CallbackInfo& info) {
+  if (info.Length() != 12) throw Napi::TypeError::New(info.Env(), "matmulBf16To takes 12 arguments");
+  const Bf16Operand a = Operand(info, 0, "a"), b = Operand(info, 1, "b");
+  uint16_t* c = U16(info, 2, "cBf");
+  const int64_t batch = I64(info, 4), aStride = I64(info, 5), bStride = I64(info, 6);
+  const int64_t m = I64(info, 7), n = I64(info, 8), k = I64(info, 9);
+  const bool transA = info[10].As<Napi::Boolean>().Value(), transB = info[11].As<Napi::Boolean>().Value();
+  if (batch < 1 || m < 0 || n < 0 || k < 1) throw Napi::RangeError::New(info.Env(), "matmulBf16To: bad sizes");
+  if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) {
+    throw Napi::RangeError::New(info.Env(), "matmulBf16To: aStride must be 0 or m*k, bStride 0 or k*n");
+  }
+  const float* bias = nullptr;
+  if (!info[3].IsUndefined()) {
+    Need(info, 3, n, "bias");
+    bias = F32(info, 3, "bias");
+  }
+  if (static_cast<int64_t>(Len(info, 0)) < (batch - 1) * aStride + m * k ||
+      static_cast<int64_t>(Len(info, 1)) < (batch - 1) * bStride + k * n ||
+      static_cast<int64_t>(Len(info, 2)) < batch * m * n) {
+    throw Napi::RangeError::New(info.Env(), "matmulBf16To: an array is shorter than its matrices");
+  }
+  const int s = matmulBf16To(a, b, c, bias, batch, aStride, bStride, m, n, k, transA, transB);
+  if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN bf16 matmul failed with status " + std::to_string(s));
+  return info.Env().Undefined();
+}
+
 // matmulBf16(a, b, c, batch, aStride, bStride, m, n, k, transA, transB) -> implementation name;
 // a and b each a Float32Array or a Uint16Array of bf16 values, c a Float32Array
 Napi::Value MatMulBf16(const Napi::CallbackInfo& info) {
@@ -424,6 +538,13 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("reduce", Napi::Function::New(env, Reduce));
   exports.Set("gelu", Napi::Function::New(env, Gelu));
   exports.Set("geluGrad", Napi::Function::New(env, GeluGrad));
+  exports.Set("geluToBf16", Napi::Function::New(env, GeluToBf16));
+  exports.Set("binarySameShape", Napi::Function::New(env, BinarySameShape));
+  exports.Set("layerNormToBf16", Napi::Function::New(env, LayerNormToBf16));
+  exports.Set("layerNormGradAny", Napi::Function::New(env, LayerNormGradAny));
+  exports.Set("causalAttentionToBf16", Napi::Function::New(env, CausalAttentionToBf16));
+  exports.Set("causalAttentionGradToBf16", Napi::Function::New(env, CausalAttentionGradToBf16));
+  exports.Set("geluGradToBf16", Napi::Function::New(env, GeluGradToBf16));
   exports.Set("layerNorm", Napi::Function::New(env, LayerNorm));
   exports.Set("layerNormGrad", Napi::Function::New(env, LayerNormGrad));
   exports.Set("reduceOuter", Napi::Function::New(env, ReduceOuter));
@@ -440,6 +561,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("toBf16", Napi::Function::New(env, ToBf16));
   exports.Set("fromBf16", Napi::Function::New(env, FromBf16));
   exports.Set("matmulBf16", Napi::Function::New(env, MatMulBf16));
+  exports.Set("matmulBf16To", Napi::Function::New(env, MatMulBf16To));
   exports.Set("bf16Info", Napi::Function::New(env, Bf16Info));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("threads", Napi::Function::New(env, Threads));

@@ -9,6 +9,7 @@
 #include <omp.h>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -68,7 +69,8 @@ void convertChunk(const float* src, uint16_t* dst, int64_t n) {
 struct Bf16Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+  // batchA, batchB, batch, m, n, k, transA, transB, bf16 C, bias
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool>;
   std::map<Key, dnnl::matmul> primitives;
   std::map<Key, std::string> impls;
   std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
@@ -87,16 +89,22 @@ dnnl::memory::desc operandDesc(int64_t batch, int64_t rows, int64_t cols, bool t
   return dnnl::memory::desc(dims{batch, rows, cols}, dt, strides);
 }
 
+// The bias of a product with one: float32 [1, 1, n], added to every row before C is rounded.
+dnnl::memory::desc biasDesc(int64_t n) {
+  return dnnl::memory::desc(dnnl::memory::dims{1, 1, n}, dnnl::memory::data_type::f32, dnnl::memory::dims{n, n, 1});
+}
+
 dnnl::matmul& primitive(Bf16Context& ctx, int64_t batchA, int64_t batchB, int64_t batch, int64_t m, int64_t n, int64_t k,
-                        bool transA, bool transB) {
-  const Bf16Context::Key key{batchA, batchB, batch, m, n, k, transA, transB};
+                        bool transA, bool transB, bool cBf16 = false, bool bias = false) {
+  const Bf16Context::Key key{batchA, batchB, batch, m, n, k, transA, transB, cBf16, bias};
   auto it = ctx.primitives.find(key);
   if (it != ctx.primitives.end()) return it->second;
   using dt = dnnl::memory::data_type;
   const auto src = operandDesc(batchA, m, k, transA, dt::bf16);
   const auto wei = operandDesc(batchB, k, n, transB, dt::bf16);
-  const auto dst = operandDesc(batch, m, n, false, dt::f32);
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), ctx.engine);
+  const auto dst = operandDesc(batch, m, n, false, cBf16 ? dt::bf16 : dt::f32);
+  const dnnl::matmul::primitive_desc pd(
+      bias ? dnnl::matmul::desc(src, wei, biasDesc(n), dst) : dnnl::matmul::desc(src, wei, dst), ctx.engine);
   ctx.impls[key] = pd.impl_info_str();
   return ctx.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
@@ -110,7 +118,7 @@ void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, i
 // or [B, H, T, T] operand, and float32 products [B, H, T, dh] x3 and [B, H, T, T].
 struct AttentionScratch {
   std::vector<uint16_t> qkv, x, y;
-  std::vector<float> f[3], square;
+  std::vector<float> f[3], square, wideP;
 };
 
 template <typename T>
@@ -119,38 +127,50 @@ T* grow(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
-// qkv [B, T, 3, H, dh] float32 -> [3, B, H, T, dh] bf16 (q, k, v each dense per head)
-void splitHeadsBf16(const float* qkv, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
+// n elements of an input held as float32 or bf16 (x), from element `at`, as bf16 into out
+inline void segmentBf16(const Bf16Operand& x, int64_t at, uint16_t* out, int64_t n) {
+  if (x.bf16 != nullptr)
+    std::memcpy(out, x.bf16 + at, sizeof(uint16_t) * n);
+  else
+    convertChunk(x.f32 + at, out, n);
+}
+
+// qkv [B, T, 3, H, dh] (float32 or bf16) -> [3, B, H, T, dh] bf16 (q, k, v each dense per head)
+void splitHeadsBf16(const Bf16Operand& qkv, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
   const int64_t D = H * dh;
 #pragma omp parallel for schedule(static) if (3 * B * T * D > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
     for (int64_t s = 0; s < 3; s++)
-      for (int64_t h = 0; h < H; h++)
-        convertChunk(qkv + (bt * 3 + s) * D + h * dh, out + (((s * B + b) * H + h) * T + t) * dh, dh);
+      for (int64_t h = 0; h < H; h++) segmentBf16(qkv, (bt * 3 + s) * D + h * dh, out + (((s * B + b) * H + h) * T + t) * dh, dh);
   }
 }
 
-// x [B, T, H, dh] float32 -> [B, H, T, dh] bf16
-void headsFirstBf16(const float* x, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
+// x [B, T, H, dh] (float32 or bf16) -> [B, H, T, dh] bf16
+void headsFirstBf16(const Bf16Operand& x, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
   const int64_t D = H * dh;
 #pragma omp parallel for schedule(static) if (B * T * D > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
-    for (int64_t h = 0; h < H; h++) convertChunk(x + bt * D + h * dh, out + ((b * H + h) * T + t) * dh, dh);
+    for (int64_t h = 0; h < H; h++) segmentBf16(x, bt * D + h * dh, out + ((b * H + h) * T + t) * dh, dh);
   }
 }
 
 // y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..];
-// with outBf (same layout as out), also its bf16 rounding there, segment by segment
+// with outBf (same layout as out), also its bf16 rounding there, segment by segment; out may be
+// null (only the bf16 rounding is written)
 void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride, uint16_t* outBf = nullptr) {
 #pragma omp parallel for schedule(static) if (B * T * H * dh > kSerialCopy)
   for (int64_t bt = 0; bt < B * T; bt++) {
     const int64_t b = bt / T, t = bt % T;
     for (int64_t h = 0; h < H; h++) {
-      float* o = out + bt * stride + h * dh;
-      std::memcpy(o, y + ((b * H + h) * T + t) * dh, sizeof(float) * dh);
-      if (outBf != nullptr) convertChunk(o, outBf + bt * stride + h * dh, dh);
+      const float* from = y + ((b * H + h) * T + t) * dh;
+      if (out != nullptr) {
+        float* o = out + bt * stride + h * dh;
+        std::memcpy(o, from, sizeof(float) * dh);
+        from = o;
+      }
+      if (outBf != nullptr) convertChunk(from, outBf + bt * stride + h * dh, dh);
     }
   }
 }
@@ -161,21 +181,30 @@ void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int6
 // already rounded to bf16, are widened to float32 and multiplied by sgemm: the same numbers up to
 // the summation order, at f32 speed. Throws dnnl::error.
 void product(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batchA, int64_t batchB, int64_t batch, int64_t m,
-             int64_t n, int64_t k, bool transA, bool transB) {
+             int64_t n, int64_t k, bool transA, bool transB, uint16_t* cBf = nullptr, const float* bias = nullptr) {
   if (!nativeBf16()) {
-    thread_local std::vector<float> fa, fb;
+    thread_local std::vector<float> fa, fb, fc;
     fromBf16(a, grow(fa, batchA * m * k), batchA * m * k);
     fromBf16(b, grow(fb, batchB * k * n), batchB * k * n);
-    const int s = matmul(fa.data(), fb.data(), c, batch, batchA == 1 ? 0 : m * k, batchB == 1 ? 0 : k * n, m, n, k, transA, transB);
+    float* out = cBf != nullptr ? grow(fc, batch * m * n) : c;
+    const int s = matmul(fa.data(), fb.data(), out, batch, batchA == 1 ? 0 : m * k, batchB == 1 ? 0 : k * n, m, n, k, transA, transB);
     if (s != 0) throw dnnl::error(static_cast<dnnl_status_t>(s), "sgemm on widened bf16 operands");
+    if (bias != nullptr)
+#pragma omp parallel for schedule(static) if (batch * m * n > kSerialCopy)
+      for (int64_t r = 0; r < batch * m; r++)
+        for (int64_t j = 0; j < n; j++) out[r * n + j] += bias[j];
+    if (cBf != nullptr) toBf16(out, cBf, batch * m * n);
     return;
   }
   using dt = dnnl::memory::data_type;
-  dnnl::matmul& mm = primitive(ctx, batchA, batchB, batch, m, n, k, transA, transB);
+  dnnl::matmul& mm = primitive(ctx, batchA, batchB, batch, m, n, k, transA, transB, cBf != nullptr, bias != nullptr);
   dnnl::memory src(operandDesc(batchA, m, k, transA, dt::bf16), ctx.engine, const_cast<uint16_t*>(a));
   dnnl::memory wei(operandDesc(batchB, k, n, transB, dt::bf16), ctx.engine, const_cast<uint16_t*>(b));
-  dnnl::memory dst(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
-  mm.execute(ctx.stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  dnnl::memory dst = cBf != nullptr ? dnnl::memory(operandDesc(batch, m, n, false, dt::bf16), ctx.engine, cBf)
+                                    : dnnl::memory(operandDesc(batch, m, n, false, dt::f32), ctx.engine, c);
+  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(biasDesc(n), ctx.engine, const_cast<float*>(bias)));
+  mm.execute(ctx.stream, args);
   ctx.stream.wait();
 }
 
@@ -228,7 +257,7 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
   try {
     product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB);
     if (impl != nullptr)
-      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB}]
+      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB, false, false}]
                            : "emulated: sgemm on bf16-rounded operands (" + cpuIsa() + ")";
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
@@ -236,8 +265,31 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
   return 0;
 }
 
-int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
-                        uint16_t* ctxBf) {
+int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const float* bias, int64_t batch, int64_t aStride, int64_t bStride,
+                 int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
+  if (m == 0 || n == 0) return 0;
+  if (k == 0 || (aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) return -1;
+  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
+  Bf16Context& ctx = context();
+  const int64_t batchA = aStride == 0 ? 1 : batch, batchB = bStride == 0 ? 1 : batch;
+  auto operand = [](const Bf16Operand& x, int64_t count, std::vector<uint16_t>& scratch) -> uint16_t* {
+    if (x.bf16 != nullptr) return const_cast<uint16_t*>(x.bf16);
+    if (static_cast<int64_t>(scratch.size()) < count) scratch.resize(static_cast<size_t>(count));
+    toBf16(x.f32, scratch.data(), count);
+    return scratch.data();
+  };
+  uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
+  uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
+  try {
+    product(ctx, av, bv, nullptr, batchA, batchB, batch, m, n, k, transA, transB, c, bias);
+  } catch (const dnnl::error& e) {
+    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+  }
+  return 0;
+}
+
+int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
+                        uint16_t* ctxBf, uint16_t* pBf) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
@@ -247,9 +299,10 @@ int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, i
     // q, k, v converted and laid out per head, so every product is one dense batched primitive
     uint16_t* x = grow(w.qkv, 3 * n);
     splitHeadsBf16(qkv, x, B, T, H, dh);
+    if (p == nullptr) p = grow(w.wideP, BH * T * T);     // P kept only as bf16 (pBf)
     batched(c, x, x + n, p, BH, T, T, dh, false, true);  // scores = q k^T [BH, T, T]
     causalSoftmax(p, p, BH, T, scale);                    // float32, in place
-    uint16_t* pb = grow(w.x, BH * T * T);
+    uint16_t* pb = pBf != nullptr ? pBf : grow(w.x, BH * T * T);
     toBf16(p, pb, BH * T * T);
     float* y = grow(w.f[0], n);
     batched(c, pb, x + 2 * n, y, BH, T, dh, T, false, false);  // P v [BH, T, dh]
@@ -260,8 +313,8 @@ int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, i
   return 0;
 }
 
-int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
-                            int64_t dh, float scale, uint16_t* dqkvBf) {
+int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, float* dqkv, int64_t batch, int64_t t,
+                            int64_t heads, int64_t dh, float scale, uint16_t* dqkvBf) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
@@ -273,20 +326,30 @@ int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p,
     uint16_t* dc = grow(w.y, n);
     headsFirstBf16(dctx, dc, B, T, H, dh);
     uint16_t* sq = grow(w.x, BH * T * T);
-    toBf16(p, sq, BH * T * T);
+    const uint16_t* pb = p.bf16;  // P as bf16: held so, or converted
+    if (pb == nullptr) {
+      toBf16(p.f32, sq, BH * T * T);
+      pb = sq;
+    }
     float* dq = grow(w.f[0], n);
     float* dk = grow(w.f[1], n);
     float* dv = grow(w.f[2], n);
     float* ds = grow(w.square, BH * T * T);
-    batched(c, sq, dc, dv, BH, T, dh, T, true, false);         // dv = P^T dctx
+    batched(c, pb, dc, dv, BH, T, dh, T, true, false);         // dv = P^T dctx
     batched(c, dc, x + 2 * n, ds, BH, T, T, dh, false, true);  // dP = dctx v^T
-    softmaxGrad(p, ds, ds, BH * T, T, scale);                  // dscores, float32
+    const float* pf = p.f32;  // P as float32: held so, or widened
+    if (pf == nullptr) {
+      float* wide = grow(w.wideP, BH * T * T);
+      fromBf16(p.bf16, wide, BH * T * T);
+      pf = wide;
+    }
+    softmaxGrad(pf, ds, ds, BH * T, T, scale);  // dscores, float32
     toBf16(ds, sq, BH * T * T);                                // P's bf16 copy is done with
     batched(c, sq, x + n, dq, BH, T, dh, T, false, false);     // dq = dscores k
     batched(c, sq, x, dk, BH, T, dh, T, true, false);          // dk = dscores^T q
     headsBack(dq, dqkv, B, T, H, dh, 3 * D, dqkvBf);
-    headsBack(dk, dqkv + D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + D);
-    headsBack(dv, dqkv + 2 * D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + 2 * D);
+    headsBack(dk, dqkv == nullptr ? nullptr : dqkv + D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + D);
+    headsBack(dv, dqkv == nullptr ? nullptr : dqkv + 2 * D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + 2 * D);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }

@@ -223,42 +223,165 @@ void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* b
   });
 }
 
-void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-               float epsilon, uint16_t* bf) {
-#pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
-  for (int64_t r = 0; r < rows; r++) {
-    const float* in = x + r * cols;
-    double s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < cols; i++) s += in[i];
-    const float mean = static_cast<float>(s / static_cast<double>(cols));
-    double q = 0;
-#pragma omp simd reduction(+ : q)
-    for (int64_t i = 0; i < cols; i++) q += static_cast<double>(in[i] - mean) * (in[i] - mean);
-    const float rs = 1.f / std::sqrt(static_cast<float>(q / static_cast<double>(cols)) + epsilon);
-    rstd[r] = rs;
-    float* xh = xhat + r * cols;
-    float* o = y + r * cols;
+namespace {
+
+// [from, to) of an input held as float32 (f) or as bf16 (b, widened into buf): float32 values
+inline const float* piece(const Bf16Operand& in, int64_t from, int64_t len, float* buf) {
+  if (in.f32 != nullptr) return in.f32 + from;
 #pragma omp simd
-    for (int64_t i = 0; i < cols; i++) {
-      xh[i] = (in[i] - mean) * rs;
-      o[i] = xh[i] * g[i] + b[i];
+  for (int64_t i = 0; i < len; i++) {
+    const uint32_t u = static_cast<uint32_t>(in.bf16[from + i]) << 16;
+    std::memcpy(buf + i, &u, 4);
+  }
+  return buf;
+}
+
+// body(from, to, ins..., out) over [0, n) in chunks spread over the team: the chunk's inputs as
+// float32 (widened from bf16 where held so), its float32 output in a per-thread buffer, rounded
+// into bf while in cache. No float32 copy of the whole output or inputs.
+template <typename Body>
+void chunkedToBf16(int64_t n, const Bf16Operand& a, const Bf16Operand* b, uint16_t* bf, Body body) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel if (n > kParallel)
+  {
+    std::vector<float> bufA(kChunk), bufB(b != nullptr ? kChunk : 0), out(kChunk);
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+      const int64_t from = c * kChunk, len = std::min(n, from + kChunk) - from;
+      const float* pa = piece(a, from, len, bufA.data());
+      const float* pb = b != nullptr ? piece(*b, from, len, bufB.data()) : nullptr;
+      body(pa, pb, out.data(), len);
+      toBf16Serial(out.data(), bf + from, len);
     }
-    if (bf != nullptr) toBf16Serial(o, bf + r * cols, cols);
   }
 }
 
+}  // namespace
+
+void geluToBf16(const Bf16Operand& x, uint16_t* out, int64_t n) {
+  chunkedToBf16(n, x, nullptr, out, [](const float* xv, const float*, float* o, int64_t len) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++) {
+      const float v = xv[i];
+      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
+      o[i] = v * s;
+    }
+  });
+}
+
+void geluGradToBf16(const Bf16Operand& x, const Bf16Operand& dy, uint16_t* dx, int64_t n) {
+  chunkedToBf16(n, x, &dy, dx, [](const float* xv, const float* dyv, float* o, int64_t len) {
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++) {
+      const float v = xv[i];
+      const float v2 = v * v;
+      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
+      const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
+      o[i] = dyv[i] * (s + du * (s - s * s));
+    }
+  });
+}
+
+bool binarySameShape(BinaryOp op, const Bf16Operand& a, const Bf16Operand& b, float* out, int64_t n) {
+  auto run = [&](auto f) {
+    const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel if (n > kParallel)
+    {
+      std::vector<float> bufA(a.f32 != nullptr ? 0 : kChunk), bufB(b.f32 != nullptr ? 0 : kChunk);
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < chunks; c++) {
+        const int64_t from = c * kChunk, len = std::min(n, from + kChunk) - from;
+        const float* pa = piece(a, from, len, bufA.data());
+        const float* pb = piece(b, from, len, bufB.data());
+        float* o = out + from;
+#pragma omp simd
+        for (int64_t i = 0; i < len; i++) o[i] = f(pa[i], pb[i]);
+      }
+    }
+  };
+  switch (op) {
+    case BinaryOp::Add: run([](float x, float y) { return x + y; }); return true;
+    case BinaryOp::Sub: run([](float x, float y) { return x - y; }); return true;
+    case BinaryOp::Mul: run([](float x, float y) { return x * y; }); return true;
+    case BinaryOp::Div: run([](float x, float y) { return x / y; }); return true;
+    case BinaryOp::Max: run([](float x, float y) { return x > y || std::isnan(x) ? x : y; }); return true;
+    case BinaryOp::Min: run([](float x, float y) { return x < y || std::isnan(x) ? x : y; }); return true;
+    case BinaryOp::SquaredDifference: run([](float x, float y) { return (x - y) * (x - y); }); return true;
+  }
+  return false;
+}
+
+namespace {
+
+// Layer norm of rows [x, xhat, rstd as in layerNorm], x's rows as float32 or bf16; y's row r
+// goes to yRow(r, values) (float32 values of a thread's row buffer, valid during the call).
+template <typename YRow>
+void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* xhat, float* rstd, int64_t rows, int64_t cols, float epsilon,
+                   YRow yRow) {
+#pragma omp parallel if (rows * cols > kParallel && rows > 1)
+  {
+    std::vector<float> inBuf(x.f32 != nullptr ? 0 : cols), outBuf(cols);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* in = piece(x, r * cols, cols, inBuf.data());
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < cols; i++) s += in[i];
+      const float mean = static_cast<float>(s / static_cast<double>(cols));
+      double q = 0;
+#pragma omp simd reduction(+ : q)
+      for (int64_t i = 0; i < cols; i++) q += static_cast<double>(in[i] - mean) * (in[i] - mean);
+      const float rs = 1.f / std::sqrt(static_cast<float>(q / static_cast<double>(cols)) + epsilon);
+      rstd[r] = rs;
+      float* xh = xhat + r * cols;
+      float* o = outBuf.data();
+#pragma omp simd
+      for (int64_t i = 0; i < cols; i++) {
+        xh[i] = (in[i] - mean) * rs;
+        o[i] = xh[i] * g[i] + b[i];
+      }
+      yRow(r, o);
+    }
+  }
+}
+
+}  // namespace
+
+void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+               float epsilon, uint16_t* bf) {
+  Bf16Operand in;
+  in.f32 = x;
+  layerNormRows(in, g, b, xhat, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) {
+    std::memcpy(y + r * cols, o, sizeof(float) * cols);
+    if (bf != nullptr) toBf16Serial(o, bf + r * cols, cols);
+  });
+}
+
+void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                     float epsilon) {
+  layerNormRows(x, g, b, xhat, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) { toBf16Serial(o, y + r * cols, cols); });
+}
+
 void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
+                   int64_t rows, int64_t cols) {
+  Bf16Operand d, xh;
+  d.f32 = dy;
+  xh.f32 = xhat;
+  layerNormGrad(d, xh, rstd, g, dx, dg, db, rows, cols);
+}
+
+void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
                    int64_t rows, int64_t cols) {
   // dx per row; dg and db as per-thread partial sums over rows, added at the end
   std::vector<double> sumG(cols, 0.0), sumB(cols, 0.0);
 #pragma omp parallel if (rows * cols > kParallel && rows > 1)
   {
     std::vector<double> pg(cols, 0.0), pb(cols, 0.0);
+    std::vector<float> dyBuf(dy.f32 != nullptr ? 0 : cols), xhBuf(xhat.f32 != nullptr ? 0 : cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const float* d = dy + r * cols;
-      const float* xh = xhat + r * cols;
+      const float* d = piece(dy, r * cols, cols, dyBuf.data());
+      const float* xh = piece(xhat, r * cols, cols, xhBuf.data());
       double m1 = 0, m2 = 0;
       for (int64_t i = 0; i < cols; i++) {
         const float dxh = d[i] * g[i];
@@ -328,6 +451,36 @@ void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t
           for (int64_t c = c0; c < c1; c++) if (row[c] < a[c] || std::isnan(row[c])) a[c] = row[c];
         }
       }
+      for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(op == ReduceOp::Mean ? acc[c - c0] / static_cast<double>(outer) : acc[c - c0]);
+    }
+  }
+}
+
+void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, int64_t inner) {
+  if (x.f32 != nullptr) {
+    reduceOuter(op, x.f32, out, outer, inner);
+    return;
+  }
+  // bf16 values (a bf16 run's bias gradient): each thread's columns of a row widened, then as above
+  const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
+#pragma omp parallel if (outer * inner > kParallel)
+  {
+    const auto [c0, c1] = myColumns(inner);
+    if (c1 > c0) {
+      std::vector<double> acc(c1 - c0);
+      std::vector<float> row(c1 - c0);
+      for (int64_t i = 0; i < outer; i++) {
+        piece(x, i * inner + c0, c1 - c0, row.data());
+        for (int64_t c = 0; c < c1 - c0; c++) {
+          const double v = row[c];
+          if (sum)
+            acc[c] = i == 0 ? v : acc[c] + v;
+          else if (i == 0 || (op == ReduceOp::Max ? (v > acc[c] || std::isnan(v)) : (v < acc[c] || std::isnan(v))))
+            acc[c] = v;
+        }
+      }
+      if (outer == 0)
+        for (int64_t c = 0; c < c1 - c0; c++) acc[c] = sum ? 0.0 : (op == ReduceOp::Max ? -INFINITY : INFINITY);
       for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(op == ReduceOp::Mean ? acc[c - c0] / static_cast<double>(outer) : acc[c - c0]);
     }
   }

@@ -48,12 +48,33 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param = 0.f)
 void gelu(const float* x, float* out, int64_t n, uint16_t* bf = nullptr);
 void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf = nullptr);
 
+// An input held as float32 (f32) or as bf16 values (bf16): exactly one of them not null. A bf16
+// product operand: its bf16 values when the caller has them (a cached weight, a bf16-only
+// activation), else its float32 values, which the product converts into a per-thread scratch
+// first; the element-wise kernels below read either.
+struct Bf16Operand {
+  const float* f32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+};
+// The same, writing only the output's bf16 rounding (no float32 output): the bf16 run's GELU
+// output and input gradient, read by products only. Same values as toBf16 of gelu/geluGrad's.
+void geluToBf16(const Bf16Operand& x, uint16_t* out, int64_t n);
+void geluGradToBf16(const Bf16Operand& x, const Bf16Operand& dy, uint16_t* dx, int64_t n);
+// out = a op b element-wise for two inputs of the same n elements, each float32 or bf16.
+bool binarySameShape(BinaryOp op, const Bf16Operand& a, const Bf16Operand& b, float* out, int64_t n);
+
 // Layer normalisation over the last axis of x [rows, cols] (model/layers.ts layerNorm):
 // xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + epsilon), y = xhat * g + b; and its gradient
 // dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), dg = sum_rows dy xhat, db = sum_rows dy.
 void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
                float epsilon, uint16_t* bf = nullptr);
 void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
+                   int64_t rows, int64_t cols);
+// The same with x / dy and xhat held as float32 or bf16 (read row by row, never widened whole);
+// layerNormToBf16 writes y only as its bf16 rounding (the same values as layerNorm's bf).
+void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+                     float epsilon);
+void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
                    int64_t rows, int64_t cols);
 
 // out[r] = op(x[r, 0..inner)) for r < outer (sums in double).
@@ -62,6 +83,8 @@ void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inne
 
 // out[j] = op over i < outer of x[i, j] for x [outer, inner] (reducing the leading axes).
 void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner);
+// The same over x held as float32 or bf16 values (a bf16 run's bias gradient, read without widening it whole).
+void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, int64_t inner);
 
 // out = x with its axes permuted: out.shape[d] = shape[perm[d]].
 void transpose(const float* x, float* out, const std::vector<int64_t>& shape, const std::vector<int64_t>& perm);
@@ -128,13 +151,6 @@ void toBf16Serial(const float* src, uint16_t* dst, int64_t n);
 // dst[i] = src[i] widened to float32 (exact).
 void fromBf16(const uint16_t* src, float* dst, int64_t n);
 
-// A bf16 product operand: its bf16 values when the caller has them (a cached weight), else its
-// float32 values, which the product converts into a per-thread scratch buffer first.
-struct Bf16Operand {
-  const float* f32 = nullptr;
-  const uint16_t* bf16 = nullptr;
-};
-
 // The batched product of matmul() above with bf16 operands, float32 accumulation and a float32
 // C, on oneDNN's matmul primitive (one primitive per shape, built once per thread). aStride is 0
 // (A broadcast) or m * k, bStride 0 or k * n (else -1). impl, when given, gets the primitive's
@@ -143,15 +159,23 @@ struct Bf16Operand {
 // up to the summation order. Returns 0 or oneDNN's status.
 int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
                int64_t n, int64_t k, bool transA, bool transB, std::string* impl = nullptr);
+// The same product written only as C's bf16 rounding (oneDNN's bf16 destination: float32 sums,
+// rounded once), `bias` (float32 [n], or null) added to every row before the rounding: a bf16
+// run's product with a parameter, as autocast's Linear. k must be positive. Returns 0 or a status.
+int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const float* bias, int64_t batch, int64_t aStride, int64_t bStride,
+                 int64_t m, int64_t n, int64_t k, bool transA, bool transB);
 
 // causalAttention / causalAttentionGrad above with their products on bf16 operands (q, k, v,
-// dctx, P and dscores converted per call; float32 accumulation), the softmax and its gradient
-// in float32, outputs float32; with ctxBf / dqkvBf (not null) also the output's bf16 rounding there,
-// written with it (the next product's operand). Returns 0 or oneDNN's status.
-int causalAttentionBf16(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
-                        uint16_t* ctxBf = nullptr);
-int causalAttentionGradBf16(const float* dctx, const float* qkv, const float* p, float* dqkv, int64_t batch, int64_t t, int64_t heads,
-                            int64_t dh, float scale, uint16_t* dqkvBf = nullptr);
+// dctx, P and dscores converted per call where held as float32, copied where held as bf16;
+// float32 accumulation), the softmax and its gradient in float32 (P widened where held as bf16),
+// outputs float32; with ctxBf / dqkvBf (not null) also the output's bf16 rounding there, written
+// with it (the next product's operand); ctx / dqkv may then be null (only the bf16 rounding is
+// written). With pBf, P's bf16 rounding is written there (p may then be null). Returns 0 or
+// oneDNN's status.
+int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
+                        uint16_t* ctxBf = nullptr, uint16_t* pBf = nullptr);
+int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, float* dqkv, int64_t batch, int64_t t,
+                            int64_t heads, int64_t dh, float scale, uint16_t* dqkvBf = nullptr);
 
 // oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx512_core_amx", "avx2", ...),
 // whether it has bf16 dot-product instructions (avx512_bf16 or AMX), and how toBf16 converts.

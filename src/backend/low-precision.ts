@@ -12,6 +12,7 @@ import { tf } from './tfjs.js';
 interface Bf16Holder {
   precision: string;
   fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
+  activationFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
   roundToBf16(src: Float32Array, dst: Uint16Array): void;
   widenFromBf16(src: Uint16Array, dst: Float32Array): void;
   bf16Saved(t: tf.Tensor): tf.Tensor | null;
@@ -71,6 +72,20 @@ export function tensorFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
 }
 
 /**
+ * An activation (an L2L stash coming back to the device) of `shape` whose values are the bf16
+ * values `bf` widened: as {@link tensorFromBf16}, but not taken for a parameter (so the products
+ * that read it keep their kind of output: backend/native.ts productOutput). `bf` is taken over.
+ */
+export function activationFromBf16(
+  bf: Uint16Array,
+  shape: number[],
+): tf.Tensor {
+  const h = holder();
+  if (h) return h.activationFromBf16(bf, shape);
+  return tensorFromBf16(bf, shape);
+}
+
+/**
  * The kernel that rounds a float32 tensor to bf16 and widens it back in one pass (the native
  * backend's, backend/native.ts); {@link roundTensor} composes it where a backend has none.
  */
@@ -106,20 +121,16 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
   return round(x);
 }
 
-/** The kernels that read their saved inputs, in backward, only as bf16 product operands. */
-const PRODUCT_KERNELS: ReadonlySet<string> = new Set([
-  'BatchMatMul',
-  '_FusedMatMul',
-]);
-
 /**
- * On a bf16 backend ({@link holdsBf16}), replaces the saved inputs of a recorded forward's
- * products (`tape`: tfjs tape nodes, pipeline/tape.ts) that are activations by bf16-only copies
- * of them (NativeBackend.bf16Saved: 2 bytes per element instead of 4, the float32 values freed
- * unless something else holds them), since their gradients (dW = x^T dy, dx = dy W^T) read
- * them only as bf16 operands: the same gradients, half the bytes kept for the backward (issue
- * 23 item 4). Data another kind of op saved too (a layer norm's input), or that a tensor
- * outside the tape holds (the caller's input), stays float32. Elsewhere does nothing.
+ * On a bf16 backend ({@link holdsBf16}), replaces the activations a recorded forward saved for
+ * its backward (`tape`: tfjs tape nodes, pipeline/tape.ts) by bf16-only copies of them
+ * (NativeBackend.bf16Saved: 2 bytes per element instead of 4, the float32 values freed unless
+ * something else holds them), as autocast keeps them (issue 23 item 4): the products' operands
+ * (their gradients read them only as bf16 operands anyway: the same gradients), GELU's input,
+ * attention's qkv and probabilities, layer norm's xhat (their gradients read them widened
+ * from bf16, in pieces). Kept float32: parameters, statistics the backend marks so (layer
+ * norm's rstd), and data a tensor outside the tape holds too (the stage's input). Elsewhere
+ * does nothing.
  */
 export function keepSavedAtComputePrecision(
   tape: ReadonlyArray<{ kernelName: string; saved?: tf.Tensor[] }>,
@@ -132,7 +143,6 @@ export function keepSavedAtComputePrecision(
     for (const t of node.saved ?? []) {
       if (!(t instanceof tf.Tensor)) continue; // a shape kept in place of a tensor
       savedRefs.set(t.dataId, (savedRefs.get(t.dataId) ?? 0) + 1);
-      if (!PRODUCT_KERNELS.has(node.kernelName)) readInFloat32.add(t.dataId);
     }
   // data a tensor outside the tape holds too (the stage's input, say) stays float32 for it
   const backend = tf.backend();
@@ -141,8 +151,9 @@ export function keepSavedAtComputePrecision(
   const copies = new Map<tf.DataId, tf.Tensor | null>();
   for (const node of tape) {
     const saved = node.saved;
-    if (!PRODUCT_KERNELS.has(node.kernelName) || !saved) continue;
+    if (!saved) continue;
     saved.forEach((t, i) => {
+      if (!(t instanceof tf.Tensor)) return;
       if (readInFloat32.has(t.dataId) || t.dtype !== 'float32') return;
       let copy = copies.get(t.dataId);
       if (copy === undefined) {

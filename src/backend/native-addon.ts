@@ -96,10 +96,10 @@ export interface NativeAddon {
     outer: number,
     inner: number,
   ): void;
-  /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: Sum 0, Mean 1, Max 2, Min 3). */
+  /** out[j] = op(x[:, j]) over `outer` rows for j < inner (op: Sum 0, Mean 1, Max 2, Min 3); x float32 or bf16 values. */
   reduceOuter(
     op: number,
-    x: Float32Array,
+    x: Float32Array | Uint16Array,
     out: Float32Array,
     outer: number,
     inner: number,
@@ -136,6 +136,48 @@ export interface NativeAddon {
    * to bf16 there (as toBf16), chunk by chunk while in cache (a product's operand).
    */
   gelu(x: Float32Array, out: Float32Array, bf?: Uint16Array): void;
+  /**
+   * GELU of `x` (float32, or bf16 values) written only as its bf16 rounding into `out` (the same
+   * values as toBf16 of gelu's output), with no float32 output. RangeError on a length mismatch.
+   */
+  geluToBf16(x: Float32Array | Uint16Array, out: Uint16Array): void;
+  /** dy * GELU'(x) (each float32 or bf16 values), written only as its bf16 rounding into `dx`, as geluToBf16. */
+  geluGradToBf16(
+    x: Float32Array | Uint16Array,
+    dy: Float32Array | Uint16Array,
+    dx: Uint16Array,
+  ): void;
+  /** out = a op b (op as `binary`) for a and b of out's length, each float32 or bf16 values (bf16-only activations, read without widening them whole). */
+  binarySameShape(
+    op: number,
+    a: Float32Array | Uint16Array,
+    b: Float32Array | Uint16Array,
+    out: Float32Array,
+  ): void;
+  /** layerNorm with x float32 or bf16 values, y written only as its bf16 rounding into `yBf`. */
+  layerNormToBf16(
+    x: Float32Array | Uint16Array,
+    g: Float32Array,
+    b: Float32Array,
+    yBf: Uint16Array,
+    xhat: Float32Array,
+    rstd: Float32Array,
+    rows: number,
+    cols: number,
+    epsilon: number,
+  ): void;
+  /** layerNormGrad with dy and xhat each float32 or bf16 values. */
+  layerNormGradAny(
+    dy: Float32Array | Uint16Array,
+    xhat: Float32Array | Uint16Array,
+    rstd: Float32Array,
+    g: Float32Array,
+    dx: Float32Array,
+    dg: Float32Array,
+    db: Float32Array,
+    rows: number,
+    cols: number,
+  ): void;
   /** dx = dy * GELU'(x) element-wise (with `bf`: dx's bf16 copy too, as gelu's). */
   geluGrad(
     x: Float32Array,
@@ -206,6 +248,33 @@ export interface NativeAddon {
     bf16?: boolean,
     ctxBf?: Uint16Array,
   ): void;
+  /**
+   * The bf16 run's attention (as causalAttention with bf16 products): `qkv` float32 or bf16
+   * values, the probabilities and the context written only as their bf16 roundings into `pBf`
+   * and `ctxBf`. Throws on a length mismatch or a oneDNN failure.
+   */
+  causalAttentionToBf16(
+    qkv: Float32Array | Uint16Array,
+    pBf: Uint16Array,
+    batch: number,
+    t: number,
+    heads: number,
+    dh: number,
+    scale: number,
+    ctxBf: Uint16Array,
+  ): void;
+  /** The bf16 run's attention gradient: dctx, qkv and P each float32 or bf16 values; dqkv written only as its bf16 rounding into `dqkvBf`. */
+  causalAttentionGradToBf16(
+    dctx: Float32Array | Uint16Array,
+    qkv: Float32Array | Uint16Array,
+    p: Float32Array | Uint16Array,
+    batch: number,
+    t: number,
+    heads: number,
+    dh: number,
+    scale: number,
+    dqkvBf: Uint16Array,
+  ): void;
   /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p (bf16: as above, `dqkvBf` dqkv's bf16 copy). */
   causalAttentionGrad(
     dctx: Float32Array,
@@ -266,6 +335,25 @@ export interface NativeAddon {
     transA: boolean,
     transB: boolean,
   ): string;
+  /**
+   * {@link matmulBf16} written only as C's bf16 rounding into `cBf` (oneDNN's bf16 destination:
+   * float32 sums, rounded once), `bias` (float32 [n]) added to every row before the rounding. k
+   * must be positive. RangeError on bad sizes; Error on a oneDNN failure.
+   */
+  matmulBf16To(
+    a: Float32Array | Uint16Array,
+    b: Float32Array | Uint16Array,
+    cBf: Uint16Array,
+    bias: Float32Array | undefined,
+    batch: number,
+    aStride: number,
+    bStride: number,
+    m: number,
+    n: number,
+    k: number,
+    transA: boolean,
+    transB: boolean,
+  ): void;
   /**
    * What bf16 runs on here: oneDNN's effective ISA (e.g. "avx512_core_bf16"), whether the CPU
    * has bf16 dot-product instructions (avx512_bf16 or AMX), and the conversion's instructions.

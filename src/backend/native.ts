@@ -172,6 +172,11 @@ export class NativeBackend extends MathBackendCPU {
     this.bf16Only.delete(dataId);
     countPrivateBytes(bf.byteLength - (lazy.widened ? 4 * bf.length : 0));
     this.giveBf16(bf); // taken over by fromBf16: nothing else reads it
+    if (lazy.f32 !== null) {
+      // its widened values: a pool buffer unless a reader kept them (readSync disowns them)
+      this.pool.hold(lazy.f32);
+      this.pool.release(lazy.f32);
+    }
   }
 
   /** dst[i] = src[i] rounded to bf16 (the addon's vectorised loop; see backend/low-precision.ts). */
@@ -191,7 +196,12 @@ export class NativeBackend extends MathBackendCPU {
    * parameter (its bf16 copy is cached per version) or a tensor already held as bf16.
    */
   bf16Saved(t: tf.Tensor): tf.Tensor | null {
-    if (this.bf16Params.has(t.dataId) || isParameterData(t.dataId)) return null;
+    if (
+      this.bf16Params.has(t.dataId) ||
+      this.statistics.has(t.dataId) ||
+      isParameterData(t.dataId)
+    )
+      return null;
     let bf = this.shadows.get(t.dataId);
     if (bf !== undefined) {
       // taken over: counted from now on as the new tensor's bytes
@@ -202,11 +212,39 @@ export class NativeBackend extends MathBackendCPU {
       bf = this.takeBf16(f32.length);
       nativeAddon()!.toBf16(f32, bf);
     }
-    return this.fromBf16(bf, t.shape);
+    return this.activationFromBf16(bf, t.shape);
+  }
+
+  /** Outputs the recipe keeps in float32 even when saved for a backward (layer norm's rstd): {@link bf16Saved} leaves them. */
+  private readonly statistics = new WeakSet<tf.DataId>();
+
+  /** Marks a kernel's output as a statistic kept in float32 (see {@link bf16Saved}). */
+  keepFloat32(out: tf.TensorInfo): tf.TensorInfo {
+    this.statistics.add(out.dataId);
+    return out;
+  }
+
+  /** Parameters uploaded as bf16 values ({@link fromBf16}), by data id. */
+  private readonly uploaded = new WeakSet<tf.DataId>();
+
+  /**
+   * bf16 mode: whether a product of `a` and `b` is held as its bf16 values, as autocast gives a
+   * Linear layer's output: where an operand is a parameter (x W, and the input gradient
+   * dy W^T); other products (a parameter's gradient x^T dy, accumulated in float32) stay
+   * float32.
+   */
+  bf16Product(a: tf.TensorInfo, b: tf.TensorInfo): boolean {
+    return (
+      this.precision === 'bf16' && (this.isParameter(a) || this.isParameter(b))
+    );
+  }
+
+  private isParameter(t: tf.TensorInfo): boolean {
+    return this.uploaded.has(t.dataId) || isParameterData(t.dataId);
   }
 
   /** bf16-only tensors ({@link fromBf16}) by data id: whether their float32 values were made since. */
-  private readonly bf16Only = new Map<tf.DataId, { widened: boolean }>();
+  private readonly bf16Only = new Map<tf.DataId, Bf16OnlyState>();
 
   /**
    * A float32 tensor of `shape` held as its bf16 values `bf` (taken over, not copied): the
@@ -218,6 +256,123 @@ export class NativeBackend extends MathBackendCPU {
    * products gives the same numbers as a float32 parameter in a bf16 run.
    */
   fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
+    const id = this.writeBf16(bf, shape);
+    this.uploaded.add(id);
+    return tf.engine().makeTensorFromDataId(id, shape, 'float32', this);
+  }
+
+  /** An activation held as its bf16 values `bf` (taken over), as {@link fromBf16} holds a parameter's (an L2L stash coming back to the device). */
+  activationFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
+    const id = this.writeBf16(bf, shape);
+    return tf.engine().makeTensorFromDataId(id, shape, 'float32', this);
+  }
+
+  /**
+   * bf16 mode: a kernel's float32 output of `shape` held as its bf16 values `bf` only (a
+   * {@link shadowBuffer} the kernel filled, taken over), as {@link fromBf16} holds them: for the
+   * outputs whose readers are products (layer norm's y, GELU's output, attention's context),
+   * which read those bf16 values anyway, so the float32 values need not be kept.
+   */
+  bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo {
+    countPrivateBytes(-bf.byteLength); // counted by shadowBuffer; from now on the tensor's bytes
+    return { dataId: this.writeBf16(bf, shape), shape, dtype: 'float32' };
+  }
+
+  /**
+   * bf16 mode: runs `kernel(from, to, out, ins)` over the output elements [0, n) in pieces of at
+   * most BF16_PIECE elements (a multiple of `step`: a row, or an example), so that bf16-only
+   * data never needs its whole float32 values at once. `out` is the piece of `output` where
+   * given (a float32 output), else a float32 scratch the kernel writes before converting it into
+   * its bf16 output. `ins` are the float32 values of `inputs` over the piece (input i's piece
+   * is [from, to) scaled by its size over n, so inputs laid out example by example, as
+   * attention's qkv and probabilities, follow the output): a view of a float32 tensor's values,
+   * or a bf16-only tensor's piece widened into a scratch of its own. The scratches are counted
+   * as device bytes while the kernel runs.
+   */
+  inPieces(
+    n: number,
+    step: number,
+    inputs: tf.TensorInfo[],
+    kernel: (
+      from: number,
+      to: number,
+      out: Float32Array,
+      ins: Float32Array[],
+    ) => void,
+    output?: Float32Array,
+  ): void {
+    if (n === 0) return;
+    const piece = Math.max(step, Math.floor(BF16_PIECE / step) * step);
+    const len = Math.min(n, piece);
+    const ratio = inputs.map((t) => tf.util.sizeFromShape(t.shape) / n);
+    const bfs = inputs.map((t) => this.bf16Values(t.dataId));
+    const f32s = inputs.map((t, i) =>
+      bfs[i] === undefined
+        ? (this.data.get(t.dataId).values as Float32Array)
+        : undefined,
+    );
+    const lengths = [
+      ...(output === undefined ? [len] : []),
+      ...inputs.flatMap((_, i) => (bfs[i] ? [len * ratio[i]!] : [])),
+    ];
+    const scratches = lengths.map((l) => this.pool.take(l));
+    const counted = 4 * lengths.reduce((a, l) => a + l, 0);
+    countPrivateBytes(counted);
+    try {
+      for (let from = 0; from < n; from += piece) {
+        const to = Math.min(n, from + piece);
+        let next = output === undefined ? 1 : 0;
+        const ins = inputs.map((_, i) => {
+          const [a, b] = [from * ratio[i]!, to * ratio[i]!];
+          const bf = bfs[i];
+          if (bf === undefined) return f32s[i]!.subarray(a, b);
+          const w = scratches[next++]!.subarray(0, b - a);
+          widenBf16(bf.subarray(a, b), w);
+          return w;
+        });
+        const out =
+          output === undefined
+            ? scratches[0]!.subarray(0, to - from)
+            : output.subarray(from, to);
+        kernel(from, to, out, ins);
+      }
+    } finally {
+      countPrivateBytes(-counted);
+      for (const a of scratches) {
+        this.pool.hold(a);
+        this.pool.release(a);
+      }
+    }
+  }
+
+  /** t's values as a kernel that reads float32 or bf16 takes them: a bf16-only tensor's bf16 values (not widened), else its float32 values. */
+  f32OrBf16(t: tf.TensorInfo): Float32Array | Uint16Array {
+    return (
+      this.bf16Values(t.dataId) ??
+      (this.data.get(t.dataId).values as Float32Array)
+    );
+  }
+
+  /** Whether any of `ts` is bf16-only data whose float32 values have not been made. */
+  anyBf16Only(...ts: tf.TensorInfo[]): boolean {
+    return ts.some((t) => this.bf16Values(t.dataId) !== undefined);
+  }
+
+  /** t's bf16 values if t is bf16-only data whose float32 values have not been made (read only), else undefined. */
+  bf16OnlyValues(t: tf.TensorInfo): Uint16Array | undefined {
+    return this.bf16Values(t.dataId);
+  }
+
+  /** A bf16-only tensor's bf16 values while its float32 values have not been made; else undefined. */
+  private bf16Values(id: tf.DataId): Uint16Array | undefined {
+    const lazy = this.bf16Only.get(id);
+    return lazy !== undefined && !lazy.widened
+      ? this.bf16Params.get(id)
+      : undefined;
+  }
+
+  /** A bf16-only tensor's data ({@link fromBf16}, {@link bf16Output}): `bf` taken over, float32 values widened on their first read. */
+  private writeBf16(bf: Uint16Array, shape: number[]): tf.DataId {
     const n = tf.util.sizeFromShape(shape);
     if (bf.length !== n)
       throw new RangeError(
@@ -226,27 +381,26 @@ export class NativeBackend extends MathBackendCPU {
     countPrivateBytes(-2 * n); // the engine counts 4 bytes per element when it tracks the tensor
     const id = super.write(new Float32Array(0), shape, 'float32');
     const entry = this.data.get(id) as { values: unknown };
-    const state = { widened: false };
-    let f32: Float32Array | null = null;
+    const state: Bf16OnlyState = { widened: false, f32: null };
     Object.defineProperty(entry, 'values', {
       configurable: true,
       enumerable: true,
       get: () => {
-        if (f32 === null) {
+        if (state.f32 === null) {
           countPrivateBytes(4 * n);
-          f32 = new Float32Array(n);
-          widenBf16(bf, f32);
+          state.f32 = this.pool.take(n); // back to the pool when the tensor goes (dropBf16Param)
+          widenBf16(bf, state.f32);
           state.widened = true;
         }
-        return f32;
+        return state.f32;
       },
       set: (v: Float32Array) => {
-        f32 = v;
+        state.f32 = v;
       },
     });
     this.bf16Params.set(id, bf);
     this.bf16Only.set(id, state);
-    return tf.engine().makeTensorFromDataId(id, shape, 'float32', this);
+    return id;
   }
 
   /** An activation's bf16 shadow, converted into a free buffer now if it has none. */
@@ -345,6 +499,15 @@ export class NativeBackend extends MathBackendCPU {
   }
 }
 
+/** A bf16-only tensor's float32 values: whether made (widened from its bf16 values on a float32 read), and where. */
+interface Bf16OnlyState {
+  widened: boolean;
+  f32: Float32Array | null;
+}
+
+/** Elements of a bf16-only output's float32 scratch ({@link NativeBackend.inPieces}): 512 KiB. */
+const BF16_PIECE = 1 << 17;
+
 /** The most bytes of free bf16 buffers a backend keeps for reuse (not device bytes: nothing holds them). */
 const BF16_FREE_BYTES = 256 * 2 ** 20;
 
@@ -380,6 +543,7 @@ function nativeMatMul(
   b: tf.TensorInfo,
   tA: boolean,
   tB: boolean,
+  bias?: tf.TensorInfo,
 ): tf.TensorInfo {
   const lib = nativeAddon()!;
   const [a0, a1] = a.shape.slice(-2) as [number, number];
@@ -399,6 +563,36 @@ function nativeMatMul(
     batchShapeB,
   );
   const batch = tf.util.sizeFromShape(outBatch);
+  const batchA0 = tf.util.sizeFromShape(batchShapeA);
+  const batchB0 = tf.util.sizeFromShape(batchShapeB);
+  if (
+    k > 0 &&
+    m * n > 0 &&
+    (batchA0 === batch || batchA0 === 1) &&
+    (batchB0 === batch || batchB0 === 1) &&
+    backend.bf16Product(a, b)
+  ) {
+    // bf16 run, a product with a parameter: written as its bf16 values (oneDNN's bf16
+    // destination), the bias (if any) added before the rounding
+    const bf = backend.shadowBuffer(batch * m * n)!;
+    nativeAddon()!.matmulBf16To(
+      backend.bf16Operand(a),
+      backend.bf16Operand(b),
+      bf,
+      bias === undefined ? undefined : values(backend, bias),
+      batch,
+      batchA0 === 1 ? 0 : m * k,
+      batchB0 === 1 ? 0 : k * n,
+      m,
+      n,
+      k,
+      tA,
+      tB,
+    );
+    return backend.bf16Output(bf, [...outBatch, m, n]);
+  }
+  if (bias !== undefined)
+    throw new Error('nativeMatMul: a bias only with a bf16 product');
   const out =
     k === 0
       ? backend.pool.takeZeroed(batch * m * n)
@@ -499,8 +693,9 @@ function batchMatMulKernel(args: KernelArgs): tf.TensorInfo {
   if (a.dtype !== 'float32' || b.dtype !== 'float32')
     return cpuKernel('BatchMatMul', args);
   const attrs = args.attrs as Attrs;
+  const backend = args.backend as NativeBackend;
   return nativeMatMul(
-    args.backend as NativeBackend,
+    backend,
     a,
     b,
     attrs.transposeA === true,
@@ -520,15 +715,25 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
     return cpuKernel('_FusedMatMul', args);
   const backend = args.backend as NativeBackend;
   const attrs = args.attrs as Attrs;
-  let out = nativeMatMul(
-    backend,
-    a!,
-    b!,
-    attrs.transposeA === true,
-    attrs.transposeB === true,
-  );
+  const [tA, tB] = [attrs.transposeA === true, attrs.transposeB === true];
+  const activation = String(attrs.activation ?? 'linear');
+  const n = b!.shape[b!.shape.length - (tB ? 2 : 1)]!;
+  if (
+    activation === 'linear' &&
+    backend.bf16Product(a!, b!) &&
+    (bias === undefined ||
+      (bias.dtype === 'float32' &&
+        tf.util.sizeFromShape(bias.shape) === n &&
+        bias.shape[bias.shape.length - 1] === n))
+  )
+    // bf16 run, a dense layer: its bias added in the product, the output held as bf16 values
+    return nativeMatMul(backend, a!, b!, tA, tB, bias);
+  let out = nativeMatMul(backend, a!, b!, tA, tB);
+  // a bf16-only product's values are not changed in place (a float32 read would be a copy)
+  const inPlace = !backend.anyBf16Only(out);
   if (bias !== undefined) {
     if (
+      inPlace &&
       bias.dtype === 'float32' &&
       tf.util.arraysEqual(
         tf.backend_util.assertAndGetBroadcastShape(out.shape, bias.shape),
@@ -556,14 +761,13 @@ function fusedMatMulKernel(args: KernelArgs): tf.TensorInfo {
       out = sum;
     }
   }
-  const activation = String(attrs.activation ?? 'linear');
   if (activation !== 'linear') {
     const kernel = ACTIVATION_KERNEL[activation];
     if (kernel === undefined)
       throw new Error(
         `_FusedMatMul: activation ${activation} is not supported`,
       );
-    if (UNARY[kernel] !== undefined) {
+    if (inPlace && UNARY[kernel] !== undefined) {
       const o = values(backend, out);
       nativeAddon()!.unary(UNARY[kernel]!, o, o); // in place, as the bias
       return out;
@@ -622,6 +826,16 @@ function binaryKernel(name: string): tf.KernelFunc {
     const backend = args.backend as NativeBackend;
     const shape = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape);
     const out = backend.alloc(tf.util.sizeFromShape(shape));
+    if (tf.util.arraysEqual(a.shape, b.shape) && backend.anyBf16Only(a, b)) {
+      // a bf16-only operand (a layer boundary's activation or gradient): read as it is held
+      nativeAddon()!.binarySameShape(
+        op,
+        backend.f32OrBf16(a),
+        backend.f32OrBf16(b),
+        out,
+      );
+      return backend.makeTensorInfo(shape, 'float32', out);
+    }
     nativeAddon()!.binary(
       op,
       values(backend, a),
@@ -639,7 +853,16 @@ function binaryKernel(name: string): tf.KernelFunc {
 function roundBf16Kernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
+  const n = tf.util.sizeFromShape(x.shape);
+  const bf = backend.shadowBuffer(n);
+  if (bf !== undefined) {
+    // bf16: its values are bf16 values, held as such (2 bytes per element, nothing lost)
+    const held = backend.bf16OnlyValues(x);
+    if (held !== undefined) bf.set(held);
+    else nativeAddon()!.toBf16(values(backend, x), bf);
+    return backend.bf16Output(bf, x.shape);
+  }
+  const out = backend.alloc(n);
   nativeAddon()!.unary(12, values(backend, x), out); // UnaryOp::RoundBf16
   return backend.makeTensorInfo(x.shape, 'float32', out);
 }
@@ -653,7 +876,16 @@ function unaryKernel(name: string): tf.KernelFunc {
     const out = backend.alloc(tf.util.sizeFromShape(x.shape));
     const alpha =
       name === 'Step' ? Number((args.attrs as Attrs).alpha ?? 0) : 0; // Relu's gradient: dy * step(x)
-    nativeAddon()!.unary(op, values(backend, x), out, alpha);
+    if (backend.anyBf16Only(x))
+      // a bf16-only input (a product's output): widened piece by piece, never kept widened
+      backend.inPieces(
+        out.length,
+        1,
+        [x],
+        (_, __, o, [xv]) => nativeAddon()!.unary(op, xv!, o, alpha),
+        out,
+      );
+    else nativeAddon()!.unary(op, values(backend, x), out, alpha);
     return backend.makeTensorInfo(x.shape, 'float32', out);
   }) as tf.KernelFunc;
 }
@@ -694,7 +926,7 @@ function reduceKernel(name: string): tf.KernelFunc {
       nativeAddon()!.reduce(op, values(backend, x), out, 1, reduced);
     } else if (axes.every((a, i) => a === i)) {
       // the leading axes (a bias gradient's batch and time): column-wise, no transpose
-      nativeAddon()!.reduceOuter(op, values(backend, x), out, reduced, kept);
+      nativeAddon()!.reduceOuter(op, backend.f32OrBf16(x), out, reduced, kept);
     } else {
       // the reduced axes innermost: as they are, or after a transpose
       const perm = tf.backend_util.getAxesPermutation(axes, x.shape.length);
@@ -841,10 +1073,33 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
   );
   const size = tf.util.sizeFromShape(x.shape);
   const rows = cols > 0 ? size / cols : 0;
-  const y = backend.alloc(size);
   const xhat = backend.alloc(size);
   const rstd = backend.alloc(rows);
   const bf = backend.shadowBuffer(size); // bf16: y's product operand, made in the same pass
+  const epsilon = (args.attrs as Attrs).epsilon as number;
+  if (bf !== undefined) {
+    // bf16: y held as its bf16 values only (its readers are products)
+    if (size > 0)
+      nativeAddon()!.layerNormToBf16(
+        backend.f32OrBf16(x),
+        values(backend, g),
+        values(backend, b),
+        bf,
+        xhat,
+        rstd,
+        rows,
+        cols,
+        epsilon,
+      );
+    return [
+      backend.bf16Output(bf, x.shape),
+      backend.makeTensorInfo(x.shape, 'float32', xhat),
+      backend.keepFloat32(
+        backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
+      ),
+    ];
+  }
+  const y = backend.alloc(size);
   if (size > 0)
     nativeAddon()!.layerNorm(
       values(backend, x),
@@ -855,11 +1110,10 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
       rstd,
       rows,
       cols,
-      (args.attrs as Attrs).epsilon as number,
-      bf,
+      epsilon,
     );
   return [
-    backend.attachShadow(backend.makeTensorInfo(x.shape, 'float32', y), bf),
+    backend.makeTensorInfo(x.shape, 'float32', y),
     backend.makeTensorInfo(x.shape, 'float32', xhat),
     backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
   ];
@@ -879,9 +1133,9 @@ function layerNormGradKernel(args: KernelArgs): tf.TensorInfo[] {
   const dg = backend.alloc(cols);
   const db = backend.alloc(cols);
   if (size > 0)
-    nativeAddon()!.layerNormGrad(
-      values(backend, dy),
-      values(backend, xhat),
+    nativeAddon()!.layerNormGradAny(
+      backend.f32OrBf16(dy), // bf16 run: a product's input gradient, held as bf16
+      backend.f32OrBf16(xhat), // bf16 run: saved as bf16 (backend/low-precision.ts)
       values(backend, rstd),
       values(backend, g),
       dx,
@@ -961,9 +1215,29 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
     (args.attrs as Attrs).heads as number,
     CAUSAL_ATTENTION_KERNEL,
   );
-  const ctx = backend.alloc(b * t * h * dh);
+  const bf = backend.shadowBuffer(b * t * h * dh); // bf16: the next product's operand, written with ctx
+  if (bf !== undefined) {
+    // bf16: the context held as its bf16 values only (its reader is the output projection), the
+    // probabilities too (saved for the gradient, which reads them as bf16, as autocast keeps them)
+    const pBf = backend.shadowBuffer(b * h * t * t)!;
+    if (bf.length > 0)
+      nativeAddon()!.causalAttentionToBf16(
+        backend.f32OrBf16(qkv),
+        pBf,
+        b,
+        t,
+        h,
+        dh,
+        1 / Math.sqrt(dh),
+        bf,
+      );
+    return [
+      backend.bf16Output(bf, [b, t, h * dh]),
+      backend.bf16Output(pBf, [b, h, t, t]),
+    ];
+  }
   const p = backend.alloc(b * h * t * t);
-  const bf = backend.shadowBuffer(ctx.length); // bf16: the next product's operand, written with ctx
+  const ctx = backend.alloc(b * t * h * dh);
   if (ctx.length > 0)
     nativeAddon()!.causalAttention(
       values(backend, qkv),
@@ -974,14 +1248,10 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
       h,
       dh,
       1 / Math.sqrt(dh),
-      backend.precision === 'bf16',
-      bf,
+      false,
     );
   return [
-    backend.attachShadow(
-      backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
-      bf,
-    ),
+    backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
     backend.makeTensorInfo([b, h, t, t], 'float32', p),
   ];
 }
@@ -998,8 +1268,24 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
     (args.attrs as Attrs).heads as number,
     CAUSAL_ATTENTION_GRAD_KERNEL,
   );
+  const bf = backend.shadowBuffer(b * t * 3 * h * dh); // bf16: the products' dy, written with dqkv
+  if (bf !== undefined) {
+    // bf16: dqkv held as its bf16 values only (its readers are the qkv product's gradients)
+    if (bf.length > 0)
+      nativeAddon()!.causalAttentionGradToBf16(
+        backend.f32OrBf16(dy),
+        backend.f32OrBf16(qkv),
+        backend.f32OrBf16(p),
+        b,
+        t,
+        h,
+        dh,
+        1 / Math.sqrt(dh),
+        bf,
+      );
+    return backend.bf16Output(bf, qkv.shape);
+  }
   const dqkv = backend.alloc(b * t * 3 * h * dh);
-  const bf = backend.shadowBuffer(dqkv.length); // bf16: the products' dy, written with dqkv
   if (dqkv.length > 0)
     nativeAddon()!.causalAttentionGrad(
       values(backend, dy),
@@ -1011,13 +1297,9 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
       h,
       dh,
       1 / Math.sqrt(dh),
-      backend.precision === 'bf16',
-      bf,
+      false,
     );
-  return backend.attachShadow(
-    backend.makeTensorInfo(qkv.shape, 'float32', dqkv),
-    bf,
-  );
+  return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
 }
 
 /** Labels as the Int32Array the addon reads (float labels are converted). */
@@ -1082,9 +1364,15 @@ function softmaxCrossEntropyGradKernel(args: KernelArgs): tf.TensorInfo {
 function geluKernel(args: KernelArgs): tf.TensorInfo {
   const { x } = args.inputs as { x: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  const bf = backend.shadowBuffer(out.length); // bf16: its product operand, made in the same pass
-  nativeAddon()!.gelu(values(backend, x), out, bf);
+  const n = tf.util.sizeFromShape(x.shape);
+  const bf = backend.shadowBuffer(n); // bf16: its product operand, made in the same pass
+  if (bf !== undefined) {
+    // bf16: held as the bf16 values only (its readers are products)
+    nativeAddon()!.geluToBf16(backend.f32OrBf16(x), bf);
+    return backend.bf16Output(bf, x.shape);
+  }
+  const out = backend.alloc(n);
+  nativeAddon()!.gelu(values(backend, x), out);
   return backend.attachShadow(
     backend.makeTensorInfo(x.shape, 'float32', out),
     bf,
@@ -1098,13 +1386,20 @@ function geluGradKernel(args: KernelArgs): tf.TensorInfo {
     tf.util.arraysEqual(x.shape, dy.shape),
     () => `${GELU_GRAD_KERNEL}: x ${x.shape} and dy ${dy.shape} differ`,
   );
-  const out = backend.alloc(tf.util.sizeFromShape(x.shape));
-  const bf = backend.shadowBuffer(out.length); // bf16: the products' dy, made in the same pass
-  nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out, bf);
-  return backend.attachShadow(
-    backend.makeTensorInfo(x.shape, 'float32', out),
-    bf,
-  );
+  const n = tf.util.sizeFromShape(x.shape);
+  const bf = backend.shadowBuffer(n); // bf16: the products' dy, made in the same pass
+  if (bf !== undefined) {
+    // bf16: held as the bf16 values only (its readers are the products' gradients)
+    nativeAddon()!.geluGradToBf16(
+      backend.f32OrBf16(x),
+      backend.f32OrBf16(dy),
+      bf,
+    );
+    return backend.bf16Output(bf, x.shape);
+  }
+  const out = backend.alloc(n);
+  nativeAddon()!.geluGrad(values(backend, x), values(backend, dy), out);
+  return backend.makeTensorInfo(x.shape, 'float32', out);
 }
 
 function adamwKernel(args: KernelArgs): tf.TensorInfo[] {

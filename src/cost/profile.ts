@@ -12,6 +12,7 @@
  */
 
 import { initBackend } from '../backend/index.js';
+import { holdsBf16 } from '../backend/low-precision.js';
 import {
   backwardBytesProbe,
   deviceBytes,
@@ -64,6 +65,15 @@ export interface ProfileOptions {
 
 function bytesOf(shape: number[]): number {
   return sizeOf(shape) * 4; // float32 and int32
+}
+
+/**
+ * Bytes of a block boundary's activation (or its gradient) of `shape` and `dtype` as the device
+ * holds it: on a bf16 backend a float32 activation is held as its bf16 values (the boundary's
+ * rounding, backend/low-precision.ts roundActivation), 2 bytes per element; else 4.
+ */
+function boundaryBytes(shape: number[], dtype: string): number {
+  return sizeOf(shape) * (dtype === 'float32' && holdsBf16() ? 2 : 4);
 }
 
 /** Waits for asynchronous backends (webgpu) to finish the work behind `t`; a no-op cost elsewhere. */
@@ -301,8 +311,8 @@ async function profileAt(
         const kept = deviceBytes() - b0;
         const outBytes =
           i === last
-            ? bytesOf(blk.outputShape(xi.shape))
-            : bytesOf(rec.y.shape);
+            ? boundaryBytes(blk.outputShape(xi.shape), 'float32')
+            : boundaryBytes(rec.y.shape, rec.y.dtype);
         const dy = i === last ? tf.scalar(1) : tf.onesLike(rec.y);
         const b1 = deviceBytes();
         resetPeakBytes();
@@ -342,7 +352,7 @@ async function profileAt(
         mem.outBytes = outBytes;
       }
       blocks.push({
-        inBytes: bytesOf(xi.shape),
+        inBytes: boundaryBytes(xi.shape, xi.dtype),
         ...mem,
         fwdSeconds: median(fwd),
         bwdSeconds: median(bwd),

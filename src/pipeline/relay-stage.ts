@@ -27,6 +27,7 @@
 
 import { gpuQueue, makeResident } from '../backend/gpu-queue.js';
 import {
+  activationFromBf16,
   holdsBf16,
   roundTensor,
   roundToBf16,
@@ -342,9 +343,8 @@ export class RelayStage implements StageProgram {
         if (s.device) countPrivateBytes(-s.bf16.byteLength);
       }
       if (!s.device) countTransfer('h2d', s.bf16.byteLength);
-      const f32 = new Float32Array(s.bf16.length);
-      widenBf16(s.bf16, f32);
-      return tf.tensor(f32, s.shape, 'float32');
+      // held as its bf16 values where the backend can (taken over: a copy if the stash keeps them)
+      return activationFromBf16(keep ? s.bf16.slice() : s.bf16, s.shape);
     }
     if (s) {
       const host = !(s instanceof tf.Tensor);

@@ -126,7 +126,7 @@ test('a bf16 run saves float32 masters and its precision, and resumes like the u
   }
 });
 
-test('l2l bf16 ships layers and stashes in bf16: host-to-device bytes per step at most 0.55x fp32, in metrics.jsonl and summary.json (charlm-small, M=4)', {
+test('l2l bf16 ships layers and stashes in bf16: host-to-device bytes per step at most 0.55x fp32 and peak device bytes at most 0.65x, in metrics.jsonl and summary.json (charlm-small, M=4)', {
   skip,
 }, async () => {
   const { train } = await import('../train/trainer.js');
@@ -184,7 +184,12 @@ test('l2l bf16 ships layers and stashes in bf16: host-to-device bytes per step a
       bf16!.d2h < fp32!.d2h,
       `device-to-host: ${bf16!.d2h} vs ${fp32!.d2h}`,
     );
-    assert.ok(bf16!.peak < fp32!.peak, `peak: ${bf16!.peak} vs ${fp32!.peak}`);
+    // activations, their gradients and the saved tape held as bf16 (issue 23's bar: 0.65x)
+    const peakRatio = bf16!.peak / fp32!.peak;
+    assert.ok(
+      peakRatio <= 0.65,
+      `peak device bytes: bf16 ${bf16!.peak} vs fp32 ${fp32!.peak} (${peakRatio.toFixed(3)}x)`,
+    );
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
@@ -285,7 +290,8 @@ test('a numeric fault in a bf16 gpipe step is named by step, stage, block and mi
     const a = train([...common, '--steps', '2', '--lr', '0.01', '--out', out]);
     assert.equal(a.status, 0, a.stderr);
     // an absurd learning rate: the first update is finite but huge, a later forward overflows
-    const b = train(['--resume', out, '--steps', '10', '--lr', '1e6']);
+    // (at 1e6 the gradients' float32 sum of squares overflowed first, every gradient finite)
+    const b = train(['--resume', out, '--steps', '10', '--lr', '1e12']);
     assert.equal(b.status, 2, b.stderr);
     assert.match(
       b.stderr,
