@@ -32,7 +32,6 @@ import {
   roundTensor,
   roundToBf16,
   tensorFromBf16,
-  widenBf16,
 } from '../backend/low-precision.js';
 import { countPrivateBytes, countTransfer } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
