@@ -228,11 +228,7 @@ namespace {
 // [from, to) of an input held as float32 (f) or as bf16 (b, widened into buf): float32 values
 inline const float* piece(const Bf16Operand& in, int64_t from, int64_t len, float* buf) {
   if (in.f32 != nullptr) return in.f32 + from;
-#pragma omp simd
-  for (int64_t i = 0; i < len; i++) {
-    const uint32_t u = static_cast<uint32_t>(in.bf16[from + i]) << 16;
-    std::memcpy(buf + i, &u, 4);
-  }
+  fromBf16Serial(in.bf16 + from, buf, len);
   return buf;
 }
 

@@ -150,6 +150,8 @@ void toBf16(const float* src, uint16_t* dst, int64_t n);
 void toBf16Serial(const float* src, uint16_t* dst, int64_t n);
 // dst[i] = src[i] widened to float32 (exact).
 void fromBf16(const uint16_t* src, float* dst, int64_t n);
+// fromBf16 on the calling thread only (for a chunk inside another kernel's parallel loop).
+void fromBf16Serial(const uint16_t* src, float* dst, int64_t n);
 
 // The batched product of matmul() above with bf16 operands, float32 accumulation and a float32
 // C, on oneDNN's matmul primitive (one primitive per shape, built once per thread). aStride is 0
