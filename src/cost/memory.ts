@@ -107,6 +107,7 @@ function startBytes(
 ): number {
   return (
     t.params * (1 + slots) +
+    (t.paramCopies ?? 0) +
     (first ? m * t.inBytes : 0) +
     (last ? m * c.labelBytes : 0)
   );
@@ -311,6 +312,7 @@ export function localStagePeakBytes(
     t,
     { first, last, labelBytes: c.labelBytes, grads, tail, sendsInputGrad },
     t.params * (1 + shape.slots) +
+      (t.paramCopies ?? 0) +
       grads +
       m * c.labelBytes +
       (first ? m * t.inBytes : 0),
@@ -389,7 +391,11 @@ function walkRelay(
   ranges: readonly StageRange[],
   shape: RelayShape,
 ): number[] {
-  const layers: LayerBytes[] = c.blocks;
+  // a bf16 relay ships the matrices as bf16 values: 2 bytes per element instead of 4
+  const layers: LayerBytes[] = c.blocks.map((b) => ({
+    ...b,
+    loadedBytes: b.paramBytes - (b.bf16CopyBytes ?? 0),
+  }));
   const k = ranges.length;
   return ranges.map((r, d) => {
     const t: StageBytes = {

@@ -22,7 +22,7 @@ import {
 import type { Precision } from '../backend/names.js';
 import { nativeAddon } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
-import { paramKey, sizeOf } from '../model/block.js';
+import { paramKey, readByProducts, sizeOf } from '../model/block.js';
 import { initParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { DeviceOptimizer, type OptimizerConfig } from '../optim/optimizer.js';
@@ -141,6 +141,12 @@ async function profileWithBackend(
   try {
     const blocks = model.blocks.map((blk, i) => {
       const paramBytes = blk.params.reduce((s, p) => s + bytesOf(p.shape), 0);
+      // bf16: the copies the products read (parameters' cached copies, or the relay's upload)
+      const bf16CopyBytes = holdsBf16()
+        ? blk.params
+            .filter(readByProducts)
+            .reduce((s, p) => s + 2 * sizeOf(p.shape), 0)
+        : 0;
       const maxParamBytes = Math.max(
         0,
         ...blk.params.map((p) => bytesOf(p.shape)),
@@ -154,6 +160,7 @@ async function profileWithBackend(
       return {
         name: blk.name,
         paramBytes,
+        ...(bf16CopyBytes > 0 ? { bf16CopyBytes } : {}),
         maxParamBytes,
         optTransientBytes: transient,
         optSeconds: seconds,

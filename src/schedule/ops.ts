@@ -113,6 +113,8 @@ export interface SimContext {
  */
 export interface StageBytes {
   params: number;
+  /** bf16 runs: the bf16 copies of the parameters products read, besides them (0 at fp32). */
+  paramCopies?: number;
   maxParam: number;
   optTransient: number;
   inBytes: number;
@@ -133,6 +135,8 @@ export interface StageBytes {
 /** One relay layer's bytes (a block's, cost/costs.ts BlockCost). */
 export interface LayerBytes {
   paramBytes: number;
+  /** Bytes of the layer as uploaded (bf16 runs: its matrices as bf16 values); default paramBytes. */
+  loadedBytes?: number;
   maxParamBytes: number;
   inBytes: number;
   outBytes: number;
@@ -140,6 +144,9 @@ export interface LayerBytes {
   keptBytes: number;
   bwdPeakBytes: number;
 }
+
+/** Bytes of a relay layer on the device once uploaded. */
+const loadedBytes = (l: LayerBytes): number => l.loadedBytes ?? l.paramBytes;
 
 /** The running total of a memory walk over one device's action list (cost/memory.ts). */
 export interface MemoryWalk {
@@ -712,7 +719,7 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
     memory(a, w) {
       if (!w.loaded.has(a.layer)) {
         w.loaded.add(a.layer);
-        w.cur += w.layers[a.layer].paramBytes;
+        w.cur += loadedBytes(w.layers[a.layer]);
       }
     },
     cost: free,
@@ -737,7 +744,7 @@ export const OPS: { readonly [K in Op]: OpSpec<K> } = {
       return true;
     },
     memory(a, w) {
-      if (w.loaded.delete(a.layer)) w.cur -= w.layers[a.layer].paramBytes;
+      if (w.loaded.delete(a.layer)) w.cur -= loadedBytes(w.layers[a.layer]);
     },
     cost: free,
   },
