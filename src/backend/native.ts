@@ -279,69 +279,23 @@ export class NativeBackend extends MathBackendCPU {
   }
 
   /**
-   * bf16 mode: runs `kernel(from, to, out, ins)` over the output elements [0, n) in pieces of at
-   * most BF16_PIECE elements (a multiple of `step`: a row, or an example), so that bf16-only
-   * data never needs its whole float32 values at once. `out` is the piece of `output` where
-   * given (a float32 output), else a float32 scratch the kernel writes before converting it into
-   * its bf16 output. `ins` are the float32 values of `inputs` over the piece (input i's piece
-   * is [from, to) scaled by its size over n, so inputs laid out example by example, as
-   * attention's qkv and probabilities, follow the output): a view of a float32 tensor's values,
-   * or a bf16-only tensor's piece widened into a scratch of its own. The scratches are counted
-   * as device bytes while the kernel runs.
+   * Runs `f` with t's float32 values: a bf16-only tensor's widened into a scratch for the call
+   * (counted as device bytes while it runs, then back to the pool: never kept), else its own.
+   * For a kernel without a bf16 input of its own (a unary op after a product, as relu).
    */
-  inPieces(
-    n: number,
-    step: number,
-    inputs: tf.TensorInfo[],
-    kernel: (
-      from: number,
-      to: number,
-      out: Float32Array,
-      ins: Float32Array[],
-    ) => void,
-    output?: Float32Array,
-  ): void {
-    if (n === 0) return;
-    const piece = Math.max(step, Math.floor(BF16_PIECE / step) * step);
-    const len = Math.min(n, piece);
-    const ratio = inputs.map((t) => tf.util.sizeFromShape(t.shape) / n);
-    const bfs = inputs.map((t) => this.bf16Values(t.dataId));
-    const f32s = inputs.map((t, i) =>
-      bfs[i] === undefined
-        ? (this.data.get(t.dataId).values as Float32Array)
-        : undefined,
-    );
-    const lengths = [
-      ...(output === undefined ? [len] : []),
-      ...inputs.flatMap((_, i) => (bfs[i] ? [len * ratio[i]!] : [])),
-    ];
-    const scratches = lengths.map((l) => this.pool.take(l));
-    const counted = 4 * lengths.reduce((a, l) => a + l, 0);
-    countPrivateBytes(counted);
+  withFloat32<R>(t: tf.TensorInfo, f: (values: Float32Array) => R): R {
+    const bf = this.bf16Values(t.dataId);
+    if (bf === undefined)
+      return f(this.data.get(t.dataId).values as Float32Array);
+    const scratch = this.pool.take(bf.length);
+    countPrivateBytes(scratch.byteLength);
     try {
-      for (let from = 0; from < n; from += piece) {
-        const to = Math.min(n, from + piece);
-        let next = output === undefined ? 1 : 0;
-        const ins = inputs.map((_, i) => {
-          const [a, b] = [from * ratio[i]!, to * ratio[i]!];
-          const bf = bfs[i];
-          if (bf === undefined) return f32s[i]!.subarray(a, b);
-          const w = scratches[next++]!.subarray(0, b - a);
-          widenBf16(bf.subarray(a, b), w);
-          return w;
-        });
-        const out =
-          output === undefined
-            ? scratches[0]!.subarray(0, to - from)
-            : output.subarray(from, to);
-        kernel(from, to, out, ins);
-      }
+      widenBf16(bf, scratch);
+      return f(scratch);
     } finally {
-      countPrivateBytes(-counted);
-      for (const a of scratches) {
-        this.pool.hold(a);
-        this.pool.release(a);
-      }
+      countPrivateBytes(-scratch.byteLength);
+      this.pool.hold(scratch);
+      this.pool.release(scratch);
     }
   }
 
@@ -505,9 +459,6 @@ interface Bf16OnlyState {
   f32: Float32Array | null;
 }
 
-/** Elements of a bf16-only output's float32 scratch ({@link NativeBackend.inPieces}): 512 KiB. */
-const BF16_PIECE = 1 << 17;
-
 /** The most bytes of free bf16 buffers a backend keeps for reuse (not device bytes: nothing holds them). */
 const BF16_FREE_BYTES = 256 * 2 ** 20;
 
@@ -533,9 +484,11 @@ type Attrs = Record<string, unknown>;
 type KernelArgs = Parameters<tf.KernelFunc>[0];
 
 /**
- * op(a) @ op(b) for float32 a [...batchA, M, K] and b [...batchB, K, N] (op: transpose of the
- * last two axes when asked), batch axes broadcast: a new float32 tensor [...batch, M, N].
- * Throws (as the stock kernel) when the inner sizes differ or the batches do not broadcast.
+ * op(a) @ op(b) (+ bias, float32 [N], on every row) for float32 a [...batchA, M, K] and b
+ * [...batchB, K, N] (op: transpose of the last two axes when asked), batch axes broadcast: a
+ * new float32 tensor [...batch, M, N]; in a bf16 run a product with a parameter operand is held
+ * as its bf16 values (NativeBackend.bf16Product, the bias added before the rounding). Throws (as
+ * the stock kernel) when the inner sizes differ or the batches do not broadcast.
  */
 function nativeMatMul(
   backend: NativeBackend,
@@ -591,8 +544,6 @@ function nativeMatMul(
     );
     return backend.bf16Output(bf, [...outBatch, m, n]);
   }
-  if (bias !== undefined)
-    throw new Error('nativeMatMul: a bias only with a bf16 product');
   const out =
     k === 0
       ? backend.pool.takeZeroed(batch * m * n)
@@ -668,6 +619,19 @@ function nativeMatMul(
         );
       }
     }
+  }
+  if (bias !== undefined && out.length > 0) {
+    // [n] added to every row, in place: the product's output is this kernel's own new buffer
+    const shape = [...outBatch, m, n];
+    nativeAddon()!.binary(
+      BINARY.Add!,
+      out,
+      shape,
+      values(backend, bias),
+      [n],
+      out,
+      shape,
+    );
   }
   return backend.makeTensorInfo([...outBatch, m, n], 'float32', out);
 }
@@ -876,16 +840,8 @@ function unaryKernel(name: string): tf.KernelFunc {
     const out = backend.alloc(tf.util.sizeFromShape(x.shape));
     const alpha =
       name === 'Step' ? Number((args.attrs as Attrs).alpha ?? 0) : 0; // Relu's gradient: dy * step(x)
-    if (backend.anyBf16Only(x))
-      // a bf16-only input (a product's output): widened piece by piece, never kept widened
-      backend.inPieces(
-        out.length,
-        1,
-        [x],
-        (_, __, o, [xv]) => nativeAddon()!.unary(op, xv!, o, alpha),
-        out,
-      );
-    else nativeAddon()!.unary(op, values(backend, x), out, alpha);
+    // a bf16-only input (a product's output) is widened for the call, not kept widened
+    backend.withFloat32(x, (xv) => nativeAddon()!.unary(op, xv, out, alpha));
     return backend.makeTensorInfo(x.shape, 'float32', out);
   }) as tf.KernelFunc;
 }
