@@ -140,6 +140,18 @@ export class StageParams {
   }
 }
 
+/** sum(g^2) in double for a g whose float32 squares overflow: Infinity only if some |g| is. */
+async function scaledSumSquares(g: tf.Tensor): Promise<number> {
+  const m = tf.tidy(() => tf.max(tf.abs(g)));
+  const top = (await m.data())[0]!;
+  m.dispose();
+  if (!Number.isFinite(top) || top === 0) return top === 0 ? 0 : top;
+  const s = tf.tidy(() => tf.sum(tf.square(tf.div(g, top))));
+  const scaled = (await s.data())[0]!;
+  s.dispose();
+  return scaled * top * top;
+}
+
 /** Parameter gradients summed over the micro-batches of a step, by parameter key. */
 export class GradAccumulator {
   private readonly grads = new Map<string, tf.Tensor>();
@@ -205,17 +217,26 @@ export class GradAccumulator {
     return this.grads;
   }
 
-  /** Sum of squares of every accumulated element (a stage's share of the global norm); each sum read asynchronously, added in double. */
+  /**
+   * Sum of squares of every accumulated element (a stage's share of the global norm); each sum
+   * read asynchronously, added in double. A float32 sum of squares that overflows while every
+   * element is finite (|g| above 1.8e19: an absurd learning rate's step) is recomputed scaled by
+   * the largest |g| (sum((g / m)^2) m^2, in double), so only a non-finite element makes the
+   * result non-finite (Infinity, or NaN for a NaN element).
+   */
   async sumSquares(): Promise<number> {
-    const sums = [...this.grads.values()].map((g) =>
-      tf.tidy(() => tf.sum(tf.square(g))),
-    );
+    const grads = [...this.grads.values()];
+    const sums = grads.map((g) => tf.tidy(() => tf.sum(tf.square(g))));
+    let values: number[];
     try {
-      const values = await Promise.all(sums.map((t) => t.data()));
-      return values.reduce((s, v) => s + v[0]!, 0);
+      values = (await Promise.all(sums.map((t) => t.data()))).map((v) => v[0]!);
     } finally {
       tf.dispose(sums);
     }
+    let total = 0;
+    for (const [i, v] of values.entries())
+      total += v === Infinity ? await scaledSumSquares(grads[i]!) : v;
+    return total;
   }
 
   /** Frees every sum. */
