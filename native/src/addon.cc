@@ -449,30 +449,43 @@ Bf16Operand Operand(const Napi::CallbackInfo& info, size_t i, const char* what) 
   return o;
 }
 
+// A bf16 product's arguments: a and b (arguments 0 and 1, Float32Array or Uint16Array), C
+// (argument 2) and, from argument `at`, batch, aStride, bStride, m, n, k, transA, transB; the
+// sizes checked (k at least minK) and the arrays' lengths against them. Throws RangeError naming
+// `name`.
+struct ProductArgs {
+  Bf16Operand a, b;
+  int64_t batch, aStride, bStride, m, n, k;
+  bool transA, transB;
+};
+
+ProductArgs ReadProduct(const Napi::CallbackInfo& info, size_t at, int64_t minK, const std::string& name) {
+  ProductArgs p{Operand(info, 0, "a"), Operand(info, 1, "b"), I64(info, at), I64(info, at + 1), I64(info, at + 2), I64(info, at + 3),
+                I64(info, at + 4), I64(info, at + 5), info[at + 6].As<Napi::Boolean>().Value(), info[at + 7].As<Napi::Boolean>().Value()};
+  if (p.batch < 1 || p.m < 0 || p.n < 0 || p.k < minK) throw Napi::RangeError::New(info.Env(), name + ": bad sizes");
+  if ((p.aStride != 0 && p.aStride != p.m * p.k) || (p.bStride != 0 && p.bStride != p.k * p.n)) {
+    throw Napi::RangeError::New(info.Env(), name + ": aStride must be 0 or m*k, bStride 0 or k*n");
+  }
+  if (static_cast<int64_t>(Len(info, 0)) < (p.batch - 1) * p.aStride + p.m * p.k ||
+      static_cast<int64_t>(Len(info, 1)) < (p.batch - 1) * p.bStride + p.k * p.n ||
+      static_cast<int64_t>(Len(info, 2)) < p.batch * p.m * p.n) {
+    throw Napi::RangeError::New(info.Env(), name + ": an array is shorter than its matrices");
+  }
+  return p;
+}
+
 // matmulBf16To(a, b, cBf: Uint16Array, bias: Float32Array | undefined, batch, aStride, bStride, m, n, k, transA, transB):
 // as matmulBf16, C written only as its bf16 rounding, bias [n] added to every row first
 Napi::Value MatMulBf16To(const Napi::CallbackInfo& info) {
   if (info.Length() != 12) throw Napi::TypeError::New(info.Env(), "matmulBf16To takes 12 arguments");
-  const Bf16Operand a = Operand(info, 0, "a"), b = Operand(info, 1, "b");
   uint16_t* c = U16(info, 2, "cBf");
-  const int64_t batch = I64(info, 4), aStride = I64(info, 5), bStride = I64(info, 6);
-  const int64_t m = I64(info, 7), n = I64(info, 8), k = I64(info, 9);
-  const bool transA = info[10].As<Napi::Boolean>().Value(), transB = info[11].As<Napi::Boolean>().Value();
-  if (batch < 1 || m < 0 || n < 0 || k < 1) throw Napi::RangeError::New(info.Env(), "matmulBf16To: bad sizes");
-  if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) {
-    throw Napi::RangeError::New(info.Env(), "matmulBf16To: aStride must be 0 or m*k, bStride 0 or k*n");
-  }
+  const ProductArgs p = ReadProduct(info, 4, 1, "matmulBf16To");
   const float* bias = nullptr;
   if (!info[3].IsUndefined()) {
-    Need(info, 3, n, "bias");
+    Need(info, 3, p.n, "bias");
     bias = F32(info, 3, "bias");
   }
-  if (static_cast<int64_t>(Len(info, 0)) < (batch - 1) * aStride + m * k ||
-      static_cast<int64_t>(Len(info, 1)) < (batch - 1) * bStride + k * n ||
-      static_cast<int64_t>(Len(info, 2)) < batch * m * n) {
-    throw Napi::RangeError::New(info.Env(), "matmulBf16To: an array is shorter than its matrices");
-  }
-  const int s = matmulBf16To(a, b, c, bias, batch, aStride, bStride, m, n, k, transA, transB);
+  const int s = matmulBf16To(p.a, p.b, c, bias, p.batch, p.aStride, p.bStride, p.m, p.n, p.k, p.transA, p.transB);
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN bf16 matmul failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -481,22 +494,10 @@ Napi::Value MatMulBf16To(const Napi::CallbackInfo& info) {
 // a and b each a Float32Array or a Uint16Array of bf16 values, c a Float32Array
 Napi::Value MatMulBf16(const Napi::CallbackInfo& info) {
   if (info.Length() != 11) throw Napi::TypeError::New(info.Env(), "matmulBf16 takes 11 arguments");
-  const Bf16Operand a = Operand(info, 0, "a"), b = Operand(info, 1, "b");
   float* c = F32(info, 2, "c");
-  const int64_t batch = I64(info, 3), aStride = I64(info, 4), bStride = I64(info, 5);
-  const int64_t m = I64(info, 6), n = I64(info, 7), k = I64(info, 8);
-  const bool transA = info[9].As<Napi::Boolean>().Value(), transB = info[10].As<Napi::Boolean>().Value();
-  if (batch < 1 || m < 0 || n < 0 || k < 0) throw Napi::RangeError::New(info.Env(), "matmulBf16: bad sizes");
-  if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) {
-    throw Napi::RangeError::New(info.Env(), "matmulBf16: aStride must be 0 or m*k, bStride 0 or k*n");
-  }
-  if (static_cast<int64_t>(Len(info, 0)) < (batch - 1) * aStride + m * k ||
-      static_cast<int64_t>(Len(info, 1)) < (batch - 1) * bStride + k * n ||
-      static_cast<int64_t>(Len(info, 2)) < batch * m * n) {
-    throw Napi::RangeError::New(info.Env(), "matmulBf16: an array is shorter than its matrices");
-  }
+  const ProductArgs p = ReadProduct(info, 3, 0, "matmulBf16");
   std::string impl;
-  const int s = matmulBf16(a, b, c, batch, aStride, bStride, m, n, k, transA, transB, &impl);
+  const int s = matmulBf16(p.a, p.b, c, p.batch, p.aStride, p.bStride, p.m, p.n, p.k, p.transA, p.transB, &impl);
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN bf16 matmul failed with status " + std::to_string(s));
   return Napi::String::New(info.Env(), impl);
 }

@@ -252,13 +252,13 @@ void fromBf16(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
-int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
-               int64_t n, int64_t k, bool transA, bool transB, std::string* impl) {
-  if (m == 0 || n == 0) return 0;
-  if (k == 0) {
-    std::memset(c, 0, sizeof(float) * batch * m * n);
-    return 0;
-  }
+namespace {
+
+// The product behind matmulBf16 and matmulBf16To (k > 0, m and n > 0): operands converted where
+// given as float32, C written as float32 (c) or as its bf16 rounding (cBf, bias added first);
+// `impl` (if not null) gets the implementation that ran. Returns 0 or oneDNN's status.
+int bf16Product(const Bf16Operand& a, const Bf16Operand& b, float* c, uint16_t* cBf, const float* bias, int64_t batch, int64_t aStride,
+                int64_t bStride, int64_t m, int64_t n, int64_t k, bool transA, bool transB, std::string* impl) {
   if ((aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) return -1;  // dense or broadcast only
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& ctx = context();
@@ -272,9 +272,9 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
   uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
   uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
   try {
-    product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB);
+    product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB, cBf, bias);
     if (impl != nullptr)
-      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB, false, false}]
+      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB, cBf != nullptr, bias != nullptr}]
                            : "emulated: sgemm on bf16-rounded operands (" + cpuIsa() + ")";
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
@@ -282,27 +282,23 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
   return 0;
 }
 
+}  // namespace
+
+int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t batch, int64_t aStride, int64_t bStride, int64_t m,
+               int64_t n, int64_t k, bool transA, bool transB, std::string* impl) {
+  if (m == 0 || n == 0) return 0;
+  if (k == 0) {
+    std::memset(c, 0, sizeof(float) * batch * m * n);
+    return 0;
+  }
+  return bf16Product(a, b, c, nullptr, nullptr, batch, aStride, bStride, m, n, k, transA, transB, impl);
+}
+
 int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const float* bias, int64_t batch, int64_t aStride, int64_t bStride,
                  int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
   if (m == 0 || n == 0) return 0;
-  if (k == 0 || (aStride != 0 && aStride != m * k) || (bStride != 0 && bStride != k * n)) return -1;
-  const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
-  Bf16Context& ctx = context();
-  const int64_t batchA = aStride == 0 ? 1 : batch, batchB = bStride == 0 ? 1 : batch;
-  auto operand = [](const Bf16Operand& x, int64_t count, std::vector<uint16_t>& scratch) -> uint16_t* {
-    if (x.bf16 != nullptr) return const_cast<uint16_t*>(x.bf16);
-    if (static_cast<int64_t>(scratch.size()) < count) scratch.resize(static_cast<size_t>(count));
-    toBf16(x.f32, scratch.data(), count);
-    return scratch.data();
-  };
-  uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
-  uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
-  try {
-    product(ctx, av, bv, nullptr, batchA, batchB, batch, m, n, k, transA, transB, c, bias);
-  } catch (const dnnl::error& e) {
-    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
-  }
-  return 0;
+  if (k == 0) return -1;
+  return bf16Product(a, b, nullptr, c, bias, batch, aStride, bStride, m, n, k, transA, transB, nullptr);
 }
 
 int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,

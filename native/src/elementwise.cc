@@ -125,18 +125,28 @@ int64_t product(const std::vector<int64_t>& shape) {
   return p;
 }
 
-bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::vector<int64_t>& aShape,
-            const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape) {
+namespace {
+
+// Runs run(f) with BinaryOp op's element function f(x, y); false for an unknown op.
+template <typename Run>
+bool withBinaryOp(BinaryOp op, Run run) {
   switch (op) {
-    case BinaryOp::Add: binaryLoop([](float x, float y) { return x + y; }, a, b, out, aShape, bShape, outShape); return true;
-    case BinaryOp::Sub: binaryLoop([](float x, float y) { return x - y; }, a, b, out, aShape, bShape, outShape); return true;
-    case BinaryOp::Mul: binaryLoop([](float x, float y) { return x * y; }, a, b, out, aShape, bShape, outShape); return true;
-    case BinaryOp::Div: binaryLoop([](float x, float y) { return x / y; }, a, b, out, aShape, bShape, outShape); return true;
-    case BinaryOp::Max: binaryLoop([](float x, float y) { return x > y || std::isnan(x) ? x : y; }, a, b, out, aShape, bShape, outShape); return true;
-    case BinaryOp::Min: binaryLoop([](float x, float y) { return x < y || std::isnan(x) ? x : y; }, a, b, out, aShape, bShape, outShape); return true;
-    case BinaryOp::SquaredDifference: binaryLoop([](float x, float y) { return (x - y) * (x - y); }, a, b, out, aShape, bShape, outShape); return true;
+    case BinaryOp::Add: run([](float x, float y) { return x + y; }); return true;
+    case BinaryOp::Sub: run([](float x, float y) { return x - y; }); return true;
+    case BinaryOp::Mul: run([](float x, float y) { return x * y; }); return true;
+    case BinaryOp::Div: run([](float x, float y) { return x / y; }); return true;
+    case BinaryOp::Max: run([](float x, float y) { return x > y || std::isnan(x) ? x : y; }); return true;
+    case BinaryOp::Min: run([](float x, float y) { return x < y || std::isnan(x) ? x : y; }); return true;
+    case BinaryOp::SquaredDifference: run([](float x, float y) { return (x - y) * (x - y); }); return true;
   }
   return false;
+}
+
+}  // namespace
+
+bool binary(BinaryOp op, const float* a, const float* b, float* out, const std::vector<int64_t>& aShape,
+            const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape) {
+  return withBinaryOp(op, [&](auto f) { binaryLoop(f, a, b, out, aShape, bShape, outShape); });
 }
 
 bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param) {
@@ -182,6 +192,19 @@ bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param) {
 constexpr float kGeluC1 = 1.5957691216057308f;   // 2 sqrt(2 / pi)
 constexpr float kGeluC2 = 0.0713548162726009f;   // 0.044715 c1
 
+// GELU(v) and dy * GELU'(v), written once for the float32 and the bf16 kernels
+inline float geluOf(float v) {
+  const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
+  return v * s;
+}
+
+inline float geluGradOf(float v, float dy) {
+  const float v2 = v * v;
+  const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
+  const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
+  return dy * (s + du * (s - s * s));
+}
+
 // Elements per chunk of an element-wise kernel that also writes a bf16 copy: converted while
 // the chunk is in cache.
 constexpr int64_t kChunk = 1 << 14;
@@ -202,24 +225,14 @@ void chunkedWithBf16(int64_t n, const float* out, uint16_t* bf, Body body) {
 void gelu(const float* x, float* out, int64_t n, uint16_t* bf) {
   chunkedWithBf16(n, out, bf, [&](int64_t from, int64_t to) {
 #pragma omp simd
-    for (int64_t i = from; i < to; i++) {
-      const float v = x[i];
-      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
-      out[i] = v * s;
-    }
+    for (int64_t i = from; i < to; i++) out[i] = geluOf(x[i]);
   });
 }
 
 void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf) {
   chunkedWithBf16(n, dx, bf, [&](int64_t from, int64_t to) {
 #pragma omp simd
-    for (int64_t i = from; i < to; i++) {
-      const float v = x[i];
-      const float v2 = v * v;
-      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
-      const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
-      dx[i] = dy[i] * (s + du * (s - s * s));
-    }
+    for (int64_t i = from; i < to; i++) dx[i] = geluGradOf(x[i], dy[i]);
   });
 }
 
@@ -232,24 +245,33 @@ inline const float* piece(const Bf16Operand& in, int64_t from, int64_t len, floa
   return buf;
 }
 
-// body(from, to, ins..., out) over [0, n) in chunks spread over the team: the chunk's inputs as
-// float32 (widened from bf16 where held so), its float32 output in a per-thread buffer, rounded
-// into bf while in cache. No float32 copy of the whole output or inputs.
+// body(from, len, pa, pb, scratch) over [0, n) in chunks spread over the team: a's and b's chunk
+// as float32 (widened from bf16 where held so; b may be null), scratch a per-thread float32
+// buffer of a chunk. No float32 copy of a whole input.
 template <typename Body>
-void chunkedToBf16(int64_t n, const Bf16Operand& a, const Bf16Operand* b, uint16_t* bf, Body body) {
+void chunkedOperands(int64_t n, const Bf16Operand& a, const Bf16Operand* b, Body body) {
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel if (n > kParallel)
   {
-    std::vector<float> bufA(kChunk), bufB(b != nullptr ? kChunk : 0), out(kChunk);
+    std::vector<float> bufA(a.f32 != nullptr ? 0 : kChunk), bufB(b != nullptr && b->f32 == nullptr ? kChunk : 0), scratch(kChunk);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
       const int64_t from = c * kChunk, len = std::min(n, from + kChunk) - from;
       const float* pa = piece(a, from, len, bufA.data());
       const float* pb = b != nullptr ? piece(*b, from, len, bufB.data()) : nullptr;
-      body(pa, pb, out.data(), len);
-      toBf16Serial(out.data(), bf + from, len);
+      body(from, len, pa, pb, scratch.data());
     }
   }
+}
+
+// body(ins..., out, len) per chunk as chunkedOperands gives them, its float32 output rounded
+// into bf while in cache: no float32 copy of the whole output.
+template <typename Body>
+void chunkedToBf16(int64_t n, const Bf16Operand& a, const Bf16Operand* b, uint16_t* bf, Body body) {
+  chunkedOperands(n, a, b, [&](int64_t from, int64_t len, const float* pa, const float* pb, float* out) {
+    body(pa, pb, out, len);
+    toBf16Serial(out, bf + from, len);
+  });
 }
 
 }  // namespace
@@ -257,54 +279,25 @@ void chunkedToBf16(int64_t n, const Bf16Operand& a, const Bf16Operand* b, uint16
 void geluToBf16(const Bf16Operand& x, uint16_t* out, int64_t n) {
   chunkedToBf16(n, x, nullptr, out, [](const float* xv, const float*, float* o, int64_t len) {
 #pragma omp simd
-    for (int64_t i = 0; i < len; i++) {
-      const float v = xv[i];
-      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v * v)));
-      o[i] = v * s;
-    }
+    for (int64_t i = 0; i < len; i++) o[i] = geluOf(xv[i]);
   });
 }
 
 void geluGradToBf16(const Bf16Operand& x, const Bf16Operand& dy, uint16_t* dx, int64_t n) {
   chunkedToBf16(n, x, &dy, dx, [](const float* xv, const float* dyv, float* o, int64_t len) {
 #pragma omp simd
-    for (int64_t i = 0; i < len; i++) {
-      const float v = xv[i];
-      const float v2 = v * v;
-      const float s = 1.f / (1.f + fastExp(-v * (kGeluC1 + kGeluC2 * v2)));
-      const float du = v * (kGeluC1 + 3.f * kGeluC2 * v2);
-      o[i] = dyv[i] * (s + du * (s - s * s));
-    }
+    for (int64_t i = 0; i < len; i++) o[i] = geluGradOf(xv[i], dyv[i]);
   });
 }
 
 bool binarySameShape(BinaryOp op, const Bf16Operand& a, const Bf16Operand& b, float* out, int64_t n) {
-  auto run = [&](auto f) {
-    const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel if (n > kParallel)
-    {
-      std::vector<float> bufA(a.f32 != nullptr ? 0 : kChunk), bufB(b.f32 != nullptr ? 0 : kChunk);
-#pragma omp for schedule(static)
-      for (int64_t c = 0; c < chunks; c++) {
-        const int64_t from = c * kChunk, len = std::min(n, from + kChunk) - from;
-        const float* pa = piece(a, from, len, bufA.data());
-        const float* pb = piece(b, from, len, bufB.data());
-        float* o = out + from;
+  return withBinaryOp(op, [&](auto f) {
+    chunkedOperands(n, a, &b, [&](int64_t from, int64_t len, const float* pa, const float* pb, float*) {
+      float* o = out + from;
 #pragma omp simd
-        for (int64_t i = 0; i < len; i++) o[i] = f(pa[i], pb[i]);
-      }
-    }
-  };
-  switch (op) {
-    case BinaryOp::Add: run([](float x, float y) { return x + y; }); return true;
-    case BinaryOp::Sub: run([](float x, float y) { return x - y; }); return true;
-    case BinaryOp::Mul: run([](float x, float y) { return x * y; }); return true;
-    case BinaryOp::Div: run([](float x, float y) { return x / y; }); return true;
-    case BinaryOp::Max: run([](float x, float y) { return x > y || std::isnan(x) ? x : y; }); return true;
-    case BinaryOp::Min: run([](float x, float y) { return x < y || std::isnan(x) ? x : y; }); return true;
-    case BinaryOp::SquaredDifference: run([](float x, float y) { return (x - y) * (x - y); }); return true;
-  }
-  return false;
+      for (int64_t i = 0; i < len; i++) o[i] = f(pa[i], pb[i]);
+    });
+  });
 }
 
 namespace {
@@ -427,56 +420,40 @@ void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inne
 }
 
 void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
-  // out[j] = op over i < outer of x[i, j]: columns split over the team, rows streamed in order
-  const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
-#pragma omp parallel if (outer * inner > kParallel)
-  {
-    const auto [c0, c1] = myColumns(inner);
-    if (c1 > c0) {
-      std::vector<double> acc(c1 - c0);
-      for (int64_t c = c0; c < c1; c++) acc[c - c0] = sum ? 0.0 : (outer > 0 ? x[c] : (op == ReduceOp::Max ? -INFINITY : INFINITY));
-      for (int64_t i = sum ? 0 : 1; i < outer; i++) {
-        const float* row = x + i * inner;
-        double* a = acc.data() - c0;
-        if (sum) {
-#pragma omp simd
-          for (int64_t c = c0; c < c1; c++) a[c] += row[c];
-        } else if (op == ReduceOp::Max) {
-          for (int64_t c = c0; c < c1; c++) if (row[c] > a[c] || std::isnan(row[c])) a[c] = row[c];
-        } else {
-          for (int64_t c = c0; c < c1; c++) if (row[c] < a[c] || std::isnan(row[c])) a[c] = row[c];
-        }
-      }
-      for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(op == ReduceOp::Mean ? acc[c - c0] / static_cast<double>(outer) : acc[c - c0]);
-    }
-  }
+  Bf16Operand in;
+  in.f32 = x;
+  reduceOuter(op, in, out, outer, inner);
 }
 
 void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, int64_t inner) {
-  if (x.f32 != nullptr) {
-    reduceOuter(op, x.f32, out, outer, inner);
-    return;
-  }
-  // bf16 values (a bf16 run's bias gradient): each thread's columns of a row widened, then as above
+  // out[j] = op over i < outer of x[i, j]: columns split over the team, rows streamed in order
+  // (a row's columns widened first where x is bf16 values: a bf16 run's bias gradient)
   const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
 #pragma omp parallel if (outer * inner > kParallel)
   {
     const auto [c0, c1] = myColumns(inner);
     if (c1 > c0) {
-      std::vector<double> acc(c1 - c0);
-      std::vector<float> row(c1 - c0);
-      for (int64_t i = 0; i < outer; i++) {
-        piece(x, i * inner + c0, c1 - c0, row.data());
-        for (int64_t c = 0; c < c1 - c0; c++) {
-          const double v = row[c];
-          if (sum)
-            acc[c] = i == 0 ? v : acc[c] + v;
-          else if (i == 0 || (op == ReduceOp::Max ? (v > acc[c] || std::isnan(v)) : (v < acc[c] || std::isnan(v))))
-            acc[c] = v;
+      const int64_t w = c1 - c0;
+      std::vector<double> acc(w);
+      std::vector<float> buf(x.f32 != nullptr ? 0 : w);
+      if (sum || outer == 0)
+        for (int64_t c = 0; c < w; c++) acc[c] = sum ? 0.0 : (op == ReduceOp::Max ? -INFINITY : INFINITY);
+      else {
+        const float* first = piece(x, c0, w, buf.data());
+        for (int64_t c = 0; c < w; c++) acc[c] = first[c];
+      }
+      for (int64_t i = sum ? 0 : 1; i < outer; i++) {
+        const float* row = piece(x, i * inner + c0, w, buf.data());
+        double* a = acc.data();
+        if (sum) {
+#pragma omp simd
+          for (int64_t c = 0; c < w; c++) a[c] += row[c];
+        } else if (op == ReduceOp::Max) {
+          for (int64_t c = 0; c < w; c++) if (row[c] > a[c] || std::isnan(row[c])) a[c] = row[c];
+        } else {
+          for (int64_t c = 0; c < w; c++) if (row[c] < a[c] || std::isnan(row[c])) a[c] = row[c];
         }
       }
-      if (outer == 0)
-        for (int64_t c = 0; c < c1 - c0; c++) acc[c] = sum ? 0.0 : (op == ReduceOp::Max ? -INFINITY : INFINITY);
       for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(op == ReduceOp::Mean ? acc[c - c0] / static_cast<double>(outer) : acc[c - c0]);
     }
   }
