@@ -74,7 +74,7 @@ export function tensorFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
 /**
  * An activation (an L2L stash coming back to the device) of `shape` whose values are the bf16
  * values `bf` widened: as {@link tensorFromBf16}, but not taken for a parameter (so the products
- * that read it keep their kind of output: backend/native.ts productOutput). `bf` is taken over.
+ * that read it keep their kind of output: backend/native.ts bf16Product). `bf` is taken over.
  */
 export function activationFromBf16(
   bf: Uint16Array,
@@ -127,17 +127,17 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
  * (NativeBackend.bf16Saved: 2 bytes per element instead of 4, the float32 values freed unless
  * something else holds them), as autocast keeps them (issue 23 item 4): the products' operands
  * (their gradients read them only as bf16 operands anyway: the same gradients), GELU's input,
- * attention's qkv and probabilities, layer norm's xhat (their gradients read them widened
- * from bf16, in pieces). Kept float32: parameters, statistics the backend marks so (layer
+ * attention's qkv and probabilities, layer norm's xhat (their gradients read bf16 inputs as
+ * they are). Kept float32: parameters, statistics the backend marks so (layer
  * norm's rstd), and data a tensor outside the tape holds too (the stage's input). Elsewhere
  * does nothing.
  */
 export function keepSavedAtComputePrecision(
-  tape: ReadonlyArray<{ kernelName: string; saved?: tf.Tensor[] }>,
+  tape: ReadonlyArray<{ saved?: tf.Tensor[] }>,
 ): void {
   const h = holder();
   if (!h) return;
-  const readInFloat32 = new Set<tf.DataId>();
+  const heldElsewhere = new Set<tf.DataId>();
   const savedRefs = new Map<tf.DataId, number>();
   for (const node of tape)
     for (const t of node.saved ?? []) {
@@ -147,14 +147,14 @@ export function keepSavedAtComputePrecision(
   // data a tensor outside the tape holds too (the stage's input, say) stays float32 for it
   const backend = tf.backend();
   for (const [id, n] of savedRefs)
-    if (backend.refCount(id) > n) readInFloat32.add(id);
+    if (backend.refCount(id) > n) heldElsewhere.add(id);
   const copies = new Map<tf.DataId, tf.Tensor | null>();
   for (const node of tape) {
     const saved = node.saved;
     if (!saved) continue;
     saved.forEach((t, i) => {
       if (!(t instanceof tf.Tensor)) return;
-      if (readInFloat32.has(t.dataId) || t.dtype !== 'float32') return;
+      if (heldElsewhere.has(t.dataId) || t.dtype !== 'float32') return;
       let copy = copies.get(t.dataId);
       if (copy === undefined) {
         copy = h.bf16Saved(t);

@@ -190,10 +190,11 @@ export class NativeBackend extends MathBackendCPU {
   }
 
   /**
-   * A bf16-only copy ({@link fromBf16}) of `t`, an activation a product saved for its backward
+   * A bf16-only copy ({@link activationFromBf16}) of `t`, an activation saved for a backward
    * (backend/low-precision.ts keepSavedAtComputePrecision): its bf16 values, its shadow taken
-   * over where the forward's product made one, else converted now. Null for a
-   * parameter (its bf16 copy is cached per version) or a tensor already held as bf16.
+   * over where a product made one, else converted now. Null for a parameter (its bf16 copy is
+   * cached per version), a statistic kept in float32 ({@link keepFloat32}) or a tensor already
+   * held as bf16.
    */
   bf16Saved(t: tf.Tensor): tf.Tensor | null {
     if (
@@ -269,9 +270,10 @@ export class NativeBackend extends MathBackendCPU {
 
   /**
    * bf16 mode: a kernel's float32 output of `shape` held as its bf16 values `bf` only (a
-   * {@link shadowBuffer} the kernel filled, taken over), as {@link fromBf16} holds them: for the
-   * outputs whose readers are products (layer norm's y, GELU's output, attention's context),
-   * which read those bf16 values anyway, so the float32 values need not be kept.
+   * {@link shadowBuffer} the kernel filled, taken over), as {@link fromBf16} holds them: the
+   * outputs autocast holds in bf16 (a product with a parameter, layer norm's y, GELU and its
+   * gradient, attention and its gradient, the boundary rounding); products read those bf16
+   * values as they are, the element-wise kernels without widening them whole.
    */
   bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo {
     countPrivateBytes(-bf.byteLength); // counted by shadowBuffer; from now on the tensor's bytes
@@ -284,7 +286,7 @@ export class NativeBackend extends MathBackendCPU {
    * For a kernel without a bf16 input of its own (a unary op after a product, as relu).
    */
   withFloat32<R>(t: tf.TensorInfo, f: (values: Float32Array) => R): R {
-    const bf = this.bf16Values(t.dataId);
+    const bf = this.bf16OnlyValues(t);
     if (bf === undefined)
       return f(this.data.get(t.dataId).values as Float32Array);
     const scratch = this.pool.take(bf.length);
@@ -302,26 +304,20 @@ export class NativeBackend extends MathBackendCPU {
   /** t's values as a kernel that reads float32 or bf16 takes them: a bf16-only tensor's bf16 values (not widened), else its float32 values. */
   f32OrBf16(t: tf.TensorInfo): Float32Array | Uint16Array {
     return (
-      this.bf16Values(t.dataId) ??
-      (this.data.get(t.dataId).values as Float32Array)
+      this.bf16OnlyValues(t) ?? (this.data.get(t.dataId).values as Float32Array)
     );
   }
 
   /** Whether any of `ts` is bf16-only data whose float32 values have not been made. */
   anyBf16Only(...ts: tf.TensorInfo[]): boolean {
-    return ts.some((t) => this.bf16Values(t.dataId) !== undefined);
+    return ts.some((t) => this.bf16OnlyValues(t) !== undefined);
   }
 
   /** t's bf16 values if t is bf16-only data whose float32 values have not been made (read only), else undefined. */
   bf16OnlyValues(t: tf.TensorInfo): Uint16Array | undefined {
-    return this.bf16Values(t.dataId);
-  }
-
-  /** A bf16-only tensor's bf16 values while its float32 values have not been made; else undefined. */
-  private bf16Values(id: tf.DataId): Uint16Array | undefined {
-    const lazy = this.bf16Only.get(id);
+    const lazy = this.bf16Only.get(t.dataId);
     return lazy !== undefined && !lazy.widened
-      ? this.bf16Params.get(id)
+      ? this.bf16Params.get(t.dataId)
       : undefined;
   }
 
@@ -369,20 +365,13 @@ export class NativeBackend extends MathBackendCPU {
   }
 
   /**
-   * bf16 mode: a buffer for a kernel to write its output's bf16 copy into while it writes the
-   * float32 values (counted now, under the budget); attach it with {@link attachShadow}.
-   * Undefined at fp32 (the kernels' optional argument, left out).
+   * bf16 mode: a buffer for a kernel to write its output's bf16 values into (counted now, under
+   * the budget), to become the output with {@link bf16Output}. Undefined at fp32.
    */
   shadowBuffer(length: number): Uint16Array | undefined {
     if (this.precision !== 'bf16' || length === 0) return undefined;
     countPrivateBytes(2 * length);
     return this.takeBf16(length);
-  }
-
-  /** Attaches a {@link shadowBuffer} the kernel filled as the shadow of its output `out`. */
-  attachShadow(out: tf.TensorInfo, bf: Uint16Array | undefined): tf.TensorInfo {
-    if (bf !== undefined) this.shadows.set(out.dataId, bf);
-    return out;
   }
 
   private dropShadow(id: tf.DataId): void {
@@ -1033,6 +1022,7 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
   const rstd = backend.alloc(rows);
   const bf = backend.shadowBuffer(size); // bf16: y's product operand, made in the same pass
   const epsilon = (args.attrs as Attrs).epsilon as number;
+  let y: tf.TensorInfo;
   if (bf !== undefined) {
     // bf16: y held as its bf16 values only (its readers are products)
     if (size > 0)
@@ -1047,31 +1037,29 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
         cols,
         epsilon,
       );
-    return [
-      backend.bf16Output(bf, x.shape),
-      backend.makeTensorInfo(x.shape, 'float32', xhat),
-      backend.keepFloat32(
-        backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
-      ),
-    ];
+    y = backend.bf16Output(bf, x.shape);
+  } else {
+    const yv = backend.alloc(size);
+    if (size > 0)
+      nativeAddon()!.layerNorm(
+        values(backend, x),
+        values(backend, g),
+        values(backend, b),
+        yv,
+        xhat,
+        rstd,
+        rows,
+        cols,
+        epsilon,
+      );
+    y = backend.makeTensorInfo(x.shape, 'float32', yv);
   }
-  const y = backend.alloc(size);
-  if (size > 0)
-    nativeAddon()!.layerNorm(
-      values(backend, x),
-      values(backend, g),
-      values(backend, b),
-      y,
-      xhat,
-      rstd,
-      rows,
-      cols,
-      epsilon,
-    );
   return [
-    backend.makeTensorInfo(x.shape, 'float32', y),
+    y,
     backend.makeTensorInfo(x.shape, 'float32', xhat),
-    backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
+    backend.keepFloat32(
+      backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
+    ),
   ];
 }
 
@@ -1329,10 +1317,7 @@ function geluKernel(args: KernelArgs): tf.TensorInfo {
   }
   const out = backend.alloc(n);
   nativeAddon()!.gelu(values(backend, x), out);
-  return backend.attachShadow(
-    backend.makeTensorInfo(x.shape, 'float32', out),
-    bf,
-  );
+  return backend.makeTensorInfo(x.shape, 'float32', out);
 }
 
 function geluGradKernel(args: KernelArgs): tf.TensorInfo {

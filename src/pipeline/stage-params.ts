@@ -145,7 +145,7 @@ async function scaledSumSquares(g: tf.Tensor): Promise<number> {
   const m = tf.tidy(() => tf.max(tf.abs(g)));
   const top = (await m.data())[0]!;
   m.dispose();
-  if (!Number.isFinite(top) || top === 0) return top === 0 ? 0 : top;
+  if (top === 0 || !Number.isFinite(top)) return top;
   const s = tf.tidy(() => tf.sum(tf.square(tf.div(g, top))));
   const scaled = (await s.data())[0]!;
   s.dispose();
