@@ -209,6 +209,11 @@ inline float geluGradOf(float v, float dy) {
 // the chunk is in cache.
 constexpr int64_t kChunk = 1 << 14;
 
+// Elements per block of a kernel that reads or writes bf16 (chunkedOperands): widened, computed
+// and rounded while the block's float32 values are in L1 (4 KiB). Blocks the size of kChunk
+// (64 KiB, out of L1) made the bf16 kernels up to 1.7x slower than their float32 twins.
+constexpr int64_t kBlock = 1 << 10;
+
 // Runs body(from, to) over [0, n) in chunks spread over the team, each chunk's out[from, to)
 // then rounded into bf (when not null) while it is in cache.
 template <typename Body>
@@ -250,13 +255,13 @@ inline const float* piece(const Bf16Operand& in, int64_t from, int64_t len, floa
 // buffer of a chunk. No float32 copy of a whole input.
 template <typename Body>
 void chunkedOperands(int64_t n, const Bf16Operand& a, const Bf16Operand* b, Body body) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int64_t chunks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel if (n > kParallel)
   {
-    std::vector<float> bufA(a.f32 != nullptr ? 0 : kChunk), bufB(b != nullptr && b->f32 == nullptr ? kChunk : 0), scratch(kChunk);
+    std::vector<float> bufA(a.f32 != nullptr ? 0 : kBlock), bufB(b != nullptr && b->f32 == nullptr ? kBlock : 0), scratch(kBlock);
 #pragma omp for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
-      const int64_t from = c * kChunk, len = std::min(n, from + kChunk) - from;
+      const int64_t from = c * kBlock, len = std::min(n, from + kBlock) - from;
       const float* pa = piece(a, from, len, bufA.data());
       const float* pb = b != nullptr ? piece(*b, from, len, bufB.data()) : nullptr;
       body(from, len, pa, pb, scratch.data());
