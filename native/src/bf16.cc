@@ -115,7 +115,8 @@ void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, i
              bool transB);
 
 // Per-thread scratch of the attention kernels: bf16 q, k, v [3, B, H, T, dh], a bf16 [B, H, T, dh]
-// or [B, H, T, T] operand, and float32 products [B, H, T, dh] x3 and [B, H, T, T].
+// or [B, H, T, T] operand, and float32 products [B, H, T, dh] x3 and [B, H, T, T] (square: dP;
+// wideP: the scores when P is kept only as bf16).
 struct AttentionScratch {
   std::vector<uint16_t> qkv, x, y;
   std::vector<float> f[3], square, wideP;
@@ -312,11 +313,15 @@ int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t ba
     // q, k, v converted and laid out per head, so every product is one dense batched primitive
     uint16_t* x = grow(w.qkv, 3 * n);
     splitHeadsBf16(qkv, x, B, T, H, dh);
-    if (p == nullptr) p = grow(w.wideP, BH * T * T);     // P kept only as bf16 (pBf)
-    batched(c, x, x + n, p, BH, T, T, dh, false, true);  // scores = q k^T [BH, T, T]
-    causalSoftmax(p, p, BH, T, scale);                    // float32, in place
+    float* scores = p != nullptr ? p : grow(w.wideP, BH * T * T);  // P kept only as bf16 (pBf) when p is null
+    batched(c, x, x + n, scores, BH, T, T, dh, false, true);        // scores = q k^T [BH, T, T]
     uint16_t* pb = pBf != nullptr ? pBf : grow(w.x, BH * T * T);
-    toBf16(p, pb, BH * T * T);
+    if (p != nullptr) {
+      causalSoftmax(p, p, BH, T, scale);  // float32, in place
+      toBf16(p, pb, BH * T * T);
+    } else {
+      causalSoftmaxToBf16(scores, pb, BH, T, scale);  // row by row, rounded while in L1
+    }
     float* y = grow(w.f[0], n);
     batched(c, pb, x + 2 * n, y, BH, T, dh, T, false, false);  // P v [BH, T, dh]
     headsBack(y, ctx, B, T, H, dh, H * dh, ctxBf);             // -> ctx [B, T, H, dh]
@@ -350,14 +355,8 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
     float* ds = grow(w.square, BH * T * T);
     batched(c, pb, dc, dv, BH, T, dh, T, true, false);         // dv = P^T dctx
     batched(c, dc, x + 2 * n, ds, BH, T, T, dh, false, true);  // dP = dctx v^T
-    const float* pf = p.f32;  // P as float32: held so, or widened
-    if (pf == nullptr) {
-      float* wide = grow(w.wideP, BH * T * T);
-      fromBf16(p.bf16, wide, BH * T * T);
-      pf = wide;
-    }
-    softmaxGrad(pf, ds, ds, BH * T, T, scale);  // dscores, float32
-    toBf16(ds, sq, BH * T * T);                                // P's bf16 copy is done with
+    // dscores as bf16 into sq (P's bf16 copy there, if converted, is done with), row by row
+    softmaxGradToBf16(p.f32 != nullptr ? p : Bf16Operand{nullptr, pb}, ds, sq, BH * T, T, scale);
     batched(c, sq, x + n, dq, BH, T, dh, T, false, false);     // dq = dscores k
     batched(c, sq, x, dk, BH, T, dh, T, true, false);          // dk = dscores^T q
     headsBack(dq, dqkv, B, T, H, dh, 3 * D, dqkvBf);

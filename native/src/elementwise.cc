@@ -530,37 +530,72 @@ void softmax(const float* x, float* out, int64_t rows, int64_t cols) {
   }
 }
 
+namespace {
+
+// Row i of the causal softmax: o[0..i] = softmax(scale in[0..i]), o[i+1..t) = 0; o may be in.
+// The max and the sum are vectorized reductions (the sum in double, as before).
+inline void causalSoftmaxRow(const float* in, float* o, int64_t i, int64_t t, float scale) {
+  float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j <= i; j++) m = std::max(m, in[j] * scale);
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j <= i; j++) {
+    const float e = fastExp(in[j] * scale - m);
+    o[j] = e;
+    s += e;
+  }
+  const float inv = static_cast<float>(1.0 / s);
+#pragma omp simd
+  for (int64_t j = 0; j <= i; j++) o[j] *= inv;
+  for (int64_t j = i + 1; j < t; j++) o[j] = 0.f;
+}
+
+// One row of the softmax gradient: o = scale y (dy - sum(dy y)); o may be dy.
+inline void softmaxGradRow(const float* yr, const float* dr, float* o, int64_t cols, float scale) {
+  double dot = 0;
+#pragma omp simd reduction(+ : dot)
+  for (int64_t j = 0; j < cols; j++) dot += static_cast<double>(dr[j]) * yr[j];
+  const float d = static_cast<float>(dot);
+#pragma omp simd
+  for (int64_t j = 0; j < cols; j++) o[j] = scale * yr[j] * (dr[j] - d);
+}
+
+}  // namespace
+
 void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float scale) {
 #pragma omp parallel for schedule(static) if (batch * t * t > kParallel && batch * t > 1)
-  for (int64_t r = 0; r < batch * t; r++) {
-    const int64_t i = r % t;  // query position: keys 0..i are visible
-    const float* in = x + r * t;
-    float* o = out + r * t;
-    float m = -INFINITY;
-    for (int64_t j = 0; j <= i; j++) m = std::max(m, in[j] * scale);
-    double s = 0;
-    for (int64_t j = 0; j <= i; j++) {
-      o[j] = fastExp(in[j] * scale - m);
-      s += o[j];
+  for (int64_t r = 0; r < batch * t; r++) causalSoftmaxRow(x + r * t, out + r * t, r % t, t, scale);
+}
+
+void causalSoftmaxToBf16(const float* x, uint16_t* out, int64_t batch, int64_t t, float scale) {
+#pragma omp parallel if (batch * t * t > kParallel && batch * t > 1)
+  {
+    std::vector<float> row(static_cast<size_t>(t));  // this thread's row, rounded while in L1
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < batch * t; r++) {
+      causalSoftmaxRow(x + r * t, row.data(), r % t, t, scale);
+      toBf16Serial(row.data(), out + r * t, t);
     }
-    const float inv = static_cast<float>(1.0 / s);
-    for (int64_t j = 0; j <= i; j++) o[j] *= inv;
-    for (int64_t j = i + 1; j < t; j++) o[j] = 0.f;
   }
 }
 
 void softmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, float scale) {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
-  for (int64_t r = 0; r < rows; r++) {
-    const float* yr = y + r * cols;
-    const float* dr = dy + r * cols;
-    double dot = 0;
-#pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j < cols; j++) dot += static_cast<double>(dr[j]) * yr[j];
-    const float d = static_cast<float>(dot);
-    float* o = dx + r * cols;
-#pragma omp simd
-    for (int64_t j = 0; j < cols; j++) o[j] = scale * yr[j] * (dr[j] - d);
+  for (int64_t r = 0; r < rows; r++) softmaxGradRow(y + r * cols, dy + r * cols, dx + r * cols, cols, scale);
+}
+
+void softmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int64_t rows, int64_t cols, float scale) {
+#pragma omp parallel if (rows * cols > kParallel && rows > 1)
+  {
+    std::vector<float> wide(y.f32 != nullptr ? 0 : static_cast<size_t>(cols)), row(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* yr = y.f32 != nullptr ? y.f32 + r * cols : wide.data();
+      if (y.f32 == nullptr) fromBf16Serial(y.bf16 + r * cols, wide.data(), cols);
+      softmaxGradRow(yr, dy + r * cols, row.data(), cols, scale);
+      toBf16Serial(row.data(), dx + r * cols, cols);
+    }
   }
 }
 
