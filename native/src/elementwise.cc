@@ -377,12 +377,15 @@ void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* 
       const float* d = piece(dy, r * cols, cols, dyBuf.data());
       const float* xh = piece(xhat, r * cols, cols, xhBuf.data());
       double m1 = 0, m2 = 0;
+      double* pgr = pg.data();
+      double* pbr = pb.data();
+#pragma omp simd reduction(+ : m1, m2)
       for (int64_t i = 0; i < cols; i++) {
         const float dxh = d[i] * g[i];
         m1 += dxh;
         m2 += static_cast<double>(dxh) * xh[i];
-        pg[i] += static_cast<double>(d[i]) * xh[i];
-        pb[i] += d[i];
+        pgr[i] += static_cast<double>(d[i]) * xh[i];
+        pbr[i] += d[i];
       }
       const float a = static_cast<float>(m1 / static_cast<double>(cols));
       const float c = static_cast<float>(m2 / static_cast<double>(cols));
