@@ -198,15 +198,15 @@ Napi::Value BinarySameShape(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// layerNormToBf16(x: Float32Array | Uint16Array, g, b, yBf: Uint16Array, xhat, rstd, rows, cols, epsilon)
+// layerNormToBf16(x: Float32Array | Uint16Array, g, b, yBf: Uint16Array, xhatBf: Uint16Array, rstd, rows, cols, epsilon)
 Napi::Value LayerNormToBf16(const Napi::CallbackInfo& info) {
   const int64_t rows = I64(info, 6), cols = I64(info, 7);
   Need(info, 1, cols, "g");
   Need(info, 2, cols, "b");
   Need(info, 3, rows * cols, "yBf");
-  Need(info, 4, rows * cols, "xhat");
+  Need(info, 4, rows * cols, "xhatBf");
   Need(info, 5, rows, "rstd");
-  layerNormToBf16(AnyOperand(info, 0, rows * cols, "x"), F32(info, 1, "g"), F32(info, 2, "b"), U16(info, 3, "yBf"), F32(info, 4, "xhat"),
+  layerNormToBf16(AnyOperand(info, 0, rows * cols, "x"), F32(info, 1, "g"), F32(info, 2, "b"), U16(info, 3, "yBf"), U16(info, 4, "xhatBf"),
                   F32(info, 5, "rstd"), rows, cols, static_cast<float>(F64(info, 8)));
   return info.Env().Undefined();
 }

@@ -309,12 +309,13 @@ namespace {
 
 // Layer norm of rows [x, xhat, rstd as in layerNorm], x's rows as float32 or bf16; y's row r
 // goes to yRow(r, values) (float32 values of a thread's row buffer, valid during the call).
+// xhat's row written into xhat (float32) or, where xhat is null, rounded into xhatBf
 template <typename YRow>
-void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* xhat, float* rstd, int64_t rows, int64_t cols, float epsilon,
-                   YRow yRow) {
+void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* xhat, uint16_t* xhatBf, float* rstd, int64_t rows, int64_t cols,
+                   float epsilon, YRow yRow) {
 #pragma omp parallel if (rows * cols > kParallel && rows > 1)
   {
-    std::vector<float> inBuf(x.f32 != nullptr ? 0 : cols), outBuf(cols);
+    std::vector<float> inBuf(x.f32 != nullptr ? 0 : cols), outBuf(cols), xhBuf(xhat != nullptr ? 0 : cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const float* in = piece(x, r * cols, cols, inBuf.data());
@@ -327,13 +328,14 @@ void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* 
       for (int64_t i = 0; i < cols; i++) q += static_cast<double>(in[i] - mean) * (in[i] - mean);
       const float rs = 1.f / std::sqrt(static_cast<float>(q / static_cast<double>(cols)) + epsilon);
       rstd[r] = rs;
-      float* xh = xhat + r * cols;
+      float* xh = xhat != nullptr ? xhat + r * cols : xhBuf.data();
       float* o = outBuf.data();
 #pragma omp simd
       for (int64_t i = 0; i < cols; i++) {
         xh[i] = (in[i] - mean) * rs;
         o[i] = xh[i] * g[i] + b[i];
       }
+      if (xhat == nullptr) toBf16Serial(xh, xhatBf + r * cols, cols);
       yRow(r, o);
     }
   }
@@ -345,15 +347,15 @@ void layerNorm(const float* x, const float* g, const float* b, float* y, float* 
                float epsilon, uint16_t* bf) {
   Bf16Operand in;
   in.f32 = x;
-  layerNormRows(in, g, b, xhat, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) {
+  layerNormRows(in, g, b, xhat, nullptr, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) {
     std::memcpy(y + r * cols, o, sizeof(float) * cols);
     if (bf != nullptr) toBf16Serial(o, bf + r * cols, cols);
   });
 }
 
-void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-                     float epsilon) {
-  layerNormRows(x, g, b, xhat, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) { toBf16Serial(o, y + r * cols, cols); });
+void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, uint16_t* xhat, float* rstd, int64_t rows,
+                     int64_t cols, float epsilon) {
+  layerNormRows(x, g, b, nullptr, xhat, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) { toBf16Serial(o, y + r * cols, cols); });
 }
 
 void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,

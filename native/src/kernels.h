@@ -71,9 +71,10 @@ void layerNorm(const float* x, const float* g, const float* b, float* y, float* 
 void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
                    int64_t rows, int64_t cols);
 // The same with x / dy and xhat held as float32 or bf16 (read row by row, never widened whole);
-// layerNormToBf16 writes y only as its bf16 rounding (the same values as layerNorm's bf).
-void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-                     float epsilon);
+// layerNormToBf16 writes y and xhat only as their bf16 roundings (y the same values as layerNorm's
+// bf; xhat as the bf16 run keeps it for the gradient).
+void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, uint16_t* xhat, float* rstd, int64_t rows,
+                     int64_t cols, float epsilon);
 void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
                    int64_t rows, int64_t cols);
 

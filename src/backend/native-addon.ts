@@ -154,13 +154,13 @@ export interface NativeAddon {
     b: Float32Array | Uint16Array,
     out: Float32Array,
   ): void;
-  /** layerNorm with x float32 or bf16 values, y written only as its bf16 rounding into `yBf`. */
+  /** layerNorm with x float32 or bf16 values, y and xhat written only as their bf16 roundings into `yBf` and `xhatBf`. */
   layerNormToBf16(
     x: Float32Array | Uint16Array,
     g: Float32Array,
     b: Float32Array,
     yBf: Uint16Array,
-    xhat: Float32Array,
+    xhatBf: Uint16Array,
     rstd: Float32Array,
     rows: number,
     cols: number,

@@ -1018,27 +1018,31 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
   );
   const size = tf.util.sizeFromShape(x.shape);
   const rows = cols > 0 ? size / cols : 0;
-  const xhat = backend.alloc(size);
   const rstd = backend.alloc(rows);
   const bf = backend.shadowBuffer(size); // bf16: y's product operand, made in the same pass
   const epsilon = (args.attrs as Attrs).epsilon as number;
   let y: tf.TensorInfo;
+  let xhat: tf.TensorInfo;
   if (bf !== undefined) {
-    // bf16: y held as its bf16 values only (its readers are products)
+    // bf16: y held as its bf16 values only (its readers are products), xhat too (saved for the
+    // gradient, which reads it as bf16: what keepSavedAtComputePrecision would convert it to)
+    const xhatBf = backend.shadowBuffer(size)!;
     if (size > 0)
       nativeAddon()!.layerNormToBf16(
         backend.f32OrBf16(x),
         values(backend, g),
         values(backend, b),
         bf,
-        xhat,
+        xhatBf,
         rstd,
         rows,
         cols,
         epsilon,
       );
     y = backend.bf16Output(bf, x.shape);
+    xhat = backend.bf16Output(xhatBf, x.shape);
   } else {
+    const xv = backend.alloc(size);
     const yv = backend.alloc(size);
     if (size > 0)
       nativeAddon()!.layerNorm(
@@ -1046,17 +1050,18 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
         values(backend, g),
         values(backend, b),
         yv,
-        xhat,
+        xv,
         rstd,
         rows,
         cols,
         epsilon,
       );
     y = backend.makeTensorInfo(x.shape, 'float32', yv);
+    xhat = backend.makeTensorInfo(x.shape, 'float32', xv);
   }
   return [
     y,
-    backend.makeTensorInfo(x.shape, 'float32', xhat),
+    xhat,
     backend.keepFloat32(
       backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
     ),
