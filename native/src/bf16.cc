@@ -1,6 +1,6 @@
 // bfloat16 compute (Kalamkar et al., 2019, "A Study of BFLOAT16 for Deep Learning Training"):
-// float32 to bf16 conversion, and the batched matrix product on oneDNN's bf16 matmul primitive
-// (bf16 operands, float32 accumulation and float32 output). Why not the f32 matmul with
+// float32 to bf16 conversion, the batched matrix product on oneDNN's bf16 matmul primitive
+// (bf16 operands, float32 accumulation, float32 or bf16 output) and attention's products on it. Why not the f32 matmul with
 // fpmath_mode::bf16: oneDNN 2.6.3 still runs its f32 kernel then (measured); and why not its
 // f32-to-bf16 reorder: it is several times slower than the vectorised loop below. On a CPU
 // without avx512_bf16 or AMX the products are emulated (see product()): same numbers, f32 speed.
@@ -74,6 +74,8 @@ struct Bf16Context {
   std::map<Key, dnnl::matmul> primitives;
   std::map<Key, std::string> impls;
   std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
+  // attention's strided products (stridedProduct), by their operands' dims, strides and type
+  std::map<std::vector<int64_t>, dnnl::matmul> strided;
 };
 
 Bf16Context& context() {
@@ -109,71 +111,72 @@ dnnl::matmul& primitive(Bf16Context& ctx, int64_t batchA, int64_t batchB, int64_
   return ctx.primitives.emplace(key, dnnl::matmul(pd)).first->second;
 }
 
-// Runs the cached batched product c[i] = op(a[i]) op(b[i]) on dense bf16 batches (attention's
-// per-(batch, head) products as one primitive). Throws dnnl::error.
-void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-             bool transB);
-
-// Per-thread scratch of the attention kernels: bf16 q, k, v [3, B, H, T, dh], a bf16 [B, H, T, dh]
-// or [B, H, T, T] operand, and float32 products [B, H, T, dh] x3 and [B, H, T, T] (square: dP;
-// wideP: the scores when P is kept only as bf16).
-struct AttentionScratch {
-  std::vector<uint16_t> qkv, x, y;
-  std::vector<float> f[3], square, wideP;
-};
-
 template <typename T>
 T* grow(std::vector<T>& v, int64_t n) {
   if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   return v.data();
 }
 
-// n elements of an input held as float32 or bf16 (x), from element `at`, as bf16 into out
-inline void segmentBf16(const Bf16Operand& x, int64_t at, uint16_t* out, int64_t n) {
-  if (x.bf16 != nullptr)
-    std::memcpy(out, x.bf16 + at, sizeof(uint16_t) * n);
-  else
-    convertChunk(x.f32 + at, out, n);
+// A 4-D view [B, H, rows, cols] into a buffer: its dims and element strides. Attention's
+// per-(batch, head) operands are such views: q, k and v read in place from qkv [B, T, 3, H, dh]
+// (row stride 3 H dh), the context and its gradient in place in [B, T, H, dh], and the
+// scores / probabilities dense [B, H, T, T] (transposed: the last two strides swapped).
+struct View {
+  dnnl::memory::dims dims, strides;
+};
+
+View headsOf(int64_t B, int64_t H, int64_t T, int64_t dh, int64_t rowStride, bool transposed = false) {
+  return transposed ? View{{B, H, dh, T}, {T * rowStride, dh, 1, rowStride}} : View{{B, H, T, dh}, {T * rowStride, dh, rowStride, 1}};
 }
 
-// qkv [B, T, 3, H, dh] (float32 or bf16) -> [3, B, H, T, dh] bf16 (q, k, v each dense per head)
-void splitHeadsBf16(const Bf16Operand& qkv, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
-  const int64_t D = H * dh;
-#pragma omp parallel for schedule(static) if (3 * B * T * D > kSerialCopy)
-  for (int64_t bt = 0; bt < B * T; bt++) {
-    const int64_t b = bt / T, t = bt % T;
-    for (int64_t s = 0; s < 3; s++)
-      for (int64_t h = 0; h < H; h++) segmentBf16(qkv, (bt * 3 + s) * D + h * dh, out + (((s * B + b) * H + h) * T + t) * dh, dh);
-  }
+View squareOf(int64_t B, int64_t H, int64_t T, bool transposed = false) {
+  return View{{B, H, T, T}, {H * T * T, T * T, transposed ? 1 : T, transposed ? T : 1}};
 }
 
-// x [B, T, H, dh] (float32 or bf16) -> [B, H, T, dh] bf16
-void headsFirstBf16(const Bf16Operand& x, uint16_t* out, int64_t B, int64_t T, int64_t H, int64_t dh) {
-  const int64_t D = H * dh;
-#pragma omp parallel for schedule(static) if (B * T * D > kSerialCopy)
-  for (int64_t bt = 0; bt < B * T; bt++) {
-    const int64_t b = bt / T, t = bt % T;
-    for (int64_t h = 0; h < H; h++) segmentBf16(x, bt * D + h * dh, out + ((b * H + h) * T + t) * dh, dh);
+// c = a b per (batch, head) on views (float32 c): oneDNN's matmul on bf16 a and b where the CPU
+// has bf16 products, else (emulated) its f32 matmul on a and b widened (aw, bw: the same views
+// into float32 copies of the buffers). Built once per views and type. Throws dnnl::error.
+void stridedProduct(Bf16Context& ctx, const View& a, const uint16_t* ab, const float* aw, const View& b, const uint16_t* bb,
+                    const float* bw, const View& c, float* cp) {
+  const bool bf = nativeBf16();
+  using dt = dnnl::memory::data_type;
+  const dt in = bf ? dt::bf16 : dt::f32;
+  std::vector<int64_t> key{bf ? 1 : 0};
+  for (const View* v : {&a, &b, &c}) {
+    key.insert(key.end(), v->dims.begin(), v->dims.end());
+    key.insert(key.end(), v->strides.begin(), v->strides.end());
   }
+  const dnnl::memory::desc ad(a.dims, in, a.strides), bd(b.dims, in, b.strides), cd(c.dims, dt::f32, c.strides);
+  auto it = ctx.strided.find(key);
+  if (it == ctx.strided.end()) it = ctx.strided.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), ctx.engine))).first;
+  void* ap = bf ? static_cast<void*>(const_cast<uint16_t*>(ab)) : static_cast<void*>(const_cast<float*>(aw));
+  void* bp = bf ? static_cast<void*>(const_cast<uint16_t*>(bb)) : static_cast<void*>(const_cast<float*>(bw));
+  it->second.execute(ctx.stream, {{DNNL_ARG_SRC, dnnl::memory(ad, ctx.engine, ap)},
+                                  {DNNL_ARG_WEIGHTS, dnnl::memory(bd, ctx.engine, bp)},
+                                  {DNNL_ARG_DST, dnnl::memory(cd, ctx.engine, cp)}});
+  ctx.stream.wait();
 }
 
-// y [B, H, T, dh] float32 -> its place in out, rows of `stride` floats: out[(b, t) row][h * dh ..];
-// with outBf (same layout as out), also its bf16 rounding there, segment by segment; out may be
-// null (only the bf16 rounding is written)
-void headsBack(const float* y, float* out, int64_t B, int64_t T, int64_t H, int64_t dh, int64_t stride, uint16_t* outBf = nullptr) {
-#pragma omp parallel for schedule(static) if (B * T * H * dh > kSerialCopy)
-  for (int64_t bt = 0; bt < B * T; bt++) {
-    const int64_t b = bt / T, t = bt % T;
-    for (int64_t h = 0; h < H; h++) {
-      const float* from = y + ((b * H + h) * T + t) * dh;
-      if (out != nullptr) {
-        float* o = out + bt * stride + h * dh;
-        std::memcpy(o, from, sizeof(float) * dh);
-        from = o;
-      }
-      if (outBf != nullptr) convertChunk(from, outBf + bt * stride + h * dh, dh);
-    }
-  }
+// Per-thread scratch of the attention kernels: bf16 copies of float32 inputs (qkv, dctx, P) and
+// the dscores, float32 scores / dP [B, H, T, T], a float32 [B, T, 3, H, dh] or [B, T, H, dh]
+// output, and (emulated) float32 widenings of the products' bf16 operands.
+struct AttentionScratch {
+  std::vector<uint16_t> qkv, dctx, square;
+  std::vector<float> scores, out, wideQkv, wideDctx, wideSquare;
+};
+
+// An input's bf16 values: as held, or converted into scratch
+const uint16_t* bf16Of(const Bf16Operand& x, int64_t n, std::vector<uint16_t>& scratch) {
+  if (x.bf16 != nullptr) return x.bf16;
+  toBf16(x.f32, grow(scratch, n), n);
+  return scratch.data();
+}
+
+// bf16 values widened for the emulated products (null where the CPU has bf16 products)
+const float* emulated(const uint16_t* bf, int64_t n, std::vector<float>& wide) {
+  if (nativeBf16()) return nullptr;
+  fromBf16(bf, grow(wide, n), n);
+  return wide.data();
 }
 
 // c = op(a) op(b) on bf16 operands (batchA, batchB: 1 or batch), float32 accumulation and c:
@@ -209,10 +212,6 @@ void product(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, i
   ctx.stream.wait();
 }
 
-void batched(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA,
-             bool transB) {
-  product(ctx, a, b, c, batch, batch, batch, m, n, k, transA, transB);
-}
 
 }  // namespace
 
@@ -308,23 +307,26 @@ int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t ba
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
   thread_local AttentionScratch w;
-  const int64_t B = batch, H = heads, T = t, BH = B * H, n = BH * T * dh;
+  const int64_t B = batch, H = heads, T = t, D = H * dh, L = 3 * D;
   try {
-    // q, k, v converted and laid out per head, so every product is one dense batched primitive
-    uint16_t* x = grow(w.qkv, 3 * n);
-    splitHeadsBf16(qkv, x, B, T, H, dh);
-    float* scores = p != nullptr ? p : grow(w.wideP, BH * T * T);  // P kept only as bf16 (pBf) when p is null
-    batched(c, x, x + n, scores, BH, T, T, dh, false, true);        // scores = q k^T [BH, T, T]
-    uint16_t* pb = pBf != nullptr ? pBf : grow(w.x, BH * T * T);
+    const uint16_t* x = bf16Of(qkv, B * T * L, w.qkv);  // q, k, v read in place through their views
+    const float* xw = emulated(x, B * T * L, w.wideQkv);
+    float* scores = p != nullptr ? p : grow(w.scores, B * H * T * T);  // P kept only as bf16 (pBf) when p is null
+    stridedProduct(c, headsOf(B, H, T, dh, L), x, xw, headsOf(B, H, T, dh, L, true), x + D, xw == nullptr ? nullptr : xw + D,
+                   squareOf(B, H, T), scores);  // scores = q k^T [B, H, T, T]
+    uint16_t* pb = pBf != nullptr ? pBf : grow(w.square, B * H * T * T);
     if (p != nullptr) {
-      causalSoftmax(p, p, BH, T, scale);  // float32, in place
-      toBf16(p, pb, BH * T * T);
+      causalSoftmax(p, p, B * H, T, scale);  // float32, in place
+      toBf16(p, pb, B * H * T * T);
     } else {
-      causalSoftmaxToBf16(scores, pb, BH, T, scale);  // row by row, rounded while in L1
+      causalSoftmaxToBf16(scores, pb, B * H, T, scale);  // row by row, rounded while in L1
     }
-    float* y = grow(w.f[0], n);
-    batched(c, pb, x + 2 * n, y, BH, T, dh, T, false, false);  // P v [BH, T, dh]
-    headsBack(y, ctx, B, T, H, dh, H * dh, ctxBf);             // -> ctx [B, T, H, dh]
+    // ctx = P v, written in place into [B, T, H, dh]
+    float* y = ctx != nullptr ? ctx : grow(w.out, B * T * D);
+    const float* pw = emulated(pb, B * H * T * T, w.wideSquare);
+    stridedProduct(c, squareOf(B, H, T), pb, pw, headsOf(B, H, T, dh, L), x + 2 * D, xw == nullptr ? nullptr : xw + 2 * D,
+                   headsOf(B, H, T, dh, D), y);
+    if (ctxBf != nullptr) toBf16(y, ctxBf, B * T * D);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }
@@ -337,31 +339,27 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
   thread_local AttentionScratch w;
-  const int64_t B = batch, H = heads, T = t, BH = B * H, n = BH * T * dh, D = H * dh;
+  const int64_t B = batch, H = heads, T = t, D = H * dh, L = 3 * D, S = B * H * T * T;
   try {
-    uint16_t* x = grow(w.qkv, 3 * n);
-    splitHeadsBf16(qkv, x, B, T, H, dh);
-    uint16_t* dc = grow(w.y, n);
-    headsFirstBf16(dctx, dc, B, T, H, dh);
-    uint16_t* sq = grow(w.x, BH * T * T);
-    const uint16_t* pb = p.bf16;  // P as bf16: held so, or converted
-    if (pb == nullptr) {
-      toBf16(p.f32, sq, BH * T * T);
-      pb = sq;
-    }
-    float* dq = grow(w.f[0], n);
-    float* dk = grow(w.f[1], n);
-    float* dv = grow(w.f[2], n);
-    float* ds = grow(w.square, BH * T * T);
-    batched(c, pb, dc, dv, BH, T, dh, T, true, false);         // dv = P^T dctx
-    batched(c, dc, x + 2 * n, ds, BH, T, T, dh, false, true);  // dP = dctx v^T
-    // dscores as bf16 into sq (P's bf16 copy there, if converted, is done with), row by row
-    softmaxGradToBf16(p.f32 != nullptr ? p : Bf16Operand{nullptr, pb}, ds, sq, BH * T, T, scale);
-    batched(c, sq, x + n, dq, BH, T, dh, T, false, false);     // dq = dscores k
-    batched(c, sq, x, dk, BH, T, dh, T, true, false);          // dk = dscores^T q
-    headsBack(dq, dqkv, B, T, H, dh, 3 * D, dqkvBf);
-    headsBack(dk, dqkv == nullptr ? nullptr : dqkv + D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + D);
-    headsBack(dv, dqkv == nullptr ? nullptr : dqkv + 2 * D, B, T, H, dh, 3 * D, dqkvBf == nullptr ? nullptr : dqkvBf + 2 * D);
+    const uint16_t* x = bf16Of(qkv, B * T * L, w.qkv);
+    const float* xw = emulated(x, B * T * L, w.wideQkv);
+    const uint16_t* dc = bf16Of(dctx, B * T * D, w.dctx);
+    const float* dcw = emulated(dc, B * T * D, w.wideDctx);
+    const uint16_t* pb = bf16Of(p, S, w.square);  // P as bf16: held so, or converted
+    float* g = dqkv != nullptr ? dqkv : grow(w.out, B * T * L);  // dq, dk, dv written in place into [B, T, 3, H, dh]
+    float* ds = grow(w.scores, S);
+    auto at = [](const float* f, int64_t off) { return f == nullptr ? nullptr : f + off; };
+    const View heads = headsOf(B, H, T, dh, L), headsT = headsOf(B, H, T, dh, L, true), ctxHeads = headsOf(B, H, T, dh, D);
+    const float* pw = emulated(pb, S, w.wideSquare);
+    stridedProduct(c, squareOf(B, H, T, true), pb, pw, ctxHeads, dc, dcw, heads, g + 2 * D);  // dv = P^T dctx
+    stridedProduct(c, ctxHeads, dc, dcw, headsT, x + 2 * D, at(xw, 2 * D), squareOf(B, H, T), ds);  // dP = dctx v^T
+    // dscores as bf16 into the square scratch (P's copy there, if converted, is done with), row by row
+    uint16_t* sq = grow(w.square, S);
+    softmaxGradToBf16(p.f32 != nullptr ? p : Bf16Operand{nullptr, pb}, ds, sq, B * H * T, T, scale);
+    const float* sw = emulated(sq, S, w.wideSquare);
+    stridedProduct(c, squareOf(B, H, T), sq, sw, heads, x + D, at(xw, D), heads, g);           // dq = dscores k
+    stridedProduct(c, squareOf(B, H, T, true), sq, sw, heads, x, xw, heads, g + D);            // dk = dscores^T q
+    if (dqkvBf != nullptr) toBf16(g, dqkvBf, B * T * L);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }

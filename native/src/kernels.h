@@ -173,13 +173,15 @@ int matmulBf16(const Bf16Operand& a, const Bf16Operand& b, float* c, int64_t bat
 int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const float* bias, int64_t batch, int64_t aStride, int64_t bStride,
                  int64_t m, int64_t n, int64_t k, bool transA, bool transB);
 
-// causalAttention / causalAttentionGrad above with their products on bf16 operands (q, k, v,
-// dctx, P and dscores converted per call where held as float32, copied where held as bf16;
-// float32 accumulation), the softmax and its gradient in float32 (P widened where held as bf16),
-// outputs float32; with ctxBf / dqkvBf (not null) also the output's bf16 rounding there, written
-// with it (the next product's operand); ctx / dqkv may then be null (only the bf16 rounding is
-// written). With pBf, P's bf16 rounding is written there (p may then be null). Returns 0 or
-// oneDNN's status.
+// causalAttention / causalAttentionGrad above with their products on bf16 operands (qkv, dctx
+// and P converted once per call where held as float32; float32 accumulation), each product one
+// oneDNN matmul over all (batch, head) pairs reading q, k, v, dctx in place through strided
+// views and writing ctx / dq, dk, dv in place (no head-splitting copies); the softmax and its
+// gradient in float32, row by row, P and dscores rounded to bf16 as each row is done. Outputs
+// float32; with ctxBf / dqkvBf (not null) also the output's bf16 rounding there; ctx / dqkv may
+// then be null (only the bf16 rounding is written). With pBf, P's bf16 rounding is written there
+// (p may then be null). On a CPU without bf16 products, the same on oneDNN's f32 matmul over the
+// bf16 operands widened. Returns 0 or oneDNN's status.
 int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
                         uint16_t* ctxBf = nullptr, uint16_t* pBf = nullptr);
 int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, float* dqkv, int64_t batch, int64_t t,

@@ -601,7 +601,7 @@ test('--precision bf16 on a backend without bf16 kernels is refused, naming the 
   );
 });
 
-test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives the same numbers and says so', {
+test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives the same numbers (products and attention) and says so', {
   skip: nativeAddon()
     ? false
     : `native backend unavailable: ${nativeUnavailable()}`,
@@ -623,7 +623,9 @@ test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives
     await initBackend('native', { precision: 'fp32' });
     const want = prod(a.map(round), b.map(round));
     let e = 0; for (let i = 0; i < got.length; i++) e = Math.max(e, Math.abs(got[i] - want[i]));
-    console.log(JSON.stringify({ info, e }));
+    const { nativeAddon } = await import('${here}native.js');
+    const att = ${attention.toString()};
+    console.log(JSON.stringify({ info, e, attention: att(nativeAddon()) }));
   `;
   const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
     encoding: 'utf8',
@@ -640,7 +642,53 @@ test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives
   assert.equal(info.nativeBf16, false);
   assert.match(info.note, /emulated/);
   assert.ok(e < 1e-4, `emulated bf16 vs fp32 of rounded operands: ${e}`);
+  // attention's strided products, emulated there, against this process's (bf16 products where
+  // the CPU has them): the same up to summation order, so within a bf16 rounding of the outputs
+  // (equal here, on avx512_core_bf16)
+  const there = (JSON.parse(line) as { attention: number[][] }).attention;
+  attention(nativeAddon()!).forEach((want, i) => {
+    const scale = Math.max(...want.map(Math.abs));
+    const worst = Math.max(...want.map((v, j) => Math.abs(v - there[i]![j]!)));
+    assert.ok(
+      worst <= scale * 2 ** -7,
+      `attention output ${i}: ${worst} of ${scale}`,
+    );
+  });
 });
+
+/** ctx, P and dqkv of the bf16 attention kernels on fixed inputs (also run in a child process: self-contained). */
+function attention(lib: {
+  toBf16(x: Float32Array, out: Uint16Array): void;
+  fromBf16(x: Uint16Array, out: Float32Array): void;
+  causalAttentionToBf16(...a: unknown[]): void;
+  causalAttentionGradToBf16(...a: unknown[]): void;
+}): number[][] {
+  const [B, T, H, dh] = [2, 16, 2, 8];
+  const n = B * T * 3 * H * dh;
+  const bf = (f: (i: number) => number, len: number) => {
+    const out = new Uint16Array(len);
+    lib.toBf16(
+      Float32Array.from({ length: len }, (_, i) => f(i)),
+      out,
+    );
+    return out;
+  };
+  const wide = (x: Uint16Array) => {
+    const out = new Float32Array(x.length);
+    lib.fromBf16(x, out);
+    return Array.from(out);
+  };
+  const qkv = bf((i) => Math.sin(i * 0.37), n);
+  const [ctx, p] = [
+    new Uint16Array(B * T * H * dh),
+    new Uint16Array(B * H * T * T),
+  ];
+  lib.causalAttentionToBf16(qkv, p, B, T, H, dh, 0.35, ctx);
+  const dctx = bf((i) => Math.cos(i * 0.11), B * T * H * dh);
+  const dqkv = new Uint16Array(n);
+  lib.causalAttentionGradToBf16(dctx, qkv, p, B, T, H, dh, 0.35, dqkv);
+  return [wide(ctx), wide(p), wide(dqkv)];
+}
 
 test("fromBf16: a bf16-only tensor holds 2 bytes per element, is the products' bf16 operand, widens exactly on a float32 read and frees all it counted", {
   skip,
