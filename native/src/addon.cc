@@ -148,23 +148,20 @@ Napi::Value Unary(const Napi::CallbackInfo& info) {
 }
 
 uint16_t* U16(const Napi::CallbackInfo& info, size_t i, const char* what);
-// The optional bf16 copy of a kernel's output: argument i, a Uint16Array of at least n elements, or absent.
-uint16_t* OptionalBf16(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what);
-
-// gelu(x, out[, bf])
+// gelu(x, out)
 Napi::Value Gelu(const Napi::CallbackInfo& info) {
   const int64_t n = static_cast<int64_t>(Len(info, 0));
   Need(info, 1, n, "out");
-  gelu(F32(info, 0, "x"), F32(info, 1, "out"), n, OptionalBf16(info, 2, n, "gelu: bf"));
+  gelu(F32(info, 0, "x"), F32(info, 1, "out"), n);
   return info.Env().Undefined();
 }
 
-// geluGrad(x, dy, dx[, bf])
+// geluGrad(x, dy, dx)
 Napi::Value GeluGrad(const Napi::CallbackInfo& info) {
   const int64_t n = static_cast<int64_t>(Len(info, 0));
   Need(info, 1, n, "dy");
   Need(info, 2, n, "dx");
-  geluGrad(F32(info, 0, "x"), F32(info, 1, "dy"), F32(info, 2, "dx"), n, OptionalBf16(info, 3, n, "geluGrad: bf"));
+  geluGrad(F32(info, 0, "x"), F32(info, 1, "dy"), F32(info, 2, "dx"), n);
   return info.Env().Undefined();
 }
 
@@ -224,7 +221,7 @@ Napi::Value LayerNormGradAny(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// layerNorm(x, g, b, y, xhat, rstd, rows, cols, epsilon[, bf])
+// layerNorm(x, g, b, y, xhat, rstd, rows, cols, epsilon)
 Napi::Value LayerNorm(const Napi::CallbackInfo& info) {
   const int64_t rows = I64(info, 6), cols = I64(info, 7);
   for (size_t i : {0, 3, 4}) Need(info, i, rows * cols, "x, y and xhat");
@@ -232,7 +229,7 @@ Napi::Value LayerNorm(const Napi::CallbackInfo& info) {
   Need(info, 2, cols, "b");
   Need(info, 5, rows, "rstd");
   layerNorm(F32(info, 0, "x"), F32(info, 1, "g"), F32(info, 2, "b"), F32(info, 3, "y"), F32(info, 4, "xhat"), F32(info, 5, "rstd"), rows, cols,
-            static_cast<float>(F64(info, 8)), OptionalBf16(info, 9, rows * cols, "layerNorm: bf"));
+            static_cast<float>(F64(info, 8)));
   return info.Env().Undefined();
 }
 
@@ -325,19 +322,13 @@ Napi::Value Gather(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale[, bf16[, ctxBf]])
+// causalAttention(qkv, ctx, p, batch, t, heads, dh, scale)
 Napi::Value CausalAttention(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
   Need(info, 0, batch * t * 3 * heads * dh, "qkv");
   Need(info, 1, batch * t * heads * dh, "ctx");
   Need(info, 2, batch * heads * t * t, "p");
-  const bool bf16 = info.Length() > 8 && info[8].ToBoolean().Value();
-  const float scale = static_cast<float>(F64(info, 7));
-  Bf16Operand qkv;
-  qkv.f32 = F32(info, 0, "qkv");
-  const int s = bf16 ? causalAttentionBf16(qkv, F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale,
-                                           OptionalBf16(info, 9, batch * t * heads * dh, "causalAttention: ctxBf"))
-                     : causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, scale);
+  const int s = causalAttention(F32(info, 0, "qkv"), F32(info, 1, "ctx"), F32(info, 2, "p"), batch, t, heads, dh, static_cast<float>(F64(info, 7)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -348,8 +339,8 @@ Napi::Value CausalAttentionToBf16(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 2), t = I64(info, 3), heads = I64(info, 4), dh = I64(info, 5);
   Need(info, 1, batch * heads * t * t, "pBf");
   Need(info, 7, batch * t * heads * dh, "ctxBf");
-  const int s = causalAttentionBf16(AnyOperand(info, 0, batch * t * 3 * heads * dh, "qkv"), nullptr, nullptr, batch, t, heads, dh,
-                                    static_cast<float>(F64(info, 6)), U16(info, 7, "ctxBf"), U16(info, 1, "pBf"));
+  const int s = causalAttentionBf16(AnyOperand(info, 0, batch * t * 3 * heads * dh, "qkv"), U16(info, 7, "ctxBf"), U16(info, 1, "pBf"), batch, t,
+                                    heads, dh, static_cast<float>(F64(info, 6)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -359,29 +350,21 @@ Napi::Value CausalAttentionGradToBf16(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 3), t = I64(info, 4), heads = I64(info, 5), dh = I64(info, 6);
   Need(info, 8, batch * t * 3 * heads * dh, "dqkvBf");
   const int s = causalAttentionGradBf16(AnyOperand(info, 0, batch * t * heads * dh, "dctx"), AnyOperand(info, 1, batch * t * 3 * heads * dh, "qkv"),
-                                        AnyOperand(info, 2, batch * heads * t * t, "p"), nullptr, batch, t, heads, dh,
-                                        static_cast<float>(F64(info, 7)), U16(info, 8, "dqkvBf"));
+                                        AnyOperand(info, 2, batch * heads * t * t, "p"), U16(info, 8, "dqkvBf"), batch, t, heads, dh,
+                                        static_cast<float>(F64(info, 7)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
 
-// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale[, bf16[, dqkvBf]])
+// causalAttentionGrad(dctx, qkv, p, dqkv, batch, t, heads, dh, scale)
 Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   const int64_t batch = I64(info, 4), t = I64(info, 5), heads = I64(info, 6), dh = I64(info, 7);
   Need(info, 0, batch * t * heads * dh, "dctx");
   Need(info, 1, batch * t * 3 * heads * dh, "qkv");
   Need(info, 2, batch * heads * t * t, "p");
   Need(info, 3, batch * t * 3 * heads * dh, "dqkv");
-  const bool bf16 = info.Length() > 9 && info[9].ToBoolean().Value();
-  const float scale = static_cast<float>(F64(info, 8));
-  Bf16Operand dctx, qkv, p;
-  dctx.f32 = F32(info, 0, "dctx");
-  qkv.f32 = F32(info, 1, "qkv");
-  p.f32 = F32(info, 2, "p");
-  const int s = bf16 ? causalAttentionGradBf16(dctx, qkv, p, F32(info, 3, "dqkv"), batch, t,
-                                               heads, dh, scale, OptionalBf16(info, 10, batch * t * 3 * heads * dh, "causalAttentionGrad: dqkvBf"))
-                     : causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads,
-                                           dh, scale);
+  const int s = causalAttentionGrad(F32(info, 0, "dctx"), F32(info, 1, "qkv"), F32(info, 2, "p"), F32(info, 3, "dqkv"), batch, t, heads, dh,
+                                    static_cast<float>(F64(info, 8)));
   if (s != 0) throw Napi::Error::New(info.Env(), "oneDNN sgemm failed with status " + std::to_string(s));
   return info.Env().Undefined();
 }
@@ -411,13 +394,6 @@ uint16_t* U16(const Napi::CallbackInfo& info, size_t i, const char* what) {
     throw Napi::TypeError::New(info.Env(), std::string(what) + " must be a Uint16Array (bf16)");
   }
   return info[i].As<Napi::Uint16Array>().Data();
-}
-
-uint16_t* OptionalBf16(const Napi::CallbackInfo& info, size_t i, int64_t n, const char* what) {
-  if (info.Length() <= i || info[i].IsUndefined()) return nullptr;
-  uint16_t* bf = U16(info, i, what);
-  if (static_cast<int64_t>(Len(info, i)) < n) throw Napi::RangeError::New(info.Env(), std::string(what) + " is shorter than the output");
-  return bf;
 }
 
 // toBf16(src: Float32Array, dst: Uint16Array)

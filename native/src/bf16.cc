@@ -301,8 +301,7 @@ int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const 
   return bf16Product(a, b, nullptr, c, bias, batch, aStride, bStride, m, n, k, transA, transB, nullptr);
 }
 
-int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
-                        uint16_t* ctxBf, uint16_t* pBf) {
+int causalAttentionBf16(const Bf16Operand& qkv, uint16_t* ctx, uint16_t* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
@@ -311,30 +310,24 @@ int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t ba
   try {
     const uint16_t* x = bf16Of(qkv, B * T * L, w.qkv);  // q, k, v read in place through their views
     const float* xw = emulated(x, B * T * L, w.wideQkv);
-    float* scores = p != nullptr ? p : grow(w.scores, B * H * T * T);  // P kept only as bf16 (pBf) when p is null
+    float* scores = grow(w.scores, B * H * T * T);
     stridedProduct(c, headsOf(B, H, T, dh, L), x, xw, headsOf(B, H, T, dh, L, true), x + D, xw == nullptr ? nullptr : xw + D,
-                   squareOf(B, H, T), scores);  // scores = q k^T [B, H, T, T]
-    uint16_t* pb = pBf != nullptr ? pBf : grow(w.square, B * H * T * T);
-    if (p != nullptr) {
-      causalSoftmax(p, p, B * H, T, scale);  // float32, in place
-      toBf16(p, pb, B * H * T * T);
-    } else {
-      causalSoftmaxToBf16(scores, pb, B * H, T, scale);  // row by row, rounded while in L1
-    }
-    // ctx = P v, written in place into [B, T, H, dh]
-    float* y = ctx != nullptr ? ctx : grow(w.out, B * T * D);
-    const float* pw = emulated(pb, B * H * T * T, w.wideSquare);
-    stridedProduct(c, squareOf(B, H, T), pb, pw, headsOf(B, H, T, dh, L), x + 2 * D, xw == nullptr ? nullptr : xw + 2 * D,
+                   squareOf(B, H, T), scores);       // scores = q k^T [B, H, T, T]
+    causalSoftmaxToBf16(scores, p, B * H, T, scale);  // P, float32 row by row, rounded while in L1
+    // ctx = P v, written in place into [B, T, H, dh] (float32), then rounded
+    float* y = grow(w.out, B * T * D);
+    const float* pw = emulated(p, B * H * T * T, w.wideSquare);
+    stridedProduct(c, squareOf(B, H, T), p, pw, headsOf(B, H, T, dh, L), x + 2 * D, xw == nullptr ? nullptr : xw + 2 * D,
                    headsOf(B, H, T, dh, D), y);
-    if (ctxBf != nullptr) toBf16(y, ctxBf, B * T * D);
+    toBf16(y, ctx, B * T * D);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }
   return 0;
 }
 
-int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, float* dqkv, int64_t batch, int64_t t,
-                            int64_t heads, int64_t dh, float scale, uint16_t* dqkvBf) {
+int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, uint16_t* dqkv, int64_t batch, int64_t t,
+                            int64_t heads, int64_t dh, float scale) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& c = context();
@@ -346,7 +339,7 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
     const uint16_t* dc = bf16Of(dctx, B * T * D, w.dctx);
     const float* dcw = emulated(dc, B * T * D, w.wideDctx);
     const uint16_t* pb = bf16Of(p, S, w.square);  // P as bf16: held so, or converted
-    float* g = dqkv != nullptr ? dqkv : grow(w.out, B * T * L);  // dq, dk, dv written in place into [B, T, 3, H, dh]
+    float* g = grow(w.out, B * T * L);  // dq, dk, dv written in place into [B, T, 3, H, dh] (float32), then rounded
     float* ds = grow(w.scores, S);
     auto at = [](const float* f, int64_t off) { return f == nullptr ? nullptr : f + off; };
     const View heads = headsOf(B, H, T, dh, L), headsT = headsOf(B, H, T, dh, L, true), ctxHeads = headsOf(B, H, T, dh, D);
@@ -359,7 +352,7 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
     const float* sw = emulated(sq, S, w.wideSquare);
     stridedProduct(c, squareOf(B, H, T), sq, sw, heads, x + D, at(xw, D), heads, g);           // dq = dscores k
     stridedProduct(c, squareOf(B, H, T, true), sq, sw, heads, x, xw, heads, g + D);            // dk = dscores^T q
-    if (dqkvBf != nullptr) toBf16(g, dqkvBf, B * T * L);
+    toBf16(g, dqkv, B * T * L);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
   }

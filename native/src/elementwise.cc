@@ -205,40 +205,19 @@ inline float geluGradOf(float v, float dy) {
   return dy * (s + du * (s - s * s));
 }
 
-// Elements per chunk of an element-wise kernel that also writes a bf16 copy: converted while
-// the chunk is in cache.
-constexpr int64_t kChunk = 1 << 14;
-
 // Elements per block of a kernel that reads or writes bf16 (chunkedOperands): widened, computed
-// and rounded while the block's float32 values are in L1 (4 KiB). Blocks the size of kChunk
-// (64 KiB, out of L1) made the bf16 kernels up to 1.7x slower than their float32 twins.
+// and rounded while the block's float32 values are in L1 (4 KiB). 64 KiB blocks (out of L1)
+// made the bf16 kernels up to 1.7x slower than their float32 twins.
 constexpr int64_t kBlock = 1 << 10;
 
-// Runs body(from, to) over [0, n) in chunks spread over the team, each chunk's out[from, to)
-// then rounded into bf (when not null) while it is in cache.
-template <typename Body>
-void chunkedWithBf16(int64_t n, const float* out, uint16_t* bf, Body body) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > kParallel)
-  for (int64_t c = 0; c < chunks; c++) {
-    const int64_t from = c * kChunk, to = std::min(n, from + kChunk);
-    body(from, to);
-    if (bf != nullptr) toBf16Serial(out + from, bf + from, to - from);
-  }
+void gelu(const float* x, float* out, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (int64_t i = 0; i < n; i++) out[i] = geluOf(x[i]);
 }
 
-void gelu(const float* x, float* out, int64_t n, uint16_t* bf) {
-  chunkedWithBf16(n, out, bf, [&](int64_t from, int64_t to) {
-#pragma omp simd
-    for (int64_t i = from; i < to; i++) out[i] = geluOf(x[i]);
-  });
-}
-
-void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf) {
-  chunkedWithBf16(n, dx, bf, [&](int64_t from, int64_t to) {
-#pragma omp simd
-    for (int64_t i = from; i < to; i++) dx[i] = geluGradOf(x[i], dy[i]);
-  });
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+  for (int64_t i = 0; i < n; i++) dx[i] = geluGradOf(x[i], dy[i]);
 }
 
 namespace {
@@ -344,13 +323,11 @@ void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* 
 }  // namespace
 
 void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-               float epsilon, uint16_t* bf) {
+               float epsilon) {
   Bf16Operand in;
   in.f32 = x;
-  layerNormRows(in, g, b, xhat, nullptr, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) {
-    std::memcpy(y + r * cols, o, sizeof(float) * cols);
-    if (bf != nullptr) toBf16Serial(o, bf + r * cols, cols);
-  });
+  layerNormRows(in, g, b, xhat, nullptr, rstd, rows, cols, epsilon,
+                [&](int64_t r, const float* o) { std::memcpy(y + r * cols, o, sizeof(float) * cols); });
 }
 
 void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, uint16_t* xhat, float* rstd, int64_t rows,

@@ -43,10 +43,8 @@ enum class UnaryOp { Exp = 0, Log = 1, Sqrt = 2, Rsqrt = 3, Square = 4, Neg = 5,
 bool unary(UnaryOp op, const float* x, float* out, int64_t n, float param = 0.f);
 
 // GELU (tanh approximation, as x * sigmoid(x (c1 + c2 x^2))) and its gradient dx = dy * GELU'(x).
-// With `bf` (not null), each also writes its output rounded to bf16 there (as toBf16 would),
-// chunk by chunk while the chunk is in cache: the bf16 copy a product then reads as its operand.
-void gelu(const float* x, float* out, int64_t n, uint16_t* bf = nullptr);
-void geluGrad(const float* x, const float* dy, float* dx, int64_t n, uint16_t* bf = nullptr);
+void gelu(const float* x, float* out, int64_t n);
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n);
 
 // An input held as float32 (f32) or as bf16 values (bf16): exactly one of them not null. A bf16
 // product operand: its bf16 values when the caller has them (a cached weight, a bf16-only
@@ -67,12 +65,12 @@ bool binarySameShape(BinaryOp op, const Bf16Operand& a, const Bf16Operand& b, fl
 // xhat = (x - mean) * rstd, rstd = 1 / sqrt(var + epsilon), y = xhat * g + b; and its gradient
 // dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), dg = sum_rows dy xhat, db = sum_rows dy.
 void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-               float epsilon, uint16_t* bf = nullptr);
+               float epsilon);
 void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
                    int64_t rows, int64_t cols);
 // The same with x / dy and xhat held as float32 or bf16 (read row by row, never widened whole);
-// layerNormToBf16 writes y and xhat only as their bf16 roundings (y the same values as layerNorm's
-// bf; xhat as the bf16 run keeps it for the gradient).
+// layerNormToBf16 writes y and xhat only as their bf16 roundings (xhat as the bf16 run keeps it
+// for the gradient): the same values as toBf16 of layerNorm's.
 void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, uint16_t* xhat, float* rstd, int64_t rows,
                      int64_t cols, float epsilon);
 void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
@@ -176,16 +174,14 @@ int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const 
 // causalAttention / causalAttentionGrad above with their products on bf16 operands (qkv, dctx
 // and P converted once per call where held as float32; float32 accumulation), each product one
 // oneDNN matmul over all (batch, head) pairs reading q, k, v, dctx in place through strided
-// views and writing ctx / dq, dk, dv in place (no head-splitting copies); the softmax and its
-// gradient in float32, row by row, P and dscores rounded to bf16 as each row is done. Outputs
-// float32; with ctxBf / dqkvBf (not null) also the output's bf16 rounding there; ctx / dqkv may
-// then be null (only the bf16 rounding is written). With pBf, P's bf16 rounding is written there
-// (p may then be null). On a CPU without bf16 products, the same on oneDNN's f32 matmul over the
-// bf16 operands widened. Returns 0 or oneDNN's status.
-int causalAttentionBf16(const Bf16Operand& qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale,
-                        uint16_t* ctxBf = nullptr, uint16_t* pBf = nullptr);
-int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, float* dqkv, int64_t batch, int64_t t,
-                            int64_t heads, int64_t dh, float scale, uint16_t* dqkvBf = nullptr);
+// views and writing its float32 output in place in ctx's / dqkv's layout (no head-splitting
+// copies); the softmax and its gradient in float32, row by row, P and dscores rounded to bf16 as
+// each row is done. Writes ctx, P and dqkv only as their bf16 roundings (the bf16 run's
+// attention: products read them). On a CPU without bf16 products, the same on oneDNN's f32
+// matmul over the bf16 operands widened. Returns 0 or oneDNN's status.
+int causalAttentionBf16(const Bf16Operand& qkv, uint16_t* ctx, uint16_t* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale);
+int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, uint16_t* dqkv, int64_t batch, int64_t t,
+                            int64_t heads, int64_t dh, float scale);
 
 // oneDNN's effective ISA on this CPU ("avx512_core_bf16", "avx512_core_amx", "avx2", ...),
 // whether it has bf16 dot-product instructions (avx512_bf16 or AMX), and how toBf16 converts.

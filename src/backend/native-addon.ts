@@ -131,11 +131,8 @@ export interface NativeAddon {
     axisSize: number,
     inner: number,
   ): void;
-  /**
-   * GELU (tanh approximation, model/layers.ts) element-wise. With `bf`, also writes out rounded
-   * to bf16 there (as toBf16), chunk by chunk while in cache (a product's operand).
-   */
-  gelu(x: Float32Array, out: Float32Array, bf?: Uint16Array): void;
+  /** GELU (tanh approximation, model/layers.ts) element-wise. */
+  gelu(x: Float32Array, out: Float32Array): void;
   /**
    * GELU of `x` (float32, or bf16 values) written only as its bf16 rounding into `out` (the same
    * values as toBf16 of gelu's output), with no float32 output. RangeError on a length mismatch.
@@ -178,17 +175,9 @@ export interface NativeAddon {
     rows: number,
     cols: number,
   ): void;
-  /** dx = dy * GELU'(x) element-wise (with `bf`: dx's bf16 copy too, as gelu's). */
-  geluGrad(
-    x: Float32Array,
-    dy: Float32Array,
-    dx: Float32Array,
-    bf?: Uint16Array,
-  ): void;
-  /**
-   * Layer norm over the last axis of x [rows, cols]: writes y and xhat [rows, cols] and rstd
-   * [rows] (with `bf`: y's bf16 copy too, row by row).
-   */
+  /** dx = dy * GELU'(x) element-wise. */
+  geluGrad(x: Float32Array, dy: Float32Array, dx: Float32Array): void;
+  /** Layer norm over the last axis of x [rows, cols]: writes y and xhat [rows, cols] and rstd [rows]. */
   layerNorm(
     x: Float32Array,
     g: Float32Array,
@@ -199,7 +188,6 @@ export interface NativeAddon {
     rows: number,
     cols: number,
     epsilon: number,
-    bf?: Uint16Array,
   ): void;
   /** Layer norm's gradient: writes dx [rows, cols], dg and db [cols]. */
   layerNormGrad(
@@ -232,9 +220,7 @@ export interface NativeAddon {
   ): void;
   /**
    * Fused causal self-attention: from qkv [B, T, 3, H, dh] writes ctx [B, T, H, dh] and the
-   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T). bf16: the two
-   * products on bf16 operands (float32 accumulation; softmax and outputs float32), and with
-   * `ctxBf` also ctx rounded to bf16 there (the next product's operand), written with it.
+   * attention probabilities p [B, H, T, T] (causal softmax of scale * q k^T).
    */
   causalAttention(
     qkv: Float32Array,
@@ -245,13 +231,12 @@ export interface NativeAddon {
     heads: number,
     dh: number,
     scale: number,
-    bf16?: boolean,
-    ctxBf?: Uint16Array,
   ): void;
   /**
-   * The bf16 run's attention (as causalAttention with bf16 products): `qkv` float32 or bf16
-   * values, the probabilities and the context written only as their bf16 roundings into `pBf`
-   * and `ctxBf`. Throws on a length mismatch or a oneDNN failure.
+   * The bf16 run's attention (as causalAttention with bf16 products, float32 accumulation and
+   * float32 softmax): `qkv` float32 or bf16 values, the probabilities and the context written
+   * only as their bf16 roundings into `pBf` and `ctxBf`. Throws on a length mismatch or a oneDNN
+   * failure.
    */
   causalAttentionToBf16(
     qkv: Float32Array | Uint16Array,
@@ -275,7 +260,7 @@ export interface NativeAddon {
     scale: number,
     dqkvBf: Uint16Array,
   ): void;
-  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p (bf16: as above, `dqkvBf` dqkv's bf16 copy). */
+  /** Its gradient: writes dqkv [B, T, 3, H, dh] from dctx [B, T, H, dh], qkv and p. */
   causalAttentionGrad(
     dctx: Float32Array,
     qkv: Float32Array,
@@ -286,8 +271,6 @@ export interface NativeAddon {
     heads: number,
     dh: number,
     scale: number,
-    bf16?: boolean,
-    dqkvBf?: Uint16Array,
   ): void;
   /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
   softmaxCrossEntropy(

@@ -1197,7 +1197,6 @@ function causalAttentionKernel(args: KernelArgs): tf.TensorInfo[] {
       h,
       dh,
       1 / Math.sqrt(dh),
-      false,
     );
   return [
     backend.makeTensorInfo([b, t, h * dh], 'float32', ctx),
@@ -1246,7 +1245,6 @@ function causalAttentionGradKernel(args: KernelArgs): tf.TensorInfo {
       h,
       dh,
       1 / Math.sqrt(dh),
-      false,
     );
   return backend.makeTensorInfo(qkv.shape, 'float32', dqkv);
 }
