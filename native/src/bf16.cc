@@ -1,9 +1,10 @@
 // bfloat16 compute (Kalamkar et al., 2019, "A Study of BFLOAT16 for Deep Learning Training"):
 // float32 to bf16 conversion, the batched matrix product on oneDNN's bf16 matmul primitive
-// (bf16 operands, float32 accumulation, float32 or bf16 output) and attention's products on it. Why not the f32 matmul with
-// fpmath_mode::bf16: oneDNN 2.6.3 still runs its f32 kernel then (measured); and why not its
-// f32-to-bf16 reorder: it is several times slower than the vectorised loop below. On a CPU
-// without avx512_bf16 or AMX the products are emulated (see product()): same numbers, f32 speed.
+// (bf16 operands, float32 accumulation, float32 or bf16 output) and attention's products on it.
+// Why not the f32 matmul with fpmath_mode::bf16: oneDNN 2.6.3 still runs its f32 kernel then
+// (measured); and why not its f32-to-bf16 reorder: it is several times slower than the
+// vectorised loop below. On a CPU without avx512_bf16 or AMX the products are emulated (see
+// product()): same numbers, f32 speed.
 #include <dnnl.hpp>
 #include <immintrin.h>
 #include <omp.h>
@@ -165,7 +166,7 @@ struct AttentionScratch {
   std::vector<float> scores, out, wideQkv, wideDctx, wideSquare;
 };
 
-// An input's bf16 values: as held, or converted into scratch
+// An input's bf16 values: as held, or converted into scratch (grown to n elements)
 const uint16_t* bf16Of(const Bf16Operand& x, int64_t n, std::vector<uint16_t>& scratch) {
   if (x.bf16 != nullptr) return x.bf16;
   toBf16(x.f32, grow(scratch, n), n);
@@ -178,6 +179,9 @@ const float* emulated(const uint16_t* bf, int64_t n, std::vector<float>& wide) {
   fromBf16(bf, grow(wide, n), n);
   return wide.data();
 }
+
+// An emulated operand `off` elements in (null stays null: the CPU has bf16 products)
+const float* at(const float* wide, int64_t off) { return wide == nullptr ? nullptr : wide + off; }
 
 // c = op(a) op(b) on bf16 operands (batchA, batchB: 1 or batch), float32 accumulation and c:
 // oneDNN's bf16 matmul where the CPU has bf16 instructions; elsewhere (oneDNN 2.6.3 has no bf16
@@ -211,7 +215,6 @@ void product(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, i
   mm.execute(ctx.stream, args);
   ctx.stream.wait();
 }
-
 
 }  // namespace
 
@@ -263,14 +266,8 @@ int bf16Product(const Bf16Operand& a, const Bf16Operand& b, float* c, uint16_t* 
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
   Bf16Context& ctx = context();
   const int64_t batchA = aStride == 0 ? 1 : batch, batchB = bStride == 0 ? 1 : batch;
-  auto operand = [](const Bf16Operand& x, int64_t count, std::vector<uint16_t>& scratch) -> uint16_t* {
-    if (x.bf16 != nullptr) return const_cast<uint16_t*>(x.bf16);
-    if (static_cast<int64_t>(scratch.size()) < count) scratch.resize(static_cast<size_t>(count));
-    toBf16(x.f32, scratch.data(), count);
-    return scratch.data();
-  };
-  uint16_t* av = operand(a, batchA * m * k, ctx.scratchA);
-  uint16_t* bv = operand(b, batchB * k * n, ctx.scratchB);
+  const uint16_t* av = bf16Of(a, batchA * m * k, ctx.scratchA);
+  const uint16_t* bv = bf16Of(b, batchB * k * n, ctx.scratchB);
   try {
     product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB, cBf, bias);
     if (impl != nullptr)
@@ -311,14 +308,13 @@ int causalAttentionBf16(const Bf16Operand& qkv, uint16_t* ctx, uint16_t* p, int6
     const uint16_t* x = bf16Of(qkv, B * T * L, w.qkv);  // q, k, v read in place through their views
     const float* xw = emulated(x, B * T * L, w.wideQkv);
     float* scores = grow(w.scores, B * H * T * T);
-    stridedProduct(c, headsOf(B, H, T, dh, L), x, xw, headsOf(B, H, T, dh, L, true), x + D, xw == nullptr ? nullptr : xw + D,
-                   squareOf(B, H, T), scores);       // scores = q k^T [B, H, T, T]
+    stridedProduct(c, headsOf(B, H, T, dh, L), x, xw, headsOf(B, H, T, dh, L, true), x + D, at(xw, D), squareOf(B, H, T),
+                   scores);                           // scores = q k^T [B, H, T, T]
     causalSoftmaxToBf16(scores, p, B * H, T, scale);  // P, float32 row by row, rounded while in L1
     // ctx = P v, written in place into [B, T, H, dh] (float32), then rounded
     float* y = grow(w.out, B * T * D);
     const float* pw = emulated(p, B * H * T * T, w.wideSquare);
-    stridedProduct(c, squareOf(B, H, T), p, pw, headsOf(B, H, T, dh, L), x + 2 * D, xw == nullptr ? nullptr : xw + 2 * D,
-                   headsOf(B, H, T, dh, D), y);
+    stridedProduct(c, squareOf(B, H, T), p, pw, headsOf(B, H, T, dh, L), x + 2 * D, at(xw, 2 * D), headsOf(B, H, T, dh, D), y);
     toBf16(y, ctx, B * T * D);
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
@@ -341,14 +337,13 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
     const uint16_t* pb = bf16Of(p, S, w.square);  // P as bf16: held so, or converted
     float* g = grow(w.out, B * T * L);  // dq, dk, dv written in place into [B, T, 3, H, dh] (float32), then rounded
     float* ds = grow(w.scores, S);
-    auto at = [](const float* f, int64_t off) { return f == nullptr ? nullptr : f + off; };
     const View heads = headsOf(B, H, T, dh, L), headsT = headsOf(B, H, T, dh, L, true), ctxHeads = headsOf(B, H, T, dh, D);
     const float* pw = emulated(pb, S, w.wideSquare);
     stridedProduct(c, squareOf(B, H, T, true), pb, pw, ctxHeads, dc, dcw, heads, g + 2 * D);  // dv = P^T dctx
     stridedProduct(c, ctxHeads, dc, dcw, headsT, x + 2 * D, at(xw, 2 * D), squareOf(B, H, T), ds);  // dP = dctx v^T
     // dscores as bf16 into the square scratch (P's copy there, if converted, is done with), row by row
     uint16_t* sq = grow(w.square, S);
-    softmaxGradToBf16(p.f32 != nullptr ? p : Bf16Operand{nullptr, pb}, ds, sq, B * H * T, T, scale);
+    softmaxGradToBf16(p, ds, sq, B * H * T, T, scale);
     const float* sw = emulated(sq, S, w.wideSquare);
     stridedProduct(c, squareOf(B, H, T), sq, sw, heads, x + D, at(xw, D), heads, g);           // dq = dscores k
     stridedProduct(c, squareOf(B, H, T, true), sq, sw, heads, x, xw, heads, g + D);            // dk = dscores^T q
