@@ -7,8 +7,16 @@ export type Init =
   | { kind: 'normal'; std: number }
   /** Glorot/He-style uniform in [-limit, limit]. */
   | { kind: 'uniform'; limit: number }
-  /** Given values (a user model's own initial weights), row-major, as many as the shape has. */
-  | { kind: 'values'; values: Float32Array };
+  /** Given values (a user model's loaded weights), row-major, as many as the shape has. */
+  | { kind: 'values'; values: Float32Array }
+  /**
+   * Drawn by a user model's own initializer (any tfjs-layers `Initializer`, custom ones too):
+   * `draw(random)` runs it with `random` standing in for `Math.random`, the only source TF.js's
+   * random ops take a seed from when the initializer has none, and returns the values,
+   * row-major. {@link initParams} passes the parameter's own seeded stream, so the run's seed
+   * decides the values (see model/layers-model.ts).
+   */
+  | { kind: 'initializer'; draw(random: () => number): Float32Array };
 
 /** One parameter of a block: its name (unique within the block), shape and initializer. */
 export interface ParamSpec {
@@ -51,6 +59,11 @@ export interface Block {
   forward(p: BlockParams, x: tf.Tensor): tf.Tensor;
   /** Floating-point operations of one forward pass for an input of this shape (for balancing). */
   flops(inputShape: number[]): number;
+  /**
+   * What the run should tell its user about this block's training, one line each (a layer
+   * that runs in inference mode, say); printed when training starts. Optional.
+   */
+  notes?: string[];
 }
 
 /** Number of elements of a shape. */

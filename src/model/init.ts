@@ -26,6 +26,15 @@ function fill(init: Init, out: Float32Array, rng: Rng): void {
         );
       out.set(init.values);
       return;
+    case 'initializer': {
+      const values = init.draw(() => rng.next());
+      if (values.length !== out.length)
+        throw new Error(
+          `the initializer drew ${values.length} elements, the parameter has ${out.length}`,
+        );
+      out.set(values);
+      return;
+    }
   }
 }
 

@@ -11,18 +11,31 @@
  * layer's own weight tensors are copied out once (the initial values) and disposed, so a device
  * holds only what the strategy puts there.
  *
+ * Initial values: the run's seed decides them, whoever wrote the model. Every weight a layer
+ * creates goes through tfjs-layers' `Layer.addWeight(name, shape, dtype, initializer, ...)`;
+ * this module records each weight's initializer there (any `Initializer`, custom ones too), and
+ * the weight's {@link ParamSpec} draws it again from the parameter's own stream (seed, block,
+ * parameter index; see model/init.ts), with that stream standing in for `Math.random`, the only
+ * source TF.js's random ops take a seed from when an initializer has none. So two runs with one
+ * `--seed` start from the same weights bit for bit, whatever order the model was built in, and
+ * every strategy starts where single does. A weight whose values were set after it was drawn
+ * (`setWeights`, `tf.loadLayersModel`: a pretrained model) keeps those values.
+ *
  * Inside a group any topology works (skip connections, merges); between blocks the model must
  * be a chain: a layer may take its input only from the previous block's output.
  */
-import type * as tf from '@tensorflow/tfjs-core';
-import type * as tfl from '@tensorflow/tfjs-layers';
+import * as tf from '@tensorflow/tfjs-core';
+import * as tfl from '@tensorflow/tfjs-layers';
 import { check, LayerwiseError } from '../util/errors.js';
+import type { Rng } from '../util/rng.js';
 import {
   type Block,
   type BlockParams,
+  type Init,
   type ParamSpec,
   sizeOf,
 } from './block.js';
+import { currentNoise, exampleStream, type NoiseContext } from './noise.js';
 
 type Layer = tfl.layers.Layer;
 type Shape = Array<number | null>;
@@ -38,11 +51,206 @@ export interface LayersModelOptions {
    */
   groups?: string[][] | number[];
   /**
-   * Copy each weight's initial values into its {@link ParamSpec} (`init: {kind: 'values'}`), as
-   * the coordinator needs; devices skip the copy. Default true.
+   * Give each weight's {@link ParamSpec} its initial values (its initializer, drawn again from
+   * the run's seed, or the values a loaded model holds), as the coordinator needs; devices skip
+   * it. Default true.
    */
   initialValues?: boolean;
 }
+
+/** How a weight was first drawn: the initializer its layer passed to `addWeight`, with its shape and dtype. */
+interface Drawing {
+  initializer: { apply(shape: number[], dtype?: tf.DataType): tf.Tensor };
+  shape: number[];
+  dtype: tf.DataType;
+}
+/** Each weight (a `LayerVariable`) built in this thread since this module loaded, and how it was drawn. */
+const drawings = new WeakMap<object, Drawing>();
+/** Weights written after they were drawn (`setWeights`, loaded weights): they keep their values. */
+const assigned = new WeakSet<object>();
+/** Marks tfjs-layers' prototypes as recording, once per thread, whichever copy of layerwise patched them. */
+const RECORDING = Symbol.for('layerwise.recordsInitializers');
+
+type AddWeight = (
+  this: { fastWeightInitDuringBuild?: boolean },
+  name: string,
+  shape: number[],
+  dtype?: tf.DataType,
+  initializer?: Drawing['initializer'],
+  ...rest: unknown[]
+) => tfl.LayerVariable;
+
+/**
+ * Wraps tfjs-layers' `Layer.prototype.addWeight` to record each new weight's initializer, and
+ * `LayerVariable.prototype.write` to note weights set afterwards. Idempotent. Runs when this
+ * module loads, before any user model module is imported (model/module.ts imports this one).
+ */
+function recordInitializers(): void {
+  const layer = tfl.layers.Layer.prototype as unknown as {
+    addWeight: AddWeight;
+    [RECORDING]?: true;
+  };
+  if (layer[RECORDING]) return;
+  layer[RECORDING] = true;
+  const addWeight = layer.addWeight;
+  layer.addWeight = function (this, name, shape, dtype, initializer, ...rest) {
+    const w = addWeight.call(this, name, shape, dtype, initializer, ...rest);
+    // a model being loaded from saved weights draws nothing (zeros, then the loaded values)
+    if (initializer && !this.fastWeightInitDuringBuild)
+      drawings.set(w, {
+        initializer,
+        shape: [...shape],
+        dtype: dtype ?? 'float32',
+      });
+    return w;
+  };
+  const variable = tfl.LayerVariable.prototype as unknown as {
+    write(v: tf.Tensor): unknown;
+  };
+  const write = variable.write;
+  variable.write = function (this: object, v: tf.Tensor) {
+    assigned.add(this);
+    return write.call(this, v);
+  };
+}
+recordInitializers();
+
+/**
+ * The draw of a recorded weight: its initializer run again with `random` as `Math.random`
+ * (restored after, also when the initializer throws). float32 values, row-major.
+ */
+function redraw(d: Drawing): (random: () => number) => Float32Array {
+  return (random) => {
+    const own = Math.random;
+    Math.random = random;
+    try {
+      const t = tf.tidy(() =>
+        tf.cast(d.initializer.apply(d.shape, d.dtype), 'float32'),
+      );
+      try {
+        return (t.dataSync() as Float32Array).slice();
+      } finally {
+        t.dispose();
+      }
+    } finally {
+      Math.random = own;
+    }
+  };
+}
+
+/** A weight's initial values: its initializer drawn again from the run's seed, else its current values (a loaded model's). */
+function initOf(w: tfl.LayerVariable): Init {
+  const d = drawings.get(w);
+  if (d && !assigned.has(w)) return { kind: 'initializer', draw: redraw(d) };
+  return {
+    kind: 'values',
+    values: (w.read().dataSync() as Float32Array).slice(),
+  };
+}
+
+/**
+ * `[rows, ...noiseShape]` noise for `x` ([rows, ...]), each row drawn from its example's own
+ * stream (model/noise.ts) by `draw`, float32.
+ */
+function perExample(
+  x: tf.Tensor,
+  noiseShape: number[],
+  ctx: NoiseContext,
+  layer: number,
+  draw: (rng: Rng) => number,
+): tf.Tensor {
+  const rows = x.shape[0]!;
+  const n = sizeOf(noiseShape);
+  const data = new Float32Array(rows * n);
+  for (let r = 0; r < rows; r++) {
+    const rng = exampleStream(ctx, r, layer);
+    for (let j = 0; j < n; j++) data[r * n + j] = draw(rng);
+  }
+  return tf.tensor(data, [rows, ...noiseShape], 'float32');
+}
+
+/** A dropout mask's shape without the batch axis: the layer's noiseShape (null: x's size), else x's. */
+function maskShape(
+  x: tf.Tensor,
+  noiseShape?: Array<number | null> | null,
+): number[] {
+  const rest = x.shape.slice(1);
+  if (!noiseShape) return rest;
+  return noiseShape.slice(1).map((d, i) => d ?? rest[i]!);
+}
+
+/** A dropout with keep probability 1 - rate over a mask of `shape` (batch axis excluded), scaled by 1 / keep as TF.js's. */
+function dropout(
+  x: tf.Tensor,
+  rate: number,
+  shape: number[],
+  ctx: NoiseContext,
+  layer: number,
+): tf.Tensor {
+  if (!(rate > 0 && rate < 1)) return x;
+  const keep = 1 - rate;
+  const mask = perExample(x, shape, ctx, layer, (rng) =>
+    rng.next() < keep ? 1 / keep : 0,
+  );
+  return tf.mul(x, mask);
+}
+
+/**
+ * The training-time forward of the layers that draw noise, drawn per example from the run's
+ * seed (model/noise.ts) rather than by the layer's own unseeded `call`: x -> y of x's shape.
+ * Other layers with training-time randomness ({@link INFERENCE_ONLY}) run in inference mode.
+ */
+const NOISE_LAYERS: Record<
+  string,
+  (l: Layer, x: tf.Tensor, ctx: NoiseContext, layer: number) => tf.Tensor
+> = {
+  Dropout: (l, x, ctx, layer) => {
+    const c = l.getConfig() as {
+      rate: number;
+      noiseShape?: Array<number | null> | null;
+    };
+    return dropout(x, c.rate, maskShape(x, c.noiseShape), ctx, layer);
+  },
+  SpatialDropout1D: (l, x, ctx, layer) =>
+    dropout(
+      x,
+      (l.getConfig() as { rate: number }).rate,
+      [1, x.shape[2]!],
+      ctx,
+      layer,
+    ),
+  GaussianNoise: (l, x, ctx, layer) => {
+    const { stddev } = l.getConfig() as { stddev: number };
+    return tf.add(
+      x,
+      perExample(
+        x,
+        x.shape.slice(1),
+        ctx,
+        layer,
+        (rng) => rng.normal() * stddev,
+      ),
+    );
+  },
+  GaussianDropout: (l, x, ctx, layer) => {
+    const { rate } = l.getConfig() as { rate: number };
+    if (!(rate > 0 && rate < 1)) return x;
+    const std = Math.sqrt(rate / (1 - rate));
+    return tf.mul(
+      x,
+      perExample(
+        x,
+        x.shape.slice(1),
+        ctx,
+        layer,
+        (rng) => 1 + rng.normal() * std,
+      ),
+    );
+  },
+};
+
+/** Layers with training-time randomness that layerwise does not draw per example: they run in inference mode (no noise). */
+export const INFERENCE_ONLY: readonly string[] = ['AlphaDropout'];
 
 const isInputLayer = (l: Layer): boolean => l.getClassName() === 'InputLayer';
 
@@ -167,6 +375,7 @@ export function blocksFromLayersModel(
       g.map((n) => byName.get(n)!),
       outputs[b]!,
       copy,
+      (n) => order.indexOf(n),
     ),
   );
 }
@@ -191,6 +400,7 @@ function makeBlock(
   layers: Layer[],
   output: string,
   copyInitial: boolean,
+  layerIndex: (name: string) => number,
 ): Block {
   const params: ParamSpec[] = [];
   // the strategy's tensors for this call; the layers' weights read from here
@@ -213,13 +423,10 @@ function makeBlock(
         );
         return d as number;
       });
-      const values = copyInitial
-        ? (w.read().dataSync() as Float32Array).slice()
-        : undefined;
       params.push({
         name,
         shape,
-        init: values ? { kind: 'values', values } : { kind: 'zeros' },
+        init: copyInitial ? initOf(w) : { kind: 'zeros' },
       });
       w.dispose();
       (w as { read: () => tf.Tensor }).read = () => {
@@ -237,16 +444,27 @@ function makeBlock(
       const ins = inboundOf(l).map((s) =>
         out.get(names.includes(s) ? s : INPUT),
       );
+      const noise = currentNoise();
+      const draw = noise && NOISE_LAYERS[l.getClassName()];
       out.set(
         l.name,
-        l.apply(
-          ins.length === 1 ? (ins[0] as tf.Tensor) : (ins as tf.Tensor[]),
-        ),
+        draw
+          ? draw(l, ins[0] as tf.Tensor, noise, layerIndex(l.name))
+          : l.apply(
+              ins.length === 1 ? (ins[0] as tf.Tensor) : (ins as tf.Tensor[]),
+            ),
       );
     }
     return out;
   };
+  const notes = layers
+    .filter((l) => INFERENCE_ONLY.includes(l.getClassName()))
+    .map(
+      (l) =>
+        `layer "${l.name}" (${l.getClassName()}) runs in inference mode, without noise: layerwise draws the noise of ${Object.keys(NOISE_LAYERS).join(', ')} per example from --seed, the same under every strategy, but not this layer's`,
+    );
   return {
+    ...(notes.length ? { notes } : {}),
     name:
       layers.length === 1
         ? names[0]!
