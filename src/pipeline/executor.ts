@@ -19,6 +19,7 @@
 import { type GpuSubmit, gpuQueue } from '../backend/gpu-queue.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostParams } from '../model/init.js';
+import type { StepNoise } from '../model/noise.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import {
   type ActionOf,
@@ -98,6 +99,11 @@ export interface StepInputs {
    * computed, no gradient, not stepped. Absent: none (evaluation always runs every block).
    */
   dropped?: readonly number[];
+  /**
+   * Where this step's micro-batches sit, for the noise of Dropout and its kin (model/noise.ts):
+   * the run's seed, the step and this replica's first example. Absent: no noise (evaluation).
+   */
+  noise?: StepNoise;
 }
 
 /** A non-finite value a stage found while diagnosing a step (see {@link StepInputs.diagnose}). */
@@ -184,6 +190,8 @@ export interface StepIO {
   readonly diagnose: boolean;
   /** Blocks this step skips (see {@link StepInputs.dropped}); empty for most steps. */
   readonly dropped: ReadonlySet<number>;
+  /** Where the step's micro-batches sit, for training-time noise (see {@link StepInputs.noise}). */
+  readonly noise?: StepNoise;
   /** Takes micro-batch mb's input: the step's input on the first stage, else the received activation. Throws if absent. */
   takeInput(mb: number): tf.Tensor;
   /** Takes micro-batch mb's labels. Throws if this stage was given none. */
@@ -391,6 +399,7 @@ export async function execute(
     lr: inp.lr,
     diagnose: inp.diagnose === true,
     dropped: new Set(inp.dropped ?? []),
+    noise: inp.noise,
     get scale() {
       return scale;
     },

@@ -16,6 +16,11 @@ import { auxHead, auxKey } from '../model/aux-head.js';
 import type { Block } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
+import {
+  microBatchNoise,
+  type NoiseContext,
+  withNoise,
+} from '../model/noise.js';
 import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import { recordEvaluation } from './evaluation.js';
@@ -49,15 +54,21 @@ export class LocalStage extends TrainableStage {
    * first. Gradients arrive in the order the activations were sent (the next stage works in
    * order), possibly from an earlier mini-batch, so they are matched first-in first-out.
    */
-  private readonly tailStash: Array<{ mb: number; input: tf.Tensor }> = [];
+  private readonly tailStash: Array<{
+    mb: number;
+    input: tf.Tensor;
+    noise?: NoiseContext;
+  }> = [];
   private readonly clipNorm: number;
 
   readonly handlers: Handlers = {
     local_update: (a, io) => {
+      const x = io.takeInput(a.mb);
       const { out, dx } = this.update(
         a.mb,
-        io.takeInput(a.mb),
+        x,
         io.takeLabels(a.mb),
+        microBatchNoise(io.noise, a.mb, x.shape[0]!),
       );
       if (out) io.putOutput(a.mb, out);
       if (dx) io.putInputGrad(a.mb, dx);
@@ -120,12 +131,14 @@ export class LocalStage extends TrainableStage {
    * ([b, ...], owned from now on), labels [b, T] or [b]. Accumulates the gradients of the local
    * loss for this stage's parameters (blocks and head), records the loss in {@link losses}, and
    * returns the output to send on (null on the last stage) and the input gradient (when the
-   * previous stage overlaps, else null).
+   * previous stage overlaps, else null). `noise`: where the micro-batch sits, for its Dropout
+   * noise (model/noise.ts); absent: none.
    */
   update(
     mb: number,
     x: tf.Tensor,
     labels: tf.Tensor,
+    noise?: NoiseContext,
   ): { out: tf.Tensor | null; dx: tf.Tensor | null } {
     const keys = this.params.keys();
     const params = this.params.list(keys);
@@ -136,15 +149,17 @@ export class LocalStage extends TrainableStage {
     const f = (...args: tf.Tensor[]) => {
       const param = StageParams.byKey(keys, args);
       const input = wantX ? args[keys.length] : x;
-      const h = this.params.applyBlocks(
-        this.range.from,
-        this.range.to,
-        input,
-        param,
-        (b, hin) => {
-          if (this.role.overlapTail > 0 && b === tailFrom)
-            tailIn = tf.keep(tf.clone(hin));
-        },
+      const h = withNoise(noise, () =>
+        this.params.applyBlocks(
+          this.range.from,
+          this.range.to,
+          input,
+          param,
+          (b, hin) => {
+            if (this.role.overlapTail > 0 && b === tailFrom)
+              tailIn = tf.keep(tf.clone(hin));
+          },
+        ),
       );
       if (!this.isLast) out = tf.keep(tf.clone(h));
       return this.localLoss(h, labels, param);
@@ -169,7 +184,7 @@ export class LocalStage extends TrainableStage {
     }
     this.reads.scalar(value, (v) => this.losses.set(mb, v));
     this.grads.add(keys, grads);
-    if (tailIn) this.tailStash.push({ mb, input: tailIn });
+    if (tailIn) this.tailStash.push({ mb, input: tailIn, noise });
     return { out, dx: wantX ? grads[keys.length] : null };
   }
 
@@ -192,11 +207,13 @@ export class LocalStage extends TrainableStage {
     const from = this.range.to - this.role.overlapTail;
     const tailKeys = this.params.keysOfBlocks(from, this.range.to);
     const f = (...ps: tf.Tensor[]) =>
-      this.params.applyBlocks(
-        from,
-        this.range.to,
-        tailIn,
-        StageParams.byKey(tailKeys, ps),
+      withNoise(oldest.noise, () =>
+        this.params.applyBlocks(
+          from,
+          this.range.to,
+          tailIn,
+          StageParams.byKey(tailKeys, ps),
+        ),
       );
     let grads: tf.Tensor[];
     try {

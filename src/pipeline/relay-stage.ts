@@ -37,6 +37,7 @@ import { countPrivateBytes, countTransfer } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
 import { type BlockParams, paramKey } from '../model/block.js';
 import type { Model } from '../model/model.js';
+import { microBatchNoise, withNoise } from '../model/noise.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import { ParamStore, type StoreLayout } from '../param-server/store.js';
 import { recordEvaluation } from './evaluation.js';
@@ -388,6 +389,8 @@ export class RelayStage implements StageProgram {
       l !== this.firstLayer(io) &&
       (this.stashPlace === 'host' || holdsBf16());
     const x = this.takeStash(l, mb, io, hostKept);
+    // training draws the layer's Dropout noise for these examples (model/noise.ts)
+    const noise = grad ? microBatchNoise(io.noise, mb, x.shape[0]!) : undefined;
     try {
       if (l === this.layers - 1) {
         const labels = io.takeLabels(mb);
@@ -410,7 +413,7 @@ export class RelayStage implements StageProgram {
         return;
       }
       const next = this.nextLayer(l, io);
-      const y = tf.tidy(() => block.forward(p, x));
+      const y = tf.tidy(() => withNoise(noise, () => block.forward(p, x)));
       // the stage's last layer: the output goes to the next stage
       if (next >= this.range.to) io.putOutput(mb, y);
       else await this.putStash(next, mb, y);
@@ -454,10 +457,13 @@ export class RelayStage implements StageProgram {
       labels = last ? io.takeLabels(mb) : undefined;
       const input = x;
       const wantInput = l > 0;
+      const noise = microBatchNoise(io.noise, mb, x.shape[0]!); // as the forward drew it
       const f = (...args: tf.Tensor[]) => {
         const q: BlockParams = {};
         names.forEach((n, i) => (q[n] = args[i]));
-        const y = block.forward(q, wantInput ? args[names.length] : input);
+        const y = withNoise(noise, () =>
+          block.forward(q, wantInput ? args[names.length] : input),
+        );
         return last ? this.model.loss(y, labels!) : y;
       };
       const xs = [...names.map((n) => p[n]), ...(wantInput ? [x] : [])];

@@ -9,6 +9,11 @@
  * gradients equal those of the whole mini-batch on one device.
  */
 import { tf } from '../backend/tfjs.js';
+import {
+  microBatchNoise,
+  type NoiseContext,
+  withNoise,
+} from '../model/noise.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers } from './executor.js';
 import {
@@ -39,6 +44,8 @@ interface MicroBatchState {
   recorded?: Recorded;
   /** Blocks this step skips (LayerDrop), as the forward ran them; the backward follows it. */
   dropped: ReadonlySet<number>;
+  /** Where the micro-batch sits, for its Dropout noise: a re-computed forward draws the same. */
+  noise?: NoiseContext;
   /** After its input part (I) of a split backward: the weight part's work, for its W. */
   pending?: PendingWeightGrad;
 }
@@ -53,12 +60,14 @@ export class Stage extends TrainableStage {
     forward: (a, io) => {
       const x = io.takeInput(a.mb);
       const labels = this.isLast ? io.takeLabels(a.mb) : undefined;
-      if (io.diagnose) this.diagnoseForward(a.mb, x, labels, io.dropped);
+      const noise = microBatchNoise(io.noise, a.mb, x.shape[0]!);
+      if (io.diagnose) this.diagnoseForward(a.mb, x, labels, io.dropped, noise);
       const y = this.forward(a.mb, x, {
         keep: a.keep,
         grad: a.grad,
         labels,
         dropped: io.dropped,
+        noise,
       });
       if (y) io.putOutput(a.mb, y);
     },
@@ -87,22 +96,26 @@ export class Stage extends TrainableStage {
 
   /**
    * Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last
-   * stage; the params are those of the blocks not in `dropped`, which are skipped.
+   * stage; the params are those of the blocks not in `dropped`, which are skipped. With
+   * `noise`, the blocks draw their training-time noise for that micro-batch (model/noise.ts).
    */
   private fn(
     labels?: tf.Tensor,
     dropped: ReadonlySet<number> = NONE,
+    noise?: NoiseContext,
   ): (...args: tf.Tensor[]) => tf.Tensor {
     const keys = this.params.keys(dropped);
     return (...args) => {
       const x = args[keys.length];
-      const y = this.params.applyBlocks(
-        this.range.from,
-        this.range.to,
-        x,
-        StageParams.byKey(keys, args),
-        undefined,
-        dropped,
+      const y = withNoise(noise, () =>
+        this.params.applyBlocks(
+          this.range.from,
+          this.range.to,
+          x,
+          StageParams.byKey(keys, args),
+          undefined,
+          dropped,
+        ),
       );
       // every block of a middle stage skipped: an op on the tape, so autodiff sees y depend on x
       const out = y === x ? tf.clone(x) : y;
@@ -125,10 +138,13 @@ export class Stage extends TrainableStage {
       grad: boolean;
       labels?: tf.Tensor;
       dropped?: ReadonlySet<number>;
+      /** Where the micro-batch sits, for training-time noise (Dropout); absent: none. */
+      noise?: NoiseContext;
     },
   ): tf.Tensor | null {
     const dropped = opts.grad ? (opts.dropped ?? NONE) : NONE;
-    const f = this.fn(opts.labels, dropped);
+    const noise = opts.grad ? opts.noise : undefined;
+    const f = this.fn(opts.labels, dropped, noise);
     const params = this.params.list(this.params.keys(dropped));
     if (!opts.grad) {
       try {
@@ -159,7 +175,12 @@ export class Stage extends TrainableStage {
         opts.labels?.dispose();
       }
     }
-    const st: MicroBatchState = { input: x, labels: opts.labels, dropped };
+    const st: MicroBatchState = {
+      input: x,
+      labels: opts.labels,
+      dropped,
+      noise,
+    };
     this.mbs.set(mb, st);
     if (opts.keep) {
       st.recorded = recordForward(() => f(...params, x));
@@ -215,7 +236,7 @@ export class Stage extends TrainableStage {
       if (st.recorded) {
         grads = backwardRecorded(st.recorded, xs, seed);
       } else {
-        const f = this.fn(st.labels, st.dropped);
+        const f = this.fn(st.labels, st.dropped, st.noise);
         grads = backwardRecompute(
           wantInput ? f : (...ps) => f(...ps, st.input),
           xs,
@@ -259,7 +280,7 @@ export class Stage extends TrainableStage {
       const rec =
         st.recorded ??
         recordForward(() =>
-          this.fn(st.labels, st.dropped)(...params, st.input),
+          this.fn(st.labels, st.dropped, st.noise)(...params, st.input),
         );
       this.lastRecomputeMs = st.recorded ? 0 : performance.now() - t0;
       st.recorded = undefined;

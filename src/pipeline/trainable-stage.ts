@@ -9,6 +9,7 @@
 import { tf } from '../backend/tfjs.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
+import { type NoiseContext, withNoise } from '../model/noise.js';
 import {
   DeviceOptimizer,
   type OptimizerConfig,
@@ -144,30 +145,37 @@ export abstract class TrainableStage implements StageProgram {
   /**
    * Diagnosis of micro-batch `mb`'s forward: runs the stage's blocks one at a time on `x`
    * (without taking it) and records the first block whose output is not finite, or the loss
-   * (last stage, with `labels`).
+   * (last stage, with `labels`), drawing the forward's Dropout noise (`noise`) as it did.
    */
   protected diagnoseForward(
     mb: number,
     x: tf.Tensor,
     labels?: tf.Tensor,
     dropped?: ReadonlySet<number>,
+    noise?: NoiseContext,
   ): void {
     const group = `forward ${mb}`;
-    tf.tidy(() => {
-      this.checkFinite(x, { what: 'input', block: this.range.from, mb }, group);
-      let h = x;
-      for (let b = this.range.from; b < this.range.to; b++) {
-        if (dropped?.has(b)) continue; // skipped this step (LayerDrop)
-        h = this.params.applyBlocks(b, b + 1, h);
-        this.checkFinite(h, { what: 'activation', block: b, mb }, group);
-      }
-      if (this.isLast && labels)
+    tf.tidy(() =>
+      withNoise(noise, () => {
         this.checkFinite(
-          this.model.loss(h, labels),
-          { what: 'loss', block: this.range.to - 1, mb },
+          x,
+          { what: 'input', block: this.range.from, mb },
           group,
         );
-    });
+        let h = x;
+        for (let b = this.range.from; b < this.range.to; b++) {
+          if (dropped?.has(b)) continue; // skipped this step (LayerDrop)
+          h = this.params.applyBlocks(b, b + 1, h);
+          this.checkFinite(h, { what: 'activation', block: b, mb }, group);
+        }
+        if (this.isLast && labels)
+          this.checkFinite(
+            this.model.loss(h, labels),
+            { what: 'loss', block: this.range.to - 1, mb },
+            group,
+          );
+      }),
+    );
   }
 
   /** Diagnosis of micro-batch `mb`'s parameter gradients (by key, in `keys` order): records the last block with a non-finite one. */

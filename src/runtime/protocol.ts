@@ -3,6 +3,7 @@ import type { Precision } from '../backend/names.js';
 import type { HostTensor } from '../data/microbatch.js';
 /** Messages between the main thread and a stage worker, and between neighbouring stages. */
 import type { ModelConfig } from '../model/model.js';
+import type { StepNoise } from '../model/noise.js';
 import type { OptimizerConfig, OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import type { NumericFault, TraceSpan } from '../pipeline/executor.js';
@@ -77,6 +78,8 @@ export interface StageStep {
   diagnose?: boolean;
   /** Blocks (model indices) skipped this step by --layer-drop (see model/layer-drop.ts). */
   dropped?: number[];
+  /** Where the step's micro-batches sit, for Dropout's per-example noise (model/noise.ts); absent: none. */
+  noise?: StepNoise;
   /** f16: the dynamic loss scale of this step (see optim/loss-scale.ts); default 1. */
   lossScale?: number;
 }

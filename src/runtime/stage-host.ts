@@ -290,6 +290,7 @@ export async function serveStage(
             lr: a.lr,
             diagnose: a.diagnose,
             dropped: a.dropped,
+            noise: a.noise,
             replicas: replica.count,
             lossScale: a.lossScale,
           },

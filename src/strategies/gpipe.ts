@@ -180,6 +180,7 @@ export const gpipe: StrategySpec = {
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
         precision: cfg.precision,
+        seed: cfg.seed,
         devices: parseDevices(cfg.devices, cfg.stages, cfg.replicas),
         replicas: cfg.replicas,
         lossScaling: cfg.precision === 'f16' ? cfg.lossScale : undefined,

@@ -87,6 +87,8 @@ import type {
 
 export interface L2LOptions {
   backend: string;
+  /** The run's seed (--seed), for Dropout's per-example noise (model/noise.ts); default 0. */
+  seed?: number;
   model: ModelConfig;
   /**
    * The layers (blocks) of each device's stage, contiguous and covering the model; default one
@@ -278,9 +280,17 @@ export class L2LStrategy implements Strategy {
     lr: number,
     training: boolean,
     dropped: readonly number[] = [],
+    step?: number,
   ): Promise<StageStepResult[]> {
     try {
-      return await this.runOnDevice(schedule, batch, lr, training, dropped);
+      return await this.runOnDevice(
+        schedule,
+        batch,
+        lr,
+        training,
+        dropped,
+        step,
+      );
     } catch (e) {
       throw this.failure ?? e;
     }
@@ -292,6 +302,7 @@ export class L2LStrategy implements Strategy {
     lr: number,
     training: boolean,
     dropped: readonly number[],
+    step: number | undefined,
   ): Promise<StageStepResult[]> {
     if (this.failure) throw this.failure;
     const m = this.opts.microBatches;
@@ -325,6 +336,15 @@ export class L2LStrategy implements Strategy {
           ...(d === 0 ? { inputs: ins } : {}),
           ...(d === k - 1 ? { labels: labs } : {}),
           ...(dropped.length ? { dropped: [...dropped] } : {}),
+          ...(training && step !== undefined
+            ? {
+                noise: {
+                  seed: this.opts.seed ?? 0,
+                  step,
+                  offset: r * (batch.xShape[0]! / replicas),
+                },
+              }
+            : {}),
           ...(training && this.server.lossScale !== 1
             ? { lossScale: this.server.lossScale }
             : {}),
@@ -369,6 +389,7 @@ export class L2LStrategy implements Strategy {
     batch: Batch,
     lr: number,
     dropped: readonly number[] = [],
+    step?: number,
   ): Submission {
     // LayerDrop: the relay loads, computes and pushes only the layers this step keeps
     const done = this.last
@@ -377,7 +398,7 @@ export class L2LStrategy implements Strategy {
         const schedule = dropped.length
           ? this.trainSchedule(new Set(dropped))
           : this.train;
-        const rs = await this.run(schedule, batch, lr, true, dropped);
+        const rs = await this.run(schedule, batch, lr, true, dropped, step);
         const scaled = this.server.lastLossScale; // f16: decided at the step's last push
         return {
           // the bubble: the time a device waited for the parameter server or its neighbours;
@@ -505,6 +526,7 @@ export const l2l: StrategySpec = {
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
         precision: cfg.precision,
+        seed: cfg.seed,
         lossScale: cfg.precision === 'f16' ? cfg.lossScale : undefined,
         traceGpu: cfg.trace !== undefined,
       },

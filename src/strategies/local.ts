@@ -100,6 +100,7 @@ export const local: StrategySpec = {
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, ranges.length),
         precision: cfg.precision,
+        seed: cfg.seed,
         devices: parseDevices(cfg.devices, ranges.length),
         oomAdvice: local.outOfMemoryAdvice(cfg),
       },

@@ -109,6 +109,11 @@ export interface PipelineOptions {
    * and the scale halved. Absent: no loss scaling.
    */
   lossScaling?: number;
+  /**
+   * The run's seed (--seed): training steps given their step index draw their Dropout noise
+   * from it, per example (model/noise.ts). Default 0.
+   */
+  seed?: number;
 }
 
 /** How long a failed step waits for the other stages' outcomes, to report the root cause, ms. */
@@ -311,6 +316,7 @@ export class PipelineStrategy implements Strategy {
     lr: number,
     diagnose = false,
     dropped?: readonly number[],
+    stepIndex?: number,
   ): {
     first: Promise<unknown>;
     all: Promise<StageStepResult[]>;
@@ -346,6 +352,15 @@ export class PipelineStrategy implements Strategy {
         ...(lossScale !== 1 ? { lossScale } : {}),
         ...(diagnose ? { diagnose } : {}),
         ...(dropped?.length ? { dropped: [...dropped] } : {}),
+        ...(stepIndex !== undefined && batch
+          ? {
+              noise: {
+                seed: this.opts.seed ?? 0,
+                step: stepIndex,
+                offset: r * (batch.xShape[0]! / replicas),
+              },
+            }
+          : {}),
       };
       return w.call(
         'step',
@@ -428,8 +443,10 @@ export class PipelineStrategy implements Strategy {
     lr: number,
     sums: number[],
     dropped?: readonly number[],
+    step?: number,
   ): Promise<never> {
-    const rs = await this.dispatch(this.train, batch, lr, true, dropped).all;
+    const rs = await this.dispatch(this.train, batch, lr, true, dropped, step)
+      .all;
     throw describeFaults(
       rs.flatMap((r) => r.faults ?? []),
       sums,
@@ -445,17 +462,23 @@ export class PipelineStrategy implements Strategy {
       await this.dispatch(this.opts.kind.flush, null, 0).all;
   }
 
-  submit(batch: Batch, lr: number, dropped?: readonly number[]): Submission {
+  submit(
+    batch: Batch,
+    lr: number,
+    dropped?: readonly number[],
+    step?: number,
+  ): Submission {
     const { first, all, fault } = this.dispatch(
       this.train,
       batch,
       lr,
       false,
       dropped,
+      step,
     );
     const done = all.then((rs) =>
       fault.sums
-        ? this.locate(batch, lr, fault.sums, dropped)
+        ? this.locate(batch, lr, fault.sums, dropped, step)
         : {
             // with replicas, the loss is the mean over every replica's micro-batches
             ...stepReport(rs, this.lossDevice(), this.k),

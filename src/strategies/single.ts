@@ -39,6 +39,7 @@ export const single: StrategySpec = {
         deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, cfg.replicas),
         precision: cfg.precision,
+        seed: cfg.seed,
         devices: parseDevices(cfg.devices, 1, cfg.replicas),
         replicas: cfg.replicas,
         lossScaling: cfg.precision === 'f16' ? cfg.lossScale : undefined,

@@ -90,8 +90,16 @@ export interface Strategy {
    * Submits a training step without waiting for it to finish (see {@link Submission}).
    * `dropped`: blocks (model indices) the step skips (--layer-drop, model/layer-drop.ts): not
    * computed, no gradient, not stepped; only strategies whose spec accepts --layer-drop get any.
+   * `step`: the step's index (0-based); with it, Dropout and its kin draw their noise per
+   * example from the run's seed, the step and the example's place in the mini-batch
+   * (model/noise.ts), the same under every strategy; without it they draw none.
    */
-  submit(batch: Batch, lr: number, dropped?: readonly number[]): Submission;
+  submit(
+    batch: Batch,
+    lr: number,
+    dropped?: readonly number[],
+    step?: number,
+  ): Submission;
   /** Mean loss over these batches, without updating anything. */
   evaluate(batches: Batch[]): Promise<Evaluation>;
   /** Current parameters (host copies). */
