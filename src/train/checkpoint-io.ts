@@ -44,7 +44,8 @@ import { loadModel, type ModelConfig } from '../model/model.js';
 import type { LossScaleState } from '../optim/loss-scale.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import { LayerwiseError } from '../util/errors.js';
-import { replaceDirAtomic } from '../util/fsx.js';
+import { atomicLeftovers, replaceDirAtomic } from '../util/fsx.js';
+import { LOCK_DIR, LOCK_OWNER } from './run-folder.js';
 
 export const CHECKPOINT_FORMAT = 'layerwise-checkpoint';
 export const CHECKPOINT_VERSION = 1;
@@ -416,6 +417,20 @@ export function holdsRun(out: string): boolean {
   return RUN_FILES.some((f) => existsSync(join(out, f)));
 }
 
+/**
+ * Whether `out` holds a run that stopped before it did a step: its lock (`.lock`,
+ * `.lock-owner.json`, left by a killed run) or its `run.json`, perhaps still the temporary
+ * file of a write that was killed before its rename.
+ */
+export function startedRun(out: string): boolean {
+  return (
+    existsSync(join(out, 'run.json')) ||
+    existsSync(join(out, LOCK_OWNER)) ||
+    existsSync(join(out, LOCK_DIR)) ||
+    atomicLeftovers(join(out, 'run.json')).length > 0
+  );
+}
+
 /** Quotes `arg` for a POSIX shell when it needs it. */
 function shellQuote(arg: string): string {
   return /^[\w@%+=:,./-]+$/.test(arg)
@@ -423,20 +438,45 @@ function shellQuote(arg: string): string {
     : `'${arg.replaceAll("'", "'\\''")}'`;
 }
 
-/** The command that starts the run in `out` again (from run.json), or undefined. */
-export function restartCommand(out: string): string | undefined {
+/** The shell command `layerwise <argv> --overwrite`: what starts a run of those arguments again. */
+export function startAgainCommand(argv: readonly string[]): string {
+  return [
+    'layerwise',
+    ...argv.filter((a) => a !== '--overwrite'),
+    '--overwrite',
+  ]
+    .map(shellQuote)
+    .join(' ');
+}
+
+/** The argv a run.json (or its temporary file) at `path` holds, or undefined. */
+function savedArgv(path: string): string[] | undefined {
   try {
-    const r = JSON.parse(readFileSync(join(out, 'run.json'), 'utf8')) as {
-      argv?: unknown;
-    };
-    if (!Array.isArray(r.argv) || !r.argv.every((a) => typeof a === 'string'))
-      return undefined;
-    const argv = (r.argv as string[]).filter((a) => a !== '--overwrite');
-    return ['layerwise', ...argv, '--overwrite'].map(shellQuote).join(' ');
+    const r = JSON.parse(readFileSync(path, 'utf8')) as { argv?: unknown };
+    return Array.isArray(r.argv) && r.argv.every((a) => typeof a === 'string')
+      ? (r.argv as string[])
+      : undefined;
   } catch {
     return undefined;
   }
 }
+
+/**
+ * The command that starts the run in `out` again (from run.json, else from the temporary file
+ * of a run.json write that was killed before its rename), or undefined.
+ */
+export function restartCommand(out: string): string | undefined {
+  const path = join(out, 'run.json');
+  for (const p of [path, ...atomicLeftovers(path)]) {
+    const argv = savedArgv(p);
+    if (argv) return startAgainCommand(argv);
+  }
+  return undefined;
+}
+
+/** What to do when the command that started a run is not recoverable (no run.json, or an empty one). */
+export const NO_COMMAND =
+  "its command was not saved: run your original 'layerwise train' command again with the same --out (add --overwrite if it refuses the folder)";
 
 /** A found checkpoint: its folder and contents. */
 export interface FoundCheckpoint {
@@ -479,10 +519,11 @@ export async function findCheckpoint(path: string): Promise<FoundCheckpoint> {
     }
   }
   if (first) throw first;
-  if (holdsRun(path) || existsSync(join(path, 'run.json'))) {
+  if (holdsRun(path) || startedRun(path)) {
+    // a run killed before its first save finished, perhaps while it wrote its run.json
     const cmd = restartCommand(path);
     throw new LayerwiseError(
-      `run folder ${path} holds no complete checkpoint yet (the run stopped before its first save finished); start it again with: ${cmd ?? "your 'layerwise train' command with --overwrite"}`,
+      `run folder ${path} holds no complete checkpoint yet (the run stopped before its first save finished); ${cmd ? `start it again with: ${cmd}` : NO_COMMAND}`,
     );
   }
   throw new LayerwiseError(
