@@ -281,21 +281,46 @@ program
         '--preset or --model is required (or --resume DIR); see layerwise train --help',
       );
     const { resume, checkpoint, maxRestarts, overwrite, ...rest } = o;
-    // stopped (SIGTERM, Ctrl-C) during a save: its temporary files go, the previous checkpoint stays the latest
-    const { removeSaveLeftovers } = await import('../train/checkpoint-io.js');
+    // stopped (SIGTERM, Ctrl-C): a save's temporary files go (the previous checkpoint stays the
+    // latest), the run folder's lock is released, and one line says how to continue the run
+    const {
+      removeSaveLeftovers,
+      hasCheckpoint,
+      restartCommand,
+      startAgainCommand,
+    } = await import('../train/checkpoint-io.js');
+    const { releaseRunLocksSync } = await import('../train/run-folder.js');
+    let runDir: string | undefined; // the run folder, once training started
     for (const [sig, code] of [
       ['SIGTERM', 143],
       ['SIGINT', 130],
     ] as const)
       process.once(sig, () => {
         removeSaveLeftovers();
+        const dir = releaseRunLocksSync()[0] ?? runDir;
+        const why = `stopped by ${sig === 'SIGINT' ? 'Ctrl-C (SIGINT)' : sig}`;
+        let line: string;
+        if (dir === undefined) line = `${why} before training started`;
+        else if (hasCheckpoint(dir))
+          line = `${why}; continue the run with 'layerwise train --resume ${dir}'`;
+        else
+          line = `${why} before the run's first checkpoint; start it again with: ${restartCommand(dir) ?? startAgainCommand(argv.slice(2))}`;
+        process.stderr.write(
+          `${process.stderr.isTTY ? '\n' : ''}layerwise: ${line}\n`,
+        );
         process.exit(code);
       });
+    const h = hooks();
+    const onStart = h.onStart;
+    h.onStart = (info) => {
+      runDir = info.config.out;
+      onStart?.(info);
+    };
     const raw = { ...rest, remat: checkpoint }; // --checkpoint keeps torchgpipe's name for re-materialization
     const r = await trainWithRestarts(
       raw,
       resume,
-      hooks(),
+      h,
       maxRestarts,
       (n, e, from) =>
         console.log(

@@ -161,6 +161,10 @@ export async function spawnDeviceProcess(
   const child = spawn(process.execPath, [entry], {
     env: { ...process.env, ...env, LAYERWISE_TOKEN: token },
     stdio: ['ignore', 'pipe', 'inherit'],
+    // its own process group: a Ctrl-C in the terminal reaches only the coordinator, which
+    // stops the run in order (the resume line, the lock released) and then these processes
+    // (killed when it exits; they exit by themselves once it is gone)
+    detached: true,
   });
   children.add(child);
   child.once('exit', () => children.delete(child));

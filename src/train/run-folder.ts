@@ -11,11 +11,14 @@
  *   checkpoint. The holder's pid and host are written to `.lock-owner.json` beside it; the
  *   lock of a run that was killed is taken over, at once when its pid is gone on this host,
  *   else once it has not been refreshed for {@link STALE_MS}.
+ * - {@link releaseRunLocksSync}: releases every lock this process holds, synchronously, for a
+ *   SIGINT/SIGTERM handler that exits right after (no stale `.lock-owner.json` is left).
  */
 import {
   accessSync,
   constants,
   readFileSync,
+  rmSync,
   type Stats,
   statSync,
   utimesSync,
@@ -171,6 +174,23 @@ export interface RunLock {
   release(): Promise<void>;
 }
 
+/** The locks this process holds: their synchronous release -> their run folder. */
+const held = new Map<() => void, string>();
+
+/**
+ * Releases every run-folder lock this process holds, synchronously (for a SIGINT or SIGTERM
+ * handler: the process exits right after), and returns their run folders. A lock another
+ * process took over is left to it.
+ */
+export function releaseRunLocksSync(): string[] {
+  const dirs: string[] = [];
+  for (const [release, dir] of [...held]) {
+    release();
+    dirs.push(dir);
+  }
+  return dirs;
+}
+
 /**
  * Creates `dir` if needed and takes its lock. Throws {@link LayerwiseError} when another live
  * run holds it, naming the folder and that run's pid, host and start time.
@@ -229,6 +249,22 @@ export async function lockRunFolder(
   };
   await writeFile(join(dir, LOCK_OWNER), `${JSON.stringify(me)}\n`);
   let released = false;
+  const releaseSync = () => {
+    if (released) return;
+    released = true;
+    held.delete(releaseSync);
+    if (compromised) return;
+    rmSync(join(dir, LOCK_OWNER), { force: true });
+    try {
+      lockfile.unlockSync(dir, {
+        lockfilePath: options.lockfilePath,
+        realpath: false,
+      });
+    } catch {
+      // released meanwhile, or its folder is gone
+    }
+  };
+  held.set(releaseSync, dir);
   return {
     dir,
     assertHeld() {
@@ -241,6 +277,7 @@ export async function lockRunFolder(
     async release() {
       if (released) return;
       released = true;
+      held.delete(releaseSync);
       if (compromised) return;
       await rm(join(dir, LOCK_OWNER), { force: true });
       await releaseFn().catch(() => undefined);
