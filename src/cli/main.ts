@@ -53,6 +53,8 @@ function hooks(): TrainHooks {
         console.log(
           `precision ${config.precision}: ${precisionNote(config.precision)}`,
         );
+      for (const note of model.blocks.flatMap((b) => b.notes ?? []))
+        console.log(`note: ${note}`);
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
       if (budget?.budget !== undefined) {

@@ -423,3 +423,42 @@ test('an own model with dropout, killed mid-run and resumed, ends exactly as the
     rmSync(tmp, { recursive: true, force: true });
   }
 });
+
+test('a layer whose noise layerwise does not draw per example (alphaDropout) is named in the run output as running in inference mode', () => {
+  const tmp = mkdtempSync(join(tmpdir(), 'layerwise-own-alpha-'));
+  try {
+    const data = join(tmp, 'data.jsonl');
+    const lines = Array.from({ length: 48 }, (_, i) =>
+      JSON.stringify({
+        x: [i % 5, i % 3, i % 2, 1].map((v) => v / 4),
+        y: i % 3,
+        ...(i >= 40 ? { split: 'val' } : {}),
+      }),
+    );
+    writeFileSync(data, `${lines.join('\n')}\n`);
+    const r = runCli([
+      'train',
+      '--model',
+      fixture('alpha-dropout'),
+      '--data',
+      data,
+      '--steps',
+      '1',
+      '--batch-size',
+      '8',
+      '--eval-batches',
+      '1',
+      '--backend',
+      'cpu',
+      '--out',
+      join(tmp, 'run'),
+    ]);
+    assert.equal(r.code, 0, r.err);
+    assert.match(
+      r.out,
+      /note: layer "noisy" \(AlphaDropout\) runs in inference mode, without noise/,
+    );
+  } finally {
+    rmSync(tmp, { recursive: true, force: true });
+  }
+});
