@@ -6,18 +6,18 @@
  */
 import { availableParallelism } from 'node:os';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
-import {
-  modelConfigFor,
-  resolveConfig,
-  type TrainConfig,
-} from '../config/config.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
-import { loadDataset } from '../data/index.js';
-import { initParams } from '../model/init.js';
-import { buildModel, modelParamCount } from '../model/model.js';
+import { modelParamCount } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
 import { median } from '../util/stats.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import {
+  type BenchModel,
+  loadBenchModel,
+  markdownTable,
+  reportBenchResults,
+  timeTrainSteps,
+} from './report.js';
 
 export interface BackendsBenchOptions {
   preset: string;
@@ -37,79 +37,65 @@ interface Row {
   loss_after: number;
 }
 
+/** What every configuration of the bench shares: the options, the model and the machine's cores. */
+interface BackendsRun {
+  o: BackendsBenchOptions;
+  base: TrainConfig;
+  bench: BenchModel;
+  cores: number;
+  log: (s: string) => void;
+}
+
+/** Runs every configuration (native ones where the addon loads) and writes backends.json and backends.md. */
 export async function benchBackends(
   o: BackendsBenchOptions,
   log: (s: string) => void,
 ): Promise<void> {
   const base = resolveConfig({ preset: o.preset, batchSize: o.batchSize });
-  const ds = await loadDataset(base.data);
-  const model = buildModel(modelConfigFor(base, ds));
-  const params = initParams(model.blocks, base.seed);
-  const context =
-    model.config.arch === 'charlm' ? model.config.context : undefined;
-  const cores = availableParallelism();
+  const bench = await loadBenchModel(base);
+  const run: BackendsRun = {
+    o,
+    base,
+    bench,
+    cores: availableParallelism(),
+    log,
+  };
+  const rows = await measureAll(run);
+  await reportBenchResults(
+    o.out,
+    'backends',
+    {
+      bench: 'backends',
+      options: o,
+      cores: run.cores,
+      params: modelParamCount(bench.model),
+      rows,
+    },
+    backendsMarkdown(run, rows),
+    log,
+  );
+}
 
-  async function measure(
-    over: Partial<TrainConfig>,
-    steps: number,
-  ): Promise<Row> {
-    const cfg = resolveConfig({
-      ...base,
-      balance: undefined,
-      ...over,
-    } as Parameters<typeof resolveConfig>[0]);
-    const s = await createStrategy(cfg, model, params);
-    try {
-      const batcher = makeBatcher(ds, {
-        batchSize: o.batchSize,
-        context,
-        seed: 1,
-      });
-      await s.trainStep(batcher.next(), 1e-4);
-      const times: number[] = [];
-      let tokens = 0;
-      let loss = NaN;
-      for (let i = 0; i < steps; i++) {
-        const b = batcher.next();
-        const t0 = performance.now();
-        loss = (await s.trainStep(b, 1e-4)).loss;
-        times.push((performance.now() - t0) / 1000);
-        tokens = b.tokens;
-      }
-      const secs = median(times);
-      // only the native backend runs its kernels on a team of threads; wasm and cpu use one per device
-      const threads =
-        cfg.backend !== 'native'
-          ? 1
-          : cfg.threads > 0
-            ? cfg.threads
-            : Math.max(1, Math.floor(cores / s.devices));
-      const row = {
-        backend: cfg.backend,
-        strategy: `${cfg.strategy}${s.devices > 1 ? ` K=${s.devices}` : ''}${cfg.strategy === 'gpipe' ? ` M=${cfg.microBatches}` : ''}`,
-        threads_per_device: threads,
-        tokens_per_s: tokens / secs,
-        step_s: secs,
-        loss_after: loss,
-      };
-      log(
-        `${row.backend} ${row.strategy} (${threads} thread(s) per device): ${row.tokens_per_s.toFixed(0)} tokens/s, ${secs.toFixed(2)} s/step`,
-      );
-      return row;
-    } finally {
-      await s.close();
-    }
-  }
-
+/**
+ * wasm and cpu single, then (where the native addon loads) native single, gpipe K=2 M=8 and
+ * local K=2 M=2; one row each, in that order. Logs why native is skipped.
+ */
+async function measureAll(run: BackendsRun): Promise<Row[]> {
+  const { o } = run;
   const rows: Row[] = [];
-  rows.push(await measure({ backend: 'wasm', strategy: 'single' }, o.steps));
-  rows.push(await measure({ backend: 'cpu', strategy: 'single' }, o.cpuSteps));
+  rows.push(
+    await measure(run, { backend: 'wasm', strategy: 'single' }, o.steps),
+  );
+  rows.push(
+    await measure(run, { backend: 'cpu', strategy: 'single' }, o.cpuSteps),
+  );
   if (nativeAddon()) {
     rows.push(
-      await measure({ backend: 'native', strategy: 'single' }, o.steps),
+      await measure(run, { backend: 'native', strategy: 'single' }, o.steps),
     );
     rows.push(
       await measure(
+        run,
         {
           backend: 'native',
           strategy: 'gpipe',
@@ -122,16 +108,92 @@ export async function benchBackends(
     );
     rows.push(
       await measure(
+        run,
         { backend: 'native', strategy: 'local', stages: 2, microBatches: 2 },
         o.steps,
       ),
     );
   } else {
-    log(`native: skipped (${nativeUnavailable()})`);
+    run.log(`native: skipped (${nativeUnavailable()})`);
   }
-  const md = [
+  return rows;
+}
+
+/**
+ * Trains the base config with `over` on top: one warm-up step, then `steps` timed steps; the
+ * row holds the median step (seconds) and tokens/s of it. Logs the row. Closes the strategy.
+ */
+async function measure(
+  run: BackendsRun,
+  over: Partial<TrainConfig>,
+  steps: number,
+): Promise<Row> {
+  const { o, base, bench } = run;
+  const cfg = resolveConfig({
+    ...base,
+    balance: undefined,
+    ...over,
+  } as Parameters<typeof resolveConfig>[0]);
+  const s = await createStrategy(cfg, bench.model, bench.params);
+  try {
+    const batcher = makeBatcher(bench.ds, {
+      batchSize: o.batchSize,
+      context: bench.context,
+      seed: 1,
+    });
+    let tokens = 0;
+    let loss = NaN;
+    const times = await timeTrainSteps(
+      s,
+      () => batcher.next(),
+      steps,
+      (r, b) => {
+        loss = r.loss;
+        tokens = b.tokens;
+      },
+    );
+    const secs = median(times);
+    const threads = threadsOf(cfg, s.devices, run.cores);
+    const row = {
+      backend: cfg.backend,
+      strategy: strategyLabel(cfg, s.devices),
+      threads_per_device: threads,
+      tokens_per_s: tokens / secs,
+      step_s: secs,
+      loss_after: loss,
+    };
+    run.log(
+      `${row.backend} ${row.strategy} (${threads} thread(s) per device): ${row.tokens_per_s.toFixed(0)} tokens/s, ${secs.toFixed(2)} s/step`,
+    );
+    return row;
+  } finally {
+    await s.close();
+  }
+}
+
+/**
+ * Kernel threads per device: only the native backend runs its kernels on a team of threads
+ * (`cfg.threads`, else the cores divided among the `devices`, at least 1); wasm and cpu use one.
+ */
+function threadsOf(cfg: TrainConfig, devices: number, cores: number): number {
+  return cfg.backend !== 'native'
+    ? 1
+    : cfg.threads > 0
+      ? cfg.threads
+      : Math.max(1, Math.floor(cores / devices));
+}
+
+/** A row's strategy column: e.g. `single`, `local K=2`, `gpipe K=2 M=8`. */
+function strategyLabel(cfg: TrainConfig, devices: number): string {
+  return `${cfg.strategy}${devices > 1 ? ` K=${devices}` : ''}${cfg.strategy === 'gpipe' ? ` M=${cfg.microBatches}` : ''}`;
+}
+
+/** backends.md: the setting, then one table row per configuration. */
+function backendsMarkdown(run: BackendsRun, rows: Row[]): string {
+  const { o, bench, cores } = run;
+  return [
     `# backends benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, median of ${o.steps} measured steps (cpu: ${o.cpuSteps}) after one warm-up step, on this machine (${cores} cores, Node ${process.versions.node}).\n`,
+    `Model ${o.preset} (${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, median of ${o.steps} measured steps (cpu: ${o.cpuSteps}) after one warm-up step, on this machine (${cores} cores, Node ${process.versions.node}).\n`,
     markdownTable({
       columns: [
         'backend',
@@ -149,17 +211,4 @@ export async function benchBackends(
       ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(
-    o.out,
-    'backends',
-    {
-      bench: 'backends',
-      options: o,
-      cores,
-      params: modelParamCount(model),
-      rows,
-    },
-    md,
-  );
-  log(`wrote ${files.join(', ')}`);
 }

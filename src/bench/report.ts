@@ -1,5 +1,14 @@
-/** Bench output: results as JSON and as a Markdown table, written atomically under bench/results/. */
+/**
+ * What the benchmarks share: the model they train, the timed training loop, rotated rounds, and
+ * their output (results as JSON and as a Markdown table, written atomically under bench/results/).
+ */
 import { join } from 'node:path';
+import { modelConfigFor, type TrainConfig } from '../config/config.js';
+import type { Batch } from '../data/batcher.js';
+import { type Dataset, loadDataset } from '../data/index.js';
+import { type HostParams, initParams } from '../model/init.js';
+import { buildModel, type Model } from '../model/model.js';
+import type { StepReport, Strategy } from '../strategies/strategy.js';
 import type { StepMetrics } from '../train/metrics.js';
 import { writeFileAtomic } from '../util/fsx.js';
 
@@ -28,6 +37,87 @@ export async function writeBenchResults(
   await writeFileAtomic(j, `${JSON.stringify(json, null, 2)}\n`);
   await writeFileAtomic(m, markdown);
   return [j, m];
+}
+
+/**
+ * {@link writeBenchResults}, then logs `wrote <dir>/<name>.json, <dir>/<name>.md`.
+ */
+export async function reportBenchResults(
+  dir: string,
+  name: string,
+  json: unknown,
+  markdown: string,
+  log: (s: string) => void,
+): Promise<void> {
+  const files = await writeBenchResults(dir, name, json, markdown);
+  log(`wrote ${files.join(', ')}`);
+}
+
+/** A preset's model as a bench trains it (see {@link loadBenchModel}). */
+export interface BenchModel {
+  ds: Dataset;
+  model: Model;
+  /** Initial parameters, drawn from the config's seed. */
+  params: HostParams;
+  /** A charlm's context length (tokens per example); undefined for other architectures. */
+  context: number | undefined;
+}
+
+/**
+ * Loads `base`'s data set, builds its model and draws the initial parameters from `base.seed`.
+ * Throws what loadDataset and modelConfigFor throw (an unknown data set, a model module).
+ */
+export async function loadBenchModel(base: TrainConfig): Promise<BenchModel> {
+  const ds = await loadDataset(base.data);
+  const model = buildModel(modelConfigFor(base, ds));
+  const params = initParams(model.blocks, base.seed);
+  const context =
+    model.config.arch === 'charlm' ? model.config.context : undefined;
+  return { ds, model, params, context };
+}
+
+/**
+ * One warm-up step (kernels, XNNPACK packing) on `next()`'s batch, then `steps` timed steps,
+ * all at learning rate 1e-4. Returns each timed step's wall seconds, in order: the time of
+ * `trainStep` alone, not of making its batch. `onStep` hears each timed step's report and batch
+ * (after its time is taken). Rejects as the strategy's `trainStep` does.
+ */
+export async function timeTrainSteps(
+  s: Pick<Strategy, 'trainStep'>,
+  next: () => Batch,
+  steps: number,
+  onStep: (r: StepReport, b: Batch) => void,
+): Promise<number[]> {
+  await s.trainStep(next(), 1e-4);
+  const times: number[] = [];
+  for (let i = 0; i < steps; i++) {
+    const b = next();
+    const t0 = performance.now();
+    const r = await s.trainStep(b, 1e-4);
+    times.push((performance.now() - t0) / 1000);
+    onStep(r, b);
+  }
+  return times;
+}
+
+/**
+ * Runs `run(i, round)` for each of `n` configurations once per round, one after the other; round
+ * r goes in the order r, r+1, ... (mod n), so a drift of the machine's speed spreads over all of
+ * them. Returns, per configuration, its results in round order. Rejects with `run`'s first
+ * rejection (nothing after it runs).
+ */
+export async function inRotatedRounds<T>(
+  n: number,
+  rounds: number,
+  run: (i: number, round: number) => Promise<T>,
+): Promise<T[][]> {
+  const out: T[][] = Array.from({ length: n }, () => []);
+  for (let round = 0; round < rounds; round++)
+    for (let j = 0; j < n; j++) {
+      const i = (j + round) % n;
+      out[i]!.push(await run(i, round));
+    }
+  return out;
 }
 
 /**
