@@ -53,20 +53,14 @@ function splitCells(row: string): string[] {
 }
 
 /**
- * Parses and checks a schedule file's text: cell syntax; F and B only; a stage on one device;
- * stages 0..S-1 all present; every stage has one F and one B per micro-batch 0..M-1; stages
- * on different devices only between neighbouring devices (d, d + 1); no deadlock and every
- * dependency met (the lowered schedule simulated). Forwards keep activations by `remat`.
- * Throws {@link LayerwiseError} with the offending action named and the schedule printed with
- * `<-- ERROR HERE` on its row.
+ * Throws the file's error: action `what` on `device` fails because `why`; the message shows the
+ * grid (`shown`: per device, its cells; `.` for an empty one) with `<-- ERROR HERE` on its row.
  */
-export function loadScheduleCsv(
-  text: string,
-  remat: RematMode = 'never',
-): LoadedSchedule {
-  const rows = text.replace(/\r/g, '').replace(/\n+$/, '').split('\n');
-  const shown = rows.map(splitCells);
-  const fail = (device: number, what: string, why: string): never => {
+type Fail = (device: number, what: string, why: string) => never;
+
+/** The {@link Fail} of a file whose rows split into the cells `shown`. */
+function failIn(shown: readonly string[][]): Fail {
+  return (device, what, why) => {
     const grid = shown
       .map(
         (cells, d) =>
@@ -77,7 +71,15 @@ export function loadScheduleCsv(
       `schedule file: action ${what} on device ${device}: ${why}\n${grid}`,
     );
   };
-  const cells: Cell[][] = shown.map((row, device) =>
+}
+
+/**
+ * Parses each device's row (`shown[d]`: its cells) into its actions in order, an empty cell
+ * skipped and a compound `(a;b)OVERLAP_F_B` cell as its parts. Fails on a cell that is not
+ * `<stage><type><micro-batch>` or whose type is not F, B, I or W.
+ */
+function parseCells(shown: readonly string[][], fail: Fail): Cell[][] {
+  return shown.map((row, device) =>
     row.flatMap((raw) => {
       if (raw === '') return [];
       const compound = /^\((.*)\)OVERLAP_F_B$/.exec(raw);
@@ -97,9 +99,14 @@ export function loadScheduleCsv(
       });
     }),
   );
-  const all = cells.flat();
-  if (all.length === 0)
-    throw new LayerwiseError('schedule file: no actions in it');
+}
+
+/**
+ * The device of each stage (`placement[s]`), from the rows its actions are on. Fails on a stage
+ * with actions on two devices; throws {@link LayerwiseError} when a stage below the largest has
+ * no action.
+ */
+function inferPlacement(all: readonly Cell[], fail: Fail): number[] {
   const placement: number[] = [];
   for (const c of all) {
     const at = placement[c.stage];
@@ -117,14 +124,26 @@ export function loadScheduleCsv(
       throw new LayerwiseError(
         `schedule file: stage ${s} has no action (stages must be 0..${stages - 1})`,
       );
-  const m = Math.max(...all.map((c) => c.mb)) + 1;
+  return placement;
+}
+
+/**
+ * Checks that every stage has, for each of the `m` micro-batches, one F and either one B or one
+ * I and one W, and no action twice. Fails naming the repeated, conflicting or missing action.
+ */
+function checkComplete(
+  all: readonly Cell[],
+  placement: readonly number[],
+  m: number,
+  fail: Fail,
+): void {
   const seen = new Set<string>();
   for (const c of all) {
     const key = `${c.stage}${c.type}${c.mb}`;
     if (seen.has(key)) fail(c.device, c.text, 'appears twice');
     seen.add(key);
   }
-  for (let s = 0; s < stages; s++)
+  for (let s = 0; s < placement.length; s++)
     for (let mb = 0; mb < m; mb++) {
       const has = (type: string) => seen.has(`${s}${type}${mb}`);
       const split = has('I') || has('W');
@@ -142,7 +161,15 @@ export function loadScheduleCsv(
             `missing: stage ${s} needs for each of the ${m} micro-batches one F and one B (or one I and one W)`,
           );
     }
-  const compute: ComputeSchedule = cells.map((row) =>
+}
+
+/** The compute schedule of the parsed cells: a forward keeps its activations by `remat` (of `m` micro-batches) and records gradients. */
+function computeOf(
+  cells: readonly Cell[][],
+  remat: RematMode,
+  m: number,
+): ComputeSchedule {
+  return cells.map((row) =>
     row.map(
       (c): ComputeAction =>
         c.type === 'F'
@@ -160,12 +187,27 @@ export function loadScheduleCsv(
             } as ComputeAction),
     ),
   );
-  let lowered: Action[][];
+}
+
+/** `compute` lowered on `placement` (one all-reduce step); a lowering error rethrown as the file's {@link LayerwiseError}. */
+function lowerFile(compute: ComputeSchedule, placement: number[]): Action[][] {
   try {
-    lowered = lower(compute, placement, { step: 'all-reduce' });
+    return lower(compute, placement, { step: 'all-reduce' });
   } catch (e) {
     throw new LayerwiseError(`schedule file: ${(e as Error).message}`);
   }
+}
+
+/**
+ * Simulates the lowered schedule; fails when it deadlocks or misses a dependency, naming the
+ * compute action the failure is at (the failing action, or the next compute action on its
+ * device). A simulation error that names no action of `lowered` is rethrown as it is.
+ */
+function checkSimulated(
+  lowered: Action[][],
+  compute: ComputeSchedule,
+  fail: Fail,
+): void {
   try {
     simulate(lowered);
   } catch (e) {
@@ -183,5 +225,32 @@ export function loadScheduleCsv(
     );
     fail(device, at ? cellOf(at as ComputeAction) : String(a.op), why);
   }
+}
+
+/**
+ * Parses and checks a schedule file's text: cell syntax; F and B only; a stage on one device;
+ * stages 0..S-1 all present; every stage has one F and one B per micro-batch 0..M-1; stages
+ * on different devices only between neighbouring devices (d, d + 1); no deadlock and every
+ * dependency met (the lowered schedule simulated). Forwards keep activations by `remat`.
+ * Throws {@link LayerwiseError} with the offending action named and the schedule printed with
+ * `<-- ERROR HERE` on its row.
+ */
+export function loadScheduleCsv(
+  text: string,
+  remat: RematMode = 'never',
+): LoadedSchedule {
+  const rows = text.replace(/\r/g, '').replace(/\n+$/, '').split('\n');
+  const shown = rows.map(splitCells);
+  const fail = failIn(shown);
+  const cells = parseCells(shown, fail);
+  const all = cells.flat();
+  if (all.length === 0)
+    throw new LayerwiseError('schedule file: no actions in it');
+  const placement = inferPlacement(all, fail);
+  const m = Math.max(...all.map((c) => c.mb)) + 1;
+  checkComplete(all, placement, m, fail);
+  const compute = computeOf(cells, remat, m);
+  const lowered = lowerFile(compute, placement);
+  checkSimulated(lowered, compute, fail);
   return { compute, placement, m };
 }
