@@ -7,17 +7,11 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, type Precision } from '../backend/index.js';
-import {
-  modelConfigFor,
-  optimizerConfigOf,
-  resolveConfig,
-} from '../config/config.js';
+import { optimizerConfigOf, resolveConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
-import { loadDataset } from '../data/index.js';
-import { initParams } from '../model/init.js';
-import { buildModel, modelParamCount } from '../model/model.js';
+import { type Model, modelParamCount } from '../model/model.js';
 import { Stage } from '../pipeline/stage.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import { loadBenchModel, markdownTable, reportBenchResults } from './report.js';
 
 export interface KernelsBenchOptions {
   preset: string;
@@ -32,57 +26,122 @@ export interface KernelsBenchOptions {
   out: string;
 }
 
+/** Each kernel's (or kernel and input shapes') total milliseconds and calls while timing is on. */
+interface KernelTimer {
+  times: Map<string, { ms: number; calls: number }>;
+  /** Whether kernels are timed now (off during the warm-up step). */
+  timing: boolean;
+}
+
+/** One table row: a kernel's mean milliseconds and calls per measured step. */
+interface KernelRow {
+  kernel: string;
+  ms_per_step: number;
+  calls_per_step: number;
+}
+
+/** What the measured steps took: the model, milliseconds summed over them, tokens per step. */
+interface Steps {
+  model: Model;
+  stepMs: number;
+  tokens: number;
+}
+
+/** Times every kernel of `o.backend` over `o.steps` training steps; writes kernels-<backend>[-bf16].{json,md}. */
 export async function benchKernels(
   o: KernelsBenchOptions,
   log: (s: string) => void,
 ): Promise<void> {
   await initBackend(o.backend, { precision: o.precision ?? 'fp32' });
-  const times = new Map<string, { ms: number; calls: number }>();
-  let timing = false;
-  for (const k of tf.getKernelsForBackend(o.backend)) {
+  const timer = wrapKernels(o.backend, o.shapes);
+  const { model, stepMs, tokens } = await trainSteps(o, timer);
+  const perStep = stepMs / o.steps;
+  const kernelMs =
+    [...timer.times.values()].reduce((a, e) => a + e.ms, 0) / o.steps;
+  const rows = kernelRows(timer, o.steps);
+  log(
+    `${o.backend} ${o.precision ?? 'fp32'}: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms in kernels`,
+  );
+  for (const r of rows.slice(0, 12))
+    log(
+      `  ${r.kernel.padEnd(32)} ${r.ms_per_step.toFixed(1).padStart(8)} ms  ${r.calls_per_step} calls`,
+    );
+  await reportBenchResults(
+    o.out,
+    `kernels-${o.backend}${o.precision === 'bf16' ? '-bf16' : ''}`,
+    {
+      bench: 'kernels',
+      options: o,
+      step_ms: perStep,
+      kernel_ms: kernelMs,
+      tokens,
+      rows,
+    },
+    kernelsMarkdown(o, model, { perStep, kernelMs, tokens }, rows),
+    log,
+  );
+}
+
+/**
+ * Registers every kernel of `backend` again wrapped with a timer: while `timing` is on, each
+ * call adds its milliseconds (output allocation included) and one call to its row, keyed by the
+ * kernel's name (`byShapes`: and its inputs' shapes, e.g. `MatMul [32,64] [64,64]`).
+ */
+function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
+  const timer: KernelTimer = { times: new Map(), timing: false };
+  for (const k of tf.getKernelsForBackend(backend)) {
     const f = k.kernelFunc;
-    tf.unregisterKernel(k.kernelName, o.backend);
+    tf.unregisterKernel(k.kernelName, backend);
     tf.registerKernel({
       ...k,
       kernelFunc: (args) => {
-        if (!timing) return f(args);
+        if (!timer.timing) return f(args);
         const t0 = performance.now();
         const r = f(args);
-        const key = o.shapes
+        const key = byShapes
           ? `${k.kernelName} ${Object.values(args.inputs)
               .map((t) => `[${(t as tf.TensorInfo | undefined)?.shape}]`)
               .join(' ')}`
           : k.kernelName;
-        const e = times.get(key) ?? { ms: 0, calls: 0 };
+        const e = timer.times.get(key) ?? { ms: 0, calls: 0 };
         e.ms += performance.now() - t0;
         e.calls++;
-        times.set(key, e);
+        timer.times.set(key, e);
         return r;
       },
     });
   }
+  return timer;
+}
+
+/**
+ * Trains `o.preset` on one plain-backprop Stage in this thread: one warm-up step with the timer
+ * off, then `o.steps` steps with it on (forward, backward, optimizer step at lr 1e-4). Returns
+ * the model, the measured steps' total milliseconds and the tokens of one step. Disposes the stage.
+ */
+async function trainSteps(
+  o: KernelsBenchOptions,
+  timer: KernelTimer,
+): Promise<Steps> {
   const cfg = resolveConfig({
     preset: o.preset,
     batchSize: o.batchSize,
     backend: o.backend,
   });
-  const ds = await loadDataset(cfg.data);
-  const model = buildModel(modelConfigFor(cfg, ds));
+  const { ds, model, params, context } = await loadBenchModel(cfg);
   const stage = new Stage(
     model,
     { from: 0, to: model.blocks.length },
-    initParams(model.blocks, cfg.seed),
+    params,
     optimizerConfigOf(cfg),
   );
-  const context =
-    model.config.arch === 'charlm' ? model.config.context : undefined;
   const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
   let stepMs = 0;
   let tokens = 0;
   try {
     for (let s = 0; s <= o.steps; s++) {
       const b = batcher.next();
-      timing = s > 0;
+      timer.timing = s > 0;
       const t0 = performance.now();
       stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
         keep: true,
@@ -97,23 +156,29 @@ export async function benchKernels(
   } finally {
     stage.dispose();
   }
-  const perStep = stepMs / o.steps;
-  const kernelMs = [...times.values()].reduce((a, e) => a + e.ms, 0) / o.steps;
-  const rows = [...times]
+  return { model, stepMs, tokens };
+}
+
+/** The timer's rows as means per step over `steps` steps, slowest first. */
+function kernelRows(timer: KernelTimer, steps: number): KernelRow[] {
+  return [...timer.times]
     .map(([kernel, e]) => ({
       kernel,
-      ms_per_step: e.ms / o.steps,
-      calls_per_step: e.calls / o.steps,
+      ms_per_step: e.ms / steps,
+      calls_per_step: e.calls / steps,
     }))
     .sort((a, b) => b.ms_per_step - a.ms_per_step);
-  log(
-    `${o.backend} ${o.precision ?? 'fp32'}: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms in kernels`,
-  );
-  for (const r of rows.slice(0, 12))
-    log(
-      `  ${r.kernel.padEnd(32)} ${r.ms_per_step.toFixed(1).padStart(8)} ms  ${r.calls_per_step} calls`,
-    );
-  const md = [
+}
+
+/** kernels.md: the setting and step time (ms per step, in kernels), then one table row per kernel. */
+function kernelsMarkdown(
+  o: KernelsBenchOptions,
+  model: Model,
+  step: { perStep: number; kernelMs: number; tokens: number },
+  rows: KernelRow[],
+): string {
+  const { perStep, kernelMs, tokens } = step;
+  return [
     `# kernels benchmark\n`,
     `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, single-device training in one thread, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output).\n`,
     markdownTable({
@@ -126,18 +191,4 @@ export async function benchKernels(
       ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(
-    o.out,
-    `kernels-${o.backend}${o.precision === 'bf16' ? '-bf16' : ''}`,
-    {
-      bench: 'kernels',
-      options: o,
-      step_ms: perStep,
-      kernel_ms: kernelMs,
-      tokens,
-      rows,
-    },
-    md,
-  );
-  log(`wrote ${files.join(', ')}`);
 }
