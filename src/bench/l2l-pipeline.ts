@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { readStepMetrics } from '../train/metrics.js';
 import { train } from '../train/trainer.js';
-import { markdownTable, stepFigures, writeBenchResults } from './report.js';
+import { markdownTable, reportBenchResults, stepFigures } from './report.js';
 
 export interface L2LPipelineBenchOptions {
   /** Blocks of each model of the sweep (decoder blocks + 2). */
@@ -55,37 +55,18 @@ export async function benchL2LPipeline(
     run: string,
     blocks: number,
     flags: Record<string, unknown>,
-  ): Promise<RunFigures> => {
-    const out = join(dir, `${run}-${blocks}`);
-    const r = await train({
-      preset: 'charlm-small',
-      layers: blocks - 2,
-      microBatches: o.microBatches,
-      batchSize: o.batchSize,
-      steps: o.steps,
-      evalEvery: 0,
-      evalBatches: 1,
-      backend: o.backend,
-      deviceMemory: '4GiB',
-      out,
-      ...flags,
-    });
-    const f = stepFigures(readStepMetrics(out));
-    const s = r.summary;
-    const fig: RunFigures = {
+  ): Promise<void> => {
+    const fig = await trainRun(
+      o,
+      join(dir, `${run}-${blocks}`),
       run,
       blocks,
-      peak_device_bytes: s.peak_device_bytes ?? [],
-      predicted_peak_device_bytes: s.predicted_peak_device_bytes ?? null,
-      host_to_device_bytes: f.hostToDeviceBytes,
-      step_s: f.stepSeconds,
-      tokens_per_s: s.tokens_per_s ?? Number.NaN,
-    };
+      flags,
+    );
     runs.push(fig);
     log(
       `${run}, ${blocks} blocks: peak ${fig.peak_device_bytes.map(mib).join(' / ')} MiB (predicted ${fig.predicted_peak_device_bytes?.map(mib).join(' / ') ?? '-'}), ${mib(fig.host_to_device_bytes)} MiB host-to-device per step, step ${fig.step_s.toFixed(3)} s, ${fig.tokens_per_s.toFixed(0)} tokens/s`,
     );
-    return fig;
   };
   try {
     for (const blocks of o.blocks)
@@ -110,7 +91,65 @@ export async function benchL2LPipeline(
   const growth = last.peak_device_bytes.map(
     (b, d) => b / first.peak_device_bytes[d]!,
   );
-  const md = `# l2l-pipeline benchmark\n\nThe pipelined relay, \`--strategy l2l --stages ${k}\` (each device relays its own stage's layers from the one parameter server; gpipe schedule, host stash), on charlm-small with more and more blocks, mini-batch ${o.batchSize}, ${o.microBatches} micro-batches, backend ${o.backend}, ${o.steps} steps per run (the first left out of the step figures), one run after the other on this machine. Peaks are summary.json's \`peak_device_bytes\` and \`predicted_peak_device_bytes\` (predicted before training).\n\n${markdownTable(
+  await reportBenchResults(
+    o.out,
+    'l2l-pipeline',
+    { options: o, runs, growth },
+    l2lPipelineMarkdown(o, runs, { first, last, growth }),
+    log,
+  );
+  return runs;
+}
+
+/**
+ * Trains charlm-small with `blocks` blocks through the trainer (o's micro-batches, mini-batch,
+ * steps and backend; a 4 GiB device budget; no evaluation) with `flags` on top, into `out`;
+ * returns its figures from summary.json and its step metrics, labelled `run`.
+ */
+async function trainRun(
+  o: L2LPipelineBenchOptions,
+  out: string,
+  run: string,
+  blocks: number,
+  flags: Record<string, unknown>,
+): Promise<RunFigures> {
+  const r = await train({
+    preset: 'charlm-small',
+    layers: blocks - 2,
+    microBatches: o.microBatches,
+    batchSize: o.batchSize,
+    steps: o.steps,
+    evalEvery: 0,
+    evalBatches: 1,
+    backend: o.backend,
+    deviceMemory: '4GiB',
+    out,
+    ...flags,
+  });
+  const f = stepFigures(readStepMetrics(out));
+  const s = r.summary;
+  return {
+    run,
+    blocks,
+    peak_device_bytes: s.peak_device_bytes ?? [],
+    predicted_peak_device_bytes: s.predicted_peak_device_bytes ?? null,
+    host_to_device_bytes: f.hostToDeviceBytes,
+    step_s: f.stepSeconds,
+    tokens_per_s: s.tokens_per_s ?? Number.NaN,
+  };
+}
+
+/**
+ * l2l-pipeline.md: the setting, one table row per run, and each device's peak at the deepest
+ * sweep model (`last`) against the shallowest (`first`): `growth`, beside the 1.05x bar.
+ */
+function l2lPipelineMarkdown(
+  o: L2LPipelineBenchOptions,
+  runs: RunFigures[],
+  sweep: { first: RunFigures; last: RunFigures; growth: number[] },
+): string {
+  const { first, last, growth } = sweep;
+  return `# l2l-pipeline benchmark\n\nThe pipelined relay, \`--strategy l2l --stages ${o.stages}\` (each device relays its own stage's layers from the one parameter server; gpipe schedule, host stash), on charlm-small with more and more blocks, mini-batch ${o.batchSize}, ${o.microBatches} micro-batches, backend ${o.backend}, ${o.steps} steps per run (the first left out of the step figures), one run after the other on this machine. Peaks are summary.json's \`peak_device_bytes\` and \`predicted_peak_device_bytes\` (predicted before training).\n\n${markdownTable(
     {
       columns: [
         'run',
@@ -132,12 +171,4 @@ export async function benchL2LPipeline(
       ]),
     },
   )}\nPeak per device at ${last.blocks} blocks against ${first.blocks}: ${growth.map((g) => `${g.toFixed(3)}x`).join(' / ')} (bar: at most 1.05x).\n`;
-  const files = await writeBenchResults(
-    o.out,
-    'l2l-pipeline',
-    { options: o, runs, growth },
-    md,
-  );
-  log(`wrote ${files.join(', ')}`);
-  return runs;
 }
