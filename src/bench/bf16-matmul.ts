@@ -10,9 +10,13 @@
  * CPU's ISA and oneDNN's implementation name.
  */
 import { bf16Support } from '../backend/names.js';
-import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
+import {
+  type NativeAddon,
+  nativeAddon,
+  nativeUnavailable,
+} from '../backend/native-addon.js';
 import { LayerwiseError } from '../util/errors.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import { markdownTable, reportBenchResults } from './report.js';
 
 export interface Bf16MatmulBenchOptions {
   /** Rows of the activations (batch x context). */
@@ -80,6 +84,33 @@ const median = (xs: number[]) => {
   return s[Math.floor(s.length / 2)]!;
 };
 
+/** What bf16 runs on here: oneDNN's ISA, bf16 instructions, the line for logs. */
+type Bf16Support = ReturnType<typeof bf16Support>;
+
+/** One product's row: median ms of each variant, GFLOP/s, speed-ups over fp32, oneDNN's implementation. */
+type ProductRow = ReturnType<typeof productRow>;
+
+/** The totals over all products of each variant's median ms. */
+interface Summary {
+  fp32_ms: number;
+  bf16_kernel_ms: number;
+  bf16_training_ms: number;
+  bf16_convert_both_ms: number;
+}
+
+/** A product's operands: random float32 in [-0.5, 0.5), their bf16 copies, and the output. */
+interface Operands {
+  a: Float32Array;
+  b: Float32Array;
+  c: Float32Array;
+  a16: Uint16Array;
+  b16: Uint16Array;
+}
+
+/**
+ * Times each of charlm-small's products in every variant and writes bf16-matmul.{json,md}.
+ * Throws {@link LayerwiseError} without the native addon.
+ */
 export async function benchBf16Matmul(
   o: Bf16MatmulBenchOptions,
   log: (s: string) => void,
@@ -93,84 +124,168 @@ export async function benchBf16Matmul(
   const support = bf16Support();
   log(support.note);
   const rows: Array<Record<string, number | string>> = [];
-  for (const s of shapes(o.rows)) {
-    const aLen = s.m * s.k;
-    const bLen = s.k * s.n;
-    const a = Float32Array.from({ length: aLen }, () => Math.random() - 0.5);
-    const b = Float32Array.from({ length: bLen }, () => Math.random() - 0.5);
-    const c = new Float32Array(s.m * s.n);
-    const [a16, b16] = [new Uint16Array(aLen), new Uint16Array(bLen)];
-    lib.toBf16(a, a16);
-    lib.toBf16(b, b16);
-    const args = [1, 0, 0, s.m, s.n, s.k, s.tA, s.tB] as const;
-    let impl = '';
-    const variants: Record<string, () => void> = {
-      fp32: () => lib.matmul(a, b, c, ...args),
-      bf16_kernel: () => {
-        impl = lib.matmulBf16(a16, b16, c, ...args);
-      },
-      bf16_training: () =>
-        lib.matmulBf16(
-          s.weight === 'a' ? a16 : a,
-          s.weight === 'b' ? b16 : b,
-          c,
-          ...args,
-        ),
-      bf16_convert_both: () => lib.matmulBf16(a, b, c, ...args),
-      convert_activations: () => {
-        // what bf16_training converts per product
-        if (s.weight !== 'a') lib.toBf16(a, a16);
-        if (s.weight !== 'b') lib.toBf16(b, b16);
-      },
-    };
-    const times: Record<string, number[]> = {};
-    for (const [k, f] of Object.entries(variants)) {
-      f(); // warm-up: primitive creation, page faults
-      times[k] = [];
-    }
-    for (let r = 0; r < o.reps; r++)
-      for (const [k, f] of Object.entries(variants)) {
-        const t0 = performance.now();
-        f();
-        times[k]!.push(performance.now() - t0);
-      }
-    const ms = Object.fromEntries(
-      Object.entries(times).map(([k, v]) => [k, median(v)]),
-    ) as Record<string, number>;
-    const gflop = (2 * s.m * s.n * s.k) / 1e9;
-    const row = {
-      product: s.name,
-      fp32_ms: ms.fp32!,
-      bf16_kernel_ms: ms.bf16_kernel!,
-      bf16_training_ms: ms.bf16_training!,
-      bf16_convert_both_ms: ms.bf16_convert_both!,
-      convert_ms: ms.convert_activations!,
-      fp32_gflops: gflop / (ms.fp32! / 1e3),
-      bf16_kernel_gflops: gflop / (ms.bf16_kernel! / 1e3),
-      speedup_kernel: ms.fp32! / ms.bf16_kernel!,
-      speedup_training: ms.fp32! / ms.bf16_training!,
-      speedup_convert_both: ms.fp32! / ms.bf16_convert_both!,
-      impl,
-    };
-    rows.push(row);
-    log(
-      `${s.name.padEnd(36)} fp32 ${row.fp32_ms.toFixed(2)} ms, bf16 ${row.bf16_kernel_ms.toFixed(2)} (x${row.speedup_kernel.toFixed(2)}), ` +
-        `weight cached ${row.bf16_training_ms.toFixed(2)} (x${row.speedup_training.toFixed(2)}), both converted ${row.bf16_convert_both_ms.toFixed(2)} (x${row.speedup_convert_both.toFixed(2)}) [${impl}]`,
-    );
-  }
-  const total = (k: string) => rows.reduce((t, r) => t + (r[k] as number), 0);
-  const summary = {
-    fp32_ms: total('fp32_ms'),
-    bf16_kernel_ms: total('bf16_kernel_ms'),
-    bf16_training_ms: total('bf16_training_ms'),
-    bf16_convert_both_ms: total('bf16_convert_both_ms'),
-  };
+  for (const s of shapes(o.rows))
+    rows.push(measureProduct(lib, s, o.reps, log));
+  const summary = summaryOf(rows);
   log(
     `all products: fp32 ${summary.fp32_ms.toFixed(1)} ms, bf16 x${(summary.fp32_ms / summary.bf16_kernel_ms).toFixed(2)} (kernel), ` +
       `x${(summary.fp32_ms / summary.bf16_training_ms).toFixed(2)} (weights cached), x${(summary.fp32_ms / summary.bf16_convert_both_ms).toFixed(2)} (both converted)`,
   );
   const threads = lib.threads();
-  const md = [
+  await reportBenchResults(
+    o.out,
+    'bf16-matmul',
+    {
+      bench: 'bf16-matmul',
+      options: o,
+      threads,
+      isa: support.isa,
+      native_bf16: support.nativeBf16,
+      conversion: support.conversion,
+      rows,
+      summary,
+    },
+    bf16Markdown(o, { threads, support, rows, summary }),
+    log,
+  );
+}
+
+/**
+ * Times the product `s` on fresh random operands in every variant (alternating, `reps` times,
+ * after one warm-up each) and logs its row: medians in ms and the speed-ups over fp32.
+ */
+function measureProduct(
+  lib: NativeAddon,
+  s: Shape,
+  reps: number,
+  log: (s: string) => void,
+): ProductRow {
+  const ops = operands(lib, s);
+  let impl = '';
+  const variants = productVariants(lib, s, ops, (name) => {
+    impl = name;
+  });
+  const row = productRow(s, alternatingMedians(variants, reps), impl);
+  log(
+    `${s.name.padEnd(36)} fp32 ${row.fp32_ms.toFixed(2)} ms, bf16 ${row.bf16_kernel_ms.toFixed(2)} (x${row.speedup_kernel.toFixed(2)}), ` +
+      `weight cached ${row.bf16_training_ms.toFixed(2)} (x${row.speedup_training.toFixed(2)}), both converted ${row.bf16_convert_both_ms.toFixed(2)} (x${row.speedup_convert_both.toFixed(2)}) [${impl}]`,
+  );
+  return row;
+}
+
+/** Random float32 operands of `s` (a: m x k, then b: k x n, from Math.random), their bf16 copies and an m x n output. */
+function operands(lib: NativeAddon, s: Shape): Operands {
+  const aLen = s.m * s.k;
+  const bLen = s.k * s.n;
+  const a = Float32Array.from({ length: aLen }, () => Math.random() - 0.5);
+  const b = Float32Array.from({ length: bLen }, () => Math.random() - 0.5);
+  const c = new Float32Array(s.m * s.n);
+  const [a16, b16] = [new Uint16Array(aLen), new Uint16Array(bLen)];
+  lib.toBf16(a, a16);
+  lib.toBf16(b, b16);
+  return { a, b, c, a16, b16 };
+}
+
+/**
+ * The variants of product `s`, by name: fp32; bf16 on bf16 operands (`onImpl` hears oneDNN's
+ * implementation name); bf16 with the weight cached and the other operand converted (training);
+ * bf16 with both converted; and the conversion alone.
+ */
+function productVariants(
+  lib: NativeAddon,
+  s: Shape,
+  ops: Operands,
+  onImpl: (impl: string) => void,
+): Record<string, () => void> {
+  const { a, b, c, a16, b16 } = ops;
+  const args = [1, 0, 0, s.m, s.n, s.k, s.tA, s.tB] as const;
+  return {
+    fp32: () => lib.matmul(a, b, c, ...args),
+    bf16_kernel: () => {
+      onImpl(lib.matmulBf16(a16, b16, c, ...args));
+    },
+    bf16_training: () =>
+      lib.matmulBf16(
+        s.weight === 'a' ? a16 : a,
+        s.weight === 'b' ? b16 : b,
+        c,
+        ...args,
+      ),
+    bf16_convert_both: () => lib.matmulBf16(a, b, c, ...args),
+    convert_activations: () => {
+      // what bf16_training converts per product
+      if (s.weight !== 'a') lib.toBf16(a, a16);
+      if (s.weight !== 'b') lib.toBf16(b, b16);
+    },
+  };
+}
+
+/**
+ * Runs each variant once (warm-up: primitive creation, page faults), then `reps` rounds of all
+ * variants in turn; returns each variant's median milliseconds.
+ */
+function alternatingMedians(
+  variants: Record<string, () => void>,
+  reps: number,
+): Record<string, number> {
+  const times: Record<string, number[]> = {};
+  for (const [k, f] of Object.entries(variants)) {
+    f();
+    times[k] = [];
+  }
+  for (let r = 0; r < reps; r++)
+    for (const [k, f] of Object.entries(variants)) {
+      const t0 = performance.now();
+      f();
+      times[k]!.push(performance.now() - t0);
+    }
+  return Object.fromEntries(
+    Object.entries(times).map(([k, v]) => [k, median(v)]),
+  ) as Record<string, number>;
+}
+
+/** Product `s`'s row from its variants' median milliseconds `ms`. */
+function productRow(s: Shape, ms: Record<string, number>, impl: string) {
+  const gflop = (2 * s.m * s.n * s.k) / 1e9;
+  return {
+    product: s.name,
+    fp32_ms: ms.fp32!,
+    bf16_kernel_ms: ms.bf16_kernel!,
+    bf16_training_ms: ms.bf16_training!,
+    bf16_convert_both_ms: ms.bf16_convert_both!,
+    convert_ms: ms.convert_activations!,
+    fp32_gflops: gflop / (ms.fp32! / 1e3),
+    bf16_kernel_gflops: gflop / (ms.bf16_kernel! / 1e3),
+    speedup_kernel: ms.fp32! / ms.bf16_kernel!,
+    speedup_training: ms.fp32! / ms.bf16_training!,
+    speedup_convert_both: ms.fp32! / ms.bf16_convert_both!,
+    impl,
+  };
+}
+
+/** Each variant's median ms summed over the products (`rows`). */
+function summaryOf(rows: Array<Record<string, number | string>>): Summary {
+  const total = (k: string) => rows.reduce((t, r) => t + (r[k] as number), 0);
+  return {
+    fp32_ms: total('fp32_ms'),
+    bf16_kernel_ms: total('bf16_kernel_ms'),
+    bf16_training_ms: total('bf16_training_ms'),
+    bf16_convert_both_ms: total('bf16_convert_both_ms'),
+  };
+}
+
+/** bf16-matmul.md: the setting, one table row per product, and the totals. */
+function bf16Markdown(
+  o: Bf16MatmulBenchOptions,
+  results: {
+    threads: number;
+    support: Bf16Support;
+    rows: Array<Record<string, number | string>>;
+    summary: Summary;
+  },
+): string {
+  const { threads, support, rows, summary } = results;
+  return [
     '# bf16-matmul benchmark\n',
     `The native addon's float32 product (oneDNN sgemm) against its bf16 product (oneDNN matmul primitive, bf16 operands, float32 accumulation and output), on charlm-small's products (${o.rows} rows); median of ${o.reps} alternating repetitions, ${threads} OpenMP threads. ${support.note}. "weight cached": the weight operand already bf16, the activation converted per product, as in training; "both converted": both operands converted per product.\n`,
     markdownTable({
@@ -201,20 +316,4 @@ export async function benchBf16Matmul(
     }),
     `\nAll products: fp32 ${summary.fp32_ms.toFixed(1)} ms; bf16 ${summary.bf16_kernel_ms.toFixed(1)} ms (kernel), ${summary.bf16_training_ms.toFixed(1)} ms (weight cached), ${summary.bf16_convert_both_ms.toFixed(1)} ms (both converted).\n`,
   ].join('\n');
-  const files = await writeBenchResults(
-    o.out,
-    'bf16-matmul',
-    {
-      bench: 'bf16-matmul',
-      options: o,
-      threads,
-      isa: support.isa,
-      native_bf16: support.nativeBf16,
-      conversion: support.conversion,
-      rows,
-      summary,
-    },
-    md,
-  );
-  log(`wrote ${files.join(', ')}`);
 }
