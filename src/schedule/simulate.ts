@@ -117,6 +117,239 @@ function newStage(acts: readonly Action[]): SimStage {
   };
 }
 
+/** The simulation's state: the schedule, per device and per stage where it stands. */
+interface Sim {
+  schedule: Schedule;
+  cost: CostFn;
+  /** Per device: the index of its next action, its clock and its busy time (seconds). */
+  pc: number[];
+  clock: number[];
+  busy: number[];
+  /** The device of each stage, and each stage's actions. */
+  placement: Map<number, number>;
+  byStage: Map<number, Action[]>;
+  /** Stages S. */
+  stages: number;
+  /** Channels: act[s] carries activations s -> s+1, grad[s] carries gradients s+1 -> s. */
+  act: SimMessage[][];
+  grad: SimMessage[][];
+  /** Micro-batches M: the largest index + 1 in the whole schedule. */
+  m: number;
+  /** Each stage's simulation state. */
+  state: SimStage[];
+  /** Per stage, the micro-batches whose gradient the next stage sends back (what drain_grads waits for). */
+  gradsBack: Set<number>[];
+  events: SimEvent[];
+}
+
+/** Throws the simulation's error for action `a` of stage `s`, with the action attached (a schedule file marks it). */
+function fail(s: number, a: Action, why: string): never {
+  throw Object.assign(
+    new Error(`invalid schedule: stage ${s} ${JSON.stringify(a)}: ${why}`),
+    { action: a },
+  );
+}
+
+/**
+ * Each stage's device and actions, from the device lists. Throws an Error when a stage has
+ * actions on two devices.
+ */
+function placeStages(schedule: Schedule): {
+  placement: Map<number, number>;
+  byStage: Map<number, Action[]>;
+} {
+  const placement = new Map<number, number>();
+  const byStage = new Map<number, Action[]>();
+  schedule.forEach((acts, d) => {
+    for (const a of acts) {
+      const at = placement.get(a.stage);
+      if (at !== undefined && at !== d)
+        throw new Error(
+          `invalid schedule: stage ${a.stage} has actions on devices ${at} and ${d} (a stage runs on one device)`,
+        );
+      placement.set(a.stage, d);
+      if (!byStage.has(a.stage)) byStage.set(a.stage, []);
+      byStage.get(a.stage)!.push(a);
+    }
+  });
+  return { placement, byStage };
+}
+
+/** The simulation at time 0: every device at its first action, channels empty, stages fresh. Throws as {@link placeStages}. */
+function newSim(schedule: Schedule, cost: CostFn): Sim {
+  const devices = schedule.length;
+  const pc = new Array<number>(devices).fill(0);
+  const clock = new Array<number>(devices).fill(0);
+  const busy = new Array<number>(devices).fill(0);
+  const { placement, byStage } = placeStages(schedule);
+  // at least one stage per device: a device whose list is empty still runs its stage (a flush)
+  const stages = Math.max(devices, ...[...placement.keys()].map((s) => s + 1));
+  const act: SimMessage[][] = Array.from({ length: stages }, () => []);
+  const grad: SimMessage[][] = Array.from({ length: stages }, () => []);
+  const m = schedule.reduce(
+    (n, acts) =>
+      acts.reduce((x, a) => ('mb' in a ? Math.max(x, a.mb + 1) : x), n),
+    0,
+  );
+  const state = Array.from({ length: stages }, (_, s) =>
+    newStage(byStage.get(s) ?? []),
+  );
+  const lastLayer = Math.max(-1, ...state.flatMap((st) => st.layers));
+  for (const st of state) st.lastLayer = lastLayer;
+  const gradsBack = state.map(
+    (_, s) =>
+      new Set(
+        (byStage.get(s + 1) ?? []).flatMap((a) =>
+          a.op === 'send_grad' ? [a.mb] : [],
+        ),
+      ),
+  );
+  return {
+    schedule,
+    cost,
+    pc,
+    clock,
+    busy,
+    placement,
+    byStage,
+    stages,
+    act,
+    grad,
+    m,
+    state,
+    gradsBack,
+    events: [],
+  };
+}
+
+/** Whether device d has run its whole list. */
+function finished(sim: Sim, d: number): boolean {
+  return sim.pc[d] >= sim.schedule[d].length;
+}
+
+/** What an op's simulation rule sees of action `a`, device d's next (`force`: a poll_grads goes ahead now). */
+function contextOf(sim: Sim, d: number, a: Action, force: boolean): SimContext {
+  const { state, placement, clock } = sim;
+  return {
+    stage: a.stage,
+    st: state[a.stage],
+    stages: sim.stages,
+    m: sim.m,
+    ready: clock[d],
+    force,
+    fail: (why) => fail(a.stage, a, why),
+    stateOf: (s) => state[s],
+    local: (s) => placement.get(s) === d,
+    actChannel: (s) => sim.act[s],
+    gradChannel: (s) => sim.grad[s],
+    caughtUp: (s) => {
+      const e = placement.get(s);
+      return e === undefined || finished(sim, e) || clock[e] > clock[d];
+    },
+    gradsBack: (s) => sim.gradsBack[s] ?? new Set(),
+    deviceStages: () =>
+      [...placement].filter(([, x]) => x === d).map(([s]) => s),
+  };
+}
+
+/**
+ * Runs device d's next action if its inputs are there (`force`: a poll_grads goes ahead now):
+ * its event recorded, the device's clock and busy time advanced by its cost. Returns whether it
+ * ran. Throws (see {@link fail}) when its op has no declaration or its rule finds it invalid.
+ */
+function tryRun(sim: Sim, d: number, force: boolean): boolean {
+  const a = sim.schedule[d][sim.pc[d]];
+  const spec = (() => {
+    try {
+      return declarationOf(a.op) as OpSpec<typeof a.op>;
+    } catch (e) {
+      return fail(a.stage, a, (e as Error).message);
+    }
+  })();
+  const c = contextOf(sim, d, a, force);
+  if (!spec.simulate(a, c)) return false;
+  const cost_ = sim.cost(d, a);
+  sim.events.push({
+    device: d,
+    stage: a.stage,
+    action: a,
+    start: c.ready,
+    end: c.ready + cost_,
+  });
+  sim.clock[d] = c.ready + cost_;
+  sim.busy[d] += cost_;
+  sim.pc[d]++;
+  return true;
+}
+
+/**
+ * Runs every device as far as it can, again and again; when all are stuck, the earliest
+ * poll_grads goes ahead with what has arrived (it never waits). Returns when no device can
+ * go on (finished or waiting for ever).
+ */
+function runAll(sim: Sim): void {
+  const devices = sim.schedule.length;
+  for (;;) {
+    let progressed = false;
+    for (let d = 0; d < devices; d++) {
+      while (!finished(sim, d) && tryRun(sim, d, false)) progressed = true;
+    }
+    if (progressed) continue;
+    // Stuck: the earliest poll_grads goes ahead with what has arrived (it never waits).
+    let p = -1;
+    for (let d = 0; d < devices; d++) {
+      if (
+        !finished(sim, d) &&
+        sim.schedule[d][sim.pc[d]].op === 'poll_grads' &&
+        (p < 0 || sim.clock[d] < sim.clock[p])
+      )
+        p = d;
+    }
+    if (p < 0) break;
+    tryRun(sim, p, true);
+  }
+}
+
+/** Throws a deadlock error at the first device that did not run its whole list. */
+function checkAllRan(sim: Sim): void {
+  for (let d = 0; d < sim.schedule.length; d++) {
+    if (!finished(sim, d)) {
+      const a = sim.schedule[d][sim.pc[d]];
+      fail(a.stage, a, 'deadlock: waits for a message that is never sent');
+    }
+  }
+}
+
+/**
+ * The gradients still in flight at the end, towards stages whose last gradient-taking action
+ * is a poll_grads (carried to the next mini-batch). Throws an Error for an activation never
+ * received, or a gradient never received by any other stage.
+ */
+function carriedGradients(sim: Sim): SimResult['carried'] {
+  const { act, grad } = sim;
+  const carried: SimResult['carried'] = [];
+  for (let s = 0; s < sim.stages - 1; s++) {
+    if (act[s].length)
+      throw new Error(
+        `invalid schedule: stage ${s + 1} never receives the activation of micro-batch ${act[s][0].mb} that stage ${s} sends`,
+      );
+    if (grad[s].length) {
+      const takers = (sim.byStage.get(s) ?? []).filter(
+        (a) =>
+          a.op === 'poll_grads' ||
+          a.op === 'drain_grads' ||
+          a.op === 'recv_grad',
+      );
+      if (takers.at(-1)?.op !== 'poll_grads')
+        throw new Error(
+          `invalid schedule: stage ${s} never receives the gradient of micro-batch ${grad[s][0].mb} that stage ${s + 1} sends`,
+        );
+      for (const msg of grad[s]) carried.push({ stage: s, mb: msg.mb });
+    }
+  }
+  return carried;
+}
+
 /**
  * Simulates a lowered schedule (per device, its actions; each action names its stage): every
  * action runs by its op's simulation rule (schedule/ops.ts), which checks its data dependencies
@@ -132,154 +365,15 @@ export function simulate(
   schedule: Schedule,
   cost: CostFn = defaultCost,
 ): SimResult {
-  const devices = schedule.length;
-  const pc = new Array<number>(devices).fill(0);
-  const clock = new Array<number>(devices).fill(0);
-  const busy = new Array<number>(devices).fill(0);
-  const placement = new Map<number, number>();
-  const byStage = new Map<number, Action[]>();
-  schedule.forEach((acts, d) => {
-    for (const a of acts) {
-      const at = placement.get(a.stage);
-      if (at !== undefined && at !== d)
-        throw new Error(
-          `invalid schedule: stage ${a.stage} has actions on devices ${at} and ${d} (a stage runs on one device)`,
-        );
-      placement.set(a.stage, d);
-      if (!byStage.has(a.stage)) byStage.set(a.stage, []);
-      byStage.get(a.stage)!.push(a);
-    }
-  });
-  // at least one stage per device: a device whose list is empty still runs its stage (a flush)
-  const stages = Math.max(devices, ...[...placement.keys()].map((s) => s + 1));
-  // channels: act[s] carries activations s -> s+1, grad[s] carries gradients s+1 -> s
-  const act: SimMessage[][] = Array.from({ length: stages }, () => []);
-  const grad: SimMessage[][] = Array.from({ length: stages }, () => []);
-  // micro-batches: the largest index + 1 in the whole schedule
-  const m = schedule.reduce(
-    (n, acts) =>
-      acts.reduce((x, a) => ('mb' in a ? Math.max(x, a.mb + 1) : x), n),
-    0,
-  );
-  const state = Array.from({ length: stages }, (_, s) =>
-    newStage(byStage.get(s) ?? []),
-  );
-  const lastLayer = Math.max(-1, ...state.flatMap((st) => st.layers));
-  for (const st of state) st.lastLayer = lastLayer;
-  // per stage, the micro-batches whose gradient the next stage sends back (what drain_grads waits for)
-  const gradsBack = state.map(
-    (_, s) =>
-      new Set(
-        (byStage.get(s + 1) ?? []).flatMap((a) =>
-          a.op === 'send_grad' ? [a.mb] : [],
-        ),
-      ),
-  );
-  const events: SimEvent[] = [];
-  const fail = (s: number, a: Action, why: string): never => {
-    // the failing action itself travels with the error (a schedule file marks it)
-    throw Object.assign(
-      new Error(`invalid schedule: stage ${s} ${JSON.stringify(a)}: ${why}`),
-      { action: a },
-    );
-  };
-  const finished = (d: number) => pc[d] >= schedule[d].length;
-
-  /** Runs device d's next action if its inputs are there (`force`: a poll_grads goes ahead now); returns whether it ran. */
-  const tryRun = (d: number, force: boolean): boolean => {
-    const a = schedule[d][pc[d]];
-    const spec = (() => {
-      try {
-        return declarationOf(a.op) as OpSpec<typeof a.op>;
-      } catch (e) {
-        return fail(a.stage, a, (e as Error).message);
-      }
-    })();
-    const c: SimContext = {
-      stage: a.stage,
-      st: state[a.stage],
-      stages,
-      m,
-      ready: clock[d],
-      force,
-      fail: (why) => fail(a.stage, a, why),
-      stateOf: (s) => state[s],
-      local: (s) => placement.get(s) === d,
-      actChannel: (s) => act[s],
-      gradChannel: (s) => grad[s],
-      caughtUp: (s) => {
-        const e = placement.get(s);
-        return e === undefined || finished(e) || clock[e] > clock[d];
-      },
-      gradsBack: (s) => gradsBack[s] ?? new Set(),
-      deviceStages: () =>
-        [...placement].filter(([, x]) => x === d).map(([s]) => s),
-    };
-    if (!spec.simulate(a, c)) return false;
-    const cost_ = cost(d, a);
-    events.push({
-      device: d,
-      stage: a.stage,
-      action: a,
-      start: c.ready,
-      end: c.ready + cost_,
-    });
-    clock[d] = c.ready + cost_;
-    busy[d] += cost_;
-    pc[d]++;
-    return true;
-  };
-
-  for (;;) {
-    let progressed = false;
-    for (let d = 0; d < devices; d++) {
-      while (!finished(d) && tryRun(d, false)) progressed = true;
-    }
-    if (progressed) continue;
-    // Stuck: the earliest poll_grads goes ahead with what has arrived (it never waits).
-    let p = -1;
-    for (let d = 0; d < devices; d++) {
-      if (
-        !finished(d) &&
-        schedule[d][pc[d]].op === 'poll_grads' &&
-        (p < 0 || clock[d] < clock[p])
-      )
-        p = d;
-    }
-    if (p < 0) break;
-    tryRun(p, true);
-  }
-  for (let d = 0; d < devices; d++) {
-    if (!finished(d)) {
-      const a = schedule[d][pc[d]];
-      fail(a.stage, a, 'deadlock: waits for a message that is never sent');
-    }
-  }
-  const carried: SimResult['carried'] = [];
-  for (let s = 0; s < stages - 1; s++) {
-    if (act[s].length)
-      throw new Error(
-        `invalid schedule: stage ${s + 1} never receives the activation of micro-batch ${act[s][0].mb} that stage ${s} sends`,
-      );
-    if (grad[s].length) {
-      const takers = (byStage.get(s) ?? []).filter(
-        (a) =>
-          a.op === 'poll_grads' ||
-          a.op === 'drain_grads' ||
-          a.op === 'recv_grad',
-      );
-      if (takers.at(-1)?.op !== 'poll_grads')
-        throw new Error(
-          `invalid schedule: stage ${s} never receives the gradient of micro-batch ${grad[s][0].mb} that stage ${s + 1} sends`,
-        );
-      for (const msg of grad[s]) carried.push({ stage: s, mb: msg.mb });
-    }
-  }
-  const makespan = Math.max(0, ...clock);
+  const sim = newSim(schedule, cost);
+  runAll(sim);
+  checkAllRan(sim);
+  const carried = carriedGradients(sim);
+  const makespan = Math.max(0, ...sim.clock);
   return {
-    events,
+    events: sim.events,
     makespan,
-    bubble: busy.map((b) => (makespan > 0 ? 1 - b / makespan : 0)),
+    bubble: sim.busy.map((b) => (makespan > 0 ? 1 - b / makespan : 0)),
     carried,
   };
 }
