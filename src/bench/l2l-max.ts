@@ -12,14 +12,14 @@
  * clipping, the server holds the whole step's gradient (4 more bytes per parameter) until the
  * global norm is known.
  */
-import { makeBatcher } from '../data/batcher.js';
+import { type Batch, makeBatcher } from '../data/batcher.js';
 import { loadDataset } from '../data/index.js';
 import { initParams } from '../model/init.js';
-import { buildModel, modelParamCount } from '../model/model.js';
+import { buildModel, type Model, modelParamCount } from '../model/model.js';
 import { defaultOptimizerConfig } from '../optim/optimizer.js';
 import { L2LStrategy } from '../strategies/l2l.js';
 import { formatSize } from '../util/size.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import { markdownTable, reportBenchResults } from './report.js';
 
 export interface L2LMaxOptions {
   layers: number;
@@ -37,26 +37,83 @@ export interface L2LMaxOptions {
   out: string;
 }
 
-/** Runs the steps and writes l2l-max.json and l2l-max.md. */
+/** One training step's figures. */
+interface StepRow {
+  step: number;
+  seconds: number;
+  loss: number;
+  peak_device_bytes: number;
+  wasm_heap_bytes: number | null;
+  /** Seconds the device waited for the parameter server. */
+  device_wait_s: number;
+}
+
+/** Runs the steps and writes l2l-max.json and l2l-max.md. Throws if moby-dick does not load as text. */
 export async function benchL2LMax(
   o: L2LMaxOptions,
   log: (s: string) => void,
 ): Promise<void> {
   const ds = await loadDataset('moby-dick');
   if (ds.kind !== 'text') throw new Error('moby-dick is a text data set');
-  const config = {
-    arch: 'charlm' as const,
-    layers: o.layers,
-    dModel: o.dModel,
-    heads: o.heads,
-    context: o.context,
-    vocab: ds.vocab.size,
-  };
+  const config = maxModelConfig(o, ds.vocab.size);
   const model = buildModel(config);
   const n = modelParamCount(model);
   log(
     `model: ${o.layers} layers x d ${o.dModel}, ${n.toLocaleString('en-US')} parameters, ${formatSize(4 * n)} fp32 (${((4 * n) / 1e9).toFixed(2)} GB); AdamW state ${formatSize(8 * n)}`,
   );
+  const s = await startRelay(o, config, model, log);
+  let steps: StepRow[];
+  try {
+    const batcher = makeBatcher(ds, {
+      batchSize: o.batchSize,
+      context: o.context,
+      seed: 1,
+    });
+    steps = await trainSteps(o, s, () => batcher.next(), log);
+    await settle(s, log);
+  } finally {
+    await s.close();
+  }
+  const rss = process.memoryUsage().rss;
+  log(`host resident set: ${formatSize(rss)}`);
+  await reportBenchResults(
+    o.out,
+    'l2l-max',
+    {
+      bench: 'l2l-max',
+      options: o,
+      params: n,
+      param_bytes: 4 * n,
+      steps,
+      host_rss_bytes: rss,
+    },
+    l2lMaxMarkdown(o, n, rss, steps),
+    log,
+  );
+}
+
+/** The large character Transformer of `o` over a vocabulary of `vocab` characters. */
+function maxModelConfig(o: L2LMaxOptions, vocab: number) {
+  return {
+    arch: 'charlm' as const,
+    layers: o.layers,
+    dModel: o.dModel,
+    heads: o.heads,
+    context: o.context,
+    vocab,
+  };
+}
+
+/**
+ * Draws the initial parameters straight into shared memory and starts the L2L relay (AdamW,
+ * host stash) whose parameter server adopts them without a copy; logs how long each took.
+ */
+async function startRelay(
+  o: L2LMaxOptions,
+  config: ReturnType<typeof maxModelConfig>,
+  model: Model,
+  log: (s: string) => void,
+): Promise<L2LStrategy> {
   let t = performance.now();
   const params = initParams(model.blocks, 1, 0, model.blocks.length, {
     shared: true,
@@ -84,49 +141,55 @@ export async function benchL2LMax(
   log(
     `parameter server and device started in ${((performance.now() - t) / 1000).toFixed(1)} s`,
   );
-  const steps: Array<{
-    step: number;
-    seconds: number;
-    loss: number;
-    peak_device_bytes: number;
-    wasm_heap_bytes: number | null;
-    device_wait_s: number;
-  }> = [];
-  try {
-    const batcher = makeBatcher(ds, {
-      batchSize: o.batchSize,
-      context: o.context,
-      seed: 1,
-    });
-    for (let i = 0; i < o.steps; i++) {
-      t = performance.now();
-      const r = await s.trainStep(batcher.next(), o.lr);
-      const seconds = (performance.now() - t) / 1000;
-      const row = {
-        step: i + 1,
-        seconds,
-        loss: r.loss,
-        peak_device_bytes: r.peakBytes[0],
-        wasm_heap_bytes: r.heapBytes?.[0] ?? null,
-        device_wait_s: r.bubble[0] * r.stageSeconds[0],
-      };
-      steps.push(row);
-      log(
-        `step ${row.step}: ${seconds.toFixed(1)} s, loss ${r.loss.toFixed(4)}, peak device ${formatSize(row.peak_device_bytes)}, ` +
-          `wasm heap ${row.wasm_heap_bytes === null ? '-' : formatSize(row.wasm_heap_bytes)}, device waited ${row.device_wait_s.toFixed(1)} s for the parameter server`,
-      );
-    }
-    t = performance.now();
-    await (s as unknown as { settle(): Promise<void> }).settle();
+  return s;
+}
+
+/** `o.steps` training steps at `o.lr` on `next()`'s batches (no warm-up); logs and returns each step's figures. */
+async function trainSteps(
+  o: L2LMaxOptions,
+  s: L2LStrategy,
+  next: () => Batch,
+  log: (s: string) => void,
+): Promise<StepRow[]> {
+  const steps: StepRow[] = [];
+  for (let i = 0; i < o.steps; i++) {
+    const t = performance.now();
+    const r = await s.trainStep(next(), o.lr);
+    const seconds = (performance.now() - t) / 1000;
+    const row = {
+      step: i + 1,
+      seconds,
+      loss: r.loss,
+      peak_device_bytes: r.peakBytes[0],
+      wasm_heap_bytes: r.heapBytes?.[0] ?? null,
+      device_wait_s: r.bubble[0] * r.stageSeconds[0],
+    };
+    steps.push(row);
     log(
-      `last updates applied ${((performance.now() - t) / 1000).toFixed(1)} s after the last step`,
+      `step ${row.step}: ${seconds.toFixed(1)} s, loss ${r.loss.toFixed(4)}, peak device ${formatSize(row.peak_device_bytes)}, ` +
+        `wasm heap ${row.wasm_heap_bytes === null ? '-' : formatSize(row.wasm_heap_bytes)}, device waited ${row.device_wait_s.toFixed(1)} s for the parameter server`,
     );
-  } finally {
-    await s.close();
   }
-  const rss = process.memoryUsage().rss;
-  log(`host resident set: ${formatSize(rss)}`);
-  const md = [
+  return steps;
+}
+
+/** Waits until the parameter server has applied the last step's updates; logs how long that took. */
+async function settle(s: L2LStrategy, log: (s: string) => void): Promise<void> {
+  const t = performance.now();
+  await (s as unknown as { settle(): Promise<void> }).settle();
+  log(
+    `last updates applied ${((performance.now() - t) / 1000).toFixed(1)} s after the last step`,
+  );
+}
+
+/** l2l-max.md: the model, setting and host resident set (`rss`, bytes), then one table row per step. */
+function l2lMaxMarkdown(
+  o: L2LMaxOptions,
+  n: number,
+  rss: number,
+  steps: StepRow[],
+): string {
+  return [
     `# l2l: the largest model trained on one device\n`,
     `charlm ${o.layers} layers x d_model ${o.dModel} (${o.heads} heads, context ${o.context}), ${n.toLocaleString('en-US')} parameters = ${((4 * n) / 1e9).toFixed(2)} GB (${formatSize(4 * n)}) of fp32 parameters, ` +
       `plus ${formatSize(8 * n)} of AdamW moments in the parameter server. Mini-batch ${o.batchSize} x ${o.context} tokens of Moby-Dick, ${o.microBatches} micro-batch(es), stash in host memory, ` +
@@ -150,18 +213,4 @@ export async function benchL2LMax(
       ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(
-    o.out,
-    'l2l-max',
-    {
-      bench: 'l2l-max',
-      options: o,
-      params: n,
-      param_bytes: 4 * n,
-      steps,
-      host_rss_bytes: rss,
-    },
-    md,
-  );
-  log(`wrote ${files.join(', ')}`);
 }
