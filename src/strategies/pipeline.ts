@@ -171,6 +171,16 @@ function placementOf(opts: PipelineOptions): number[] {
   return p;
 }
 
+/**
+ * What a step's gradient-norm all-reduce found: `sums`, each device's squared gradient norm
+ * where one was not finite (a numeric fault to locate); `scaled`, f16's loss scale of the step
+ * and whether the step was skipped.
+ */
+type StepFault = {
+  sums?: number[];
+  scaled?: { scale: number; skipped: boolean };
+};
+
 export class PipelineStrategy implements Strategy {
   readonly name: string;
   readonly devices: number;
@@ -320,12 +330,48 @@ export class PipelineStrategy implements Strategy {
   ): {
     first: Promise<unknown>;
     all: Promise<StageStepResult[]>;
-    fault: { sums?: number[]; scaled?: { scale: number; skipped: boolean } };
+    fault: StepFault;
   } {
-    const fault: {
-      sums?: number[];
-      scaled?: { scale: number; skipped: boolean };
-    } = {};
+    const fault: StepFault = {};
+    const calls = this.sendSteps(
+      schedule,
+      batch,
+      lr,
+      diagnose,
+      dropped,
+      stepIndex,
+    );
+    const reduce = schedule.some((acts) =>
+      acts.some((a) => a.op === 'reduce_grad_norm'),
+    );
+    const all = this.collect(calls, reduce, diagnose, fault);
+    all.catch(() => undefined); // handled by whoever awaits it; never an unhandled rejection
+    const first = calls[0].catch(async (e) => {
+      await all; // the strategy is stopped before `first` rejects, with the run's root cause
+      throw e;
+    });
+    first.catch(() => undefined);
+    this.inflight.add(all);
+    all.finally(() => this.inflight.delete(all)).catch(() => undefined);
+    return { first, all, fault };
+  }
+
+  /**
+   * Calls 'step' on every worker with `schedule`'s list for its device: replica r gets
+   * micro-batches r*M .. r*M+M-1 of the batch cut in R*M (inputs to the first stage's device,
+   * labels to the loss device's, or to every device where the kind wants them), the step's
+   * learning rate, loss scale (f16; 1 when diagnosing), LayerDrop's dropped blocks and, for a
+   * training step with its index, where its examples sit for the noise. Returns the calls, in
+   * device order.
+   */
+  private sendSteps(
+    schedule: Schedule,
+    batch: Batch | null,
+    lr: number,
+    diagnose: boolean,
+    dropped: readonly number[] | undefined,
+    stepIndex: number | undefined,
+  ): Promise<StageStepResult>[] {
     // f16: this step's loss scale (a diagnosis reruns a step at scale 1)
     const lossScale = this.scaler && !diagnose ? this.scaler.scale : 1;
     const m = this.opts.microBatches;
@@ -337,7 +383,7 @@ export class PipelineStrategy implements Strategy {
       : { inputs: undefined, labels: undefined };
     const inputDevice = this.placement[0]!;
     const last = this.lossDevice();
-    const calls = this.workers.map((w, g) => {
+    return this.workers.map((w, g) => {
       const i = g % k;
       const r = Math.floor(g / k);
       const part = <T>(xs: T[] | undefined) => xs?.slice(r * m, (r + 1) * m);
@@ -371,61 +417,69 @@ export class PipelineStrategy implements Strategy {
         ] as HostTensor[]),
       );
     });
-    const reduce = schedule.some((acts) =>
-      acts.some((a) => a.op === 'reduce_grad_norm'),
-    );
-    const all = (async () => {
-      const everything = Promise.all(calls);
-      try {
-        if (reduce) {
-          const norms = Promise.all(
-            this.workers.map((w) => w.recvGradNorm()),
-          ).then((sq) => {
-            // replicas hold the same summed gradients: the norm is replica 0's stages'
-            const own = sq.slice(0, k);
-            // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
-            // Infinity then): no stage updates (scale NaN), and submit() locates the fault
-            const total = sq.every(Number.isFinite)
-              ? own.reduce((a, b) => a + b, 0)
-              : Number.NaN;
-            const clip = (x: number) =>
-              clipScale(x, this.opts.optimizer.clipNorm);
-            let scale: number;
-            if (this.scaler && !diagnose) {
-              // f16: an overflow skips the step and halves the scale; otherwise the gradients
-              // are unscaled in the clipping factor
-              const o = lossScaleStep(this.scaler, total, clip);
-              fault.scaled = { scale: this.scaler.scale, skipped: o.skip };
-              this.scaler = o.next;
-              if (o.fault) fault.sums = own;
-              scale = o.gradScale;
-            } else {
-              if (!Number.isFinite(total)) fault.sums = own;
-              scale = Number.isFinite(total) && !diagnose ? clip(total) : NaN;
-            }
-            for (const w of this.workers) w.sendScale(scale);
-          });
-          norms.catch(() => undefined); // a failing stage is reported through `everything`
-          // a stage that fails before its norm rejects `everything`, which ends the wait
-          await Promise.race([norms, everything]);
-        }
-        return await everything;
-      } catch (e) {
-        everything.catch(() => undefined);
-        const root = await rootCause(calls, e);
-        await this.close();
-        throw root;
+  }
+
+  /**
+   * Waits for every stage's result of the step (`calls`, in device order); where the schedule
+   * has a reduce_grad_norm (`reduce`), first answers the stages' squared gradient norms with
+   * the scale ({@link answerNorms}, recording in `fault` what it found). If a stage fails, stops
+   * every worker and rejects with the run's root cause ({@link rootCause}).
+   */
+  private async collect(
+    calls: Promise<StageStepResult>[],
+    reduce: boolean,
+    diagnose: boolean,
+    fault: StepFault,
+  ): Promise<StageStepResult[]> {
+    const everything = Promise.all(calls);
+    try {
+      if (reduce) {
+        const norms = Promise.all(
+          this.workers.map((w) => w.recvGradNorm()),
+        ).then((sq) => this.answerNorms(sq, diagnose, fault));
+        norms.catch(() => undefined); // a failing stage is reported through `everything`
+        // a stage that fails before its norm rejects `everything`, which ends the wait
+        await Promise.race([norms, everything]);
       }
-    })();
-    all.catch(() => undefined); // handled by whoever awaits it; never an unhandled rejection
-    const first = calls[0].catch(async (e) => {
-      await all; // the strategy is stopped before `first` rejects, with the run's root cause
-      throw e;
-    });
-    first.catch(() => undefined);
-    this.inflight.add(all);
-    all.finally(() => this.inflight.delete(all)).catch(() => undefined);
-    return { first, all, fault };
+      return await everything;
+    } catch (e) {
+      everything.catch(() => undefined);
+      const root = await rootCause(calls, e);
+      await this.close();
+      throw root;
+    }
+  }
+
+  /**
+   * Sends every worker the step's clipping scale from the stages' squared gradient norms `sq`
+   * (one per device, in device order; replicas hold the same sums, so replica 0's count): NaN
+   * where any is not finite (or when diagnosing), so that no stage updates; under f16 loss
+   * scaling, the scaler's verdict (an overflow skips the step and halves the scale). Records in
+   * `fault` the per-device sums of a numeric fault and the loss scale used.
+   */
+  private answerNorms(sq: number[], diagnose: boolean, fault: StepFault): void {
+    // replicas hold the same summed gradients: the norm is replica 0's stages'
+    const own = sq.slice(0, this.k);
+    // a non-finite loss or gradient anywhere (each stage's sum of squares is NaN or
+    // Infinity then): no stage updates (scale NaN), and submit() locates the fault
+    const total = sq.every(Number.isFinite)
+      ? own.reduce((a, b) => a + b, 0)
+      : Number.NaN;
+    const clip = (x: number) => clipScale(x, this.opts.optimizer.clipNorm);
+    let scale: number;
+    if (this.scaler && !diagnose) {
+      // f16: an overflow skips the step and halves the scale; otherwise the gradients
+      // are unscaled in the clipping factor
+      const o = lossScaleStep(this.scaler, total, clip);
+      fault.scaled = { scale: this.scaler.scale, skipped: o.skip };
+      this.scaler = o.next;
+      if (o.fault) fault.sums = own;
+      scale = o.gradScale;
+    } else {
+      if (!Number.isFinite(total)) fault.sums = own;
+      scale = Number.isFinite(total) && !diagnose ? clip(total) : NaN;
+    }
+    for (const w of this.workers) w.sendScale(scale);
   }
 
   /** The device of the model's last stage (within a replica): it computes the loss. */
