@@ -23,7 +23,7 @@ import {
 import { ParameterServer } from '../param-server/server.js';
 import { Rng } from '../util/rng.js';
 import { median } from '../util/stats.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import { markdownTable, reportBenchResults } from './report.js';
 
 /** One measured optimizer. */
 export interface ServerBenchRow {
@@ -58,6 +58,56 @@ export async function benchServerUpdateRate(
   const total = opts.params ?? 16 * 2 ** 20;
   const steps = opts.steps ?? 5;
   const log = opts.log ?? (() => undefined);
+  const b = updateBench(total, steps);
+  const rows: ServerBenchRow[] = [];
+  const record = recorder(total, rows, log);
+  // (a) hostUpdate in this thread
+  record('hostUpdate (main thread)', 'host', timeHostSteps(b, hostUpdate));
+  // (a') the native addon's AdamW in this thread, on 1 and 2 OpenMP threads
+  timeNativeHostUpdate(b, record, log);
+  // (b) the parameter server, 1 and 2 optimizer threads
+  for (const threads of [1, 2]) await timeServer(b, threads, record);
+  // (c) TF.js's Adam and (d) DeviceOptimizer, on wasm
+  await timeOnWasm(b, record);
+  return rows;
+}
+
+/** The bench's parameters and optimizer, as every measured optimizer gets them. */
+interface UpdateBench {
+  /** Measured steps (after one warm-up step). */
+  steps: number;
+  nTensors: number;
+  /** Parameters per tensor. */
+  per: number;
+  /** Each tensor's shape: [per / TENSOR_COLS, TENSOR_COLS]. */
+  shape: number[];
+  /** Tensor keys `<layer>.w<0|1>`: 4 layers of 2 tensors. */
+  keys: string[];
+  /** Per layer, its tensors' keys. */
+  layers: string[][];
+  shapes: Record<string, number[]>;
+  /** AdamW without clipping. */
+  cfg: OptimizerConfig;
+  lr: number;
+  /** Every tensor's initial values (seed 1, N(0, 0.02^2)). */
+  init: Float32Array;
+  /** Every tensor's gradient (drawn after `init`, N(0, 1e-6)). */
+  grad: Float32Array;
+}
+
+/** Adds one row (median of `times`, ms) to the results and logs it. */
+type RecordRow = (
+  optimizer: string,
+  backend: string,
+  times: number[],
+  threads?: number,
+) => void;
+
+/**
+ * The bench's tensors for `total` parameters in 8 tensors, and its optimizer. Throws a
+ * RangeError if `total` is not a positive multiple of 8 x {@link TENSOR_COLS}.
+ */
+function updateBench(total: number, steps: number): UpdateBench {
   const nTensors = 8;
   if (
     !(
@@ -84,17 +134,31 @@ export async function benchServerUpdateRate(
     ...defaultOptimizerConfig('adamw'),
     clipNorm: 0,
   };
-  const lr = 1e-3;
   const rng = new Rng(1);
   const init = new Float32Array(per).map(() => rng.normal() * 0.02);
   const grad = new Float32Array(per).map(() => rng.normal() * 1e-3);
-  const rows: ServerBenchRow[] = [];
-  const record = (
-    optimizer: string,
-    backend: string,
-    times: number[],
-    threads?: number,
-  ) => {
+  return {
+    steps,
+    nTensors,
+    per,
+    shape,
+    keys,
+    layers,
+    shapes,
+    cfg,
+    lr: 1e-3,
+    init,
+    grad,
+  };
+}
+
+/** A {@link RecordRow} that pushes rows to `rows` (rates over `total` parameters) and logs each. */
+function recorder(
+  total: number,
+  rows: ServerBenchRow[],
+  log: (s: string) => void,
+): RecordRow {
+  return (optimizer, backend, times, threads) => {
     const ms = median(times);
     const row: ServerBenchRow = {
       optimizer,
@@ -108,29 +172,42 @@ export async function benchServerUpdateRate(
       `${optimizer}${threads !== undefined ? ` (${threads} threads)` : ''} on ${backend}: ${(row.paramsPerSecond / 1e6).toFixed(1)}M params/s (${ms.toFixed(1)} ms per step)`,
     );
   };
+}
 
-  /** Times `update` (one step t over every tensor, in this thread) on fresh copies: `steps` steps after one warm-up. */
-  const timeHostSteps = (update: typeof hostUpdate): number[] => {
-    const ps = keys.map(() => init.slice());
-    const gs = keys.map(() => grad.slice());
-    const slots = keys.map(() => ({
-      m: new Float32Array(per),
-      v: new Float32Array(per),
-    }));
-    const times: number[] = [];
-    for (let t = 1; t <= steps + 1; t++) {
-      const t0 = performance.now();
-      for (let i = 0; i < nTensors; i++)
-        update(cfg, 2, ps[i]!, gs[i]!, slots[i]!, lr, 1, t);
-      if (t > 1) times.push(performance.now() - t0);
-    }
-    return times;
-  };
+/** Calls `step(t)` for t = 1 .. steps + 1; returns the milliseconds of each call but the first (the warm-up). */
+function msAfterWarmUp(steps: number, step: (t: number) => void): number[] {
+  const times: number[] = [];
+  for (let t = 1; t <= steps + 1; t++) {
+    const t0 = performance.now();
+    step(t);
+    if (t > 1) times.push(performance.now() - t0);
+  }
+  return times;
+}
 
-  // (a) hostUpdate in this thread
-  record('hostUpdate (main thread)', 'host', timeHostSteps(hostUpdate));
+/** Times `update` (one step t over every tensor, in this thread) on fresh copies: `steps` steps after one warm-up. */
+function timeHostSteps(b: UpdateBench, update: typeof hostUpdate): number[] {
+  const ps = b.keys.map(() => b.init.slice());
+  const gs = b.keys.map(() => b.grad.slice());
+  const slots = b.keys.map(() => ({
+    m: new Float32Array(b.per),
+    v: new Float32Array(b.per),
+  }));
+  return msAfterWarmUp(b.steps, (t) => {
+    for (let i = 0; i < b.nTensors; i++)
+      update(b.cfg, 2, ps[i]!, gs[i]!, slots[i]!, b.lr, 1, t);
+  });
+}
 
-  // (a') the native addon's AdamW in this thread, on 1 and 2 OpenMP threads
+/**
+ * The native addon's AdamW in this thread on 1 and 2 OpenMP threads (then back to all cores);
+ * logs why it is skipped without the addon.
+ */
+function timeNativeHostUpdate(
+  b: UpdateBench,
+  record: RecordRow,
+  log: (s: string) => void,
+): void {
   const lib = nativeAddon();
   if (lib) {
     for (const threads of [1, 2]) {
@@ -138,7 +215,7 @@ export async function benchServerUpdateRate(
       record(
         'native adamw (main thread)',
         'host',
-        timeHostSteps((...args) => nativeHostUpdate(lib, ...args)),
+        timeHostSteps(b, (...args) => nativeHostUpdate(lib, ...args)),
         threads,
       );
     }
@@ -146,69 +223,72 @@ export async function benchServerUpdateRate(
   } else {
     log(`native adamw: skipped (${nativeUnavailable()})`);
   }
+}
 
-  // (b) the parameter server, 1 and 2 optimizer threads
-  for (const threads of [1, 2]) {
-    const params: HostParams = new Map(keys.map((k) => [k, init]));
-    const server = await ParameterServer.create({
-      params,
-      layers,
-      shapes,
-      optimizer: cfg,
-      threads,
-    });
-    try {
-      const times: number[] = [];
-      for (let t = 1; t <= steps + 1; t++) {
-        const grads = layers.map((ks) =>
-          Object.fromEntries(ks.map((k) => [k, grad.slice()])),
-        );
-        const t0 = performance.now();
-        server.beginStep(lr);
-        for (let l = layers.length - 1; l >= 0; l--)
-          server.push(l, grads[l], 0);
-        await server.idle();
-        if (t > 1) times.push(performance.now() - t0);
-      }
-      server.takeSpans();
-      record('ParameterServer', 'host', times, threads);
-    } finally {
-      await server.close();
+/**
+ * A {@link ParameterServer} with `threads` optimizer threads: per step, fresh gradients pushed
+ * layer by layer in backward order, timed from the first push until idle(); records the row of
+ * `steps` steps after one warm-up. Closes the server.
+ */
+async function timeServer(
+  b: UpdateBench,
+  threads: number,
+  record: RecordRow,
+): Promise<void> {
+  const params: HostParams = new Map(b.keys.map((k) => [k, b.init]));
+  const server = await ParameterServer.create({
+    params,
+    layers: b.layers,
+    shapes: b.shapes,
+    optimizer: b.cfg,
+    threads,
+  });
+  try {
+    const times: number[] = [];
+    for (let t = 1; t <= b.steps + 1; t++) {
+      const grads = b.layers.map((ks) =>
+        Object.fromEntries(ks.map((k) => [k, b.grad.slice()])),
+      );
+      const t0 = performance.now();
+      server.beginStep(b.lr);
+      for (let l = b.layers.length - 1; l >= 0; l--)
+        server.push(l, grads[l], 0);
+      await server.idle();
+      if (t > 1) times.push(performance.now() - t0);
     }
+    server.takeSpans();
+    record('ParameterServer', 'host', times, threads);
+  } finally {
+    await server.close();
   }
+}
 
-  // (c) TF.js's Adam and (d) DeviceOptimizer, on wasm
+/**
+ * On the wasm backend (left set): TF.js's `tf.train.adam` and then {@link DeviceOptimizer} over
+ * variables of the bench's tensors; records a row for each. Disposes the tensors.
+ */
+async function timeOnWasm(b: UpdateBench, record: RecordRow): Promise<void> {
   await initBackend('wasm');
-  const vars = keys.map((k) => {
-    const t0 = tf.tensor(init, shape);
+  const vars = b.keys.map((k) => {
+    const t0 = tf.tensor(b.init, b.shape);
     const v = tf.variable(t0, true, `eps_bench_${k}`);
     t0.dispose();
     return v;
   });
-  const gts = keys.map(() => tf.tensor(grad, shape));
+  const gts = b.keys.map(() => tf.tensor(b.grad, b.shape));
   try {
     {
-      const adam = tf.train.adam(lr, cfg.beta1, cfg.beta2, cfg.epsilon);
+      const adam = tf.train.adam(b.lr, b.cfg.beta1, b.cfg.beta2, b.cfg.epsilon);
       const named = vars.map((v, i) => ({ name: v.name, tensor: gts[i] }));
-      const times: number[] = [];
-      for (let t = 1; t <= steps + 1; t++) {
-        const t0 = performance.now();
-        adam.applyGradients(named);
-        if (t > 1) times.push(performance.now() - t0);
-      }
+      const times = msAfterWarmUp(b.steps, () => adam.applyGradients(named));
       adam.dispose();
       record('tf.train.adam', 'wasm', times);
     }
     {
-      const dev = new DeviceOptimizer(cfg);
-      const pm = new Map(keys.map((k, i) => [k, vars[i]]));
-      const gm = new Map<string, tf.Tensor>(keys.map((k, i) => [k, gts[i]]));
-      const times: number[] = [];
-      for (let t = 1; t <= steps + 1; t++) {
-        const t0 = performance.now();
-        dev.apply(pm, gm, lr, 1);
-        if (t > 1) times.push(performance.now() - t0);
-      }
+      const dev = new DeviceOptimizer(b.cfg);
+      const pm = new Map(b.keys.map((k, i) => [k, vars[i]]));
+      const gm = new Map<string, tf.Tensor>(b.keys.map((k, i) => [k, gts[i]]));
+      const times = msAfterWarmUp(b.steps, () => dev.apply(pm, gm, b.lr, 1));
       dev.dispose();
       record('DeviceOptimizer (AdamW)', 'wasm', times);
     }
@@ -216,7 +296,6 @@ export async function benchServerUpdateRate(
     for (const v of vars) v.dispose();
     for (const g of gts) g.dispose();
   }
-  return rows;
 }
 
 /** Runs {@link benchServerUpdateRate} and writes `<out>/param-server.json` and `<out>/param-server.md`. */
@@ -255,13 +334,13 @@ export async function benchEps(
       ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(
+  await reportBenchResults(
     o.out,
     'param-server',
     { bench: 'param-server', options: o, cores: cpus().length, rows },
     md,
+    log,
   );
-  log(`wrote ${files.join(', ')}`);
 }
 
 /** Adds the `param-server` command to the bench CLI (src/bench/main.ts). */
