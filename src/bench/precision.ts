@@ -12,16 +12,19 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { bf16Support, type Precision } from '../backend/names.js';
-import { modelConfigFor, resolveConfig } from '../config/config.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
-import { loadDataset } from '../data/index.js';
-import { initParams } from '../model/init.js';
-import { buildModel, modelParamCount } from '../model/model.js';
+import { type Model, modelParamCount } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
 import { check } from '../util/errors.js';
 import { median } from '../util/stats.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import {
+  type BenchModel,
+  loadBenchModel,
+  markdownTable,
+  reportBenchResults,
+} from './report.js';
 
 export interface PrecisionBenchOptions {
   preset: string;
@@ -43,7 +46,27 @@ interface Row {
   peak_device_bytes: number[];
 }
 
-/** Runs the benchmark and writes precision.json and precision.md. */
+/** One strategy at one precision, created up front; they take turns step by step. */
+interface PrecisionRun {
+  name: string;
+  precision: Precision;
+  s: Strategy;
+}
+
+/** bf16's speed-up over fp32 for one strategy, beside its bar. */
+interface Bar {
+  strategy: string;
+  bar: number;
+  speedup: number;
+}
+
+/** The convergence comparison's final validation losses and bf16's relative difference. */
+type Convergence = Awaited<ReturnType<typeof convergenceRun>>;
+
+/**
+ * Runs the benchmark and writes precision.json and precision.md. Throws (check) without the
+ * native backend. Closes every strategy it created, also when one fails.
+ */
 export async function benchPrecision(
   o: PrecisionBenchOptions,
   log: (s: string) => void,
@@ -60,83 +83,13 @@ export async function benchPrecision(
     backend: 'native',
     steps: o.steps + 1,
   });
-  const ds = await loadDataset(base.data);
-  const model = buildModel(modelConfigFor(base, ds));
-  const params = initParams(model.blocks, base.seed);
-  const context =
-    model.config.arch === 'charlm' ? model.config.context : undefined;
+  const bench = await loadBenchModel(base);
   const gpipeName = `gpipe K=${o.stages} M=${o.microBatches}`;
-  const runs: Array<{ name: string; precision: Precision; s: Strategy }> = [];
+  const runs: PrecisionRun[] = [];
   try {
-    for (const precision of ['fp32', 'bf16'] as const) {
-      runs.push({
-        name: 'single',
-        precision,
-        s: await createStrategy(
-          resolveConfig({ ...base, balance: undefined, precision }),
-          model,
-          params,
-        ),
-      });
-      runs.push({
-        name: gpipeName,
-        precision,
-        s: await createStrategy(
-          resolveConfig({
-            ...base,
-            balance: undefined,
-            precision,
-            strategy: 'gpipe',
-            stages: o.stages,
-            microBatches: o.microBatches,
-          }),
-          model,
-          params,
-        ),
-      });
-    }
-    const batcher = makeBatcher(ds, {
-      batchSize: o.batchSize,
-      context,
-      seed: 1,
-    });
-    const warm = batcher.next();
-    for (const r of runs) await r.s.trainStep(warm, 1e-4); // primitives, buffers, bf16 weights
-    const times = runs.map(() => [] as number[]);
-    const peaks = runs.map((r) => new Array<number>(r.s.devices).fill(0));
-    let tokens = 0;
-    for (let i = 0; i < o.steps; i++) {
-      const b = batcher.next();
-      tokens = b.tokens;
-      for (const [j, r] of runs.entries()) {
-        const t0 = performance.now();
-        const res = await r.s.trainStep(b, 1e-4);
-        times[j]!.push((performance.now() - t0) / 1000);
-        res.peakBytes.forEach(
-          (x, k) => (peaks[j]![k] = Math.max(peaks[j]![k]!, x)),
-        );
-      }
-    }
-    const rows: Row[] = runs.map((r, j) => ({
-      strategy: r.name,
-      precision: r.precision,
-      step_s: median(times[j]!),
-      tokens_per_s: tokens / median(times[j]!),
-      peak_device_bytes: peaks[j]!,
-    }));
-    const speedup = (name: string) => {
-      const f = rows.find(
-        (r) => r.strategy === name && r.precision === 'fp32',
-      )!;
-      const b = rows.find(
-        (r) => r.strategy === name && r.precision === 'bf16',
-      )!;
-      return b.tokens_per_s / f.tokens_per_s;
-    };
-    const bars = [
-      { strategy: 'single', bar: 1.5, speedup: speedup('single') },
-      { strategy: gpipeName, bar: 1.4, speedup: speedup(gpipeName) },
-    ];
+    await createRuns(runs, o, base, bench, gpipeName);
+    const { rows, tokens } = await timeInTurns(o, bench, runs);
+    const bars = precisionBars(rows, gpipeName);
     for (const r of rows)
       log(
         `${r.strategy.padEnd(16)} ${r.precision}: ${r.tokens_per_s.toFixed(0)} tokens/s (median step ${(r.step_s * 1000).toFixed(0)} ms)`,
@@ -147,42 +100,12 @@ export async function benchPrecision(
       );
     const convergence =
       o.convergence > 0 ? await convergenceRun(o.convergence, log) : undefined;
-    const md = [
-      '# precision benchmark\n',
-      `fp32 against bf16 mixed precision on the native backend, ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}; median of ${o.steps} steps per configuration after one warm-up step, the configurations taking turns step by step in one run. ${support.note}.\n`,
-      markdownTable({
-        columns: [
-          'strategy',
-          'precision',
-          'tokens/s',
-          'step ms',
-          'peak device MiB per stage',
-        ],
-        rows: rows.map((r) => [
-          r.strategy,
-          r.precision,
-          r.tokens_per_s.toFixed(0),
-          (r.step_s * 1000).toFixed(0),
-          r.peak_device_bytes.map((x) => (x / 2 ** 20).toFixed(1)).join(' / '),
-        ]),
-      }),
-      '',
-      markdownTable({
-        columns: ['strategy', 'bf16 / fp32 tokens/s', 'bar', 'met'],
-        rows: bars.map((b) => [
-          b.strategy,
-          `${b.speedup.toFixed(2)}x`,
-          `${b.bar}x`,
-          b.speedup >= b.bar ? 'yes' : 'no',
-        ]),
-      }),
-      ...(convergence
-        ? [
-            `\nConvergence: charlm-tiny on Moby-Dick, ${o.convergence} steps, seed 1: validation loss fp32 ${convergence.fp32.toFixed(4)}, bf16 ${convergence.bf16.toFixed(4)} (${(100 * convergence.relative).toFixed(2)}% apart; bar 2%: ${Math.abs(convergence.relative) <= 0.02 ? 'met' : 'NOT met'}).\n`,
-          ]
-        : []),
-    ].join('\n');
-    const files = await writeBenchResults(
+    const md = precisionMarkdown(o, bench.model, support, {
+      rows,
+      bars,
+      convergence,
+    });
+    await reportBenchResults(
       o.out,
       'precision',
       {
@@ -197,11 +120,152 @@ export async function benchPrecision(
         ...(convergence ? { convergence } : {}),
       },
       md,
+      log,
     );
-    log(`wrote ${files.join(', ')}`);
   } finally {
     for (const r of runs) await r.s.close();
   }
+}
+
+/**
+ * Creates, for fp32 and then bf16, single and gpipe (`o.stages` stages, `o.microBatches`
+ * micro-batches) on the same model and parameters, pushing each onto `runs` as it is created
+ * (so the caller closes those made before a failure).
+ */
+async function createRuns(
+  runs: PrecisionRun[],
+  o: PrecisionBenchOptions,
+  base: TrainConfig,
+  bench: BenchModel,
+  gpipeName: string,
+): Promise<void> {
+  for (const precision of ['fp32', 'bf16'] as const) {
+    runs.push({
+      name: 'single',
+      precision,
+      s: await createStrategy(
+        resolveConfig({ ...base, balance: undefined, precision }),
+        bench.model,
+        bench.params,
+      ),
+    });
+    runs.push({
+      name: gpipeName,
+      precision,
+      s: await createStrategy(
+        resolveConfig({
+          ...base,
+          balance: undefined,
+          precision,
+          strategy: 'gpipe',
+          stages: o.stages,
+          microBatches: o.microBatches,
+        }),
+        bench.model,
+        bench.params,
+      ),
+    });
+  }
+}
+
+/**
+ * One warm-up step of every run on one batch (primitives, buffers, bf16 weights), then
+ * `o.steps` batches, each trained by every run in turn. Returns a row per run (median step
+ * seconds, tokens/s, peak device bytes per stage) and the tokens of one step.
+ */
+async function timeInTurns(
+  o: PrecisionBenchOptions,
+  bench: BenchModel,
+  runs: PrecisionRun[],
+): Promise<{ rows: Row[]; tokens: number }> {
+  const batcher = makeBatcher(bench.ds, {
+    batchSize: o.batchSize,
+    context: bench.context,
+    seed: 1,
+  });
+  const warm = batcher.next();
+  for (const r of runs) await r.s.trainStep(warm, 1e-4);
+  const times = runs.map(() => [] as number[]);
+  const peaks = runs.map((r) => new Array<number>(r.s.devices).fill(0));
+  let tokens = 0;
+  for (let i = 0; i < o.steps; i++) {
+    const b = batcher.next();
+    tokens = b.tokens;
+    for (const [j, r] of runs.entries()) {
+      const t0 = performance.now();
+      const res = await r.s.trainStep(b, 1e-4);
+      times[j]!.push((performance.now() - t0) / 1000);
+      res.peakBytes.forEach(
+        (x, k) => (peaks[j]![k] = Math.max(peaks[j]![k]!, x)),
+      );
+    }
+  }
+  const rows: Row[] = runs.map((r, j) => ({
+    strategy: r.name,
+    precision: r.precision,
+    step_s: median(times[j]!),
+    tokens_per_s: tokens / median(times[j]!),
+    peak_device_bytes: peaks[j]!,
+  }));
+  return { rows, tokens };
+}
+
+/** bf16's tokens/s over fp32's for single (bar 1.5x) and gpipe (bar 1.4x). */
+function precisionBars(rows: Row[], gpipeName: string): Bar[] {
+  const speedup = (name: string) => {
+    const f = rows.find((r) => r.strategy === name && r.precision === 'fp32')!;
+    const b = rows.find((r) => r.strategy === name && r.precision === 'bf16')!;
+    return b.tokens_per_s / f.tokens_per_s;
+  };
+  return [
+    { strategy: 'single', bar: 1.5, speedup: speedup('single') },
+    { strategy: gpipeName, bar: 1.4, speedup: speedup(gpipeName) },
+  ];
+}
+
+/** precision.md: the setting, the rows, the bars and (where run) the convergence comparison. */
+function precisionMarkdown(
+  o: PrecisionBenchOptions,
+  model: Model,
+  support: ReturnType<typeof bf16Support>,
+  results: { rows: Row[]; bars: Bar[]; convergence: Convergence | undefined },
+): string {
+  const { rows, bars, convergence } = results;
+  return [
+    '# precision benchmark\n',
+    `fp32 against bf16 mixed precision on the native backend, ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}; median of ${o.steps} steps per configuration after one warm-up step, the configurations taking turns step by step in one run. ${support.note}.\n`,
+    markdownTable({
+      columns: [
+        'strategy',
+        'precision',
+        'tokens/s',
+        'step ms',
+        'peak device MiB per stage',
+      ],
+      rows: rows.map((r) => [
+        r.strategy,
+        r.precision,
+        r.tokens_per_s.toFixed(0),
+        (r.step_s * 1000).toFixed(0),
+        r.peak_device_bytes.map((x) => (x / 2 ** 20).toFixed(1)).join(' / '),
+      ]),
+    }),
+    '',
+    markdownTable({
+      columns: ['strategy', 'bf16 / fp32 tokens/s', 'bar', 'met'],
+      rows: bars.map((b) => [
+        b.strategy,
+        `${b.speedup.toFixed(2)}x`,
+        `${b.bar}x`,
+        b.speedup >= b.bar ? 'yes' : 'no',
+      ]),
+    }),
+    ...(convergence
+      ? [
+          `\nConvergence: charlm-tiny on Moby-Dick, ${o.convergence} steps, seed 1: validation loss fp32 ${convergence.fp32.toFixed(4)}, bf16 ${convergence.bf16.toFixed(4)} (${(100 * convergence.relative).toFixed(2)}% apart; bar 2%: ${Math.abs(convergence.relative) <= 0.02 ? 'met' : 'NOT met'}).\n`,
+        ]
+      : []),
+  ].join('\n');
 }
 
 /** charlm-tiny on Moby-Dick for `steps` steps at each precision; the final validation losses. */
