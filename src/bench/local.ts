@@ -13,19 +13,20 @@
 import { join } from 'node:path';
 import * as vega from 'vega';
 import { compile, type TopLevelSpec } from 'vega-lite';
-import {
-  modelConfigFor,
-  resolveConfig,
-  type TrainConfig,
-} from '../config/config.js';
-import { makeBatcher, validationBatches } from '../data/batcher.js';
-import { loadDataset } from '../data/index.js';
-import { initParams } from '../model/init.js';
-import { buildModel, modelParamCount } from '../model/model.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
+import { type Batch, makeBatcher, validationBatches } from '../data/batcher.js';
+import { modelParamCount } from '../model/model.js';
 import { learningRate } from '../optim/lr.js';
 import { createStrategy } from '../strategies/index.js';
+import type { Strategy } from '../strategies/strategy.js';
 import { writeFileAtomic } from '../util/fsx.js';
-import { markdownTable, writeBenchResults } from './report.js';
+import {
+  type BenchModel,
+  inRotatedRounds,
+  loadBenchModel,
+  markdownTable,
+  writeBenchResults,
+} from './report.js';
 
 export interface LocalBenchOptions {
   preset: string;
@@ -89,7 +90,38 @@ export function median(xs: readonly number[]): number {
   return s.length % 2 ? s[h]! : (s[h - 1]! + s[h]!) / 2;
 }
 
-/** Runs the benchmark and writes its files. */
+/** One strategy of the comparison: its name in the results and its flags over the base config. */
+interface Contender {
+  name: string;
+  cfg: Partial<TrainConfig>;
+}
+
+/** What every run of the bench shares. */
+interface LocalRun {
+  o: LocalBenchOptions;
+  base: TrainConfig;
+  bench: BenchModel;
+  /** The validation batches every evaluation uses. */
+  val: Batch[];
+  log: (s: string) => void;
+}
+
+/** Where a run's training stood when its time was up. */
+interface Trained {
+  points: Run['points'];
+  /** Training seconds (evaluations excluded). */
+  t: number;
+  steps: number;
+  /** Tokens, seconds and process CPU milliseconds of the steady-state steps (all but the first). */
+  tokens: number;
+  steadySeconds: number;
+  steadyCpuMs: number;
+}
+
+/**
+ * Runs the benchmark and writes its files. Throws if `o.rounds` is not a positive integer
+ * (after loading the data and building the model).
+ */
 export async function benchLocal(
   o: LocalBenchOptions,
   log: (s: string) => void,
@@ -100,17 +132,43 @@ export async function benchLocal(
     backend: o.backend,
     lr: o.lr,
   });
-  const ds = await loadDataset(base.data);
-  const model = buildModel(modelConfigFor(base, ds));
-  const params = initParams(model.blocks, base.seed);
-  const context =
-    model.config.arch === 'charlm' ? model.config.context : undefined;
-  const val = validationBatches(ds, {
+  const bench = await loadBenchModel(base);
+  const val = validationBatches(bench.ds, {
     batchSize: o.batchSize,
-    context,
+    context: bench.context,
     maxBatches: o.evalBatches,
   });
-  const runs: Array<{ name: string; cfg: Partial<TrainConfig> }> = [
+  const runs = contenders(o);
+  if (!Number.isInteger(o.rounds) || o.rounds < 1)
+    throw new Error(`--rounds must be a positive integer, got ${o.rounds}`);
+  const run: LocalRun = { o, base, bench, val, log };
+  const byRun = await inRotatedRounds(runs.length, o.rounds, (i, round) =>
+    runOnce(run, runs[i]!, round),
+  );
+  const curves = localCurves(runs, byRun, o.rounds);
+  for (const c of curves) log(curveLine(c));
+  await writeFileAtomic(
+    join(o.out, 'local.svg'),
+    await plotSvg(lossPlotSpec(o, base, curves)),
+  );
+  const md = await localMarkdown(o, run, curves);
+  const files = await writeBenchResults(
+    o.out,
+    'local',
+    {
+      bench: 'local',
+      options: o,
+      params: modelParamCount(bench.model),
+      curves,
+    },
+    md,
+  );
+  log(`wrote ${[...files, join(o.out, 'local.svg')].join(', ')}`);
+}
+
+/** single, gpipe K=2 (`o.gpipeMicroBatches`, checkpoint except_last), local K=2 greedy and with overlap 1. */
+function contenders(o: LocalBenchOptions): Contender[] {
+  return [
     { name: 'single', cfg: { strategy: 'single' } },
     {
       name: `gpipe K=2 M=${o.gpipeMicroBatches}`,
@@ -135,101 +193,129 @@ export async function benchLocal(
       },
     },
   ];
-  if (!Number.isInteger(o.rounds) || o.rounds < 1)
-    throw new Error(`--rounds must be a positive integer, got ${o.rounds}`);
-  /** One training run of `r` for `o.seconds` from the same initial parameters and data order. */
-  const runOnce = async (
-    r: (typeof runs)[number],
-    round: number,
-  ): Promise<Run> => {
-    const cfg = resolveConfig({
-      ...base,
-      balance: undefined,
-      ...r.cfg,
-      steps: 1_000_000,
-    });
-    const s = await createStrategy(cfg, model, params);
-    const points: Run['points'] = [];
-    let t = 0;
-    let tokens = 0;
-    let steadySeconds = 0;
-    let steadyCpuMs = 0;
-    let steps = 0;
-    try {
-      const batcher = makeBatcher(ds, {
-        batchSize: o.batchSize,
-        context,
-        seed: cfg.seed,
-      });
-      points.push({ t: 0, val_loss: (await s.evaluate(val)).loss });
-      let nextEval = o.evalSeconds;
-      // training time: the wall clock minus evaluations; steps are submitted as the strategy
-      // accepts them (local parallelism lets the first stage run ahead), as the trainer does
-      const inFlight: Array<Promise<unknown>> = [];
-      let clock = performance.now();
-      let cpu = process.cpuUsage();
-      while (t < o.seconds) {
-        const b = batcher.next();
-        const lr = learningRate(steps, {
-          lr: o.lr,
-          warmup: 10,
-          decay: 'constant',
-          totalSteps: 1,
-          minRatio: 1,
-        });
-        const sub = s.submit(b, lr);
-        inFlight.push(sub.done);
-        await sub.accepted;
-        while (inFlight.length > s.devices) await inFlight.shift();
-        const dt = (performance.now() - clock) / 1000;
-        const c = process.cpuUsage(cpu);
-        steps++;
-        t += dt;
-        clock = performance.now();
-        cpu = process.cpuUsage();
-        if (steps > 1) {
-          // throughput: steady state (no warm-up step, no waits for evaluation)
-          tokens += b.tokens;
-          steadySeconds += dt;
-          steadyCpuMs += (c.user + c.system) / 1000;
-        }
-        if (t >= nextEval || t >= o.seconds) {
-          await Promise.all(inFlight.splice(0));
-          t += (performance.now() - clock) / 1000;
-          points.push({ t, val_loss: (await s.evaluate(val)).loss });
-          clock = performance.now();
-          cpu = process.cpuUsage();
-          nextEval += o.evalSeconds;
-        }
-      }
-    } finally {
-      await s.close();
-    }
-    const run: Run = {
-      round,
-      steps,
-      tokens_per_s: tokens / steadySeconds,
-      cpu_s_per_ktoken: steadyCpuMs / tokens,
-      final_val_loss: points[points.length - 1]!.val_loss,
-      points,
-    };
-    log(
-      `round ${round + 1}/${o.rounds} ${r.name}: ${steps} steps, ${run.tokens_per_s.toFixed(0)} tokens/s, ${run.cpu_s_per_ktoken.toFixed(3)} CPU s/1k tokens, val loss ${run.final_val_loss.toFixed(4)} after ${t.toFixed(0)} s`,
-    );
-    return run;
+}
+
+/** One training run of `r` for `o.seconds` from the same initial parameters and data order; logs its figures. */
+async function runOnce(
+  run: LocalRun,
+  r: Contender,
+  round: number,
+): Promise<Run> {
+  const { o } = run;
+  const cfg = resolveConfig({
+    ...run.base,
+    balance: undefined,
+    ...r.cfg,
+    steps: 1_000_000,
+  });
+  const s = await createStrategy(cfg, run.bench.model, run.bench.params);
+  let tr: Trained;
+  try {
+    tr = await trainFor(run, s, cfg.seed);
+  } finally {
+    await s.close();
+  }
+  const { points, steps } = tr;
+  const result: Run = {
+    round,
+    steps,
+    tokens_per_s: tr.tokens / tr.steadySeconds,
+    cpu_s_per_ktoken: tr.steadyCpuMs / tr.tokens,
+    final_val_loss: points[points.length - 1]!.val_loss,
+    points,
   };
-  const byRun: Run[][] = runs.map(() => []);
-  for (let round = 0; round < o.rounds; round++) {
-    for (let j = 0; j < runs.length; j++) {
-      const i = (j + round) % runs.length;
-      byRun[i]!.push(await runOnce(runs[i]!, round));
+  run.log(
+    `round ${round + 1}/${o.rounds} ${r.name}: ${steps} steps, ${result.tokens_per_s.toFixed(0)} tokens/s, ${result.cpu_s_per_ktoken.toFixed(3)} CPU s/1k tokens, val loss ${result.final_val_loss.toFixed(4)} after ${tr.t.toFixed(0)} s`,
+  );
+  return result;
+}
+
+/**
+ * Trains `s` on batches from `seed` until `o.seconds` of training time have passed, evaluating
+ * at the start, every `o.evalSeconds` and at the end. Training time is the wall clock minus
+ * evaluations; steps are submitted as the strategy accepts them (local parallelism lets the
+ * first stage run ahead), as the trainer does, with at most one in flight per device.
+ */
+async function trainFor(
+  run: LocalRun,
+  s: Strategy,
+  seed: number,
+): Promise<Trained> {
+  const { o } = run;
+  const tr: Trained = {
+    points: [],
+    t: 0,
+    steps: 0,
+    tokens: 0,
+    steadySeconds: 0,
+    steadyCpuMs: 0,
+  };
+  const batcher = makeBatcher(run.bench.ds, {
+    batchSize: o.batchSize,
+    context: run.bench.context,
+    seed,
+  });
+  tr.points.push({ t: 0, val_loss: (await s.evaluate(run.val)).loss });
+  let nextEval = o.evalSeconds;
+  const inFlight: Array<Promise<unknown>> = [];
+  let clock = performance.now();
+  let cpu = process.cpuUsage();
+  while (tr.t < o.seconds) {
+    const b = batcher.next();
+    const sub = s.submit(b, warmupLr(o.lr, tr.steps));
+    inFlight.push(sub.done);
+    await sub.accepted;
+    while (inFlight.length > s.devices) await inFlight.shift();
+    const dt = (performance.now() - clock) / 1000;
+    const c = process.cpuUsage(cpu);
+    tr.steps++;
+    tr.t += dt;
+    clock = performance.now();
+    cpu = process.cpuUsage();
+    if (tr.steps > 1) {
+      // throughput: steady state (no warm-up step, no waits for evaluation)
+      tr.tokens += b.tokens;
+      tr.steadySeconds += dt;
+      tr.steadyCpuMs += (c.user + c.system) / 1000;
+    }
+    if (tr.t >= nextEval || tr.t >= o.seconds) {
+      await Promise.all(inFlight.splice(0));
+      tr.t += (performance.now() - clock) / 1000;
+      tr.points.push({ t: tr.t, val_loss: (await s.evaluate(run.val)).loss });
+      clock = performance.now();
+      cpu = process.cpuUsage();
+      nextEval += o.evalSeconds;
     }
   }
+  return tr;
+}
+
+/** The learning rate of step `step` (0-based): a linear warm-up over 10 steps to `lr`, then constant. */
+function warmupLr(lr: number, step: number): number {
+  return learningRate(step, {
+    lr,
+    warmup: 10,
+    decay: 'constant',
+    totalSteps: 1,
+    minRatio: 1,
+  });
+}
+
+/**
+ * Each contender's curve from its runs (`byRun[i]`, one per round): medians over the rounds, the
+ * ratios against single (index 0) and, for local (index 2 on), against gpipe (index 1), both
+ * median/median and the median of each round's ratio.
+ */
+function localCurves(
+  runs: Contender[],
+  byRun: Run[][],
+  roundCount: number,
+): Curve[] {
   const tps = (i: number, round: number) =>
     byRun[i]!.find((x) => x.round === round)!.tokens_per_s;
-  const rounds = Array.from({ length: o.rounds }, (_, r) => r);
+  const rounds = Array.from({ length: roundCount }, (_, r) => r);
   const medTps = byRun.map((rs) => median(rs.map((x) => x.tokens_per_s)));
-  const curves: Curve[] = runs.map((r, i) => {
+  return runs.map((r, i) => {
     const rs = [...byRun[i]!].sort((a, b) => a.round - b.round);
     const againstGpipe = i >= 2;
     return {
@@ -250,14 +336,25 @@ export async function benchLocal(
       points: rs[0]!.points,
     };
   });
-  for (const c of curves)
-    log(
-      `${c.name}: median ${c.tokens_per_s.toFixed(0)} tokens/s, ${c.speedup.toFixed(2)}x single (paired ${c.speedup_paired.toFixed(2)}x)` +
-        (c.vs_gpipe === null
-          ? ''
-          : `, ${c.vs_gpipe.toFixed(2)}x gpipe (paired ${c.vs_gpipe_paired!.toFixed(2)}x)`),
-    );
-  const spec: TopLevelSpec = {
+}
+
+/** A curve's log line: its median tokens/s and ratios against single (and gpipe). */
+function curveLine(c: Curve): string {
+  return (
+    `${c.name}: median ${c.tokens_per_s.toFixed(0)} tokens/s, ${c.speedup.toFixed(2)}x single (paired ${c.speedup_paired.toFixed(2)}x)` +
+    (c.vs_gpipe === null
+      ? ''
+      : `, ${c.vs_gpipe.toFixed(2)}x gpipe (paired ${c.vs_gpipe_paired!.toFixed(2)}x)`)
+  );
+}
+
+/** The Vega-Lite line plot of the first round: validation loss against training seconds, a line per strategy. */
+function lossPlotSpec(
+  o: LocalBenchOptions,
+  base: TrainConfig,
+  curves: Curve[],
+): TopLevelSpec {
+  return {
     $schema: 'https://vega.github.io/schema/vega-lite/v5.json',
     title: `${o.preset} on ${base.data}: validation loss vs training time (${o.backend}, ${o.seconds} s each)`,
     width: 640,
@@ -291,15 +388,26 @@ export async function benchLocal(
       },
     },
   };
+}
+
+/** Renders a Vega-Lite spec to SVG text (no browser: Vega's headless view). */
+function plotSvg(spec: TopLevelSpec): Promise<string> {
   const view = new vega.View(vega.parse(compile(spec).spec), {
     renderer: 'none',
   });
-  const svg = await view.toSVG();
-  await writeFileAtomic(join(o.out, 'local.svg'), svg);
+  return view.toSVG();
+}
+
+/** local.md: the setting, a row per strategy (medians and ratios), and each round's figures. */
+async function localMarkdown(
+  o: LocalBenchOptions,
+  run: LocalRun,
+  curves: Curve[],
+): Promise<string> {
   const x = (v: number | null) => (v === null ? '-' : `${v.toFixed(2)}x`);
-  const md = [
+  return [
     `# local parallelism benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters) on ${base.data}, mini-batch ${o.batchSize}, lr ${o.lr}, backend ${o.backend}, ${o.seconds} s of training each (evaluation excluded), ${o.rounds} round(s) in rotated order, on this machine (${(await import('node:os')).cpus().length} cores; shared machines make single runs noisy). Figures are medians over rounds; "paired" ratios are the median of each round's ratio. Plot (first round): local.svg.\n`,
+    `Model ${o.preset} (${modelParamCount(run.bench.model).toLocaleString('en-US')} parameters) on ${run.base.data}, mini-batch ${o.batchSize}, lr ${o.lr}, backend ${o.backend}, ${o.seconds} s of training each (evaluation excluded), ${o.rounds} round(s) in rotated order, on this machine (${(await import('node:os')).cpus().length} cores; shared machines make single runs noisy). Figures are medians over rounds; "paired" ratios are the median of each round's ratio. Plot (first round): local.svg.\n`,
     markdownTable({
       columns: [
         'strategy',
@@ -330,17 +438,10 @@ export async function benchLocal(
       rows: Array.from({ length: o.rounds }, (_, r) => [
         r + 1,
         ...curves.map((c) => {
-          const run = c.runs.find((u) => u.round === r)!;
-          return `${run.tokens_per_s.toFixed(0)} (${run.steps}, ${run.final_val_loss.toFixed(4)})`;
+          const u = c.runs.find((x) => x.round === r)!;
+          return `${u.tokens_per_s.toFixed(0)} (${u.steps}, ${u.final_val_loss.toFixed(4)})`;
         }),
       ]),
     }),
   ].join('\n');
-  const files = await writeBenchResults(
-    o.out,
-    'local',
-    { bench: 'local', options: o, params: modelParamCount(model), curves },
-    md,
-  );
-  log(`wrote ${[...files, join(o.out, 'local.svg')].join(', ')}`);
 }
