@@ -140,6 +140,14 @@ export {
   loadCheckpoint,
   saveCheckpoint,
 } from './train/checkpoint-io.js';
+export {
+  type LoopEnd,
+  type LoopIO,
+  type LoopSetup,
+  type RunSoFar,
+  TrainingLoop,
+} from './train/loop.js';
+export type { StepMetrics, Summary } from './train/metrics.js';
 export { sampleText } from './train/sample.js';
 export { prepare, type TrainHooks, train } from './train/trainer.js';
 export { LayerwiseError } from './util/errors.js';

@@ -7,7 +7,7 @@
  *
  * URL parameters fill the form and `autostart=1` starts the run:
  * `?preset=charlm-tiny&strategy=gpipe&stages=2&micro-batches=4&steps=50&autostart=1`; also
- * batch-size, eval-batches, eval-every, seed and lr, as the command line's flags.
+ * batch-size, eval-batches, eval-every, seed, lr and layer-drop, as the command line's flags.
  * For tests, `window.layerwise` holds the run's state, metrics lines and summary.
  * `?device=1&token=...` (the URL `layerwise train --devices ...,browser` prints) makes the tab a
  * device of that run instead (web/device.ts).
@@ -18,6 +18,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import uPlot from 'uplot';
 import { initBackend } from '../src/backend/index.js';
 import { paramKey } from '../src/model/block.js';
+import type { LayerDropSchedule } from '../src/model/layer-drop.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { WebGpuBufferLimits } from '../src/plan/webgpu-limits.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
@@ -295,8 +296,8 @@ let stopAsked = false;
 
 /**
  * Settings the form does not show, from the URL only (each as `layerwise train`'s flag of the
- * same name): batch-size, eval-batches, eval-every, seed, lr, and the model's shape: layers,
- * d-model, heads, context. Missing: the preset's defaults.
+ * same name): batch-size, eval-batches, eval-every, seed, lr, layer-drop, layer-drop-schedule,
+ * and the model's shape: layers, d-model, heads, context. Missing: the preset's defaults.
  */
 function advancedFromUrl() {
   const q = new URLSearchParams(location.search);
@@ -310,6 +311,10 @@ function advancedFromUrl() {
     evalEvery: num('eval-every'),
     seed: num('seed'),
     lr: num('lr'),
+    layerDrop: num('layer-drop'),
+    layerDropSchedule: (q.get('layer-drop-schedule') ?? undefined) as
+      | LayerDropSchedule
+      | undefined,
     layers: num('layers'),
     dModel: num('d-model'),
     heads: num('heads'),
@@ -368,6 +373,7 @@ async function start(): Promise<void> {
         drawTimeline(trace.svg(2));
       },
       stopRequested: () => stopAsked,
+      warn: (msg) => say(`warning: ${msg}`),
     });
     page.summary = r.summary;
     $('summary').textContent = JSON.stringify(r.summary, null, 2);

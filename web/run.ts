@@ -1,18 +1,29 @@
 /**
- * A training run in the page: the library's configuration, data, model, partition and
- * strategies, exactly as `layerwise train` uses them (src/train/trainer.ts), with the run's
- * records kept in memory instead of a run folder: metrics lines, the summary (summary.json's
- * fields), the trace recorder's timeline, and the trained parameters. No checkpoints and no
- * resume here (the page has no files).
+ * A training run in the page: the library's configuration, data, model, partition, strategies
+ * and training loop (src/train/loop.ts), exactly as `layerwise train` uses them
+ * (src/train/trainer.ts), with the run's records kept in memory instead of a run folder:
+ * metrics lines, the summary (summary.json's fields), the trace recorder's timeline, and the
+ * trained parameters. No checkpoints and no resume here (the page has no files).
  */
 
-import { resolveConfig, runModelConfig } from '../src/config/config.js';
-import { makeBatcher, validationBatches } from '../src/data/batcher.js';
+import {
+  resolveConfig,
+  runModelConfig,
+  type TrainConfig,
+} from '../src/config/config.js';
+import {
+  type Batch,
+  makeBatcher,
+  validationBatches,
+} from '../src/data/batcher.js';
 import { type Dataset, loadDataset } from '../src/data/index.js';
 import { textDatasetFromString } from '../src/data/text.js';
 import { type HostParams, initParams } from '../src/model/init.js';
+import {
+  checkLayerDrop,
+  type LayerDropSchedule,
+} from '../src/model/layer-drop.js';
 import { loadModel, type Model, modelParamCount } from '../src/model/model.js';
-import { learningRate } from '../src/optim/lr.js';
 import {
   checkWebGpuLimits,
   type WebGpuBufferLimits,
@@ -23,8 +34,8 @@ import {
   validateStrategy,
 } from '../src/strategies/index.js';
 import type { StepReport, Strategy } from '../src/strategies/strategy.js';
+import { TrainingLoop } from '../src/train/loop.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
-import { StepTally } from '../src/train/step-tally.js';
 import { TraceRecorder } from '../src/train/trace.js';
 import { LayerwiseError } from '../src/util/errors.js';
 
@@ -41,6 +52,9 @@ export interface PageRunOptions {
   evalBatches?: number;
   seed?: number;
   lr?: number;
+  /** LayerDrop (`layerwise train`'s --layer-drop, --layer-drop-schedule): single, gpipe, l2l. */
+  layerDrop?: number;
+  layerDropSchedule?: LayerDropSchedule;
   /** The preset's shape, changed (`layerwise train`'s --layers, --d-model, --heads, --context). */
   layers?: number;
   dModel?: number;
@@ -64,6 +78,8 @@ export interface PageRunHooks {
   onStep?(m: StepMetrics, report: StepReport, trace: TraceRecorder): void;
   /** Asked before each step: true ends the run after the steps already submitted. */
   stopRequested?(): boolean;
+  /** A warning, at most once per run (a loss far above its running median: training may be diverging). */
+  warn?(msg: string): void;
 }
 
 /** The finished run: summary.json's fields, every metrics line, the model and its parameters. */
@@ -77,25 +93,9 @@ export interface PageRunResult {
   stopped: boolean;
 }
 
-/** Throws when a step's loss is not finite (NaN or infinite), with advice. */
-function checkFinite(loss: number, step: number, lr: number): void {
-  if (!Number.isFinite(loss))
-    throw new LayerwiseError(
-      `loss became ${loss} at step ${step}; lower the learning rate (now ${lr})`,
-    );
-}
-
-/**
- * Trains as `opts` asks, in this page (devices are Web Workers). Throws
- * {@link LayerwiseError} for bad input (an unknown preset, a text with nothing to train on, a
- * strategy's flag checks, a model over the WebGPU adapter's buffer limits) before any worker starts, and a StageError when a device fails.
- */
-export async function runInPage(
-  opts: PageRunOptions,
-  hooks: PageRunHooks = {},
-): Promise<PageRunResult> {
-  const t0 = performance.now();
-  const cfg = resolveConfig({
+/** The run's configuration: `layerwise train`'s, from the page's options. */
+function pageConfig(opts: PageRunOptions): TrainConfig {
+  return resolveConfig({
     preset: opts.preset,
     strategy: opts.strategy,
     stages: opts.stages,
@@ -107,6 +107,8 @@ export async function runInPage(
     evalBatches: opts.evalBatches,
     seed: opts.seed,
     lr: opts.lr,
+    layerDrop: opts.layerDrop,
+    layerDropSchedule: opts.layerDropSchedule,
     layers: opts.layers,
     dModel: opts.dModel,
     heads: opts.heads,
@@ -114,22 +116,14 @@ export async function runInPage(
     data: opts.text?.name,
     out: 'page',
   });
-  validateStrategy(cfg);
-  const ds = opts.text
-    ? textDatasetFromString(opts.text.name, opts.text.text)
-    : await loadDataset(cfg.data);
-  const model = await loadModel(await runModelConfig(cfg, ds));
-  if (cfg.backend === 'webgpu' && opts.webgpuLimits)
-    checkWebGpuLimits(
-      model,
-      cfg.strategy === 'single'
-        ? cfg.batchSize
-        : Math.ceil(cfg.batchSize / cfg.microBatches),
-      opts.webgpuLimits,
-    );
-  const ranges = await resolveStages(cfg, model);
-  const context =
-    model.config.arch === 'charlm' ? model.config.context : undefined;
+}
+
+/** The validation batches; throws {@link LayerwiseError} when the text holds less than one. */
+function pageValidation(
+  ds: Dataset,
+  cfg: TrainConfig,
+  context: number | undefined,
+): Batch[] {
   const valBatches = validationBatches(ds, {
     batchSize: cfg.batchSize,
     context,
@@ -139,91 +133,97 @@ export async function runInPage(
     throw new LayerwiseError(
       `the validation part of ${ds.name} (a tenth of it) holds less than one batch of ${cfg.batchSize} windows of ${context ?? 1} characters; give a longer text`,
     );
+  return valBatches;
+}
+
+/** Loads the data and the model and checks them against the run (LayerDrop, WebGPU limits). */
+async function pageModel(
+  cfg: TrainConfig,
+  opts: PageRunOptions,
+): Promise<{ ds: Dataset; model: Model }> {
+  const ds = opts.text
+    ? textDatasetFromString(opts.text.name, opts.text.text)
+    : await loadDataset(cfg.data);
+  const model = await loadModel(await runModelConfig(cfg, ds));
+  if (cfg.layerDrop > 0) checkLayerDrop(model);
+  if (cfg.backend === 'webgpu' && opts.webgpuLimits)
+    checkWebGpuLimits(
+      model,
+      cfg.strategy === 'single'
+        ? cfg.batchSize
+        : Math.ceil(cfg.batchSize / cfg.microBatches),
+      opts.webgpuLimits,
+    );
+  return { ds, model };
+}
+
+/**
+ * Trains as `opts` asks, in this page (devices are Web Workers), with the trainer's own loop
+ * (src/train/loop.ts: the same steps, LayerDrop, checks, metrics lines and summary fields as
+ * `layerwise train`), its records kept in memory. Throws {@link LayerwiseError} for bad input
+ * (an unknown preset, a text with nothing to train on, a strategy's flag checks, a model over
+ * the WebGPU adapter's buffer limits) before any worker starts, a NumericFaultError (a
+ * LayerwiseError) at a step whose loss is not finite, and a StageError when a device fails.
+ */
+export async function runInPage(
+  opts: PageRunOptions,
+  hooks: PageRunHooks = {},
+): Promise<PageRunResult> {
+  const t0 = performance.now();
+  const cfg = pageConfig(opts);
+  validateStrategy(cfg);
+  const { ds, model } = await pageModel(cfg, opts);
+  const ranges = await resolveStages(cfg, model);
+  const context =
+    model.config.arch === 'charlm' ? model.config.context : undefined;
+  const valBatches = pageValidation(ds, cfg, context);
   const batcher = makeBatcher(ds, {
     batchSize: cfg.batchSize,
     context: cfg.context ?? context,
     seed: cfg.seed,
   });
-  const nParams = modelParamCount(model);
   const strategy: Strategy = await createStrategy(
     cfg,
     model,
     initParams(model.blocks, cfg.seed),
     ranges,
   );
-  hooks.onStart?.({ params: nParams, ranges, dataset: ds.name });
+  hooks.onStart?.({
+    params: modelParamCount(model),
+    ranges,
+    dataset: ds.name,
+  });
   const metrics: StepMetrics[] = [];
   const recorder = new TraceRecorder(true);
-  const tally = new StepTally(
-    strategy.devices,
-    ds.kind === 'text',
-    cfg.strategy === 'local',
+  const loop = new TrainingLoop(
+    {
+      cfg,
+      model,
+      strategy,
+      batcher,
+      valBatches,
+      ranges,
+      text: ds.kind === 'text',
+      recorder,
+      t0,
+    },
+    {
+      record(m, r) {
+        metrics.push(m);
+        hooks.onStep?.(m, r, recorder);
+      },
+      stopRequested: () => hooks.stopRequested?.() ?? false,
+      warn: (msg) => hooks.warn?.(msg),
+    },
   );
-  let initialLoss: number | undefined;
-  let stopped = false;
-  let done = 0;
+  let stopped: boolean;
   let params: HostParams;
-  const due = (step: number) =>
-    (cfg.evalEvery > 0 && step % cfg.evalEvery === 0) || step === cfg.steps;
   try {
-    let mark = performance.now();
-    for (let step = 0; step < cfg.steps; step++) {
-      if (hooks.stopRequested?.()) {
-        stopped = true;
-        break;
-      }
-      const batch = batcher.next();
-      const lr = learningRate(step, {
-        lr: cfg.lr,
-        warmup: cfg.warmup,
-        decay: cfg.decay,
-        totalSteps: cfg.steps,
-        minRatio: 0.1,
-      });
-      const sub = strategy.submit(batch, lr);
-      const r = await sub.done; // one step at a time: the page draws each
-      const now = performance.now();
-      const secs = (now - mark) / 1000;
-      done = step + 1;
-      checkFinite(r.loss, done, cfg.lr);
-      initialLoss ??= r.loss;
-      recorder.add(done, r);
-      const m = tally.step(r, {
-        step: done,
-        lr,
-        tokens: batch.tokens,
-        seconds: secs,
-        counted: step > 0 || cfg.steps === 1, // the first step warms kernels up
-      });
-      if (due(done)) tally.evaluation(m, await strategy.evaluate(valBatches));
-      metrics.push(m);
-      hooks.onStep?.(m, r, recorder);
-      mark = performance.now();
-    }
-    if (strategy.drainServerSpans)
-      recorder.addServerSpans(done, await strategy.drainServerSpans());
+    ({ stopped } = await loop.run());
     params = await strategy.getParams();
   } finally {
     await strategy.close();
   }
-  const last = metrics[metrics.length - 1];
-  const summary: Summary = {
-    strategy: cfg.strategy,
-    backend: cfg.backend,
-    precision: cfg.precision,
-    preset: cfg.preset,
-    params: nParams,
-    stages: ranges.length,
-    micro_batches: cfg.strategy === 'single' ? 1 : cfg.microBatches,
-    rematerialization: cfg.remat,
-    schedule: cfg.schedule,
-    balance: ranges.map((r) => r.to - r.from),
-    batch_size: cfg.batchSize,
-    steps: done,
-    initial_loss: initialLoss ?? Number.NaN,
-    final_loss: last?.loss ?? Number.NaN,
-    ...tally.summaryFields(),
-    wall_s: (performance.now() - t0) / 1000,
-  };
+  const summary = loop.summary();
   return { summary, metrics, model, params, dataset: ds, stopped };
 }

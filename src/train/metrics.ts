@@ -1,6 +1,6 @@
 /** Run outputs: metrics.jsonl (one JSON line per step) and summary.json. */
-import { readFileSync } from 'node:fs';
-import { appendFile, mkdir } from 'node:fs/promises';
+import { existsSync, readFileSync } from 'node:fs';
+import { appendFile, mkdir, readFile, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import { writeFileAtomic } from '../util/fsx.js';
 
@@ -45,7 +45,7 @@ export interface StepMetrics {
   val_aux_losses?: number[];
 }
 
-/** summary.json, written at the end of a run. */
+/** summary.json, written at the end of a run (after its last checkpoint). */
 export interface Summary {
   strategy: string;
   backend: string;
@@ -113,11 +113,53 @@ export class MetricsLog {
   }
   /** Writes summary.json atomically. */
   async summary(s: Summary): Promise<void> {
-    await writeFileAtomic(
-      join(this.out, 'summary.json'),
-      `${JSON.stringify(s, null, 2)}\n`,
-    );
+    await writeFileAtomic(join(this.out, SUMMARY), summaryText(s));
   }
+  /**
+   * Writes the finished run's summary beside summary.json ({@link PENDING_SUMMARY}), before its
+   * last checkpoint is saved: {@link commitSummary} makes it summary.json once that save is
+   * complete, so a summary never stands beside an older checkpoint, and a run killed between
+   * the two finds it on resume ({@link promotePendingSummary}).
+   */
+  async pendingSummary(s: Summary): Promise<void> {
+    await writeFileAtomic(join(this.out, PENDING_SUMMARY), summaryText(s));
+  }
+  /** Makes the pending summary summary.json (one atomic rename). */
+  async commitSummary(): Promise<void> {
+    await rename(join(this.out, PENDING_SUMMARY), join(this.out, SUMMARY));
+  }
+}
+
+/** The file name of a run's summary. */
+export const SUMMARY = 'summary.json';
+/** A finished run's summary while its last checkpoint is being saved (see {@link MetricsLog.pendingSummary}). */
+export const PENDING_SUMMARY = 'summary.pending.json';
+
+function summaryText(s: Summary): string {
+  return `${JSON.stringify(s, null, 2)}\n`;
+}
+
+/**
+ * For a run folder `out` whose last checkpoint (of step `step`) is saved but whose summary.json
+ * is missing (a run killed right after that save): makes its pending summary summary.json when
+ * that summary is of `step`. Resolves with whether `out` now holds summary.json.
+ */
+export async function promotePendingSummary(
+  out: string,
+  step: number,
+): Promise<boolean> {
+  const path = join(out, SUMMARY);
+  if (existsSync(path)) return true;
+  const pending = join(out, PENDING_SUMMARY);
+  let steps: unknown;
+  try {
+    steps = (JSON.parse(await readFile(pending, 'utf8')) as Summary).steps;
+  } catch {
+    return false; // none, or unreadable
+  }
+  if (steps !== step) return false;
+  await rename(pending, path);
+  return true;
 }
 
 /** The step lines of run folder `out`'s metrics.jsonl, in order (what {@link MetricsLog} appended). */

@@ -1,8 +1,8 @@
 /**
  * The run's measured numbers, step by step: one place that turns a strategy's step reports and
- * evaluations into metrics.jsonl lines and summary.json's measured fields, shared by the
- * trainer (train/trainer.ts) and the browser page's loop (web/run.ts), so both write the same
- * fields with the same definitions.
+ * evaluations into metrics.jsonl lines and summary.json's measured fields, used by the one
+ * training loop (train/loop.ts) that the trainer (train/trainer.ts) and the browser page
+ * (web/run.ts) share, so both write the same fields with the same definitions.
  */
 import type { Evaluation, StepReport } from '../strategies/strategy.js';
 import type { StepMetrics, Summary } from './metrics.js';

@@ -1,6 +1,7 @@
 /**
- * The one training loop for every strategy: data -> model -> strategy -> steps, with the
- * learning-rate schedule, periodic validation, metrics, atomic checkpoints and exact resume.
+ * `layerwise train`: data -> model -> strategy -> the training loop (train/loop.ts, the same
+ * as the browser page's) with the run folder's I/O: metrics.jsonl, atomic checkpoints, exact
+ * resume, and summary.json written last.
  *
  * Everything that can be wrong with the input (config, data, checkpoint, balance) is checked
  * before anything is written, so a bad run leaves no files behind.
@@ -9,11 +10,9 @@
 import { existsSync } from 'node:fs';
 import { readdir, readFile, rm } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
-import { precisionNote } from '../backend/names.js';
 import {
   resolveConfig,
   runModelConfig,
-  scheduleName,
   type TrainConfig,
 } from '../config/config.js';
 import {
@@ -23,10 +22,9 @@ import {
 } from '../data/batcher.js';
 import { type Dataset, loadDataset, Vocab } from '../data/index.js';
 import { type HostParams, initParams } from '../model/init.js';
-import { checkLayerDrop, droppedBlocks } from '../model/layer-drop.js';
+import { checkLayerDrop } from '../model/layer-drop.js';
 import { loadModel, type Model, modelParamCount } from '../model/model.js';
 import type { LossScaleState } from '../optim/loss-scale.js';
-import { learningRate } from '../optim/lr.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
@@ -34,28 +32,31 @@ import { parseDevices } from '../runtime/devices.js';
 import {
   createStrategy,
   resolveStages,
-  specOf,
   validateStrategy,
 } from '../strategies/index.js';
 import type { Strategy } from '../strategies/strategy.js';
-import {
-  LayerwiseError,
-  NumericFaultError,
-  tagRunDir,
-} from '../util/errors.js';
+import { LayerwiseError, tagRunDir } from '../util/errors.js';
 import { writeFileAtomic } from '../util/fsx.js';
 import {
   CHECKPOINTS,
   type Checkpoint,
   cleanCheckpoints,
   findCheckpoint,
+  hasCheckpoint,
   holdsRun,
   OLD_CHECKPOINT,
   saveRunCheckpoint,
 } from './checkpoint-io.js';
-import { MetricsLog, type StepMetrics, type Summary } from './metrics.js';
+import { type LoopIO, type RunSoFar, TrainingLoop } from './loop.js';
+import {
+  MetricsLog,
+  PENDING_SUMMARY,
+  promotePendingSummary,
+  type StepMetrics,
+  SUMMARY,
+  type Summary,
+} from './metrics.js';
 import { checkRunPaths, lockRunFolder } from './run-folder.js';
-import { StepTally } from './step-tally.js';
 import { type StageSummary, TraceRecorder } from './trace.js';
 
 /** Flags that define the model and data stream; a resumed run must not change them. */
@@ -98,18 +99,6 @@ export interface TrainResult {
   stages: StageSummary[];
   /** The trace files written (Chrome JSON, SVG), when --trace was given. */
   traceFiles?: string[];
-}
-
-/** A step handed to the strategy whose report has not been recorded yet. */
-interface InFlight {
-  step: number;
-  lr: number;
-  tokens: number;
-  /** Blocks the step skipped (--layer-drop). */
-  dropped: number[];
-  /** The step's share of the training wall time, seconds (see the loop). */
-  seconds: number;
-  done: Promise<import('../strategies/strategy.js').StepReport>;
 }
 
 /** How {@link train} treats the --out folder. */
@@ -236,7 +225,8 @@ function within(child: string, parent: string): boolean {
 /** Everything a run writes into its folder (removed by --overwrite before the new run starts). */
 const RUN_OUTPUTS = [
   'metrics.jsonl',
-  'summary.json',
+  SUMMARY,
+  PENDING_SUMMARY,
   'run.json',
   'error.txt',
   CHECKPOINTS,
@@ -262,9 +252,11 @@ async function truncateMetrics(out: string, step: number): Promise<void> {
 
 /**
  * Trains as configured. `raw` holds the CLI flags (undefined = default); `resume` a run or
- * checkpoint folder to continue exactly from. Returns the summary written to summary.json.
- * Throws {@link LayerwiseError} for bad input (before writing anything) and StageError when a
- * stage fails (after stopping every worker).
+ * checkpoint folder to continue exactly from. Returns the summary written to summary.json
+ * (written last, after the final checkpoint). Throws {@link LayerwiseError} for bad input
+ * (before writing anything; a fresh run that fails on the user's input, a numeric fault say,
+ * before its first checkpoint removes what it wrote) and StageError when a stage fails (after
+ * stopping every worker).
  */
 export async function train(
   raw: Parameters<typeof resolveConfig>[0],
@@ -274,44 +266,15 @@ export async function train(
 ): Promise<TrainResult> {
   const t0 = performance.now();
   const p = await prepare(raw, resume, opts);
-  const { cfg, ds, model } = p;
-  const context =
-    model.config.arch === 'charlm' ? model.config.context : undefined;
-  const valBatches = validationBatches(ds, {
-    batchSize: cfg.batchSize,
-    context,
-    maxBatches: cfg.evalBatches,
-  });
-  if (valBatches.length === 0) {
-    if (ds.kind === 'text' && context !== undefined) {
-      // a batch is batchSize windows of context + 1 characters, each starting `context` after the last
-      const need = cfg.batchSize * context + 1;
-      const chars = ds.train.length + ds.val.length;
-      throw new LayerwiseError(
-        `the text ${cfg.data} (${chars} characters) is too short: its validation split (the last ${ds.val.length} characters) holds less than one batch of ${cfg.batchSize} windows of --context ${context} (${need} characters); give a smaller --context${cfg.batchSize > 1 ? ' or --batch-size' : ''}, or a longer text (about ${Math.ceil(need / 0.1)} characters)`,
-      );
-    }
-    throw new LayerwiseError(
-      `the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`,
-    );
-  }
+  const { cfg } = p;
+  const valBatches = validationSet(p);
   // one writer per run folder: a second run on it fails here, before it writes anything
   const existed = existsSync(cfg.out);
   const lock = await lockRunFolder(cfg.out);
-  let failedEmpty = false;
+  let undo = false;
   try {
-    if (p.resumedDir) {
-      // what a crash left behind: interrupted saves, checkpoints older (or broken newer) than this one
-      await cleanCheckpoints(cfg.out, p.resumedDir);
-    } else if (existed) {
-      // a fresh run (--overwrite, or a restart before the first checkpoint): the old run goes
-      const names = await readdir(cfg.out);
-      for (const n of names)
-        if (RUN_OUTPUTS.includes(n) || n.startsWith(`${OLD_CHECKPOINT}.`))
-          await rm(join(cfg.out, n), { recursive: true, force: true });
-    }
-    // a finished run (perhaps killed after its last checkpoint: summary.json is written before that save), tidied above
-    if (p.finished) throw alreadyReaches(p.startStep, cfg);
+    await tidyRunFolder(p, existed);
+    if (p.finished) await refuseFinished(p);
     if (!p.resumedDir && opts.argv)
       await writeFileAtomic(
         join(cfg.out, 'run.json'),
@@ -321,29 +284,93 @@ export async function train(
     await rm(join(cfg.out, 'error.txt'), { force: true }); // a report of an earlier failure is stale now
     return r;
   } catch (e) {
-    // a run that failed before writing anything (devices that refused it, say) leaves no folder
-    failedEmpty =
-      !existed &&
-      (e instanceof LayerwiseError ||
-        (e as { causeName?: string }).causeName === 'LayerwiseError');
-    throw failedEmpty ? e : tagRunDir(e, cfg.out); // the CLI writes an internal error's full report there
+    // a fresh run that failed on the user's input before its first checkpoint leaves nothing
+    // (its corrected command then runs on the same --out); an internal error keeps the folder
+    // for its report (error.txt), a lost device for its restart (run.json)
+    undo = !p.resumedDir && isUserError(e) && !hasCheckpoint(cfg.out);
+    throw undo ? e : tagRunDir(e, cfg.out);
   } finally {
     await lock.release();
-    if (
-      failedEmpty &&
-      !existed &&
-      (await readdir(cfg.out).catch(() => ['?'])).every((n) => n === 'run.json')
-    )
-      await rm(cfg.out, { recursive: true, force: true });
+    if (undo) await undoFreshRun(cfg.out, existed);
   }
 }
 
-/** How far above its running median a loss must be for the divergence warning. */
-const DIVERGENCE_FACTOR = 10;
-/** Steps of loss history before the divergence guard speaks, and the window of its median. */
-const DIVERGENCE_WARMUP = 2;
-const DIVERGENCE_WINDOW = 50;
+/** The validation batches of a prepared run; throws {@link LayerwiseError} when there is not one batch. */
+function validationSet(p: Prepared): ReturnType<typeof validationBatches> {
+  const { cfg, ds, model } = p;
+  const context =
+    model.config.arch === 'charlm' ? model.config.context : undefined;
+  const valBatches = validationBatches(ds, {
+    batchSize: cfg.batchSize,
+    context,
+    maxBatches: cfg.evalBatches,
+  });
+  if (valBatches.length > 0) return valBatches;
+  if (ds.kind === 'text' && context !== undefined) {
+    // a batch is batchSize windows of context + 1 characters, each starting `context` after the last
+    const need = cfg.batchSize * context + 1;
+    const chars = ds.train.length + ds.val.length;
+    throw new LayerwiseError(
+      `the text ${cfg.data} (${chars} characters) is too short: its validation split (the last ${ds.val.length} characters) holds less than one batch of ${cfg.batchSize} windows of --context ${context} (${need} characters); give a smaller --context${cfg.batchSize > 1 ? ' or --batch-size' : ''}, or a longer text (about ${Math.ceil(need / 0.1)} characters)`,
+    );
+  }
+  throw new LayerwiseError(
+    `the validation split of ${cfg.data} holds less than one batch of ${cfg.batchSize}; use a smaller --batch-size`,
+  );
+}
 
+/**
+ * Before a run starts in its (locked) folder: a resumed run removes what a crash left behind
+ * (interrupted saves, checkpoints older or broken newer than its own, a stale pending summary);
+ * a fresh run (--overwrite, or a restart before the first checkpoint) removes the old run.
+ */
+async function tidyRunFolder(p: Prepared, existed: boolean): Promise<void> {
+  const { cfg } = p;
+  if (p.resumedDir) {
+    await cleanCheckpoints(cfg.out, p.resumedDir);
+    if (!p.finished) await rm(join(cfg.out, PENDING_SUMMARY), { force: true });
+  } else if (existed) {
+    await removeRunOutputs(cfg.out);
+  }
+}
+
+/**
+ * A resume of a run whose checkpoint already reaches --steps (tidied already): when the run was
+ * killed after its last checkpoint and before its summary.json, its pending summary becomes
+ * summary.json, so the run is complete. Then throws {@link LayerwiseError} saying so.
+ */
+async function refuseFinished(p: Prepared): Promise<never> {
+  await promotePendingSummary(p.cfg.out, p.startStep);
+  throw alreadyReaches(p.startStep, p.cfg);
+}
+
+/** Removes from run folder `out` everything a run writes there ({@link RUN_OUTPUTS}). */
+async function removeRunOutputs(out: string): Promise<void> {
+  for (const n of await readdir(out))
+    if (RUN_OUTPUTS.includes(n) || n.startsWith(`${OLD_CHECKPOINT}.`))
+      await rm(join(out, n), { recursive: true, force: true });
+}
+
+/** After a fresh run failed before its first checkpoint: what it wrote goes, and its folder if it made it and nothing else is there. */
+async function undoFreshRun(out: string, existed: boolean): Promise<void> {
+  if (!existsSync(out)) return;
+  await removeRunOutputs(out);
+  if (!existed && (await readdir(out)).length === 0)
+    await rm(out, { recursive: true, force: true });
+}
+
+/** Whether `e` comes from the user's input (exit 2): a {@link LayerwiseError}, also from inside a stage. */
+function isUserError(e: unknown): boolean {
+  const cause = (e as { causeName?: unknown } | null)?.causeName;
+  return (
+    e instanceof LayerwiseError ||
+    cause === 'LayerwiseError' ||
+    cause === 'NumericFaultError' ||
+    cause === 'DeviceOutOfMemoryError'
+  );
+}
+
+/** Trains the prepared run in its locked folder: the loop with the run folder's I/O. */
 async function run(
   p: Prepared,
   t0: number,
@@ -373,228 +400,40 @@ async function run(
     startStep: p.startStep,
     budget: p.budget,
   });
-
-  const spec = specOf(cfg.strategy);
   const strategy: Strategy = await createStrategy(cfg, model, p.params, ranges);
+  const recorder = traceRecorder(cfg, strategy.devices);
   const log = new MetricsLog(cfg.out);
-  const stats = { ...p.stats };
-  let last: StepMetrics | undefined;
-  const tally = new StepTally(
-    strategy.devices,
-    ds.kind === 'text',
-    spec.stageLosses,
-    cfg.layerDrop > 0,
-  );
-  // data-parallel replicas: device d is replica floor(d / K)'s device d mod K
-  const perReplica = strategy.devices / cfg.replicas;
-  const recorder = new TraceRecorder(
-    cfg.trace !== undefined,
-    cfg.replicas > 1
-      ? (d) => `replica ${Math.floor(d / perReplica)} stage ${d % perReplica}`
-      : undefined,
-  );
-  /** summary.json's fields from the steps recorded so far. */
-  const summarize = (): Summary => ({
-    strategy: cfg.strategy,
-    backend: cfg.backend,
-    precision: cfg.precision,
-    ...(cfg.precision !== 'fp32'
-      ? { precision_note: precisionNote(cfg.precision) }
-      : {}),
-    preset: cfg.preset,
-    params: nParams,
-    stages: ranges.length,
-    ...(ranges.length > cfg.stages && cfg.stages > 0
-      ? { devices: cfg.stages, virtual_stages: ranges.length / cfg.stages }
-      : {}),
-    ...(cfg.replicas > 1
-      ? { replicas: cfg.replicas, devices: cfg.replicas * cfg.stages }
-      : {}),
-    micro_batches: cfg.batchSize / spec.memory.microBatch(cfg) / cfg.replicas,
-    rematerialization: cfg.remat,
-    schedule: scheduleName(cfg),
-    balance: ranges.map((r) => r.to - r.from),
-    batch_size: cfg.batchSize,
-    steps: cfg.steps,
-    initial_loss: stats.initialLoss ?? NaN,
-    final_loss: last?.loss ?? NaN,
-    ...tally.summaryFields(),
-    // with --device-memory: the budget and the peak predicted before training, beside the measured one
-    ...(p.budget
-      ? {
-          device_memory_budget: p.budget.budget,
-          predicted_peak_device_bytes:
-            p.budget.predicted?.map(Math.round) ?? null,
-        }
-      : {}),
-    wall_s: stats.wallS + (performance.now() - t0) / 1000,
+  let written: Summary | undefined;
+  const io = runFolderIO(p, strategy, batcher, log, lock, hooks, (s) => {
+    written = s;
   });
-  /** The summary, written at the last step before its checkpoint: a kill during that save leaves a complete run. */
-  let result: Summary | undefined;
+  const loop = new TrainingLoop(
+    {
+      cfg,
+      model,
+      strategy,
+      batcher,
+      valBatches,
+      ranges,
+      text: ds.kind === 'text',
+      recorder,
+      startStep: p.startStep,
+      resumed: p.stats,
+      budget: p.budget,
+      t0,
+    },
+    io,
+  );
   try {
     if (p.optimizer) await strategy.setOptimizerState(p.optimizer);
-    if (stats.lossScale) strategy.setLossScaleState?.(stats.lossScale);
+    if (p.stats.lossScale) strategy.setLossScaleState?.(p.stats.lossScale);
     await truncateMetrics(cfg.out, p.startStep); // a fresh run into an old folder starts a new log
-    const layerDrop = {
-      p: cfg.layerDrop,
-      schedule: cfg.layerDropSchedule,
-      seed: cfg.seed,
-    };
-    const lrOf = (step: number) =>
-      learningRate(step, {
-        lr: cfg.lr,
-        warmup: cfg.warmup,
-        decay: cfg.decay,
-        totalSteps: cfg.steps,
-        minRatio: 0.1,
-      });
-    let savedStep = p.startStep > 0 ? p.startStep : undefined;
-    let savedDir = p.resumedDir;
-    const recent: number[] = [];
-    let warned = false;
-    const save = async (step: number) => {
-      lock.assertHeld();
-      savedDir = await saveRunCheckpoint(cfg.out, {
-        step,
-        config: cfg as unknown as Record<string, unknown>,
-        model: model.config,
-        stats: {
-          initialLoss: stats.initialLoss,
-          wallS: stats.wallS + (performance.now() - t0) / 1000,
-          ...(strategy.lossScaleState?.()
-            ? { lossScale: strategy.lossScaleState() }
-            : {}),
-        },
-        vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null,
-        data: batcher.state(),
-        params: await strategy.getParams(),
-        optimizer: await strategy.getOptimizerState(),
-      });
-      savedStep = step;
-    };
-    const intact = () =>
-      savedStep !== undefined
-        ? `the checkpoint of step ${savedStep} in ${savedDir ?? cfg.out} is intact`
-        : 'no checkpoint was saved yet';
-    const advice = () =>
-      `lower --lr (now ${cfg.lr})${cfg.clipNorm > 0 ? '' : ' or set --clip-norm'}`;
-    /** A numeric fault of step `done`, found before any parameter was updated with it (see PipelineStrategy), with the step and advice. */
-    const withStep = (e: unknown, done: number): unknown =>
-      e instanceof NumericFaultError && e.step === undefined
-        ? e.at(done, `nothing was updated with it; ${intact()}; ${advice()}`)
-        : e;
-    const due = (done: number, every: number) =>
-      (every > 0 && done % every === 0) || done === cfg.steps;
-    /** Records a submitted step once it is done: metrics, evaluation, checkpoint. */
-    const finish = async (f: InFlight) => {
-      const done = f.step + 1;
-      let r: import('../strategies/strategy.js').StepReport;
-      try {
-        r = await f.done;
-      } catch (e) {
-        throw withStep(e, done);
-      }
-      const secs = f.seconds;
-      if (!Number.isFinite(r.loss)) {
-        const st = r.stageLosses.findIndex((l) => !Number.isFinite(l));
-        const where =
-          spec.stageLosses && st >= 0
-            ? ` (first in the local loss of stage ${st})`
-            : '';
-        throw new NumericFaultError(`loss became ${r.loss}${where}`).at(
-          done,
-          `${intact()}; ${advice()}`,
-        );
-      }
-      if (recent.length >= DIVERGENCE_WARMUP && !warned) {
-        const median = [...recent].sort((a, b) => a - b)[
-          Math.floor((recent.length - 1) / 2)
-        ]!; // the lower median
-        if (r.loss > DIVERGENCE_FACTOR * median) {
-          warned = true;
-          hooks.warn?.(
-            `loss ${r.loss.toPrecision(3)} at step ${done} is more than ${DIVERGENCE_FACTOR}x its running median ${median.toPrecision(3)}: training may be diverging; consider a lower --lr (now ${cfg.lr})`,
-          );
-        }
-      }
-      recent.push(r.loss);
-      if (recent.length > DIVERGENCE_WINDOW) recent.shift();
-      stats.initialLoss ??= r.loss;
-      recorder.add(done, r);
-      const m = tally.step(r, {
-        step: done,
-        lr: f.lr,
-        tokens: f.tokens,
-        seconds: secs,
-        // the first step of a process warms kernels up; throughput counts the rest
-        counted: f.step > p.startStep || cfg.steps - p.startStep === 1,
-        dropped: f.dropped,
-      });
-      if (due(done, cfg.evalEvery))
-        tally.evaluation(m, await strategy.evaluate(valBatches));
-      await log.append(m);
-      last = m;
-      hooks.onStep?.(m, cfg.steps);
-      if (done === cfg.steps) {
-        result = summarize();
-        await log.summary(result);
-      }
-      if (due(done, cfg.saveEvery)) await save(done);
-    };
-    // Steps are submitted as soon as the strategy accepts the next one (local parallelism's
-    // first stage is free once it has done its part; pipelines accept when the step is done),
-    // with at most --queue-depth (default: one per device) unfinished steps. Evaluation and checkpoints wait for every
-    // step before them, so they see exactly the state after their step.
-    const inFlight: InFlight[] = [];
-    const depth = cfg.queueDepth > 0 ? cfg.queueDepth : strategy.devices;
-    try {
-      // a step's seconds run from the previous step's acceptance to its own, so waiting for a
-      // slower later stage (a full queue) counts; evaluation and checkpoints do not
-      let mark = performance.now();
-      for (let step = p.startStep; step < cfg.steps; step++) {
-        while (inFlight.length >= depth) await finish(inFlight.shift()!);
-        const batch = batcher.next();
-        const lr = lrOf(step);
-        const dropped = droppedBlocks(layerDrop, step, model.blocks.length);
-        const sub = strategy.submit(batch, lr, dropped);
-        inFlight.push({
-          step,
-          lr,
-          tokens: batch.tokens,
-          dropped,
-          seconds: NaN,
-          done: sub.done,
-        });
-        try {
-          await sub.accepted;
-        } catch (e) {
-          throw withStep(e, step + 1);
-        }
-        const now = performance.now();
-        inFlight[inFlight.length - 1].seconds = (now - mark) / 1000;
-        mark = now;
-        const done = step + 1;
-        if (due(done, cfg.evalEvery) || due(done, cfg.saveEvery)) {
-          // the last steps' remaining work is training time too; the evaluation is not
-          const last = inFlight[inFlight.length - 1];
-          await Promise.all(inFlight.map((f) => f.done));
-          last.seconds += (performance.now() - mark) / 1000;
-          while (inFlight.length) await finish(inFlight.shift()!);
-          mark = performance.now();
-        }
-      }
-      while (inFlight.length) await finish(inFlight.shift()!);
-      if (strategy.drainServerSpans)
-        recorder.addServerSpans(cfg.steps, await strategy.drainServerSpans());
-    } finally {
-      // a failure leaves later steps' promises behind: they reject with the same stage error
-      for (const f of inFlight) f.done.catch(() => undefined);
-    }
+    await loop.run();
   } finally {
     await strategy.close();
   }
-  const summary = result ?? summarize(); // a run that trained no step here
-  if (!result) await log.summary(summary);
+  const summary = written ?? loop.summary(); // the last step always writes it; kept for safety
+  if (!written) await log.summary(summary);
   const traceFiles =
     cfg.trace !== undefined ? await recorder.write(cfg.trace) : undefined;
   // one bubble for the run (summary.json's, printed by the CLI too): see Summary.bubble
@@ -603,4 +442,72 @@ async function run(
     return { ...st, idlePct, busyPct: 100 - idlePct };
   });
   return { summary, outDir: cfg.out, stages, traceFiles };
+}
+
+/** The run's trace recorder (on with --trace); with data-parallel replicas device d is replica floor(d / K)'s device d mod K. */
+function traceRecorder(cfg: TrainConfig, devices: number): TraceRecorder {
+  const perReplica = devices / cfg.replicas;
+  return new TraceRecorder(
+    cfg.trace !== undefined,
+    cfg.replicas > 1
+      ? (d) => `replica ${Math.floor(d / perReplica)} stage ${d % perReplica}`
+      : undefined,
+  );
+}
+
+/**
+ * The training loop's I/O into the run folder: metrics lines appended to metrics.jsonl (and
+ * shown by the hooks), checkpoints saved crash-safely, and at the last step the summary written
+ * last: pending beside summary.json before the final checkpoint, summary.json once that save is
+ * complete (so a summary never stands beside an older checkpoint). `onSummary` hears it.
+ */
+function runFolderIO(
+  p: Prepared,
+  strategy: Strategy,
+  batcher: ReturnType<typeof makeBatcher>,
+  log: MetricsLog,
+  lock: { assertHeld(): void },
+  hooks: TrainHooks,
+  onSummary: (s: Summary) => void,
+): LoopIO {
+  const { cfg, model, ds } = p;
+  let savedStep = p.startStep > 0 ? p.startStep : undefined;
+  let savedDir = p.resumedDir;
+  const saveCheckpoint = async (step: number, so: RunSoFar) => {
+    lock.assertHeld();
+    const lossScale = strategy.lossScaleState?.();
+    savedDir = await saveRunCheckpoint(cfg.out, {
+      step,
+      config: cfg as unknown as Record<string, unknown>,
+      model: model.config,
+      stats: {
+        initialLoss: so.initialLoss,
+        wallS: so.wallS,
+        ...(lossScale ? { lossScale } : {}),
+      },
+      vocab: ds.kind === 'text' ? ds.vocab.toJSON() : null,
+      data: batcher.state(),
+      params: await strategy.getParams(),
+      optimizer: await strategy.getOptimizerState(),
+    });
+    savedStep = step;
+  };
+  return {
+    async record(m) {
+      await log.append(m);
+      hooks.onStep?.(m, cfg.steps);
+    },
+    async save(step, so) {
+      if (so.summary) await log.pendingSummary(so.summary);
+      await saveCheckpoint(step, so);
+      if (!so.summary) return;
+      await log.commitSummary();
+      onSummary(so.summary);
+    },
+    warn: (msg) => hooks.warn?.(msg),
+    savedState: () =>
+      savedStep !== undefined
+        ? `the checkpoint of step ${savedStep} in ${savedDir ?? cfg.out} is intact`
+        : 'no checkpoint was saved yet',
+  };
 }
