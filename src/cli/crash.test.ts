@@ -112,8 +112,8 @@ test('a run SIGKILLed after each file-system change of its three saves (the last
     let resumed = run(['train', '--resume', out]);
     let complete = false;
     if (resumed.code === 2 && /already reaches --steps 3/.test(resumed.err)) {
-      // killed after the last checkpoint: summary.json was written before it, so the run is
-      // complete; the resume only tidies the folder and says so
+      // killed after the last checkpoint: the run is complete (the resume turns the pending
+      // summary into summary.json), tidies the folder and says so
       assert.match(resumed.err, /the run is complete/, `kill point ${at}`);
       complete = true;
       completed++;

@@ -347,7 +347,11 @@ async function refuseFinished(p: Prepared): Promise<never> {
 /** Removes from run folder `out` everything a run writes there ({@link RUN_OUTPUTS}). */
 async function removeRunOutputs(out: string): Promise<void> {
   for (const n of await readdir(out))
-    if (RUN_OUTPUTS.includes(n) || n.startsWith(`${OLD_CHECKPOINT}.`))
+    if (
+      RUN_OUTPUTS.includes(n) ||
+      n.startsWith(`${OLD_CHECKPOINT}.`) ||
+      n.startsWith('run.json.tmp-') // a write of run.json a kill interrupted
+    )
       await rm(join(out, n), { recursive: true, force: true });
 }
 
