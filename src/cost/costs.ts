@@ -9,10 +9,11 @@
 
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import type {
-  ComputeSchedule,
-  RematMode,
-  ScheduleKind,
+import {
+  type ComputeSchedule,
+  type RematMode,
+  type ScheduleKind,
+  scheduleSpec,
 } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
 
@@ -339,7 +340,7 @@ export function blockBalanceCosts(
     return c.blocks.map(
       (b) => b.fwdSeconds * (1 + recomputed / m) + b.bwdSeconds,
     );
-  const inFlight = shape.schedule !== 'gpipe' ? Math.min(stages, m) : m; // 1F1B and ZB-H1 bound it by K
+  const inFlight = scheduleSpec(shape.schedule).inFlight(stages, m); // as the schedule declares it
   const keptAtOnce = shape.remat === 'never' ? inFlight : 1;
   return c.blocks.map(
     (b) =>

@@ -36,13 +36,96 @@ export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
 ];
 
 /**
+ * What a schedule kind declares, once, for everything that asks about it (the executor's
+ * placement, the config's checks, the cost model): a new schedule is one generator and one
+ * entry of {@link SCHEDULES}.
+ */
+export interface ScheduleSpec {
+  /** Stages per device (`v`: --virtual-stages, for the kinds that take it). */
+  stagesPerDevice(v: number): number;
+  /** The device of each of the k * stagesPerDevice(v) stages on k devices. */
+  placement(k: number, v: number): number[];
+  /** The compute-only training schedule of m micro-batches on k devices. */
+  compute(m: number, k: number, mode: RematMode, v: number): ComputeSchedule;
+  /**
+   * Micro-batches whose stage input a stage holds at once at most, of m, on a pipeline of
+   * `stages` stages (the cost model's activation count).
+   */
+  inFlight(stages: number, m: number): number;
+  /** The paper or code it follows. */
+  source: string;
+}
+
+/** 1F1B's bound: a stage holds at most K micro-batches (PipeDream-Flush). */
+const boundedByStages = (stages: number, m: number) => Math.min(stages, m);
+
+/** The V-shape's placement: stages s and 2k - 1 - s on device s (Qi et al., 2024). */
+const vShape = (k: number) =>
+  Array.from({ length: 2 * k }, (_, s) => (s < k ? s : 2 * k - 1 - s));
+
+/** Every schedule kind this executor runs, by its --schedule name. */
+export const SCHEDULES: Readonly<Record<ScheduleKind, ScheduleSpec>> = {
+  gpipe: {
+    stagesPerDevice: () => 1,
+    placement: (k) => chainPlacement(k),
+    compute: (m, k, mode) => gpipeCompute(m, k, mode),
+    inFlight: (_stages, m) => m, // all forwards before any backward
+    source: 'Huang et al. 2019 (GPipe); torchgpipe',
+  },
+  '1f1b': {
+    stagesPerDevice: () => 1,
+    placement: (k) => chainPlacement(k),
+    compute: (m, k, mode) => oneFOneBCompute(m, k, mode),
+    inFlight: boundedByStages,
+    source: 'PipeDream-Flush, Narayanan et al. 2021',
+  },
+  'zb-h1': {
+    stagesPerDevice: () => 1,
+    placement: (k) => chainPlacement(k),
+    compute: (m, k, mode) => zbH1Compute(m, k, mode),
+    inFlight: boundedByStages,
+    source: 'Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024',
+  },
+  'interleaved-1f1b': {
+    stagesPerDevice: (v) => v,
+    placement: (k, v) => Array.from({ length: k * v }, (_, s) => s % k),
+    compute: (m, k, mode, v) => interleaved1F1BCompute(m, k, v, mode),
+    inFlight: boundedByStages,
+    source: "Narayanan et al. SC'21; PyTorch's ScheduleInterleaved1F1B",
+  },
+  zbv: {
+    stagesPerDevice: () => 2,
+    placement: vShape,
+    compute: (m, k, mode) => zbvCompute(m, k, mode),
+    inFlight: boundedByStages,
+    source: "Qi et al. 2024 section 6; PyTorch's ScheduleZBVZeroBubble",
+  },
+  dualpipev: {
+    stagesPerDevice: () => 2,
+    placement: vShape,
+    compute: (m, k, mode) => dualpipevCompute(m, k, mode),
+    inFlight: boundedByStages,
+    source: "DeepSeek-V3's DualPipe cut in half; PyTorch's ScheduleDualPipeV",
+  },
+};
+
+/** The spec of a schedule kind. @throws LayerwiseError for an unknown kind, naming the valid ones. */
+export function scheduleSpec(kind: ScheduleKind): ScheduleSpec {
+  const spec = (SCHEDULES as Record<string, ScheduleSpec | undefined>)[kind];
+  if (!spec)
+    throw new LayerwiseError(
+      `unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`,
+    );
+  return spec;
+}
+
+/**
  * Stages per device of a schedule kind: `v` (--virtual-stages, at least 2) for interleaved
- * 1F1B, 2 for the V-shape (zbv), 1 for the others. A run of k devices has k times that many
- * (virtual) stages.
+ * 1F1B, 2 for the V-shape (zbv, dualpipev), 1 for the others. A run of k devices has k times
+ * that many (virtual) stages.
  */
 export function stagesPerDevice(kind: ScheduleKind, v = 2): number {
-  if (kind === 'interleaved-1f1b') return v;
-  return kind === 'zbv' || kind === 'dualpipev' ? 2 : 1;
+  return scheduleSpec(kind).stagesPerDevice(v);
 }
 
 /**
@@ -52,12 +135,7 @@ export function stagesPerDevice(kind: ScheduleKind, v = 2): number {
  * the first and the last stage).
  */
 export function placementOf(kind: ScheduleKind, k: number, v = 2): number[] {
-  const n = k * stagesPerDevice(kind, v);
-  if (kind === 'interleaved-1f1b')
-    return Array.from({ length: n }, (_, s) => s % k);
-  if (kind === 'zbv' || kind === 'dualpipev')
-    return Array.from({ length: n }, (_, s) => (s < k ? s : n - 1 - s));
-  return chainPlacement(k);
+  return scheduleSpec(kind).placement(k, v);
 }
 
 /** What one action does; {@link Action} adds the stage it belongs to. `mb` is the micro-batch index in [0, M). */
@@ -743,24 +821,7 @@ export function computeSchedule(
   mode: RematMode,
   v = 2,
 ): ComputeSchedule {
-  switch (kind) {
-    case 'interleaved-1f1b':
-      return interleaved1F1BCompute(m, k, v, mode);
-    case 'zbv':
-      return zbvCompute(m, k, mode);
-    case 'dualpipev':
-      return dualpipevCompute(m, k, mode);
-    case 'gpipe':
-      return gpipeCompute(m, k, mode);
-    case '1f1b':
-      return oneFOneBCompute(m, k, mode);
-    case 'zb-h1':
-      return zbH1Compute(m, k, mode);
-    default:
-      throw new LayerwiseError(
-        `unknown schedule '${kind as string}'; valid: ${SCHEDULE_KINDS.join(', ')}`,
-      );
-  }
+  return scheduleSpec(kind).compute(m, k, mode, v);
 }
 
 /** The training schedule of a kind, lowered onto k devices (its {@link placementOf}) with the synchronous step. */
