@@ -472,22 +472,33 @@ function isParameterData(dataId: tf.DataId): boolean {
 type Attrs = Record<string, unknown>;
 type KernelArgs = Parameters<tf.KernelFunc>[0];
 
+/** The sizes of a matMul: op(a) [...batchA, m, k] @ op(b) [...batchB, k, n] -> [...outBatch, m, n]. */
+interface MatMulDims {
+  m: number;
+  n: number;
+  k: number;
+  tA: boolean;
+  tB: boolean;
+  batchShapeA: number[];
+  batchShapeB: number[];
+  /** The broadcast batch shape of the output. */
+  outBatch: number[];
+  /** Products in the output (the size of outBatch), and in a's and b's batches. */
+  batch: number;
+  batchA: number;
+  batchB: number;
+}
+
 /**
- * op(a) @ op(b) (+ bias, float32 [N], on every row) for float32 a [...batchA, M, K] and b
- * [...batchB, K, N] (op: transpose of the last two axes when asked), batch axes broadcast: a
- * new float32 tensor [...batch, M, N]; in a bf16 run a product with a parameter operand is held
- * as its bf16 values (NativeBackend.bf16Product, the bias added before the rounding). Throws (as
- * the stock kernel) when the inner sizes differ or the batches do not broadcast.
+ * The sizes of op(a) @ op(b) (op: transpose of the last two axes when `tA`/`tB`). Throws (as
+ * the stock kernel) when the inner sizes differ or the batch shapes do not broadcast.
  */
-function nativeMatMul(
-  backend: NativeBackend,
+function matMulDims(
   a: tf.TensorInfo,
   b: tf.TensorInfo,
   tA: boolean,
   tB: boolean,
-  bias?: tf.TensorInfo,
-): tf.TensorInfo {
-  const lib = nativeAddon()!;
+): MatMulDims {
   const [a0, a1] = a.shape.slice(-2) as [number, number];
   const [b0, b1] = b.shape.slice(-2) as [number, number];
   const [m, k] = tA ? [a1, a0] : [a0, a1];
@@ -504,125 +515,199 @@ function nativeMatMul(
     batchShapeA,
     batchShapeB,
   );
-  const batch = tf.util.sizeFromShape(outBatch);
-  const batchA0 = tf.util.sizeFromShape(batchShapeA);
-  const batchB0 = tf.util.sizeFromShape(batchShapeB);
-  if (
-    k > 0 &&
-    m * n > 0 &&
-    (batchA0 === batch || batchA0 === 1) &&
-    (batchB0 === batch || batchB0 === 1) &&
-    backend.bf16Product(a, b)
-  ) {
-    // bf16 run, a product with a parameter: written as its bf16 values (oneDNN's bf16
-    // destination), the bias (if any) added before the rounding
-    const bf = backend.shadowBuffer(batch * m * n)!;
-    nativeAddon()!.matmulBf16To(
-      backend.bf16Operand(a),
-      backend.bf16Operand(b),
-      bf,
-      bias === undefined ? undefined : values(backend, bias),
+  return {
+    m,
+    n,
+    k,
+    tA,
+    tB,
+    batchShapeA,
+    batchShapeB,
+    outBatch,
+    batch: tf.util.sizeFromShape(outBatch),
+    batchA: tf.util.sizeFromShape(batchShapeA),
+    batchB: tf.util.sizeFromShape(batchShapeB),
+  };
+}
+
+/** Whether a and b each hold one product per output product or one shared by all (strided batches, no broadcast index). */
+function denseBatches({ batch, batchA, batchB }: MatMulDims): boolean {
+  return (
+    (batchA === batch || batchA === 1) && (batchB === batch || batchB === 1)
+  );
+}
+
+/**
+ * A bf16 run's product with a parameter operand: written as its bf16 values (oneDNN's bf16
+ * destination), the bias (float32 [n], if any) added before the rounding. Returns the
+ * bf16-held tensor [...outBatch, m, n].
+ */
+function matMulToBf16(
+  backend: NativeBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  d: MatMulDims,
+  bias: tf.TensorInfo | undefined,
+): tf.TensorInfo {
+  const { m, n, k } = d;
+  const bf = backend.shadowBuffer(d.batch * m * n)!;
+  nativeAddon()!.matmulBf16To(
+    backend.bf16Operand(a),
+    backend.bf16Operand(b),
+    bf,
+    bias === undefined ? undefined : values(backend, bias),
+    d.batch,
+    d.batchA === 1 ? 0 : m * k,
+    d.batchB === 1 ? 0 : k * n,
+    m,
+    n,
+    k,
+    d.tA,
+    d.tB,
+  );
+  return backend.bf16Output(bf, [...d.outBatch, m, n]);
+}
+
+/**
+ * out (float32 [batch * m * n]) = op(a) @ op(b) on bf16 operands (a parameter's cached copy,
+ * or converted per product) with float32 sums; the batches must be dense ({@link denseBatches}).
+ */
+function matMulBf16Operands(
+  backend: NativeBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  d: MatMulDims,
+  out: Float32Array,
+): void {
+  const lib = nativeAddon()!;
+  const { m, n, k, batch, batchA, batchB, tA, tB } = d;
+  const [ab, bb] = [backend.bf16Operand(a), backend.bf16Operand(b)];
+  if (batchB === 1 && !tA)
+    lib.matmulBf16(ab, bb, out, 1, 0, 0, batch * m, n, k, false, tB);
+  else
+    lib.matmulBf16(
+      ab,
+      bb,
+      out,
       batch,
-      batchA0 === 1 ? 0 : m * k,
-      batchB0 === 1 ? 0 : k * n,
+      batchA === 1 ? 0 : m * k,
+      batchB === 1 ? 0 : k * n,
       m,
       n,
       k,
       tA,
       tB,
     );
-    return backend.bf16Output(bf, [...outBatch, m, n]);
+}
+
+/**
+ * out (float32 [batch * m * n]) = op(a) @ op(b) in float32: one product when b is shared and a
+ * not transposed, strided batches when dense, else one product per output batch index
+ * (broadcast).
+ */
+function matMulFloat32(
+  backend: NativeBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  d: MatMulDims,
+  out: Float32Array,
+): void {
+  const lib = nativeAddon()!;
+  const { m, n, k, batch, batchA, batchB, tA, tB } = d;
+  // read here, not before: a bf16-only tensor (NativeBackend.fromBf16) widens on its first float32 read
+  const av = backend.data.get(a.dataId).values as Float32Array;
+  const bv = backend.data.get(b.dataId).values as Float32Array;
+  if (batchB === 1 && !tA) {
+    // a's batch folds into the rows of one product with the shared b
+    lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);
+  } else if (denseBatches(d)) {
+    lib.matmul(
+      av,
+      bv,
+      out,
+      batch,
+      batchA === 1 ? 0 : m * k,
+      batchB === 1 ? 0 : k * n,
+      m,
+      n,
+      k,
+      tA,
+      tB,
+    );
+  } else {
+    const ia = broadcastIndex(d.outBatch, d.batchShapeA);
+    const ib = broadcastIndex(d.outBatch, d.batchShapeB);
+    for (let i = 0; i < batch; i++) {
+      lib.matmul(
+        av.subarray(ia[i]! * m * k, (ia[i]! + 1) * m * k),
+        bv.subarray(ib[i]! * k * n, (ib[i]! + 1) * k * n),
+        out.subarray(i * m * n, (i + 1) * m * n),
+        1,
+        0,
+        0,
+        m,
+        n,
+        k,
+        tA,
+        tB,
+      );
+    }
   }
+}
+
+/** Adds bias (float32 [n]) to every row of out ([...outBatch, m, n]) in place: out is the kernel's own new buffer. */
+function addBiasRows(
+  backend: NativeBackend,
+  out: Float32Array,
+  d: MatMulDims,
+  bias: tf.TensorInfo,
+): void {
+  const shape = [...d.outBatch, d.m, d.n];
+  nativeAddon()!.binary(
+    BINARY.Add!,
+    out,
+    shape,
+    values(backend, bias),
+    [d.n],
+    out,
+    shape,
+  );
+}
+
+/**
+ * op(a) @ op(b) (+ bias, float32 [N], on every row) for float32 a [...batchA, M, K] and b
+ * [...batchB, K, N] (op: transpose of the last two axes when asked), batch axes broadcast: a
+ * new float32 tensor [...batch, M, N]; in a bf16 run a product with a parameter operand is held
+ * as its bf16 values (NativeBackend.bf16Product, the bias added before the rounding). Throws (as
+ * the stock kernel) when the inner sizes differ or the batches do not broadcast.
+ */
+function nativeMatMul(
+  backend: NativeBackend,
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  tA: boolean,
+  tB: boolean,
+  bias?: tf.TensorInfo,
+): tf.TensorInfo {
+  const d = matMulDims(a, b, tA, tB);
+  const { m, n, k, batch } = d;
+  if (k > 0 && m * n > 0 && denseBatches(d) && backend.bf16Product(a, b))
+    return matMulToBf16(backend, a, b, d, bias);
+  // no products to sum (k = 0): zeros
   const out =
     k === 0
       ? backend.pool.takeZeroed(batch * m * n)
-      : backend.alloc(batch * m * n); // no products to sum: zeros
-  const batchA = tf.util.sizeFromShape(batchShapeA);
-  const batchB = tf.util.sizeFromShape(batchShapeB);
-  const dense = (x: number) => x === batch || x === 1;
+      : backend.alloc(batch * m * n);
   if (
     out.length > 0 &&
     k > 0 &&
     backend.precision === 'bf16' &&
-    dense(batchA) &&
-    dense(batchB)
-  ) {
-    // bf16 operands (a parameter's cached copy, or converted per product), float32 sums and C
-    const [ab, bb] = [backend.bf16Operand(a), backend.bf16Operand(b)];
-    if (batchB === 1 && !tA)
-      lib.matmulBf16(ab, bb, out, 1, 0, 0, batch * m, n, k, false, tB);
-    else
-      lib.matmulBf16(
-        ab,
-        bb,
-        out,
-        batch,
-        batchA === 1 ? 0 : m * k,
-        batchB === 1 ? 0 : k * n,
-        m,
-        n,
-        k,
-        tA,
-        tB,
-      );
-  } else if (out.length > 0) {
-    // read here, not above: a bf16-only tensor (NativeBackend.fromBf16) widens on its first float32 read
-    const av = backend.data.get(a.dataId).values as Float32Array;
-    const bv = backend.data.get(b.dataId).values as Float32Array;
-    if (batchB === 1 && !tA) {
-      // a's batch folds into the rows of one product with the shared b
-      lib.matmul(av, bv, out, 1, 0, 0, batch * m, n, k, false, tB);
-    } else if (
-      (batchA === batch || batchA === 1) &&
-      (batchB === batch || batchB === 1)
-    ) {
-      lib.matmul(
-        av,
-        bv,
-        out,
-        batch,
-        batchA === 1 ? 0 : m * k,
-        batchB === 1 ? 0 : k * n,
-        m,
-        n,
-        k,
-        tA,
-        tB,
-      );
-    } else {
-      const ia = broadcastIndex(outBatch, batchShapeA);
-      const ib = broadcastIndex(outBatch, batchShapeB);
-      for (let i = 0; i < batch; i++) {
-        lib.matmul(
-          av.subarray(ia[i]! * m * k, (ia[i]! + 1) * m * k),
-          bv.subarray(ib[i]! * k * n, (ib[i]! + 1) * k * n),
-          out.subarray(i * m * n, (i + 1) * m * n),
-          1,
-          0,
-          0,
-          m,
-          n,
-          k,
-          tA,
-          tB,
-        );
-      }
-    }
-  }
-  if (bias !== undefined && out.length > 0) {
-    // [n] added to every row, in place: the product's output is this kernel's own new buffer
-    const shape = [...outBatch, m, n];
-    nativeAddon()!.binary(
-      BINARY.Add!,
-      out,
-      shape,
-      values(backend, bias),
-      [n],
-      out,
-      shape,
-    );
-  }
-  return backend.makeTensorInfo([...outBatch, m, n], 'float32', out);
+    denseBatches(d)
+  )
+    matMulBf16Operands(backend, a, b, d, out);
+  else if (out.length > 0) matMulFloat32(backend, a, b, d, out);
+  if (bias !== undefined && out.length > 0) addBiasRows(backend, out, d, bias);
+  return backend.makeTensorInfo([...d.outBatch, m, n], 'float32', out);
 }
 
 /** Runs the cpu backend's kernel `name` on the native backend (same storage). */
