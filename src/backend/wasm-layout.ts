@@ -37,24 +37,20 @@ function stridesOf(shape: readonly number[]): number[] {
 const TILE = 32;
 
 /**
- * dst[dstBase + contiguous index over `shape`] = src[srcBase + sum_i idx_i * srcStrides[i]]:
- * the copy behind transpose and slice (`src0`, `dst`: views of the two tensors' data).
+ * `shape0` with unit dimensions dropped and dimensions contiguous in the source (strides
+ * `strides0`) merged: the same copy over fewer, longer axes; null when a dimension is 0 (nothing
+ * to copy).
  */
-export function stridedCopy(
-  src0: Int32Array,
-  srcBase: number,
-  dst: Int32Array,
-  dstBase: number,
+function mergeDims(
   shape0: readonly number[],
   strides0: readonly number[],
-): void {
-  // Drop unit dimensions and merge dimensions that are contiguous in the source.
+): { shape: number[]; st: number[] } | null {
   const shape: number[] = [];
   const st: number[] = [];
   for (let i = 0; i < shape0.length; i++) {
     const n = shape0[i]!;
     if (n === 1) continue;
-    if (n === 0) return;
+    if (n === 0) return null;
     const s = strides0[i]!;
     const r = shape.length;
     if (r > 0 && st[r - 1] === s * n) {
@@ -65,57 +61,86 @@ export function stridedCopy(
       st.push(s);
     }
   }
+  return { shape, st };
+}
+
+/**
+ * The copy of {@link stridedCopy} (merged `shape`, source strides `st`, rank >= 1) when the
+ * last axis has source stride 1: whole rows of `shape[r-1]` contiguous elements.
+ */
+function copyRows(
+  heap: Int32Array,
+  srcBase: number,
+  dst: Int32Array,
+  dstBase: number,
+  shape: readonly number[],
+  st: readonly number[],
+): void {
   const r = shape.length;
-  const heap = src0;
-  if (r === 0) {
-    dst[dstBase] = heap[srcBase]!;
-    return;
-  }
-  const total = shape.reduce((a, b) => a * b, 1);
   const last = shape[r - 1]!;
-  if (st[r - 1] === 1) {
-    // Whole rows of `last` contiguous elements.
-    const rows = total / last;
-    const idx = new Array<number>(r - 1).fill(0);
-    let src = srcBase;
-    let d0 = dstBase;
-    for (let row = 0; row < rows; row++) {
-      if (last >= 256) dst.set(heap.subarray(src, src + last), d0);
-      else for (let j = 0; j < last; j++) dst[d0 + j] = heap[src + j]!;
-      d0 += last;
-      // advance the odometer over dims r-2..0
-      for (let d = r - 2; d >= 0; d--) {
-        src += st[d]!;
-        if (++idx[d]! < shape[d]!) break;
-        src -= st[d]! * shape[d]!;
-        idx[d] = 0;
-      }
+  const total = shape.reduce((a, b) => a * b, 1);
+  const rows = total / last;
+  const idx = new Array<number>(r - 1).fill(0);
+  let src = srcBase;
+  let d0 = dstBase;
+  for (let row = 0; row < rows; row++) {
+    if (last >= 256) dst.set(heap.subarray(src, src + last), d0);
+    else for (let j = 0; j < last; j++) dst[d0 + j] = heap[src + j]!;
+    d0 += last;
+    // advance the odometer over dims r-2..0
+    for (let d = r - 2; d >= 0; d--) {
+      src += st[d]!;
+      if (++idx[d]! < shape[d]!) break;
+      src -= st[d]! * shape[d]!;
+      idx[d] = 0;
     }
-    return;
   }
-  // Find the output dimension that is contiguous in the source, to tile with the last one.
-  let p = -1;
-  for (let d = r - 2; d >= 0; d--)
-    if (st[d] === 1) {
-      p = d;
-      break;
+}
+
+/**
+ * The copy of {@link stridedCopy} (merged `shape`, source strides `st`) when no axis has source
+ * stride 1 (e.g. a strided slice): element by element.
+ */
+function copyElements(
+  heap: Int32Array,
+  srcBase: number,
+  dst: Int32Array,
+  dstBase: number,
+  shape: readonly number[],
+  st: readonly number[],
+): void {
+  const r = shape.length;
+  const total = shape.reduce((a, b) => a * b, 1);
+  const idx = new Array<number>(r).fill(0);
+  let src = srcBase;
+  for (let i = 0; i < total; i++) {
+    dst[dstBase + i] = heap[src]!;
+    for (let d = r - 1; d >= 0; d--) {
+      src += st[d]!;
+      if (++idx[d]! < shape[d]!) break;
+      src -= st[d]! * shape[d]!;
+      idx[d] = 0;
     }
+  }
+}
+
+/**
+ * The copy of {@link stridedCopy} (merged `shape`, source strides `st`) when output axis `p`
+ * (not the last) has source stride 1: cache-blocked TILE x TILE tiles of axes p and r-1, for
+ * each index of the other (outer) axes.
+ */
+function copyTiles(
+  heap: Int32Array,
+  srcBase: number,
+  dst: Int32Array,
+  dstBase: number,
+  shape: readonly number[],
+  st: readonly number[],
+  p: number,
+): void {
+  const r = shape.length;
+  const last = shape[r - 1]!;
   const dstStrides = stridesOf(shape);
-  if (p < 0) {
-    // No unit-stride source axis (e.g. a strided slice): element by element.
-    const idx = new Array<number>(r).fill(0);
-    let src = srcBase;
-    for (let i = 0; i < total; i++) {
-      dst[dstBase + i] = heap[src]!;
-      for (let d = r - 1; d >= 0; d--) {
-        src += st[d]!;
-        if (++idx[d]! < shape[d]!) break;
-        src -= st[d]! * shape[d]!;
-        idx[d] = 0;
-      }
-    }
-    return;
-  }
   const np = shape[p]!;
   const dp = dstStrides[p]!;
   const s1 = st[r - 1]!;
@@ -131,26 +156,7 @@ export function stridedCopy(
       const j1 = Math.min(j0 + TILE, last);
       for (let i0 = 0; i0 < np; i0 += TILE) {
         const i1 = Math.min(i0 + TILE, np);
-        let j = j0;
-        // four output columns at a time: four contiguous source runs, short dst bursts
-        for (; j + 4 <= j1; j += 4) {
-          const r0 = sb + j * s1;
-          const r1 = r0 + s1;
-          const r2 = r1 + s1;
-          const r3 = r2 + s1;
-          for (let i = i0; i < i1; i++) {
-            const d = db + i * dp + j;
-            dst[d] = heap[r0 + i]!;
-            dst[d + 1] = heap[r1 + i]!;
-            dst[d + 2] = heap[r2 + i]!;
-            dst[d + 3] = heap[r3 + i]!;
-          }
-        }
-        for (; j < j1; j++) {
-          const sRow = sb + j * s1;
-          const dCol = db + j;
-          for (let i = i0; i < i1; i++) dst[dCol + i * dp] = heap[sRow + i]!;
-        }
+        copyTile(heap, sb, s1, dst, db, dp, i0, i1, j0, j1);
       }
     }
     for (let k = outer.length - 1; k >= 0; k--) {
@@ -163,6 +169,79 @@ export function stridedCopy(
       idx[k] = 0;
     }
   }
+}
+
+/**
+ * One tile of {@link copyTiles}: dst[db + i * dp + j] = heap[sb + j * s1 + i] for i in [i0, i1),
+ * j in [j0, j1).
+ */
+function copyTile(
+  heap: Int32Array,
+  sb: number,
+  s1: number,
+  dst: Int32Array,
+  db: number,
+  dp: number,
+  i0: number,
+  i1: number,
+  j0: number,
+  j1: number,
+): void {
+  let j = j0;
+  // four output columns at a time: four contiguous source runs, short dst bursts
+  for (; j + 4 <= j1; j += 4) {
+    const r0 = sb + j * s1;
+    const r1 = r0 + s1;
+    const r2 = r1 + s1;
+    const r3 = r2 + s1;
+    for (let i = i0; i < i1; i++) {
+      const d = db + i * dp + j;
+      dst[d] = heap[r0 + i]!;
+      dst[d + 1] = heap[r1 + i]!;
+      dst[d + 2] = heap[r2 + i]!;
+      dst[d + 3] = heap[r3 + i]!;
+    }
+  }
+  for (; j < j1; j++) {
+    const sRow = sb + j * s1;
+    const dCol = db + j;
+    for (let i = i0; i < i1; i++) dst[dCol + i * dp] = heap[sRow + i]!;
+  }
+}
+
+/**
+ * dst[dstBase + contiguous index over `shape`] = src[srcBase + sum_i idx_i * srcStrides[i]]:
+ * the copy behind transpose and slice (`src0`, `dst`: views of the two tensors' data).
+ */
+export function stridedCopy(
+  src0: Int32Array,
+  srcBase: number,
+  dst: Int32Array,
+  dstBase: number,
+  shape0: readonly number[],
+  strides0: readonly number[],
+): void {
+  const merged = mergeDims(shape0, strides0);
+  if (merged === null) return;
+  const { shape, st } = merged;
+  const r = shape.length;
+  if (r === 0) {
+    dst[dstBase] = src0[srcBase]!;
+    return;
+  }
+  if (st[r - 1] === 1) {
+    copyRows(src0, srcBase, dst, dstBase, shape, st);
+    return;
+  }
+  // Find the output dimension that is contiguous in the source, to tile with the last one.
+  let p = -1;
+  for (let d = r - 2; d >= 0; d--)
+    if (st[d] === 1) {
+      p = d;
+      break;
+    }
+  if (p < 0) copyElements(src0, srcBase, dst, dstBase, shape, st);
+  else copyTiles(src0, srcBase, dst, dstBase, shape, st, p);
 }
 
 const fourBytes = (dtype: string): boolean =>
