@@ -9,13 +9,15 @@ import {
   optimizerConfigOf,
   resolveConfig,
   runModelConfig,
+  type TrainConfig,
 } from '../config/config.js';
 import { type ModelProfile, optimizerSlots } from '../cost/costs.js';
 import { profileModel } from '../cost/profile.js';
 import { divisors } from '../cost/strategy-plan.js';
 import { loadDataset } from '../data/index.js';
 import { paramCount } from '../model/block.js';
-import { loadModel, modelParamCount } from '../model/model.js';
+import { loadModel, type Model, modelParamCount } from '../model/model.js';
+import type { OptimizerConfig } from '../optim/optimizer.js';
 import { profileAuxHeads } from '../plan/budget.js';
 import {
   checkRequest,
@@ -74,6 +76,147 @@ export function profileSizes(
 }
 
 /**
+ * The device memory to plan for, in bytes: --device-memory parsed, else this machine's memory
+ * divided among the stages (the CPU backends' devices share it; other devices' memory is not
+ * known here); `assumed`, the report's note when it was not given ('' when given). Throws
+ * {@link LayerwiseError} for an unparsable size.
+ */
+function deviceBudget(
+  deviceMemoryFlag: string | undefined,
+  stages: number,
+): { deviceMemory: number; assumed: string } {
+  const deviceMemory =
+    deviceMemoryFlag !== undefined
+      ? parseSize(deviceMemoryFlag)
+      : Math.floor(totalmem() / stages);
+  const assumed =
+    deviceMemoryFlag === undefined
+      ? ` (assumed: this machine's ${formatSize(totalmem())} of memory shared by ${stages} device${stages > 1 ? 's' : ''}; give --device-memory to plan for another budget)`
+      : '';
+  return { deviceMemory, assumed };
+}
+
+/**
+ * Profiles the model's blocks at the micro-batch sizes `sizes` and, for two or more stages,
+ * the auxiliary head any stage but the last could end with (local parallelism). Returns the
+ * profile and the seconds profiling took.
+ */
+async function profileForPlan(
+  model: Model,
+  cfg: TrainConfig,
+  opt: OptimizerConfig,
+  sizes: number[],
+): Promise<{ profile: ModelProfile; secs: number }> {
+  const t0 = performance.now();
+  const profile = await profileModel(model, {
+    backend: cfg.backend,
+    microBatchSizes: sizes,
+    optimizer: opt,
+    precision: cfg.precision,
+  });
+  if (cfg.stages >= 2) {
+    // local parallelism: the auxiliary head any stage but the last could end with
+    profile.auxHeads = await profileAuxHeads(
+      model,
+      Array.from({ length: model.blocks.length - 1 }, (_, i) => i + 1),
+      {
+        backend: cfg.backend,
+        microBatchSizes: sizes,
+        optimizer: opt,
+        precision: cfg.precision,
+      },
+    );
+  }
+  const secs = (performance.now() - t0) / 1000;
+  return { profile, secs };
+}
+
+/** The report's table: one row per strategy plan (an unavailable one says why). */
+function strategyTable(p: Plan, req: PlanRequest): string {
+  const rows = p.strategies.map((s) =>
+    s.unavailable
+      ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
+      : [
+          label(s),
+          s.fits ? 'yes' : 'NO',
+          String(s.stages),
+          String(s.microBatches),
+          s.display.remat,
+          s.display.schedule,
+          `${s.balance.join(',')}${s.balancedBy === 'whole model' ? '' : ` (${s.balancedBy})`}`,
+          s.peakBytes.map(formatSize).join(' / '),
+          `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.exact ? s.idealBubble.toFixed(2) : '-'}`,
+          (1000 * s.stepSeconds).toFixed(1),
+          req.tokensPerExample! > 1
+            ? `${Math.round(s.tokensPerSecond)} tok/s`
+            : `${Math.round(s.examplesPerSecond)} ex/s`,
+        ],
+  );
+  return renderTable(
+    [
+      'strategy',
+      'fits',
+      'K',
+      'M',
+      'checkpoint',
+      'schedule',
+      'balance',
+      'peak device bytes per stage',
+      'bubble (pred vs ideal)',
+      'step ms',
+      'throughput',
+    ],
+    rows,
+  );
+}
+
+/**
+ * The report's recommendation; where one fits, with the `layerwise train` command that runs it,
+ * carrying the flags that define the model and the run the plan was made for, so the command
+ * line trains exactly that.
+ */
+function recommendationText(
+  o: PlanOptions,
+  batchSize: number,
+  p: Plan,
+): string {
+  const given: Array<[string, unknown]> = [
+    ['--data', o.data],
+    ['--layers', o.layers],
+    ['--d-model', o.dModel],
+    ['--heads', o.heads],
+    ['--context', o.context],
+    ['--optimizer', o.optimizer],
+    ['--backend', o.backend],
+    ['--precision', o.precision],
+  ];
+  const sameModel = given
+    .filter(([, v]) => v !== undefined)
+    .map(([f, v]) => ` ${f} ${String(v)}`)
+    .join('');
+  return p.recommended
+    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.recommendedPlan!)} --batch-size ${batchSize}${o.deviceMemory !== undefined ? ` --device-memory ${o.deviceMemory}` : ''}`
+    : `recommendation: ${p.recommendation}`;
+}
+
+/** The report's notes, each once: the throughput assumption, the strategies' own notes, replicas. */
+function planNotes(p: Plan): string[] {
+  return [
+    ...new Set([
+      'throughput assumes one device per stage (a core or an accelerator each)',
+      ...p.strategies.flatMap((s) =>
+        s.unavailable ? [] : (specOf(s.strategy).planNote ?? []),
+      ),
+      ...(p.strategies.some((s) => s.replicas)
+        ? [
+            "a row with replicas: R copies of the strategy's devices, each on 1/R of the mini-batch; peaks are one replica's, the gradient all-reduce is taken as free",
+          ]
+        : []),
+    ]),
+  ];
+}
+
+/**
  * Plans a preset for a memory budget: validates the request, profiles the model's blocks and
  * returns the plan, the profile and a text report. Throws {@link LayerwiseError} for bad input
  * (unknown preset or backend, unparsable size, micro-batches that do not divide the batch,
@@ -96,15 +239,7 @@ export async function runPlan(
     heads: o.heads,
     context: o.context,
   });
-  // the CPU backends' devices share this machine's memory; other devices' memory is not known here
-  const deviceMemory =
-    o.deviceMemory !== undefined
-      ? parseSize(o.deviceMemory)
-      : Math.floor(totalmem() / cfg.stages);
-  const assumed =
-    o.deviceMemory === undefined
-      ? ` (assumed: this machine's ${formatSize(totalmem())} of memory shared by ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; give --device-memory to plan for another budget)`
-      : '';
+  const { deviceMemory, assumed } = deviceBudget(o.deviceMemory, cfg.stages);
   const ds = await loadDataset(cfg.data);
   const model = await loadModel(await runModelConfig(cfg, ds));
   const opt = optimizerConfigOf(cfg);
@@ -120,99 +255,16 @@ export async function runPlan(
   };
   checkRequest(req, model.blocks.length);
   const sizes = profileSizes(cfg.batchSize, o.microBatches);
-  const t0 = performance.now();
-  const profile = await profileModel(model, {
-    backend: cfg.backend,
-    microBatchSizes: sizes,
-    optimizer: opt,
-    precision: cfg.precision,
-  });
-  if (cfg.stages >= 2) {
-    // local parallelism: the auxiliary head any stage but the last could end with
-    profile.auxHeads = await profileAuxHeads(
-      model,
-      Array.from({ length: model.blocks.length - 1 }, (_, i) => i + 1),
-      {
-        backend: cfg.backend,
-        microBatchSizes: sizes,
-        optimizer: opt,
-        precision: cfg.precision,
-      },
-    );
-  }
-  const secs = (performance.now() - t0) / 1000;
+  const { profile, secs } = await profileForPlan(model, cfg, opt, sizes);
   const p = plan(profile, req);
   const head = [
     `plan for ${o.preset}: ${model.blocks.length} blocks, ${modelParamCount(model).toLocaleString('en-US')} parameters, ${cfg.optimizer}, mini-batch ${cfg.batchSize}`,
     `budget ${formatSize(deviceMemory)} per device${assumed}, ${cfg.stages} device${cfg.stages > 1 ? 's' : ''}; profiled on ${cfg.backend} (${cfg.precision}) at micro-batch sizes ${sizes.join(', ')} in ${secs.toFixed(1)} s`,
     '',
   ];
-  const rows = p.strategies.map((s) =>
-    s.unavailable
-      ? [s.strategy, '-', '-', '-', '-', '-', '-', s.unavailable, '', '', '']
-      : [
-          label(s),
-          s.fits ? 'yes' : 'NO',
-          String(s.stages),
-          String(s.microBatches),
-          s.display.remat,
-          s.display.schedule,
-          `${s.balance.join(',')}${s.balancedBy === 'whole model' ? '' : ` (${s.balancedBy})`}`,
-          s.peakBytes.map(formatSize).join(' / '),
-          `${s.bubble.map((b) => b.toFixed(2)).join('/')} vs ${s.exact ? s.idealBubble.toFixed(2) : '-'}`,
-          (1000 * s.stepSeconds).toFixed(1),
-          req.tokensPerExample! > 1
-            ? `${Math.round(s.tokensPerSecond)} tok/s`
-            : `${Math.round(s.examplesPerSecond)} ex/s`,
-        ],
-  );
-  const table = renderTable(
-    [
-      'strategy',
-      'fits',
-      'K',
-      'M',
-      'checkpoint',
-      'schedule',
-      'balance',
-      'peak device bytes per stage',
-      'bubble (pred vs ideal)',
-      'step ms',
-      'throughput',
-    ],
-    rows,
-  );
-  // the flags that define the model and the run the plan was made for, so the command line trains exactly that
-  const given: Array<[string, unknown]> = [
-    ['--data', o.data],
-    ['--layers', o.layers],
-    ['--d-model', o.dModel],
-    ['--heads', o.heads],
-    ['--context', o.context],
-    ['--optimizer', o.optimizer],
-    ['--backend', o.backend],
-    ['--precision', o.precision],
-  ];
-  const sameModel = given
-    .filter(([, v]) => v !== undefined)
-    .map(([f, v]) => ` ${f} ${String(v)}`)
-    .join('');
-  const rec = p.recommended
-    ? `recommendation: ${p.recommendation}\n  run: layerwise train --preset ${o.preset}${sameModel} ${describe(p.recommendedPlan!)} --batch-size ${cfg.batchSize}${o.deviceMemory !== undefined ? ` --device-memory ${o.deviceMemory}` : ''}`
-    : `recommendation: ${p.recommendation}`;
-  const notes = [
-    ...new Set([
-      'throughput assumes one device per stage (a core or an accelerator each)',
-      ...p.strategies.flatMap((s) =>
-        s.unavailable ? [] : (specOf(s.strategy).planNote ?? []),
-      ),
-      ...(p.strategies.some((s) => s.replicas)
-        ? [
-            "a row with replicas: R copies of the strategy's devices, each on 1/R of the mini-batch; peaks are one replica's, the gradient all-reduce is taken as free",
-          ]
-        : []),
-    ]),
-  ];
+  const table = strategyTable(p, req);
+  const rec = recommendationText(o, cfg.batchSize, p);
+  const notes = planNotes(p);
   return {
     plan: p,
     profile,
