@@ -226,18 +226,19 @@ function renameLegacyKeys<T extends object>(raw: T): T {
   return out as T;
 }
 
+/** What {@link resolveConfig} takes: TrainConfig's fields, any missing, balance and deviceMemory as given on the command line. */
+type RawConfig = Parameters<typeof resolveConfig>[0];
+
 /**
- * Fills defaults and validates everything that can be checked without the data or the model.
- * Throws {@link LayerwiseError} naming the flag and the valid values.
+ * The model a raw configuration names: a model module (--model, which needs --data) or a
+ * preset; `modelName` names the default run folder. Throws {@link LayerwiseError} when both or
+ * neither are given, for an unknown preset, or for --model without --data.
  */
-export function resolveConfig(
-  raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & {
-    preset?: string;
-    balance?: string | number[];
-    deviceMemory?: string | number;
-  },
-): TrainConfig {
-  raw = renameLegacyKeys(raw);
+function modelSource(raw: RawConfig): {
+  module: boolean;
+  preset: ReturnType<typeof getPreset> | undefined;
+  modelName: string;
+} {
   const module = raw.model !== undefined;
   check(
     !module || raw.preset === undefined || raw.preset === MODULE_PRESET,
@@ -255,8 +256,19 @@ export function resolveConfig(
     !module || raw.data !== undefined,
     `--data is required with --model: a built-in data set (${BUILTIN_DATASETS.join(', ')}), a .jsonl file or npy:X.npy,Y.npy`,
   );
-  if (raw.loss !== undefined) oneOf('loss', raw.loss, LOSSES);
-  const c: TrainConfig = {
+  return { module, preset, modelName };
+}
+
+/**
+ * The raw configuration over {@link DEFAULTS}, with the preset (or MODULE_PRESET), data set, run
+ * folder, --balance (a kind or per-stage block counts) and --device-memory (bytes) resolved.
+ * Throws {@link LayerwiseError} for an unparsable --balance or --device-memory.
+ */
+function withDefaults(
+  raw: RawConfig,
+  { module, preset, modelName }: ReturnType<typeof modelSource>,
+): TrainConfig {
+  return {
     ...DEFAULTS,
     ...Object.fromEntries(
       Object.entries(raw).filter(([, v]) => v !== undefined),
@@ -275,6 +287,10 @@ export function resolveConfig(
         ? parseSize(raw.deviceMemory)
         : raw.deviceMemory,
   } as TrainConfig;
+}
+
+/** Checks the backend, the precision and the loss scale (throws {@link LayerwiseError}). */
+function checkNumerics(c: TrainConfig): void {
   oneOf('backend', c.backend, BACKENDS);
   oneOf('precision', c.precision, PRECISIONS);
   checkPrecision(c.precision, c.backend);
@@ -286,6 +302,10 @@ export function resolveConfig(
     c.precision !== 'f16' || c.strategy !== 'local',
     `--precision f16 (with dynamic loss scaling) runs --strategy single, gpipe and l2l, not local (its stages step on their own losses): use --precision fp32`,
   );
+}
+
+/** Checks the re-materialization mode, the schedule and the strategies it needs (throws {@link LayerwiseError}). */
+function checkSchedule(c: TrainConfig): void {
   oneOf('checkpoint mode', c.remat, REMAT_MODES);
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
   posInt('virtual-stages', c.virtualStages);
@@ -301,6 +321,10 @@ export function resolveConfig(
     c.scheduleFile === undefined || c.strategy === 'gpipe',
     `--schedule-file runs a pipeline schedule: it needs --strategy gpipe, not ${c.strategy}`,
   );
+}
+
+/** Checks the optimizer, the stash place, the thread counts and --device-memory (throws {@link LayerwiseError}). */
+function checkOptimizerAndDevices(c: TrainConfig): void {
   oneOf('optimizer', c.optimizer, OPTIMIZER_KINDS);
   oneOf('stash place', c.stash, STASH_PLACES);
   posInt('server-threads', c.serverThreads);
@@ -310,6 +334,14 @@ export function resolveConfig(
       (Number.isFinite(c.deviceMemory) && c.deviceMemory > 0),
     `--device-memory must be a positive size such as 512MB, got ${c.deviceMemory}`,
   );
+}
+
+/**
+ * Checks the counts of the run (stages, micro-batches, replicas, batch, steps, evaluation,
+ * saves, overlap, queue) and the training numbers (seed, lr, clipping, layer drop) (throws
+ * {@link LayerwiseError}).
+ */
+function checkRun(c: TrainConfig): void {
   oneOf('decay', c.decay, ['constant', 'cosine'] as const);
   posInt('stages', c.stages);
   posInt('micro-batches', c.microBatches);
@@ -344,6 +376,10 @@ export function resolveConfig(
     `--layer-drop must be a probability in [0, 1), got ${c.layerDrop}`,
   );
   oneOf('layer-drop schedule', c.layerDropSchedule, LAYER_DROP_SCHEDULES);
+}
+
+/** Checks that the micro-batches and replicas divide the batch, and the model's size flags (throws {@link LayerwiseError}). */
+function checkShapes(c: TrainConfig): void {
   check(
     c.batchSize % c.microBatches === 0,
     `--micro-batches ${c.microBatches} must divide --batch-size ${c.batchSize}; pick a divisor of ${c.batchSize}`,
@@ -359,6 +395,28 @@ export function resolveConfig(
         c[k]!,
       );
   }
+}
+
+/**
+ * Fills defaults and validates everything that can be checked without the data or the model.
+ * Throws {@link LayerwiseError} naming the flag and the valid values.
+ */
+export function resolveConfig(
+  raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & {
+    preset?: string;
+    balance?: string | number[];
+    deviceMemory?: string | number;
+  },
+): TrainConfig {
+  raw = renameLegacyKeys(raw);
+  const source = modelSource(raw);
+  if (raw.loss !== undefined) oneOf('loss', raw.loss, LOSSES);
+  const c = withDefaults(raw, source);
+  checkNumerics(c);
+  checkSchedule(c);
+  checkOptimizerAndDevices(c);
+  checkRun(c);
+  checkShapes(c);
   return c;
 }
 
