@@ -248,6 +248,186 @@ function randomBatch(
   return { x, labels, labelBytes: bytesOf(lShape) };
 }
 
+/**
+ * One untimed forward and backward of the whole model on input `x` and `labels`: kernels
+ * compile and allocators grow here rather than inside the first block's measurement.
+ */
+async function warmUpModel(
+  model: Model,
+  params: Array<Record<string, tf.Variable>>,
+  x: tf.Tensor,
+  labels: tf.Tensor,
+): Promise<void> {
+  const all = model.blocks.flatMap((_, i) => Object.values(params[i]));
+  const g = tf.grads((...ps: tf.Tensor[]) => {
+    let h = x;
+    let j = 0;
+    model.blocks.forEach((b, i) => {
+      const p: Record<string, tf.Tensor> = {};
+      for (const name of Object.keys(params[i])) p[name] = ps[j++];
+      h = b.forward(p, h);
+    });
+    return model.loss(h, labels);
+  })(all);
+  await settle(g[g.length - 1]);
+  g.forEach((t) => t.dispose());
+}
+
+/** What {@link profileAt} measures every block with. */
+interface BlockProfiling {
+  model: Model;
+  params: Array<Record<string, tf.Variable>>;
+  labels: tf.Tensor;
+  /** backwardBytesProbe's probe and the device bytes it noted. */
+  probe: (x: tf.Tensor) => tf.Tensor;
+  probedBytes: () => number;
+  repeats: number;
+  warmup: number;
+}
+
+/** A block under measurement: its forward `f` (with the loss for the last block) and what its backward differentiates. */
+interface BlockRun {
+  i: number;
+  isLast: boolean;
+  blk: Model['blocks'][number];
+  /** The block's input. */
+  xi: tf.Tensor;
+  /** The forward: the block on its input (through the probe after the first block), with the loss for the last. */
+  f: () => tf.Tensor;
+  /** Its parameters, then its input after the first block. */
+  xs: tf.Tensor[];
+}
+
+/** One forward and backward of a block: seconds, and device bytes above the level before each. */
+interface OneRun {
+  fwdSeconds: number;
+  bwdSeconds: number;
+  fwdPeak: number;
+  /** Bytes the forward's tape keeps. */
+  kept: number;
+  bwdPeak: number;
+  /** Bytes the backward holds when it reaches the block's input (blocks after the first). */
+  held: number | undefined;
+  /** Bytes of the block's output at a stage boundary. */
+  outBytes: number;
+}
+
+/** Runs a block's recorded forward, then its backward from a seed of ones, timing and counting bytes. */
+async function forwardBackwardOnce(
+  b: BlockRun,
+  probedBytes: () => number,
+): Promise<OneRun> {
+  const b0 = deviceBytes();
+  resetPeakBytes();
+  const t0 = performance.now();
+  const rec = recordForward(b.f);
+  await settle(rec.y);
+  const t1 = performance.now();
+  const fwdPeak = peakBytes() - b0;
+  const kept = deviceBytes() - b0;
+  const outBytes = b.isLast
+    ? boundaryBytes(b.blk.outputShape(b.xi.shape), 'float32')
+    : boundaryBytes(rec.y.shape, rec.y.dtype);
+  const dy = b.isLast ? tf.scalar(1) : tf.onesLike(rec.y);
+  const b1 = deviceBytes();
+  resetPeakBytes();
+  let held: number | undefined;
+  const t2 = performance.now();
+  if (b.xs.length === 0) {
+    // a block without parameters on the model's input: nothing to differentiate
+    rec.y.dispose();
+  } else {
+    const yBytes = bytesOf(rec.y.shape);
+    const g = backwardRecorded(rec, b.xs, dy);
+    await settle(g[g.length - 1]);
+    // above the level before the forward (b1 is that level plus the tape and the seed
+    // dy), less the output: held here by the recorded forward, in a stage by the next
+    // block's tape, freed by then
+    if (b.i > 0) held = Math.max(0, probedBytes() - b1 + kept - yBytes);
+    g.forEach((t) => t.dispose());
+  }
+  const t3 = performance.now();
+  const bwdPeak = peakBytes() - b1;
+  dy.dispose();
+  return {
+    fwdSeconds: (t1 - t0) / 1000,
+    bwdSeconds: (t3 - t2) / 1000,
+    fwdPeak,
+    kept,
+    bwdPeak,
+    held,
+    outBytes,
+  };
+}
+
+/**
+ * Block `i`'s size-dependent costs on input `xi`: `warmup` untimed then `repeats` timed forward
+ * and backward runs (medians of the timed ones; the largest bytes of all), with the input
+ * part's share of a split backward for a block with parameters.
+ */
+async function profileBlock(
+  p: BlockProfiling,
+  i: number,
+  xi: tf.Tensor,
+): Promise<BlockSizeCost> {
+  const { model, params, labels, probe } = p;
+  const last = model.blocks.length - 1;
+  const blk = model.blocks[i];
+  const ps = Object.values(params[i]);
+  // blocks after the first see their input through a probe that notes the device's bytes
+  // when the backward reaches it (its last step): what the block's backward holds then
+  const input = () => (i > 0 ? probe(xi) : xi);
+  const f =
+    i === last
+      ? () => model.loss(blk.forward(params[i], input()), labels)
+      : () => blk.forward(params[i], input());
+  const xs = i > 0 ? [...ps, xi] : ps;
+  const run: BlockRun = { i, isLast: i === last, blk, xi, f, xs };
+  const fwd: number[] = [];
+  const bwd: number[] = [];
+  /** The input part's share of a split backward (I over I + W; zero-bubble schedules). */
+  const inputShare: number[] = [];
+  let weightHeld: number | undefined;
+  let inputPeak: number | undefined;
+  const mem: {
+    fwdPeakBytes: number;
+    keptBytes: number;
+    bwdPeakBytes: number;
+    bwdHeldBytes?: number;
+    outBytes: number;
+  } = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
+  for (let r = 0; r < p.warmup + p.repeats; r++) {
+    const one = await forwardBackwardOnce(run, p.probedBytes);
+    if (r >= p.warmup) {
+      fwd.push(one.fwdSeconds);
+      bwd.push(one.bwdSeconds);
+      if (ps.length > 0) {
+        const sp = await splitShare(f, xi, ps, i > 0, i === last);
+        inputShare.push(sp.share);
+        weightHeld = Math.max(weightHeld ?? 0, sp.heldBytes);
+        inputPeak = Math.max(inputPeak ?? 0, sp.peakBytes);
+      }
+    }
+    mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, one.fwdPeak);
+    mem.keptBytes = Math.max(mem.keptBytes, one.kept);
+    mem.bwdPeakBytes = Math.max(mem.bwdPeakBytes, one.bwdPeak);
+    if (one.held !== undefined)
+      mem.bwdHeldBytes = Math.max(mem.bwdHeldBytes ?? 0, one.held);
+    mem.outBytes = one.outBytes;
+  }
+  return {
+    inBytes: boundaryBytes(xi.shape, xi.dtype),
+    ...mem,
+    fwdSeconds: median(fwd),
+    bwdSeconds: median(bwd),
+    ...(inputShare.length > 0
+      ? { bwdInputSeconds: median(inputShare) * median(bwd) }
+      : {}),
+    ...(weightHeld !== undefined ? { weightHeldBytes: weightHeld } : {}),
+    ...(inputPeak !== undefined ? { bwdInputPeakBytes: inputPeak } : {}),
+  };
+}
+
 /** Every block's size-dependent costs at micro-batch size `n`. */
 async function profileAt(
   model: Model,
@@ -263,113 +443,20 @@ async function profileAt(
   try {
     for (let i = 0; i < last; i++)
       inputs.push(tf.tidy(() => model.blocks[i].forward(params[i], inputs[i])));
-    if (warmup > 0) {
-      // one untimed forward and backward of the whole model first: kernels compile and
-      // allocators grow here rather than inside the first block's measurement
-      const all = model.blocks.flatMap((_, i) => Object.values(params[i]));
-      const g = tf.grads((...ps: tf.Tensor[]) => {
-        let h = x;
-        let j = 0;
-        model.blocks.forEach((b, i) => {
-          const p: Record<string, tf.Tensor> = {};
-          for (const name of Object.keys(params[i])) p[name] = ps[j++];
-          h = b.forward(p, h);
-        });
-        return model.loss(h, labels);
-      })(all);
-      await settle(g[g.length - 1]);
-      g.forEach((t) => t.dispose());
-    }
+    if (warmup > 0) await warmUpModel(model, params, x, labels);
     const blocks: BlockSizeCost[] = [];
     const { probe, bytes: probedBytes } = backwardBytesProbe();
-    for (let i = 0; i <= last; i++) {
-      const blk = model.blocks[i];
-      const xi = inputs[i];
-      const ps = Object.values(params[i]);
-      // blocks after the first see their input through a probe that notes the device's bytes
-      // when the backward reaches it (its last step): what the block's backward holds then
-      const input = () => (i > 0 ? probe(xi) : xi);
-      const f =
-        i === last
-          ? () => model.loss(blk.forward(params[i], input()), labels)
-          : () => blk.forward(params[i], input());
-      const xs = i > 0 ? [...ps, xi] : ps;
-      const fwd: number[] = [];
-      const bwd: number[] = [];
-      /** The input part's share of a split backward (I over I + W; zero-bubble schedules). */
-      const inputShare: number[] = [];
-      let weightHeld: number | undefined;
-      let inputPeak: number | undefined;
-      const mem: {
-        fwdPeakBytes: number;
-        keptBytes: number;
-        bwdPeakBytes: number;
-        bwdHeldBytes?: number;
-        outBytes: number;
-      } = { fwdPeakBytes: 0, keptBytes: 0, bwdPeakBytes: 0, outBytes: 0 };
-      for (let r = 0; r < warmup + repeats; r++) {
-        const b0 = deviceBytes();
-        resetPeakBytes();
-        const t0 = performance.now();
-        const rec = recordForward(f);
-        await settle(rec.y);
-        const t1 = performance.now();
-        const fwdPeak = peakBytes() - b0;
-        const kept = deviceBytes() - b0;
-        const outBytes =
-          i === last
-            ? boundaryBytes(blk.outputShape(xi.shape), 'float32')
-            : boundaryBytes(rec.y.shape, rec.y.dtype);
-        const dy = i === last ? tf.scalar(1) : tf.onesLike(rec.y);
-        const b1 = deviceBytes();
-        resetPeakBytes();
-        let held: number | undefined;
-        const t2 = performance.now();
-        if (xs.length === 0) {
-          // a block without parameters on the model's input: nothing to differentiate
-          rec.y.dispose();
-        } else {
-          const yBytes = bytesOf(rec.y.shape);
-          const g = backwardRecorded(rec, xs, dy);
-          await settle(g[g.length - 1]);
-          // above the level before the forward (b1 is that level plus the tape and the seed
-          // dy), less the output: held here by the recorded forward, in a stage by the next
-          // block's tape, freed by then
-          if (i > 0) held = Math.max(0, probedBytes() - b1 + kept - yBytes);
-          g.forEach((t) => t.dispose());
-        }
-        const t3 = performance.now();
-        const bwdPeak = peakBytes() - b1;
-        dy.dispose();
-        if (r >= warmup) {
-          fwd.push((t1 - t0) / 1000);
-          bwd.push((t3 - t2) / 1000);
-          if (ps.length > 0) {
-            const sp = await splitShare(f, xi, ps, i > 0, i === last);
-            inputShare.push(sp.share);
-            weightHeld = Math.max(weightHeld ?? 0, sp.heldBytes);
-            inputPeak = Math.max(inputPeak ?? 0, sp.peakBytes);
-          }
-        }
-        mem.fwdPeakBytes = Math.max(mem.fwdPeakBytes, fwdPeak);
-        mem.keptBytes = Math.max(mem.keptBytes, kept);
-        mem.bwdPeakBytes = Math.max(mem.bwdPeakBytes, bwdPeak);
-        if (held !== undefined)
-          mem.bwdHeldBytes = Math.max(mem.bwdHeldBytes ?? 0, held);
-        mem.outBytes = outBytes;
-      }
-      blocks.push({
-        inBytes: boundaryBytes(xi.shape, xi.dtype),
-        ...mem,
-        fwdSeconds: median(fwd),
-        bwdSeconds: median(bwd),
-        ...(inputShare.length > 0
-          ? { bwdInputSeconds: median(inputShare) * median(bwd) }
-          : {}),
-        ...(weightHeld !== undefined ? { weightHeldBytes: weightHeld } : {}),
-        ...(inputPeak !== undefined ? { bwdInputPeakBytes: inputPeak } : {}),
-      });
-    }
+    const p: BlockProfiling = {
+      model,
+      params,
+      labels,
+      probe,
+      probedBytes,
+      repeats,
+      warmup,
+    };
+    for (let i = 0; i <= last; i++)
+      blocks.push(await profileBlock(p, i, inputs[i]));
     return { batch: n, labelBytes, blocks };
   } finally {
     for (const t of inputs) t.dispose();
