@@ -194,40 +194,42 @@ function pyRepr(v: PyValue | undefined): string {
   return `(${v.tuple.map(pyRepr).join(', ')}${v.tuple.length === 1 ? ',' : ''})`;
 }
 
+/** The advice that ends most of parseNpy's messages. */
+const FIX = 'give a file written by numpy.save()';
+
 /**
- * Parse the bytes of a `.npy` file.
- * @param source the file name, used in error messages.
- * @returns dtype, shape and a copy of the values in native byte order.
- * @throws LayerwiseError naming `source` and the offending header field if the magic string,
- *   version or header is malformed, the dtype is unsupported (big-endian, structured, string,
- *   object, float16, complex), the array is in Fortran order, or the data is truncated or
- *   followed by extra bytes.
+ * Reads the preamble of a `.npy` file's bytes: the magic string, the version and the header
+ * length. Returns the major version, where the header starts and its length in bytes. Throws
+ * {@link LayerwiseError} naming `source` for a missing magic string, an unknown version or
+ * bytes that end before the header does.
  */
-export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
-  const fix = 'give a file written by numpy.save()';
+function readPreamble(
+  bytes: Uint8Array,
+  source: string,
+): { major: number; start: number; headerLen: number } {
   const magic = [0x93, 0x4e, 0x55, 0x4d, 0x50, 0x59]; // \x93NUMPY
   check(
     bytes.length >= 6 && magic.every((b, k) => bytes[k] === b),
     () =>
-      `.npy file ${source} does not start with the magic string \\x93NUMPY (it starts with ${JSON.stringify(String.fromCharCode(...bytes.subarray(0, 6)))}); it is not a .npy file: ${fix} (an .npz archive must be unzipped first).`,
+      `.npy file ${source} does not start with the magic string \\x93NUMPY (it starts with ${JSON.stringify(String.fromCharCode(...bytes.subarray(0, 6)))}); it is not a .npy file: ${FIX} (an .npz archive must be unzipped first).`,
   );
   check(
     bytes.length >= 10,
     () =>
-      `.npy file ${source} is truncated: ${bytes.length} bytes, shorter than its preamble; ${fix}, re-writing it if it is damaged.`,
+      `.npy file ${source} is truncated: ${bytes.length} bytes, shorter than its preamble; ${FIX}, re-writing it if it is damaged.`,
   );
   const major = bytes[6];
   check(
     major === 1 || major === 2 || major === 3,
     () =>
-      `.npy file ${source} has format version ${major}.${bytes[7]}; versions 1.0, 2.0 and 3.0 are supported: ${fix}.`,
+      `.npy file ${source} has format version ${major}.${bytes[7]}; versions 1.0, 2.0 and 3.0 are supported: ${FIX}.`,
   );
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   const lenBytes = major === 1 ? 2 : 4;
   check(
     bytes.length >= 8 + lenBytes,
     () =>
-      `.npy file ${source} is truncated inside its header length; ${fix}, re-writing it if it is damaged.`,
+      `.npy file ${source} is truncated inside its header length; ${FIX}, re-writing it if it is damaged.`,
   );
   const headerLen =
     major === 1 ? view.getUint16(8, true) : view.getUint32(8, true);
@@ -235,30 +237,36 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
   check(
     bytes.length >= start + headerLen,
     () =>
-      `.npy file ${source} is truncated: its header says ${headerLen} bytes but only ${bytes.length - start} follow; ${fix}, re-writing it if it is damaged.`,
+      `.npy file ${source} is truncated: its header says ${headerLen} bytes but only ${bytes.length - start} follow; ${FIX}, re-writing it if it is damaged.`,
   );
-  const header = new TextDecoder(major === 3 ? 'utf-8' : 'latin1').decode(
-    bytes.subarray(start, start + headerLen),
-  );
+  return { major, start, headerLen };
+}
+
+/**
+ * The header dict of a `.npy` file (`header`: its text), holding exactly 'descr',
+ * 'fortran_order' and 'shape'. Throws {@link LayerwiseError} naming `source` for a header that
+ * does not parse, is not a dict, or lacks or adds a field.
+ */
+function readHeaderDict(header: string, source: string): Map<string, PyValue> {
   let dict: PyValue;
   try {
     dict = parsePyLiteral(header);
   } catch (e) {
     throw new LayerwiseError(
-      `.npy file ${source} has a malformed header ${JSON.stringify(header.trim())}: ${(e as Error).message}; ${fix}.`,
+      `.npy file ${source} has a malformed header ${JSON.stringify(header.trim())}: ${(e as Error).message}; ${FIX}.`,
     );
   }
   check(
     dict instanceof Map,
     () =>
-      `.npy file ${source} has a header ${JSON.stringify(header.trim())} that is not a dict; ${fix}.`,
+      `.npy file ${source} has a header ${JSON.stringify(header.trim())} that is not a dict; ${FIX}.`,
   );
   const d = dict as Map<string, PyValue>;
   for (const key of ['descr', 'fortran_order', 'shape']) {
     check(
       d.has(key),
       () =>
-        `.npy file ${source} has no '${key}' in its header ${JSON.stringify(header.trim())}; ${fix}.`,
+        `.npy file ${source} has no '${key}' in its header ${JSON.stringify(header.trim())}; ${FIX}.`,
     );
   }
   const extra = [...d.keys()].filter(
@@ -267,9 +275,20 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
   check(
     extra.length === 0,
     () =>
-      `.npy file ${source} has unexpected header field(s) ${extra.map((k) => `'${k}'`).join(', ')} (only 'descr', 'fortran_order' and 'shape' are allowed); ${fix}.`,
+      `.npy file ${source} has unexpected header field(s) ${extra.map((k) => `'${k}'`).join(', ')} (only 'descr', 'fortran_order' and 'shape' are allowed); ${FIX}.`,
   );
+  return d;
+}
 
+/**
+ * The element type the header's 'descr' names ({@link CODES}). Throws {@link LayerwiseError}
+ * naming `source` for a structured or unsupported dtype, big-endian data, or a multi-byte type
+ * without a byte order (or in native order on a big-endian machine).
+ */
+function readDescr(
+  d: Map<string, PyValue>,
+  source: string,
+): (typeof CODES)[string] {
   const descr = d.get('descr');
   check(
     typeof descr === 'string',
@@ -292,18 +311,27 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
   check(
     order !== '|' || code.bytes === 1,
     () =>
-      `.npy file ${source} has a multi-byte dtype without a byte order (header field 'descr' is '${descr}'); ${fix}.`,
+      `.npy file ${source} has a multi-byte dtype without a byte order (header field 'descr' is '${descr}'); ${FIX}.`,
   );
   check(
     order !== '=' || code.bytes === 1 || LITTLE_ENDIAN,
     () =>
       `.npy file ${source} has native byte order ('=' in header field 'descr') on a big-endian machine; save it as little-endian ('<${descr.slice(1)}').`,
   );
+  return code;
+}
+
+/**
+ * The header's 'shape', after checking that 'fortran_order' is False. Throws
+ * {@link LayerwiseError} naming `source` for Fortran order, a 'fortran_order' that is not a
+ * boolean, or a shape that is not a tuple of non-negative integers.
+ */
+function readShape(d: Map<string, PyValue>, source: string): number[] {
   const fortran = d.get('fortran_order');
   check(
     typeof fortran === 'boolean',
     () =>
-      `.npy file ${source} has header field 'fortran_order' = ${pyRepr(fortran)}, not True or False; ${fix}.`,
+      `.npy file ${source} has header field 'fortran_order' = ${pyRepr(fortran)}, not True or False; ${FIX}.`,
   );
   check(
     fortran === false,
@@ -320,23 +348,36 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
       (s) => typeof s === 'number' && Number.isSafeInteger(s) && s >= 0,
     ),
     () =>
-      `.npy file ${source} has header field 'shape' = ${pyRepr(shapeV)}, not a tuple of non-negative integers; ${fix}.`,
+      `.npy file ${source} has header field 'shape' = ${pyRepr(shapeV)}, not a tuple of non-negative integers; ${FIX}.`,
   );
-  const shape = shapeItems as number[];
+  return shapeItems as number[];
+}
+
+/**
+ * The values of a `.npy` file, which start at byte `off` of `bytes`: `shape`'s count of `code`'s
+ * type, copied into a fresh, aligned buffer in native byte order. Throws {@link LayerwiseError}
+ * naming `source` when the bytes end before the values do or go on after them.
+ */
+function readValues(
+  bytes: Uint8Array,
+  source: string,
+  off: number,
+  shape: number[],
+  code: (typeof CODES)[string],
+): NpyData {
   const count = shape.reduce((a, b) => a * b, 1);
-  const expected = start + headerLen + count * code.bytes;
+  const expected = off + count * code.bytes;
   check(
     Number.isSafeInteger(expected) && bytes.length >= expected,
     () =>
-      `.npy file ${source} is truncated: header says ${code.dtype} ${pyShape(shape)} = ${count * code.bytes} data bytes, but the file has ${bytes.length - start - headerLen}; ${fix}, re-writing it if it is damaged.`,
+      `.npy file ${source} is truncated: header says ${code.dtype} ${pyShape(shape)} = ${count * code.bytes} data bytes, but the file has ${bytes.length - off}; ${FIX}, re-writing it if it is damaged.`,
   );
   check(
     bytes.length === expected,
     () =>
-      `.npy file ${source} has ${bytes.length - expected} extra bytes after the ${code.dtype} ${pyShape(shape)} data its header describes; ${fix} (one array per file).`,
+      `.npy file ${source} has ${bytes.length - expected} extra bytes after the ${code.dtype} ${pyShape(shape)} data its header describes; ${FIX} (one array per file).`,
   );
   // Copy into a fresh, aligned buffer (the data may start at any offset of the file's bytes).
-  const off = start + headerLen;
   const buf = new ArrayBuffer(count * code.bytes);
   const out = new Uint8Array(buf);
   out.set(bytes.subarray(off, off + count * code.bytes));
@@ -344,7 +385,31 @@ export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
     for (let k = 0; k < out.length; k += code.bytes)
       out.subarray(k, k + code.bytes).reverse();
   }
-  return { dtype: code.dtype, shape, data: code.make(buf, count) };
+  return code.make(buf, count);
+}
+
+/**
+ * Parse the bytes of a `.npy` file.
+ * @param source the file name, used in error messages.
+ * @returns dtype, shape and a copy of the values in native byte order.
+ * @throws LayerwiseError naming `source` and the offending header field if the magic string,
+ *   version or header is malformed, the dtype is unsupported (big-endian, structured, string,
+ *   object, float16, complex), the array is in Fortran order, or the data is truncated or
+ *   followed by extra bytes.
+ */
+export function parseNpy(bytes: Uint8Array, source = '<.npy bytes>'): NpyArray {
+  const { major, start, headerLen } = readPreamble(bytes, source);
+  const header = new TextDecoder(major === 3 ? 'utf-8' : 'latin1').decode(
+    bytes.subarray(start, start + headerLen),
+  );
+  const d = readHeaderDict(header, source);
+  const code = readDescr(d, source);
+  const shape = readShape(d, source);
+  return {
+    dtype: code.dtype,
+    shape,
+    data: readValues(bytes, source, start + headerLen, shape, code),
+  };
 }
 
 /**
