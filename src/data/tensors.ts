@@ -188,6 +188,248 @@ function readTensor(v: unknown, key: 'x' | 'y', out: Values): number[] {
   return shape;
 }
 
+/** A JSONL file's examples as read line by line, before they become a data set. */
+interface JsonlRows {
+  /** Every example's x values, then its y values, in line order. */
+  xs: Values;
+  ys: Values;
+  /** Per example: whether its "split" is "val", and its line number (from 1). */
+  isVal: boolean[];
+  lineOf: number[];
+  /** Whether any line has a "split" field. */
+  anySplit: boolean;
+  /** The first example's x shape (a number's as [1]) and y shape, and its line; undefined before it. */
+  xShape: number[] | undefined;
+  yShape: number[] | undefined;
+  firstLine: number;
+  /** First line whose y is not a class label (a scalar integer >= 0), for messages. */
+  notLabel: { line: number; y: string } | undefined;
+}
+
+/**
+ * One line of a JSONL file as a JSON object with "x" and "y" fields (`at`: the file and line,
+ * for messages). Throws {@link LayerwiseError} for invalid JSON (naming a NaN or Infinity
+ * written as such), a value that is not an object, or a missing field.
+ */
+function parseJsonlLine(line: string, at: string): Record<string, unknown> {
+  let obj: unknown;
+  try {
+    obj = JSON.parse(line);
+  } catch (e) {
+    const bad = /(?<![\w"])(-?Infinity|NaN)(?![\w"])/.exec(line);
+    throw new LayerwiseError(
+      bad
+        ? `${at} contains ${bad[1]}, which is not a number in JSON (Python's json.dumps writes float nan/inf this way); remove or impute examples with NaN or infinite values.`
+        : `${at} is not valid JSON (${(e as Error).message}); write ${JSONL_FORMAT}.`,
+    );
+  }
+  check(
+    typeof obj === 'object' && obj !== null && !Array.isArray(obj),
+    () =>
+      `${at} is ${describeJson(obj)}, not a JSON object; write ${JSONL_FORMAT}.`,
+  );
+  const o = obj as Record<string, unknown>;
+  for (const key of ['x', 'y'] as const) {
+    check(
+      key in o,
+      () =>
+        `${at} has no "${key}" field (fields: ${
+          Object.keys(o)
+            .map((k) => JSON.stringify(k))
+            .join(', ') || 'none'
+        }); write ${JSONL_FORMAT}.`,
+    );
+  }
+  return o;
+}
+
+/**
+ * Checks that an example's x shape `xs1` and y shape `ys1` (line `at`) are those of the first
+ * example, `xShape` and `yShape` of line `first`. Throws {@link LayerwiseError} for another x
+ * shape, a mix of class labels and regression targets, or another target shape.
+ */
+function checkSameShapes(
+  at: string,
+  xs1: number[],
+  ys1: number[],
+  first: number,
+  xShape: number[],
+  ys0: number[],
+): void {
+  check(
+    sameShape(xs1, xShape),
+    () =>
+      `${at}: x has shape ${shapeStr(xs1)} but line ${first}'s x has shape ${shapeStr(xShape)}; every example's x must have the same shape.`,
+  );
+  check(
+    (ys1.length === 0) === (ys0.length === 0),
+    () =>
+      `${at}: y is ${ys1.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys1)}`} but line ${first}'s y is ${ys0.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys0)}`}; mixed label kinds: every y must be a class label (an integer >= 0) or every y a regression target of one shape.`,
+  );
+  check(
+    sameShape(ys1, ys0),
+    () =>
+      `${at}: y has shape ${shapeStr(ys1)} but line ${first}'s y has shape ${shapeStr(ys0)}; every example's regression target must have the same shape.`,
+  );
+}
+
+/**
+ * Adds the example of JSONL object `o` (line `line`, `at` for messages) to `rows`: its split,
+ * x and y values and shapes. Throws {@link LayerwiseError} for a bad "split", values that are
+ * not numbers or ragged, or shapes that differ from the first example's.
+ */
+function addJsonlExample(
+  rows: JsonlRows,
+  o: Record<string, unknown>,
+  line: number,
+  at: string,
+): void {
+  if ('split' in o) {
+    check(
+      o.split === 'train' || o.split === 'val',
+      () =>
+        `${at} has "split": ${JSON.stringify(o.split)}; use "train" or "val" (or leave the field out).`,
+    );
+    rows.anySplit = true;
+  }
+  rows.isVal.push(o.split === 'val');
+  rows.lineOf.push(line);
+  let xs1: number[];
+  let ys1: number[];
+  try {
+    xs1 = readTensor(o.x, 'x', rows.xs);
+    ys1 = readTensor(o.y, 'y', rows.ys);
+  } catch (e) {
+    throw new LayerwiseError(`${at}: ${(e as Error).message}.`);
+  }
+  if (xs1.length === 0) xs1 = [1]; // a single feature
+  if (rows.xShape === undefined) {
+    rows.xShape = xs1;
+    rows.yShape = ys1;
+    rows.firstLine = line;
+  } else {
+    checkSameShapes(at, xs1, ys1, rows.firstLine, rows.xShape, rows.yShape!);
+  }
+  if (rows.notLabel === undefined) {
+    const v = rows.ys.a[rows.ys.n - 1];
+    if (ys1.length !== 0 || !Number.isInteger(v) || v < 0)
+      rows.notLabel = { line, y: JSON.stringify(o.y).slice(0, 40) };
+  }
+}
+
+/**
+ * The examples of a JSON-lines file's text, blank lines skipped (`source`: the file, for
+ * messages). Throws {@link LayerwiseError} as {@link parseJsonlLine} and
+ * {@link addJsonlExample}, and for a file without examples.
+ */
+function readJsonlRows(
+  source: string,
+  text: string,
+): JsonlRows & { xShape: number[]; yShape: number[] } {
+  const rows: JsonlRows = {
+    xs: new Values(),
+    ys: new Values(),
+    isVal: [],
+    lineOf: [],
+    anySplit: false,
+    xShape: undefined,
+    yShape: undefined,
+    firstLine: 0,
+    notLabel: undefined,
+  };
+  const lines = text.split('\n');
+  for (let li = 0; li < lines.length; li++) {
+    const line = lines[li];
+    if (line.trim() === '') continue;
+    const at = `${source} line ${li + 1}`;
+    addJsonlExample(rows, parseJsonlLine(line, at), li + 1, at);
+  }
+  const { xShape, yShape } = rows;
+  check(
+    xShape !== undefined && yShape !== undefined,
+    () =>
+      `JSONL file ${source} has no examples (it is empty or only blank lines); write ${JSONL_FORMAT}.`,
+  );
+  return { ...rows, xShape, yShape };
+}
+
+/**
+ * The features (float32, N * prod(xShape)) and targets of a JSONL file's examples: class labels
+ * (int32 [N]; `classes` or the largest + 1) when every y is one, else regression targets
+ * (float32). Throws {@link LayerwiseError} for values beyond float32, labels beyond int32 or not
+ * below `classes`, and for targets that are not labels when `classes` is given.
+ */
+function jsonlValues(
+  source: string,
+  rows: JsonlRows & { yShape: number[] },
+  classes: number | undefined,
+): { x: Float32Array; y: Int32Array | Float32Array; target: TensorTarget } {
+  const { xs, ys, lineOf, notLabel } = rows;
+  const n = rows.isVal.length;
+  const x = toFloat32(
+    xs.get(),
+    (i) => `${source} line ${lineOf[Math.floor(i / (xs.n / n))]}: x`,
+  );
+  if (notLabel === undefined) {
+    const y = toLabels(ys.get(), (i) => `${source} line ${lineOf[i]}: y`);
+    return {
+      x,
+      y,
+      target: { kind: 'classes', classes: classesOf([y], classes, source) },
+    };
+  }
+  check(
+    classes === undefined,
+    () =>
+      `${source} line ${notLabel.line}: y is ${notLabel.y}, not a class label, but ${classes} classes were asked for; class labels must be integers >= 0 (or ask for no classes to train on regression targets).`,
+  );
+  const y = toFloat32(
+    ys.get(),
+    (i) => `${source} line ${lineOf[Math.floor(i / (ys.n / n))]}: y`,
+  );
+  return { x, y, target: { kind: 'values', shape: rows.yShape } };
+}
+
+/**
+ * The training and validation splits of a JSONL file's examples as their "split" fields mark
+ * them (x: `xPer` values per example, y: `yPer`), in line order. Throws {@link LayerwiseError}
+ * when every example is marked "val".
+ */
+function markedSplits(
+  source: string,
+  isVal: boolean[],
+  x: Float32Array,
+  y: Int32Array | Float32Array,
+  xPer: number,
+  yPer: number,
+  valFraction: number,
+): { train: TensorSplit; val: TensorSplit } {
+  const n = isVal.length;
+  const nVal = isVal.filter(Boolean).length;
+  check(
+    nVal < n,
+    () =>
+      `JSONL file ${source} has "split": "val" on all ${n} examples, leaving none for training; mark some "train", or leave out every "split" field to hold out a random ${valFraction} of the examples.`,
+  );
+  const pick = (want: boolean): TensorSplit => {
+    const m = want ? nVal : n - nVal;
+    const px = new Float32Array(m * xPer);
+    const py =
+      y instanceof Float32Array
+        ? new Float32Array(m * yPer)
+        : new Int32Array(m * yPer);
+    let k = 0;
+    for (let i = 0; i < n; i++) {
+      if (isVal[i] !== want) continue;
+      px.set(x.subarray(i * xPer, (i + 1) * xPer), k * xPer);
+      py.set(y.subarray(i * yPer, (i + 1) * yPer), k * yPer);
+      k++;
+    }
+    return { x: px, y: py };
+  };
+  return { train: pick(false), val: pick(true) };
+}
+
 /**
  * Build a tensor data set from the text of a JSON-lines file.
  * @param source the file name, used in error messages.
@@ -204,163 +446,20 @@ export function tensorDatasetFromJsonl(
   const valFraction = opts.valFraction ?? DEFAULT_VAL_FRACTION;
   checkValFraction(valFraction);
   if (opts.classes !== undefined) checkClassesOption(opts.classes);
-  const xs = new Values();
-  const ys = new Values();
-  const isVal: boolean[] = [];
-  const lineOf: number[] = [];
-  let anySplit = false;
-  let xShape: number[] | undefined;
-  let yShape: number[] | undefined;
-  let firstLine = 0;
-  /** First line whose y is not a class label (a scalar integer >= 0), for messages. */
-  let notLabel: { line: number; y: string } | undefined;
-  const lines = text.split('\n');
-  for (let li = 0; li < lines.length; li++) {
-    const line = lines[li];
-    if (line.trim() === '') continue;
-    const at = `${source} line ${li + 1}`;
-    let obj: unknown;
-    try {
-      obj = JSON.parse(line);
-    } catch (e) {
-      const bad = /(?<![\w"])(-?Infinity|NaN)(?![\w"])/.exec(line);
-      throw new LayerwiseError(
-        bad
-          ? `${at} contains ${bad[1]}, which is not a number in JSON (Python's json.dumps writes float nan/inf this way); remove or impute examples with NaN or infinite values.`
-          : `${at} is not valid JSON (${(e as Error).message}); write ${JSONL_FORMAT}.`,
-      );
-    }
-    check(
-      typeof obj === 'object' && obj !== null && !Array.isArray(obj),
-      () =>
-        `${at} is ${describeJson(obj)}, not a JSON object; write ${JSONL_FORMAT}.`,
-    );
-    const o = obj as Record<string, unknown>;
-    for (const key of ['x', 'y'] as const) {
-      check(
-        key in o,
-        () =>
-          `${at} has no "${key}" field (fields: ${
-            Object.keys(o)
-              .map((k) => JSON.stringify(k))
-              .join(', ') || 'none'
-          }); write ${JSONL_FORMAT}.`,
-      );
-    }
-    if ('split' in o) {
-      check(
-        o.split === 'train' || o.split === 'val',
-        () =>
-          `${at} has "split": ${JSON.stringify(o.split)}; use "train" or "val" (or leave the field out).`,
-      );
-      anySplit = true;
-    }
-    isVal.push(o.split === 'val');
-    lineOf.push(li + 1);
-    let xs1: number[];
-    let ys1: number[];
-    try {
-      xs1 = readTensor(o.x, 'x', xs);
-      ys1 = readTensor(o.y, 'y', ys);
-    } catch (e) {
-      throw new LayerwiseError(`${at}: ${(e as Error).message}.`);
-    }
-    if (xs1.length === 0) xs1 = [1]; // a single feature
-    if (xShape === undefined) {
-      xShape = xs1;
-      yShape = ys1;
-      firstLine = li + 1;
-    } else {
-      const first = firstLine;
-      check(
-        sameShape(xs1, xShape),
-        () =>
-          `${at}: x has shape ${shapeStr(xs1)} but line ${first}'s x has shape ${shapeStr(xShape!)}; every example's x must have the same shape.`,
-      );
-      const ys0 = yShape!;
-      check(
-        (ys1.length === 0) === (ys0.length === 0),
-        () =>
-          `${at}: y is ${ys1.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys1)}`} but line ${first}'s y is ${ys0.length === 0 ? 'a number' : `an array of shape ${shapeStr(ys0)}`}; mixed label kinds: every y must be a class label (an integer >= 0) or every y a regression target of one shape.`,
-      );
-      check(
-        sameShape(ys1, ys0),
-        () =>
-          `${at}: y has shape ${shapeStr(ys1)} but line ${first}'s y has shape ${shapeStr(ys0)}; every example's regression target must have the same shape.`,
-      );
-    }
-    if (notLabel === undefined) {
-      const v = ys.a[ys.n - 1];
-      if (ys1.length !== 0 || !Number.isInteger(v) || v < 0)
-        notLabel = { line: li + 1, y: JSON.stringify(o.y).slice(0, 40) };
-    }
-  }
-  check(
-    xShape !== undefined && yShape !== undefined,
-    () =>
-      `JSONL file ${source} has no examples (it is empty or only blank lines); write ${JSONL_FORMAT}.`,
-  );
-  const n = isVal.length;
-  const x = toFloat32(
-    xs.get(),
-    (i) => `${source} line ${lineOf[Math.floor(i / (xs.n / n))]}: x`,
-  );
-  let target: TensorTarget;
-  let y: Int32Array | Float32Array;
-  if (notLabel === undefined) {
-    y = toLabels(ys.get(), (i) => `${source} line ${lineOf[i]}: y`);
-    target = { kind: 'classes', classes: classesOf([y], opts.classes, source) };
-  } else {
-    const nl = notLabel;
-    check(
-      opts.classes === undefined,
-      () =>
-        `${source} line ${nl.line}: y is ${nl.y}, not a class label, but ${opts.classes} classes were asked for; class labels must be integers >= 0 (or ask for no classes to train on regression targets).`,
-    );
-    y = toFloat32(
-      ys.get(),
-      (i) => `${source} line ${lineOf[Math.floor(i / (ys.n / n))]}: y`,
-    );
-    target = { kind: 'values', shape: yShape };
-  }
+  const rows = readJsonlRows(source, text);
+  const { xShape } = rows;
+  const { x, y, target } = jsonlValues(source, rows, opts.classes);
   const xPer = xShape.reduce((a, b) => a * b, 1);
   const yPer = yValuesPer(target);
-  let train: TensorSplit;
-  let val: TensorSplit;
-  if (anySplit) {
-    const nVal = isVal.filter(Boolean).length;
-    check(
-      nVal < n,
-      () =>
-        `JSONL file ${source} has "split": "val" on all ${n} examples, leaving none for training; mark some "train", or leave out every "split" field to hold out a random ${valFraction} of the examples.`,
-    );
-    const pick = (want: boolean): TensorSplit => {
-      const m = want ? nVal : n - nVal;
-      const px = new Float32Array(m * xPer);
-      const py =
-        y instanceof Float32Array
-          ? new Float32Array(m * yPer)
-          : new Int32Array(m * yPer);
-      let k = 0;
-      for (let i = 0; i < n; i++) {
-        if (isVal[i] !== want) continue;
-        px.set(x.subarray(i * xPer, (i + 1) * xPer), k * xPer);
-        py.set(y.subarray(i * yPer, (i + 1) * yPer), k * yPer);
-        k++;
-      }
-      return { x: px, y: py };
-    };
-    train = pick(false);
-    val = pick(true);
-  } else {
-    ({ train, val } = splitExamples<Int32Array | Float32Array>(
-      { x, y },
-      xPer,
-      valFraction,
-      opts.splitSeed ?? 0,
-      yPer,
-    ));
-  }
+  const { train, val } = rows.anySplit
+    ? markedSplits(source, rows.isVal, x, y, xPer, yPer, valFraction)
+    : splitExamples<Int32Array | Float32Array>(
+        { x, y },
+        xPer,
+        valFraction,
+        opts.splitSeed ?? 0,
+        yPer,
+      );
   return {
     kind: 'tensor',
     name: opts.name ?? basename(source),
