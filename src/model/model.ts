@@ -98,107 +98,124 @@ export async function loadModel(
 }
 
 /**
+ * A module model (model/module.ts) from the blocks this thread loaded for it, with the loss
+ * its config names. Throws {@link LayerwiseError} when {@link loadModel} has not loaded it.
+ */
+function buildModuleModel(config: ModuleConfig): Model {
+  const m = modules.get(config.path);
+  if (!m)
+    throw new LayerwiseError(
+      `model module ${config.path} is not loaded in this thread; build it with loadModel()`,
+    );
+  return {
+    config,
+    blocks: m.blocks,
+    inputDtype: config.inputDtype,
+    inputShape: (n) => [n, ...config.inputShape],
+    loss: lossFunction(config.loss),
+    ...(isClassification(config.loss) ? { metrics: classification } : {}),
+  };
+}
+
+/**
+ * The character-level Transformer: an embedding, `layers` decoder blocks and the LM head, on
+ * int32 token ids [n, context]. Throws {@link LayerwiseError} for a size that is not a positive
+ * integer or a d_model not divisible by the number of heads.
+ */
+function buildCharLm(config: CharLmConfig): Model {
+  const { layers, dModel, heads, context, vocab } = config;
+  for (const [k, v] of Object.entries({
+    layers,
+    dModel,
+    heads,
+    context,
+    vocab,
+  })) {
+    check(
+      Number.isInteger(v) && v > 0,
+      `model ${k} must be a positive integer, got ${v}`,
+    );
+  }
+  check(
+    dModel % heads === 0,
+    `--d-model ${dModel} must be divisible by --heads ${heads}`,
+  );
+  const blocks: Block[] = [embedding('embed', vocab, context, dModel)];
+  for (let i = 0; i < layers; i++)
+    blocks.push(decoderBlock(`decoder${i}`, dModel, heads, layers));
+  blocks.push(lmHead('head', dModel, vocab));
+  return {
+    config,
+    blocks,
+    inputDtype: 'int32',
+    inputShape: (n) => [n, context],
+    loss: softmaxCrossEntropy,
+    metrics: classification,
+  };
+}
+
+/** The MLP classifier: dense blocks (ReLU but the last) over the flattened image [n, H, W, C]. */
+function buildMlp(config: MlpConfig): Model {
+  const sizes = [features(config.inputShape), ...config.hidden, config.classes];
+  const blocks = sizes
+    .slice(1)
+    .map((out, i) =>
+      denseBlock(`dense${i}`, sizes[i], out, i < sizes.length - 2),
+    );
+  return {
+    config,
+    blocks,
+    inputDtype: 'float32',
+    inputShape: (n) => [n, ...config.inputShape],
+    loss: softmaxCrossEntropy,
+    metrics: classification,
+  };
+}
+
+/** The CNN classifier: a conv block and a pooling block per channel count, a hidden dense block and the classifier, on images [n, H, W, C]. */
+function buildCnn(config: CnnConfig): Model {
+  const [h, w, c] = config.inputShape;
+  const blocks: Block[] = [];
+  let shape = [1, h, w, c];
+  let cin = c;
+  config.channels.forEach((cout, i) => {
+    for (const b of [
+      convBlock(`conv${i}`, cin, cout),
+      maxPoolBlock(`pool${i}`),
+    ]) {
+      blocks.push(b);
+      shape = b.outputShape(shape);
+    }
+    cin = cout;
+  });
+  const flat = features(shape.slice(1));
+  blocks.push(denseBlock('dense0', flat, config.hidden, true));
+  blocks.push(denseBlock('classifier', config.hidden, config.classes, false));
+  return {
+    config,
+    blocks,
+    inputDtype: 'float32',
+    inputShape: (n) => [n, ...config.inputShape],
+    loss: softmaxCrossEntropy,
+    metrics: classification,
+  };
+}
+
+/**
  * Builds the blocks of a model. Throws {@link LayerwiseError} when the shape makes no sense
  * (for example d_model not divisible by the number of heads), and for a module model this
  * thread has not loaded with {@link loadModel}.
  */
 export function buildModel(config: ModelConfig): Model {
   switch (config.arch) {
-    case 'module': {
-      const m = modules.get(config.path);
-      if (!m)
-        throw new LayerwiseError(
-          `model module ${config.path} is not loaded in this thread; build it with loadModel()`,
-        );
-      return {
-        config,
-        blocks: m.blocks,
-        inputDtype: config.inputDtype,
-        inputShape: (n) => [n, ...config.inputShape],
-        loss: lossFunction(config.loss),
-        ...(isClassification(config.loss) ? { metrics: classification } : {}),
-      };
-    }
-    case 'charlm': {
-      const { layers, dModel, heads, context, vocab } = config;
-      for (const [k, v] of Object.entries({
-        layers,
-        dModel,
-        heads,
-        context,
-        vocab,
-      })) {
-        check(
-          Number.isInteger(v) && v > 0,
-          `model ${k} must be a positive integer, got ${v}`,
-        );
-      }
-      check(
-        dModel % heads === 0,
-        `--d-model ${dModel} must be divisible by --heads ${heads}`,
-      );
-      const blocks: Block[] = [embedding('embed', vocab, context, dModel)];
-      for (let i = 0; i < layers; i++)
-        blocks.push(decoderBlock(`decoder${i}`, dModel, heads, layers));
-      blocks.push(lmHead('head', dModel, vocab));
-      return {
-        config,
-        blocks,
-        inputDtype: 'int32',
-        inputShape: (n) => [n, context],
-        loss: softmaxCrossEntropy,
-        metrics: classification,
-      };
-    }
-    case 'mlp': {
-      const sizes = [
-        features(config.inputShape),
-        ...config.hidden,
-        config.classes,
-      ];
-      const blocks = sizes
-        .slice(1)
-        .map((out, i) =>
-          denseBlock(`dense${i}`, sizes[i], out, i < sizes.length - 2),
-        );
-      return {
-        config,
-        blocks,
-        inputDtype: 'float32',
-        inputShape: (n) => [n, ...config.inputShape],
-        loss: softmaxCrossEntropy,
-        metrics: classification,
-      };
-    }
-    case 'cnn': {
-      const [h, w, c] = config.inputShape;
-      const blocks: Block[] = [];
-      let shape = [1, h, w, c];
-      let cin = c;
-      config.channels.forEach((cout, i) => {
-        for (const b of [
-          convBlock(`conv${i}`, cin, cout),
-          maxPoolBlock(`pool${i}`),
-        ]) {
-          blocks.push(b);
-          shape = b.outputShape(shape);
-        }
-        cin = cout;
-      });
-      const flat = features(shape.slice(1));
-      blocks.push(denseBlock('dense0', flat, config.hidden, true));
-      blocks.push(
-        denseBlock('classifier', config.hidden, config.classes, false),
-      );
-      return {
-        config,
-        blocks,
-        inputDtype: 'float32',
-        inputShape: (n) => [n, ...config.inputShape],
-        loss: softmaxCrossEntropy,
-        metrics: classification,
-      };
-    }
+    case 'module':
+      return buildModuleModel(config);
+    case 'charlm':
+      return buildCharLm(config);
+    case 'mlp':
+      return buildMlp(config);
+    case 'cnn':
+      return buildCnn(config);
     default:
       throw new LayerwiseError(
         `unknown model architecture ${(config as { arch: string }).arch}`,
