@@ -40,7 +40,7 @@ import {
 import { join, relative, resolve } from 'node:path';
 import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
-import { loadModel, type ModelConfig } from '../model/model.js';
+import { loadModel, type Model, type ModelConfig } from '../model/model.js';
 import type { LossScaleState } from '../optim/loss-scale.js';
 import type { OptimizerState } from '../optim/optimizer.js';
 import { LayerwiseError } from '../util/errors.js';
@@ -620,12 +620,32 @@ function slice(
   return all.slice(e.offset, e.offset + e.length);
 }
 
-/**
- * Loads and validates a checkpoint folder. Throws {@link LayerwiseError} when the folder or a
- * file is missing, meta.json is malformed or of another format/version, a file's size or hash
- * differs, or the parameters do not match the model the checkpoint's config describes.
- */
-export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
+/** A checkpoint's meta.json as parsed, before it is checked. */
+interface MetaJson {
+  format?: string;
+  version?: number;
+  step?: number;
+  config?: Record<string, unknown>;
+  model?: ModelConfig;
+  vocab?: unknown;
+  data?: unknown;
+  stats?: CheckpointMeta['stats'];
+  params?: ArrayEntry[];
+  optimizer?: { step: number; slots: ArrayEntry[] };
+  files?: Record<string, FileInfo>;
+}
+
+/** meta.json of this format and version, with every field a checkpoint needs. */
+type CheckedMeta = MetaJson &
+  Required<
+    Pick<
+      MetaJson,
+      'step' | 'config' | 'model' | 'params' | 'optimizer' | 'files'
+    >
+  >;
+
+/** Checks that checkpoint folder `dir` exists and is a folder (throws {@link LayerwiseError}). */
+async function checkFolder(dir: string): Promise<void> {
   try {
     if (!(await stat(dir)).isDirectory()) bad(dir, 'it is not a folder');
   } catch (e) {
@@ -634,25 +654,21 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
       `checkpoint folder ${dir} does not exist; give the --out folder of an earlier 'layerwise train' run`,
     );
   }
+}
+
+/**
+ * The meta.json of checkpoint folder `dir`. Throws {@link LayerwiseError} when it is missing,
+ * not JSON, of another format or version, or lacks step, config, model, params, optimizer or
+ * files.
+ */
+async function readMeta(dir: string): Promise<CheckedMeta> {
   let text: string;
   try {
     text = await readFile(join(dir, 'meta.json'), 'utf8');
   } catch {
     bad(dir, 'meta.json is missing');
   }
-  let meta: {
-    format?: string;
-    version?: number;
-    step?: number;
-    config?: Record<string, unknown>;
-    model?: ModelConfig;
-    vocab?: unknown;
-    data?: unknown;
-    stats?: CheckpointMeta['stats'];
-    params?: ArrayEntry[];
-    optimizer?: { step: number; slots: ArrayEntry[] };
-    files?: Record<string, FileInfo>;
-  };
+  let meta: MetaJson;
   try {
     meta = JSON.parse(text);
   } catch {
@@ -675,10 +691,22 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
   ) {
     bad(dir, 'meta.json lacks step, config, model, params, optimizer or files');
   }
-  const model = await loadModel(meta.model);
-  const pAll = await readBin(dir, 'params.bin', meta.files['params.bin']);
-  const oAll = await readBin(dir, 'optimizer.bin', meta.files['optimizer.bin']);
-  const byKey = new Map(meta.params.map((e) => [e.key, e]));
+  return meta as CheckedMeta;
+}
+
+/**
+ * The parameters of a checkpoint (`entries`: meta.json's index into params.bin's values
+ * `pAll`), by key: every parameter of the model's blocks, then the auxiliary heads' (local
+ * parallelism). Throws {@link LayerwiseError} for a parameter of the model that is missing or of
+ * another shape, one of no block, or an entry outside the file.
+ */
+function readParams(
+  dir: string,
+  model: Model,
+  entries: ArrayEntry[],
+  pAll: Float32Array,
+): HostParams {
+  const byKey = new Map(entries.map((e) => [e.key, e]));
   const params: HostParams = new Map();
   model.blocks.forEach((b, bi) =>
     b.params.forEach((spec) => {
@@ -703,8 +731,22 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
       bad(dir, `parameter ${key} belongs to no block of the model`);
     params.set(key, slice(dir, pAll, e, 'params.bin')); // an auxiliary head (local parallelism)
   }
+  return params;
+}
+
+/**
+ * The optimizer slots of a checkpoint (`entries`: meta.json's index into optimizer.bin's values
+ * `oAll`), by parameter key and slot name. Throws {@link LayerwiseError} for a slot of an
+ * unknown parameter, one of another length than its parameter, or an entry outside the file.
+ */
+function readSlots(
+  dir: string,
+  entries: ArrayEntry[],
+  params: HostParams,
+  oAll: Float32Array,
+): OptimizerState['slots'] {
   const slots: OptimizerState['slots'] = {};
-  for (const e of meta.optimizer.slots) {
+  for (const e of entries) {
     const p = params.get(e.key);
     if (!p || !e.slot)
       bad(dir, `optimizer state for unknown parameter ${e.key}`);
@@ -715,10 +757,26 @@ export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
       );
     (slots[e.key] ??= {})[e.slot] = slice(dir, oAll, e, 'optimizer.bin');
   }
+  return slots;
+}
+
+/**
+ * Loads and validates a checkpoint folder. Throws {@link LayerwiseError} when the folder or a
+ * file is missing, meta.json is malformed or of another format/version, a file's size or hash
+ * differs, or the parameters do not match the model the checkpoint's config describes.
+ */
+export async function loadCheckpoint(dir: string): Promise<Checkpoint> {
+  await checkFolder(dir);
+  const meta = await readMeta(dir);
+  const model = await loadModel(meta.model);
+  const pAll = await readBin(dir, 'params.bin', meta.files['params.bin']);
+  const oAll = await readBin(dir, 'optimizer.bin', meta.files['optimizer.bin']);
+  const params = readParams(dir, model, meta.params, pAll);
+  const slots = readSlots(dir, meta.optimizer.slots, params, oAll);
   return {
-    step: meta.step!,
-    config: meta.config!,
-    model: meta.model!,
+    step: meta.step,
+    config: meta.config,
+    model: meta.model,
     vocab: meta.vocab,
     data: meta.data,
     stats: meta.stats ?? { wallS: 0 },
