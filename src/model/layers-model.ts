@@ -273,20 +273,11 @@ function inboundOf(l: Layer): string[] {
 }
 
 /**
- * The blocks of a Layers model. Each block's parameters are its layers' trainable weights, named
- * by the weight (`kernel`, `bias`) in a one-layer block and `<layer position>/<weight>` in a
- * group, with the model's own initial values. Blocks are named after their layers.
- * Input: the model's single input, [B, ...inputShape]; output of the last block: the model's
- * single output.
- * @throws LayerwiseError for a model with several inputs or outputs, a shared layer, a layer
- *   with non-trainable weights (BatchNormalization's moving statistics, `trainable: false`),
- *   groups that do not cover the layers in order, or a connection that crosses a block boundary
- *   (naming both layers and the group that would contain it).
+ * The layers of a Layers model but its input layer, after checking that the model has one input
+ * and one output, some layer, and no layer with non-trainable weights (throws
+ * {@link LayerwiseError}).
  */
-export function blocksFromLayersModel(
-  model: tfl.LayersModel,
-  opts: LayersModelOptions = {},
-): Block[] {
+function trainableLayers(model: tfl.LayersModel): Layer[] {
   check(
     model.inputs.length === 1 && model.outputs.length === 1,
     () =>
@@ -297,7 +288,6 @@ export function blocksFromLayersModel(
     layers.length > 0,
     () => `model "${model.name}" has no layers besides its input`,
   );
-  const byName = new Map(layers.map((l) => [l.name, l]));
   for (const l of layers) {
     const fixed = l.nonTrainableWeights;
     check(
@@ -306,11 +296,24 @@ export function blocksFromLayersModel(
         `layer "${l.name}" (${l.getClassName()}) has non-trainable weights (${fixed.map(shortName).join(', ')}); layerwise trains every weight: remove the layer or make it trainable (BatchNormalization's moving statistics are not supported yet)`,
     );
   }
-  const order = layers.map((l) => l.name);
+  return layers;
+}
+
+/**
+ * The layer names of each block: `groups` (names, or layer counts) or one layer per block,
+ * checked to name the model's layers (`order`, `byName`) once each, in model order, no group
+ * empty (throws {@link LayerwiseError}).
+ */
+function blockGroups(
+  model: tfl.LayersModel,
+  groups0: string[][] | number[] | undefined,
+  order: string[],
+  byName: Map<string, Layer>,
+): string[][] {
   const groups =
-    opts.groups === undefined
-      ? layers.map((l) => [l.name])
-      : groupsByName(opts.groups, order);
+    groups0 === undefined
+      ? order.map((n) => [n])
+      : groupsByName(groups0, order);
   const flat = groups.flat();
   for (const n of flat)
     check(
@@ -325,11 +328,23 @@ export function blocksFromLayersModel(
     () =>
       `block groups must list every layer once, in model order, no group empty: ${order.join(', ')}; got ${JSON.stringify(groups)}`,
   );
+  return groups;
+}
+
+/**
+ * The layer each block ends in, after checking that each block reads exactly one tensor from
+ * outside, the previous block's output (or the model input), and ends in one layer. Throws
+ * {@link LayerwiseError} naming a connection that crosses a block boundary and the group that
+ * would contain it, or a block with several outputs.
+ */
+function blockOutputs(
+  groups: string[][],
+  order: string[],
+  byName: Map<string, Layer>,
+): string[] {
   const blockOf = new Map<string, number>();
   groups.forEach((g, b) => g.forEach((n) => blockOf.set(n, b)));
   blockOf.set(INPUT, -1);
-
-  // each block reads exactly one tensor from outside: the previous block's output (or the input)
   const outputs: string[] = [];
   groups.forEach((g, b) => {
     const members = new Set(g);
@@ -362,6 +377,30 @@ export function blocksFromLayersModel(
     );
     outputs.push(outs[0]!);
   });
+  return outputs;
+}
+
+/**
+ * The blocks of a Layers model. Each block's parameters are its layers' trainable weights, named
+ * by the weight (`kernel`, `bias`) in a one-layer block and `<layer position>/<weight>` in a
+ * group, with the model's own initial values. Blocks are named after their layers.
+ * Input: the model's single input, [B, ...inputShape]; output of the last block: the model's
+ * single output.
+ * @throws LayerwiseError for a model with several inputs or outputs, a shared layer, a layer
+ *   with non-trainable weights (BatchNormalization's moving statistics, `trainable: false`),
+ *   groups that do not cover the layers in order, or a connection that crosses a block boundary
+ *   (naming both layers and the group that would contain it).
+ */
+export function blocksFromLayersModel(
+  model: tfl.LayersModel,
+  opts: LayersModelOptions = {},
+): Block[] {
+  const layers = trainableLayers(model);
+  const byName = new Map(layers.map((l) => [l.name, l]));
+  const order = layers.map((l) => l.name);
+  const groups = blockGroups(model, opts.groups, order, byName);
+  // each block reads exactly one tensor from outside: the previous block's output (or the input)
+  const outputs = blockOutputs(groups, order, byName);
   const modelOut = model.outputs[0]!.sourceLayer.name;
   check(
     outputs[outputs.length - 1] === modelOut,
