@@ -435,15 +435,23 @@ function groupsByName(
   return counts.map((c) => order.slice(at, (at += c)));
 }
 
-function makeBlock(
+/** Where a block's layers read their weights: the strategy's tensors for the forward running now, else null. */
+interface WeightSlot {
+  current: BlockParams | null;
+}
+
+/**
+ * The parameter specs of a block's layers' trainable weights (by position in the block, with
+ * the weight's initial values when `copyInitial`, else zeros), each weight disposed and made to
+ * read its tensor from `slot`. Throws {@link LayerwiseError} for two weights of a layer with one
+ * name or a weight of undefined shape.
+ */
+function bindWeights(
   layers: Layer[],
-  output: string,
   copyInitial: boolean,
-  layerIndex: (name: string) => number,
-): Block {
+  slot: WeightSlot,
+): ParamSpec[] {
   const params: ParamSpec[] = [];
-  // the strategy's tensors for this call; the layers' weights read from here
-  let current: BlockParams | null = null;
   layers.forEach((l, li) => {
     for (const w of l.trainableWeights) {
       // by position in the block: auto-generated layer names (dense_Dense3) depend on how many
@@ -469,39 +477,127 @@ function makeBlock(
       });
       w.dispose();
       (w as { read: () => tf.Tensor }).read = () => {
-        const t = current?.[name];
+        const t = slot.current?.[name];
         if (!t)
           throw new Error(`weight ${name} read outside its block's forward`);
         return t;
       };
     }
   });
-  const names = layers.map((l) => l.name);
-  const run = (x: tf.Tensor | tfl.SymbolicTensor): Map<string, unknown> => {
-    const out = new Map<string, unknown>([[INPUT, x]]);
-    for (const l of layers) {
-      const ins = inboundOf(l).map((s) =>
-        out.get(names.includes(s) ? s : INPUT),
-      );
-      const noise = currentNoise();
-      const draw = noise && NOISE_LAYERS[l.getClassName()];
-      out.set(
-        l.name,
-        draw
-          ? draw(l, ins[0] as tf.Tensor, noise, layerIndex(l.name))
-          : l.apply(
-              ins.length === 1 ? (ins[0] as tf.Tensor) : (ins as tf.Tensor[]),
-            ),
-      );
-    }
-    return out;
-  };
-  const notes = layers
+  return params;
+}
+
+/**
+ * Applies a block's layers (`names`: theirs) in order to `x`: every layer's output by name, the
+ * input under {@link INPUT}. A noise layer draws per example while a training noise context is
+ * set (`layerIndex`: the layer's position in the model, its stream).
+ */
+function applyLayers(
+  layers: Layer[],
+  names: string[],
+  x: tf.Tensor | tfl.SymbolicTensor,
+  layerIndex: (name: string) => number,
+): Map<string, unknown> {
+  const out = new Map<string, unknown>([[INPUT, x]]);
+  for (const l of layers) {
+    const ins = inboundOf(l).map((s) => out.get(names.includes(s) ? s : INPUT));
+    const noise = currentNoise();
+    const draw = noise && NOISE_LAYERS[l.getClassName()];
+    out.set(
+      l.name,
+      draw
+        ? draw(l, ins[0] as tf.Tensor, noise, layerIndex(l.name))
+        : l.apply(
+            ins.length === 1 ? (ins[0] as tf.Tensor) : (ins as tf.Tensor[]),
+          ),
+    );
+  }
+  return out;
+}
+
+/** The block's notes: each layer of it that runs in inference mode ({@link INFERENCE_ONLY}). */
+function inferenceOnlyNotes(layers: Layer[]): string[] {
+  return layers
     .filter((l) => INFERENCE_ONLY.includes(l.getClassName()))
     .map(
       (l) =>
         `layer "${l.name}" (${l.getClassName()}) runs in inference mode, without noise: layerwise draws the noise of ${Object.keys(NOISE_LAYERS).join(', ')} per example from --seed, the same under every strategy, but not this layer's`,
     );
+}
+
+/**
+ * The shape of layer `output`'s output for a block input of `inputShape`: the batch size where
+ * a layer leaves it open, NaN for another open size.
+ */
+function blockOutputShape(
+  layers: Layer[],
+  names: string[],
+  output: string,
+  inputShape: number[],
+): number[] {
+  const shapes = new Map<string, Shape>([[INPUT, inputShape]]);
+  for (const l of layers) {
+    const ins = inboundOf(l).map(
+      (s) => shapes.get(names.includes(s) ? s : INPUT)!,
+    );
+    const s = l.computeOutputShape(ins.length === 1 ? ins[0]! : ins) as Shape;
+    shapes.set(l.name, s);
+  }
+  return shapes
+    .get(output)!
+    .map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : NaN) : d));
+}
+
+/**
+ * Floating-point operations of a block's forward on an input of `inputShape`: 2 * (kernel
+ * elements) * (output positions) per weight of rank >= 2 (dense, conv, embedding-free
+ * matrices), plus one per output element: exact for dense and convolution layers.
+ */
+function blockFlops(
+  layers: Layer[],
+  names: string[],
+  inputShape: number[],
+): number {
+  let total = 0;
+  const shapes = new Map<string, number[]>([[INPUT, inputShape]]);
+  for (const l of layers) {
+    const ins = inboundOf(l).map(
+      (s) => shapes.get(names.includes(s) ? s : INPUT)!,
+    );
+    const out = (
+      l.computeOutputShape(ins.length === 1 ? ins[0]! : ins) as Shape
+    ).map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : 1) : d));
+    shapes.set(l.name, out);
+    const outSize = sizeOf(out);
+    total += outSize;
+    if (l.getClassName() === 'Embedding') continue; // a lookup, no products
+    for (const w of l.trainableWeights) {
+      if (w.shape.length >= 2)
+        total +=
+          2 *
+          sizeOf(w.shape as number[]) *
+          (outSize / (out[out.length - 1] || 1));
+    }
+  }
+  return total;
+}
+
+/**
+ * The block of `layers` (in model order) that ends in layer `output`: its parameters are the
+ * layers' trainable weights ({@link bindWeights}), its forward runs the layers' own calls on
+ * the strategy's tensors. Throws {@link LayerwiseError} as {@link bindWeights}.
+ */
+function makeBlock(
+  layers: Layer[],
+  output: string,
+  copyInitial: boolean,
+  layerIndex: (name: string) => number,
+): Block {
+  // the strategy's tensors for this call; the layers' weights read from here
+  const slot: WeightSlot = { current: null };
+  const params = bindWeights(layers, copyInitial, slot);
+  const names = layers.map((l) => l.name);
+  const notes = inferenceOnlyNotes(layers);
   return {
     ...(notes.length ? { notes } : {}),
     name:
@@ -510,53 +606,20 @@ function makeBlock(
         : `${names[0]}..${names[names.length - 1]}`,
     params,
     outputShape(inputShape) {
-      const shapes = new Map<string, Shape>([[INPUT, inputShape]]);
-      for (const l of layers) {
-        const ins = inboundOf(l).map(
-          (s) => shapes.get(names.includes(s) ? s : INPUT)!,
-        );
-        const s = l.computeOutputShape(
-          ins.length === 1 ? ins[0]! : ins,
-        ) as Shape;
-        shapes.set(l.name, s);
-      }
-      return shapes
-        .get(output)!
-        .map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : NaN) : d));
+      return blockOutputShape(layers, names, output, inputShape);
     },
     forward(p, x) {
-      current = p;
+      slot.current = p;
       try {
-        return run(x).get(output) as tf.Tensor;
+        return applyLayers(layers, names, x, layerIndex).get(
+          output,
+        ) as tf.Tensor;
       } finally {
-        current = null;
+        slot.current = null;
       }
     },
     flops(inputShape) {
-      // 2 * (kernel elements) * (output positions) per weight of rank >= 2 (dense, conv, embedding-free
-      // matrices), plus one per output element: exact for dense and convolution layers
-      let total = 0;
-      const shapes = new Map<string, number[]>([[INPUT, inputShape]]);
-      for (const l of layers) {
-        const ins = inboundOf(l).map(
-          (s) => shapes.get(names.includes(s) ? s : INPUT)!,
-        );
-        const out = (
-          l.computeOutputShape(ins.length === 1 ? ins[0]! : ins) as Shape
-        ).map((d, i) => (d === null ? (i === 0 ? inputShape[0]! : 1) : d));
-        shapes.set(l.name, out);
-        const outSize = sizeOf(out);
-        total += outSize;
-        if (l.getClassName() === 'Embedding') continue; // a lookup, no products
-        for (const w of l.trainableWeights) {
-          if (w.shape.length >= 2)
-            total +=
-              2 *
-              sizeOf(w.shape as number[]) *
-              (outSize / (out[out.length - 1] || 1));
-        }
-      }
-      return total;
+      return blockFlops(layers, names, inputShape);
     },
   };
 }
