@@ -21,6 +21,7 @@ import { paramKey } from '../src/model/block.js';
 import type { LayerDropSchedule } from '../src/model/layer-drop.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { WebGpuBufferLimits } from '../src/plan/webgpu-limits.js';
+import { specOf } from '../src/strategies/index.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
 import { generateText } from '../src/train/sample.js';
 import { serveAsDevice } from './device.js';
@@ -322,6 +323,15 @@ function advancedFromUrl() {
   };
 }
 
+/**
+ * Whether the page runs a strategy on one device: the ones that only run there (single) and
+ * those that also do (l2l's relay alone); the stages field speaks for the pipelines.
+ */
+function onOneDevice(strategy: string): boolean {
+  const spec = specOf(strategy);
+  return spec.oneDevice || spec.anyStages === true;
+}
+
 /** The run the form (or the URL) describes. */
 function formOptions() {
   const num = (id: string) => Number($<HTMLInputElement>(id).value);
@@ -329,8 +339,7 @@ function formOptions() {
   return {
     preset: presetSel.value,
     strategy,
-    // single and l2l run on one device: the stages field speaks for gpipe and local
-    stages: strategy === 'single' || strategy === 'l2l' ? 1 : num('stages'),
+    stages: onOneDevice(strategy) ? 1 : num('stages'),
     microBatches: num('microBatches'),
     steps: num('steps'),
     backend: $<HTMLSelectElement>('backend').value as 'wasm' | 'webgpu',

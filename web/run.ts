@@ -31,6 +31,7 @@ import {
 import {
   createStrategy,
   resolveStages,
+  specOf,
   validateStrategy,
 } from '../src/strategies/index.js';
 import type { StepReport, Strategy } from '../src/strategies/strategy.js';
@@ -149,9 +150,7 @@ async function pageModel(
   if (cfg.backend === 'webgpu' && opts.webgpuLimits)
     checkWebGpuLimits(
       model,
-      cfg.strategy === 'single'
-        ? cfg.batchSize
-        : Math.ceil(cfg.batchSize / cfg.microBatches),
+      specOf(cfg.strategy).memory.microBatch(cfg), // the examples a device's step holds
       opts.webgpuLimits,
     );
   return { ds, model };
