@@ -51,151 +51,204 @@ export type LinkResolver = (
   side: LinkSide,
 ) => Channel | Promise<Channel>;
 
+/** An activation or gradient between stages: float32/int32, or (bf16 runs) its bf16 values. */
+interface TensorMessage extends Message {
+  mb: number;
+  tensor?: HostTensor;
+  bf16?: { shape: number[]; data: Uint16Array };
+}
+
 /**
- * Serves the coordinator's requests on `main` until the channel fails (the coordinator is gone)
- * and resolves then; `resolve` makes the neighbour links of `init`.
+ * Sends t (disposed) to a neighbour stage. In a bf16 run a float32 tensor crosses as bf16 (2
+ * bytes per element): block boundaries are already bf16 values (roundActivation), so nothing
+ * is lost. Counted as device-to-host bytes of this stage (it leaves the device).
  */
-export async function serveStage(
-  main: Channel,
-  resolve: LinkResolver,
+async function sendTensor(
+  ch: Channel | null,
+  type: string,
+  mb: number,
+  t: tf.Tensor,
 ): Promise<void> {
-  /** The programs of this device's stages, by stage index (ascending). */
-  let programs = new Map<number, StageProgram>();
-  /** Each program's blocks, for routing optimizer state. */
-  let rangeOf = new Map<number, StageInit['range']>();
-  /** This device's index, and the device of each stage (empty: stage s on device s). */
-  let device = 0;
-  let placement: number[] = [];
-  /** Devices in the pipeline (without a placement: unbounded, so no ring link). */
-  let devices = Number.POSITIVE_INFINITY;
-  let prev: Channel | null = null;
-  let next: Channel | null = null;
-  /** Data parallelism: this device's replica, and its ring links to the other replicas. */
-  let replica = { index: 0, count: 1 };
-  let replicaPrev: Channel | null = null;
-  let replicaNext: Channel | null = null;
-
-  const deviceOf = (stage: number) => placement[stage] ?? stage;
-  /** The link to the device of `stage` (a neighbour's), or null where the pipeline ends. */
-  function channelTo(stage: number): Channel | null {
-    return linkSide(device, deviceOf(stage), devices) === 'next' ? next : prev;
+  if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
+  if (t.dtype === 'float32' && holdsBf16()) {
+    const shape = t.shape.slice();
+    let data: Uint16Array;
+    try {
+      const v = (await t.data()) as Float32Array;
+      data = new Uint16Array(v.length);
+      roundToBf16(v, data);
+    } finally {
+      t.dispose();
+    }
+    countTransfer('d2h', data.byteLength);
+    ch.send({ type, mb, bf16: { shape, data } }, [data.buffer as ArrayBuffer]);
+    return;
   }
-  /** Where stage `to` is on no device (before the first or past the last stage): no link. */
-  const exists = (to: number) =>
-    to >= 0 && (placement.length === 0 || to < placement.length);
+  const w = await toWire(t);
+  countTransfer('d2h', w.data.byteLength);
+  ch.send({ type, mb, tensor: w }, transferables([w]));
+}
 
-  /** An activation or gradient between stages: float32/int32, or (bf16 runs) its bf16 values. */
-  interface TensorMessage extends Message {
-    mb: number;
-    tensor?: HostTensor;
-    bf16?: { shape: number[]; data: Uint16Array };
+/** A received activation or gradient as a device tensor; counted as host-to-device bytes. */
+function tensorOf(m: TensorMessage): tf.Tensor {
+  if (m.bf16) {
+    countTransfer('h2d', m.bf16.data.byteLength);
+    const f32 = new Float32Array(m.bf16.data.length);
+    widenBf16(m.bf16.data, f32);
+    return fromWire({ shape: m.bf16.shape, dtype: 'float32', data: f32 });
+  }
+  countTransfer('h2d', m.tensor!.data.byteLength);
+  return fromWire(m.tensor!);
+}
+
+/** The next message `type` (an activation or gradient) from neighbour `ch`, as a device tensor with its micro-batch. */
+async function recvTensor(
+  ch: Channel | null,
+  type: string,
+): Promise<{ mb: number; t: tf.Tensor }> {
+  if (!ch) throw new Error(`stage has no neighbour to receive ${type} from`);
+  const m = await ch.recv<TensorMessage>(type);
+  return { mb: m.mb, t: tensorOf(m) };
+}
+
+/** Each request of the coordinator ({@link StageApi}): its handler, from its arguments to its result. */
+type Handlers = {
+  [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]>;
+};
+
+/** A request of the coordinator's. */
+interface Request extends Message {
+  id: number;
+  method: keyof StageApi;
+  args: unknown;
+}
+
+/**
+ * A device as the coordinator's requests see it: its stages' programs, its place in the
+ * pipeline, its links to the neighbour devices and to its replicas, and the handler of each
+ * request. Everything but the coordinator's channel is set by init.
+ */
+class StageHost {
+  /** The programs of this device's stages, by stage index (ascending). */
+  programs = new Map<number, StageProgram>();
+  /** Each program's blocks, for routing optimizer state. */
+  private rangeOf = new Map<number, StageInit['range']>();
+  /** This device's index, and the device of each stage (empty: stage s on device s). */
+  private device = 0;
+  private placement: number[] = [];
+  /** Devices in the pipeline (without a placement: unbounded, so no ring link). */
+  private devices = Number.POSITIVE_INFINITY;
+  private prev: Channel | null = null;
+  private next: Channel | null = null;
+  /** Data parallelism: this device's replica, and its ring links to the other replicas. */
+  private replica = { index: 0, count: 1 };
+  private replicaPrev: Channel | null = null;
+  private replicaNext: Channel | null = null;
+  /** What the executor sends and receives through. */
+  private readonly links: StageLinks;
+  readonly handlers: Handlers;
+  private readonly main: Channel;
+  private readonly resolve: LinkResolver;
+
+  /** A device with no stages yet; `main` is the coordinator's channel, `resolve` makes init's links. */
+  constructor(main: Channel, resolve: LinkResolver) {
+    this.main = main;
+    this.resolve = resolve;
+    this.links = this.stageLinks();
+    this.handlers = {
+      init: (a) => this.init(a),
+      step: (a) => this.step(a),
+      getParams: () => this.getParams(),
+      getOptimizerState: () => this.getOptimizerState(),
+      setOptimizerState: (st) => this.setOptimizerState(st),
+      dispose: async () => {
+        this.disposeAll();
+        return null;
+      },
+      shutdown: async () => {
+        this.disposeAll();
+        await releaseBackend();
+        return null;
+      },
+    };
+  }
+
+  /** The link to the device of `stage` (a neighbour's), or null where the pipeline ends. */
+  private channelTo(stage: number): Channel | null {
+    const to = this.placement[stage] ?? stage;
+    return linkSide(this.device, to, this.devices) === 'next'
+      ? this.next
+      : this.prev;
+  }
+
+  /** The link towards stage `to`; null where `to` is on no device (before the first or past the last stage). */
+  private link(to: number): Channel | null {
+    const exists =
+      to >= 0 && (this.placement.length === 0 || to < this.placement.length);
+    return exists ? this.channelTo(to) : null;
   }
 
   /**
-   * Sends t (disposed) to a neighbour stage. In a bf16 run a float32 tensor crosses as bf16 (2
-   * bytes per element): block boundaries are already bf16 values (roundActivation), so nothing
-   * is lost. Counted as device-to-host bytes of this stage (it leaves the device).
+   * The executor's links over this device's channels: activations and gradients to and from
+   * the neighbour stages (`act:<stage>`, `grad:<stage>`), L2L's gradients and the gradient-norm
+   * all-reduce over the coordinator's channel, the replicas' ring all-reduce.
    */
-  async function sendTensor(
-    ch: Channel | null,
-    type: string,
-    mb: number,
-    t: tf.Tensor,
-  ): Promise<void> {
-    if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
-    if (t.dtype === 'float32' && holdsBf16()) {
-      const shape = t.shape.slice();
-      let data: Uint16Array;
-      try {
-        const v = (await t.data()) as Float32Array;
-        data = new Uint16Array(v.length);
-        roundToBf16(v, data);
-      } finally {
-        t.dispose();
-      }
-      countTransfer('d2h', data.byteLength);
-      ch.send({ type, mb, bf16: { shape, data } }, [
-        data.buffer as ArrayBuffer,
-      ]);
-      return;
-    }
-    const w = await toWire(t);
-    countTransfer('d2h', w.data.byteLength);
-    ch.send({ type, mb, tensor: w }, transferables([w]));
+  private stageLinks(): StageLinks {
+    const main = this.main;
+    return {
+      recvActivation: (stage) =>
+        recvTensor(this.link(stage - 1), `act:${stage}`),
+      sendActivation: (stage, mb, t) =>
+        sendTensor(this.link(stage + 1), `act:${stage + 1}`, mb, t),
+      recvGradient: (stage) =>
+        recvTensor(this.link(stage + 1), `grad:${stage}`),
+      pollGradient: (stage) => {
+        const m = this.link(stage + 1)?.tryRecv<TensorMessage>(`grad:${stage}`);
+        return m ? { mb: m.mb, t: tensorOf(m) } : null;
+      },
+      sendGradient: (stage, mb, t) =>
+        sendTensor(this.link(stage - 1), `grad:${stage - 1}`, mb, t),
+      pushGrads: (g) => {
+        main.send(
+          {
+            type: 'grads',
+            layer: g.layer,
+            grads: g.grads,
+            sumSquares: g.sumSquares,
+          },
+          Object.values(g.grads).map((a) => a.buffer as ArrayBuffer),
+        );
+      },
+      allReduce: async (values) => {
+        const n = this.replica.count;
+        if (n <= 1) return;
+        // a ring of two is one link, used both ways
+        const to = this.replicaNext ?? this.replicaPrev;
+        const from = this.replicaPrev ?? this.replicaNext;
+        if (!to || !from)
+          throw new Error('all_reduce_grads without links to the replicas');
+        await ringAllReduce(values, this.replica.index, n, to, from);
+      },
+      reduceGradNorm: async (sumSquares) => {
+        main.send({ type: 'norm', sumSquares });
+        const m = await main.recv<Message & { scale: number }>('scale');
+        return m.scale;
+      },
+    };
   }
 
-  /** A received activation or gradient as a device tensor; counted as host-to-device bytes. */
-  function tensorOf(m: TensorMessage): tf.Tensor {
-    if (m.bf16) {
-      countTransfer('h2d', m.bf16.data.byteLength);
-      const f32 = new Float32Array(m.bf16.data.length);
-      widenBf16(m.bf16.data, f32);
-      return fromWire({ shape: m.bf16.shape, dtype: 'float32', data: f32 });
-    }
-    countTransfer('h2d', m.tensor!.data.byteLength);
-    return fromWire(m.tensor!);
-  }
-
-  async function recvTensor(
-    ch: Channel | null,
-    type: string,
-  ): Promise<{ mb: number; t: tf.Tensor }> {
-    if (!ch) throw new Error(`stage has no neighbour to receive ${type} from`);
-    const m = await ch.recv<TensorMessage>(type);
-    return { mb: m.mb, t: tensorOf(m) };
-  }
-
-  const link = (to: number) => (exists(to) ? channelTo(to) : null);
-  const links: StageLinks = {
-    recvActivation: (stage) => recvTensor(link(stage - 1), `act:${stage}`),
-    sendActivation: (stage, mb, t) =>
-      sendTensor(link(stage + 1), `act:${stage + 1}`, mb, t),
-    recvGradient: (stage) => recvTensor(link(stage + 1), `grad:${stage}`),
-    pollGradient(stage) {
-      const m = link(stage + 1)?.tryRecv<TensorMessage>(`grad:${stage}`);
-      return m ? { mb: m.mb, t: tensorOf(m) } : null;
-    },
-    sendGradient: (stage, mb, t) =>
-      sendTensor(link(stage - 1), `grad:${stage - 1}`, mb, t),
-    pushGrads(g) {
-      main.send(
-        {
-          type: 'grads',
-          layer: g.layer,
-          grads: g.grads,
-          sumSquares: g.sumSquares,
-        },
-        Object.values(g.grads).map((a) => a.buffer as ArrayBuffer),
-      );
-    },
-    async allReduce(values) {
-      const n = replica.count;
-      if (n <= 1) return;
-      // a ring of two is one link, used both ways
-      const to = replicaNext ?? replicaPrev;
-      const from = replicaPrev ?? replicaNext;
-      if (!to || !from)
-        throw new Error('all_reduce_grads without links to the replicas');
-      await ringAllReduce(values, replica.index, n, to, from);
-    },
-    async reduceGradNorm(sumSquares) {
-      main.send({ type: 'norm', sumSquares });
-      const m = await main.recv<Message & { scale: number }>('scale');
-      return m.scale;
-    },
-  };
-
-  function need(): StageProgram[] {
-    if (programs.size === 0) throw new Error('stage used before init');
-    return [...programs.values()];
+  /** The programs, in stage order. Throws before init. */
+  private need(): StageProgram[] {
+    if (this.programs.size === 0) throw new Error('stage used before init');
+    return [...this.programs.values()];
   }
 
   /** The optimizer slots of `slots` that belong to stage `index`'s blocks (`<block>.<name>`, or `aux<stage>.<name>`). */
-  function slotsOf(
+  private slotsOf(
     slots: OptimizerState['slots'],
     index: number,
   ): OptimizerState['slots'] {
-    const r = rangeOf.get(index)!;
+    const r = this.rangeOf.get(index)!;
     return Object.fromEntries(
       Object.entries(slots).filter(([key]) => {
         const prefix = key.slice(0, key.indexOf('.'));
@@ -206,207 +259,248 @@ export async function serveStage(
     );
   }
 
-  function disposeAll(): void {
-    for (const p of programs.values()) p.dispose();
-    programs = new Map();
+  /** Frees every program's device memory and forgets the programs. */
+  disposeAll(): void {
+    for (const p of this.programs.values()) p.dispose();
+    this.programs = new Map();
   }
 
-  const handlers: {
-    [K in keyof StageApi]: (a: StageApi[K][0]) => Promise<StageApi[K][1]>;
-  } = {
-    async init(a: StageInit) {
-      await initBackend(a.backend, {
-        ...(a.backend === 'native' && a.threads ? { threads: a.threads } : {}),
-        precision: a.precision ?? 'fp32',
-      });
-      const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
-      const specs = a.stages ?? [
-        { index: a.index, range: a.range, params: a.params, stage: a.stage },
-      ];
-      programs = new Map();
-      rangeOf = new Map();
-      for (const sp of [...specs].sort((x, y) => x.index - y.index)) {
-        const create = await loadStageKind(sp.stage);
-        programs.set(
-          sp.index,
-          create(
-            {
-              index: sp.index,
-              model,
-              range: sp.range,
-              params: new Map(Object.entries(sp.params)),
-              optimizer: a.optimizer,
-            },
-            sp.stage.options,
-          ),
-        );
-        rangeOf.set(sp.index, sp.range);
-      }
-      device = a.device ?? a.index;
-      placement = a.placement ?? [];
-      devices = placement.length
-        ? Math.max(...placement) + 1
-        : Number.POSITIVE_INFINITY;
-      setDeviceBudget(a.deviceMemory, {
-        stage: a.index,
-        strategy: a.strategy,
-        advice: a.oomAdvice,
-      });
-      prev = a.prev ? await resolve(a.prev, 'prev') : null;
-      next = a.next ? await resolve(a.next, 'next') : null;
-      replica = a.replica ?? { index: 0, count: 1 };
-      replicaPrev = a.replicaPrev
-        ? await resolve(a.replicaPrev, 'replica-prev')
-        : null;
-      replicaNext = a.replicaNext
-        ? await resolve(a.replicaNext, 'replica-next')
-        : null;
-      resetPeakBytes();
-      return { bytes: deviceBytes() };
-    },
-    async step(a: StageStep) {
-      const all = need();
-      const t0 = performance.now();
-      const startedAt = performance.timeOrigin + t0;
-      resetPeakBytes();
-      takeTransferBytes(); // this step's transfers only (not the init's or an evaluation's)
-      for (const s of all) {
-        s.losses.clear();
-        s.metrics?.clear();
-        if (s.faults) s.faults.length = 0;
-      }
-      const inputs = a.inputs?.map(fromWire);
-      const labels = a.labels?.map(fromWire);
-      let trace: Awaited<ReturnType<typeof execute>>;
-      try {
-        trace = await execute(
-          programs,
-          a.actions,
-          links,
+  /**
+   * init: starts the backend, loads the model, creates a program per stage (ascending), sets
+   * the device's place, memory budget and links (prev, next, then the replicas'). Returns the
+   * device's bytes.
+   */
+  private async init(a: StageInit): Promise<{ bytes: number }> {
+    await initBackend(a.backend, {
+      ...(a.backend === 'native' && a.threads ? { threads: a.threads } : {}),
+      precision: a.precision ?? 'fp32',
+    });
+    const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
+    const specs = a.stages ?? [
+      { index: a.index, range: a.range, params: a.params, stage: a.stage },
+    ];
+    this.programs = new Map();
+    this.rangeOf = new Map();
+    for (const sp of [...specs].sort((x, y) => x.index - y.index)) {
+      const create = await loadStageKind(sp.stage);
+      this.programs.set(
+        sp.index,
+        create(
           {
-            inputs,
-            labels,
-            m: a.m,
-            lr: a.lr,
-            diagnose: a.diagnose,
-            dropped: a.dropped,
-            noise: a.noise,
-            replicas: replica.count,
-            lossScale: a.lossScale,
+            index: sp.index,
+            model,
+            range: sp.range,
+            params: new Map(Object.entries(sp.params)),
+            optimizer: a.optimizer,
           },
-          device,
-        );
-        for (const s of all) await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end
-      } catch (e) {
-        // a failed step frees the inputs and labels it was given: a stage may not have reached
-        // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
-        for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
-        for (const s of all) s.discard?.();
-        throw e;
-      }
-      // the losses and metrics of the device's last stage that has any (the model's last
-      // stage; under local parallelism, each device's one stage)
-      const s = [...all].reverse().find((p) => p.losses.size > 0) ?? all[0]!;
-      const losses = [...s.losses.entries()]
-        .sort((x, y) => x[0] - y[0])
-        .map(([, l]) => l);
-      const metrics = s.metrics?.size
-        ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v)
-        : undefined;
-      const faults = all.flatMap((p) => p.faults ?? []);
-      const r: StageStepResult = {
-        losses,
-        ...(metrics ? { metrics } : {}),
-        ...(faults.length ? { faults } : {}),
-        trace,
-        peakBytes: peakBytes(),
-        bytes: deviceBytes(),
-        heapBytes: backendHeapBytes(),
-        ...transferBytesOf(takeTransferBytes()),
-        ms: performance.now() - t0,
-        startedAt,
-      };
-      return r;
-    },
-    async getParams() {
-      const out: Record<string, Float32Array> = {};
-      for (const s of need()) {
-        if (!s.getParams)
-          throw new Error(`a ${s.kind} keeps no parameters on its device`);
-        Object.assign(out, Object.fromEntries(await s.getParams()));
-      }
-      return out;
-    },
-    async getOptimizerState() {
-      const parts: OptimizerState[] = [];
-      for (const s of need()) {
-        if (!s.getOptimizerState)
-          throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
-        parts.push(await s.getOptimizerState());
-      }
-      return {
-        step: parts[0]!.step,
-        slots: Object.assign({}, ...parts.map((p) => p.slots)),
-      };
-    },
-    async setOptimizerState(st) {
-      for (const [index, s] of programs) {
-        if (!s.setOptimizerState)
-          throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
-        // each program takes its own blocks' slots (a device may run several stages)
-        s.setOptimizerState(
-          programs.size === 1
-            ? st
-            : { step: st.step, slots: slotsOf(st.slots, index) },
-        );
-      }
-      need();
-      return null;
-    },
-    async dispose() {
-      disposeAll();
-      return null;
-    },
-    async shutdown() {
-      disposeAll();
-      await releaseBackend();
-      return null;
+          sp.stage.options,
+        ),
+      );
+      this.rangeOf.set(sp.index, sp.range);
+    }
+    this.place(a);
+    const resolve = this.resolve;
+    this.prev = a.prev ? await resolve(a.prev, 'prev') : null;
+    this.next = a.next ? await resolve(a.next, 'next') : null;
+    this.replica = a.replica ?? { index: 0, count: 1 };
+    this.replicaPrev = a.replicaPrev
+      ? await resolve(a.replicaPrev, 'replica-prev')
+      : null;
+    this.replicaNext = a.replicaNext
+      ? await resolve(a.replicaNext, 'replica-next')
+      : null;
+    resetPeakBytes();
+    return { bytes: deviceBytes() };
+  }
+
+  /** Sets init's device index, the stages' placement and the device memory budget. */
+  private place(a: StageInit): void {
+    this.device = a.device ?? a.index;
+    this.placement = a.placement ?? [];
+    this.devices = this.placement.length
+      ? Math.max(...this.placement) + 1
+      : Number.POSITIVE_INFINITY;
+    setDeviceBudget(a.deviceMemory, {
+      stage: a.index,
+      strategy: a.strategy,
+      advice: a.oomAdvice,
+    });
+  }
+
+  /**
+   * step: runs the step's actions through the executor on this device's programs and reads
+   * what they left on the device (losses, metrics, faults). On failure, frees the step's inputs
+   * and labels, drops what the programs left unread and rethrows.
+   */
+  private async step(a: StageStep): Promise<StageStepResult> {
+    const all = this.need();
+    const t0 = performance.now();
+    const startedAt = performance.timeOrigin + t0;
+    startStep(all);
+    const inputs = a.inputs?.map(fromWire);
+    const labels = a.labels?.map(fromWire);
+    let trace: Awaited<ReturnType<typeof execute>>;
+    try {
+      trace = await execute(
+        this.programs,
+        a.actions,
+        this.links,
+        {
+          inputs,
+          labels,
+          m: a.m,
+          lr: a.lr,
+          diagnose: a.diagnose,
+          dropped: a.dropped,
+          noise: a.noise,
+          replicas: this.replica.count,
+          lossScale: a.lossScale,
+        },
+        this.device,
+      );
+      for (const s of all) await s.flush?.(); // losses, metrics, faults: read off the device once, at the step's end
+    } catch (e) {
+      // a failed step frees the inputs and labels it was given: a stage may not have reached
+      // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
+      for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
+      for (const s of all) s.discard?.();
+      throw e;
+    }
+    return stepResult(all, trace, t0, startedAt);
+  }
+
+  /** getParams: every program's parameters (host copies). Throws where a program keeps none on its device. */
+  private async getParams(): Promise<Record<string, Float32Array>> {
+    const out: Record<string, Float32Array> = {};
+    for (const s of this.need()) {
+      if (!s.getParams)
+        throw new Error(`a ${s.kind} keeps no parameters on its device`);
+      Object.assign(out, Object.fromEntries(await s.getParams()));
+    }
+    return out;
+  }
+
+  /** getOptimizerState: the programs' optimizer slots together (the first program's step). Throws where a program keeps none. */
+  private async getOptimizerState(): Promise<OptimizerState> {
+    const parts: OptimizerState[] = [];
+    for (const s of this.need()) {
+      if (!s.getOptimizerState)
+        throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+      parts.push(await s.getOptimizerState());
+    }
+    return {
+      step: parts[0]!.step,
+      slots: Object.assign({}, ...parts.map((p) => p.slots)),
+    };
+  }
+
+  /** setOptimizerState: each program takes its own blocks' slots. Throws where a program keeps none, or before init. */
+  private async setOptimizerState(st: OptimizerState): Promise<null> {
+    for (const [index, s] of this.programs) {
+      if (!s.setOptimizerState)
+        throw new Error(`a ${s.kind} keeps no optimizer state on its device`);
+      // each program takes its own blocks' slots (a device may run several stages)
+      s.setOptimizerState(
+        this.programs.size === 1
+          ? st
+          : { step: st.step, slots: this.slotsOf(st.slots, index) },
+      );
+    }
+    this.need();
+    return null;
+  }
+}
+
+/** Starts a step's counts: the peak and transfer byte counters, and each program's losses, metrics and faults. */
+function startStep(all: readonly StageProgram[]): void {
+  resetPeakBytes();
+  takeTransferBytes(); // this step's transfers only (not the init's or an evaluation's)
+  for (const s of all) {
+    s.losses.clear();
+    s.metrics?.clear();
+    if (s.faults) s.faults.length = 0;
+  }
+}
+
+/**
+ * The step's result: the losses and metrics (by micro-batch) of the device's last stage that
+ * has any, every program's faults, the executor's `trace`, the device's bytes and transfers,
+ * and the step's duration (ms since `t0`, a `performance.now()`) and start (`startedAt`, ms
+ * since the epoch).
+ */
+function stepResult(
+  all: readonly StageProgram[],
+  trace: Awaited<ReturnType<typeof execute>>,
+  t0: number,
+  startedAt: number,
+): StageStepResult {
+  // the losses and metrics of the device's last stage that has any (the model's last
+  // stage; under local parallelism, each device's one stage)
+  const s = [...all].reverse().find((p) => p.losses.size > 0) ?? all[0]!;
+  const losses = [...s.losses.entries()]
+    .sort((x, y) => x[0] - y[0])
+    .map(([, l]) => l);
+  const metrics = s.metrics?.size
+    ? [...s.metrics.entries()].sort((x, y) => x[0] - y[0]).map(([, v]) => v)
+    : undefined;
+  const faults = all.flatMap((p) => p.faults ?? []);
+  return {
+    losses,
+    ...(metrics ? { metrics } : {}),
+    ...(faults.length ? { faults } : {}),
+    trace,
+    peakBytes: peakBytes(),
+    bytes: deviceBytes(),
+    heapBytes: backendHeapBytes(),
+    ...transferBytesOf(takeTransferBytes()),
+    ms: performance.now() - t0,
+    startedAt,
+  };
+}
+
+/** The error reply to request `id`: the error's name, message and stack, and a failing schedule's marked actions. */
+function errorReply(id: number, e: unknown): Message {
+  const err = e as Error;
+  const schedule = err instanceof ScheduleError ? err.schedule : undefined;
+  return {
+    type: 'reply',
+    id,
+    error: {
+      name: err.name,
+      message: err.message,
+      stack: err.stack,
+      schedule,
     },
   };
+}
 
-  interface Request extends Message {
-    id: number;
-    method: keyof StageApi;
-    args: unknown;
-  }
-
+/**
+ * Serves the coordinator's requests on `main` until the channel fails (the coordinator is gone)
+ * and resolves then; `resolve` makes the neighbour links of `init`.
+ */
+export async function serveStage(
+  main: Channel,
+  resolve: LinkResolver,
+): Promise<void> {
+  const host = new StageHost(main, resolve);
   for (;;) {
     let req: Request;
     try {
       req = await main.recv<Request>('request');
     } catch {
-      disposeAll(); // the coordinator is gone
+      host.disposeAll(); // the coordinator is gone
       return;
     }
     try {
-      const handler = handlers[req.method] as (a: unknown) => Promise<unknown>;
+      const handler = host.handlers[req.method] as (
+        a: unknown,
+      ) => Promise<unknown>;
       if (!handler) throw new Error(`unknown worker method ${req.method}`);
       const result = await handler(req.args);
       main.send({ type: 'reply', id: req.id, result }, ownedBuffers(result));
     } catch (e) {
-      const err = e as Error;
-      const schedule = err instanceof ScheduleError ? err.schedule : undefined;
-      main.send({
-        type: 'reply',
-        id: req.id,
-        error: {
-          name: err.name,
-          message: err.message,
-          stack: err.stack,
-          schedule,
-        },
-      });
-      for (const p of programs.values()) p.reset();
+      main.send(errorReply(req.id, e));
+      for (const p of host.programs.values()) p.reset();
     }
   }
 }
