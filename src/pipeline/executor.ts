@@ -16,7 +16,11 @@
  * (`<-- ERROR HERE`, as PyTorch pipelining prints it): see {@link ScheduleError}.
  */
 
-import { type GpuSubmit, gpuQueue } from '../backend/gpu-queue.js';
+import {
+  type GpuQueue,
+  type GpuSubmit,
+  gpuQueue,
+} from '../backend/gpu-queue.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostParams } from '../model/init.js';
 import type { StepNoise } from '../model/noise.js';
@@ -345,6 +349,308 @@ function programsOf(
   return new Map(actions.map((a) => [a.stage, one]));
 }
 
+/** Throws when a received message is of micro-batch `got` where the schedule expects `want`. */
+function expectMb(got: number, want: number, what: string): void {
+  if (got !== want)
+    throw new Error(
+      `stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`,
+    );
+}
+
+/** The first `ms` of the current action as `label`, the rest as `rest` (default the op): see {@link StepIO.phase}. */
+type Split = { label: string; ms: number; rest?: string };
+
+/**
+ * One step of one device: its programs by stage, the step's mailboxes, the action running
+ * now, the clipping scale, the GPU marks and the trace so far. The core ops run here; compute
+ * ops through their stage kind's handler with {@link io}.
+ */
+class StepRun {
+  /** When the step began (`performance.now()`, ms): trace times count from it. */
+  readonly t0 = performance.now();
+  readonly trace: TraceSpan[] = [];
+  private readonly byStage: ReadonlyMap<number, StageProgram>;
+  /** This device's programs, each once, in the order of their stages. */
+  private readonly own: StageProgram[];
+  private readonly inputs = new Mailbox('input');
+  private readonly labels = new Mailbox('labels');
+  private readonly outputs = new Mailbox('output');
+  private readonly outputGrads = new Mailbox('output gradient');
+  private readonly inputGrads = new Mailbox('input gradient');
+  /** Global clipping scale from reduce_grad_norm (1 before it). */
+  private scale = 1;
+  /** The current action's phases, if its handler marked one. */
+  private split: Split | null = null;
+  /** The current action: its op, stage and itself (null before the first). */
+  private current: Action['op'] = 'forward';
+  private stage: number;
+  private action: Action | null = null;
+  /** The GPU's command queue (webgpu), else null. */
+  readonly gpu: GpuQueue | null;
+  /** Whether the GPU's execution is traced (webgpu, a program asking for it). */
+  readonly timeline: boolean;
+  readonly gpuMarks: Array<{ a: Action; s: GpuSubmit }> = [];
+  /** GPU marks whose work the GPU has not reported done yet. */
+  outstanding = 0;
+  /** What compute handlers see of the step. */
+  private readonly io: StepIO;
+  private readonly links: StageLinks;
+
+  /**
+   * The step of `actions` on `programs` (see {@link execute}) with `links` and its inputs `inp`:
+   * the inputs go to the device's first stage's mailbox, the labels to the labels' mailbox.
+   */
+  constructor(
+    programs: StageProgram | ReadonlyMap<number, StageProgram>,
+    actions: readonly Action[],
+    links: StageLinks,
+    inp: StepInputs,
+  ) {
+    this.links = links;
+    const byStage = programsOf(programs, actions);
+    this.byStage = byStage;
+    const firstStage = Math.min(...byStage.keys());
+    // this device's programs, each once, in the order of their stages (stage-host builds the map
+    // in ascending stage order, so replicas of a device list them alike)
+    this.own = [...new Set(byStage.values())];
+    inp.inputs?.forEach((t, mb) => t && this.inputs.put(firstStage, mb, t));
+    inp.labels?.forEach((t, mb) => t && this.labels.put(-1, mb, t));
+    this.stage = firstStage;
+    this.gpu = gpuQueue();
+    this.timeline =
+      this.gpu !== null &&
+      [...byStage.values()].some((p) => p.traceGpu === true);
+    this.io = this.stepIO(inp);
+  }
+
+  /** What compute handlers see of the step: its scalars and mailboxes, as of the current action. */
+  private stepIO(inp: StepInputs): StepIO {
+    const run = this;
+    const { inputs, labels, outputs, outputGrads, inputGrads, byStage } = this;
+    const hasLabels = (inp.labels?.length ?? 0) > 0;
+    return {
+      m: inp.m,
+      lossSeed: (inp.lossScale ?? 1) / (inp.m * (inp.replicas ?? 1)),
+      lr: inp.lr,
+      diagnose: inp.diagnose === true,
+      dropped: new Set(inp.dropped ?? []),
+      noise: inp.noise,
+      get scale() {
+        return run.scale;
+      },
+      takeInput: (mb) => inputs.take(run.stage, mb, run.current),
+      takeLabels: (mb) => labels.take(-1, mb, run.current),
+      takeLabelsIfAny: (mb) =>
+        hasLabels ? labels.take(-1, mb, run.current) : null,
+      putOutput: (mb, t) =>
+        // the next stage on this device takes it directly
+        byStage.has(run.stage + 1)
+          ? inputs.put(run.stage + 1, mb, t)
+          : outputs.put(run.stage, mb, t),
+      takeOutputGrad: (mb) => outputGrads.take(run.stage, mb, run.current),
+      putInputGrad: (mb, t) =>
+        byStage.has(run.stage - 1)
+          ? outputGrads.put(run.stage - 1, mb, t)
+          : inputGrads.put(run.stage, mb, t),
+      pushGrads(g) {
+        if (!run.links.pushGrads)
+          throw new Error(
+            `${run.current} needs a link to the parameter server`,
+          );
+        run.links.pushGrads(g);
+      },
+      phase(label, ms, rest) {
+        run.split = { label, ms, rest };
+      },
+      gpuWork: () => this.gpuWork(),
+    };
+  }
+
+  /** {@link StepIO.gpuWork}: submits the current action's GPU work, marking it where the GPU is traced. */
+  private gpuWork(): void {
+    const gpu = this.gpu;
+    if (!gpu || !this.action) return;
+    if (!this.timeline) {
+      gpu.flush();
+      return;
+    }
+    const s = gpu.submit();
+    this.outstanding++;
+    void s.done.then(() => this.outstanding--);
+    this.gpuMarks.push({ a: this.action, s });
+  }
+
+  /** Makes `a` the current action (its op, stage and no phases yet). */
+  begin(a: Action): void {
+    this.current = a.op;
+    this.stage = a.stage;
+    this.action = a;
+    this.split = null;
+  }
+
+  /** The program of `stage`. Throws when the stage does not run on this device. */
+  private programOf(stage: number): StageProgram {
+    const p = this.byStage.get(stage);
+    if (!p) throw new Error(`stage ${stage} does not run on this device`);
+    return p;
+  }
+
+  /**
+   * Runs action `a`: a communication op in the core, a compute op through its program's
+   * handler. Throws when its op has no declaration (schedule/ops.ts), its stage no program
+   * here, its program no handler for it, or it fails.
+   */
+  run(a: Action): void | Promise<void> {
+    const core = declarationOf(a.op).core; // an op nobody declared is an error, never free
+    const program = this.programOf(a.stage);
+    switch (core ? a.op : 'compute') {
+      case 'recv_act':
+        return this.recvActivation(a as ActionOf<'recv_act'>);
+      case 'send_act': {
+        const mb = (a as ActionOf<'send_act'>).mb;
+        const t = this.outputs.take(a.stage, mb, a.op);
+        return this.links.sendActivation(a.stage, mb, t);
+      }
+      case 'recv_grad':
+        return this.recvGradient(a as ActionOf<'recv_grad'>);
+      case 'send_grad': {
+        const mb = (a as ActionOf<'send_grad'>).mb;
+        const t = this.inputGrads.take(a.stage, mb, a.op);
+        return this.links.sendGradient(a.stage, mb, t);
+      }
+      case 'reduce_grad_norm':
+        return this.reduceGradNorm();
+      case 'all_reduce_grads':
+        return this.allReduceGrads();
+      case 'poll_grads':
+        return this.pollGrads(a.stage);
+      case 'drain_grads':
+        return this.drainGrads(a.stage, program);
+      default:
+        return handlerFor(program, a.op as ComputeOp)(
+          a as ActionOf<ComputeOp>,
+          this.io,
+        );
+    }
+  }
+
+  /** recv_act: the next activation into the stage's input mailbox; throws when it is not of `a`'s micro-batch. */
+  private async recvActivation(a: ActionOf<'recv_act'>): Promise<void> {
+    const { mb, t } = await this.links.recvActivation(a.stage);
+    this.inputs.put(a.stage, mb, t);
+    expectMb(mb, a.mb, 'activation');
+  }
+
+  /** recv_grad: the next output gradient into the stage's mailbox; throws when it is not of `a`'s micro-batch. */
+  private async recvGradient(a: ActionOf<'recv_grad'>): Promise<void> {
+    const { mb, t } = await this.links.recvGradient(a.stage);
+    this.outputGrads.put(a.stage, mb, t);
+    expectMb(mb, a.mb, 'gradient');
+  }
+
+  /**
+   * reduce_grad_norm: this device's share of the squared gradient norm (the sum over its
+   * programs, each once; its own span `grad_norm`), all-reduced into the step's clipping scale.
+   * Throws when a program cannot take part.
+   */
+  private async reduceGradNorm(): Promise<void> {
+    const cannot = this.own.find((p) => !p.gradSquaredNorm);
+    if (cannot)
+      throw new Error(
+        `a ${cannot.kind} cannot take part in the gradient-norm all-reduce`,
+      );
+    // computing this device's own sum of squares is work, not waiting: its own span
+    const t = performance.now();
+    let local = 0;
+    for (const p of this.own) local += await p.gradSquaredNorm!();
+    const ms = performance.now() - t;
+    this.scale = await this.links.reduceGradNorm(local);
+    this.split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
+  }
+
+  /**
+   * all_reduce_grads: every program's gradients summed across the replicas in one all-reduce,
+   * then set back. Throws without replica links, or when a program cannot take part.
+   */
+  private async allReduceGrads(): Promise<void> {
+    if (!this.links.allReduce)
+      throw new Error('all_reduce_grads needs links to the replicas');
+    // every stage of this device: one all-reduce of all their gradients
+    const cannot = this.own.find(
+      (p) => !p.gradientValues || !p.setGradientValues,
+    );
+    if (cannot)
+      throw new Error(
+        `a ${cannot.kind} cannot take part in the gradient all-reduce`,
+      );
+    const parts: Float32Array[][] = [];
+    for (const p of this.own) parts.push(await p.gradientValues!());
+    await this.links.allReduce(parts.flat());
+    this.own.forEach((p, i) => p.setGradientValues!(parts[i]!));
+  }
+
+  /** poll_grads: every gradient for `stage` that has arrived, each run through its overlap_backward. */
+  private async pollGrads(stage: number): Promise<void> {
+    for (
+      let g = this.links.pollGradient(stage);
+      g;
+      g = this.links.pollGradient(stage)
+    )
+      await this.receivedGradient(stage, g);
+  }
+
+  /** drain_grads: waits for every gradient `program` still expects, each run through its overlap_backward. */
+  private async drainGrads(
+    stage: number,
+    program: StageProgram,
+  ): Promise<void> {
+    while ((program.pendingGradients?.() ?? 0) > 0)
+      await this.receivedGradient(stage, await this.links.recvGradient(stage));
+  }
+
+  /** Runs the overlap_backward of gradient `g` that stage `at` received. */
+  private async receivedGradient(
+    at: number,
+    g: { mb: number; t: tf.Tensor },
+  ): Promise<void> {
+    this.outputGrads.put(at, g.mb, g.t);
+    await handlerFor(this.programOf(at), 'overlap_backward')(
+      { op: 'overlap_backward', stage: at, mb: g.mb },
+      this.io,
+    );
+  }
+
+  /** Frees every tensor still in the step's mailboxes (after a failed action). */
+  disposeMailboxes(): void {
+    for (const box of [
+      this.inputs,
+      this.labels,
+      this.outputs,
+      this.outputGrads,
+      this.inputGrads,
+    ])
+      box.dispose();
+  }
+
+  /** Traces action `a`, run from `start` to `end` (ms since {@link t0}): one span, or two where it marked a phase. */
+  record(a: Action, start: number, end: number): void {
+    const at = {
+      op: a.op,
+      stage: a.stage,
+      mb: 'mb' in a ? a.mb : -1,
+      ...('layer' in a ? { layer: a.layer } : {}),
+    };
+    const s = this.split;
+    if (s && s.ms > 0) {
+      const mid = Math.min(start + s.ms, end); // a phase never outlasts its action
+      this.trace.push({ label: s.label, ...at, start, end: mid });
+      this.trace.push({ label: s.rest ?? a.op, ...at, start: mid, end });
+    } else {
+      this.trace.push({ label: a.op, ...at, start, end });
+    }
+  }
+}
+
 /**
  * Runs `actions`, device `device`'s list of one step, in order; each action runs on the program
  * of its stage (`programs`: by stage, or one program for the device's one stage). Receives must
@@ -363,189 +669,17 @@ export async function execute(
   inp: StepInputs,
   device = 0,
 ): Promise<TraceSpan[]> {
-  const t0 = performance.now();
-  const trace: TraceSpan[] = [];
-  const byStage = programsOf(programs, actions);
-  const programOf = (stage: number): StageProgram => {
-    const p = byStage.get(stage);
-    if (!p) throw new Error(`stage ${stage} does not run on this device`);
-    return p;
-  };
-  const firstStage = Math.min(...byStage.keys());
-  // this device's programs, each once, in the order of their stages (stage-host builds the map
-  // in ascending stage order, so replicas of a device list them alike)
-  const own = [...new Set(byStage.values())];
-  const inputs = new Mailbox('input');
-  const labels = new Mailbox('labels');
-  const outputs = new Mailbox('output');
-  const outputGrads = new Mailbox('output gradient');
-  const inputGrads = new Mailbox('input gradient');
-  inp.inputs?.forEach((t, mb) => t && inputs.put(firstStage, mb, t));
-  inp.labels?.forEach((t, mb) => t && labels.put(-1, mb, t));
-  const hasLabels = (inp.labels?.length ?? 0) > 0;
-  let scale = 1;
-  let split: { label: string; ms: number; rest?: string } | null = null;
-  let current: Action['op'] = 'forward';
-  let stage = firstStage;
-  let action: Action | null = null;
-  const gpu = gpuQueue();
-  const timeline =
-    gpu !== null && [...byStage.values()].some((p) => p.traceGpu === true);
-  const gpuMarks: Array<{ a: Action; s: GpuSubmit }> = [];
-  let outstanding = 0; // GPU marks whose work the GPU has not reported done yet
-  const io: StepIO = {
-    m: inp.m,
-    lossSeed: (inp.lossScale ?? 1) / (inp.m * (inp.replicas ?? 1)),
-    lr: inp.lr,
-    diagnose: inp.diagnose === true,
-    dropped: new Set(inp.dropped ?? []),
-    noise: inp.noise,
-    get scale() {
-      return scale;
-    },
-    takeInput: (mb) => inputs.take(stage, mb, current),
-    takeLabels: (mb) => labels.take(-1, mb, current),
-    takeLabelsIfAny: (mb) => (hasLabels ? labels.take(-1, mb, current) : null),
-    putOutput: (mb, t) =>
-      // the next stage on this device takes it directly
-      byStage.has(stage + 1)
-        ? inputs.put(stage + 1, mb, t)
-        : outputs.put(stage, mb, t),
-    takeOutputGrad: (mb) => outputGrads.take(stage, mb, current),
-    putInputGrad: (mb, t) =>
-      byStage.has(stage - 1)
-        ? outputGrads.put(stage - 1, mb, t)
-        : inputGrads.put(stage, mb, t),
-    pushGrads(g) {
-      if (!links.pushGrads)
-        throw new Error(`${current} needs a link to the parameter server`);
-      links.pushGrads(g);
-    },
-    phase(label, ms, rest) {
-      split = { label, ms, rest };
-    },
-    gpuWork() {
-      if (!gpu || !action) return;
-      if (!timeline) return gpu.flush();
-      const s = gpu.submit();
-      outstanding++;
-      void s.done.then(() => outstanding--);
-      gpuMarks.push({ a: action, s });
-    },
-  };
-  const expect = (got: number, want: number, what: string) => {
-    if (got !== want)
-      throw new Error(
-        `stage received the ${what} of micro-batch ${got} while its schedule expects ${want}`,
-      );
-  };
-  const receivedGradient = async (
-    at: number,
-    g: { mb: number; t: tf.Tensor },
-  ) => {
-    outputGrads.put(at, g.mb, g.t);
-    await handlerFor(programOf(at), 'overlap_backward')(
-      { op: 'overlap_backward', stage: at, mb: g.mb },
-      io,
-    );
-  };
+  const run = new StepRun(programs, actions, links, inp);
   for (let i = 0; i < actions.length; i++) {
     const a = actions[i];
-    current = a.op;
-    stage = a.stage;
-    action = a;
-    split = null;
-    if (timeline && outstanding > 0) await gpu.poll(); // the GPU's finished work reported now, not at the next wait
-    gpu?.begin();
-    const start = performance.now() - t0;
+    run.begin(a);
+    if (run.timeline && run.outstanding > 0) await run.gpu!.poll(); // the GPU's finished work reported now, not at the next wait
+    run.gpu?.begin();
+    const start = performance.now() - run.t0;
     try {
-      const core = declarationOf(a.op).core; // an op nobody declared is an error, never free
-      const program = programOf(a.stage);
-      switch (core ? a.op : 'compute') {
-        case 'recv_act': {
-          const { mb, t } = await links.recvActivation(a.stage);
-          inputs.put(a.stage, mb, t);
-          expect(mb, (a as ActionOf<'recv_act'>).mb, 'activation');
-          break;
-        }
-        case 'send_act': {
-          const mb = (a as ActionOf<'send_act'>).mb;
-          await links.sendActivation(
-            a.stage,
-            mb,
-            outputs.take(a.stage, mb, a.op),
-          );
-          break;
-        }
-        case 'recv_grad': {
-          const { mb, t } = await links.recvGradient(a.stage);
-          outputGrads.put(a.stage, mb, t);
-          expect(mb, (a as ActionOf<'recv_grad'>).mb, 'gradient');
-          break;
-        }
-        case 'send_grad': {
-          const mb = (a as ActionOf<'send_grad'>).mb;
-          await links.sendGradient(
-            a.stage,
-            mb,
-            inputGrads.take(a.stage, mb, a.op),
-          );
-          break;
-        }
-        case 'reduce_grad_norm': {
-          // this device's share: the sum over the stages it runs (each program once)
-          const cannot = own.find((p) => !p.gradSquaredNorm);
-          if (cannot)
-            throw new Error(
-              `a ${cannot.kind} cannot take part in the gradient-norm all-reduce`,
-            );
-          // computing this device's own sum of squares is work, not waiting: its own span
-          const t = performance.now();
-          let local = 0;
-          for (const p of own) local += await p.gradSquaredNorm!();
-          const ms = performance.now() - t;
-          scale = await links.reduceGradNorm(local);
-          split = { label: 'grad_norm', ms, rest: 'reduce_grad_norm' };
-          break;
-        }
-        case 'all_reduce_grads': {
-          if (!links.allReduce)
-            throw new Error('all_reduce_grads needs links to the replicas');
-          // every stage of this device: one all-reduce of all their gradients
-          const cannot = own.find(
-            (p) => !p.gradientValues || !p.setGradientValues,
-          );
-          if (cannot)
-            throw new Error(
-              `a ${cannot.kind} cannot take part in the gradient all-reduce`,
-            );
-          const parts: Float32Array[][] = [];
-          for (const p of own) parts.push(await p.gradientValues!());
-          await links.allReduce(parts.flat());
-          own.forEach((p, i) => p.setGradientValues!(parts[i]!));
-          break;
-        }
-        case 'poll_grads':
-          for (
-            let g = links.pollGradient(a.stage);
-            g;
-            g = links.pollGradient(a.stage)
-          )
-            await receivedGradient(a.stage, g);
-          break;
-        case 'drain_grads':
-          while ((program.pendingGradients?.() ?? 0) > 0)
-            await receivedGradient(a.stage, await links.recvGradient(a.stage));
-          break;
-        default:
-          await handlerFor(program, a.op as ComputeOp)(
-            a as ActionOf<ComputeOp>,
-            io,
-          );
-      }
+      await run.run(a);
     } catch (e) {
-      for (const box of [inputs, labels, outputs, outputGrads, inputGrads])
-        box.dispose();
+      run.disposeMailboxes();
       const err = e instanceof Error ? e : new Error(String(e));
       throw new ScheduleError(
         err,
@@ -554,24 +688,11 @@ export async function execute(
         formatScheduleError(device, actions, i),
       );
     }
-    const end = performance.now() - t0;
-    const at = {
-      op: a.op,
-      stage: a.stage,
-      mb: 'mb' in a ? a.mb : -1,
-      ...('layer' in a ? { layer: a.layer } : {}),
-    };
-    const s = split as { label: string; ms: number; rest?: string } | null;
-    if (s && s.ms > 0) {
-      const mid = Math.min(start + s.ms, end); // a phase never outlasts its action
-      trace.push({ label: s.label, ...at, start, end: mid });
-      trace.push({ label: s.rest ?? a.op, ...at, start: mid, end });
-    } else {
-      trace.push({ label: a.op, ...at, start, end });
-    }
+    run.record(a, start, performance.now() - run.t0);
   }
-  if (gpuMarks.length > 0) trace.push(...(await gpuSpans(gpuMarks, t0)));
-  return trace;
+  if (run.gpuMarks.length > 0)
+    run.trace.push(...(await gpuSpans(run.gpuMarks, run.t0)));
+  return run.trace;
 }
 
 /**
