@@ -22,7 +22,12 @@ import {
 import type { Precision } from '../backend/names.js';
 import { nativeAddon } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
-import { paramKey, readByProducts, sizeOf } from '../model/block.js';
+import {
+  type Block,
+  paramKey,
+  readByProducts,
+  sizeOf,
+} from '../model/block.js';
 import { initParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import { DeviceOptimizer, type OptimizerConfig } from '../optim/optimizer.js';
@@ -289,7 +294,7 @@ interface BlockProfiling {
 interface BlockRun {
   i: number;
   isLast: boolean;
-  blk: Model['blocks'][number];
+  blk: Block;
   /** The block's input. */
   xi: tf.Tensor;
   /** The forward: the block on its input (through the probe after the first block), with the loss for the last. */
