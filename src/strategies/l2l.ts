@@ -38,7 +38,6 @@ import {
   type StepTime,
 } from '../cost/time.js';
 import type { Batch } from '../data/batcher.js';
-import type { HostTensor } from '../data/microbatch.js';
 import { paramKey, readByProducts } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
@@ -74,10 +73,10 @@ import { type StrategySpec, threadsPerDevice } from './spec.js';
 import {
   evaluateBatches,
   mergeReplicas,
-  microBatchesOf,
   stepReport,
   submission,
 } from './stage-results.js';
+import { stepMessages } from './step-messages.js';
 import type {
   Evaluation,
   StepReport,
@@ -308,7 +307,6 @@ export class L2LStrategy implements Strategy {
     const m = this.opts.microBatches;
     const k = this.k;
     const replicas = this.replicas; // each on its share of the batch
-    const { inputs, labels } = microBatchesOf(batch, m * replicas);
     // each device's pushes, as its schedule says (a pipelined relay pushes per micro-batch)
     const pushesOf = schedule.map(
       (acts) => acts.filter((a) => a.op === 'push_grads').length,
@@ -321,37 +319,24 @@ export class L2LStrategy implements Strategy {
       for (const l of dropped)
         for (let i = 0; i < parts; i++) this.server.push(l, {}, 0);
     }
-    const calls = this.workers.map((w, g) => {
-      const d = g % k;
-      const r = Math.floor(g / k);
-      const mine = (xs: HostTensor[]) => xs.slice(r * m, (r + 1) * m);
-      const ins = d === 0 ? mine(inputs) : [];
-      const labs = d === k - 1 ? mine(labels) : [];
-      return w.call(
-        'step',
-        {
-          actions: schedule[d]!,
-          m,
-          lr,
-          ...(d === 0 ? { inputs: ins } : {}),
-          ...(d === k - 1 ? { labels: labs } : {}),
-          ...(dropped.length ? { dropped: [...dropped] } : {}),
-          ...(training && step !== undefined
-            ? {
-                noise: {
-                  seed: this.opts.seed ?? 0,
-                  step,
-                  offset: r * (batch.xShape[0]! / replicas),
-                },
-              }
-            : {}),
-          ...(training && this.server.lossScale !== 1
-            ? { lossScale: this.server.lossScale }
-            : {}),
-        },
-        transferables([...ins, ...labs] as HostTensor[]),
-      );
+    const messages = stepMessages({
+      schedule,
+      batch,
+      m,
+      k,
+      replicas,
+      lr,
+      inputDevice: 0,
+      takesLabels: (d) => d === k - 1,
+      dropped,
+      ...(training && step !== undefined
+        ? { noise: { seed: this.opts.seed ?? 0, step } }
+        : {}),
+      ...(training ? { lossScale: this.server.lossScale } : {}),
     });
+    const calls = this.workers.map((w, g) =>
+      w.call('step', messages[g]!.step, transferables(messages[g]!.transfer)),
+    );
     const all = Promise.all(calls);
     if (!training) return this.stopOnFailure(all);
     const pushes = Promise.all(

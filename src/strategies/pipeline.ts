@@ -10,7 +10,6 @@
 
 import type { Precision } from '../backend/names.js';
 import type { Batch } from '../data/batcher.js';
-import type { HostTensor } from '../data/microbatch.js';
 import type { HostParams } from '../model/init.js';
 import type { ModelConfig } from '../model/model.js';
 import {
@@ -43,10 +42,10 @@ import { describeFaults } from './numeric-fault.js';
 import {
   evaluateBatches,
   mergeReplicas,
-  microBatchesOf,
   stepReport,
   submission,
 } from './stage-results.js';
+import { stepMessages } from './step-messages.js';
 import type {
   Evaluation,
   StepReport,
@@ -372,51 +371,28 @@ export class PipelineStrategy implements Strategy {
     dropped: readonly number[] | undefined,
     stepIndex: number | undefined,
   ): Promise<StageStepResult>[] {
-    // f16: this step's loss scale (a diagnosis reruns a step at scale 1)
-    const lossScale = this.scaler && !diagnose ? this.scaler.scale : 1;
-    const m = this.opts.microBatches;
-    const k = this.k;
-    const replicas = this.replicas;
-    // replica r takes micro-batches r*M .. r*M+M-1 of the mini-batch cut in R*M
-    const { inputs, labels } = batch
-      ? microBatchesOf(batch, m * replicas)
-      : { inputs: undefined, labels: undefined };
-    const inputDevice = this.placement[0]!;
-    const last = this.lossDevice();
-    return this.workers.map((w, g) => {
-      const i = g % k;
-      const r = Math.floor(g / k);
-      const part = <T>(xs: T[] | undefined) => xs?.slice(r * m, (r + 1) * m);
-      const withLabels = i === last || this.opts.kind.labelsOnEveryStage;
-      const step = {
-        actions: schedule[i],
-        m,
-        lr,
-        inputs: i === inputDevice ? part(inputs) : undefined,
-        labels: withLabels ? part(labels)?.map(copyWire) : undefined,
-        ...(replicas > 1 ? { replicas } : {}),
-        ...(lossScale !== 1 ? { lossScale } : {}),
-        ...(diagnose ? { diagnose } : {}),
-        ...(dropped?.length ? { dropped: [...dropped] } : {}),
-        ...(stepIndex !== undefined && batch
-          ? {
-              noise: {
-                seed: this.opts.seed ?? 0,
-                step: stepIndex,
-                offset: r * (batch.xShape[0]! / replicas),
-              },
-            }
-          : {}),
-      };
-      return w.call(
-        'step',
-        step,
-        transferables([
-          ...(step.inputs ?? []),
-          ...(step.labels ?? []),
-        ] as HostTensor[]),
-      );
+    const messages = stepMessages({
+      schedule,
+      batch,
+      m: this.opts.microBatches,
+      k: this.k,
+      replicas: this.replicas,
+      lr,
+      inputDevice: this.placement[0]!,
+      takesLabels: (d) =>
+        d === this.lossDevice() || this.opts.kind.labelsOnEveryStage === true,
+      copyLabels: copyWire,
+      dropped,
+      // f16: this step's loss scale (a diagnosis reruns a step at scale 1)
+      lossScale: this.scaler && !diagnose ? this.scaler.scale : 1,
+      diagnose,
+      ...(stepIndex !== undefined
+        ? { noise: { seed: this.opts.seed ?? 0, step: stepIndex } }
+        : {}),
     });
+    return this.workers.map((w, g) =>
+      w.call('step', messages[g]!.step, transferables(messages[g]!.transfer)),
+    );
   }
 
   /**
