@@ -162,6 +162,14 @@ function buildMlp(config: MlpConfig): Model {
     .map((out, i) =>
       denseBlock(`dense${i}`, sizes[i], out, i < sizes.length - 2),
     );
+  return imageClassifier(config, blocks);
+}
+
+/** An image classifier of these blocks: float32 images [n, ...inputShape], logits, softmax cross-entropy, accuracy. */
+function imageClassifier(
+  config: MlpConfig | CnnConfig,
+  blocks: Block[],
+): Model {
   return {
     config,
     blocks,
@@ -191,14 +199,7 @@ function buildCnn(config: CnnConfig): Model {
   const flat = features(shape.slice(1));
   blocks.push(denseBlock('dense0', flat, config.hidden, true));
   blocks.push(denseBlock('classifier', config.hidden, config.classes, false));
-  return {
-    config,
-    blocks,
-    inputDtype: 'float32',
-    inputShape: (n) => [n, ...config.inputShape],
-    loss: softmaxCrossEntropy,
-    metrics: classification,
-  };
+  return imageClassifier(config, blocks);
 }
 
 /**

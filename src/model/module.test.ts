@@ -7,7 +7,6 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import * as tfl from '@tensorflow/tfjs-layers';
 import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
@@ -15,28 +14,16 @@ import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { createStrategy } from '../strategies/index.js';
 import { maxParamDiff } from '../testing/assert-close.js';
 import { randomBatch } from '../testing/fixtures.js';
+import { loadTestModel, testModelPath } from '../testing/test-models.js';
 import { Rng } from '../util/rng.js';
 import { initParams } from './init.js';
 import { blocksFromLayersModel } from './layers-model.js';
-import { loadModel, type Model, type ModuleConfig } from './model.js';
+import type { Model } from './model.js';
 import { loadModelModule } from './module.js';
 
-const fixture = (name: string) =>
-  fileURLToPath(new URL(`../testing/models/${name}.js`, import.meta.url));
+const fixture = testModelPath;
 const TOL = 1e-4;
 const LRS = [0.05, 0.05, 0.05]; // constant: TF.js's optimizers fix their learning rate when built
-
-async function moduleModel(name: string): Promise<Model> {
-  const m = await loadModelModule(fixture(name));
-  const cfg: ModuleConfig = {
-    arch: 'module',
-    path: fixture(name),
-    loss: m.loss ?? 'softmax-cross-entropy',
-    inputShape: m.inputShape,
-    inputDtype: m.inputDtype,
-  };
-  return loadModel(cfg);
-}
 
 async function runStrategy(model: Model, o: Partial<TrainConfig>) {
   const cfg = resolveConfig({
@@ -112,7 +99,7 @@ const STRATEGIES: Array<[string, Partial<TrainConfig>]> = [
 
 test('a tf.layers model trained by layerwise single equals plain TF.js (tf.variableGrads + momentum SGD) after 3 steps', async () => {
   await initBackend('cpu');
-  const model = await moduleModel('mlp');
+  const model = await loadTestModel('mlp');
   assert.equal(
     model.config.arch === 'module' && model.config.loss,
     'sparse-categorical-crossentropy',
@@ -170,7 +157,7 @@ test('a tf.layers model trained by layerwise single equals plain TF.js (tf.varia
 for (const name of ['mlp', 'residual', 'blocks']) {
   test(`model module ${name}: gpipe K=2 and K=3 (fill-drain, 1f1b, zb-h1, interleaved-1f1b, zbv, dualpipev), local K=1, l2l and l2l K=2 (pipelined relay) train exactly like single`, async () => {
     await initBackend('cpu');
-    const model = await moduleModel(name);
+    const model = await loadTestModel(name);
     const ref = await runStrategy(model, { strategy: 'single' });
     assert.ok(ref.losses.every(Number.isFinite), `single: ${ref.losses}`);
     for (const [what, o] of STRATEGIES) {
@@ -194,7 +181,7 @@ for (const name of ['mlp', 'residual', 'blocks']) {
 
 test('the residual model: its skip connection stays inside a block, the custom layer is a block with its own weight', async () => {
   await initBackend('cpu');
-  const model = await moduleModel('residual');
+  const model = await loadTestModel('residual');
   assert.deepEqual(
     model.blocks.map((b) => b.name),
     ['flat..in', 'branch..skip', 'scale', 'logits'],
@@ -257,7 +244,7 @@ test('export: a trained tf.layers model loads in plain TF.js (tf.loadLayersModel
   await initBackend('cpu');
   const root = await mkdtemp(join(tmpdir(), 'layerwise-export-'));
   try {
-    const model = await moduleModel('residual');
+    const model = await loadTestModel('residual');
     // "trained" parameters: the initial ones moved, so a wrong mapping shows
     const params = initParams(model.blocks, 1);
     const rng = new Rng(3);

@@ -12,7 +12,6 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { initBackend } from '../backend/index.js';
 import { bf16Support } from '../backend/names.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
@@ -21,31 +20,18 @@ import { createStrategy } from '../strategies/index.js';
 import { maxParamDiff } from '../testing/assert-close.js';
 import { runCli } from '../testing/cli.js';
 import { randomBatch } from '../testing/fixtures.js';
+import { loadTestModel, testModelPath } from '../testing/test-models.js';
 import { Rng } from '../util/rng.js';
 import { initParams } from './init.js';
 import { droppedBlocks } from './layer-drop.js';
-import { loadModel, type Model, type ModuleConfig } from './model.js';
-import { loadModelModule } from './module.js';
+import type { Model } from './model.js';
 
-const fixture = (name: string) =>
-  fileURLToPath(new URL(`../testing/models/${name}.js`, import.meta.url));
+const fixture = testModelPath;
 /** Issue 34's bars after 3 steps: fp32 against fp32 single, bf16 against bf16 single. */
 const TOL = 1e-5;
 const TOL_BF16 = 1e-3;
 const LRS = [0.05, 0.05, 0.05];
 const SEED = 5;
-
-async function moduleModel(name: string): Promise<Model> {
-  const m = await loadModelModule(fixture(name));
-  const cfg: ModuleConfig = {
-    arch: 'module',
-    path: fixture(name),
-    loss: m.loss ?? 'softmax-cross-entropy',
-    inputShape: m.inputShape,
-    inputDtype: m.inputDtype,
-  };
-  return loadModel(cfg);
-}
 
 interface Run {
   losses: number[];
@@ -162,7 +148,7 @@ const SCHEDULES: Array<[string, Partial<TrainConfig>]> = [
 for (const name of ['mlp', 'cnn', 'norm-dropout']) {
   test(`own model ${name}: every schedule, l2l K=1 and K=2 and replicas train as single within ${TOL} after 3 steps`, async () => {
     await initBackend('cpu');
-    const model = await moduleModel(name);
+    const model = await loadTestModel(name);
     const ref = await train(model, { strategy: 'single' });
     assert.ok(ref.losses.every(Number.isFinite), `single: ${ref.losses}`);
     for (const [what, o] of SCHEDULES) {
@@ -176,7 +162,7 @@ for (const name of ['mlp', 'cnn', 'norm-dropout']) {
 
 test('dropout draws per example: its noise changes training, single and every split of the batch draw the same masks, LayerDrop on top', async () => {
   await initBackend('cpu');
-  const model = await moduleModel('norm-dropout');
+  const model = await loadTestModel('norm-dropout');
   const ref = await train(model, { strategy: 'single' });
   const quiet = await train(model, { strategy: 'single' }, { noise: false });
   assert.ok(
@@ -218,7 +204,7 @@ test('dropout draws per example: its noise changes training, single and every sp
 
 test('local parallelism on an own model with dropout: stage losses equal a second run of the same flags, bit for bit', async () => {
   await initBackend('cpu');
-  const model = await moduleModel('norm-dropout');
+  const model = await loadTestModel('norm-dropout');
   const flags: Partial<TrainConfig> = {
     strategy: 'local',
     stages: 2,
@@ -239,7 +225,7 @@ test('local parallelism on an own model with dropout: stage losses equal a secon
 
 test("the seed decides an own model's initial weights: one seed draws the same, another draws others, with the initializer's distribution; set weights are kept", async () => {
   await initBackend('cpu');
-  const model = await moduleModel('mlp');
+  const model = await loadTestModel('mlp');
   const a = initParams(model.blocks, 1);
   const b = initParams(model.blocks, 1);
   const c = initParams(model.blocks, 2);
@@ -261,7 +247,7 @@ test("the seed decides an own model's initial weights: one seed draws the same, 
     a.get('1.bias')!.every((v) => v === 0),
     'zeros stay zeros',
   );
-  const pre = await moduleModel('pretrained');
+  const pre = await loadTestModel('pretrained');
   const p = initParams(pre.blocks, 3);
   const first = p.get('0.kernel')!;
   assert.deepEqual(
@@ -281,7 +267,7 @@ test(`own models at --precision bf16: gpipe K=2 (1f1b, zbv) and l2l K=2 equal si
   skip: bf16Skip,
 }, async () => {
   for (const name of ['mlp', 'norm-dropout']) {
-    const model = await moduleModel(name);
+    const model = await loadTestModel(name);
     const bf = { backend: 'native', precision: 'bf16' } as Partial<TrainConfig>;
     const ref = await train(model, { strategy: 'single', ...bf });
     for (const [what, o] of [
