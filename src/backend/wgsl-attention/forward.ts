@@ -1,0 +1,155 @@
+/**
+ * WGSL of causal attention's forward on the webgpu backend (backend/webgpu-attention.ts). qkv is
+ * [B, T, 3D] laid out [B, T, 3, H, dh]; the kernel name declares two outputs, the probabilities
+ * P [B, H, T, T] (which the gradient reads) and the context [B, T, D], so the forward is two
+ * programs: {@link probsShader} (rows of P, flash-style: a workgroup of query rows of one
+ * (batch, head) walks the key blocks in workgroup memory with a running max and sum, then writes
+ * its rows of P), and {@link contextShader} (ctx = P V over the causal prefix).
+ *
+ * Each shader is the user code TF.js's webgpu backend wraps (webgpu_program.js makeShader): the
+ * inputs are arrays named after the program's variableNames, `result` the output, `uniforms`
+ * holds the program's uniforms; `main(index)` gets the flat invocation index.
+ */
+
+/** Query rows per workgroup (one invocation per row). */
+export const ROWS_PER_WORKGROUP = 64;
+
+/**
+ * Keys per block held in workgroup memory, dh floats each: at most 64, and at most 15 KiB in all
+ * (WebGPU's default limit on workgroup memory is 16 KiB).
+ */
+export function keysPerBlock(dh: number): number {
+  return Math.max(1, Math.min(64, Math.floor(3840 / dh)));
+}
+
+/**
+ * The uniforms of the row programs: T, H, the number of row blocks per (batch, head), B * H, and
+ * 1 / sqrt(dh).
+ */
+export const ROW_UNIFORMS =
+  'nT : i32, nH : i32, nBlk : i32, nBH : i32, scale : f32,';
+
+/**
+ * The common head of the row programs: the workgroup's (batch, head) and rows, its key-block
+ * bound read uniformly (so that barriers stay in uniform control flow), and `loadTile(j0, part)`,
+ * which copies keys j0.. of q (part 0), k (1) or v (2) of this (batch, head) into `tile`.
+ */
+export function rowHead(dh: number): string {
+  const tk = keysPerBlock(dh);
+  return `
+    const DH = ${dh};
+    const TK = ${tk};
+    const WG = ${ROWS_PER_WORKGROUP};
+    var<workgroup> tile : array<f32, ${tk * dh}>;
+    var<workgroup> blockEnd : i32;
+
+    struct Rows { b : i32, h : i32, bh : i32, row : i32, valid : bool, end : i32, li : i32 };
+
+    fn rows(index : i32) -> Rows {
+      let wg = index / WG;
+      var r : Rows;
+      r.li = index % WG;
+      r.bh = min(wg / uniforms.nBlk, uniforms.nBH - 1);
+      r.b = r.bh / uniforms.nH;
+      r.h = r.bh % uniforms.nH;
+      let i0 = (wg % uniforms.nBlk) * WG;
+      r.row = min(i0 + r.li, uniforms.nT - 1);
+      r.valid = i0 + r.li < uniforms.nT && wg / uniforms.nBlk < uniforms.nBH;
+      r.end = min(uniforms.nT, i0 + WG);
+      return r;
+    }
+
+    fn loadTile(r : Rows, j0 : i32, part : i32) {
+      let D = uniforms.nH * DH;
+      for (var e = r.li; e < TK * DH; e += WG) {
+        let j = j0 + e / DH;
+        var val = 0.0;
+        if (j < uniforms.nT) {
+          val = qkv[((r.b * uniforms.nT + j) * 3 + part) * D + r.h * DH + e % DH];
+        }
+        tile[e] = val;
+      }
+    }
+  `;
+}
+
+/**
+ * P [B, H, T, T] = softmax(scale q k^T + causal mask) by rows; inputs: qkv. Two walks over the
+ * key blocks: the first keeps the running max m and sum l of exp(s - m), the second writes
+ * exp(s - m) / l, and zeros above the diagonal.
+ */
+export function probsShader(dh: number): string {
+  return `${rowHead(dh)}
+    fn main(index : i32) {
+      var r = rows(index);
+      if (r.li == 0) {
+        blockEnd = r.end;
+      }
+      let end = workgroupUniformLoad(&blockEnd);
+      let D = uniforms.nH * DH;
+      var q : array<f32, DH>;
+      let qBase = (r.b * uniforms.nT + r.row) * 3 * D + r.h * DH;
+      for (var d = 0; d < DH; d++) {
+        q[d] = qkv[qBase + d] * uniforms.scale;
+      }
+      var m = -3.402823e+38;
+      var l = 0.0;
+      for (var j0 = 0; j0 < end; j0 += TK) {
+        loadTile(r, j0, 1);
+        workgroupBarrier();
+        for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
+          var s = 0.0;
+          for (var d = 0; d < DH; d++) {
+            s += q[d] * tile[jj * DH + d];
+          }
+          let mNew = max(m, s);
+          l = l * exp(m - mNew) + exp(s - mNew);
+          m = mNew;
+        }
+        workgroupBarrier();
+      }
+      let outBase = (r.bh * uniforms.nT + r.row) * uniforms.nT;
+      for (var j0 = 0; j0 < end; j0 += TK) {
+        loadTile(r, j0, 1);
+        workgroupBarrier();
+        for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
+          var s = 0.0;
+          for (var d = 0; d < DH; d++) {
+            s += q[d] * tile[jj * DH + d];
+          }
+          if (r.valid) {
+            result[outBase + j0 + jj] = exp(s - m) / l;
+          }
+        }
+        workgroupBarrier();
+      }
+      if (r.valid) {
+        for (var j = r.row + 1; j < uniforms.nT; j++) {
+          result[outBase + j] = 0.0;
+        }
+      }
+    }
+  `;
+}
+
+/** ctx [B, T, D] (heads side by side) = P V over keys j <= t; inputs: probs, qkv; one invocation per element. */
+export function contextShader(dh: number): string {
+  return `
+    const DH = ${dh};
+    fn main(index : i32) {
+      if (index < uniforms.size) {
+        let nT = uniforms.nT;
+        let D = uniforms.nH * DH;
+        let c = index % D;
+        let t = (index / D) % nT;
+        let b = index / (D * nT);
+        let pBase = ((b * uniforms.nH + c / DH) * nT + t) * nT;
+        var acc = 0.0;
+        for (var j = 0; j <= t; j++) {
+          acc += probs[pBase + j] * qkv[((b * nT + j) * 3 + 2) * D + c];
+        }
+        setOutputAtIndex(index, acc);
+      }
+    }
+  `;
+}
