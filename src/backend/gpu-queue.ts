@@ -32,6 +32,7 @@ interface WebGPUBackendLike {
   endComputePassEncoder(): void;
   submitQueue(): void;
   getBufferData(buffer: unknown): Promise<unknown>;
+  runWebGPUProgram(...args: unknown[]): unknown;
   uploadToGPU(dataId: object): void;
   tensorMap: { get(dataId: object): { resource?: unknown } | undefined };
 }
@@ -54,13 +55,26 @@ export interface GpuSubmit {
   idleBy: number | null;
 }
 
-/** The webgpu backend's queue with the bookkeeping of {@link GpuSubmit}. */
+/**
+ * How much a device has asked of its GPU so far: compute dispatches (programs run, TF.js's and
+ * layerwise's kernels alike), queue submits and readbacks (reads of a buffer back to the host,
+ * each a round trip). Cumulative counts; a step's are the difference of two readings.
+ */
+export interface GpuCounts {
+  dispatches: number;
+  submits: number;
+  readbacks: number;
+}
+
+/** The webgpu backend's queue with the bookkeeping of {@link GpuSubmit} and {@link GpuCounts}. */
 export class GpuQueue {
   private firstSubmitAt: number | null = null;
   private submitMs = 0;
   /** Submits of work so far, and the count and time when a read last found the GPU done with all of them. */
   private submits = 0;
   private idle: { seq: number; at: number } | null = null;
+  private dispatches = 0;
+  private readbacks = 0;
 
   constructor(private readonly backend: WebGPUBackendLike) {
     const submit = backend.submitQueue.bind(backend);
@@ -75,10 +89,25 @@ export class GpuQueue {
     // completes with nothing submitted since, the GPU has finished all the work so far
     const read = backend.getBufferData.bind(backend);
     backend.getBufferData = async (buffer: unknown) => {
+      this.readbacks++;
       const seq = this.submits + 1; // its own copy's submit
       const values = await read(buffer);
       if (this.submits === seq) this.idle = { seq, at: performance.now() };
       return values;
+    };
+    const run = backend.runWebGPUProgram.bind(backend);
+    backend.runWebGPUProgram = (...args: unknown[]) => {
+      this.dispatches++;
+      return run(...args);
+    };
+  }
+
+  /** The counts so far (see {@link GpuCounts}). */
+  counts(): GpuCounts {
+    return {
+      dispatches: this.dispatches,
+      submits: this.submits,
+      readbacks: this.readbacks,
     };
   }
 

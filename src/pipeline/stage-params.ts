@@ -226,12 +226,17 @@ export class GradAccumulator {
    */
   async sumSquares(): Promise<number> {
     const grads = [...this.grads.values()];
-    const sums = grads.map((g) => tf.tidy(() => tf.sum(tf.square(g))));
+    // one read of every gradient's sum (a readback is a round trip on a GPU), the same float32
+    // sums as reading each on its own
+    const sums =
+      grads.length > 0
+        ? tf.tidy(() => tf.stack(grads.map((g) => tf.sum(tf.square(g)))))
+        : null;
     let values: number[];
     try {
-      values = (await Promise.all(sums.map((t) => t.data()))).map((v) => v[0]!);
+      values = sums ? Array.from(await sums.data()) : [];
     } finally {
-      tf.dispose(sums);
+      sums?.dispose();
     }
     let total = 0;
     for (const [i, v] of values.entries())

@@ -1,4 +1,5 @@
 import type { MessagePort } from 'node:worker_threads';
+import type { GpuCounts } from '../backend/gpu-queue.js';
 import type { Precision } from '../backend/names.js';
 import type { HostTensor } from '../data/microbatch.js';
 /** Messages between the main thread and a stage worker, and between neighbouring stages. */
@@ -107,6 +108,8 @@ export interface StageStepResult {
   startedAt: number;
   /** Non-finite values a diagnosing step found (see StageStep.diagnose). */
   faults?: NumericFault[];
+  /** webgpu: what the step asked of the GPU (compute dispatches, queue submits, readbacks to the host). */
+  gpu?: GpuCounts;
 }
 
 /** Methods of the worker's request/reply protocol and their arguments and results. */

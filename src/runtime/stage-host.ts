@@ -21,6 +21,7 @@ import {
   setDeviceBudget,
   takeTransferBytes,
 } from '../backend/memory.js';
+import { gpuQueue } from '../backend/gpu-queue.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
 import { loadModel } from '../model/model.js';
@@ -337,6 +338,7 @@ class StageHost {
     const t0 = performance.now();
     const startedAt = performance.timeOrigin + t0;
     startStep(all);
+    const gpuBefore = gpuQueue()?.counts(); // webgpu: what the step asks of the GPU
     const inputs = a.inputs?.map(fromWire);
     const labels = a.labels?.map(fromWire);
     let trace: Awaited<ReturnType<typeof execute>>;
@@ -366,7 +368,15 @@ class StageHost {
       for (const s of all) s.discard?.();
       throw e;
     }
-    return stepResult(all, trace, t0, startedAt);
+    const result = stepResult(all, trace, t0, startedAt);
+    const gpuAfter = gpuQueue()?.counts();
+    if (gpuBefore && gpuAfter)
+      result.gpu = {
+        dispatches: gpuAfter.dispatches - gpuBefore.dispatches,
+        submits: gpuAfter.submits - gpuBefore.submits,
+        readbacks: gpuAfter.readbacks - gpuBefore.readbacks,
+      };
+    return result;
   }
 
   /** getParams: every program's parameters (host copies). Throws where a program keeps none on its device. */

@@ -3,6 +3,7 @@
  * l2l.ts): a mini-batch cut into the micro-batches a step carries, a step's report from its
  * stages' results, the evaluation over validation batches, and a submitted step.
  */
+import type { GpuCounts } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
 import { waitingMs } from '../pipeline/executor.js';
@@ -55,6 +56,7 @@ export function stepReport(
         }
       : {}),
     stageSeconds: results.map((r) => r.ms / 1000),
+    ...gpuCountsOf(results),
     bubble: results.map((r) => (r.ms > 0 ? waitingMs(r.trace) / r.ms : 0)),
     traces: results.map((r) => r.trace),
     startedAt: results.map((r) => r.startedAt),
@@ -124,4 +126,21 @@ export function submission(
   const a = accepted.then(() => undefined);
   a.catch(() => undefined);
   return { accepted: a, done };
+}
+
+/** The devices' GPU counts of a step, summed (webgpu; nothing where no device reported any). */
+function gpuCountsOf(results: readonly StageStepResult[]): {
+  gpu?: GpuCounts;
+} {
+  const counted = results.filter((r) => r.gpu !== undefined);
+  if (counted.length === 0) return {};
+  const sum = (k: keyof GpuCounts) =>
+    counted.reduce((s, r) => s + r.gpu![k], 0);
+  return {
+    gpu: {
+      dispatches: sum('dispatches'),
+      submits: sum('submits'),
+      readbacks: sum('readbacks'),
+    },
+  };
 }

@@ -5,6 +5,7 @@
  * strategy resumes under another.
  */
 
+import type { GpuCounts } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { LossScaleState } from '../optim/loss-scale.js';
@@ -28,6 +29,8 @@ export interface StepReport {
   deviceToHostBytes?: number[];
   /** Per stage: wall time of the step, seconds. */
   stageSeconds: number[];
+  /** webgpu: what the step asked of the GPUs, all devices together (compute dispatches, queue submits, readbacks). */
+  gpu?: GpuCounts;
   /** Per stage: fraction of the step spent waiting for other stages (the measured bubble). */
   bubble: number[];
   /** Per stage: the executed actions (ms since the stage began the step). */

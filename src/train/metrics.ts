@@ -88,6 +88,12 @@ export interface Summary {
   device_to_host_bytes?: number[];
   /** wasm backend: largest heap size per stage over the run, bytes. */
   wasm_heap_bytes?: number[];
+  /** webgpu: compute dispatches per training step, all devices together (mean over the counted steps). */
+  dispatches_per_step?: number;
+  /** webgpu: queue submits per training step, all devices together (as above). */
+  submits_per_step?: number;
+  /** webgpu: reads of GPU buffers back to the host per training step, all devices together (as above). */
+  readbacks_per_step?: number;
   /**
    * The run's bubble per stage, the one definition layerwise reports (also printed at the end
    * as "idle (bubble)"): the mean of the stage's per-step `bubble` of metrics.jsonl (time it

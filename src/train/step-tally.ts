@@ -37,6 +37,9 @@ export type MeasuredFields = Pick<
   | 'device_to_host_bytes'
   | 'bubble'
   | 'wasm_heap_bytes'
+  | 'dispatches_per_step'
+  | 'submits_per_step'
+  | 'readbacks_per_step'
 >;
 
 /**
@@ -51,6 +54,8 @@ export class StepTally {
   private readonly h2d: number[];
   private readonly d2h: number[];
   private movedSteps = 0;
+  /** webgpu: the counted steps' GPU counts, summed, and how many steps reported them. */
+  private readonly gpu = { dispatches: 0, submits: 0, readbacks: 0, steps: 0 };
   private measured = 0;
   private targets = 0;
   private trainSeconds = 0;
@@ -91,6 +96,12 @@ export class StepTally {
       this.trainSeconds += f.seconds;
       r.bubble.forEach((b, i) => (this.bubbleSum[i]! += b));
       this.measured++;
+      if (r.gpu) {
+        this.gpu.dispatches += r.gpu.dispatches;
+        this.gpu.submits += r.gpu.submits;
+        this.gpu.readbacks += r.gpu.readbacks;
+        this.gpu.steps++;
+      }
     }
     r.peakBytes.forEach((b, i) => (this.peak[i] = Math.max(this.peak[i]!, b)));
     const moved = r.hostToDeviceBytes && r.deviceToHostBytes;
@@ -169,6 +180,18 @@ export class StepTally {
       ...(this.heap.every((h) => h > 0)
         ? { wasm_heap_bytes: [...this.heap] }
         : {}),
+      ...this.gpuFields(),
+    };
+  }
+
+  /** summary.json's webgpu counts per step (none where no step reported any). */
+  private gpuFields(): Partial<MeasuredFields> {
+    const g = this.gpu;
+    if (g.steps === 0) return {};
+    return {
+      dispatches_per_step: g.dispatches / g.steps,
+      submits_per_step: g.submits / g.steps,
+      readbacks_per_step: g.readbacks / g.steps,
     };
   }
 }
