@@ -7,6 +7,7 @@
  * {@link LinkResolver}). A message names the stage it is for (`act:<stage>`,
  * `grad:<stage>`), so each stage has its own FIFO on a link several stages share.
  */
+import { gpuQueue } from '../backend/gpu-queue.js';
 import {
   backendHeapBytes,
   initBackend,
@@ -21,7 +22,6 @@ import {
   setDeviceBudget,
   takeTransferBytes,
 } from '../backend/memory.js';
-import { gpuQueue } from '../backend/gpu-queue.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
 import { loadModel } from '../model/model.js';
