@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 #include "kernels.h"
@@ -33,6 +34,84 @@ inline float fastExp(float x) {
   return p * scale;
 }
 
+// Storage types of the kernels' inputs and outputs, which compute in float32: float, or bf16
+// values (uint16_t, the upper 16 bits of a float32 pattern). A kernel is one template over them:
+// a block (or row) of an input is load()ed as float32 (in place for float, widened into a
+// thread's L1-sized buffer for bf16), its results written at target() (the output itself for
+// float, the buffer for bf16) and store()d (nothing for float, rounded to nearest even for bf16),
+// the conversions vectorised (bf16.cc). A Bf16Operand (float32 or bf16, chosen at run time) is
+// given to a template through visit().
+using bf16 = uint16_t;
+template <typename T>
+constexpr bool kFloat = std::is_same_v<T, float>;  // held as float32: read and written in place
+
+inline const float* load(const float* p, int64_t, float*) { return p; }
+inline const float* load(const bf16* p, int64_t len, float* buf) {
+  fromBf16Serial(p, buf, len);
+  return buf;
+}
+inline float* target(float* p, float*) { return p; }
+inline float* target(bf16*, float* buf) { return buf; }
+inline void store(const float*, float*, int64_t) {}
+inline void store(const float* v, bf16* p, int64_t len) { toBf16Serial(v, p, len); }
+
+// f(x.f32) or f(x.bf16), whichever x holds
+template <typename F>
+void visit(const Bf16Operand& x, F f) {
+  if (x.f32 != nullptr)
+    f(x.f32);
+  else
+    f(x.bf16);
+}
+
+// Elements per block of an element-wise kernel reading or writing bf16 (mapElements): loaded,
+// computed and stored while the block's float32 values are in L1 (4 KiB). 64 KiB blocks (out of
+// L1) made the bf16 kernels up to 1.7x slower than the float32 ones.
+constexpr int64_t kBlock = 1 << 10;
+
+// The second input of a one-input kernel (mapElements)
+struct NoInput {};
+template <typename T>
+constexpr bool kNone = std::is_same_v<T, NoInput>;
+
+// f(x) (b a NoInput) or f(x, y) over [0, n) of a (and b) stored element by element into out.
+// All float32: one vectorised loop over the team in place. Otherwise in blocks spread over the
+// team: a's and b's block loaded as float32, f's results at target() and stored into out while
+// in L1. No float32 copy of a whole bf16 input or output.
+template <typename F, typename Out, typename A, typename B>
+void mapElements(F f, Out* out, const A* a, const B* b, int64_t n) {
+  if constexpr (kFloat<Out> && kFloat<A> && (kFloat<B> || kNone<B>)) {
+#pragma omp parallel for simd schedule(static) if (n > kParallel)
+    for (int64_t i = 0; i < n; i++) {
+      if constexpr (kNone<B>)
+        out[i] = f(a[i]);
+      else
+        out[i] = f(a[i], b[i]);
+    }
+  } else {
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel if (n > kParallel)
+    {
+      std::vector<float> bufA(kFloat<A> ? 0 : kBlock), bufB(kFloat<B> || kNone<B> ? 0 : kBlock), bufO(kFloat<Out> ? 0 : kBlock);
+#pragma omp for schedule(static)
+      for (int64_t c = 0; c < blocks; c++) {
+        const int64_t from = c * kBlock, len = std::min(n, from + kBlock) - from;
+        const float* pa = load(a + from, len, bufA.data());
+        float* o = target(out + from, bufO.data());
+        if constexpr (kNone<B>) {
+#pragma omp simd
+          for (int64_t i = 0; i < len; i++) o[i] = f(pa[i]);
+        } else {
+          const float* pb = load(b + from, len, bufB.data());
+#pragma omp simd
+          for (int64_t i = 0; i < len; i++) o[i] = f(pa[i], pb[i]);
+        }
+        store(o, out + from, len);
+      }
+    }
+  }
+}
+
 template <typename F>
 void binaryLoop(F f, const float* a, const float* b, float* out, const std::vector<int64_t>& aShape,
                 const std::vector<int64_t>& bShape, const std::vector<int64_t>& outShape) {
@@ -40,8 +119,7 @@ void binaryLoop(F f, const float* a, const float* b, float* out, const std::vect
   const int64_t aSize = product(aShape), bSize = product(bShape);
   if (size == 0) return;
   if (aSize == size && bSize == size) {
-#pragma omp parallel for simd schedule(static) if (size > kParallel)
-    for (int64_t i = 0; i < size; i++) out[i] = f(a[i], b[i]);
+    mapElements(f, out, a, b, size);
     return;
   }
   if (bSize == 1) {
@@ -205,99 +283,48 @@ inline float geluGradOf(float v, float dy) {
   return dy * (s + du * (s - s * s));
 }
 
-// Elements per block of a kernel that reads or writes bf16 (chunkedOperands): widened, computed
-// and rounded while the block's float32 values are in L1 (4 KiB). 64 KiB blocks (out of L1)
-// made the bf16 kernels up to 1.7x slower than their float32 twins.
-constexpr int64_t kBlock = 1 << 10;
-
-void gelu(const float* x, float* out, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallel)
-  for (int64_t i = 0; i < n; i++) out[i] = geluOf(x[i]);
-}
-
-void geluGrad(const float* x, const float* dy, float* dx, int64_t n) {
-#pragma omp parallel for simd schedule(static) if (n > kParallel)
-  for (int64_t i = 0; i < n; i++) dx[i] = geluGradOf(x[i], dy[i]);
-}
-
 namespace {
 
-// [from, to) of an input held as float32 (f) or as bf16 (b, widened into buf): float32 values
-inline const float* piece(const Bf16Operand& in, int64_t from, int64_t len, float* buf) {
-  if (in.f32 != nullptr) return in.f32 + from;
-  fromBf16Serial(in.bf16 + from, buf, len);
-  return buf;
+// GELU of x into out, and dx = dy * GELU'(x); each storage float or bf16
+template <typename X, typename Out>
+void geluOver(const X* x, Out* out, int64_t n) {
+  mapElements([](float v) { return geluOf(v); }, out, x, static_cast<const NoInput*>(nullptr), n);
 }
 
-// body(from, len, pa, pb, scratch) over [0, n) in chunks spread over the team: a's and b's chunk
-// as float32 (widened from bf16 where held so; b may be null), scratch a per-thread float32
-// buffer of a chunk. No float32 copy of a whole input.
-template <typename Body>
-void chunkedOperands(int64_t n, const Bf16Operand& a, const Bf16Operand* b, Body body) {
-  const int64_t chunks = (n + kBlock - 1) / kBlock;
-#pragma omp parallel if (n > kParallel)
-  {
-    std::vector<float> bufA(a.f32 != nullptr ? 0 : kBlock), bufB(b != nullptr && b->f32 == nullptr ? kBlock : 0), scratch(kBlock);
-#pragma omp for schedule(static)
-    for (int64_t c = 0; c < chunks; c++) {
-      const int64_t from = c * kBlock, len = std::min(n, from + kBlock) - from;
-      const float* pa = piece(a, from, len, bufA.data());
-      const float* pb = b != nullptr ? piece(*b, from, len, bufB.data()) : nullptr;
-      body(from, len, pa, pb, scratch.data());
-    }
-  }
-}
-
-// body(ins..., out, len) per chunk as chunkedOperands gives them, its float32 output rounded
-// into bf while in cache: no float32 copy of the whole output.
-template <typename Body>
-void chunkedToBf16(int64_t n, const Bf16Operand& a, const Bf16Operand* b, uint16_t* bf, Body body) {
-  chunkedOperands(n, a, b, [&](int64_t from, int64_t len, const float* pa, const float* pb, float* out) {
-    body(pa, pb, out, len);
-    toBf16Serial(out, bf + from, len);
-  });
+template <typename X, typename D, typename Out>
+void geluGradOver(const X* x, const D* dy, Out* dx, int64_t n) {
+  mapElements([](float v, float d) { return geluGradOf(v, d); }, dx, x, dy, n);
 }
 
 }  // namespace
 
+void gelu(const float* x, float* out, int64_t n) { geluOver(x, out, n); }
+
+void geluGrad(const float* x, const float* dy, float* dx, int64_t n) { geluGradOver(x, dy, dx, n); }
+
 void geluToBf16(const Bf16Operand& x, uint16_t* out, int64_t n) {
-  chunkedToBf16(n, x, nullptr, out, [](const float* xv, const float*, float* o, int64_t len) {
-#pragma omp simd
-    for (int64_t i = 0; i < len; i++) o[i] = geluOf(xv[i]);
-  });
+  visit(x, [&](auto xs) { geluOver(xs, out, n); });
 }
 
 void geluGradToBf16(const Bf16Operand& x, const Bf16Operand& dy, uint16_t* dx, int64_t n) {
-  chunkedToBf16(n, x, &dy, dx, [](const float* xv, const float* dyv, float* o, int64_t len) {
-#pragma omp simd
-    for (int64_t i = 0; i < len; i++) o[i] = geluGradOf(xv[i], dyv[i]);
-  });
+  visit(x, [&](auto xs) { visit(dy, [&](auto ds) { geluGradOver(xs, ds, dx, n); }); });
 }
 
 bool binarySameShape(BinaryOp op, const Bf16Operand& a, const Bf16Operand& b, float* out, int64_t n) {
-  return withBinaryOp(op, [&](auto f) {
-    chunkedOperands(n, a, &b, [&](int64_t from, int64_t len, const float* pa, const float* pb, float*) {
-      float* o = out + from;
-#pragma omp simd
-      for (int64_t i = 0; i < len; i++) o[i] = f(pa[i], pb[i]);
-    });
-  });
+  return withBinaryOp(op, [&](auto f) { visit(a, [&](auto as) { visit(b, [&](auto bs) { mapElements(f, out, as, bs, n); }); }); });
 }
 
 namespace {
 
-// Layer norm of rows [x, xhat, rstd as in layerNorm], x's rows as float32 or bf16; y's row r
-// goes to yRow(r, values) (float32 values of a thread's row buffer, valid during the call).
-// xhat's row written into xhat (float32) or, where xhat is null, rounded into xhatBf
-template <typename YRow>
-void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* xhat, uint16_t* xhatBf, float* rstd, int64_t rows, int64_t cols,
-                   float epsilon, YRow yRow) {
+// Layer norm of x's rows (float or bf16) into y and xhat (both float or both bf16) and rstd, a row at a time
+template <typename X, typename Y>
+void layerNormOver(const X* x, const float* g, const float* b, Y* y, Y* xhat, float* rstd, int64_t rows, int64_t cols, float epsilon) {
 #pragma omp parallel if (rows * cols > kParallel && rows > 1)
   {
-    std::vector<float> inBuf(x.f32 != nullptr ? 0 : cols), outBuf(cols), xhBuf(xhat != nullptr ? 0 : cols);
+    std::vector<float> inBuf(kFloat<X> ? 0 : cols), yBuf(kFloat<Y> ? 0 : cols), xhBuf(kFloat<Y> ? 0 : cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const float* in = piece(x, r * cols, cols, inBuf.data());
+      const float* in = load(x + r * cols, cols, inBuf.data());
       double s = 0;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < cols; i++) s += in[i];
@@ -307,54 +334,33 @@ void layerNormRows(const Bf16Operand& x, const float* g, const float* b, float* 
       for (int64_t i = 0; i < cols; i++) q += static_cast<double>(in[i] - mean) * (in[i] - mean);
       const float rs = 1.f / std::sqrt(static_cast<float>(q / static_cast<double>(cols)) + epsilon);
       rstd[r] = rs;
-      float* xh = xhat != nullptr ? xhat + r * cols : xhBuf.data();
-      float* o = outBuf.data();
+      float* xh = target(xhat + r * cols, xhBuf.data());
+      float* o = target(y + r * cols, yBuf.data());
 #pragma omp simd
       for (int64_t i = 0; i < cols; i++) {
         xh[i] = (in[i] - mean) * rs;
         o[i] = xh[i] * g[i] + b[i];
       }
-      if (xhat == nullptr) toBf16Serial(xh, xhatBf + r * cols, cols);
-      yRow(r, o);
+      store(xh, xhat + r * cols, cols);
+      store(o, y + r * cols, cols);
     }
   }
 }
 
-}  // namespace
-
-void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
-               float epsilon) {
-  Bf16Operand in;
-  in.f32 = x;
-  layerNormRows(in, g, b, xhat, nullptr, rstd, rows, cols, epsilon,
-                [&](int64_t r, const float* o) { std::memcpy(y + r * cols, o, sizeof(float) * cols); });
-}
-
-void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, uint16_t* xhat, float* rstd, int64_t rows,
-                     int64_t cols, float epsilon) {
-  layerNormRows(x, g, b, nullptr, xhat, rstd, rows, cols, epsilon, [&](int64_t r, const float* o) { toBf16Serial(o, y + r * cols, cols); });
-}
-
-void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
-                   int64_t rows, int64_t cols) {
-  Bf16Operand d, xh;
-  d.f32 = dy;
-  xh.f32 = xhat;
-  layerNormGrad(d, xh, rstd, g, dx, dg, db, rows, cols);
-}
-
-void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
-                   int64_t rows, int64_t cols) {
+// layerNormGrad over dy and xhat each float or bf16 (read row by row, never widened whole)
+template <typename D, typename XH>
+void layerNormGradOver(const D* dy, const XH* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db, int64_t rows,
+                       int64_t cols) {
   // dx per row; dg and db as per-thread partial sums over rows, added at the end
   std::vector<double> sumG(cols, 0.0), sumB(cols, 0.0);
 #pragma omp parallel if (rows * cols > kParallel && rows > 1)
   {
     std::vector<double> pg(cols, 0.0), pb(cols, 0.0);
-    std::vector<float> dyBuf(dy.f32 != nullptr ? 0 : cols), xhBuf(xhat.f32 != nullptr ? 0 : cols);
+    std::vector<float> dyBuf(kFloat<D> ? 0 : cols), xhBuf(kFloat<XH> ? 0 : cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
-      const float* d = piece(dy, r * cols, cols, dyBuf.data());
-      const float* xh = piece(xhat, r * cols, cols, xhBuf.data());
+      const float* d = load(dy + r * cols, cols, dyBuf.data());
+      const float* xh = load(xhat + r * cols, cols, xhBuf.data());
       double m1 = 0, m2 = 0;
       double* pgr = pg.data();
       double* pbr = pb.data();
@@ -385,6 +391,28 @@ void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* 
   }
 }
 
+}  // namespace
+
+void layerNorm(const float* x, const float* g, const float* b, float* y, float* xhat, float* rstd, int64_t rows, int64_t cols,
+               float epsilon) {
+  layerNormOver(x, g, b, y, xhat, rstd, rows, cols, epsilon);
+}
+
+void layerNormToBf16(const Bf16Operand& x, const float* g, const float* b, uint16_t* y, uint16_t* xhat, float* rstd, int64_t rows,
+                     int64_t cols, float epsilon) {
+  visit(x, [&](auto xs) { layerNormOver(xs, g, b, y, xhat, rstd, rows, cols, epsilon); });
+}
+
+void layerNormGrad(const float* dy, const float* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
+                   int64_t rows, int64_t cols) {
+  layerNormGradOver(dy, xhat, rstd, g, dx, dg, db, rows, cols);
+}
+
+void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* rstd, const float* g, float* dx, float* dg, float* db,
+                   int64_t rows, int64_t cols) {
+  visit(dy, [&](auto ds) { visit(xhat, [&](auto xs) { layerNormGradOver(ds, xs, rstd, g, dx, dg, db, rows, cols); }); });
+}
+
 void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
 #pragma omp parallel for schedule(static) if (outer * inner > kParallel && outer > 1)
   for (int64_t r = 0; r < outer; r++) {
@@ -406,13 +434,10 @@ void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inne
   }
 }
 
-void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
-  Bf16Operand in;
-  in.f32 = x;
-  reduceOuter(op, in, out, outer, inner);
-}
+namespace {
 
-void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, int64_t inner) {
+template <typename X>
+void reduceOuterOver(ReduceOp op, const X* x, float* out, int64_t outer, int64_t inner) {
   // out[j] = op over i < outer of x[i, j]: columns split over the team, rows streamed in order
   // (a row's columns widened first where x is bf16 values: a bf16 run's bias gradient)
   const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
@@ -422,15 +447,15 @@ void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, i
     if (c1 > c0) {
       const int64_t w = c1 - c0;
       std::vector<double> acc(w);
-      std::vector<float> buf(x.f32 != nullptr ? 0 : w);
+      std::vector<float> buf(kFloat<X> ? 0 : w);
       if (sum || outer == 0)
         for (int64_t c = 0; c < w; c++) acc[c] = sum ? 0.0 : (op == ReduceOp::Max ? -INFINITY : INFINITY);
       else {
-        const float* first = piece(x, c0, w, buf.data());
+        const float* first = load(x + c0, w, buf.data());
         for (int64_t c = 0; c < w; c++) acc[c] = first[c];
       }
       for (int64_t i = sum ? 0 : 1; i < outer; i++) {
-        const float* row = piece(x, i * inner + c0, w, buf.data());
+        const float* row = load(x + i * inner + c0, w, buf.data());
         double* a = acc.data();
         if (sum) {
 #pragma omp simd
@@ -444,6 +469,14 @@ void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, i
       for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(op == ReduceOp::Mean ? acc[c - c0] / static_cast<double>(outer) : acc[c - c0]);
     }
   }
+}
+
+}  // namespace
+
+void reduceOuter(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) { reduceOuterOver(op, x, out, outer, inner); }
+
+void reduceOuter(ReduceOp op, const Bf16Operand& x, float* out, int64_t outer, int64_t inner) {
+  visit(x, [&](auto xs) { reduceOuterOver(op, xs, out, outer, inner); });
 }
 
 void transpose(const float* x, float* out, const std::vector<int64_t>& shape, const std::vector<int64_t>& perm) {
@@ -543,42 +576,50 @@ inline void softmaxGradRow(const float* yr, const float* dr, float* o, int64_t c
   for (int64_t j = 0; j < cols; j++) o[j] = scale * yr[j] * (dr[j] - d);
 }
 
-}  // namespace
-
-void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float scale) {
-#pragma omp parallel for schedule(static) if (batch * t * t > kParallel && batch * t > 1)
-  for (int64_t r = 0; r < batch * t; r++) causalSoftmaxRow(x + r * t, out + r * t, r % t, t, scale);
-}
-
-void causalSoftmaxToBf16(const float* x, uint16_t* out, int64_t batch, int64_t t, float scale) {
+// The causal softmax into out (float or bf16), and the softmax gradient of y (float or bf16) into
+// dx (float or bf16), a row at a time: a bf16 row computed in a thread's float32 row (in L1), then
+// rounded. dx may be dy (float) or y's memory (bf16: each row is read before it is written).
+template <typename Out>
+void causalSoftmaxOver(const float* x, Out* out, int64_t batch, int64_t t, float scale) {
 #pragma omp parallel if (batch * t * t > kParallel && batch * t > 1)
   {
-    std::vector<float> row(static_cast<size_t>(t));  // this thread's row, rounded while in L1
+    std::vector<float> row(kFloat<Out> ? 0 : static_cast<size_t>(t));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < batch * t; r++) {
-      causalSoftmaxRow(x + r * t, row.data(), r % t, t, scale);
-      toBf16Serial(row.data(), out + r * t, t);
+      float* o = target(out + r * t, row.data());
+      causalSoftmaxRow(x + r * t, o, r % t, t, scale);
+      store(o, out + r * t, t);
     }
   }
 }
 
+template <typename Y, typename Out>
+void softmaxGradOver(const Y* y, const float* dy, Out* dx, int64_t rows, int64_t cols, float scale) {
+#pragma omp parallel if (rows * cols > kParallel && rows > 1)
+  {
+    std::vector<float> wide(kFloat<Y> ? 0 : static_cast<size_t>(cols)), row(kFloat<Out> ? 0 : static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* yr = load(y + r * cols, cols, wide.data());
+      float* o = target(dx + r * cols, row.data());
+      softmaxGradRow(yr, dy + r * cols, o, cols, scale);
+      store(o, dx + r * cols, cols);
+    }
+  }
+}
+
+}  // namespace
+
+void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float scale) { causalSoftmaxOver(x, out, batch, t, scale); }
+
+void causalSoftmaxToBf16(const float* x, uint16_t* out, int64_t batch, int64_t t, float scale) { causalSoftmaxOver(x, out, batch, t, scale); }
+
 void softmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, float scale) {
-#pragma omp parallel for schedule(static) if (rows * cols > kParallel && rows > 1)
-  for (int64_t r = 0; r < rows; r++) softmaxGradRow(y + r * cols, dy + r * cols, dx + r * cols, cols, scale);
+  softmaxGradOver(y, dy, dx, rows, cols, scale);
 }
 
 void softmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int64_t rows, int64_t cols, float scale) {
-#pragma omp parallel if (rows * cols > kParallel && rows > 1)
-  {
-    std::vector<float> wide(y.f32 != nullptr ? 0 : static_cast<size_t>(cols)), row(static_cast<size_t>(cols));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const float* yr = y.f32 != nullptr ? y.f32 + r * cols : wide.data();
-      if (y.f32 == nullptr) fromBf16Serial(y.bf16 + r * cols, wide.data(), cols);
-      softmaxGradRow(yr, dy + r * cols, row.data(), cols, scale);
-      toBf16Serial(row.data(), dx + r * cols, cols);
-    }
-  }
+  visit(y, [&](auto ys) { softmaxGradOver(ys, dy, dx, rows, cols, scale); });
 }
 
 void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments) {
