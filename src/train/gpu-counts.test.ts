@@ -1,0 +1,85 @@
+/**
+ * What a training step asks of the GPU (issue 36 item 2): on webgpu every device reports its
+ * step's compute dispatches, queue submits and readbacks, the strategy sums them, and
+ * summary.json gives their means per step; on a host backend nothing is reported. A single
+ * step reads back only its loss and its gradient norm. Skipped, saying why, where no WebGPU
+ * adapter can be made.
+ */
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { installDawn } from '../backend/webgpu.js';
+import type { StepReport } from '../strategies/strategy.js';
+import { trainTinyLm } from '../testing/fixtures.js';
+import { StepTally } from './step-tally.js';
+
+let why: string | false = false;
+try {
+  await installDawn();
+} catch (e) {
+  why = `no WebGPU adapter here: ${(e as Error).message}`;
+}
+
+const run = (backend: string, o: Record<string, unknown> = {}) =>
+  trainTinyLm(
+    { backend, strategy: 'single', clipNorm: 1, ...o },
+    {
+      shape: { layers: 2, dModel: 16, heads: 2, context: 8 },
+      batchSize: 4,
+      lrs: [3e-3, 2e-3],
+    },
+  );
+
+test('the tally gives summary.json the mean GPU counts per counted step, and none without them', () => {
+  const report = (gpu?: StepReport['gpu']): StepReport => ({
+    loss: 1,
+    stageLosses: [1],
+    peakBytes: [0],
+    stageSeconds: [0.1],
+    bubble: [0],
+    traces: [[]],
+    startedAt: [0],
+    ...(gpu ? { gpu } : {}),
+  });
+  const facts = (step: number, counted: boolean) => ({
+    step,
+    lr: 0.1,
+    tokens: 10,
+    seconds: 0.1,
+    counted,
+  });
+  const t = new StepTally(1, true);
+  t.step(
+    report({ dispatches: 999, submits: 99, readbacks: 9 }),
+    facts(1, false),
+  );
+  t.step(
+    report({ dispatches: 100, submits: 10, readbacks: 2 }),
+    facts(2, true),
+  );
+  t.step(
+    report({ dispatches: 200, submits: 20, readbacks: 2 }),
+    facts(3, true),
+  );
+  const s = t.summaryFields();
+  assert.equal(s.dispatches_per_step, 150);
+  assert.equal(s.submits_per_step, 15);
+  assert.equal(s.readbacks_per_step, 2);
+  const host = new StepTally(1, true);
+  host.step(report(), facts(1, true));
+  assert.equal(host.summaryFields().dispatches_per_step, undefined);
+});
+
+test('on webgpu a single step reports its dispatches and submits, and reads back only the loss and the gradient norm; cpu reports none', {
+  skip: why,
+}, async () => {
+  const gpu = await run('webgpu');
+  for (const r of gpu.reports) {
+    assert.ok(r.gpu, 'a webgpu step reports its GPU counts');
+    assert.ok(r.gpu.dispatches > 0, `dispatches ${r.gpu.dispatches}`);
+    assert.ok(r.gpu.submits > 0, `submits ${r.gpu.submits}`);
+    assert.equal(r.gpu.readbacks, 2, 'the loss and the gradient norm');
+  }
+  const cpu = await run('cpu');
+  assert.ok(cpu.reports.every((r) => r.gpu === undefined));
+});
