@@ -6,6 +6,12 @@
  * exact float32 widening elsewhere. Imports only TF.js, so the page's bundle can take it.
  */
 import { toBf16 } from '../util/bf16.js';
+import {
+  isNarrow,
+  type PrecisionPolicy,
+  policyOf,
+  type TensorRole,
+} from './precision.js';
 import { tf } from './tfjs.js';
 
 /** A backend that can hold a float32 tensor as bf16 values (backend/native.ts NativeBackend). */
@@ -28,6 +34,61 @@ function holder(): Bf16Holder | null {
 /** Whether this thread's backend computes in bf16 and keeps bf16-only tensors (then {@link tensorFromBf16} halves their bytes). */
 export function holdsBf16(): boolean {
   return holder() !== null;
+}
+
+/**
+ * The precision policy (backend/precision.ts) as this thread's backend holds tensors: bf16's
+ * where the backend keeps bf16-only tensors ({@link holdsBf16}), f16's on a backend computing
+ * f16 products (float32 storage), else fp32's. Callers ask it, or {@link storesNarrow}, which
+ * roles travel and wait in a 2-byte format; the helpers below convert to and from it.
+ */
+export function devicePolicy(): PrecisionPolicy {
+  if (holder()) return policyOf('bf16');
+  const p = (tf.backend() as unknown as { precision?: string }).precision;
+  return policyOf(p === 'f16' ? 'f16' : 'fp32');
+}
+
+/** Whether this thread's backend keeps float32 tensors of `role` in a 2-byte format (see {@link devicePolicy}). */
+export function storesNarrow(role: TensorRole): boolean {
+  return isNarrow(devicePolicy(), role);
+}
+
+/** `v` rounded to the 2-byte storage format (new array; see {@link storesNarrow}). */
+export function narrowValues(v: Float32Array): Uint16Array {
+  const d = new Uint16Array(v.length);
+  roundToBf16(v, d);
+  return d;
+}
+
+/** 2-byte values widened to float32 (exact; a new array). */
+export function widenValues(d: Uint16Array): Float32Array {
+  const f32 = new Float32Array(d.length);
+  widenBf16(d, f32);
+  return f32;
+}
+
+/** A float32 tensor in the 2-byte wire format, as it crosses between stages. */
+export interface NarrowWire {
+  shape: number[];
+  data: Uint16Array;
+}
+
+/** The message fields that carry a {@link NarrowWire} (the field keeps its first name, `bf16`). */
+export interface NarrowWireFields {
+  bf16?: NarrowWire;
+}
+
+/** The fields of a message carrying `data` (2-byte values of a tensor of `shape`). */
+export function narrowWireFields(
+  shape: number[],
+  data: Uint16Array,
+): NarrowWireFields {
+  return { bf16: { shape, data } };
+}
+
+/** The {@link NarrowWire} a message carries, if any. */
+export function narrowWireOf(m: NarrowWireFields): NarrowWire | undefined {
+  return m.bf16;
 }
 
 /**
@@ -84,6 +145,12 @@ export function activationFromBf16(
   if (h) return h.activationFromBf16(bf, shape);
   return tensorFromBf16(bf, shape);
 }
+
+/** {@link tensorFromBf16} in the storage format's name: a parameter's 2-byte copy on the device. */
+export const tensorFromNarrow = tensorFromBf16;
+
+/** {@link activationFromBf16} in the storage format's name: a stashed activation back on the device. */
+export const activationFromNarrow = activationFromBf16;
 
 /**
  * The kernel that rounds a float32 tensor to bf16 and widens it back in one pass (the native

@@ -1,0 +1,141 @@
+/**
+ * The run's precision as one policy (issue 35 item 1), chosen once from `--precision`: the
+ * format of the matrix products' operands (compute), the storage format of each tensor role
+ * (parameters' device copies, activations, the L2L stash, what stages send), the masters'
+ * format and whether the loss is scaled. The backends, the wire, the stash, the parameter
+ * server and the cost model ask it (or {@link devicePolicy} in backend/low-precision.ts, the
+ * policy as this thread's backend holds it) instead of testing for a precision by name.
+ * 'bf16' and 'f16' are two instances. Pure: no TF.js, no addon, so the parameter server's
+ * optimizer threads and the page can take it.
+ */
+import { toBf16 } from '../util/bf16.js';
+import type { Precision } from './names.js';
+
+/** A number format: float32, or a 2-byte one. */
+export type NumberFormat = 'float32' | 'bfloat16' | 'float16';
+
+/**
+ * The roles a tensor plays, each with its storage format: `params`, the copies of the
+ * parameters that products read (beside the float32 masters; shipped instead of them by the
+ * L2L relay); `activations`, block boundaries and the activations a recorded forward saves;
+ * `stash`, the L2L relay's stashed layer inputs; `wire`, what stages send each other.
+ */
+export type TensorRole = 'params' | 'activations' | 'stash' | 'wire';
+
+/** Plain-JavaScript rounding of float32 values into a 2-byte format (RangeError on a length mismatch). */
+export type Narrowing = (src: Float32Array, dst: Uint16Array) => void;
+
+/** One precision's formats. */
+export interface PrecisionPolicy {
+  readonly name: Precision;
+  /** The products' operands (accumulation is float32 in every policy). */
+  readonly compute: NumberFormat;
+  /** Each role's storage format: float32, or 2-byte values that widen exactly to the float32 the tensors stand for. */
+  readonly storage: Readonly<Record<TensorRole, NumberFormat>>;
+  /** Master weights, optimizer state and gradient sums. */
+  readonly master: 'float32';
+  /** Dynamic loss scaling (optim/loss-scale.ts). */
+  readonly lossScaling: boolean;
+}
+
+const FP32: PrecisionPolicy = {
+  name: 'fp32',
+  compute: 'float32',
+  storage: {
+    params: 'float32',
+    activations: 'float32',
+    stash: 'float32',
+    wire: 'float32',
+  },
+  master: 'float32',
+  lossScaling: false,
+};
+
+/** bf16 on the native backend: products, their parameters' copies and every block boundary in bfloat16. */
+const BF16: PrecisionPolicy = {
+  name: 'bf16',
+  compute: 'bfloat16',
+  storage: {
+    params: 'bfloat16',
+    activations: 'bfloat16',
+    stash: 'bfloat16',
+    wire: 'bfloat16',
+  },
+  master: 'float32',
+  lossScaling: false,
+};
+
+/** f16 on webgpu: f16 numerics of the products in float32 storage (backend/webgpu-f16.ts), loss scaled. */
+const F16: PrecisionPolicy = {
+  name: 'f16',
+  compute: 'float16',
+  storage: FP32.storage,
+  master: 'float32',
+  lossScaling: true,
+};
+
+const POLICIES: Record<Precision, PrecisionPolicy> = {
+  fp32: FP32,
+  bf16: BF16,
+  f16: F16,
+};
+
+/** The policy of `precision` (a member of backend/names.ts PRECISIONS; RangeError otherwise). */
+export function policyOf(precision: string): PrecisionPolicy {
+  const p = POLICIES[precision as Precision];
+  if (!p) throw new RangeError(`unknown precision '${precision}'`);
+  return p;
+}
+
+/** Bytes per element of `format`. */
+export function bytesOfFormat(format: NumberFormat): number {
+  return format === 'float32' ? 4 : 2;
+}
+
+/** Whether `role` is stored in a 2-byte format under `policy`. */
+export function isNarrow(policy: PrecisionPolicy, role: TensorRole): boolean {
+  return policy.storage[role] !== 'float32';
+}
+
+/** Bytes per element of a float32 tensor in `role` under `policy`. */
+export function bytesPerElement(
+  policy: PrecisionPolicy,
+  role: TensorRole,
+): number {
+  return bytesOfFormat(policy.storage[role]);
+}
+
+/**
+ * Bytes of the device copy of a product-read parameter of `elements` values (0 where the
+ * policy keeps no copy: the parameter is read as its float32 master).
+ */
+export function deviceCopyBytes(
+  policy: PrecisionPolicy,
+  elements: number,
+): number {
+  return isNarrow(policy, 'params')
+    ? bytesPerElement(policy, 'params') * elements
+    : 0;
+}
+
+/** A native addon's vectorised rounding loops (backend/native-addon.ts). */
+interface NarrowingAddon {
+  toBf16(src: Float32Array, dst: Uint16Array): void;
+}
+
+/**
+ * The rounding of float32 values into `format`: the addon's vectorised loop where `lib` is
+ * given, else plain JavaScript. RangeError for a format without a rounding here (float32, and
+ * float16, which webgpu's shader rounds on the device).
+ */
+export function narrowingTo(
+  format: NumberFormat,
+  lib?: NarrowingAddon,
+): Narrowing {
+  if (format !== 'bfloat16')
+    throw new RangeError(`no host rounding to ${format}`);
+  return lib ? (src, dst) => lib.toBf16(src, dst) : toBf16;
+}
+
+/** The parameter copies' format of the one policy that keeps such copies (the parameter server writes them). */
+export const PARAM_COPY_FORMAT: NumberFormat = BF16.storage.params;
