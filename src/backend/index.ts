@@ -147,6 +147,8 @@ export async function initBackend(
   const dawn = backend === 'webgpu' ? await installDawn() : undefined;
   if (backend === 'tensorflow' || backend === 'webgpu')
     await loadOptional(backend);
+  if (backend === 'webgpu')
+    (await import('./webgpu-kernels.js')).registerWebGPUKernels();
   if (backend === 'native') {
     check(
       registerNativeBackend(),

@@ -1,0 +1,480 @@
+/**
+ * layerwise's own kernels (backend/kernel-names.ts) for the webgpu backend, as WGSL compute
+ * shaders (backend/wgsl/) run through TF.js's `runWebGPUProgram`: each fused op is one to three
+ * dispatches instead of the composed form's many stock ones (TF.js spends 50-1,100 us an op on a
+ * real GPU, whatever the op's size). {@link registerWebGPUKernels} replaces the composed forms
+ * (backend/composed-kernels.ts) for 'webgpu'; the causal attention pair stays composed.
+ *
+ * Every program views its tensors as flat [n] or [rows, cols] (same data, other shape), so any
+ * rank works and one compiled pipeline per kernel serves every shape (sizes are uniforms). A
+ * kernel with several outputs runs one program per output (a TF.js program writes one buffer).
+ * The math is the composed form's, so results match the other backends to rounding; `--precision
+ * f16` on webgpu rounds only the products' operands (backend/webgpu-f16.ts), so these kernels
+ * serve it unchanged.
+ *
+ * Storage is float32 ({@link STORAGE}): a storage type of f16 would be a second dtype here and in
+ * the programs' prelude, while the WGSL bodies keep computing in f32.
+ */
+import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
+import {
+  ADAMW_KERNEL,
+  CAUSAL_SOFTMAX_GRAD_KERNEL,
+  CAUSAL_SOFTMAX_KERNEL,
+  GELU_GRAD_KERNEL,
+  GELU_KERNEL,
+  LAYER_NORM_GRAD_KERNEL,
+  LAYER_NORM_KERNEL,
+  SGD_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_KERNEL,
+} from './kernel-names.js';
+import { tf } from './tfjs.js';
+import {
+  adamwWgsl,
+  GELU_GRAD_WGSL,
+  GELU_WGSL,
+  LAYER_NORM_AFFINE_WGSL,
+  SOFTMAX_PROBS_WGSL,
+  SOFTMAX_XENT_GRAD_WGSL,
+  sgdWgsl,
+} from './wgsl/elementwise.js';
+import {
+  CAUSAL_SOFTMAX_GRAD_WGSL,
+  CAUSAL_SOFTMAX_WGSL,
+  columnSumWgsl,
+  LAYER_NORM_DX_WGSL,
+  LAYER_NORM_RSTD_WGSL,
+  LAYER_NORM_XHAT_WGSL,
+  LOG_SUM_EXP_WGSL,
+  ROW_THREADS,
+  XENT_LOSS_WGSL,
+} from './wgsl/rows.js';
+
+/** The dtype these kernels store (and take) their floating-point tensors in. */
+export const STORAGE = 'float32' as const;
+
+/** Threads per workgroup of an element-wise program. */
+const ELEMENT_THREADS = 64;
+
+/** One uniform: a name, its WGSL type and value (in the order the program declares them). */
+type Uniform = [name: string, type: 'i32' | 'f32', value: number];
+
+/** One WGSL program over flat [n] or [rows, cols] views of its inputs (backend/wgsl/). */
+class LayerwiseProgram implements WebGPUProgram {
+  readonly dispatchLayout: { x: number[] };
+  readonly dispatch: [number, number, number];
+  readonly workgroupSize: [number, number, number];
+  readonly size: boolean;
+  readonly uniforms: string;
+  /**
+   * @param shaderKey the WGSL's identity (TF.js adds ranks and dtypes).
+   * @param perRow `undefined`: one thread per output element; else the number of workgroups of
+   *   {@link ROW_THREADS} threads (one per row or column).
+   */
+  constructor(
+    readonly shaderKey: string,
+    readonly variableNames: string[],
+    readonly outputShape: number[],
+    private readonly code: string,
+    uniforms: readonly Uniform[],
+    perRow?: number,
+  ) {
+    this.dispatchLayout = { x: outputShape.map((_, i) => i) };
+    const n = outputShape.reduce((a, b) => a * b, 1);
+    this.size = perRow === undefined;
+    this.workgroupSize = [
+      perRow === undefined ? ELEMENT_THREADS : ROW_THREADS,
+      1,
+      1,
+    ];
+    this.dispatch = [perRow ?? Math.ceil(n / ELEMENT_THREADS), 1, 1];
+    this.uniforms = uniforms
+      .map(([name, type]) => `${name} : ${type}, `)
+      .join('');
+  }
+  getUserCode(): string {
+    // the row programs ignore the flat index TF.js's entry point passes
+    return this.code;
+  }
+}
+
+/** The slice of TF.js's WebGPUBackend these kernels use. */
+interface WebGPUBackendish {
+  runWebGPUProgram(
+    p: WebGPUProgram,
+    inputs: tf.TensorInfo[],
+    dtype: tf.DataType,
+    uniforms?: Array<{ type: string; data: number[] }>,
+  ): tf.TensorInfo;
+}
+
+type Inputs = Record<string, tf.TensorInfo | undefined>;
+type Attrs = Record<string, unknown>;
+
+/** `t` viewed with `shape` (same data: a TensorInfo names its data, not a copy). */
+const view = (t: tf.TensorInfo, shape: number[]): tf.TensorInfo => ({
+  dataId: t.dataId,
+  shape,
+  dtype: t.dtype,
+});
+
+const sizeOf = (t: tf.TensorInfo): number => t.shape.reduce((a, b) => a * b, 1);
+
+/** t as [rows, cols] over its last axis. */
+const asRows = (t: tf.TensorInfo): [number, number] => {
+  const cols = t.shape[t.shape.length - 1] ?? 1;
+  return [sizeOf(t) / cols, cols];
+};
+
+/** Runs `program` on `inputs` (already viewed flat or as rows) and gives the output `shape`. */
+function run(
+  backend: unknown,
+  program: LayerwiseProgram,
+  inputs: tf.TensorInfo[],
+  uniforms: readonly Uniform[],
+  shape: number[],
+): tf.TensorInfo {
+  const out = (backend as WebGPUBackendish).runWebGPUProgram(
+    program,
+    inputs,
+    STORAGE,
+    uniforms.map(([, type, value]) => ({
+      type: type === 'i32' ? 'int32' : 'float32',
+      data: [value],
+    })),
+  );
+  return view(out, shape);
+}
+
+/** An element-wise program over flat views of `inputs` (named by `names`), output shaped like the first. */
+function elementwise(
+  backend: unknown,
+  key: string,
+  code: string,
+  names: string[],
+  inputs: tf.TensorInfo[],
+  uniforms: readonly Uniform[] = [],
+): tf.TensorInfo {
+  const n = sizeOf(inputs[0]!);
+  const program = new LayerwiseProgram(key, names, [n], code, uniforms);
+  const flat = inputs.map((t) => view(t, [sizeOf(t)]));
+  return run(backend, program, flat, uniforms, inputs[0]!.shape);
+}
+
+/** A row program (one workgroup per row or column) with output [outSize] shaped `shape`. */
+function perRow(
+  backend: unknown,
+  key: string,
+  code: string,
+  workgroups: number,
+  inputs: Array<[name: string, t: tf.TensorInfo]>,
+  uniforms: readonly Uniform[],
+  shape: number[],
+): tf.TensorInfo {
+  const outSize = shape.reduce((a, b) => a * b, 1);
+  const program = new LayerwiseProgram(
+    key,
+    inputs.map(([name]) => name),
+    [outSize],
+    code,
+    uniforms,
+    workgroups,
+  );
+  const flat = inputs.map(([, t]) => view(t, [sizeOf(t)]));
+  return run(backend, program, flat, uniforms, shape);
+}
+
+function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
+  const { x, g, b } = inputs as Record<string, tf.TensorInfo>;
+  const [rows, cols] = asRows(x!);
+  const u: Uniform[] = [
+    ['rows', 'i32', rows],
+    ['cols', 'i32', cols],
+    ['epsilon', 'f32', attrs.epsilon as number],
+  ];
+  const rstd = perRow(
+    backend,
+    'lw_ln_rstd',
+    LAYER_NORM_RSTD_WGSL,
+    rows,
+    [['X', x!]],
+    u,
+    [...x!.shape.slice(0, -1), 1],
+  );
+  const xhat = perRow(
+    backend,
+    'lw_ln_xhat',
+    LAYER_NORM_XHAT_WGSL,
+    rows,
+    [
+      ['X', x!],
+      ['Rstd', rstd],
+    ],
+    u.slice(0, 2),
+    x!.shape,
+  );
+  const y = elementwise(
+    backend,
+    'lw_ln_affine',
+    LAYER_NORM_AFFINE_WGSL,
+    ['Xhat', 'G', 'B'],
+    [xhat, g!, b!],
+    [['cols', 'i32', cols]],
+  );
+  return [y, xhat, rstd];
+}
+
+function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
+  const { dy, xhat, rstd, g } = inputs as Record<string, tf.TensorInfo>;
+  const [rows, cols] = asRows(dy!);
+  const u: Uniform[] = [
+    ['rows', 'i32', rows],
+    ['cols', 'i32', cols],
+  ];
+  const dx = perRow(
+    backend,
+    'lw_ln_dx',
+    LAYER_NORM_DX_WGSL,
+    rows,
+    [
+      ['Dy', dy!],
+      ['Xhat', xhat!],
+      ['Rstd', rstd!],
+      ['G', g!],
+    ],
+    u,
+    dy!.shape,
+  );
+  const dg = perRow(
+    backend,
+    'lw_ln_dg',
+    columnSumWgsl(true),
+    cols,
+    [
+      ['Dy', dy!],
+      ['Xhat', xhat!],
+    ],
+    u,
+    [cols],
+  );
+  const db = perRow(
+    backend,
+    'lw_ln_db',
+    columnSumWgsl(false),
+    cols,
+    [['Dy', dy!]],
+    u,
+    [cols],
+  );
+  return [dx, dg, db];
+}
+
+function softmaxCrossEntropy(inputs: Inputs, _attrs: Attrs, backend: unknown) {
+  const { logits, labels } = inputs as Record<string, tf.TensorInfo>;
+  const [rows, cols] = asRows(logits!);
+  const u: Uniform[] = [
+    ['rows', 'i32', rows],
+    ['cols', 'i32', cols],
+  ];
+  const lse = perRow(
+    backend,
+    'lw_lse',
+    LOG_SUM_EXP_WGSL,
+    rows,
+    [['X', logits!]],
+    u,
+    [rows],
+  );
+  const loss = perRow(
+    backend,
+    'lw_xent_loss',
+    XENT_LOSS_WGSL,
+    1,
+    [
+      ['X', logits!],
+      ['Lse', lse],
+      ['Labels', labels!],
+    ],
+    u,
+    [],
+  );
+  const probs = elementwise(
+    backend,
+    'lw_xent_probs',
+    SOFTMAX_PROBS_WGSL,
+    ['X', 'Lse'],
+    [logits!, lse],
+    [['cols', 'i32', cols]],
+  );
+  (backend as { disposeData(id: object): void }).disposeData(lse.dataId);
+  return [loss, probs];
+}
+
+function softmaxCrossEntropyGrad(
+  inputs: Inputs,
+  _attrs: Attrs,
+  backend: unknown,
+) {
+  const { probs, labels, dy } = inputs as Record<string, tf.TensorInfo>;
+  const [rows, cols] = asRows(probs!);
+  return elementwise(
+    backend,
+    'lw_xent_grad',
+    SOFTMAX_XENT_GRAD_WGSL,
+    ['P', 'Labels', 'Dy'],
+    [probs!, labels!, dy!],
+    [
+      ['rows', 'i32', rows],
+      ['cols', 'i32', cols],
+    ],
+  );
+}
+
+function causalSoftmax(inputs: Inputs, attrs: Attrs, backend: unknown) {
+  const { x } = inputs as Record<string, tf.TensorInfo>;
+  const [rows, cols] = asRows(x!);
+  const u: Uniform[] = [
+    ['rows', 'i32', rows],
+    ['cols', 'i32', cols],
+    ['scale', 'f32', attrs.scale as number],
+  ];
+  return perRow(
+    backend,
+    'lw_causal_softmax',
+    CAUSAL_SOFTMAX_WGSL,
+    rows,
+    [['X', x!]],
+    u,
+    x!.shape,
+  );
+}
+
+function causalSoftmaxGrad(inputs: Inputs, attrs: Attrs, backend: unknown) {
+  const { y, dy } = inputs as Record<string, tf.TensorInfo>;
+  const [rows, cols] = asRows(y!);
+  const u: Uniform[] = [
+    ['rows', 'i32', rows],
+    ['cols', 'i32', cols],
+    ['scale', 'f32', attrs.scale as number],
+  ];
+  return perRow(
+    backend,
+    'lw_causal_softmax_grad',
+    CAUSAL_SOFTMAX_GRAD_WGSL,
+    rows,
+    [
+      ['Y', y!],
+      ['Dy', dy!],
+    ],
+    u,
+    y!.shape,
+  );
+}
+
+function adamw(inputs: Inputs, attrs: Attrs, backend: unknown) {
+  const { p, g, m, v } = inputs as Record<string, tf.TensorInfo>;
+  const a = attrs as Record<string, number>;
+  const u: Uniform[] = [
+    ['lr', 'f32', a.lr!],
+    ['beta1', 'f32', a.beta1!],
+    ['beta2', 'f32', a.beta2!],
+    ['oneMinusBeta1', 'f32', 1 - a.beta1!],
+    ['oneMinusBeta2', 'f32', 1 - a.beta2!],
+    ['epsilon', 'f32', a.epsilon!],
+    ['weightDecay', 'f32', a.weightDecay!],
+    ['scale', 'f32', a.scale!],
+    ['bc1', 'f32', 1 - a.beta1! ** a.step!],
+    ['bc2', 'f32', 1 - a.beta2! ** a.step!],
+  ];
+  // a program binds only the buffers its WGSL reads (TF.js's pipelines take the shader's layout)
+  const reads = { p: [p!, g!, m!, v!], m: [g!, m!], v: [g!, v!] };
+  const names = { p: ['P', 'G', 'M', 'V'], m: ['G', 'M'], v: ['G', 'V'] };
+  return (['p', 'm', 'v'] as const).map((which) =>
+    elementwise(
+      backend,
+      `lw_adamw_${which}`,
+      adamwWgsl(which),
+      names[which],
+      reads[which],
+      u,
+    ),
+  );
+}
+
+function sgd(inputs: Inputs, attrs: Attrs, backend: unknown) {
+  const { p, g, velocity } = inputs;
+  const a = attrs as Record<string, number>;
+  const u: Uniform[] = [
+    ['lr', 'f32', a.lr!],
+    ['momentum', 'f32', a.momentum!],
+    ['weightDecay', 'f32', a.weightDecay!],
+    ['scale', 'f32', a.scale!],
+  ];
+  const names = velocity ? ['P', 'G', 'Vel'] : ['P', 'G'];
+  const ins = velocity ? [p!, g!, velocity] : [p!, g!];
+  const outs: Array<'p' | 'velocity'> = velocity ? ['p', 'velocity'] : ['p'];
+  return outs.map((which) =>
+    elementwise(
+      backend,
+      `lw_sgd_${which}_${velocity ? 'm' : 'plain'}`,
+      sgdWgsl(which, velocity !== undefined),
+      names,
+      ins,
+      u,
+    ),
+  );
+}
+
+type KernelImpl = (
+  inputs: Inputs,
+  attrs: Attrs,
+  backend: unknown,
+) => tf.TensorInfo | tf.TensorInfo[];
+
+/** layerwise's webgpu kernels, by kernel name. */
+const WEBGPU_KERNELS: Record<string, KernelImpl> = {
+  [GELU_KERNEL]: ({ x }, _a, backend) =>
+    elementwise(backend, 'lw_gelu', GELU_WGSL, ['X'], [x!]),
+  [GELU_GRAD_KERNEL]: ({ x, dy }, _a, backend) =>
+    elementwise(
+      backend,
+      'lw_gelu_grad',
+      GELU_GRAD_WGSL,
+      ['X', 'Dy'],
+      [x!, dy!],
+    ),
+  [LAYER_NORM_KERNEL]: layerNorm,
+  [LAYER_NORM_GRAD_KERNEL]: layerNormGrad,
+  [SOFTMAX_CROSS_ENTROPY_KERNEL]: softmaxCrossEntropy,
+  [SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL]: softmaxCrossEntropyGrad,
+  [CAUSAL_SOFTMAX_KERNEL]: causalSoftmax,
+  [CAUSAL_SOFTMAX_GRAD_KERNEL]: causalSoftmaxGrad,
+  [ADAMW_KERNEL]: adamw,
+  [SGD_KERNEL]: sgd,
+};
+
+/** The kernel names {@link registerWebGPUKernels} provides. */
+export const WEBGPU_KERNEL_NAMES: readonly string[] =
+  Object.keys(WEBGPU_KERNELS);
+
+let registered = false;
+
+/**
+ * Registers layerwise's WGSL kernels for 'webgpu' in this thread, replacing the composed forms
+ * that backend/index.ts registered before (and that the optimizer's fused updates lacked). Once
+ * per thread; call before the first op runs on webgpu.
+ */
+export function registerWebGPUKernels(): void {
+  if (registered) return;
+  registered = true;
+  for (const [kernelName, impl] of Object.entries(WEBGPU_KERNELS)) {
+    if (tf.getKernel(kernelName, 'webgpu') !== undefined)
+      tf.unregisterKernel(kernelName, 'webgpu');
+    tf.registerKernel({
+      kernelName,
+      backendName: 'webgpu',
+      kernelFunc: ({ inputs, attrs, backend }) =>
+        impl(inputs as Inputs, (attrs ?? {}) as Attrs, backend),
+    });
+  }
+}

@@ -1,0 +1,109 @@
+/**
+ * WGSL bodies of layerwise's element-wise webgpu kernels (backend/webgpu-kernels.ts): one thread
+ * per element, `index` the flat index, inputs read from their buffers by name (TF.js's webgpu
+ * program prelude declares each input as `var<storage, read> NAME : array<f32>` and the
+ * output's `setOutputAtIndex`). The math is composed-kernels.ts's, operation for operation, so
+ * the results match the other backends' to rounding. Storage is float32 (f32); an f16 storage
+ * type would change the prelude's array type, not these bodies' f32 arithmetic.
+ */
+
+const GELU_C1 = 2 * Math.sqrt(2 / Math.PI);
+const GELU_C2 = GELU_C1 * 0.044715;
+
+/** WGSL's spelling of a float constant (always with a decimal point or exponent). */
+const f32 = (v: number): string => {
+  const s = String(Math.fround(v));
+  return /[.e]/.test(s) ? s : `${s}.0`;
+};
+
+/** `body` (which sets the output at `index`) for every index below the output's size. */
+const perElement = (body: string): string => `
+  fn sigmoidOf(u : f32) -> f32 {
+    return 1.0 / (1.0 + exp(-u));
+  }
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      ${body}
+    }
+  }
+`;
+
+/** GELU (tanh form as x * sigmoid(x * (C1 + C2 x^2))): inputs X. */
+export const GELU_WGSL = perElement(`
+      let x = X[index];
+      let s = sigmoidOf(x * (x * x * ${f32(GELU_C2)} + ${f32(GELU_C1)}));
+      setOutputAtIndex(index, x * s);
+`);
+
+/** GELU's gradient dy * GELU'(x): inputs X, Dy. */
+export const GELU_GRAD_WGSL = perElement(`
+      let x = X[index];
+      let sq = x * x;
+      let sg = sigmoidOf(x * (sq * ${f32(GELU_C2)} + ${f32(GELU_C1)}));
+      let du = x * (sq * ${f32(3 * GELU_C2)} + ${f32(GELU_C1)});
+      let slope = sg + du * (sg - sg * sg);
+      setOutputAtIndex(index, Dy[index] * slope);
+`);
+
+/** Layer norm's output xhat * g + b over rows of uniforms.cols: inputs Xhat, G, B. */
+export const LAYER_NORM_AFFINE_WGSL = perElement(`
+      let c = index % uniforms.cols;
+      setOutputAtIndex(index, Xhat[index] * G[c] + B[c]);
+`);
+
+/** exp(logit - lse(row)), the softmax cross-entropy's probabilities: inputs X [N, C], Lse [N]. */
+export const SOFTMAX_PROBS_WGSL = perElement(`
+      setOutputAtIndex(index, exp(X[index] - Lse[index / uniforms.cols]));
+`);
+
+/**
+ * The softmax cross-entropy's gradient (probs - onehot(label)) * (dy / N): inputs P [N, C],
+ * Labels [N] (int32; a label outside [0, C) is an all-zero one-hot row, as tf.oneHot's), Dy [1].
+ */
+export const SOFTMAX_XENT_GRAD_WGSL = perElement(`
+      let row = index / uniforms.cols;
+      let hot = select(0.0, 1.0, Labels[row] == index % uniforms.cols);
+      setOutputAtIndex(index, (P[index] - hot) * (Dy[0] / f32(uniforms.rows)));
+`);
+
+/** AdamW's new moments from the scaled gradient (shared by the three outputs' programs). */
+const adamwMoments = (which: 'p' | 'm' | 'v'): string => `
+      let g = G[index] * uniforms.scale;
+      ${which === 'v' ? '' : 'let m = M[index] * uniforms.beta1 + g * uniforms.oneMinusBeta1;'}
+      ${which === 'm' ? '' : 'let v = V[index] * uniforms.beta2 + (g * g) * uniforms.oneMinusBeta2;'}
+`;
+
+/**
+ * One output of AdamW's update (optim/optimizer.ts's composed form): `which` 'p' (the
+ * parameter), 'm' or 'v' (the moments). Inputs P, G, M, V for 'p', G, M for 'm', G, V for 'v'; uniforms lr, beta1, beta2, epsilon,
+ * oneMinusBeta1, oneMinusBeta2 (as the host computes them), weightDecay, scale, bc1 = 1 -
+ * beta1^t, bc2 = 1 - beta2^t.
+ */
+export const adamwWgsl = (which: 'p' | 'm' | 'v'): string =>
+  perElement(`${adamwMoments(which)}
+      ${
+        which === 'm'
+          ? 'setOutputAtIndex(index, m);'
+          : which === 'v'
+            ? 'setOutputAtIndex(index, v);'
+            : `var upd = (m / uniforms.bc1) / (sqrt(v / uniforms.bc2) + uniforms.epsilon);
+      if (uniforms.weightDecay > 0.0) {
+        upd = upd + P[index] * uniforms.weightDecay;
+      }
+      setOutputAtIndex(index, P[index] - upd * uniforms.lr);`
+      }
+`);
+
+/**
+ * One output of SGD's update: `which` 'p' or 'velocity'; `momentum` whether a velocity is kept
+ * (input Vel). Inputs P, G[, Vel]; uniforms lr, momentum, weightDecay, scale.
+ */
+export const sgdWgsl = (which: 'p' | 'velocity', momentum: boolean): string =>
+  perElement(`
+      var gw = G[index] * uniforms.scale;
+      if (uniforms.weightDecay > 0.0) {
+        gw = gw + P[index] * uniforms.weightDecay;
+      }
+      ${momentum ? 'let vel = Vel[index] * uniforms.momentum + gw;' : 'let vel = gw;'}
+      ${which === 'velocity' ? 'setOutputAtIndex(index, vel);' : 'setOutputAtIndex(index, P[index] - vel * uniforms.lr);'}
+`);
