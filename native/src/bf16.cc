@@ -218,16 +218,6 @@ void product(Bf16Context& ctx, const uint16_t* a, const uint16_t* b, float* c, i
 
 }  // namespace
 
-void toBf16(const float* src, uint16_t* dst, int64_t n) {
-  constexpr int64_t kChunk = 1 << 14;  // elements per OpenMP task: 64 KiB of floats
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (n > kSerialCopy)
-  for (int64_t c = 0; c < chunks; c++) {
-    const int64_t from = c * kChunk;
-    convertChunk(src + from, dst + from, std::min(kChunk, n - from));
-  }
-}
-
 void toBf16Serial(const float* src, uint16_t* dst, int64_t n) { convertChunk(src, dst, n); }
 
 void fromBf16Serial(const uint16_t* src, float* dst, int64_t n) {
@@ -245,15 +235,29 @@ void fromBf16Serial(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
-void fromBf16(const uint16_t* src, float* dst, int64_t n) {
-  constexpr int64_t kChunk = 1 << 14;
+namespace {
+
+// One chunk of a conversion on the calling thread, either way
+inline void convertSerial(const float* src, uint16_t* dst, int64_t n) { convertChunk(src, dst, n); }
+inline void convertSerial(const uint16_t* src, float* dst, int64_t n) { fromBf16Serial(src, dst, n); }
+
+// dst = src converted (float32 to bf16 or back), chunks spread over the team above kSerialCopy
+template <typename Src, typename Dst>
+void convert(const Src* src, Dst* dst, int64_t n) {
+  constexpr int64_t kChunk = 1 << 14;  // elements per OpenMP task: 64 KiB of floats
   const int64_t chunks = (n + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) if (n > kSerialCopy)
   for (int64_t c = 0; c < chunks; c++) {
     const int64_t from = c * kChunk;
-    fromBf16Serial(src + from, dst + from, std::min(kChunk, n - from));
+    convertSerial(src + from, dst + from, std::min(kChunk, n - from));
   }
 }
+
+}  // namespace
+
+void toBf16(const float* src, uint16_t* dst, int64_t n) { convert(src, dst, n); }
+
+void fromBf16(const uint16_t* src, float* dst, int64_t n) { convert(src, dst, n); }
 
 namespace {
 
