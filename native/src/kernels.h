@@ -49,7 +49,9 @@ void geluGrad(const float* x, const float* dy, float* dx, int64_t n);
 // An input held as float32 (f32) or as bf16 values (bf16): exactly one of them not null. A bf16
 // product operand: its bf16 values when the caller has them (a cached weight, a bf16-only
 // activation), else its float32 values, which the product converts into a per-thread scratch
-// first; the element-wise kernels below read either.
+// first; the element-wise kernels below read either. Each element-wise kernel's float32 and
+// bf16 entry points (gelu and geluToBf16, layerNorm and layerNormToBf16, ...) are one template
+// over its inputs' and outputs' storage types in elementwise.cc, so their numbers are the same.
 struct Bf16Operand {
   const float* f32 = nullptr;
   const uint16_t* bf16 = nullptr;
