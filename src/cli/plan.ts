@@ -5,6 +5,7 @@
  */
 
 import { totalmem } from 'node:os';
+import type { Precision } from '../backend/names.js';
 import {
   optimizerConfigOf,
   resolveConfig,
@@ -44,8 +45,8 @@ export interface PlanOptions {
   batchSize?: number;
   microBatches?: number;
   backend?: string;
-  /** Compute precision: fp32 (default) or bf16 (native only); the blocks are profiled at it. */
-  precision?: 'fp32' | 'bf16';
+  /** Compute precision: fp32 (default) or the native backend's mixed precision (`--precision`); the blocks are profiled at it. */
+  precision?: Exclude<Precision, 'f16'>;
   optimizer?: 'adamw' | 'sgd';
   data?: string;
   layers?: number;

@@ -11,6 +11,7 @@ import {
   PRECISIONS,
   type Precision,
 } from '../backend/names.js';
+import { policyOf } from '../backend/precision.js';
 import type { Dataset } from '../data/index.js';
 import { BUILTIN_DATASETS } from '../data/index.js';
 import {
@@ -106,13 +107,13 @@ export interface TrainConfig {
   layerDropSchedule: LayerDropSchedule;
   backend: string;
   /**
-   * Compute precision (backend/names.ts PRECISIONS): 'fp32', or mixed precision: 'bf16' on the
-   * native backend, 'f16' on webgpu with dynamic loss scaling (products on low-precision
-   * operands with float32 accumulation; master weights, optimizer state, norms, softmax, loss
-   * and gradient sums float32).
+   * Compute precision (backend/names.ts PRECISIONS): 'fp32', or a mixed precision, one policy
+   * of formats each (backend/precision.ts policyOf): products on low-precision operands with
+   * float32 accumulation; master weights, optimizer state, norms, softmax, loss and gradient
+   * sums float32; dynamic loss scaling where the policy has it.
    */
   precision: Precision;
-  /** f16: the initial dynamic loss scale (optim/loss-scale.ts; default 2^16, halved at each overflow, doubled after 2000 steps without). */
+  /** Where the precision policy scales the loss (f16): the initial dynamic loss scale (optim/loss-scale.ts; default 2^16, halved at each overflow, doubled after 2000 steps without). */
   lossScale: number;
   /** Threads of each device's kernels (native backend: its OpenMP team); 0 = the cores divided among the devices. */
   threads: number;
@@ -299,7 +300,7 @@ function checkNumerics(c: TrainConfig): void {
     `--loss-scale must be a positive number, got ${c.lossScale}`,
   );
   check(
-    c.precision !== 'f16' || c.strategy !== 'local',
+    !policyOf(c.precision).lossScaling || c.strategy !== 'local',
     `--precision f16 (with dynamic loss scaling) runs --strategy single, gpipe and l2l, not local (its stages step on their own losses): use --precision fp32`,
   );
 }
@@ -418,6 +419,13 @@ export function resolveConfig(
   checkRun(c);
   checkShapes(c);
   return c;
+}
+
+/** The initial dynamic loss scale where the run's precision policy scales the loss, else undefined. */
+export function lossScalingOf(
+  cfg: Pick<TrainConfig, 'precision' | 'lossScale'>,
+): number | undefined {
+  return policyOf(cfg.precision).lossScaling ? cfg.lossScale : undefined;
 }
 
 /**

@@ -23,11 +23,12 @@ export interface BlockCost {
   /** Bytes of the block's parameters (fp32). */
   paramBytes: number;
   /**
-   * bf16 runs: bytes of the bf16 copies of the parameters that products read (2 per element),
-   * held besides the float32 parameters where those live on the device (single, pipelines,
-   * local) and shipped instead of them by the L2L relay. 0 or absent at fp32.
+   * Where the precision policy keeps parameter copies (backend/precision.ts storage.params,
+   * 2 bytes per element): bytes of the copies of the parameters that products read, held
+   * besides the float32 parameters where those live on the device (single, pipelines, local)
+   * and shipped instead of them by the L2L relay. 0 or absent where it keeps none (fp32).
    */
-  bf16CopyBytes?: number;
+  deviceCopyBytes?: number;
   /** Bytes of its largest parameter (the optimizer and the gradient sums work one at a time). */
   maxParamBytes: number;
   /** Peak bytes above params + slots + gradients during one optimizer step over the block. */
@@ -111,7 +112,7 @@ export interface ModelProfile {
       BlockCost,
       | 'name'
       | 'paramBytes'
-      | 'bf16CopyBytes'
+      | 'deviceCopyBytes'
       | 'maxParamBytes'
       | 'optTransientBytes'
       | 'optSeconds'
@@ -303,7 +304,7 @@ export function stageTotals(c: MicroBatchCosts, r: StageRange) {
     );
   return {
     params: sum(bl.map((b) => b.paramBytes)),
-    paramCopies: sum(bl.map((b) => b.bf16CopyBytes ?? 0)),
+    paramCopies: sum(bl.map((b) => b.deviceCopyBytes ?? 0)),
     maxParam: Math.max(...bl.map((b) => b.maxParamBytes)),
     optTransient: Math.max(...bl.map((b) => b.optTransientBytes)),
     inBytes: bl[0].inBytes,
@@ -345,7 +346,7 @@ export function blockBalanceCosts(
   return c.blocks.map(
     (b) =>
       b.paramBytes * (2 + shape.slots) +
-      (b.bf16CopyBytes ?? 0) +
+      (b.deviceCopyBytes ?? 0) +
       b.keptBytes * keptAtOnce +
       b.bwdPeakBytes +
       b.inBytes * inFlight,
@@ -374,7 +375,7 @@ export function localTotals(c: MicroBatchCosts, r: StageRange, last: boolean) {
   return {
     ...t,
     params: t.params + h.paramBytes,
-    paramCopies: t.paramCopies + (h.bf16CopyBytes ?? 0),
+    paramCopies: t.paramCopies + (h.deviceCopyBytes ?? 0),
     maxParam: Math.max(t.maxParam, h.maxParamBytes),
     optTransient: Math.max(t.optTransient, h.optTransientBytes),
     fwdPeak: t.fwdPeak + h.fwdPeakBytes,

@@ -391,10 +391,10 @@ function walkRelay(
   ranges: readonly StageRange[],
   shape: RelayShape,
 ): number[] {
-  // a bf16 relay ships the matrices as bf16 values: 2 bytes per element instead of 4
+  // a relay with 2-byte parameter copies ships the matrices as those: 2 bytes per element instead of 4
   const layers: LayerBytes[] = c.blocks.map((b) => ({
     ...b,
-    loadedBytes: b.paramBytes - (b.bf16CopyBytes ?? 0),
+    loadedBytes: b.paramBytes - (b.deviceCopyBytes ?? 0),
   }));
   const k = ranges.length;
   return ranges.map((r, d) => {

@@ -12,7 +12,7 @@
  */
 
 import { initBackend } from '../backend/index.js';
-import { holdsBf16 } from '../backend/low-precision.js';
+import { devicePolicy } from '../backend/low-precision.js';
 import {
   backwardBytesProbe,
   deviceBytes,
@@ -21,6 +21,7 @@ import {
 } from '../backend/memory.js';
 import type { Precision } from '../backend/names.js';
 import { nativeAddon } from '../backend/native-addon.js';
+import { bytesPerElement, deviceCopyBytes } from '../backend/precision.js';
 import { tf } from '../backend/tfjs.js';
 import {
   type Block,
@@ -64,7 +65,7 @@ export interface ProfileOptions {
    * start, so it is ignored there. Default: the backend's current.
    */
   threads?: number;
-  /** Compute precision to measure at (see initBackend; bf16 on native only). Default fp32. */
+  /** Compute precision to measure at (see initBackend and backend/names.ts checkPrecision). Default fp32. */
   precision?: Precision;
 }
 
@@ -74,11 +75,15 @@ function bytesOf(shape: number[]): number {
 
 /**
  * Bytes of a block boundary's activation (or its gradient) of `shape` and `dtype` as the device
- * holds it: on a bf16 backend a float32 activation is held as its bf16 values (the boundary's
- * rounding, backend/low-precision.ts roundActivation), 2 bytes per element; else 4.
+ * holds it: a float32 activation in the precision policy's activation format (the boundary's
+ * rounding, backend/low-precision.ts roundActivation: 2 bytes per element for a 2-byte
+ * format); else 4.
  */
 function boundaryBytes(shape: number[], dtype: string): number {
-  return sizeOf(shape) * (dtype === 'float32' && holdsBf16() ? 2 : 4);
+  return (
+    sizeOf(shape) *
+    (dtype === 'float32' ? bytesPerElement(devicePolicy(), 'activations') : 4)
+  );
 }
 
 /** Waits for asynchronous backends (webgpu) to finish the work behind `t`; a no-op cost elsewhere. */
@@ -146,12 +151,11 @@ async function profileWithBackend(
   try {
     const blocks = model.blocks.map((blk, i) => {
       const paramBytes = blk.params.reduce((s, p) => s + bytesOf(p.shape), 0);
-      // bf16: the copies the products read (parameters' cached copies, or the relay's upload)
-      const bf16CopyBytes = holdsBf16()
-        ? blk.params
-            .filter(readByProducts)
-            .reduce((s, p) => s + 2 * sizeOf(p.shape), 0)
-        : 0;
+      // the copies the products read (parameters' cached copies, or the relay's upload)
+      const policy = devicePolicy();
+      const copyBytes = blk.params
+        .filter(readByProducts)
+        .reduce((s, p) => s + deviceCopyBytes(policy, sizeOf(p.shape)), 0);
       const maxParamBytes = Math.max(
         0,
         ...blk.params.map((p) => bytesOf(p.shape)),
@@ -165,7 +169,7 @@ async function profileWithBackend(
       return {
         name: blk.name,
         paramBytes,
-        ...(bf16CopyBytes > 0 ? { bf16CopyBytes } : {}),
+        ...(copyBytes > 0 ? { deviceCopyBytes: copyBytes } : {}),
         maxParamBytes,
         optTransientBytes: transient,
         optSeconds: seconds,

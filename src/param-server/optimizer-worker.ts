@@ -11,6 +11,7 @@
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { nativeAddon } from '../backend/native-addon.js';
+import { narrowingTo, PARAM_COPY_FORMAT } from '../backend/precision.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import { hostUpdate, nativeHostUpdate } from './host-optimizer.js';
 import { ParamStore, type StoreLayout } from './store.js';
@@ -18,9 +19,7 @@ import { ParamStore, type StoreLayout } from './store.js';
 // the server's threads are its parallelism: one OpenMP thread each, so they do not oversubscribe
 const lib = nativeAddon();
 lib?.setThreads(1);
-const toLow = lib
-  ? (src: Float32Array, dst: Uint16Array) => lib.toBf16(src, dst)
-  : undefined;
+const toLow = lib ? narrowingTo(PARAM_COPY_FORMAT, lib) : undefined;
 const update: typeof hostUpdate = lib
   ? (...args) => nativeHostUpdate(lib, ...args)
   : hostUpdate;
@@ -116,7 +115,7 @@ function run(msg: JobMessage): number {
       msg.scale,
       msg.t,
     );
-    // the device's bf16 copy of this update, written before the layer's version moves on
+    // the device's 2-byte copy of this update, written before the layer's version moves on
     store.refreshLow(key, toLow);
     n += p.length;
   }

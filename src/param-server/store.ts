@@ -11,10 +11,15 @@
  * This module must not import TF.js: it runs in the optimizer worker threads.
  */
 
+import {
+  bytesOfFormat,
+  type Narrowing,
+  narrowingTo,
+  PARAM_COPY_FORMAT,
+} from '../backend/precision.js';
 import { type Block, paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
-import { toBf16 } from '../util/bf16.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { slotNames } from './host-optimizer.js';
 
@@ -35,8 +40,9 @@ export interface StoreLayout {
    */
   slots: Record<string, Record<string, SharedArrayBuffer>>;
   /**
-   * Per key shipped in the compute precision (issue 23 item 4: bf16 runs), a Uint16Array's
-   * buffer of the master's bfloat16 copy (2 bytes per element, rounded to nearest even),
+   * Per key shipped in the precision policy's parameter format (issue 23 item 4; backend/
+   * precision.ts storage.params, {@link PARAM_COPY_FORMAT}), a Uint16Array's buffer of the
+   * master's copy in it (2 bytes per element, rounded to nearest even),
    * rewritten by the optimizer thread after each update of the key and before its layer's
    * version moves on, so a device that waited on the version reads the copy of the same
    * update. Absent for a float32 run. The masters stay float32.
@@ -133,7 +139,7 @@ export class ParamStore {
    *   the master copy, updated in place by the optimizer threads, so the caller must not use it
    *   afterwards. Saves 4 bytes per parameter at start-up. Other arrays are copied.
    *
-   * - `opts.lowPrecision`: keys that also get a shared bfloat16 copy ({@link StoreLayout.low},
+   * - `opts.lowPrecision`: keys that also get a shared 2-byte copy ({@link StoreLayout.low},
    *   2 bytes per element more), filled here from the initial values.
    *
    * Throws {@link LayerwiseError} naming the key if a layer names a key that `params` or
@@ -202,7 +208,9 @@ export class ParamStore {
       for (const key of opts.lowPrecision) {
         check(seen.has(key), `low-precision key '${key}' belongs to no layer`);
         const n = sizeOf(layout.shapes[key]!);
-        layout.low[key] = new SharedArrayBuffer(2 * n);
+        layout.low[key] = new SharedArrayBuffer(
+          bytesOfFormat(PARAM_COPY_FORMAT) * n,
+        );
       }
     }
     const store = new ParamStore(layout);
@@ -239,18 +247,19 @@ export class ParamStore {
     return s;
   }
 
-  /** The bfloat16 copy of `key`'s master (a shared view), or undefined where the key has none. */
+  /** The 2-byte copy of `key`'s master (a shared view), or undefined where the key has none. */
   low(key: string): Uint16Array | undefined {
     return this.lowViews.get(key);
   }
 
   /**
-   * Rewrites `key`'s bfloat16 copy from its master with `convert` (default {@link toBf16}; the
+   * Rewrites `key`'s 2-byte copy from its master with `convert` (default: plain JavaScript's
+   * rounding to {@link PARAM_COPY_FORMAT}, backend/precision.ts narrowingTo; the
    * optimizer threads pass the native addon's vectorised loop). No-op for a key without one.
    */
   refreshLow(
     key: string,
-    convert: (src: Float32Array, dst: Uint16Array) => void = toBf16,
+    convert: Narrowing = narrowingTo(PARAM_COPY_FORMAT),
   ): void {
     const low = this.lowViews.get(key);
     if (low !== undefined) convert(this.param(key), low);

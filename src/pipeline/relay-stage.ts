@@ -27,11 +27,11 @@
 
 import { gpuQueue, makeResident } from '../backend/gpu-queue.js';
 import {
-  activationFromBf16,
-  holdsBf16,
+  activationFromNarrow,
+  narrowValues,
   roundTensor,
-  roundToBf16,
-  tensorFromBf16,
+  storesNarrow,
+  tensorFromNarrow,
 } from '../backend/low-precision.js';
 import { countPrivateBytes, countTransfer } from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
@@ -52,7 +52,8 @@ export type StashPlace = 'device' | 'host';
 
 /**
  * A stashed activation: a device tensor, or its values outside the engine: float32/int32 in
- * host memory, or (bf16 runs) bfloat16 in host memory or in device memory (`device`: counted as
+ * host memory, or (where the precision policy's stash format is 2 bytes, backend/precision.ts)
+ * those 2-byte values in host memory or in device memory (`device`: counted as
  * the device's private bytes, backend/memory.ts).
  */
 type Stashed =
@@ -62,7 +63,7 @@ type Stashed =
       shape: number[];
       dtype: 'float32' | 'int32';
     }
-  | { bf16: Uint16Array; shape: number[]; device: boolean };
+  | { narrow: Uint16Array; shape: number[]; device: boolean };
 
 /** The relay's options, sent by the L2L strategy: the parameter server's shared memory and the stash place. */
 export interface RelayOptions {
@@ -241,9 +242,9 @@ export class RelayStage implements StageProgram {
     this.loaded.set(l, p); // registered first: a failing upload leaves nothing unreleased
     for (const [name, key] of this.layerKeys(l)) {
       const low = this.store.low(key);
-      if (low !== undefined && holdsBf16()) {
-        // the compute precision: 2 bytes per element cross, and stay on the device as such
-        p[name] = tensorFromBf16(low.slice(), this.store.shape(key));
+      if (low !== undefined && storesNarrow('params')) {
+        // the policy's parameter format: 2 bytes per element cross, and stay on the device as such
+        p[name] = tensorFromNarrow(low.slice(), this.store.shape(key));
         countTransfer('h2d', low.byteLength);
         continue;
       }
@@ -279,21 +280,19 @@ export class RelayStage implements StageProgram {
   private async putStash(l: number, mb: number, t: tf.Tensor): Promise<void> {
     let s = this.stash.get(l);
     if (!s) this.stash.set(l, (s = new Map()));
-    if (l > 0 && t.dtype === 'float32' && holdsBf16()) {
-      // bf16 run: the layer boundary waits as bf16 values, 2 bytes per element (issue 23 item 4)
+    if (l > 0 && t.dtype === 'float32' && storesNarrow('stash')) {
+      // the layer boundary waits in the policy's stash format, 2 bytes per element (issue 23 item 4)
       const shape = t.shape.slice();
-      let bf16: Uint16Array;
+      let narrow: Uint16Array;
       try {
-        const v = (await t.data()) as Float32Array;
-        bf16 = new Uint16Array(v.length);
-        roundToBf16(v, bf16);
+        narrow = narrowValues((await t.data()) as Float32Array);
       } finally {
         t.dispose();
       }
       const device = this.stashPlace === 'device';
-      if (device) countPrivateBytes(bf16.byteLength);
-      else countTransfer('d2h', bf16.byteLength);
-      s.set(mb, { bf16, shape, device });
+      if (device) countPrivateBytes(narrow.byteLength);
+      else countTransfer('d2h', narrow.byteLength);
+      s.set(mb, { narrow, shape, device });
       return;
     }
     if (this.stashPlace === 'host' && l > 0) {
@@ -337,14 +336,14 @@ export class RelayStage implements StageProgram {
     keep = false,
   ): tf.Tensor {
     const s = this.stash.get(l)?.get(mb);
-    if (s && 'bf16' in s) {
+    if (s && 'narrow' in s) {
       if (!keep) {
         this.stash.get(l)!.delete(mb);
-        if (s.device) countPrivateBytes(-s.bf16.byteLength);
+        if (s.device) countPrivateBytes(-s.narrow.byteLength);
       }
-      if (!s.device) countTransfer('h2d', s.bf16.byteLength);
-      // held as its bf16 values where the backend can (taken over: a copy if the stash keeps them)
-      return activationFromBf16(keep ? s.bf16.slice() : s.bf16, s.shape);
+      if (!s.device) countTransfer('h2d', s.narrow.byteLength);
+      // held as its 2-byte values where the backend can (taken over: a copy if the stash keeps them)
+      return activationFromNarrow(keep ? s.narrow.slice() : s.narrow, s.shape);
     }
     if (s) {
       const host = !(s instanceof tf.Tensor);
@@ -382,12 +381,12 @@ export class RelayStage implements StageProgram {
       throw new Error(
         "the relay fuses the last layer's forward into its backward; schedule layer_backward",
       );
-    // a host-stashed (or bf16-stashed) input stays in the stash for the backward: only its
+    // a host-stashed (or 2-byte-stashed) input stays in the stash for the backward: only its
     // upload is freed here (the stage's first layer takes its input from the step, and stashes it)
     const hostKept =
       grad &&
       l !== this.firstLayer(io) &&
-      (this.stashPlace === 'host' || holdsBf16());
+      (this.stashPlace === 'host' || storesNarrow('stash'));
     const x = this.takeStash(l, mb, io, hostKept);
     // training draws the layer's Dropout noise for these examples (model/noise.ts)
     const noise = grad ? microBatchNoise(io.noise, mb, x.shape[0]!) : undefined;
@@ -478,10 +477,10 @@ export class RelayStage implements StageProgram {
         grads,
       );
       if (wantInput) {
-        // bf16: the boundary's gradient at the compute precision, as applyBlocks rounds it
+        // the boundary's gradient in the policy's activation format, as applyBlocks rounds it
         const dx = grads[names.length]!;
         if (toPrev) io.putInputGrad(mb, dx);
-        else if (holdsBf16()) {
+        else if (storesNarrow('activations')) {
           this.dys.set(mb, roundTensor(dx));
           dx.dispose();
         } else this.dys.set(mb, dx);
@@ -528,7 +527,8 @@ export class RelayStage implements StageProgram {
     for (const s of this.stash.values())
       for (const t of s.values())
         if (t instanceof tf.Tensor) t.dispose();
-        else if ('bf16' in t && t.device) countPrivateBytes(-t.bf16.byteLength);
+        else if ('narrow' in t && t.device)
+          countPrivateBytes(-t.narrow.byteLength);
     this.stash.clear();
     for (const t of this.dys.values()) t.dispose();
     this.dys.clear();

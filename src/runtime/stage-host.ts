@@ -7,13 +7,21 @@
  * {@link LinkResolver}). A message names the stage it is for (`act:<stage>`,
  * `grad:<stage>`), so each stage has its own FIFO on a link several stages share.
  */
+
 import { gpuQueue } from '../backend/gpu-queue.js';
 import {
   backendHeapBytes,
   initBackend,
   releaseBackend,
 } from '../backend/index.js';
-import { holdsBf16, roundToBf16, widenBf16 } from '../backend/low-precision.js';
+import {
+  type NarrowWireFields,
+  narrowValues,
+  narrowWireFields,
+  narrowWireOf,
+  storesNarrow,
+  widenValues,
+} from '../backend/low-precision.js';
 import {
   countTransfer,
   deviceBytes,
@@ -52,17 +60,20 @@ export type LinkResolver = (
   side: LinkSide,
 ) => Channel | Promise<Channel>;
 
-/** An activation or gradient between stages: float32/int32, or (bf16 runs) its bf16 values. */
-interface TensorMessage extends Message {
+/**
+ * An activation or gradient between stages: float32/int32, or (where the precision policy's
+ * wire format is 2 bytes, backend/precision.ts) its 2-byte values.
+ */
+interface TensorMessage extends Message, NarrowWireFields {
   mb: number;
   tensor?: HostTensor;
-  bf16?: { shape: number[]; data: Uint16Array };
 }
 
 /**
- * Sends t (disposed) to a neighbour stage. In a bf16 run a float32 tensor crosses as bf16 (2
- * bytes per element): block boundaries are already bf16 values (roundActivation), so nothing
- * is lost. Counted as device-to-host bytes of this stage (it leaves the device).
+ * Sends t (disposed) to a neighbour stage. Where the policy's wire format is 2 bytes, a float32
+ * tensor crosses in it (2 bytes per element): block boundaries are already in that format's
+ * values (roundActivation), so nothing is lost. Counted as device-to-host bytes of this stage
+ * (it leaves the device).
  */
 async function sendTensor(
   ch: Channel | null,
@@ -71,18 +82,18 @@ async function sendTensor(
   t: tf.Tensor,
 ): Promise<void> {
   if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
-  if (t.dtype === 'float32' && holdsBf16()) {
+  if (t.dtype === 'float32' && storesNarrow('wire')) {
     const shape = t.shape.slice();
     let data: Uint16Array;
     try {
-      const v = (await t.data()) as Float32Array;
-      data = new Uint16Array(v.length);
-      roundToBf16(v, data);
+      data = narrowValues((await t.data()) as Float32Array);
     } finally {
       t.dispose();
     }
     countTransfer('d2h', data.byteLength);
-    ch.send({ type, mb, bf16: { shape, data } }, [data.buffer as ArrayBuffer]);
+    ch.send({ type, mb, ...narrowWireFields(shape, data) }, [
+      data.buffer as ArrayBuffer,
+    ]);
     return;
   }
   const w = await toWire(t);
@@ -92,11 +103,11 @@ async function sendTensor(
 
 /** A received activation or gradient as a device tensor; counted as host-to-device bytes. */
 function tensorOf(m: TensorMessage): tf.Tensor {
-  if (m.bf16) {
-    countTransfer('h2d', m.bf16.data.byteLength);
-    const f32 = new Float32Array(m.bf16.data.length);
-    widenBf16(m.bf16.data, f32);
-    return fromWire({ shape: m.bf16.shape, dtype: 'float32', data: f32 });
+  const narrow = narrowWireOf(m);
+  if (narrow) {
+    countTransfer('h2d', narrow.data.byteLength);
+    const f32 = widenValues(narrow.data);
+    return fromWire({ shape: narrow.shape, dtype: 'float32', data: f32 });
   }
   countTransfer('h2d', m.tensor!.data.byteLength);
   return fromWire(m.tensor!);

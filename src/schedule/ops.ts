@@ -113,7 +113,7 @@ export interface SimContext {
  */
 export interface StageBytes {
   params: number;
-  /** bf16 runs: the bf16 copies of the parameters products read, besides them (0 at fp32). */
+  /** The 2-byte copies of the parameters products read, besides them, where the precision policy keeps such copies (0 at fp32). */
   paramCopies?: number;
   maxParam: number;
   optTransient: number;
@@ -135,7 +135,7 @@ export interface StageBytes {
 /** One relay layer's bytes (a block's, cost/costs.ts BlockCost). */
 export interface LayerBytes {
   paramBytes: number;
-  /** Bytes of the layer as uploaded (bf16 runs: its matrices as bf16 values); default paramBytes. */
+  /** Bytes of the layer as uploaded (2-byte parameter copies: its matrices as those values); default paramBytes. */
   loadedBytes?: number;
   maxParamBytes: number;
   inBytes: number;

@@ -10,6 +10,7 @@
 
 import { readFileSync } from 'node:fs';
 import {
+  lossScalingOf,
   microBatchSize,
   optimizerConfigOf,
   scheduleName,
@@ -183,7 +184,7 @@ export const gpipe: StrategySpec = {
         seed: cfg.seed,
         devices: parseDevices(cfg.devices, cfg.stages, cfg.replicas),
         replicas: cfg.replicas,
-        lossScaling: cfg.precision === 'f16' ? cfg.lossScale : undefined,
+        lossScaling: lossScalingOf(cfg),
         oomAdvice: gpipe.outOfMemoryAdvice(cfg),
       },
       params,

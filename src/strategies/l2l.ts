@@ -21,7 +21,9 @@
  */
 
 import type { Precision } from '../backend/names.js';
+import { isNarrow, policyOf } from '../backend/precision.js';
 import {
+  lossScalingOf,
   microBatchSize,
   optimizerConfigOf,
   type TrainConfig,
@@ -188,17 +190,17 @@ export class L2LStrategy implements Strategy {
     params: HostParams,
   ): Promise<L2LStrategy> {
     const { layers, shapes } = blockLayers(model.blocks);
-    // bf16: the products' weights also live as bf16 copies in the server, shipped as such
-    const lowPrecision =
-      opts.precision === 'bf16'
-        ? new Set(
-            model.blocks.flatMap((b, bi) =>
-              b.params
-                .filter(readByProducts)
-                .map((spec) => paramKey(bi, spec.name)),
-            ),
-          )
-        : undefined;
+    // a policy with parameter copies: the products' weights also live as such copies in the
+    // server (backend/precision.ts storage.params), shipped as such
+    const lowPrecision = isNarrow(policyOf(opts.precision ?? 'fp32'), 'params')
+      ? new Set(
+          model.blocks.flatMap((b, bi) =>
+            b.params
+              .filter(readByProducts)
+              .map((spec) => paramKey(bi, spec.name)),
+          ),
+        )
+      : undefined;
     const server = await ParameterServer.create({
       params,
       layers,
@@ -512,7 +514,7 @@ export const l2l: StrategySpec = {
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
         precision: cfg.precision,
         seed: cfg.seed,
-        lossScale: cfg.precision === 'f16' ? cfg.lossScale : undefined,
+        lossScale: lossScalingOf(cfg),
         traceGpu: cfg.trace !== undefined,
       },
       model,

@@ -4,7 +4,7 @@
  * kept). It is the backprop pipeline (gpipe.ts) with one stage.
  */
 
-import { optimizerConfigOf } from '../config/config.js';
+import { lossScalingOf, optimizerConfigOf } from '../config/config.js';
 import { costsAt, optimizerSlots } from '../cost/costs.js';
 import { predictPeakBytes } from '../cost/memory.js';
 import { plannedAs } from '../cost/strategy-plan.js';
@@ -42,7 +42,7 @@ export const single: StrategySpec = {
         seed: cfg.seed,
         devices: parseDevices(cfg.devices, 1, cfg.replicas),
         replicas: cfg.replicas,
-        lossScaling: cfg.precision === 'f16' ? cfg.lossScale : undefined,
+        lossScaling: lossScalingOf(cfg),
         oomAdvice: single.outOfMemoryAdvice(cfg),
       },
       params,
