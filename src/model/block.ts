@@ -24,18 +24,18 @@ export interface ParamSpec {
   shape: number[];
   init: Init;
   /**
-   * Read by a gather (an embedding table), not as a product's operand: at --precision bf16 such
-   * a parameter keeps float32 values on the device, since single-device bf16 does not round it
-   * (see {@link readByProducts}).
+   * Read by a gather (an embedding table), not as a product's operand: under a precision policy
+   * with 2-byte parameter copies (backend/precision.ts) such a parameter keeps float32 values on
+   * the device, since the single device's products do not round it (see {@link readByProducts}).
    */
   gathered?: boolean;
 }
 
 /**
  * Whether a parameter is read only as an operand of products (matmul, convolution: rank >= 2
- * and not {@link ParamSpec.gathered}), which at --precision bf16 read its bf16 rounding: such a
- * parameter can be shipped to a device as bf16 values with the same results (the L2L relay,
- * issue 23 item 4). Biases and normalisation parameters (rank 1) stay float32.
+ * and not {@link ParamSpec.gathered}), which under a policy with 2-byte parameter copies read its
+ * rounding to that format: such a parameter can be shipped to a device in it with the same
+ * results (the L2L relay, issue 23 item 4). Biases and normalisation parameters (rank 1) stay float32.
  */
 export function readByProducts(spec: ParamSpec): boolean {
   return spec.shape.length >= 2 && spec.gathered !== true;

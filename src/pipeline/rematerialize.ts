@@ -35,7 +35,8 @@ export interface Recorded {
 /**
  * Runs `f` with the gradient tape on and keeps the tape (and with it the activations) for a
  * later backward, compacted (tape.ts compactTape: inputs saved only for their shapes are not
- * kept; at bf16 the products' saved activations are kept as bf16). Must not be called inside
+ * kept; with the precision policy's 2-byte activations, the products' saved activations are
+ * kept in that format). Must not be called inside
  * another gradient computation.
  */
 export function recordForward(f: () => tf.Tensor): Recorded {

@@ -107,7 +107,7 @@ export class StageParams {
       // needs, its tape keeps), and a recording compacts the block's part of the tape now
       h = tf.tidy(() => {
         const y = this.model.blocks[b].forward(p, input);
-        // bf16: each block boundary at the compute precision, where L2L stashes and stages send it
+        // each block boundary in the policy's activation format, where L2L stashes and stages send it
         return b < this.model.blocks.length - 1 ? roundActivation(y) : y;
       });
       compactRecording();

@@ -208,8 +208,9 @@ const compactedUpTo = new WeakMap<TapeNode[], number>();
 /**
  * Shrinks what a recorded forward's tape keeps for its backward, without changing a gradient:
  * the saved inputs of {@link SHAPE_ONLY_GRADIENTS} kernels become {@link SavedShape}s (their
- * data freed unless something else holds it), and at bf16 the products' saved activations
- * become bf16 copies (backend/low-precision.ts keepSavedAtComputePrecision). Compacts the
+ * data freed unless something else holds it), and where the precision policy stores activations
+ * in 2 bytes the products' saved activations become such copies (backend/low-precision.ts
+ * keepSavedAtComputePrecision). Compacts the
  * nodes not compacted yet ({@link compactRecording} may have done the earlier ones).
  */
 export function compactTape(tape: TapeNode[]): void {
@@ -236,7 +237,8 @@ export function compactTape(tape: TapeNode[]): void {
  * During a recorded forward (rematerialize.ts recordForward), {@link compactTape} on the nodes
  * recorded since the last call: pipeline/stage-params.ts calls it after each block, whose
  * intermediates its own tidy scope has freed, so a stage's forward holds its earlier blocks'
- * tapes compacted (and at bf16 takes their products' operands from the conversions just made).
+ * tapes compacted (and with 2-byte activations takes their products' operands from the
+ * conversions just made).
  * Does nothing outside a recording.
  */
 export function compactRecording(): void {

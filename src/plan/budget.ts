@@ -130,7 +130,7 @@ export async function checkDeviceBudget(
   const t0 = performance.now();
   const opts: ProfileOptions = {
     backend: cfg.backend,
-    precision: cfg.precision, // bf16: the blocks' peaks include the backend's bf16 copies
+    precision: cfg.precision, // the blocks' peaks include the policy's parameter copies
     microBatchSizes: budgetProfileSizes(microBatch),
     optimizer: optimizerConfigOf(cfg),
     repeats: 1,

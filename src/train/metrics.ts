@@ -49,9 +49,9 @@ export interface StepMetrics {
 export interface Summary {
   strategy: string;
   backend: string;
-  /** Compute precision (`--precision`): fp32 or bf16. */
+  /** Compute precision (`--precision`, backend/names.ts PRECISIONS). */
   precision: string;
-  /** With bf16: what it ran on (oneDNN's ISA, e.g. avx512_core_bf16, and whether bf16 is emulated). */
+  /** With a mixed precision: what it ran on (backend/names.ts precisionNote: e.g. oneDNN's ISA and whether it is emulated). */
   precision_note?: string;
   preset: string;
   params: number;
