@@ -10,7 +10,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { DeviceOptimizer, defaultOptimizerConfig } from '../optim/optimizer.js';
-import { randomArray, scaledDifference } from '../testing/backend-compare.js';
+import { randomArray } from '../testing/backend-compare.js';
 import { initBackend } from './index.js';
 import {
   CAUSAL_SOFTMAX_GRAD_KERNEL,
@@ -36,6 +36,22 @@ const run = (name: string, inputs: tf.NamedTensorMap, attrs = {}) => {
   const out = tf.engine().runKernel(name, inputs, attrs);
   return Array.isArray(out) ? (out as tf.Tensor[]) : [out as tf.Tensor];
 };
+
+/**
+ * The largest |got - want| relative to want's scale (max(1, max |want|)), NaN-safe, as
+ * testing/backend-compare.ts scaledDifference but for arrays too long to spread into Math.max.
+ */
+function scaledDifference(got: ArrayLike<number>, want: ArrayLike<number>) {
+  let scale = 1;
+  for (let j = 0; j < want.length; j++)
+    scale = Math.max(scale, Math.abs(want[j]!));
+  let worst = 0;
+  for (let j = 0; j < got.length; j++) {
+    const d = Math.abs(got[j]! - want[j]!) / scale;
+    if (!(d <= worst)) worst = d;
+  }
+  return { worst, scale };
+}
 
 let seed = 1;
 const rand = (shape: number[]) =>
@@ -122,6 +138,9 @@ const CASES: Case[] = [
   crossEntropy(5, 130),
   causalSoftmax([2, 3, 5, 5], 0.35),
   causalSoftmax([1, 1, 70, 70], 1),
+  // more rows than a dispatch dimension holds (65,535): TF.js spreads the workgroups over two
+  layerNorm([65600, 2]),
+  crossEntropy(65600, 3),
 ];
 
 /** Calls `f`, counting the layerwise programs (shader keys lw_*) it runs on webgpu. */
