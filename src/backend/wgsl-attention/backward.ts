@@ -4,7 +4,7 @@
  * [B, T, 3, H, dh] and the forward's P [B, H, T, T]. Two programs: {@link scoreGradShader}
  * writes dS = scale P (dP - rowsum(dP P)) with dP = dctx v^T, by rows, the values v held in
  * workgroup memory block by block as the forward holds its keys; {@link qkvGradShader} writes
- * dqkv [B, T, 3D]: dq = dS k, dk = dS^T q, dv = P^T dctx, one invocation per element.
+ * dqkv [B, T, 3D]: dq = dS k, dk = dS^T q, dv = P^T dctx, by rows in the same way.
  */
 import { rowHead } from './forward.js';
 
@@ -61,35 +61,75 @@ export function scoreGradShader(dh: number): string {
   `;
 }
 
-/** dqkv [B, T, 3D] laid out [B, T, 3, H, dh]; inputs: ds, probs, qkv, dy. */
+/**
+ * dqkv [B, T, 3D] laid out [B, T, 3, H, dh]; inputs: ds, probs, qkv, dy. By rows, three sets of
+ * workgroups (the dispatch's z: part 0 dq, 1 dk, 2 dv): each invocation keeps its row t of
+ * dq = dS k (keys j <= t), dk = dS^T q or dv = P^T dctx (queries i >= t), the other operand
+ * held in workgroup memory block by block.
+ */
 export function qkvGradShader(dh: number): string {
-  return `
-    const DH = ${dh};
+  return `${rowHead(dh)}
+    var<workgroup> blockStart : i32;
+
+    fn loadDyTile(r : Rows, j0 : i32) {
+      for (var e = r.li; e < TK * DH; e += WG) {
+        let j = j0 + e / DH;
+        var val = 0.0;
+        if (j < uniforms.nT) {
+          val = dy[(r.b * uniforms.nT + j) * uniforms.nH * DH + r.h * DH + e % DH];
+        }
+        tile[e] = val;
+      }
+    }
+
+    fn weight(r : Rows, part : i32, j : i32) -> f32 {
+      let nT = uniforms.nT;
+      if (part == 0) {
+        return ds[(r.bh * nT + r.row) * nT + j];
+      }
+      if (part == 1) {
+        return ds[(r.bh * nT + j) * nT + r.row];
+      }
+      return probs[(r.bh * nT + j) * nT + r.row];
+    }
+
     fn main(index : i32) {
-      if (index < uniforms.size) {
-        let nT = uniforms.nT;
-        let D = uniforms.nH * DH;
-        let c3 = index % (3 * D);
-        let t = (index / (3 * D)) % nT;
-        let b = index / (3 * D * nT);
-        let part = c3 / D;
-        let c = c3 % D;
-        let rowBase = (b * uniforms.nH + c / DH) * nT;
-        var acc = 0.0;
-        if (part == 0) {
-          for (var j = 0; j <= t; j++) {
-            acc += ds[(rowBase + t) * nT + j] * qkv[((b * nT + j) * 3 + 1) * D + c];
-          }
-        } else if (part == 1) {
-          for (var i = t; i < nT; i++) {
-            acc += ds[(rowBase + i) * nT + t] * qkv[(b * nT + i) * 3 * D + c];
-          }
+      let perPart = uniforms.nBlk * uniforms.nBH * WG;
+      let part = min(index / perPart, 2);
+      var r = rows(index % perPart);
+      if (r.li == 0) {
+        blockStart = select(0, r.i0, part > 0);
+        blockEnd = select(r.end, uniforms.nT, part > 0);
+      }
+      let start = workgroupUniformLoad(&blockStart);
+      let end = workgroupUniformLoad(&blockEnd);
+      var acc : array<f32, DH>;
+      for (var j0 = start; j0 < end; j0 += TK) {
+        if (part == 2) {
+          loadDyTile(r, j0);
         } else {
-          for (var i = t; i < nT; i++) {
-            acc += probs[(rowBase + i) * nT + t] * dy[(b * nT + i) * D + c];
+          loadTile(r, j0, 1 - part);
+        }
+        workgroupBarrier();
+        var lo = max(0, r.row - j0);
+        var hi = min(TK, end - j0);
+        if (part == 0) {
+          lo = 0;
+          hi = min(TK, r.row - j0 + 1);
+        }
+        for (var jj = lo; jj < hi; jj++) {
+          let w = weight(r, part, j0 + jj);
+          for (var d = 0; d < DH; d++) {
+            acc[d] += w * tile[jj * DH + d];
           }
         }
-        setOutputAtIndex(index, acc);
+        workgroupBarrier();
+      }
+      if (r.valid && index / perPart < 3) {
+        let out = ((r.b * uniforms.nT + r.row) * 3 + part) * uniforms.nH * DH + r.h * DH;
+        for (var d = 0; d < DH; d++) {
+          result[out + d] = acc[d];
+        }
       }
     }
   `;

@@ -43,7 +43,7 @@ export function rowHead(dh: number): string {
     var<workgroup> tile : array<f32, ${tk * dh}>;
     var<workgroup> blockEnd : i32;
 
-    struct Rows { b : i32, h : i32, bh : i32, row : i32, valid : bool, end : i32, li : i32 };
+    struct Rows { b : i32, h : i32, bh : i32, row : i32, valid : bool, i0 : i32, end : i32, li : i32 };
 
     fn rows(index : i32) -> Rows {
       let wg = index / WG;
@@ -52,10 +52,10 @@ export function rowHead(dh: number): string {
       r.bh = min(wg / uniforms.nBlk, uniforms.nBH - 1);
       r.b = r.bh / uniforms.nH;
       r.h = r.bh % uniforms.nH;
-      let i0 = (wg % uniforms.nBlk) * WG;
-      r.row = min(i0 + r.li, uniforms.nT - 1);
-      r.valid = i0 + r.li < uniforms.nT && wg / uniforms.nBlk < uniforms.nBH;
-      r.end = min(uniforms.nT, i0 + WG);
+      r.i0 = (wg % uniforms.nBlk) * WG;
+      r.row = min(r.i0 + r.li, uniforms.nT - 1);
+      r.valid = r.i0 + r.li < uniforms.nT && wg / uniforms.nBlk < uniforms.nBH;
+      r.end = min(uniforms.nT, r.i0 + WG);
       return r;
     }
 
@@ -132,23 +132,37 @@ export function probsShader(dh: number): string {
   `;
 }
 
-/** ctx [B, T, D] (heads side by side) = P V over keys j <= t; inputs: probs, qkv; one invocation per element. */
+/**
+ * ctx [B, T, D] (heads side by side) = P V over keys j <= t; inputs: probs, qkv. By rows, as
+ * {@link probsShader}: each invocation keeps its row of ctx, the values held in workgroup
+ * memory block by block.
+ */
 export function contextShader(dh: number): string {
-  return `
-    const DH = ${dh};
+  return `${rowHead(dh)}
     fn main(index : i32) {
-      if (index < uniforms.size) {
-        let nT = uniforms.nT;
-        let D = uniforms.nH * DH;
-        let c = index % D;
-        let t = (index / D) % nT;
-        let b = index / (D * nT);
-        let pBase = ((b * uniforms.nH + c / DH) * nT + t) * nT;
-        var acc = 0.0;
-        for (var j = 0; j <= t; j++) {
-          acc += probs[pBase + j] * qkv[((b * nT + j) * 3 + 2) * D + c];
+      var r = rows(index);
+      if (r.li == 0) {
+        blockEnd = r.end;
+      }
+      let end = workgroupUniformLoad(&blockEnd);
+      let pBase = (r.bh * uniforms.nT + r.row) * uniforms.nT;
+      var acc : array<f32, DH>;
+      for (var j0 = 0; j0 < end; j0 += TK) {
+        loadTile(r, j0, 2);
+        workgroupBarrier();
+        for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
+          let p = probs[pBase + j0 + jj];
+          for (var d = 0; d < DH; d++) {
+            acc[d] += p * tile[jj * DH + d];
+          }
         }
-        setOutputAtIndex(index, acc);
+        workgroupBarrier();
+      }
+      if (r.valid) {
+        let out = (r.b * uniforms.nT + r.row) * uniforms.nH * DH + r.h * DH;
+        for (var d = 0; d < DH; d++) {
+          result[out + d] = acc[d];
+        }
       }
     }
   `;
