@@ -147,8 +147,11 @@ export async function initBackend(
   const dawn = backend === 'webgpu' ? await installDawn() : undefined;
   if (backend === 'tensorflow' || backend === 'webgpu')
     await loadOptional(backend);
-  if (backend === 'webgpu')
+  if (backend === 'webgpu') {
+    // layerwise's own WGSL kernels over the composed forms (backend/webgpu-kernels.ts)
     (await import('./webgpu-kernels.js')).registerWebGPUKernels();
+    (await import('./webgpu-attention.js')).registerWebGpuAttention();
+  }
   if (backend === 'native') {
     check(
       registerNativeBackend(),
