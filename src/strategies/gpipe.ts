@@ -51,7 +51,11 @@ import {
   stagesPerDevice,
 } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
-import { type PipelineKind, PipelineStrategy } from './pipeline.js';
+import {
+  type PipelineKind,
+  PipelineStrategy,
+  runOptionsOf,
+} from './pipeline.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 
 /** A compute-only schedule with the device of each of its stages (a schedule file's, or a generator's). */
@@ -171,17 +175,11 @@ export const gpipe: StrategySpec = {
     return PipelineStrategy.create(
       {
         name: 'gpipe',
-        backend: cfg.backend,
-        model: model.config,
-        ranges,
+        ...runOptionsOf(cfg, model, ranges),
         microBatches: cfg.microBatches,
-        optimizer: optimizerConfigOf(cfg),
         kind: backpropPipeline(cfg.microBatches, cfg.stages, cfg.remat, placed),
         placement: placed.placement,
-        deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
-        precision: cfg.precision,
-        seed: cfg.seed,
         devices: parseDevices(cfg.devices, cfg.stages, cfg.replicas),
         replicas: cfg.replicas,
         lossScaling: lossScalingOf(cfg),

@@ -32,7 +32,11 @@ import {
   localSchedule,
 } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
-import { type PipelineKind, PipelineStrategy } from './pipeline.js';
+import {
+  type PipelineKind,
+  PipelineStrategy,
+  runOptionsOf,
+} from './pipeline.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 
 /**
@@ -86,21 +90,15 @@ export const local: StrategySpec = {
     return PipelineStrategy.create(
       {
         name: 'local',
-        backend: cfg.backend,
-        model: model.config,
-        ranges,
+        ...runOptionsOf(cfg, model, ranges),
         microBatches: cfg.microBatches,
-        optimizer: optimizerConfigOf(cfg),
         kind: localPipeline(
           cfg.microBatches,
           ranges.length,
           cfg.overlap,
           cfg.deterministic,
         ),
-        deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, ranges.length),
-        precision: cfg.precision,
-        seed: cfg.seed,
         devices: parseDevices(cfg.devices, ranges.length),
         oomAdvice: local.outOfMemoryAdvice(cfg),
       },

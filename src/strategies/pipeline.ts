@@ -9,9 +9,10 @@
  */
 
 import type { Precision } from '../backend/names.js';
+import { optimizerConfigOf, type TrainConfig } from '../config/config.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
-import type { ModelConfig } from '../model/model.js';
+import type { Model, ModelConfig } from '../model/model.js';
 import {
   initialLossScale,
   type LossScaleState,
@@ -113,6 +114,36 @@ export interface PipelineOptions {
    * from it, per example (model/noise.ts). Default 0.
    */
   seed?: number;
+}
+
+/**
+ * The options every pipeline takes from the run as they are: the backend, the model, the
+ * stages' block ranges, the optimizer, the device-memory budget, the precision and the seed.
+ * Each strategy adds what is its own (name, kind, micro-batches, devices, threads, advice).
+ */
+export function runOptionsOf(
+  cfg: TrainConfig,
+  model: Model,
+  ranges: StageRange[],
+): Pick<
+  PipelineOptions,
+  | 'backend'
+  | 'model'
+  | 'ranges'
+  | 'optimizer'
+  | 'deviceMemory'
+  | 'precision'
+  | 'seed'
+> {
+  return {
+    backend: cfg.backend,
+    model: model.config,
+    ranges,
+    optimizer: optimizerConfigOf(cfg),
+    deviceMemory: cfg.deviceMemory,
+    precision: cfg.precision,
+    seed: cfg.seed,
+  };
 }
 
 /** How long a failed step waits for the other stages' outcomes, to report the root cause, ms. */

@@ -11,7 +11,7 @@ import { plannedAs } from '../cost/strategy-plan.js';
 import { parseDevices } from '../runtime/devices.js';
 import { check } from '../util/errors.js';
 import { backpropPipeline } from './gpipe.js';
-import { PipelineStrategy } from './pipeline.js';
+import { PipelineStrategy, runOptionsOf } from './pipeline.js';
 import { type StrategySpec, threadsPerDevice } from './spec.js';
 
 export const single: StrategySpec = {
@@ -30,16 +30,10 @@ export const single: StrategySpec = {
     PipelineStrategy.create(
       {
         name: 'single',
-        backend: cfg.backend,
-        model: model.config,
-        ranges,
+        ...runOptionsOf(cfg, model, ranges),
         microBatches: 1,
-        optimizer: optimizerConfigOf(cfg),
         kind: backpropPipeline(1, 1, 'never', 'gpipe'),
-        deviceMemory: cfg.deviceMemory,
         threads: threadsPerDevice(cfg, cfg.replicas),
-        precision: cfg.precision,
-        seed: cfg.seed,
         devices: parseDevices(cfg.devices, 1, cfg.replicas),
         replicas: cfg.replicas,
         lossScaling: lossScalingOf(cfg),
