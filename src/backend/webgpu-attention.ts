@@ -30,6 +30,7 @@ import {
   CAUSAL_ATTENTION_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
+import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { qkvGradShader, scoreGradShader } from './wgsl-attention/backward.js';
 import {
   contextShader,
@@ -75,16 +76,6 @@ class RowProgram implements WebGPUProgram {
   getUserCode(): string {
     return this.code(this.dh);
   }
-}
-
-interface WebGPUBackendish {
-  runWebGPUProgram(
-    p: WebGPUProgram,
-    inputs: tf.TensorInfo[],
-    dtype: tf.DataType,
-    uniforms?: Array<{ type: string; data: number[] }>,
-  ): tf.TensorInfo;
-  disposeData(id: object): void;
 }
 
 /** The sizes of attention over `qkv` [B, T, 3D] with `heads` heads. */

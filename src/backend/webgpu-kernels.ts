@@ -3,7 +3,8 @@
  * shaders (backend/wgsl/) run through TF.js's `runWebGPUProgram`: each fused op is one to three
  * dispatches instead of the composed form's many stock ones (TF.js spends 50-1,100 us an op on a
  * real GPU, whatever the op's size). {@link registerWebGPUKernels} replaces the composed forms
- * (backend/composed-kernels.ts) for 'webgpu'; the causal attention pair stays composed.
+ * (backend/composed-kernels.ts) for 'webgpu'; the causal attention pair has its own module
+ * (backend/webgpu-attention.ts), registered beside these by initBackend.
  *
  * Every program views its tensors as flat [n] or [rows, cols] (same data, other shape), so any
  * rank works and one compiled pipeline per kernel serves every shape (sizes are uniforms). A
@@ -98,14 +99,15 @@ class LayerwiseProgram implements WebGPUProgram {
   }
 }
 
-/** The slice of TF.js's WebGPUBackend these kernels use. */
-interface WebGPUBackendish {
+/** The slice of TF.js's WebGPUBackend layerwise's WGSL kernels use (these and webgpu-attention.ts's). */
+export interface WebGPUBackendish {
   runWebGPUProgram(
     p: WebGPUProgram,
     inputs: tf.TensorInfo[],
     dtype: tf.DataType,
     uniforms?: Array<{ type: string; data: number[] }>,
   ): tf.TensorInfo;
+  disposeData(id: object): void;
 }
 
 type Inputs = Record<string, tf.TensorInfo | undefined>;
