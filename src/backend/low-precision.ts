@@ -53,7 +53,11 @@ export function storesNarrow(role: TensorRole): boolean {
   return isNarrow(devicePolicy(), role);
 }
 
-/** `v` rounded to the 2-byte storage format (new array; see {@link storesNarrow}). */
+/**
+ * `v` rounded to the 2-byte storage format (new array; see {@link storesNarrow}): bfloat16, the
+ * only 2-byte storage of any policy today (f16 stores float32); a policy with another would
+ * round here by its format.
+ */
 export function narrowValues(v: Float32Array): Uint16Array {
   const d = new Uint16Array(v.length);
   roundToBf16(v, d);
