@@ -603,7 +603,8 @@ export async function benchGpu(
     date: new Date().toISOString().slice(0, 10),
     commit: commitOf(),
     wallS,
-    command: `npm run bench -- gpu${o.quick ? ' --quick' : ''}${o.steps ? ` --steps ${o.steps}` : ''}${o.configs ? ` --configs ${o.configs.join(',')}` : ''}`,
+    // as typed: bench/main.ts's argv after the script ([node, main.js, 'gpu', ...flags])
+    command: `npm run bench -- ${process.argv.slice(2).join(' ')}`,
   };
   const files = await writeBenchResults(
     o.out,
