@@ -48,9 +48,12 @@ export interface GpuBenchOptions {
 }
 
 /** A model of the table: its `layerwise train` flags and charlm.py's. */
-interface GpuModel {
+export interface GpuModel {
+  /** The configurations' name prefix (`--configs`). */
   key: string;
+  /** The table's heading. */
   label: string;
+  /** Its `layerwise train` model flags. */
   cli: string[];
   /** charlm.py's shape flags (layers, d-model, heads, context). */
   torch: string[];
