@@ -1,11 +1,17 @@
 /**
  * `npm run bench -- gpu`'s bookkeeping (no GPU, no timing): which configurations run, how
- * `--configs` selects them, how tokens/s is taken from metrics lines, what the page names.
+ * `--configs` selects them, how tokens/s is taken from metrics lines, what the page names; and,
+ * where Dawn gives an adapter (lavapipe in CI), that its plain TF.js row leaves out layerwise's
+ * WGSL kernels.
  */
 import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import type { StepMetrics } from '../train/metrics.js';
 import {
+  benchGpu,
   GPU_MODELS,
   type GpuRow,
   gpuConfigs,
@@ -110,4 +116,62 @@ test('the page names the adapter and gives each run against layerwise webgpu', (
   assert.match(md, /Adapter: nvidia \/ hopper \(NVIDIA H100;/);
   assert.match(md, /\| plain TF\.js webgpu \| 250 \| 0\.25x \|/);
   assert.match(md, /\| PyTorch CUDA fp32 \| - \| - \|.*PyTorch not importable/);
+});
+
+/** Whether Dawn gives this process a webgpu adapter (a GPU or lavapipe). */
+async function hasWebGPU(): Promise<boolean> {
+  try {
+    await (await import('../backend/webgpu.js')).installDawn();
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test("the bench's plain TF.js run leaves out layerwise's WGSL kernels: more dispatches per step, the same losses", async (t) => {
+  if (!(await hasWebGPU())) {
+    t.skip('Dawn gives no webgpu adapter here');
+    return;
+  }
+  const out = mkdtempSync(join(tmpdir(), 'lw-gpu-bench-test-'));
+  try {
+    await benchGpu(
+      {
+        quick: true,
+        steps: 1,
+        warmup: 1,
+        configs: ['tiny/layerwise', 'tiny/tfjs', 'tiny/pytorch-fp32'],
+        configSeconds: 240,
+        budgetSeconds: 600,
+        python: '/nonexistent/python3',
+        out,
+        name: 'gpu',
+      },
+      () => undefined,
+    );
+    const r = JSON.parse(readFileSync(join(out, 'gpu.json'), 'utf8')) as {
+      adapter: { description?: string };
+      rows: GpuRow[];
+    };
+    const [lw, plain, torch] = r.rows;
+    assert.ok(r.adapter.description, 'the adapter is named');
+    assert.ok(lw!.tokens_per_s! > 0 && plain!.tokens_per_s! > 0);
+    assert.equal(lw!.steps_measured, 1);
+    assert.ok(
+      plain!.dispatches_per_step! > 1.5 * lw!.dispatches_per_step!,
+      `plain TF.js ${plain!.dispatches_per_step} vs layerwise ${lw!.dispatches_per_step} dispatches per step`,
+    );
+    assert.ok(
+      Math.abs(plain!.final_loss! - lw!.final_loss!) < 1e-3,
+      `losses ${plain!.final_loss} vs ${lw!.final_loss}`,
+    );
+    assert.equal(torch!.tokens_per_s, undefined);
+    assert.match(torch!.note ?? '', /PyTorch not importable/);
+    assert.match(
+      readFileSync(join(out, 'gpu.md'), 'utf8'),
+      /\| plain TF\.js webgpu \| [\d,]+ \| [\d.]+x \|/,
+    );
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
 });
