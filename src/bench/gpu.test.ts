@@ -88,7 +88,7 @@ test('a Python without torch gives rows saying why, not a failure', () => {
   assert.match(r.why ?? '', /not importable/);
 });
 
-test('the page names the adapter and gives each run against layerwise webgpu', () => {
+test('the page names the adapter, gives each run against layerwise webgpu and links the earlier runs', () => {
   const row = (run: string, config: string, tps?: number): GpuRow => ({
     config,
     model: 'charlm-tiny',
@@ -112,10 +112,15 @@ test('the page names the adapter and gives each run against layerwise webgpu', (
       row('PyTorch CUDA fp32', 'tiny/pytorch-fp32'),
     ],
     { date: '2026-11-26', commit: 'abc', wallS: 10, command: 'c' },
+    ['gpu-h100-2026-11-26.md'],
   );
   assert.match(md, /Adapter: nvidia \/ hopper \(NVIDIA H100;/);
   assert.match(md, /\| plain TF\.js webgpu \| 250 \| 0\.25x \|/);
   assert.match(md, /\| PyTorch CUDA fp32 \| - \| - \|.*PyTorch not importable/);
+  assert.match(
+    md,
+    /## Earlier runs\n\n- \[gpu-h100-2026-11-26\.md\]\(gpu-h100-2026-11-26\.md\)/,
+  );
 });
 
 /** Whether Dawn gives this process a webgpu adapter (a GPU or lavapipe). */

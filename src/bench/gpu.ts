@@ -18,7 +18,13 @@
  * charlm-small, for a software GPU such as Mesa's lavapipe.
  */
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -493,11 +499,12 @@ const fmt = (x: number | undefined, digits = 0) =>
         minimumFractionDigits: digits,
       });
 
-/** The Markdown page: the adapter, one table per model, the commands, the notes. */
+/** The Markdown page: the adapter, one table per model, the commands, and links to `earlier` pages (file names beside it). */
 export function gpuMarkdown(
   adapter: GpuAdapterInfo,
   rows: GpuRow[],
   meta: { date: string; commit: string; wallS: number; command: string },
+  earlier: string[] = [],
 ): string {
   const name = [adapter.vendor, adapter.architecture, adapter.device]
     .filter(Boolean)
@@ -539,7 +546,21 @@ export function gpuMarkdown(
     .filter((r) => r.command)
     .map((r) => `- ${r.config}: \`${r.command}\``)
     .join('\n');
-  return `${head}${tables.join('')}\n## Commands\n\n${commands}\n`;
+  const history = earlier.length
+    ? `\n## Earlier runs\n\n${earlier.map((f) => `- [${f}](${f})`).join('\n')}\n`
+    : '';
+  return `${head}${tables.join('')}\n## Commands\n\n${commands}\n${history}`;
+}
+
+/** The other GPU results pages in `dir` (gpu-*.md: hand runs, other cards), for the history. */
+function earlierRuns(dir: string, name: string): string[] {
+  try {
+    return readdirSync(dir)
+      .filter((f) => /^gpu.*\.md$/.test(f) && f !== `${name}.md`)
+      .sort();
+  } catch {
+    return [];
+  }
 }
 
 /** The commit this build came from, or 'unknown' outside a git checkout. */
@@ -613,7 +634,7 @@ export async function benchGpu(
     o.out,
     o.name,
     { ...meta, adapter, options: o, rows },
-    gpuMarkdown(adapter, rows, meta),
+    gpuMarkdown(adapter, rows, meta, earlierRuns(o.out, o.name)),
   );
   log(`wrote ${files.join(', ')} (${wallS.toFixed(0)} s)`);
 }
