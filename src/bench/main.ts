@@ -177,7 +177,7 @@ program
 program
   .command('gpu')
   .description(
-    "issue 36's GPU table: layerwise webgpu, plain TF.js webgpu and PyTorch CUDA, charlm-small and 8 x d1024, batch 32; l2l and gpipe K=2 of the large model (each run its own process; under 5 minutes on an H100)",
+    "issue 36's GPU table: layerwise webgpu, plain TF.js webgpu and PyTorch CUDA, charlm-small and 8 x d1024, batch 32; l2l and gpipe K=2 of the large model (each run its own process, all within --budget-seconds: a 5-minute device session)",
   )
   .option('--quick', 'charlm-tiny and charlm-small (a software GPU)', false)
   .option(
