@@ -147,7 +147,9 @@ export async function initBackend(
   const dawn = backend === 'webgpu' ? await installDawn() : undefined;
   if (backend === 'tensorflow' || backend === 'webgpu')
     await loadOptional(backend);
-  if (backend === 'webgpu') {
+  // LAYERWISE_WEBGPU_KERNELS=tfjs keeps TF.js's own webgpu kernels and the composed forms: the
+  // "plain TF.js webgpu" of `npm run bench -- gpu`
+  if (backend === 'webgpu' && process.env.LAYERWISE_WEBGPU_KERNELS !== 'tfjs') {
     // layerwise's own WGSL kernels over the composed forms (backend/webgpu-kernels.ts)
     (await import('./webgpu-kernels.js')).registerWebGPUKernels();
     (await import('./webgpu-attention.js')).registerWebGpuAttention();

@@ -175,6 +175,50 @@ program
   });
 
 program
+  .command('gpu')
+  .description(
+    "issue 36's GPU table: layerwise webgpu, plain TF.js webgpu and PyTorch CUDA, charlm-small and 8 x d1024, batch 32; l2l and gpipe K=2 of the large model (each run its own process, all within --budget-seconds: a 5-minute device session)",
+  )
+  .option('--quick', 'charlm-tiny and charlm-small (a software GPU)', false)
+  .option(
+    '--steps <n>',
+    "measured steps of every configuration (default: the model's)",
+    (v) => Number(v),
+  )
+  .option(
+    '--warmup <n>',
+    'steps left out of tokens/s (shader compilation)',
+    (v) => Number(v),
+    2,
+  )
+  .option(
+    '--configs <list>',
+    'configurations or models to run, e.g. small,large/l2l (default: all)',
+  )
+  .option(
+    '--config-seconds <s>',
+    'wall-clock limit of one configuration',
+    (v) => Number(v),
+    75,
+  )
+  .option(
+    '--budget-seconds <s>',
+    'wall-clock budget of the whole bench',
+    (v) => Number(v),
+    270,
+  )
+  .option('--python <cmd>', 'Python for the PyTorch rows', 'python3')
+  .option('--name <name>', 'results file name (<name>.json, <name>.md)', 'gpu')
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchGpu } = await import('./gpu.js');
+    await benchGpu(
+      { ...o, configs: o.configs?.split(',').filter(Boolean) },
+      (s) => console.log(s),
+    );
+  });
+
+program
   .command('kernels')
   .description(
     "where a training step's time goes, per kernel, on one backend (single device, in this thread)",

@@ -278,7 +278,15 @@ describe('the training page in Chromium', { skip }, () => {
 
   // two steps (the second's loss shows the first's update) of four sequences: WebGPU on
   // SwiftShader compiles its shaders in the first step, which takes most of this test
-  test('single, l2l and webgpu single in the page: l2l equals single within 1e-4, webgpu equals wasm within 1e-3', async (t) => {
+  test("single, l2l and webgpu single in the page: l2l equals single within 1e-4, webgpu equals wasm within 1e-3 and runs layerwise's WGSL kernels (Node's webgpu dispatch count)", async (t) => {
+    // the same webgpu run in Node (Dawn), started now and awaited at the end: its dispatches
+    // per step are those of layerwise's WGSL kernels, which the page's devices (worker.js, also
+    // the tab of --devices browser:backend=webgpu) must register too
+    const nodeGpu = runCli([
+      ...['--preset', 'charlm-tiny', '--strategy', 'single', '--steps', '2'],
+      ...['--batch-size', '4', '--eval-batches', '1', '--backend', 'webgpu'],
+    ]);
+    nodeGpu.catch(() => undefined); // awaited below
     const run = async (query: string) => {
       const { page, errors } = await open(
         `preset=charlm-tiny&steps=2&batch-size=4&eval-batches=1&autostart=1&${query}`,
@@ -309,6 +317,29 @@ describe('the training page in Chromium', { skip }, () => {
       single.metrics.map((m) => m.loss),
       1e-3,
       'webgpu vs wasm',
+    );
+    const node = await nodeGpu;
+    if (node.code !== 0) {
+      t.diagnostic(
+        `no webgpu in Node here, the page's kernels are not compared with Node's: ${node.output.trim().split('\n').at(-1)}`,
+      );
+      return;
+    }
+    // the same kernels: TF.js's stock webgpu kernels alone dispatch about 3x as many
+    assert.ok(
+      (node.summary?.dispatches_per_step ?? 0) > 0,
+      'Node counted dispatches',
+    );
+    assert.equal(
+      gpu.summary?.dispatches_per_step,
+      node.summary?.dispatches_per_step,
+      "the page's webgpu dispatches per step equal Node's (layerwise's WGSL kernels)",
+    );
+    assertLossesClose(
+      gpu.metrics.map((m) => m.loss),
+      node.metrics.map((m) => m.loss),
+      1e-3,
+      'page webgpu vs Node webgpu',
     );
   });
 
