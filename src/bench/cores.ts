@@ -15,6 +15,7 @@
  * threads first), and those not started once the budget is spent are listed as skipped.
  */
 import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { availableParallelism, cpus } from 'node:os';
 import { fileURLToPath } from 'node:url';
 import { nativeAddon, nativeUnavailable } from '../backend/native.js';
@@ -65,6 +66,8 @@ export interface CoresBenchOptions {
   budgetS: number;
   /** The Python that runs bench/pytorch/charlm.py; '' skips PyTorch. */
   python: string;
+  /** charlm.py's path, where it is not beside this package (a device bundle holds only dist/); default {@link CHARLM_PY}. */
+  pytorchScript?: string;
   /** A line for cores.md about the run (e.g. that the machine was shared). */
   note?: string;
   out: string;
@@ -257,12 +260,12 @@ export async function benchCores(
   });
   const bench = await loadBenchModel(base);
   const run: CoresRun = { o, base, bench, cores: availableParallelism(), log };
-  const torch = pytorchVersion(o.python);
+  const torch = pytorchVersion(o.python, o.pytorchScript ?? CHARLM_PY);
   const grid = coresGrid(
     o,
     run.cores,
     bench.model.blocks.length,
-    torch.ok ? undefined : `PyTorch not importable (${torch.why})`,
+    torch.ok ? undefined : `PyTorch ${torch.why}`,
   );
   const rows: Row[] = [];
   const skipped = [...grid.skipped];
@@ -287,7 +290,7 @@ export async function benchCores(
       bench: 'cores',
       options: o,
       machine,
-      pytorch: torch.ok ? torch.version : `not importable (${torch.why})`,
+      pytorch: torch.ok ? torch.version : torch.why,
       params: modelParamCount(bench.model),
       rows,
       skipped,
@@ -395,17 +398,25 @@ async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
 }
 
 /** bench/pytorch/charlm.py beside this module's package (dist/bench -> the project's root). */
-const CHARLM_PY = fileURLToPath(
+export const CHARLM_PY = fileURLToPath(
   new URL('../../bench/pytorch/charlm.py', import.meta.url),
 );
 
-/** Whether `python` imports torch: its version, or why not. */
-function pytorchVersion(python: string): {
+/** Whether `python` imports torch and `script` (charlm.py) is there: torch's version, or why not. */
+function pytorchVersion(
+  python: string,
+  script: string,
+): {
   ok: boolean;
   version?: string;
   why?: string;
 } {
-  if (python === '') return { ok: false, why: 'skipped by --python ""' };
+  if (python === '') return { ok: false, why: 'not run (--python "")' };
+  if (!existsSync(script))
+    return {
+      ok: false,
+      why: `not run: ${script} not found; give --pytorch-script bench/pytorch/charlm.py`,
+    };
   const r = spawnSync(
     python,
     ['-c', 'import torch; print(torch.__version__)'],
@@ -418,7 +429,7 @@ function pytorchVersion(python: string): {
   const why = r.error
     ? r.error.message
     : (r.stderr.trim().split('\n').at(-1) ?? `exit ${r.status}`);
-  return { ok: false, why };
+  return { ok: false, why: `not importable (${why})` };
 }
 
 /** PyTorch's CPU training of the same charlm (charlm.py, SDPA attention) on `c.threads` threads. */
@@ -429,7 +440,7 @@ function measurePyTorch(run: CoresRun, c: CoreConfig): Row {
       `the PyTorch reference trains charlm presets only, not ${m.arch}`,
     );
   const args = [
-    CHARLM_PY,
+    run.o.pytorchScript ?? CHARLM_PY,
     ...['--layers', m.layers, '--d-model', m.dModel, '--heads', m.heads],
     ...['--context', m.context, '--vocab', m.vocab],
     ...['--batch-size', run.o.batchSize, '--steps', run.o.steps],
@@ -504,7 +515,7 @@ function coresMarkdown(
   );
   return [
     `# cores benchmark\n`,
-    `${machine.cpu}, ${machine.cores} cores, Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : `not importable (${torch.why})`}.${o.note ? ` ${o.note}` : ''}\n`,
+    `${machine.cpu}, ${machine.cores} cores, Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
     `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines M=${o.microBatches} without re-materialization, local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision on all ${machine.cores} cores; vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision.\n`,
     markdownTable({
       columns: [

@@ -356,6 +356,10 @@ program
     "Python for bench/pytorch/charlm.py ('' skips it)",
     'python3',
   )
+  .option(
+    '--pytorch-script <path>',
+    'charlm.py, where it is not at bench/pytorch/ beside dist/',
+  )
   .option('--note <text>', 'a line for the results file about the run')
   .option('--name <name>', 'results file name', 'cores')
   .option('--out <dir>', 'results folder', 'bench/results')
