@@ -44,47 +44,63 @@ export function devicesOfRun(
   return (oneDevice ? 1 : Math.max(1, cfg.stages)) * cfg.replicas;
 }
 
+/** The `--threads`-related fields of a run {@link deviceThreads} and {@link threadsLine} read. */
+type ThreadsConfig = Pick<
+  TrainConfig,
+  'threads' | 'backend' | 'stages' | 'replicas' | 'devices'
+>;
+
 /**
- * Kernel threads of each device of a run (summary.json `threads_per_device`, the CLI's set-up
- * line): a device's own `threads=` in `--devices`, else {@link threadsPerDevice} over
- * {@link devicesOfRun}; 1 for a device whose backend is not native (wasm and cpu run their
- * kernels on one thread). One entry per device, replica after replica.
- * @throws LayerwiseError for a malformed --devices (as parseDevices).
+ * Each device's backend and kernel threads: its own `backend=`/`threads=` in `--devices`, else
+ * the run's backend and {@link threadsPerDevice} over {@link devicesOfRun}.
  */
-export function deviceThreads(
-  cfg: Pick<
-    TrainConfig,
-    'threads' | 'backend' | 'stages' | 'replicas' | 'devices'
-  >,
+function deviceKernels(
+  cfg: ThreadsConfig,
   oneDevice: boolean,
-  cores = availableParallelism(),
-): number[] {
+  cores: number,
+): Array<{ backend: string; threads: number }> {
   const n = devicesOfRun(cfg, oneDevice);
   const run = threadsPerDevice(cfg, n, cores);
   const specs = parseDevices(cfg.devices, n / cfg.replicas, cfg.replicas);
   return specs.map((d) => {
     const own: DeviceOptions = d.kind === 'thread' ? {} : d;
-    return (own.backend ?? cfg.backend) === 'native' ? (own.threads ?? run) : 1;
+    return { backend: own.backend ?? cfg.backend, threads: own.threads ?? run };
   });
 }
 
 /**
- * The CLI's line on kernel threads, for a run with a native device: e.g. `kernel threads per
- * device: 8 (the 16 cores divided among 2 devices; --threads sets them)`; undefined without one.
+ * Kernel threads of each device of a run (summary.json `threads_per_device`): a device's own
+ * `threads=` in `--devices`, else {@link threadsPerDevice} over {@link devicesOfRun}; 1 for a
+ * device whose backend is not native (wasm and cpu run their kernels on one thread). One entry
+ * per device, replica after replica.
+ * @throws LayerwiseError for a malformed --devices (as parseDevices).
+ */
+export function deviceThreads(
+  cfg: ThreadsConfig,
+  oneDevice: boolean,
+  cores = availableParallelism(),
+): number[] {
+  return deviceKernels(cfg, oneDevice, cores).map((d) =>
+    d.backend === 'native' ? d.threads : 1,
+  );
+}
+
+/**
+ * The CLI's set-up line on kernel threads, for a run with a native device: e.g. `kernel threads
+ * per device: 8 (the 16 cores divided among 2 devices; --threads sets them)`; undefined without one.
+ * @throws LayerwiseError for a malformed --devices (as parseDevices).
  */
 export function threadsLine(
-  cfg: Pick<
-    TrainConfig,
-    'threads' | 'backend' | 'stages' | 'replicas' | 'devices'
-  >,
+  cfg: ThreadsConfig,
   oneDevice: boolean,
   cores = availableParallelism(),
 ): string | undefined {
-  const each = deviceThreads(cfg, oneDevice, cores);
-  const n = each.length;
-  const native =
-    cfg.backend === 'native' || (cfg.devices ?? '').includes('native');
-  if (!native) return undefined;
+  const native = deviceKernels(cfg, oneDevice, cores).filter(
+    (d) => d.backend === 'native',
+  );
+  if (native.length === 0) return undefined;
+  const each = native.map((d) => d.threads);
+  const n = devicesOfRun(cfg, oneDevice);
   const list = new Set(each).size === 1 ? String(each[0]) : each.join(', ');
   const why =
     cfg.threads > 0

@@ -69,4 +69,18 @@ test('threadsLine says the count and where it comes from, only for native runs',
     'kernel threads per device: 2 (--threads)',
   );
   assert.equal(threadsLine({ ...run, backend: 'wasm' }, false, 16), undefined);
+  // a wasm run with one native device process: that device's threads
+  assert.equal(
+    threadsLine(
+      {
+        ...run,
+        backend: 'wasm',
+        stages: 2,
+        devices: 'thread,process:backend=native',
+      },
+      false,
+      16,
+    ),
+    'kernel threads per device: 8 (the 16 cores divided among 2 devices; --threads sets them)',
+  );
 });
