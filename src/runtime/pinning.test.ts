@@ -3,6 +3,7 @@ import { test } from 'node:test';
 import { LayerwiseError } from '../util/errors.js';
 import {
   allowedCpus,
+  bySiblings,
   ompPinning,
   parseCpuList,
   placeDevices,
@@ -23,6 +24,24 @@ test('allowedCpus is the CPUs of /proc/self/status on Linux, as many as Node see
   const { availableParallelism } = await import('node:os');
   assert.ok(cpus !== undefined && cpus.length > 0);
   assert.equal(cpus.length, availableParallelism());
+});
+
+test('bySiblings puts the hardware threads of one core side by side', () => {
+  // 4 cores x 2 threads numbered as Linux often does: siblings c and c + 4
+  const siblings = (c: number) => [c % 4, (c % 4) + 4];
+  const cpus = [0, 1, 2, 3, 4, 5, 6, 7];
+  assert.deepEqual(bySiblings(cpus, siblings), [0, 4, 1, 5, 2, 6, 3, 7]);
+  // two devices of 4 threads each get two whole cores each
+  assert.deepEqual(placeDevices([4, 4], bySiblings(cpus, siblings)), [
+    [0, 4, 1, 5],
+    [2, 6, 3, 7],
+  ]);
+  // a sibling outside the allowed CPUs (taskset -c 0-2) is left out; no SMT: unchanged
+  assert.deepEqual(bySiblings([0, 1, 2], siblings), [0, 1, 2]);
+  assert.deepEqual(
+    bySiblings([3, 1, 2], (c) => [c]),
+    [1, 2, 3],
+  );
 });
 
 test('placeDevices gives each device its own consecutive CPUs, or nothing when they would share', () => {

@@ -8,7 +8,8 @@
  * LLVM's libomp when the library loads): the thread that loads the addon (the device's stage
  * thread) is bound to the first place and each team thread to the next. Device i of the local
  * processes owns the next `threads_i` CPUs of the ones this process may use (Linux:
- * `Cpus_allowed_list` of /proc/self/status), in device order.
+ * `Cpus_allowed_list` of /proc/self/status, SMT siblings side by side so a device gets whole
+ * cores), in device order.
  *
  * Nothing is pinned when:
  * - the run has a thread device (`--devices thread`, the default): worker threads share one
@@ -54,7 +55,8 @@ export function parseCpuList(text: string): number[] {
 
 /**
  * The CPUs this process may run on: Linux's `Cpus_allowed_list` of /proc/self/status (which
- * honours taskset, cgroup cpusets and containers); undefined where the OS does not say.
+ * honours taskset, cgroup cpusets and containers), SMT siblings side by side ({@link bySiblings});
+ * undefined where the OS does not say.
  */
 export function allowedCpus(): number[] | undefined {
   let status: string;
@@ -64,7 +66,48 @@ export function allowedCpus(): number[] | undefined {
     return undefined;
   }
   const m = /^Cpus_allowed_list:\s*(\S+)/m.exec(status);
-  return m ? parseCpuList(m[1]!) : undefined;
+  return m ? bySiblings(parseCpuList(m[1]!), linuxSiblings) : undefined;
+}
+
+/**
+ * Orders `cpus` so that hardware threads of one physical core (SMT siblings) are adjacent, in
+ * the order of their lowest CPU: with siblings (0, 8), (1, 9), ... the order is 0, 8, 1, 9, ...
+ * So a device given consecutive CPUs gets whole cores, their L1/L2 caches its own, rather than
+ * halves of cores shared with another device. `siblingsOf(c)`: c's siblings, itself included
+ * (Linux: topology/thread_siblings_list); CPUs not in `cpus` are left out.
+ */
+export function bySiblings(
+  cpus: readonly number[],
+  siblingsOf: (cpu: number) => readonly number[],
+): number[] {
+  const allowed = new Set(cpus);
+  const seen = new Set<number>();
+  const out: number[] = [];
+  for (const c of [...cpus].sort((a, b) => a - b)) {
+    if (seen.has(c)) continue;
+    const group = [c, ...siblingsOf(c)].filter(
+      (x) => allowed.has(x) && !seen.has(x),
+    );
+    for (const x of [...new Set(group)].sort((a, b) => a - b)) {
+      seen.add(x);
+      out.push(x);
+    }
+  }
+  return out;
+}
+
+/** Linux: CPU c's SMT siblings from /sys (itself alone where the file is missing or unreadable). */
+export function linuxSiblings(cpu: number): number[] {
+  try {
+    return parseCpuList(
+      readFileSync(
+        `/sys/devices/system/cpu/cpu${cpu}/topology/thread_siblings_list`,
+        'utf8',
+      ),
+    );
+  } catch {
+    return [cpu];
+  }
 }
 
 /**
