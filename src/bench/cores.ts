@@ -31,6 +31,7 @@ import {
   markdownTable,
   reportBenchResults,
   timeTrainSteps,
+  writeBenchResults,
 } from './report.js';
 
 /** What `--kinds` can name: single at each precision, the schedules on K devices, local parallelism. */
@@ -270,7 +271,7 @@ export async function benchCores(
   const rows: Row[] = [];
   const skipped = [...grid.skipped];
   const t0 = performance.now();
-  for (const c of grid.configs) {
+  for (const [i, c] of grid.configs.entries()) {
     const spent = (performance.now() - t0) / 1000;
     if (spent > o.budgetS) {
       skipped.push({ ...c, reason: `time budget of ${o.budgetS} s spent` });
@@ -279,25 +280,46 @@ export async function benchCores(
     const r = await measureOrSkip(run, c);
     if ('reason' in r) skipped.push(r);
     else rows.push(r);
+    // what is measured so far stays on disk if the run is cut short (a device session's limit)
+    const pending = grid.configs
+      .slice(i + 1)
+      .map((p) => ({ ...p, reason: 'not run: the bench stopped before it' }));
+    await writeBenchResults(
+      o.out,
+      o.name,
+      ...coresResults(run, torch, rows, [...skipped, ...pending]),
+    );
   }
-  withRatios(rows, run.cores);
   for (const s of skipped) log(`skipped ${label(s)}: ${s.reason}`);
-  const machine = machineOf(run.cores);
   await reportBenchResults(
     o.out,
     o.name,
+    ...coresResults(run, torch, rows, skipped),
+    log,
+  );
+}
+
+/** cores.json's object and cores.md's text for the rows so far (their ratios filled in). */
+function coresResults(
+  run: CoresRun,
+  torch: { ok: boolean; version?: string; why?: string },
+  rows: Row[],
+  skipped: Skipped[],
+): [unknown, string] {
+  withRatios(rows, run.cores);
+  const machine = machineOf(run.cores);
+  return [
     {
       bench: 'cores',
-      options: o,
+      options: run.o,
       machine,
       pytorch: torch.ok ? torch.version : torch.why,
-      params: modelParamCount(bench.model),
+      params: modelParamCount(run.bench.model),
       rows,
       skipped,
     },
     coresMarkdown(run, machine, torch, rows, skipped),
-    log,
-  );
+  ];
 }
 
 /** `single-bf16 K=1 x 16 threads`. */
