@@ -363,6 +363,56 @@ program
 (await import('./param-server.js')).registerParamServerBench(program);
 
 program
+  .command('cores')
+  .description(
+    'tokens/s against kernel threads on one machine: native single fp32/bf16, the schedules and local at K = 2, 3, 4, PyTorch beside them where importable',
+  )
+  .option('--preset <name>', 'model preset', 'charlm-small')
+  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--steps <n>', 'timed steps per configuration', (v) => Number(v), 3)
+  .option(
+    '--threads <list>',
+    'threads per device (and cores / K)',
+    '1,2,4,8,16',
+  )
+  .option('--stages <list>', 'devices K of the pipelines and local', '2,3,4')
+  .option(
+    '--kinds <list>',
+    'single, single-bf16, 1f1b, zb-h1, zbv, dualpipev, local',
+    'single,single-bf16,1f1b,zb-h1,zbv,dualpipev,local',
+  )
+  .option('--micro-batches <n>', 'pipeline micro-batches', (v) => Number(v), 8)
+  .option(
+    '--local-micro-batches <n>',
+    'local updates per mini-batch',
+    (v) => Number(v),
+    2,
+  )
+  .option('--devices <kind>', 'thread or process (pinned)', 'thread')
+  .option(
+    '--budget-s <s>',
+    'start no configuration after this many seconds',
+    (v) => Number(v),
+    240,
+  )
+  .option(
+    '--python <path>',
+    "Python for bench/pytorch/charlm.py ('' skips it)",
+    'python3',
+  )
+  .option(
+    '--pytorch-script <path>',
+    'charlm.py, where it is not at bench/pytorch/ beside dist/',
+  )
+  .option('--note <text>', 'a line for the results file about the run')
+  .option('--name <name>', 'results file name', 'cores')
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchCores, parseCoresOptions } = await import('./cores.js');
+    await benchCores(parseCoresOptions(o), (s) => console.log(s));
+  });
+
+program
   .command('layer-drop')
   .description(
     'l2l with --layer-drop P against 0: host-to-device bytes per step, step time, tokens/s',

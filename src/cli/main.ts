@@ -11,6 +11,7 @@ import { LOSSES } from '../model/loss-names.js';
 import { PRESETS } from '../model/presets.js';
 import { SCHEDULE_KINDS } from '../schedule/schedule.js';
 import { STRATEGY_SPECS, specOf } from '../strategies/index.js';
+import { threadsLine } from '../strategies/spec.js';
 import { trainWithRestarts } from '../train/restarts.js';
 import { sampleText } from '../train/sample.js';
 import type { TrainHooks } from '../train/trainer.js';
@@ -57,6 +58,8 @@ function hooks(): TrainHooks {
         console.log(`note: ${note}`);
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
+      const threads = threadsLine(config, specOf(config.strategy).oneDevice);
+      if (threads) console.log(threads);
       if (budget?.budget !== undefined) {
         console.log(
           `device budget ${formatSize(budget.budget)}: predicted peak ${budget.predicted ? budget.predicted.map(formatSize).join(' / ') : 'not predicted'}`,

@@ -17,6 +17,7 @@ import { BACKENDS } from '../backend/names.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { type Device, StageWorker } from './device.js';
 import type { TlsFiles } from './grpc-link.js';
+import { allowedCpus, processPinning } from './pinning.js';
 import {
   newRunToken,
   RemoteDevice,
@@ -135,11 +136,14 @@ export function parseDevices(
  * `token`: the run's shared token; for `HOST:PORT` devices it must be the one their workers
  * were started with (LAYERWISE_TOKEN); spawned processes get a fresh one when it is undefined.
  * @throws LayerwiseError for a remote host without a token, or browser tabs mixed with
- * processes or hosts.
+ * processes or hosts, or a LAYERWISE_PIN that is not 0 or 1.
+ * `threads`: the run's kernel threads per device (a device's `threads=` overrides it); with
+ * it, device processes on this host get OpenMP places of their own (runtime/pinning.ts).
  */
 export async function openDevices(
   specs: readonly DeviceSpec[],
   token = process.env.LAYERWISE_TOKEN,
+  threads?: number,
 ): Promise<Device[]> {
   if (specs.every((s) => s.kind === 'thread'))
     return specs.map((_, i) => new StageWorker(i));
@@ -157,13 +161,14 @@ export async function openDevices(
     );
   const runToken = token ?? newRunToken();
   const tls = tlsFromEnv();
+  const pinned = pinningOf(specs, threads);
   const opened = await Promise.allSettled(
     specs.map(
       (s, i): Promise<Device> =>
         s.kind === 'thread'
           ? Promise.resolve(new StageWorker(i))
           : s.kind === 'process'
-            ? spawnDeviceProcess(i, runToken, s.env)
+            ? spawnDeviceProcess(i, runToken, { ...s.env, ...pinned[i] })
             : s.kind === 'host'
               ? Promise.resolve(
                   new RemoteDevice(i, s.address, runToken, undefined, tls),
@@ -181,6 +186,29 @@ export async function openDevices(
     throw (failed as PromiseRejectedResult).reason;
   }
   return opened.map((r) => (r as PromiseFulfilledResult<Device>).value);
+}
+
+/**
+ * Each device's affinity environment (runtime/pinning.ts processPinning): `{}` for all when
+ * a device's threads are unknown (neither `threads` nor its own `threads=`).
+ */
+function pinningOf(
+  specs: readonly DeviceSpec[],
+  threads: number | undefined,
+): Array<Record<string, string>> {
+  const each = specs.map((s) =>
+    s.kind === 'thread' ? threads : (s.threads ?? threads),
+  );
+  if (each.some((t) => t === undefined)) return specs.map(() => ({}));
+  return processPinning({
+    devices: specs.map((s, i) => ({
+      kind: s.kind,
+      env: s.kind === 'process' ? s.env : undefined,
+      threads: each[i]!,
+    })),
+    env: process.env,
+    cpus: allowedCpus(),
+  });
 }
 
 /**

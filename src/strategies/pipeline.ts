@@ -279,7 +279,7 @@ export class PipelineStrategy implements Strategy {
       );
     // interleaved schedules past 2 devices: the last device sends to the first
     const wrap = needsWrapLink(placement);
-    const workers = await openDevices(specs);
+    const workers = await openDevices(specs, undefined, opts.threads);
     const s = new PipelineStrategy(opts, workers);
     try {
       const links = linkReplicas(workers, k, wrap);

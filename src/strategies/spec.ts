@@ -14,16 +14,99 @@ import type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
+import { type DeviceOptions, parseDevices } from '../runtime/devices.js';
 import type { Strategy } from './strategy.js';
 
-/** Threads of each of `devices` devices: --threads, or the machine's cores divided among them (at least 1). */
+/**
+ * Kernel threads of each of `devices` devices on one machine of `cores` cores (default: the
+ * CPUs this process may use, os.availableParallelism): `--threads`, or the cores divided among
+ * the devices, at least 1 (so K devices on C cores get C/K each and do not contend; the native
+ * backend's OpenMP team of each device is that size).
+ */
 export function threadsPerDevice(
   cfg: Pick<TrainConfig, 'threads'>,
   devices: number,
+  cores = availableParallelism(),
 ): number {
   return cfg.threads > 0
     ? cfg.threads
-    : Math.max(1, Math.floor(availableParallelism() / devices));
+    : Math.max(1, Math.floor(cores / Math.max(1, devices)));
+}
+
+/**
+ * The devices a run has (all replicas): `replicas` for a one-device strategy (single), else
+ * `--stages` (at least 1) times `replicas`.
+ */
+export function devicesOfRun(
+  cfg: Pick<TrainConfig, 'stages' | 'replicas'>,
+  oneDevice: boolean,
+): number {
+  return (oneDevice ? 1 : Math.max(1, cfg.stages)) * cfg.replicas;
+}
+
+/** The `--threads`-related fields of a run {@link deviceThreads} and {@link threadsLine} read. */
+type ThreadsConfig = Pick<
+  TrainConfig,
+  'threads' | 'backend' | 'stages' | 'replicas' | 'devices'
+>;
+
+/**
+ * Each device's backend and kernel threads: its own `backend=`/`threads=` in `--devices`, else
+ * the run's backend and {@link threadsPerDevice} over {@link devicesOfRun}.
+ */
+function deviceKernels(
+  cfg: ThreadsConfig,
+  oneDevice: boolean,
+  cores: number,
+): Array<{ backend: string; threads: number }> {
+  const n = devicesOfRun(cfg, oneDevice);
+  const run = threadsPerDevice(cfg, n, cores);
+  const specs = parseDevices(cfg.devices, n / cfg.replicas, cfg.replicas);
+  return specs.map((d) => {
+    const own: DeviceOptions = d.kind === 'thread' ? {} : d;
+    return { backend: own.backend ?? cfg.backend, threads: own.threads ?? run };
+  });
+}
+
+/**
+ * Kernel threads of each device of a run (summary.json `threads_per_device`): a device's own
+ * `threads=` in `--devices`, else {@link threadsPerDevice} over {@link devicesOfRun}; 1 for a
+ * device whose backend is not native (wasm and cpu run their kernels on one thread). One entry
+ * per device, replica after replica.
+ * @throws LayerwiseError for a malformed --devices (as parseDevices).
+ */
+export function deviceThreads(
+  cfg: ThreadsConfig,
+  oneDevice: boolean,
+  cores = availableParallelism(),
+): number[] {
+  return deviceKernels(cfg, oneDevice, cores).map((d) =>
+    d.backend === 'native' ? d.threads : 1,
+  );
+}
+
+/**
+ * The CLI's set-up line on kernel threads, for a run with a native device: e.g. `kernel threads
+ * per device: 8 (the 16 cores divided among 2 devices; --threads sets them)`; undefined without one.
+ * @throws LayerwiseError for a malformed --devices (as parseDevices).
+ */
+export function threadsLine(
+  cfg: ThreadsConfig,
+  oneDevice: boolean,
+  cores = availableParallelism(),
+): string | undefined {
+  const native = deviceKernels(cfg, oneDevice, cores).filter(
+    (d) => d.backend === 'native',
+  );
+  if (native.length === 0) return undefined;
+  const each = native.map((d) => d.threads);
+  const n = devicesOfRun(cfg, oneDevice);
+  const list = new Set(each).size === 1 ? String(each[0]) : each.join(', ');
+  const why =
+    cfg.threads > 0
+      ? '--threads'
+      : `the ${cores} cores divided among ${n} device${n > 1 ? 's' : ''}; --threads sets them`;
+  return `kernel threads per device: ${list} (${why})`;
 }
 
 export interface StrategySpec {

@@ -16,6 +16,7 @@ import { learningRate } from '../optim/lr.js';
 import type { StageRange } from '../partition/balance.js';
 import type { BudgetCheck } from '../plan/budget.js';
 import { specOf } from '../strategies/index.js';
+import { deviceThreads } from '../strategies/spec.js';
 import type { StepReport, Strategy } from '../strategies/strategy.js';
 import { NumericFaultError } from '../util/errors.js';
 import type { StepMetrics, Summary } from './metrics.js';
@@ -358,6 +359,7 @@ export function runShape(
   | 'schedule'
   | 'balance'
   | 'batch_size'
+  | 'threads_per_device'
 > {
   const spec = specOf(cfg.strategy);
   return {
@@ -381,5 +383,6 @@ export function runShape(
     schedule: scheduleName(cfg),
     balance: ranges.map((r) => r.to - r.from),
     batch_size: cfg.batchSize,
+    threads_per_device: deviceThreads(cfg, spec.oneDevice),
   };
 }

@@ -69,6 +69,8 @@ export interface Summary {
   schedule: string;
   balance: number[];
   batch_size: number;
+  /** Kernel threads of each device (strategies/spec.ts deviceThreads: --threads or the cores divided among the devices; 1 off native). */
+  threads_per_device?: number[];
   steps: number;
   initial_loss: number;
   final_loss: number;

@@ -1,0 +1,570 @@
+/**
+ * `npm run bench -- cores`: tokens/s against kernel threads on one many-core machine (issue 37,
+ * item 4): native single (fp32, bf16), the pipeline schedules (1f1b, zb-h1, zbv, dualpipev)
+ * and local parallelism at K = 2, 3, 4 devices where the model has the blocks, each with
+ * `--threads` 1, 2, 4, 8, 16 per device where K x threads fits the cores (and each K's
+ * default, the cores divided among K), and PyTorch's CPU training of the same model
+ * (bench/pytorch/charlm.py) where `python3 -c 'import torch'` works. Writes cores.json and
+ * cores.md naming the CPU.
+ *
+ * Every configuration runs in this process as the other benches do (createStrategy: its devices
+ * are worker threads or, with `devices: 'process'`, pinned device processes), one warm-up step,
+ * then the median of `steps` timed steps. A time budget keeps the default under 5 minutes on a
+ * 16-core machine: configurations run in order of importance (the whole machine's single and
+ * PyTorch rows and zbv K=3 first, then every kind at its default threads, then the rest, more
+ * threads first), and those not started once the budget is spent are listed as skipped.
+ */
+import { spawnSync } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { availableParallelism, cpus } from 'node:os';
+import { fileURLToPath } from 'node:url';
+import { nativeAddon, nativeUnavailable } from '../backend/native.js';
+import { resolveConfig, type TrainConfig } from '../config/config.js';
+import { makeBatcher } from '../data/batcher.js';
+import { modelParamCount } from '../model/model.js';
+import { createStrategy } from '../strategies/index.js';
+import { check, LayerwiseError } from '../util/errors.js';
+import { median } from '../util/stats.js';
+import {
+  type BenchModel,
+  loadBenchModel,
+  markdownTable,
+  reportBenchResults,
+  timeTrainSteps,
+  writeBenchResults,
+} from './report.js';
+
+/** What `--kinds` can name: single at each precision, the schedules on K devices, local parallelism. */
+export const CORE_KINDS = [
+  'single',
+  'single-bf16',
+  '1f1b',
+  'zb-h1',
+  'zbv',
+  'dualpipev',
+  'local',
+] as const;
+export type CoreKind = (typeof CORE_KINDS)[number];
+
+/** Options of {@link benchCores} (the command's flags). */
+export interface CoresBenchOptions {
+  preset: string;
+  batchSize: number;
+  /** Timed steps per configuration, after one warm-up step. */
+  steps: number;
+  /** Kernel threads per device to try (each K also gets its default, cores / K). */
+  threads: number[];
+  /** Devices K of the pipelines and local parallelism. */
+  stages: number[];
+  kinds: CoreKind[];
+  /** Micro-batches of the pipeline schedules (dualpipev needs at least 2K). */
+  microBatches: number;
+  /** Local updates per mini-batch of local parallelism. */
+  localMicroBatches: number;
+  /** Where the devices run: worker threads of this process, or device processes (pinned, runtime/pinning.ts). */
+  devices: 'thread' | 'process';
+  /** Seconds after which no further configuration starts. */
+  budgetS: number;
+  /** The Python that runs bench/pytorch/charlm.py; '' skips PyTorch. */
+  python: string;
+  /** charlm.py's path, where it is not beside this package (a device bundle holds only dist/); default {@link CHARLM_PY}. */
+  pytorchScript?: string;
+  /** A line for cores.md about the run (e.g. that the machine was shared). */
+  note?: string;
+  out: string;
+  name: string;
+}
+
+/**
+ * The command's flags (strings from commander) as {@link CoresBenchOptions}.
+ * @throws LayerwiseError naming a list entry that is not a positive integer or a known kind,
+ * a --devices that is not thread or process, or a non-positive --steps or --budget-s.
+ */
+export function parseCoresOptions(
+  raw: Record<string, unknown>,
+): CoresBenchOptions {
+  const ints = (flag: string, v: unknown) =>
+    String(v)
+      .split(',')
+      .map((x) => {
+        check(
+          /^[1-9]\d*$/.test(x.trim()),
+          `--${flag}: '${x}' is not a positive integer (e.g. --${flag} 1,2,4)`,
+        );
+        return Number(x);
+      });
+  const kinds = String(raw.kinds)
+    .split(',')
+    .map((k) => {
+      check(
+        (CORE_KINDS as readonly string[]).includes(k),
+        `--kinds: unknown '${k}' (valid: ${CORE_KINDS.join(', ')})`,
+      );
+      return k as CoreKind;
+    });
+  check(
+    raw.devices === 'thread' || raw.devices === 'process',
+    `--devices: '${raw.devices}' is neither thread nor process`,
+  );
+  for (const f of ['steps', 'budgetS', 'batchSize'] as const)
+    check(
+      Number(raw[f]) > 0,
+      `--${f === 'budgetS' ? 'budget-s' : f === 'batchSize' ? 'batch-size' : f} must be positive, got ${raw[f]}`,
+    );
+  return {
+    ...(raw as Omit<CoresBenchOptions, 'threads' | 'stages' | 'kinds'>),
+    threads: ints('threads', raw.threads),
+    stages: ints('stages', raw.stages),
+    kinds,
+  };
+}
+
+/** One configuration: a kind on `devices` devices with `threads` kernel threads each. */
+export interface CoreConfig {
+  kind: CoreKind | 'pytorch' | 'pytorch-bf16';
+  devices: number;
+  threads: number;
+}
+
+/** A configuration not run, and why. */
+export interface Skipped {
+  kind: string;
+  devices: number;
+  threads: number | '-';
+  reason: string;
+}
+
+/** One measured configuration. */
+interface Row {
+  kind: string;
+  engine: 'layerwise' | 'pytorch';
+  precision: 'fp32' | 'bf16';
+  devices: number;
+  stages: number;
+  threads_per_device: number;
+  threads_total: number;
+  tokens_per_s: number;
+  step_s: number;
+  /** tokens/s over single's (same precision) with all the cores; PyTorch rows: undefined. */
+  vs_single?: number;
+  /** single rows: tokens/s over PyTorch's at the same threads and precision. */
+  vs_pytorch?: number;
+}
+
+const V_SHAPED: ReadonlySet<string> = new Set(['zbv', 'dualpipev']);
+const isSingle = (k: CoreConfig['kind']) => k.startsWith('single');
+const isPyTorch = (k: CoreConfig['kind']) => k.startsWith('pytorch');
+
+/** Threads per device for K devices on `cores` cores: the listed ones that fit, and cores / K. */
+export function threadsForDevices(
+  listed: readonly number[],
+  devices: number,
+  cores: number,
+): number[] {
+  const fit = listed.filter((t) => devices * t <= cores);
+  const auto = Math.max(1, Math.floor(cores / devices));
+  return [...new Set([...fit, auto])].sort((a, b) => a - b);
+}
+
+/**
+ * The configurations of a run, in the order they run, and those skipped because they do not
+ * fit (pure): K x threads over `cores`, or more stages (K, or 2K for the V-shaped schedules)
+ * than the model's `blocks`. Order: rank 0 is single, single-bf16 and PyTorch with all the
+ * cores, and zbv K=3 at its default threads; rank 1 every other configuration at its K's
+ * default threads; rank 2 the rest, more threads in all first. `pytorchMissing`: why PyTorch
+ * does not run (its rows are then listed as skipped with it), undefined where it runs.
+ */
+export function coresGrid(
+  o: Pick<CoresBenchOptions, 'threads' | 'stages' | 'kinds'>,
+  cores: number,
+  blocks: number,
+  pytorchMissing?: string,
+): { configs: CoreConfig[]; skipped: Skipped[] } {
+  const configs: CoreConfig[] = [];
+  const skipped: Skipped[] = [];
+  const add = (kind: CoreConfig['kind'], k: number) => {
+    if (isPyTorch(kind) && pytorchMissing !== undefined) {
+      for (const t of threadsForDevices(o.threads, k, cores))
+        skipped.push({ kind, devices: k, threads: t, reason: pytorchMissing });
+      return;
+    }
+    for (const t of o.threads.filter((x) => k * x > cores))
+      skipped.push({
+        kind,
+        devices: k,
+        threads: t,
+        reason: `${k} x ${t} threads > ${cores} cores`,
+      });
+    for (const t of threadsForDevices(o.threads, k, cores))
+      configs.push({ kind, devices: k, threads: t });
+  };
+  for (const kind of o.kinds) {
+    if (isSingle(kind)) {
+      add(kind, 1);
+      add(kind === 'single' ? 'pytorch' : 'pytorch-bf16', 1);
+      continue;
+    }
+    for (const k of o.stages) {
+      const stages = k * (V_SHAPED.has(kind) ? 2 : 1);
+      if (stages > blocks)
+        skipped.push({
+          kind,
+          devices: k,
+          threads: '-',
+          reason: `needs ${stages} stages, the model has ${blocks} blocks`,
+        });
+      else add(kind, k);
+    }
+  }
+  const rank = (c: CoreConfig) => {
+    const auto = c.threads === Math.max(1, Math.floor(cores / c.devices));
+    if (auto && (c.devices === 1 || (c.kind === 'zbv' && c.devices === 3)))
+      return 0;
+    return auto ? 1 : 2;
+  };
+  const order = configs.map((c, i) => ({ c, i, r: rank(c) }));
+  order.sort(
+    (a, b) =>
+      a.r - b.r ||
+      (a.r === 2 ? b.c.devices * b.c.threads - a.c.devices * a.c.threads : 0) ||
+      a.i - b.i,
+  );
+  return { configs: order.map((x) => x.c), skipped };
+}
+
+/** What every configuration of a run shares. */
+interface CoresRun {
+  o: CoresBenchOptions;
+  base: TrainConfig;
+  bench: BenchModel;
+  cores: number;
+  log: (s: string) => void;
+}
+
+/**
+ * Runs the grid ({@link coresGrid}) within the time budget and writes `<name>.json` and
+ * `<name>.md` under `o.out`. Throws LayerwiseError when the native addon does not load (the
+ * bench measures its threads).
+ */
+export async function benchCores(
+  o: CoresBenchOptions,
+  log: (s: string) => void,
+): Promise<void> {
+  if (!nativeAddon())
+    throw new LayerwiseError(
+      `bench cores measures the native backend's threads, which does not load here (${nativeUnavailable()}); build it with npm ci after installing libdnnl-dev`,
+    );
+  const base = resolveConfig({
+    preset: o.preset,
+    batchSize: o.batchSize,
+    backend: 'native',
+  });
+  const bench = await loadBenchModel(base);
+  const run: CoresRun = { o, base, bench, cores: availableParallelism(), log };
+  const torch = pytorchVersion(o.python, o.pytorchScript ?? CHARLM_PY);
+  const grid = coresGrid(
+    o,
+    run.cores,
+    bench.model.blocks.length,
+    torch.ok ? undefined : `PyTorch ${torch.why}`,
+  );
+  const rows: Row[] = [];
+  const skipped = [...grid.skipped];
+  const t0 = performance.now();
+  for (const [i, c] of grid.configs.entries()) {
+    const spent = (performance.now() - t0) / 1000;
+    if (spent > o.budgetS) {
+      skipped.push({ ...c, reason: `time budget of ${o.budgetS} s spent` });
+      continue;
+    }
+    const r = await measureOrSkip(run, c);
+    if ('reason' in r) skipped.push(r);
+    else rows.push(r);
+    // what is measured so far stays on disk if the run is cut short (a device session's limit)
+    const pending = grid.configs
+      .slice(i + 1)
+      .map((p) => ({ ...p, reason: 'not run: the bench stopped before it' }));
+    await writeBenchResults(
+      o.out,
+      o.name,
+      ...coresResults(run, torch, rows, [...skipped, ...pending]),
+    );
+  }
+  for (const s of skipped) log(`skipped ${label(s)}: ${s.reason}`);
+  await reportBenchResults(
+    o.out,
+    o.name,
+    ...coresResults(run, torch, rows, skipped),
+    log,
+  );
+}
+
+/** cores.json's object and cores.md's text for the rows so far (their ratios filled in). */
+function coresResults(
+  run: CoresRun,
+  torch: { ok: boolean; version?: string; why?: string },
+  rows: Row[],
+  skipped: Skipped[],
+): [unknown, string] {
+  withRatios(rows, run.cores);
+  const machine = machineOf(run.cores);
+  return [
+    {
+      bench: 'cores',
+      options: run.o,
+      machine,
+      pytorch: torch.ok ? torch.version : torch.why,
+      params: modelParamCount(run.bench.model),
+      rows,
+      skipped,
+    },
+    coresMarkdown(run, machine, torch, rows, skipped),
+  ];
+}
+
+/** `single-bf16 K=1 x 16 threads`. */
+function label(c: { kind: string; devices: number; threads: number | '-' }) {
+  return `${c.kind} K=${c.devices} x ${c.threads} thread(s)`;
+}
+
+/** The CPU's model name and the cores this process may use. */
+function machineOf(cores: number): { cpu: string; cores: number } {
+  return { cpu: cpus()[0]?.model.trim() ?? 'unknown', cores };
+}
+
+/** Measures `c`; a configuration that fails (bad flags, a device that dies) becomes a skipped entry naming why. */
+async function measureOrSkip(
+  run: CoresRun,
+  c: CoreConfig,
+): Promise<Row | Skipped> {
+  try {
+    const row = isPyTorch(c.kind)
+      ? measurePyTorch(run, c)
+      : await measureLayerwise(run, c);
+    run.log(
+      `${label(c)}: ${row.tokens_per_s.toFixed(0)} tokens/s, ${row.step_s.toFixed(3)} s/step`,
+    );
+    return row;
+  } catch (e) {
+    const why = (e as Error).message.split('\n')[0]!;
+    run.log(`${label(c)}: failed: ${why}`);
+    return { ...c, reason: `failed: ${why}` };
+  }
+}
+
+/** The train configuration of a layerwise kind on `c.devices` devices with `c.threads` threads each. */
+function configOf(run: CoresRun, c: CoreConfig): TrainConfig {
+  const { o, base } = run;
+  const kind = c.kind as CoreKind;
+  const strategy = isSingle(kind)
+    ? 'single'
+    : kind === 'local'
+      ? 'local'
+      : 'gpipe';
+  return resolveConfig({
+    ...base,
+    balance: undefined,
+    strategy,
+    stages: strategy === 'single' ? 1 : c.devices,
+    microBatches:
+      strategy === 'single'
+        ? 1
+        : strategy === 'local'
+          ? o.localMicroBatches
+          : o.microBatches,
+    remat: 'never',
+    ...(strategy === 'gpipe'
+      ? { schedule: kind as TrainConfig['schedule'] }
+      : {}),
+    precision: kind === 'single-bf16' ? 'bf16' : 'fp32',
+    threads: c.threads,
+    ...(o.devices === 'process' ? { devices: 'process' } : {}),
+  } as Parameters<typeof resolveConfig>[0]);
+}
+
+/** One warm-up step, then `o.steps` timed steps of the configuration; closes its devices. */
+async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
+  const { o, bench } = run;
+  const cfg = configOf(run, c);
+  const s = await createStrategy(cfg, bench.model, bench.params);
+  try {
+    const batcher = makeBatcher(bench.ds, {
+      batchSize: o.batchSize,
+      context: bench.context,
+      seed: 1,
+    });
+    let tokens = 0;
+    const times = await timeTrainSteps(
+      s,
+      () => batcher.next(),
+      o.steps,
+      (_r, b) => {
+        tokens = b.tokens;
+      },
+    );
+    const secs = median(times);
+    return {
+      kind: c.kind,
+      engine: 'layerwise',
+      precision: cfg.precision === 'bf16' ? 'bf16' : 'fp32',
+      devices: c.devices,
+      stages: c.devices * (V_SHAPED.has(c.kind) ? 2 : 1),
+      threads_per_device: c.threads,
+      threads_total: c.devices * c.threads,
+      tokens_per_s: tokens / secs,
+      step_s: secs,
+    };
+  } finally {
+    await s.close();
+  }
+}
+
+/** bench/pytorch/charlm.py beside this module's package (dist/bench -> the project's root). */
+export const CHARLM_PY = fileURLToPath(
+  new URL('../../bench/pytorch/charlm.py', import.meta.url),
+);
+
+/** Whether `python` imports torch and `script` (charlm.py) is there: torch's version, or why not. */
+function pytorchVersion(
+  python: string,
+  script: string,
+): {
+  ok: boolean;
+  version?: string;
+  why?: string;
+} {
+  if (python === '') return { ok: false, why: 'not run (--python "")' };
+  if (!existsSync(script))
+    return {
+      ok: false,
+      why: `not run: ${script} not found; give --pytorch-script bench/pytorch/charlm.py`,
+    };
+  const r = spawnSync(
+    python,
+    ['-c', 'import torch; print(torch.__version__)'],
+    {
+      encoding: 'utf8',
+      timeout: 60_000,
+    },
+  );
+  if (r.status === 0) return { ok: true, version: r.stdout.trim() };
+  const why = r.error
+    ? r.error.message
+    : (r.stderr.trim().split('\n').at(-1) ?? `exit ${r.status}`);
+  return { ok: false, why: `not importable (${why})` };
+}
+
+/** PyTorch's CPU training of the same charlm (charlm.py, SDPA attention) on `c.threads` threads. */
+function measurePyTorch(run: CoresRun, c: CoreConfig): Row {
+  const m = run.bench.model.config;
+  if (m.arch !== 'charlm')
+    throw new LayerwiseError(
+      `the PyTorch reference trains charlm presets only, not ${m.arch}`,
+    );
+  const args = [
+    run.o.pytorchScript ?? CHARLM_PY,
+    ...['--layers', m.layers, '--d-model', m.dModel, '--heads', m.heads],
+    ...['--context', m.context, '--vocab', m.vocab],
+    ...['--batch-size', run.o.batchSize, '--steps', run.o.steps],
+    ...['--device', 'cpu', '--threads', c.threads, '--sdpa'],
+    ...(c.kind === 'pytorch-bf16' ? ['--bf16'] : []),
+  ].map(String);
+  const r = spawnSync(run.o.python, args, {
+    encoding: 'utf8',
+    timeout: 300_000,
+  });
+  if (r.status !== 0)
+    throw new Error(
+      `charlm.py: ${r.error?.message ?? r.stderr.trim().split('\n').at(-1)}`,
+    );
+  const out = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as {
+    tokens_per_s: number;
+    step_s: number[];
+  };
+  return {
+    kind: c.kind,
+    engine: 'pytorch',
+    precision: c.kind === 'pytorch-bf16' ? 'bf16' : 'fp32',
+    devices: 1,
+    stages: 1,
+    threads_per_device: c.threads,
+    threads_total: c.threads,
+    tokens_per_s: out.tokens_per_s,
+    step_s: median(out.step_s),
+  };
+}
+
+/**
+ * Fills vs_single (over layerwise single of the same precision with all `cores` threads) and,
+ * on single rows, vs_pytorch (over PyTorch at the same threads and precision), where measured.
+ */
+function withRatios(rows: Row[], cores: number): void {
+  const find = (kind: string, threads: number) =>
+    rows.find((r) => r.kind === kind && r.threads_per_device === threads);
+  for (const r of rows) {
+    if (r.engine === 'pytorch') continue;
+    const single = find(
+      r.precision === 'bf16' ? 'single-bf16' : 'single',
+      cores,
+    );
+    if (single) r.vs_single = r.tokens_per_s / single.tokens_per_s;
+    if (r.devices === 1) {
+      const torch = find(
+        r.precision === 'bf16' ? 'pytorch-bf16' : 'pytorch',
+        r.threads_per_device,
+      );
+      if (torch) r.vs_pytorch = r.tokens_per_s / torch.tokens_per_s;
+    }
+  }
+}
+
+/** cores.md: the machine and setting, the rows (fastest kinds first as run), then what was skipped. */
+function coresMarkdown(
+  run: CoresRun,
+  machine: { cpu: string; cores: number },
+  torch: { ok: boolean; version?: string; why?: string },
+  rows: Row[],
+  skipped: Skipped[],
+): string {
+  const { o, bench } = run;
+  const x = (v: number | undefined) =>
+    v === undefined ? '-' : `${v.toFixed(2)}x`;
+  const sorted = [...rows].sort(
+    (a, b) =>
+      a.devices - b.devices ||
+      a.kind.localeCompare(b.kind) ||
+      a.threads_per_device - b.threads_per_device,
+  );
+  return [
+    `# cores benchmark\n`,
+    `${machine.cpu}, ${machine.cores} cores, Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines M=${o.microBatches} without re-materialization, local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision on all ${machine.cores} cores; vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision.\n`,
+    markdownTable({
+      columns: [
+        'kind',
+        'K',
+        'stages',
+        'threads per device',
+        'threads in all',
+        'tokens/s',
+        's/step',
+        'vs single',
+        'vs PyTorch',
+      ],
+      rows: sorted.map((r) => [
+        r.kind,
+        r.devices,
+        r.stages,
+        r.threads_per_device,
+        r.threads_total,
+        r.tokens_per_s.toFixed(0),
+        r.step_s.toFixed(3),
+        r.engine === 'pytorch' ? '-' : x(r.vs_single),
+        x(r.vs_pytorch),
+      ]),
+    }),
+    skipped.length
+      ? `Skipped:\n\n${skipped.map((s) => `- ${label(s)}: ${s.reason}`).join('\n')}\n`
+      : '',
+  ].join('\n');
+}

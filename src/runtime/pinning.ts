@@ -1,0 +1,197 @@
+/**
+ * Placing the kernel threads of device processes on this host on cores of their own, so that K
+ * pipeline devices on one machine do not contend for the same cores (issue 37, item 3).
+ *
+ * A device process (`--devices process`) runs its kernels on an OpenMP team (the native
+ * backend's oneDNN with libgomp). Its environment gets `OMP_PLACES` (one place per CPU it
+ * owns: `{4},{5},{6},{7}`) and `OMP_PROC_BIND=close` (OpenMP 4.0 affinity, read by libgomp and
+ * LLVM's libomp when the library loads): the thread that loads the addon (the device's stage
+ * thread) is bound to the first place and each team thread to the next. Device i of the local
+ * processes owns the next `threads_i` CPUs of the ones this process may use (Linux:
+ * `Cpus_allowed_list` of /proc/self/status, SMT siblings side by side so a device gets whole
+ * cores), in device order.
+ *
+ * Nothing is pinned when:
+ * - the run has a thread device (`--devices thread`, the default): worker threads share one
+ *   process and one environment; OpenMP's places are the process's, and binding each thread's
+ *   team through them would put every device's team on the same first CPUs. Pinning a thread
+ *   device needs `sched_setaffinity` on its own threads, which the addon does not offer;
+ * - the devices' threads add up to more CPUs than this process may use (they would share);
+ * - the environment already sets an affinity (`OMP_PLACES`, `OMP_PROC_BIND`,
+ *   `GOMP_CPU_AFFINITY`, `KMP_AFFINITY`), on the coordinator or in the device's `--devices`
+ *   entry: the user's choice stands;
+ * - `LAYERWISE_PIN=0`; or the OS does not say which CPUs are allowed (not Linux).
+ */
+import { readFileSync } from 'node:fs';
+import { check } from '../util/errors.js';
+
+/** Environment variables that set OpenMP thread affinity; any of them set means no pinning of ours. */
+export const AFFINITY_VARIABLES = [
+  'OMP_PLACES',
+  'OMP_PROC_BIND',
+  'GOMP_CPU_AFFINITY',
+  'KMP_AFFINITY',
+] as const;
+
+/**
+ * Parses a Linux CPU list (`0-3,8,10-11`, as in /proc/self/status Cpus_allowed_list or
+ * cpuset files) into ascending CPU numbers.
+ * @throws LayerwiseError naming the part that is not `N` or `N-M` (N <= M).
+ */
+export function parseCpuList(text: string): number[] {
+  const cpus = new Set<number>();
+  for (const part of text.trim().split(',')) {
+    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim());
+    check(
+      m !== null && (m[2] === undefined || Number(m[2]) >= Number(m[1])),
+      `CPU list '${text.trim()}': '${part}' is not N or N-M with N <= M`,
+    );
+    const from = Number(m![1]);
+    const to = m![2] === undefined ? from : Number(m![2]);
+    for (let c = from; c <= to; c++) cpus.add(c);
+  }
+  return [...cpus].sort((a, b) => a - b);
+}
+
+/**
+ * The CPUs this process may run on: Linux's `Cpus_allowed_list` of /proc/self/status (which
+ * honours taskset, cgroup cpusets and containers), SMT siblings side by side ({@link bySiblings});
+ * undefined where the OS does not say.
+ */
+export function allowedCpus(): number[] | undefined {
+  let status: string;
+  try {
+    status = readFileSync('/proc/self/status', 'utf8');
+  } catch {
+    return undefined;
+  }
+  const m = /^Cpus_allowed_list:\s*(\S+)/m.exec(status);
+  return m ? bySiblings(parseCpuList(m[1]!), linuxSiblings) : undefined;
+}
+
+/**
+ * Orders `cpus` so that hardware threads of one physical core (SMT siblings) are adjacent, in
+ * the order of their lowest CPU: with siblings (0, 8), (1, 9), ... the order is 0, 8, 1, 9, ...
+ * So a device given consecutive CPUs gets whole cores, their L1/L2 caches its own, rather than
+ * halves of cores shared with another device. `siblingsOf(c)`: c's siblings, itself included
+ * (Linux: topology/thread_siblings_list); CPUs not in `cpus` are left out.
+ */
+export function bySiblings(
+  cpus: readonly number[],
+  siblingsOf: (cpu: number) => readonly number[],
+): number[] {
+  const allowed = new Set(cpus);
+  const seen = new Set<number>();
+  const out: number[] = [];
+  for (const c of [...cpus].sort((a, b) => a - b)) {
+    if (seen.has(c)) continue;
+    const group = [c, ...siblingsOf(c)].filter(
+      (x) => allowed.has(x) && !seen.has(x),
+    );
+    for (const x of [...new Set(group)].sort((a, b) => a - b)) {
+      seen.add(x);
+      out.push(x);
+    }
+  }
+  return out;
+}
+
+/** Linux: CPU c's SMT siblings from /sys (itself alone where the file is missing or unreadable). */
+export function linuxSiblings(cpu: number): number[] {
+  try {
+    return parseCpuList(
+      readFileSync(
+        `/sys/devices/system/cpu/cpu${cpu}/topology/thread_siblings_list`,
+        'utf8',
+      ),
+    );
+  } catch {
+    return [cpu];
+  }
+}
+
+/**
+ * Gives each device its own consecutive CPUs: device i gets `threads[i]` CPUs of `cpus`, after
+ * those of devices 0..i-1. Returns one CPU list per device, or undefined when the threads add
+ * up to more than `cpus.length` (then devices would share CPUs: better not to pin at all).
+ * @throws LayerwiseError for a thread count that is not a positive integer.
+ */
+export function placeDevices(
+  threads: readonly number[],
+  cpus: readonly number[],
+): number[][] | undefined {
+  for (const t of threads)
+    check(
+      Number.isInteger(t) && t >= 1,
+      `placing devices on CPUs: threads per device must be positive integers, got ${t}`,
+    );
+  if (threads.reduce((a, b) => a + b, 0) > cpus.length) return undefined;
+  let next = 0;
+  return threads.map((t) => {
+    const own = cpus.slice(next, next + t);
+    next += t;
+    return own;
+  });
+}
+
+/** OpenMP environment binding a team to `cpus`, one thread per CPU in order: `OMP_PLACES={0},{1}`, `OMP_PROC_BIND=close`. */
+export function ompPinning(cpus: readonly number[]): Record<string, string> {
+  check(cpus.length > 0, 'OpenMP pinning needs at least one CPU');
+  return {
+    OMP_PLACES: cpus.map((c) => `{${c}}`).join(','),
+    OMP_PROC_BIND: 'close',
+  };
+}
+
+/** What {@link processPinning} decides from: the devices, the environments and the CPUs. */
+export interface PinningInput {
+  /** Per device of the run: its kind, its own environment (processes) and kernel threads. */
+  devices: ReadonlyArray<{
+    kind: string;
+    env?: Readonly<Record<string, string>>;
+    threads: number;
+  }>;
+  /** The coordinator's environment (process.env). */
+  env: Readonly<Record<string, string | undefined>>;
+  /** CPUs this process may use ({@link allowedCpus}); undefined: unknown, no pinning. */
+  cpus: readonly number[] | undefined;
+}
+
+/**
+ * The affinity environment of each device process on this host (pure): one entry per device,
+ * `{}` for devices that are not local processes or when nothing is pinned (see the module's
+ * list of cases). Local processes are placed in device order by {@link placeDevices}.
+ * @throws LayerwiseError when LAYERWISE_PIN is set to anything but 0 or 1.
+ */
+export function processPinning(
+  input: PinningInput,
+): Array<Record<string, string>> {
+  const { devices, env, cpus } = input;
+  const none = devices.map(() => ({}));
+  const pin = env.LAYERWISE_PIN;
+  check(
+    pin === undefined || pin === '0' || pin === '1',
+    `LAYERWISE_PIN=${pin}: use 1 (pin device processes' threads on cores of their own, the default) or 0 (do not pin)`,
+  );
+  const userSet = (e: Readonly<Record<string, string | undefined>>) =>
+    AFFINITY_VARIABLES.some((v) => e[v] !== undefined);
+  if (
+    pin === '0' ||
+    cpus === undefined ||
+    userSet(env) ||
+    devices.some((d) => d.kind === 'thread' || d.kind === 'browser')
+  )
+    return none;
+  const local = devices.flatMap((d, i) => (d.kind === 'process' ? [i] : []));
+  if (local.some((i) => userSet(devices[i]!.env ?? {}))) return none;
+  const places = placeDevices(
+    local.map((i) => devices[i]!.threads),
+    cpus,
+  );
+  if (!places) return none;
+  const out: Array<Record<string, string>> = none;
+  local.forEach((i, j) => {
+    out[i] = ompPinning(places[j]!);
+  });
+  return out;
+}
