@@ -68,12 +68,14 @@ export function linkNeighbours(
 /**
  * The links of R data-parallel replicas of a pipeline of K devices (`devices[r * K + d]`:
  * replica r's device d): each replica's neighbour links, and for each d the ring of its R
- * replicas (one link for R = 2). One entry per device.
+ * replicas (one link for R = 2), unless `ring` is false (the replicas meet elsewhere: L2L's
+ * parameter server sums what they push). One entry per device.
  */
 export function linkReplicas(
   devices: readonly Device[],
   k: number,
   wrap = false,
+  ring = true,
 ): Array<
   StageNeighbours & {
     replicaPrev?: StageLink;
@@ -95,7 +97,7 @@ export function linkReplicas(
       o.next = n.next;
       o.transfer.push(...n.transfer);
     });
-  if (r > 1)
+  if (r > 1 && ring)
     for (let d = 0; d < k; d++) {
       const group = Array.from({ length: r }, (_, i) => devices[i * k + d]!);
       linkNeighbours(group, true, true).forEach((n, i) => {

@@ -15,6 +15,10 @@
  * server holds the step's gradients until the norm is known), and the host optimizer is the
  * device optimizer's math.
  *
+ * The relay runs on the one coordinator of every strategy (coordinator.ts): the relay is its
+ * stage kind ({@link relayPipeline}) and the parameter server its parameters' home
+ * ({@link ServerParameters}: what the coordinator does with each pushed layer gradient).
+ *
  * A failed step (a device or optimizer-thread error) stops the device and the parameter
  * server: the strategy cannot continue (some layers may have been updated and others not), and
  * every later call rejects with the first error. Resume from the last checkpoint instead.
@@ -39,7 +43,6 @@ import {
   predictRelayStepTime,
   type StepTime,
 } from '../cost/time.js';
-import type { Batch } from '../data/batcher.js';
 import { paramKey, readByProducts } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model, ModelConfig } from '../model/model.js';
@@ -53,11 +56,8 @@ import {
   stageRanges,
 } from '../partition/balance.js';
 import type { RelayOptions, StashPlace } from '../pipeline/relay-stage.js';
-import { StageWorker } from '../runtime/device.js';
+import type { Device } from '../runtime/device.js';
 import { parseDevices } from '../runtime/devices.js';
-import { linkNeighbours } from '../runtime/links.js';
-import type { StageStepResult } from '../runtime/protocol.js';
-import { transferables } from '../runtime/serialize.js';
 import {
   evalSchedule,
   idealBubble,
@@ -71,20 +71,17 @@ import {
 } from '../schedule/schedule.js';
 import { check } from '../util/errors.js';
 import { formatSize } from '../util/size.js';
-import { type StrategySpec, threadsPerDevice } from './spec.js';
 import {
-  evaluateBatches,
-  mergeReplicas,
-  stepReport,
-  submission,
-} from './stage-results.js';
-import { stepMessages } from './step-messages.js';
-import type {
-  Evaluation,
-  StepReport,
-  Strategy,
-  Submission,
-} from './strategy.js';
+  Coordinator,
+  type CoordinatorDevices,
+  type CoordinatorOptions,
+  type HomeStep,
+  type ParameterHome,
+  type PipelineKind,
+  type StepRun,
+} from './coordinator.js';
+import { type StrategySpec, threadsPerDevice } from './spec.js';
+import type { StepReport } from './strategy.js';
 
 export interface L2LOptions {
   backend: string;
@@ -129,330 +126,92 @@ export interface L2LOptions {
   adoptParams?: boolean;
 }
 
-export class L2LStrategy implements Strategy {
-  readonly name = 'l2l';
-  readonly devices: number;
-  private readonly train: Schedule;
-  private readonly layers: number;
-  private readonly ranges: StageRange[];
-  /** Devices of one replica (its stages) K, and the replicas R: devices = R*K, replica r on r*K .. r*K+K-1. */
-  private readonly k: number;
-  private readonly replicas: number;
-  /** The previous step; steps run one after another on the one device. */
-  private last: Promise<unknown> = Promise.resolve();
-  private failure: Error | null = null;
-  private closed = false;
+/**
+ * Parameters in L2L's eager parameter server (param-server/server.ts): the relay's devices
+ * upload each layer from its shared memory and push each layer's gradient back, which the
+ * coordinator hands to the server; the server sums the pushes that make up a layer's gradient
+ * (per micro-batch on K > 1 devices, per replica: the L2L paper's EPS), clips with the global
+ * norm, scales (f16) and updates the layer in its optimizer threads while the devices go on.
+ * An optimizer thread's failure stops the run.
+ */
+class ServerParameters implements ParameterHome {
+  /** The replicas meet in the server, not over links. */
+  readonly replicaRing = false;
 
-  private constructor(
-    private readonly opts: L2LOptions,
-    model: Model,
-    private readonly workers: StageWorker[],
+  /** `parts`: the pushes that make up one layer's gradient in a step. */
+  constructor(
     private readonly server: ParameterServer,
-  ) {
-    this.layers = model.blocks.length;
-    this.ranges = opts.ranges ?? [{ from: 0, to: this.layers }];
-    this.k = this.ranges.length;
-    this.replicas = opts.replicas ?? 1;
-    this.devices = this.k * this.replicas;
-    this.train = this.trainSchedule(new Set());
+    private readonly parts: number,
+  ) {}
+
+  stageParams(): Record<string, Float32Array> {
+    return {};
+  }
+
+  lossScale(run: StepRun): number | undefined {
+    return run.training ? this.server.lossScale : undefined;
+  }
+
+  /** A training step opens the server's step; a layer LayerDrop skips gets empty pushes. */
+  beginStep(run: HomeStep): void {
+    if (!run.training) return;
+    this.server.beginStep(run.lr, this.parts);
+    // a layer LayerDrop skips has no gradient: the server leaves it (and its AdamW state) as is
+    for (const l of run.dropped)
+      for (let i = 0; i < this.parts; i++) this.server.push(l, {}, 0);
   }
 
   /**
-   * The training schedule without the layers in `dropped`: on one device the relay's
-   * layer-major order (each layer uploaded once per pass); on K, the stage schedule's
-   * micro-batches through each stage's layers.
+   * During training, hands each layer gradient the devices push (as many as each device's
+   * schedule has push_grads) to the server; then, should an optimizer thread fail, stops the
+   * run (a device would be left waiting for that layer).
    */
-  private trainSchedule(dropped: ReadonlySet<number>): Schedule {
-    const m = this.opts.microBatches;
-    if (this.k === 1) return relaySchedule(this.layers, m, dropped);
-    return relayPipelineTraining(
-      this.opts.schedule ?? 'gpipe',
-      m,
-      this.ranges,
-      dropped,
-    );
-  }
-
-  private evalSchedule(): Schedule {
-    const m = this.opts.microBatches;
-    if (this.k === 1) return relayEvalSchedule(this.layers, m);
-    return relayPipelineSchedule(evalSchedule(m, this.k), this.ranges);
-  }
-
-  /**
-   * Starts the parameter server (its optimizer threads, with `params` copied into shared host
-   * memory, or adopted with `adoptParams`) and the device workers (one per range, neighbours
-   * linked). Throws (after stopping them all) if any fails to start.
-   */
-  static async create(
-    opts: L2LOptions,
-    model: Model,
-    params: HostParams,
-  ): Promise<L2LStrategy> {
-    const { layers, shapes } = blockLayers(model.blocks);
-    // a policy with parameter copies: the products' weights also live as such copies in the
-    // server (backend/precision.ts storage.params), shipped as such
-    const lowPrecision = isNarrow(policyOf(opts.precision ?? 'fp32'), 'params')
-      ? new Set(
-          model.blocks.flatMap((b, bi) =>
-            b.params
-              .filter(readByProducts)
-              .map((spec) => paramKey(bi, spec.name)),
-          ),
-        )
-      : undefined;
-    const server = await ParameterServer.create({
-      params,
-      layers,
-      shapes,
-      optimizer: opts.optimizer,
-      threads: opts.serverThreads,
-      adopt: opts.adoptParams,
-      lowPrecision,
-      lossScale: opts.lossScale,
-    });
-    const ranges = opts.ranges ?? [{ from: 0, to: layers.length }];
-    const k = ranges.length;
-    const replicas = opts.replicas ?? 1;
-    const workers = Array.from(
-      { length: k * replicas },
-      (_, g) => new StageWorker(g),
-    );
-    const s = new L2LStrategy(opts, model, workers, server);
-    try {
-      // each replica's pipeline links; the replicas meet in the parameter server, not over links
-      const links = Array.from({ length: replicas }, (_, r) =>
-        linkNeighbours(workers.slice(r * k, (r + 1) * k)),
-      ).flat();
-      await Promise.all(
-        workers.map((w, g) => {
-          const d = g % k;
-          const { prev, next, transfer } = links[g]!;
-          return w.call(
-            'init',
-            {
-              index: d,
-              backend: opts.backend,
-              threads: opts.threads,
-              precision: opts.precision,
-              model: opts.model,
-              range: ranges[d]!,
-              params: {},
-              optimizer: opts.optimizer,
-              stage: {
-                module: 'pipeline/relay-stage.js',
-                options: {
-                  layout: server.layout,
-                  stash: opts.stash,
-                  traceGpu: opts.traceGpu,
-                  // the server takes the norm of what it sums (or scales) itself
-                  deviceNorm:
-                    k === 1 && replicas === 1 && opts.lossScale === undefined,
-                } satisfies RelayOptions,
-              },
-              deviceMemory: opts.deviceMemory,
-              strategy: 'l2l',
-              oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
-              prev,
-              next,
-              ...(replicas > 1
-                ? { replica: { index: Math.floor(g / k), count: replicas } }
-                : {}),
-            },
-            transfer,
-          );
-        }),
-      );
-    } catch (e) {
-      await s.close();
-      throw e;
-    }
-    return s;
-  }
-
-  /**
-   * Runs one schedule on the devices; during training, forwards each layer gradient to the
-   * parameter server. Rejects with the strategy's first failure: an optimizer thread's failure
-   * stops the devices too, and the cause is reported, not the stop.
-   */
-  private async run(
-    schedule: Schedule,
-    batch: Batch,
-    lr: number,
-    training: boolean,
-    dropped: readonly number[] = [],
-    step?: number,
-  ): Promise<StageStepResult[]> {
-    try {
-      return await this.runOnDevice(
-        schedule,
-        batch,
-        lr,
-        training,
-        dropped,
-        step,
-      );
-    } catch (e) {
-      throw this.failure ?? e;
-    }
-  }
-
-  private async runOnDevice(
-    schedule: Schedule,
-    batch: Batch,
-    lr: number,
-    training: boolean,
-    dropped: readonly number[],
-    step: number | undefined,
-  ): Promise<StageStepResult[]> {
-    if (this.failure) throw this.failure;
-    const m = this.opts.microBatches;
-    const k = this.k;
-    const replicas = this.replicas; // each on its share of the batch
-    // each device's pushes, as its schedule says (a pipelined relay pushes per micro-batch)
-    const pushesOf = schedule.map(
+  async serve(run: HomeStep, devices: CoordinatorDevices): Promise<void> {
+    if (!run.training) return;
+    const { k } = devices;
+    const pushesOf = run.schedule.map(
       (acts) => acts.filter((a) => a.op === 'push_grads').length,
     );
-    // the pushes that make up a layer's gradient: per micro-batch on K > 1, per replica
-    const parts = (k === 1 ? 1 : m) * replicas;
-    if (training) {
-      this.server.beginStep(lr, parts);
-      // a layer LayerDrop skips has no gradient: the server leaves it (and its AdamW state) as is
-      for (const l of dropped)
-        for (let i = 0; i < parts; i++) this.server.push(l, {}, 0);
-    }
-    const messages = stepMessages({
-      schedule,
-      batch,
-      m,
-      k,
-      replicas,
-      lr,
-      inputDevice: 0,
-      takesLabels: (d) => d === k - 1,
-      dropped,
-      ...(training && step !== undefined
-        ? { noise: { seed: this.opts.seed ?? 0, step } }
-        : {}),
-      ...(training ? { lossScale: this.server.lossScale } : {}),
-    });
-    const calls = this.workers.map((w, g) =>
-      w.call('step', messages[g]!.step, transferables(messages[g]!.transfer)),
-    );
-    const all = Promise.all(calls);
-    if (!training) return this.stopOnFailure(all);
-    const pushes = Promise.all(
-      this.workers.map(async (w, g) => {
+    await Promise.all(
+      devices.all.map(async (w, g) => {
         for (let i = 0; i < pushesOf[g % k]!; i++) {
           const lg = await w.recvLayerGrads();
           this.server.push(lg.layer, lg.grads, lg.sumSquares);
         }
       }),
-    ).then(() => {
-      // a failing optimizer thread would leave a device waiting for a layer: stop everything
-      this.server.idle().catch((e: Error) => this.fail(e));
-    });
-    pushes.catch(() => undefined); // a failing device is reported through `all`
-    const [rs] = await this.stopOnFailure(Promise.all([all, pushes]));
-    return rs;
+    );
+    this.server.idle().catch((e: Error) => run.fail(e));
   }
 
-  /** A failing device leaves its neighbours waiting for it: stop every device, then reject. */
-  private async stopOnFailure<T>(p: Promise<T>): Promise<T> {
-    try {
-      return await p;
-    } catch (e) {
-      if (this.devices > 1) await this.close();
-      throw e;
-    }
+  /** The server's updates finished since the last report and f16's verdict (at the step's last push). */
+  report(): Partial<StepReport> {
+    const scaled = this.server.lastLossScale;
+    return {
+      serverSpans: this.server.takeSpans(),
+      ...(scaled
+        ? {
+            lossScale: scaled.scale,
+            skipped: scaled.skipped,
+            overflows: scaled.overflows,
+          }
+        : {}),
+    };
   }
 
-  private async fail(e: Error): Promise<void> {
-    this.failure ??= e;
-    await this.close();
+  settle(): Promise<void> {
+    return this.server.idle();
   }
 
-  submit(
-    batch: Batch,
-    lr: number,
-    dropped: readonly number[] = [],
-    step?: number,
-  ): Submission {
-    // LayerDrop: the relay loads, computes and pushes only the layers this step keeps
-    const done = this.last
-      .catch(() => undefined)
-      .then(async () => {
-        const schedule = dropped.length
-          ? this.trainSchedule(new Set(dropped))
-          : this.train;
-        const rs = await this.run(schedule, batch, lr, true, dropped, step);
-        const scaled = this.server.lastLossScale; // f16: decided at the step's last push
-        return {
-          // the bubble: the time a device waited for the parameter server or its neighbours;
-          // with replicas, the loss is the mean over every replica's micro-batches
-          ...stepReport(rs, this.k - 1, this.k),
-          serverSpans: this.server.takeSpans(),
-          ...(scaled
-            ? {
-                lossScale: scaled.scale,
-                skipped: scaled.skipped,
-                overflows: scaled.overflows,
-              }
-            : {}),
-        };
-      });
-    done.catch(async () => {
-      await this.close();
-    });
-    this.last = done;
-    return submission(done);
-  }
-
-  trainStep(batch: Batch, lr: number): Promise<StepReport> {
-    return this.submit(batch, lr).done;
-  }
-
-  async evaluate(batches: Batch[]): Promise<Evaluation> {
-    const ev = this.last
-      .catch(() => undefined)
-      .then(() => {
-        const sched = this.evalSchedule();
-        return evaluateBatches(
-          batches,
-          async (b) =>
-            mergeReplicas(await this.run(sched, b, 0, false), this.k),
-          false,
-        );
-      });
-    this.last = ev; // later steps wait for the evaluation (a device runs one schedule at a time)
-    return ev;
-  }
-
-  /** Waits for the last step and for the parameter server to apply every update. */
-  private async settle(): Promise<void> {
-    await this.last;
-    await this.server.idle();
-    if (this.failure) throw this.failure;
-  }
-
-  async drainServerSpans(): Promise<ServerSpan[]> {
-    await this.settle();
-    return this.server.takeSpans();
-  }
-
-  async getParams(): Promise<HostParams> {
-    await this.settle();
+  getParams(): Promise<HostParams> {
     return this.server.getParams();
   }
 
-  async getOptimizerState(): Promise<OptimizerState> {
-    await this.settle();
+  getOptimizerState(): Promise<OptimizerState> {
     return this.server.getOptimizerState();
   }
 
-  async setOptimizerState(s: OptimizerState): Promise<void> {
-    await this.settle();
-    await this.server.setOptimizerState(s);
+  setOptimizerState(s: OptimizerState): Promise<void> {
+    return this.server.setOptimizerState(s);
   }
 
   lossScaleState(): LossScaleState | undefined {
@@ -463,14 +222,134 @@ export class L2LStrategy implements Strategy {
     this.server.setLossScaleState(s);
   }
 
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.closed = true;
-    await Promise.all([
-      ...this.workers.map((w) => w.terminate()),
-      this.server.close(),
-    ]);
+  close(): Promise<void> {
+    return this.server.close();
   }
+}
+
+/**
+ * The relay as a stage kind: each device relays its stage's layers (pipeline/relay-stage.ts)
+ * on one device in the relay's layer-major order (each layer uploaded once per pass), on K the
+ * stage schedule's micro-batches through each stage's layers; a step's schedule lists only
+ * the layers it keeps (LayerDrop).
+ */
+export function relayPipeline(
+  layers: number,
+  ranges: readonly StageRange[],
+  opts: { microBatches: number; schedule?: ScheduleKind },
+  relay: RelayOptions,
+): PipelineKind {
+  const m = opts.microBatches;
+  const k = ranges.length;
+  const trainWithout = (dropped: ReadonlySet<number>): Schedule =>
+    k === 1
+      ? relaySchedule(layers, m, dropped)
+      : relayPipelineTraining(opts.schedule ?? 'gpipe', m, ranges, dropped);
+  return {
+    train: trainWithout(new Set()),
+    trainWithout,
+    eval:
+      k === 1
+        ? relayEvalSchedule(layers, m)
+        : relayPipelineSchedule(evalSchedule(m, k), ranges),
+    stage: () => ({ module: 'pipeline/relay-stage.js', options: relay }),
+    labelsOnEveryStage: false,
+    freeRunning: false,
+  };
+}
+
+/**
+ * L2L: the coordinator (coordinator.ts) running the relay stage kind ({@link relayPipeline})
+ * with its parameters in the parameter server ({@link ServerParameters}).
+ */
+export class L2LStrategy extends Coordinator {
+  private constructor(
+    opts: CoordinatorOptions,
+    workers: Device[],
+    home: ServerParameters,
+    private readonly server: ParameterServer,
+  ) {
+    super(opts, workers, home);
+  }
+
+  /**
+   * Starts the parameter server (its optimizer threads, with `params` copied into shared host
+   * memory, or adopted with `adoptParams`) and the device workers (one per range and replica,
+   * each replica's neighbours linked). Throws (after stopping them all) if any fails to start.
+   */
+  static async create(
+    opts: L2LOptions,
+    model: Model,
+    params: HostParams,
+  ): Promise<L2LStrategy> {
+    const { layers, shapes } = blockLayers(model.blocks);
+    const server = await ParameterServer.create({
+      params,
+      layers,
+      shapes,
+      optimizer: opts.optimizer,
+      threads: opts.serverThreads,
+      adopt: opts.adoptParams,
+      lowPrecision: lowPrecisionKeys(model, opts.precision),
+      lossScale: opts.lossScale,
+    });
+    const ranges = opts.ranges ?? [{ from: 0, to: layers.length }];
+    const k = ranges.length;
+    const replicas = opts.replicas ?? 1;
+    const m = opts.microBatches;
+    const relay: RelayOptions = {
+      layout: server.layout,
+      stash: opts.stash,
+      traceGpu: opts.traceGpu,
+      // the server takes the norm of what it sums (or scales) itself
+      deviceNorm: k === 1 && replicas === 1 && opts.lossScale === undefined,
+    };
+    const run: CoordinatorOptions = {
+      name: 'l2l',
+      backend: opts.backend,
+      model: opts.model,
+      ranges,
+      microBatches: m,
+      optimizer: opts.optimizer,
+      kind: relayPipeline(layers.length, ranges, opts, relay),
+      deviceMemory: opts.deviceMemory,
+      oomAdvice: l2l.outOfMemoryAdvice({ stash: opts.stash }),
+      threads: opts.threads,
+      precision: opts.precision,
+      replicas,
+      seed: opts.seed,
+    };
+    // the pushes that make up a layer's gradient: per micro-batch on K > 1, per replica
+    const home = new ServerParameters(server, (k === 1 ? 1 : m) * replicas);
+    return Coordinator.start(
+      run,
+      home,
+      (workers) => new L2LStrategy(run, workers, home, server),
+    );
+  }
+
+  /** Waits for the last step and the parameter server's updates; the spans not yet reported. */
+  async drainServerSpans(): Promise<ServerSpan[]> {
+    await this.settle();
+    return this.server.takeSpans();
+  }
+}
+
+/**
+ * Under a policy with parameter copies, the keys of the parameters the products read: their
+ * weights also live as such copies in the server (backend/precision.ts storage.params),
+ * shipped as such. Undefined otherwise.
+ */
+function lowPrecisionKeys(
+  model: Model,
+  precision: Precision | undefined,
+): Set<string> | undefined {
+  if (!isNarrow(policyOf(precision ?? 'fp32'), 'params')) return undefined;
+  return new Set(
+    model.blocks.flatMap((b, bi) =>
+      b.params.filter(readByProducts).map((spec) => paramKey(bi, spec.name)),
+    ),
+  );
 }
 
 /**

@@ -1,6 +1,6 @@
 /**
- * What the runners that send schedules to devices share (pipeline.ts: single, gpipe, local;
- * l2l.ts): a mini-batch cut into the micro-batches a step carries, a step's report from its
+ * What the coordinator (coordinator.ts: pipelines and L2L's relay) makes of its devices'
+ * results, and of a step's mini-batch: a mini-batch cut into the micro-batches a step carries, a step's report from its
  * stages' results, the evaluation over validation batches, and a submitted step.
  */
 import type { GpuCounts } from '../backend/gpu-queue.js';

@@ -1,5 +1,5 @@
 /**
- * The step messages a coordinator sends its devices to run one schedule, built in one place
+ * The step messages the coordinator (coordinator.ts) sends its devices to run one schedule,
  * for every strategy that drives devices (the pipelines of single, gpipe and local, and L2L's
  * relay): the mini-batch cut into R x M micro-batches, replica r taking micro-batches
  * r*M .. r*M+M-1 (its 1/R of the examples), each device its actions, the micro-batches it
