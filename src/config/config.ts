@@ -47,6 +47,7 @@ import { parseSize } from '../util/size.js';
 import {
   defaultStrategy,
   listNames,
+  requireStrategies,
   strategiesWith,
   strategyFlagsOf,
 } from './strategy-flags.js';
@@ -285,8 +286,8 @@ function withDefaults(
 ): TrainConfig {
   const strategy = raw.strategy ?? defaultStrategy();
   return {
+    strategy, // first, as config.json has always listed it
     ...DEFAULTS,
-    strategy,
     ...Object.fromEntries(
       Object.entries(raw).filter(([, v]) => v !== undefined),
     ),
@@ -437,8 +438,10 @@ function checkShapes(c: TrainConfig): void {
 }
 
 /**
- * Fills defaults and validates everything that can be checked without the data or the model.
- * Throws {@link LayerwiseError} naming the flag and the valid values.
+ * Fills defaults and validates everything that can be checked without the data or the model,
+ * the strategy-dependent checks from the strategies' registered flags (strategy-flags.ts: load
+ * strategies/index.js first). Throws {@link LayerwiseError} naming the flag and the valid
+ * values, or that no strategy is registered.
  */
 export function resolveConfig(
   raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & {
@@ -447,6 +450,7 @@ export function resolveConfig(
     deviceMemory?: string | number;
   },
 ): TrainConfig {
+  requireStrategies(); // their flags answer the checks below
   raw = renameLegacyKeys(raw);
   const source = modelSource(raw);
   if (raw.loss !== undefined) oneOf('loss', raw.loss, LOSSES);

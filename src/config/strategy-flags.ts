@@ -63,16 +63,27 @@ export function strategiesWith(has: (s: StrategyFlags) => boolean): string[] {
 }
 
 /**
+ * Throws {@link LayerwiseError} when no strategy is registered: the strategies were not loaded,
+ * so the configuration's checks could not say what any strategy takes.
+ */
+export function requireStrategies(): void {
+  if (registered.length === 0)
+    throw new LayerwiseError(
+      'no strategy is registered, so the configuration cannot be checked: import strategies/index.js (src/index.ts does) before resolveConfig',
+    );
+}
+
+/**
  * The `--strategy` a run gets when it names none: the registered one that declares itself the
- * default. Throws {@link LayerwiseError} when none is registered (the strategies were not loaded).
+ * default. Throws {@link LayerwiseError} when none is registered (the strategies were not
+ * loaded) or none is the default.
  */
 export function defaultStrategy(): string {
+  requireStrategies();
   const d = registered.find((s) => s.isDefault);
   if (!d)
     throw new LayerwiseError(
-      registered.length === 0
-        ? 'no strategy is registered, so --strategy has no default: import strategies/index.js (src/index.ts does) before resolveConfig'
-        : `none of the strategies ${registered.map((s) => s.name).join(', ')} is the default: give --strategy`,
+      `none of the strategies ${registered.map((s) => s.name).join(', ')} is the default: give --strategy`,
     );
   return d.name;
 }
