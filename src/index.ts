@@ -5,7 +5,7 @@
  * - backend: {@link initBackend} picks and prepares a device's TF.js backend;
  * - model: blocks, presets, {@link buildModel}, {@link initParams};
  * - schedule: pipeline schedules as plain data and their simulation;
- * - partition: balancing blocks over stages;
+ * - partition: balancing blocks over stages, and a run's partition ({@link partitionBlocks});
  * - param-server: L2L's eager parameter server (parameters and optimizer state in shared host memory,
  *   host optimizer in worker threads);
  * - pipeline: the one executor, the stage kinds (backprop, local, relay), re-materialization;
@@ -64,6 +64,14 @@ export {
   stageRanges,
   validateBalance,
 } from './partition/balance.js';
+export {
+  BALANCE_KINDS,
+  type BalanceKind,
+  blockFlops,
+  type PartitionRequest,
+  partitionBlocks,
+  partitionProfiled,
+} from './partition/stages.js';
 export {
   execute,
   type Handlers,

@@ -21,7 +21,7 @@ import { paramKey } from '../src/model/block.js';
 import type { LayerDropSchedule } from '../src/model/layer-drop.js';
 import { PRESETS } from '../src/model/presets.js';
 import type { WebGpuBufferLimits } from '../src/plan/webgpu-limits.js';
-import { specOf } from '../src/strategies/index.js';
+import { STRATEGY_SPECS, specOf } from '../src/strategies/index.js';
 import type { StepMetrics, Summary } from '../src/train/metrics.js';
 import { generateText } from '../src/train/sample.js';
 import { serveAsDevice } from './device.js';
@@ -70,6 +70,12 @@ const TEXT_PRESETS = Object.entries(PRESETS)
   .filter(([, p]) => p.defaultData === 'moby-dick')
   .map(([name]) => name);
 for (const name of TEXT_PRESETS) presetSel.add(new Option(name, name));
+// every registered strategy, in the registry's order; the default selected
+for (const s of STRATEGY_SPECS) {
+  const o = new Option(s.name, s.name, s.isDefault, s.isDefault);
+  o.title = s.help;
+  $<HTMLSelectElement>('strategy').add(o);
+}
 
 /** The person's own text, once a file is dropped or picked and read. */
 let ownText: { name: string; text: string } | undefined;

@@ -32,22 +32,31 @@ import {
   type OptimizerKind,
 } from '../optim/optimizer.js';
 import { parseBalance } from '../partition/balance.js';
+import { BALANCE_KINDS, type BalanceKind } from '../partition/stages.js';
 import {
+  DEFAULT_SCHEDULE,
   REMAT_MODES,
   type RematMode,
   SCHEDULE_KINDS,
   type ScheduleKind,
+  scheduleSpec,
   stagesPerDevice,
 } from '../schedule/schedule.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { parseSize } from '../util/size.js';
+import {
+  defaultStrategy,
+  listNames,
+  requireStrategies,
+  strategiesWith,
+  strategyFlagsOf,
+} from './strategy-flags.js';
+
+export { BALANCE_KINDS, type BalanceKind };
 
 /** L2L: where the layer-boundary activations (the stash) live between forward and backward. */
 export const STASH_PLACES = ['device', 'host'] as const;
 export type StashPlace = (typeof STASH_PLACES)[number];
-/** Automatic balances: by the blocks' FLOP counts (the default), parameter count, or profiled time or memory. */
-export const BALANCE_KINDS = ['flops', 'params', 'time', 'memory'] as const;
-export type BalanceKind = (typeof BALANCE_KINDS)[number];
 
 export interface TrainConfig {
   /** A preset's name (model/presets.ts), or 'module' for a model module (`model`). */
@@ -153,13 +162,19 @@ export interface TrainConfig {
   context?: number;
 }
 
-export const DEFAULTS: Omit<TrainConfig, 'preset' | 'data' | 'out'> = {
-  strategy: 'single',
+/**
+ * Every flag's default but `--strategy`'s, which the registered strategies declare
+ * (strategy-flags.ts defaultStrategy).
+ */
+export const DEFAULTS: Omit<
+  TrainConfig,
+  'preset' | 'data' | 'out' | 'strategy'
+> = {
   stages: 1,
   microBatches: 1,
   batchSize: 32,
   remat: 'except_last',
-  schedule: 'gpipe',
+  schedule: DEFAULT_SCHEDULE,
   virtualStages: 2,
   replicas: 1,
   balance: 'flops',
@@ -269,14 +284,16 @@ function withDefaults(
   raw: RawConfig,
   { module, preset, modelName }: ReturnType<typeof modelSource>,
 ): TrainConfig {
+  const strategy = raw.strategy ?? defaultStrategy();
   return {
+    strategy, // first, as config.json has always listed it
     ...DEFAULTS,
     ...Object.fromEntries(
       Object.entries(raw).filter(([, v]) => v !== undefined),
     ),
     preset: module ? MODULE_PRESET : raw.preset!,
     data: raw.data ?? preset!.defaultData,
-    out: raw.out ?? `runs/${modelName}-${raw.strategy ?? DEFAULTS.strategy}`,
+    out: raw.out ?? `runs/${modelName}-${strategy}`,
     balance:
       typeof raw.balance === 'string'
         ? (BALANCE_KINDS as readonly string[]).includes(raw.balance)
@@ -299,9 +316,14 @@ function checkNumerics(c: TrainConfig): void {
     c.lossScale > 0 && Number.isFinite(c.lossScale),
     `--loss-scale must be a positive number, got ${c.lossScale}`,
   );
+  const refuses = strategyFlagsOf(c.strategy)?.refusesLossScaling;
   check(
-    !policyOf(c.precision).lossScaling || c.strategy !== 'local',
-    `--precision f16 (with dynamic loss scaling) runs --strategy single, gpipe and l2l, not local (its stages step on their own losses): use --precision fp32`,
+    !policyOf(c.precision).lossScaling || refuses === undefined,
+    () =>
+      `--precision f16 (with dynamic loss scaling) runs --strategy ${listNames(
+        strategiesWith((s) => s.refusesLossScaling === undefined),
+        'and',
+      )}, not ${c.strategy} (${refuses}): use --precision fp32`,
   );
 }
 
@@ -311,16 +333,24 @@ function checkSchedule(c: TrainConfig): void {
   oneOf('schedule', c.schedule, SCHEDULE_KINDS);
   posInt('virtual-stages', c.virtualStages);
   check(
-    c.virtualStages >= 2 || c.schedule !== 'interleaved-1f1b',
-    `--schedule interleaved-1f1b runs several stages per device: --virtual-stages must be at least 2, got ${c.virtualStages}`,
+    c.virtualStages >= 2 || !scheduleSpec(c.schedule).takesVirtualStages,
+    `--schedule ${c.schedule} runs several stages per device: --virtual-stages must be at least 2, got ${c.virtualStages}`,
+  );
+  const places = strategyFlagsOf(c.strategy)?.placesStages === true;
+  const placers = () =>
+    listNames(
+      strategiesWith((s) => !!s.placesStages),
+      'or',
+    );
+  check(
+    stagesPerDevice(c.schedule) === 1 || places,
+    () =>
+      `--schedule ${c.schedule} runs several stages per device, a ${placers()} schedule: it needs --strategy ${placers()}, not ${c.strategy}`,
   );
   check(
-    stagesPerDevice(c.schedule) === 1 || c.strategy === 'gpipe',
-    `--schedule ${c.schedule} runs several stages per device, a gpipe schedule: it needs --strategy gpipe, not ${c.strategy}`,
-  );
-  check(
-    c.scheduleFile === undefined || c.strategy === 'gpipe',
-    `--schedule-file runs a pipeline schedule: it needs --strategy gpipe, not ${c.strategy}`,
+    c.scheduleFile === undefined || places,
+    () =>
+      `--schedule-file runs a pipeline schedule: it needs --strategy ${placers()}, not ${c.strategy}`,
   );
 }
 
@@ -347,9 +377,14 @@ function checkRun(c: TrainConfig): void {
   posInt('stages', c.stages);
   posInt('micro-batches', c.microBatches);
   posInt('replicas', c.replicas);
+  const refuses = strategyFlagsOf(c.strategy)?.refusesReplicas;
   check(
-    c.replicas === 1 || c.strategy !== 'local',
-    `--replicas ${c.replicas}: data-parallel replicas run single, gpipe and l2l, whose updates are the mini-batch's; local parallelism's stages update on their own; drop --replicas`,
+    c.replicas === 1 || refuses === undefined,
+    () =>
+      `--replicas ${c.replicas}: data-parallel replicas run ${listNames(
+        strategiesWith((s) => s.refusesReplicas === undefined),
+        'and',
+      )}, whose updates are the mini-batch's; ${refuses}; drop --replicas`,
   );
   posInt('batch-size', c.batchSize);
   posInt('steps', c.steps);
@@ -360,8 +395,12 @@ function checkRun(c: TrainConfig): void {
   posInt('overlap', c.overlap, 0);
   posInt('queue-depth', c.queueDepth, 0);
   check(
-    c.overlap === 0 || c.strategy === 'local',
-    `--overlap applies to --strategy local only`,
+    c.overlap === 0 || strategyFlagsOf(c.strategy)?.overlap === true,
+    () =>
+      `--overlap applies to --strategy ${listNames(
+        strategiesWith((s) => !!s.overlap),
+        'or',
+      )} only`,
   );
   check(Number.isInteger(c.seed), `--seed must be an integer, got ${c.seed}`);
   check(
@@ -399,8 +438,10 @@ function checkShapes(c: TrainConfig): void {
 }
 
 /**
- * Fills defaults and validates everything that can be checked without the data or the model.
- * Throws {@link LayerwiseError} naming the flag and the valid values.
+ * Fills defaults and validates everything that can be checked without the data or the model,
+ * the strategy-dependent checks from the strategies' registered flags (strategy-flags.ts: load
+ * strategies/index.js first). Throws {@link LayerwiseError} naming the flag and the valid
+ * values, or that no strategy is registered.
  */
 export function resolveConfig(
   raw: Partial<Omit<TrainConfig, 'balance' | 'deviceMemory' | 'preset'>> & {
@@ -409,6 +450,7 @@ export function resolveConfig(
     deviceMemory?: string | number;
   },
 ): TrainConfig {
+  requireStrategies(); // their flags answer the checks below
   raw = renameLegacyKeys(raw);
   const source = modelSource(raw);
   if (raw.loss !== undefined) oneOf('loss', raw.loss, LOSSES);
@@ -558,12 +600,15 @@ export function modelConfigFor(cfg: TrainConfig, ds: Dataset): ModelConfig {
 }
 
 /**
- * Stages of a run's partition: --stages K devices times the stages each runs (gpipe with an
- * interleaved or V-shape schedule; a schedule file's own count, found by reading it, is checked
- * by strategies/gpipe.ts), else K.
+ * Stages of a run's partition: --stages K devices times the stages each runs (a strategy that
+ * places a schedule's stages, gpipe, with an interleaved or V-shape schedule; a schedule file's
+ * own count, found by reading it, is checked by strategies/gpipe.ts), else K.
  */
 export function stageCount(cfg: TrainConfig): number {
-  if (cfg.strategy !== 'gpipe' || cfg.scheduleFile !== undefined)
+  if (
+    strategyFlagsOf(cfg.strategy)?.placesStages !== true ||
+    cfg.scheduleFile !== undefined
+  )
     return cfg.stages;
   return cfg.stages * stagesPerDevice(cfg.schedule, cfg.virtualStages);
 }

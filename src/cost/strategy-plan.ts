@@ -7,6 +7,7 @@
  */
 import type { StageRange } from '../partition/balance.js';
 import {
+  DEFAULT_SCHEDULE,
   idealBubble,
   type RematMode,
   type ScheduleKind,
@@ -155,7 +156,7 @@ export function unavailable(
     stages: req.stages,
     microBatches: 0,
     remat: 'never',
-    schedule: 'gpipe',
+    schedule: DEFAULT_SCHEDULE,
     balance: [],
     balancedBy: '-',
     peakBytes: [],

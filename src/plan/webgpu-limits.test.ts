@@ -4,6 +4,7 @@ import { resolveConfig, runModelConfig } from '../config/config.js';
 import { loadDataset } from '../data/index.js';
 import { sizeOf } from '../model/block.js';
 import { loadModel, type Model } from '../model/model.js';
+import '../strategies/index.js'; // registers the strategies, whose default resolveConfig gives
 import { LayerwiseError } from '../util/errors.js';
 import { checkWebGpuLimits, largestTensor } from './webgpu-limits.js';
 

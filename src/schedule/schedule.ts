@@ -35,6 +35,9 @@ export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
   'dualpipev',
 ];
 
+/** The `--schedule` a run gets when it names none: GPipe's fill-drain (Huang et al., 2019). */
+export const DEFAULT_SCHEDULE: ScheduleKind = 'gpipe';
+
 /**
  * What a schedule kind declares, once, for everything that asks about it (the executor's
  * placement, the config's checks, the cost model): a new schedule is one generator and one
@@ -43,6 +46,8 @@ export const SCHEDULE_KINDS: readonly ScheduleKind[] = [
 export interface ScheduleSpec {
   /** Stages per device (`v`: --virtual-stages, for the kinds that take it). */
   stagesPerDevice(v: number): number;
+  /** Whether it takes `--virtual-stages` v (at least 2) as its stages per device (interleaved 1F1B). */
+  takesVirtualStages?: boolean;
   /** The device of each of the k * stagesPerDevice(v) stages on k devices. */
   placement(k: number, v: number): number[];
   /** The compute-only training schedule of m micro-batches on k devices. */
@@ -88,6 +93,7 @@ export const SCHEDULES: Readonly<Record<ScheduleKind, ScheduleSpec>> = {
   },
   'interleaved-1f1b': {
     stagesPerDevice: (v) => v,
+    takesVirtualStages: true,
     placement: (k, v) => Array.from({ length: k * v }, (_, s) => s % k),
     compute: (m, k, mode, v) => interleaved1F1BCompute(m, k, v, mode),
     inFlight: boundedByStages,

@@ -14,6 +14,7 @@ import {
   microBatchSize,
   optimizerConfigOf,
   scheduleName,
+  stageCount,
   type TrainConfig,
 } from '../config/config.js';
 import {
@@ -162,10 +163,16 @@ export const gpipe: StrategySpec = {
   exact: true,
   oneDevice: false,
   layerDrop: true,
+  placesStages: true,
   validate(cfg) {
     // a bad file stops the run here, before anything is written or started
     if (cfg.scheduleFile !== undefined) readScheduleFile(cfg, cfg.stages);
   },
+  // a schedule file says how many stages it places on the devices
+  partitionStages: (cfg) =>
+    cfg.scheduleFile !== undefined
+      ? readScheduleFile(cfg, cfg.stages).placement.length
+      : stageCount(cfg),
   create: (cfg, model, params, ranges) => {
     const placed = gpipeComputeSchedule(cfg, cfg.stages);
     if (placed.placement.length !== ranges.length)

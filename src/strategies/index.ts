@@ -14,17 +14,17 @@ import {
   stageCount,
   type TrainConfig,
 } from '../config/config.js';
-import { paramCount } from '../model/block.js';
+import { registerStrategies } from '../config/strategy-flags.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
+import type { StageRange } from '../partition/balance.js';
 import {
-  balanceByCost,
-  type StageRange,
-  stageRanges,
-  validateBalance,
-} from '../partition/balance.js';
+  type PartitionRequest,
+  partitionBlocks,
+  partitionProfiled,
+} from '../partition/stages.js';
 import { LayerwiseError } from '../util/errors.js';
-import { gpipe, readScheduleFile } from './gpipe.js';
+import { gpipe } from './gpipe.js';
 import { l2l } from './l2l.js';
 import { local } from './local.js';
 import { single } from './single.js';
@@ -38,6 +38,11 @@ export const STRATEGY_SPECS: readonly StrategySpec[] = [
   local,
   l2l,
 ];
+// config/'s checks and --strategy's default read the specs' flags from there
+registerStrategies(STRATEGY_SPECS);
+
+/** Each block's FLOPs for a micro-batch (partition/stages.ts), as the default balance counts them. */
+export { blockFlops } from '../partition/stages.js';
 
 /** The names of every strategy. */
 export const STRATEGY_NAMES: readonly string[] = STRATEGY_SPECS.map(
@@ -74,109 +79,72 @@ export function validateStrategy(cfg: TrainConfig): void {
 }
 
 /**
- * Each block's floating-point operations for one micro-batch of `microBatch` examples, along the
- * chain of the blocks' output shapes (Block.flops). A block without products (an embedding
- * lookup) counts its output elements, so that it still weighs something.
+ * What a configuration asks its partition for (partition/stages.ts): the stages the spec cuts
+ * the model into ({@link StrategySpec.partitionStages}, else config's stageCount), the devices
+ * and schedule that place them, --balance, and the micro-batch (batch / M) the FLOP balance
+ * counts at.
  */
-export function blockFlops(model: Model, microBatch: number): number[] {
-  let shape = model.inputShape(microBatch);
-  return model.blocks.map((b) => {
-    const f = b.flops(shape);
-    const out = b.outputShape(shape);
-    shape = out;
-    const elems = out.reduce((a, d) => a * d, 1);
-    return Math.max(1, Number.isFinite(f) ? f : 0, elems);
-  });
+function partitionRequest(
+  cfg: TrainConfig,
+  spec: StrategySpec,
+): PartitionRequest {
+  return {
+    stages: spec.partitionStages?.(cfg) ?? stageCount(cfg),
+    devices: cfg.stages,
+    schedule: cfg.schedule,
+    balance: cfg.balance,
+    flopsMicroBatch: Math.max(1, Math.floor(cfg.batchSize / cfg.microBatches)),
+  };
 }
 
 /**
  * The stage ranges a configuration asks for: one range for a one-device strategy (single, l2l);
- * for the others the explicit --balance (validated against the model), the partition that
- * balances the blocks' FLOP counts (default: compute is what keeps a stage busy, see
- * {@link blockFlops}), the parameter count (--balance params), or for --balance time|memory
- * the one that balances `costs` (one per block, from {@link resolveStages}). Throws
- * {@link LayerwiseError} for an impossible balance, and an Error when time/memory costs are missing.
+ * for the others partition/stages.ts partitionBlocks on the configuration's request: the
+ * explicit --balance, or the partition balancing the blocks' FLOP counts (default), parameter
+ * count (--balance params), or for --balance time|memory `costs` (one per block, from
+ * {@link resolveStages}). Throws {@link LayerwiseError} for an unknown strategy or an
+ * impossible balance, and an Error when time/memory costs are missing.
  */
 export function planStages(
   cfg: TrainConfig,
   model: Model,
   costs?: readonly number[],
 ): StageRange[] {
-  const n = model.blocks.length;
-  if (specOf(cfg.strategy).oneDevice) return [{ from: 0, to: n }];
-  // a schedule file says how many stages it places on the devices
-  const k =
-    cfg.strategy === 'gpipe' && cfg.scheduleFile !== undefined
-      ? readScheduleFile(cfg, cfg.stages).placement.length
-      : stageCount(cfg);
-  if (k > n) {
-    throw new LayerwiseError(
-      k === cfg.stages
-        ? `--stages ${cfg.stages} exceeds the model's ${n} blocks; use at most ${n} stages (or more --layers)`
-        : `--stages ${cfg.stages} with --schedule ${cfg.schedule} makes ${k} stages (${k / cfg.stages} per device), more than the model's ${n} blocks; use at most ${Math.floor(n / (k / cfg.stages))} devices (or more --layers)`,
-    );
-  }
-  if (cfg.balance === 'flops')
-    return stageRanges(
-      balanceByCost(
-        blockFlops(
-          model,
-          Math.max(1, Math.floor(cfg.batchSize / cfg.microBatches)),
-        ),
-        k,
-      ),
-    );
-  if (cfg.balance === 'params')
-    return stageRanges(
-      balanceByCost(
-        model.blocks.map((b) => Math.max(1, paramCount(b))),
-        k,
-      ),
-    );
-  if (cfg.balance === 'time' || cfg.balance === 'memory') {
-    if (!costs)
-      throw new Error(
-        `--balance ${cfg.balance} needs profiled block costs: use resolveStages`,
-      );
-    return stageRanges(balanceByCost(costs, k));
-  }
-  validateBalance(cfg.balance, n, k);
-  return stageRanges(cfg.balance);
+  const spec = specOf(cfg.strategy);
+  if (spec.oneDevice) return [{ from: 0, to: model.blocks.length }];
+  return partitionBlocks(model, partitionRequest(cfg, spec), costs);
 }
 
 /**
  * Like {@link planStages}, but first profiles the blocks on cfg.backend (in this thread) when
  * --balance is 'time' or 'memory' (see cost/profile.ts), at the micro-batch size
- * batchSize / microBatches. Throws {@link LayerwiseError} for an impossible balance or an
- * unavailable backend.
+ * batchSize / (microBatches * replicas). Throws {@link LayerwiseError} for an impossible balance
+ * or an unavailable backend.
  */
 export async function resolveStages(
   cfg: TrainConfig,
   model: Model,
 ): Promise<StageRange[]> {
-  if (
-    specOf(cfg.strategy).oneDevice ||
-    (cfg.balance !== 'time' && cfg.balance !== 'memory')
-  )
-    return planStages(cfg, model);
-  planStages({ ...cfg, balance: 'params' }, model); // the stage count, before spending time profiling
-  const { profiledBalanceCosts } = await import('../cost/profile.js');
-  const costs = await profiledBalanceCosts(model, {
-    kind: cfg.balance,
-    backend: cfg.backend,
-    microBatch: microBatchSize(cfg),
-    stages: stageCount(cfg),
-    shape: {
-      m: cfg.microBatches,
-      remat: cfg.remat,
-      schedule: cfg.schedule,
-      virtualStages: cfg.virtualStages,
-    },
-    optimizer: optimizerConfigOf(cfg),
-    threads: threadsPerDevice(cfg, cfg.stages), // as each device will run its kernels
-    precision: cfg.precision,
+  const spec = specOf(cfg.strategy);
+  if (spec.oneDevice) return [{ from: 0, to: model.blocks.length }];
+  return partitionProfiled(model, partitionRequest(cfg, spec), async (kind) => {
+    const { profiledBalanceCosts } = await import('../cost/profile.js');
+    return profiledBalanceCosts(model, {
+      kind,
+      backend: cfg.backend,
+      microBatch: microBatchSize(cfg),
+      stages: stageCount(cfg),
+      shape: {
+        m: cfg.microBatches,
+        remat: cfg.remat,
+        schedule: cfg.schedule,
+        virtualStages: cfg.virtualStages,
+      },
+      optimizer: optimizerConfigOf(cfg),
+      threads: threadsPerDevice(cfg, cfg.stages), // as each device will run its kernels
+      precision: cfg.precision,
+    });
   });
-  return planStages(cfg, model, costs);
 }
 
 /**

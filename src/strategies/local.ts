@@ -73,6 +73,9 @@ export const local: StrategySpec = {
   exact: false,
   oneDevice: false,
   stageLosses: true,
+  overlap: true,
+  refusesReplicas: "local parallelism's stages update on their own",
+  refusesLossScaling: 'its stages step on their own losses',
   async create(cfg, model, params, ranges) {
     ranges.slice(0, -1).forEach((r, i) => {
       if (cfg.overlap >= r.to - r.from) {

@@ -20,6 +20,7 @@ export const single: StrategySpec = {
   exact: true,
   oneDevice: true,
   layerDrop: true,
+  isDefault: true,
   validate(cfg) {
     check(
       cfg.stages === 1,

@@ -9,6 +9,7 @@
 
 import { availableParallelism } from 'node:os';
 import type { TrainConfig } from '../config/config.js';
+import type { StrategyFlags } from '../config/strategy-flags.js';
 import type { ModelProfile } from '../cost/costs.js';
 import type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 import type { HostParams } from '../model/init.js';
@@ -109,9 +110,12 @@ export function threadsLine(
   return `kernel threads per device: ${list} (${why})`;
 }
 
-export interface StrategySpec {
-  /** The `--strategy` name. */
-  readonly name: string;
+/**
+ * One strategy. Its answers to the configuration's shared checks (the default, --replicas, loss
+ * scaling, --overlap, several stages per device) are the {@link StrategyFlags} it extends, which
+ * strategies/index.ts registers with config/.
+ */
+export interface StrategySpec extends StrategyFlags {
   /** One line for help texts: what it does. */
   readonly help: string;
   /** Whether its updates equal single-device backprop's on the same seed and data (false: local parallelism). */
@@ -129,6 +133,12 @@ export interface StrategySpec {
    * Throws {@link LayerwiseError} naming the flag and the fix.
    */
   validate?(cfg: TrainConfig): void;
+  /**
+   * Stages its partition cuts the model into, for a strategy on several devices (default:
+   * config's stageCount, the devices times the schedule's stages per device; gpipe: a schedule
+   * file's own count). Throws {@link LayerwiseError} for a bad schedule file.
+   */
+  partitionStages?(cfg: TrainConfig): number;
   /** Starts the strategy on `ranges` (from strategies/index.ts resolveStages) with these initial parameters. */
   create(
     cfg: TrainConfig,
