@@ -1,16 +1,23 @@
 /**
  * `npm run bench -- kernels`: where a training step's time goes, per TF.js kernel, on one
  * backend: single-device training of a preset in this thread (one plain-backprop Stage), every
- * kernel of the backend wrapped with a timer. Writes kernels.json and kernels.md (ms per step
- * and calls per kernel, the step's time and tokens/s). The timings include each kernel's output
- * allocation; with `--shapes` the rows are split by input shapes.
+ * kernel of the backend wrapped with a timer. Writes kernels-<backend>[-bf16].{json,md}: ms per
+ * step and calls per kernel, the step's time, the time in kernels and outside them (the JS
+ * between kernels: TF.js's dispatch, tape, tidy, the buffer pool), tokens/s. The timings include
+ * each kernel's output allocation; with `--shapes` the rows are split by input shapes.
+ *
+ * With `--threads 1,2` (native only) the same stage trains at each OpenMP team size in turn,
+ * one step at each count per round (so a busy machine slows every count alike), and the table
+ * has each kernel's ms per step at each count and its speedup over the first count.
  */
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, type Precision } from '../backend/index.js';
+import { nativeAddon } from '../backend/native-addon.js';
 import { optimizerConfigOf, resolveConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { type Model, modelParamCount } from '../model/model.js';
 import { Stage } from '../pipeline/stage.js';
+import { check } from '../util/errors.js';
 import { loadBenchModel, markdownTable, reportBenchResults } from './report.js';
 
 export interface KernelsBenchOptions {
@@ -19,18 +26,19 @@ export interface KernelsBenchOptions {
   backend: string;
   /** Compute precision of the products (native only for bf16). */
   precision?: Precision;
-  /** Measured steps (after one warm-up step). */
+  /** Measured steps at each thread count (after one warm-up step at each). */
   steps: number;
   /** Split rows by input shapes. */
   shapes: boolean;
+  /** OpenMP team sizes to measure at, in this order (native only); undefined: the backend's default. */
+  threads?: number[];
   out: string;
 }
 
-/** Each kernel's (or kernel and input shapes') total milliseconds and calls while timing is on. */
+/** Each kernel's (or kernel and input shapes') total milliseconds and calls, per thread count. */
 interface KernelTimer {
-  times: Map<string, { ms: number; calls: number }>;
-  /** Whether kernels are timed now (off during the warm-up step). */
-  timing: boolean;
+  /** Where timed calls go now; null while not timing (the warm-up steps). */
+  current: Map<string, { ms: number; calls: number }> | null;
 }
 
 /** One table row: a kernel's mean milliseconds and calls per measured step. */
@@ -40,73 +48,93 @@ interface KernelRow {
   calls_per_step: number;
 }
 
-/** What the measured steps took: the model, milliseconds summed over them, tokens per step. */
+/** The measured steps at one thread count: means per step (ms) and the kernels' rows. */
+export interface ThreadsRun {
+  /** OpenMP team size (null: the backend's default, not set). */
+  threads: number | null;
+  step_ms: number;
+  kernel_ms: number;
+  /** step_ms - kernel_ms: the JS between kernels (dispatch, tape, tidy, buffer pool). */
+  outside_ms: number;
+  tokens_per_s: number;
+  rows: KernelRow[];
+}
+
+/** What the measured steps took at each thread count, with the model and tokens per step. */
 interface Steps {
   model: Model;
-  stepMs: number;
+  runs: ThreadsRun[];
   tokens: number;
 }
 
-/** Times every kernel of `o.backend` over `o.steps` training steps; writes kernels-<backend>[-bf16].{json,md}. */
+/** Times every kernel of `o.backend` over `o.steps` training steps (at each of `o.threads`); writes kernels-<backend>[-bf16].{json,md}. */
 export async function benchKernels(
   o: KernelsBenchOptions,
   log: (s: string) => void,
 ): Promise<void> {
+  check(
+    o.threads === undefined || o.backend === 'native',
+    `--threads is for --backend native (its OpenMP team), got --backend ${o.backend}; leave --threads out`,
+  );
   await initBackend(o.backend, { precision: o.precision ?? 'fp32' });
   const timer = wrapKernels(o.backend, o.shapes);
-  const { model, stepMs, tokens } = await trainSteps(o, timer);
-  const perStep = stepMs / o.steps;
-  const kernelMs =
-    [...timer.times.values()].reduce((a, e) => a + e.ms, 0) / o.steps;
-  const rows = kernelRows(timer, o.steps);
-  log(
-    `${o.backend} ${o.precision ?? 'fp32'}: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms in kernels`,
-  );
-  for (const r of rows.slice(0, 12))
+  const { model, runs, tokens } = await trainSteps(o, timer);
+  for (const r of runs) {
     log(
-      `  ${r.kernel.padEnd(32)} ${r.ms_per_step.toFixed(1).padStart(8)} ms  ${r.calls_per_step} calls`,
+      `${o.backend} ${o.precision ?? 'fp32'}${r.threads === null ? '' : ` threads ${r.threads}`}: ${r.step_ms.toFixed(1)} ms per step (${r.tokens_per_s.toFixed(0)} tokens/s), ${r.kernel_ms.toFixed(1)} ms in kernels, ${r.outside_ms.toFixed(1)} ms outside`,
     );
+    for (const k of r.rows.slice(0, 12))
+      log(
+        `  ${k.kernel.padEnd(32)} ${k.ms_per_step.toFixed(2).padStart(8)} ms  ${k.calls_per_step} calls`,
+      );
+  }
+  const first = runs[0]!;
   await reportBenchResults(
     o.out,
     `kernels-${o.backend}${o.precision === 'bf16' ? '-bf16' : ''}`,
     {
       bench: 'kernels',
       options: o,
-      step_ms: perStep,
-      kernel_ms: kernelMs,
+      step_ms: first.step_ms,
+      kernel_ms: first.kernel_ms,
       tokens,
-      rows,
+      rows: first.rows,
+      runs,
     },
-    kernelsMarkdown(o, model, { perStep, kernelMs, tokens }, rows),
+    runs.length > 1
+      ? threadsMarkdown(o, model, runs)
+      : kernelsMarkdown(o, model, first, tokens),
     log,
   );
 }
 
 /**
- * Registers every kernel of `backend` again wrapped with a timer: while `timing` is on, each
- * call adds its milliseconds (output allocation included) and one call to its row, keyed by the
- * kernel's name (`byShapes`: and its inputs' shapes, e.g. `MatMul [32,64] [64,64]`).
+ * Registers every kernel of `backend` again wrapped with a timer: while `timer.current` is set,
+ * each call adds its milliseconds (output allocation included) and one call to its row there,
+ * keyed by the kernel's name (`byShapes`: and its inputs' shapes, e.g. `MatMul [32,64] [64,64]`).
  */
 function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
-  const timer: KernelTimer = { times: new Map(), timing: false };
+  const timer: KernelTimer = { current: null };
   for (const k of tf.getKernelsForBackend(backend)) {
     const f = k.kernelFunc;
     tf.unregisterKernel(k.kernelName, backend);
     tf.registerKernel({
       ...k,
       kernelFunc: (args) => {
-        if (!timer.timing) return f(args);
+        const times = timer.current;
+        if (!times) return f(args);
         const t0 = performance.now();
         const r = f(args);
+        const ms = performance.now() - t0;
         const key = byShapes
           ? `${k.kernelName} ${Object.values(args.inputs)
               .map((t) => `[${(t as tf.TensorInfo | undefined)?.shape}]`)
               .join(' ')}`
           : k.kernelName;
-        const e = timer.times.get(key) ?? { ms: 0, calls: 0 };
-        e.ms += performance.now() - t0;
+        const e = times.get(key) ?? { ms: 0, calls: 0 };
+        e.ms += ms;
         e.calls++;
-        timer.times.set(key, e);
+        times.set(key, e);
         return r;
       },
     });
@@ -114,10 +142,16 @@ function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
   return timer;
 }
 
+/** Sets the native addon's OpenMP team size on this thread (null: leaves it). */
+function setTeam(threads: number | null): void {
+  if (threads !== null) nativeAddon()!.setThreads(threads);
+}
+
 /**
  * Trains `o.preset` on one plain-backprop Stage in this thread: one warm-up step with the timer
- * off, then `o.steps` steps with it on (forward, backward, optimizer step at lr 1e-4). Returns
- * the model, the measured steps' total milliseconds and the tokens of one step. Disposes the stage.
+ * off at each thread count, then `o.steps` rounds of one timed step at each count (forward,
+ * backward, optimizer step at lr 1e-4). Returns the model, each count's means per step and the
+ * tokens of one step. Disposes the stage.
  */
 async function trainSteps(
   o: KernelsBenchOptions,
@@ -136,59 +170,151 @@ async function trainSteps(
     optimizerConfigOf(cfg),
   );
   const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
-  let stepMs = 0;
+  const counts = o.threads ?? [null];
+  const times = counts.map(
+    () => new Map<string, { ms: number; calls: number }>(),
+  );
+  const stepMs = counts.map(() => 0);
   let tokens = 0;
+  const step = () => {
+    const b = batcher.next();
+    stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
+      keep: true,
+      grad: true,
+      labels: tf.tensor(b.y, b.yShape, 'int32'),
+    });
+    stage.backward(0, null, 1);
+    stage.step(1e-4, 1);
+    tokens = b.tokens;
+  };
   try {
-    for (let s = 0; s <= o.steps; s++) {
-      const b = batcher.next();
-      timer.timing = s > 0;
-      const t0 = performance.now();
-      stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
-        keep: true,
-        grad: true,
-        labels: tf.tensor(b.y, b.yShape, 'int32'),
-      });
-      stage.backward(0, null, 1);
-      stage.step(1e-4, 1);
-      if (s > 0) stepMs += performance.now() - t0;
-      tokens = b.tokens;
+    for (const t of counts) {
+      setTeam(t);
+      step();
     }
+    for (let s = 0; s < o.steps; s++)
+      counts.forEach((t, i) => {
+        setTeam(t);
+        timer.current = times[i]!;
+        const t0 = performance.now();
+        step();
+        stepMs[i]! += performance.now() - t0;
+        timer.current = null;
+      });
   } finally {
+    timer.current = null;
     stage.dispose();
   }
-  return { model, stepMs, tokens };
+  const runs = counts.map((t, i) =>
+    threadsRun(t, times[i]!, stepMs[i]!, o.steps, tokens),
+  );
+  return { model, runs, tokens };
 }
 
-/** The timer's rows as means per step over `steps` steps, slowest first. */
-function kernelRows(timer: KernelTimer, steps: number): KernelRow[] {
-  return [...timer.times]
+/** One count's totals over `steps` steps as means per step, kernels slowest first. */
+function threadsRun(
+  threads: number | null,
+  times: Map<string, { ms: number; calls: number }>,
+  stepMs: number,
+  steps: number,
+  tokens: number,
+): ThreadsRun {
+  const rows = [...times]
     .map(([kernel, e]) => ({
       kernel,
       ms_per_step: e.ms / steps,
       calls_per_step: e.calls / steps,
     }))
     .sort((a, b) => b.ms_per_step - a.ms_per_step);
+  const step_ms = stepMs / steps;
+  const kernel_ms = rows.reduce((a, r) => a + r.ms_per_step, 0);
+  return {
+    threads,
+    step_ms,
+    kernel_ms,
+    outside_ms: step_ms - kernel_ms,
+    tokens_per_s: (tokens / step_ms) * 1000,
+    rows,
+  };
 }
 
-/** kernels.md: the setting and step time (ms per step, in kernels), then one table row per kernel. */
+/** The setting line both tables start with. */
+function settingLine(o: KernelsBenchOptions, model: Model): string {
+  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread`;
+}
+
+/** kernels.md at one thread count: the setting and step time (ms per step, in kernels), then one row per kernel. */
 function kernelsMarkdown(
   o: KernelsBenchOptions,
   model: Model,
-  step: { perStep: number; kernelMs: number; tokens: number },
-  rows: KernelRow[],
+  run: ThreadsRun,
+  tokens: number,
 ): string {
-  const { perStep, kernelMs, tokens } = step;
+  const perStep = run.step_ms;
   return [
     `# kernels benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, single-device training in one thread, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output).\n`,
+    `${settingLine(o, model)}, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
     markdownTable({
       columns: ['kernel', 'ms per step', 'share of the step', 'calls per step'],
-      rows: rows.map((r) => [
+      rows: run.rows.map((r) => [
         r.kernel,
         r.ms_per_step.toFixed(1),
         `${((100 * r.ms_per_step) / perStep).toFixed(1)}%`,
         r.calls_per_step,
       ]),
+    }),
+  ].join('\n');
+}
+
+/**
+ * kernels.md at several thread counts: the step, the kernels' and the outside time per step at
+ * each count, then each kernel's ms per step at each count and its speedup over the first
+ * count (kernels by their time at the first count, slowest first).
+ */
+function threadsMarkdown(
+  o: KernelsBenchOptions,
+  model: Model,
+  runs: ThreadsRun[],
+): string {
+  const base = runs[0]!;
+  const ms = (v: number | undefined) => (v === undefined ? '-' : v.toFixed(2));
+  const speedup = (a: number | undefined, b: number | undefined) =>
+    a === undefined || b === undefined || b <= 0
+      ? '-'
+      : `${(a / b).toFixed(2)}x`;
+  const line = (name: string, pick: (r: ThreadsRun) => number | undefined) => [
+    name,
+    ...runs.map((r) => ms(pick(r))),
+    ...runs.slice(1).map((r) => speedup(pick(base), pick(r))),
+  ];
+  const byName = runs.map(
+    (r) => new Map(r.rows.map((k) => [k.kernel, k.ms_per_step])),
+  );
+  const calls = new Map(base.rows.map((k) => [k.kernel, k.calls_per_step]));
+  const names = [
+    ...new Set(
+      [...base.rows, ...runs.flatMap((r) => r.rows)].map((k) => k.kernel),
+    ),
+  ];
+  return [
+    `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
+    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at ${base.threads} threads over the time at the count.\n`,
+    markdownTable({
+      columns: [
+        'kernel',
+        ...runs.map((r) => `ms at ${r.threads}`),
+        ...runs.slice(1).map((r) => `speedup at ${r.threads}`),
+        'calls per step',
+      ],
+      rows: [
+        [...line('**step**', (r) => r.step_ms), ''],
+        [...line('**in kernels**', (r) => r.kernel_ms), ''],
+        [...line('**outside kernels**', (r) => r.outside_ms), ''],
+        ...names.map((n) => [
+          ...line(n, (_r) => byName[runs.indexOf(_r)]!.get(n)),
+          calls.get(n) ?? '-',
+        ]),
+      ],
     }),
   ].join('\n');
 }
