@@ -56,6 +56,19 @@ export interface ThreadsRun {
   kernel_ms: number;
   /** step_ms - kernel_ms: the JS between kernels (dispatch, tape, tidy, buffer pool). */
   outside_ms: number;
+  /**
+   * CPU ms per step of this thread (member 0 of the OpenMP team: the JS, and every kernel's
+   * serial part) and of each other team member (their mean), from the threads' own CPU clocks:
+   * unlike step_ms, not lengthened by other processes (per_other_thread null at one thread).
+   * null where the addon is not used.
+   */
+  cpu_ms: { this_thread: number; per_other_thread: number | null } | null;
+  /**
+   * The step's serial share from the CPU clocks (Amdahl's s): with a serial part s of the work
+   * W on this thread and the rest split evenly, this thread runs s W + (1 - s) W / T and each
+   * other member (1 - s) W / T. null at one thread or without the clocks.
+   */
+  serial_share: number | null;
   tokens_per_s: number;
   rows: KernelRow[];
 }
@@ -175,6 +188,7 @@ async function trainSteps(
     () => new Map<string, { ms: number; calls: number }>(),
   );
   const stepMs = counts.map(() => 0);
+  const cpu = counts.map(() => [] as number[]);
   let tokens = 0;
   const step = () => {
     const b = batcher.next();
@@ -196,19 +210,58 @@ async function trainSteps(
       counts.forEach((t, i) => {
         setTeam(t);
         timer.current = times[i]!;
+        const c0 = teamCpu(o.backend);
         const t0 = performance.now();
         step();
         stepMs[i]! += performance.now() - t0;
         timer.current = null;
+        addCpu(cpu[i]!, c0, teamCpu(o.backend));
       });
   } finally {
     timer.current = null;
     stage.dispose();
   }
   const runs = counts.map((t, i) =>
-    threadsRun(t, times[i]!, stepMs[i]!, o.steps, tokens),
+    threadsRun(t, times[i]!, stepMs[i]!, cpu[i]!, o.steps, tokens),
   );
   return { model, runs, tokens };
+}
+
+/** CPU seconds of each member of the native addon's team on this thread (empty on another backend). */
+function teamCpu(backend: string): number[] {
+  return backend === 'native' ? nativeAddon()!.teamCpuSeconds() : [];
+}
+
+/** Adds each member's CPU seconds between `before` and `after` to `total` (in ms, grown as needed). */
+function addCpu(total: number[], before: number[], after: number[]): void {
+  after.forEach((s, m) => {
+    total[m] = (total[m] ?? 0) + 1000 * (s - (before[m] ?? 0));
+  });
+}
+
+/**
+ * CPU ms per step of this thread and of each other member (their mean), and the serial share s
+ * that solves this = s W + (1 - s) W / T, other = (1 - s) W / T, W = this + (T - 1) other.
+ */
+function cpuSplit(
+  cpuMs: number[],
+  steps: number,
+): Pick<ThreadsRun, 'cpu_ms' | 'serial_share'> {
+  if (cpuMs.length === 0) return { cpu_ms: null, serial_share: null };
+  const self = cpuMs[0]! / steps;
+  const others = cpuMs.slice(1);
+  const other =
+    others.length > 0
+      ? others.reduce((a, v) => a + v, 0) / others.length / steps
+      : 0;
+  const work = self + others.length * other;
+  return {
+    cpu_ms: {
+      this_thread: self,
+      per_other_thread: others.length > 0 ? other : null,
+    },
+    serial_share: others.length > 0 && work > 0 ? (self - other) / work : null,
+  };
 }
 
 /** One count's totals over `steps` steps as means per step, kernels slowest first. */
@@ -216,6 +269,7 @@ function threadsRun(
   threads: number | null,
   times: Map<string, { ms: number; calls: number }>,
   stepMs: number,
+  cpuMs: number[],
   steps: number,
   tokens: number,
 ): ThreadsRun {
@@ -233,6 +287,7 @@ function threadsRun(
     step_ms,
     kernel_ms,
     outside_ms: step_ms - kernel_ms,
+    ...cpuSplit(cpuMs, steps),
     tokens_per_s: (tokens / step_ms) * 1000,
     rows,
   };
@@ -277,12 +332,16 @@ function threadsMarkdown(
   runs: ThreadsRun[],
 ): string {
   const base = runs[0]!;
-  const ms = (v: number | undefined) => (v === undefined ? '-' : v.toFixed(2));
-  const speedup = (a: number | undefined, b: number | undefined) =>
-    a === undefined || b === undefined || b <= 0
-      ? '-'
-      : `${(a / b).toFixed(2)}x`;
-  const line = (name: string, pick: (r: ThreadsRun) => number | undefined) => [
+  const ms = (v: number | null | undefined) => (v == null ? '-' : v.toFixed(2));
+  const speedup = (
+    a: number | null | undefined,
+    b: number | null | undefined,
+  ) =>
+    a == null || b == null || a <= 0 || b <= 0 ? '-' : `${(a / b).toFixed(2)}x`;
+  const line = (
+    name: string,
+    pick: (r: ThreadsRun) => number | null | undefined,
+  ) => [
     name,
     ...runs.map((r) => ms(pick(r))),
     ...runs.slice(1).map((r) => speedup(pick(base), pick(r))),
@@ -298,7 +357,8 @@ function threadsMarkdown(
   ];
   return [
     `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
-    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at ${base.threads} threads over the time at the count.\n`,
+    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
+    `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.\n`,
     markdownTable({
       columns: [
         'kernel',
@@ -310,6 +370,14 @@ function threadsMarkdown(
         [...line('**step**', (r) => r.step_ms), ''],
         [...line('**in kernels**', (r) => r.kernel_ms), ''],
         [...line('**outside kernels**', (r) => r.outside_ms), ''],
+        [...line('**CPU, this thread**', (r) => r.cpu_ms?.this_thread), ''],
+        [
+          ...line(
+            '**CPU, each other thread**',
+            (r) => r.cpu_ms?.per_other_thread,
+          ),
+          '',
+        ],
         ...names.map((n) => [
           ...line(n, (_r) => byName[runs.indexOf(_r)]!.get(n)),
           calls.get(n) ?? '-',
