@@ -399,6 +399,10 @@ test('native reductions, transpose and softmax equal cpu on any axes', {
     tf.sum(tf.square(x!)),
     tf.mean(x!),
     tf.max(x!),
+    // column sums by row blocks (a bias gradient), the last block partial
+    tf.sum(x!, 0),
+    tf.mean(x!, 0),
+    tf.max(x!, 0),
   ]);
   await assertSameAsCpu('transposes', [[2, 3, 4, 5]], (x) => [
     tf.transpose(x!),
@@ -516,7 +520,7 @@ async function onFixed(
   );
 }
 
-test("a bf16 product built on one thread uses the whole team after setThreads(2) (each team member's CPU clock advances) and gives the same C", {
+test("a bf16 product built on one thread uses the whole team after setThreads(2) (each team member's CPU clock advances) and gives the same C; column sums are the same at 1 and 2 threads", {
   skip,
 }, () => {
   const lib = nativeAddon()!;
@@ -547,6 +551,14 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
         Math.abs(one[i]! - two[i]!) <= 1e-5 * (1 + Math.abs(one[i]!)),
         `C[${i}]: ${one[i]} at 1 thread, ${two[i]} at 2`,
       );
+    // a bias gradient's column sums (by row blocks) do not depend on the team size
+    const sums = (threads: number) => {
+      lib.setThreads(threads);
+      const out = new Float32Array(n);
+      lib.reduceOuter(0, a, out, m * (k / n), n);
+      return out;
+    };
+    assert.deepEqual(sums(2), sums(1));
   } finally {
     lib.setThreads(before);
   }
