@@ -32,13 +32,28 @@ export interface KernelsBenchOptions {
   shapes: boolean;
   /** OpenMP team sizes to measure at, in this order (native only); undefined: the backend's default. */
   threads?: number[];
+  /**
+   * Also time each kernel on the team's CPU clocks (native only): two reads of every member's
+   * clock around each call, a team wake-up each, which lengthen the step outside kernels.
+   */
+  cpu?: boolean;
   out: string;
 }
 
-/** Each kernel's (or kernel and input shapes') total milliseconds and calls, per thread count. */
+/** A kernel's totals: wall ms, calls, and (with `--cpu`) CPU ms of this thread and of the other members together. */
+interface KernelTotals {
+  ms: number;
+  calls: number;
+  cpuSelf: number;
+  cpuOthers: number;
+}
+
+/** Each kernel's (or kernel and input shapes') totals, per thread count. */
 interface KernelTimer {
   /** Where timed calls go now; null while not timing (the warm-up steps). */
-  current: Map<string, { ms: number; calls: number }> | null;
+  current: Map<string, KernelTotals> | null;
+  /** Whether each call is also timed on the team's CPU clocks. */
+  cpu: boolean;
 }
 
 /** One table row: a kernel's mean milliseconds and calls per measured step. */
@@ -46,6 +61,8 @@ interface KernelRow {
   kernel: string;
   ms_per_step: number;
   calls_per_step: number;
+  /** With `--cpu`: CPU ms per step of this thread and of each other member (their mean). */
+  cpu_ms?: { this_thread: number; per_other_thread: number | null };
 }
 
 /** The measured steps at one thread count: means per step (ms) and the kernels' rows. */
@@ -90,7 +107,11 @@ export async function benchKernels(
     `--threads is for --backend native (its OpenMP team), got --backend ${o.backend}; leave --threads out`,
   );
   await initBackend(o.backend, { precision: o.precision ?? 'fp32' });
-  const timer = wrapKernels(o.backend, o.shapes);
+  check(
+    !o.cpu || o.backend === 'native',
+    `--cpu reads the native addon's OpenMP clocks, got --backend ${o.backend}; leave --cpu out`,
+  );
+  const timer = wrapKernels(o.backend, o.shapes, o.cpu === true);
   const { model, runs, tokens } = await trainSteps(o, timer);
   for (const r of runs) {
     log(
@@ -126,8 +147,12 @@ export async function benchKernels(
  * each call adds its milliseconds (output allocation included) and one call to its row there,
  * keyed by the kernel's name (`byShapes`: and its inputs' shapes, e.g. `MatMul [32,64] [64,64]`).
  */
-function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
-  const timer: KernelTimer = { current: null };
+function wrapKernels(
+  backend: string,
+  byShapes: boolean,
+  cpu: boolean,
+): KernelTimer {
+  const timer: KernelTimer = { current: null, cpu };
   for (const k of tf.getKernelsForBackend(backend)) {
     const f = k.kernelFunc;
     tf.unregisterKernel(k.kernelName, backend);
@@ -136,17 +161,28 @@ function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
       kernelFunc: (args) => {
         const times = timer.current;
         if (!times) return f(args);
+        const c0 = timer.cpu ? teamCpu(backend) : [];
         const t0 = performance.now();
         const r = f(args);
         const ms = performance.now() - t0;
+        const c1 = timer.cpu ? teamCpu(backend) : [];
         const key = byShapes
           ? `${k.kernelName} ${Object.values(args.inputs)
               .map((t) => `[${(t as tf.TensorInfo | undefined)?.shape}]`)
               .join(' ')}`
           : k.kernelName;
-        const e = times.get(key) ?? { ms: 0, calls: 0 };
+        const e = times.get(key) ?? {
+          ms: 0,
+          calls: 0,
+          cpuSelf: 0,
+          cpuOthers: 0,
+        };
         e.ms += ms;
         e.calls++;
+        c1.forEach((s, m) => {
+          if (m === 0) e.cpuSelf += 1000 * (s - c0[0]!);
+          else e.cpuOthers += 1000 * (s - (c0[m] ?? 0));
+        });
         times.set(key, e);
         return r;
       },
@@ -184,9 +220,7 @@ async function trainSteps(
   );
   const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
   const counts = o.threads ?? [null];
-  const times = counts.map(
-    () => new Map<string, { ms: number; calls: number }>(),
-  );
+  const times = counts.map(() => new Map<string, KernelTotals>());
   const stepMs = counts.map(() => 0);
   const cpu = counts.map(() => [] as number[]);
   let tokens = 0;
@@ -222,7 +256,15 @@ async function trainSteps(
     stage.dispose();
   }
   const runs = counts.map((t, i) =>
-    threadsRun(t, times[i]!, stepMs[i]!, cpu[i]!, o.steps, tokens),
+    threadsRun(
+      t,
+      times[i]!,
+      stepMs[i]!,
+      cpu[i]!,
+      o.steps,
+      tokens,
+      o.cpu === true,
+    ),
   );
   return { model, runs, tokens };
 }
@@ -267,17 +309,28 @@ function cpuSplit(
 /** One count's totals over `steps` steps as means per step, kernels slowest first. */
 function threadsRun(
   threads: number | null,
-  times: Map<string, { ms: number; calls: number }>,
+  times: Map<string, KernelTotals>,
   stepMs: number,
   cpuMs: number[],
   steps: number,
   tokens: number,
+  cpu: boolean,
 ): ThreadsRun {
+  const others = cpuMs.length - 1; // team members besides this thread
   const rows = [...times]
     .map(([kernel, e]) => ({
       kernel,
       ms_per_step: e.ms / steps,
       calls_per_step: e.calls / steps,
+      ...(cpu
+        ? {
+            cpu_ms: {
+              this_thread: e.cpuSelf / steps,
+              per_other_thread:
+                others > 0 ? e.cpuOthers / others / steps : null,
+            },
+          }
+        : {}),
     }))
     .sort((a, b) => b.ms_per_step - a.ms_per_step);
   const step_ms = stepMs / steps;
@@ -321,10 +374,22 @@ function kernelsMarkdown(
   ].join('\n');
 }
 
+/** With `--cpu`: kernel `name`'s CPU speedup on this thread at each count after the first ('-' where not timed). */
+function cpuSpeedups(runs: ThreadsRun[], name: string): string[] {
+  const at = (r: ThreadsRun) =>
+    r.rows.find((k) => k.kernel === name)?.cpu_ms?.this_thread;
+  const base = at(runs[0]!);
+  return runs.slice(1).map((r) => {
+    const v = at(r);
+    return base && v ? `${(base / v).toFixed(2)}x` : '-';
+  });
+}
+
 /**
  * kernels.md at several thread counts: the step, the kernels' and the outside time per step at
  * each count, then each kernel's ms per step at each count and its speedup over the first
- * count (kernels by their time at the first count, slowest first).
+ * count (kernels by their time at the first count, slowest first); with `--cpu` also each
+ * kernel's speedup on this thread's CPU clock.
  */
 function threadsMarkdown(
   o: KernelsBenchOptions,
@@ -350,6 +415,10 @@ function threadsMarkdown(
     (r) => new Map(r.rows.map((k) => [k.kernel, k.ms_per_step])),
   );
   const calls = new Map(base.rows.map((k) => [k.kernel, k.calls_per_step]));
+  const cpuColumns = o.cpu
+    ? runs.slice(1).map((r) => `CPU speedup at ${r.threads}`)
+    : [];
+  const pad = cpuColumns.map(() => '');
   const names = [
     ...new Set(
       [...base.rows, ...runs.flatMap((r) => r.rows)].map((k) => k.kernel),
@@ -364,22 +433,29 @@ function threadsMarkdown(
         'kernel',
         ...runs.map((r) => `ms at ${r.threads}`),
         ...runs.slice(1).map((r) => `speedup at ${r.threads}`),
+        ...cpuColumns,
         'calls per step',
       ],
       rows: [
-        [...line('**step**', (r) => r.step_ms), ''],
-        [...line('**in kernels**', (r) => r.kernel_ms), ''],
-        [...line('**outside kernels**', (r) => r.outside_ms), ''],
-        [...line('**CPU, this thread**', (r) => r.cpu_ms?.this_thread), ''],
+        [...line('**step**', (r) => r.step_ms), ...pad, ''],
+        [...line('**in kernels**', (r) => r.kernel_ms), ...pad, ''],
+        [...line('**outside kernels**', (r) => r.outside_ms), ...pad, ''],
+        [
+          ...line('**CPU, this thread**', (r) => r.cpu_ms?.this_thread),
+          ...pad,
+          '',
+        ],
         [
           ...line(
             '**CPU, each other thread**',
             (r) => r.cpu_ms?.per_other_thread,
           ),
+          ...pad,
           '',
         ],
         ...names.map((n) => [
           ...line(n, (_r) => byName[runs.indexOf(_r)]!.get(n)),
+          ...(o.cpu ? cpuSpeedups(runs, n) : []),
           calls.get(n) ?? '-',
         ]),
       ],

@@ -205,6 +205,11 @@ program
     'native only: OpenMP team sizes to measure at, comma-separated (e.g. 1,2)',
     threadCounts,
   )
+  .option(
+    '--cpu',
+    "native only: also time each kernel on the OpenMP team's CPU clocks (a team wake-up around each call)",
+    false,
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchKernels } = await import('./kernels.js');
