@@ -10,6 +10,7 @@
  * one step at each count per round (so a busy machine slows every count alike), and the table
  * has each kernel's ms per step at each count and its speedup over the first count.
  */
+import { availableParallelism, loadavg } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, type Precision } from '../backend/index.js';
 import { nativeAddon } from '../backend/native-addon.js';
@@ -129,6 +130,8 @@ export async function benchKernels(
     {
       bench: 'kernels',
       options: o,
+      cpus: availableParallelism(),
+      load_average_1min: loadavg()[0],
       step_ms: first.step_ms,
       kernel_ms: first.kernel_ms,
       tokens,
@@ -348,7 +351,7 @@ function threadsRun(
 
 /** The setting line both tables start with. */
 function settingLine(o: KernelsBenchOptions, model: Model): string {
-  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread`;
+  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
 }
 
 /** kernels.md at one thread count: the setting and step time (ms per step, in kernels), then one row per kernel. */
