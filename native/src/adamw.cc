@@ -7,6 +7,13 @@
 
 namespace layerwise {
 
+namespace {
+// Parameters from which an update is split over the OpenMP team: above 32K (128 KiB of each of
+// p, g, m, v) the team's wake-up (microseconds) is small beside the pass. It was 64K, which left
+// charlm-small's [256, 256] matrices (65,536 parameters) on one thread.
+constexpr int64_t kParallelUpdate = int64_t{1} << 15;
+}  // namespace
+
 void adamw(const float* p, const float* g, const float* m, const float* v, float* pOut, float* mOut, float* vOut,
            int64_t n, double lr, double beta1, double beta2, double epsilon, double weightDecay, int64_t step,
            double gradScale) {
@@ -19,7 +26,7 @@ void adamw(const float* p, const float* g, const float* m, const float* v, float
   const float decay = static_cast<float>(1 - lr * weightDecay);
   const float eps = static_cast<float>(epsilon);
   const float scale = static_cast<float>(gradScale);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelUpdate)
   for (int64_t i = 0; i < n; i++) {
     const float gi = g[i] * scale;
     const float mi = b1 * m[i] + a1 * gi;
@@ -37,14 +44,14 @@ void sgd(const float* p, const float* g, const float* velocity, float* pOut, flo
   const float rate = static_cast<float>(lr);
   const float scale = static_cast<float>(gradScale);
   if (velocity) {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelUpdate)
     for (int64_t i = 0; i < n; i++) {
       const float vi = mu * velocity[i] + (g[i] * scale + wd * p[i]);
       velOut[i] = vi;
       pOut[i] = p[i] - rate * vi;
     }
   } else {
-#pragma omp parallel for simd schedule(static) if (n > 65536)
+#pragma omp parallel for simd schedule(static) if (n >= kParallelUpdate)
     for (int64_t i = 0; i < n; i++) pOut[i] = p[i] - rate * (g[i] * scale + wd * p[i]);
   }
 }

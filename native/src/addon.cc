@@ -496,6 +496,14 @@ Napi::Value SetThreads(const Napi::CallbackInfo& info) {
 
 Napi::Value Threads(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), threads()); }
 
+// teamCpuSeconds() -> number[]: CPU seconds of each member of this thread's team, the caller first
+Napi::Value TeamCpuSeconds(const Napi::CallbackInfo& info) {
+  const std::vector<double> s = teamCpuSeconds();
+  Napi::Array a = Napi::Array::New(info.Env(), s.size());
+  for (uint32_t i = 0; i < s.size(); i++) a.Set(i, s[i]);
+  return a;
+}
+
 Napi::Object Init(Napi::Env env, Napi::Object exports) {
   // large tensors from the heap, whose pages are already mapped, not fresh mmap'ed pages each
   // (every page's first touch faults: that cost more than many element-wise kernels); freed
@@ -542,6 +550,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("bf16Info", Napi::Function::New(env, Bf16Info));
   exports.Set("setThreads", Napi::Function::New(env, SetThreads));
   exports.Set("threads", Napi::Function::New(env, Threads));
+  exports.Set("teamCpuSeconds", Napi::Function::New(env, TeamCpuSeconds));
   layerwise::registerConv(env, exports);
   return exports;
 }

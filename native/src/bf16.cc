@@ -66,12 +66,15 @@ void convertChunk(const float* src, uint16_t* dst, int64_t n) {
 }
 
 // oneDNN's engine and stream of this thread (each device's worker thread has its own), and the
-// matmul primitives built so far, by shape: a primitive is built once per shape and reused.
+// matmul primitives built so far, by shape and team size: a primitive is built once per shape
+// and team size and reused. oneDNN fixes a primitive's thread count (its work split) when it is
+// built, from omp_get_max_threads(): one built before setThreads(2) ran on one thread ever after
+// (the kernels bench at --threads 1,2: bf16 products 0.97x, attention 0.4x at 2 threads).
 struct Bf16Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  // batchA, batchB, batch, m, n, k, transA, transB, bf16 C, bias
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool>;
+  // team size, batchA, batchB, batch, m, n, k, transA, transB, bf16 C, bias
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, bool, bool>;
   std::map<Key, dnnl::matmul> primitives;
   std::map<Key, std::string> impls;
   std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
@@ -99,7 +102,7 @@ dnnl::memory::desc biasDesc(int64_t n) {
 
 dnnl::matmul& primitive(Bf16Context& ctx, int64_t batchA, int64_t batchB, int64_t batch, int64_t m, int64_t n, int64_t k,
                         bool transA, bool transB, bool cBf16 = false, bool bias = false) {
-  const Bf16Context::Key key{batchA, batchB, batch, m, n, k, transA, transB, cBf16, bias};
+  const Bf16Context::Key key{omp_get_max_threads(), batchA, batchB, batch, m, n, k, transA, transB, cBf16, bias};
   auto it = ctx.primitives.find(key);
   if (it != ctx.primitives.end()) return it->second;
   using dt = dnnl::memory::data_type;
@@ -142,7 +145,7 @@ void stridedProduct(Bf16Context& ctx, const View& a, const uint16_t* ab, const f
   const bool bf = nativeBf16();
   using dt = dnnl::memory::data_type;
   const dt in = bf ? dt::bf16 : dt::f32;
-  std::vector<int64_t> key{bf ? 1 : 0};
+  std::vector<int64_t> key{bf ? 1 : 0, omp_get_max_threads()};  // built for this team size (Bf16Context)
   for (const View* v : {&a, &b, &c}) {
     key.insert(key.end(), v->dims.begin(), v->dims.end());
     key.insert(key.end(), v->strides.begin(), v->strides.end());
@@ -275,7 +278,7 @@ int bf16Product(const Bf16Operand& a, const Bf16Operand& b, float* c, uint16_t* 
   try {
     product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB, cBf, bias);
     if (impl != nullptr)
-      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{batchA, batchB, batch, m, n, k, transA, transB, cBf != nullptr, bias != nullptr}]
+      *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{omp_get_max_threads(), batchA, batchB, batch, m, n, k, transA, transB, cBf != nullptr, bias != nullptr}]
                            : "emulated: sgemm on bf16-rounded operands (" + cpuIsa() + ")";
   } catch (const dnnl::error& e) {
     return e.status == dnnl_success ? -1 : static_cast<int>(e.status);

@@ -37,7 +37,7 @@ struct Entry {
 struct Ctx {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  // key: kind, the geometry's 17 numbers, and the kind's flags
+  // key: kind, the team size, the geometry's 17 numbers, and the kind's flags
   std::map<std::vector<int64_t>, Entry> cache;
 };
 
@@ -68,8 +68,10 @@ Descs descs(const ConvGeometry& g, dt src = dt::f32, dt wei = dt::f32, dt dst = 
   };
 }
 
+// The cache key: kind, geometry, flags and the team size (oneDNN fixes a primitive's thread
+// count when it is built, so one built before setThreads changes it is built again)
 std::vector<int64_t> key(int kind, const ConvGeometry& g, int64_t flags) {
-  return {kind, g.batch, g.inHeight, g.inWidth, g.inChannels, g.filterHeight, g.filterWidth, g.outChannels,
+  return {kind, threads(), g.batch, g.inHeight, g.inWidth, g.inChannels, g.filterHeight, g.filterWidth, g.outChannels,
           g.outHeight, g.outWidth, g.strideHeight, g.strideWidth, g.dilationHeight, g.dilationWidth, g.padTop,
           g.padLeft, g.padBottom, g.padRight, flags};
 }

@@ -436,11 +436,51 @@ void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inne
 
 namespace {
 
+// Rows per block of a column sum (sumColumnsByBlocks): a fixed count, so that the sums do not
+// depend on the team size
+constexpr int64_t kRowBlock = 128;
+
+// out[j] = sum (or mean) over i < outer of x[i, j], for outer >= 2 kRowBlock: each block of
+// kRowBlock rows summed in double into its own partial row (blocks spread over the team, each
+// thread reading whole rows, contiguous), the partials then added in block order. The column
+// split of reduceOuterOver had each thread read half of every row, and the hardware prefetcher
+// fetched the other half too: at 2 threads a [4096, 1024] bias gradient took 1.75x the CPU
+// time of one thread (1.2x speedup on the threads' CPU clocks).
+template <typename X>
+void sumColumnsByBlocks(bool mean, const X* x, float* out, int64_t outer, int64_t inner) {
+  const int64_t blocks = (outer + kRowBlock - 1) / kRowBlock;
+  std::vector<double> part(static_cast<size_t>(blocks * inner));
+#pragma omp parallel
+  {
+    std::vector<float> buf(kFloat<X> ? 0 : inner);
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; blk++) {
+      double* acc = part.data() + blk * inner;
+      for (int64_t i = blk * kRowBlock; i < std::min(outer, (blk + 1) * kRowBlock); i++) {
+        const float* row = load(x + i * inner, inner, buf.data());
+#pragma omp simd
+        for (int64_t c = 0; c < inner; c++) acc[c] += row[c];
+      }
+    }
+  }
+  for (int64_t blk = 1; blk < blocks; blk++) {
+    const double* p = part.data() + blk * inner;
+#pragma omp simd
+    for (int64_t c = 0; c < inner; c++) part[c] += p[c];
+  }
+  for (int64_t c = 0; c < inner; c++) out[c] = static_cast<float>(mean ? part[c] / static_cast<double>(outer) : part[c]);
+}
+
 template <typename X>
 void reduceOuterOver(ReduceOp op, const X* x, float* out, int64_t outer, int64_t inner) {
-  // out[j] = op over i < outer of x[i, j]: columns split over the team, rows streamed in order
-  // (a row's columns widened first where x is bf16 values: a bf16 run's bias gradient)
+  // out[j] = op over i < outer of x[i, j] (a row's columns widened first where x is bf16 values:
+  // a bf16 run's bias gradient). Long sums by row blocks; otherwise columns split over the team,
+  // rows streamed in order
   const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
+  if (sum && outer >= 2 * kRowBlock && outer * inner > kParallel) {
+    sumColumnsByBlocks(op == ReduceOp::Mean, x, out, outer, inner);
+    return;
+  }
 #pragma omp parallel if (outer * inner > kParallel)
   {
     const auto [c0, c1] = myColumns(inner);

@@ -197,5 +197,8 @@ void flushDenormals();
 // Threads of this thread's OpenMP team (each device worker thread has its own); flushes denormals.
 void setThreads(int n);
 int threads();
+// CPU seconds each member of this thread's OpenMP team has run (CLOCK_THREAD_CPUTIME_ID), member
+// 0 (the calling thread, JS included) first: what the kernels bench splits a step's work by.
+std::vector<double> teamCpuSeconds();
 
 }  // namespace layerwise

@@ -7,6 +7,8 @@
 #include <dnnl.h>
 #include <omp.h>
 #include <xmmintrin.h>
+#include <ctime>
+#include <vector>
 
 namespace layerwise {
 
@@ -62,5 +64,18 @@ void setThreads(int n) {
 }
 
 int threads() { return omp_get_max_threads(); }
+
+std::vector<double> teamCpuSeconds() {
+  std::vector<double> s(static_cast<size_t>(omp_get_max_threads()), 0.0);
+  // one region of the team: libgomp gives member i the same pool thread in every region the
+  // calling thread starts, so member i's clock is the thread that did member i's share
+#pragma omp parallel
+  {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    s[static_cast<size_t>(omp_get_thread_num())] = static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
+  return s;
+}
 
 }  // namespace layerwise

@@ -346,6 +346,13 @@ export interface NativeAddon {
   setThreads(n: number): void;
   /** This thread's OpenMP team size. */
   threads(): number;
+  /**
+   * CPU seconds each member of this thread's OpenMP team has run so far (the thread's own CPU
+   * clock), member 0 (this thread: the JS and every serial part of a kernel) first; length
+   * threads(). Differences over a step split its work into what the team shared and what ran
+   * on this thread alone, whatever else the machine runs.
+   */
+  teamCpuSeconds(): number[];
 }
 
 /** Where `npm ci` builds the addon (native/binding.gyp), from dist/backend/. */

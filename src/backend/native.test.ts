@@ -399,6 +399,10 @@ test('native reductions, transpose and softmax equal cpu on any axes', {
     tf.sum(tf.square(x!)),
     tf.mean(x!),
     tf.max(x!),
+    // column sums by row blocks (a bias gradient), the last block partial
+    tf.sum(x!, 0),
+    tf.mean(x!, 0),
+    tf.max(x!, 0),
   ]);
   await assertSameAsCpu('transposes', [[2, 3, 4, 5]], (x) => [
     tf.transpose(x!),
@@ -515,6 +519,50 @@ async function onFixed(
     f().map((y) => ({ shape: y.shape, values: y.dataSync() as Float32Array })),
   );
 }
+
+test("a bf16 product built on one thread uses the whole team after setThreads(2) (each team member's CPU clock advances) and gives the same C; column sums are the same at 1 and 2 threads", {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const before = lib.threads();
+  const [m, n, k] = [512, 256, 384];
+  const a = randomArray(m * k, 1),
+    b = randomArray(k * n, 2);
+  const product = () => {
+    const c = new Float32Array(m * n);
+    lib.matmulBf16(a, b, c, 1, 0, 0, m, n, k, false, false);
+    return c;
+  };
+  try {
+    lib.setThreads(1);
+    const one = product(); // builds the product's primitive for one thread
+    lib.setThreads(2);
+    const cpu0 = lib.teamCpuSeconds();
+    let two = product();
+    for (let i = 0; i < 20; i++) two = product();
+    const cpu1 = lib.teamCpuSeconds();
+    assert.equal(cpu1.length, 2);
+    assert.ok(
+      cpu1[1]! > cpu0[1]!,
+      `the second team member ran none of the product (${cpu0[1]} s then ${cpu1[1]} s)`,
+    );
+    for (let i = 0; i < one.length; i++)
+      assert.ok(
+        Math.abs(one[i]! - two[i]!) <= 1e-5 * (1 + Math.abs(one[i]!)),
+        `C[${i}]: ${one[i]} at 1 thread, ${two[i]} at 2`,
+      );
+    // a bias gradient's column sums (by row blocks) do not depend on the team size
+    const sums = (threads: number) => {
+      lib.setThreads(threads);
+      const out = new Float32Array(n);
+      lib.reduceOuter(0, a, out, m * (k / n), n);
+      return out;
+    };
+    assert.deepEqual(sums(2), sums(1));
+  } finally {
+    lib.setThreads(before);
+  }
+});
 
 test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
   skip,

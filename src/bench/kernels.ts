@@ -1,16 +1,24 @@
 /**
  * `npm run bench -- kernels`: where a training step's time goes, per TF.js kernel, on one
  * backend: single-device training of a preset in this thread (one plain-backprop Stage), every
- * kernel of the backend wrapped with a timer. Writes kernels.json and kernels.md (ms per step
- * and calls per kernel, the step's time and tokens/s). The timings include each kernel's output
- * allocation; with `--shapes` the rows are split by input shapes.
+ * kernel of the backend wrapped with a timer. Writes kernels-<backend>[-bf16].{json,md}: ms per
+ * step and calls per kernel, the step's time, the time in kernels and outside them (the JS
+ * between kernels: TF.js's dispatch, tape, tidy, the buffer pool), tokens/s. The timings include
+ * each kernel's output allocation; with `--shapes` the rows are split by input shapes.
+ *
+ * With `--threads 1,2` (native only) the same stage trains at each OpenMP team size in turn,
+ * one step at each count per round (so a busy machine slows every count alike), and the table
+ * has each kernel's ms per step at each count and its speedup over the first count.
  */
+import { availableParallelism, loadavg } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, type Precision } from '../backend/index.js';
+import { nativeAddon } from '../backend/native-addon.js';
 import { optimizerConfigOf, resolveConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { type Model, modelParamCount } from '../model/model.js';
 import { Stage } from '../pipeline/stage.js';
+import { check } from '../util/errors.js';
 import { loadBenchModel, markdownTable, reportBenchResults } from './report.js';
 
 export interface KernelsBenchOptions {
@@ -19,18 +27,34 @@ export interface KernelsBenchOptions {
   backend: string;
   /** Compute precision of the products (native only for bf16). */
   precision?: Precision;
-  /** Measured steps (after one warm-up step). */
+  /** Measured steps at each thread count (after one warm-up step at each). */
   steps: number;
   /** Split rows by input shapes. */
   shapes: boolean;
+  /** OpenMP team sizes to measure at, in this order (native only); undefined: the backend's default. */
+  threads?: number[];
+  /**
+   * Also time each kernel on the team's CPU clocks (native only): two reads of every member's
+   * clock around each call, a team wake-up each, which lengthen the step outside kernels.
+   */
+  cpu?: boolean;
   out: string;
 }
 
-/** Each kernel's (or kernel and input shapes') total milliseconds and calls while timing is on. */
+/** A kernel's totals: wall ms, calls, and (with `--cpu`) CPU ms of this thread and of the other members together. */
+interface KernelTotals {
+  ms: number;
+  calls: number;
+  cpuSelf: number;
+  cpuOthers: number;
+}
+
+/** Each kernel's (or kernel and input shapes') totals, per thread count. */
 interface KernelTimer {
-  times: Map<string, { ms: number; calls: number }>;
-  /** Whether kernels are timed now (off during the warm-up step). */
-  timing: boolean;
+  /** Where timed calls go now; null while not timing (the warm-up steps). */
+  current: Map<string, KernelTotals> | null;
+  /** Whether each call is also timed on the team's CPU clocks. */
+  cpu: boolean;
 }
 
 /** One table row: a kernel's mean milliseconds and calls per measured step. */
@@ -38,75 +62,131 @@ interface KernelRow {
   kernel: string;
   ms_per_step: number;
   calls_per_step: number;
+  /** With `--cpu`: CPU ms per step of this thread and of each other member (their mean). */
+  cpu_ms?: { this_thread: number; per_other_thread: number | null };
 }
 
-/** What the measured steps took: the model, milliseconds summed over them, tokens per step. */
+/** The measured steps at one thread count: means per step (ms) and the kernels' rows. */
+export interface ThreadsRun {
+  /** OpenMP team size (null: the backend's default, not set). */
+  threads: number | null;
+  step_ms: number;
+  kernel_ms: number;
+  /** step_ms - kernel_ms: the JS between kernels (dispatch, tape, tidy, buffer pool). */
+  outside_ms: number;
+  /**
+   * CPU ms per step of this thread (member 0 of the OpenMP team: the JS, and every kernel's
+   * serial part) and of each other team member (their mean), from the threads' own CPU clocks:
+   * unlike step_ms, not lengthened by other processes (per_other_thread null at one thread).
+   * null where the addon is not used.
+   */
+  cpu_ms: { this_thread: number; per_other_thread: number | null } | null;
+  /**
+   * The step's serial share from the CPU clocks (Amdahl's s): with a serial part s of the work
+   * W on this thread and the rest split evenly, this thread runs s W + (1 - s) W / T and each
+   * other member (1 - s) W / T. null at one thread or without the clocks.
+   */
+  serial_share: number | null;
+  tokens_per_s: number;
+  rows: KernelRow[];
+}
+
+/** What the measured steps took at each thread count, with the model and tokens per step. */
 interface Steps {
   model: Model;
-  stepMs: number;
+  runs: ThreadsRun[];
   tokens: number;
 }
 
-/** Times every kernel of `o.backend` over `o.steps` training steps; writes kernels-<backend>[-bf16].{json,md}. */
+/** Times every kernel of `o.backend` over `o.steps` training steps (at each of `o.threads`); writes kernels-<backend>[-bf16].{json,md}. */
 export async function benchKernels(
   o: KernelsBenchOptions,
   log: (s: string) => void,
 ): Promise<void> {
-  await initBackend(o.backend, { precision: o.precision ?? 'fp32' });
-  const timer = wrapKernels(o.backend, o.shapes);
-  const { model, stepMs, tokens } = await trainSteps(o, timer);
-  const perStep = stepMs / o.steps;
-  const kernelMs =
-    [...timer.times.values()].reduce((a, e) => a + e.ms, 0) / o.steps;
-  const rows = kernelRows(timer, o.steps);
-  log(
-    `${o.backend} ${o.precision ?? 'fp32'}: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms in kernels`,
+  check(
+    o.threads === undefined || o.backend === 'native',
+    `--threads is for --backend native (its OpenMP team), got --backend ${o.backend}; leave --threads out`,
   );
-  for (const r of rows.slice(0, 12))
+  await initBackend(o.backend, { precision: o.precision ?? 'fp32' });
+  check(
+    !o.cpu || o.backend === 'native',
+    `--cpu reads the native addon's OpenMP clocks, got --backend ${o.backend}; leave --cpu out`,
+  );
+  const timer = wrapKernels(o.backend, o.shapes, o.cpu === true);
+  const { model, runs, tokens } = await trainSteps(o, timer);
+  for (const r of runs) {
     log(
-      `  ${r.kernel.padEnd(32)} ${r.ms_per_step.toFixed(1).padStart(8)} ms  ${r.calls_per_step} calls`,
+      `${o.backend} ${o.precision ?? 'fp32'}${r.threads === null ? '' : ` threads ${r.threads}`}: ${r.step_ms.toFixed(1)} ms per step (${r.tokens_per_s.toFixed(0)} tokens/s), ${r.kernel_ms.toFixed(1)} ms in kernels, ${r.outside_ms.toFixed(1)} ms outside`,
     );
+    for (const k of r.rows.slice(0, 12))
+      log(
+        `  ${k.kernel.padEnd(32)} ${k.ms_per_step.toFixed(2).padStart(8)} ms  ${k.calls_per_step} calls`,
+      );
+  }
+  const first = runs[0]!;
   await reportBenchResults(
     o.out,
     `kernels-${o.backend}${o.precision === 'bf16' ? '-bf16' : ''}`,
     {
       bench: 'kernels',
       options: o,
-      step_ms: perStep,
-      kernel_ms: kernelMs,
+      cpus: availableParallelism(),
+      load_average_1min: loadavg()[0],
+      step_ms: first.step_ms,
+      kernel_ms: first.kernel_ms,
       tokens,
-      rows,
+      rows: first.rows,
+      runs,
     },
-    kernelsMarkdown(o, model, { perStep, kernelMs, tokens }, rows),
+    runs.length > 1
+      ? threadsMarkdown(o, model, runs)
+      : kernelsMarkdown(o, model, first, tokens),
     log,
   );
 }
 
 /**
- * Registers every kernel of `backend` again wrapped with a timer: while `timing` is on, each
- * call adds its milliseconds (output allocation included) and one call to its row, keyed by the
- * kernel's name (`byShapes`: and its inputs' shapes, e.g. `MatMul [32,64] [64,64]`).
+ * Registers every kernel of `backend` again wrapped with a timer: while `timer.current` is set,
+ * each call adds its milliseconds (output allocation included) and one call to its row there,
+ * keyed by the kernel's name (`byShapes`: and its inputs' shapes, e.g. `MatMul [32,64] [64,64]`).
  */
-function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
-  const timer: KernelTimer = { times: new Map(), timing: false };
+function wrapKernels(
+  backend: string,
+  byShapes: boolean,
+  cpu: boolean,
+): KernelTimer {
+  const timer: KernelTimer = { current: null, cpu };
   for (const k of tf.getKernelsForBackend(backend)) {
     const f = k.kernelFunc;
     tf.unregisterKernel(k.kernelName, backend);
     tf.registerKernel({
       ...k,
       kernelFunc: (args) => {
-        if (!timer.timing) return f(args);
+        const times = timer.current;
+        if (!times) return f(args);
+        const c0 = timer.cpu ? teamCpu(backend) : [];
         const t0 = performance.now();
         const r = f(args);
+        const ms = performance.now() - t0;
+        const c1 = timer.cpu ? teamCpu(backend) : [];
         const key = byShapes
           ? `${k.kernelName} ${Object.values(args.inputs)
               .map((t) => `[${(t as tf.TensorInfo | undefined)?.shape}]`)
               .join(' ')}`
           : k.kernelName;
-        const e = timer.times.get(key) ?? { ms: 0, calls: 0 };
-        e.ms += performance.now() - t0;
+        const e = times.get(key) ?? {
+          ms: 0,
+          calls: 0,
+          cpuSelf: 0,
+          cpuOthers: 0,
+        };
+        e.ms += ms;
         e.calls++;
-        timer.times.set(key, e);
+        c1.forEach((s, m) => {
+          if (m === 0) e.cpuSelf += 1000 * (s - c0[0]!);
+          else e.cpuOthers += 1000 * (s - (c0[m] ?? 0));
+        });
+        times.set(key, e);
         return r;
       },
     });
@@ -114,10 +194,16 @@ function wrapKernels(backend: string, byShapes: boolean): KernelTimer {
   return timer;
 }
 
+/** Sets the native addon's OpenMP team size on this thread (null: leaves it). */
+function setTeam(threads: number | null): void {
+  if (threads !== null) nativeAddon()!.setThreads(threads);
+}
+
 /**
  * Trains `o.preset` on one plain-backprop Stage in this thread: one warm-up step with the timer
- * off, then `o.steps` steps with it on (forward, backward, optimizer step at lr 1e-4). Returns
- * the model, the measured steps' total milliseconds and the tokens of one step. Disposes the stage.
+ * off at each thread count, then `o.steps` rounds of one timed step at each count (forward,
+ * backward, optimizer step at lr 1e-4). Returns the model, each count's means per step and the
+ * tokens of one step. Disposes the stage.
  */
 async function trainSteps(
   o: KernelsBenchOptions,
@@ -136,59 +222,246 @@ async function trainSteps(
     optimizerConfigOf(cfg),
   );
   const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
-  let stepMs = 0;
+  const counts = o.threads ?? [null];
+  const times = counts.map(() => new Map<string, KernelTotals>());
+  const stepMs = counts.map(() => 0);
+  const cpu = counts.map(() => [] as number[]);
   let tokens = 0;
+  const step = () => {
+    const b = batcher.next();
+    stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
+      keep: true,
+      grad: true,
+      labels: tf.tensor(b.y, b.yShape, 'int32'),
+    });
+    stage.backward(0, null, 1);
+    stage.step(1e-4, 1);
+    tokens = b.tokens;
+  };
   try {
-    for (let s = 0; s <= o.steps; s++) {
-      const b = batcher.next();
-      timer.timing = s > 0;
-      const t0 = performance.now();
-      stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
-        keep: true,
-        grad: true,
-        labels: tf.tensor(b.y, b.yShape, 'int32'),
-      });
-      stage.backward(0, null, 1);
-      stage.step(1e-4, 1);
-      if (s > 0) stepMs += performance.now() - t0;
-      tokens = b.tokens;
+    for (const t of counts) {
+      setTeam(t);
+      step();
     }
+    for (let s = 0; s < o.steps; s++)
+      counts.forEach((t, i) => {
+        setTeam(t);
+        timer.current = times[i]!;
+        const c0 = teamCpu(o.backend);
+        const t0 = performance.now();
+        step();
+        stepMs[i]! += performance.now() - t0;
+        timer.current = null;
+        addCpu(cpu[i]!, c0, teamCpu(o.backend));
+      });
   } finally {
+    timer.current = null;
     stage.dispose();
   }
-  return { model, stepMs, tokens };
+  const runs = counts.map((t, i) =>
+    threadsRun(
+      t,
+      times[i]!,
+      stepMs[i]!,
+      cpu[i]!,
+      o.steps,
+      tokens,
+      o.cpu === true,
+    ),
+  );
+  return { model, runs, tokens };
 }
 
-/** The timer's rows as means per step over `steps` steps, slowest first. */
-function kernelRows(timer: KernelTimer, steps: number): KernelRow[] {
-  return [...timer.times]
+/** CPU seconds of each member of the native addon's team on this thread (empty on another backend). */
+function teamCpu(backend: string): number[] {
+  return backend === 'native' ? nativeAddon()!.teamCpuSeconds() : [];
+}
+
+/** Adds each member's CPU seconds between `before` and `after` to `total` (in ms, grown as needed). */
+function addCpu(total: number[], before: number[], after: number[]): void {
+  after.forEach((s, m) => {
+    total[m] = (total[m] ?? 0) + 1000 * (s - (before[m] ?? 0));
+  });
+}
+
+/**
+ * CPU ms per step of this thread and of each other member (their mean), and the serial share s
+ * that solves this = s W + (1 - s) W / T, other = (1 - s) W / T, W = this + (T - 1) other.
+ */
+function cpuSplit(
+  cpuMs: number[],
+  steps: number,
+): Pick<ThreadsRun, 'cpu_ms' | 'serial_share'> {
+  if (cpuMs.length === 0) return { cpu_ms: null, serial_share: null };
+  const self = cpuMs[0]! / steps;
+  const others = cpuMs.slice(1);
+  const other =
+    others.length > 0
+      ? others.reduce((a, v) => a + v, 0) / others.length / steps
+      : 0;
+  const work = self + others.length * other;
+  return {
+    cpu_ms: {
+      this_thread: self,
+      per_other_thread: others.length > 0 ? other : null,
+    },
+    serial_share: others.length > 0 && work > 0 ? (self - other) / work : null,
+  };
+}
+
+/** One count's totals over `steps` steps as means per step, kernels slowest first. */
+function threadsRun(
+  threads: number | null,
+  times: Map<string, KernelTotals>,
+  stepMs: number,
+  cpuMs: number[],
+  steps: number,
+  tokens: number,
+  cpu: boolean,
+): ThreadsRun {
+  const others = cpuMs.length - 1; // team members besides this thread
+  const rows = [...times]
     .map(([kernel, e]) => ({
       kernel,
       ms_per_step: e.ms / steps,
       calls_per_step: e.calls / steps,
+      ...(cpu
+        ? {
+            cpu_ms: {
+              this_thread: e.cpuSelf / steps,
+              per_other_thread:
+                others > 0 ? e.cpuOthers / others / steps : null,
+            },
+          }
+        : {}),
     }))
     .sort((a, b) => b.ms_per_step - a.ms_per_step);
+  const step_ms = stepMs / steps;
+  const kernel_ms = rows.reduce((a, r) => a + r.ms_per_step, 0);
+  return {
+    threads,
+    step_ms,
+    kernel_ms,
+    outside_ms: step_ms - kernel_ms,
+    ...cpuSplit(cpuMs, steps),
+    tokens_per_s: (tokens / step_ms) * 1000,
+    rows,
+  };
 }
 
-/** kernels.md: the setting and step time (ms per step, in kernels), then one table row per kernel. */
+/** The setting line both tables start with. */
+function settingLine(o: KernelsBenchOptions, model: Model): string {
+  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
+}
+
+/** kernels.md at one thread count: the setting and step time (ms per step, in kernels), then one row per kernel. */
 function kernelsMarkdown(
   o: KernelsBenchOptions,
   model: Model,
-  step: { perStep: number; kernelMs: number; tokens: number },
-  rows: KernelRow[],
+  run: ThreadsRun,
+  tokens: number,
 ): string {
-  const { perStep, kernelMs, tokens } = step;
+  const perStep = run.step_ms;
   return [
     `# kernels benchmark\n`,
-    `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, single-device training in one thread, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${kernelMs.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output).\n`,
+    `${settingLine(o, model)}, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
     markdownTable({
       columns: ['kernel', 'ms per step', 'share of the step', 'calls per step'],
-      rows: rows.map((r) => [
+      rows: run.rows.map((r) => [
         r.kernel,
         r.ms_per_step.toFixed(1),
         `${((100 * r.ms_per_step) / perStep).toFixed(1)}%`,
         r.calls_per_step,
       ]),
+    }),
+  ].join('\n');
+}
+
+/** With `--cpu`: kernel `name`'s CPU speedup on this thread at each count after the first ('-' where not timed). */
+function cpuSpeedups(runs: ThreadsRun[], name: string): string[] {
+  const at = (r: ThreadsRun) =>
+    r.rows.find((k) => k.kernel === name)?.cpu_ms?.this_thread;
+  const base = at(runs[0]!);
+  return runs.slice(1).map((r) => {
+    const v = at(r);
+    return base && v ? `${(base / v).toFixed(2)}x` : '-';
+  });
+}
+
+/**
+ * kernels.md at several thread counts: the step, the kernels' and the outside time per step at
+ * each count, then each kernel's ms per step at each count and its speedup over the first
+ * count (kernels by their time at the first count, slowest first); with `--cpu` also each
+ * kernel's speedup on this thread's CPU clock.
+ */
+function threadsMarkdown(
+  o: KernelsBenchOptions,
+  model: Model,
+  runs: ThreadsRun[],
+): string {
+  const base = runs[0]!;
+  const ms = (v: number | null | undefined) => (v == null ? '-' : v.toFixed(2));
+  const speedup = (
+    a: number | null | undefined,
+    b: number | null | undefined,
+  ) =>
+    a == null || b == null || a <= 0 || b <= 0 ? '-' : `${(a / b).toFixed(2)}x`;
+  const line = (
+    name: string,
+    pick: (r: ThreadsRun) => number | null | undefined,
+  ) => [
+    name,
+    ...runs.map((r) => ms(pick(r))),
+    ...runs.slice(1).map((r) => speedup(pick(base), pick(r))),
+  ];
+  const byName = runs.map(
+    (r) => new Map(r.rows.map((k) => [k.kernel, k.ms_per_step])),
+  );
+  const calls = new Map(base.rows.map((k) => [k.kernel, k.calls_per_step]));
+  const cpuColumns = o.cpu
+    ? runs.slice(1).map((r) => `CPU speedup at ${r.threads}`)
+    : [];
+  const pad = cpuColumns.map(() => '');
+  const names = [
+    ...new Set(
+      [...base.rows, ...runs.flatMap((r) => r.rows)].map((k) => k.kernel),
+    ),
+  ];
+  return [
+    `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
+    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
+    `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.\n`,
+    markdownTable({
+      columns: [
+        'kernel',
+        ...runs.map((r) => `ms at ${r.threads}`),
+        ...runs.slice(1).map((r) => `speedup at ${r.threads}`),
+        ...cpuColumns,
+        'calls per step',
+      ],
+      rows: [
+        [...line('**step**', (r) => r.step_ms), ...pad, ''],
+        [...line('**in kernels**', (r) => r.kernel_ms), ...pad, ''],
+        [...line('**outside kernels**', (r) => r.outside_ms), ...pad, ''],
+        [
+          ...line('**CPU, this thread**', (r) => r.cpu_ms?.this_thread),
+          ...pad,
+          '',
+        ],
+        [
+          ...line(
+            '**CPU, each other thread**',
+            (r) => r.cpu_ms?.per_other_thread,
+          ),
+          ...pad,
+          '',
+        ],
+        ...names.map((n) => [
+          ...line(n, (_r) => byName[runs.indexOf(_r)]!.get(n)),
+          ...(o.cpu ? cpuSpeedups(runs, n) : []),
+          calls.get(n) ?? '-',
+        ]),
+      ],
     }),
   ].join('\n');
 }

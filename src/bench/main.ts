@@ -2,7 +2,7 @@
  * `npm run bench -- <name> [options]`: benchmarks that write JSON and a Markdown table to
  * bench/results/. Timings live here, never in tests.
  */
-import { Command } from 'commander';
+import { Command, InvalidArgumentError } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { defaultBackend } from '../backend/names.js';
 import { REMAT_MODES, SCHEDULE_KINDS } from '../schedule/schedule.js';
@@ -10,6 +10,21 @@ import { LayerwiseError } from '../util/errors.js';
 import { benchBalance } from './balance.js';
 import { benchGpipe } from './gpipe.js';
 import { benchLocal } from './local.js';
+
+/**
+ * `--threads 1,2`: the comma-separated OpenMP team sizes. Throws commander's
+ * InvalidArgumentError (printed as the option's error) naming the item that is not a positive integer.
+ */
+function threadCounts(v: string): number[] {
+  return v.split(',').map((item) => {
+    const n = Number(item.trim());
+    if (!Number.isInteger(n) || n < 1)
+      throw new InvalidArgumentError(
+        `takes positive integers separated by commas (e.g. 1,2), got '${item}'`,
+      );
+    return n;
+  });
+}
 
 const program = new Command();
 program.name('bench');
@@ -229,6 +244,16 @@ program
   .option('--precision <p>', 'compute precision: fp32 or bf16', 'fp32')
   .option('--steps <n>', 'measured steps', (v) => Number(v), 3)
   .option('--shapes', 'split the rows by input shapes', false)
+  .option(
+    '--threads <list>',
+    'native only: OpenMP team sizes to measure at, comma-separated (e.g. 1,2)',
+    threadCounts,
+  )
+  .option(
+    '--cpu',
+    "native only: also time each kernel on the OpenMP team's CPU clocks (a team wake-up around each call)",
+    false,
+  )
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     const { benchKernels } = await import('./kernels.js');
