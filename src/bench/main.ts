@@ -578,5 +578,12 @@ program
     await benchL2LMax(o, (s) => console.log(s));
   });
 
-await program.parseAsync(process.argv);
+try {
+  await program.parseAsync(process.argv);
+} catch (e) {
+  // bad input (a flag's value, an unknown configuration): the message names the fix; no stack
+  if (!(e instanceof LayerwiseError)) throw e;
+  console.error(`bench: ${e.message}`);
+  process.exit(2);
+}
 process.exit(0);
