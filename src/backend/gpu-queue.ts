@@ -57,7 +57,8 @@ export interface GpuSubmit {
 
 /**
  * How much a device has asked of its GPU so far: compute dispatches (programs run, TF.js's and
- * layerwise's kernels alike), queue submits and readbacks (reads of a buffer back to the host,
+ * layerwise's kernels alike, layerwise's own pipelines included; buffer-to-buffer copies are not
+ * dispatches), queue submits and readbacks (reads of a buffer back to the host,
  * each a round trip). Cumulative counts; a step's are the difference of two readings.
  */
 export interface GpuCounts {
@@ -109,6 +110,11 @@ export class GpuQueue {
       submits: this.submits,
       readbacks: this.readbacks,
     };
+  }
+
+  /** Counts `n` dispatches recorded outside TF.js's programs (layerwise's own pipelines, backend/webgpu-multi.ts). */
+  countDispatches(n: number): void {
+    this.dispatches += n;
   }
 
   /** Starts a new action: forgets the previous one's submits. */

@@ -19,6 +19,7 @@
 import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
 import {
   ADAMW_KERNEL,
+  ADAMW_MULTI_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
   GELU_GRAD_KERNEL,
@@ -28,8 +29,14 @@ import {
   SGD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
+  SUM_SQUARES_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
+import {
+  type AdamWMultiAttrs,
+  adamwMulti,
+  sumSquaresMulti,
+} from './webgpu-multi.js';
 import {
   adamwWgsl,
   GELU_GRAD_WGSL,
@@ -453,6 +460,15 @@ const WEBGPU_KERNELS: Record<string, KernelImpl> = {
   [CAUSAL_SOFTMAX_GRAD_KERNEL]: causalSoftmaxGrad,
   [ADAMW_KERNEL]: adamw,
   [SGD_KERNEL]: sgd,
+  // multi-tensor kernels (backend/webgpu-multi.ts): inputs are an array, keys '0'..'n-1'
+  [ADAMW_MULTI_KERNEL]: (inputs, attrs, backend) =>
+    adamwMulti(
+      Object.values(inputs) as tf.TensorInfo[],
+      attrs as unknown as AdamWMultiAttrs,
+      backend,
+    ),
+  [SUM_SQUARES_KERNEL]: (inputs, _a, backend) =>
+    sumSquaresMulti(Object.values(inputs) as tf.TensorInfo[], backend),
 };
 
 /** The kernel names {@link registerWebGPUKernels} provides. */
