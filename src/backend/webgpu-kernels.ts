@@ -35,13 +35,14 @@ import { tf } from './tfjs.js';
 import {
   type AdamWMultiAttrs,
   adamwMulti,
+  layerNormFused,
+  layerNormParamGrads,
   sumSquaresMulti,
 } from './webgpu-multi.js';
 import {
   adamwWgsl,
   GELU_GRAD_WGSL,
   GELU_WGSL,
-  LAYER_NORM_AFFINE_WGSL,
   SOFTMAX_PROBS_WGSL,
   SOFTMAX_XENT_GRAD_WGSL,
   sgdWgsl,
@@ -49,10 +50,7 @@ import {
 import {
   CAUSAL_SOFTMAX_GRAD_WGSL,
   CAUSAL_SOFTMAX_WGSL,
-  columnSumWgsl,
   LAYER_NORM_DX_WGSL,
-  LAYER_NORM_RSTD_WGSL,
-  LAYER_NORM_XHAT_WGSL,
   LOG_SUM_EXP_WGSL,
   ROW_THREADS,
   XENT_LOSS_WGSL,
@@ -193,44 +191,10 @@ function perRow(
   return run(backend, program, flat, uniforms, shape);
 }
 
+/** Layer norm's forward: one dispatch of a pipeline of ours with its three outputs (backend/webgpu-multi.ts). */
 function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
   const { x, g, b } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(x!);
-  const u: Uniform[] = [
-    ['rows', 'i32', rows],
-    ['cols', 'i32', cols],
-    ['epsilon', 'f32', attrs.epsilon as number],
-  ];
-  const rstd = perRow(
-    backend,
-    'lw_ln_rstd',
-    LAYER_NORM_RSTD_WGSL,
-    rows,
-    [['X', x!]],
-    u,
-    [...x!.shape.slice(0, -1), 1],
-  );
-  const xhat = perRow(
-    backend,
-    'lw_ln_xhat',
-    LAYER_NORM_XHAT_WGSL,
-    rows,
-    [
-      ['X', x!],
-      ['Rstd', rstd],
-    ],
-    u.slice(0, 2),
-    x!.shape,
-  );
-  const y = elementwise(
-    backend,
-    'lw_ln_affine',
-    LAYER_NORM_AFFINE_WGSL,
-    ['Xhat', 'G', 'B'],
-    [xhat, g!, b!],
-    [['cols', 'i32', cols]],
-  );
-  return [y, xhat, rstd];
+  return layerNormFused(x!, g!, b!, attrs.epsilon as number, backend);
 }
 
 function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
@@ -254,27 +218,8 @@ function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
     u,
     dy!.shape,
   );
-  const dg = perRow(
-    backend,
-    'lw_ln_dg',
-    columnSumWgsl(true),
-    cols,
-    [
-      ['Dy', dy!],
-      ['Xhat', xhat!],
-    ],
-    u,
-    [cols],
-  );
-  const db = perRow(
-    backend,
-    'lw_ln_db',
-    columnSumWgsl(false),
-    cols,
-    [['Dy', dy!]],
-    u,
-    [cols],
-  );
+  // dg and db in one dispatch of a pipeline of ours (two outputs)
+  const [dg, db] = layerNormParamGrads(dy!, xhat!, backend);
   return [dx, dg, db];
 }
 

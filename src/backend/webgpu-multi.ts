@@ -1,5 +1,8 @@
 /**
- * layerwise's multi-tensor kernels for the webgpu backend: AdamW over all of a stage's
+ * layerwise's webgpu kernels that run on pipelines of their own rather than as TF.js programs
+ * (which write one output each and bind one buffer per tensor): layer norm's forward with its
+ * three outputs in one dispatch and its parameter gradients (dg, db) in one; and the
+ * multi-tensor kernels, AdamW over all of a stage's
  * parameters and the per-tensor sums of squares of all of its gradients, each one dispatch (per
  * chunk of at most maxStorageBufferBindingSize bytes a buffer) instead of three (AdamW) or two
  * (the norm's square and sum) TF.js programs a tensor, as PyTorch's `foreach`/fused optimizers
@@ -19,6 +22,8 @@ import { gpuQueue } from './gpu-queue.js';
 import type { tf } from './tfjs.js';
 import {
   ADAMW_MULTI_WGSL,
+  LAYER_NORM_FUSED_WGSL,
+  LAYER_NORM_PARAM_GRADS_WGSL,
   MAX_WORKGROUPS_PER_DIMENSION,
   MULTI_THREADS,
   SUM_SQUARES_MULTI_WGSL,
@@ -33,7 +38,7 @@ const USAGE = {
 } as const;
 
 /** The slice of WebGPU's GPUBuffer used here. */
-interface GpuBuffer {
+export interface GpuBuffer {
   size: number;
   destroy(): void;
 }
@@ -66,7 +71,7 @@ interface GpuDevice {
   }): unknown;
 }
 /** The parts of tfjs-backend-webgpu's WebGPUBackend (4.22) these kernels use. */
-interface RawBackend {
+export interface RawBackend {
   device: GpuDevice;
   commandEncoder: {
     copyBufferToBuffer(
@@ -88,7 +93,7 @@ interface RawBackend {
 }
 
 /** A backend's scratch buffers, uniform and table buffers, and compiled pipelines. */
-interface MultiState {
+export interface MultiState {
   /** Four scratch buffers of `capacity` float32 elements each (P, G, M, V; the sums use the first). */
   scratch: GpuBuffer[];
   capacity: number;
@@ -96,13 +101,15 @@ interface MultiState {
   /** The sums' table, grown as needed. */
   table: GpuBuffer;
   pipelines: Map<string, GpuPipeline>;
+  /** Uniform buffers whose contents never change, by contents (see {@link constantUniforms}). */
+  constants: Map<string, GpuBuffer>;
 }
 
 const states = new WeakMap<object, MultiState>();
 
 const BYTES = 4;
 
-function stateOf(b: RawBackend): MultiState {
+export function stateOf(b: RawBackend): MultiState {
   let s = states.get(b);
   if (!s) {
     const d = b.device;
@@ -118,10 +125,35 @@ function stateOf(b: RawBackend): MultiState {
         usage: USAGE.STORAGE | USAGE.COPY_DST,
       }),
       pipelines: new Map(),
+      constants: new Map(),
     };
     states.set(b, s);
   }
   return s;
+}
+
+/**
+ * A uniform buffer holding `words` (u32 or f32 bit patterns, as `view` writes them), made and
+ * written once and reused by every call with the same values: calls recorded before one submit
+ * can share it, where a rewritten buffer would give them all the last call's values.
+ */
+export function constantUniforms(
+  b: RawBackend,
+  s: MultiState,
+  words: ArrayBuffer,
+): GpuBuffer {
+  const bytes = new Uint8Array(words);
+  const key = bytes.join(',');
+  let buffer = s.constants.get(key);
+  if (!buffer) {
+    buffer = b.device.createBuffer({
+      size: Math.max(16, Math.ceil(bytes.byteLength / 16) * 16),
+      usage: USAGE.UNIFORM | USAGE.COPY_DST,
+    });
+    b.device.queue.writeBuffer(buffer, 0, bytes);
+    s.constants.set(key, buffer);
+  }
+  return buffer;
 }
 
 /** The largest number of float32 elements one scratch buffer may hold (one binding's limit). */
@@ -165,14 +197,17 @@ function pipelineOf(b: RawBackend, s: MultiState, code: string): GpuPipeline {
 }
 
 /** The GPUBuffer holding a tensor's values, uploading them first if they are still on the host. */
-function bufferOf(b: RawBackend, t: tf.TensorInfo): GpuBuffer {
+export function bufferOf(b: RawBackend, t: tf.TensorInfo): GpuBuffer {
   b.uploadToGPU(t.dataId);
   b.commandQueueOwnedIds.add(t.dataId); // freed only after the queued commands are submitted
   return b.tensorMap.get(t.dataId).resource as GpuBuffer;
 }
 
 /** A new float32 output tensor of `shape` with its (uninitialised) GPUBuffer. */
-function newOutput(b: RawBackend, shape: number[]): [tf.TensorInfo, GpuBuffer] {
+export function newOutput(
+  b: RawBackend,
+  shape: number[],
+): [tf.TensorInfo, GpuBuffer] {
   const info = b.makeTensorInfo(shape, 'float32');
   return [info, bufferOf(b, info)];
 }
@@ -192,7 +227,7 @@ function submit(b: RawBackend): void {
 }
 
 /** Records one dispatch of `code` with `buffers` bound in order as group 0, over `workgroups` workgroups. */
-function dispatch(
+export function dispatch(
   b: RawBackend,
   s: MultiState,
   code: string,
@@ -421,4 +456,76 @@ function copyOut(
       put(k, j, info);
     });
   });
+}
+
+/** [rows, cols] of `t` over its last axis. */
+const rowsOf = (t: tf.TensorInfo): [number, number] => {
+  const cols = t.shape[t.shape.length - 1] ?? 1;
+  return [sizeOf(t) / Math.max(cols, 1), cols];
+};
+
+/** Uniforms {rows, cols(, epsilon)} as LAYER_NORM_*_WGSL declare them. */
+function rowUniforms(rows: number, cols: number, epsilon?: number) {
+  const u = new ArrayBuffer(16);
+  new Uint32Array(u, 0, 2).set([rows, cols]);
+  if (epsilon !== undefined) new Float32Array(u, 8, 1).set([epsilon]);
+  return u;
+}
+
+/**
+ * Layer norm over the last axis of x (kernel-names.ts LAYER_NORM_KERNEL) on webgpu in one
+ * dispatch: outputs [y (x's shape), xhat (x's shape), rstd [..., 1]], all float32.
+ */
+export function layerNormFused(
+  x: tf.TensorInfo,
+  g: tf.TensorInfo,
+  beta: tf.TensorInfo,
+  epsilon: number,
+  backend: unknown,
+): tf.TensorInfo[] {
+  const b = backend as RawBackend;
+  const s = stateOf(b);
+  const [rows, cols] = rowsOf(x);
+  const [y, yBuffer] = newOutput(b, x.shape);
+  const [xhat, xhatBuffer] = newOutput(b, x.shape);
+  const [rstd, rstdBuffer] = newOutput(b, [...x.shape.slice(0, -1), 1]);
+  if (rows > 0 && cols > 0) {
+    const inputs = [x, g, beta].map((t) => bufferOf(b, t));
+    const u = constantUniforms(b, s, rowUniforms(rows, cols, epsilon));
+    dispatch(
+      b,
+      s,
+      LAYER_NORM_FUSED_WGSL,
+      [...inputs, yBuffer, xhatBuffer, rstdBuffer, u],
+      rows,
+    );
+  }
+  return [y, xhat, rstd];
+}
+
+/**
+ * Layer norm's dg and db (the sums over rows of dy xhat and of dy, [cols] each) on webgpu in
+ * one dispatch, from dy and xhat (x's shape).
+ */
+export function layerNormParamGrads(
+  dy: tf.TensorInfo,
+  xhat: tf.TensorInfo,
+  backend: unknown,
+): tf.TensorInfo[] {
+  const b = backend as RawBackend;
+  const s = stateOf(b);
+  const [rows, cols] = rowsOf(dy);
+  const [dg, dgBuffer] = newOutput(b, [cols]);
+  const [db, dbBuffer] = newOutput(b, [cols]);
+  if (cols > 0) {
+    const u = constantUniforms(b, s, rowUniforms(rows, cols));
+    dispatch(
+      b,
+      s,
+      LAYER_NORM_PARAM_GRADS_WGSL,
+      [bufferOf(b, dy), bufferOf(b, xhat), dgBuffer, dbBuffer, u],
+      cols,
+    );
+  }
+  return [dg, db];
 }

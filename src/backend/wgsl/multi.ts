@@ -1,9 +1,10 @@
 /**
- * WGSL of layerwise's multi-tensor webgpu kernels (backend/webgpu-multi.ts): whole WGSL modules
- * (not bodies in TF.js's prelude), run on layerwise's own pipelines over scratch buffers into
- * which every tensor of the op has been copied back to back, so that one dispatch serves all of
- * a stage's parameters or gradients (TF.js keeps each tensor in its own buffer, and a shader
- * binds at most maxStorageBuffersPerShaderStage of them, 8 by default).
+ * WGSL of layerwise's webgpu kernels that run on pipelines of their own (backend/webgpu-multi.ts):
+ * whole WGSL modules (not bodies in TF.js's prelude). The multi-tensor ones run over scratch
+ * buffers into which every tensor of the op has been copied back to back, so that one dispatch
+ * serves all of a stage's parameters or gradients (TF.js keeps each tensor in its own buffer,
+ * and a shader binds at most maxStorageBuffersPerShaderStage of them, 8 by default); layer
+ * norm's write several outputs in one dispatch (a TF.js program writes one).
  */
 
 /** Threads per workgroup of the multi-tensor programs. */
@@ -88,6 +89,118 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>,
   }
   if (tid == 0u && t < count) {
     Out[Table[0] + t] = red[0];
+  }
+}
+`;
+
+/** Threads per workgroup of the layer-norm programs (one workgroup per row or column). */
+export const NORM_THREADS = 64;
+
+/** A tree sum over the workgroup's threads (every thread calls it; all get the sum). */
+const WORKGROUP_SUM = `
+var<workgroup> red : array<f32, ${NORM_THREADS}>;
+fn workgroupSum(tid : u32, v : f32) -> f32 {
+  red[tid] = v;
+  workgroupBarrier();
+  for (var k = ${NORM_THREADS / 2}u; k > 0u; k = k >> 1u) {
+    if (tid < k) {
+      red[tid] = red[tid] + red[tid + k];
+    }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+`;
+
+/**
+ * Layer norm's forward in one dispatch with its three outputs (TF.js's programs write one each,
+ * so its WGSL form took three): per row of X [rows, cols], mean, variance of the deviations,
+ * rstd = 1 / sqrt(variance + epsilon), xhat = (x - mean) rstd, y = xhat g + b; outputs Y, Xhat
+ * [rows, cols], Rstd [rows]. The math of backend/wgsl/rows.ts's three programs, in their order.
+ * One workgroup per row (flat over x and y).
+ */
+export const LAYER_NORM_FUSED_WGSL = `
+struct Uniforms { rows : u32, cols : u32, epsilon : f32, };
+@group(0) @binding(0) var<storage, read> X : array<f32>;
+@group(0) @binding(1) var<storage, read> G : array<f32>;
+@group(0) @binding(2) var<storage, read> B : array<f32>;
+@group(0) @binding(3) var<storage, read_write> Y : array<f32>;
+@group(0) @binding(4) var<storage, read_write> Xhat : array<f32>;
+@group(0) @binding(5) var<storage, read_write> Rstd : array<f32>;
+@group(0) @binding(6) var<uniform> u : Uniforms;
+${WORKGROUP_SUM}
+@compute @workgroup_size(${NORM_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>,
+        @builtin(local_invocation_index) tid : u32) {
+  let row = wid.x + wid.y * groups.x;
+  let valid = row < u.rows;
+  let cols = u.cols;
+  let base = row * cols;
+  var s = 0.0;
+  if (valid) {
+    for (var c = tid; c < cols; c += ${NORM_THREADS}u) {
+      s += X[base + c];
+    }
+  }
+  let mean = workgroupSum(tid, s) / f32(cols);
+  var q = 0.0;
+  if (valid) {
+    for (var c = tid; c < cols; c += ${NORM_THREADS}u) {
+      q += (X[base + c] - mean) * (X[base + c] - mean);
+    }
+  }
+  let variance = workgroupSum(tid, q) / f32(cols);
+  if (valid) {
+    let rstd = 1.0 / sqrt(variance + u.epsilon);
+    for (var c = tid; c < cols; c += ${NORM_THREADS}u) {
+      let xhat = (X[base + c] - mean) * rstd;
+      Xhat[base + c] = xhat;
+      Y[base + c] = xhat * G[c] + B[c];
+    }
+    if (tid == 0u) {
+      Rstd[row] = rstd;
+    }
+  }
+}
+`;
+
+/**
+ * Layer norm's parameter gradients in one dispatch: per column of Dy, Xhat [rows, cols],
+ * dg = sum over rows of dy xhat and db = sum of dy (outputs DG, DB [cols]); one workgroup per
+ * column (flat over x and y), the rows strided over its threads as rows.ts's column sums.
+ */
+export const LAYER_NORM_PARAM_GRADS_WGSL = `
+struct Uniforms { rows : u32, cols : u32, };
+@group(0) @binding(0) var<storage, read> Dy : array<f32>;
+@group(0) @binding(1) var<storage, read> Xhat : array<f32>;
+@group(0) @binding(2) var<storage, read_write> DG : array<f32>;
+@group(0) @binding(3) var<storage, read_write> DB : array<f32>;
+@group(0) @binding(4) var<uniform> u : Uniforms;
+${WORKGROUP_SUM}
+@compute @workgroup_size(${NORM_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>,
+        @builtin(local_invocation_index) tid : u32) {
+  let col = wid.x + wid.y * groups.x;
+  let cols = u.cols;
+  let valid = col < cols;
+  var g = 0.0;
+  var b = 0.0;
+  if (valid) {
+    for (var r = tid; r < u.rows; r += ${NORM_THREADS}u) {
+      let dy = Dy[r * cols + col];
+      g += dy * Xhat[r * cols + col];
+      b += dy;
+    }
+  }
+  let dg = workgroupSum(tid, g);
+  let db = workgroupSum(tid, b);
+  if (valid && tid == 0u) {
+    DG[col] = dg;
+    DB[col] = db;
   }
 }
 `;
