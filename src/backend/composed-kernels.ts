@@ -28,6 +28,7 @@ import {
   LAYER_NORM_KERNEL,
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
+  SUM_SQUARES_KERNEL,
 } from './kernel-names.js';
 
 type Inputs = Record<string, tf.Tensor>;
@@ -165,6 +166,9 @@ const COMPOSED: Record<string, ComposedKernel> = {
     const oneHot = tf.oneHot(labels! as tf.Tensor1D, c);
     return tf.mul(tf.sub(probs!, oneHot), tf.div(dy!, n));
   },
+  // inputs are an array (keys '0'..'n-1', in order)
+  [SUM_SQUARES_KERNEL]: (xs) =>
+    tf.stack(Object.values(xs).map((x) => tf.sum(tf.square(x)))),
 };
 
 /** The names of layerwise's kernels that have a composed form here. */

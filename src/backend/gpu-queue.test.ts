@@ -62,3 +62,43 @@ test("on webgpu, makeResident puts a new tensor's values in a GPU buffer at once
   t.dispose();
   await initBackend('cpu');
 });
+
+test("on webgpu with timestamp queries, a step's GPU busy time is positive, below the step's wall time, and grows with its work", {
+  skip: why,
+}, async (t) => {
+  await initBackend('webgpu');
+  const q = gpuQueue()!;
+  if (!q.timesPasses) {
+    t.skip('this adapter has no timestamp-query');
+    return;
+  }
+  const a = tf.randomNormal([256, 256]);
+  const busyOf = async (products: number) => {
+    const t0 = performance.now();
+    q.beginStep();
+    let x = a;
+    for (let i = 0; i < products; i++) {
+      const y = tf.matMul(x, a);
+      if (x !== a) x.dispose();
+      x = y;
+    }
+    const busy = q.endStep();
+    await x.data(); // the step's work has run
+    const wall = (performance.now() - t0) / 1000;
+    if (x !== a) x.dispose();
+    return { busy: await busy, wall };
+  };
+  await busyOf(1); // compiles the pipeline
+  const one = await busyOf(2);
+  const many = await busyOf(40);
+  assert.ok(one.busy !== null && one.busy > 0, `busy ${one.busy} s`);
+  assert.ok(one.busy <= one.wall, `busy ${one.busy} s over wall ${one.wall} s`);
+  assert.ok(
+    many.busy !== null && many.busy > one.busy,
+    `40 products ${many.busy} s, 2 products ${one.busy} s`,
+  );
+  // nothing timed: null
+  q.beginStep();
+  assert.equal(await q.endStep(), null);
+  a.dispose();
+});

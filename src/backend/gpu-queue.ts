@@ -20,6 +20,32 @@
  */
 import { tf } from './tfjs.js';
 
+/** The slice of WebGPU's GPUCommandEncoder the pass timer uses. */
+interface EncoderLike {
+  beginComputePass(d?: Record<string, unknown>): unknown;
+  resolveQuerySet(
+    q: unknown,
+    first: number,
+    count: number,
+    dst: unknown,
+    offset: number,
+  ): void;
+  copyBufferToBuffer(
+    src: unknown,
+    srcOffset: number,
+    dst: unknown,
+    dstOffset: number,
+    size: number,
+  ): void;
+}
+
+/** The slice of WebGPU's GPUBuffer the pass timer uses. */
+interface MappableBuffer {
+  mapAsync(mode: number): Promise<void>;
+  getMappedRange(): ArrayBuffer;
+  unmap(): void;
+}
+
 /** The parts of tfjs-backend-webgpu's WebGPUBackend used here (4.22: backend_webgpu.js). */
 interface WebGPUBackendLike {
   device: {
@@ -27,8 +53,12 @@ interface WebGPUBackendLike {
       onSubmittedWorkDone(): Promise<void>;
       submit(commandBuffers: unknown[]): void;
     };
+    features: { has(name: string): boolean };
+    createQuerySet(d: { type: 'timestamp'; count: number }): unknown;
+    createBuffer(d: { size: number; usage: number }): MappableBuffer;
   };
-  commandEncoder: unknown;
+  commandEncoder: EncoderLike | null;
+  ensureCommandEncoderReady(): void;
   endComputePassEncoder(): void;
   submitQueue(): void;
   getBufferData(buffer: unknown): Promise<unknown>;
@@ -57,13 +87,146 @@ export interface GpuSubmit {
 
 /**
  * How much a device has asked of its GPU so far: compute dispatches (programs run, TF.js's and
- * layerwise's kernels alike), queue submits and readbacks (reads of a buffer back to the host,
+ * layerwise's kernels alike, layerwise's own pipelines included; buffer-to-buffer copies are not
+ * dispatches), queue submits and readbacks (reads of a buffer back to the host,
  * each a round trip). Cumulative counts; a step's are the difference of two readings.
  */
 export interface GpuCounts {
   dispatches: number;
   submits: number;
   readbacks: number;
+}
+
+/**
+ * Where the device has timestamp queries: the seconds the GPU spent in compute passes (the sum
+ * of each pass's end minus begin timestamps) over a step, and that step's wall seconds on the
+ * device. A step's busy time is known only after its work has run, so a step reports the
+ * previous one's. Their ratio is the GPU's busy fraction (`gpu_busy`).
+ */
+export interface GpuBusy {
+  busySeconds: number;
+  stepSeconds: number;
+}
+
+/** GPUBufferUsage and GPUMapMode flags (globals only where Dawn installed them). */
+const MAP_READ = 0x01;
+const COPY_SRC = 0x04;
+const COPY_DST = 0x08;
+const QUERY_RESOLVE = 0x200;
+
+/**
+ * The GPU's busy time per step from timestamp queries: every compute pass begun on TF.js's
+ * command encoders while a step is timed (layerwise's own passes included) gets a begin and an
+ * end timestamp (`timestampWrites`), unless it has its own (TF.js's `tf.time`); at the step's
+ * end the timestamps are resolved and copied to a mapped buffer on the GPU's queue, and read
+ * when the GPU gets there, without waiting (so a step's figure comes with the next step).
+ * Passes past {@link PassTimer.CAPACITY} in a step leave the step untimed.
+ */
+class PassTimer {
+  static readonly CAPACITY = 4096; // timestamps: 2,048 passes a step
+  private readonly querySet: unknown;
+  private readonly resolveBuffer: unknown;
+  /** Mapped-read buffers not in use (reused from step to step). */
+  private readonly free: MappableBuffer[] = [];
+  private readonly patched = new WeakSet<object>();
+  private next = 0;
+  private armed = false;
+  private overflow = false;
+
+  constructor(private readonly backend: WebGPUBackendLike) {
+    const d = backend.device;
+    this.querySet = d.createQuerySet({
+      type: 'timestamp',
+      count: PassTimer.CAPACITY,
+    });
+    this.resolveBuffer = d.createBuffer({
+      size: PassTimer.CAPACITY * 8,
+      usage: QUERY_RESOLVE | COPY_SRC,
+    });
+    const ready = backend.ensureCommandEncoderReady.bind(backend);
+    backend.ensureCommandEncoderReady = () => {
+      ready();
+      const e = backend.commandEncoder;
+      if (e && !this.patched.has(e)) this.patch(e);
+    };
+  }
+
+  /** Makes `e`'s compute passes write timestamps while a step is timed. */
+  private patch(e: EncoderLike): void {
+    this.patched.add(e);
+    const begin = e.beginComputePass.bind(e);
+    e.beginComputePass = (d: Record<string, unknown> = {}) => {
+      if (!this.armed || d.timestampWrites) return begin(d);
+      if (this.next + 2 > PassTimer.CAPACITY) {
+        this.overflow = true;
+        return begin(d);
+      }
+      const i = this.next;
+      this.next += 2;
+      return begin({
+        ...d,
+        timestampWrites: {
+          querySet: this.querySet,
+          beginningOfPassWriteIndex: i,
+          endOfPassWriteIndex: i + 1,
+        },
+      });
+    };
+  }
+
+  /** Starts timing a step's passes. */
+  begin(): void {
+    this.next = 0;
+    this.overflow = false;
+    this.armed = true;
+  }
+
+  /**
+   * Ends the step: queues the resolve and copy of its timestamps (one submit) and resolves with
+   * the seconds its passes took, once the GPU has run them; null where nothing was timed, the
+   * passes overflowed the query set, or the device was lost.
+   */
+  end(): Promise<number | null> {
+    this.armed = false;
+    const n = this.next;
+    if (n === 0 || this.overflow) return Promise.resolve(null);
+    const b = this.backend;
+    b.ensureCommandEncoderReady();
+    b.endComputePassEncoder();
+    const staging =
+      this.free.pop() ??
+      b.device.createBuffer({
+        size: PassTimer.CAPACITY * 8,
+        usage: MAP_READ | COPY_DST,
+      });
+    b.commandEncoder!.resolveQuerySet(
+      this.querySet,
+      0,
+      n,
+      this.resolveBuffer,
+      0,
+    );
+    b.commandEncoder!.copyBufferToBuffer(
+      this.resolveBuffer,
+      0,
+      staging,
+      0,
+      n * 8,
+    );
+    b.submitQueue();
+    return staging.mapAsync(MAP_READ).then(
+      () => {
+        const t = new BigUint64Array(staging.getMappedRange(), 0, n);
+        let ns = 0;
+        for (let i = 0; i < n; i += 2)
+          if (t[i + 1]! > t[i]!) ns += Number(t[i + 1]! - t[i]!);
+        staging.unmap();
+        this.free.push(staging);
+        return ns / 1e9;
+      },
+      () => null,
+    );
+  }
 }
 
 /** The webgpu backend's queue with the bookkeeping of {@link GpuSubmit} and {@link GpuCounts}. */
@@ -75,8 +238,13 @@ export class GpuQueue {
   private idle: { seq: number; at: number } | null = null;
   private dispatches = 0;
   private readbacks = 0;
+  /** Timestamps on every compute pass, where the device has 'timestamp-query' (TF.js asks for it where the adapter has it). */
+  private readonly timer: PassTimer | null;
 
   constructor(private readonly backend: WebGPUBackendLike) {
+    this.timer = backend.device.features.has('timestamp-query')
+      ? new PassTimer(backend)
+      : null;
     const submit = backend.submitQueue.bind(backend);
     backend.submitQueue = () => {
       const t = performance.now();
@@ -109,6 +277,30 @@ export class GpuQueue {
       submits: this.submits,
       readbacks: this.readbacks,
     };
+  }
+
+  /** Counts `n` dispatches recorded outside TF.js's programs (layerwise's own pipelines, backend/webgpu-multi.ts). */
+  countDispatches(n: number): void {
+    this.dispatches += n;
+  }
+
+  /** Whether {@link endStep} measures the GPU's busy time (the device has timestamp queries). */
+  get timesPasses(): boolean {
+    return this.timer !== null;
+  }
+
+  /** Starts timing a step's compute passes (no-op without timestamp queries). */
+  beginStep(): void {
+    this.timer?.begin();
+  }
+
+  /**
+   * Ends the step's timing: resolves, once the GPU has run the step's work, with the seconds the
+   * GPU spent in its compute passes (null without timestamp queries or when the step could not
+   * be timed). Queues a copy of the timestamps and submits it; does not wait.
+   */
+  endStep(): Promise<number | null> {
+    return this.timer ? this.timer.end() : Promise.resolve(null);
   }
 
   /** Starts a new action: forgets the previous one's submits. */

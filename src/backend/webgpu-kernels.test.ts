@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { DeviceOptimizer, defaultOptimizerConfig } from '../optim/optimizer.js';
 import { randomArray } from '../testing/backend-compare.js';
+import { gpuQueue } from './gpu-queue.js';
 import { initBackend } from './index.js';
 import {
   CAUSAL_SOFTMAX_GRAD_KERNEL,
@@ -21,9 +22,11 @@ import {
   LAYER_NORM_KERNEL,
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
+  SUM_SQUARES_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
+import { chunksOf } from './webgpu-multi.js';
 
 let why: string | false = false;
 try {
@@ -143,23 +146,35 @@ const CASES: Case[] = [
   crossEntropy(65600, 3),
 ];
 
-/** Calls `f`, counting the layerwise programs (shader keys lw_*) it runs on webgpu. */
+/**
+ * Calls `f`, counting layerwise's dispatches on webgpu: its TF.js programs (shader keys lw_*) and
+ * the dispatches of its own pipelines (backend/webgpu-multi.ts: all that backend/gpu-queue.ts
+ * counted beyond TF.js's programs).
+ */
 function counting<T>(f: () => T): { out: T; programs: number } {
+  gpuQueue(); // made (and wrapping TF.js's programs) before the wrapper below
   const b = tf.backend() as unknown as {
     runWebGPUProgram?: (...a: unknown[]) => unknown;
   };
   const own = b.runWebGPUProgram;
+  const hadOwn = Object.hasOwn(b, 'runWebGPUProgram'); // gpu-queue.ts's wrapper
   let programs = 0;
+  let tfjs = 0;
   if (own)
     b.runWebGPUProgram = (...a: unknown[]) => {
+      tfjs++;
       if ((a[0] as { shaderKey: string }).shaderKey.startsWith('lw_'))
         programs++;
       return own.apply(b, a);
     };
+  const before = gpuQueue()?.counts().dispatches ?? 0;
   try {
-    return { out: f(), programs };
+    const out = f();
+    const all = (gpuQueue()?.counts().dispatches ?? 0) - before;
+    return { out, programs: programs + (gpuQueue() ? all - tfjs : 0) };
   } finally {
-    if (own) delete b.runWebGPUProgram;
+    if (hadOwn) b.runWebGPUProgram = own;
+    else if (own) delete b.runWebGPUProgram;
   }
 }
 
@@ -198,14 +213,25 @@ test('layerwise webgpu kernels equal the cpu composed forms, forward and gradien
     );
     // layerwise's programs ran (not the composed form's stock ones): one to three a kernel
     assert.ok(
-      gpu.programs >= 2 && gpu.programs <= 6,
+      gpu.programs >= 2 && gpu.programs <= 5,
       `${c.name}: ${gpu.programs} programs`,
     );
   }
   await initBackend('cpu');
 });
 
-/** Three optimizer steps over a matrix (decayed) and a vector: parameters and state. */
+/** The GPU dispatches `f` records on webgpu (backend/gpu-queue.ts's count; 0 elsewhere). */
+function dispatching(f: () => void): number {
+  const before = gpuQueue()?.counts().dispatches ?? 0;
+  f();
+  return (gpuQueue()?.counts().dispatches ?? 0) - before;
+}
+
+/**
+ * Three optimizer steps over two matrices (decayed) and a vector, the vector between them (the
+ * multi-tensor AdamW reorders them): parameters and state, the layerwise programs and all the
+ * dispatches the updates ran.
+ */
 async function optimizerRun(kind: 'adamw' | 'sgd', momentum: number) {
   const opt = new DeviceOptimizer({
     ...defaultOptimizerConfig(kind),
@@ -215,8 +241,11 @@ async function optimizerRun(kind: 'adamw' | 'sgd', momentum: number) {
   const params = new Map([
     ['w', tf.variable(tf.tensor(randomArray(63, 1), [7, 9]))],
     ['b', tf.variable(tf.tensor(randomArray(70, 2), [70]))],
+    ['w2', tf.variable(tf.tensor(randomArray(15, 3), [3, 5]))],
   ]);
+  tf.tidy(() => tf.add(tf.square(params.get('w')!), 1)); // the queue exists before the count
   let programs = 0;
+  let dispatches = 0;
   for (let step = 0; step < 3; step++) {
     const grads = new Map(
       [...params].map(
@@ -227,9 +256,11 @@ async function optimizerRun(kind: 'adamw' | 'sgd', momentum: number) {
           ] as const,
       ),
     );
-    programs += counting(() =>
-      opt.apply(params, grads, 0.05 / (step + 1), step === 1 ? 0.5 : 1),
-    ).programs;
+    dispatches += dispatching(() => {
+      programs += counting(() =>
+        opt.apply(params, grads, 0.05 / (step + 1), step === 1 ? 0.5 : 1),
+      ).programs;
+    });
     tf.dispose([...grads.values()]);
   }
   const state = await opt.getState();
@@ -239,7 +270,7 @@ async function optimizerRun(kind: 'adamw' | 'sgd', momentum: number) {
   for (const slots of Object.values(state.slots))
     out.push(...Object.values(slots));
   tf.dispose([...params.values()]);
-  return { out, programs };
+  return { out, programs, dispatches };
 }
 
 test('the fused AdamW and SGD updates on webgpu equal the composed updates on cpu', {
@@ -253,11 +284,24 @@ test('the fused AdamW and SGD updates on webgpu equal the composed updates on cp
     await initBackend('cpu');
     const { out: cpu } = await optimizerRun(kind, momentum);
     await initBackend('webgpu');
-    const { out: gpu, programs } = await optimizerRun(kind, momentum);
+    const {
+      out: gpu,
+      programs,
+      dispatches,
+    } = await optimizerRun(kind, momentum);
     assert.equal(gpu.length, cpu.length);
-    // one program per output and parameter, 2 parameters, 3 steps
-    const outputs = kind === 'adamw' ? 3 : momentum > 0 ? 2 : 1;
-    assert.equal(programs, outputs * 2 * 3, `${kind}: fused programs`);
+    if (kind === 'adamw') {
+      // one multi-tensor dispatch a step over all 3 parameters (and the slots' first zeros)
+      assert.equal(programs, 3, 'adamw: one layerwise dispatch a step');
+      assert.ok(
+        dispatches >= 3 && dispatches <= 3 + 6,
+        `adamw: ${dispatches} dispatches`,
+      );
+    } else {
+      // one program per output and parameter, 3 parameters, 3 steps
+      const outputs = momentum > 0 ? 2 : 1;
+      assert.equal(programs, outputs * 3 * 3, `${kind}: fused programs`);
+    }
     const errors = gpu.map((v, i) => {
       const { worst } = scaledDifference(v, cpu[i]!);
       assert.ok(
@@ -271,4 +315,56 @@ test('the fused AdamW and SGD updates on webgpu equal the composed updates on cp
     );
   }
   await initBackend('cpu');
+});
+
+test('the per-tensor sums of squares on webgpu equal the cpu composed form, in one dispatch', {
+  skip: why,
+}, async () => {
+  // element counts around a workgroup (256), one long tensor, odd shapes
+  const shapes = [[1], [255], [257], [3, 7], [70000], [64, 33], [2, 2, 2]];
+  const sums = async () => {
+    seed = 1;
+    const xs = shapes.map((s) => tf.mul(rand(s), 3));
+    let out: tf.Tensor | undefined;
+    const dispatches = dispatching(() => {
+      out = tf
+        .engine()
+        .runKernel(
+          SUM_SQUARES_KERNEL,
+          xs as unknown as tf.NamedTensorMap,
+        ) as tf.Tensor;
+    });
+    const values = await out!.data();
+    assert.deepEqual(out!.shape, [shapes.length]);
+    tf.dispose([...xs, out!]);
+    return { values, dispatches };
+  };
+  await initBackend('cpu');
+  const cpu = await sums();
+  await initBackend('webgpu');
+  tf.tidy(() => tf.add(tf.scalar(1), 1)); // the queue exists before the count
+  const gpu = await sums();
+  await initBackend('cpu');
+  assert.equal(gpu.dispatches, 1, 'one dispatch for all the tensors');
+  shapes.forEach((s, i) => {
+    const rel = Math.abs(gpu.values[i]! - cpu.values[i]!) / cpu.values[i]!;
+    assert.ok(
+      rel <= 1e-4,
+      `tensor ${s}: ${gpu.values[i]} vs cpu ${cpu.values[i]}`,
+    );
+  });
+});
+
+test('the multi-tensor kernels cut their tensors into runs that fit one binding', () => {
+  assert.deepEqual(chunksOf([3, 4, 2, 5, 1], 7), [
+    [0, 2],
+    [2, 4],
+    [4, 5],
+  ]);
+  assert.deepEqual(chunksOf([7, 0, 7], 7), [
+    [0, 2],
+    [2, 3],
+  ]);
+  assert.deepEqual(chunksOf([], 7), []);
+  assert.throws(() => chunksOf([2, 8], 7), /tensor 1 has 8 elements/);
 });

@@ -19,6 +19,7 @@
 import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
 import {
   ADAMW_KERNEL,
+  ADAMW_MULTI_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
   GELU_GRAD_KERNEL,
@@ -28,13 +29,20 @@ import {
   SGD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
+  SUM_SQUARES_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
+import {
+  type AdamWMultiAttrs,
+  adamwMulti,
+  layerNormFused,
+  layerNormParamGrads,
+  sumSquaresMulti,
+} from './webgpu-multi.js';
 import {
   adamwWgsl,
   GELU_GRAD_WGSL,
   GELU_WGSL,
-  LAYER_NORM_AFFINE_WGSL,
   SOFTMAX_PROBS_WGSL,
   SOFTMAX_XENT_GRAD_WGSL,
   sgdWgsl,
@@ -42,10 +50,7 @@ import {
 import {
   CAUSAL_SOFTMAX_GRAD_WGSL,
   CAUSAL_SOFTMAX_WGSL,
-  columnSumWgsl,
   LAYER_NORM_DX_WGSL,
-  LAYER_NORM_RSTD_WGSL,
-  LAYER_NORM_XHAT_WGSL,
   LOG_SUM_EXP_WGSL,
   ROW_THREADS,
   XENT_LOSS_WGSL,
@@ -186,44 +191,10 @@ function perRow(
   return run(backend, program, flat, uniforms, shape);
 }
 
+/** Layer norm's forward: one dispatch of a pipeline of ours with its three outputs (backend/webgpu-multi.ts). */
 function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
   const { x, g, b } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(x!);
-  const u: Uniform[] = [
-    ['rows', 'i32', rows],
-    ['cols', 'i32', cols],
-    ['epsilon', 'f32', attrs.epsilon as number],
-  ];
-  const rstd = perRow(
-    backend,
-    'lw_ln_rstd',
-    LAYER_NORM_RSTD_WGSL,
-    rows,
-    [['X', x!]],
-    u,
-    [...x!.shape.slice(0, -1), 1],
-  );
-  const xhat = perRow(
-    backend,
-    'lw_ln_xhat',
-    LAYER_NORM_XHAT_WGSL,
-    rows,
-    [
-      ['X', x!],
-      ['Rstd', rstd],
-    ],
-    u.slice(0, 2),
-    x!.shape,
-  );
-  const y = elementwise(
-    backend,
-    'lw_ln_affine',
-    LAYER_NORM_AFFINE_WGSL,
-    ['Xhat', 'G', 'B'],
-    [xhat, g!, b!],
-    [['cols', 'i32', cols]],
-  );
-  return [y, xhat, rstd];
+  return layerNormFused(x!, g!, b!, attrs.epsilon as number, backend);
 }
 
 function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
@@ -247,27 +218,8 @@ function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
     u,
     dy!.shape,
   );
-  const dg = perRow(
-    backend,
-    'lw_ln_dg',
-    columnSumWgsl(true),
-    cols,
-    [
-      ['Dy', dy!],
-      ['Xhat', xhat!],
-    ],
-    u,
-    [cols],
-  );
-  const db = perRow(
-    backend,
-    'lw_ln_db',
-    columnSumWgsl(false),
-    cols,
-    [['Dy', dy!]],
-    u,
-    [cols],
-  );
+  // dg and db in one dispatch of a pipeline of ours (two outputs)
+  const [dg, db] = layerNormParamGrads(dy!, xhat!, backend);
   return [dx, dg, db];
 }
 
@@ -453,6 +405,15 @@ const WEBGPU_KERNELS: Record<string, KernelImpl> = {
   [CAUSAL_SOFTMAX_GRAD_KERNEL]: causalSoftmaxGrad,
   [ADAMW_KERNEL]: adamw,
   [SGD_KERNEL]: sgd,
+  // multi-tensor kernels (backend/webgpu-multi.ts): inputs are an array, keys '0'..'n-1'
+  [ADAMW_MULTI_KERNEL]: (inputs, attrs, backend) =>
+    adamwMulti(
+      Object.values(inputs) as tf.TensorInfo[],
+      attrs as unknown as AdamWMultiAttrs,
+      backend,
+    ),
+  [SUM_SQUARES_KERNEL]: (inputs, _a, backend) =>
+    sumSquaresMulti(Object.values(inputs) as tf.TensorInfo[], backend),
 };
 
 /** The kernel names {@link registerWebGPUKernels} provides. */

@@ -10,7 +10,11 @@
  * Gradients are first multiplied by the global clipping scale (see {@link clipScale}).
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { ADAMW_KERNEL, SGD_KERNEL } from '../backend/kernel-names.js';
+import {
+  ADAMW_KERNEL,
+  ADAMW_MULTI_KERNEL,
+  SGD_KERNEL,
+} from '../backend/kernel-names.js';
 import { LayerwiseError } from '../util/errors.js';
 import { decayRate } from './weight-decay.js';
 
@@ -97,6 +101,7 @@ export class DeviceOptimizer {
     this.step++;
     const c = this.config;
     const t = this.step;
+    if (this.applyMulti(params, grads, lr, scale)) return;
     // a backend with the fused update kernel (the native device) does each parameter in one pass
     const fused =
       tf.getKernel(
@@ -137,6 +142,71 @@ export class DeviceOptimizer {
         }
       });
     }
+  }
+
+  /**
+   * AdamW over every parameter that has a gradient in one kernel call, where the backend
+   * registers ADAMW_MULTI_KERNEL (webgpu: one dispatch for the stage instead of three a
+   * parameter). The decayed parameters go first (the kernel decays a prefix). Returns false,
+   * having done nothing, where the kernel is missing, the optimizer is not AdamW, or
+   * parameters would decay at different rates.
+   */
+  private applyMulti(
+    params: ReadonlyMap<string, tf.Variable>,
+    grads: ReadonlyMap<string, tf.Tensor>,
+    lr: number,
+    scale: number,
+  ): boolean {
+    const c = this.config;
+    if (
+      c.kind !== 'adamw' ||
+      tf.getKernel(ADAMW_MULTI_KERNEL, tf.getBackend()) === undefined
+    )
+      return false;
+    const entries = [...params].filter(([name]) => grads.has(name));
+    const rates = new Set(entries.map(([, p]) => decayRate(c, p.rank)));
+    rates.delete(0);
+    if (rates.size > 1) return false;
+    const decays = ([, p]: [string, tf.Variable]) => decayRate(c, p.rank) > 0;
+    const ordered = [
+      ...entries.filter(decays),
+      ...entries.filter((e) => !decays(e)),
+    ];
+    if (ordered.length === 0) return true;
+    // slots made in the parameters' order, as the other paths make them (getState's order)
+    for (const [name, p] of entries) {
+      this.slot(name, p, 'm');
+      this.slot(name, p, 'v');
+    }
+    const ps = ordered.map(([, p]) => p);
+    const ms = ordered.map(([name, p]) => this.slot(name, p, 'm'));
+    const vs = ordered.map(([name, p]) => this.slot(name, p, 'v'));
+    const gs = ordered.map(([name]) => grads.get(name)!);
+    tf.tidy(() => {
+      const out = tf
+        .engine()
+        .runKernel(
+          ADAMW_MULTI_KERNEL,
+          [...ps, ...gs, ...ms, ...vs] as unknown as tf.NamedTensorMap,
+          {
+            lr,
+            beta1: c.beta1,
+            beta2: c.beta2,
+            epsilon: c.epsilon,
+            weightDecay: [...rates][0] ?? 0,
+            decayed: entries.filter(decays).length,
+            step: this.step,
+            scale,
+          },
+        ) as tf.Tensor[];
+      const n = ordered.length;
+      for (let i = 0; i < n; i++) {
+        ps[i]!.assign(out[i]!);
+        ms[i]!.assign(out[n + i]!);
+        vs[i]!.assign(out[2 * n + i]!);
+      }
+    });
+    return true;
   }
 
   /** The same update through the backend's fused kernel (backend/kernel-names.ts ADAMW_KERNEL, SGD_KERNEL). */

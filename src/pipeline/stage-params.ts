@@ -5,6 +5,7 @@
  * both; the L2L relay stage, whose parameters live in the parameter server, only accumulates.
  */
 
+import { SUM_SQUARES_KERNEL } from '../backend/kernel-names.js';
 import { roundActivation } from '../backend/low-precision.js';
 import { tf } from '../backend/tfjs.js';
 import { paramKey, sizeOf } from '../model/block.js';
@@ -227,10 +228,16 @@ export class GradAccumulator {
   async sumSquares(): Promise<number> {
     const grads = [...this.grads.values()];
     // one read of every gradient's sum (a readback is a round trip on a GPU), the same float32
-    // sums as reading each on its own
+    // sums as reading each on its own; one kernel for all (backend/kernel-names.ts
+    // SUM_SQUARES_KERNEL: on webgpu one dispatch, not a square and a sum a gradient)
     const sums =
       grads.length > 0
-        ? tf.tidy(() => tf.stack(grads.map((g) => tf.sum(tf.square(g)))))
+        ? (tf
+            .engine()
+            .runKernel(
+              SUM_SQUARES_KERNEL,
+              grads as unknown as tf.NamedTensorMap,
+            ) as tf.Tensor)
         : null;
     let values: number[];
     try {

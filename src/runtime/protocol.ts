@@ -1,5 +1,5 @@
 import type { MessagePort } from 'node:worker_threads';
-import type { GpuCounts } from '../backend/gpu-queue.js';
+import type { GpuBusy, GpuCounts } from '../backend/gpu-queue.js';
 import type { Precision } from '../backend/names.js';
 import type { HostTensor } from '../data/microbatch.js';
 /** Messages between the main thread and a stage worker, and between neighbouring stages. */
@@ -110,6 +110,8 @@ export interface StageStepResult {
   faults?: NumericFault[];
   /** webgpu: what the step asked of the GPU (compute dispatches, queue submits, readbacks to the host). */
   gpu?: GpuCounts;
+  /** webgpu with timestamp queries: the previous step's GPU busy seconds and wall seconds on this device (backend/gpu-queue.ts). */
+  gpuBusy?: GpuBusy;
 }
 
 /** Methods of the worker's request/reply protocol and their arguments and results. */

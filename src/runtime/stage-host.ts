@@ -8,7 +8,7 @@
  * `grad:<stage>`), so each stage has its own FIFO on a link several stages share.
  */
 
-import { gpuQueue } from '../backend/gpu-queue.js';
+import { type GpuCounts, gpuQueue } from '../backend/gpu-queue.js';
 import {
   backendHeapBytes,
   initBackend,
@@ -350,6 +350,7 @@ class StageHost {
     const startedAt = performance.timeOrigin + t0;
     startStep(all);
     const gpuBefore = gpuQueue()?.counts(); // webgpu: what the step asks of the GPU
+    gpuQueue()?.beginStep();
     const inputs = a.inputs?.map(fromWire);
     const labels = a.labels?.map(fromWire);
     let trace: Awaited<ReturnType<typeof execute>>;
@@ -377,17 +378,45 @@ class StageHost {
       // them yet; those it took are freed by it or by zeroGrad, and freeing twice is harmless
       for (const t of [...(inputs ?? []), ...(labels ?? [])]) t?.dispose();
       for (const s of all) s.discard?.();
+      this.pendingBusy = null;
       throw e;
     }
     const result = stepResult(all, trace, t0, startedAt);
-    const gpuAfter = gpuQueue()?.counts();
-    if (gpuBefore && gpuAfter)
-      result.gpu = {
-        dispatches: gpuAfter.dispatches - gpuBefore.dispatches,
-        submits: gpuAfter.submits - gpuBefore.submits,
-        readbacks: gpuAfter.readbacks - gpuBefore.readbacks,
-      };
+    if (gpuBefore) Object.assign(result, await this.gpuReport(gpuBefore, t0));
     return result;
+  }
+
+  /** webgpu with timestamp queries: the GPU time of the last step, until the next step reports it. */
+  private pendingBusy: {
+    busySeconds: Promise<number | null>;
+    stepSeconds: number;
+  } | null = null;
+
+  /**
+   * webgpu: what the step begun at `t0` (performance.now(), ms) asked of the GPU (counts since
+   * `before`, the timestamps' read included), and, where the device has timestamp queries, the
+   * previous step's busy time (this one's is read once the GPU has run it, without waiting).
+   */
+  private async gpuReport(
+    before: GpuCounts,
+    t0: number,
+  ): Promise<Pick<StageStepResult, 'gpu' | 'gpuBusy'>> {
+    const q = gpuQueue()!;
+    const busySeconds = q.endStep();
+    const after = q.counts();
+    const prev = this.pendingBusy;
+    this.pendingBusy = q.timesPasses
+      ? { busySeconds, stepSeconds: (performance.now() - t0) / 1000 }
+      : null;
+    const gpu = {
+      dispatches: after.dispatches - before.dispatches,
+      submits: after.submits - before.submits,
+      readbacks: after.readbacks - before.readbacks,
+    };
+    const busy = prev ? await prev.busySeconds : null;
+    return busy === null || !prev
+      ? { gpu }
+      : { gpu, gpuBusy: { busySeconds: busy, stepSeconds: prev.stepSeconds } };
   }
 
   /** getParams: every program's parameters (host copies). Throws where a program keeps none on its device. */

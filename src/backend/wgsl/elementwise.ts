@@ -45,12 +45,6 @@ export const GELU_GRAD_WGSL = perElement(`
       setOutputAtIndex(index, Dy[index] * slope);
 `);
 
-/** Layer norm's output xhat * g + b over rows of uniforms.cols: inputs Xhat, G, B. */
-export const LAYER_NORM_AFFINE_WGSL = perElement(`
-      let c = index % uniforms.cols;
-      setOutputAtIndex(index, Xhat[index] * G[c] + B[c]);
-`);
-
 /** exp(logit - lse(row)), the softmax cross-entropy's probabilities: inputs X [N, C], Lse [N]. */
 export const SOFTMAX_PROBS_WGSL = perElement(`
       setOutputAtIndex(index, exp(X[index] - Lse[index / uniforms.cols]));

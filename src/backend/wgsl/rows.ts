@@ -71,31 +71,6 @@ const rowSum = (name: string, term: string): string => `
     let ${name} = reduceSum(${name}Part);
 `;
 
-/** The row's mean of X, then of its squared deviations: sets mean, variance. */
-const MOMENTS = `${rowSum('sum', 'X[base + c]')}
-    let mean = sum / f32(cols);
-    ${rowSum('sq', '(X[base + c] - mean) * (X[base + c] - mean)')}
-    let variance = sq / f32(cols);
-`;
-
-/** Layer norm's rstd = 1 / sqrt(var + epsilon) of each row of X: output [rows]. */
-export const LAYER_NORM_RSTD_WGSL = perRow(`${MOMENTS}
-    if (valid && tid == 0) {
-      setOutputAtIndex(row, 1.0 / sqrt(variance + uniforms.epsilon));
-    }
-`);
-
-/** Layer norm's xhat = (x - mean) * rstd for each row of X, with Rstd [rows] from the kernel above. */
-export const LAYER_NORM_XHAT_WGSL = perRow(`${rowSum('sum', 'X[base + c]')}
-    let mean = sum / f32(cols);
-    if (valid) {
-      let rstd = Rstd[row];
-      for (var c = tid; c < cols; c += ${ROW_THREADS}) {
-        setOutputAtIndex(base + c, (X[base + c] - mean) * rstd);
-      }
-    }
-`);
-
 /**
  * Layer norm's dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd with dxhat = dy * g,
  * per row: inputs Dy, Xhat [rows, cols], Rstd [rows], G [cols].
@@ -112,29 +87,6 @@ export const LAYER_NORM_DX_WGSL = perRow(`${rowSum('s1', 'Dy[base + c] * G[c]')}
       }
     }
 `);
-
-/**
- * A column sum over the rows of Dy [rows, cols] (times Xhat where `withXhat`: layer norm's dg,
- * else its db): one workgroup per column; uniforms rows, cols as for rows.
- */
-export const columnSumWgsl = (withXhat: boolean): string => `${REDUCTIONS}
-  fn main(index : i32) {
-    let col = flatWorkgroup();
-    let tid = i32(localId.x);
-    let cols = uniforms.cols;
-    let valid = col < cols;
-    var part = 0.0;
-    if (valid) {
-      for (var r = tid; r < uniforms.rows; r += ${ROW_THREADS}) {
-        part += Dy[r * cols + col]${withXhat ? ' * Xhat[r * cols + col]' : ''};
-      }
-    }
-    let total = reduceSum(part);
-    if (valid && tid == 0) {
-      setOutputAtIndex(col, total);
-    }
-  }
-`;
 
 /** log-sum-exp of each row of X (max + log(sum(exp(x - max)))): output [rows]. */
 export const LOG_SUM_EXP_WGSL = perRow(`

@@ -1,0 +1,531 @@
+/**
+ * layerwise's webgpu kernels that run on pipelines of their own rather than as TF.js programs
+ * (which write one output each and bind one buffer per tensor): layer norm's forward with its
+ * three outputs in one dispatch and its parameter gradients (dg, db) in one; and the
+ * multi-tensor kernels, AdamW over all of a stage's
+ * parameters and the per-tensor sums of squares of all of its gradients, each one dispatch (per
+ * chunk of at most maxStorageBufferBindingSize bytes a buffer) instead of three (AdamW) or two
+ * (the norm's square and sum) TF.js programs a tensor, as PyTorch's `foreach`/fused optimizers
+ * and apex's multi_tensor_apply do on CUDA.
+ *
+ * TF.js keeps every tensor in its own GPUBuffer and a shader binds at most
+ * maxStorageBuffersPerShaderStage buffers (8 by default), so each kernel copies its tensors back
+ * to back into scratch buffers of its own (copyBufferToBuffer: copies, not dispatches), runs one
+ * WGSL pipeline of its own (backend/wgsl/multi.ts) on them in place, and copies the results out
+ * into new output tensors (TF.js's kernels are functional: the inputs stay as they were). The
+ * commands go on TF.js's command encoder, in order with TF.js's own, and are submitted at once
+ * (the uniforms and the offsets table are one buffer each, rewritten by every call: a second
+ * call must not overwrite them before the first's commands are submitted). Dispatches are
+ * counted by backend/gpu-queue.ts like TF.js's programs.
+ */
+import { gpuQueue } from './gpu-queue.js';
+import type { tf } from './tfjs.js';
+import {
+  ADAMW_MULTI_WGSL,
+  LAYER_NORM_FUSED_WGSL,
+  LAYER_NORM_PARAM_GRADS_WGSL,
+  MAX_WORKGROUPS_PER_DIMENSION,
+  MULTI_THREADS,
+  SUM_SQUARES_MULTI_WGSL,
+} from './wgsl/multi.js';
+
+/** WebGPU's GPUBufferUsage flags used here (the constants are globals only where Dawn installed them). */
+const USAGE = {
+  COPY_SRC: 0x04,
+  COPY_DST: 0x08,
+  UNIFORM: 0x40,
+  STORAGE: 0x80,
+} as const;
+
+/** The slice of WebGPU's GPUBuffer used here. */
+export interface GpuBuffer {
+  size: number;
+  destroy(): void;
+}
+/** The slice of WebGPU's GPUComputePipeline used here. */
+interface GpuPipeline {
+  getBindGroupLayout(i: number): unknown;
+}
+/** The slice of WebGPU's GPUComputePassEncoder used here. */
+interface GpuPass {
+  setPipeline(p: GpuPipeline): void;
+  setBindGroup(i: number, g: unknown): void;
+  dispatchWorkgroups(x: number, y?: number, z?: number): void;
+  end(): void;
+}
+/** The slice of WebGPU's GPUDevice used here. */
+interface GpuDevice {
+  limits: { maxStorageBufferBindingSize: number };
+  queue: {
+    writeBuffer(b: GpuBuffer, offset: number, data: ArrayBufferView): void;
+  };
+  createBuffer(d: { size: number; usage: number }): GpuBuffer;
+  createShaderModule(d: { code: string }): unknown;
+  createComputePipeline(d: {
+    layout: 'auto';
+    compute: { module: unknown; entryPoint: string };
+  }): GpuPipeline;
+  createBindGroup(d: {
+    layout: unknown;
+    entries: Array<{ binding: number; resource: { buffer: GpuBuffer } }>;
+  }): unknown;
+}
+/** The parts of tfjs-backend-webgpu's WebGPUBackend (4.22) these kernels use. */
+export interface RawBackend {
+  device: GpuDevice;
+  commandEncoder: {
+    copyBufferToBuffer(
+      src: GpuBuffer,
+      srcOffset: number,
+      dst: GpuBuffer,
+      dstOffset: number,
+      size: number,
+    ): void;
+    beginComputePass(d?: object): GpuPass;
+  } | null;
+  commandQueueOwnedIds: WeakSet<object>;
+  tensorMap: { get(dataId: object): { resource?: unknown } };
+  ensureCommandEncoderReady(): void;
+  endComputePassEncoder(): void;
+  submitQueue(): void;
+  uploadToGPU(dataId: object): void;
+  makeTensorInfo(shape: number[], dtype: tf.DataType): tf.TensorInfo;
+}
+
+/** A backend's scratch buffers, uniform and table buffers, and compiled pipelines. */
+export interface MultiState {
+  /** Four scratch buffers of `capacity` float32 elements each (P, G, M, V; the sums use the first). */
+  scratch: GpuBuffer[];
+  capacity: number;
+  uniforms: GpuBuffer;
+  /** The sums' table, grown as needed. */
+  table: GpuBuffer;
+  pipelines: Map<string, GpuPipeline>;
+  /** Uniform buffers whose contents never change, by contents (see {@link constantUniforms}). */
+  constants: Map<string, GpuBuffer>;
+}
+
+const states = new WeakMap<object, MultiState>();
+
+const BYTES = 4;
+
+export function stateOf(b: RawBackend): MultiState {
+  let s = states.get(b);
+  if (!s) {
+    const d = b.device;
+    s = {
+      scratch: [],
+      capacity: 0,
+      uniforms: d.createBuffer({
+        size: 64,
+        usage: USAGE.UNIFORM | USAGE.COPY_DST,
+      }),
+      table: d.createBuffer({
+        size: 256,
+        usage: USAGE.STORAGE | USAGE.COPY_DST,
+      }),
+      pipelines: new Map(),
+      constants: new Map(),
+    };
+    states.set(b, s);
+  }
+  return s;
+}
+
+/**
+ * A uniform buffer holding `words` (u32 or f32 bit patterns, as `view` writes them), made and
+ * written once and reused by every call with the same values: calls recorded before one submit
+ * can share it, where a rewritten buffer would give them all the last call's values.
+ */
+export function constantUniforms(
+  b: RawBackend,
+  s: MultiState,
+  words: ArrayBuffer,
+): GpuBuffer {
+  const bytes = new Uint8Array(words);
+  const key = bytes.join(',');
+  let buffer = s.constants.get(key);
+  if (!buffer) {
+    buffer = b.device.createBuffer({
+      size: Math.max(16, Math.ceil(bytes.byteLength / 16) * 16),
+      usage: USAGE.UNIFORM | USAGE.COPY_DST,
+    });
+    b.device.queue.writeBuffer(buffer, 0, bytes);
+    s.constants.set(key, buffer);
+  }
+  return buffer;
+}
+
+/** The largest number of float32 elements one scratch buffer may hold (one binding's limit). */
+function maxElements(b: RawBackend): number {
+  return Math.floor(b.device.limits.maxStorageBufferBindingSize / BYTES);
+}
+
+/** Makes every scratch buffer hold at least `elements` float32 values (old ones destroyed once submitted). */
+function ensureScratch(b: RawBackend, s: MultiState, elements: number): void {
+  if (s.capacity >= elements) return;
+  const old = s.scratch;
+  const capacity = Math.min(
+    maxElements(b),
+    Math.max(elements, Math.ceil(s.capacity * 1.5)),
+  );
+  s.scratch = [0, 1, 2, 3].map(() =>
+    b.device.createBuffer({
+      size: capacity * BYTES,
+      usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
+    }),
+  );
+  s.capacity = capacity;
+  // WebGPU frees a destroyed buffer only after the submitted work that uses it
+  if (old.length) {
+    submit(b);
+    for (const x of old) x.destroy();
+  }
+}
+
+function pipelineOf(b: RawBackend, s: MultiState, code: string): GpuPipeline {
+  let p = s.pipelines.get(code);
+  if (!p) {
+    const module = b.device.createShaderModule({ code });
+    p = b.device.createComputePipeline({
+      layout: 'auto',
+      compute: { module, entryPoint: 'main' },
+    });
+    s.pipelines.set(code, p);
+  }
+  return p;
+}
+
+/** The GPUBuffer holding a tensor's values, uploading them first if they are still on the host. */
+export function bufferOf(b: RawBackend, t: tf.TensorInfo): GpuBuffer {
+  b.uploadToGPU(t.dataId);
+  b.commandQueueOwnedIds.add(t.dataId); // freed only after the queued commands are submitted
+  return b.tensorMap.get(t.dataId).resource as GpuBuffer;
+}
+
+/** A new float32 output tensor of `shape` with its (uninitialised) GPUBuffer. */
+export function newOutput(
+  b: RawBackend,
+  shape: number[],
+): [tf.TensorInfo, GpuBuffer] {
+  const info = b.makeTensorInfo(shape, 'float32');
+  return [info, bufferOf(b, info)];
+}
+
+/** TF.js's command encoder, outside any compute pass (to record copies or a pass of ours). */
+function encoder(b: RawBackend): NonNullable<RawBackend['commandEncoder']> {
+  b.ensureCommandEncoderReady();
+  b.endComputePassEncoder();
+  return b.commandEncoder!;
+}
+
+/** Submits what is recorded on TF.js's encoder (through the backend, so gpu-queue.ts counts it). */
+function submit(b: RawBackend): void {
+  if (!b.commandEncoder) return;
+  b.endComputePassEncoder();
+  b.submitQueue();
+}
+
+/** Records one dispatch of `code` with `buffers` bound in order as group 0, over `workgroups` workgroups. */
+export function dispatch(
+  b: RawBackend,
+  s: MultiState,
+  code: string,
+  buffers: GpuBuffer[],
+  workgroups: number,
+): void {
+  const pipeline = pipelineOf(b, s, code);
+  const group = b.device.createBindGroup({
+    layout: pipeline.getBindGroupLayout(0),
+    entries: buffers.map((buffer, binding) => ({
+      binding,
+      resource: { buffer },
+    })),
+  });
+  const pass = encoder(b).beginComputePass();
+  pass.setPipeline(pipeline);
+  pass.setBindGroup(0, group);
+  const x = Math.min(workgroups, MAX_WORKGROUPS_PER_DIMENSION);
+  pass.dispatchWorkgroups(x, Math.ceil(workgroups / x), 1);
+  pass.end();
+  gpuQueue()?.countDispatches(1);
+}
+
+const sizeOf = (t: tf.TensorInfo): number => t.shape.reduce((a, c) => a * c, 1);
+
+/**
+ * Cuts tensors of `sizes` elements (in order) into runs of consecutive tensors of at most `max`
+ * elements together. Returns [first, end) index pairs.
+ * @throws Error naming the tensor when one alone is over `max` (TF.js could not bind it either).
+ */
+export function chunksOf(
+  sizes: readonly number[],
+  max: number,
+): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  let first = 0;
+  let total = 0;
+  sizes.forEach((n, i) => {
+    if (n > max)
+      throw new Error(
+        `tensor ${i} has ${n} elements, over one storage binding's ${max}; raise maxStorageBufferBindingSize or split the parameter`,
+      );
+    if (total + n > max) {
+      out.push([first, i]);
+      first = i;
+      total = 0;
+    }
+    total += n;
+  });
+  if (first < sizes.length) out.push([first, sizes.length]);
+  return out;
+}
+
+/**
+ * LayerwiseSumSquares on webgpu: inputs are n float32 tensors (any shapes); output [n] float32,
+ * sum(x^2) of each. One dispatch per chunk (one in all below maxStorageBufferBindingSize bytes).
+ */
+export function sumSquaresMulti(
+  inputs: readonly tf.TensorInfo[],
+  backend: unknown,
+): tf.TensorInfo {
+  const b = backend as RawBackend;
+  const s = stateOf(b);
+  const sizes = inputs.map(sizeOf);
+  const [out, outBuffer] = newOutput(b, [inputs.length]);
+  for (const [first, end] of chunksOf(sizes, maxElements(b))) {
+    let total = 0;
+    for (let i = first; i < end; i++) total += sizes[i]!;
+    ensureScratch(b, s, total);
+    const table = new Uint32Array(end - first + 3);
+    table[0] = first;
+    table[1] = end - first;
+    const enc = encoder(b);
+    let offset = 0;
+    for (let i = first; i < end; i++) {
+      table[i - first + 2] = offset;
+      if (sizes[i]! > 0)
+        enc.copyBufferToBuffer(
+          bufferOf(b, inputs[i]!),
+          0,
+          s.scratch[0]!,
+          offset * BYTES,
+          sizes[i]! * BYTES,
+        );
+      offset += sizes[i]!;
+    }
+    table[end - first + 2] = offset;
+    if (s.table.size < table.byteLength) {
+      s.table.destroy();
+      s.table = b.device.createBuffer({
+        size: table.byteLength,
+        usage: USAGE.STORAGE | USAGE.COPY_DST,
+      });
+    }
+    b.device.queue.writeBuffer(s.table, 0, table);
+    dispatch(
+      b,
+      s,
+      SUM_SQUARES_MULTI_WGSL,
+      [s.scratch[0]!, s.table, outBuffer],
+      end - first,
+    );
+    submit(b); // the table is rewritten by the next chunk or call
+  }
+  return out;
+}
+
+/** AdamW's hyper-parameters for one call of {@link adamwMulti} (kernel-names.ts ADAMW_MULTI_KERNEL). */
+export interface AdamWMultiAttrs {
+  lr: number;
+  beta1: number;
+  beta2: number;
+  epsilon: number;
+  /** Decoupled weight decay of the first `decayed` parameters (the rest have none). */
+  weightDecay: number;
+  decayed: number;
+  /** 1-based step count (bias correction). */
+  step: number;
+  /** Gradient scale (clipping, loss unscaling). */
+  scale: number;
+}
+
+/** The uniforms of ADAMW_MULTI_WGSL for a chunk of `n` elements, the first `decayEnd` decayed. */
+function adamwUniforms(a: AdamWMultiAttrs, n: number, decayEnd: number) {
+  const u = new ArrayBuffer(48);
+  new Uint32Array(u, 0, 2).set([n, decayEnd]);
+  new Float32Array(u, 8, 10).set([
+    a.lr,
+    a.beta1,
+    a.beta2,
+    1 - a.beta1,
+    1 - a.beta2,
+    a.epsilon,
+    a.weightDecay,
+    a.scale,
+    1 - a.beta1 ** a.step,
+    1 - a.beta2 ** a.step,
+  ]);
+  return new Uint8Array(u);
+}
+
+/**
+ * LayerwiseAdamWMulti on webgpu: inputs are 4n float32 tensors [p_0..p_n-1, g_0.., m_0.., v_0..]
+ * (parameter, gradient, first and second moment of n parameters, each four of one shape);
+ * outputs 3n tensors [p'_0.., m'_0.., v'_0..], the update of optim/optimizer.ts's AdamW. One
+ * dispatch per chunk of parameters whose elements fit one storage binding.
+ */
+export function adamwMulti(
+  inputs: readonly tf.TensorInfo[],
+  attrs: AdamWMultiAttrs,
+  backend: unknown,
+): tf.TensorInfo[] {
+  const b = backend as RawBackend;
+  const s = stateOf(b);
+  const n = inputs.length / 4;
+  const sizes = inputs.slice(0, n).map(sizeOf);
+  const outs: tf.TensorInfo[] = new Array(3 * n);
+  for (const [first, end] of chunksOf(sizes, maxElements(b))) {
+    let total = 0;
+    for (let i = first; i < end; i++) total += sizes[i]!;
+    ensureScratch(b, s, total);
+    const enc = encoder(b);
+    let offset = 0;
+    let decayEnd = 0;
+    for (let i = first; i < end; i++) {
+      for (let k = 0; k < 4; k++)
+        if (sizes[i]! > 0)
+          enc.copyBufferToBuffer(
+            bufferOf(b, inputs[k * n + i]!),
+            0,
+            s.scratch[k]!,
+            offset * BYTES,
+            sizes[i]! * BYTES,
+          );
+      offset += sizes[i]!;
+      if (i < attrs.decayed) decayEnd = offset;
+    }
+    b.device.queue.writeBuffer(
+      s.uniforms,
+      0,
+      adamwUniforms(attrs, total, decayEnd),
+    );
+    dispatch(
+      b,
+      s,
+      ADAMW_MULTI_WGSL,
+      [...s.scratch, s.uniforms],
+      Math.ceil(total / MULTI_THREADS),
+    );
+    copyOut(
+      b,
+      s,
+      inputs.slice(first, end),
+      sizes.slice(first, end),
+      (k, j, info) => {
+        outs[k * n + first + j] = info;
+      },
+    );
+    submit(b); // the uniforms are rewritten by the next chunk or call
+  }
+  return outs;
+}
+
+/** Copies P, M and V (scratch 0, 2, 3) of a chunk out into new tensors shaped as `shapes`, handing each to `put(output k, index in chunk, tensor)`. */
+function copyOut(
+  b: RawBackend,
+  s: MultiState,
+  shapes: readonly tf.TensorInfo[],
+  sizes: readonly number[],
+  put: (k: number, j: number, t: tf.TensorInfo) => void,
+): void {
+  const enc = encoder(b);
+  [0, 2, 3].forEach((scratch, k) => {
+    let offset = 0;
+    shapes.forEach((t, j) => {
+      const [info, buffer] = newOutput(b, t.shape);
+      if (sizes[j]! > 0)
+        enc.copyBufferToBuffer(
+          s.scratch[scratch]!,
+          offset * BYTES,
+          buffer,
+          0,
+          sizes[j]! * BYTES,
+        );
+      offset += sizes[j]!;
+      put(k, j, info);
+    });
+  });
+}
+
+/** [rows, cols] of `t` over its last axis. */
+const rowsOf = (t: tf.TensorInfo): [number, number] => {
+  const cols = t.shape[t.shape.length - 1] ?? 1;
+  return [sizeOf(t) / Math.max(cols, 1), cols];
+};
+
+/** Uniforms {rows, cols(, epsilon)} as LAYER_NORM_*_WGSL declare them. */
+function rowUniforms(rows: number, cols: number, epsilon?: number) {
+  const u = new ArrayBuffer(16);
+  new Uint32Array(u, 0, 2).set([rows, cols]);
+  if (epsilon !== undefined) new Float32Array(u, 8, 1).set([epsilon]);
+  return u;
+}
+
+/**
+ * Layer norm over the last axis of x (kernel-names.ts LAYER_NORM_KERNEL) on webgpu in one
+ * dispatch: outputs [y (x's shape), xhat (x's shape), rstd [..., 1]], all float32.
+ */
+export function layerNormFused(
+  x: tf.TensorInfo,
+  g: tf.TensorInfo,
+  beta: tf.TensorInfo,
+  epsilon: number,
+  backend: unknown,
+): tf.TensorInfo[] {
+  const b = backend as RawBackend;
+  const s = stateOf(b);
+  const [rows, cols] = rowsOf(x);
+  const [y, yBuffer] = newOutput(b, x.shape);
+  const [xhat, xhatBuffer] = newOutput(b, x.shape);
+  const [rstd, rstdBuffer] = newOutput(b, [...x.shape.slice(0, -1), 1]);
+  if (rows > 0 && cols > 0) {
+    const inputs = [x, g, beta].map((t) => bufferOf(b, t));
+    const u = constantUniforms(b, s, rowUniforms(rows, cols, epsilon));
+    dispatch(
+      b,
+      s,
+      LAYER_NORM_FUSED_WGSL,
+      [...inputs, yBuffer, xhatBuffer, rstdBuffer, u],
+      rows,
+    );
+  }
+  return [y, xhat, rstd];
+}
+
+/**
+ * Layer norm's dg and db (the sums over rows of dy xhat and of dy, [cols] each) on webgpu in
+ * one dispatch, from dy and xhat (x's shape).
+ */
+export function layerNormParamGrads(
+  dy: tf.TensorInfo,
+  xhat: tf.TensorInfo,
+  backend: unknown,
+): tf.TensorInfo[] {
+  const b = backend as RawBackend;
+  const s = stateOf(b);
+  const [rows, cols] = rowsOf(dy);
+  const [dg, dgBuffer] = newOutput(b, [cols]);
+  const [db, dbBuffer] = newOutput(b, [cols]);
+  if (cols > 0) {
+    const u = constantUniforms(b, s, rowUniforms(rows, cols));
+    dispatch(
+      b,
+      s,
+      LAYER_NORM_PARAM_GRADS_WGSL,
+      [bufferOf(b, dy), bufferOf(b, xhat), dgBuffer, dbBuffer, u],
+      cols,
+    );
+  }
+  return [dg, db];
+}

@@ -1,0 +1,206 @@
+/**
+ * WGSL of layerwise's webgpu kernels that run on pipelines of their own (backend/webgpu-multi.ts):
+ * whole WGSL modules (not bodies in TF.js's prelude). The multi-tensor ones run over scratch
+ * buffers into which every tensor of the op has been copied back to back, so that one dispatch
+ * serves all of a stage's parameters or gradients (TF.js keeps each tensor in its own buffer,
+ * and a shader binds at most maxStorageBuffersPerShaderStage of them, 8 by default); layer
+ * norm's write several outputs in one dispatch (a TF.js program writes one).
+ */
+
+/** Threads per workgroup of the multi-tensor programs. */
+export const MULTI_THREADS = 256;
+
+/** Workgroups per dispatch dimension before a dispatch spreads over y (WebGPU's default limit). */
+export const MAX_WORKGROUPS_PER_DIMENSION = 65535;
+
+/**
+ * AdamW over elements [0, n) of four scratch buffers P, G, M, V (the parameters, gradients and
+ * moments of many tensors back to back), updated in place: the math of
+ * {@link ./elementwise.ts adamwWgsl}, operation for operation (optim/optimizer.ts's composed
+ * form). Elements below `decayEnd` (the decayed tensors, laid out first) get the decoupled weight
+ * decay `weightDecay`; the rest none. One thread per element, workgroups flat over x and y.
+ */
+export const ADAMW_MULTI_WGSL = `
+struct Uniforms {
+  n : u32, decayEnd : u32, lr : f32, beta1 : f32,
+  beta2 : f32, oneMinusBeta1 : f32, oneMinusBeta2 : f32, epsilon : f32,
+  weightDecay : f32, scale : f32, bc1 : f32, bc2 : f32,
+};
+@group(0) @binding(0) var<storage, read_write> P : array<f32>;
+@group(0) @binding(1) var<storage, read> G : array<f32>;
+@group(0) @binding(2) var<storage, read_write> M : array<f32>;
+@group(0) @binding(3) var<storage, read_write> V : array<f32>;
+@group(0) @binding(4) var<uniform> u : Uniforms;
+
+@compute @workgroup_size(${MULTI_THREADS})
+fn main(@builtin(global_invocation_id) gid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>) {
+  let i = gid.x + gid.y * groups.x * ${MULTI_THREADS}u;
+  if (i >= u.n) {
+    return;
+  }
+  let g = G[i] * u.scale;
+  let m = M[i] * u.beta1 + g * u.oneMinusBeta1;
+  let v = V[i] * u.beta2 + (g * g) * u.oneMinusBeta2;
+  var upd = (m / u.bc1) / (sqrt(v / u.bc2) + u.epsilon);
+  let p = P[i];
+  if (i < u.decayEnd && u.weightDecay > 0.0) {
+    upd = upd + p * u.weightDecay;
+  }
+  P[i] = p - upd * u.lr;
+  M[i] = m;
+  V[i] = v;
+}
+`;
+
+/**
+ * Sum of squares of each of many tensors laid out back to back in X: Table holds [first output
+ * index, tensor count, offset 0, offset 1, ..., offset count] (element offsets into X, the last
+ * one the end); workgroup t sums tensor t's squares (its threads striding over the tensor, then a
+ * tree reduction in workgroup memory) into Out[first + t]. float32 throughout, as the composed
+ * form's sum(square(g)).
+ */
+export const SUM_SQUARES_MULTI_WGSL = `
+@group(0) @binding(0) var<storage, read> X : array<f32>;
+@group(0) @binding(1) var<storage, read> Table : array<u32>;
+@group(0) @binding(2) var<storage, read_write> Out : array<f32>;
+var<workgroup> red : array<f32, ${MULTI_THREADS}>;
+
+@compute @workgroup_size(${MULTI_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(local_invocation_index) tid : u32) {
+  let t = wid.x;
+  let count = Table[1];
+  var s = 0.0;
+  if (t < count) {
+    let end = Table[t + 3u];
+    for (var i = Table[t + 2u] + tid; i < end; i += ${MULTI_THREADS}u) {
+      let x = X[i];
+      s += x * x;
+    }
+  }
+  red[tid] = s;
+  workgroupBarrier();
+  for (var k = ${MULTI_THREADS / 2}u; k > 0u; k = k >> 1u) {
+    if (tid < k) {
+      red[tid] = red[tid] + red[tid + k];
+    }
+    workgroupBarrier();
+  }
+  if (tid == 0u && t < count) {
+    Out[Table[0] + t] = red[0];
+  }
+}
+`;
+
+/** Threads per workgroup of the layer-norm programs (one workgroup per row or column). */
+export const NORM_THREADS = 64;
+
+/** A tree sum over the workgroup's threads (every thread calls it; all get the sum). */
+const WORKGROUP_SUM = `
+var<workgroup> red : array<f32, ${NORM_THREADS}>;
+fn workgroupSum(tid : u32, v : f32) -> f32 {
+  red[tid] = v;
+  workgroupBarrier();
+  for (var k = ${NORM_THREADS / 2}u; k > 0u; k = k >> 1u) {
+    if (tid < k) {
+      red[tid] = red[tid] + red[tid + k];
+    }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+`;
+
+/**
+ * Layer norm's forward in one dispatch with its three outputs (TF.js's programs write one each,
+ * so its WGSL form took three): per row of X [rows, cols], mean, variance of the deviations,
+ * rstd = 1 / sqrt(variance + epsilon), xhat = (x - mean) rstd, y = xhat g + b; outputs Y, Xhat
+ * [rows, cols], Rstd [rows]. The math of backend/wgsl/rows.ts's three programs, in their order.
+ * One workgroup per row (flat over x and y).
+ */
+export const LAYER_NORM_FUSED_WGSL = `
+struct Uniforms { rows : u32, cols : u32, epsilon : f32, };
+@group(0) @binding(0) var<storage, read> X : array<f32>;
+@group(0) @binding(1) var<storage, read> G : array<f32>;
+@group(0) @binding(2) var<storage, read> B : array<f32>;
+@group(0) @binding(3) var<storage, read_write> Y : array<f32>;
+@group(0) @binding(4) var<storage, read_write> Xhat : array<f32>;
+@group(0) @binding(5) var<storage, read_write> Rstd : array<f32>;
+@group(0) @binding(6) var<uniform> u : Uniforms;
+${WORKGROUP_SUM}
+@compute @workgroup_size(${NORM_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>,
+        @builtin(local_invocation_index) tid : u32) {
+  let row = wid.x + wid.y * groups.x;
+  let valid = row < u.rows;
+  let cols = u.cols;
+  let base = row * cols;
+  var s = 0.0;
+  if (valid) {
+    for (var c = tid; c < cols; c += ${NORM_THREADS}u) {
+      s += X[base + c];
+    }
+  }
+  let mean = workgroupSum(tid, s) / f32(cols);
+  var q = 0.0;
+  if (valid) {
+    for (var c = tid; c < cols; c += ${NORM_THREADS}u) {
+      q += (X[base + c] - mean) * (X[base + c] - mean);
+    }
+  }
+  let variance = workgroupSum(tid, q) / f32(cols);
+  if (valid) {
+    let rstd = 1.0 / sqrt(variance + u.epsilon);
+    for (var c = tid; c < cols; c += ${NORM_THREADS}u) {
+      let xhat = (X[base + c] - mean) * rstd;
+      Xhat[base + c] = xhat;
+      Y[base + c] = xhat * G[c] + B[c];
+    }
+    if (tid == 0u) {
+      Rstd[row] = rstd;
+    }
+  }
+}
+`;
+
+/**
+ * Layer norm's parameter gradients in one dispatch: per column of Dy, Xhat [rows, cols],
+ * dg = sum over rows of dy xhat and db = sum of dy (outputs DG, DB [cols]); one workgroup per
+ * column (flat over x and y), the rows strided over its threads as rows.ts's column sums.
+ */
+export const LAYER_NORM_PARAM_GRADS_WGSL = `
+struct Uniforms { rows : u32, cols : u32, };
+@group(0) @binding(0) var<storage, read> Dy : array<f32>;
+@group(0) @binding(1) var<storage, read> Xhat : array<f32>;
+@group(0) @binding(2) var<storage, read_write> DG : array<f32>;
+@group(0) @binding(3) var<storage, read_write> DB : array<f32>;
+@group(0) @binding(4) var<uniform> u : Uniforms;
+${WORKGROUP_SUM}
+@compute @workgroup_size(${NORM_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>,
+        @builtin(local_invocation_index) tid : u32) {
+  let col = wid.x + wid.y * groups.x;
+  let cols = u.cols;
+  let valid = col < cols;
+  var g = 0.0;
+  var b = 0.0;
+  if (valid) {
+    for (var r = tid; r < u.rows; r += ${NORM_THREADS}u) {
+      let dy = Dy[r * cols + col];
+      g += dy * Xhat[r * cols + col];
+      b += dy;
+    }
+  }
+  let dg = workgroupSum(tid, g);
+  let db = workgroupSum(tid, b);
+  if (valid && tid == 0u) {
+    DG[col] = dg;
+    DB[col] = db;
+  }
+}
+`;
