@@ -3,7 +3,7 @@
  * results, and of a step's mini-batch: a mini-batch cut into the micro-batches a step carries, a step's report from its
  * stages' results, the evaluation over validation batches, and a submitted step.
  */
-import type { GpuCounts } from '../backend/gpu-queue.js';
+import type { GpuBusy, GpuCounts } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
 import { waitingMs } from '../pipeline/executor.js';
@@ -128,19 +128,29 @@ export function submission(
   return { accepted: a, done };
 }
 
-/** The devices' GPU counts of a step, summed (webgpu; nothing where no device reported any). */
+/** The devices' GPU counts of a step, and their GPU busy and wall seconds where timestamp queries gave them, summed (webgpu; nothing where no device reported any). */
 function gpuCountsOf(results: readonly StageStepResult[]): {
   gpu?: GpuCounts;
+  gpuBusy?: GpuBusy;
 } {
   const counted = results.filter((r) => r.gpu !== undefined);
   if (counted.length === 0) return {};
   const sum = (k: keyof GpuCounts) =>
     counted.reduce((s, r) => s + r.gpu![k], 0);
+  const timed = results.filter((r) => r.gpuBusy !== undefined);
   return {
     gpu: {
       dispatches: sum('dispatches'),
       submits: sum('submits'),
       readbacks: sum('readbacks'),
     },
+    ...(timed.length > 0
+      ? {
+          gpuBusy: {
+            busySeconds: timed.reduce((s, r) => s + r.gpuBusy!.busySeconds, 0),
+            stepSeconds: timed.reduce((s, r) => s + r.gpuBusy!.stepSeconds, 0),
+          },
+        }
+      : {}),
   };
 }

@@ -5,7 +5,7 @@
  * strategy resumes under another.
  */
 
-import type { GpuCounts } from '../backend/gpu-queue.js';
+import type { GpuBusy, GpuCounts } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { LossScaleState } from '../optim/loss-scale.js';
@@ -31,6 +31,8 @@ export interface StepReport {
   stageSeconds: number[];
   /** webgpu: what the step asked of the GPUs, all devices together (compute dispatches, queue submits, readbacks). */
   gpu?: GpuCounts;
+  /** webgpu with timestamp queries: the GPUs' busy seconds and the devices' wall seconds of their previous step, summed over devices (backend/gpu-queue.ts). */
+  gpuBusy?: GpuBusy;
   /** Per stage: fraction of the step spent waiting for other stages (the measured bubble). */
   bubble: number[];
   /** Per stage: the executed actions (ms since the stage began the step). */

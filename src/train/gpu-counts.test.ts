@@ -31,7 +31,10 @@ const run = (backend: string, o: Record<string, unknown> = {}) =>
   );
 
 test('the tally gives summary.json the mean GPU counts per counted step, and none without them', () => {
-  const report = (gpu?: StepReport['gpu']): StepReport => ({
+  const report = (
+    gpu?: StepReport['gpu'],
+    gpuBusy?: StepReport['gpuBusy'],
+  ): StepReport => ({
     loss: 1,
     stageLosses: [1],
     peakBytes: [0],
@@ -40,6 +43,7 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
     traces: [[]],
     startedAt: [0],
     ...(gpu ? { gpu } : {}),
+    ...(gpuBusy ? { gpuBusy } : {}),
   });
   const facts = (step: number, counted: boolean) => ({
     step,
@@ -54,17 +58,30 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
     facts(1, false),
   );
   t.step(
-    report({ dispatches: 100, submits: 10, readbacks: 2 }),
+    report(
+      { dispatches: 100, submits: 10, readbacks: 2 },
+      { busySeconds: 0.05, stepSeconds: 0.1 },
+    ),
     facts(2, true),
   );
   t.step(
-    report({ dispatches: 200, submits: 20, readbacks: 2 }),
+    report(
+      { dispatches: 200, submits: 20, readbacks: 2 },
+      { busySeconds: 0.25, stepSeconds: 0.3 },
+    ),
     facts(3, true),
   );
   const s = t.summaryFields();
   assert.equal(s.dispatches_per_step, 150);
   assert.equal(s.submits_per_step, 15);
   assert.equal(s.readbacks_per_step, 2);
+  assert.ok(Math.abs(s.gpu_busy! - 0.75) < 1e-12, `gpu_busy ${s.gpu_busy}`); // (0.05 + 0.25) / (0.1 + 0.3)
+  const untimed = new StepTally(1, true);
+  untimed.step(
+    report({ dispatches: 100, submits: 10, readbacks: 2 }),
+    facts(1, true),
+  );
+  assert.equal(untimed.summaryFields().gpu_busy, undefined);
   const host = new StepTally(1, true);
   host.step(report(), facts(1, true));
   assert.equal(host.summaryFields().dispatches_per_step, undefined);
@@ -79,6 +96,15 @@ test('on webgpu a single step reports its dispatches and submits, and reads back
     assert.ok(r.gpu.dispatches > 0, `dispatches ${r.gpu.dispatches}`);
     assert.ok(r.gpu.submits > 0, `submits ${r.gpu.submits}`);
     assert.equal(r.gpu.readbacks, 2, 'the loss and the gradient norm');
+  }
+  // timestamp queries (lavapipe has them): each step after the first carries its predecessor's busy time
+  const timed = gpu.reports.slice(1).filter((r) => r.gpuBusy);
+  for (const r of timed) {
+    const { busySeconds, stepSeconds } = r.gpuBusy!;
+    assert.ok(
+      busySeconds > 0 && busySeconds <= stepSeconds * 1.05,
+      `busy ${busySeconds} s of a ${stepSeconds} s step`,
+    );
   }
   const cpu = await run('cpu');
   assert.ok(cpu.reports.every((r) => r.gpu === undefined));

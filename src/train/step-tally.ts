@@ -40,6 +40,7 @@ export type MeasuredFields = Pick<
   | 'dispatches_per_step'
   | 'submits_per_step'
   | 'readbacks_per_step'
+  | 'gpu_busy'
 >;
 
 /**
@@ -56,6 +57,8 @@ export class StepTally {
   private movedSteps = 0;
   /** webgpu: the counted steps' GPU counts, summed, and how many steps reported them. */
   private readonly gpu = { dispatches: 0, submits: 0, readbacks: 0, steps: 0 };
+  /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
+  private readonly busy = { busySeconds: 0, stepSeconds: 0 };
   private measured = 0;
   private targets = 0;
   private trainSeconds = 0;
@@ -101,6 +104,10 @@ export class StepTally {
         this.gpu.submits += r.gpu.submits;
         this.gpu.readbacks += r.gpu.readbacks;
         this.gpu.steps++;
+      }
+      if (r.gpuBusy) {
+        this.busy.busySeconds += r.gpuBusy.busySeconds;
+        this.busy.stepSeconds += r.gpuBusy.stepSeconds;
       }
     }
     r.peakBytes.forEach((b, i) => (this.peak[i] = Math.max(this.peak[i]!, b)));
@@ -192,6 +199,9 @@ export class StepTally {
       dispatches_per_step: g.dispatches / g.steps,
       submits_per_step: g.submits / g.steps,
       readbacks_per_step: g.readbacks / g.steps,
+      ...(this.busy.stepSeconds > 0
+        ? { gpu_busy: this.busy.busySeconds / this.busy.stepSeconds }
+        : {}),
     };
   }
 }
