@@ -162,6 +162,11 @@ test("the bench's plain TF.js run leaves out layerwise's WGSL kernels: more disp
     assert.ok(r.adapter.description, 'the adapter is named');
     assert.ok(lw!.tokens_per_s! > 0 && plain!.tokens_per_s! > 0);
     assert.equal(lw!.steps_measured, 1);
+    if (lw!.gpu_busy !== undefined)
+      assert.ok(
+        lw!.gpu_busy > 0 && lw!.gpu_busy <= 1.05,
+        `GPU busy ${lw!.gpu_busy} of the step`,
+      );
     assert.ok(
       plain!.dispatches_per_step! > 1.5 * lw!.dispatches_per_step!,
       `plain TF.js ${plain!.dispatches_per_step} vs layerwise ${lw!.dispatches_per_step} dispatches per step`,

@@ -206,6 +206,8 @@ export interface GpuRow {
   dispatches_per_step?: number;
   submits_per_step?: number;
   readbacks_per_step?: number;
+  /** GPU busy seconds over step seconds (timestamp queries; absent without them). */
+  gpu_busy?: number;
   /** Peak device bytes of the largest device. */
   peak_device_bytes?: number;
   /** PyTorch's device and version. */
@@ -387,6 +389,7 @@ async function runLayerwise(
       dispatches_per_step: summary?.dispatches_per_step,
       submits_per_step: summary?.submits_per_step,
       readbacks_per_step: summary?.readbacks_per_step,
+      gpu_busy: summary?.gpu_busy,
       peak_device_bytes: summary
         ? Math.max(...summary.peak_device_bytes)
         : undefined,
@@ -525,6 +528,7 @@ export function gpuMarkdown(
         'vs layerwise webgpu',
         'median step, s',
         'dispatches / submits / readbacks per step',
+        'GPU busy',
         'last loss',
         'note',
       ],
@@ -536,6 +540,7 @@ export function gpuMarkdown(
         r.dispatches_per_step === undefined
           ? '-'
           : `${fmt(r.dispatches_per_step)} / ${fmt(r.submits_per_step, 1)} / ${fmt(r.readbacks_per_step, 1)}`,
+        r.gpu_busy === undefined ? '-' : `${(r.gpu_busy * 100).toFixed(0)}%`,
         fmt(r.final_loss, 4),
         r.note ?? r.device ?? '',
       ]),
