@@ -206,15 +206,19 @@ const inProgress = new Set<string>();
  * or SIGINT handler: the process exits right after). The checkpoint before it stays the latest.
  */
 export function removeSaveLeftovers(): void {
+  const sleep = (ms: number) =>
+    Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms);
   for (const p of inProgress) {
-    // the save's own write may be creating a file in the folder on libuv's thread pool right now
-    // (ENOTEMPTY): each new try lists the folder again and removes that file too
+    // the save's own write may be creating a file in the folder (ENOTEMPTY), or the file itself
+    // (the pointer's temporary), on libuv's thread pool right now: each try removes what is
+    // there, and the path counts as gone once it stayed absent 5 ms after the last removal
     for (let tries = 0; tries < 50; tries++) {
       try {
         rmSync(p, { recursive: true, force: true });
-        break;
+        sleep(5);
+        if (!existsSync(p)) break;
       } catch {
-        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 5); // 5 ms
+        sleep(5);
       }
     }
   }
