@@ -137,5 +137,29 @@ export function narrowingTo(
   return lib ? (src, dst) => lib.toBf16(src, dst) : toBf16;
 }
 
-/** The parameter copies' format of the one policy that keeps such copies (the parameter server writes them). */
-export const PARAM_COPY_FORMAT: NumberFormat = BF16.storage.params;
+/**
+ * The format of the 2-byte parameter copies that the parameter server keeps beside its float32
+ * masters under `policy` (its storage.params; param-server/store.ts). RangeError naming the
+ * fix where the policy stores parameters as float32 (it keeps no copies).
+ */
+export function paramCopyFormat(policy: PrecisionPolicy): NumberFormat {
+  if (!isNarrow(policy, 'params'))
+    throw new RangeError(
+      `precision '${policy.name}' keeps no 2-byte parameter copies (its parameters are stored as float32): ask for copies only under a policy whose storage.params is a 2-byte format`,
+    );
+  return policy.storage.params;
+}
+
+/**
+ * The one policy that keeps 2-byte parameter copies: the policy of a caller that asks the
+ * parameter server for copies without naming its precision. RangeError once several policies
+ * keep copies (then the caller must name its precision).
+ */
+export function copyKeepingPolicy(): PrecisionPolicy {
+  const keeping = Object.values(POLICIES).filter((p) => isNarrow(p, 'params'));
+  if (keeping.length !== 1)
+    throw new RangeError(
+      `${keeping.length} precisions keep 2-byte parameter copies (${keeping.map((p) => p.name)}): name the run's precision where copies are asked for`,
+    );
+  return keeping[0]!;
+}
