@@ -14,10 +14,10 @@
 import type { Precision } from '../backend/names.js';
 import {
   bytesOfFormat,
-  copyKeepingPolicy,
   type Narrowing,
   type NumberFormat,
   narrowingTo,
+  onlyNarrowPolicy,
   paramCopyFormat,
   policyOf,
 } from '../backend/precision.js';
@@ -153,7 +153,7 @@ export class ParamStore {
    *   2 bytes per element more), filled here from the initial values.
    * - `opts.precision`: the run's precision, whose policy's storage.params is the copies'
    *   format; absent, the one policy that keeps such copies (backend/precision.ts
-   *   copyKeepingPolicy). Copies under a policy that stores parameters as float32 are a
+   *   onlyNarrowPolicy). Copies under a policy that stores parameters as float32 are a
    *   RangeError (precision.ts paramCopyFormat).
    *
    * Throws {@link LayerwiseError} naming the key if a layer names a key that `params` or
@@ -223,7 +223,7 @@ export class ParamStore {
       check(seen.has(key), `parameter '${key}' belongs to no layer`);
     if (opts.lowPrecision !== undefined) {
       const format = paramCopyFormat(
-        opts.precision ? policyOf(opts.precision) : copyKeepingPolicy(),
+        opts.precision ? policyOf(opts.precision) : onlyNarrowPolicy(),
       );
       layout.low = {};
       layout.lowFormat = format;
