@@ -1,22 +1,50 @@
 /**
- * The seam between the L2L relay and a backend's compute precision (issue 23 item 4): a
- * parameter shipped as bfloat16 values becomes a float32 tensor that the backend keeps as those
- * bf16 values where it can (the native backend at --precision bf16: NativeBackend.fromBf16, 2
- * bytes per element on the device, read directly as the products' bf16 operands), or as their
- * exact float32 widening elsewhere. Imports only TF.js, so the page's bundle can take it.
+ * The seam between a backend's tensors and the run's precision policy (backend/precision.ts;
+ * issue 23 item 4, issue 35 item 1): 2-byte values of the policy's storage format (parameters
+ * shipped by the L2L relay, stashes, what stages send) become float32 tensors that the backend
+ * keeps as those 2-byte values where it can (the native backend at --precision bf16:
+ * NativeBackend.fromBf16, 2 bytes per element on the device, read directly as the products'
+ * bf16 operands), or as their exact float32 widening elsewhere. Every helper asks the thread's
+ * policy ({@link devicePolicy}); only {@link HOLDERS} names a format's backend methods.
+ * Imports only TF.js, so the page's bundle can take it.
  */
-import { toBf16 } from '../util/bf16.js';
 import {
   isNarrow,
+  knownPolicy,
+  type Narrowing,
+  type NumberFormat,
+  narrowingTo,
+  onlyNarrowPolicy,
   type PrecisionPolicy,
   policyOf,
   type TensorRole,
+  type Widening,
+  wideningFrom,
 } from './precision.js';
 import { tf } from './tfjs.js';
 
-/** A backend that can hold a float32 tensor as bf16 values (backend/native.ts NativeBackend). */
-interface Bf16Holder {
-  precision: string;
+/**
+ * A backend that holds float32 tensors as 2-byte values of its policy's storage format (the
+ * native backend at bf16), in that format's terms: the seam the helpers below go through, so
+ * none of them names a format.
+ */
+interface NarrowHolder {
+  /** The 2-byte format it holds. */
+  format: NumberFormat;
+  /** A parameter's tensor held as `d` (taken over). */
+  fromNarrow(d: Uint16Array, shape: number[]): tf.Tensor;
+  /** An activation's tensor held as `d` (taken over). */
+  activationFromNarrow(d: Uint16Array, shape: number[]): tf.Tensor;
+  /** The backend's rounding loop into `format`. */
+  round: Narrowing;
+  /** The backend's widening loop from `format`. */
+  widen: Widening;
+  /** A saved activation's 2-byte-only copy, or null where it keeps t (see {@link keepSavedAtComputePrecision}). */
+  narrowSaved(t: tf.Tensor): tf.Tensor | null;
+}
+
+/** The native backend's bfloat16 methods (backend/native.ts NativeBackend). */
+interface Bf16Backend {
   fromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
   activationFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor;
   roundToBf16(src: Float32Array, dst: Uint16Array): void;
@@ -24,28 +52,58 @@ interface Bf16Holder {
   bf16Saved(t: tf.Tensor): tf.Tensor | null;
 }
 
-function holder(): Bf16Holder | null {
-  const b = tf.backend() as unknown as Partial<Bf16Holder>;
-  return b.precision === 'bf16' && typeof b.fromBf16 === 'function'
-    ? (b as Bf16Holder)
-    : null;
+/**
+ * Per 2-byte storage format, the {@link NarrowHolder} a backend offers in it, or null where it
+ * has none: the one place that names a format's backend methods (a new 2-byte policy adds its
+ * entry here, its conversions in backend/precision.ts).
+ */
+const HOLDERS: Partial<
+  Record<NumberFormat, (b: object) => NarrowHolder | null>
+> = {
+  bfloat16: (b) => {
+    if (typeof (b as Partial<Bf16Backend>).fromBf16 !== 'function') return null;
+    const n = b as Bf16Backend;
+    return {
+      format: 'bfloat16',
+      fromNarrow: (d, shape) => n.fromBf16(d, shape),
+      activationFromNarrow: (d, shape) => n.activationFromBf16(d, shape),
+      round: (src, dst) => n.roundToBf16(src, dst),
+      widen: (src, dst) => n.widenFromBf16(src, dst),
+      narrowSaved: (t) => n.bf16Saved(t),
+    };
+  },
+};
+
+/** The policy a backend names (its `precision`), fp32's for a backend naming none. */
+function namedPolicy(b: object): PrecisionPolicy {
+  return (
+    knownPolicy((b as { precision?: unknown }).precision) ?? policyOf('fp32')
+  );
 }
 
-/** Whether this thread's backend computes in bf16 and keeps bf16-only tensors (then {@link tensorFromBf16} halves their bytes). */
-export function holdsBf16(): boolean {
-  return holder() !== null;
+/** `b`'s holder of `policy`'s 2-byte storage, or null where the policy stores float32 or `b` cannot hold it. */
+function holderOf(b: object, policy: PrecisionPolicy): NarrowHolder | null {
+  if (!isNarrow(policy, 'activations')) return null;
+  return HOLDERS[policy.storage.activations]?.(b) ?? null;
+}
+
+/** This thread's backend's holder of its policy's 2-byte storage, or null (then tensors are float32 only). */
+function holder(): NarrowHolder | null {
+  const b = tf.backend();
+  return holderOf(b, namedPolicy(b));
 }
 
 /**
- * The precision policy (backend/precision.ts) as this thread's backend holds tensors: bf16's
- * where the backend keeps bf16-only tensors ({@link holdsBf16}), f16's on a backend computing
- * f16 products (float32 storage), else fp32's. Callers ask it, or {@link storesNarrow}, which
+ * The precision policy (backend/precision.ts) as this thread's backend holds tensors: the
+ * policy its backend names (NativeBackend.precision, the webgpu backend's), where the backend
+ * can hold that policy's 2-byte storage (a {@link NarrowHolder}); fp32's where it names none,
+ * or names a 2-byte policy it cannot hold. Callers ask it, or {@link storesNarrow}, which
  * roles travel and wait in a 2-byte format; the helpers below convert to and from it.
  */
 export function devicePolicy(): PrecisionPolicy {
-  if (holder()) return policyOf('bf16');
-  const p = (tf.backend() as unknown as { precision?: string }).precision;
-  return policyOf(p === 'f16' ? 'f16' : 'fp32');
+  const b = tf.backend();
+  const p = namedPolicy(b);
+  return isNarrow(p, 'activations') && !holderOf(b, p) ? policyOf('fp32') : p;
 }
 
 /** Whether this thread's backend keeps float32 tensors of `role` in a 2-byte format (see {@link devicePolicy}). */
@@ -54,20 +112,40 @@ export function storesNarrow(role: TensorRole): boolean {
 }
 
 /**
- * `v` rounded to the 2-byte storage format (new array; see {@link storesNarrow}): bfloat16, the
- * only 2-byte storage of any policy today (f16 stores float32); a policy with another would
- * round here by its format.
+ * The 2-byte format of values that travel and wait here: the device policy's (its activations'
+ * storage, which a policy's other 2-byte roles share); on a thread whose backend holds none,
+ * that of the one policy storing 2-byte values (backend/precision.ts onlyNarrowPolicy).
  */
+function narrowFormat(): NumberFormat {
+  const p = devicePolicy();
+  return isNarrow(p, 'activations')
+    ? p.storage.activations
+    : onlyNarrowPolicy().storage.activations;
+}
+
+/** The rounding into `format`: this thread's backend's loop where it holds `format`, else plain JavaScript. */
+function narrowing(format: NumberFormat): Narrowing {
+  const h = holder();
+  return h?.format === format ? h.round : narrowingTo(format);
+}
+
+/** The widening from `format`: this thread's backend's loop where it holds `format`, else plain JavaScript. */
+function widening(format: NumberFormat): Widening {
+  const h = holder();
+  return h?.format === format ? h.widen : wideningFrom(format);
+}
+
+/** `v` rounded to the 2-byte storage format of this thread's policy (a new array; see {@link storesNarrow}). */
 export function narrowValues(v: Float32Array): Uint16Array {
   const d = new Uint16Array(v.length);
-  roundToBf16(v, d);
+  narrowing(narrowFormat())(v, d);
   return d;
 }
 
-/** 2-byte values widened to float32 (exact; a new array). */
+/** 2-byte values (of this thread's policy's storage format) widened to float32 (exact; a new array). */
 export function widenValues(d: Uint16Array): Float32Array {
   const f32 = new Float32Array(d.length);
-  widenBf16(d, f32);
+  widening(narrowFormat())(d, f32);
   return f32;
 }
 
@@ -97,64 +175,50 @@ export function narrowWireOf(m: NarrowWireFields): NarrowWire | undefined {
 
 /**
  * dst[i] = src[i] rounded to bfloat16 (nearest, ties to even), on this thread's backend where
- * it converts (the native addon's vectorised loop), else in JavaScript. RangeError on a length
- * mismatch.
+ * it holds bfloat16 (the native addon's vectorised loop), else in JavaScript. RangeError on a
+ * length mismatch.
  */
 export function roundToBf16(src: Float32Array, dst: Uint16Array): void {
-  const h = holder();
-  if (h) h.roundToBf16(src, dst);
-  else toBf16(src, dst);
+  narrowing('bfloat16')(src, dst);
 }
 
 /** dst[i] = the bf16 src[i] widened to float32 (exact): the backend's loop where it has one. */
 export function widenBf16(src: Uint16Array, dst: Float32Array): void {
-  const h = holder();
-  if (h) {
-    h.widenFromBf16(src, dst);
-    return;
-  }
-  const u = new Uint32Array(dst.buffer, dst.byteOffset, dst.length);
-  for (let i = 0; i < src.length; i++) u[i] = src[i]! << 16;
+  widening('bfloat16')(src, dst);
 }
 
 /**
- * A float32 tensor of `shape` whose values are the bf16 values `bf` widened (exact). `bf` is
- * taken over: the caller must not change it afterwards. On a bf16 native backend the device
- * holds `bf` itself (see NativeBackend.fromBf16); elsewhere a widened Float32Array.
- * RangeError if `bf`'s length is not the shape's size.
+ * A float32 tensor of `shape` whose values are the 2-byte values `d` (this thread's policy's
+ * storage format, see {@link narrowValues}) widened (exact): a parameter's 2-byte copy on the
+ * device. `d` is taken over: the caller must not change it afterwards. On a backend holding
+ * that format (the native backend at bf16) the device holds `d` itself (NativeBackend.fromBf16);
+ * elsewhere a widened Float32Array. RangeError if `d`'s length is not the shape's size.
  */
-export function tensorFromBf16(bf: Uint16Array, shape: number[]): tf.Tensor {
+export function tensorFromNarrow(d: Uint16Array, shape: number[]): tf.Tensor {
   const h = holder();
-  if (h) return h.fromBf16(bf, shape);
+  if (h) return h.fromNarrow(d, shape);
   const n = tf.util.sizeFromShape(shape);
-  if (bf.length !== n)
+  if (d.length !== n)
     throw new RangeError(
-      `tensorFromBf16: ${bf.length} bf16 values for shape [${shape}] (${n} elements)`,
+      `tensorFromNarrow: ${d.length} 2-byte values for shape [${shape}] (${n} elements)`,
     );
-  const f32 = new Float32Array(n);
-  widenBf16(bf, f32);
-  return tf.tensor(f32, shape, 'float32');
+  return tf.tensor(widenValues(d), shape, 'float32');
 }
 
 /**
- * An activation (an L2L stash coming back to the device) of `shape` whose values are the bf16
- * values `bf` widened: as {@link tensorFromBf16}, but not taken for a parameter (so the products
- * that read it keep their kind of output: backend/native.ts bf16Product). `bf` is taken over.
+ * An activation (an L2L stash coming back to the device) of `shape` whose values are the
+ * 2-byte values `d` widened: as {@link tensorFromNarrow}, but not taken for a parameter (so
+ * the products that read it keep their kind of output: backend/native.ts bf16Product). `d` is
+ * taken over.
  */
-export function activationFromBf16(
-  bf: Uint16Array,
+export function activationFromNarrow(
+  d: Uint16Array,
   shape: number[],
 ): tf.Tensor {
   const h = holder();
-  if (h) return h.activationFromBf16(bf, shape);
-  return tensorFromBf16(bf, shape);
+  if (h) return h.activationFromNarrow(d, shape);
+  return tensorFromNarrow(d, shape);
 }
-
-/** {@link tensorFromBf16} in the storage format's name: a parameter's 2-byte copy on the device. */
-export const tensorFromNarrow = tensorFromBf16;
-
-/** {@link activationFromBf16} in the storage format's name: a stashed activation back on the device. */
-export const activationFromNarrow = activationFromBf16;
 
 /**
  * The kernel that rounds a float32 tensor to bf16 and widens it back in one pass (the native
@@ -162,29 +226,41 @@ export const activationFromNarrow = activationFromBf16;
  */
 export const ROUND_BF16_KERNEL = 'LayerwiseRoundBf16';
 
-/** t's values rounded to bf16 and widened back: a new float32 tensor of t's shape (t is kept). */
+/** Per 2-byte format, the name of a kernel that rounds a float32 tensor to it and widens it back in one pass. */
+const ROUND_KERNELS: Partial<Record<NumberFormat, string>> = {
+  bfloat16: ROUND_BF16_KERNEL,
+};
+
+/**
+ * t's values rounded to this thread's 2-byte storage format (bf16 today, see {@link
+ * narrowValues}) and widened back: a new float32 tensor of t's shape (t is kept). The
+ * backend's one-pass kernel where it has one, else rounded and widened on the host.
+ */
 export function roundTensor(t: tf.Tensor): tf.Tensor {
-  if (tf.getKernel(ROUND_BF16_KERNEL, tf.getBackend()))
-    return tf.engine().runKernel(ROUND_BF16_KERNEL, { x: t }) as tf.Tensor;
+  const format = narrowFormat();
+  const kernel = ROUND_KERNELS[format];
+  if (kernel && tf.getKernel(kernel, tf.getBackend()))
+    return tf.engine().runKernel(kernel, { x: t }) as tf.Tensor;
   const v = t.dataSync() as Float32Array;
-  const bf = new Uint16Array(v.length);
-  roundToBf16(v, bf);
+  const d = new Uint16Array(v.length);
+  narrowing(format)(v, d);
   const f32 = new Float32Array(v.length);
-  widenBf16(bf, f32);
+  widening(format)(d, f32);
   return tf.tensor(f32, t.shape, 'float32');
 }
 
 /**
- * A layer-boundary activation at the run's compute precision: on a bf16 backend ({@link
- * holdsBf16}) x's float32 values rounded to bf16 (a float32 tensor of x's shape), and in
- * backward its gradient rounded to bf16 likewise; elsewhere x itself. Every strategy rounds at
- * each block boundary (pipeline/stage-params.ts applyBlocks; the L2L relay's stash and incoming
- * gradients), so the activations and gradients that stages send, and the stashes they keep,
- * travel in bf16 without any strategy computing other numbers than single-device bf16 (issue
- * 23 items 4 and 5).
+ * A layer-boundary activation at the run's precision: where this thread's policy stores
+ * activations in a 2-byte format ({@link storesNarrow}; bf16 on the native backend) x's
+ * float32 values rounded to it (a float32 tensor of x's shape), and in backward its gradient
+ * rounded likewise; elsewhere x itself. Every strategy rounds at each block boundary
+ * (pipeline/stage-params.ts applyBlocks; the L2L relay's stash and incoming gradients), so the
+ * activations and gradients that stages send, and the stashes they keep, travel in the 2-byte
+ * format without any strategy computing other numbers than a single device (issue 23 items 4
+ * and 5).
  */
 export function roundActivation(x: tf.Tensor): tf.Tensor {
-  if (x.dtype !== 'float32' || !holdsBf16()) return x;
+  if (x.dtype !== 'float32' || !storesNarrow('activations')) return x;
   const round = tf.customGrad(((t: tf.Tensor) => ({
     value: roundTensor(t),
     gradFunc: (dy: tf.Tensor) => roundTensor(dy),
@@ -193,8 +269,9 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
 }
 
 /**
- * On a bf16 backend ({@link holdsBf16}), replaces the activations a recorded forward saved for
- * its backward (`tape`: tfjs tape nodes, pipeline/tape.ts) by bf16-only copies of them
+ * Where this thread's backend holds its policy's 2-byte storage (a {@link NarrowHolder}: the
+ * native backend at bf16), replaces the activations a recorded forward saved for
+ * its backward (`tape`: tfjs tape nodes, pipeline/tape.ts) by 2-byte-only copies of them
  * (NativeBackend.bf16Saved: 2 bytes per element instead of 4, the float32 values freed unless
  * something else holds them), as autocast keeps them (issue 23 item 4): the products' operands
  * (their gradients read them only as bf16 operands anyway: the same gradients), GELU's input,
@@ -228,7 +305,7 @@ export function keepSavedAtComputePrecision(
       if (heldElsewhere.has(t.dataId) || t.dtype !== 'float32') return;
       let copy = copies.get(t.dataId);
       if (copy === undefined) {
-        copy = h.bf16Saved(t);
+        copy = h.narrowSaved(t);
         copies.set(t.dataId, copy);
       } else if (copy !== null) copy = tf.clone(copy);
       if (copy === null) return; // a parameter, or bf16 already

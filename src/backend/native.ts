@@ -47,6 +47,11 @@ import { countPrivateBytes } from './memory.js';
 import type { Precision } from './names.js';
 import { nativeAddon } from './native-addon.js';
 import { NATIVE_CONV_KERNELS } from './native-conv.js';
+import {
+  type NumberFormat,
+  type PrecisionPolicy,
+  policyOf,
+} from './precision.js';
 
 export {
   type NativeAddon,
@@ -71,6 +76,27 @@ export class NativeBackend extends MathBackendCPU {
    * float32). Set through initBackend's `precision` (backend/index.ts).
    */
   precision: Precision = 'fp32';
+
+  /** The run's precision policy (backend/precision.ts), the one {@link precision} names. */
+  get policy(): PrecisionPolicy {
+    return policyOf(this.precision);
+  }
+
+  /**
+   * Whether the products read operands in the addon's 2-byte format ({@link NATIVE_NARROW}):
+   * the policy's compute format is it (bf16).
+   */
+  computesNarrow(): boolean {
+    return this.policy.compute === NATIVE_NARROW;
+  }
+
+  /**
+   * Whether the policy stores activations in the addon's 2-byte format ({@link NATIVE_NARROW}),
+   * so kernels write their outputs' 2-byte values ({@link shadowBuffer}, {@link bf16Product}).
+   */
+  holdsNarrow(): boolean {
+    return this.policy.storage.activations === NATIVE_NARROW;
+  }
   /**
    * bf16 copies of parameters (the data of registered tf.Variables), by data id: converted the
    * first time a product reads that data, reused by every later product (each micro-batch's
@@ -235,9 +261,7 @@ export class NativeBackend extends MathBackendCPU {
    * float32.
    */
   bf16Product(a: tf.TensorInfo, b: tf.TensorInfo): boolean {
-    return (
-      this.precision === 'bf16' && (this.isParameter(a) || this.isParameter(b))
-    );
+    return this.holdsNarrow() && (this.isParameter(a) || this.isParameter(b));
   }
 
   private isParameter(t: tf.TensorInfo): boolean {
@@ -369,7 +393,7 @@ export class NativeBackend extends MathBackendCPU {
    * the budget), to become the output with {@link bf16Output}. Undefined at fp32.
    */
   shadowBuffer(length: number): Uint16Array | undefined {
-    if (this.precision !== 'bf16' || length === 0) return undefined;
+    if (!this.holdsNarrow() || length === 0) return undefined;
     countPrivateBytes(2 * length);
     return this.takeBf16(length);
   }
@@ -447,6 +471,12 @@ interface Bf16OnlyState {
   widened: boolean;
   f32: Float32Array | null;
 }
+
+/**
+ * The one 2-byte format the addon's kernels read and write (native/src/bf16.cc): a policy
+ * whose compute or activations' storage is this format runs them; any other stays float32.
+ */
+export const NATIVE_NARROW: NumberFormat = 'bfloat16';
 
 /** The most bytes of free bf16 buffers a backend keeps for reuse (not device bytes: nothing holds them). */
 const BF16_FREE_BYTES = 256 * 2 ** 20;
@@ -698,12 +728,7 @@ function nativeMatMul(
     k === 0
       ? backend.pool.takeZeroed(batch * m * n)
       : backend.alloc(batch * m * n);
-  if (
-    out.length > 0 &&
-    k > 0 &&
-    backend.precision === 'bf16' &&
-    denseBatches(d)
-  )
+  if (out.length > 0 && k > 0 && backend.computesNarrow() && denseBatches(d))
     matMulBf16Operands(backend, a, b, d, out);
   else if (out.length > 0) matMulFloat32(backend, a, b, d, out);
   if (bias !== undefined && out.length > 0) addBiasRows(backend, out, d, bias);

@@ -118,9 +118,17 @@ export function deviceCopyBytes(
     : 0;
 }
 
+/** Exact widening of 2-byte values into float32 (no length check: dst must be as long as src). */
+export type Widening = (src: Uint16Array, dst: Float32Array) => void;
+
 /** A native addon's vectorised rounding loops (backend/native-addon.ts). */
 interface NarrowingAddon {
   toBf16(src: Float32Array, dst: Uint16Array): void;
+}
+
+/** A native addon's vectorised widening loops (backend/native-addon.ts). */
+interface WideningAddon {
+  fromBf16(src: Uint16Array, dst: Float32Array): void;
 }
 
 /**
@@ -137,5 +145,62 @@ export function narrowingTo(
   return lib ? (src, dst) => lib.toBf16(src, dst) : toBf16;
 }
 
-/** The parameter copies' format of the one policy that keeps such copies (the parameter server writes them). */
-export const PARAM_COPY_FORMAT: NumberFormat = BF16.storage.params;
+/** bfloat16 values widened to float32 in plain JavaScript: the bits shifted into the high half. */
+function widenBf16Js(src: Uint16Array, dst: Float32Array): void {
+  const u = new Uint32Array(dst.buffer, dst.byteOffset, dst.length);
+  for (let i = 0; i < src.length; i++) u[i] = src[i]! << 16;
+}
+
+/**
+ * The exact widening of `format`'s values into float32: the addon's vectorised loop where
+ * `lib` is given, else plain JavaScript. RangeError for a format without a widening here
+ * (float32, float16).
+ */
+export function wideningFrom(
+  format: NumberFormat,
+  lib?: WideningAddon,
+): Widening {
+  if (format !== 'bfloat16')
+    throw new RangeError(`no host widening from ${format}`);
+  return lib ? (src, dst) => lib.fromBf16(src, dst) : widenBf16Js;
+}
+
+/**
+ * The format of the 2-byte parameter copies that the parameter server keeps beside its float32
+ * masters under `policy` (its storage.params; param-server/store.ts). RangeError naming the
+ * fix where the policy stores parameters as float32 (it keeps no copies).
+ */
+export function paramCopyFormat(policy: PrecisionPolicy): NumberFormat {
+  if (!isNarrow(policy, 'params'))
+    throw new RangeError(
+      `precision '${policy.name}' keeps no 2-byte parameter copies (its parameters are stored as float32): ask for copies only under a policy whose storage.params is a 2-byte format`,
+    );
+  return policy.storage.params;
+}
+
+/**
+ * The one policy that stores some role in a 2-byte format (bf16 today): the policy of a caller
+ * that asks for 2-byte values without naming its precision (the parameter server's copies
+ * where strategies/l2l.ts passes no precision; 2-byte values reaching a thread whose backend
+ * holds none, backend/low-precision.ts). RangeError once several policies do (then the caller
+ * must name its precision).
+ */
+export function onlyNarrowPolicy(): PrecisionPolicy {
+  const narrow = Object.values(POLICIES).filter((p) =>
+    ROLES.some((r) => isNarrow(p, r)),
+  );
+  if (narrow.length !== 1)
+    throw new RangeError(
+      `${narrow.length} precisions store 2-byte values (${narrow.map((p) => p.name)}): name the run's precision where 2-byte values are asked for`,
+    );
+  return narrow[0]!;
+}
+
+const ROLES: readonly TensorRole[] = ['params', 'activations', 'stash', 'wire'];
+
+/** The policy named `name`, or undefined where `name` names none (a backend without a precision). */
+export function knownPolicy(name: unknown): PrecisionPolicy | undefined {
+  return typeof name === 'string' && Object.hasOwn(POLICIES, name)
+    ? POLICIES[name as Precision]
+    : undefined;
+}

@@ -11,7 +11,7 @@
  */
 import { parentPort, workerData } from 'node:worker_threads';
 import { nativeAddon } from '../backend/native-addon.js';
-import { narrowingTo, PARAM_COPY_FORMAT } from '../backend/precision.js';
+import { narrowingTo } from '../backend/precision.js';
 import type { OptimizerConfig } from '../optim/optimizer.js';
 import { hostUpdate, nativeHostUpdate } from './host-optimizer.js';
 import { ParamStore, type StoreLayout } from './store.js';
@@ -19,7 +19,6 @@ import { ParamStore, type StoreLayout } from './store.js';
 // the server's threads are its parallelism: one OpenMP thread each, so they do not oversubscribe
 const lib = nativeAddon();
 lib?.setThreads(1);
-const toLow = lib ? narrowingTo(PARAM_COPY_FORMAT, lib) : undefined;
 const update: typeof hostUpdate = lib
   ? (...args) => nativeHostUpdate(lib, ...args)
   : hostUpdate;
@@ -78,6 +77,9 @@ if (!port)
   );
 const data = workerData as OptimizerWorkerData;
 const store = ParamStore.attach(data.layout);
+// the rounding of the layout's 2-byte copies (the run's policy's storage.params), vectorised
+const lowFormat = data.layout.lowFormat;
+const toLow = lib && lowFormat ? narrowingTo(lowFormat, lib) : undefined;
 const counters = new Int32Array(data.counters);
 const { config, thread } = data;
 

@@ -996,6 +996,37 @@ test('bf16 copies (issue 23 item 4): the masters stay float32, each update rewri
   }
 });
 
+test("the store's 2-byte copies take the run's policy's parameter format: bfloat16 under bf16 and by default, refused under a policy storing float32", () => {
+  const cfg = CONFIGS[0]![1];
+  const low = new Set(['0.w', '3.w']);
+  for (const precision of ['bf16', undefined] as const) {
+    const st = ParamStore.create(initial(3), LAYERS, cfg, SHAPES, {
+      lowPrecision: low,
+      precision,
+    });
+    assert.equal(st.layout.lowFormat, 'bfloat16', `precision ${precision}`);
+    const copy = st.low('3.w')!;
+    assert.equal(copy.byteLength, 2 * size(SHAPES['3.w']!));
+    const want = new Uint16Array(copy.length);
+    toBf16(st.param('3.w'), want);
+    assert.deepEqual(copy, want, 'filled from the masters');
+  }
+  assert.equal(
+    ParamStore.create(initial(3), LAYERS, cfg, SHAPES).layout.lowFormat,
+    undefined,
+    'no copies, no format',
+  );
+  for (const precision of ['fp32', 'f16'] as const)
+    assert.throws(
+      () =>
+        ParamStore.create(initial(3), LAYERS, cfg, SHAPES, {
+          lowPrecision: low,
+          precision,
+        }),
+      new RegExp(`precision '${precision}' keeps no 2-byte parameter copies`),
+    );
+});
+
 test('toBf16 rounds to nearest, ties to even, and keeps NaN a NaN', () => {
   const f = new Float32Array([
     1,

@@ -16,6 +16,7 @@
  * of one tensor are applied in step order even when steps overlap.
  */
 import { Worker } from 'node:worker_threads';
+import type { Precision } from '../backend/names.js';
 import { configureOpenMP } from '../backend/native-addon.js';
 import type { HostParams } from '../model/init.js';
 import {
@@ -72,8 +73,13 @@ export interface ParameterServerOptions {
    * {@link ParamStore.create}'s `opts.adopt`); the caller must not use them afterwards.
    */
   adopt?: boolean;
-  /** Keys that also keep a bfloat16 copy for the device (see StoreLayout.low); none by default. */
+  /** Keys that also keep a 2-byte copy for the device (see StoreLayout.low); none by default. */
   lowPrecision?: ReadonlySet<string>;
+  /**
+   * The run's precision: its policy's storage.params is the copies' format (backend/
+   * precision.ts). Absent: the one policy that keeps copies (see ParamStore.create).
+   */
+  precision?: Precision;
   /**
    * f16: dynamic loss scaling from this initial scale (optim/loss-scale.ts): the devices'
    * gradients come scaled by {@link ParameterServer.lossScale}; the server unscales them in the
@@ -188,6 +194,7 @@ export class ParameterServer {
     const store = ParamStore.create(o.params, o.layers, o.optimizer, o.shapes, {
       adopt: o.adopt,
       lowPrecision: o.lowPrecision,
+      precision: o.precision,
     });
     const counters = new SharedArrayBuffer(4 * (4 * store.numLayers + 64));
     const workers: Worker[] = [];

@@ -11,11 +11,15 @@
  * This module must not import TF.js: it runs in the optimizer worker threads.
  */
 
+import type { Precision } from '../backend/names.js';
 import {
   bytesOfFormat,
   type Narrowing,
+  type NumberFormat,
   narrowingTo,
-  PARAM_COPY_FORMAT,
+  onlyNarrowPolicy,
+  paramCopyFormat,
+  policyOf,
 } from '../backend/precision.js';
 import { type Block, paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
@@ -41,13 +45,19 @@ export interface StoreLayout {
   slots: Record<string, Record<string, SharedArrayBuffer>>;
   /**
    * Per key shipped in the precision policy's parameter format (issue 23 item 4; backend/
-   * precision.ts storage.params, {@link PARAM_COPY_FORMAT}), a Uint16Array's buffer of the
+   * precision.ts storage.params, {@link StoreLayout.lowFormat}), a Uint16Array's buffer of the
    * master's copy in it (2 bytes per element, rounded to nearest even),
    * rewritten by the optimizer thread after each update of the key and before its layer's
    * version moves on, so a device that waited on the version reads the copy of the same
    * update. Absent for a float32 run. The masters stay float32.
    */
   low?: Record<string, SharedArrayBuffer>;
+  /**
+   * The 2-byte format of {@link low}'s copies: the run's policy's storage.params (backend/
+   * precision.ts paramCopyFormat). Present exactly where `low` is; the optimizer threads read
+   * it here to pick their rounding.
+   */
+  lowFormat?: NumberFormat;
   /** Int32Array, one per layer: optimizer updates applied to that layer since the store was created. */
   versions: SharedArrayBuffer;
   /**
@@ -141,6 +151,10 @@ export class ParamStore {
    *
    * - `opts.lowPrecision`: keys that also get a shared 2-byte copy ({@link StoreLayout.low},
    *   2 bytes per element more), filled here from the initial values.
+   * - `opts.precision`: the run's precision, whose policy's storage.params is the copies'
+   *   format; absent, the one policy that keeps such copies (backend/precision.ts
+   *   onlyNarrowPolicy). Copies under a policy that stores parameters as float32 are a
+   *   RangeError (precision.ts paramCopyFormat).
    *
    * Throws {@link LayerwiseError} naming the key if a layer names a key that `params` or
    * `shapes` lacks, a key appears twice, a key of `params` belongs to no layer, or a value
@@ -151,7 +165,11 @@ export class ParamStore {
     layers: string[][],
     optimizer: OptimizerConfig,
     shapes: Record<string, number[]>,
-    opts: { adopt?: boolean; lowPrecision?: ReadonlySet<string> } = {},
+    opts: {
+      adopt?: boolean;
+      lowPrecision?: ReadonlySet<string>;
+      precision?: Precision;
+    } = {},
   ): ParamStore {
     const seen = new Set<string>();
     const layout: StoreLayout = {
@@ -204,13 +222,15 @@ export class ParamStore {
     for (const key of params.keys())
       check(seen.has(key), `parameter '${key}' belongs to no layer`);
     if (opts.lowPrecision !== undefined) {
+      const format = paramCopyFormat(
+        opts.precision ? policyOf(opts.precision) : onlyNarrowPolicy(),
+      );
       layout.low = {};
+      layout.lowFormat = format;
       for (const key of opts.lowPrecision) {
         check(seen.has(key), `low-precision key '${key}' belongs to no layer`);
         const n = sizeOf(layout.shapes[key]!);
-        layout.low[key] = new SharedArrayBuffer(
-          bytesOfFormat(PARAM_COPY_FORMAT) * n,
-        );
+        layout.low[key] = new SharedArrayBuffer(bytesOfFormat(format) * n);
       }
     }
     const store = new ParamStore(layout);
@@ -254,15 +274,14 @@ export class ParamStore {
 
   /**
    * Rewrites `key`'s 2-byte copy from its master with `convert` (default: plain JavaScript's
-   * rounding to {@link PARAM_COPY_FORMAT}, backend/precision.ts narrowingTo; the
+   * rounding to {@link StoreLayout.lowFormat}, backend/precision.ts narrowingTo; the
    * optimizer threads pass the native addon's vectorised loop). No-op for a key without one.
    */
-  refreshLow(
-    key: string,
-    convert: Narrowing = narrowingTo(PARAM_COPY_FORMAT),
-  ): void {
+  refreshLow(key: string, convert?: Narrowing): void {
     const low = this.lowViews.get(key);
-    if (low !== undefined) convert(this.param(key), low);
+    if (low === undefined) return;
+    const round = convert ?? narrowingTo(this.layout.lowFormat!);
+    round(this.param(key), low);
   }
 
   /** The shape of `key`. Throws LayerwiseError for an unknown key. */
