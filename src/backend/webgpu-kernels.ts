@@ -11,7 +11,8 @@
  * kernel with several outputs runs one program per output (a TF.js program writes one buffer).
  * The math is the composed form's, so results match the other backends to rounding. `--precision
  * f16` on webgpu rounds the products' operands (backend/webgpu-f16.ts) and, where the device has
- * shader-f16, runs GELU and its gradient in f16 arithmetic ({@link useF16Arithmetic}); the other
+ * shader-f16, runs GELU, its gradient and layer norm's forward in f16 arithmetic
+ * ({@link useF16Arithmetic}); the other
  * kernels serve it unchanged, in f32.
  *
  * Storage is float32 ({@link STORAGE}): TF.js 4.22's tensors have no f16 dtype (its webgpu
@@ -198,7 +199,8 @@ function perRow(
 /** Layer norm's forward: one dispatch of a pipeline of ours with its three outputs (backend/webgpu-multi.ts). */
 function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
   const { x, g, b } = inputs as Record<string, tf.TensorInfo>;
-  return layerNormFused(x!, g!, b!, attrs.epsilon as number, backend);
+  const eps = attrs.epsilon as number;
+  return layerNormFused(x!, g!, b!, eps, backend, f16Arithmetic(backend));
 }
 
 function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
@@ -386,8 +388,9 @@ function sgd(inputs: Inputs, attrs: Attrs, backend: unknown) {
 let f16Wanted = false;
 
 /**
- * Makes this thread's GELU and its gradient compute in f16 arithmetic (wgsl/elementwise.ts's
- * f16 variants; float32 storage, as TF.js 4.22's webgpu tensors have no f16 dtype) where the
+ * Makes this thread's GELU, its gradient and layer norm's forward compute in f16 arithmetic
+ * (wgsl/elementwise.ts's and wgsl/multi.ts's f16 variants; float32 storage, as TF.js 4.22's
+ * webgpu tensors have no f16 dtype; sums stay f32) where the
  * backend's device has `shader-f16` (backend/webgpu.ts requests it for a policy that computes
  * in f16); elsewhere, and with `on` false, they stay f32. Called by backend/webgpu-f16.ts.
  */
