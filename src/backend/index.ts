@@ -5,7 +5,7 @@
  */
 
 import * as tf from '@tensorflow/tfjs-core';
-import { installDawn } from './webgpu.js';
+import { installDawn, requestShaderF16 } from './webgpu.js';
 // tfjs-core 4.x registers no gradients itself; the union package's Node bundle registers all stock
 // gradients into tfjs-core's global registry. It must load before our gradient overrides.
 import '@tensorflow/tfjs';
@@ -27,6 +27,7 @@ import {
   nativeUnavailable,
   registerNativeBackend,
 } from './native.js';
+import { policyOf } from './precision.js';
 import { registerWasmKernels } from './wasm-kernels.js';
 import { registerWasmLayoutKernels } from './wasm-layout.js';
 import { registerWasmMatMul } from './wasm-matmul.js';
@@ -145,6 +146,8 @@ export async function initBackend(
     process.env.TF_NUM_INTRAOP_THREADS ??= String(threads);
   // navigator.gpu before the backend package is imported
   const dawn = backend === 'webgpu' ? await installDawn() : undefined;
+  // WGSL's f16 type for a policy computing in f16 (backend/webgpu-f16.ts's kernels)
+  if (dawn) requestShaderF16(policyOf(precision).compute === 'float16');
   if (backend === 'tensorflow' || backend === 'webgpu')
     await loadOptional(backend);
   // LAYERWISE_WEBGPU_KERNELS=tfjs keeps TF.js's own webgpu kernels and the composed forms: the

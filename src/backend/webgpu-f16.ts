@@ -7,13 +7,16 @@
  * ({@link RoundF16Program}: nearest-even on the bits, f16's subnormals, values past f16's range
  * made infinite so that loss scaling sees the overflow) before the backend's own BatchMatMul and _FusedMatMul
  * run: f16 numerics, float32 storage and speed (documented as such in README). The adapter must
- * have `shader-f16` (backend/index.ts checks), as a real f16 kernel will need it.
+ * have `shader-f16` (backend/index.ts checks); the device is made with it (backend/webgpu.ts
+ * requestShaderF16) and GELU and its gradient then compute in f16 arithmetic
+ * (backend/webgpu-kernels.ts useF16Arithmetic).
  */
 import {
   type WebGPUProgram,
   webgpu_util,
 } from '@tensorflow/tfjs-backend-webgpu';
 import { tf } from './tfjs.js';
+import { useF16Arithmetic } from './webgpu-kernels.js';
 
 /** Rounds every element of a float32 tensor to the nearest f16 value and back (overflow: +-Infinity). */
 class RoundF16Program implements WebGPUProgram {
@@ -77,11 +80,13 @@ let registered = false;
 
 /**
  * Makes this thread's webgpu BatchMatMul and _FusedMatMul round their two operands to f16
- * first (forward and backward: the gradients' products are BatchMatMuls too). Once per thread.
+ * first (forward and backward: the gradients' products are BatchMatMuls too), and GELU and its
+ * gradient compute in f16 where the device has shader-f16. Once per thread.
  */
 export function registerF16Products(): void {
   if (registered) return;
   registered = true;
+  useF16Arithmetic(true);
   for (const name of PRODUCTS) {
     const stock = tf.getKernel(name, 'webgpu');
     if (!stock) throw new Error(`webgpu has no ${name} kernel to round`);

@@ -9,12 +9,15 @@
  * Every program views its tensors as flat [n] or [rows, cols] (same data, other shape), so any
  * rank works and one compiled pipeline per kernel serves every shape (sizes are uniforms). A
  * kernel with several outputs runs one program per output (a TF.js program writes one buffer).
- * The math is the composed form's, so results match the other backends to rounding; `--precision
- * f16` on webgpu rounds only the products' operands (backend/webgpu-f16.ts), so these kernels
- * serve it unchanged.
+ * The math is the composed form's, so results match the other backends to rounding. `--precision
+ * f16` on webgpu rounds the products' operands (backend/webgpu-f16.ts) and, where the device has
+ * shader-f16, runs GELU, its gradient and layer norm's forward in f16 arithmetic
+ * ({@link useF16Arithmetic}); the other
+ * kernels serve it unchanged, in f32.
  *
- * Storage is float32 ({@link STORAGE}): a storage type of f16 would be a second dtype here and in
- * the programs' prelude, while the WGSL bodies keep computing in f32.
+ * Storage is float32 ({@link STORAGE}): TF.js 4.22's tensors have no f16 dtype (its webgpu
+ * backend allocates 4 bytes per 'float32' element), so f16 storage would need a dtype of our own
+ * through every op; the f16 programs convert on load and store.
  */
 import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
 import {
@@ -41,6 +44,8 @@ import {
 } from './webgpu-multi.js';
 import {
   adamwWgsl,
+  GELU_F16_WGSL,
+  GELU_GRAD_F16_WGSL,
   GELU_GRAD_WGSL,
   GELU_WGSL,
   SOFTMAX_PROBS_WGSL,
@@ -194,7 +199,8 @@ function perRow(
 /** Layer norm's forward: one dispatch of a pipeline of ours with its three outputs (backend/webgpu-multi.ts). */
 function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
   const { x, g, b } = inputs as Record<string, tf.TensorInfo>;
-  return layerNormFused(x!, g!, b!, attrs.epsilon as number, backend);
+  const eps = attrs.epsilon as number;
+  return layerNormFused(x!, g!, b!, eps, backend, f16Arithmetic(backend));
 }
 
 function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
@@ -379,6 +385,26 @@ function sgd(inputs: Inputs, attrs: Attrs, backend: unknown) {
   );
 }
 
+let f16Wanted = false;
+
+/**
+ * Makes this thread's GELU, its gradient and layer norm's forward compute in f16 arithmetic
+ * (wgsl/elementwise.ts's and wgsl/multi.ts's f16 variants; float32 storage, as TF.js 4.22's
+ * webgpu tensors have no f16 dtype; sums stay f32) where the
+ * backend's device has `shader-f16` (backend/webgpu.ts requests it for a policy that computes
+ * in f16); elsewhere, and with `on` false, they stay f32. Called by backend/webgpu-f16.ts.
+ */
+export function useF16Arithmetic(on: boolean): void {
+  f16Wanted = on;
+}
+
+/** Whether `backend`'s kernels compute in f16: asked for, and its device has shader-f16. */
+export function f16Arithmetic(backend: unknown): boolean {
+  const device = (backend as { device?: { features?: ReadonlySet<string> } })
+    .device;
+  return f16Wanted && device?.features?.has('shader-f16') === true;
+}
+
 type KernelImpl = (
   inputs: Inputs,
   attrs: Attrs,
@@ -388,12 +414,14 @@ type KernelImpl = (
 /** layerwise's webgpu kernels, by kernel name. */
 const WEBGPU_KERNELS: Record<string, KernelImpl> = {
   [GELU_KERNEL]: ({ x }, _a, backend) =>
-    elementwise(backend, 'lw_gelu', GELU_WGSL, ['X'], [x!]),
+    f16Arithmetic(backend)
+      ? elementwise(backend, 'lw_gelu_f16', GELU_F16_WGSL, ['X'], [x!])
+      : elementwise(backend, 'lw_gelu', GELU_WGSL, ['X'], [x!]),
   [GELU_GRAD_KERNEL]: ({ x, dy }, _a, backend) =>
     elementwise(
       backend,
-      'lw_gelu_grad',
-      GELU_GRAD_WGSL,
+      f16Arithmetic(backend) ? 'lw_gelu_grad_f16' : 'lw_gelu_grad',
+      f16Arithmetic(backend) ? GELU_GRAD_F16_WGSL : GELU_GRAD_WGSL,
       ['X', 'Dy'],
       [x!, dy!],
     ),

@@ -22,6 +22,7 @@ import { gpuQueue } from './gpu-queue.js';
 import type { tf } from './tfjs.js';
 import {
   ADAMW_MULTI_WGSL,
+  LAYER_NORM_FUSED_F16_WGSL,
   LAYER_NORM_FUSED_WGSL,
   LAYER_NORM_PARAM_GRADS_WGSL,
   MAX_WORKGROUPS_PER_DIMENSION,
@@ -474,7 +475,9 @@ function rowUniforms(rows: number, cols: number, epsilon?: number) {
 
 /**
  * Layer norm over the last axis of x (kernel-names.ts LAYER_NORM_KERNEL) on webgpu in one
- * dispatch: outputs [y (x's shape), xhat (x's shape), rstd [..., 1]], all float32.
+ * dispatch: outputs [y (x's shape), xhat (x's shape), rstd [..., 1]], all float32. `f16`: the
+ * normalisation in f16 arithmetic (wgsl/multi.ts LAYER_NORM_FUSED_F16_WGSL; the device must
+ * have shader-f16).
  */
 export function layerNormFused(
   x: tf.TensorInfo,
@@ -482,6 +485,7 @@ export function layerNormFused(
   beta: tf.TensorInfo,
   epsilon: number,
   backend: unknown,
+  f16 = false,
 ): tf.TensorInfo[] {
   const b = backend as RawBackend;
   const s = stateOf(b);
@@ -495,7 +499,7 @@ export function layerNormFused(
     dispatch(
       b,
       s,
-      LAYER_NORM_FUSED_WGSL,
+      f16 ? LAYER_NORM_FUSED_F16_WGSL : LAYER_NORM_FUSED_WGSL,
       [...inputs, yBuffer, xhatBuffer, rstdBuffer, u],
       rows,
     );

@@ -75,8 +75,8 @@ export async function installDawn(): Promise<DawnAdapter> {
     if (!adapter) continue;
     // TF.js asks for its own adapter: give it this one's flags and feature level
     const request = gpu.requestAdapter.bind(gpu);
-    gpu.requestAdapter = (o: Record<string, unknown> = {}) =>
-      request({ ...o, featureLevel });
+    gpu.requestAdapter = async (o: Record<string, unknown> = {}) =>
+      withShaderF16(await request({ ...o, featureLevel }));
     const nav = ((globalThis as { navigator?: object }).navigator ??=
       {}) as object;
     Object.defineProperty(nav, 'gpu', { value: gpu, configurable: true });
@@ -96,7 +96,68 @@ export async function installDawn(): Promise<DawnAdapter> {
 
 /** The slice of Dawn's GPU object used here. */
 interface GPUish {
-  requestAdapter(
-    o?: Record<string, unknown>,
-  ): Promise<{ info?: { description?: string; vendor?: string } } | null>;
+  requestAdapter(o?: Record<string, unknown>): Promise<AdapterIsh | null>;
+}
+
+/** The slice of a GPUAdapter used here. */
+interface AdapterIsh {
+  info?: { description?: string; vendor?: string };
+  features?: ReadonlySet<string>;
+  requestDevice?(d?: { requiredFeatures?: unknown[] }): Promise<DeviceIsh>;
+}
+
+/** The slice of a GPUDevice used here. */
+interface DeviceIsh {
+  createShaderModule(d: { code: string; label?: string }): unknown;
+}
+
+let shaderF16Wanted = false;
+
+/**
+ * Asks that the devices this thread's adapters create from now on have the `shader-f16`
+ * feature where the adapter has it (WGSL's f16 type; backend/webgpu-f16.ts's kernels), for a
+ * policy that computes in f16 (backend/precision.ts `compute === 'float16'`). Call before the
+ * backend's device is made (TF.js makes it once per thread, at the first `tf.setBackend('webgpu')`).
+ */
+export function requestShaderF16(wanted: boolean): void {
+  shaderF16Wanted = wanted;
+}
+
+/**
+ * WGSL's `enable f16;` must come before every declaration, but TF.js's program prelude
+ * (makeShader) comes before a program's code: a shader whose code says `enable f16;` gets
+ * the directive moved to the top of the module.
+ */
+export const ENABLE_F16 = 'enable f16;';
+
+function hoistEnableF16(code: string): string {
+  return code.includes(ENABLE_F16)
+    ? `${ENABLE_F16}\n${code.replaceAll(ENABLE_F16, '')}`
+    : code;
+}
+
+/**
+ * `adapter` whose requestDevice adds `shader-f16` to the required features when
+ * {@link requestShaderF16} asked for it and the adapter has it, and whose devices hoist
+ * {@link ENABLE_F16} in the shaders they compile.
+ */
+function withShaderF16(adapter: AdapterIsh | null): AdapterIsh | null {
+  const requestDevice = adapter?.requestDevice?.bind(adapter);
+  if (!adapter || !requestDevice) return adapter;
+  adapter.requestDevice = async (d = {}) => {
+    const f16 = shaderF16Wanted && adapter.features?.has('shader-f16');
+    const device = await requestDevice(
+      f16
+        ? {
+            ...d,
+            requiredFeatures: [...(d.requiredFeatures ?? []), 'shader-f16'],
+          }
+        : d,
+    );
+    const compile = device.createShaderModule.bind(device);
+    device.createShaderModule = (m) =>
+      compile({ ...m, code: hoistEnableF16(m.code) });
+    return device;
+  };
+  return adapter;
 }

@@ -101,3 +101,56 @@ export const sgdWgsl = (which: 'p' | 'velocity', momentum: boolean): string =>
       ${momentum ? 'let vel = Vel[index] * uniforms.momentum + gw;' : 'let vel = gw;'}
       ${which === 'velocity' ? 'setOutputAtIndex(index, vel);' : 'setOutputAtIndex(index, P[index] - vel * uniforms.lr);'}
 `);
+
+/** WGSL's spelling of an f16 constant (`h` suffix; the compiler rounds it to f16). */
+const f16 = (v: number): string => `${Math.fround(v)}h`;
+
+/**
+ * `body` for every index below the output's size, in a module with WGSL's f16 type (`enable
+ * f16;`, hoisted to the top by backend/webgpu.ts; the device needs `shader-f16`). sigmoidH is
+ * the logistic function in f16 arithmetic without overflow: exp only of -|u| (<= 0).
+ */
+const perElementF16 = (body: string): string => `
+  enable f16;
+  fn sigmoidH(u : f16) -> f16 {
+    let e = exp(-abs(u));
+    return select(e / (1.0h + e), 1.0h / (1.0h + e), u >= 0.0h);
+  }
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      ${body}
+    }
+  }
+`;
+
+/**
+ * The sigmoid's argument x (C1 + C2 x^2) of GELU in f16: x rounded to f16 and clamped to
+ * [-16, 16], where the argument (at most 317) is finite in f16 and the sigmoid is already 0 or 1
+ * in f16 (so the clamp changes no f16 result).
+ */
+const GELU_ARG_F16 = `
+      let x = X[index];
+      let xh = f16(clamp(x, -16.0, 16.0));
+      let sq = xh * xh;
+      let sg = sigmoidH(xh * (sq * ${f16(GELU_C2)} + ${f16(GELU_C1)}));
+`;
+
+/**
+ * GELU with the sigmoid factor in f16 arithmetic (`--precision f16` where the device has
+ * shader-f16): inputs X (float32 storage). The factor s in [0, 1] is computed in f16; x * s is
+ * taken in f32 with x as stored, so values beyond f16's range (65504) give the f32 kernel's.
+ */
+export const GELU_F16_WGSL = perElementF16(`${GELU_ARG_F16}
+      setOutputAtIndex(index, x * f32(sg));
+`);
+
+/**
+ * GELU's gradient with the slope GELU'(x) in f16 arithmetic: inputs X, Dy (float32 storage).
+ * dy * slope is taken in f32: dy is loss-scaled (up to 2^16 times the gradient), and an f16
+ * overflow is not defined in WGSL at run time, so the loss scaler's overflow test sees f32's.
+ */
+export const GELU_GRAD_F16_WGSL = perElementF16(`${GELU_ARG_F16}
+      let du = xh * (sq * ${f16(3 * GELU_C2)} + ${f16(GELU_C1)});
+      let slope = sg + du * (sg - sg * sg);
+      setOutputAtIndex(index, Dy[index] * f32(slope));
+`);

@@ -168,6 +168,22 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>,
 `;
 
 /**
+ * {@link LAYER_NORM_FUSED_WGSL} with the per-element normalisation in f16 arithmetic
+ * (`--precision f16` where the device has shader-f16): mean, variance and rstd stay f32 sums
+ * over float32 storage; (x - mean), rstd, g and b are taken to f16, and xhat = (x - mean) rstd,
+ * y = xhat g + b are computed in f16 and stored as float32. xhat is at most sqrt(cols) in size,
+ * within f16's range; `enable f16;` is hoisted by backend/webgpu.ts.
+ */
+export const LAYER_NORM_FUSED_F16_WGSL = `enable f16;\n${LAYER_NORM_FUSED_WGSL.replace(
+  `      let xhat = (X[base + c] - mean) * rstd;
+      Xhat[base + c] = xhat;
+      Y[base + c] = xhat * G[c] + B[c];`,
+  `      let xhat = f16(X[base + c] - mean) * f16(rstd);
+      Xhat[base + c] = f32(xhat);
+      Y[base + c] = f32(xhat * f16(G[c]) + f16(B[c]));`,
+)}`;
+
+/**
  * Layer norm's parameter gradients in one dispatch: per column of Dy, Xhat [rows, cols],
  * dg = sum over rows of dy xhat and db = sum of dy (outputs DG, DB [cols]); one workgroup per
  * column (flat over x and y), the rows strided over its threads as rows.ts's column sums.
