@@ -129,7 +129,7 @@ function convForward(
     y,
     geometry(c),
     relu,
-    backend.precision === 'bf16',
+    backend.computesNarrow(),
   );
   return s === 0 ? backend.makeTensorInfo(c.outShape, 'float32', y) : null;
 }
@@ -248,7 +248,7 @@ function conv2DBackpropInputKernel(args: KernelArgs): tf.TensorInfo {
       values(backend, filter),
       dx,
       geometry(c),
-      backend.precision === 'bf16',
+      backend.computesNarrow(),
     ) !== 0
   )
     return cpuKernel('Conv2DBackpropInput', args);
@@ -282,7 +282,7 @@ function conv2DBackpropFilterKernel(args: KernelArgs): tf.TensorInfo {
       values(backend, dy),
       dw,
       geometry(c),
-      backend.precision === 'bf16',
+      backend.computesNarrow(),
     ) !== 0
   )
     return cpuKernel('Conv2DBackpropFilter', args);

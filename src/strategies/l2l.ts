@@ -291,6 +291,7 @@ export class L2LStrategy extends Coordinator {
       threads: opts.serverThreads,
       adopt: opts.adoptParams,
       lowPrecision: lowPrecisionKeys(model, opts.precision),
+      precision: opts.precision,
       lossScale: opts.lossScale,
     });
     const ranges = opts.ranges ?? [{ from: 0, to: layers.length }];
