@@ -13,6 +13,7 @@ import { createStrategy } from '../strategies/index.js';
 import { median } from '../util/stats.js';
 import {
   type BenchModel,
+  type BenchRun,
   loadBenchModel,
   markdownTable,
   reportBenchResults,
@@ -37,14 +38,8 @@ interface Row {
   loss_after: number;
 }
 
-/** What every configuration of the bench shares: the options, the model and the machine's cores. */
-interface BackendsRun {
-  o: BackendsBenchOptions;
-  base: TrainConfig;
-  bench: BenchModel;
-  cores: number;
-  log: (s: string) => void;
-}
+/** The bench's shared run: its options, configuration, model, cores and log. */
+type BackendsRun = BenchRun<BackendsBenchOptions>;
 
 /** Runs every configuration (native ones where the addon loads) and writes backends.json and backends.md. */
 export async function benchBackends(

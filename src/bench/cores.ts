@@ -27,6 +27,7 @@ import { check, LayerwiseError } from '../util/errors.js';
 import { median } from '../util/stats.js';
 import {
   type BenchModel,
+  type BenchRun,
   loadBenchModel,
   markdownTable,
   reportBenchResults,
@@ -232,14 +233,8 @@ export function coresGrid(
   return { configs: order.map((x) => x.c), skipped };
 }
 
-/** What every configuration of a run shares. */
-interface CoresRun {
-  o: CoresBenchOptions;
-  base: TrainConfig;
-  bench: BenchModel;
-  cores: number;
-  log: (s: string) => void;
-}
+/** The bench's shared run: its options, configuration, model, cores and log. */
+type CoresRun = BenchRun<CoresBenchOptions>;
 
 /**
  * Runs the grid ({@link coresGrid}) within the time budget and writes `<name>.json` and

@@ -63,6 +63,15 @@ export interface BenchModel {
   context: number | undefined;
 }
 
+/** What every configuration of a bench that trains in this process shares: its options `o`, the resolved base configuration, the model, the machine's cores and the log. */
+export interface BenchRun<O> {
+  o: O;
+  base: TrainConfig;
+  bench: BenchModel;
+  cores: number;
+  log: (s: string) => void;
+}
+
 /**
  * Loads `base`'s data set, builds its model and draws the initial parameters from `base.seed`.
  * Throws what loadDataset and modelConfigFor throw (an unknown data set, a model module).
