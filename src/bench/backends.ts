@@ -12,7 +12,6 @@ import { modelParamCount } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
 import { median } from '../util/stats.js';
 import {
-  type BenchModel,
   type BenchRun,
   loadBenchModel,
   markdownTable,

@@ -26,7 +26,6 @@ import { createStrategy } from '../strategies/index.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { median } from '../util/stats.js';
 import {
-  type BenchModel,
   type BenchRun,
   loadBenchModel,
   markdownTable,
