@@ -179,7 +179,7 @@ export async function initBackend(
   await tf.ready();
   if (backend === 'native')
     (tf.backend() as NativeBackend).precision = precision;
-  if (precision === 'f16') {
+  if (policyOf(precision).compute === 'float16') {
     // f16 products need an adapter with shader-f16 (Mesa's lavapipe has it; Dawn's OpenGL backend does not)
     const gpu = (globalThis as { navigator?: { gpu?: GPUWithAdapters } })
       .navigator?.gpu;
