@@ -40,6 +40,8 @@ import {
   adamwMulti,
   layerNormFused,
   layerNormParamGrads,
+  rowsOf,
+  sizeOf,
   sumSquaresMulti,
 } from './webgpu-multi.js';
 import {
@@ -130,14 +132,6 @@ const view = (t: tf.TensorInfo, shape: number[]): tf.TensorInfo => ({
   dtype: t.dtype,
 });
 
-const sizeOf = (t: tf.TensorInfo): number => t.shape.reduce((a, b) => a * b, 1);
-
-/** t as [rows, cols] over its last axis. */
-const asRows = (t: tf.TensorInfo): [number, number] => {
-  const cols = t.shape[t.shape.length - 1] ?? 1;
-  return [sizeOf(t) / cols, cols];
-};
-
 /** Runs `program` on `inputs` (already viewed flat or as rows) and gives the output `shape`. */
 function run(
   backend: unknown,
@@ -205,7 +199,7 @@ function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
 
 function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
   const { dy, xhat, rstd, g } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(dy!);
+  const [rows, cols] = rowsOf(dy!);
   const u: Uniform[] = [
     ['rows', 'i32', rows],
     ['cols', 'i32', cols],
@@ -231,7 +225,7 @@ function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
 
 function softmaxCrossEntropy(inputs: Inputs, _attrs: Attrs, backend: unknown) {
   const { logits, labels } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(logits!);
+  const [rows, cols] = rowsOf(logits!);
   const u: Uniform[] = [
     ['rows', 'i32', rows],
     ['cols', 'i32', cols],
@@ -276,7 +270,7 @@ function softmaxCrossEntropyGrad(
   backend: unknown,
 ) {
   const { probs, labels, dy } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(probs!);
+  const [rows, cols] = rowsOf(probs!);
   return elementwise(
     backend,
     'lw_xent_grad',
@@ -292,7 +286,7 @@ function softmaxCrossEntropyGrad(
 
 function causalSoftmax(inputs: Inputs, attrs: Attrs, backend: unknown) {
   const { x } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(x!);
+  const [rows, cols] = rowsOf(x!);
   const u: Uniform[] = [
     ['rows', 'i32', rows],
     ['cols', 'i32', cols],
@@ -311,7 +305,7 @@ function causalSoftmax(inputs: Inputs, attrs: Attrs, backend: unknown) {
 
 function causalSoftmaxGrad(inputs: Inputs, attrs: Attrs, backend: unknown) {
   const { y, dy } = inputs as Record<string, tf.TensorInfo>;
-  const [rows, cols] = asRows(y!);
+  const [rows, cols] = rowsOf(y!);
   const u: Uniform[] = [
     ['rows', 'i32', rows],
     ['cols', 'i32', cols],

@@ -252,7 +252,9 @@ export function dispatch(
   gpuQueue()?.countDispatches(1);
 }
 
-const sizeOf = (t: tf.TensorInfo): number => t.shape.reduce((a, c) => a * c, 1);
+/** Elements of `t`. */
+export const sizeOf = (t: tf.TensorInfo): number =>
+  t.shape.reduce((a, c) => a * c, 1);
 
 /**
  * Cuts tensors of `sizes` elements (in order) into runs of consecutive tensors of at most `max`
@@ -460,7 +462,8 @@ function copyOut(
 }
 
 /** [rows, cols] of `t` over its last axis. */
-const rowsOf = (t: tf.TensorInfo): [number, number] => {
+/** `t` as [rows, cols] over its last axis (0 rows where that axis is empty). */
+export const rowsOf = (t: tf.TensorInfo): [number, number] => {
   const cols = t.shape[t.shape.length - 1] ?? 1;
   return [sizeOf(t) / Math.max(cols, 1), cols];
 };
