@@ -16,6 +16,7 @@ import { join } from 'node:path';
 import { test } from 'node:test';
 import { randomArray } from '../testing/backend-compare.js';
 import { runCli } from '../testing/cli.js';
+import { noShaderF16 } from '../testing/webgpu.js';
 import { readStepMetrics } from '../train/metrics.js';
 import { initBackend } from './index.js';
 import {
@@ -24,27 +25,7 @@ import {
   LAYER_NORM_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
-import { installDawn } from './webgpu.js';
 
-/** Why the GPU tests cannot run here (false: they can). */
-async function noShaderF16(): Promise<string | false> {
-  try {
-    await installDawn();
-    const gpu = (
-      globalThis as {
-        navigator?: {
-          gpu?: { requestAdapter(): Promise<{ features: Set<string> } | null> };
-        };
-      }
-    ).navigator?.gpu;
-    const a = await gpu?.requestAdapter();
-    return a?.features.has('shader-f16')
-      ? false
-      : 'the webgpu adapter here has no shader-f16';
-  } catch (e) {
-    return `no WebGPU adapter here: ${(e as Error).message}`;
-  }
-}
 const why = await noShaderF16();
 
 /** f16's unit roundoff: half the gap between 1 and the next f16 (10 fraction bits). */

@@ -19,6 +19,7 @@ import {
   lossScaleStep,
 } from '../optim/loss-scale.js';
 import { runCli } from '../testing/cli.js';
+import { noShaderF16 } from '../testing/webgpu.js';
 import { readStepMetrics } from '../train/metrics.js';
 
 const tmp = mkdtempSync(join(tmpdir(), 'layerwise-f16-'));
@@ -27,29 +28,7 @@ process.on('exit', () => rmSync(tmp, { recursive: true, force: true }));
 const run = (args: string[], env: Record<string, string> = {}) =>
   runCli(args, env, 240_000);
 
-/** Whether this machine has a webgpu adapter with shader-f16 (the default Dawn adapter). */
-async function f16Adapter(): Promise<string | false> {
-  try {
-    const { installDawn } = await import('../backend/webgpu.js');
-    await installDawn();
-    const gpu = (
-      globalThis as {
-        navigator?: {
-          gpu?: {
-            requestAdapter(): Promise<{ features: Set<string> } | null>;
-          };
-        };
-      }
-    ).navigator?.gpu;
-    const a = await gpu?.requestAdapter();
-    return a?.features.has('shader-f16')
-      ? false
-      : 'the webgpu adapter here has no shader-f16';
-  } catch (e) {
-    return `no WebGPU adapter here: ${(e as Error).message}`;
-  }
-}
-const noF16 = await f16Adapter();
+const noF16 = await noShaderF16();
 
 test('dynamic loss scaling: an overflow skips the step, halves the scale and counts; a clean step unscales in the clipping factor; the scale doubles after the growth interval; an overflow at the minimum is a fault', () => {
   const clip = (sq: number) => Math.min(1, 1 / Math.sqrt(sq)); // clip-norm 1
