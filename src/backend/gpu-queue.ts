@@ -88,13 +88,17 @@ export interface GpuSubmit {
 /**
  * How much a device has asked of its GPU so far: compute dispatches (programs run, TF.js's and
  * layerwise's kernels alike, layerwise's own pipelines included; buffer-to-buffer copies are not
- * dispatches), queue submits and readbacks (reads of a buffer back to the host,
- * each a round trip). Cumulative counts; a step's are the difference of two readings.
+ * dispatches), queue submits, readbacks (reads of a buffer back to the host,
+ * each a round trip) and buffer-to-buffer copies recorded on TF.js's command encoders (each a
+ * command and host work: TF.js's uploads through a staging buffer and its reads' copies to one,
+ * layerwise's multi-tensor kernels' copies, the pass timer's). Cumulative counts; a step's are
+ * the difference of two readings.
  */
 export interface GpuCounts {
   dispatches: number;
   submits: number;
   readbacks: number;
+  copies: number;
 }
 
 /**
@@ -238,6 +242,7 @@ export class GpuQueue {
   private idle: { seq: number; at: number } | null = null;
   private dispatches = 0;
   private readbacks = 0;
+  private copies = 0;
   /** Timestamps on every compute pass, where the device has 'timestamp-query' (TF.js asks for it where the adapter has it). */
   private readonly timer: PassTimer | null;
 
@@ -268,6 +273,28 @@ export class GpuQueue {
       this.dispatches++;
       return run(...args);
     };
+    this.countCopies();
+  }
+
+  /** Counts every copyBufferToBuffer recorded on TF.js's command encoders (a new one after each submit). */
+  private countCopies(): void {
+    const b = this.backend;
+    const counted = new WeakSet<object>();
+    const patch = (e: EncoderLike | null) => {
+      if (!e || counted.has(e)) return;
+      counted.add(e);
+      const copy = e.copyBufferToBuffer.bind(e);
+      e.copyBufferToBuffer = (...args) => {
+        this.copies++;
+        copy(...args);
+      };
+    };
+    patch(b.commandEncoder); // one opened before this queue was made
+    const ready = b.ensureCommandEncoderReady.bind(b);
+    b.ensureCommandEncoderReady = () => {
+      ready();
+      patch(b.commandEncoder);
+    };
   }
 
   /** The counts so far (see {@link GpuCounts}). */
@@ -276,6 +303,7 @@ export class GpuQueue {
       dispatches: this.dispatches,
       submits: this.submits,
       readbacks: this.readbacks,
+      copies: this.copies,
     };
   }
 

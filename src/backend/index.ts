@@ -156,6 +156,7 @@ export async function initBackend(
     // layerwise's own WGSL kernels over the composed forms (backend/webgpu-kernels.ts)
     (await import('./webgpu-kernels.js')).registerWebGPUKernels();
     (await import('./webgpu-attention.js')).registerWebGpuAttention();
+    (await import('./webgpu-gather.js')).registerWebGpuGather();
   }
   if (backend === 'native') {
     check(

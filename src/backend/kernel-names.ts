@@ -47,10 +47,12 @@ export const ADAMW_KERNEL = 'LayerwiseAdamW';
 export const SGD_KERNEL = 'LayerwiseSgd';
 /**
  * AdamW over many parameters at once (optim/optimizer.ts DeviceOptimizer, where the backend
- * registers it: webgpu, backend/webgpu-multi.ts): inputs [p_0..p_n-1, g_0.., m_0.., v_0..]
- * (float32, each quadruple of one shape), attrs {lr, beta1, beta2, epsilon, weightDecay, decayed
- * (the first `decayed` parameters get weightDecay, the rest none), step (1-based), scale};
- * outputs [p'_0..p'_n-1, m'_0.., v'_0..], each as ADAMW_KERNEL's.
+ * registers it: webgpu, backend/webgpu-multi.ts): inputs [p_0..p_n-1, g_0..g_n-1, m, v]
+ * (float32; g_i of p_i's shape; m and v the first and second moments of all n parameters as
+ * two flat tensors, p_0's elements first, then p_1's...), attrs {lr, beta1, beta2, epsilon,
+ * weightDecay, decayed (the first `decayed` parameters get weightDecay, the rest none), step
+ * (1-based), scale}; outputs [p'_0..p'_n-1, m', v'], each as ADAMW_KERNEL's. The optimizer
+ * passes the parameters in {@link multiOrder}.
  */
 export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
 /**
@@ -59,3 +61,19 @@ export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
  * shapes); output [n] float32, sum(x_i^2) each, summed in float32.
  */
 export const SUM_SQUARES_KERNEL = 'LayerwiseSumSquares';
+
+/**
+ * The order of the multi-tensor kernels' tensors (ADAMW_MULTI_KERNEL, SUM_SQUARES_KERNEL), as
+ * indices into `shapes`: the tensors of rank >= 2 (those weight decay applies to,
+ * optim/weight-decay.ts) in their given order, then the others in theirs. The optimizer passes
+ * its parameters so (the decayed ones are a prefix), and webgpu's sums of squares lay the
+ * gradients out so in their scratch buffer, where AdamW then finds them without copying
+ * (backend/webgpu-multi.ts).
+ */
+export function multiOrder(shapes: readonly (readonly number[])[]): number[] {
+  const all = shapes.map((_, i) => i);
+  return [
+    ...all.filter((i) => shapes[i]!.length >= 2),
+    ...all.filter((i) => shapes[i]!.length < 2),
+  ];
+}

@@ -9,16 +9,24 @@
  * and apex's multi_tensor_apply do on CUDA.
  *
  * TF.js keeps every tensor in its own GPUBuffer and a shader binds at most
- * maxStorageBuffersPerShaderStage buffers (8 by default), so each kernel copies its tensors back
- * to back into scratch buffers of its own (copyBufferToBuffer: copies, not dispatches), runs one
- * WGSL pipeline of its own (backend/wgsl/multi.ts) on them in place, and copies the results out
- * into new output tensors (TF.js's kernels are functional: the inputs stay as they were). The
- * commands go on TF.js's command encoder, in order with TF.js's own, and are submitted at once
- * (the uniforms and the offsets table are one buffer each, rewritten by every call: a second
- * call must not overwrite them before the first's commands are submitted). Dispatches are
- * counted by backend/gpu-queue.ts like TF.js's programs.
+ * maxStorageBuffersPerShaderStage buffers (8 by default), and always from offset 0 (so a tensor
+ * cannot be a view into a larger buffer). So the parameters and gradients are copied back to
+ * back into two scratch buffers of this backend (copyBufferToBuffer: copies, not dispatches),
+ * one WGSL pipeline of its own (backend/wgsl/multi.ts) runs on them, and the updated parameters
+ * are copied out into new output tensors (TF.js's kernels are functional: the inputs stay as
+ * they were). AdamW's moments need no copies: the optimizer keeps each of them, for all of a
+ * stage's parameters, in one flat tensor, read and written out of place. Copies are skipped
+ * where a scratch buffer already holds the tensor at its place ({@link MultiState.held}): the
+ * parameters AdamW copied out last step (still in the P scratch) and the gradients the sums of
+ * squares just copied (both lay the tensors out in kernel-names.ts's multiOrder). So a steady step of
+ * one stage copies each gradient once (into the sums' scratch) and each parameter once (out).
+ * The commands go on TF.js's command encoder, in order with TF.js's own, and are submitted at
+ * once (the uniforms and the offsets table are one buffer each, rewritten by every call: a
+ * second call must not overwrite them before the first's commands are submitted). Dispatches
+ * and copies are counted by backend/gpu-queue.ts like TF.js's programs.
  */
 import { gpuQueue } from './gpu-queue.js';
+import { multiOrder } from './kernel-names.js';
 import type { tf } from './tfjs.js';
 import {
   ADAMW_MULTI_WGSL,
@@ -54,9 +62,16 @@ interface GpuPass {
   dispatchWorkgroups(x: number, y?: number, z?: number): void;
   end(): void;
 }
+/** A whole buffer, or a range of one (byte offset a multiple of minStorageBufferOffsetAlignment). */
+export type GpuBinding =
+  | GpuBuffer
+  | { buffer: GpuBuffer; offset: number; size: number };
 /** The slice of WebGPU's GPUDevice used here. */
 interface GpuDevice {
-  limits: { maxStorageBufferBindingSize: number };
+  limits: {
+    maxStorageBufferBindingSize: number;
+    minStorageBufferOffsetAlignment: number;
+  };
   queue: {
     writeBuffer(b: GpuBuffer, offset: number, data: ArrayBufferView): void;
   };
@@ -68,7 +83,10 @@ interface GpuDevice {
   }): GpuPipeline;
   createBindGroup(d: {
     layout: unknown;
-    entries: Array<{ binding: number; resource: { buffer: GpuBuffer } }>;
+    entries: Array<{
+      binding: number;
+      resource: { buffer: GpuBuffer; offset?: number; size?: number };
+    }>;
   }): unknown;
 }
 /** The parts of tfjs-backend-webgpu's WebGPUBackend (4.22) these kernels use. */
@@ -91,13 +109,25 @@ export interface RawBackend {
   submitQueue(): void;
   uploadToGPU(dataId: object): void;
   makeTensorInfo(shape: number[], dtype: tf.DataType): tf.TensorInfo;
+  disposeData(dataId: object): void;
 }
+
+/** Which scratch buffer: the parameters (AdamW's P) or the gradients (AdamW's G, the sums' X). */
+const P = 0;
+const G = 1;
 
 /** A backend's scratch buffers, uniform and table buffers, and compiled pipelines. */
 export interface MultiState {
-  /** Four scratch buffers of `capacity` float32 elements each (P, G, M, V; the sums use the first). */
+  /** Two scratch buffers of `capacity` float32 elements each ({@link P}, {@link G}). */
   scratch: GpuBuffer[];
   capacity: number;
+  /**
+   * Per scratch buffer, the tensors (by dataId) whose values it holds and at which element
+   * offset: written where a copy or AdamW's update puts them, so a later call finding a tensor
+   * at the offset it wants skips the copy (a TF.js tensor's values never change; a dataId is
+   * never reused).
+   */
+  held: Array<Map<object, number>>;
   uniforms: GpuBuffer;
   /** The sums' table, grown as needed. */
   table: GpuBuffer;
@@ -117,6 +147,7 @@ export function stateOf(b: RawBackend): MultiState {
     s = {
       scratch: [],
       capacity: 0,
+      held: [new Map(), new Map()],
       uniforms: d.createBuffer({
         size: 64,
         usage: USAGE.UNIFORM | USAGE.COPY_DST,
@@ -157,9 +188,20 @@ export function constantUniforms(
   return buffer;
 }
 
-/** The largest number of float32 elements one scratch buffer may hold (one binding's limit). */
+/** The alignment of a binding's offset, in float32 elements. */
+function alignment(b: RawBackend): number {
+  return Math.max(1, b.device.limits.minStorageBufferOffsetAlignment / BYTES);
+}
+
+/**
+ * The most float32 elements of one chunk of a multi-tensor call: one binding's limit, less one
+ * alignment (AdamW binds its chunk of the flat moments from the aligned offset below its start).
+ */
 function maxElements(b: RawBackend): number {
-  return Math.floor(b.device.limits.maxStorageBufferBindingSize / BYTES);
+  return (
+    Math.floor(b.device.limits.maxStorageBufferBindingSize / BYTES) -
+    alignment(b)
+  );
 }
 
 /** Makes every scratch buffer hold at least `elements` float32 values (old ones destroyed once submitted). */
@@ -170,13 +212,14 @@ function ensureScratch(b: RawBackend, s: MultiState, elements: number): void {
     maxElements(b),
     Math.max(elements, Math.ceil(s.capacity * 1.5)),
   );
-  s.scratch = [0, 1, 2, 3].map(() =>
+  s.scratch = [P, G].map(() =>
     b.device.createBuffer({
       size: capacity * BYTES,
       usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
     }),
   );
   s.capacity = capacity;
+  for (const h of s.held) h.clear();
   // WebGPU frees a destroyed buffer only after the submitted work that uses it
   if (old.length) {
     submit(b);
@@ -232,15 +275,15 @@ export function dispatch(
   b: RawBackend,
   s: MultiState,
   code: string,
-  buffers: GpuBuffer[],
+  buffers: GpuBinding[],
   workgroups: number,
 ): void {
   const pipeline = pipelineOf(b, s, code);
   const group = b.device.createBindGroup({
     layout: pipeline.getBindGroupLayout(0),
-    entries: buffers.map((buffer, binding) => ({
+    entries: buffers.map((x, binding) => ({
       binding,
-      resource: { buffer },
+      resource: 'buffer' in x ? x : { buffer: x },
     })),
   });
   const pass = encoder(b).beginComputePass();
@@ -285,8 +328,41 @@ export function chunksOf(
 }
 
 /**
+ * Records copies of `tensors` (of `sizes` elements) into scratch buffer `k` back to back from
+ * element 0, skipping each that the buffer already holds at its place, and records what the
+ * buffer then holds.
+ */
+function stage(
+  b: RawBackend,
+  s: MultiState,
+  k: number,
+  tensors: readonly tf.TensorInfo[],
+  sizes: readonly number[],
+): void {
+  const held = s.held[k]!;
+  const now = new Map<object, number>();
+  const enc = encoder(b);
+  let offset = 0;
+  tensors.forEach((t, i) => {
+    const n = sizes[i]!;
+    if (n > 0 && held.get(t.dataId) !== offset)
+      enc.copyBufferToBuffer(
+        bufferOf(b, t),
+        0,
+        s.scratch[k]!,
+        offset * BYTES,
+        n * BYTES,
+      );
+    now.set(t.dataId, offset);
+    offset += n;
+  });
+  s.held[k] = now;
+}
+
+/**
  * LayerwiseSumSquares on webgpu: inputs are n float32 tensors (any shapes); output [n] float32,
- * sum(x^2) of each. One dispatch per chunk (one in all below maxStorageBufferBindingSize bytes).
+ * sum(x^2) of each. The tensors are copied into the G scratch in kernel-names.ts's multiOrder
+ * (where AdamW finds them). One dispatch per chunk (one in all below maxStorageBufferBindingSize bytes).
  */
 export function sumSquaresMulti(
   inputs: readonly tf.TensorInfo[],
@@ -294,30 +370,25 @@ export function sumSquaresMulti(
 ): tf.TensorInfo {
   const b = backend as RawBackend;
   const s = stateOf(b);
-  const sizes = inputs.map(sizeOf);
+  const order = multiOrder(inputs.map((t) => t.shape));
+  const xs = order.map((i) => inputs[i]!);
+  const sizes = xs.map(sizeOf);
   const [out, outBuffer] = newOutput(b, [inputs.length]);
   for (const [first, end] of chunksOf(sizes, maxElements(b))) {
+    const count = end - first;
     let total = 0;
     for (let i = first; i < end; i++) total += sizes[i]!;
     ensureScratch(b, s, total);
-    const table = new Uint32Array(end - first + 3);
-    table[0] = first;
-    table[1] = end - first;
-    const enc = encoder(b);
-    let offset = 0;
-    for (let i = first; i < end; i++) {
-      table[i - first + 2] = offset;
-      if (sizes[i]! > 0)
-        enc.copyBufferToBuffer(
-          bufferOf(b, inputs[i]!),
-          0,
-          s.scratch[0]!,
-          offset * BYTES,
-          sizes[i]! * BYTES,
-        );
-      offset += sizes[i]!;
+    stage(b, s, G, xs.slice(first, end), sizes.slice(first, end));
+    const table = new Uint32Array(2 * count + 2);
+    table[0] = count;
+    for (let j = 0, offset = 0; j <= count; j++) {
+      table[j + 1] = offset;
+      if (j < count) {
+        offset += sizes[first + j]!;
+        table[count + 2 + j] = order[first + j]!;
+      }
     }
-    table[end - first + 2] = offset;
     if (s.table.size < table.byteLength) {
       s.table.destroy();
       s.table = b.device.createBuffer({
@@ -330,8 +401,8 @@ export function sumSquaresMulti(
       b,
       s,
       SUM_SQUARES_MULTI_WGSL,
-      [s.scratch[0]!, s.table, outBuffer],
-      end - first,
+      [s.scratch[G]!, s.table, outBuffer],
+      count,
     );
     submit(b); // the table is rewritten by the next chunk or call
   }
@@ -353,11 +424,19 @@ export interface AdamWMultiAttrs {
   scale: number;
 }
 
-/** The uniforms of ADAMW_MULTI_WGSL for a chunk of `n` elements, the first `decayEnd` decayed. */
-function adamwUniforms(a: AdamWMultiAttrs, n: number, decayEnd: number) {
-  const u = new ArrayBuffer(48);
-  new Uint32Array(u, 0, 2).set([n, decayEnd]);
-  new Float32Array(u, 8, 10).set([
+/**
+ * The uniforms of ADAMW_MULTI_WGSL for a chunk of `n` elements, the first `decayEnd` decayed,
+ * whose moments start at element `base` of their bound range.
+ */
+function adamwUniforms(
+  a: AdamWMultiAttrs,
+  n: number,
+  decayEnd: number,
+  base: number,
+) {
+  const u = new ArrayBuffer(64);
+  new Uint32Array(u, 0, 3).set([n, decayEnd, base]);
+  new Float32Array(u, 12, 10).set([
     a.lr,
     a.beta1,
     a.beta2,
@@ -373,10 +452,40 @@ function adamwUniforms(a: AdamWMultiAttrs, n: number, decayEnd: number) {
 }
 
 /**
- * LayerwiseAdamWMulti on webgpu: inputs are 4n float32 tensors [p_0..p_n-1, g_0.., m_0.., v_0..]
- * (parameter, gradient, first and second moment of n parameters, each four of one shape);
- * outputs 3n tensors [p'_0.., m'_0.., v'_0..], the update of optim/optimizer.ts's AdamW. One
- * dispatch per chunk of parameters whose elements fit one storage binding.
+ * Checks AdamW multi's inputs: 2n tensors and two flat moments of the n parameters' elements.
+ * @throws Error naming the mismatch (the optimizer builds them; a caller of the kernel must too).
+ */
+function checkAdamWInputs(inputs: readonly tf.TensorInfo[]): number {
+  const n = (inputs.length - 2) / 2;
+  if (!Number.isInteger(n) || n < 0)
+    throw new Error(
+      `LayerwiseAdamWMulti takes 2n + 2 tensors (n parameters, their n gradients, the flat m and v), got ${inputs.length}`,
+    );
+  let total = 0;
+  for (let i = 0; i < n; i++) {
+    if (sizeOf(inputs[i]!) !== sizeOf(inputs[n + i]!))
+      throw new Error(
+        `LayerwiseAdamWMulti: parameter ${i} has ${sizeOf(inputs[i]!)} elements, its gradient ${sizeOf(inputs[n + i]!)}`,
+      );
+    total += sizeOf(inputs[i]!);
+  }
+  for (const [k, t] of [inputs[2 * n]!, inputs[2 * n + 1]!].entries())
+    if (sizeOf(t) !== total)
+      throw new Error(
+        `LayerwiseAdamWMulti: the flat ${k === 0 ? 'm' : 'v'} has ${sizeOf(t)} elements, the parameters ${total}: lay the moments out as the parameters, back to back`,
+      );
+  return n;
+}
+
+/**
+ * LayerwiseAdamWMulti on webgpu: inputs are 2n + 2 float32 tensors [p_0..p_n-1, g_0..g_n-1, m,
+ * v]: n parameters, their gradients (each of its parameter's shape), and the first and second
+ * moments of all n as two flat tensors, parameter after parameter in the inputs' order; outputs
+ * n + 2 tensors [p'_0.., m', v'], the update of optim/optimizer.ts's AdamW (the first `decayed`
+ * parameters decayed). One dispatch per chunk of parameters whose elements fit one storage
+ * binding; parameters and gradients go through the scratch buffers (copies skipped where they
+ * are there already), the moments are bound directly.
+ * @throws Error where the inputs are not laid out so (see checkAdamWInputs).
  */
 export function adamwMulti(
   inputs: readonly tf.TensorInfo[],
@@ -385,80 +494,89 @@ export function adamwMulti(
 ): tf.TensorInfo[] {
   const b = backend as RawBackend;
   const s = stateOf(b);
-  const n = inputs.length / 4;
+  const n = checkAdamWInputs(inputs);
   const sizes = inputs.slice(0, n).map(sizeOf);
-  const outs: tf.TensorInfo[] = new Array(3 * n);
+  const [m, v] = [inputs[2 * n]!, inputs[2 * n + 1]!];
+  const [mOut, mOutBuffer] = newOutput(b, m.shape);
+  const [vOut, vOutBuffer] = newOutput(b, v.shape);
+  const moments = [m, v].map((t) => bufferOf(b, t));
+  const outs: tf.TensorInfo[] = new Array(n);
+  let start = 0; // the chunk's first element in the flat moments
   for (const [first, end] of chunksOf(sizes, maxElements(b))) {
     let total = 0;
-    for (let i = first; i < end; i++) total += sizes[i]!;
-    ensureScratch(b, s, total);
-    const enc = encoder(b);
-    let offset = 0;
     let decayEnd = 0;
     for (let i = first; i < end; i++) {
-      for (let k = 0; k < 4; k++)
-        if (sizes[i]! > 0)
-          enc.copyBufferToBuffer(
-            bufferOf(b, inputs[k * n + i]!),
-            0,
-            s.scratch[k]!,
-            offset * BYTES,
-            sizes[i]! * BYTES,
-          );
-      offset += sizes[i]!;
-      if (i < attrs.decayed) decayEnd = offset;
+      total += sizes[i]!;
+      if (i < attrs.decayed) decayEnd = total;
     }
-    b.device.queue.writeBuffer(
-      s.uniforms,
-      0,
-      adamwUniforms(attrs, total, decayEnd),
-    );
-    dispatch(
-      b,
-      s,
-      ADAMW_MULTI_WGSL,
-      [...s.scratch, s.uniforms],
-      Math.ceil(total / MULTI_THREADS),
-    );
-    copyOut(
-      b,
-      s,
-      inputs.slice(first, end),
-      sizes.slice(first, end),
-      (k, j, info) => {
-        outs[k * n + first + j] = info;
+    ensureScratch(b, s, total);
+    stage(b, s, P, inputs.slice(first, end), sizes.slice(first, end));
+    stage(b, s, G, inputs.slice(n + first, n + end), sizes.slice(first, end));
+    if (total > 0) {
+      const from = start - (start % alignment(b));
+      const range = (buffer: GpuBuffer) => ({
+        buffer,
+        offset: from * BYTES,
+        size: (start - from + total) * BYTES,
+      });
+      b.device.queue.writeBuffer(
+        s.uniforms,
+        0,
+        adamwUniforms(attrs, total, decayEnd, start - from),
+      );
+      dispatch(
+        b,
+        s,
+        ADAMW_MULTI_WGSL,
+        [
+          s.scratch[P]!,
+          s.scratch[G]!,
+          ...[...moments, mOutBuffer, vOutBuffer].map(range),
+          s.uniforms,
+        ],
+        Math.ceil(total / MULTI_THREADS),
+      );
+    }
+    copyOut(b, s, inputs.slice(first, end), sizes.slice(first, end)).forEach(
+      (t, j) => {
+        outs[first + j] = t;
       },
     );
     submit(b); // the uniforms are rewritten by the next chunk or call
+    start += total;
   }
-  return outs;
+  return [...outs, mOut, vOut];
 }
 
-/** Copies P, M and V (scratch 0, 2, 3) of a chunk out into new tensors shaped as `shapes`, handing each to `put(output k, index in chunk, tensor)`. */
+/**
+ * Copies the updated parameters of a chunk (the P scratch) out into new tensors shaped as
+ * `shapes`, and records that the scratch holds them.
+ */
 function copyOut(
   b: RawBackend,
   s: MultiState,
   shapes: readonly tf.TensorInfo[],
   sizes: readonly number[],
-  put: (k: number, j: number, t: tf.TensorInfo) => void,
-): void {
+): tf.TensorInfo[] {
   const enc = encoder(b);
-  [0, 2, 3].forEach((scratch, k) => {
-    let offset = 0;
-    shapes.forEach((t, j) => {
-      const [info, buffer] = newOutput(b, t.shape);
-      if (sizes[j]! > 0)
-        enc.copyBufferToBuffer(
-          s.scratch[scratch]!,
-          offset * BYTES,
-          buffer,
-          0,
-          sizes[j]! * BYTES,
-        );
-      offset += sizes[j]!;
-      put(k, j, info);
-    });
+  const held = new Map<object, number>();
+  let offset = 0;
+  const outs = shapes.map((t, j) => {
+    const [info, buffer] = newOutput(b, t.shape);
+    if (sizes[j]! > 0)
+      enc.copyBufferToBuffer(
+        s.scratch[P]!,
+        offset * BYTES,
+        buffer,
+        0,
+        sizes[j]! * BYTES,
+      );
+    held.set(info.dataId, offset);
+    offset += sizes[j]!;
+    return info;
   });
+  s.held[P] = held;
+  return outs;
 }
 
 /** [rows, cols] of `t` over its last axis. */

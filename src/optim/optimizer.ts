@@ -13,6 +13,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import {
   ADAMW_KERNEL,
   ADAMW_MULTI_KERNEL,
+  multiOrder,
   SGD_KERNEL,
 } from '../backend/kernel-names.js';
 import { LayerwiseError } from '../util/errors.js';
@@ -64,16 +65,43 @@ export function clipScale(sumSquares: number, maxNorm: number): number {
   return Math.min(1, maxNorm / (norm + 1e-6));
 }
 
+/** Elements of a tensor of `shape`. */
+const sizeOfShape = (shape: readonly number[]): number =>
+  shape.reduce((a, b) => a * b, 1);
+
 /** Serialized optimizer state: step count and, per parameter, its slot arrays (m, v or velocity). */
 export interface OptimizerState {
   step: number;
   slots: Record<string, Record<string, Float32Array>>;
 }
 
-/** A device-side optimizer over named parameters. */
+/**
+ * AdamW's moments of several parameters as two flat float32 tensors [total] (ADAMW_MULTI_KERNEL's
+ * layout): `names[i]`'s elements (shape `shapes[i]`) from element `offsets[i]` on.
+ */
+interface FlatMoments {
+  /** `names` joined: the layout's identity. */
+  key: string;
+  names: string[];
+  shapes: number[][];
+  offsets: number[];
+  m: tf.Variable;
+  v: tf.Variable;
+}
+
+/**
+ * A device-side optimizer over named parameters. Its slots live per parameter, except AdamW's
+ * moments on a backend with ADAMW_MULTI_KERNEL (webgpu), which live in two flat tensors for all
+ * the parameters one update touches ({@link FlatMoments}: the kernel binds them, no copies);
+ * {@link getState} and {@link setState} give and take per-parameter slots either way.
+ */
 export class DeviceOptimizer {
   private step = 0;
   private readonly slots = new Map<string, Record<string, tf.Variable>>();
+  /** AdamW's moments of the multi-tensor kernel's parameters (none of them also in `slots`). */
+  private flat: FlatMoments | null = null;
+  /** The parameters' names in the order of the last update's map (getState's order). */
+  private order: string[] = [];
   constructor(readonly config: OptimizerConfig) {}
 
   private slot(name: string, p: tf.Variable, key: string): tf.Variable {
@@ -101,7 +129,9 @@ export class DeviceOptimizer {
     this.step++;
     const c = this.config;
     const t = this.step;
+    this.order = [...params.keys()];
     if (this.applyMulti(params, grads, lr, scale)) return;
+    this.unflatten();
     // a backend with the fused update kernel (the native device) does each parameter in one pass
     const fused =
       tf.getKernel(
@@ -147,9 +177,11 @@ export class DeviceOptimizer {
   /**
    * AdamW over every parameter that has a gradient in one kernel call, where the backend
    * registers ADAMW_MULTI_KERNEL (webgpu: one dispatch for the stage instead of three a
-   * parameter). The decayed parameters go first (the kernel decays a prefix). Returns false,
-   * having done nothing, where the kernel is missing, the optimizer is not AdamW, or
-   * parameters would decay at different rates.
+   * parameter), with the moments in {@link FlatMoments}. The parameters go in the gradients'
+   * order, in kernel-names.ts multiOrder (the decayed ones first: the kernel decays a prefix; and
+   * as the stage's sums of squares laid the gradients out). Returns false, having done nothing,
+   * where the kernel is missing, the optimizer is not AdamW, or the decayed parameters are not
+   * a prefix decayed at one rate.
    */
   private applyMulti(
     params: ReadonlyMap<string, tf.Variable>,
@@ -163,50 +195,109 @@ export class DeviceOptimizer {
       tf.getKernel(ADAMW_MULTI_KERNEL, tf.getBackend()) === undefined
     )
       return false;
-    const entries = [...params].filter(([name]) => grads.has(name));
-    const rates = new Set(entries.map(([, p]) => decayRate(c, p.rank)));
-    rates.delete(0);
-    if (rates.size > 1) return false;
-    const decays = ([, p]: [string, tf.Variable]) => decayRate(c, p.rank) > 0;
-    const ordered = [
-      ...entries.filter(decays),
-      ...entries.filter((e) => !decays(e)),
-    ];
-    if (ordered.length === 0) return true;
-    // slots made in the parameters' order, as the other paths make them (getState's order)
-    for (const [name, p] of entries) {
-      this.slot(name, p, 'm');
-      this.slot(name, p, 'v');
-    }
-    const ps = ordered.map(([, p]) => p);
-    const ms = ordered.map(([name, p]) => this.slot(name, p, 'm'));
-    const vs = ordered.map(([name, p]) => this.slot(name, p, 'v'));
-    const gs = ordered.map(([name]) => grads.get(name)!);
+    const names = [...grads.keys()].filter((name) => params.has(name));
+    const ps = multiOrder(names.map((n) => params.get(n)!.shape)).map(
+      (i) => [names[i]!, params.get(names[i]!)!] as const,
+    );
+    if (ps.length === 0) return true;
+    // the kernel decays a prefix at one rate (multiOrder puts the decayed ranks first)
+    const rates = ps.map(([, p]) => decayRate(c, p.rank));
+    const decayed = rates.filter((r) => r > 0).length;
+    if (rates.some((r, i) => (i < decayed ? r !== c.weightDecay : r !== 0)))
+      return false;
+    const flat = this.flatFor(ps);
+    const n = ps.length;
     tf.tidy(() => {
       const out = tf
         .engine()
         .runKernel(
           ADAMW_MULTI_KERNEL,
-          [...ps, ...gs, ...ms, ...vs] as unknown as tf.NamedTensorMap,
+          [
+            ...ps.map(([, p]) => p),
+            ...ps.map(([name]) => grads.get(name)!),
+            flat.m,
+            flat.v,
+          ] as unknown as tf.NamedTensorMap,
           {
             lr,
             beta1: c.beta1,
             beta2: c.beta2,
             epsilon: c.epsilon,
-            weightDecay: [...rates][0] ?? 0,
-            decayed: entries.filter(decays).length,
+            weightDecay: c.weightDecay,
+            decayed,
             step: this.step,
             scale,
           },
         ) as tf.Tensor[];
-      const n = ordered.length;
-      for (let i = 0; i < n; i++) {
-        ps[i]!.assign(out[i]!);
-        ms[i]!.assign(out[n + i]!);
-        vs[i]!.assign(out[2 * n + i]!);
-      }
+      ps.forEach(([, p], i) => p.assign(out[i]!));
+      flat.m.assign(out[n]!);
+      flat.v.assign(out[n + 1]!);
     });
     return true;
+  }
+
+  /**
+   * The flat moments laid out for `ps` (name, parameter) in order: the current ones where the
+   * layout is the same (every step but the first, or where the parameters updated change), else
+   * new ones holding each parameter's moments from the old flat tensors or its slots (zeros for
+   * a parameter without any).
+   */
+  private flatFor(
+    ps: ReadonlyArray<readonly [string, tf.Variable]>,
+  ): FlatMoments {
+    const names = ps.map(([name]) => name);
+    const key = names.join('\n');
+    if (this.flat?.key === key) return this.flat;
+    this.unflatten();
+    const offsets: number[] = [];
+    let total = 0;
+    for (const [, p] of ps) {
+      offsets.push(total);
+      total += p.size;
+    }
+    const moment = (k: 'm' | 'v') =>
+      tf.tidy(() =>
+        tf.variable(
+          tf.concat(
+            ps.map(([name, p]) => {
+              const slot = this.slots.get(name)?.[k];
+              return slot ? tf.reshape(slot, [-1]) : tf.zeros([p.size]);
+            }),
+          ),
+          false,
+        ),
+      );
+    const [m, v] = [moment('m'), moment('v')];
+    for (const name of names) {
+      const s = this.slots.get(name);
+      if (!s) continue;
+      s.m?.dispose();
+      s.v?.dispose();
+      this.slots.delete(name);
+    }
+    const shapes = ps.map(([, p]) => [...p.shape]);
+    this.flat = { key, names, shapes, offsets, m, v };
+    return this.flat;
+  }
+
+  /** Moves the flat moments (if any) back into per-parameter slots. */
+  private unflatten(): void {
+    const f = this.flat;
+    if (!f) return;
+    this.flat = null;
+    f.names.forEach((name, i) => {
+      const size = sizeOfShape(f.shapes[i]!);
+      const cut = (x: tf.Variable) =>
+        tf.tidy(() =>
+          tf.variable(
+            tf.reshape(tf.slice(x, f.offsets[i]!, size), f.shapes[i]!),
+            false,
+          ),
+        );
+      this.slots.set(name, { m: cut(f.m), v: cut(f.v) });
+    });
+    f.m.dispose();
+    f.v.dispose();
   }
 
   /** The same update through the backend's fused kernel (backend/kernel-names.ts ADAMW_KERNEL, SGD_KERNEL). */
@@ -254,13 +345,37 @@ export class DeviceOptimizer {
     v.assign(out[2]!);
   }
 
-  /** Copies the state to the host (for checkpoints), reading asynchronously. */
+  /**
+   * Copies the state to the host (for checkpoints), reading asynchronously: per parameter (in
+   * the order of the last update's parameter map), its slot arrays, whether they live per
+   * parameter or in the flat moments.
+   */
   async getState(): Promise<OptimizerState> {
-    const slots: OptimizerState['slots'] = {};
+    const found = new Map<string, Record<string, Float32Array>>();
     for (const [name, s] of this.slots) {
-      slots[name] = {};
+      const rec: Record<string, Float32Array> = {};
       for (const [k, v] of Object.entries(s))
-        slots[name][k] = ((await v.data()) as Float32Array).slice();
+        rec[k] = ((await v.data()) as Float32Array).slice();
+      found.set(name, rec);
+    }
+    const f = this.flat;
+    if (f) {
+      const [m, v] = (await Promise.all([f.m.data(), f.v.data()])) as [
+        Float32Array,
+        Float32Array,
+      ];
+      f.names.forEach((name, i) => {
+        const end = f.offsets[i]! + sizeOfShape(f.shapes[i]!);
+        found.set(name, {
+          m: m.slice(f.offsets[i]!, end),
+          v: v.slice(f.offsets[i]!, end),
+        });
+      });
+    }
+    const slots: OptimizerState['slots'] = {};
+    for (const name of [...this.order, ...found.keys()]) {
+      const rec = found.get(name);
+      if (rec && !(name in slots)) slots[name] = rec;
     }
     return { step: this.step, slots };
   }
@@ -293,10 +408,13 @@ export class DeviceOptimizer {
     }
   }
 
-  /** Frees the slot tensors. */
+  /** Frees the slot tensors and the flat moments. */
   dispose(): void {
     for (const s of this.slots.values())
       for (const v of Object.values(s)) v.dispose();
     this.slots.clear();
+    this.flat?.m.dispose();
+    this.flat?.v.dispose();
+    this.flat = null;
   }
 }

@@ -108,7 +108,7 @@ export interface StageStepResult {
   startedAt: number;
   /** Non-finite values a diagnosing step found (see StageStep.diagnose). */
   faults?: NumericFault[];
-  /** webgpu: what the step asked of the GPU (compute dispatches, queue submits, readbacks to the host). */
+  /** webgpu: what the step asked of the GPU (compute dispatches, queue submits, readbacks to the host, buffer copies). */
   gpu?: GpuCounts;
   /** webgpu with timestamp queries: the previous step's GPU busy seconds and wall seconds on this device (backend/gpu-queue.ts). */
   gpuBusy?: GpuBusy;

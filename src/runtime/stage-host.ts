@@ -412,6 +412,7 @@ class StageHost {
       dispatches: after.dispatches - before.dispatches,
       submits: after.submits - before.submits,
       readbacks: after.readbacks - before.readbacks,
+      copies: after.copies - before.copies,
     };
     const busy = prev ? await prev.busySeconds : null;
     return busy === null || !prev

@@ -143,6 +143,7 @@ function gpuCountsOf(results: readonly StageStepResult[]): {
       dispatches: sum('dispatches'),
       submits: sum('submits'),
       readbacks: sum('readbacks'),
+      copies: sum('copies'),
     },
     ...(timed.length > 0
       ? {

@@ -29,7 +29,7 @@ export interface StepReport {
   deviceToHostBytes?: number[];
   /** Per stage: wall time of the step, seconds. */
   stageSeconds: number[];
-  /** webgpu: what the step asked of the GPUs, all devices together (compute dispatches, queue submits, readbacks). */
+  /** webgpu: what the step asked of the GPUs, all devices together (compute dispatches, queue submits, readbacks, buffer copies). */
   gpu?: GpuCounts;
   /** webgpu with timestamp queries: the GPUs' busy seconds and the devices' wall seconds of their previous step, summed over devices (backend/gpu-queue.ts). */
   gpuBusy?: GpuBusy;

@@ -54,19 +54,19 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   });
   const t = new StepTally(1, true);
   t.step(
-    report({ dispatches: 999, submits: 99, readbacks: 9 }),
+    report({ dispatches: 999, submits: 99, readbacks: 9, copies: 999 }),
     facts(1, false),
   );
   t.step(
     report(
-      { dispatches: 100, submits: 10, readbacks: 2 },
+      { dispatches: 100, submits: 10, readbacks: 2, copies: 30 },
       { busySeconds: 0.05, stepSeconds: 0.1 },
     ),
     facts(2, true),
   );
   t.step(
     report(
-      { dispatches: 200, submits: 20, readbacks: 2 },
+      { dispatches: 200, submits: 20, readbacks: 2, copies: 50 },
       { busySeconds: 0.25, stepSeconds: 0.3 },
     ),
     facts(3, true),
@@ -75,10 +75,11 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   assert.equal(s.dispatches_per_step, 150);
   assert.equal(s.submits_per_step, 15);
   assert.equal(s.readbacks_per_step, 2);
+  assert.equal(s.copies_per_step, 40);
   assert.ok(Math.abs(s.gpu_busy! - 0.75) < 1e-12, `gpu_busy ${s.gpu_busy}`); // (0.05 + 0.25) / (0.1 + 0.3)
   const untimed = new StepTally(1, true);
   untimed.step(
-    report({ dispatches: 100, submits: 10, readbacks: 2 }),
+    report({ dispatches: 100, submits: 10, readbacks: 2, copies: 30 }),
     facts(1, true),
   );
   assert.equal(untimed.summaryFields().gpu_busy, undefined);
@@ -96,6 +97,8 @@ test('on webgpu a single step reports its dispatches and submits, and reads back
     assert.ok(r.gpu.dispatches > 0, `dispatches ${r.gpu.dispatches}`);
     assert.ok(r.gpu.submits > 0, `submits ${r.gpu.submits}`);
     assert.equal(r.gpu.readbacks, 2, 'the loss and the gradient norm');
+    // at least the readbacks' copies to their staging buffers
+    assert.ok(r.gpu.copies >= 2, `copies ${r.gpu.copies}`);
   }
   // timestamp queries (lavapipe has them): each step after the first carries its predecessor's busy time
   const timed = gpu.reports.slice(1).filter((r) => r.gpuBusy);

@@ -96,6 +96,8 @@ export interface Summary {
   submits_per_step?: number;
   /** webgpu: reads of GPU buffers back to the host per training step, all devices together (as above). */
   readbacks_per_step?: number;
+  /** webgpu: buffer-to-buffer copies recorded per training step, all devices together (uploads, reads' staging copies, the multi-tensor kernels'; as above). */
+  copies_per_step?: number;
   /** webgpu with timestamp queries: the GPUs' busy seconds over the devices' step seconds (0-1; each device's step reports its previous step's). */
   gpu_busy?: number;
   /**

@@ -40,6 +40,7 @@ export type MeasuredFields = Pick<
   | 'dispatches_per_step'
   | 'submits_per_step'
   | 'readbacks_per_step'
+  | 'copies_per_step'
   | 'gpu_busy'
 >;
 
@@ -56,7 +57,13 @@ export class StepTally {
   private readonly d2h: number[];
   private movedSteps = 0;
   /** webgpu: the counted steps' GPU counts, summed, and how many steps reported them. */
-  private readonly gpu = { dispatches: 0, submits: 0, readbacks: 0, steps: 0 };
+  private readonly gpu = {
+    dispatches: 0,
+    submits: 0,
+    readbacks: 0,
+    copies: 0,
+    steps: 0,
+  };
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
   private readonly busy = { busySeconds: 0, stepSeconds: 0 };
   private measured = 0;
@@ -103,6 +110,7 @@ export class StepTally {
         this.gpu.dispatches += r.gpu.dispatches;
         this.gpu.submits += r.gpu.submits;
         this.gpu.readbacks += r.gpu.readbacks;
+        this.gpu.copies += r.gpu.copies;
         this.gpu.steps++;
       }
       if (r.gpuBusy) {
@@ -199,6 +207,7 @@ export class StepTally {
       dispatches_per_step: g.dispatches / g.steps,
       submits_per_step: g.submits / g.steps,
       readbacks_per_step: g.readbacks / g.steps,
+      copies_per_step: g.copies / g.steps,
       ...(this.busy.stepSeconds > 0
         ? { gpu_busy: this.busy.busySeconds / this.busy.stepSeconds }
         : {}),

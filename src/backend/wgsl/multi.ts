@@ -1,10 +1,11 @@
 /**
  * WGSL of layerwise's webgpu kernels that run on pipelines of their own (backend/webgpu-multi.ts):
  * whole WGSL modules (not bodies in TF.js's prelude). The multi-tensor ones run over scratch
- * buffers into which every tensor of the op has been copied back to back, so that one dispatch
- * serves all of a stage's parameters or gradients (TF.js keeps each tensor in its own buffer,
- * and a shader binds at most maxStorageBuffersPerShaderStage of them, 8 by default); layer
- * norm's write several outputs in one dispatch (a TF.js program writes one).
+ * buffers holding every tensor of the op back to back (and AdamW over the optimizer's flat
+ * moment buffers), so that one dispatch serves all of a stage's parameters or gradients (TF.js
+ * keeps each tensor in its own buffer, and a shader binds at most maxStorageBuffersPerShaderStage
+ * of them, 8 by default); layer norm's write several outputs in one dispatch (a TF.js program
+ * writes one).
  */
 
 /** Threads per workgroup of the multi-tensor programs. */
@@ -14,23 +15,29 @@ export const MULTI_THREADS = 256;
 export const MAX_WORKGROUPS_PER_DIMENSION = 65535;
 
 /**
- * AdamW over elements [0, n) of four scratch buffers P, G, M, V (the parameters, gradients and
- * moments of many tensors back to back), updated in place: the math of
+ * AdamW over elements [0, n) of two scratch buffers P, G (the parameters and gradients of many
+ * tensors back to back) and of the moments' flat buffers from element `base` on (the optimizer
+ * keeps each moment of all of a stage's parameters in one buffer, in the same order): P is
+ * updated in place, the moments are read from Min, Vin and written to Mout, Vout (new tensors:
+ * TF.js's kernels are functional; out of place, so no copies). The math of
  * {@link ./elementwise.ts adamwWgsl}, operation for operation (optim/optimizer.ts's composed
  * form). Elements below `decayEnd` (the decayed tensors, laid out first) get the decoupled weight
  * decay `weightDecay`; the rest none. One thread per element, workgroups flat over x and y.
  */
 export const ADAMW_MULTI_WGSL = `
 struct Uniforms {
-  n : u32, decayEnd : u32, lr : f32, beta1 : f32,
-  beta2 : f32, oneMinusBeta1 : f32, oneMinusBeta2 : f32, epsilon : f32,
-  weightDecay : f32, scale : f32, bc1 : f32, bc2 : f32,
+  n : u32, decayEnd : u32, base : u32, lr : f32,
+  beta1 : f32, beta2 : f32, oneMinusBeta1 : f32, oneMinusBeta2 : f32,
+  epsilon : f32, weightDecay : f32, scale : f32, bc1 : f32,
+  bc2 : f32,
 };
 @group(0) @binding(0) var<storage, read_write> P : array<f32>;
 @group(0) @binding(1) var<storage, read> G : array<f32>;
-@group(0) @binding(2) var<storage, read_write> M : array<f32>;
-@group(0) @binding(3) var<storage, read_write> V : array<f32>;
-@group(0) @binding(4) var<uniform> u : Uniforms;
+@group(0) @binding(2) var<storage, read> Min : array<f32>;
+@group(0) @binding(3) var<storage, read> Vin : array<f32>;
+@group(0) @binding(4) var<storage, read_write> Mout : array<f32>;
+@group(0) @binding(5) var<storage, read_write> Vout : array<f32>;
+@group(0) @binding(6) var<uniform> u : Uniforms;
 
 @compute @workgroup_size(${MULTI_THREADS})
 fn main(@builtin(global_invocation_id) gid : vec3<u32>,
@@ -39,26 +46,27 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>,
   if (i >= u.n) {
     return;
   }
+  let j = u.base + i;
   let g = G[i] * u.scale;
-  let m = M[i] * u.beta1 + g * u.oneMinusBeta1;
-  let v = V[i] * u.beta2 + (g * g) * u.oneMinusBeta2;
+  let m = Min[j] * u.beta1 + g * u.oneMinusBeta1;
+  let v = Vin[j] * u.beta2 + (g * g) * u.oneMinusBeta2;
   var upd = (m / u.bc1) / (sqrt(v / u.bc2) + u.epsilon);
   let p = P[i];
   if (i < u.decayEnd && u.weightDecay > 0.0) {
     upd = upd + p * u.weightDecay;
   }
   P[i] = p - upd * u.lr;
-  M[i] = m;
-  V[i] = v;
+  Mout[j] = m;
+  Vout[j] = v;
 }
 `;
 
 /**
- * Sum of squares of each of many tensors laid out back to back in X: Table holds [first output
- * index, tensor count, offset 0, offset 1, ..., offset count] (element offsets into X, the last
- * one the end); workgroup t sums tensor t's squares (its threads striding over the tensor, then a
- * tree reduction in workgroup memory) into Out[first + t]. float32 throughout, as the composed
- * form's sum(square(g)).
+ * Sum of squares of each of many tensors laid out back to back in X: Table holds [count,
+ * offset 0, offset 1, ..., offset count, output index 0, ..., output index count-1] (element
+ * offsets into X, the last one the end); workgroup t sums tensor t's squares (its threads
+ * striding over the tensor, then a tree reduction in workgroup memory) into Out[its output
+ * index]. float32 throughout, as the composed form's sum(square(g)).
  */
 export const SUM_SQUARES_MULTI_WGSL = `
 @group(0) @binding(0) var<storage, read> X : array<f32>;
@@ -70,11 +78,11 @@ var<workgroup> red : array<f32, ${MULTI_THREADS}>;
 fn main(@builtin(workgroup_id) wid : vec3<u32>,
         @builtin(local_invocation_index) tid : u32) {
   let t = wid.x;
-  let count = Table[1];
+  let count = Table[0];
   var s = 0.0;
   if (t < count) {
-    let end = Table[t + 3u];
-    for (var i = Table[t + 2u] + tid; i < end; i += ${MULTI_THREADS}u) {
+    let end = Table[t + 2u];
+    for (var i = Table[t + 1u] + tid; i < end; i += ${MULTI_THREADS}u) {
       let x = X[i];
       s += x * x;
     }
@@ -88,7 +96,7 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>,
     workgroupBarrier();
   }
   if (tid == 0u && t < count) {
-    Out[Table[0] + t] = red[0];
+    Out[Table[count + 2u + t]] = red[0];
   }
 }
 `;
