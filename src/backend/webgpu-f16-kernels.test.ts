@@ -538,7 +538,7 @@ function attentionGradBounds(
   return tol;
 }
 
-test('webgpu f16: causal attention and its gradient take f16 operands and f16 exps and equal the cpu backend on f16-rounded inputs within f16 bounds', {
+test('webgpu f16: causal attention and its gradient take f16 operands and f16 exps, equal the cpu backend on f16-rounded inputs within f16 bounds, and overflow past f16 as the f16 matmuls do', {
   skip: why,
 }, async () => {
   await initBackend('webgpu', { precision: 'f16' });
@@ -584,6 +584,19 @@ test('webgpu f16: causal attention and its gradient take f16 operands and f16 ex
   assert.ok(differing(p!, p32!) > p!.length / 8, 'p in f16');
   assert.ok(differing(ctx!, ctx32!) > ctx!.length / 4, 'ctx in f16');
   assert.ok(differing(dqkv!, dqkv32!) > dqkv!.length / 4, 'dqkv in f16');
+  // a loss-scaled dctx past f16's range is an f16 operand's overflow: the gradient is not finite
+  // (what the loss scaler tests), where the f32 kernel's stays finite
+  const big = dy.slice();
+  big[0] = 1e5;
+  const [, , over] = await attentionOn(qkv, big, rp);
+  useF16Arithmetic(false);
+  const [, , over32] = await attentionOn(qkv, big, rp);
+  useF16Arithmetic(true);
+  assert.ok(
+    over!.some((v) => !Number.isFinite(v)),
+    'overflow is not finite',
+  );
+  assert.ok(over32!.every(Number.isFinite), 'f32 stays finite');
 });
 
 test('webgpu f16: charlm-tiny trains 3 steps with the f16-arithmetic kernels as the f16 path with f32 element-wise kernels does', {
