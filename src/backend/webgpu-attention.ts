@@ -20,6 +20,12 @@
  * (B H T of them, each looping over T): splitting the key range among more invocations, or
  * tiled products, are the next step there.
  *
+ * `--precision f16` where the device has shader-f16 (webgpu-kernels.ts f16Arithmetic): every
+ * product's operands rounded to f16 as the composed form's f16 matmuls round them
+ * (backend/webgpu-f16.ts), products exact and sums in f32, and the softmax's exps in f16; the
+ * scores, the running max and sum, and dS = scale P (dP - delta) (loss-scaled) stay f32
+ * (wgsl-attention/'s doc comments say why).
+ *
  * This module imports only types from `@tensorflow/tfjs-backend-webgpu` (whose import needs
  * navigator.gpu), so registering is safe before the webgpu backend is loaded. WGSL in
  * backend/wgsl-attention/.
@@ -30,7 +36,7 @@ import {
   CAUSAL_ATTENTION_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
-import type { WebGPUBackendish } from './webgpu-kernels.js';
+import { f16Arithmetic, type WebGPUBackendish } from './webgpu-kernels.js';
 import { qkvGradShader, scoreGradShader } from './wgsl-attention/backward.js';
 import {
   contextShader,
@@ -64,17 +70,18 @@ class RowProgram implements WebGPUProgram {
     readonly variableNames: string[],
     readonly outputShape: number[],
     { b, t, h, dh }: Dims,
-    private readonly code: (dh: number) => string,
+    private readonly code: (dh: number, f16: boolean) => string,
     name: string,
     parts = 1,
+    private readonly f16 = false,
   ) {
     this.dispatchLayout = { x: outputShape.map((_, i) => i) };
     this.dispatch = [Math.ceil(t / ROWS_PER_WORKGROUP), b * h, parts];
     this.dh = dh;
-    this.shaderKey = `layerwise_attention_${name}_${dh}`;
+    this.shaderKey = `layerwise_attention_${name}_${dh}${f16 ? '_f16' : ''}`;
   }
   getUserCode(): string {
-    return this.code(this.dh);
+    return this.code(this.dh, this.f16);
   }
 }
 
@@ -101,7 +108,8 @@ const attention: tf.KernelFunc = ({ inputs, backend, attrs }) => {
   const qkv = inputs.qkv as tf.TensorInfo;
   const d = dims(qkv, attrs!.heads as number);
   const pShape = [d.b, d.h, d.t, d.t];
-  const probs = new RowProgram(['qkv'], pShape, d, probsShader, 'probs');
+  const h = f16Arithmetic(backend);
+  const probs = new RowProgram(['qkv'], pShape, d, probsShader, 'probs', 1, h);
   const p = gpu.runWebGPUProgram(probs, [qkv], 'float32', rowUniforms(d));
   const ctxShape = [d.b, d.t, d.h * d.dh];
   const context = new RowProgram(
@@ -110,6 +118,8 @@ const attention: tf.KernelFunc = ({ inputs, backend, attrs }) => {
     d,
     contextShader,
     'context',
+    1,
+    h,
   );
   const ctx = gpu.runWebGPUProgram(
     context,
@@ -125,12 +135,15 @@ const attentionGrad: tf.KernelFunc = ({ inputs, backend, attrs }) => {
   const gpu = backend as unknown as WebGPUBackendish;
   const { dy, qkv, p } = inputs as Record<string, tf.TensorInfo>;
   const d = dims(qkv!, attrs!.heads as number);
+  const h = f16Arithmetic(backend);
   const scores = new RowProgram(
     ['dy', 'qkv', 'probs'],
     p!.shape,
     d,
     scoreGradShader,
     'dscores',
+    1,
+    h,
   );
   const ds = gpu.runWebGPUProgram(
     scores,
@@ -145,6 +158,7 @@ const attentionGrad: tf.KernelFunc = ({ inputs, backend, attrs }) => {
     qkvGradShader,
     'dqkv',
     3,
+    h,
   );
   try {
     return gpu.runWebGPUProgram(

@@ -1,13 +1,17 @@
 /**
  * `--precision f16` kernels in f16 arithmetic on webgpu (issue 36 item 5): where the adapter has
  * shader-f16 (Mesa's lavapipe does), the device is made with it and GELU and its gradient
- * compute their sigmoid factor and slope in WGSL's f16 (backend/wgsl/elementwise.ts), and layer
- * norm's forward its normalisation (f32 sums; wgsl/multi.ts), storage staying float32. Checked
- * against the cpu backend's f16 numerics (its f32 kernels on inputs rounded to f16 by
- * webgpu-f16.ts's rounding where the kernel rounds its input) within bounds derived from f16's
- * precision, and a 3-step charlm-tiny run against the f16 path with f32 element-wise kernels
- * (LAYERWISE_WEBGPU_KERNELS=tfjs; the cpu backend refuses f16). Skipped, saying why,
- * where no adapter with shader-f16 can be made.
+ * compute their sigmoid factor and slope in WGSL's f16 (backend/wgsl/elementwise.ts), layer
+ * norm's forward its normalisation (f32 sums; wgsl/multi.ts), the softmax cross-entropy and the
+ * causal softmax their exps (and their gradients probs - onehot and y * scale; wgsl/rows.ts,
+ * elementwise.ts), and causal attention takes f16 product operands and f16 exps
+ * (wgsl-attention/), storage staying float32. Checked against the cpu backend's f16 numerics
+ * (its f32 kernels on inputs rounded to f16 by webgpu-f16.ts's rounding where the kernel rounds
+ * its input) within bounds derived from f16's precision (its unit roundoff, one ulp per WGSL
+ * conversion or operation, WGSL's 3 + 2|x| ulps for exp), and a 3-step charlm-tiny run against
+ * the f16 path with f32 element-wise kernels (LAYERWISE_WEBGPU_KERNELS=tfjs; the cpu backend
+ * refuses f16). Each f16 test also checks that its results are not the f32 kernels' (the f16
+ * program ran). Skipped, saying why, where no adapter with shader-f16 can be made.
  */
 import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
@@ -20,9 +24,15 @@ import { noShaderF16 } from '../testing/webgpu.js';
 import { readStepMetrics } from '../train/metrics.js';
 import { initBackend } from './index.js';
 import {
+  CAUSAL_ATTENTION_GRAD_KERNEL,
+  CAUSAL_ATTENTION_KERNEL,
+  CAUSAL_SOFTMAX_GRAD_KERNEL,
+  CAUSAL_SOFTMAX_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
   LAYER_NORM_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
+  SOFTMAX_CROSS_ENTROPY_KERNEL,
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
 
@@ -42,13 +52,17 @@ const SIGMOID_BOUND = 16 * U16;
  * i.e. the two runs agree to the loss's own f16 precision. The f16 kernels move activations by a
  * few U16 (the kernel tests' bounds), which products then round to f16 in both runs, and AdamW's
  * m / sqrt(v) amplifies the differences of parameters with small gradients; a wrong kernel (a
- * wrong constant or term) moves the loss by far more. Measured on lavapipe: 5.7e-5 absolute
- * (0.03 U16 relative at losses near 4.4); the f16 path against fp32: 2e-6.
+ * wrong constant or term) moves the loss by far more. Measured on lavapipe: 1.1e-4 absolute
+ * (0.05 U16 relative at losses near 4.3; 5.7e-5 with f16 GELU and layer norm alone); the f16
+ * path against fp32: 2e-6.
  */
 const TRAIN_TOLERANCE = U16;
 
-const run = (name: string, inputs: tf.NamedTensorMap) =>
-  tf.engine().runKernel(name, inputs) as tf.Tensor;
+const run = (
+  name: string,
+  inputs: tf.NamedTensorMap,
+  attrs: tf.NamedAttrMap = {},
+) => tf.engine().runKernel(name, inputs, attrs) as tf.Tensor;
 
 /** GELU's du/dx factor x (C1 + 3 C2 x^2) at x (f64), which scales the slope's error. */
 const duOf = (x: number) => {
@@ -180,7 +194,412 @@ test('webgpu f16: layer norm normalises in f16 (f32 sums) and equals the cpu bac
   );
 });
 
-test('webgpu f16: charlm-tiny trains 3 steps with f16 GELU and layer norm as the f16 path with f32 element-wise kernels does', {
+/**
+ * One f16 ulp at |v| (f64): 2^(e - 10) for |v| in [2^e, 2^(e+1)), 2^-24 among the subnormals.
+ * WGSL's conversions, + - * of f16 round to one of the two neighbours: within one ulp.
+ */
+const ulp16 = (v: number): number =>
+  Math.abs(v) < 2 ** -14
+    ? 2 ** -24
+    : 2 ** (Math.floor(Math.log2(Math.abs(v))) - 10);
+
+/**
+ * The error bound of the kernels' f16 exp of a <= 0 (expH, wgsl/elementwise.ts), absolute: the
+ * argument's conversion (one ulp of a, 2^-10 |a| relative, moving exp(a) by as much relative)
+ * and WGSL's 3 + 2|a| ulps of exp in f16. Below -32 the kernel's clamp to -32, whose exp is
+ * taken instead (0 in f16).
+ */
+const expErr = (a: number): number => {
+  const ac = Math.max(a, -32);
+  const e = Math.exp(ac);
+  return (
+    (3 + 2 * Math.abs(ac)) * ulp16(e) +
+    2 ** -10 * Math.abs(ac) * e +
+    (e - Math.exp(a))
+  );
+};
+
+/**
+ * A softmax row's sum S = sum exp(a_j) (a_j = s_j - max, f64) and the relative bound delta of
+ * the kernels' f16 sum against it: sum expErr(a_j) / S (the f32 sum's own rounding is below
+ * F32_SLACK).
+ */
+function rowBound(a: number[]): { sum: number; delta: number } {
+  let sum = 0;
+  let err = 0;
+  for (const v of a) {
+    sum += Math.exp(v);
+    err += expErr(v);
+  }
+  return { sum, delta: err / sum };
+}
+
+/** The f32 kernels' own agreement with cpu (sums in another order): 1e-6, relative and absolute. */
+const F32_SLACK = 1e-6;
+
+/** Asserts |got - want| <= tol for element i of `name`, keeping the worst |got - want| / tol in `worst`. */
+function within(
+  worst: Map<string, number>,
+  name: string,
+  i: number,
+  got: number,
+  want: number,
+  tol: number,
+): void {
+  const e = Math.abs(got - want);
+  assert.ok(e <= tol, `${name}[${i}]: ${got} vs ${want} (bound ${tol})`);
+  if (e > 0) worst.set(name, Math.max(worst.get(name) ?? 0, e / tol));
+}
+
+const report = (worst: Map<string, number>): string =>
+  [...worst].map(([k, v]) => `${k} ${v.toFixed(3)}`).join(', ');
+
+/** The count of elements where `a` and `b` differ: an f16 program's results are not the f32 kernel's. */
+const differing = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
+  let n = 0;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) n++;
+  return n;
+};
+
+/** [loss, probs, dlogits] of the softmax cross-entropy and its gradient on the current backend. */
+async function crossEntropy(
+  logits: Float32Array,
+  labels: Int32Array,
+  dy: number,
+): Promise<Float32Array[]> {
+  const rows = labels.length;
+  const x = tf.tensor2d(logits, [rows, logits.length / rows]);
+  const l = tf.tensor1d(labels, 'int32');
+  const [loss, probs] = tf.engine().runKernel(SOFTMAX_CROSS_ENTROPY_KERNEL, {
+    logits: x,
+    labels: l,
+  }) as tf.Tensor[];
+  const grad = run(SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL, {
+    probs: probs!,
+    labels: l,
+    dy: tf.scalar(dy),
+  });
+  return Promise.all(
+    [loss!, probs!, grad].map((t) => t.data() as Promise<Float32Array>),
+  );
+}
+
+test('webgpu f16: softmax cross-entropy and its gradient take their exps and probs - onehot in f16 and equal the cpu backend within f16 bounds', {
+  skip: why,
+}, async () => {
+  await initBackend('webgpu', { precision: 'f16' });
+  const { useF16Arithmetic } = await import('./webgpu-kernels.js');
+  const [rows, cols] = [37, 100];
+  const logits = randomArray(rows * cols, 21).map((v) => v * 4);
+  // a row with a logit beyond f16's range (kept f32), one with a wide spread (exps underflow f16)
+  logits[5] = 1e5;
+  for (let c = 0; c < cols; c++) logits[cols + c] = -c;
+  const labels = Int32Array.from({ length: rows }, (_, i) => (i * 7) % cols);
+  labels[3] = -1; // an all-zero one-hot row
+  const dy = 65536; // the loss scale
+  const [loss, probs, grad] = await crossEntropy(logits, labels, dy);
+  useF16Arithmetic(false);
+  const [, probs32, grad32] = await crossEntropy(logits, labels, dy);
+  useF16Arithmetic(true);
+  await tf.setBackend('cpu');
+  const [rloss, rprobs] = await crossEntropy(logits, labels, dy);
+  let lossBound = 0;
+  const worst = new Map<string, number>();
+  for (let r = 0; r < rows; r++) {
+    const row = Array.from(logits.subarray(r * cols, (r + 1) * cols));
+    const top = Math.max(...row);
+    const { sum, delta } = rowBound(row.map((v) => v - top));
+    const lse = top + Math.log(sum);
+    // lse moves by log(1 +- delta) <= delta / (1 - delta), plus f32's rounding of top + log
+    const dLse = delta / (1 - delta) + F32_SLACK * (1 + Math.abs(lse));
+    if (labels[r]! >= 0) lossBound += dLse / rows;
+    for (let c = 0; c < cols; c++) {
+      const i = r * cols + c;
+      // p = expH(x - lse'): the argument off by dLse (exp moves by expm1(dLse) relative)
+      const a = Math.abs(logits[i]! - lse) + dLse;
+      const tol =
+        expErr(-a) + rprobs![i]! * Math.expm1(dLse) + F32_SLACK * 1e-3;
+      within(worst, 'probs', i, probs![i]!, rprobs![i]!, tol);
+      // the gradient of the webgpu probs: p rounded to f16, p - hot rounded, times dy / N in f32
+      const hot = labels[r] === c ? 1 : 0;
+      const p = probs![i]!;
+      const g = ((p - hot) * dy) / rows;
+      const tolG =
+        (ulp16(p) + ulp16(p - hot)) * (dy / rows) + F32_SLACK * Math.abs(g);
+      within(worst, 'grad', i, grad![i]!, g, tolG);
+    }
+  }
+  assert.ok(
+    Math.abs(loss![0]! - rloss![0]!) <= lossBound,
+    `loss ${loss![0]} vs ${rloss![0]} (bound ${lossBound})`,
+  );
+  console.log(
+    `f16 softmax cross-entropy: worst |error| / bound ${report(worst)}`,
+  );
+  assert.ok(differing(probs!, probs32!) > probs!.length / 4, 'probs in f16');
+  assert.ok(differing(grad!, grad32!) > grad!.length / 4, 'gradient in f16');
+});
+
+/** [y, dx] of the causal softmax of x [2, T, T] and its gradient (of the given y) on the current backend. */
+async function causalSoftmaxOn(
+  x: Float32Array,
+  y: Float32Array | undefined,
+  dy: Float32Array,
+  t: number,
+  scale: number,
+): Promise<Float32Array[]> {
+  const shape = [2, t, t];
+  const out = run(CAUSAL_SOFTMAX_KERNEL, { x: tf.tensor(x, shape) }, { scale });
+  const dx = run(
+    CAUSAL_SOFTMAX_GRAD_KERNEL,
+    { y: y ? tf.tensor(y, shape) : out, dy: tf.tensor(dy, shape) },
+    { scale },
+  );
+  return Promise.all([out, dx].map((v) => v.data() as Promise<Float32Array>));
+}
+
+test('webgpu f16: the causal softmax takes its exps, and its gradient y * scale, in f16 and equals the cpu backend within f16 bounds', {
+  skip: why,
+}, async () => {
+  await initBackend('webgpu', { precision: 'f16' });
+  const { useF16Arithmetic } = await import('./webgpu-kernels.js');
+  const [t, scale] = [70, 0.25];
+  const x = randomArray(2 * t * t, 31).map((v) => v * 12);
+  const dy = randomArray(2 * t * t, 32).map((v) => v * 1000);
+  await tf.setBackend('cpu');
+  const [ry] = await causalSoftmaxOn(x, undefined, dy, t, scale);
+  const [, rdx] = await causalSoftmaxOn(x, ry, dy, t, scale);
+  await tf.setBackend('webgpu');
+  // the gradient of cpu's y, so that it is compared alone
+  const [y, dx] = await causalSoftmaxOn(x, ry, dy, t, scale);
+  useF16Arithmetic(false);
+  const [y32, dx32] = await causalSoftmaxOn(x, ry, dy, t, scale);
+  useF16Arithmetic(true);
+  const worst = new Map<string, number>();
+  for (let r = 0; r < 2 * t; r++) {
+    const last = r % t;
+    const s = Array.from(x.subarray(r * t, r * t + last + 1), (v) => v * scale);
+    const top = Math.max(...s);
+    const { sum, delta } = rowBound(s.map((v) => v - top));
+    let dot = 0;
+    for (let c = 0; c <= last; c++) dot += dy[r * t + c]! * ry![r * t + c]!;
+    for (let c = 0; c < t; c++) {
+      const i = r * t + c;
+      const yr = ry![i]!;
+      // y = expH(a) / S': exp's bound over S, and S' off by delta relative
+      const tol =
+        c <= last
+          ? (expErr(s[c]! - top) / sum + yr * delta) / (1 - delta) +
+            F32_SLACK * (yr + 1e-3)
+          : 0;
+      within(worst, 'y', i, y[i]!, yr, tol);
+      // w = f16(y) f16(scale) in f16: three roundings of at most one ulp, times |dy - dot|
+      const m = Math.abs(dy[i]! - dot);
+      const tolDx =
+        (ulp16(yr) * scale + ulp16(scale) * yr + ulp16(yr * scale)) * m +
+        F32_SLACK * (m * yr * scale + 1e-3);
+      within(worst, 'dx', i, dx[i]!, rdx![i]!, tolDx);
+    }
+  }
+  console.log(`f16 causal softmax: worst |error| / bound ${report(worst)}`);
+  assert.ok(differing(y, y32!) > y.length / 8, 'y in f16');
+  assert.ok(differing(dx!, dx32!) > dx!.length / 8, 'dx in f16');
+});
+
+/** Attention's sizes [B, T, H, dh]: T past one 64-row block, two heads. */
+const ATT: [number, number, number, number] = [2, 70, 2, 16];
+
+/** [ctx, p, dqkv] of causal attention on the current backend; the gradient of the given `p`. */
+async function attentionOn(
+  qkv: Float32Array,
+  dy: Float32Array,
+  p?: Float32Array,
+): Promise<Float32Array[]> {
+  const [b, t, h, dh] = ATT;
+  const q = tf.tensor(qkv, [b, t, 3 * h * dh]);
+  const [ctx, probs] = tf
+    .engine()
+    .runKernel(
+      CAUSAL_ATTENTION_KERNEL,
+      { qkv: q },
+      { heads: h },
+    ) as tf.Tensor[];
+  const dqkv = run(
+    CAUSAL_ATTENTION_GRAD_KERNEL,
+    {
+      dy: tf.tensor(dy, [b, t, h * dh]),
+      qkv: q,
+      p: p ? tf.tensor(p, [b, h, t, t]) : probs!,
+    },
+    { heads: h },
+  );
+  return Promise.all(
+    [ctx!, probs!, dqkv].map((v) => v.data() as Promise<Float32Array>),
+  );
+}
+
+/**
+ * The f32 attention kernel's agreement with cpu (webgpu-attention.test.ts: 1e-4, absolute, at
+ * unit-scale inputs), the slack of the attention bounds for f32's sums in another order.
+ */
+const ATT_SLACK = 1e-4;
+
+/** Bounds of the f16 attention's P and ctx against cpu's on the f16-rounded qkv (f64). */
+function attentionForwardBounds(
+  q16: Float32Array,
+  p: Float32Array,
+  rp: Float32Array,
+): { pTol: Float64Array; ctxTol: Float64Array } {
+  const [b, t, h, dh] = ATT;
+  const at = (bi: number, ti: number, part: number, hi: number, d: number) =>
+    q16[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]!;
+  const pTol = new Float64Array(p.length);
+  const ctxTol = new Float64Array(b * t * h * dh).fill(ATT_SLACK);
+  for (let bi = 0; bi < b; bi++)
+    for (let hi = 0; hi < h; hi++)
+      for (let i = 0; i < t; i++) {
+        const s: number[] = [];
+        for (let j = 0; j <= i; j++) {
+          let dot = 0;
+          for (let d = 0; d < dh; d++)
+            dot += at(bi, i, 0, hi, d) * at(bi, j, 1, hi, d);
+          s.push(dot / Math.sqrt(dh));
+        }
+        const top = Math.max(...s);
+        const { sum, delta } = rowBound(s.map((v) => v - top));
+        const base = ((bi * h + hi) * t + i) * t;
+        for (let j = 0; j <= i; j++) {
+          // each term's f16 exp (its rescalings by f32 exps only shrink its error), over S
+          const tol =
+            (expErr(s[j]! - top) / sum + rp[base + j]! * delta) / (1 - delta) +
+            ATT_SLACK;
+          pTol[base + j] = tol;
+          // ctx = sum roundH(p) vh: P's bound and its rounding, times |v|
+          const w = tol + ulp16(p[base + j]!);
+          for (let d = 0; d < dh; d++)
+            ctxTol[((bi * t + i) * h + hi) * dh + d]! +=
+              w * Math.abs(at(bi, j, 2, hi, d));
+        }
+      }
+  return { pTol, ctxTol };
+}
+
+/**
+ * The f16 attention gradient's bound against cpu's on f16-rounded dy and qkv, of the same P
+ * (f64): dS = scale P (dP - delta) is the same f32 math on the same operands, so the kernel
+ * differs by its rounding of the products' weights to f16: dv = sum roundH(P) dctx, dq =
+ * sum roundH(dS) k, dk = sum roundH(dS) q, one ulp of each weight times |the other operand|.
+ */
+function attentionGradBounds(
+  q16: Float32Array,
+  dy16: Float32Array,
+  rp: Float32Array,
+): Float64Array {
+  const [b, t, h, dh] = ATT;
+  const at = (bi: number, ti: number, part: number, hi: number, d: number) =>
+    q16[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]!;
+  const g = (bi: number, ti: number, hi: number, d: number) =>
+    dy16[((bi * t + ti) * h + hi) * dh + d]!;
+  const tol = new Float64Array(q16.length).fill(ATT_SLACK);
+  const add = (
+    bi: number,
+    ti: number,
+    part: number,
+    hi: number,
+    d: number,
+    v: number,
+  ) => {
+    tol[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]! += v;
+  };
+  for (let bi = 0; bi < b; bi++)
+    for (let hi = 0; hi < h; hi++)
+      for (let i = 0; i < t; i++) {
+        const base = ((bi * h + hi) * t + i) * t;
+        const dp: number[] = [];
+        let delta = 0;
+        for (let j = 0; j <= i; j++) {
+          let v = 0;
+          for (let d = 0; d < dh; d++)
+            v += g(bi, i, hi, d) * at(bi, j, 2, hi, d);
+          dp.push(v);
+          delta += rp[base + j]! * v;
+        }
+        for (let j = 0; j <= i; j++) {
+          const pij = rp[base + j]!;
+          const ds = (pij * (dp[j]! - delta)) / Math.sqrt(dh);
+          const uds = ulp16(ds) + F32_SLACK * Math.abs(ds);
+          for (let d = 0; d < dh; d++) {
+            add(bi, i, 0, hi, d, uds * Math.abs(at(bi, j, 1, hi, d)));
+            add(bi, j, 1, hi, d, uds * Math.abs(at(bi, i, 0, hi, d)));
+            add(bi, j, 2, hi, d, ulp16(pij) * Math.abs(g(bi, i, hi, d)));
+          }
+        }
+      }
+  return tol;
+}
+
+test('webgpu f16: causal attention and its gradient take f16 operands and f16 exps, equal the cpu backend on f16-rounded inputs within f16 bounds, and overflow past f16 as the f16 matmuls do', {
+  skip: why,
+}, async () => {
+  await initBackend('webgpu', { precision: 'f16' });
+  const { roundF16 } = await import('./webgpu-f16.js');
+  const { useF16Arithmetic } = await import('./webgpu-kernels.js');
+  const [b, t, h, dh] = ATT;
+  const qkv = randomArray(b * t * 3 * h * dh, 41).map((v) => v * 2);
+  const dy = randomArray(b * t * h * dh, 42);
+  const q16 = (await roundF16(tf.tensor1d(qkv)).data()) as Float32Array;
+  const dy16 = (await roundF16(tf.tensor1d(dy)).data()) as Float32Array;
+  await tf.setBackend('cpu');
+  const [rctx, rp] = await attentionOn(q16, dy16);
+  const [, , rdqkv] = await attentionOn(q16, dy16, rp);
+  await tf.setBackend('webgpu');
+  const [ctx, p] = await attentionOn(qkv, dy);
+  const [, , dqkv] = await attentionOn(qkv, dy, rp);
+  useF16Arithmetic(false);
+  const [ctx32, p32, dqkv32] = await attentionOn(qkv, dy, rp);
+  useF16Arithmetic(true);
+  const { pTol, ctxTol } = attentionForwardBounds(q16, p!, rp!);
+  const dTol = attentionGradBounds(q16, dy16, rp!);
+  const check = (
+    name: string,
+    a: Float32Array,
+    r: Float32Array,
+    tol: Float64Array,
+  ) => {
+    let worst = 0;
+    for (let i = 0; i < a.length; i++) {
+      const e = Math.abs(a[i]! - r[i]!);
+      assert.ok(
+        e <= tol[i]!,
+        `${name}[${i}]: ${a[i]} vs ${r[i]} (bound ${tol[i]})`,
+      );
+      if (e > 0) worst = Math.max(worst, e / tol[i]!);
+    }
+    return worst.toFixed(3);
+  };
+  console.log(
+    `f16 attention: worst |error| / bound p ${check('p', p!, rp!, pTol)}, ctx ${check('ctx', ctx!, rctx!, ctxTol)}, dqkv ${check('dqkv', dqkv!, rdqkv!, dTol)}`,
+  );
+  // the f16 programs ran: their results are not the f32 kernels'
+  assert.ok(differing(p!, p32!) > p!.length / 8, 'p in f16');
+  assert.ok(differing(ctx!, ctx32!) > ctx!.length / 4, 'ctx in f16');
+  assert.ok(differing(dqkv!, dqkv32!) > dqkv!.length / 4, 'dqkv in f16');
+  // a loss-scaled dctx past f16's range is an f16 operand's overflow: the gradient is not finite
+  // (what the loss scaler tests), where the f32 kernel's stays finite
+  const big = dy.slice();
+  big[0] = 1e5;
+  const [, , over] = await attentionOn(qkv, big, rp);
+  useF16Arithmetic(false);
+  const [, , over32] = await attentionOn(qkv, big, rp);
+  useF16Arithmetic(true);
+  assert.ok(
+    over!.some((v) => !Number.isFinite(v)),
+    'overflow is not finite',
+  );
+  assert.ok(over32!.every(Number.isFinite), 'f32 stays finite');
+});
+
+test('webgpu f16: charlm-tiny trains 3 steps with the f16-arithmetic kernels as the f16 path with f32 element-wise kernels does', {
   skip: why,
   timeout: 300_000,
 }, () => {

@@ -11,9 +11,13 @@
  * kernel with several outputs runs one program per output (a TF.js program writes one buffer).
  * The math is the composed form's, so results match the other backends to rounding. `--precision
  * f16` on webgpu rounds the products' operands (backend/webgpu-f16.ts) and, where the device has
- * shader-f16, runs GELU, its gradient and layer norm's forward in f16 arithmetic
- * ({@link useF16Arithmetic}); the other
- * kernels serve it unchanged, in f32.
+ * shader-f16, runs f16-arithmetic variants ({@link useF16Arithmetic}): GELU and its gradient,
+ * layer norm's forward, the softmax cross-entropy's exps and its gradient's probs - onehot, the
+ * causal softmax's exps and its gradient's y * scale (and, in webgpu-attention.ts, attention's
+ * f16 product operands and exps). Sums, maxima, the loss and anything loss-scaled stay f32 (each
+ * variant's doc says why); layer norm's gradient and the optimizers stay f32 throughout: every
+ * term of layer norm's dx, dg and db is a loss-scaled gradient or a sum of them, and mixed
+ * precision keeps normalisation and its gradient in f32 (Micikevicius et al., 2018).
  *
  * Storage is float32 ({@link STORAGE}): TF.js 4.22's tensors have no f16 dtype (its webgpu
  * backend allocates 4 bytes per 'float32' element), so f16 storage would need a dtype of our own
@@ -50,14 +54,19 @@ import {
   GELU_GRAD_F16_WGSL,
   GELU_GRAD_WGSL,
   GELU_WGSL,
+  SOFTMAX_PROBS_F16_WGSL,
   SOFTMAX_PROBS_WGSL,
+  SOFTMAX_XENT_GRAD_F16_WGSL,
   SOFTMAX_XENT_GRAD_WGSL,
   sgdWgsl,
 } from './wgsl/elementwise.js';
 import {
+  CAUSAL_SOFTMAX_F16_WGSL,
+  CAUSAL_SOFTMAX_GRAD_F16_WGSL,
   CAUSAL_SOFTMAX_GRAD_WGSL,
   CAUSAL_SOFTMAX_WGSL,
   LAYER_NORM_DX_WGSL,
+  LOG_SUM_EXP_F16_WGSL,
   LOG_SUM_EXP_WGSL,
   ROW_THREADS,
   XENT_LOSS_WGSL,
@@ -65,6 +74,9 @@ import {
 
 /** The dtype these kernels store (and take) their floating-point tensors in. */
 export const STORAGE = 'float32' as const;
+
+/** f16's largest finite value. */
+const F16_MAX = 65504;
 
 /** Threads per workgroup of an element-wise program. */
 const ELEMENT_THREADS = 64;
@@ -197,6 +209,7 @@ function layerNorm(inputs: Inputs, attrs: Attrs, backend: unknown) {
   return layerNormFused(x!, g!, b!, eps, backend, f16Arithmetic(backend));
 }
 
+/** Layer norm's gradient [dx, dg, db], f32 under every precision (wgsl/rows.ts LAYER_NORM_DX_WGSL says why). */
 function layerNormGrad(inputs: Inputs, _attrs: Attrs, backend: unknown) {
   const { dy, xhat, rstd, g } = inputs as Record<string, tf.TensorInfo>;
   const [rows, cols] = rowsOf(dy!);
@@ -230,10 +243,11 @@ function softmaxCrossEntropy(inputs: Inputs, _attrs: Attrs, backend: unknown) {
     ['rows', 'i32', rows],
     ['cols', 'i32', cols],
   ];
+  const h = f16Arithmetic(backend);
   const lse = perRow(
     backend,
-    'lw_lse',
-    LOG_SUM_EXP_WGSL,
+    h ? 'lw_lse_f16' : 'lw_lse',
+    h ? LOG_SUM_EXP_F16_WGSL : LOG_SUM_EXP_WGSL,
     rows,
     [['X', logits!]],
     u,
@@ -254,8 +268,8 @@ function softmaxCrossEntropy(inputs: Inputs, _attrs: Attrs, backend: unknown) {
   );
   const probs = elementwise(
     backend,
-    'lw_xent_probs',
-    SOFTMAX_PROBS_WGSL,
+    h ? 'lw_xent_probs_f16' : 'lw_xent_probs',
+    h ? SOFTMAX_PROBS_F16_WGSL : SOFTMAX_PROBS_WGSL,
     ['X', 'Lse'],
     [logits!, lse],
     [['cols', 'i32', cols]],
@@ -271,10 +285,11 @@ function softmaxCrossEntropyGrad(
 ) {
   const { probs, labels, dy } = inputs as Record<string, tf.TensorInfo>;
   const [rows, cols] = rowsOf(probs!);
+  const h = f16Arithmetic(backend);
   return elementwise(
     backend,
-    'lw_xent_grad',
-    SOFTMAX_XENT_GRAD_WGSL,
+    h ? 'lw_xent_grad_f16' : 'lw_xent_grad',
+    h ? SOFTMAX_XENT_GRAD_F16_WGSL : SOFTMAX_XENT_GRAD_WGSL,
     ['P', 'Labels', 'Dy'],
     [probs!, labels!, dy!],
     [
@@ -292,10 +307,11 @@ function causalSoftmax(inputs: Inputs, attrs: Attrs, backend: unknown) {
     ['cols', 'i32', cols],
     ['scale', 'f32', attrs.scale as number],
   ];
+  const h = f16Arithmetic(backend);
   return perRow(
     backend,
-    'lw_causal_softmax',
-    CAUSAL_SOFTMAX_WGSL,
+    h ? 'lw_causal_softmax_f16' : 'lw_causal_softmax',
+    h ? CAUSAL_SOFTMAX_F16_WGSL : CAUSAL_SOFTMAX_WGSL,
     rows,
     [['X', x!]],
     u,
@@ -311,10 +327,13 @@ function causalSoftmaxGrad(inputs: Inputs, attrs: Attrs, backend: unknown) {
     ['cols', 'i32', cols],
     ['scale', 'f32', attrs.scale as number],
   ];
+  // the f16 program rounds scale to f16: only where it is within f16's range
+  const h =
+    f16Arithmetic(backend) && Math.abs(attrs.scale as number) <= F16_MAX;
   return perRow(
     backend,
-    'lw_causal_softmax_grad',
-    CAUSAL_SOFTMAX_GRAD_WGSL,
+    h ? 'lw_causal_softmax_grad_f16' : 'lw_causal_softmax_grad',
+    h ? CAUSAL_SOFTMAX_GRAD_F16_WGSL : CAUSAL_SOFTMAX_GRAD_WGSL,
     rows,
     [
       ['Y', y!],
@@ -382,9 +401,11 @@ function sgd(inputs: Inputs, attrs: Attrs, backend: unknown) {
 let f16Wanted = false;
 
 /**
- * Makes this thread's GELU, its gradient and layer norm's forward compute in f16 arithmetic
- * (wgsl/elementwise.ts's and wgsl/multi.ts's f16 variants; float32 storage, as TF.js 4.22's
- * webgpu tensors have no f16 dtype; sums stay f32) where the
+ * Makes this thread's GELU, its gradient, layer norm's forward, the softmax cross-entropy, the
+ * causal softmax (each with its gradient) and causal attention (webgpu-attention.ts) compute in
+ * f16 arithmetic (the f16 variants of wgsl/elementwise.ts, rows.ts, multi.ts and
+ * wgsl-attention/; float32 storage, as TF.js 4.22's webgpu tensors have no f16 dtype; sums stay
+ * f32) where the
  * backend's device has `shader-f16` (backend/webgpu.ts requests it for a policy that computes
  * in f16); elsewhere, and with `on` false, they stay f32. Called by backend/webgpu-f16.ts.
  */

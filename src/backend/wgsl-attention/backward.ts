@@ -5,12 +5,20 @@
  * writes dS = scale P (dP - rowsum(dP P)) with dP = dctx v^T, by rows, the values v held in
  * workgroup memory block by block as the forward holds its keys; {@link qkvGradShader} writes
  * dqkv [B, T, 3D]: dq = dS k, dk = dS^T q, dv = P^T dctx, by rows in the same way.
+ *
+ * `f16` (`--precision f16` where the device has shader-f16): every product's operands are
+ * rounded to f16 (`roundH`: dctx, v, dS, k, q, P; +-Infinity beyond f16's range, so that a
+ * loss-scaled gradient past it reaches the loss scaler as the composed form's f16 matmuls make
+ * it do), the products formed exactly in f32 and summed in f32, the numerics of f16 products
+ * with f32 accumulation. dS = scale P (dP - delta) itself stays f32: dP and delta are
+ * loss-scaled (up to 2^24 times the gradient), and an f16 overflow there is not defined in WGSL
+ * at run time; there is no exp in the gradient.
  */
 import { rowHead } from './forward.js';
 
 /** dS [B, H, T, T] by rows; inputs: dy, qkv, probs. */
-export function scoreGradShader(dh: number): string {
-  return `${rowHead(dh)}
+export function scoreGradShader(dh: number, f16 = false): string {
+  return `${rowHead(dh, f16)}
     fn main(index : i32) {
       var r = rows(index);
       if (r.li == 0) {
@@ -21,7 +29,7 @@ export function scoreGradShader(dh: number): string {
       var g : array<f32, DH>;
       let gBase = (r.b * uniforms.nT + r.row) * D + r.h * DH;
       for (var d = 0; d < DH; d++) {
-        g[d] = dy[gBase + d];
+        g[d] = ${f16 ? 'roundH(dy[gBase + d])' : 'dy[gBase + d]'};
       }
       let pBase = (r.bh * uniforms.nT + r.row) * uniforms.nT;
       var delta = 0.0;
@@ -67,8 +75,8 @@ export function scoreGradShader(dh: number): string {
  * dq = dS k (keys j <= t), dk = dS^T q or dv = P^T dctx (queries i >= t), the other operand
  * held in workgroup memory block by block.
  */
-export function qkvGradShader(dh: number): string {
-  return `${rowHead(dh)}
+export function qkvGradShader(dh: number, f16 = false): string {
+  return `${rowHead(dh, f16)}
     var<workgroup> blockStart : i32;
 
     fn loadDyTile(r : Rows, j0 : i32) {
@@ -78,7 +86,7 @@ export function qkvGradShader(dh: number): string {
         if (j < uniforms.nT) {
           val = dy[(r.b * uniforms.nT + j) * uniforms.nH * DH + r.h * DH + e % DH];
         }
-        tile[e] = val;
+        tile[e] = ${f16 ? 'roundH(val)' : 'val'};
       }
     }
 
@@ -118,7 +126,7 @@ export function qkvGradShader(dh: number): string {
           hi = min(TK, r.row - j0 + 1);
         }
         for (var jj = lo; jj < hi; jj++) {
-          let w = weight(r, part, j0 + jj);
+          let w = ${f16 ? 'roundH(weight(r, part, j0 + jj))' : 'weight(r, part, j0 + jj)'};
           for (var d = 0; d < DH; d++) {
             acc[d] += w * tile[jj * DH + d];
           }

@@ -11,6 +11,8 @@
  * holds the program's uniforms; `main(index)` gets the flat invocation index.
  */
 
+import { F16_FUNCTIONS } from '../wgsl/elementwise.js';
+
 /** Query rows per workgroup (one invocation per row). */
 export const ROWS_PER_WORKGROUP = 64;
 
@@ -33,10 +35,12 @@ export const ROW_UNIFORMS =
  * The common head of the row programs: the workgroup's (batch, head) and rows, its key-block
  * bound read uniformly (so that barriers stay in uniform control flow), and `loadTile(j0, part)`,
  * which copies keys j0.. of q (part 0), k (1) or v (2) of this (batch, head) into `tile`.
+ * `f16`: with wgsl/elementwise.ts's F16_FUNCTIONS, and the tile's values (always an operand of
+ * a product) rounded to f16 (`roundH`).
  */
-export function rowHead(dh: number): string {
+export function rowHead(dh: number, f16 = false): string {
   const tk = keysPerBlock(dh);
-  return `
+  return `${f16 ? F16_FUNCTIONS : ''}
     const DH = ${dh};
     const TK = ${tk};
     const WG = ${ROWS_PER_WORKGROUP};
@@ -67,7 +71,7 @@ export function rowHead(dh: number): string {
         if (j < uniforms.nT) {
           val = qkv[((r.b * uniforms.nT + j) * 3 + part) * D + r.h * DH + e % DH];
         }
-        tile[e] = val;
+        tile[e] = ${f16 ? 'roundH(val)' : 'val'};
       }
     }
   `;
@@ -77,9 +81,22 @@ export function rowHead(dh: number): string {
  * P [B, H, T, T] = softmax(scale q k^T + causal mask) by rows; inputs: qkv. Two walks over the
  * key blocks: the first keeps the running max m and sum l of exp(s - m), the second writes
  * exp(s - m) / l, and zeros above the diagonal.
+ *
+ * `f16` (`--precision f16` where the device has shader-f16): q and k rounded to f16 (`roundH`,
+ * +-Infinity beyond f16's range, as the composed form's f16 matmul operands), their products
+ * formed exactly in f32 (a product of two f16 values fits f32's significand, as on tensor cores)
+ * and summed in f32, then scaled in f32: the scores before the max is subtracted are not bounded
+ * by f16's range. Each term's exp(s - m) (argument <= 0) is in f16 (`expH`); the running max,
+ * the running sum l, its rescaling exp(m - mNew) (an accumulator's correction) and the division
+ * by l stay f32.
  */
-export function probsShader(dh: number): string {
-  return `${rowHead(dh)}
+export function probsShader(dh: number, f16 = false): string {
+  const expOf = f16 ? 'expH' : 'exp';
+  const score = `var s = 0.0;
+          for (var d = 0; d < DH; d++) {
+            s += q[d] * tile[jj * DH + d];
+          }${f16 ? '\n          s = s * uniforms.scale;' : ''}`;
+  return `${rowHead(dh, f16)}
     fn main(index : i32) {
       var r = rows(index);
       if (r.li == 0) {
@@ -90,7 +107,7 @@ export function probsShader(dh: number): string {
       var q : array<f32, DH>;
       let qBase = (r.b * uniforms.nT + r.row) * 3 * D + r.h * DH;
       for (var d = 0; d < DH; d++) {
-        q[d] = qkv[qBase + d] * uniforms.scale;
+        q[d] = ${f16 ? 'roundH(qkv[qBase + d])' : 'qkv[qBase + d] * uniforms.scale'};
       }
       var m = -3.402823e+38;
       var l = 0.0;
@@ -98,12 +115,9 @@ export function probsShader(dh: number): string {
         loadTile(r, j0, 1);
         workgroupBarrier();
         for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
-          var s = 0.0;
-          for (var d = 0; d < DH; d++) {
-            s += q[d] * tile[jj * DH + d];
-          }
+          ${score}
           let mNew = max(m, s);
-          l = l * exp(m - mNew) + exp(s - mNew);
+          l = l * exp(m - mNew) + ${expOf}(s - mNew);
           m = mNew;
         }
         workgroupBarrier();
@@ -113,12 +127,9 @@ export function probsShader(dh: number): string {
         loadTile(r, j0, 1);
         workgroupBarrier();
         for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
-          var s = 0.0;
-          for (var d = 0; d < DH; d++) {
-            s += q[d] * tile[jj * DH + d];
-          }
+          ${score}
           if (r.valid) {
-            result[outBase + j0 + jj] = exp(s - m) / l;
+            result[outBase + j0 + jj] = ${expOf}(s - m) / l;
           }
         }
         workgroupBarrier();
@@ -135,10 +146,11 @@ export function probsShader(dh: number): string {
 /**
  * ctx [B, T, D] (heads side by side) = P V over keys j <= t; inputs: probs, qkv. By rows, as
  * {@link probsShader}: each invocation keeps its row of ctx, the values held in workgroup
- * memory block by block.
+ * memory block by block. `f16`: p and v rounded to f16 (`roundH`), products exact in f32 and
+ * sums f32, as the composed form's f16 matmul.
  */
-export function contextShader(dh: number): string {
-  return `${rowHead(dh)}
+export function contextShader(dh: number, f16 = false): string {
+  return `${rowHead(dh, f16)}
     fn main(index : i32) {
       var r = rows(index);
       if (r.li == 0) {
@@ -151,7 +163,7 @@ export function contextShader(dh: number): string {
         loadTile(r, j0, 2);
         workgroupBarrier();
         for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
-          let p = probs[pBase + j0 + jj];
+          let p = ${f16 ? 'roundH(probs[pBase + j0 + jj])' : 'probs[pBase + j0 + jj]'};
           for (var d = 0; d < DH; d++) {
             acc[d] += p * tile[jj * DH + d];
           }

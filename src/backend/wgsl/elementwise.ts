@@ -51,6 +51,52 @@ export const SOFTMAX_PROBS_WGSL = perElement(`
 `);
 
 /**
+ * f16 helpers for programs in TF.js's prelude (`uniforms.INFINITY`), with `enable f16;` (hoisted
+ * by backend/webgpu.ts; the device needs shader-f16):
+ *
+ * - `expH(a)`: exp of an argument a <= 0 (an exp of a softmax or log-sum-exp, its max already
+ *   subtracted in f32) in f16 arithmetic: a rounded to f16 and exp taken in f16, the result
+ *   widened to f32. a is clamped to [-32, 0]: exp(a) underflows f16 (2^-25, half its smallest
+ *   subnormal) below -17.4, so the lower clamp changes no f16 result, and the upper one keeps a
+ *   rounding's positive residue from overflowing (exp overflows f16 past 11.1).
+ * - `roundH(x)`: x rounded to the nearest f16 (ties to even) and held in f32 (the operand of an
+ *   f16 product), exactly as backend/webgpu-f16.ts's RoundF16Program rounds the matmuls'
+ *   operands: on the bits (a conversion pair f32(f16(x)) is folded into x by Mesa's compiler:
+ *   measured on lavapipe, the attention gradient's results equalled the f32 kernel's), f16's
+ *   subnormals as multiples of 2^-24, beyond f16's range +-Infinity, so that the loss scaler
+ *   sees the overflow; NaN stays NaN.
+ */
+export const F16_FUNCTIONS = `
+  enable f16;
+  fn expH(a : f32) -> f32 {
+    return f32(exp(f16(clamp(a, -32.0, 0.0))));
+  }
+  fn roundH(x : f32) -> f32 {
+    let bits = bitcast<u32>(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+      return x;
+    }
+    if (abs(x) < 6.103515625e-05) {
+      return round(x * 16777216.0) / 16777216.0;
+    }
+    let r = bitcast<f32>((bits + 0xfffu + ((bits >> 13u) & 1u)) & 0xffffe000u);
+    if (abs(r) > 65504.0) {
+      return sign(x) * uniforms.INFINITY;
+    }
+    return r;
+  }
+`;
+
+/**
+ * {@link SOFTMAX_PROBS_WGSL} in f16 arithmetic: the argument logit - lse (<= 0; taken in f32,
+ * since the logits and lse can exceed f16's range, e.g. logits times a large scale) rounded to
+ * f16 and its exp taken in f16 (`expH`). A probability lies in [0, 1], within f16's range.
+ */
+export const SOFTMAX_PROBS_F16_WGSL = `${F16_FUNCTIONS}${perElement(`
+      setOutputAtIndex(index, expH(X[index] - Lse[index / uniforms.cols]));
+`)}`;
+
+/**
  * The softmax cross-entropy's gradient (probs - onehot(label)) * (dy / N): inputs P [N, C],
  * Labels [N] (int32; a label outside [0, C) is an all-zero one-hot row, as tf.oneHot's), Dy [1].
  */
@@ -59,6 +105,19 @@ export const SOFTMAX_XENT_GRAD_WGSL = perElement(`
       let hot = select(0.0, 1.0, Labels[row] == index % uniforms.cols);
       setOutputAtIndex(index, (P[index] - hot) * (Dy[0] / f32(uniforms.rows)));
 `);
+
+/**
+ * {@link SOFTMAX_XENT_GRAD_WGSL} with probs - onehot in f16 arithmetic (a probability, in
+ * [0, 1], rounded to f16; the difference in [-1, 1]); the factor dy / N stays f32, and so does
+ * its product: dy is the loss scale (up to 2^24 after growth), and f16 overflow is not defined
+ * in WGSL at run time, so the loss scaler's overflow test sees f32's, as GELU's gradient does.
+ */
+export const SOFTMAX_XENT_GRAD_F16_WGSL = `enable f16;${perElement(`
+      let row = index / uniforms.cols;
+      let hot = select(0.0h, 1.0h, Labels[row] == index % uniforms.cols);
+      let d = f16(clamp(P[index], 0.0, 1.0)) - hot;
+      setOutputAtIndex(index, f32(d) * (Dy[0] / f32(uniforms.rows)));
+`)}`;
 
 /** AdamW's new moments from the scaled gradient (shared by the three outputs' programs). */
 const adamwMoments = (which: 'p' | 'm' | 'v'): string => `

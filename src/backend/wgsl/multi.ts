@@ -194,7 +194,9 @@ export const LAYER_NORM_FUSED_F16_WGSL = `enable f16;\n${LAYER_NORM_FUSED_WGSL.r
 /**
  * Layer norm's parameter gradients in one dispatch: per column of Dy, Xhat [rows, cols],
  * dg = sum over rows of dy xhat and db = sum of dy (outputs DG, DB [cols]); one workgroup per
- * column (flat over x and y), the rows strided over its threads as rows.ts's column sums.
+ * column (flat over x and y), the rows strided over its threads as rows.ts's column sums. f32
+ * under `--precision f16` too: both are sums (reductions stay f32) of loss-scaled gradients,
+ * whose products could overflow f16 where f32 does not (rows.ts LAYER_NORM_DX_WGSL).
  */
 export const LAYER_NORM_PARAM_GRADS_WGSL = `
 struct Uniforms { rows : u32, cols : u32, };

@@ -8,6 +8,8 @@
  * serves every shape. The math is composed-kernels.ts's; storage is float32 (see elementwise.ts).
  */
 
+import { F16_FUNCTIONS } from './elementwise.js';
+
 /** Threads per workgroup of a row kernel. */
 export const ROW_THREADS = 64;
 
@@ -73,7 +75,12 @@ const rowSum = (name: string, term: string): string => `
 
 /**
  * Layer norm's dx = (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) * rstd with dxhat = dy * g,
- * per row: inputs Dy, Xhat [rows, cols], Rstd [rows], G [cols].
+ * per row: inputs Dy, Xhat [rows, cols], Rstd [rows], G [cols]. f32 under `--precision f16` too:
+ * every term (dy g, the two means, xhat times the second, the difference times rstd) is a
+ * loss-scaled gradient (up to 2^24 times the gradient), which f16 arithmetic could overflow where
+ * f32 does not (and an f16 overflow is not defined in WGSL at run time, so the loss scaler would
+ * not see it); the unscaled factors (xhat, g, rstd) enter only in products with them. Mixed
+ * precision keeps normalisation layers in f32 (Micikevicius et al., 2018; PyTorch's autocast).
  */
 export const LAYER_NORM_DX_WGSL = perRow(`${rowSum('s1', 'Dy[base + c] * G[c]')}
     ${rowSum('s2', '(Dy[base + c] * G[c]) * Xhat[base + c]')}
@@ -88,8 +95,9 @@ export const LAYER_NORM_DX_WGSL = perRow(`${rowSum('s1', 'Dy[base + c] * G[c]')}
     }
 `);
 
-/** log-sum-exp of each row of X (max + log(sum(exp(x - max)))): output [rows]. */
-export const LOG_SUM_EXP_WGSL = perRow(`
+/** log-sum-exp of each row of X with `expOf` the exp of its terms (exp or F16_FUNCTIONS's expH). */
+const logSumExp = (expOf: string): string =>
+  perRow(`
     var hi = -3.402823e+38;
     if (valid) {
       for (var c = tid; c < cols; c += ${ROW_THREADS}) {
@@ -97,11 +105,21 @@ export const LOG_SUM_EXP_WGSL = perRow(`
       }
     }
     let top = reduceMax(hi);
-    ${rowSum('total', 'exp(X[base + c] - top)')}
+    ${rowSum('total', `${expOf}(X[base + c] - top)`)}
     if (valid && tid == 0) {
       setOutputAtIndex(row, top + log(total));
     }
 `);
+
+/** log-sum-exp of each row of X (max + log(sum(exp(x - max)))): output [rows]. */
+export const LOG_SUM_EXP_WGSL = logSumExp('exp');
+
+/**
+ * {@link LOG_SUM_EXP_WGSL} with each term exp(x - max) in f16 arithmetic (`expH`: the argument,
+ * <= 0, rounded to f16, its exp in f16): the max, the argument x - max (the logits can exceed
+ * f16's range), the sum and the log stay f32, as the accumulators of a reduction.
+ */
+export const LOG_SUM_EXP_F16_WGSL = `${F16_FUNCTIONS}${logSumExp('expH')}`;
 
 /**
  * The mean over rows of lse - logit[label] (one workgroup): inputs X [rows, cols], Lse [rows],
@@ -125,10 +143,11 @@ export const XENT_LOSS_WGSL = `${REDUCTIONS}
 `;
 
 /**
- * Causal softmax of scale * x over each row of X [rows, T] (the row's query is row % T): the
- * columns past it are 0, as exp(-1e9 - max) is in the composed form.
+ * The causal softmax with `expOf` the exp of its terms (exp or expH): scale * x in f32, its max
+ * and sum f32, y = exp(scale x - max) / sum with the division in f32.
  */
-export const CAUSAL_SOFTMAX_WGSL = perRow(`
+const causalSoftmax = (expOf: string): string =>
+  perRow(`
     let last = row % cols;
     var hi = -3.402823e+38;
     if (valid) {
@@ -140,7 +159,7 @@ export const CAUSAL_SOFTMAX_WGSL = perRow(`
     var part = 0.0;
     if (valid) {
       for (var c = tid; c <= last; c += ${ROW_THREADS}) {
-        part += exp(X[base + c] * uniforms.scale - top);
+        part += ${expOf}(X[base + c] * uniforms.scale - top);
       }
     }
     let total = reduceSum(part);
@@ -148,12 +167,25 @@ export const CAUSAL_SOFTMAX_WGSL = perRow(`
       for (var c = tid; c < cols; c += ${ROW_THREADS}) {
         var y = 0.0;
         if (c <= last) {
-          y = exp(X[base + c] * uniforms.scale - top) / total;
+          y = ${expOf}(X[base + c] * uniforms.scale - top) / total;
         }
         setOutputAtIndex(base + c, y);
       }
     }
 `);
+
+/**
+ * Causal softmax of scale * x over each row of X [rows, T] (the row's query is row % T): the
+ * columns past it are 0, as exp(-1e9 - max) is in the composed form.
+ */
+export const CAUSAL_SOFTMAX_WGSL = causalSoftmax('exp');
+
+/**
+ * {@link CAUSAL_SOFTMAX_WGSL} with each exp(scale x - max) in f16 arithmetic (`expH`). The
+ * scores scale * x (not bounded by f16's range before the max is subtracted), the max, the sum
+ * and the division by it (the sum counts up to T terms) stay f32.
+ */
+export const CAUSAL_SOFTMAX_F16_WGSL = `${F16_FUNCTIONS}${causalSoftmax('expH')}`;
 
 /** The causal softmax's gradient scale * y * (dy - sum(dy * y)) per row: inputs Y, Dy [rows, T]. */
 export const CAUSAL_SOFTMAX_GRAD_WGSL =
@@ -164,3 +196,20 @@ export const CAUSAL_SOFTMAX_GRAD_WGSL =
       }
     }
 `);
+
+/**
+ * {@link CAUSAL_SOFTMAX_GRAD_WGSL} with the factor y * scale in f16 arithmetic (y in [0, 1]
+ * rounded to f16, scale rounded to f16: the caller passes |scale| <= 65504, so the product is
+ * within f16's range); dy is loss-scaled (up to 2^24 times the gradient), so dot = sum(dy y),
+ * dy - dot and its product with the factor stay f32, where an f16 overflow (undefined in WGSL at
+ * run time) would hide from the loss scaler.
+ */
+export const CAUSAL_SOFTMAX_GRAD_F16_WGSL = `enable f16;${perRow(`${rowSum('dot', 'Dy[base + c] * Y[base + c]')}
+    if (valid) {
+      let scaleH = f16(uniforms.scale);
+      for (var c = tid; c < cols; c += ${ROW_THREADS}) {
+        let w = f16(clamp(Y[base + c], 0.0, 1.0)) * scaleH;
+        setOutputAtIndex(base + c, (Dy[base + c] - dot) * f32(w));
+      }
+    }
+`)}`;
