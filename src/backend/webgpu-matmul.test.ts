@@ -1,12 +1,13 @@
 /**
  * layerwise's products on webgpu (backend/webgpu-matmul.ts): BatchMatMul and _FusedMatMul, and
- * the gradients of both (matmul-grad.ts: products again, and the bias's sum), give the cpu
- * backend's results within 1e-4 of their scale for 2-D, batched and broadcast-batch operands,
- * both transposes, sizes that are not multiples of the 64 x 64 x 16 tile, every bias layout the
- * kernel takes and its fused activations, each product in one program of ours; shapes it leaves
- * to TF.js's stock kernel still give the cpu's results. Under an f16 policy the products equal
- * the cpu product of the f16-rounded operands. Skipped, saying why, where no WebGPU adapter can
- * be made.
+ * the gradients of both (matmul-grad.ts: products again, and sums over broadcast axes), give
+ * the cpu backend's results within 1e-4 of their scale for 2-D, batched and broadcast-batch
+ * operands, both transposes, sizes that are not multiples of the 64 x 64 x 16 tile, every bias
+ * layout the kernel takes and its fused activations, each product (and each column sum of a
+ * bias's or a broadcast operand's gradient, backend/webgpu-matmul-bias.ts) in one program of
+ * ours; what they leave to TF.js's stock kernels (prelu, other sums) still gives the cpu's
+ * results. Under an f16 policy the products equal the cpu product of the f16-rounded operands.
+ * Skipped, saying why, where no WebGPU adapter can be made.
  */
 
 import assert from 'node:assert/strict';
@@ -18,6 +19,7 @@ import { policyOf } from './precision.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
 import { planProduct, suffixBatches } from './webgpu-matmul.js';
+import { columnSumPlan } from './webgpu-matmul-bias.js';
 
 let why: string | false = false;
 try {
@@ -40,6 +42,8 @@ interface Case {
   activation?: string;
   /** prelu's weights' shape (activation 'prelu'; the forward only). */
   prelu?: number[];
+  /** Column sums of ours the gradient runs (a bias [N], a broadcast operand's batch sum). */
+  sums?: number;
   /** The forward only (no gradient). */
   forwardOnly?: boolean;
 }
@@ -89,7 +93,7 @@ async function results(c: Case) {
   let ours = 0;
   if (own)
     b.runWebGPUProgram = (...args: unknown[]) => {
-      if ((args[0] as { shaderKey: string }).shaderKey.startsWith('lw_matmul'))
+      if ((args[0] as { shaderKey: string }).shaderKey.startsWith('lw_'))
         ours++;
       return own.apply(b, args);
     };
@@ -126,9 +130,9 @@ const COVERED: Case[] = [
   { a: [17, 70], b: [65, 17], ta: true, tb: true },
   { a: [3, 67, 19], b: [3, 19, 66] },
   { a: [2, 3, 67, 19], b: [19, 66] }, // b broadcast over both batch axes
-  { a: [1, 67, 19], b: [4, 19, 66] }, // a broadcast
-  { a: [3, 19, 67], b: [2, 3, 66, 19], ta: true, tb: true }, // a's batch a suffix of the output's
-  { a: [1, 130, 20], b: [1, 20, 70], bias: [70] },
+  { a: [1, 67, 19], b: [4, 19, 66], sums: 1 }, // a broadcast
+  { a: [3, 19, 67], b: [2, 3, 66, 19], ta: true, tb: true, sums: 1 }, // a's batch a suffix of the output's
+  { a: [1, 130, 20], b: [1, 20, 70], bias: [70], sums: 1 },
   { a: [2, 65, 20], b: [20, 70], bias: [65, 1] },
   { a: [2, 65, 20], b: [2, 70, 20], tb: true, bias: [2, 65, 70] },
   { a: [65, 20], b: [20, 70], bias: [1] },
@@ -139,9 +143,9 @@ const COVERED: Case[] = [
   { a: [33, 20], b: [20, 70], bias: [70], activation: 'sigmoid' },
 ];
 
-/** Products per case: the forward, plus where the gradient runs (linear) tf.grads's forward, dA and dB. */
-const productsOf = (c: Case) =>
-  (c.activation ?? 'linear') === 'linear' ? 4 : 1;
+/** Programs of ours per case: the forward, plus where the gradient runs (linear) tf.grads's forward, dA, dB and the column sums. */
+const programsOf = (c: Case) =>
+  (c.activation ?? 'linear') !== 'linear' ? 1 : 4 + (c.sums ?? 0);
 
 async function compare(c: Case, expectOurs?: number) {
   await initBackend('cpu');
@@ -154,13 +158,13 @@ async function compare(c: Case, expectOurs?: number) {
     assert.ok(worst <= 1e-4, `${name(c)}: output ${i} differs by ${worst}`);
   });
   if (expectOurs !== undefined)
-    assert.equal(gpu.ours, expectOurs, `${name(c)}: products of ours`);
+    assert.equal(gpu.ours, expectOurs, `${name(c)}: programs of ours`);
 }
 
 test('webgpu products equal the cpu backend, forward and gradient, one program of ours each', {
   skip: why,
 }, async () => {
-  for (const c of COVERED) await compare(c, productsOf(c));
+  for (const c of COVERED) await compare(c, programsOf(c));
 });
 
 test('webgpu products leave what they do not cover to the stock kernel, with the cpu backend results', {
@@ -193,6 +197,49 @@ test('suffixBatches: an operand batch shape broadcasts by modulo when it is a su
   assert.equal(suffixBatches([2, 3], [2, 3]), 6);
 });
 
+test('webgpu Sum over leading axes is one column-sum program of ours and equals the cpu backend; other sums are stock', {
+  skip: why,
+}, async () => {
+  const cases: Array<[number[], number[], boolean, number]> = [
+    [[3, 70, 65], [0, 1], false, 1],
+    [[3, 70, 65], [1, 0], true, 1],
+    [[130, 5], [0], false, 1],
+    [[5000, 3], [0], false, 0], // few long columns: stock
+    [[3, 70, 65], [2], false, 0],
+    [[3, 70, 65], [0, 2], true, 0],
+    [[3, 70], [0, 1], false, 0],
+  ];
+  for (const [shape, axis, keepDims, ours] of cases) {
+    const sum = () => {
+      seed = 1;
+      return tf.sum(rand(shape), axis, keepDims);
+    };
+    await initBackend('cpu');
+    const want = sum();
+    const wantValues = await want.data();
+    await initBackend('webgpu');
+    const b = tf.backend() as unknown as {
+      runWebGPUProgram: (...a: unknown[]) => unknown;
+    };
+    const own = b.runWebGPUProgram;
+    let n = 0;
+    b.runWebGPUProgram = (...args: unknown[]) => {
+      if ((args[0] as { shaderKey: string }).shaderKey === 'lw_column_sum') n++;
+      return own.apply(b, args);
+    };
+    try {
+      const got = sum();
+      assert.deepEqual(got.shape, want.shape, `sum ${shape} over ${axis}`);
+      const worst = scaledDifference(await got.data(), wantValues);
+      assert.ok(worst <= 1e-5, `sum ${shape} over ${axis}: ${worst}`);
+      assert.equal(n, ours, `sum ${shape} over ${axis}: programs of ours`);
+    } finally {
+      b.runWebGPUProgram = own;
+    }
+  }
+  assert.equal(columnSumPlan([4, 5], 0, false)?.cols, 5);
+});
+
 let whyF16: string | false = false;
 if (!why) whyF16 = await noShaderF16();
 
@@ -207,8 +254,8 @@ test('webgpu products under an f16 policy equal the cpu product of f16-rounded o
     const gpu = await results(c);
     assert.equal(
       gpu.ours,
-      4,
-      'forward (twice: tf.grads runs it), dA and dB: one program each',
+      5,
+      'forward (twice: tf.grads runs it), dA, dB and the bias sum: one program each',
     );
     seed = 1;
     const [a, b, bias] = [rand(c.a), rand(c.b), rand(c.bias!)];

@@ -29,6 +29,7 @@ import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
 import type { NumberFormat } from './precision.js';
 import { tf } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
+import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
 import {
   MATMUL_ACTIVATIONS,
   MATMUL_UNIFORMS,
@@ -243,7 +244,8 @@ let registered = false;
 
 /**
  * Registers the products of this module for 'webgpu' in this thread, over TF.js's stock
- * kernels (kept for the shapes this module leaves to them). Once per thread, after the webgpu
+ * kernels (kept for the shapes this module leaves to them), and their bias gradient's column
+ * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes). Once per thread, after the webgpu
  * backend package is loaded (its stock kernels must be registered) and before
  * backend/webgpu-f16.ts's registerF16Products.
  * @throws Error when the stock kernels are missing (the webgpu package is not loaded).
@@ -266,6 +268,7 @@ export function registerWebGPUMatMul(): void {
       kernelFunc: (args) => impl(args, stock),
     });
   }
+  registerWebGPUColumnSum();
   registered = true;
 }
 

@@ -179,3 +179,24 @@ export function matMulWgsl(v: MatMulVariant): string {
   }
 `;
 }
+
+/** Columns per workgroup of {@link COLUMN_SUM_WGSL}. */
+export const COLUMN_THREADS = 64;
+
+/**
+ * Column sums of X viewed [rows, size] (one invocation per column, rows in order, consecutive
+ * invocations on consecutive columns): a fused product's bias gradient, dy summed over every
+ * axis but the last ones (backend/matmul-grad.ts), in one dispatch where TF.js's stock Sum
+ * transposes first.
+ */
+export const COLUMN_SUM_WGSL = `
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      var s = 0.0;
+      for (var r = 0; r < uniforms.rows; r++) {
+        s += X[r * uniforms.size + index];
+      }
+      setOutputAtIndex(index, s);
+    }
+  }
+`;
