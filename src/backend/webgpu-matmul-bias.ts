@@ -3,8 +3,9 @@
  * the bias's [N], backend/matmul-grad.ts) as one program of ours, column sums
  * (wgsl/matmul.ts {@link COLUMN_SUM_WGSL}), where TF.js's stock Sum over non-trailing axes is a
  * transpose then a reduction (two dispatches). Every other Sum (trailing or scattered axes, a
- * full reduction, non-float32 input, few long columns) runs the stock kernel: one invocation
- * per column walks its rows, which suits the bias's many short columns, not a few long ones.
+ * full reduction, non-float32 input, few long columns, more than 4,194,240 columns) runs the
+ * stock kernel: one invocation per column walks its rows, which suits the bias's many short
+ * columns, not a few long ones.
  *
  * Imports only types from `@tensorflow/tfjs-backend-webgpu`, so it loads before the backend.
  */
@@ -16,6 +17,8 @@ import { COLUMN_SUM_WGSL, COLUMN_THREADS } from './wgsl/matmul.js';
 /** Most rows a column may have below {@link MIN_COLUMNS} columns (else the stock reduction runs). */
 const MAX_ROWS_FEW_COLUMNS = 4096;
 const MIN_COLUMNS = 64;
+/** WebGPU's default maxComputeWorkgroupsPerDimension (the dispatch is one-dimensional). */
+const MAX_WORKGROUPS = 65535;
 
 /** Column sums: output [cols], one invocation per column. */
 class ColumnSumProgram implements WebGPUProgram {
@@ -52,6 +55,7 @@ export function columnSumPlan(
   const rows = tf.util.sizeFromShape(shape.slice(0, r));
   const cols = tf.util.sizeFromShape(shape.slice(r));
   if (cols === 0 || rows === 0) return undefined;
+  if (Math.ceil(cols / COLUMN_THREADS) > MAX_WORKGROUPS) return undefined;
   if (cols < MIN_COLUMNS && rows > MAX_ROWS_FEW_COLUMNS) return undefined;
   const outShape = keepDims
     ? [...new Array<number>(r).fill(1), ...shape.slice(r)]

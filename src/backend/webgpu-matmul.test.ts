@@ -180,6 +180,26 @@ test('webgpu products leave what they do not cover to the stock kernel, with the
     ),
     undefined,
   );
+  // more output tiles along M than a dispatch dimension holds (65,535 x 64 rows)
+  assert.equal(
+    planProduct(
+      { dataId: {}, shape: [65535 * 64 + 1, 2], dtype: 'float32' },
+      { dataId: {}, shape: [2, 3], dtype: 'float32' },
+      false,
+      false,
+    ),
+    undefined,
+  );
+  assert.equal(
+    planProduct(
+      { dataId: {}, shape: [65535 * 64, 2], dtype: 'float32' },
+      { dataId: {}, shape: [2, 3], dtype: 'float32' },
+      false,
+      false,
+    )?.m,
+    65535 * 64,
+  );
+  assert.equal(columnSumPlan([2, 65535 * 64 + 1], 0, false), undefined);
   // prelu's weights: the stock kernel runs it
   await compare(
     { a: [33, 20], b: [20, 70], bias: [70], activation: 'prelu', prelu: [70] },

@@ -9,7 +9,8 @@
  *   operand's batch shape, leading 1s dropped, is a suffix of the output's: [B, M, K] x [K, N],
  *   [1, M, K] x [B, K, N], [H, M, K] x [B, H, K, N]); other broadcasts ([3, 1] x [1, 4] batches, which TF.js's
  *   stock webgpu kernel refuses too) go to the stock kernel, as do
- *   non-float32 operands, empty outputs and batches past the dispatch limit (65,535);
+ *   non-float32 operands, empty outputs and grids past the dispatch limit (65,535 workgroups
+ *   along x, y or z: N or M past 4,194,240, or more batches);
  * - `_FusedMatMul`: the bias, any shape broadcastable to the output by the same suffix rule
  *   with rows and columns each 1 or full ([N], [M, 1], [M, N], [B, M, N]), is added in the
  *   product's epilogue, then the activation (linear, relu, relu6, elu, leakyrelu, sigmoid);
@@ -42,7 +43,7 @@ import {
   WG_Y,
 } from './wgsl/matmul.js';
 
-/** WebGPU's default maxComputeWorkgroupsPerDimension: the batch is the dispatch's z. */
+/** WebGPU's default maxComputeWorkgroupsPerDimension: the dispatch is (N tiles, M tiles, batch). */
 const MAX_WORKGROUPS = 65535;
 
 /** One product program: output [batch * M * N], one workgroup per output tile of one batch. */
@@ -126,7 +127,9 @@ export function planProduct(
   const batchB = suffixBatches(outerB, outer);
   const batch = product(outer);
   if (batchA === undefined || batchB === undefined) return undefined;
-  if (m * n * batch === 0 || batch > MAX_WORKGROUPS) return undefined;
+  if (m * n * batch === 0) return undefined;
+  const grid = [Math.ceil(n / TILE_N), Math.ceil(m / TILE_M), batch];
+  if (grid.some((g) => g > MAX_WORKGROUPS)) return undefined;
   return { m, n, k, batch, batchA, batchB, outShape: [...outer, m, n] };
 }
 
