@@ -157,6 +157,8 @@ export async function initBackend(
     (await import('./webgpu-kernels.js')).registerWebGPUKernels();
     (await import('./webgpu-attention.js')).registerWebGpuAttention();
     (await import('./webgpu-gather.js')).registerWebGpuGather();
+    // the products (BatchMatMul, _FusedMatMul) as tiled WGSL of ours (backend/webgpu-matmul.ts)
+    (await import('./webgpu-matmul.js')).registerWebGPUMatMul();
   }
   if (backend === 'native') {
     check(
@@ -190,7 +192,7 @@ export async function initBackend(
       `--precision f16 needs a webgpu adapter with the shader-f16 feature; this one (${dawn?.description ?? 'unknown'}) has none: use --precision fp32, or a GPU (or Mesa's lavapipe) that has it`,
     );
     const { registerF16Products } = await import('./webgpu-f16.js');
-    registerF16Products();
+    registerF16Products(policyOf(precision));
   }
 }
 

@@ -2,11 +2,13 @@
  * `--precision f16` on the webgpu backend (issue 23 item 6): the matrix products take their
  * operands rounded to IEEE half precision (f16) and accumulate in float32, the numerics of
  * f16 products on GPUs (Micikevicius et al., ICLR 2018); everything else (norms, softmax, the
- * loss, gradient sums, master weights, optimizer state) stays float32. TF.js 4.22's webgpu
- * kernels are float32 only, so the operands are rounded by a shader of ours
- * ({@link RoundF16Program}: nearest-even on the bits, f16's subnormals, values past f16's range
- * made infinite so that loss scaling sees the overflow) before the backend's own BatchMatMul and _FusedMatMul
- * run: f16 numerics, float32 storage and speed (documented as such in README). The adapter must
+ * loss, gradient sums, master weights, optimizer state) stays float32. layerwise's own products
+ * (backend/webgpu-matmul.ts) round the operands as their tiles are loaded, in their one
+ * dispatch; TF.js 4.22's stock kernels (LAYERWISE_WEBGPU_KERNELS=tfjs) are float32 only, so
+ * there the operands are rounded by a shader of ours first ({@link RoundF16Program}:
+ * nearest-even on the bits, f16's subnormals, values past f16's range made infinite so that
+ * loss scaling sees the overflow). f16 numerics, float32 storage (documented as such in
+ * README). The adapter must
  * have `shader-f16` (backend/index.ts checks); the device is made with it (backend/webgpu.ts
  * requestShaderF16) and GELU and its gradient then compute in f16 arithmetic
  * (backend/webgpu-kernels.ts useF16Arithmetic).
@@ -15,8 +17,11 @@ import {
   type WebGPUProgram,
   webgpu_util,
 } from '@tensorflow/tfjs-backend-webgpu';
+import type { PrecisionPolicy } from './precision.js';
 import { tf } from './tfjs.js';
 import { useF16Arithmetic } from './webgpu-kernels.js';
+import { ownsWebGPUProducts, setProductOperands } from './webgpu-matmul.js';
+import { ROUND_F16_WGSL } from './wgsl/matmul.js';
 
 /** Rounds every element of a float32 tensor to the nearest f16 value and back (overflow: +-Infinity). */
 class RoundF16Program implements WebGPUProgram {
@@ -37,27 +42,12 @@ class RoundF16Program implements WebGPUProgram {
     );
   }
   getUserCode(): string {
-    // integer rounding of the mantissa to f16's 10 bits, nearest-even (GPU compilers may fold a
-    // pack2x16float/unpack2x16float pair into nothing); f16's subnormals (below 2^-14) are
-    // multiples of 2^-24; 65520 and beyond round to infinity; NaN stays NaN
+    // the rounding is wgsl/matmul.ts's, which layerwise's own products apply as they load
     return `
+      ${ROUND_F16_WGSL}
       fn main(index : i32) {
         if (index < uniforms.size) {
-          let a = getAByOutputIndex(index);
-          let bits = bitcast<u32>(a);
-          var r : f32;
-          if ((bits & 0x7fffffffu) > 0x7f800000u) {
-            r = a;
-          } else if (abs(a) < 6.103515625e-05) {
-            r = round(a * 16777216.0) / 16777216.0;
-          } else {
-            let lsb = (bits >> 13u) & 1u;
-            r = bitcast<f32>((bits + 0xfffu + lsb) & 0xffffe000u);
-            if (abs(r) > 65504.0) {
-              r = sign(a) * uniforms.INFINITY;
-            }
-          }
-          setOutputAtIndex(index, r);
+          setOutputAtIndex(index, roundF16(getAByOutputIndex(index)));
         }
       }
     `;
@@ -79,14 +69,26 @@ const PRODUCTS = ['BatchMatMul', '_FusedMatMul'] as const;
 let registered = false;
 
 /**
- * Makes this thread's webgpu BatchMatMul and _FusedMatMul round their two operands to f16
- * first (forward and backward: the gradients' products are BatchMatMuls too), and GELU and its
- * gradient compute in f16 where the device has shader-f16. Once per thread.
+ * Makes this thread's webgpu BatchMatMul and _FusedMatMul take their two operands in the
+ * policy's compute format, f16 (forward and backward: the gradients' products are BatchMatMuls
+ * too), and GELU and its gradient compute in f16 where the device has shader-f16. Where the
+ * products are layerwise's (backend/webgpu-matmul.ts) they round the operands as they load
+ * them, in their one dispatch; TF.js's stock kernels (LAYERWISE_WEBGPU_KERNELS=tfjs) are wrapped
+ * to round both operands first (two dispatches more). Once per thread.
+ * @throws Error for a policy whose compute format is not float16.
  */
-export function registerF16Products(): void {
+export function registerF16Products(policy: PrecisionPolicy): void {
   if (registered) return;
+  if (policy.compute !== 'float16')
+    throw new Error(
+      `registerF16Products is for a policy computing in float16, not ${policy.compute} (${policy.name})`,
+    );
   registered = true;
   useF16Arithmetic(true);
+  if (ownsWebGPUProducts()) {
+    setProductOperands(policy.compute);
+    return;
+  }
   for (const name of PRODUCTS) {
     const stock = tf.getKernel(name, 'webgpu');
     if (!stock) throw new Error(`webgpu has no ${name} kernel to round`);

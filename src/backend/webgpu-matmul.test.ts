@@ -1,0 +1,309 @@
+/**
+ * layerwise's products on webgpu (backend/webgpu-matmul.ts): BatchMatMul and _FusedMatMul, and
+ * the gradients of both (matmul-grad.ts: products again, and sums over broadcast axes), give
+ * the cpu backend's results within 1e-4 of their scale for 2-D, batched and broadcast-batch
+ * operands, both transposes, sizes that are not multiples of the 64 x 64 x 16 tile, every bias
+ * layout the kernel takes and its fused activations, each product (and each column sum of a
+ * bias's or a broadcast operand's gradient, backend/webgpu-matmul-bias.ts) in one program of
+ * ours; what they leave to TF.js's stock kernels (prelu, other sums) still gives the cpu's
+ * results. Under an f16 policy the products equal the cpu product of the f16-rounded operands.
+ * Skipped, saying why, where no WebGPU adapter can be made.
+ */
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { randomArray } from '../testing/backend-compare.js';
+import { noShaderF16 } from '../testing/webgpu.js';
+import { initBackend } from './index.js';
+import { policyOf } from './precision.js';
+import { tf } from './tfjs.js';
+import { installDawn } from './webgpu.js';
+import { planProduct, suffixBatches } from './webgpu-matmul.js';
+import { columnSumPlan } from './webgpu-matmul-bias.js';
+
+let why: string | false = false;
+try {
+  await installDawn();
+} catch (e) {
+  why = `no WebGPU adapter here: ${(e as Error).message}`;
+}
+
+let seed = 1;
+const rand = (shape: number[]) =>
+  tf.tensor(randomArray(tf.util.sizeFromShape(shape), seed++), shape);
+
+/** A product case: operand shapes, transposes, the bias's shape and the activation (fused when either is given). */
+interface Case {
+  a: number[];
+  b: number[];
+  ta?: boolean;
+  tb?: boolean;
+  bias?: number[];
+  activation?: string;
+  /** prelu's weights' shape (activation 'prelu'; the forward only). */
+  prelu?: number[];
+  /** Column sums of ours the gradient runs (a bias [N], a broadcast operand's batch sum). */
+  sums?: number;
+  /** The forward only (no gradient). */
+  forwardOnly?: boolean;
+}
+
+const name = (c: Case) =>
+  `${c.a}${c.ta ? 'T' : ''} x ${c.b}${c.tb ? 'T' : ''}${c.bias ? ` + [${c.bias}]` : ''}${c.activation ? ` ${c.activation}` : ''}`;
+
+/** The output, then each input's gradient for a random dy (the registered gradients' kernels). */
+function outputs(c: Case): tf.Tensor[] {
+  const a = rand(c.a);
+  const b = rand(c.b);
+  const bias = c.bias ? rand(c.bias) : undefined;
+  const prelu = c.prelu ? rand(c.prelu) : undefined;
+  const fused = bias !== undefined || c.activation !== undefined;
+  const attrs = {
+    transposeA: c.ta ?? false,
+    transposeB: c.tb ?? false,
+    activation: c.activation ?? 'linear',
+    leakyreluAlpha: 0.3,
+  };
+  const f = (...xs: tf.Tensor[]) =>
+    tf.engine().runKernel(
+      fused ? '_FusedMatMul' : 'BatchMatMul',
+      {
+        a: xs[0]!,
+        b: xs[1]!,
+        ...(bias ? { bias: xs[2]! } : {}),
+        ...(prelu ? { preluActivationWeights: prelu } : {}),
+      },
+      attrs,
+    ) as tf.Tensor;
+  const y = f(a, b, ...(bias ? [bias] : []));
+  // the gradient takes linear only
+  if ((c.activation ?? 'linear') !== 'linear' || c.forwardOnly) return [y];
+  const dy = rand(y.shape);
+  const grads = tf.grads((...xs: tf.Tensor[]) => tf.sum(tf.mul(f(...xs), dy)));
+  return [y, ...grads(bias ? [a, b, bias] : [a, b])];
+}
+
+/** Runs `c` on the current backend: outputs' shapes and values, and how many programs of ours ran. */
+async function results(c: Case) {
+  seed = 1;
+  const b = tf.backend() as unknown as {
+    runWebGPUProgram?: (...a: unknown[]) => unknown;
+  };
+  const own = b.runWebGPUProgram;
+  let ours = 0;
+  if (own)
+    b.runWebGPUProgram = (...args: unknown[]) => {
+      if ((args[0] as { shaderKey: string }).shaderKey.startsWith('lw_'))
+        ours++;
+      return own.apply(b, args);
+    };
+  try {
+    const outs = tf.tidy(() => outputs(c));
+    const values = await Promise.all(outs.map((t) => t.data()));
+    const shapes = outs.map((t) => t.shape);
+    tf.dispose(outs);
+    return { values, shapes, ours };
+  } finally {
+    if (own) b.runWebGPUProgram = own;
+  }
+}
+
+/** The largest |got - want| over want's scale (max(1, max |want|)). */
+function scaledDifference(got: ArrayLike<number>, want: ArrayLike<number>) {
+  let scale = 1;
+  for (let j = 0; j < want.length; j++)
+    scale = Math.max(scale, Math.abs(want[j]!));
+  let worst = 0;
+  for (let j = 0; j < got.length; j++) {
+    const d = Math.abs(got[j]! - want[j]!) / scale;
+    if (!(d <= worst)) worst = d;
+  }
+  return worst;
+}
+
+/** Covered cases: each product (forward, dA, dB) is one program of ours. */
+const COVERED: Case[] = [
+  { a: [5, 7], b: [7, 3] },
+  { a: [70, 33], b: [33, 130] },
+  { a: [33, 70], b: [33, 65], ta: true },
+  { a: [70, 33], b: [65, 33], tb: true },
+  { a: [17, 70], b: [65, 17], ta: true, tb: true },
+  { a: [3, 67, 19], b: [3, 19, 66] },
+  { a: [2, 3, 67, 19], b: [19, 66] }, // b broadcast over both batch axes
+  { a: [1, 67, 19], b: [4, 19, 66], sums: 1 }, // a broadcast
+  { a: [3, 19, 67], b: [2, 3, 66, 19], ta: true, tb: true, sums: 1 }, // a's batch a suffix of the output's
+  { a: [1, 130, 20], b: [1, 20, 70], bias: [70], sums: 1 },
+  { a: [2, 65, 20], b: [20, 70], bias: [65, 1] },
+  { a: [2, 65, 20], b: [2, 70, 20], tb: true, bias: [2, 65, 70] },
+  { a: [65, 20], b: [20, 70], bias: [1] },
+  { a: [2, 33, 20], b: [20, 70], bias: [70], activation: 'relu' },
+  { a: [33, 20], b: [20, 70], activation: 'relu6' },
+  { a: [33, 20], b: [20, 70], bias: [70], activation: 'elu' },
+  { a: [33, 20], b: [20, 70], bias: [70], activation: 'leakyrelu' },
+  { a: [33, 20], b: [20, 70], bias: [70], activation: 'sigmoid' },
+];
+
+/** Programs of ours per case: the forward, plus where the gradient runs (linear) tf.grads's forward, dA, dB and the column sums. */
+const programsOf = (c: Case) =>
+  (c.activation ?? 'linear') !== 'linear' ? 1 : 4 + (c.sums ?? 0);
+
+async function compare(c: Case, expectOurs?: number) {
+  await initBackend('cpu');
+  const cpu = await results(c);
+  await initBackend('webgpu');
+  const gpu = await results(c);
+  assert.deepEqual(gpu.shapes, cpu.shapes, `${name(c)}: shapes`);
+  gpu.values.forEach((v, i) => {
+    const worst = scaledDifference(v, cpu.values[i]!);
+    assert.ok(worst <= 1e-4, `${name(c)}: output ${i} differs by ${worst}`);
+  });
+  if (expectOurs !== undefined)
+    assert.equal(gpu.ours, expectOurs, `${name(c)}: programs of ours`);
+}
+
+test('webgpu products equal the cpu backend, forward and gradient, one program of ours each', {
+  skip: why,
+}, async () => {
+  for (const c of COVERED) await compare(c, programsOf(c));
+});
+
+test('webgpu products leave what they do not cover to the stock kernel, with the cpu backend results', {
+  skip: why,
+}, async () => {
+  // batches [3, 1] x [1, 4]: no suffix of [3, 4] (TF.js's stock kernel throws on them too)
+  assert.equal(
+    planProduct(
+      { dataId: {}, shape: [3, 1, 5, 6], dtype: 'float32' },
+      { dataId: {}, shape: [1, 4, 6, 7], dtype: 'float32' },
+      false,
+      false,
+    ),
+    undefined,
+  );
+  // more output tiles along M than a dispatch dimension holds (65,535 x 64 rows)
+  assert.equal(
+    planProduct(
+      { dataId: {}, shape: [65535 * 64 + 1, 2], dtype: 'float32' },
+      { dataId: {}, shape: [2, 3], dtype: 'float32' },
+      false,
+      false,
+    ),
+    undefined,
+  );
+  assert.equal(
+    planProduct(
+      { dataId: {}, shape: [65535 * 64, 2], dtype: 'float32' },
+      { dataId: {}, shape: [2, 3], dtype: 'float32' },
+      false,
+      false,
+    )?.m,
+    65535 * 64,
+  );
+  assert.equal(columnSumPlan([2, 65535 * 64 + 1], 0, false), undefined);
+  // prelu's weights: the stock kernel runs it
+  await compare(
+    { a: [33, 20], b: [20, 70], bias: [70], activation: 'prelu', prelu: [70] },
+    0,
+  );
+});
+
+test('suffixBatches: an operand batch shape broadcasts by modulo when it is a suffix of the output', () => {
+  assert.equal(suffixBatches([], [2, 3]), 1);
+  assert.equal(suffixBatches([1, 1], [2, 3]), 1);
+  assert.equal(suffixBatches([3], [2, 3]), 3);
+  assert.equal(suffixBatches([1, 3], [2, 3]), 3);
+  assert.equal(suffixBatches([2, 1], [2, 3]), undefined);
+  assert.equal(suffixBatches([2], [2, 3]), undefined);
+  assert.equal(suffixBatches([2, 3], [2, 3]), 6);
+});
+
+test('webgpu Sum over leading axes is one column-sum program of ours and equals the cpu backend; other sums are stock', {
+  skip: why,
+}, async () => {
+  const cases: Array<[number[], number[], boolean, number]> = [
+    [[3, 70, 65], [0, 1], false, 1],
+    [[3, 70, 65], [1, 0], true, 1],
+    [[130, 5], [0], false, 1],
+    [[5000, 3], [0], false, 0], // few long columns: stock
+    [[3, 70, 65], [2], false, 0],
+    [[3, 70, 65], [0, 2], true, 0],
+    [[3, 70], [0, 1], false, 0],
+  ];
+  for (const [shape, axis, keepDims, ours] of cases) {
+    const sum = () => {
+      seed = 1;
+      return tf.sum(rand(shape), axis, keepDims);
+    };
+    await initBackend('cpu');
+    const want = sum();
+    const wantValues = await want.data();
+    await initBackend('webgpu');
+    const b = tf.backend() as unknown as {
+      runWebGPUProgram: (...a: unknown[]) => unknown;
+    };
+    const own = b.runWebGPUProgram;
+    let n = 0;
+    b.runWebGPUProgram = (...args: unknown[]) => {
+      if ((args[0] as { shaderKey: string }).shaderKey === 'lw_column_sum') n++;
+      return own.apply(b, args);
+    };
+    try {
+      const got = sum();
+      assert.deepEqual(got.shape, want.shape, `sum ${shape} over ${axis}`);
+      const worst = scaledDifference(await got.data(), wantValues);
+      assert.ok(worst <= 1e-5, `sum ${shape} over ${axis}: ${worst}`);
+      assert.equal(n, ours, `sum ${shape} over ${axis}: programs of ours`);
+    } finally {
+      b.runWebGPUProgram = own;
+    }
+  }
+  assert.equal(columnSumPlan([4, 5], 0, false)?.cols, 5);
+});
+
+let whyF16: string | false = false;
+if (!why) whyF16 = await noShaderF16();
+
+test('webgpu products under an f16 policy equal the cpu product of f16-rounded operands, in one program', {
+  skip: why || whyF16,
+}, async () => {
+  const c: Case = { a: [2, 70, 33], b: [33, 65], bias: [65] };
+  await initBackend('webgpu', { precision: 'f16' });
+  const { roundF16 } = await import('./webgpu-f16.js');
+  const { setProductOperands } = await import('./webgpu-matmul.js');
+  try {
+    const gpu = await results(c);
+    assert.equal(
+      gpu.ours,
+      5,
+      'forward (twice: tf.grads runs it), dA, dB and the bias sum: one program each',
+    );
+    seed = 1;
+    const [a, b, bias] = [rand(c.a), rand(c.b), rand(c.bias!)];
+    const [a16, b16] = await Promise.all([
+      roundF16(a).data(),
+      roundF16(b).data(),
+    ]);
+    await initBackend('cpu');
+    const want = await tf
+      .add(
+        tf.matMul(tf.tensor(a16, c.a), tf.tensor(b16, c.b)),
+        tf.tensor(await bias.data(), c.bias),
+      )
+      .data();
+    const worst = scaledDifference(gpu.values[0]!, want);
+    assert.ok(worst <= 1e-5, `f16 product differs by ${worst}`);
+    // and it is not the float32 product: the rounding happened
+    const f32 = await tf
+      .add(
+        tf.matMul(
+          tf.tensor(await a.data(), c.a),
+          tf.tensor(await b.data(), c.b),
+        ),
+        tf.tensor(await bias.data(), c.bias),
+      )
+      .data();
+    assert.ok(scaledDifference(gpu.values[0]!, f32) > 1e-5);
+  } finally {
+    setProductOperands(policyOf('fp32').compute);
+  }
+});

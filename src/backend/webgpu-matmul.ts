@@ -1,0 +1,281 @@
+/**
+ * layerwise's own matrix products on the webgpu backend (issue 36 item 1): `BatchMatMul` and
+ * `_FusedMatMul` as one tiled WGSL program (backend/wgsl/matmul.ts: workgroup-memory tiles,
+ * 4 x 4 outputs per invocation), in place of TF.js's stock kernels, with the same inputs,
+ * attributes and results (float32 accumulation; the cpu backend's numbers to rounding):
+ *
+ * - `transposeA` / `transposeB` read the operand in its stored layout (no transpose dispatch);
+ * - batch axes: A and B may each be broadcast over the output's leading batch axes (the
+ *   operand's batch shape, leading 1s dropped, is a suffix of the output's: [B, M, K] x [K, N],
+ *   [1, M, K] x [B, K, N], [H, M, K] x [B, H, K, N]); other broadcasts ([3, 1] x [1, 4] batches, which TF.js's
+ *   stock webgpu kernel refuses too) go to the stock kernel, as do
+ *   non-float32 operands, empty outputs and grids past the dispatch limit (65,535 workgroups
+ *   along x, y or z: N or M past 4,194,240, or more batches);
+ * - `_FusedMatMul`: the bias, any shape broadcastable to the output by the same suffix rule
+ *   with rows and columns each 1 or full ([N], [M, 1], [M, N], [B, M, N]), is added in the
+ *   product's epilogue, then the activation (linear, relu, relu6, elu, leakyrelu, sigmoid);
+ *   `prelu` (a weights tensor) goes to the stock kernel;
+ * - f16 compute (`--precision f16`, {@link setProductOperands} from the run's precision policy):
+ *   the operands are rounded to f16 as the tiles are loaded, in the same dispatch (TF.js's
+ *   kernels need a rounding dispatch per operand first: backend/webgpu-f16.ts).
+ *
+ * Subgroups: lavapipe's adapter lists 'subgroups', but TF.js 4.22 requests its device without
+ * the feature, and a register-and-workgroup-memory tiling needs none; a subgroup variant
+ * (operand broadcasts by subgroupShuffle) is left for a GPU where its speed can be measured.
+ *
+ * This module imports only types from `@tensorflow/tfjs-backend-webgpu` (whose import needs
+ * navigator.gpu), so it loads before the webgpu backend does.
+ */
+import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
+import type { NumberFormat } from './precision.js';
+import { tf } from './tfjs.js';
+import type { WebGPUBackendish } from './webgpu-kernels.js';
+import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
+import {
+  MATMUL_ACTIVATIONS,
+  MATMUL_UNIFORMS,
+  type MatMulActivation,
+  type MatMulVariant,
+  matMulWgsl,
+  TILE_M,
+  TILE_N,
+  WG_X,
+  WG_Y,
+} from './wgsl/matmul.js';
+
+/** WebGPU's default maxComputeWorkgroupsPerDimension: the dispatch is (N tiles, M tiles, batch). */
+const MAX_WORKGROUPS = 65535;
+
+/** One product program: output [batch * M * N], one workgroup per output tile of one batch. */
+class MatMulProgram implements WebGPUProgram {
+  readonly workgroupSize: [number, number, number] = [WG_X, WG_Y, 1];
+  readonly uniforms = MATMUL_UNIFORMS;
+  readonly dispatchLayout = { x: [0] };
+  readonly dispatch: [number, number, number];
+  readonly outputShape: number[];
+  readonly shaderKey: string;
+  readonly variableNames: string[];
+  constructor(
+    private readonly variant: MatMulVariant,
+    { batch, m, n }: Pick<ProductPlan, 'batch' | 'm' | 'n'>,
+  ) {
+    this.outputShape = [batch * m * n];
+    this.dispatch = [Math.ceil(n / TILE_N), Math.ceil(m / TILE_M), batch];
+    this.variableNames = variant.bias ? ['A', 'B', 'Bias'] : ['A', 'B'];
+    const { transposeA: ta, transposeB: tb, bias, activation } = variant;
+    this.shaderKey = `lw_matmul_${+ta}${+tb}_${bias ? 'bias' : 'nobias'}_${activation}_${variant.operands}`;
+  }
+  getUserCode(): string {
+    return matMulWgsl(this.variant);
+  }
+}
+
+/** The sizes of one product `op(A) op(B)` the program covers (see the module's comment). */
+interface ProductPlan {
+  m: number;
+  n: number;
+  k: number;
+  /** Output batches (the batch axes' product) and those of A and B (1: broadcast). */
+  batch: number;
+  batchA: number;
+  batchB: number;
+  /** The output's shape: the broadcast batch axes, then [M, N]. */
+  outShape: number[];
+}
+
+const product = (s: readonly number[]): number => s.reduce((a, b) => a * b, 1);
+
+/**
+ * How many batches an operand with batch axes `outer` holds when the output's are `out`, if
+ * batch b of the output reads batch b mod that count of the operand (its batch shape, leading
+ * 1s dropped, is a suffix of `out`); undefined otherwise.
+ */
+export function suffixBatches(
+  outer: readonly number[],
+  out: readonly number[],
+): number | undefined {
+  const first = outer.findIndex((d) => d !== 1);
+  const own = first < 0 ? [] : outer.slice(first);
+  if (own.length > out.length) return undefined;
+  const tail = out.slice(out.length - own.length);
+  return own.every((d, i) => d === tail[i]) ? product(own) : undefined;
+}
+
+/** The plan of `op(a) op(b)`, or undefined where the stock kernel runs it (see the module's comment). */
+export function planProduct(
+  a: tf.TensorInfo,
+  b: tf.TensorInfo,
+  transposeA: boolean,
+  transposeB: boolean,
+): ProductPlan | undefined {
+  if (a.dtype !== 'float32' || b.dtype !== 'float32') return undefined;
+  if (a.shape.length < 2 || b.shape.length < 2) return undefined;
+  const [a0, a1] = a.shape.slice(-2) as [number, number];
+  const [b0, b1] = b.shape.slice(-2) as [number, number];
+  const [m, k] = transposeA ? [a1, a0] : [a0, a1];
+  const [kb, n] = transposeB ? [b1, b0] : [b0, b1];
+  if (k !== kb) return undefined; // the stock kernel throws TF.js's own message
+  const outerA = a.shape.slice(0, -2);
+  const outerB = b.shape.slice(0, -2);
+  let outer: number[];
+  try {
+    outer = tf.backend_util.assertAndGetBroadcastShape(outerA, outerB);
+  } catch {
+    return undefined;
+  }
+  const batchA = suffixBatches(outerA, outer);
+  const batchB = suffixBatches(outerB, outer);
+  const batch = product(outer);
+  if (batchA === undefined || batchB === undefined) return undefined;
+  if (m * n * batch === 0) return undefined;
+  const grid = [Math.ceil(n / TILE_N), Math.ceil(m / TILE_M), batch];
+  if (grid.some((g) => g > MAX_WORKGROUPS)) return undefined;
+  return { m, n, k, batch, batchA, batchB, outShape: [...outer, m, n] };
+}
+
+/** The bias's uniforms (count of batches, strides per batch, row, column), or undefined where it does not broadcast by the suffix rule. */
+function biasLayout(
+  bias: tf.TensorInfo,
+  plan: ProductPlan,
+): [number, number, number, number] | undefined {
+  const rank = plan.outShape.length;
+  if (bias.dtype !== 'float32' || bias.shape.length > rank) return undefined;
+  const padded = [
+    ...new Array<number>(rank - bias.shape.length).fill(1),
+    ...bias.shape,
+  ];
+  const [bm, bn] = padded.slice(-2) as [number, number];
+  if ((bm !== 1 && bm !== plan.m) || (bn !== 1 && bn !== plan.n))
+    return undefined;
+  const count = suffixBatches(padded.slice(0, -2), plan.outShape.slice(0, -2));
+  if (count === undefined) return undefined;
+  return [count, bm * bn, bm > 1 ? bn : 0, bn > 1 ? 1 : 0];
+}
+
+let operands: MatMulVariant['operands'] = 'float32';
+
+/**
+ * Sets the format this thread's products round their operands to as they load them: the run's
+ * precision policy's `compute` (backend/precision.ts). float32 and float16 only.
+ * @throws Error for bfloat16 (webgpu has no bf16 products; initBackend refuses bf16 there).
+ */
+export function setProductOperands(format: NumberFormat): void {
+  if (format === 'bfloat16')
+    throw new Error(
+      'webgpu products take float32 or float16 operands, not bfloat16: use --precision fp32 or f16',
+    );
+  operands = format;
+}
+
+/** Runs the planned product (with `bias` laid out by `layout`) and gives it the output's shape. */
+function runProduct(
+  backend: unknown,
+  inputs: tf.TensorInfo[],
+  plan: ProductPlan,
+  variant: MatMulVariant,
+  biasUniforms: [number, number, number, number],
+  alpha: number,
+): tf.TensorInfo {
+  const program = new MatMulProgram(variant, plan);
+  const flat = inputs.map((t) => ({ ...t, shape: [product(t.shape)] }));
+  const ints = [plan.m, plan.n, plan.k, plan.batchA, plan.batchB];
+  const out = (backend as WebGPUBackendish).runWebGPUProgram(
+    program,
+    flat,
+    'float32',
+    [
+      ...[...ints, ...biasUniforms].map((v) => ({ type: 'int32', data: [v] })),
+      { type: 'float32', data: [alpha] },
+    ],
+  );
+  return { dataId: out.dataId, shape: plan.outShape, dtype: out.dtype };
+}
+
+type KernelFunc = tf.KernelConfig['kernelFunc'];
+type KernelArgs = Parameters<KernelFunc>[0];
+
+/** `BatchMatMul`: ours where {@link planProduct} covers the shapes, else `stock`. */
+function batchMatMul(args: KernelArgs, stock: KernelFunc) {
+  const { a, b } = args.inputs as Record<string, tf.TensorInfo>;
+  const transposeA = args.attrs?.transposeA === true;
+  const transposeB = args.attrs?.transposeB === true;
+  const plan = planProduct(a!, b!, transposeA, transposeB);
+  if (!plan) return stock(args);
+  const variant: MatMulVariant = {
+    transposeA,
+    transposeB,
+    bias: false,
+    activation: 'linear',
+    operands,
+  };
+  return runProduct(args.backend, [a!, b!], plan, variant, [1, 0, 0, 0], 0);
+}
+
+/** `_FusedMatMul`: ours for the covered shapes, biases and activations, else `stock`. */
+function fusedMatMul(args: KernelArgs, stock: KernelFunc) {
+  const { a, b, bias, preluActivationWeights } = args.inputs as Record<
+    string,
+    tf.TensorInfo | undefined
+  >;
+  const attrs = args.attrs ?? {};
+  const activation = (attrs.activation ?? 'linear') as string;
+  const transposeA = attrs.transposeA === true;
+  const transposeB = attrs.transposeB === true;
+  const plan = planProduct(a!, b!, transposeA, transposeB);
+  const layout =
+    plan && bias ? biasLayout(bias, plan) : ([1, 0, 0, 0] as const);
+  if (
+    !plan ||
+    !layout ||
+    preluActivationWeights !== undefined ||
+    !(activation in MATMUL_ACTIVATIONS)
+  )
+    return stock(args);
+  const variant: MatMulVariant = {
+    transposeA,
+    transposeB,
+    bias: bias !== undefined,
+    activation: activation as MatMulActivation,
+    operands,
+  };
+  const inputs = bias ? [a!, b!, bias] : [a!, b!];
+  const alpha = (attrs.leakyreluAlpha as number | undefined) ?? 0.2;
+  return runProduct(args.backend, inputs, plan, variant, [...layout], alpha);
+}
+
+let registered = false;
+
+/**
+ * Registers the products of this module for 'webgpu' in this thread, over TF.js's stock
+ * kernels (kept for the shapes this module leaves to them), and their bias gradient's column
+ * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes). Once per thread, after the webgpu
+ * backend package is loaded (its stock kernels must be registered) and before
+ * backend/webgpu-f16.ts's registerF16Products.
+ * @throws Error when the stock kernels are missing (the webgpu package is not loaded).
+ */
+export function registerWebGPUMatMul(): void {
+  if (registered) return;
+  for (const [name, impl] of [
+    ['BatchMatMul', batchMatMul],
+    ['_FusedMatMul', fusedMatMul],
+  ] as const) {
+    const stock = tf.getKernel(name, 'webgpu')?.kernelFunc;
+    if (!stock)
+      throw new Error(
+        `webgpu has no stock ${name} kernel: load @tensorflow/tfjs-backend-webgpu first`,
+      );
+    tf.unregisterKernel(name, 'webgpu');
+    tf.registerKernel({
+      kernelName: name,
+      backendName: 'webgpu',
+      kernelFunc: (args) => impl(args, stock),
+    });
+  }
+  registerWebGPUColumnSum();
+  registered = true;
+}
+
+/** Whether this thread's webgpu products are this module's ({@link registerWebGPUMatMul} ran). */
+export function ownsWebGPUProducts(): boolean {
+  return registered;
+}
