@@ -20,6 +20,10 @@
  *   after the backend starts) ({@link threadPinning}).
  *
  * Nothing is pinned when:
+ * - this host runs one device only: there is no other device to keep it apart from, and a team
+ *   bound to fixed CPUs cannot move away from other processes' threads (on 2 shared cores,
+ *   charlm-small single at --threads 2 bound used 3.5% more CPU and was slower in 4 of 5
+ *   alternated runs than unbound);
  * - the run has a browser device (its tab's threads are not ours to place);
  * - the devices' threads add up to more CPUs than this process may use (they would share);
  * - the environment already sets an affinity (`OMP_PLACES`, `OMP_PROC_BIND`,
@@ -194,7 +198,8 @@ export function devicePlacement(
   )
     return none;
   const local = devices.flatMap((d, i) => (LOCAL_KINDS.has(d.kind) ? [i] : []));
-  if (local.some((i) => userSet(devices[i]!.env ?? {}))) return none;
+  if (local.length < 2 || local.some((i) => userSet(devices[i]!.env ?? {})))
+    return none;
   const places = placeDevices(
     local.map((i) => devices[i]!.threads),
     cpus,
