@@ -296,9 +296,11 @@ class StageHost {
       ...(a.backend === 'native' && a.threads ? { threads: a.threads } : {}),
       precision: a.precision ?? 'fp32',
     });
-    // after the team has its size: members a larger team adds later inherit one CPU only
-    if (a.backend === 'native' && this.cpus)
-      nativeAddon()!.pinTeam([...this.cpus]);
+    // after the team has its size: members a larger team adds later inherit one CPU only. An
+    // addon built before pinTeam existed (native/build not rebuilt) runs unpinned
+    const lib = a.backend === 'native' ? nativeAddon() : null;
+    if (this.cpus && typeof lib?.pinTeam === 'function')
+      lib.pinTeam([...this.cpus]);
     const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
     const specs = a.stages ?? [
       { index: a.index, range: a.range, params: a.params, stage: a.stage },
