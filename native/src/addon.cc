@@ -9,6 +9,7 @@
 
 namespace layerwise {
 void registerConv(Napi::Env env, Napi::Object exports);  // conv_addon.cc: convolution and pooling
+void registerAffinity(Napi::Env env, Napi::Object exports);  // affinity.cc: pinTeam, teamAffinity
 }
 
 namespace {
@@ -552,6 +553,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("threads", Napi::Function::New(env, Threads));
   exports.Set("teamCpuSeconds", Napi::Function::New(env, TeamCpuSeconds));
   layerwise::registerConv(env, exports);
+  layerwise::registerAffinity(env, exports);
   return exports;
 }
 

@@ -365,6 +365,18 @@ export interface NativeAddon {
    * on this thread alone, whatever else the machine runs.
    */
   teamCpuSeconds(): number[];
+  /**
+   * Binds this thread's OpenMP team to `cpus` (native/src/affinity.cc): member i (threads()
+   * members, this thread member 0) runs on `cpus[i % cpus.length]` only, with sched_setaffinity
+   * (Linux; elsewhere a no-op returning []), so a thread device's kernels stay on cores of its own
+   * (runtime/pinning.ts). Returns each member's CPUs read back, member 0 first. Call it after
+   * setThreads: members a larger team adds later inherit this thread's CPU.
+   * @throws RangeError for an empty list, a CPU that is not an integer from 0 to 1023, or a CPU the
+   * process may not run on (taskset, cgroup cpuset, container), naming it.
+   */
+  pinTeam(cpus: number[]): number[][];
+  /** The CPUs each member of this thread's OpenMP team may run on (sched_getaffinity), member 0 first; [] off Linux. */
+  teamAffinity(): number[][];
 }
 
 /** Where `npm ci` builds the addon (native/binding.gyp), from dist/backend/. */

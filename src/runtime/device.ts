@@ -12,6 +12,12 @@ import type { LayerGrads } from '../pipeline/executor.js';
 import { Channel, type Message } from './channel.js';
 import type { StageApi } from './protocol.js';
 
+/** What a {@link StageWorker}'s thread (runtime/worker.ts) is started with. */
+export interface WorkerData {
+  /** The CPUs its kernel team is bound to (undefined: not pinned). */
+  cpus: number[] | undefined;
+}
+
 interface Reply extends Message {
   id: number;
   result?: unknown;
@@ -126,7 +132,12 @@ export abstract class Device {
   abstract terminate(): Promise<void>;
 }
 
-/** A device that is a worker thread of this process. */
+/**
+ * A device that is a worker thread of this process. `cpus`: the CPUs it owns on this host
+ * (runtime/pinning.ts threadPinning), which its native backend's OpenMP team is bound to, member
+ * i to `cpus[i % cpus.length]`, once the backend starts (runtime/stage-host.ts); undefined: not
+ * pinned.
+ */
 export class StageWorker extends Device {
   private readonly worker: Worker;
   protected readonly ch: Channel;
@@ -134,11 +145,14 @@ export class StageWorker extends Device {
   /** Resolves when the worker thread has exited. */
   readonly exited: Promise<number>;
 
-  constructor(index: number) {
+  constructor(index: number, cpus?: readonly number[]) {
     super(index);
     configureOpenMP(); // before any device thread may load the native addon
     configureWebGPUEnvironment(); // before any device thread may load Dawn
-    this.worker = new Worker(new URL('./worker.js', import.meta.url));
+    const workerData: WorkerData = { cpus: cpus ? [...cpus] : undefined };
+    this.worker = new Worker(new URL('./worker.js', import.meta.url), {
+      workerData,
+    });
     this.ch = new Channel(this.worker);
     this.worker.on('error', (e) =>
       this.ch.fail(new StageError(index, `worker crashed: ${e.message}`)),

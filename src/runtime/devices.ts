@@ -17,7 +17,12 @@ import { BACKENDS } from '../backend/names.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { type Device, StageWorker } from './device.js';
 import type { TlsFiles } from './grpc-link.js';
-import { allowedCpus, processPinning } from './pinning.js';
+import {
+  allowedCpus,
+  type PinningInput,
+  processPinning,
+  threadPinning,
+} from './pinning.js';
 import {
   newRunToken,
   RemoteDevice,
@@ -138,15 +143,18 @@ export function parseDevices(
  * @throws LayerwiseError for a remote host without a token, or browser tabs mixed with
  * processes or hosts, or a LAYERWISE_PIN that is not 0 or 1.
  * `threads`: the run's kernel threads per device (a device's `threads=` overrides it); with
- * it, device processes on this host get OpenMP places of their own (runtime/pinning.ts).
+ * it, the devices on this host (worker threads and processes) get CPUs of their own
+ * (runtime/pinning.ts): a process through its OpenMP environment, a thread by binding its team.
  */
 export async function openDevices(
   specs: readonly DeviceSpec[],
   token = process.env.LAYERWISE_TOKEN,
   threads?: number,
 ): Promise<Device[]> {
-  if (specs.every((s) => s.kind === 'thread'))
-    return specs.map((_, i) => new StageWorker(i));
+  if (specs.every((s) => s.kind === 'thread')) {
+    const cpus = threadPinning(pinningInput(specs, threads));
+    return specs.map((_, i) => new StageWorker(i, cpus[i]));
+  }
   if (specs.some((s) => s.kind === 'browser')) {
     check(
       specs.every((s) => s.kind === 'thread' || s.kind === 'browser'),
@@ -161,12 +169,14 @@ export async function openDevices(
     );
   const runToken = token ?? newRunToken();
   const tls = tlsFromEnv();
-  const pinned = pinningOf(specs, threads);
+  const input = pinningInput(specs, threads);
+  const pinned = processPinning(input);
+  const cpus = threadPinning(input);
   const opened = await Promise.allSettled(
     specs.map(
       (s, i): Promise<Device> =>
         s.kind === 'thread'
-          ? Promise.resolve(new StageWorker(i))
+          ? Promise.resolve(new StageWorker(i, cpus[i]))
           : s.kind === 'process'
             ? spawnDeviceProcess(i, runToken, { ...s.env, ...pinned[i] })
             : s.kind === 'host'
@@ -189,26 +199,28 @@ export async function openDevices(
 }
 
 /**
- * Each device's affinity environment (runtime/pinning.ts processPinning): `{}` for all when
- * a device's threads are unknown (neither `threads` nor its own `threads=`).
+ * What runtime/pinning.ts places the devices from: each device's kind, own environment and
+ * kernel threads (its own `threads=`, else `threads`), the coordinator's environment and the
+ * CPUs this process may use. No CPUs (nothing pinned) when a device's threads are unknown
+ * (neither `threads` nor its own `threads=`).
  */
-function pinningOf(
+function pinningInput(
   specs: readonly DeviceSpec[],
   threads: number | undefined,
-): Array<Record<string, string>> {
+): PinningInput {
   const each = specs.map((s) =>
     s.kind === 'thread' ? threads : (s.threads ?? threads),
   );
-  if (each.some((t) => t === undefined)) return specs.map(() => ({}));
-  return processPinning({
+  const known = each.every((t) => t !== undefined);
+  return {
     devices: specs.map((s, i) => ({
       kind: s.kind,
       env: s.kind === 'process' ? s.env : undefined,
-      threads: each[i]!,
+      threads: each[i] ?? 1,
     })),
     env: process.env,
-    cpus: allowedCpus(),
-  });
+    cpus: known ? allowedCpus() : undefined,
+  };
 }
 
 /**

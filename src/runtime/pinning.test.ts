@@ -1,13 +1,19 @@
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import { test } from 'node:test';
+import { Worker } from 'node:worker_threads';
+import { nativeAddon } from '../backend/native-addon.js';
+import { threadsPerDevice } from '../strategies/spec.js';
 import { LayerwiseError } from '../util/errors.js';
 import {
   allowedCpus,
   bySiblings,
+  devicePlacement,
   ompPinning,
   parseCpuList,
   placeDevices,
   processPinning,
+  threadPinning,
 } from './pinning.js';
 
 test('parseCpuList reads ranges and single CPUs in order, and names a bad part', () => {
@@ -106,12 +112,17 @@ test('processPinning pins nothing where it would hurt or the user chose', () => 
       ...over,
     });
   assert.notDeepEqual(run({}), none);
-  // thread devices share the coordinator's environment: its places would stack every team on CPU 0
+  // a browser tab's threads are not ours to place
   assert.deepEqual(
-    run({ devices: [{ kind: 'thread', threads: 2 }, ...processes([2])] }),
+    run({ devices: [{ kind: 'browser', threads: 2 }, ...processes([2])] }),
     none,
   );
   assert.deepEqual(run({ devices: processes([4, 6]) }), none); // 10 threads, 8 CPUs
+  // one device on this host (the other one is elsewhere): nothing to keep apart
+  assert.deepEqual(
+    run({ devices: [...processes([4]), { kind: 'host', threads: 4 }] }),
+    none,
+  );
   assert.deepEqual(run({ cpus: undefined }), none); // the OS does not say
   assert.deepEqual(run({ env: { LAYERWISE_PIN: '0' } }), none);
   assert.deepEqual(run({ env: { OMP_PROC_BIND: 'spread' } }), none);
@@ -122,5 +133,188 @@ test('processPinning pins nothing where it would hurt or the user chose', () => 
   assert.throws(
     () => run({ env: { LAYERWISE_PIN: 'yes' } }),
     /LAYERWISE_PIN=yes: use 1/,
+  );
+});
+
+const threadDevices = (k: number, threads: number) =>
+  Array.from({ length: k }, () => ({ kind: 'thread', threads }));
+const cpusOf = (n: number) => Array.from({ length: n }, (_, i) => i);
+
+test('threadPinning gives K thread devices cores/K CPUs each, disjoint, on 2 and 16 cores', () => {
+  for (const cores of [2, 16])
+    for (let k = 1; k <= 4; k++) {
+      const each = threadsPerDevice({ threads: 0 }, k, cores);
+      const places = threadPinning({
+        devices: threadDevices(k, each),
+        env: {},
+        cpus: cpusOf(cores),
+      });
+      const label = `K=${k} on ${cores} cores`;
+      assert.equal(places.length, k, label);
+      if (k === 1) {
+        // one device: nothing to keep it apart from; left to the OS
+        assert.deepEqual(places, [undefined], label);
+        continue;
+      }
+      if (k * each > cores) {
+        // 3 or 4 devices on 2 cores: 1 thread each would share a core; better not to pin
+        assert.deepEqual(
+          places,
+          threadDevices(k, each).map(() => undefined),
+          label,
+        );
+        continue;
+      }
+      places.forEach((p, i) =>
+        assert.deepEqual(
+          p,
+          cpusOf(each).map((c) => i * each + c),
+          label,
+        ),
+      );
+      const all = places.flatMap((p) => p!);
+      assert.equal(new Set(all).size, all.length, `${label}: disjoint`);
+    }
+  // the exact splits the issue names
+  assert.deepEqual(
+    threadPinning({ devices: threadDevices(2, 1), env: {}, cpus: cpusOf(2) }),
+    [[0], [1]],
+  );
+  assert.deepEqual(
+    threadPinning({
+      devices: threadDevices(4, 4),
+      env: {},
+      cpus: cpusOf(16),
+    }).map((p) => [p![0], p!.at(-1)]),
+    [
+      [0, 3],
+      [4, 7],
+      [8, 11],
+      [12, 15],
+    ],
+  );
+});
+
+test("thread and process devices on one host are placed together; the user's affinity or LAYERWISE_PIN=0 wins", () => {
+  const devices = [
+    { kind: 'thread', threads: 2 },
+    { kind: 'process', threads: 2 },
+    { kind: 'host', threads: 8 },
+    { kind: 'thread', threads: 4 },
+  ];
+  const input = { devices, env: {}, cpus: cpus8 };
+  assert.deepEqual(devicePlacement(input), [
+    [0, 1],
+    [2, 3],
+    undefined,
+    [4, 5, 6, 7],
+  ]);
+  assert.deepEqual(threadPinning(input), [
+    [0, 1],
+    undefined,
+    undefined,
+    [4, 5, 6, 7],
+  ]);
+  assert.deepEqual(processPinning(input), [
+    {},
+    { OMP_PLACES: '{2},{3}', OMP_PROC_BIND: 'close' },
+    {},
+    {},
+  ]);
+  const none = devices.map(() => undefined);
+  assert.deepEqual(
+    threadPinning({ ...input, env: { LAYERWISE_PIN: '0' } }),
+    none,
+  );
+  assert.deepEqual(
+    threadPinning({ ...input, env: { OMP_PLACES: 'cores' } }),
+    none,
+  );
+  assert.deepEqual(threadPinning({ ...input, cpus: undefined }), none);
+  assert.throws(
+    () => threadPinning({ ...input, env: { LAYERWISE_PIN: 'on' } }),
+    /LAYERWISE_PIN=on: use 1/,
+  );
+});
+
+/** Runs `body` (a function of the addon, returning JSON) in a fresh worker thread: pinning there leaves this thread's CPUs alone. */
+async function inWorker<T>(body: string): Promise<T> {
+  const addon = new URL(
+    '../../native/build/Release/layerwise_native.node',
+    import.meta.url,
+  ).pathname;
+  const w = new Worker(
+    `const { parentPort } = require('node:worker_threads');
+     const { readFileSync, readdirSync } = require('node:fs');
+     const lib = require(${JSON.stringify(addon)});
+     try { parentPort.postMessage({ ok: (${body})(lib, readFileSync, readdirSync) }); }
+     catch (e) { parentPort.postMessage({ error: e.message }); }`,
+    { eval: true },
+  );
+  const [m] = (await once(w, 'message')) as [{ ok?: T; error?: string }];
+  await w.terminate();
+  if (m.error !== undefined) throw new Error(m.error);
+  return m.ok as T;
+}
+
+test("pinTeam binds each member of the calling thread's team to one CPU, as the OS reads it back", {
+  skip:
+    process.platform !== 'linux' || !nativeAddon()
+      ? 'needs Linux and the native addon'
+      : false,
+}, async () => {
+  const allowed = allowedCpus()!;
+  // two members on the last and the first allowed CPU (the same one on a 1-CPU machine), reversed
+  const want = [allowed.at(-1)!, allowed[0]!];
+  const r = await inWorker<{
+    pinned: number[][];
+    again: number[][];
+    self: string;
+    others: string[];
+  }>(
+    `(lib, readFileSync, readdirSync) => {
+      lib.setThreads(2);
+      const pinned = lib.pinTeam(${JSON.stringify(want)});
+      const list = (f) => /^Cpus_allowed_list:\\s*(\\S+)/m.exec(readFileSync(f, 'utf8'))[1];
+      return {
+        pinned,
+        again: lib.teamAffinity(),
+        self: list('/proc/thread-self/status'),
+        others: readdirSync('/proc/self/task').map((t) => list('/proc/self/task/' + t + '/status')),
+      };
+    }`,
+  );
+  assert.deepEqual(r.pinned, [[want[0]], [want[1]]]);
+  assert.deepEqual(r.again, r.pinned); // still bound in the next region: the same pool thread
+  assert.equal(r.self, String(want[0])); // member 0 is the calling thread
+  assert.ok(
+    r.others.includes(String(want[1])),
+    `no thread of ${r.others.join(' | ')} is on CPU ${want[1]} alone`,
+  );
+  // this thread (not pinned) still has every allowed CPU
+  assert.deepEqual(allowedCpus(), allowed);
+});
+
+test('pinTeam names a CPU the process may not run on, and bad lists', {
+  skip:
+    process.platform !== 'linux' || !nativeAddon()
+      ? 'needs Linux and the native addon'
+      : false,
+}, async () => {
+  const allowed = new Set(allowedCpus());
+  const outside = Array.from({ length: 1024 }, (_, i) => i).find(
+    (c) => !allowed.has(c),
+  )!;
+  await assert.rejects(
+    inWorker(`(lib) => lib.pinTeam([${outside}])`),
+    new RegExp(`CPU ${outside} is not one this process may run on`),
+  );
+  await assert.rejects(
+    inWorker('(lib) => lib.pinTeam([])'),
+    /at least one CPU/,
+  );
+  await assert.rejects(
+    inWorker('(lib) => lib.pinTeam([0.5])'),
+    /CPU 0.5 is not an integer/,
   );
 });

@@ -1,26 +1,37 @@
 /**
- * Placing the kernel threads of device processes on this host on cores of their own, so that K
+ * Placing the kernel threads of the devices on this host on cores of their own, so that K
  * pipeline devices on one machine do not contend for the same cores (issue 37, item 3).
  *
- * A device process (`--devices process`) runs its kernels on an OpenMP team (the native
- * backend's oneDNN with libgomp). Its environment gets `OMP_PLACES` (one place per CPU it
- * owns: `{4},{5},{6},{7}`) and `OMP_PROC_BIND=close` (OpenMP 4.0 affinity, read by libgomp and
- * LLVM's libomp when the library loads): the thread that loads the addon (the device's stage
- * thread) is bound to the first place and each team thread to the next. Device i of the local
- * processes owns the next `threads_i` CPUs of the ones this process may use (Linux:
- * `Cpus_allowed_list` of /proc/self/status, SMT siblings side by side so a device gets whole
- * cores), in device order.
+ * A device runs its kernels on an OpenMP team (the native backend's oneDNN with libgomp) of
+ * `threads` members (`--threads`, by default the cores divided among the devices:
+ * strategies/spec.ts threadsPerDevice). Device i of the local devices (worker threads and
+ * processes of this host, in device order) owns the next `threads_i` CPUs of the ones this
+ * process may use (Linux: `Cpus_allowed_list` of /proc/self/status, SMT siblings side by side so
+ * a device gets whole cores) ({@link devicePlacement}). How a device is bound to them:
+ * - a device process (`--devices process`): its environment gets `OMP_PLACES` (one place per
+ *   CPU it owns: `{4},{5},{6},{7}`) and `OMP_PROC_BIND=close` (OpenMP 4.0 affinity, read by
+ *   libgomp and LLVM's libomp when the library loads): the thread that loads the addon (the
+ *   device's stage thread) is bound to the first place and each team thread to the next
+ *   ({@link processPinning});
+ * - a thread device (`--devices thread`, the default): worker threads share one process and one
+ *   environment, whose places would put every device's team on the same first CPUs, so the
+ *   device's stage thread binds each member of its team itself with sched_setaffinity, member i
+ *   to the i-th CPU it owns (native addon's pinTeam, native/src/affinity.cc; runtime/stage-host.ts
+ *   after the backend starts) ({@link threadPinning}).
  *
  * Nothing is pinned when:
- * - the run has a thread device (`--devices thread`, the default): worker threads share one
- *   process and one environment; OpenMP's places are the process's, and binding each thread's
- *   team through them would put every device's team on the same first CPUs. Pinning a thread
- *   device needs `sched_setaffinity` on its own threads, which the addon does not offer;
+ * - this host runs one device only: there is no other device to keep it apart from, and a team
+ *   bound to fixed CPUs cannot move away from other processes' threads (on 2 shared cores,
+ *   charlm-small single at --threads 2 bound used 3.5% more CPU and was slower in 4 of 5
+ *   alternated runs than unbound);
+ * - the run has a browser device (its tab's threads are not ours to place);
  * - the devices' threads add up to more CPUs than this process may use (they would share);
  * - the environment already sets an affinity (`OMP_PLACES`, `OMP_PROC_BIND`,
- *   `GOMP_CPU_AFFINITY`, `KMP_AFFINITY`), on the coordinator or in the device's `--devices`
+ *   `GOMP_CPU_AFFINITY`, `KMP_AFFINITY`), on the coordinator or in a device's `--devices`
  *   entry: the user's choice stands;
  * - `LAYERWISE_PIN=0`; or the OS does not say which CPUs are allowed (not Linux).
+ * The coordinator's main thread and Node's own threads (V8's GC and compiler, libuv) are not
+ * pinned: they run wherever the OS finds room.
  */
 import { readFileSync } from 'node:fs';
 import { check } from '../util/errors.js';
@@ -143,7 +154,7 @@ export function ompPinning(cpus: readonly number[]): Record<string, string> {
   };
 }
 
-/** What {@link processPinning} decides from: the devices, the environments and the CPUs. */
+/** What {@link devicePlacement} decides from: the devices, the environments and the CPUs. */
 export interface PinningInput {
   /** Per device of the run: its kind, its own environment (processes) and kernel threads. */
   devices: ReadonlyArray<{
@@ -157,21 +168,25 @@ export interface PinningInput {
   cpus: readonly number[] | undefined;
 }
 
+/** Device kinds whose kernels run on this host's CPUs (placed); 'host' and 'browser' are not. */
+const LOCAL_KINDS = new Set(['thread', 'process']);
+
 /**
- * The affinity environment of each device process on this host (pure): one entry per device,
- * `{}` for devices that are not local processes or when nothing is pinned (see the module's
- * list of cases). Local processes are placed in device order by {@link placeDevices}.
+ * The CPUs each device of the run owns on this host (pure): one entry per device, undefined for
+ * devices that are not local (a HOST:PORT device) or when nothing is pinned (see the module's
+ * list of cases). Local devices (threads and processes) are placed in device order by
+ * {@link placeDevices}, `threads` CPUs each.
  * @throws LayerwiseError when LAYERWISE_PIN is set to anything but 0 or 1.
  */
-export function processPinning(
+export function devicePlacement(
   input: PinningInput,
-): Array<Record<string, string>> {
+): Array<number[] | undefined> {
   const { devices, env, cpus } = input;
-  const none = devices.map(() => ({}));
+  const none = devices.map(() => undefined);
   const pin = env.LAYERWISE_PIN;
   check(
     pin === undefined || pin === '0' || pin === '1',
-    `LAYERWISE_PIN=${pin}: use 1 (pin device processes' threads on cores of their own, the default) or 0 (do not pin)`,
+    `LAYERWISE_PIN=${pin}: use 1 (pin each device's kernel threads on cores of their own, the default) or 0 (do not pin)`,
   );
   const userSet = (e: Readonly<Record<string, string | undefined>>) =>
     AFFINITY_VARIABLES.some((v) => e[v] !== undefined);
@@ -179,19 +194,50 @@ export function processPinning(
     pin === '0' ||
     cpus === undefined ||
     userSet(env) ||
-    devices.some((d) => d.kind === 'thread' || d.kind === 'browser')
+    devices.some((d) => d.kind === 'browser')
   )
     return none;
-  const local = devices.flatMap((d, i) => (d.kind === 'process' ? [i] : []));
-  if (local.some((i) => userSet(devices[i]!.env ?? {}))) return none;
+  const local = devices.flatMap((d, i) => (LOCAL_KINDS.has(d.kind) ? [i] : []));
+  if (local.length < 2 || local.some((i) => userSet(devices[i]!.env ?? {})))
+    return none;
   const places = placeDevices(
     local.map((i) => devices[i]!.threads),
     cpus,
   );
   if (!places) return none;
-  const out: Array<Record<string, string>> = none;
+  const out: Array<number[] | undefined> = none;
   local.forEach((i, j) => {
-    out[i] = ompPinning(places[j]!);
+    out[i] = places[j]!;
   });
   return out;
+}
+
+/**
+ * The affinity environment of each device process on this host (pure): one entry per device,
+ * {@link ompPinning} of its CPUs ({@link devicePlacement}) for a local process, `{}` for other
+ * devices or when nothing is pinned.
+ * @throws LayerwiseError when LAYERWISE_PIN is set to anything but 0 or 1.
+ */
+export function processPinning(
+  input: PinningInput,
+): Array<Record<string, string>> {
+  const places = devicePlacement(input);
+  return input.devices.map((d, i) =>
+    d.kind === 'process' && places[i] ? ompPinning(places[i]) : {},
+  );
+}
+
+/**
+ * The CPUs of each thread device (pure): one entry per device, its CPUs ({@link devicePlacement})
+ * for a worker-thread device, which binds its team to them (native addon's pinTeam), undefined
+ * for other devices or when nothing is pinned.
+ * @throws LayerwiseError when LAYERWISE_PIN is set to anything but 0 or 1.
+ */
+export function threadPinning(
+  input: PinningInput,
+): Array<number[] | undefined> {
+  const places = devicePlacement(input);
+  return input.devices.map((d, i) =>
+    d.kind === 'thread' ? places[i] : undefined,
+  );
 }

@@ -30,6 +30,7 @@ import {
   setDeviceBudget,
   takeTransferBytes,
 } from '../backend/memory.js';
+import { nativeAddon } from '../backend/native-addon.js';
 import type { tf } from '../backend/tfjs.js';
 import type { HostTensor } from '../data/microbatch.js';
 import { loadModel } from '../model/model.js';
@@ -162,10 +163,18 @@ class StageHost {
   private readonly main: Channel;
   private readonly resolve: LinkResolver;
 
-  /** A device with no stages yet; `main` is the coordinator's channel, `resolve` makes init's links. */
-  constructor(main: Channel, resolve: LinkResolver) {
+  /** The CPUs this device's kernel team is bound to (undefined: not pinned). */
+  private readonly cpus: readonly number[] | undefined;
+
+  /**
+   * A device with no stages yet; `main` is the coordinator's channel, `resolve` makes init's
+   * links, `cpus` the CPUs its native kernel team is bound to at init (a thread device's own:
+   * runtime/pinning.ts threadPinning; undefined: not pinned).
+   */
+  constructor(main: Channel, resolve: LinkResolver, cpus?: readonly number[]) {
     this.main = main;
     this.resolve = resolve;
+    this.cpus = cpus;
     this.links = this.stageLinks();
     this.handlers = {
       init: (a) => this.init(a),
@@ -287,6 +296,11 @@ class StageHost {
       ...(a.backend === 'native' && a.threads ? { threads: a.threads } : {}),
       precision: a.precision ?? 'fp32',
     });
+    // after the team has its size: members a larger team adds later inherit one CPU only. An
+    // addon built before pinTeam existed (native/build not rebuilt) runs unpinned
+    const lib = a.backend === 'native' ? nativeAddon() : null;
+    if (this.cpus && typeof lib?.pinTeam === 'function')
+      lib.pinTeam([...this.cpus]);
     const model = await loadModel(a.model, { initialValues: false }); // a model module is imported here, as on every device
     const specs = a.stages ?? [
       { index: a.index, range: a.range, params: a.params, stage: a.stage },
@@ -527,13 +541,16 @@ function errorReply(id: number, e: unknown): Message {
 
 /**
  * Serves the coordinator's requests on `main` until the channel fails (the coordinator is gone)
- * and resolves then; `resolve` makes the neighbour links of `init`.
+ * and resolves then; `resolve` makes the neighbour links of `init`. `opts.cpus`: the CPUs the
+ * device's native kernel team is bound to when it starts (a thread device's, runtime/pinning.ts;
+ * a device process is bound through its OpenMP environment instead).
  */
 export async function serveStage(
   main: Channel,
   resolve: LinkResolver,
+  opts: { cpus?: readonly number[] } = {},
 ): Promise<void> {
-  const host = new StageHost(main, resolve);
+  const host = new StageHost(main, resolve, opts.cpus);
   for (;;) {
     let req: Request;
     try {
