@@ -24,6 +24,23 @@ void adamw(const float* p, const float* g, const float* m, const float* v, float
            int64_t n, double lr, double beta1, double beta2, double epsilon, double weightDecay, int64_t step,
            double gradScale);
 
+// One parameter of adamwMulti: its n values p, gradient g, moments m and v, and where the new
+// p, m, v go (may be p, m, v themselves).
+struct AdamWTensor {
+  const float *p, *g, *m, *v;
+  float *pOut, *mOut, *vOut;
+  int64_t n;
+};
+// adamw() over every tensor of `tensors` in one OpenMP region, the elements of all of them laid
+// end to end and split evenly over the team (a stage's 54 parameters of ~0.1 ms each were one
+// region each, too short to split); the first `decayed` tensors get weightDecay, the rest none.
+// The same bits as adamw() on each tensor.
+void adamwMulti(const std::vector<AdamWTensor>& tensors, int64_t decayed, double lr, double beta1, double beta2, double epsilon,
+                double weightDecay, int64_t step, double gradScale);
+// out[j] = sum of xs[j][i]^2 over i < sizes[j] (each square in float32, summed in double, rounded
+// to float32: as the Square then Sum kernels), in one OpenMP region over all elements end to end.
+void sumSquaresMulti(const std::vector<const float*>& xs, const std::vector<int64_t>& sizes, float* out);
+
 // SGD on n parameters: v = mu v + (g * gradScale + wd p); p = p - lr v (velocity null: plain SGD,
 // p = p - lr (g * gradScale + wd p)). New values to pOut and velOut (may alias p and velocity).
 void sgd(const float* p, const float* g, const float* velocity, float* pOut, float* velOut, int64_t n, double lr,

@@ -47,7 +47,7 @@ export const ADAMW_KERNEL = 'LayerwiseAdamW';
 export const SGD_KERNEL = 'LayerwiseSgd';
 /**
  * AdamW over many parameters at once (optim/optimizer.ts DeviceOptimizer, where the backend
- * registers it: webgpu, backend/webgpu-multi.ts): inputs [p_0..p_n-1, g_0.., m_0.., v_0..]
+ * registers it: webgpu, backend/webgpu-multi.ts; native, backend/native.ts): inputs [p_0..p_n-1, g_0.., m_0.., v_0..]
  * (float32, each quadruple of one shape), attrs {lr, beta1, beta2, epsilon, weightDecay, decayed
  * (the first `decayed` parameters get weightDecay, the rest none), step (1-based), scale};
  * outputs [p'_0..p'_n-1, m'_0.., v'_0..], each as ADAMW_KERNEL's.

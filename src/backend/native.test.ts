@@ -626,6 +626,113 @@ test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
   );
 });
 
+test('native AdamW over many parameters in one call (adamwMulti) equals adamw on each bit for bit at 1 and 2 threads; sumSquaresMulti equals Square then Sum', {
+  skip,
+}, async () => {
+  const lib = nativeAddon()!;
+  // pieces that straddle the threads' even split, sizes below and above the vector width
+  const sizes = [70, 40_001, 1, 30_001, 5, 65_536, 17];
+  const decayed = 3;
+  const before = lib.threads();
+  try {
+    for (const threads of [1, 2]) {
+      lib.setThreads(threads);
+      for (const step of [1, 5]) {
+        const ins = sizes.map((n, j) => [
+          randomArray(n, 10 * j + 1),
+          randomArray(n, 10 * j + 2),
+          randomArray(n, 10 * j + 3),
+          randomArray(n, 10 * j + 4).map(Math.abs),
+        ]);
+        const hyper = [1e-2, 0.9, 0.95, 1e-8] as const;
+        const expected = ins.map(([p, g, m, v], j) => {
+          const out = [p!.slice(), m!.slice(), v!.slice()];
+          lib.adamw(
+            p!,
+            g!,
+            m!,
+            v!,
+            ...hyper,
+            j < decayed ? 0.1 : 0,
+            step,
+            0.5,
+            out[0],
+            out[1],
+            out[2],
+          );
+          return out;
+        });
+        const outs = [0, 1, 2].map(() => sizes.map((n) => new Float32Array(n)));
+        const col = (k: number) => ins.map((q) => q[k]!);
+        lib.adamwMulti(
+          col(0),
+          col(1),
+          col(2),
+          col(3),
+          outs[0]!,
+          outs[1]!,
+          outs[2]!,
+          ...hyper,
+          0.1,
+          decayed,
+          step,
+          0.5,
+        );
+        sizes.forEach((_, j) =>
+          ['p', 'm', 'v'].forEach((what, k) =>
+            assert.deepEqual(
+              outs[k]![j],
+              expected[j]![k],
+              `${threads} threads, step ${step}: ${what} of parameter ${j}`,
+            ),
+          ),
+        );
+      }
+      const xs = sizes.map((n, j) => randomArray(n, 100 + j));
+      const sums = new Float32Array(sizes.length);
+      lib.sumSquaresMulti(xs, sums);
+      await initBackend('native');
+      const composed = tf.tidy(() =>
+        xs.map((x) => tf.sum(tf.square(tf.tensor(x))).dataSync()[0]!),
+      );
+      composed.forEach((c, j) =>
+        assert.ok(
+          Math.abs(sums[j]! - c) <= 1e-7 * c,
+          `${threads} threads: sum of squares ${j}: ${sums[j]} vs ${c}`,
+        ),
+      );
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+  const one = [new Float32Array(4)];
+  assert.throws(
+    () =>
+      lib.adamwMulti(
+        one,
+        [new Float32Array(3)],
+        one,
+        one,
+        one,
+        one,
+        one,
+        0.1,
+        0.9,
+        0.99,
+        1e-8,
+        0,
+        0,
+        1,
+        1,
+      ),
+    /g must have as many arrays as p, each of its parameter's length/,
+  );
+  assert.throws(
+    () => lib.sumSquaresMulti(one, new Float32Array(2)),
+    /one element per array/,
+  );
+});
+
 test('native output buffers are reused across steps, never while a tensor view or a caller can still see them', {
   skip,
 }, async () => {

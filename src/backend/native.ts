@@ -30,6 +30,7 @@ import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
 import {
   ADAMW_KERNEL,
+  ADAMW_MULTI_KERNEL,
   CAUSAL_ATTENTION_GRAD_KERNEL,
   CAUSAL_ATTENTION_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
@@ -41,6 +42,7 @@ import {
   SGD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_GRAD_KERNEL,
   SOFTMAX_CROSS_ENTROPY_KERNEL,
+  SUM_SQUARES_KERNEL,
 } from './kernel-names.js';
 import { ROUND_BF16_KERNEL } from './low-precision.js';
 import { countPrivateBytes } from './memory.js';
@@ -1487,6 +1489,63 @@ function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
   );
 }
 
+/**
+ * LayerwiseAdamWMulti (kernel-names.ts ADAMW_MULTI_KERNEL): inputs [p_0..p_n-1, g_0.., m_0..,
+ * v_0..] float32, each quadruple of one shape; outputs [p'_0.., m'_0.., v'_0..] from the pool, as
+ * {@link adamwKernel} on each (the same bits) in one addon call: one OpenMP region over all of a
+ * stage's parameters instead of one per parameter.
+ */
+function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
+  const inputs = Object.values(args.inputs) as tf.TensorInfo[];
+  const a = args.attrs as Record<string, number>;
+  const backend = args.backend as NativeBackend;
+  const n = inputs.length / 4;
+  tf.util.assert(
+    Number.isInteger(n),
+    () => `${ADAMW_MULTI_KERNEL}: ${inputs.length} inputs, not 4 per parameter`,
+  );
+  const arrays = inputs.map((t) => values(backend, t));
+  const outs = [0, 1, 2].map(() =>
+    arrays.slice(0, n).map((p) => backend.alloc(p.length)),
+  ) as [Float32Array[], Float32Array[], Float32Array[]];
+  nativeAddon()!.adamwMulti(
+    arrays.slice(0, n),
+    arrays.slice(n, 2 * n),
+    arrays.slice(2 * n, 3 * n),
+    arrays.slice(3 * n),
+    ...outs,
+    a.lr!,
+    a.beta1!,
+    a.beta2!,
+    a.epsilon!,
+    a.weightDecay!,
+    a.decayed!,
+    a.step!,
+    a.scale!,
+  );
+  return outs.flatMap((list) =>
+    list.map((out, i) =>
+      backend.makeTensorInfo(inputs[i]!.shape, 'float32', out),
+    ),
+  );
+}
+
+/**
+ * LayerwiseSumSquares (kernel-names.ts SUM_SQUARES_KERNEL): inputs [x_0..x_n-1] float32; output
+ * [n] float32, sum(x_i^2) each (squares in float32, sums in double, as Square then Sum here), in
+ * one addon call over all of them.
+ */
+function sumSquaresKernel(args: KernelArgs): tf.TensorInfo {
+  const inputs = Object.values(args.inputs) as tf.TensorInfo[];
+  const backend = args.backend as NativeBackend;
+  const out = new Float32Array(inputs.length);
+  nativeAddon()!.sumSquaresMulti(
+    inputs.map((t) => values(backend, t)),
+    out,
+  );
+  return backend.makeTensorInfo([inputs.length], 'float32', out);
+}
+
 function sgdKernel(args: KernelArgs): tf.TensorInfo[] {
   const { p, g, velocity } = args.inputs as Record<
     string,
@@ -1562,6 +1621,8 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
     softmaxCrossEntropyGradKernel as tf.KernelFunc,
   [ADAMW_KERNEL]: adamwKernel as unknown as tf.KernelFunc,
   [SGD_KERNEL]: sgdKernel as unknown as tf.KernelFunc,
+  [ADAMW_MULTI_KERNEL]: adamwMultiKernel as unknown as tf.KernelFunc,
+  [SUM_SQUARES_KERNEL]: sumSquaresKernel as tf.KernelFunc,
   [ROUND_BF16_KERNEL]: roundBf16Kernel as unknown as tf.KernelFunc,
   ...NATIVE_CONV_KERNELS, // convolution and pooling (backend/native-conv.ts)
 };
