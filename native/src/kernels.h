@@ -6,8 +6,33 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace layerwise {
+
+// dst[0, n) = src[0, n), the whole 64-byte lines of dst written with non-temporal (streaming)
+// stores, which skip reading each line before writing it (the read-for-ownership): for a kernel
+// output that no kernel reads before it has left the caches anyway (AdamW's new p, m, v, layer
+// norm's xhat for the backward), one pass of memory traffic less. The partial lines at either end
+// are stored normally. Streaming stores are weakly ordered: the writing thread calls
+// streamFence() before its output is read by another thread (before the end of its parallel
+// region). A plain copy where the compiler does not target AVX-512.
+inline void streamCopy(float* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 63) != 0; i++) dst[i] = src[i];
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#endif
+  for (; i < n; i++) dst[i] = src[i];
+}
+// Orders this thread's streaming stores before its later stores (sfence).
+inline void streamFence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
 
 // Batched row-major matrix product C[i] = op(A[i]) op(B[i]) for i < batch, on oneDNN's sgemm.
 // A[i] starts at a + i * aStride (aStride 0: broadcast one matrix), likewise B; C is dense
