@@ -15,9 +15,7 @@ namespace {
 // p, g, m, v) the team's wake-up (microseconds) is small beside the pass. It was 64K, which left
 // charlm-small's [256, 256] matrices (65,536 parameters) on one thread.
 constexpr int64_t kParallelUpdate = int64_t{1} << 15;
-}  // namespace
 
-namespace {
 // AdamW's per-step constants in float32, from the hyper-parameters in double
 struct AdamWConstants {
   float b1, b2, a1, a2, k, s2, eps, scale;

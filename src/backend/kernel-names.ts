@@ -47,15 +47,17 @@ export const ADAMW_KERNEL = 'LayerwiseAdamW';
 export const SGD_KERNEL = 'LayerwiseSgd';
 /**
  * AdamW over many parameters at once (optim/optimizer.ts DeviceOptimizer, where the backend
- * registers it: webgpu, backend/webgpu-multi.ts; native, backend/native.ts): inputs [p_0..p_n-1, g_0.., m_0.., v_0..]
- * (float32, each quadruple of one shape), attrs {lr, beta1, beta2, epsilon, weightDecay, decayed
- * (the first `decayed` parameters get weightDecay, the rest none), step (1-based), scale};
+ * registers it: webgpu, backend/webgpu-multi.ts; native, backend/native.ts): inputs
+ * [p_0..p_n-1, g_0.., m_0.., v_0..] (float32, each quadruple of one shape), attrs {lr, beta1,
+ * beta2, epsilon, weightDecay, decayed (the first `decayed` parameters get weightDecay, the rest
+ * none), step (1-based), scale};
  * outputs [p'_0..p'_n-1, m'_0.., v'_0..], each as ADAMW_KERNEL's.
  */
 export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
 /**
  * Sum of squares of each of many tensors (the gradient norm's per-parameter terms,
  * pipeline/stage-params.ts GradAccumulator.sumSquares): inputs [x_0..x_n-1] (float32, any
- * shapes); output [n] float32, sum(x_i^2) each, summed in float32.
+ * shapes); output [n] float32, sum(x_i^2) each, summed in float32 (native: each square in
+ * float32, summed in double, as its Square then Sum kernels).
  */
 export const SUM_SQUARES_KERNEL = 'LayerwiseSumSquares';

@@ -147,7 +147,7 @@ export class DeviceOptimizer {
   /**
    * AdamW over every parameter that has a gradient in one kernel call, where the backend
    * registers ADAMW_MULTI_KERNEL (webgpu: one dispatch for the stage instead of three a
-   * parameter). The decayed parameters go first (the kernel decays a prefix). Returns false,
+   * parameter; native: one OpenMP region over all of them instead of one a parameter). The decayed parameters go first (the kernel decays a prefix). Returns false,
    * having done nothing, where the kernel is missing, the optimizer is not AdamW, or
    * parameters would decay at different rates.
    */
