@@ -51,7 +51,10 @@ export const SGD_KERNEL = 'LayerwiseSgd';
  * [p_0..p_n-1, g_0.., m_0.., v_0..] (float32, each quadruple of one shape), attrs {lr, beta1,
  * beta2, epsilon, weightDecay, decayed (the first `decayed` parameters get weightDecay, the rest
  * none), step (1-based), scale};
- * outputs [p'_0..p'_n-1, m'_0.., v'_0..], each as ADAMW_KERNEL's.
+ * outputs [p'_0..p'_n-1, m'_0.., v'_0..], each as ADAMW_KERNEL's. A backend may register it with
+ * `elementsPerCall` (a number, on the kernel config): the optimizer then updates at most that
+ * many parameter elements a call, assigning each call's outputs before the next (native: 2^20,
+ * so that a call's outputs reuse the buffers the previous call freed, still in the caches).
  */
 export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
 /**

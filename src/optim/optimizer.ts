@@ -147,9 +147,11 @@ export class DeviceOptimizer {
   /**
    * AdamW over every parameter that has a gradient in one kernel call, where the backend
    * registers ADAMW_MULTI_KERNEL (webgpu: one dispatch for the stage instead of three a
-   * parameter; native: one OpenMP region over all of them instead of one a parameter). The decayed parameters go first (the kernel decays a prefix). Returns false,
-   * having done nothing, where the kernel is missing, the optimizer is not AdamW, or
-   * parameters would decay at different rates.
+   * parameter; native: one OpenMP region over many instead of one a parameter), or in calls of at
+   * most the kernel's `elementsPerCall` (kernel-names.ts), each call's outputs assigned before the
+   * next. The decayed parameters go first (the kernel decays a prefix). Returns false, having
+   * done nothing, where the kernel is missing, the optimizer is not AdamW, or parameters would
+   * decay at different rates.
    */
   private applyMulti(
     params: ReadonlyMap<string, tf.Variable>,
@@ -158,11 +160,13 @@ export class DeviceOptimizer {
     scale: number,
   ): boolean {
     const c = this.config;
-    if (
-      c.kind !== 'adamw' ||
-      tf.getKernel(ADAMW_MULTI_KERNEL, tf.getBackend()) === undefined
-    )
-      return false;
+    const kernel =
+      c.kind === 'adamw'
+        ? (tf.getKernel(ADAMW_MULTI_KERNEL, tf.getBackend()) as
+            | (tf.KernelConfig & { elementsPerCall?: number })
+            | undefined)
+        : undefined;
+    if (kernel === undefined) return false;
     const entries = [...params].filter(([name]) => grads.has(name));
     const rates = new Set(entries.map(([, p]) => decayRate(c, p.rank)));
     rates.delete(0);
@@ -172,16 +176,41 @@ export class DeviceOptimizer {
       ...entries.filter(decays),
       ...entries.filter((e) => !decays(e)),
     ];
-    if (ordered.length === 0) return true;
     // slots made in the parameters' order, as the other paths make them (getState's order)
     for (const [name, p] of entries) {
       this.slot(name, p, 'm');
       this.slot(name, p, 'v');
     }
-    const ps = ordered.map(([, p]) => p);
-    const ms = ordered.map(([name, p]) => this.slot(name, p, 'm'));
-    const vs = ordered.map(([name, p]) => this.slot(name, p, 'v'));
-    const gs = ordered.map(([name]) => grads.get(name)!);
+    const decayed = entries.filter(decays).length;
+    const perCall = kernel.elementsPerCall ?? Number.POSITIVE_INFINITY;
+    for (let from = 0; from < ordered.length; ) {
+      let to = from + 1;
+      let size = ordered[from]![1].size;
+      while (to < ordered.length && size + ordered[to]![1].size <= perCall)
+        size += ordered[to++]![1].size;
+      const attrs = { lr, weightDecay: [...rates][0] ?? 0, scale };
+      this.runMulti(ordered.slice(from, to), grads, attrs, decayed - from);
+      from = to;
+    }
+    return true;
+  }
+
+  /**
+   * One ADAMW_MULTI_KERNEL call over `part` (the first `decayed` of them decayed; any count,
+   * clamped to the part), its outputs assigned to the parameters and their slots.
+   */
+  private runMulti(
+    part: Array<[string, tf.Variable]>,
+    grads: ReadonlyMap<string, tf.Tensor>,
+    attrs: { lr: number; weightDecay: number; scale: number },
+    decayed: number,
+  ): void {
+    const c = this.config;
+    const ps = part.map(([, p]) => p);
+    const ms = part.map(([name, p]) => this.slot(name, p, 'm'));
+    const vs = part.map(([name, p]) => this.slot(name, p, 'v'));
+    const gs = part.map(([name]) => grads.get(name)!);
+    const n = part.length;
     tf.tidy(() => {
       const out = tf
         .engine()
@@ -189,24 +218,20 @@ export class DeviceOptimizer {
           ADAMW_MULTI_KERNEL,
           [...ps, ...gs, ...ms, ...vs] as unknown as tf.NamedTensorMap,
           {
-            lr,
+            ...attrs,
             beta1: c.beta1,
             beta2: c.beta2,
             epsilon: c.epsilon,
-            weightDecay: [...rates][0] ?? 0,
-            decayed: entries.filter(decays).length,
+            decayed: Math.max(0, Math.min(n, decayed)),
             step: this.step,
-            scale,
           },
         ) as tf.Tensor[];
-      const n = ordered.length;
       for (let i = 0; i < n; i++) {
         ps[i]!.assign(out[i]!);
         ms[i]!.assign(out[n + i]!);
         vs[i]!.assign(out[2 * n + i]!);
       }
     });
-    return true;
   }
 
   /** The same update through the backend's fused kernel (backend/kernel-names.ts ADAMW_KERNEL, SGD_KERNEL). */
