@@ -63,6 +63,7 @@ void adamwSpan(const AdamWConstants& c, float decay, const AdamWTensor& t, int64
 #pragma omp simd
     for (int64_t i = 0; i < len; i++) adamwElement(c, decay, p, g, m, v, bp, bm, bv, i);
     streamCopy(t.pOut + b0, bp, len);
+    if (t.pBf16 != nullptr) toBf16Serial(bp, t.pBf16 + b0, len);
     streamCopy(t.mOut + b0, bm, len);
     streamCopy(t.vOut + b0, bv, len);
   }

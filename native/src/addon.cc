@@ -94,7 +94,7 @@ std::vector<float*> F32List(const Napi::CallbackInfo& info, size_t i, const char
 // adamwMulti([p], [g], [m], [v], [pOut], [mOut], [vOut], lr, beta1, beta2, epsilon, weightDecay,
 // decayed, step, gradScale): adamw over each quadruple into its outputs (which may be the inputs)
 Napi::Value AdamWMulti(const Napi::CallbackInfo& info) {
-  if (info.Length() != 15) throw Napi::TypeError::New(info.Env(), "adamwMulti takes 15 arguments");
+  if (info.Length() != 15 && info.Length() != 16) throw Napi::TypeError::New(info.Env(), "adamwMulti takes 15 or 16 arguments");
   static const char* names[7] = {"p", "g", "m", "v", "pOut", "mOut", "vOut"};
   std::vector<size_t> n, len;
   std::vector<std::vector<float*>> a(7);
@@ -107,6 +107,20 @@ Napi::Value AdamWMulti(const Napi::CallbackInfo& info) {
   std::vector<AdamWTensor> tensors(n.size());
   for (size_t j = 0; j < n.size(); j++)
     tensors[j] = {a[0][j], a[1][j], a[2][j], a[3][j], a[4][j], a[5][j], a[6][j], static_cast<int64_t>(n[j])};
+  if (info.Length() == 16 && !info[15].IsUndefined()) {
+    // pBf16: an array of Uint16Array (each of its parameter's length) or null, one per parameter
+    if (!info[15].IsArray() || info[15].As<Napi::Array>().Length() != n.size())
+      throw Napi::TypeError::New(info.Env(), "adamwMulti: pBf16 must be an array with one Uint16Array or null per parameter");
+    Napi::Array list = info[15].As<Napi::Array>();
+    for (uint32_t j = 0; j < list.Length(); j++) {
+      Napi::Value v = list.Get(j);
+      if (v.IsNull() || v.IsUndefined()) continue;
+      if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint16_array ||
+          v.As<Napi::TypedArray>().ElementLength() != n[j])
+        throw Napi::TypeError::New(info.Env(), "adamwMulti: pBf16 must be an array with one Uint16Array or null per parameter");
+      tensors[j].pBf16 = v.As<Napi::Uint16Array>().Data();
+    }
+  }
   adamwMulti(tensors, I64(info, 12), F64(info, 7), F64(info, 8), F64(info, 9), F64(info, 10), F64(info, 11), I64(info, 13),
              F64(info, 14));
   return info.Env().Undefined();

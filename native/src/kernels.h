@@ -55,6 +55,7 @@ struct AdamWTensor {
   const float *p, *g, *m, *v;
   float *pOut, *mOut, *vOut;
   int64_t n;
+  uint16_t* pBf16 = nullptr;  // where given: the new p's bf16 rounding (as toBf16 of pOut), n elements
 };
 // adamw() over every tensor of `tensors` in one OpenMP region, the elements of all of them laid
 // end to end and split evenly over the team (a stage's 54 parameters of ~0.1 ms each were one

@@ -79,8 +79,9 @@ export interface NativeAddon {
    * AdamW over many parameters in one OpenMP region (native/src/kernels.h adamwMulti): p[j],
    * g[j], m[j], v[j] and the outputs pOut[j], mOut[j], vOut[j] (which may be the inputs) all of
    * p[j]'s length; the first `decayed` parameters get `weightDecay`, the rest none; step is
-   * 1-based. The same values as {@link adamw} on each. TypeError / RangeError on arrays that are
-   * not Float32Arrays or whose counts or lengths differ.
+   * 1-based. The same values as {@link adamw} on each. `pBf16[j]`, where given (p[j]'s length),
+   * gets the bf16 rounding of the new p[j] (as toBf16 of pOut[j]). TypeError / RangeError on
+   * arrays that are not Float32Arrays (Uint16Arrays) or whose counts or lengths differ.
    */
   adamwMulti(
     p: Float32Array[],
@@ -98,6 +99,7 @@ export interface NativeAddon {
     decayed: number,
     step: number,
     gradScale: number,
+    pBf16?: Array<Uint16Array | null>,
   ): void;
   /**
    * out[j] = sum of x[j]'s squares (each square in float32, summed in double, rounded to

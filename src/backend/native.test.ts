@@ -626,7 +626,7 @@ test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
   );
 });
 
-test('native AdamW over many parameters in one call (adamwMulti) equals adamw on each bit for bit at 1 and 2 threads; sumSquaresMulti equals Square then Sum', {
+test('native AdamW over many parameters in one call (adamwMulti) equals adamw on each bit for bit at 1 and 2 threads, its bf16 copies of the new p toBf16 of them; sumSquaresMulti equals Square then Sum', {
   skip,
 }, async () => {
   const lib = nativeAddon()!;
@@ -664,6 +664,10 @@ test('native AdamW over many parameters in one call (adamwMulti) equals adamw on
         });
         const outs = [0, 1, 2].map(() => sizes.map((n) => new Float32Array(n)));
         const col = (k: number) => ins.map((q) => q[k]!);
+        // the new p's bf16 rounding for every other parameter
+        const bf16s = sizes.map((n, j) =>
+          j % 2 === 0 ? new Uint16Array(n) : null,
+        );
         lib.adamwMulti(
           col(0),
           col(1),
@@ -677,7 +681,14 @@ test('native AdamW over many parameters in one call (adamwMulti) equals adamw on
           decayed,
           step,
           0.5,
+          bf16s,
         );
+        bf16s.forEach((bf, j) => {
+          if (bf === null) return;
+          const want = new Uint16Array(bf.length);
+          lib.toBf16(expected[j]![0]!, want);
+          assert.deepEqual(bf, want, `${threads} threads: bf16 copy of p ${j}`);
+        });
         sizes.forEach((_, j) =>
           ['p', 'm', 'v'].forEach((what, k) =>
             assert.deepEqual(

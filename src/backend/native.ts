@@ -179,12 +179,31 @@ export class NativeBackend extends MathBackendCPU {
     if (bf !== undefined) return bf;
     const f32 = this.data.get(t.dataId).values as Float32Array;
     if (!isParameterData(t.dataId)) return this.shadowOf(t.dataId, f32);
-    countPrivateBytes(2 * f32.length); // device bytes, under the budget
-    bf = new Uint16Array(f32.length);
+    bf = this.parameterCopyBuffer(f32.length);
     nativeAddon()!.toBf16(f32, bf);
     this.bf16Params.set(t.dataId, bf);
     this.bf16ParamConversions++;
     return bf;
+  }
+
+  /**
+   * A buffer for a parameter version's bf16 copy of `length` elements (a free one, else new;
+   * contents undefined), counted now as device bytes: for {@link bf16Operand}, or for the
+   * optimizer's update to fill and give to {@link keepParameterCopy}. Throws
+   * DeviceOutOfMemoryError where it would take the device over its budget.
+   */
+  parameterCopyBuffer(length: number): Uint16Array {
+    countPrivateBytes(2 * length); // device bytes, under the budget
+    return this.takeBf16(length);
+  }
+
+  /**
+   * Keeps `bf` (a {@link parameterCopyBuffer} holding the bf16 rounding of `t`'s values, taken
+   * over) as the bf16 copy of t's data, which products then read instead of converting it: AdamW
+   * writes each new matrix's copy in its update pass (adamwMultiKernel).
+   */
+  keepParameterCopy(t: tf.TensorInfo, bf: Uint16Array): void {
+    this.bf16Params.set(t.dataId, bf);
   }
 
   private dropBf16Param(dataId: tf.DataId): void {
@@ -193,7 +212,9 @@ export class NativeBackend extends MathBackendCPU {
     this.bf16Params.delete(dataId);
     const lazy = this.bf16Only.get(dataId);
     if (lazy === undefined) {
+      // a parameter version's copy: only its products read it, each for its call
       countPrivateBytes(-bf.byteLength);
+      this.giveBf16(bf);
       return;
     }
     // a bf16-only tensor: the engine uncounts its 4 bytes per element; 2 of them were never held
@@ -1510,6 +1531,14 @@ function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
   const outs = [0, 1, 2].map(() =>
     arrays.slice(0, n).map((p) => backend.alloc(p.length)),
   ) as [Float32Array[], Float32Array[], Float32Array[]];
+  // bf16 products: each new matrix's bf16 copy made in the same pass (products read matrices)
+  const copies = inputs
+    .slice(0, n)
+    .map((p, i) =>
+      backend.computesNarrow() && p.shape.length >= 2
+        ? backend.parameterCopyBuffer(arrays[i]!.length)
+        : null,
+    );
   nativeAddon()!.adamwMulti(
     arrays.slice(0, n),
     arrays.slice(n, 2 * n),
@@ -1524,12 +1553,17 @@ function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
     a.decayed!,
     a.step!,
     a.scale!,
+    copies,
   );
-  return outs.flatMap((list) =>
+  const infos = outs.flatMap((list) =>
     list.map((out, i) =>
       backend.makeTensorInfo(inputs[i]!.shape, 'float32', out),
     ),
   );
+  copies.forEach((bf, i) => {
+    if (bf !== null) backend.keepParameterCopy(infos[i]!, bf);
+  });
+  return infos;
 }
 
 /**
