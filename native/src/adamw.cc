@@ -2,7 +2,10 @@
 // float32 arrays, in one pass, vectorised by the compiler and split over the OpenMP team. The
 // same update rule as src/param-server/host-optimizer.ts hostUpdate, in float32 arithmetic
 // (the device optimizers' precision) with the per-step constants in double.
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 #include "kernels.h"
 
 namespace layerwise {
@@ -12,28 +15,143 @@ namespace {
 // p, g, m, v) the team's wake-up (microseconds) is small beside the pass. It was 64K, which left
 // charlm-small's [256, 256] matrices (65,536 parameters) on one thread.
 constexpr int64_t kParallelUpdate = int64_t{1} << 15;
+
+// AdamW's per-step constants in float32, from the hyper-parameters in double
+struct AdamWConstants {
+  float b1, b2, a1, a2, k, s2, eps, scale;
+};
+
+AdamWConstants adamwConstants(double lr, double beta1, double beta2, double epsilon, int64_t step, double gradScale) {
+  return {static_cast<float>(beta1),
+          static_cast<float>(beta2),
+          static_cast<float>(1 - beta1),
+          static_cast<float>(1 - beta2),
+          static_cast<float>(lr / (1 - std::pow(beta1, static_cast<double>(step)))),
+          static_cast<float>(1 / std::sqrt(1 - std::pow(beta2, static_cast<double>(step)))),
+          static_cast<float>(epsilon),
+          static_cast<float>(gradScale)};
+}
+
+// The decay factor 1 - lr wd in float32 (exactly 1 for wd 0)
+float adamwDecay(double lr, double weightDecay) { return static_cast<float>(1 - lr * weightDecay); }
+
+// Element i of AdamW's update: one expression for the per-tensor and the multi-tensor kernels,
+// so that both give the same bits
+inline void adamwElement(const AdamWConstants& c, float decay, const float* p, const float* g, const float* m, const float* v,
+                         float* pOut, float* mOut, float* vOut, int64_t i) {
+  const float gi = g[i] * c.scale;
+  const float mi = c.b1 * m[i] + c.a1 * gi;
+  const float vi = c.b2 * v[i] + c.a2 * gi * gi;
+  mOut[i] = mi;
+  vOut[i] = vi;
+  pOut[i] = p[i] * decay - (c.k * mi) / (std::sqrt(vi) * c.s2 + c.eps);
+}
+
+// Elements per block of adamwSpan: its new p, m, v computed into the calling thread's buffers
+// (3 x 4 KiB, in L1), then streamed out (streamCopy)
+constexpr int64_t kAdamWBlock = 1024;
+
+// AdamW on elements [from, to) of one tensor, on the calling thread (vectorised), a block at a
+// time: computed into L1 buffers, then written with streaming stores (nothing reads the new
+// values before the next step's forward, by when they have left the caches). The caller calls
+// streamFence() before its region ends.
+void adamwSpan(const AdamWConstants& c, float decay, const AdamWTensor& t, int64_t from, int64_t to) {
+  alignas(64) float bp[kAdamWBlock], bm[kAdamWBlock], bv[kAdamWBlock];
+  for (int64_t b0 = from; b0 < to; b0 += kAdamWBlock) {
+    const int64_t len = std::min(kAdamWBlock, to - b0);
+    const float *p = t.p + b0, *g = t.g + b0, *m = t.m + b0, *v = t.v + b0;
+#pragma omp simd
+    for (int64_t i = 0; i < len; i++) adamwElement(c, decay, p, g, m, v, bp, bm, bv, i);
+    streamCopy(t.pOut + b0, bp, len);
+    if (t.pBf16 != nullptr) toBf16Serial(bp, t.pBf16 + b0, len);
+    streamCopy(t.mOut + b0, bm, len);
+    streamCopy(t.vOut + b0, bv, len);
+  }
+}
+
+// This thread's number in its team (0 outside a parallel region)
+int myMember() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// This thread's share [lo, hi) of `total` elements split evenly over its team (all outside a parallel region)
+std::pair<int64_t, int64_t> myShare(int64_t total) {
+  int team = 1;
+#ifdef _OPENMP
+  team = omp_get_num_threads();
+#endif
+  const int64_t t = myMember();
+  return {total * t / team, total * (t + 1) / team};
+}
+
+// Calls span(j, from, to) for every piece [from, to) of tensor j that falls in this thread's even
+// share of the elements of all tensors laid end to end (start: each tensor's first index, then the total)
+template <typename Span>
+void forMyPieces(const std::vector<int64_t>& start, Span span) {
+  const auto [lo, hi] = myShare(start.back());
+  size_t j = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
+  for (; j + 1 < start.size() && start[j] < hi; j++) {
+    const int64_t from = std::max(lo, start[j]) - start[j], to = std::min(hi, start[j + 1]) - start[j];
+    if (from < to) span(j, from, to);
+  }
+}
+
+// Each tensor's first index in all of them laid end to end, then their total
+template <typename T, typename Size>
+std::vector<int64_t> startsOf(const std::vector<T>& tensors, Size size) {
+  std::vector<int64_t> start(tensors.size() + 1, 0);
+  for (size_t j = 0; j < tensors.size(); j++) start[j + 1] = start[j] + size(tensors[j]);
+  return start;
+}
 }  // namespace
 
 void adamw(const float* p, const float* g, const float* m, const float* v, float* pOut, float* mOut, float* vOut,
            int64_t n, double lr, double beta1, double beta2, double epsilon, double weightDecay, int64_t step,
            double gradScale) {
-  const float b1 = static_cast<float>(beta1);
-  const float b2 = static_cast<float>(beta2);
-  const float a1 = static_cast<float>(1 - beta1);
-  const float a2 = static_cast<float>(1 - beta2);
-  const float k = static_cast<float>(lr / (1 - std::pow(beta1, static_cast<double>(step))));
-  const float s2 = static_cast<float>(1 / std::sqrt(1 - std::pow(beta2, static_cast<double>(step))));
-  const float decay = static_cast<float>(1 - lr * weightDecay);
-  const float eps = static_cast<float>(epsilon);
-  const float scale = static_cast<float>(gradScale);
+  const AdamWConstants c = adamwConstants(lr, beta1, beta2, epsilon, step, gradScale);
+  const float decay = adamwDecay(lr, weightDecay);
 #pragma omp parallel for simd schedule(static) if (n >= kParallelUpdate)
-  for (int64_t i = 0; i < n; i++) {
-    const float gi = g[i] * scale;
-    const float mi = b1 * m[i] + a1 * gi;
-    const float vi = b2 * v[i] + a2 * gi * gi;
-    mOut[i] = mi;
-    vOut[i] = vi;
-    pOut[i] = p[i] * decay - (k * mi) / (std::sqrt(vi) * s2 + eps);
+  for (int64_t i = 0; i < n; i++) adamwElement(c, decay, p, g, m, v, pOut, mOut, vOut, i);
+}
+
+void adamwMulti(const std::vector<AdamWTensor>& tensors, int64_t decayed, double lr, double beta1, double beta2, double epsilon,
+                double weightDecay, int64_t step, double gradScale) {
+  const AdamWConstants c = adamwConstants(lr, beta1, beta2, epsilon, step, gradScale);
+  const float decays[2] = {adamwDecay(lr, 0), adamwDecay(lr, weightDecay)};
+  const std::vector<int64_t> start = startsOf(tensors, [](const AdamWTensor& t) { return t.n; });
+#pragma omp parallel if (start.back() >= kParallelUpdate)
+  {
+    forMyPieces(start, [&](size_t j, int64_t from, int64_t to) {
+      adamwSpan(c, decays[static_cast<int64_t>(j) < decayed ? 1 : 0], tensors[j], from, to);
+    });
+    streamFence();
+  }
+}
+
+void sumSquaresMulti(const std::vector<const float*>& xs, const std::vector<int64_t>& sizes, float* out) {
+  const std::vector<int64_t> start = startsOf(sizes, [](int64_t n) { return n; });
+  // each team member's sums of its pieces, added in member order below
+  std::vector<std::vector<double>> parts(static_cast<size_t>(std::max(1, threads())));
+#pragma omp parallel if (start.back() >= kParallelUpdate)
+  {
+    std::vector<double>& part = parts[static_cast<size_t>(myMember())];
+    part.assign(xs.size(), 0.0);
+    forMyPieces(start, [&](size_t j, int64_t from, int64_t to) {
+      const float* x = xs[j];
+      double s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = from; i < to; i++) s += x[i] * x[i];  // each square in float32, as Square then Sum
+      part[j] = s;
+    });
+  }
+  for (size_t j = 0; j < xs.size(); j++) {
+    double s = 0;
+    for (const std::vector<double>& part : parts) s += part.empty() ? 0.0 : part[j];
+    out[j] = static_cast<float>(s);
   }
 }
 

@@ -76,6 +76,68 @@ Napi::Value AdamW(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// The Float32Arrays of the JS array info[i], each checked ("what" names them in errors)
+std::vector<float*> F32List(const Napi::CallbackInfo& info, size_t i, const char* what, std::vector<size_t>* lengths) {
+  if (!info[i].IsArray()) throw Napi::TypeError::New(info.Env(), std::string(what) + " must be an array of Float32Arrays");
+  Napi::Array arr = info[i].As<Napi::Array>();
+  std::vector<float*> out(arr.Length());
+  if (lengths) lengths->resize(arr.Length());
+  for (uint32_t j = 0; j < arr.Length(); j++) {
+    Napi::Value v = arr.Get(j);
+    if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_float32_array)
+      throw Napi::TypeError::New(info.Env(), std::string(what) + " must be an array of Float32Arrays");
+    out[j] = v.As<Napi::Float32Array>().Data();
+    if (lengths) (*lengths)[j] = v.As<Napi::TypedArray>().ElementLength();
+  }
+  return out;
+}
+
+// adamwMulti([p], [g], [m], [v], [pOut], [mOut], [vOut], lr, beta1, beta2, epsilon, weightDecay,
+// decayed, step, gradScale): adamw over each quadruple into its outputs (which may be the inputs)
+Napi::Value AdamWMulti(const Napi::CallbackInfo& info) {
+  if (info.Length() != 15 && info.Length() != 16) throw Napi::TypeError::New(info.Env(), "adamwMulti takes 15 or 16 arguments");
+  static const char* names[7] = {"p", "g", "m", "v", "pOut", "mOut", "vOut"};
+  std::vector<size_t> n, len;
+  std::vector<std::vector<float*>> a(7);
+  for (size_t k = 0; k < 7; k++) {
+    a[k] = F32List(info, k, names[k], k == 0 ? &n : &len);
+    if (a[k].size() != a[0].size() || (k > 0 && len != n))
+      throw Napi::RangeError::New(info.Env(), std::string("adamwMulti: ") + names[k] +
+                                                  " must have as many arrays as p, each of its parameter's length");
+  }
+  std::vector<AdamWTensor> tensors(n.size());
+  for (size_t j = 0; j < n.size(); j++)
+    tensors[j] = {a[0][j], a[1][j], a[2][j], a[3][j], a[4][j], a[5][j], a[6][j], static_cast<int64_t>(n[j])};
+  if (info.Length() == 16 && !info[15].IsUndefined()) {
+    // pBf16: an array of Uint16Array (each of its parameter's length) or null, one per parameter
+    if (!info[15].IsArray() || info[15].As<Napi::Array>().Length() != n.size())
+      throw Napi::TypeError::New(info.Env(), "adamwMulti: pBf16 must be an array with one Uint16Array or null per parameter");
+    Napi::Array list = info[15].As<Napi::Array>();
+    for (uint32_t j = 0; j < list.Length(); j++) {
+      Napi::Value v = list.Get(j);
+      if (v.IsNull() || v.IsUndefined()) continue;
+      if (!v.IsTypedArray() || v.As<Napi::TypedArray>().TypedArrayType() != napi_uint16_array ||
+          v.As<Napi::TypedArray>().ElementLength() != n[j])
+        throw Napi::TypeError::New(info.Env(), "adamwMulti: pBf16 must be an array with one Uint16Array or null per parameter");
+      tensors[j].pBf16 = v.As<Napi::Uint16Array>().Data();
+    }
+  }
+  adamwMulti(tensors, I64(info, 12), F64(info, 7), F64(info, 8), F64(info, 9), F64(info, 10), F64(info, 11), I64(info, 13),
+             F64(info, 14));
+  return info.Env().Undefined();
+}
+
+// sumSquaresMulti([x], out): out[j] = sum of x[j]'s squares (out: Float32Array of x's count)
+Napi::Value SumSquaresMulti(const Napi::CallbackInfo& info) {
+  if (info.Length() != 2) throw Napi::TypeError::New(info.Env(), "sumSquaresMulti takes 2 arguments");
+  std::vector<size_t> len;
+  const std::vector<float*> xs = F32List(info, 0, "x", &len);
+  float* out = F32(info, 1, "out");
+  if (Len(info, 1) != xs.size()) throw Napi::RangeError::New(info.Env(), "sumSquaresMulti: out must have one element per array");
+  sumSquaresMulti(std::vector<const float*>(xs.begin(), xs.end()), std::vector<int64_t>(len.begin(), len.end()), out);
+  return info.Env().Undefined();
+}
+
 // sgd(p, g, velocity | null, lr, momentum, weightDecay, gradScale[, pOut, velocityOut | null]):
 // in place, or into the output arrays when given.
 Napi::Value Sgd(const Napi::CallbackInfo& info) {
@@ -519,6 +581,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("matmul", Napi::Function::New(env, MatMul));
   exports.Set("adamw", Napi::Function::New(env, AdamW));
   exports.Set("sgd", Napi::Function::New(env, Sgd));
+  exports.Set("adamwMulti", Napi::Function::New(env, AdamWMulti));
+  exports.Set("sumSquaresMulti", Napi::Function::New(env, SumSquaresMulti));
   exports.Set("binary", Napi::Function::New(env, Binary));
   exports.Set("unary", Napi::Function::New(env, Unary));
   exports.Set("reduce", Napi::Function::New(env, Reduce));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -449,26 +450,35 @@ constexpr int64_t kRowBlock = 128;
 template <typename X>
 void sumColumnsByBlocks(bool mean, const X* x, float* out, int64_t outer, int64_t inner) {
   const int64_t blocks = (outer + kRowBlock - 1) / kRowBlock;
-  std::vector<double> part(static_cast<size_t>(blocks * inner));
+  // not zeroed here: each block's partial row starts as its first row, on the thread that sums it
+  std::unique_ptr<double[]> part(new double[static_cast<size_t>(blocks * inner)]);
 #pragma omp parallel
   {
     std::vector<float> buf(kFloat<X> ? 0 : inner);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
-      double* acc = part.data() + blk * inner;
-      for (int64_t i = blk * kRowBlock; i < std::min(outer, (blk + 1) * kRowBlock); i++) {
-        const float* row = load(x + i * inner, inner, buf.data());
+      double* acc = part.get() + blk * inner;
+      const int64_t first = blk * kRowBlock, end = std::min(outer, (blk + 1) * kRowBlock);
+      const float* row = load(x + first * inner, inner, buf.data());
+#pragma omp simd
+      for (int64_t c = 0; c < inner; c++) acc[c] = 0.0 + row[c];
+      for (int64_t i = first + 1; i < end; i++) {
+        row = load(x + i * inner, inner, buf.data());
 #pragma omp simd
         for (int64_t c = 0; c < inner; c++) acc[c] += row[c];
       }
     }
-  }
-  for (int64_t blk = 1; blk < blocks; blk++) {
-    const double* p = part.data() + blk * inner;
+    // the partials added in block order, columns split over the team (after the loop's barrier):
+    // the same sums at any team size, and no serial pass
+    const auto [c0, c1] = myColumns(inner);
+    double* sum = part.get();  // block 0's row, this thread's columns
+    for (int64_t blk = 1; blk < blocks; blk++) {
+      const double* p = part.get() + blk * inner;
 #pragma omp simd
-    for (int64_t c = 0; c < inner; c++) part[c] += p[c];
+      for (int64_t c = c0; c < c1; c++) sum[c] += p[c];
+    }
+    for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(mean ? sum[c] / static_cast<double>(outer) : sum[c]);
   }
-  for (int64_t c = 0; c < inner; c++) out[c] = static_cast<float>(mean ? part[c] / static_cast<double>(outer) : part[c]);
 }
 
 template <typename X>

@@ -6,8 +6,33 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace layerwise {
+
+// dst[0, n) = src[0, n), the whole 64-byte lines of dst written with non-temporal (streaming)
+// stores, which skip reading each line before writing it (the read-for-ownership): for a kernel
+// output that no kernel reads before it has left the caches anyway (AdamW's new p, m, v, layer
+// norm's xhat for the backward), one pass of memory traffic less. The partial lines at either end
+// are stored normally. Streaming stores are weakly ordered: the writing thread calls
+// streamFence() before its output is read by another thread (before the end of its parallel
+// region). A plain copy where the compiler does not target AVX-512.
+inline void streamCopy(float* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 63) != 0; i++) dst[i] = src[i];
+  for (; i + 16 <= n; i += 16) _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+#endif
+  for (; i < n; i++) dst[i] = src[i];
+}
+// Orders this thread's streaming stores before its later stores (sfence).
+inline void streamFence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
+}
 
 // Batched row-major matrix product C[i] = op(A[i]) op(B[i]) for i < batch, on oneDNN's sgemm.
 // A[i] starts at a + i * aStride (aStride 0: broadcast one matrix), likewise B; C is dense
@@ -23,6 +48,24 @@ int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStr
 void adamw(const float* p, const float* g, const float* m, const float* v, float* pOut, float* mOut, float* vOut,
            int64_t n, double lr, double beta1, double beta2, double epsilon, double weightDecay, int64_t step,
            double gradScale);
+
+// One parameter of adamwMulti: its n values p, gradient g, moments m and v, and where the new
+// p, m, v go (may be p, m, v themselves).
+struct AdamWTensor {
+  const float *p, *g, *m, *v;
+  float *pOut, *mOut, *vOut;
+  int64_t n;
+  uint16_t* pBf16 = nullptr;  // where given: the new p's bf16 rounding (as toBf16 of pOut), n elements
+};
+// adamw() over every tensor of `tensors` in one OpenMP region, the elements of all of them laid
+// end to end and split evenly over the team (a stage's 54 parameters of ~0.1 ms each were one
+// region each, too short to split); the first `decayed` tensors get weightDecay, the rest none.
+// The same bits as adamw() on each tensor.
+void adamwMulti(const std::vector<AdamWTensor>& tensors, int64_t decayed, double lr, double beta1, double beta2, double epsilon,
+                double weightDecay, int64_t step, double gradScale);
+// out[j] = sum of xs[j][i]^2 over i < sizes[j] (each square in float32, summed in double, rounded
+// to float32: as the Square then Sum kernels), in one OpenMP region over all elements end to end.
+void sumSquaresMulti(const std::vector<const float*>& xs, const std::vector<int64_t>& sizes, float* out);
 
 // SGD on n parameters: v = mu v + (g * gradScale + wd p); p = p - lr v (velocity null: plain SGD,
 // p = p - lr (g * gradScale + wd p)). New values to pOut and velOut (may alias p and velocity).

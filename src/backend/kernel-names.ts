@@ -47,18 +47,23 @@ export const ADAMW_KERNEL = 'LayerwiseAdamW';
 export const SGD_KERNEL = 'LayerwiseSgd';
 /**
  * AdamW over many parameters at once (optim/optimizer.ts DeviceOptimizer, where the backend
- * registers it: webgpu, backend/webgpu-multi.ts): inputs [p_0..p_n-1, g_0..g_n-1, m, v]
- * (float32; g_i of p_i's shape; m and v the first and second moments of all n parameters as
- * two flat tensors, p_0's elements first, then p_1's...), attrs {lr, beta1, beta2, epsilon,
- * weightDecay, decayed (the first `decayed` parameters get weightDecay, the rest none), step
- * (1-based), scale}; outputs [p'_0..p'_n-1, m', v'], each as ADAMW_KERNEL's. The optimizer
- * passes the parameters in {@link multiOrder}.
+ * registers it: webgpu, backend/webgpu-multi.ts; native, backend/native.ts): inputs
+ * [p_0..p_n-1, g_0..g_n-1, m, v] (float32; g_i of p_i's shape; m and v the first and second
+ * moments of all n parameters as two flat tensors, p_0's elements first, then p_1's...), attrs
+ * {lr, beta1, beta2, epsilon, weightDecay, decayed (the first `decayed` parameters get
+ * weightDecay, the rest none), step (1-based), scale}; outputs [p'_0..p'_n-1, m', v'], each as
+ * ADAMW_KERNEL's. The optimizer passes the parameters in {@link multiOrder}. A backend may
+ * register it with `elementsPerCall` (a number, on the kernel config): the optimizer then
+ * updates at most that many parameter elements a call, each call with its own flat moments and
+ * its outputs assigned before the next (native: 2^20, so that a call's outputs reuse the buffers
+ * the previous call freed, still in the caches).
  */
 export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
 /**
  * Sum of squares of each of many tensors (the gradient norm's per-parameter terms,
  * pipeline/stage-params.ts GradAccumulator.sumSquares): inputs [x_0..x_n-1] (float32, any
- * shapes); output [n] float32, sum(x_i^2) each, summed in float32.
+ * shapes); output [n] float32, sum(x_i^2) each, summed in float32 (native: each square in
+ * float32, summed in double, as its Square then Sum kernels).
  */
 export const SUM_SQUARES_KERNEL = 'LayerwiseSumSquares';
 

@@ -10,12 +10,18 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 
-/** Sum `grad` over the axes along which `shape` was broadcast, and give it `shape`. */
+/**
+ * Sum `grad` over the axes along which `shape` was broadcast, and give it `shape` (no reshape
+ * where the sum without the reduced axes has it already: a bias's [N] from dy [1, M, N]).
+ */
 function unbroadcast(grad: tf.Tensor, shape: number[]): tf.Tensor {
   if (tf.util.arraysEqual(grad.shape, shape)) return grad;
   const axes = tf.backend_util.getReductionAxes(shape, grad.shape);
-  const summed = axes.length > 0 ? tf.sum(grad, axes, true) : grad;
-  return tf.reshape(summed, shape);
+  if (axes.length === 0) return tf.reshape(grad, shape);
+  const summed = tf.sum(grad, axes);
+  return tf.util.arraysEqual(summed.shape, shape)
+    ? summed
+    : tf.reshape(summed, shape);
 }
 
 const batchSize = (t: tf.Tensor): number =>
@@ -41,9 +47,11 @@ function gradFunc(
       }),
     b: () =>
       tf.tidy(() => {
+        // a batch of one (dense's [1, N, Din]) needs no folding: one product as it is
         if (
           !tA &&
           batchSize(b) === 1 &&
+          batchSize(a) > 1 &&
           batchSize(a) === batchSize(dC) &&
           a.rank > 2
         ) {

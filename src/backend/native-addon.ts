@@ -75,6 +75,37 @@ export interface NativeAddon {
     mOut?: Float32Array,
     vOut?: Float32Array,
   ): void;
+  /**
+   * AdamW over many parameters in one OpenMP region (native/src/kernels.h adamwMulti): p[j],
+   * g[j], m[j], v[j] and the outputs pOut[j], mOut[j], vOut[j] (which may be the inputs) all of
+   * p[j]'s length; the first `decayed` parameters get `weightDecay`, the rest none; step is
+   * 1-based. The same values as {@link adamw} on each. `pBf16[j]`, where given (p[j]'s length),
+   * gets the bf16 rounding of the new p[j] (as toBf16 of pOut[j]). TypeError / RangeError on
+   * arrays that are not Float32Arrays (Uint16Arrays) or whose counts or lengths differ.
+   */
+  adamwMulti(
+    p: Float32Array[],
+    g: Float32Array[],
+    m: Float32Array[],
+    v: Float32Array[],
+    pOut: Float32Array[],
+    mOut: Float32Array[],
+    vOut: Float32Array[],
+    lr: number,
+    beta1: number,
+    beta2: number,
+    epsilon: number,
+    weightDecay: number,
+    decayed: number,
+    step: number,
+    gradScale: number,
+    pBf16?: Array<Uint16Array | null>,
+  ): void;
+  /**
+   * out[j] = sum of x[j]'s squares (each square in float32, summed in double, rounded to
+   * float32), in one OpenMP region over all of them; out has x.length elements (RangeError otherwise).
+   */
+  sumSquaresMulti(x: Float32Array[], out: Float32Array): void;
   /** SGD (with momentum when `velocity` is given) over p: in place, or into pOut and velocityOut when given. */
   sgd(
     p: Float32Array,

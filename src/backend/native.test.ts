@@ -626,6 +626,124 @@ test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
   );
 });
 
+test('native AdamW over many parameters in one call (adamwMulti) equals adamw on each bit for bit at 1 and 2 threads, its bf16 copies of the new p toBf16 of them; sumSquaresMulti equals Square then Sum', {
+  skip,
+}, async () => {
+  const lib = nativeAddon()!;
+  // pieces that straddle the threads' even split, sizes below and above the vector width
+  const sizes = [70, 40_001, 1, 30_001, 5, 65_536, 17];
+  const decayed = 3;
+  const before = lib.threads();
+  try {
+    for (const threads of [1, 2]) {
+      lib.setThreads(threads);
+      for (const step of [1, 5]) {
+        const ins = sizes.map((n, j) => [
+          randomArray(n, 10 * j + 1),
+          randomArray(n, 10 * j + 2),
+          randomArray(n, 10 * j + 3),
+          randomArray(n, 10 * j + 4).map(Math.abs),
+        ]);
+        const hyper = [1e-2, 0.9, 0.95, 1e-8] as const;
+        const expected = ins.map(([p, g, m, v], j) => {
+          const out = [p!.slice(), m!.slice(), v!.slice()];
+          lib.adamw(
+            p!,
+            g!,
+            m!,
+            v!,
+            ...hyper,
+            j < decayed ? 0.1 : 0,
+            step,
+            0.5,
+            out[0],
+            out[1],
+            out[2],
+          );
+          return out;
+        });
+        const outs = [0, 1, 2].map(() => sizes.map((n) => new Float32Array(n)));
+        const col = (k: number) => ins.map((q) => q[k]!);
+        // the new p's bf16 rounding for every other parameter
+        const bf16s = sizes.map((n, j) =>
+          j % 2 === 0 ? new Uint16Array(n) : null,
+        );
+        lib.adamwMulti(
+          col(0),
+          col(1),
+          col(2),
+          col(3),
+          outs[0]!,
+          outs[1]!,
+          outs[2]!,
+          ...hyper,
+          0.1,
+          decayed,
+          step,
+          0.5,
+          bf16s,
+        );
+        bf16s.forEach((bf, j) => {
+          if (bf === null) return;
+          const want = new Uint16Array(bf.length);
+          lib.toBf16(expected[j]![0]!, want);
+          assert.deepEqual(bf, want, `${threads} threads: bf16 copy of p ${j}`);
+        });
+        sizes.forEach((_, j) =>
+          ['p', 'm', 'v'].forEach((what, k) =>
+            assert.deepEqual(
+              outs[k]![j],
+              expected[j]![k],
+              `${threads} threads, step ${step}: ${what} of parameter ${j}`,
+            ),
+          ),
+        );
+      }
+      const xs = sizes.map((n, j) => randomArray(n, 100 + j));
+      const sums = new Float32Array(sizes.length);
+      lib.sumSquaresMulti(xs, sums);
+      await initBackend('native');
+      const composed = tf.tidy(() =>
+        xs.map((x) => tf.sum(tf.square(tf.tensor(x))).dataSync()[0]!),
+      );
+      composed.forEach((c, j) =>
+        assert.ok(
+          Math.abs(sums[j]! - c) <= 1e-7 * c,
+          `${threads} threads: sum of squares ${j}: ${sums[j]} vs ${c}`,
+        ),
+      );
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+  const one = [new Float32Array(4)];
+  assert.throws(
+    () =>
+      lib.adamwMulti(
+        one,
+        [new Float32Array(3)],
+        one,
+        one,
+        one,
+        one,
+        one,
+        0.1,
+        0.9,
+        0.99,
+        1e-8,
+        0,
+        0,
+        1,
+        1,
+      ),
+    /g must have as many arrays as p, each of its parameter's length/,
+  );
+  assert.throws(
+    () => lib.sumSquaresMulti(one, new Float32Array(2)),
+    /one element per array/,
+  );
+});
+
 test('native output buffers are reused across steps, never while a tensor view or a caller can still see them', {
   skip,
 }, async () => {
@@ -662,7 +780,7 @@ test('native output buffers are reused across steps, never while a tensor view o
   tf.dispose([a, other, part]);
 });
 
-test('the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6', {
+test('the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6 (AdamW in several calls of at most 2^20 elements, decayed parameters in two of them)', {
   skip,
 }, async () => {
   const configs: OptimizerConfig[] = [
@@ -676,6 +794,11 @@ test('the fused device AdamW and SGD updates on native equal the composed ones o
       const params = new Map([
         ['w', tf.variable(tf.tensor(randomArray(300 * 70, 1), [300, 70]))],
         ['b', tf.variable(tf.tensor(randomArray(70, 2)))],
+        // over 2^20 elements: native's AdamW runs [w], [w2], [b] as three calls
+        [
+          'w2',
+          tf.variable(tf.tensor(randomArray(1100 * 1000, 3), [1100, 1000])),
+        ],
       ]);
       const opt = new DeviceOptimizer(config);
       for (let s = 0; s < 3; s++) {

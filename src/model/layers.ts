@@ -46,31 +46,33 @@ function customGrad<A extends tf.Tensor[]>(
 
 /** y = x W + b over the last axis. x: [..., Din], w: [Din, Dout], b: [Dout] -> [..., Dout]. */
 export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
+  // fused: the backend adds the bias in the product's output (the native device in place)
+  if (b) return fusedDense(x, w, b);
   const din = x.shape[x.shape.length - 1];
   const lead = x.shape.slice(0, -1);
   const x2 =
     x.rank === 2
       ? (x as tf.Tensor2D)
       : (tf.reshape(x, [-1, din]) as tf.Tensor2D);
-  // fused: the backend adds the bias in the product's output (the native device in place)
-  const y: tf.Tensor = b
-    ? fusedDense(x2, w, b)
-    : tf.matMul(x2, w as tf.Tensor2D);
+  const y = tf.matMul(x2, w as tf.Tensor2D);
   return x.rank === 2 ? y : tf.reshape(y, [...lead, w.shape[1] as number]);
 }
 
 /**
- * x W + b as one `_FusedMatMul` kernel, x: [N, Din], w: [Din, Dout], b: [Dout] -> [N, Dout]. Not
- * `tf.fused.matMul`: that op wraps the kernel in a tf.customGrad, whose gradient computes dx, dW
- * and db at once; the kernel run directly takes the gradient registered for it
+ * x W + b as one `_FusedMatMul` kernel, x: [..., Din], w: [Din, Dout], b: [Dout] -> [...,
+ * Dout]. Not `tf.fused.matMul`: that op wraps the kernel in a tf.customGrad, whose gradient
+ * computes dx, dW and db at once; the kernel run directly takes the gradient registered for it
  * (backend/matmul-grad.ts), one lazy closure per input, so a zero-bubble schedule's split
  * backward (pipeline/split-backward.ts) computes dx in its input part and dW, db in its weight
- * part. Same kernels, same numbers.
+ * part. Same kernels, same numbers. x goes to the kernel's [1, N, Din] in one reshape and the
+ * product comes back in one (not through [N, Din] and [N, Dout]): each reshape in a recorded
+ * forward is three kernel runs (it, the clone the tape saves of its input, its gradient), which
+ * were most of a step's kernel runs.
  */
-function fusedDense(x2: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
-  const [n, din] = x2.shape as [number, number];
+function fusedDense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  const din = x.shape[x.shape.length - 1] as number;
   const dout = w.shape[1] as number;
-  const a3 = tf.reshape(x2, [1, n, din]);
+  const a3 = tf.reshape(x, [1, x.size / din, din]);
   const b3 = tf.reshape(w, [1, din, dout]);
   const y = tf
     .engine()
@@ -84,7 +86,7 @@ function fusedDense(x2: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
         leakyreluAlpha: 0.2,
       },
     ) as tf.Tensor;
-  return tf.reshape(y, [n, dout]);
+  return tf.reshape(y, [...x.shape.slice(0, -1), dout]);
 }
 
 /**

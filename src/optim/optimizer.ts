@@ -65,6 +65,31 @@ export function clipScale(sumSquares: number, maxNorm: number): number {
   return Math.min(1, maxNorm / (norm + 1e-6));
 }
 
+/** `n` clamped to [0, max]. */
+const clamp = (n: number, max: number): number => Math.max(0, Math.min(max, n));
+
+/**
+ * `ps` cut, in order, into runs of at most `perCall` elements (a longer parameter alone);
+ * one run where `perCall` is undefined.
+ */
+function splitByElements<T extends { readonly size: number }>(
+  ps: ReadonlyArray<readonly [string, T]>,
+  perCall: number | undefined,
+): Array<Array<readonly [string, T]>> {
+  if (perCall === undefined) return [[...ps]];
+  const parts: Array<Array<readonly [string, T]>> = [];
+  let size = Number.POSITIVE_INFINITY;
+  for (const e of ps) {
+    if (size + e[1].size > perCall) {
+      parts.push([]);
+      size = 0;
+    }
+    parts.at(-1)!.push(e);
+    size += e[1].size;
+  }
+  return parts;
+}
+
 /** Elements of a tensor of `shape`. */
 const sizeOfShape = (shape: readonly number[]): number =>
   shape.reduce((a, b) => a * b, 1);
@@ -99,7 +124,7 @@ export class DeviceOptimizer {
   private step = 0;
   private readonly slots = new Map<string, Record<string, tf.Variable>>();
   /** AdamW's moments of the multi-tensor kernel's parameters (none of them also in `slots`). */
-  private flat: FlatMoments | null = null;
+  private flat: FlatMoments[] = [];
   /** The parameters' names in the order of the last update's map (getState's order). */
   private order: string[] = [];
   constructor(readonly config: OptimizerConfig) {}
@@ -177,11 +202,13 @@ export class DeviceOptimizer {
   /**
    * AdamW over every parameter that has a gradient in one kernel call, where the backend
    * registers ADAMW_MULTI_KERNEL (webgpu: one dispatch for the stage instead of three a
-   * parameter), with the moments in {@link FlatMoments}. The parameters go in the gradients'
-   * order, in kernel-names.ts multiOrder (the decayed ones first: the kernel decays a prefix; and
-   * as the stage's sums of squares laid the gradients out). Returns false, having done nothing,
-   * where the kernel is missing, the optimizer is not AdamW, or the decayed parameters are not
-   * a prefix decayed at one rate.
+   * parameter; native: one OpenMP region over many instead of one a parameter), or in calls of
+   * at most the kernel's `elementsPerCall` elements (kernel-names.ts; native 2^20), each call
+   * with its own {@link FlatMoments} and its outputs assigned before the next. The parameters
+   * go in the gradients' order, in kernel-names.ts multiOrder (the decayed ones first: the kernel
+   * decays a prefix; and as the stage's sums of squares laid the gradients out). Returns false,
+   * having done nothing, where the kernel is missing, the optimizer is not AdamW, or the decayed
+   * parameters are not a prefix decayed at one rate.
    */
   private applyMulti(
     params: ReadonlyMap<string, tf.Variable>,
@@ -190,11 +217,13 @@ export class DeviceOptimizer {
     scale: number,
   ): boolean {
     const c = this.config;
-    if (
-      c.kind !== 'adamw' ||
-      tf.getKernel(ADAMW_MULTI_KERNEL, tf.getBackend()) === undefined
-    )
-      return false;
+    const kernel =
+      c.kind === 'adamw'
+        ? (tf.getKernel(ADAMW_MULTI_KERNEL, tf.getBackend()) as
+            | (tf.KernelConfig & { elementsPerCall?: number })
+            | undefined)
+        : undefined;
+    if (kernel === undefined) return false;
     const names = [...grads.keys()].filter((name) => params.has(name));
     const ps = multiOrder(names.map((n) => params.get(n)!.shape)).map(
       (i) => [names[i]!, params.get(names[i]!)!] as const,
@@ -205,50 +234,78 @@ export class DeviceOptimizer {
     const decayed = rates.filter((r) => r > 0).length;
     if (rates.some((r, i) => (i < decayed ? r !== c.weightDecay : r !== 0)))
       return false;
-    const flat = this.flatFor(ps);
-    const n = ps.length;
+    const parts = splitByElements(ps, kernel.elementsPerCall);
+    const flats = this.flatFor(parts);
+    let from = 0;
+    parts.forEach((part, j) => {
+      const attrs = { lr, scale, decayed: clamp(decayed - from, part.length) };
+      this.runMulti(part, grads, flats[j]!, attrs);
+      from += part.length;
+    });
+    return true;
+  }
+
+  /** One ADAMW_MULTI_KERNEL call over `part`, its outputs assigned to it and to `flat`. */
+  private runMulti(
+    part: ReadonlyArray<readonly [string, tf.Variable]>,
+    grads: ReadonlyMap<string, tf.Tensor>,
+    flat: FlatMoments,
+    attrs: { lr: number; scale: number; decayed: number },
+  ): void {
+    const c = this.config;
+    const n = part.length;
     tf.tidy(() => {
       const out = tf
         .engine()
         .runKernel(
           ADAMW_MULTI_KERNEL,
           [
-            ...ps.map(([, p]) => p),
-            ...ps.map(([name]) => grads.get(name)!),
+            ...part.map(([, p]) => p),
+            ...part.map(([name]) => grads.get(name)!),
             flat.m,
             flat.v,
           ] as unknown as tf.NamedTensorMap,
           {
-            lr,
+            ...attrs,
             beta1: c.beta1,
             beta2: c.beta2,
             epsilon: c.epsilon,
             weightDecay: c.weightDecay,
-            decayed,
             step: this.step,
-            scale,
           },
         ) as tf.Tensor[];
-      ps.forEach(([, p], i) => p.assign(out[i]!));
+      part.forEach(([, p], i) => p.assign(out[i]!));
       flat.m.assign(out[n]!);
       flat.v.assign(out[n + 1]!);
     });
-    return true;
   }
 
   /**
-   * The flat moments laid out for `ps` (name, parameter) in order: the current ones where the
-   * layout is the same (every step but the first, or where the parameters updated change), else
-   * new ones holding each parameter's moments from the old flat tensors or its slots (zeros for
-   * a parameter without any).
+   * The flat moments laid out for `parts` (each a list of (name, parameter), one kernel call's):
+   * the current ones where the layout is the same (every step but the first, or where the
+   * parameters updated change), else new ones holding each parameter's moments from its slots
+   * (zeros for a parameter without any), the old flat tensors first moved back to slots.
    */
   private flatFor(
+    parts: ReadonlyArray<ReadonlyArray<readonly [string, tf.Variable]>>,
+  ): FlatMoments[] {
+    const keys = parts.map((ps) => ps.map(([name]) => name).join('\n'));
+    if (
+      this.flat.length === keys.length &&
+      this.flat.every((f, j) => f.key === keys[j])
+    )
+      return this.flat;
+    this.unflatten();
+    this.flat = parts.map((ps, j) => this.flatten(ps, keys[j]!));
+    return this.flat;
+  }
+
+  /** One part's slots (or zeros) moved into two flat tensors, the slots freed. */
+  private flatten(
     ps: ReadonlyArray<readonly [string, tf.Variable]>,
+    key: string,
   ): FlatMoments {
     const names = ps.map(([name]) => name);
-    const key = names.join('\n');
-    if (this.flat?.key === key) return this.flat;
-    this.unflatten();
     const offsets: number[] = [];
     let total = 0;
     for (const [, p] of ps) {
@@ -276,28 +333,28 @@ export class DeviceOptimizer {
       this.slots.delete(name);
     }
     const shapes = ps.map(([, p]) => [...p.shape]);
-    this.flat = { key, names, shapes, offsets, m, v };
-    return this.flat;
+    return { key, names, shapes, offsets, m, v };
   }
 
   /** Moves the flat moments (if any) back into per-parameter slots. */
   private unflatten(): void {
-    const f = this.flat;
-    if (!f) return;
-    this.flat = null;
-    f.names.forEach((name, i) => {
-      const size = sizeOfShape(f.shapes[i]!);
-      const cut = (x: tf.Variable) =>
-        tf.tidy(() =>
-          tf.variable(
-            tf.reshape(tf.slice(x, f.offsets[i]!, size), f.shapes[i]!),
-            false,
-          ),
-        );
-      this.slots.set(name, { m: cut(f.m), v: cut(f.v) });
-    });
-    f.m.dispose();
-    f.v.dispose();
+    const flats = this.flat;
+    this.flat = [];
+    for (const f of flats) {
+      f.names.forEach((name, i) => {
+        const size = sizeOfShape(f.shapes[i]!);
+        const cut = (x: tf.Variable) =>
+          tf.tidy(() =>
+            tf.variable(
+              tf.reshape(tf.slice(x, f.offsets[i]!, size), f.shapes[i]!),
+              false,
+            ),
+          );
+        this.slots.set(name, { m: cut(f.m), v: cut(f.v) });
+      });
+      f.m.dispose();
+      f.v.dispose();
+    }
   }
 
   /** The same update through the backend's fused kernel (backend/kernel-names.ts ADAMW_KERNEL, SGD_KERNEL). */
@@ -358,8 +415,7 @@ export class DeviceOptimizer {
         rec[k] = ((await v.data()) as Float32Array).slice();
       found.set(name, rec);
     }
-    const f = this.flat;
-    if (f) {
+    for (const f of this.flat) {
       const [m, v] = (await Promise.all([f.m.data(), f.v.data()])) as [
         Float32Array,
         Float32Array,
@@ -413,8 +469,10 @@ export class DeviceOptimizer {
     for (const s of this.slots.values())
       for (const v of Object.values(s)) v.dispose();
     this.slots.clear();
-    this.flat?.m.dispose();
-    this.flat?.v.dispose();
-    this.flat = null;
+    for (const f of this.flat) {
+      f.m.dispose();
+      f.v.dispose();
+    }
+    this.flat = [];
   }
 }
