@@ -10,7 +10,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { DeviceOptimizer, defaultOptimizerConfig } from '../optim/optimizer.js';
-import { randomArray } from '../testing/backend-compare.js';
+import { randomArray, scaledDifference } from '../testing/backend-compare.js';
 import { gpuQueue } from './gpu-queue.js';
 import { initBackend } from './index.js';
 import {
@@ -39,22 +39,6 @@ const run = (name: string, inputs: tf.NamedTensorMap, attrs = {}) => {
   const out = tf.engine().runKernel(name, inputs, attrs);
   return Array.isArray(out) ? (out as tf.Tensor[]) : [out as tf.Tensor];
 };
-
-/**
- * The largest |got - want| relative to want's scale (max(1, max |want|)), NaN-safe, as
- * testing/backend-compare.ts scaledDifference but for arrays too long to spread into Math.max.
- */
-function scaledDifference(got: ArrayLike<number>, want: ArrayLike<number>) {
-  let scale = 1;
-  for (let j = 0; j < want.length; j++)
-    scale = Math.max(scale, Math.abs(want[j]!));
-  let worst = 0;
-  for (let j = 0; j < got.length; j++) {
-    const d = Math.abs(got[j]! - want[j]!) / scale;
-    if (!(d <= worst)) worst = d;
-  }
-  return { worst, scale };
-}
 
 let seed = 1;
 const rand = (shape: number[]) =>

@@ -12,7 +12,7 @@
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { randomArray } from '../testing/backend-compare.js';
+import { randomArray, scaledDifference } from '../testing/backend-compare.js';
 import { noShaderF16 } from '../testing/webgpu.js';
 import { initBackend } from './index.js';
 import { policyOf } from './precision.js';
@@ -108,19 +108,6 @@ async function results(c: Case) {
   }
 }
 
-/** The largest |got - want| over want's scale (max(1, max |want|)). */
-function scaledDifference(got: ArrayLike<number>, want: ArrayLike<number>) {
-  let scale = 1;
-  for (let j = 0; j < want.length; j++)
-    scale = Math.max(scale, Math.abs(want[j]!));
-  let worst = 0;
-  for (let j = 0; j < got.length; j++) {
-    const d = Math.abs(got[j]! - want[j]!) / scale;
-    if (!(d <= worst)) worst = d;
-  }
-  return worst;
-}
-
 /** Covered cases: each product (forward, dA, dB) is one program of ours. */
 const COVERED: Case[] = [
   { a: [5, 7], b: [7, 3] },
@@ -154,7 +141,7 @@ async function compare(c: Case, expectOurs?: number) {
   const gpu = await results(c);
   assert.deepEqual(gpu.shapes, cpu.shapes, `${name(c)}: shapes`);
   gpu.values.forEach((v, i) => {
-    const worst = scaledDifference(v, cpu.values[i]!);
+    const { worst } = scaledDifference(v, cpu.values[i]!);
     assert.ok(worst <= 1e-4, `${name(c)}: output ${i} differs by ${worst}`);
   });
   if (expectOurs !== undefined)
@@ -250,7 +237,7 @@ test('webgpu Sum over leading axes is one column-sum program of ours and equals 
     try {
       const got = sum();
       assert.deepEqual(got.shape, want.shape, `sum ${shape} over ${axis}`);
-      const worst = scaledDifference(await got.data(), wantValues);
+      const { worst } = scaledDifference(await got.data(), wantValues);
       assert.ok(worst <= 1e-5, `sum ${shape} over ${axis}: ${worst}`);
       assert.equal(n, ours, `sum ${shape} over ${axis}: programs of ours`);
     } finally {
@@ -290,7 +277,7 @@ test('webgpu products under an f16 policy equal the cpu product of f16-rounded o
         tf.tensor(await bias.data(), c.bias),
       )
       .data();
-    const worst = scaledDifference(gpu.values[0]!, want);
+    const { worst } = scaledDifference(gpu.values[0]!, want);
     assert.ok(worst <= 1e-5, `f16 product differs by ${worst}`);
     // and it is not the float32 product: the rounding happened
     const f32 = await tf
@@ -302,7 +289,7 @@ test('webgpu products under an f16 policy equal the cpu product of f16-rounded o
         tf.tensor(await bias.data(), c.bias),
       )
       .data();
-    assert.ok(scaledDifference(gpu.values[0]!, f32) > 1e-5);
+    assert.ok(scaledDifference(gpu.values[0]!, f32).worst > 1e-5);
   } finally {
     setProductOperands(policyOf('fp32').compute);
   }

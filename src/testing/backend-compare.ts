@@ -40,7 +40,10 @@ export function scaledDifference(
   got: ArrayLike<number>,
   want: ArrayLike<number>,
 ): { worst: number; scale: number } {
-  const scale = Math.max(1, ...Array.from(want, Math.abs));
+  // a loop, not Math.max(...want): arrays of millions overflow the call stack when spread
+  let scale = 1;
+  for (let j = 0; j < want.length; j++)
+    scale = Math.max(scale, Math.abs(want[j]!));
   let worst = 0;
   for (let j = 0; j < got.length; j++) {
     const d = Math.abs(got[j]! - want[j]!) / scale;

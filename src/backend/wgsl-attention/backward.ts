@@ -7,7 +7,7 @@
  * dqkv [B, T, 3D]: dq = dS k, dk = dS^T q, dv = P^T dctx, by rows in the same way.
  *
  * `f16` (`--precision f16` where the device has shader-f16): every product's operands are
- * rounded to f16 (`roundH`: dctx, v, dS, k, q, P; +-Infinity beyond f16's range, so that a
+ * rounded to f16 (`roundF16`: dctx, v, dS, k, q, P; +-Infinity beyond f16's range, so that a
  * loss-scaled gradient past it reaches the loss scaler as the composed form's f16 matmuls make
  * it do), the products formed exactly in f32 and summed in f32, the numerics of f16 products
  * with f32 accumulation. dS = scale P (dP - delta) itself stays f32: dP and delta are
@@ -29,7 +29,7 @@ export function scoreGradShader(dh: number, f16 = false): string {
       var g : array<f32, DH>;
       let gBase = (r.b * uniforms.nT + r.row) * D + r.h * DH;
       for (var d = 0; d < DH; d++) {
-        g[d] = ${f16 ? 'roundH(dy[gBase + d])' : 'dy[gBase + d]'};
+        g[d] = ${f16 ? 'roundF16(dy[gBase + d])' : 'dy[gBase + d]'};
       }
       let pBase = (r.bh * uniforms.nT + r.row) * uniforms.nT;
       var delta = 0.0;
@@ -86,7 +86,7 @@ export function qkvGradShader(dh: number, f16 = false): string {
         if (j < uniforms.nT) {
           val = dy[(r.b * uniforms.nT + j) * uniforms.nH * DH + r.h * DH + e % DH];
         }
-        tile[e] = ${f16 ? 'roundH(val)' : 'val'};
+        tile[e] = ${f16 ? 'roundF16(val)' : 'val'};
       }
     }
 
@@ -126,7 +126,7 @@ export function qkvGradShader(dh: number, f16 = false): string {
           hi = min(TK, r.row - j0 + 1);
         }
         for (var jj = lo; jj < hi; jj++) {
-          let w = ${f16 ? 'roundH(weight(r, part, j0 + jj))' : 'weight(r, part, j0 + jj)'};
+          let w = ${f16 ? 'roundF16(weight(r, part, j0 + jj))' : 'weight(r, part, j0 + jj)'};
           for (var d = 0; d < DH; d++) {
             acc[d] += w * tile[jj * DH + d];
           }

@@ -36,7 +36,7 @@ export const ROW_UNIFORMS =
  * bound read uniformly (so that barriers stay in uniform control flow), and `loadTile(j0, part)`,
  * which copies keys j0.. of q (part 0), k (1) or v (2) of this (batch, head) into `tile`.
  * `f16`: with wgsl/elementwise.ts's F16_FUNCTIONS, and the tile's values (always an operand of
- * a product) rounded to f16 (`roundH`).
+ * a product) rounded to f16 (`roundF16`).
  */
 export function rowHead(dh: number, f16 = false): string {
   const tk = keysPerBlock(dh);
@@ -71,7 +71,7 @@ export function rowHead(dh: number, f16 = false): string {
         if (j < uniforms.nT) {
           val = qkv[((r.b * uniforms.nT + j) * 3 + part) * D + r.h * DH + e % DH];
         }
-        tile[e] = ${f16 ? 'roundH(val)' : 'val'};
+        tile[e] = ${f16 ? 'roundF16(val)' : 'val'};
       }
     }
   `;
@@ -82,7 +82,7 @@ export function rowHead(dh: number, f16 = false): string {
  * key blocks: the first keeps the running max m and sum l of exp(s - m), the second writes
  * exp(s - m) / l, and zeros above the diagonal.
  *
- * `f16` (`--precision f16` where the device has shader-f16): q and k rounded to f16 (`roundH`,
+ * `f16` (`--precision f16` where the device has shader-f16): q and k rounded to f16 (`roundF16`,
  * +-Infinity beyond f16's range, as the composed form's f16 matmul operands), their products
  * formed exactly in f32 (a product of two f16 values fits f32's significand, as on tensor cores)
  * and summed in f32, then scaled in f32: the scores before the max is subtracted are not bounded
@@ -107,7 +107,7 @@ export function probsShader(dh: number, f16 = false): string {
       var q : array<f32, DH>;
       let qBase = (r.b * uniforms.nT + r.row) * 3 * D + r.h * DH;
       for (var d = 0; d < DH; d++) {
-        q[d] = ${f16 ? 'roundH(qkv[qBase + d])' : 'qkv[qBase + d] * uniforms.scale'};
+        q[d] = ${f16 ? 'roundF16(qkv[qBase + d])' : 'qkv[qBase + d] * uniforms.scale'};
       }
       var m = -3.402823e+38;
       var l = 0.0;
@@ -146,7 +146,7 @@ export function probsShader(dh: number, f16 = false): string {
 /**
  * ctx [B, T, D] (heads side by side) = P V over keys j <= t; inputs: probs, qkv. By rows, as
  * {@link probsShader}: each invocation keeps its row of ctx, the values held in workgroup
- * memory block by block. `f16`: p and v rounded to f16 (`roundH`), products exact in f32 and
+ * memory block by block. `f16`: p and v rounded to f16 (`roundF16`), products exact in f32 and
  * sums f32, as the composed form's f16 matmul.
  */
 export function contextShader(dh: number, f16 = false): string {
@@ -163,7 +163,7 @@ export function contextShader(dh: number, f16 = false): string {
         loadTile(r, j0, 2);
         workgroupBarrier();
         for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
-          let p = ${f16 ? 'roundH(probs[pBase + j0 + jj])' : 'probs[pBase + j0 + jj]'};
+          let p = ${f16 ? 'roundF16(probs[pBase + j0 + jj])' : 'probs[pBase + j0 + jj]'};
           for (var d = 0; d < DH; d++) {
             acc[d] += p * tile[jj * DH + d];
           }

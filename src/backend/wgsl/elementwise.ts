@@ -6,6 +6,7 @@
  * the results match the other backends' to rounding. Storage is float32 (f32); an f16 storage
  * type would change the prelude's array type, not these bodies' f32 arithmetic.
  */
+import { ROUND_F16_WGSL } from './matmul.js';
 
 const GELU_C1 = 2 * Math.sqrt(2 / Math.PI);
 const GELU_C2 = GELU_C1 * 0.044715;
@@ -59,9 +60,9 @@ export const SOFTMAX_PROBS_WGSL = perElement(`
  *   widened to f32. a is clamped to [-32, 0]: exp(a) underflows f16 (2^-25, half its smallest
  *   subnormal) below -17.4, so the lower clamp changes no f16 result, and the upper one keeps a
  *   rounding's positive residue from overflowing (exp overflows f16 past 11.1).
- * - `roundH(x)`: x rounded to the nearest f16 (ties to even) and held in f32 (the operand of an
- *   f16 product), exactly as backend/webgpu-f16.ts's RoundF16Program rounds the matmuls'
- *   operands: on the bits (a conversion pair f32(f16(x)) is folded into x by Mesa's compiler:
+ * - `roundF16(x)` (wgsl/matmul.ts ROUND_F16_WGSL, the products' own operand rounding): x
+ *   rounded to the nearest f16 (ties to even) and held in f32 (the operand of an f16 product):
+ *   on the bits (a conversion pair f32(f16(x)) is folded into x by Mesa's compiler:
  *   measured on lavapipe, the attention gradient's results equalled the f32 kernel's), f16's
  *   subnormals as multiples of 2^-24, beyond f16's range +-Infinity, so that the loss scaler
  *   sees the overflow; NaN stays NaN.
@@ -71,20 +72,7 @@ export const F16_FUNCTIONS = `
   fn expH(a : f32) -> f32 {
     return f32(exp(f16(clamp(a, -32.0, 0.0))));
   }
-  fn roundH(x : f32) -> f32 {
-    let bits = bitcast<u32>(x);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-      return x;
-    }
-    if (abs(x) < 6.103515625e-05) {
-      return round(x * 16777216.0) / 16777216.0;
-    }
-    let r = bitcast<f32>((bits + 0xfffu + ((bits >> 13u) & 1u)) & 0xffffe000u);
-    if (abs(r) > 65504.0) {
-      return sign(x) * uniforms.INFINITY;
-    }
-    return r;
-  }
+  ${ROUND_F16_WGSL}
 `;
 
 /**
