@@ -432,13 +432,14 @@ Napi::Value CausalAttentionGrad(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// softmaxCrossEntropy(logits, labels, probs, rows, classes) -> mean loss
+// softmaxCrossEntropy(logits: Float32Array | Uint16Array, labels, probs, rows, classes) -> mean loss
 Napi::Value SoftmaxCrossEntropy(const Napi::CallbackInfo& info) {
   const int64_t rows = I64(info, 3), classes = I64(info, 4);
   Need(info, 0, rows * classes, "logits");
   Need(info, 1, rows, "labels");
   Need(info, 2, rows * classes, "probs");
-  const double loss = softmaxCrossEntropy(F32(info, 0, "logits"), I32(info, 1, "labels"), F32(info, 2, "probs"), rows, classes);
+  const Bf16Operand logits = Operand(info, 0, "logits");
+  const double loss = softmaxCrossEntropy(logits, I32(info, 1, "labels"), F32(info, 2, "probs"), rows, classes);
   return Napi::Number::New(info.Env(), loss);
 }
 

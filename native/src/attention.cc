@@ -9,6 +9,7 @@
 #include "signals.h"
 #include <dnnl.h>
 #include <omp.h>
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -83,26 +84,66 @@ int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, flo
   return status;
 }
 
-double softmaxCrossEntropy(const float* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes) {
+namespace {
+
+// Logits widened at a time from bf16 (softmaxCrossEntropyOver): about 16 KiB of float32, in L1
+constexpr int64_t kWidenFloats = 4096;
+
+// Row r of logits as float32: in place for float32; for bf16 values, from the thread's buffer
+// `buf`, which holds rows [from, to) widened (exactly): rows r on are widened into it, a run of
+// them at a time, when r is not there. Each thread reads its rows in order (a static schedule).
+struct LogitsRows {
+  std::vector<float> buf;
+  int64_t from = 0, to = 0;
+};
+inline const float* logitsRow(const float* x, int64_t r, int64_t, int64_t classes, LogitsRows&) { return x + r * classes; }
+inline const float* logitsRow(const uint16_t* x, int64_t r, int64_t rows, int64_t classes, LogitsRows& w) {
+  if (r < w.from || r >= w.to) {
+    const int64_t run = std::max<int64_t>(1, kWidenFloats / std::max<int64_t>(classes, 1));
+    w.from = r;
+    w.to = std::min(rows, r + run);
+    w.buf.resize(static_cast<size_t>((w.to - w.from) * classes));
+    fromBf16Serial(x + w.from * classes, w.buf.data(), (w.to - w.from) * classes);
+  }
+  return w.buf.data() + (r - w.from) * classes;
+}
+
+template <typename X>
+double softmaxCrossEntropyOver(const X* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes) {
   double total = 0;
-#pragma omp parallel for schedule(static) reduction(+ : total) if (rows * classes > (1 << 15) && rows > 1)
-  for (int64_t r = 0; r < rows; r++) {
-    const float* x = logits + r * classes;
-    float* pr = probs + r * classes;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < classes; j++) m = std::max(m, x[j]);
-    double s = 0;
-    for (int64_t j = 0; j < classes; j++) {
-      pr[j] = std::exp(x[j] - m);
-      s += pr[j];
+#pragma omp parallel reduction(+ : total) if (rows * classes > (1 << 15) && rows > 1)
+  {
+    LogitsRows widened;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+      const float* x = logitsRow(logits, r, rows, classes, widened);
+      float* pr = probs + r * classes;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < classes; j++) m = std::max(m, x[j]);
+      double s = 0;
+      for (int64_t j = 0; j < classes; j++) {
+        pr[j] = std::exp(x[j] - m);
+        s += pr[j];
+      }
+      const float inv = static_cast<float>(1.0 / s);
+      for (int64_t j = 0; j < classes; j++) pr[j] *= inv;
+      const int32_t y = labels[r];
+      // -log softmax(x)[y] = logsumexp(x) - x[y]; a label outside [0, classes) has an all-zero one-hot: no loss
+      if (y >= 0 && y < classes) total += std::log(s) + m - x[y];
     }
-    const float inv = static_cast<float>(1.0 / s);
-    for (int64_t j = 0; j < classes; j++) pr[j] *= inv;
-    const int32_t y = labels[r];
-    // -log softmax(x)[y] = logsumexp(x) - x[y]; a label outside [0, classes) has an all-zero one-hot: no loss
-    if (y >= 0 && y < classes) total += std::log(s) + m - x[y];
   }
   return rows > 0 ? total / static_cast<double>(rows) : NAN;
+}
+
+}  // namespace
+
+double softmaxCrossEntropy(const float* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes) {
+  return softmaxCrossEntropyOver(logits, labels, probs, rows, classes);
+}
+
+double softmaxCrossEntropy(const Bf16Operand& logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes) {
+  return logits.f32 != nullptr ? softmaxCrossEntropyOver(logits.f32, labels, probs, rows, classes)
+                               : softmaxCrossEntropyOver(logits.bf16, labels, probs, rows, classes);
 }
 
 void softmaxCrossEntropyGrad(const float* probs, const int32_t* labels, float* dlogits, int64_t rows, int64_t classes, float dyOverRows) {

@@ -164,6 +164,8 @@ int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, flo
 // (a label outside [0, classes) contributes 0, as a one-hot of it is all zeros); writes the
 // softmax probabilities to probs. Its gradient: dlogits = (probs - onehot(labels)) * dyOverRows.
 double softmaxCrossEntropy(const float* logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes);
+// The same with logits float32 or bf16 values (a bf16 run's logits, read without a float32 copy; the same bits).
+double softmaxCrossEntropy(const Bf16Operand& logits, const int32_t* labels, float* probs, int64_t rows, int64_t classes);
 void softmaxCrossEntropyGrad(const float* probs, const int32_t* labels, float* dlogits, int64_t rows, int64_t classes, float dyOverRows);
 // Geometry of a 2-D convolution or pooling, NHWC (TF.js backend_util.computeConv2DInfo /
 // computePool2DInfo): x [batch, inHeight, inWidth, inChannels], filter [filterHeight, filterWidth,

@@ -315,9 +315,13 @@ export interface NativeAddon {
     dh: number,
     scale: number,
   ): void;
-  /** Mean softmax cross-entropy of logits [rows, classes] against labels [rows]; writes the probabilities [rows, classes]; returns the loss (nats). */
+  /**
+   * Mean softmax cross-entropy of logits [rows, classes] (float32, or bf16 values: widened a row
+   * at a time inside the parallel loop, the same bits as widening them first) against labels
+   * [rows]; writes the probabilities [rows, classes]; returns the loss (nats).
+   */
   softmaxCrossEntropy(
-    logits: Float32Array,
+    logits: Float32Array | Uint16Array,
     labels: Int32Array,
     probs: Float32Array,
     rows: number,

@@ -699,3 +699,38 @@ test('a recorded forward keeps its saved activations as bf16: half their bytes u
   assert.ok(kept >= 2 * h + 2 * h, `kept ${kept} B`);
   tf.dispose([...got, ...ref, x, w1, w2, dy]);
 });
+
+test('softmaxCrossEntropy reads bf16 logits as held: the loss and probabilities of their widened float32 values, bit for bit, at 1 and 2 threads', {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const [rows, classes] = [1001, 89]; // above the parallel threshold, rows not a multiple of the team
+  const bf = new Uint16Array(rows * classes);
+  lib.toBf16(
+    randomArray(rows * classes, 41).map((v) => v * 6),
+    bf,
+  );
+  const f32 = new Float32Array(bf.length);
+  lib.fromBf16(bf, f32);
+  // a label outside [0, classes) adds no loss
+  const labels = Int32Array.from({ length: rows }, (_, r) =>
+    r === 7 ? -1 : (r * 37) % classes,
+  );
+  const before = lib.threads();
+  try {
+    for (const team of [1, 2]) {
+      lib.setThreads(team);
+      const [want, got] = [
+        new Float32Array(f32.length),
+        new Float32Array(f32.length),
+      ];
+      const lossF32 = lib.softmaxCrossEntropy(f32, labels, want, rows, classes);
+      const lossBf = lib.softmaxCrossEntropy(bf, labels, got, rows, classes);
+      assert.ok(Number.isFinite(lossF32) && lossF32 > 0, `loss ${lossF32}`);
+      assert.equal(lossBf, lossF32, `loss at ${team} threads`);
+      assert.deepEqual(got, want, `probabilities at ${team} threads`);
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+});
