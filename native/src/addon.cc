@@ -578,7 +578,13 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
     return true;
   }();
   (void)tuned;
-  flushDenormals();  // per thread that loads the addon (each device)
+  // FTZ on each thread that loads the addon, but no OpenMP team: a thread that only asks the
+  // addon (the coordinator's main thread: bf16 support, names) must not own idle team threads,
+  // which libgomp counts as busy: with more managed threads than CPUs it throttles every team's
+  // spin-wait to a few hundred iterations, so the device's team slept and woke at each barrier
+  // (about 4,000 more context switches a second, a thread device's step 4% slower than a
+  // process device's on 2 cores). Teams start in setThreads (initBackend('native') calls it).
+  flushDenormalsHere();
   exports.Set("matmul", Napi::Function::New(env, MatMul));
   exports.Set("adamw", Napi::Function::New(env, AdamW));
   exports.Set("sgd", Napi::Function::New(env, Sgd));

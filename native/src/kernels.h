@@ -238,6 +238,8 @@ const char* bf16Conversion();
 
 // Flush denormal floats to zero (FTZ, DAZ) on this thread and its OpenMP team.
 void flushDenormals();
+// The same on this thread only: starts no OpenMP team.
+void flushDenormalsHere();
 
 // Threads of this thread's OpenMP team (each device worker thread has its own); flushes denormals.
 void setThreads(int n);

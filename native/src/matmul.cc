@@ -58,6 +58,8 @@ void flushDenormals() {
   }
 }
 
+void flushDenormalsHere() { _mm_setcsr(_mm_getcsr() | 0x8040); }
+
 void setThreads(int n) {
   omp_set_num_threads(n);
   flushDenormals();

@@ -165,7 +165,10 @@ export async function initBackend(
       registerNativeBackend(),
       `backend 'native' is unavailable: ${nativeUnavailable()}; use --backend wasm`,
     );
-    if (threads !== undefined) nativeAddon()!.setThreads(threads);
+    // always: setThreads starts this thread's OpenMP team with denormals flushed and signals
+    // blocked in its workers (native/src/matmul.cc), which loading the addon no longer does
+    const addon = nativeAddon()!;
+    addon.setThreads(threads ?? addon.threads());
   }
   let ok: boolean;
   try {

@@ -7,7 +7,10 @@
  */
 
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { dirname } from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 import {
   causalSelfAttention,
   gelu,
@@ -930,4 +933,32 @@ test('native products and convolutions survive signals: 1500 of each under the V
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+});
+
+test('loading the addon starts no OpenMP team; initBackend starts the thread its team needs (idle teams throttle libgomp spin-waits)', {
+  skip: skip || (process.platform !== 'linux' && 'reads /proc/self/task'),
+}, () => {
+  // a fresh process: this runner has loaded the addon already. Threads counted after the load
+  // and after initBackend('native', {threads: 2}), whose team of 2 is this thread and 1 worker;
+  // a team started at load (as the addon once did, machine-wide) would already hold it
+  const script = `
+    import { readdirSync } from 'node:fs';
+    const count = () => readdirSync('/proc/self/task').length;
+    const { nativeAddon } = await import('./native-addon.js');
+    nativeAddon();
+    const loaded = count();
+    const { initBackend } = await import('./index.js');
+    await initBackend('native', { threads: 2 });
+    console.log(JSON.stringify({ loaded, team: count() }));`;
+  const out = execFileSync(
+    process.execPath,
+    ['--input-type=module', '-e', script],
+    { cwd: dirname(fileURLToPath(import.meta.url)), encoding: 'utf8' },
+  );
+  const { loaded, team } = JSON.parse(out.trim().split('\n').at(-1)!);
+  assert.equal(
+    team - loaded,
+    1,
+    `threads after load ${loaded}, with the team ${team}`,
+  );
 });
