@@ -42,3 +42,26 @@ function silenceNodeBanner(): void {
   );
 }
 silenceNodeBanner();
+
+/**
+ * Replaces `backendName`'s stock kernel `kernelName` by `wrap(stock)`, where `stock` is the
+ * kernel function it replaces (for the cases the replacement leaves to it); the stock kernel's
+ * setup and dispose functions are kept. One mechanism for every override of a backend package's
+ * own kernel (the webgpu products, column sums, gather and f16 rounding; the wasm products and
+ * layout kernels). Once per thread and kernel: a second call would wrap the wrapper.
+ * @throws Error naming the kernel when the backend has none of that name (its package is not
+ *   loaded yet: initBackend loads it first).
+ */
+export function wrapStockKernel(
+  kernelName: string,
+  backendName: string,
+  wrap: (stock: tf.KernelFunc) => tf.KernelFunc,
+): void {
+  const stock = tf.getKernel(kernelName, backendName);
+  if (stock === undefined)
+    throw new Error(
+      `${backendName} has no stock ${kernelName} kernel to wrap: load its backend package first (initBackend('${backendName}'))`,
+    );
+  tf.unregisterKernel(kernelName, backendName);
+  tf.registerKernel({ ...stock, kernelFunc: wrap(stock.kernelFunc) });
+}

@@ -15,6 +15,7 @@
  * All copies go through Int32Array views, so they are bit-exact for float32 and int32.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { wrapStockKernel } from './tfjs.js';
 import { type Attrs, release, runWasm, type WasmBackend } from './wasm-util.js';
 
 type KernelArgs = {
@@ -403,10 +404,6 @@ export function registerWasmLayoutKernels(): void {
     ['Sum', sum],
   ];
   for (const [name, make] of wrapped) {
-    const stock = tf.getKernel(name, 'wasm');
-    if (stock === undefined)
-      throw new Error(`stock wasm kernel ${name} is missing`);
-    tf.unregisterKernel(name, 'wasm');
-    tf.registerKernel({ ...stock, kernelFunc: make(stock.kernelFunc) });
+    wrapStockKernel(name, 'wasm', make);
   }
 }

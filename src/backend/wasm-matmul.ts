@@ -16,6 +16,7 @@
  */
 import * as tf from '@tensorflow/tfjs-core';
 import { broadcastIndex } from './broadcast.js';
+import { wrapStockKernel } from './tfjs.js';
 import {
   type Attrs,
   makeView,
@@ -338,10 +339,6 @@ export function registerWasmMatMul(): void {
     ['BatchMatMul', batchMatMul],
     ['_FusedMatMul', fusedMatMul],
   ] as const) {
-    const stock = tf.getKernel(name, 'wasm');
-    if (stock === undefined)
-      throw new Error(`stock wasm kernel ${name} is missing`);
-    tf.unregisterKernel(name, 'wasm');
-    tf.registerKernel({ ...stock, kernelFunc: make(stock.kernelFunc) });
+    wrapStockKernel(name, 'wasm', make);
   }
 }

@@ -18,7 +18,7 @@ import {
   webgpu_util,
 } from '@tensorflow/tfjs-backend-webgpu';
 import type { PrecisionPolicy } from './precision.js';
-import { tf } from './tfjs.js';
+import { tf, wrapStockKernel } from './tfjs.js';
 import { useF16Arithmetic } from './webgpu-kernels.js';
 import { ownsWebGPUProducts, setProductOperands } from './webgpu-matmul.js';
 import { ROUND_F16_WGSL } from './wgsl/matmul.js';
@@ -89,32 +89,24 @@ export function registerF16Products(policy: PrecisionPolicy): void {
     setProductOperands(policy.compute);
     return;
   }
-  for (const name of PRODUCTS) {
-    const stock = tf.getKernel(name, 'webgpu');
-    if (!stock) throw new Error(`webgpu has no ${name} kernel to round`);
-    tf.unregisterKernel(name, 'webgpu');
-    tf.registerKernel({
-      kernelName: name,
-      backendName: 'webgpu',
-      kernelFunc: ({ inputs, backend, attrs }) => {
-        const b = backend as unknown as WebGPUBackendish;
-        const round = (t: tf.TensorInfo) =>
-          b.runWebGPUProgram(new RoundF16Program(t.shape), [t], 'float32');
-        const a16 = round(inputs.a as tf.TensorInfo);
-        const b16 = round(inputs.b as tf.TensorInfo);
-        try {
-          return stock.kernelFunc({
-            inputs: { ...inputs, a: a16, b: b16 },
-            backend,
-            attrs,
-          });
-        } finally {
-          b.disposeData(a16.dataId);
-          b.disposeData(b16.dataId);
-        }
-      },
+  for (const name of PRODUCTS)
+    wrapStockKernel(name, 'webgpu', (stock) => ({ inputs, backend, attrs }) => {
+      const b = backend as unknown as WebGPUBackendish;
+      const round = (t: tf.TensorInfo) =>
+        b.runWebGPUProgram(new RoundF16Program(t.shape), [t], 'float32');
+      const a16 = round(inputs.a as tf.TensorInfo);
+      const b16 = round(inputs.b as tf.TensorInfo);
+      try {
+        return stock({
+          inputs: { ...inputs, a: a16, b: b16 },
+          backend,
+          attrs,
+        });
+      } finally {
+        b.disposeData(a16.dataId);
+        b.disposeData(b16.dataId);
+      }
     });
-  }
 }
 
 /** Rounds `t` to f16 on this thread's webgpu backend (a new tensor; for tests). */

@@ -13,7 +13,7 @@
  * Every other case goes to TF.js's stock kernel. {@link registerWebGpuGather} registers them
  * (backend/index.ts, beside backend/webgpu-kernels.ts's).
  */
-import { tf } from './tfjs.js';
+import { type tf, wrapStockKernel } from './tfjs.js';
 import {
   bufferOf,
   constantUniforms,
@@ -172,24 +172,16 @@ let registered = false;
  */
 export function registerWebGpuGather(): void {
   if (registered) return;
-  for (const [kernelName, ours] of Object.entries(GATHER_KERNELS)) {
-    const stock = tf.getKernel(kernelName, 'webgpu');
-    if (!stock)
-      throw new Error(
-        `webgpu has no stock '${kernelName}' kernel to fall back on: load @tensorflow/tfjs-backend-webgpu first (initBackend('webgpu'))`,
-      );
-    const fallback = stock.kernelFunc as unknown as KernelFunc;
-    tf.unregisterKernel(kernelName, 'webgpu');
-    tf.registerKernel({
+  for (const [kernelName, ours] of Object.entries(GATHER_KERNELS))
+    wrapStockKernel(
       kernelName,
-      backendName: 'webgpu',
-      kernelFunc: (args) =>
+      'webgpu',
+      (stock) => (args) =>
         ours(
           args.inputs as Record<string, tf.TensorInfo>,
           (args.attrs ?? {}) as Record<string, unknown>,
           args.backend as unknown as GatherBackend,
-        ) ?? fallback(args as unknown as Parameters<KernelFunc>[0]),
-    });
-  }
+        ) ?? stock(args),
+    );
   registered = true;
 }

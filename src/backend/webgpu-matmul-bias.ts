@@ -10,7 +10,7 @@
  * Imports only types from `@tensorflow/tfjs-backend-webgpu`, so it loads before the backend.
  */
 import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
-import { tf } from './tfjs.js';
+import { tf, wrapStockKernel } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { COLUMN_SUM_WGSL, COLUMN_THREADS } from './wgsl/matmul.js';
 
@@ -69,35 +69,23 @@ export function columnSumPlan(
  * @throws Error when the stock Sum is missing (the webgpu package is not loaded).
  */
 export function registerWebGPUColumnSum(): void {
-  const stock = tf.getKernel('Sum', 'webgpu')?.kernelFunc;
-  if (!stock)
-    throw new Error(
-      'webgpu has no stock Sum kernel: load @tensorflow/tfjs-backend-webgpu first',
+  wrapStockKernel('Sum', 'webgpu', (stock) => (args) => {
+    const x = (args.inputs as { x: tf.TensorInfo }).x;
+    const attrs = args.attrs as {
+      axis: number | number[];
+      keepDims?: boolean;
+    };
+    const plan =
+      x.dtype === 'float32'
+        ? columnSumPlan(x.shape, attrs.axis, attrs.keepDims === true)
+        : undefined;
+    if (!plan) return stock(args);
+    const out = (args.backend as unknown as WebGPUBackendish).runWebGPUProgram(
+      new ColumnSumProgram(plan.cols),
+      [{ ...x, shape: [plan.rows * plan.cols] }],
+      'float32',
+      [{ type: 'int32', data: [plan.rows] }],
     );
-  tf.unregisterKernel('Sum', 'webgpu');
-  tf.registerKernel({
-    kernelName: 'Sum',
-    backendName: 'webgpu',
-    kernelFunc: (args) => {
-      const x = (args.inputs as { x: tf.TensorInfo }).x;
-      const attrs = args.attrs as {
-        axis: number | number[];
-        keepDims?: boolean;
-      };
-      const plan =
-        x.dtype === 'float32'
-          ? columnSumPlan(x.shape, attrs.axis, attrs.keepDims === true)
-          : undefined;
-      if (!plan) return stock(args);
-      const out = (
-        args.backend as unknown as WebGPUBackendish
-      ).runWebGPUProgram(
-        new ColumnSumProgram(plan.cols),
-        [{ ...x, shape: [plan.rows * plan.cols] }],
-        'float32',
-        [{ type: 'int32', data: [plan.rows] }],
-      );
-      return { dataId: out.dataId, shape: plan.outShape, dtype: out.dtype };
-    },
+    return { dataId: out.dataId, shape: plan.outShape, dtype: out.dtype };
   });
 }

@@ -28,7 +28,7 @@
  */
 import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
 import type { NumberFormat } from './precision.js';
-import { tf } from './tfjs.js';
+import { tf, wrapStockKernel } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
 import {
@@ -258,19 +258,8 @@ export function registerWebGPUMatMul(): void {
   for (const [name, impl] of [
     ['BatchMatMul', batchMatMul],
     ['_FusedMatMul', fusedMatMul],
-  ] as const) {
-    const stock = tf.getKernel(name, 'webgpu')?.kernelFunc;
-    if (!stock)
-      throw new Error(
-        `webgpu has no stock ${name} kernel: load @tensorflow/tfjs-backend-webgpu first`,
-      );
-    tf.unregisterKernel(name, 'webgpu');
-    tf.registerKernel({
-      kernelName: name,
-      backendName: 'webgpu',
-      kernelFunc: (args) => impl(args, stock),
-    });
-  }
+  ] as const)
+    wrapStockKernel(name, 'webgpu', (stock) => (args) => impl(args, stock));
   registerWebGPUColumnSum();
   registered = true;
 }
