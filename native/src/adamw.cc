@@ -69,25 +69,6 @@ void adamwSpan(const AdamWConstants& c, float decay, const AdamWTensor& t, int64
   }
 }
 
-// This thread's number in its team (0 outside a parallel region)
-int myMember() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
-
-// This thread's share [lo, hi) of `total` elements split evenly over its team (all outside a parallel region)
-std::pair<int64_t, int64_t> myShare(int64_t total) {
-  int team = 1;
-#ifdef _OPENMP
-  team = omp_get_num_threads();
-#endif
-  const int64_t t = myMember();
-  return {total * t / team, total * (t + 1) / team};
-}
-
 // Calls span(j, from, to) for every piece [from, to) of tensor j that falls in this thread's even
 // share of the elements of all tensors laid end to end (start: each tensor's first index, then the total)
 template <typename Span>

@@ -184,18 +184,6 @@ void unaryLoop(F f, const float* x, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i++) out[i] = f(x[i]);
 }
 
-// This thread's share [c0, c1) of `inner` columns, inside a parallel region (all of them outside one).
-std::pair<int64_t, int64_t> myColumns(int64_t inner) {
-  int t = 0, team = 1;
-#ifdef _OPENMP
-  t = omp_get_thread_num();
-  team = omp_get_num_threads();
-#endif
-  const int64_t chunk = (inner + team - 1) / team;
-  const int64_t c0 = std::min(inner, t * chunk);
-  return {c0, std::min(inner, c0 + chunk)};
-}
-
 }  // namespace
 
 int64_t product(const std::vector<int64_t>& shape) {
@@ -470,7 +458,7 @@ void sumColumnsByBlocks(bool mean, const X* x, float* out, int64_t outer, int64_
     }
     // the partials added in block order, columns split over the team (after the loop's barrier):
     // the same sums at any team size, and no serial pass
-    const auto [c0, c1] = myColumns(inner);
+    const auto [c0, c1] = myShare(inner);
     double* sum = part.get();  // block 0's row, this thread's columns
     for (int64_t blk = 1; blk < blocks; blk++) {
       const double* p = part.get() + blk * inner;
@@ -493,7 +481,7 @@ void reduceOuterOver(ReduceOp op, const X* x, float* out, int64_t outer, int64_t
   }
 #pragma omp parallel if (outer * inner > kParallel)
   {
-    const auto [c0, c1] = myColumns(inner);
+    const auto [c0, c1] = myShare(inner);
     if (c1 > c0) {
       const int64_t w = c1 - c0;
       std::vector<double> acc(w);
@@ -677,7 +665,7 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
   // columns are independent: each thread adds its share of every row, so no two threads write one element
 #pragma omp parallel if (n * inner > kParallel && inner >= 64)
   {
-    const auto [c0, c1] = myColumns(inner);
+    const auto [c0, c1] = myShare(inner);
     for (int64_t r = 0; r < n; r++) {
       const int32_t s = ids[r];
       if (s < 0 || s >= segments) continue;

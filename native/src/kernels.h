@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -27,6 +28,26 @@ inline void streamCopy(float* dst, const float* src, int64_t n) {
 #endif
   for (; i < n; i++) dst[i] = src[i];
 }
+// This thread's number in its OpenMP team (0 outside a parallel region).
+inline int myMember() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+// This thread's even share [lo, hi) of `total` items split over its team, inside a parallel
+// region (all of them outside one): contiguous, in member order, sizes differing by at most 1.
+inline std::pair<int64_t, int64_t> myShare(int64_t total) {
+  int team = 1;
+#ifdef _OPENMP
+  team = omp_get_num_threads();
+#endif
+  const int64_t t = myMember();
+  return {total * t / team, total * (t + 1) / team};
+}
+
 // Orders this thread's streaming stores before its later stores (sfence).
 inline void streamFence() {
 #if defined(__AVX512F__)
