@@ -59,6 +59,37 @@ export const SGD_KERNEL = 'LayerwiseSgd';
  * the previous call freed, still in the caches).
  */
 export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
+
+/**
+ * The parameter count n of ADAMW_MULTI_KERNEL's `inputs` (shapes only), checked against its
+ * layout: 2n + 2 tensors, each gradient of its parameter's size, m and v each of all n
+ * parameters' elements. Every backend's kernel checks its inputs with this.
+ * @throws Error naming the mismatch (the optimizer builds them; a caller of the kernel must too).
+ */
+export function adamwMultiCount(
+  inputs: ReadonlyArray<{ readonly shape: readonly number[] }>,
+): number {
+  const size = (i: number) => inputs[i]!.shape.reduce((a, b) => a * b, 1);
+  const n = (inputs.length - 2) / 2;
+  if (!Number.isInteger(n) || n < 0)
+    throw new Error(
+      `${ADAMW_MULTI_KERNEL} takes 2n + 2 tensors (n parameters, their n gradients, the flat m and v), got ${inputs.length}`,
+    );
+  let total = 0;
+  for (let i = 0; i < n; i++) {
+    if (size(i) !== size(n + i))
+      throw new Error(
+        `${ADAMW_MULTI_KERNEL}: parameter ${i} has ${size(i)} elements, its gradient ${size(n + i)}`,
+      );
+    total += size(i);
+  }
+  for (const [k, i] of [2 * n, 2 * n + 1].entries())
+    if (size(i) !== total)
+      throw new Error(
+        `${ADAMW_MULTI_KERNEL}: the flat ${k === 0 ? 'm' : 'v'} has ${size(i)} elements, the parameters ${total}: lay the moments out as the parameters, back to back`,
+      );
+  return n;
+}
 /**
  * Sum of squares of each of many tensors (the gradient norm's per-parameter terms,
  * pipeline/stage-params.ts GradAccumulator.sumSquares): inputs [x_0..x_n-1] (float32, any

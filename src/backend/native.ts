@@ -31,6 +31,7 @@ import { BufferPool } from './buffer-pool.js';
 import {
   ADAMW_KERNEL,
   ADAMW_MULTI_KERNEL,
+  adamwMultiCount,
   CAUSAL_ATTENTION_GRAD_KERNEL,
   CAUSAL_ATTENTION_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
@@ -1519,18 +1520,14 @@ function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
  * v] float32 (g_i of p_i's shape; m and v flat [total], p_0's elements first); outputs
  * [p'_0..p'_n-1, m', v'] from the pool, as {@link adamwKernel} on each (the same bits) in one
  * addon call, the flat moments handed to it as per-parameter views: one OpenMP region over all
- * of a stage's parameters instead of one per parameter. Throws where m or v is not [total].
+ * of a stage's parameters instead of one per parameter. Throws where the inputs are not so laid
+ * out (kernel-names.ts adamwMultiCount).
  */
 function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
   const inputs = Object.values(args.inputs) as tf.TensorInfo[];
   const a = args.attrs as Record<string, number>;
   const backend = args.backend as NativeBackend;
-  const n = (inputs.length - 2) / 2;
-  tf.util.assert(
-    Number.isInteger(n) && n > 0,
-    () =>
-      `${ADAMW_MULTI_KERNEL}: ${inputs.length} inputs, not n parameters, n gradients, m and v`,
-  );
+  const n = adamwMultiCount(inputs);
   const arrays = inputs.map((t) => values(backend, t));
   const ps = arrays.slice(0, n);
   // the flat moments seen per parameter (views, no copies), in and out
@@ -1539,11 +1536,6 @@ function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
     return ps.map((p) => flat.subarray(at, (at += p.length)));
   };
   const total = ps.reduce((sum, p) => sum + p.length, 0);
-  tf.util.assert(
-    arrays[2 * n]!.length === total && arrays[2 * n + 1]!.length === total,
-    () =>
-      `${ADAMW_MULTI_KERNEL}: m and v must hold the ${total} parameters' elements`,
-  );
   const [mOut, vOut] = [backend.alloc(total), backend.alloc(total)];
   const pOut = ps.map((p) => backend.alloc(p.length));
   // bf16 products: each new matrix's bf16 copy made in the same pass (products read matrices)

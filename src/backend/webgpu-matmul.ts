@@ -83,8 +83,6 @@ interface ProductPlan {
   outShape: number[];
 }
 
-const product = (s: readonly number[]): number => s.reduce((a, b) => a * b, 1);
-
 /**
  * How many batches an operand with batch axes `outer` holds when the output's are `out`, if
  * batch b of the output reads batch b mod that count of the operand (its batch shape, leading
@@ -98,7 +96,9 @@ export function suffixBatches(
   const own = first < 0 ? [] : outer.slice(first);
   if (own.length > out.length) return undefined;
   const tail = out.slice(out.length - own.length);
-  return own.every((d, i) => d === tail[i]) ? product(own) : undefined;
+  return own.every((d, i) => d === tail[i])
+    ? tf.util.sizeFromShape(own)
+    : undefined;
 }
 
 /** The plan of `op(a) op(b)`, or undefined where the stock kernel runs it (see the module's comment). */
@@ -125,7 +125,7 @@ export function planProduct(
   }
   const batchA = suffixBatches(outerA, outer);
   const batchB = suffixBatches(outerB, outer);
-  const batch = product(outer);
+  const batch = tf.util.sizeFromShape(outer);
   if (batchA === undefined || batchB === undefined) return undefined;
   if (m * n * batch === 0) return undefined;
   const grid = [Math.ceil(n / TILE_N), Math.ceil(m / TILE_M), batch];
@@ -177,7 +177,10 @@ function runProduct(
   alpha: number,
 ): tf.TensorInfo {
   const program = new MatMulProgram(variant, plan);
-  const flat = inputs.map((t) => ({ ...t, shape: [product(t.shape)] }));
+  const flat = inputs.map((t) => ({
+    ...t,
+    shape: [tf.util.sizeFromShape(t.shape)],
+  }));
   const ints = [plan.m, plan.n, plan.k, plan.batchA, plan.batchB];
   const out = (backend as WebGPUBackendish).runWebGPUProgram(
     program,

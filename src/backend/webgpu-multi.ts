@@ -26,7 +26,7 @@
  * and copies are counted by backend/gpu-queue.ts like TF.js's programs.
  */
 import { gpuQueue } from './gpu-queue.js';
-import { multiOrder } from './kernel-names.js';
+import { adamwMultiCount, multiOrder } from './kernel-names.js';
 import type { tf } from './tfjs.js';
 import {
   ADAMW_MULTI_WGSL,
@@ -452,32 +452,6 @@ function adamwUniforms(
 }
 
 /**
- * Checks AdamW multi's inputs: 2n tensors and two flat moments of the n parameters' elements.
- * @throws Error naming the mismatch (the optimizer builds them; a caller of the kernel must too).
- */
-function checkAdamWInputs(inputs: readonly tf.TensorInfo[]): number {
-  const n = (inputs.length - 2) / 2;
-  if (!Number.isInteger(n) || n < 0)
-    throw new Error(
-      `LayerwiseAdamWMulti takes 2n + 2 tensors (n parameters, their n gradients, the flat m and v), got ${inputs.length}`,
-    );
-  let total = 0;
-  for (let i = 0; i < n; i++) {
-    if (sizeOf(inputs[i]!) !== sizeOf(inputs[n + i]!))
-      throw new Error(
-        `LayerwiseAdamWMulti: parameter ${i} has ${sizeOf(inputs[i]!)} elements, its gradient ${sizeOf(inputs[n + i]!)}`,
-      );
-    total += sizeOf(inputs[i]!);
-  }
-  for (const [k, t] of [inputs[2 * n]!, inputs[2 * n + 1]!].entries())
-    if (sizeOf(t) !== total)
-      throw new Error(
-        `LayerwiseAdamWMulti: the flat ${k === 0 ? 'm' : 'v'} has ${sizeOf(t)} elements, the parameters ${total}: lay the moments out as the parameters, back to back`,
-      );
-  return n;
-}
-
-/**
  * LayerwiseAdamWMulti on webgpu: inputs are 2n + 2 float32 tensors [p_0..p_n-1, g_0..g_n-1, m,
  * v]: n parameters, their gradients (each of its parameter's shape), and the first and second
  * moments of all n as two flat tensors, parameter after parameter in the inputs' order; outputs
@@ -485,7 +459,7 @@ function checkAdamWInputs(inputs: readonly tf.TensorInfo[]): number {
  * parameters decayed). One dispatch per chunk of parameters whose elements fit one storage
  * binding; parameters and gradients go through the scratch buffers (copies skipped where they
  * are there already), the moments are bound directly.
- * @throws Error where the inputs are not laid out so (see checkAdamWInputs).
+ * @throws Error where the inputs are not laid out so (kernel-names.ts adamwMultiCount).
  */
 export function adamwMulti(
   inputs: readonly tf.TensorInfo[],
@@ -494,7 +468,7 @@ export function adamwMulti(
 ): tf.TensorInfo[] {
   const b = backend as RawBackend;
   const s = stateOf(b);
-  const n = checkAdamWInputs(inputs);
+  const n = adamwMultiCount(inputs);
   const sizes = inputs.slice(0, n).map(sizeOf);
   const [m, v] = [inputs[2 * n]!, inputs[2 * n + 1]!];
   const [mOut, mOutBuffer] = newOutput(b, m.shape);
@@ -579,7 +553,6 @@ function copyOut(
   return outs;
 }
 
-/** [rows, cols] of `t` over its last axis. */
 /** `t` as [rows, cols] over its last axis (0 rows where that axis is empty). */
 export const rowsOf = (t: tf.TensorInfo): [number, number] => {
   const cols = t.shape[t.shape.length - 1] ?? 1;

@@ -90,10 +90,6 @@ function splitByElements<T extends { readonly size: number }>(
   return parts;
 }
 
-/** Elements of a tensor of `shape`. */
-const sizeOfShape = (shape: readonly number[]): number =>
-  shape.reduce((a, b) => a * b, 1);
-
 /** Serialized optimizer state: step count and, per parameter, its slot arrays (m, v or velocity). */
 export interface OptimizerState {
   step: number;
@@ -116,8 +112,8 @@ interface FlatMoments {
 
 /**
  * A device-side optimizer over named parameters. Its slots live per parameter, except AdamW's
- * moments on a backend with ADAMW_MULTI_KERNEL (webgpu), which live in two flat tensors for all
- * the parameters one update touches ({@link FlatMoments}: the kernel binds them, no copies);
+ * moments on a backend with ADAMW_MULTI_KERNEL (webgpu, native), which live in two flat tensors
+ * for the parameters of each of its calls ({@link FlatMoments}: the kernel binds them, no copies);
  * {@link getState} and {@link setState} give and take per-parameter slots either way.
  */
 export class DeviceOptimizer {
@@ -342,7 +338,7 @@ export class DeviceOptimizer {
     this.flat = [];
     for (const f of flats) {
       f.names.forEach((name, i) => {
-        const size = sizeOfShape(f.shapes[i]!);
+        const size = tf.util.sizeFromShape(f.shapes[i]!);
         const cut = (x: tf.Variable) =>
           tf.tidy(() =>
             tf.variable(
@@ -421,7 +417,7 @@ export class DeviceOptimizer {
         Float32Array,
       ];
       f.names.forEach((name, i) => {
-        const end = f.offsets[i]! + sizeOfShape(f.shapes[i]!);
+        const end = f.offsets[i]! + tf.util.sizeFromShape(f.shapes[i]!);
         found.set(name, {
           m: m.slice(f.offsets[i]!, end),
           v: v.slice(f.offsets[i]!, end),
