@@ -25,6 +25,7 @@
  * second call must not overwrite them before the first's commands are submitted). Dispatches
  * and copies are counted by backend/gpu-queue.ts like TF.js's programs.
  */
+import { consecutiveRuns } from '../util/runs.js';
 import { gpuQueue } from './gpu-queue.js';
 import { adamwMultiCount, multiOrder } from './kernel-names.js';
 import type { tf } from './tfjs.js';
@@ -308,23 +309,13 @@ export function chunksOf(
   sizes: readonly number[],
   max: number,
 ): Array<[number, number]> {
-  const out: Array<[number, number]> = [];
-  let first = 0;
-  let total = 0;
   sizes.forEach((n, i) => {
     if (n > max)
       throw new Error(
         `tensor ${i} has ${n} elements, over one storage binding's ${max}; raise maxStorageBufferBindingSize or split the parameter`,
       );
-    if (total + n > max) {
-      out.push([first, i]);
-      first = i;
-      total = 0;
-    }
-    total += n;
   });
-  if (first < sizes.length) out.push([first, sizes.length]);
-  return out;
+  return consecutiveRuns(sizes, max);
 }
 
 /**

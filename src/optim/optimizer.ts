@@ -17,6 +17,7 @@ import {
   SGD_KERNEL,
 } from '../backend/kernel-names.js';
 import { LayerwiseError } from '../util/errors.js';
+import { consecutiveRuns } from '../util/runs.js';
 import { decayRate } from './weight-decay.js';
 
 export type OptimizerKind = 'sgd' | 'adamw';
@@ -77,17 +78,10 @@ function splitByElements<T extends { readonly size: number }>(
   perCall: number | undefined,
 ): Array<Array<readonly [string, T]>> {
   if (perCall === undefined) return [[...ps]];
-  const parts: Array<Array<readonly [string, T]>> = [];
-  let size = Number.POSITIVE_INFINITY;
-  for (const e of ps) {
-    if (size + e[1].size > perCall) {
-      parts.push([]);
-      size = 0;
-    }
-    parts.at(-1)!.push(e);
-    size += e[1].size;
-  }
-  return parts;
+  return consecutiveRuns(
+    ps.map((e) => e[1].size),
+    perCall,
+  ).map(([first, end]) => ps.slice(first, end));
 }
 
 /** Serialized optimizer state: step count and, per parameter, its slot arrays (m, v or velocity). */
