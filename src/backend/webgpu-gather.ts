@@ -35,12 +35,6 @@ import {
 /** The parts of the webgpu backend these kernels use beyond webgpu-multi.ts's. */
 type GatherBackend = RawBackend & { incRef(dataId: object): void };
 
-type KernelFunc = (args: {
-  inputs: Record<string, tf.TensorInfo>;
-  attrs: Record<string, unknown>;
-  backend: unknown;
-}) => tf.TensorInfo | tf.TensorInfo[];
-
 /** A kernel of ours: its result, or null to run TF.js's stock kernel. */
 type Ours = (
   inputs: Record<string, tf.TensorInfo>,
