@@ -427,6 +427,9 @@ class StageHost {
       submits: after.submits - before.submits,
       readbacks: after.readbacks - before.readbacks,
       copies: after.copies - before.copies,
+      ...(after.hostMs !== undefined && before.hostMs !== undefined
+        ? { hostMs: after.hostMs - before.hostMs }
+        : {}),
     };
     const busy = prev ? await prev.busySeconds : null;
     return busy === null || !prev

@@ -98,6 +98,16 @@ export interface Summary {
   readbacks_per_step?: number;
   /** webgpu: buffer-to-buffer copies recorded per training step, all devices together (uploads, reads' staging copies, the multi-tensor kernels'; as above). */
   copies_per_step?: number;
+  /**
+   * webgpu: the host's side of a training step, ms: CPU time of the devices' threads during the
+   * step (all devices together; mean over the counted steps): layerwise's and TF.js's JS, Dawn's
+   * encoding and submits on those threads, the event-loop turns that poll for finished GPU work;
+   * not the GPU's work and not the coordinator's thread. Linux only (/proc/thread-self/schedstat).
+   * Where it approaches the step's wall time, the host bounds the step, not the GPU.
+   */
+  host_ms_per_step?: number;
+  /** webgpu: host_ms_per_step over dispatches_per_step, in microseconds: the host's cost per compute dispatch, everything a step does on the host included. */
+  host_us_per_dispatch?: number;
   /** webgpu with timestamp queries: the GPUs' busy seconds over the devices' step seconds (0-1; each device's step reports its previous step's). */
   gpu_busy?: number;
   /**

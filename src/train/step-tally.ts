@@ -41,6 +41,8 @@ export type MeasuredFields = Pick<
   | 'submits_per_step'
   | 'readbacks_per_step'
   | 'copies_per_step'
+  | 'host_ms_per_step'
+  | 'host_us_per_dispatch'
   | 'gpu_busy'
 >;
 
@@ -63,6 +65,9 @@ export class StepTally {
     readbacks: 0,
     copies: 0,
     steps: 0,
+    /** The devices' thread CPU ms, summed, and how many steps gave it. */
+    hostMs: 0,
+    hostSteps: 0,
   };
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
   private readonly busy = { busySeconds: 0, stepSeconds: 0 };
@@ -112,6 +117,10 @@ export class StepTally {
         this.gpu.readbacks += r.gpu.readbacks;
         this.gpu.copies += r.gpu.copies;
         this.gpu.steps++;
+        if (r.gpu.hostMs !== undefined) {
+          this.gpu.hostMs += r.gpu.hostMs;
+          this.gpu.hostSteps++;
+        }
       }
       if (r.gpuBusy) {
         this.busy.busySeconds += r.gpuBusy.busySeconds;
@@ -208,6 +217,12 @@ export class StepTally {
       submits_per_step: g.submits / g.steps,
       readbacks_per_step: g.readbacks / g.steps,
       copies_per_step: g.copies / g.steps,
+      ...(g.hostSteps === g.steps && g.dispatches > 0
+        ? {
+            host_ms_per_step: g.hostMs / g.steps,
+            host_us_per_dispatch: (1000 * g.hostMs) / g.dispatches,
+          }
+        : {}),
       ...(this.busy.stepSeconds > 0
         ? { gpu_busy: this.busy.busySeconds / this.busy.stepSeconds }
         : {}),
