@@ -131,7 +131,10 @@ test("threadCpuMs counts the calling thread's CPU time: a worker's busy loop, no
   await w.terminate();
   // 150 ms of wall time spinning: on a CPU most of it (the machine may be shared), never more
   assert.ok(worker > 20 && worker < 400, `worker thread ${worker} ms`);
-  assert.ok(main < worker, `main thread ${main} ms while the worker spun ${worker} ms`);
+  assert.ok(
+    main < worker,
+    `main thread ${main} ms while the worker spun ${worker} ms`,
+  );
 });
 
 test('on webgpu the queue counts carry the thread CPU time, growing with the host work done between readings', {

@@ -65,13 +65,14 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
     ),
     facts(2, true),
   );
-  t.step(
+  const line = t.step(
     report(
       { dispatches: 200, submits: 20, readbacks: 2, copies: 50, hostMs: 8 },
       { busySeconds: 0.25, stepSeconds: 0.3 },
     ),
     facts(3, true),
   );
+  assert.equal(line.host_ms, 8, "metrics.jsonl's line: the step's host ms");
   const s = t.summaryFields();
   assert.equal(s.dispatches_per_step, 150);
   assert.equal(s.submits_per_step, 15);
@@ -89,7 +90,7 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   // a step without the thread's CPU time (not Linux): no host time, rather than a low one
   assert.equal(untimed.summaryFields().host_ms_per_step, undefined);
   const host = new StepTally(1, true);
-  host.step(report(), facts(1, true));
+  assert.equal(host.step(report(), facts(1, true)).host_ms, undefined);
   assert.equal(host.summaryFields().dispatches_per_step, undefined);
 });
 

@@ -26,6 +26,8 @@ export interface StepMetrics {
   device_to_host_bytes?: number[];
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
+  /** webgpu (Linux): the step's host time, ms: CPU time of the devices' threads during it, all devices together (see Summary.host_ms_per_step). */
+  host_ms?: number;
   val_loss?: number;
   /** Classifiers and language models: fraction of validation predictions whose arg-max is the label. */
   val_accuracy?: number;

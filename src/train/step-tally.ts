@@ -153,6 +153,7 @@ export class StepTally {
           }
         : {}),
       bubble: r.bubble,
+      ...(r.gpu?.hostMs !== undefined ? { host_ms: r.gpu.hostMs } : {}),
       ...(r.heapBytes?.every((h) => h !== undefined)
         ? { wasm_heap_bytes: r.heapBytes as number[] }
         : {}),
