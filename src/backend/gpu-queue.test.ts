@@ -137,7 +137,7 @@ test("threadCpuMs counts the calling thread's CPU time: a worker's busy loop, no
   );
 });
 
-test('on webgpu the queue counts carry the thread CPU time, growing with the host work done between readings', {
+test('on webgpu the queue counts carry the thread CPU time, growing with the host work done between readings, and apart the CPU spent polling while a read waits', {
   skip: why || noSchedstat,
 }, async () => {
   await initBackend('webgpu');
@@ -147,4 +147,23 @@ test('on webgpu the queue counts carry the thread CPU time, growing with the hos
   while (Date.now() - t < 30);
   const b = q.counts().hostMs!;
   assert.ok(b - a > 0 && b - a < 200, `${b - a} ms of CPU over a 30 ms spin`);
+  // a read waiting for the GPU: the thread's CPU meanwhile counts as polling, not as host work
+  const x = tf.randomNormal([512, 512]);
+  let y = x;
+  for (let i = 0; i < 8; i++) y = tf.matMul(y, x);
+  q.flush();
+  const before = q.counts();
+  const cpu0 = threadCpuMs()!;
+  await y.data();
+  const after = q.counts();
+  const cpu = threadCpuMs()! - cpu0;
+  const poll = after.pollMs! - before.pollMs!;
+  const host = after.hostMs! - before.hostMs!;
+  assert.ok(poll > 0, `polling ${poll} ms during the read`);
+  assert.ok(
+    Math.abs(poll + host - cpu) < 2,
+    `polling ${poll} + host ${host} ms vs ${cpu} ms of CPU`,
+  );
+  assert.ok(host < poll + 2, `host ${host} ms during a read: little`);
+  tf.dispose([x, y]);
 });

@@ -101,12 +101,19 @@ export interface GpuCounts {
   readbacks: number;
   copies: number;
   /**
-   * CPU time of the device's thread, ms ({@link threadCpuMs}): the host's side of the step (its
-   * JS, TF.js's engine and kernels, Dawn's encoding and submits made on that thread, and the
-   * event-loop turns that poll for finished GPU work; not the GPU's work, not other threads).
-   * Absent where the thread's CPU time cannot be read (not Linux, a browser).
+   * CPU time of the device's thread, ms ({@link threadCpuMs}), while no read was waiting for the
+   * GPU: the host's side of the step (its JS, TF.js's engine and kernels, Dawn's encoding and
+   * submits made on that thread; not the GPU's work, not other threads). Absent where the
+   * thread's CPU time cannot be read (not Linux, a browser).
    */
   hostMs?: number;
+  /**
+   * CPU time of the device's thread, ms, while a read waited for the GPU (`pollMs`): Dawn's Node
+   * bindings poll for finished GPU work from event-loop turns, keeping the thread busy most of
+   * the wait (75% of it measured here), besides the read's own copy out of the mapped buffer.
+   * Absent with hostMs.
+   */
+  pollMs?: number;
 }
 
 let schedstat = true;
@@ -266,6 +273,10 @@ export class GpuQueue {
   private copies = 0;
   /** Timestamps on every compute pass, where the device has 'timestamp-query' (TF.js asks for it where the adapter has it). */
   private readonly timer: PassTimer | null;
+  /** Reads in flight, the thread's CPU ms when the first of them began, and the CPU ms spent with reads in flight so far. */
+  private reading = 0;
+  private readingSince = 0;
+  private pollMs = 0;
 
   constructor(private readonly backend: WebGPUBackendLike) {
     this.timer = backend.device.features.has('timestamp-query')
@@ -285,9 +296,15 @@ export class GpuQueue {
     backend.getBufferData = async (buffer: unknown) => {
       this.readbacks++;
       const seq = this.submits + 1; // its own copy's submit
-      const values = await read(buffer);
-      if (this.submits === seq) this.idle = { seq, at: performance.now() };
-      return values;
+      if (this.reading++ === 0) this.readingSince = threadCpuMs() ?? 0;
+      try {
+        const values = await read(buffer);
+        if (this.submits === seq) this.idle = { seq, at: performance.now() };
+        return values;
+      } finally {
+        if (--this.reading === 0)
+          this.pollMs += (threadCpuMs() ?? 0) - this.readingSince;
+      }
     };
     const run = backend.runWebGPUProgram.bind(backend);
     backend.runWebGPUProgram = (...args: unknown[]) => {
@@ -326,13 +343,16 @@ export class GpuQueue {
 
   /** The counts so far (see {@link GpuCounts}). */
   counts(): GpuCounts {
-    const hostMs = threadCpuMs();
+    const cpu = threadCpuMs();
+    const pollMs =
+      this.pollMs +
+      (this.reading > 0 && cpu !== undefined ? cpu - this.readingSince : 0);
     return {
       dispatches: this.dispatches,
       submits: this.submits,
       readbacks: this.readbacks,
       copies: this.copies,
-      ...(hostMs === undefined ? {} : { hostMs }),
+      ...(cpu === undefined ? {} : { hostMs: cpu - pollMs, pollMs }),
     };
   }
 

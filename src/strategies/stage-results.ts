@@ -145,7 +145,7 @@ function gpuCountsOf(results: readonly StageStepResult[]): {
       submits: sum('submits'),
       readbacks: sum('readbacks'),
       copies: sum('copies'),
-      ...(host ? { hostMs: sum('hostMs') } : {}),
+      ...(host ? { hostMs: sum('hostMs'), pollMs: sum('pollMs') } : {}),
     },
     ...(timed.length > 0
       ? {

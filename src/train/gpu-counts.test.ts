@@ -60,14 +60,28 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   );
   t.step(
     report(
-      { dispatches: 100, submits: 10, readbacks: 2, copies: 30, hostMs: 4 },
+      {
+        dispatches: 100,
+        submits: 10,
+        readbacks: 2,
+        copies: 30,
+        hostMs: 4,
+        pollMs: 1,
+      },
       { busySeconds: 0.05, stepSeconds: 0.1 },
     ),
     facts(2, true),
   );
   const line = t.step(
     report(
-      { dispatches: 200, submits: 20, readbacks: 2, copies: 50, hostMs: 8 },
+      {
+        dispatches: 200,
+        submits: 20,
+        readbacks: 2,
+        copies: 50,
+        hostMs: 8,
+        pollMs: 3,
+      },
       { busySeconds: 0.25, stepSeconds: 0.3 },
     ),
     facts(3, true),
@@ -80,6 +94,7 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   assert.equal(s.copies_per_step, 40);
   assert.equal(s.host_ms_per_step, 6); // (4 + 8) / 2
   assert.equal(s.host_us_per_dispatch, 40); // 12 ms over 300 dispatches
+  assert.equal(s.poll_ms_per_step, 2); // (1 + 3) / 2
   assert.ok(Math.abs(s.gpu_busy! - 0.75) < 1e-12, `gpu_busy ${s.gpu_busy}`); // (0.05 + 0.25) / (0.1 + 0.3)
   const untimed = new StepTally(1, true);
   untimed.step(
@@ -107,8 +122,11 @@ test('on webgpu a single step reports its dispatches and submits, and reads back
     assert.ok(r.gpu.copies >= 2, `copies ${r.gpu.copies}`);
     if (process.platform === 'linux')
       assert.ok(
-        r.gpu.hostMs !== undefined && r.gpu.hostMs > 0,
-        `the device thread's CPU ms ${r.gpu.hostMs}`,
+        r.gpu.hostMs !== undefined &&
+          r.gpu.hostMs > 0 &&
+          r.gpu.pollMs !== undefined &&
+          r.gpu.pollMs >= 0,
+        `the device thread's CPU ms ${r.gpu.hostMs}, polling ${r.gpu.pollMs}`,
       );
   }
   // timestamp queries (lavapipe has them): each step after the first carries its predecessor's busy time

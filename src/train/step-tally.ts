@@ -43,6 +43,7 @@ export type MeasuredFields = Pick<
   | 'copies_per_step'
   | 'host_ms_per_step'
   | 'host_us_per_dispatch'
+  | 'poll_ms_per_step'
   | 'gpu_busy'
 >;
 
@@ -67,6 +68,7 @@ export class StepTally {
     steps: 0,
     /** The devices' thread CPU ms, summed, and how many steps gave it. */
     hostMs: 0,
+    pollMs: 0,
     hostSteps: 0,
   };
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
@@ -119,6 +121,7 @@ export class StepTally {
         this.gpu.steps++;
         if (r.gpu.hostMs !== undefined) {
           this.gpu.hostMs += r.gpu.hostMs;
+          this.gpu.pollMs += r.gpu.pollMs ?? 0;
           this.gpu.hostSteps++;
         }
       }
@@ -222,6 +225,7 @@ export class StepTally {
         ? {
             host_ms_per_step: g.hostMs / g.steps,
             host_us_per_dispatch: (1000 * g.hostMs) / g.dispatches,
+            poll_ms_per_step: g.pollMs / g.steps,
           }
         : {}),
       ...(this.busy.stepSeconds > 0
