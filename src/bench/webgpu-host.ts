@@ -17,6 +17,7 @@ import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
 import { installDawn } from '../backend/webgpu.js';
 import { layerNorm } from '../model/layers.js';
+import { LayerwiseError } from '../util/errors.js';
 import { median } from '../util/stats.js';
 import { markdownTable, writeBenchResults } from './report.js';
 
@@ -128,17 +129,36 @@ async function stepCosts(o: WebGPUHostBenchOptions) {
 }
 
 /**
+ * Checks the options: calls and rounds positive integers, steps and warmup integers >= 0.
+ * @throws LayerwiseError naming the flag, the value and what it must be.
+ */
+function checkOptions(o: WebGPUHostBenchOptions): void {
+  const flags: Array<[string, number, number]> = [
+    ['--calls', o.calls, 1],
+    ['--rounds', o.rounds, 1],
+    ['--steps', o.steps, 0],
+    ['--warmup', o.warmup, 0],
+  ];
+  for (const [flag, v, least] of flags)
+    if (!Number.isInteger(v) || v < least)
+      throw new LayerwiseError(
+        `${flag}: must be an integer >= ${least}, got ${v}`,
+      );
+}
+
+/**
  * Runs the bench and writes its results.
- * @throws LayerwiseError from installDawn where no WebGPU adapter can be made, Error where the
- *   thread's CPU time cannot be read (not Linux).
+ * @throws LayerwiseError on a bad option (naming it), from installDawn where no WebGPU adapter
+ *   can be made, and where the thread's CPU time cannot be read (not Linux).
  */
 export async function benchWebGPUHost(
   o: WebGPUHostBenchOptions,
   log: (s: string) => void,
 ): Promise<void> {
+  checkOptions(o);
   const adapter = await installDawn();
   if (threadCpuMs() === undefined)
-    throw new Error(
+    throw new LayerwiseError(
       'webgpu-host measures thread CPU time from /proc/thread-self/schedstat: run it on Linux',
     );
   log(`adapter: ${adapter.description} (${adapter.featureLevel})`);
