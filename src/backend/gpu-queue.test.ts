@@ -1,12 +1,14 @@
 /**
  * The GPU queue seam (backend/gpu-queue.ts): makeResident uploads at once on webgpu (TF.js alone
  * would wait for the first kernel that reads the tensor) and is a no-op elsewhere; a submit
- * reports when the GPU finished. Skipped, saying why, where no WebGPU adapter can be made.
+ * reports when the GPU finished; its counts carry the thread's CPU time. Skipped, saying why,
+ * where no WebGPU adapter can be made (the CPU-time clock: where /proc/thread-self is not).
  */
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
-import { gpuQueue, makeResident } from './gpu-queue.js';
+import { Worker } from 'node:worker_threads';
+import { gpuQueue, makeResident, threadCpuMs } from './gpu-queue.js';
 import { initBackend } from './index.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
@@ -101,4 +103,67 @@ test("on webgpu with timestamp queries, a step's GPU busy time is positive, belo
   q.beginStep();
   assert.equal(await q.endStep(), null);
   a.dispose();
+});
+
+const noSchedstat =
+  threadCpuMs() === undefined ? 'no /proc/thread-self/schedstat here' : false;
+
+test("threadCpuMs counts the calling thread's CPU time: a worker's busy loop, not the main thread's wait", {
+  skip: noSchedstat,
+}, async () => {
+  const url = new URL('./gpu-queue.js', import.meta.url).href;
+  const w = new Worker(
+    `import(${JSON.stringify(url)}).then(({ threadCpuMs }) => {
+      const { parentPort } = require('node:worker_threads');
+      const a = threadCpuMs();
+      const t = Date.now();
+      while (Date.now() - t < 150);
+      parentPort.postMessage(threadCpuMs() - a);
+    });`,
+    { eval: true },
+  );
+  const main0 = threadCpuMs()!;
+  const worker = await new Promise<number>((resolve, reject) => {
+    w.once('message', resolve);
+    w.once('error', reject);
+  });
+  const main = threadCpuMs()! - main0;
+  await w.terminate();
+  // 150 ms of wall time spinning: on a CPU most of it (the machine may be shared), never more
+  assert.ok(worker > 20 && worker < 400, `worker thread ${worker} ms`);
+  assert.ok(
+    main < worker,
+    `main thread ${main} ms while the worker spun ${worker} ms`,
+  );
+});
+
+test('on webgpu the queue counts carry the thread CPU time, growing with the host work done between readings, and apart the CPU spent polling while a read waits', {
+  skip: why || noSchedstat,
+}, async () => {
+  await initBackend('webgpu');
+  const q = gpuQueue()!;
+  const a = q.counts().hostMs!;
+  const t = Date.now();
+  while (Date.now() - t < 30);
+  const b = q.counts().hostMs!;
+  assert.ok(b - a > 0 && b - a < 200, `${b - a} ms of CPU over a 30 ms spin`);
+  // a read waiting for the GPU: the thread's CPU meanwhile counts as polling, not as host work
+  const x = tf.randomNormal([512, 512]);
+  let y = x;
+  for (let i = 0; i < 8; i++) y = tf.matMul(y, x);
+  q.flush();
+  const before = q.counts();
+  const cpu0 = threadCpuMs()!;
+  await y.data();
+  const after = q.counts();
+  const cpu = threadCpuMs()! - cpu0;
+  const poll = after.pollMs! - before.pollMs!;
+  const host = after.hostMs! - before.hostMs!;
+  assert.ok(poll > 0, `polling ${poll} ms during the read`);
+  assert.ok(
+    Math.abs(poll + host - cpu) < 2,
+    `polling ${poll} + host ${host} ms vs ${cpu} ms of CPU`,
+  );
+  assert.ok(host < poll + 2, `host ${host} ms during a read: little`);
+  tf.dispose([x, y]);
 });

@@ -18,6 +18,7 @@
  *   software GPU, Mesa's llvmpipe behind Dawn's OpenGL backend, the GPU's work runs there,
  *   synchronously).
  */
+import { readFileSync } from 'node:fs';
 import { tf } from './tfjs.js';
 
 /** The slice of WebGPU's GPUCommandEncoder the pass timer uses. */
@@ -99,6 +100,41 @@ export interface GpuCounts {
   submits: number;
   readbacks: number;
   copies: number;
+  /**
+   * CPU time of the device's thread, ms ({@link threadCpuMs}), while no read was waiting for the
+   * GPU: the host's side of the step (its JS, TF.js's engine and kernels, Dawn's encoding and
+   * submits made on that thread; not the GPU's work, not other threads). Absent where the
+   * thread's CPU time cannot be read (not Linux, a browser).
+   */
+  hostMs?: number;
+  /**
+   * CPU time of the device's thread, ms, while a read waited for the GPU (`pollMs`): Dawn's Node
+   * bindings poll for finished GPU work from event-loop turns, keeping the thread busy most of
+   * the wait (75% of it measured here), besides the read's own copy out of the mapped buffer.
+   * Absent with hostMs.
+   */
+  pollMs?: number;
+}
+
+let schedstat = true;
+
+/**
+ * CPU time the calling thread has run so far, ms (ns resolution): the first field of Linux's
+ * /proc/thread-self/schedstat (ns on a CPU; a synchronous read, so in a worker it is the
+ * worker's thread). Node 20 has no per-thread CPU clock (process.threadCpuUsage is Node 23.9).
+ * undefined where the file cannot be read (other systems, the browser); tried once.
+ */
+export function threadCpuMs(): number | undefined {
+  if (!schedstat) return undefined;
+  try {
+    const s = readFileSync('/proc/thread-self/schedstat', 'latin1');
+    const ns = Number(s.slice(0, s.indexOf(' ')));
+    if (Number.isFinite(ns)) return ns / 1e6;
+  } catch {
+    // not Linux, or no /proc
+  }
+  schedstat = false;
+  return undefined;
 }
 
 /**
@@ -132,7 +168,6 @@ class PassTimer {
   private readonly resolveBuffer: unknown;
   /** Mapped-read buffers not in use (reused from step to step). */
   private readonly free: MappableBuffer[] = [];
-  private readonly patched = new WeakSet<object>();
   private next = 0;
   private armed = false;
   private overflow = false;
@@ -147,17 +182,10 @@ class PassTimer {
       size: PassTimer.CAPACITY * 8,
       usage: QUERY_RESOLVE | COPY_SRC,
     });
-    const ready = backend.ensureCommandEncoderReady.bind(backend);
-    backend.ensureCommandEncoderReady = () => {
-      ready();
-      const e = backend.commandEncoder;
-      if (e && !this.patched.has(e)) this.patch(e);
-    };
   }
 
-  /** Makes `e`'s compute passes write timestamps while a step is timed. */
-  private patch(e: EncoderLike): void {
-    this.patched.add(e);
+  /** Makes `e`'s compute passes write timestamps while a step is timed (once per encoder: {@link GpuQueue}'s encoder hook). */
+  patch(e: EncoderLike): void {
     const begin = e.beginComputePass.bind(e);
     e.beginComputePass = (d: Record<string, unknown> = {}) => {
       if (!this.armed || d.timestampWrites) return begin(d);
@@ -245,6 +273,10 @@ export class GpuQueue {
   private copies = 0;
   /** Timestamps on every compute pass, where the device has 'timestamp-query' (TF.js asks for it where the adapter has it). */
   private readonly timer: PassTimer | null;
+  /** Reads in flight, the thread's CPU ms when the first of them began, and the CPU ms spent with reads in flight so far. */
+  private reading = 0;
+  private readingSince = 0;
+  private pollMs = 0;
 
   constructor(private readonly backend: WebGPUBackendLike) {
     this.timer = backend.device.features.has('timestamp-query')
@@ -264,30 +296,42 @@ export class GpuQueue {
     backend.getBufferData = async (buffer: unknown) => {
       this.readbacks++;
       const seq = this.submits + 1; // its own copy's submit
-      const values = await read(buffer);
-      if (this.submits === seq) this.idle = { seq, at: performance.now() };
-      return values;
+      if (this.reading++ === 0) this.readingSince = threadCpuMs() ?? 0;
+      try {
+        const values = await read(buffer);
+        if (this.submits === seq) this.idle = { seq, at: performance.now() };
+        return values;
+      } finally {
+        if (--this.reading === 0)
+          this.pollMs += (threadCpuMs() ?? 0) - this.readingSince;
+      }
     };
     const run = backend.runWebGPUProgram.bind(backend);
     backend.runWebGPUProgram = (...args: unknown[]) => {
       this.dispatches++;
       return run(...args);
     };
-    this.countCopies();
+    this.hookEncoders();
   }
 
-  /** Counts every copyBufferToBuffer recorded on TF.js's command encoders (a new one after each submit). */
-  private countCopies(): void {
+  /**
+   * One hook on TF.js's command encoders (a new one after each submit), made when the backend
+   * opens one: counts every copyBufferToBuffer recorded on it and, with timestamp queries, lets
+   * the pass timer time its compute passes. TF.js calls ensureCommandEncoderReady before every
+   * program it records, so the hook checks only whether the encoder is still the one it patched.
+   */
+  private hookEncoders(): void {
     const b = this.backend;
-    const counted = new WeakSet<object>();
+    let patched: EncoderLike | null = null;
     const patch = (e: EncoderLike | null) => {
-      if (!e || counted.has(e)) return;
-      counted.add(e);
+      if (!e || e === patched) return;
+      patched = e;
       const copy = e.copyBufferToBuffer.bind(e);
       e.copyBufferToBuffer = (...args) => {
         this.copies++;
         copy(...args);
       };
+      this.timer?.patch(e);
     };
     patch(b.commandEncoder); // one opened before this queue was made
     const ready = b.ensureCommandEncoderReady.bind(b);
@@ -299,11 +343,16 @@ export class GpuQueue {
 
   /** The counts so far (see {@link GpuCounts}). */
   counts(): GpuCounts {
+    const cpu = threadCpuMs();
+    const pollMs =
+      this.pollMs +
+      (this.reading > 0 && cpu !== undefined ? cpu - this.readingSince : 0);
     return {
       dispatches: this.dispatches,
       submits: this.submits,
       readbacks: this.readbacks,
       copies: this.copies,
+      ...(cpu === undefined ? {} : { hostMs: cpu - pollMs, pollMs }),
     };
   }
 

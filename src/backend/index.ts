@@ -183,6 +183,9 @@ export async function initBackend(
     `backend '${backend}' failed to initialise (see the warning above)`,
   );
   await tf.ready();
+  // the host's work per dispatch: uniforms and bind groups kept across steps (backend/webgpu-host.ts)
+  if (backend === 'webgpu' && process.env.LAYERWISE_WEBGPU_KERNELS !== 'tfjs')
+    (await import('./webgpu-host.js')).cutDispatchHostWork(tf.backend());
   if (backend === 'native')
     (tf.backend() as NativeBackend).precision = precision;
   if (policyOf(precision).compute === 'float16') {

@@ -103,6 +103,8 @@ export interface RawBackend {
     ): void;
     beginComputePass(d?: object): GpuPass;
   } | null;
+  /** TF.js's open compute pass on commandEncoder (null between passes). */
+  computePassEncoder: GpuPass | null;
   commandQueueOwnedIds: WeakSet<object>;
   tensorMap: { get(dataId: object): { resource?: unknown } };
   ensureCommandEncoderReady(): void;
@@ -271,7 +273,20 @@ function submit(b: RawBackend): void {
   b.submitQueue();
 }
 
-/** Records one dispatch of `code` with `buffers` bound in order as group 0, over `workgroups` workgroups. */
+/**
+ * TF.js's open compute pass, opened as TF.js opens it (backend_webgpu.ts recordAndSubmit) where
+ * none is: a dispatch of ours recorded in it spares a pass of its own (a begin and an end, and a
+ * new pass for TF.js's next program: some 13 us of host time a pass here). Within a compute pass
+ * each dispatch is its own usage scope (WebGPU), so its writes are seen by the next dispatch as
+ * between passes; TF.js ends the pass before any copy (as {@link encoder} does).
+ */
+function computePass(b: RawBackend): GpuPass {
+  b.ensureCommandEncoderReady();
+  b.computePassEncoder ??= b.commandEncoder!.beginComputePass({});
+  return b.computePassEncoder;
+}
+
+/** Records one dispatch of `code` with `buffers` bound in order as group 0, over `workgroups` workgroups, in TF.js's compute pass. */
 export function dispatch(
   b: RawBackend,
   s: MultiState,
@@ -287,12 +302,11 @@ export function dispatch(
       resource: 'buffer' in x ? x : { buffer: x },
     })),
   });
-  const pass = encoder(b).beginComputePass();
+  const pass = computePass(b);
   pass.setPipeline(pipeline);
   pass.setBindGroup(0, group);
   const x = Math.min(workgroups, MAX_WORKGROUPS_PER_DIMENSION);
   pass.dispatchWorkgroups(x, Math.ceil(workgroups / x), 1);
-  pass.end();
   gpuQueue()?.countDispatches(1);
 }
 

@@ -167,6 +167,11 @@ test("the bench's plain TF.js run leaves out layerwise's WGSL kernels: more disp
         lw!.gpu_busy > 0 && lw!.gpu_busy <= 1.05,
         `GPU busy ${lw!.gpu_busy} of the step`,
       );
+    if (process.platform === 'linux')
+      assert.ok(
+        lw!.host_ms_per_step! > 0,
+        `host ms per step ${lw!.host_ms_per_step}`,
+      );
     assert.ok(
       plain!.dispatches_per_step! > 1.5 * lw!.dispatches_per_step!,
       `plain TF.js ${plain!.dispatches_per_step} vs layerwise ${lw!.dispatches_per_step} dispatches per step`,

@@ -208,6 +208,8 @@ export interface GpuRow {
   readbacks_per_step?: number;
   /** GPU busy seconds over step seconds (timestamp queries; absent without them). */
   gpu_busy?: number;
+  /** The device thread's CPU ms per step (summary.json host_ms_per_step; Linux). */
+  host_ms_per_step?: number;
   /** Peak device bytes of the largest device. */
   peak_device_bytes?: number;
   /** PyTorch's device and version. */
@@ -390,6 +392,7 @@ async function runLayerwise(
       submits_per_step: summary?.submits_per_step,
       readbacks_per_step: summary?.readbacks_per_step,
       gpu_busy: summary?.gpu_busy,
+      host_ms_per_step: summary?.host_ms_per_step,
       peak_device_bytes: summary
         ? Math.max(...summary.peak_device_bytes)
         : undefined,
@@ -517,7 +520,7 @@ export function gpuMarkdown(
     `Adapter: ${name || 'unknown'} (${adapter.description ?? 'no description'}; Dawn ${adapter.flags.join(',') || 'default backend'}, ${adapter.featureLevel} feature level). ` +
     `Commit ${meta.commit}; \`${meta.command}\`, ${meta.wallS.toFixed(0)} s in all. ` +
     'Single-device training, batch 32; tokens/s of the steps after the warm-up ones (layerwise) or after 2 (PyTorch, `bench/pytorch/charlm.py`); ' +
-    "plain TF.js is the same run with `LAYERWISE_WEBGPU_KERNELS=tfjs` (none of layerwise's WGSL kernels). GPU counts per step from summary.json.\n";
+    "plain TF.js is the same run with `LAYERWISE_WEBGPU_KERNELS=tfjs` (none of layerwise's WGSL kernels). GPU counts per step from summary.json; host ms per step: the device thread's CPU time per step (summary.json `host_ms_per_step`).\n";
   const tables = [...new Set(rows.map((r) => r.model))].map((model) => {
     const mine = rows.filter((r) => r.model === model);
     const ref = mine.find((r) => r.config.endsWith('/layerwise'))?.tokens_per_s;
@@ -529,6 +532,7 @@ export function gpuMarkdown(
         'median step, s',
         'dispatches / submits / readbacks per step',
         'GPU busy',
+        'host ms per step',
         'last loss',
         'note',
       ],
@@ -541,6 +545,7 @@ export function gpuMarkdown(
           ? '-'
           : `${fmt(r.dispatches_per_step)} / ${fmt(r.submits_per_step, 1)} / ${fmt(r.readbacks_per_step, 1)}`,
         r.gpu_busy === undefined ? '-' : `${(r.gpu_busy * 100).toFixed(0)}%`,
+        fmt(r.host_ms_per_step, 1),
         fmt(r.final_loss, 4),
         r.note ?? r.device ?? '',
       ]),

@@ -9,6 +9,10 @@ test('a bench given a bad flag value exits 2 with one line naming it, no stack t
   for (const [args, names] of [
     [['cores', '--kinds', 'nope'], "--kinds: unknown 'nope'"],
     [['gpu', '--configs', 'bogus'], "--configs: no configuration 'bogus'"],
+    [
+      ['webgpu-host', '--calls', 'many'],
+      '--calls: must be an integer >= 1, got NaN',
+    ],
   ] as const) {
     const r = spawnSync(process.execPath, [bench, ...args], {
       encoding: 'utf8',

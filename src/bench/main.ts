@@ -190,6 +190,35 @@ program
   });
 
 program
+  .command('webgpu-host')
+  .description(
+    "the host's side of webgpu: host us per dispatching kernel call, and host, polling and wall ms per step of a charlm-small single with the GPU's share made small (thread CPU time, Linux)",
+  )
+  .option('--calls <n>', 'kernel calls per round', (v) => Number(v), 2000)
+  .option('--rounds <n>', 'rounds (median)', (v) => Number(v), 5)
+  .option(
+    '--steps <n>',
+    'measured training steps (0: none)',
+    (v) => Number(v),
+    60,
+  )
+  .option('--warmup <n>', 'training steps not measured', (v) => Number(v), 5)
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchWebGPUHost } = await import('./webgpu-host.js');
+    await benchWebGPUHost(
+      {
+        calls: o.calls,
+        rounds: o.rounds,
+        steps: o.steps,
+        warmup: o.warmup,
+        out: o.out,
+      },
+      (s) => console.log(s),
+    );
+  });
+
+program
   .command('gpu')
   .description(
     "issue 36's GPU table: layerwise webgpu, plain TF.js webgpu and PyTorch CUDA, charlm-small and 8 x d1024, batch 32; l2l and gpipe K=2 of the large model (each run its own process, all within --budget-seconds: a 5-minute device session)",

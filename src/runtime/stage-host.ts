@@ -427,6 +427,12 @@ class StageHost {
       submits: after.submits - before.submits,
       readbacks: after.readbacks - before.readbacks,
       copies: after.copies - before.copies,
+      ...(after.hostMs !== undefined && before.hostMs !== undefined
+        ? {
+            hostMs: after.hostMs - before.hostMs,
+            pollMs: (after.pollMs ?? 0) - (before.pollMs ?? 0),
+          }
+        : {}),
     };
     const busy = prev ? await prev.busySeconds : null;
     return busy === null || !prev

@@ -128,7 +128,7 @@ export function submission(
   return { accepted: a, done };
 }
 
-/** The devices' GPU counts of a step, and their GPU busy and wall seconds where timestamp queries gave them, summed (webgpu; nothing where no device reported any). */
+/** The devices' GPU counts of a step (their host CPU ms where every device gave it), and their GPU busy and wall seconds where timestamp queries gave them, summed (webgpu; nothing where no device reported any). */
 function gpuCountsOf(results: readonly StageStepResult[]): {
   gpu?: GpuCounts;
   gpuBusy?: GpuBusy;
@@ -136,14 +136,16 @@ function gpuCountsOf(results: readonly StageStepResult[]): {
   const counted = results.filter((r) => r.gpu !== undefined);
   if (counted.length === 0) return {};
   const sum = (k: keyof GpuCounts) =>
-    counted.reduce((s, r) => s + r.gpu![k], 0);
+    counted.reduce((s, r) => s + (r.gpu![k] ?? 0), 0);
   const timed = results.filter((r) => r.gpuBusy !== undefined);
+  const host = counted.every((r) => r.gpu!.hostMs !== undefined);
   return {
     gpu: {
       dispatches: sum('dispatches'),
       submits: sum('submits'),
       readbacks: sum('readbacks'),
       copies: sum('copies'),
+      ...(host ? { hostMs: sum('hostMs'), pollMs: sum('pollMs') } : {}),
     },
     ...(timed.length > 0
       ? {

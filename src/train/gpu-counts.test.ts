@@ -1,6 +1,7 @@
 /**
  * What a training step asks of the GPU (issue 36 item 2): on webgpu every device reports its
- * step's compute dispatches, queue submits and readbacks, the strategy sums them, and
+ * step's compute dispatches, queue submits and readbacks (and its thread's CPU time: the host's
+ * side of the step), the strategy sums them, and
  * summary.json gives their means per step; on a host backend nothing is reported. A single
  * step reads back only its loss and its gradient norm. Skipped, saying why, where no WebGPU
  * adapter can be made.
@@ -59,23 +60,41 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   );
   t.step(
     report(
-      { dispatches: 100, submits: 10, readbacks: 2, copies: 30 },
+      {
+        dispatches: 100,
+        submits: 10,
+        readbacks: 2,
+        copies: 30,
+        hostMs: 4,
+        pollMs: 1,
+      },
       { busySeconds: 0.05, stepSeconds: 0.1 },
     ),
     facts(2, true),
   );
-  t.step(
+  const line = t.step(
     report(
-      { dispatches: 200, submits: 20, readbacks: 2, copies: 50 },
+      {
+        dispatches: 200,
+        submits: 20,
+        readbacks: 2,
+        copies: 50,
+        hostMs: 8,
+        pollMs: 3,
+      },
       { busySeconds: 0.25, stepSeconds: 0.3 },
     ),
     facts(3, true),
   );
+  assert.equal(line.host_ms, 8, "metrics.jsonl's line: the step's host ms");
   const s = t.summaryFields();
   assert.equal(s.dispatches_per_step, 150);
   assert.equal(s.submits_per_step, 15);
   assert.equal(s.readbacks_per_step, 2);
   assert.equal(s.copies_per_step, 40);
+  assert.equal(s.host_ms_per_step, 6); // (4 + 8) / 2
+  assert.equal(s.host_us_per_dispatch, 40); // 12 ms over 300 dispatches
+  assert.equal(s.poll_ms_per_step, 2); // (1 + 3) / 2
   assert.ok(Math.abs(s.gpu_busy! - 0.75) < 1e-12, `gpu_busy ${s.gpu_busy}`); // (0.05 + 0.25) / (0.1 + 0.3)
   const untimed = new StepTally(1, true);
   untimed.step(
@@ -83,8 +102,10 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
     facts(1, true),
   );
   assert.equal(untimed.summaryFields().gpu_busy, undefined);
+  // a step without the thread's CPU time (not Linux): no host time, rather than a low one
+  assert.equal(untimed.summaryFields().host_ms_per_step, undefined);
   const host = new StepTally(1, true);
-  host.step(report(), facts(1, true));
+  assert.equal(host.step(report(), facts(1, true)).host_ms, undefined);
   assert.equal(host.summaryFields().dispatches_per_step, undefined);
 });
 
@@ -99,6 +120,14 @@ test('on webgpu a single step reports its dispatches and submits, and reads back
     assert.equal(r.gpu.readbacks, 2, 'the loss and the gradient norm');
     // at least the readbacks' copies to their staging buffers
     assert.ok(r.gpu.copies >= 2, `copies ${r.gpu.copies}`);
+    if (process.platform === 'linux')
+      assert.ok(
+        r.gpu.hostMs !== undefined &&
+          r.gpu.hostMs > 0 &&
+          r.gpu.pollMs !== undefined &&
+          r.gpu.pollMs >= 0,
+        `the device thread's CPU ms ${r.gpu.hostMs}, polling ${r.gpu.pollMs}`,
+      );
   }
   // timestamp queries (lavapipe has them): each step after the first carries its predecessor's busy time
   const timed = gpu.reports.slice(1).filter((r) => r.gpuBusy);

@@ -26,6 +26,8 @@ export interface StepMetrics {
   device_to_host_bytes?: number[];
   /** Measured idle (bubble) fraction per stage. */
   bubble: number[];
+  /** webgpu (Linux): the step's host time, ms: CPU time of the devices' threads during it while no read waited for the GPU, all devices together (see Summary.host_ms_per_step). */
+  host_ms?: number;
   val_loss?: number;
   /** Classifiers and language models: fraction of validation predictions whose arg-max is the label. */
   val_accuracy?: number;
@@ -98,6 +100,19 @@ export interface Summary {
   readbacks_per_step?: number;
   /** webgpu: buffer-to-buffer copies recorded per training step, all devices together (uploads, reads' staging copies, the multi-tensor kernels'; as above). */
   copies_per_step?: number;
+  /**
+   * webgpu: the host's side of a training step, ms: CPU time of the devices' threads during the
+   * step while no read waited for the GPU (all devices together; mean over the counted steps):
+   * layerwise's and TF.js's JS, Dawn's encoding and submits on those threads; not the GPU's work,
+   * not the coordinator's thread, not the polling while a read waits (poll_ms_per_step). Linux
+   * only (/proc/thread-self/schedstat). Where it approaches the step's wall time, the host
+   * bounds the step, not the GPU.
+   */
+  host_ms_per_step?: number;
+  /** webgpu: CPU ms per step of the devices' threads while a read waited for the GPU (Dawn's Node bindings poll from event-loop turns; the read's copy out included). Linux only. */
+  poll_ms_per_step?: number;
+  /** webgpu: host_ms_per_step over dispatches_per_step, in microseconds: the host's cost per compute dispatch, everything a step does on the host included. */
+  host_us_per_dispatch?: number;
   /** webgpu with timestamp queries: the GPUs' busy seconds over the devices' step seconds (0-1; each device's step reports its previous step's). */
   gpu_busy?: number;
   /**

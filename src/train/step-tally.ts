@@ -41,6 +41,9 @@ export type MeasuredFields = Pick<
   | 'submits_per_step'
   | 'readbacks_per_step'
   | 'copies_per_step'
+  | 'host_ms_per_step'
+  | 'host_us_per_dispatch'
+  | 'poll_ms_per_step'
   | 'gpu_busy'
 >;
 
@@ -63,6 +66,10 @@ export class StepTally {
     readbacks: 0,
     copies: 0,
     steps: 0,
+    /** The devices' thread CPU ms, summed, and how many steps gave it. */
+    hostMs: 0,
+    pollMs: 0,
+    hostSteps: 0,
   };
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
   private readonly busy = { busySeconds: 0, stepSeconds: 0 };
@@ -112,6 +119,11 @@ export class StepTally {
         this.gpu.readbacks += r.gpu.readbacks;
         this.gpu.copies += r.gpu.copies;
         this.gpu.steps++;
+        if (r.gpu.hostMs !== undefined) {
+          this.gpu.hostMs += r.gpu.hostMs;
+          this.gpu.pollMs += r.gpu.pollMs ?? 0;
+          this.gpu.hostSteps++;
+        }
       }
       if (r.gpuBusy) {
         this.busy.busySeconds += r.gpuBusy.busySeconds;
@@ -144,6 +156,7 @@ export class StepTally {
           }
         : {}),
       bubble: r.bubble,
+      ...(r.gpu?.hostMs !== undefined ? { host_ms: r.gpu.hostMs } : {}),
       ...(r.heapBytes?.every((h) => h !== undefined)
         ? { wasm_heap_bytes: r.heapBytes as number[] }
         : {}),
@@ -208,6 +221,13 @@ export class StepTally {
       submits_per_step: g.submits / g.steps,
       readbacks_per_step: g.readbacks / g.steps,
       copies_per_step: g.copies / g.steps,
+      ...(g.hostSteps === g.steps && g.dispatches > 0
+        ? {
+            host_ms_per_step: g.hostMs / g.steps,
+            host_us_per_dispatch: (1000 * g.hostMs) / g.dispatches,
+            poll_ms_per_step: g.pollMs / g.steps,
+          }
+        : {}),
       ...(this.busy.stepSeconds > 0
         ? { gpu_busy: this.busy.busySeconds / this.busy.stepSeconds }
         : {}),

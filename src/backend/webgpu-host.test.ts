@@ -1,0 +1,158 @@
+/**
+ * backend/webgpu-host.ts: the uniform cache packs exactly the bytes TF.js's own makeUniforms
+ * writes (same size, same words, for fields of 1 to 6 components of each type, in orders that
+ * exercise WGSL's alignment rules), writes each distinct contents once and hands the same buffer
+ * back for the same contents; a pipeline answers getBindGroupLayout with one object per index.
+ * No GPU needed: the device and TF.js's backend are stand-ins that record what is written.
+ */
+
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { WebGPUBackend } from '@tensorflow/tfjs-backend-webgpu';
+import { cutDispatchHostWork } from './webgpu-host.js';
+
+type Uniform = { type: 'int32' | 'uint32' | 'float32'; data: number[] };
+
+/** A stand-in device that records its buffers and their writes. */
+function fakeDevice() {
+  const writes: Array<{ buffer: object; bytes: Uint8Array }> = [];
+  let made = 0;
+  const pipeline = () => ({ getBindGroupLayout: (_i: number) => ({}) });
+  return {
+    writes,
+    made: () => made,
+    device: {
+      createBuffer: (d: { size: number }) => {
+        made++;
+        return { size: d.size, id: made };
+      },
+      createComputePipeline: (_d: unknown) => pipeline(),
+      createComputePipelineAsync: async (_d: unknown) => pipeline(),
+      queue: {
+        writeBuffer: (
+          buffer: object,
+          _offset: number,
+          data: ArrayBuffer,
+          dataOffset = 0,
+          size?: number,
+        ) =>
+          writes.push({
+            buffer,
+            bytes: new Uint8Array(data.slice(dataOffset, size ?? undefined)),
+          }),
+      },
+    },
+  };
+}
+
+/** The bytes TF.js 4.22's own makeUniforms writes for `uniforms` (run on a stand-in backend). */
+function stockBytes(uniforms: Uniform[]): Uint8Array {
+  (globalThis as { GPUBufferUsage?: object }).GPUBufferUsage ??= {
+    COPY_DST: 8,
+    UNIFORM: 64,
+  };
+  const f = fakeDevice();
+  const self = {
+    bufferManager: { acquireBuffer: (size: number) => ({ size }) },
+    queue: f.device.queue,
+    uniformPendingDisposal: [] as unknown[],
+  };
+  (
+    WebGPUBackend.prototype as unknown as {
+      makeUniforms(this: unknown, u: Uniform[]): unknown;
+    }
+  ).makeUniforms.call(self, structuredClone(uniforms));
+  return f.writes[0]!.bytes;
+}
+
+const CASES: Uniform[][] = [
+  [
+    { type: 'float32', data: [Number.NaN] },
+    { type: 'float32', data: [Number.POSITIVE_INFINITY] },
+    { type: 'int32', data: [8, 16] },
+    { type: 'int32', data: [16, 1] },
+    { type: 'int32', data: [4, 8, 16] },
+    { type: 'int32', data: [128, 16, 1] },
+    { type: 'int32', data: [512] },
+  ],
+  [
+    { type: 'int32', data: [1, 2, 3, 4, 5] },
+    { type: 'float32', data: [0.5] },
+    { type: 'int32', data: [1, 2, 3, 4, 5, 6] },
+    { type: 'uint32', data: [7, 9] },
+    { type: 'float32', data: [-1e-3, 3.25, 2 ** -20, -7] },
+  ],
+  [
+    { type: 'int32', data: [] },
+    { type: 'uint32', data: [3] },
+  ],
+  [
+    { type: 'int32', data: [1] },
+    { type: 'int32', data: [2, 3] },
+    { type: 'float32', data: [4] },
+    { type: 'int32', data: [5, 6, 7] },
+    { type: 'uint32', data: [8] },
+  ],
+  [
+    { type: 'float32', data: [1.5, 2.5] },
+    { type: 'int32', data: [-3, 4, 5] },
+  ],
+];
+
+test("the uniform cache packs TF.js's bytes, writes each contents once and reuses its buffer", () => {
+  const f = fakeDevice();
+  const backend = {
+    device: f.device,
+    makeUniforms: (_u: Uniform[]): unknown => assert.fail('replaced'),
+  };
+  cutDispatchHostWork(backend);
+  const seen: object[] = [];
+  for (const uniforms of CASES) {
+    const want = stockBytes(uniforms);
+    const writes = f.writes.length;
+    const got = backend.makeUniforms(structuredClone(uniforms)) as {
+      offset: number;
+      size: number;
+      buffer: object;
+    };
+    assert.equal(got.offset, 0);
+    assert.equal(got.size, want.byteLength, 'the struct size');
+    assert.equal(f.writes.length, writes + 1, 'new contents: one write');
+    assert.deepEqual(f.writes.at(-1)!.bytes, want, JSON.stringify(uniforms));
+    assert.equal(f.writes.at(-1)!.buffer, got.buffer);
+    // the same contents again: the same buffer, nothing written
+    const again = backend.makeUniforms(structuredClone(uniforms)) as {
+      buffer: object;
+    };
+    assert.equal(again.buffer, got.buffer);
+    assert.equal(f.writes.length, writes + 1, 'same contents: no write');
+    seen.push(got.buffer);
+  }
+  assert.equal(
+    new Set(seen).size,
+    CASES.length,
+    'other contents, other buffers',
+  );
+  // one value changed: another buffer
+  const changed = structuredClone(CASES[0]!);
+  changed[6]!.data = [513];
+  const other = backend.makeUniforms(changed) as { buffer: object };
+  assert.ok(!seen.includes(other.buffer));
+  assert.throws(
+    () =>
+      backend.makeUniforms([{ type: 'int32', data: [1, 2, 3, 4, 5, 6, 7] }]),
+    /Unsupported 7D shape/,
+  );
+});
+
+test('a pipeline made after the install answers getBindGroupLayout with one object per index', async () => {
+  const f = fakeDevice();
+  const backend = { device: f.device, makeUniforms: () => undefined };
+  cutDispatchHostWork(backend);
+  const p = f.device.createComputePipeline({});
+  assert.equal(p.getBindGroupLayout(0), p.getBindGroupLayout(0));
+  assert.notEqual(p.getBindGroupLayout(0), p.getBindGroupLayout(1));
+  const q = await f.device.createComputePipelineAsync({});
+  assert.equal(q.getBindGroupLayout(0), q.getBindGroupLayout(0));
+  assert.notEqual(q.getBindGroupLayout(0), p.getBindGroupLayout(0));
+});

@@ -1,0 +1,146 @@
+/**
+ * The host's work per compute dispatch on webgpu, cut where tfjs-backend-webgpu 4.22 redoes per
+ * dispatch what does not change from one step to the next (issue 36: on a GPU, a charlm-small
+ * step is bound by the host: 146 dispatches at some 35-85 us of host time each on this machine).
+ *
+ * TF.js, for every program it runs (backend_webgpu.ts `recordAndSubmit`), packs the program's
+ * uniforms (its shapes, strides and own constants) into a uniform buffer taken from its pool,
+ * writes them with `queue.writeBuffer` (the buffer goes back to the pool at the next submit,
+ * an `indexOf` over the pool's buffers in use), then asks the pipeline for its bind-group layout
+ * (Dawn makes a new object each time) and creates the bind group. The same program at the same
+ * shapes packs the same bytes in every step (99% of a charlm-small step's programs after the
+ * first step, counted), so:
+ * - a program's uniforms live in a buffer kept by its contents (the packed bytes), written once
+ *   and never rewritten (what layerwise's own multi-tensor kernels already do: webgpu-multi.ts
+ *   `constantUniforms`): one key built and looked up instead of a pool round trip and a write;
+ * - a pipeline's bind-group layout is asked of Dawn once.
+ * The uniform cache is bounded ({@link HOST_CACHE_ENTRIES}): when full it is emptied (a buffer
+ * still bound by recorded or submitted work stays alive in Dawn until that work has run). The
+ * numbers computed are unchanged (the same programs read the same values); the
+ * webgpu-against-cpu tests check that.
+ *
+ * Not done: reusing bind groups. Kept by pipeline and bound buffers, only about a quarter of a
+ * charlm-small step's dispatches found theirs (TF.js's pool hands a program other buffers from
+ * step to step), and the cache cost more than the `createBindGroup` calls it saved.
+ */
+
+/** The most uniform buffers the cache keeps before it is emptied. */
+export const HOST_CACHE_ENTRIES = 4096;
+
+const UNIFORM = 0x40;
+const COPY_DST = 0x08;
+
+/** One of TF.js's program uniforms (backend_webgpu.ts ProgramUniform). */
+interface ProgramUniform {
+  type: 'int32' | 'uint32' | 'float32';
+  data: number[];
+}
+
+interface BufferLike {
+  size: number;
+}
+
+interface PipelineLike {
+  getBindGroupLayout(index: number): object;
+}
+
+/** The parts of Dawn's GPUDevice used here. */
+interface DeviceLike {
+  createBuffer(d: { size: number; usage: number }): BufferLike;
+  createComputePipeline(d: unknown): PipelineLike;
+  createComputePipelineAsync(d: unknown): Promise<PipelineLike>;
+  queue: {
+    writeBuffer(b: BufferLike, offset: number, data: ArrayBuffer): void;
+  };
+}
+
+/** The parts of tfjs-backend-webgpu 4.22's WebGPUBackend used here. */
+interface BackendLike {
+  device: DeviceLike;
+  makeUniforms(u: ProgramUniform[]): {
+    offset: number;
+    size: number;
+    buffer: BufferLike;
+  };
+}
+
+const installed = new WeakSet<object>();
+
+/**
+ * Installs the uniform cache and the layouts' memo on a webgpu backend (once per backend; see
+ * the module's comment). Call before its first program runs (pipelines made earlier keep asking
+ * Dawn for their layouts).
+ */
+export function cutDispatchHostWork(backend: object): void {
+  if (installed.has(backend)) return;
+  installed.add(backend);
+  const b = backend as BackendLike;
+  memoizeLayouts(b.device);
+  b.makeUniforms = constantUniforms(b.device);
+}
+
+/** Makes every pipeline the device creates from now on answer getBindGroupLayout(i) with one object per index. */
+function memoizeLayouts(device: DeviceLike): void {
+  const memoize = (p: PipelineLike): PipelineLike => {
+    const ask = p.getBindGroupLayout.bind(p);
+    const known: object[] = [];
+    p.getBindGroupLayout = (i: number) => {
+      known[i] ??= ask(i);
+      return known[i];
+    };
+    return p;
+  };
+  const create = device.createComputePipeline.bind(device);
+  device.createComputePipeline = (d) => memoize(create(d));
+  const createAsync = device.createComputePipelineAsync.bind(device);
+  device.createComputePipelineAsync = async (d) =>
+    memoize(await createAsync(d));
+}
+
+/**
+ * tfjs-backend-webgpu 4.22's makeUniforms (backend_webgpu.ts; WGSL's alignment rules: a field of
+ * 1, 2, 3-4 and 5-6 components aligned to 4, 8 and 16 bytes, a field after a 5-6 component one
+ * to 16, the struct to its largest alignment), returning a buffer kept by the packed bytes
+ * instead of a pooled buffer written for this dispatch.
+ * @throws Error on a field of more than 6 components (as TF.js).
+ */
+function constantUniforms(device: DeviceLike): BackendLike['makeUniforms'] {
+  const buffers = new Map<string, BufferLike>();
+  return (uniforms) => {
+    const offsets: number[] = [];
+    let at = 0;
+    let previous = 0;
+    let structAlign = 1;
+    for (const u of uniforms) {
+      if (u.data.length === 0) u.data = [1]; // as TF.js
+      const n = u.data.length;
+      if (n > 6) throw new Error(`Unsupported ${n}D shape`);
+      const align =
+        previous === 5 || previous === 6 ? 16 : n === 1 ? 4 : n === 2 ? 8 : 16;
+      structAlign = Math.max(structAlign, align);
+      at = Math.ceil(at / align) * align;
+      offsets.push(at);
+      at += n * 4;
+      previous = n;
+    }
+    const size = Math.ceil(at / structAlign) * structAlign;
+    const bytes = new ArrayBuffer(size);
+    const f32 = new Float32Array(bytes);
+    const i32 = new Int32Array(bytes);
+    const u32 = new Uint32Array(bytes);
+    uniforms.forEach((u, k) => {
+      const view = u.type === 'int32' ? i32 : u.type === 'uint32' ? u32 : f32;
+      view.set(u.data, offsets[k]! / 4);
+    });
+    let key = '';
+    for (let k = 0; k < u32.length; k++) key += `${u32[k]},`;
+    let buffer = buffers.get(key);
+    if (!buffer) {
+      if (buffers.size >= HOST_CACHE_ENTRIES) buffers.clear();
+      buffer = device.createBuffer({ size, usage: COPY_DST | UNIFORM });
+      device.queue.writeBuffer(buffer, 0, bytes);
+      buffers.set(key, buffer);
+    }
+    return { offset: 0, size, buffer };
+  };
+}

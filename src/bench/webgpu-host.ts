@@ -1,0 +1,206 @@
+/**
+ * `npm run bench -- webgpu-host`: the host's side of webgpu (issue 36: on a GPU the host bounds
+ * a charlm-small step). Two figures, both thread CPU time (backend/gpu-queue.ts threadCpuMs,
+ * Linux), so less sensitive than wall time to a shared machine:
+ * - per call, the host microseconds of one dispatching kernel run through TF.js: a unary program
+ *   of TF.js's (relu), layerwise's product (matMul) and layerwise's layer norm followed by a relu
+ *   (a dispatch of layerwise's own pipelines next to one of TF.js's), `calls` calls a round,
+ *   GPU-resident 8 x 16 operands (the GPU's share negligible), the median of `rounds` rounds;
+ * - per training step, charlm-small single on webgpu with the GPU's share made small (batch 1,
+ *   context 8, d_model 16, 2 heads): the device thread's host ms (CPU outside reads that wait for
+ *   the GPU), its polling ms (CPU while they wait) and the step's wall ms, medians over `steps`
+ *   steps after `warmup`.
+ * Writes webgpu-host.json and webgpu-host.md.
+ */
+import { gpuQueue, threadCpuMs } from '../backend/gpu-queue.js';
+import { initBackend } from '../backend/index.js';
+import { tf } from '../backend/tfjs.js';
+import { installDawn } from '../backend/webgpu.js';
+import { layerNorm } from '../model/layers.js';
+import { LayerwiseError } from '../util/errors.js';
+import { median } from '../util/stats.js';
+import { markdownTable, writeBenchResults } from './report.js';
+
+export interface WebGPUHostBenchOptions {
+  /** Kernel calls per round. */
+  calls: number;
+  rounds: number;
+  /** Measured training steps (0: no training), after `warmup` ones. */
+  steps: number;
+  warmup: number;
+  out: string;
+}
+
+/** The host microseconds per call of `f` (thread CPU), the median of `rounds` rounds of `calls` calls. */
+async function hostUs(
+  f: () => void,
+  calls: number,
+  rounds: number,
+): Promise<number> {
+  const q = gpuQueue()!;
+  const per: number[] = [];
+  for (let r = 0; r <= rounds; r++) {
+    const c0 = threadCpuMs()!;
+    for (let i = 0; i < calls; i++) {
+      f();
+      if (i % 20 === 19) await q.poll(); // Dawn's completions, as a step's waits let them in
+    }
+    const us = ((threadCpuMs()! - c0) * 1000) / calls;
+    q.flush();
+    await tf.tidy(() => tf.zeros([1]).add(1)).data(); // the GPU catches up between rounds
+    if (r > 0) per.push(us); // round 0 warms up (pipelines compiled)
+  }
+  return median(per);
+}
+
+/** Host us per call of three dispatching kernel runs (see the module's comment). */
+async function dispatchCosts(
+  o: WebGPUHostBenchOptions,
+): Promise<Array<{ kernel: string; dispatches: number; host_us: number }>> {
+  await initBackend('webgpu');
+  const resident = (t: tf.Tensor) => tf.tidy(() => tf.relu(t)); // made by a program: on the GPU only
+  const x = resident(tf.randomNormal([8, 16], 0, 1, 'float32', 1));
+  const w = resident(tf.randomNormal([16, 16], 0, 1, 'float32', 2));
+  const g = resident(tf.ones([16]));
+  const b = resident(tf.zeros([16]));
+  const kernels: Array<[string, number, () => void]> = [
+    ["relu (TF.js's unary program)", 1, () => tf.relu(x).dispose()],
+    ["matMul (layerwise's product)", 1, () => tf.matMul(x, w).dispose()],
+    [
+      "layerNorm (layerwise's pipeline) + relu",
+      2,
+      () => tf.tidy(() => tf.relu(layerNorm(x, g, b))).dispose(),
+    ],
+  ];
+  const rows = [];
+  for (const [kernel, dispatches, f] of kernels)
+    rows.push({
+      kernel,
+      dispatches,
+      host_us: await hostUs(f, o.calls, o.rounds),
+    });
+  tf.dispose([x, w, g, b]);
+  return rows;
+}
+
+/** Per-step medians of the tiny charlm-small single run (see the module's comment). */
+async function stepCosts(o: WebGPUHostBenchOptions) {
+  const { resolveConfig, modelConfigFor } = await import('../config/config.js');
+  const { loadDataset } = await import('../data/index.js');
+  const { makeBatcher } = await import('../data/batcher.js');
+  const { buildModel } = await import('../model/model.js');
+  const { initParams } = await import('../model/init.js');
+  const { createStrategy } = await import('../strategies/index.js');
+  const shape = { dModel: 16, heads: 2, context: 8 };
+  const cfg = resolveConfig({
+    preset: 'charlm-small',
+    backend: 'webgpu',
+    batchSize: 1,
+    ...shape,
+  });
+  const ds = await loadDataset(cfg.data);
+  const model = buildModel(modelConfigFor(cfg, ds));
+  const s = await createStrategy(cfg, model, initParams(model.blocks, 1));
+  try {
+    const batcher = makeBatcher(ds, { batchSize: 1, context: 8, seed: 1 });
+    const host: number[] = [];
+    const poll: number[] = [];
+    const wall: number[] = [];
+    let dispatches = 0;
+    for (let i = 0; i < o.warmup + o.steps; i++) {
+      const t = performance.now();
+      const r = await s.trainStep(batcher.next(), 1e-4);
+      if (i < o.warmup) continue;
+      wall.push(performance.now() - t);
+      host.push(r.gpu?.hostMs ?? Number.NaN);
+      poll.push(r.gpu?.pollMs ?? Number.NaN);
+      dispatches = r.gpu?.dispatches ?? 0;
+    }
+    return {
+      shape,
+      dispatches_per_step: dispatches,
+      host_ms: median(host),
+      poll_ms: median(poll),
+      step_ms: median(wall),
+    };
+  } finally {
+    await s.close();
+  }
+}
+
+/**
+ * Checks the options: calls and rounds positive integers, steps and warmup integers >= 0.
+ * @throws LayerwiseError naming the flag, the value and what it must be.
+ */
+function checkOptions(o: WebGPUHostBenchOptions): void {
+  const flags: Array<[string, number, number]> = [
+    ['--calls', o.calls, 1],
+    ['--rounds', o.rounds, 1],
+    ['--steps', o.steps, 0],
+    ['--warmup', o.warmup, 0],
+  ];
+  for (const [flag, v, least] of flags)
+    if (!Number.isInteger(v) || v < least)
+      throw new LayerwiseError(
+        `${flag}: must be an integer >= ${least}, got ${v}`,
+      );
+}
+
+/**
+ * Runs the bench and writes its results.
+ * @throws LayerwiseError on a bad option (naming it), from installDawn where no WebGPU adapter
+ *   can be made, and where the thread's CPU time cannot be read (not Linux).
+ */
+export async function benchWebGPUHost(
+  o: WebGPUHostBenchOptions,
+  log: (s: string) => void,
+): Promise<void> {
+  checkOptions(o);
+  const adapter = await installDawn();
+  if (threadCpuMs() === undefined)
+    throw new LayerwiseError(
+      'webgpu-host measures thread CPU time from /proc/thread-self/schedstat: run it on Linux',
+    );
+  log(`adapter: ${adapter.description} (${adapter.featureLevel})`);
+  const kernels = await dispatchCosts(o);
+  for (const k of kernels) log(`${k.kernel}: ${k.host_us.toFixed(1)} us`);
+  const step = o.steps > 0 ? await stepCosts(o) : undefined;
+  if (step)
+    log(
+      `charlm-small step: host ${step.host_ms.toFixed(2)} ms, polling ${step.poll_ms.toFixed(2)} ms, wall ${step.step_ms.toFixed(2)} ms`,
+    );
+  const md =
+    `# The host's side of webgpu\n\nAdapter: ${adapter.description} (${adapter.featureLevel} feature level). Thread CPU time (Linux /proc/thread-self/schedstat); the machine may be shared.\n\n` +
+    `## Host us per kernel call (${o.calls} calls a round, median of ${o.rounds} rounds; 8 x 16 operands on the GPU)\n\n` +
+    markdownTable({
+      columns: ['kernel', 'dispatches', 'host us per call'],
+      rows: kernels.map((k) => [k.kernel, k.dispatches, k.host_us.toFixed(1)]),
+    }) +
+    (step
+      ? `\n## charlm-small single, batch 1, context 8, d_model 16, 2 heads (medians of ${o.steps} steps after ${o.warmup})\n\n${markdownTable(
+          {
+            columns: [
+              'dispatches per step',
+              'host ms',
+              'polling ms',
+              'step ms (wall)',
+            ],
+            rows: [
+              [
+                step.dispatches_per_step,
+                step.host_ms.toFixed(2),
+                step.poll_ms.toFixed(2),
+                step.step_ms.toFixed(2),
+              ],
+            ],
+          },
+        )}`
+      : '');
+  const files = await writeBenchResults(
+    o.out,
+    'webgpu-host',
+    { adapter, options: o, kernels, step },
+    md,
+  );
+  log(`wrote ${files.join(', ')}`);
+}
