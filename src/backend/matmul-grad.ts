@@ -9,6 +9,11 @@
  * single 2-D product instead of B products and a sum.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import {
+  checkDenseGelu,
+  DENSE_GELU_KERNEL,
+  GELU_GRAD_KERNEL,
+} from './kernel-names.js';
 
 /**
  * Sum `grad` over the axes along which `shape` was broadcast, and give it `shape` (no reshape
@@ -97,9 +102,44 @@ function fusedGradFunc(
 }
 
 /**
- * Register the broadcasting `BatchMatMul` gradient in place of the stock one, and the
- * `_FusedMatMul` kernel's ({@link fusedGradFunc}). Gradients are
- * global to the tfjs-core instance (all backends). Call once per thread.
+ * Gradient of DENSE_GELU_KERNEL (model/layers.ts denseGelu: y = GELU(h), h = x w + b), from the
+ * saved x, w, b and h: dh = GELU_GRAD_KERNEL(h, dy), made once when the gradient is asked for
+ * and shared, then `_FusedMatMul`'s gradient ({@link fusedGradFunc}) of h = x w + b on the
+ * shapes the forward's product had ([1, rows, Din] x [1, Din, Dout]: the same kernels, so the
+ * same numbers, as dense then gelu), each input a lazy closure: a split backward
+ * (pipeline/split-backward.ts) asks for dx in its input part and for dw, db in its weight part,
+ * each part making dh again from the saved h and the kept dy (one element-wise kernel more for
+ * the weight part, where dense then gelu kept dh). h is the op's internal output (layers.ts
+ * frees its handle): its own gradient, zeros from the engine, is not read.
+ */
+function denseGeluGradFunc(
+  dy: tf.Tensor | tf.Tensor[],
+  saved: tf.Tensor[],
+): Record<string, () => tf.Tensor> {
+  const dys = Array.isArray(dy) ? dy : [dy];
+  const [x, w, b, h] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
+  const [rows, din, dout] = checkDenseGelu(x, w, b);
+  const dh = tf.engine().runKernel(GELU_GRAD_KERNEL, {
+    x: h,
+    dy: dys[0]!,
+  }) as tf.Tensor;
+  const g = fusedGradFunc(
+    tf.reshape(dh, [1, rows, dout]),
+    [tf.reshape(x, [1, rows, din]), tf.reshape(w, [1, din, dout]), b],
+    { transposeA: false, transposeB: false, activation: 'linear' },
+  );
+  return {
+    x: () => tf.tidy(() => tf.reshape(g.a!(), x.shape)),
+    w: () => tf.tidy(() => tf.reshape(g.b!(), w.shape)),
+    b: g.bias!,
+  };
+}
+
+/**
+ * Register the broadcasting `BatchMatMul` gradient in place of the stock one, the
+ * `_FusedMatMul` kernel's ({@link fusedGradFunc}) and DENSE_GELU_KERNEL's
+ * ({@link denseGeluGradFunc}). Gradients are global to the tfjs-core instance (all backends).
+ * Call once per thread.
  */
 export function registerMatMulGrad(): void {
   tf.registerGradient({
@@ -111,5 +151,11 @@ export function registerMatMulGrad(): void {
     kernelName: '_FusedMatMul',
     inputsToSave: ['a', 'b', 'bias'],
     gradFunc: fusedGradFunc,
+  });
+  tf.registerGradient({
+    kernelName: DENSE_GELU_KERNEL,
+    inputsToSave: ['x', 'w', 'b'],
+    outputsToSave: [false, true],
+    gradFunc: denseGeluGradFunc,
   });
 }

@@ -31,6 +31,7 @@ import type { NumberFormat } from './precision.js';
 import { tf, wrapStockKernel } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
+import { registerWebGPUDenseGelu } from './webgpu-matmul-gelu.js';
 import {
   MATMUL_ACTIVATIONS,
   MATMUL_UNIFORMS,
@@ -167,6 +168,11 @@ export function setProductOperands(format: NumberFormat): void {
   operands = format;
 }
 
+/** The format this thread's products round their operands to ({@link setProductOperands}). */
+export function productOperands(): MatMulVariant['operands'] {
+  return operands;
+}
+
 /** Runs the planned product (with `bias` laid out by `layout`) and gives it the output's shape. */
 function runProduct(
   backend: unknown,
@@ -250,8 +256,9 @@ let registered = false;
 
 /**
  * Registers the products of this module for 'webgpu' in this thread, over TF.js's stock
- * kernels (kept for the shapes this module leaves to them), and their bias gradient's column
- * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes). Once per thread, after the webgpu
+ * kernels (kept for the shapes this module leaves to them), their bias gradient's column
+ * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes) and the MLP's product + bias +
+ * GELU in one dispatch (backend/webgpu-matmul-gelu.ts, over its composed form). Once per thread, after the webgpu
  * backend package is loaded (its stock kernels must be registered) and before
  * backend/webgpu-f16.ts's registerF16Products.
  * @throws Error when the stock kernels are missing (the webgpu package is not loaded).
@@ -264,6 +271,7 @@ export function registerWebGPUMatMul(): void {
   ] as const)
     wrapStockKernel(name, 'webgpu', (stock) => (args) => impl(args, stock));
   registerWebGPUColumnSum();
+  registerWebGPUDenseGelu();
   registered = true;
 }
 
