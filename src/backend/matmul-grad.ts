@@ -110,7 +110,8 @@ function fusedGradFunc(
  * (pipeline/split-backward.ts) asks for dx in its input part and for dw, db in its weight part,
  * each part making dh again from the saved h and the kept dy (one element-wise kernel more for
  * the weight part, where dense then gelu kept dh). h is the op's internal output (layers.ts
- * frees its handle): its own gradient, zeros from the engine, is not read.
+ * frees its handle, so no op reads it): its own gradient, zeros the engine makes for an output
+ * the backward did not reach, is not read but freed at once.
  */
 function denseGeluGradFunc(
   dy: tf.Tensor | tf.Tensor[],
@@ -119,6 +120,9 @@ function denseGeluGradFunc(
   const dys = Array.isArray(dy) ? dy : [dy];
   const [x, w, b, h] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
   const [rows, din, dout] = checkDenseGelu(x, w, b);
+  // h's gradient: zeros the engine made for it (no op reads h), freed now rather than with the
+  // backward's scope ([rows, Dout] floats, as large as dh)
+  dys[1]?.dispose();
   const dh = tf.engine().runKernel(GELU_GRAD_KERNEL, {
     x: h,
     dy: dys[0]!,
