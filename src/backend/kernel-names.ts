@@ -2,7 +2,7 @@
  * Kernels layerwise adds to TF.js (not stock kernels). The model calls each forward/gradient pair
  * as one op (model/layers.ts); the native backend registers its own C++ kernels
  * (backend/native.ts), webgpu its own WGSL kernels (backend/webgpu-kernels.ts,
- * backend/webgpu-attention.ts), every other backend the composed form of stock ops
+ * backend/webgpu-attention.ts, backend/webgpu-matmul-gelu.ts), every other backend the composed form of stock ops
  * (backend/composed-kernels.ts), under the same names. The optimizer's fused updates (ADAMW_KERNEL,
  * SGD_KERNEL) are native's and webgpu's: optim/optimizer.ts composes the update where they are
  * missing.

@@ -19,6 +19,10 @@
  *   the operands are rounded to f16 as the tiles are loaded, in the same dispatch (TF.js's
  *   kernels need a rounding dispatch per operand first: backend/webgpu-f16.ts).
  *
+ * - the Transformer MLP's product + bias + GELU (kernel-names.ts DENSE_GELU_KERNEL) is this
+ *   program with an epilogue writing both h and GELU(h), in one dispatch:
+ *   backend/webgpu-matmul-gelu.ts, registered with these by {@link registerWebGPUMatMul}.
+ *
  * Subgroups: lavapipe's adapter lists 'subgroups', but TF.js 4.22 requests its device without
  * the feature, and a register-and-workgroup-memory tiling needs none; a subgroup variant
  * (operand broadcasts by subgroupShuffle) is left for a GPU where its speed can be measured.
