@@ -23,6 +23,7 @@ import {
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
   checkDenseGelu,
+  DENSE_GELU_GRAD_KERNEL,
   DENSE_GELU_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
@@ -110,9 +111,25 @@ export function composedDenseGelu({ x, w, b }: Inputs): tf.Tensor[] {
   return [tf.engine().runKernel(GELU_KERNEL, { x: h }) as tf.Tensor, h];
 }
 
+/**
+ * DENSE_GELU_GRAD_KERNEL composed of the kernels the gradients of gelu and of dense's bias ran:
+ * GELU_GRAD_KERNEL, then `Sum` of dh viewed [1, rows, Dout] over axes 0 and 1 (backend/matmul-
+ * grad.ts's bias gradient on the product's shape). Returns [dh, db]. Also webgpu's fallback.
+ */
+export function composedDenseGeluGrad({ h, dy }: Inputs): tf.Tensor[] {
+  const dout = h!.shape[h!.rank - 1]!;
+  const dh = tf.engine().runKernel(GELU_GRAD_KERNEL, {
+    x: h!,
+    dy: dy!,
+  }) as tf.Tensor;
+  const rows = dout > 0 ? h!.size / dout : 0;
+  return [dh, tf.sum(tf.reshape(dh, [1, rows, dout]), [0, 1])];
+}
+
 /** The composed form of each kernel, by kernel name. */
 const COMPOSED: Record<string, ComposedKernel> = {
   [DENSE_GELU_KERNEL]: composedDenseGelu,
+  [DENSE_GELU_GRAD_KERNEL]: composedDenseGeluGrad,
   [GELU_KERNEL]: ({ x }) => {
     const s = tf.sigmoid(
       tf.mul(x!, tf.add(tf.mul(tf.square(x!), GELU_C2), GELU_C1)),

@@ -22,6 +22,13 @@ export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
 export const DENSE_GELU_KERNEL = 'LayerwiseDenseGelu';
 
 /**
+ * DENSE_GELU_KERNEL's gradient before the products (backend/matmul-grad.ts): inputs {h, dy}
+ * ([..., Dout] each); outputs [dh = dy GELU'(h) (h's shape), db [Dout] = dh summed over the
+ * leading axes]. Composed as GELU_GRAD_KERNEL then `Sum`; webgpu's is one dispatch.
+ */
+export const DENSE_GELU_GRAD_KERNEL = 'LayerwiseDenseGeluGrad';
+
+/**
  * [rows, Din, Dout] of DENSE_GELU_KERNEL's inputs (shapes only): rows = the product of x's leading axes.
  * @throws Error naming the mismatch (w not 2-D, b not [Dout], x's last axis not Din).
  */

@@ -2,26 +2,36 @@
  * The MLP's product + bias + GELU as one op (model/layers.ts denseGelu, kernel-names.ts
  * DENSE_GELU_KERNEL):
  *
- * - on cpu, wasm and native (fp32 and bf16, where its addon is built) it runs the kernels `dense` then `gelu` ran
- *   (composed-kernels.ts composedDenseGelu) and its registered gradient (matmul-grad.ts) the
- *   same gradient kernels on the same shapes: outputs and gradients equal theirs bit for bit;
+ * - on cpu, wasm and native (fp32 and bf16, where its addon is built) it runs the kernels
+ *   `dense` then `gelu` ran (composed-kernels.ts composedDenseGelu) and its registered gradient
+ *   (matmul-grad.ts) the same gradient kernels on the same shapes: outputs and gradients equal
+ *   theirs bit for bit;
  * - on webgpu it is one dispatch of ours (backend/webgpu-matmul-gelu.ts) writing y and h, and
- *   its outputs and gradients equal the cpu backend's within 1e-4 of their scale, for sizes that
- *   are not multiples of the 64 x 64 tile and leading axes of any rank;
- * - under an f16 policy on webgpu, y and h equal what `_FusedMatMul` then LayerwiseGelu give
- *   under the same policy (f16 operands, f16 GELU factor) to f32 rounding, and differ from the
- *   f32 results (the rounding happened);
+ *   so is its gradient's DENSE_GELU_GRAD_KERNEL (dh and db); outputs and gradients equal the cpu
+ *   backend's within 1e-4 of their scale, for sizes that are not multiples of the 64 x 64 tile
+ *   and leading axes of any rank; its split backward (pipeline/split-backward.ts) equals
+ *   tf.grads with one product in each part;
+ * - under an f16 policy on webgpu, y, h, dh and db equal what the unfused kernels give under
+ *   the same policy (f16 operands, GELU and its slope in f16 arithmetic) to f32 rounding, and
+ *   differ from the f32 results (the rounding happened);
  * - mismatched shapes are refused with the mismatch named.
  * The webgpu parts are skipped, saying why, where no WebGPU adapter can be made.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { dense, denseGelu, gelu } from '../model/layers.js';
+import { recordForward } from '../pipeline/rematerialize.js';
+import { backwardInput, backwardWeight } from '../pipeline/split-backward.js';
 import { randomArray, scaledDifference } from '../testing/backend-compare.js';
 import { noShaderF16 } from '../testing/webgpu.js';
 import { gpuQueue } from './gpu-queue.js';
 import { initBackend } from './index.js';
-import { DENSE_GELU_KERNEL, GELU_KERNEL } from './kernel-names.js';
+import {
+  DENSE_GELU_GRAD_KERNEL,
+  DENSE_GELU_KERNEL,
+  GELU_GRAD_KERNEL,
+  GELU_KERNEL,
+} from './kernel-names.js';
 import { nativeAddon, nativeUnavailable } from './native.js';
 import { policyOf } from './precision.js';
 import { tf } from './tfjs.js';
@@ -135,6 +145,69 @@ for (const [backend, precision] of [
   });
 }
 
+let whyF16: string | false = false;
+if (!why) whyF16 = await noShaderF16();
+
+test('webgpu f16: denseGelu and its gradient kernel equal the unfused kernels under the same f16 policy, not the f32 results', {
+  skip: why || whyF16,
+}, async () => {
+  const c = CASES[1]!;
+  // y, h, their unfused pair; dh, db, their unfused pair (on an h of the same values under
+  // both policies, so that only the slope's arithmetic differs between them)
+  const outputs = () =>
+    tf.tidy(() => {
+      const [x, w, b, dy] = inputs(c) as [
+        tf.Tensor,
+        tf.Tensor,
+        tf.Tensor,
+        tf.Tensor,
+      ];
+      const run = (name: string, ins: tf.NamedTensorMap) =>
+        tf.engine().runKernel(name, ins) as tf.Tensor[];
+      const [y, h] = run(DENSE_GELU_KERNEL, { x, w, b });
+      const h32 = tf.tensor(
+        randomArray(dy.size, 5).map((v) => 2 * v),
+        dy.shape,
+      );
+      const [dh, db] = run(DENSE_GELU_GRAD_KERNEL, { h: h32, dy });
+      const dhRef = tf.engine().runKernel(GELU_GRAD_KERNEL, {
+        x: h32,
+        dy,
+      }) as tf.Tensor;
+      return [
+        [y!, gelu(dense(x, w, b))],
+        [h!, h!],
+        [dh!, dhRef],
+        [db!, tf.sum(dhRef, [0, 1])],
+      ];
+    });
+  // the first webgpu test of the file: the device is made with shader-f16 (f16 arithmetic)
+  await initBackend('webgpu', { precision: 'f16' });
+  const { setProductOperands } = await import('./webgpu-matmul.js');
+  const { f16Arithmetic, useF16Arithmetic } = await import(
+    './webgpu-kernels.js'
+  );
+  try {
+    assert.ok(f16Arithmetic(tf.backend()), 'the device has shader-f16');
+    const f16 = await Promise.all(outputs().map(values));
+    setProductOperands('float32');
+    useF16Arithmetic(false);
+    const f32 = await Promise.all(outputs().map(values));
+    const names = ['y', 'h', 'dh', 'db'];
+    f16.forEach(([got, want], i) => {
+      // the same f16 operations, in the same order (db's sums in another order: 1e-5)
+      const d = scaledDifference(got!, want!).worst;
+      assert.ok(d <= 1e-5, `f16 ${names[i]} vs the unfused f16 kernels: ${d}`);
+      // and not the f32 results: the f16 rounding happened
+      const e = scaledDifference(got!, f32[i]![0]!).worst;
+      assert.ok(e > 1e-5, `f16 ${names[i]} equals the f32 one (${e})`);
+    });
+  } finally {
+    setProductOperands(policyOf('fp32').compute);
+    useF16Arithmetic(false);
+  }
+});
+
 test('webgpu: denseGelu is one dispatch and equals the cpu backend, forward and gradient', {
   skip: why,
 }, async () => {
@@ -167,8 +240,68 @@ test('webgpu: denseGelu is one dispatch and equals the cpu backend, forward and 
     const ref = tf.engine().runKernel(GELU_KERNEL, { x: h! }) as tf.Tensor;
     const { worst } = scaledDifference(await y!.data(), await ref.data());
     assert.ok(worst <= 1e-6, `y = GELU(h) to ${worst}`);
-    tf.dispose([x!, w!, b!, y!, h!, ref]);
+    // the gradient's first kernel: dh and db in one dispatch, GELU's gradient and dh's column sums
+    const dy = inputs(c)[3]!;
+    await dy.data();
+    const mark = gpuQueue()!.counts().dispatches;
+    const [dh, db] = tf
+      .engine()
+      .runKernel(DENSE_GELU_GRAD_KERNEL, { h: h!, dy }) as tf.Tensor[];
+    assert.equal(gpuQueue()!.counts().dispatches - mark, 1, 'one dispatch');
+    const dhRef = tf.engine().runKernel(GELU_GRAD_KERNEL, {
+      x: h!,
+      dy,
+    }) as tf.Tensor;
+    const dbRef = tf.sum(tf.reshape(dhRef, [-1, c[1][1]]), 0);
+    for (const [got, want, what] of [
+      [dh!, dhRef, 'dh'],
+      [db!, dbRef, 'db'],
+    ] as const) {
+      assert.deepEqual(got.shape, want.shape, what);
+      const d = scaledDifference(await got.data(), await want.data()).worst;
+      assert.ok(d <= 1e-5, `${what} to ${d}`);
+    }
+    tf.dispose([x!, w!, b!, y!, h!, ref, dy, dh!, db!, dhRef, dbRef]);
   }
+});
+
+test('webgpu: the split backward (input part, then weight part) of denseGelu equals tf.grads, running no product twice', {
+  skip: why,
+}, async () => {
+  await initBackend('webgpu');
+  const c = CASES[1]!;
+  const [x, w, b, dy] = inputs(c) as [
+    tf.Tensor,
+    tf.Tensor,
+    tf.Tensor,
+    tf.Tensor,
+  ];
+  const want = tf.grads((w, b, x) => denseGelu(x, w, b))([w, b, x], dy);
+  const n0 = tf.memory().numTensors;
+  const products = (f: () => tf.Tensor[]) =>
+    tf
+      .profile(f)
+      .then((p) => p.kernels.filter((k) => k.name === 'BatchMatMul').length);
+  let pending!: ReturnType<typeof backwardInput>['pending'];
+  let dx: tf.Tensor | null = null;
+  const inI = await products(() => {
+    const rec = recordForward(() => denseGelu(x, w, b));
+    const r = backwardInput(rec, x, [w, b], dy, true);
+    pending = r.pending;
+    dx = r.dx;
+    return [dx!];
+  });
+  let got: tf.Tensor[] = [];
+  const inW = await products(() => (got = backwardWeight(pending, [w, b])));
+  assert.equal(inI, 1, 'I: dx = dh w^T only');
+  assert.equal(inW, 1, 'W: dw = x^T dh only');
+  for (const [i, g] of [...got, dx!].entries()) {
+    const d = scaledDifference(await g.data(), await want[i]!.data()).worst;
+    assert.ok(d <= 1e-5, `gradient ${i} differs by ${d}`);
+  }
+  tf.dispose([...got, dx!]);
+  assert.equal(tf.memory().numTensors, n0, 'I + W leave no tensors');
+  tf.dispose([...want, x, w, b, dy]);
 });
 
 test('denseGelu refuses mismatched shapes, naming them', async () => {
@@ -181,40 +314,4 @@ test('denseGelu refuses mismatched shapes, naming them', async () => {
     /w must be \[Din, Dout\]/,
   );
   tf.dispose([x, w, b]);
-});
-
-let whyF16: string | false = false;
-if (!why) whyF16 = await noShaderF16();
-
-test('webgpu f16: denseGelu equals _FusedMatMul then GELU under the same f16 policy, not the f32 results', {
-  skip: why || whyF16,
-}, async () => {
-  const c = CASES[1]!;
-  const forward = () =>
-    tf.tidy(() => {
-      const [x, w, b] = inputs(c) as [tf.Tensor, tf.Tensor, tf.Tensor];
-      const [y, h] = tf
-        .engine()
-        .runKernel(DENSE_GELU_KERNEL, { x, w, b }) as tf.Tensor[];
-      return [y!, h!, gelu(dense(x, w, b))];
-    });
-  await initBackend('webgpu');
-  const f32 = await values(forward());
-  await initBackend('webgpu', { precision: 'f16' });
-  const { setProductOperands } = await import('./webgpu-matmul.js');
-  const { useF16Arithmetic } = await import('./webgpu-kernels.js');
-  try {
-    const [y, h, ref] = await values(forward());
-    // h: the same f16-rounded operands in the same f32 sums as _FusedMatMul's
-    assert.ok(scaledDifference(h!, f32[1]!).worst > 1e-5, 'operands rounded');
-    const { worst } = scaledDifference(y!, ref!);
-    assert.ok(worst <= 1e-6, `f16 denseGelu vs the two f16 kernels: ${worst}`);
-    assert.ok(
-      scaledDifference(y!, f32[0]!).worst > 1e-5,
-      'f16 differs from f32',
-    );
-  } finally {
-    setProductOperands(policyOf('fp32').compute);
-    useF16Arithmetic(false);
-  }
 });

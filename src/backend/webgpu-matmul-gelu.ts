@@ -6,8 +6,9 @@
  * f32 sums, the same bias add, GELU's math; under `--precision f16` the operands are rounded to
  * f16 as they are loaded (backend/webgpu-matmul.ts setProductOperands) and GELU's sigmoid factor
  * is computed in f16 where the device has shader-f16 (webgpu-kernels.ts f16Arithmetic), as the
- * two kernels do. The gradient is the registered one (backend/matmul-grad.ts): GELU's gradient,
- * then the products and the bias's column sum.
+ * two kernels do. Its gradient (backend/matmul-grad.ts) starts with DENSE_GELU_GRAD_KERNEL,
+ * here one dispatch too: dh = dy GELU'(h) with the bias's gradient, dh's column sums, where
+ * GELU's gradient and the column sum (webgpu-matmul-bias.ts) took two; then the products.
  *
  * Two outputs, so not a TF.js program (which writes one): a pipeline of ours on TF.js's command
  * encoder (backend/webgpu-multi.ts dispatch, counted by gpu-queue.ts like TF.js's programs).
@@ -15,8 +16,15 @@
  * `_FusedMatMul`, then GELU): non-float32 tensors, empty outputs, and more output tiles than
  * one dispatch holds (65,535^2).
  */
-import { composedDenseGelu } from './composed-kernels.js';
-import { checkDenseGelu, DENSE_GELU_KERNEL } from './kernel-names.js';
+import {
+  composedDenseGelu,
+  composedDenseGeluGrad,
+} from './composed-kernels.js';
+import {
+  checkDenseGelu,
+  DENSE_GELU_GRAD_KERNEL,
+  DENSE_GELU_KERNEL,
+} from './kernel-names.js';
 import { tf } from './tfjs.js';
 import { f16Arithmetic } from './webgpu-kernels.js';
 import { productOperands } from './webgpu-matmul.js';
@@ -28,7 +36,11 @@ import {
   type RawBackend,
   stateOf,
 } from './webgpu-multi.js';
-import { denseGeluWgsl } from './wgsl/dense-gelu.js';
+import {
+  denseGeluWgsl,
+  GRAD_COLUMNS,
+  geluGradColumnSumWgsl,
+} from './wgsl/dense-gelu.js';
 import { TILE_M, TILE_N } from './wgsl/matmul.js';
 
 /** WebGPU's default maxComputeWorkgroupsPerDimension: the tiles are numbered over x and y. */
@@ -37,11 +49,18 @@ const MAX_WORKGROUPS = 65535;
 /** The compiled modules' code by variant (the pipelines are cached by code in webgpu-multi.ts). */
 const modules = new Map<string, string>();
 
-function moduleOf(operands: 'float32' | 'float16', geluF16: boolean): string {
-  const key = `${operands}_${geluF16}`;
+function moduleOf(
+  kind: 'forward' | 'grad',
+  operands: 'float32' | 'float16',
+  geluF16: boolean,
+): string {
+  const key = `${kind}_${operands}_${geluF16}`;
   let code = modules.get(key);
   if (code === undefined) {
-    code = denseGeluWgsl(operands, geluF16);
+    code =
+      kind === 'forward'
+        ? denseGeluWgsl(operands, geluF16)
+        : geluGradColumnSumWgsl(geluF16);
     modules.set(key, code);
   }
   return code;
@@ -85,21 +104,64 @@ function denseGelu(args: KernelArgs): tf.TensorInfo[] {
   const [h, hBuffer] = newOutput(raw, shape);
   const inputs = [x!, w!, b!].map((t) => bufferOf(raw, t));
   const uniforms = constantUniforms(raw, s, denseGeluUniforms(m, k, n));
-  const code = moduleOf(productOperands(), f16Arithmetic(args.backend));
+  const code = moduleOf(
+    'forward',
+    productOperands(),
+    f16Arithmetic(args.backend),
+  );
   dispatch(raw, s, code, [...inputs, yBuffer, hBuffer, uniforms], tiles);
   return [y, h];
 }
 
 /**
- * Registers DENSE_GELU_KERNEL's one-dispatch form for 'webgpu' in this thread, over the composed
- * form backend/index.ts registered. Called by webgpu-matmul.ts registerWebGPUMatMul.
+ * DENSE_GELU_GRAD_KERNEL on webgpu: [dh, db] in one dispatch (wgsl/dense-gelu.ts
+ * geluGradColumnSumWgsl), or the composed form for non-float32 or empty tensors.
+ */
+function denseGeluGrad(args: KernelArgs): tf.TensorInfo[] {
+  const { h, dy } = args.inputs as Record<string, tf.TensorInfo>;
+  const cols = h!.shape[h!.shape.length - 1] ?? 1;
+  const size = tf.util.sizeFromShape(h!.shape);
+  const groups = Math.ceil(cols / GRAD_COLUMNS);
+  if (
+    [h!, dy!].some((t) => t.dtype !== 'float32') ||
+    size === 0 ||
+    groups > MAX_WORKGROUPS * MAX_WORKGROUPS
+  )
+    return tf.tidy(() =>
+      composedDenseGeluGrad(args.inputs as Record<string, tf.Tensor>),
+    );
+  if (!tf.util.arraysEqual(h!.shape, dy!.shape))
+    throw new Error(
+      `${DENSE_GELU_GRAD_KERNEL}: h [${h!.shape}] and dy [${dy!.shape}] differ`,
+    );
+  const raw = args.backend as unknown as RawBackend;
+  const s = stateOf(raw);
+  const [dh, dhBuffer] = newOutput(raw, h!.shape);
+  const [db, dbBuffer] = newOutput(raw, [cols]);
+  const u = new Uint32Array([size / cols, cols, groups]).buffer;
+  const code = moduleOf('grad', 'float32', f16Arithmetic(args.backend));
+  const buffers = [h!, dy!].map((t) => bufferOf(raw, t));
+  const uniforms = constantUniforms(raw, s, u);
+  dispatch(raw, s, code, [...buffers, dhBuffer, dbBuffer, uniforms], groups);
+  return [dh, db];
+}
+
+/**
+ * Registers DENSE_GELU_KERNEL's and DENSE_GELU_GRAD_KERNEL's one-dispatch forms for 'webgpu' in
+ * this thread, over the composed forms backend/index.ts registered. Called by webgpu-matmul.ts
+ * registerWebGPUMatMul.
  */
 export function registerWebGPUDenseGelu(): void {
-  if (tf.getKernel(DENSE_GELU_KERNEL, 'webgpu') !== undefined)
-    tf.unregisterKernel(DENSE_GELU_KERNEL, 'webgpu');
-  tf.registerKernel({
-    kernelName: DENSE_GELU_KERNEL,
-    backendName: 'webgpu',
-    kernelFunc: denseGelu as unknown as tf.KernelFunc,
-  });
+  for (const [kernelName, kernelFunc] of [
+    [DENSE_GELU_KERNEL, denseGelu],
+    [DENSE_GELU_GRAD_KERNEL, denseGeluGrad],
+  ] as const) {
+    if (tf.getKernel(kernelName, 'webgpu') !== undefined)
+      tf.unregisterKernel(kernelName, 'webgpu');
+    tf.registerKernel({
+      kernelName,
+      backendName: 'webgpu',
+      kernelFunc: kernelFunc as unknown as tf.KernelFunc,
+    });
+  }
 }

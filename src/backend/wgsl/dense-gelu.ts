@@ -12,7 +12,7 @@
  * numbered flat over the dispatch's x and y (a dispatch holds at most 65,535 workgroups along
  * each), tile t covering rows 64 (t / tilesN) and columns 64 (t mod tilesN).
  */
-import { geluFunctionWgsl } from './elementwise.js';
+import { geluFunctionWgsl, geluSlopeFunctionWgsl } from './elementwise.js';
 import {
   MATMUL_UNIFORMS,
   type MatMulVariant,
@@ -76,6 +76,63 @@ fn main(@builtin(local_invocation_id) lid : vec3<u32>,
   localIndex = lindex;
   workgroupId = vec3<u32>(u32(tile % uniforms.tilesN), u32(tile / uniforms.tilesN), 0u);
   product(0);
+}
+`;
+}
+
+/** Columns per workgroup of {@link geluGradColumnSumWgsl}, and the row phases its threads take. */
+export const GRAD_COLUMNS = 16;
+export const GRAD_ROW_PHASES = 16;
+
+/**
+ * GELU's gradient with the bias's gradient in one dispatch (DENSE_GELU_GRAD_KERNEL): over
+ * H, Dy viewed [rows, cols], writes Dh = Dy GELU'(H) and Db [cols] = Dh summed over rows. A
+ * workgroup takes {@link GRAD_COLUMNS} adjacent columns (adjacent threads on adjacent
+ * elements) with {@link GRAD_ROW_PHASES} threads each, thread p of a column walking rows p,
+ * p + phases, ...; the phases' partial sums (f32) are added in workgroup memory, in phase
+ * order. Workgroups are numbered flat over the dispatch's x and y. `geluF16`: the slope in f16
+ * arithmetic, as LayerwiseGeluGrad's f16 variant (dy times it, and the sums, in f32: dy is
+ * loss-scaled). Bindings: 0 H, 1 Dy, 2 Dh, 3 Db, 4 the uniforms {rows, cols, groups}.
+ */
+export function geluGradColumnSumWgsl(geluF16: boolean): string {
+  const threads = GRAD_COLUMNS * GRAD_ROW_PHASES;
+  return `${geluF16 ? 'enable f16;' : ''}
+struct Uniforms { rows : u32, cols : u32, groups : u32, };
+@group(0) @binding(0) var<storage, read> H : array<f32>;
+@group(0) @binding(1) var<storage, read> Dy : array<f32>;
+@group(0) @binding(2) var<storage, read_write> Dh : array<f32>;
+@group(0) @binding(3) var<storage, read_write> Db : array<f32>;
+@group(0) @binding(4) var<uniform> u : Uniforms;
+var<workgroup> partial : array<f32, ${threads}>;
+${geluFunctionWgsl(geluF16)}
+${geluSlopeFunctionWgsl(geluF16)}
+@compute @workgroup_size(${GRAD_COLUMNS}, ${GRAD_ROW_PHASES}, 1)
+fn main(@builtin(local_invocation_id) lid : vec3<u32>,
+        @builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>) {
+  let group = wid.x + wid.y * groups.x;
+  if (group >= u.groups) {
+    return;
+  }
+  let col = group * ${GRAD_COLUMNS}u + lid.x;
+  var s = 0.0;
+  if (col < u.cols) {
+    for (var r = lid.y; r < u.rows; r += ${GRAD_ROW_PHASES}u) {
+      let i = r * u.cols + col;
+      let g = Dy[i] * geluSlope(H[i]);
+      Dh[i] = g;
+      s += g;
+    }
+  }
+  partial[lid.y * ${GRAD_COLUMNS}u + lid.x] = s;
+  workgroupBarrier();
+  if (lid.y == 0u && col < u.cols) {
+    var total = 0.0;
+    for (var p = 0u; p < ${GRAD_ROW_PHASES}u; p++) {
+      total += partial[p * ${GRAD_COLUMNS}u + lid.x];
+    }
+    Db[col] = total;
+  }
 }
 `;
 }

@@ -232,3 +232,29 @@ export const geluFunctionWgsl = (f16Arithmetic: boolean): string =>
     return x * s;
   }
 `;
+
+/**
+ * `fn geluSlope(x : f32) -> f32`: GELU'(x) as {@link GELU_GRAD_WGSL} computes it (with `f16`,
+ * as {@link GELU_GRAD_F16_WGSL}: in f16 arithmetic, widened to f32; the module must
+ * `enable f16;`), for a kernel that multiplies it by dy itself (wgsl/dense-gelu.ts, GELU's
+ * gradient with the bias's column sums). Needs {@link geluFunctionWgsl}'s sigmoid in the module.
+ */
+export const geluSlopeFunctionWgsl = (f16Arithmetic: boolean): string =>
+  f16Arithmetic
+    ? `
+  fn geluSlope(x : f32) -> f32 {
+    let xh = f16(clamp(x, -16.0, 16.0));
+    let sq = xh * xh;
+    let sg = sigmoidH(xh * (sq * ${f16(GELU_C2)} + ${f16(GELU_C1)}));
+    let du = xh * (sq * ${f16(3 * GELU_C2)} + ${f16(GELU_C1)});
+    return f32(sg + du * (sg - sg * sg));
+  }
+`
+    : `
+  fn geluSlope(x : f32) -> f32 {
+    let sq = x * x;
+    let sg = sigmoidOf(x * (sq * ${f32(GELU_C2)} + ${f32(GELU_C1)}));
+    let du = x * (sq * ${f32(3 * GELU_C2)} + ${f32(GELU_C1)});
+    return sg + du * (sg - sg * sg);
+  }
+`;
