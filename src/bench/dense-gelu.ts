@@ -130,9 +130,16 @@ export async function benchDenseGelu(
         'pass',
         'variant',
         'ms per call (median)',
+        'min - max',
         'dispatches per call',
       ],
-      rows: rows.map((r) => [r.pass, r.variant, r.ms.toFixed(2), r.dispatches]),
+      rows: rows.map((r) => [
+        r.pass,
+        r.variant,
+        r.ms.toFixed(1),
+        `${Math.min(...r.ms_all).toFixed(1)} - ${Math.max(...r.ms_all).toFixed(1)}`,
+        r.dispatches,
+      ]),
     });
   const files = await writeBenchResults(
     o.out,
