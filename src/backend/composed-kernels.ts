@@ -22,6 +22,9 @@ import {
   CAUSAL_ATTENTION_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
+  checkDenseGelu,
+  DENSE_GELU_GRAD_KERNEL,
+  DENSE_GELU_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
   LAYER_NORM_GRAD_KERNEL,
@@ -81,8 +84,52 @@ function splitHeads(qkv: tf.Tensor, heads: number): tf.Tensor[] {
   return tf.unstack(split, 0).map((t) => tf.reshape(t, [B * heads, T, dh]));
 }
 
+/**
+ * DENSE_GELU_KERNEL composed of the kernels the MLP ran before the op existed, so each backend's
+ * numbers stay bit for bit: `_FusedMatMul` on [1, rows, Din] x [1, Din, Dout] + b (the shapes of
+ * model/layers.ts dense), then GELU_KERNEL. Returns [y, h] (x's leading axes, then Dout). Also
+ * webgpu's fallback for the inputs its one-dispatch kernel leaves (backend/webgpu-matmul-gelu.ts).
+ * @throws Error from kernel-names.ts checkDenseGelu for mismatched shapes.
+ */
+export function composedDenseGelu({ x, w, b }: Inputs): tf.Tensor[] {
+  const [rows, din, dout] = checkDenseGelu(x!, w!, b!);
+  const product = tf.engine().runKernel(
+    '_FusedMatMul',
+    {
+      a: tf.reshape(x!, [1, rows, din]),
+      b: tf.reshape(w!, [1, din, dout]),
+      bias: b!,
+    } as unknown as tf.NamedTensorMap,
+    {
+      transposeA: false,
+      transposeB: false,
+      activation: 'linear',
+      leakyreluAlpha: 0.2,
+    },
+  ) as tf.Tensor;
+  const h = tf.reshape(product, [...x!.shape.slice(0, -1), dout]);
+  return [tf.engine().runKernel(GELU_KERNEL, { x: h }) as tf.Tensor, h];
+}
+
+/**
+ * DENSE_GELU_GRAD_KERNEL composed of the kernels the gradients of gelu and of dense's bias ran:
+ * GELU_GRAD_KERNEL, then `Sum` of dh viewed [1, rows, Dout] over axes 0 and 1 (backend/matmul-
+ * grad.ts's bias gradient on the product's shape). Returns [dh, db]. Also webgpu's fallback.
+ */
+export function composedDenseGeluGrad({ h, dy }: Inputs): tf.Tensor[] {
+  const dout = h!.shape[h!.rank - 1]!;
+  const dh = tf.engine().runKernel(GELU_GRAD_KERNEL, {
+    x: h!,
+    dy: dy!,
+  }) as tf.Tensor;
+  const rows = dout > 0 ? h!.size / dout : 0;
+  return [dh, tf.sum(tf.reshape(dh, [1, rows, dout]), [0, 1])];
+}
+
 /** The composed form of each kernel, by kernel name. */
 const COMPOSED: Record<string, ComposedKernel> = {
+  [DENSE_GELU_KERNEL]: composedDenseGelu,
+  [DENSE_GELU_GRAD_KERNEL]: composedDenseGeluGrad,
   [GELU_KERNEL]: ({ x }) => {
     const s = tf.sigmoid(
       tf.mul(x!, tf.add(tf.mul(tf.square(x!), GELU_C2), GELU_C1)),

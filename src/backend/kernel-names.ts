@@ -2,7 +2,7 @@
  * Kernels layerwise adds to TF.js (not stock kernels). The model calls each forward/gradient pair
  * as one op (model/layers.ts); the native backend registers its own C++ kernels
  * (backend/native.ts), webgpu its own WGSL kernels (backend/webgpu-kernels.ts,
- * backend/webgpu-attention.ts), every other backend the composed form of stock ops
+ * backend/webgpu-attention.ts, backend/webgpu-matmul-gelu.ts), every other backend the composed form of stock ops
  * (backend/composed-kernels.ts), under the same names. The optimizer's fused updates (ADAMW_KERNEL,
  * SGD_KERNEL) are native's and webgpu's: optim/optimizer.ts composes the update where they are
  * missing.
@@ -12,6 +12,48 @@
 export const GELU_KERNEL = 'LayerwiseGelu';
 /** GELU's gradient: inputs {x, dy}, output dy * GELU'(x). */
 export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
+/**
+ * The MLP's first product with its bias and GELU as one op (model/layers.ts denseGelu): inputs
+ * {x [..., Din], w [Din, Dout], b [Dout]} (float32); outputs [y = GELU(h), h = x w + b] (both
+ * [..., Dout]; h kept for the gradient, backend/matmul-grad.ts). Composed as `_FusedMatMul` then
+ * GELU_KERNEL (backend/composed-kernels.ts); webgpu's is one dispatch
+ * (backend/webgpu-matmul-gelu.ts). Check the inputs with {@link checkDenseGelu}.
+ */
+export const DENSE_GELU_KERNEL = 'LayerwiseDenseGelu';
+
+/**
+ * DENSE_GELU_KERNEL's gradient before the products (backend/matmul-grad.ts): inputs {h, dy}
+ * ([..., Dout] each); outputs [dh = dy GELU'(h) (h's shape), db [Dout] = dh summed over the
+ * leading axes]. Composed as GELU_GRAD_KERNEL then `Sum`; webgpu's is one dispatch.
+ */
+export const DENSE_GELU_GRAD_KERNEL = 'LayerwiseDenseGeluGrad';
+
+/**
+ * [rows, Din, Dout] of DENSE_GELU_KERNEL's inputs (shapes only): rows = the product of x's leading axes.
+ * @throws Error naming the mismatch (w not 2-D, b not [Dout], x's last axis not Din).
+ */
+export function checkDenseGelu(
+  x: { readonly shape: readonly number[] },
+  w: { readonly shape: readonly number[] },
+  b: { readonly shape: readonly number[] },
+): [number, number, number] {
+  const [din, dout] = w.shape as [number, number];
+  if (w.shape.length !== 2)
+    throw new Error(
+      `${DENSE_GELU_KERNEL}: w must be [Din, Dout], got [${w.shape}]`,
+    );
+  if (b.shape.length !== 1 || b.shape[0] !== dout)
+    throw new Error(
+      `${DENSE_GELU_KERNEL}: b must be [${dout}] (w's columns), got [${b.shape}]`,
+    );
+  if (x.shape.length < 1 || x.shape[x.shape.length - 1] !== din)
+    throw new Error(
+      `${DENSE_GELU_KERNEL}: x [${x.shape}] must end in Din = ${din} (w's rows)`,
+    );
+  const rows = x.shape.slice(0, -1).reduce((a, c) => a * c, 1);
+  return [rows, din, dout];
+}
+
 /** Layer norm over the last axis (model/layers.ts layerNorm): inputs {x, g, b}, attrs {epsilon}; outputs [y, xhat, rstd (rows, 1)]. */
 export const LAYER_NORM_KERNEL = 'LayerwiseLayerNorm';
 /** Layer norm's gradient: inputs {dy, xhat, rstd, g}; outputs [dx, dg, db]. */

@@ -9,6 +9,11 @@
  * single 2-D product instead of B products and a sum.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import {
+  checkDenseGelu,
+  DENSE_GELU_GRAD_KERNEL,
+  DENSE_GELU_KERNEL,
+} from './kernel-names.js';
 
 /**
  * Sum `grad` over the axes along which `shape` was broadcast, and give it `shape` (no reshape
@@ -97,9 +102,48 @@ function fusedGradFunc(
 }
 
 /**
- * Register the broadcasting `BatchMatMul` gradient in place of the stock one, and the
- * `_FusedMatMul` kernel's ({@link fusedGradFunc}). Gradients are
- * global to the tfjs-core instance (all backends). Call once per thread.
+ * Gradient of DENSE_GELU_KERNEL (model/layers.ts denseGelu: y = GELU(h), h = x w + b), from the
+ * saved x, w, b and h: DENSE_GELU_GRAD_KERNEL makes dh = GELU'(h) dy and db (dh's column sums)
+ * when the gradient is asked for (one dispatch on webgpu; elsewhere GELU's gradient kernel and
+ * `Sum`, the kernels gelu's and dense's gradients ran), then dx and dw are `_FusedMatMul`'s
+ * gradient ({@link gradFunc}) of h = x w + b on the shapes the forward's product had
+ * ([1, rows, Din] x [1, Din, Dout]: the same kernels, so the same numbers, as dense then gelu),
+ * each a lazy closure sharing dh: a split backward (pipeline/split-backward.ts) asks for dx in
+ * its input part and for dw, db in its weight part, each part making dh and db again from the
+ * saved h and the kept dy (the input part's db unused: where dense then gelu made dh once and
+ * db only in the weight part). h is the op's internal output (layers.ts frees its handle, so no
+ * op reads it): its own gradient, zeros the engine makes for an output the backward did not
+ * reach, is not read but freed at once.
+ */
+function denseGeluGradFunc(
+  dy: tf.Tensor | tf.Tensor[],
+  saved: tf.Tensor[],
+): Record<string, () => tf.Tensor> {
+  const dys = Array.isArray(dy) ? dy : [dy];
+  const [x, w, b, h] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
+  const [rows, din, dout] = checkDenseGelu(x, w, b);
+  // [rows, Dout] floats, as large as dh: freed now rather than with the backward's scope
+  dys[1]?.dispose();
+  const [dh, db] = tf
+    .engine()
+    .runKernel(DENSE_GELU_GRAD_KERNEL, { h, dy: dys[0]! }) as tf.Tensor[];
+  const g = gradFunc(
+    tf.reshape(dh!, [1, rows, dout]),
+    [tf.reshape(x, [1, rows, din]), tf.reshape(w, [1, din, dout])],
+    { transposeA: false, transposeB: false },
+  );
+  return {
+    x: () => tf.tidy(() => tf.reshape(g.a!(), x.shape)),
+    w: () => tf.tidy(() => tf.reshape(g.b!(), w.shape)),
+    b: () => db!,
+  };
+}
+
+/**
+ * Register the broadcasting `BatchMatMul` gradient in place of the stock one, the
+ * `_FusedMatMul` kernel's ({@link fusedGradFunc}) and DENSE_GELU_KERNEL's
+ * ({@link denseGeluGradFunc}). Gradients are global to the tfjs-core instance (all backends).
+ * Call once per thread.
  */
 export function registerMatMulGrad(): void {
   tf.registerGradient({
@@ -111,5 +155,11 @@ export function registerMatMulGrad(): void {
     kernelName: '_FusedMatMul',
     inputsToSave: ['a', 'b', 'bias'],
     gradFunc: fusedGradFunc,
+  });
+  tf.registerGradient({
+    kernelName: DENSE_GELU_KERNEL,
+    inputsToSave: ['x', 'w', 'b'],
+    outputsToSave: [false, true],
+    gradFunc: denseGeluGradFunc,
   });
 }

@@ -19,6 +19,10 @@
  *   the operands are rounded to f16 as the tiles are loaded, in the same dispatch (TF.js's
  *   kernels need a rounding dispatch per operand first: backend/webgpu-f16.ts).
  *
+ * - the Transformer MLP's product + bias + GELU (kernel-names.ts DENSE_GELU_KERNEL) is this
+ *   program with an epilogue writing both h and GELU(h), in one dispatch:
+ *   backend/webgpu-matmul-gelu.ts, registered with these by {@link registerWebGPUMatMul}.
+ *
  * Subgroups: lavapipe's adapter lists 'subgroups', but TF.js 4.22 requests its device without
  * the feature, and a register-and-workgroup-memory tiling needs none; a subgroup variant
  * (operand broadcasts by subgroupShuffle) is left for a GPU where its speed can be measured.
@@ -31,6 +35,7 @@ import type { NumberFormat } from './precision.js';
 import { tf, wrapStockKernel } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
+import { registerWebGPUDenseGelu } from './webgpu-matmul-gelu.js';
 import {
   MATMUL_ACTIVATIONS,
   MATMUL_UNIFORMS,
@@ -167,6 +172,11 @@ export function setProductOperands(format: NumberFormat): void {
   operands = format;
 }
 
+/** The format this thread's products round their operands to ({@link setProductOperands}). */
+export function productOperands(): MatMulVariant['operands'] {
+  return operands;
+}
+
 /** Runs the planned product (with `bias` laid out by `layout`) and gives it the output's shape. */
 function runProduct(
   backend: unknown,
@@ -250,8 +260,9 @@ let registered = false;
 
 /**
  * Registers the products of this module for 'webgpu' in this thread, over TF.js's stock
- * kernels (kept for the shapes this module leaves to them), and their bias gradient's column
- * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes). Once per thread, after the webgpu
+ * kernels (kept for the shapes this module leaves to them), their bias gradient's column
+ * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes) and the MLP's product + bias +
+ * GELU in one dispatch (backend/webgpu-matmul-gelu.ts, over its composed form). Once per thread, after the webgpu
  * backend package is loaded (its stock kernels must be registered) and before
  * backend/webgpu-f16.ts's registerF16Products.
  * @throws Error when the stock kernels are missing (the webgpu package is not loaded).
@@ -264,6 +275,7 @@ export function registerWebGPUMatMul(): void {
   ] as const)
     wrapStockKernel(name, 'webgpu', (stock) => (args) => impl(args, stock));
   registerWebGPUColumnSum();
+  registerWebGPUDenseGelu();
   registered = true;
 }
 

@@ -219,6 +219,36 @@ program
   });
 
 program
+  .command('dense-gelu')
+  .description(
+    "the MLP's product + bias + GELU on webgpu: one op (one dispatch) vs dense then gelu, forward and forward + backward",
+  )
+  .option(
+    '--rows <n>',
+    'activation rows (batch x context)',
+    (v) => Number(v),
+    1024,
+  )
+  .option(
+    '--d <n>',
+    'model width (the product is d x 4d)',
+    (v) => Number(v),
+    256,
+  )
+  .option('--reps <n>', 'calls per timing', (v) => Number(v), 5)
+  .option(
+    '--rounds <n>',
+    'timings per variant, alternated',
+    (v) => Number(v),
+    5,
+  )
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchDenseGelu } = await import('./dense-gelu.js');
+    await benchDenseGelu(o, (s) => console.log(s));
+  });
+
+program
   .command('gpu')
   .description(
     "issue 36's GPU table: layerwise webgpu, plain TF.js webgpu and PyTorch CUDA, charlm-small and 8 x d1024, batch 32; l2l and gpipe K=2 of the large model (each run its own process, all within --budget-seconds: a 5-minute device session)",

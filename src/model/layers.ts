@@ -8,6 +8,8 @@ import {
   CAUSAL_ATTENTION_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
+  checkDenseGelu,
+  DENSE_GELU_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
   LAYER_NORM_GRAD_KERNEL,
@@ -87,6 +89,26 @@ function fusedDense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
       },
     ) as tf.Tensor;
   return tf.reshape(y, [...x.shape.slice(0, -1), dout]);
+}
+
+/**
+ * GELU(x W + b) ({@link dense} then {@link gelu}) as one op: x [..., Din], w [Din, Dout], b
+ * [Dout] (float32) -> [..., Dout]. The kernel DENSE_GELU_KERNEL (backend/kernel-names.ts) is one
+ * dispatch on webgpu (the product's epilogue adds the bias and applies GELU,
+ * backend/webgpu-matmul-gelu.ts) and elsewhere the kernels dense and gelu run
+ * (backend/composed-kernels.ts: the same numbers), with no reshape on the tape. Its second
+ * output, h = x W + b, is kept for the gradient only (backend/matmul-grad.ts: dh = GELU'(h) dy,
+ * then the product's gradients, one lazy closure per input, so that a split backward still
+ * computes dx apart from dW and db).
+ * @throws Error naming the mismatch where w is not [Din, Dout] or b not [Dout].
+ */
+export function denseGelu(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  checkDenseGelu(x, w, b);
+  const [y, h] = tf
+    .engine()
+    .runKernel(DENSE_GELU_KERNEL, { x, w, b }) as tf.Tensor[];
+  h!.dispose(); // the tape keeps its own copy for the gradient
+  return y!;
 }
 
 /**

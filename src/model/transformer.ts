@@ -2,7 +2,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { LayerwiseError } from '../util/errors.js';
 import type { Block } from './block.js';
-import { causalSelfAttention, dense, gelu, layerNorm } from './layers.js';
+import { causalSelfAttention, dense, denseGelu, layerNorm } from './layers.js';
 
 /** Token + learned position embedding. Input: int32 token ids [B, T]; output [B, T, D]. */
 export function embedding(
@@ -83,7 +83,7 @@ export function decoderBlock(
       );
       const h = tf.add(x, a);
       const m = dense(
-        gelu(dense(layerNorm(h, p.ln2_g, p.ln2_b), p.w1, p.b1)),
+        denseGelu(layerNorm(h, p.ln2_g, p.ln2_b), p.w1, p.b1),
         p.w2,
         p.b2,
       );

@@ -201,3 +201,60 @@ export const GELU_GRAD_F16_WGSL = perElementF16(`${GELU_ARG_F16}
       let slope = sg + du * (sg - sg * sg);
       setOutputAtIndex(index, Dy[index] * f32(slope));
 `);
+
+/**
+ * `fn geluOf(x : f32) -> f32`: {@link GELU_WGSL}'s math as a function, for a kernel that applies
+ * GELU in its own epilogue (wgsl/dense-gelu.ts, the MLP's product + bias + GELU); with `f16`,
+ * {@link GELU_F16_WGSL}'s (the sigmoid factor in f16 arithmetic, x * s in f32; the module must
+ * `enable f16;`). Same operations in the same order as the element-wise kernels, so the fused
+ * kernel's y equals LayerwiseGelu of its h.
+ */
+export const geluFunctionWgsl = (f16Arithmetic: boolean): string =>
+  f16Arithmetic
+    ? `
+  fn sigmoidH(u : f16) -> f16 {
+    let e = exp(-abs(u));
+    return select(e / (1.0h + e), 1.0h / (1.0h + e), u >= 0.0h);
+  }
+  fn geluOf(x : f32) -> f32 {
+    let xh = f16(clamp(x, -16.0, 16.0));
+    let sq = xh * xh;
+    let sg = sigmoidH(xh * (sq * ${f16(GELU_C2)} + ${f16(GELU_C1)}));
+    return x * f32(sg);
+  }
+`
+    : `
+  fn sigmoidOf(u : f32) -> f32 {
+    return 1.0 / (1.0 + exp(-u));
+  }
+  fn geluOf(x : f32) -> f32 {
+    let s = sigmoidOf(x * (x * x * ${f32(GELU_C2)} + ${f32(GELU_C1)}));
+    return x * s;
+  }
+`;
+
+/**
+ * `fn geluSlope(x : f32) -> f32`: GELU'(x) as {@link GELU_GRAD_WGSL} computes it (with `f16`,
+ * as {@link GELU_GRAD_F16_WGSL}: in f16 arithmetic, widened to f32; the module must
+ * `enable f16;`), for a kernel that multiplies it by dy itself (wgsl/dense-gelu.ts, GELU's
+ * gradient with the bias's column sums). Needs {@link geluFunctionWgsl}'s sigmoid in the module.
+ */
+export const geluSlopeFunctionWgsl = (f16Arithmetic: boolean): string =>
+  f16Arithmetic
+    ? `
+  fn geluSlope(x : f32) -> f32 {
+    let xh = f16(clamp(x, -16.0, 16.0));
+    let sq = xh * xh;
+    let sg = sigmoidH(xh * (sq * ${f16(GELU_C2)} + ${f16(GELU_C1)}));
+    let du = xh * (sq * ${f16(3 * GELU_C2)} + ${f16(GELU_C1)});
+    return f32(sg + du * (sg - sg * sg));
+  }
+`
+    : `
+  fn geluSlope(x : f32) -> f32 {
+    let sq = x * x;
+    let sg = sigmoidOf(x * (sq * ${f32(GELU_C2)} + ${f32(GELU_C1)}));
+    let du = x * (sq * ${f32(3 * GELU_C2)} + ${f32(GELU_C1)});
+    return sg + du * (sg - sg * sg);
+  }
+`;

@@ -121,11 +121,26 @@ function loads(v: MatMulVariant): string {
 `;
 }
 
-/** The WGSL user code of one product variant (see the module's comment). */
-export function matMulWgsl(v: MatMulVariant): string {
+/**
+ * The WGSL user code of one product variant (see the module's comment). `epilogue`: WGSL that
+ * stores one output element (in scope: `x` its f32 sum, `r` and `c` its row and column, both in
+ * range, `outBase` its batch's first element, `biasBase` the bias's), in place of the bias, the
+ * activation and the store to `result` (wgsl/dense-gelu.ts writes two outputs so); `entry` the
+ * name of the function TF.js's (or a caller's own) entry point calls.
+ */
+export function matMulWgsl(
+  v: MatMulVariant,
+  epilogue?: string,
+  entry = 'main',
+): string {
   const bias = v.bias
     ? 'v += Bias[biasBase + r * uniforms.biasRow + c * uniforms.biasCol];'
     : '';
+  const store =
+    epilogue ??
+    `var v = x;
+      ${bias}
+      result[outBase + r * uniforms.N + c] = ${MATMUL_ACTIVATIONS[v.activation]};`;
   // each invocation's outputs: rows row0 + 4 ty + i, columns col0 + 4 tx + j (i, j < 4), read
   // from the tiles as vec4s; the accumulators are four vec4 rows (registers, no indexing)
   const rows = [0, 1, 2, 3];
@@ -142,12 +157,10 @@ export function matMulWgsl(v: MatMulVariant): string {
   ${loads(v)}
   fn finish(biasBase : i32, outBase : i32, r : i32, c : i32, x : f32) {
     if (r < uniforms.M && c < uniforms.N) {
-      var v = x;
-      ${bias}
-      result[outBase + r * uniforms.N + c] = ${MATMUL_ACTIVATIONS[v.activation]};
+      ${store}
     }
   }
-  fn main(index : i32) {
+  fn ${entry}(index : i32) {
     let tx = i32(localId.x);
     let ty = i32(localId.y);
     let li = i32(localIndex);
