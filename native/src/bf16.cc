@@ -276,6 +276,19 @@ int bf16Product(const Bf16Operand& a, const Bf16Operand& b, float* c, uint16_t* 
   const uint16_t* av = bf16Of(a, batchA * m * k, ctx.scratchA);
   const uint16_t* bv = bf16Of(b, batchB * k * n, ctx.scratchB);
   try {
+    // a weight gradient with a small output at 2+ threads: each member multiplies its slice of k
+    if (cBf == nullptr && bias == nullptr && nativeBf16() && splitsReduction(omp_get_max_threads(), batch, m, n, k, transA, transB)) {
+      const int s = splitReduction(m, n, k, c, [&](int64_t k0, int64_t k1, float* out) {
+        try {
+          product(context(), av + k0 * m, bv + k0 * n, out, 1, 1, 1, m, n, k1 - k0, true, false);
+        } catch (const dnnl::error& e) {
+          return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+        }
+        return 0;
+      });
+      if (impl != nullptr) *impl = "split over k on the team, one single-threaded oneDNN matmul per slice";
+      return s;
+    }
     product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB, cBf, bias);
     if (impl != nullptr)
       *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{omp_get_max_threads(), batchA, batchB, batch, m, n, k, transA, transB, cBf != nullptr, bias != nullptr}]

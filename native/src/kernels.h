@@ -1,6 +1,7 @@
 // layerwise native kernels: declarations shared by the N-API glue (addon.cc) and the kernels.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,18 @@ inline void streamFence() {
 // when transB). Returns 0 or oneDNN's status.
 int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStride, int64_t bStride,
            int64_t m, int64_t n, int64_t k, bool transA, bool transB);
+
+// Whether a team of `team` threads computes the product C = A^T B (a weight gradient: small
+// [m, n], at most 65,536 elements, long reduction k >= 4 max(m, n)) by splitting k
+// (splitReduction): never at one thread, whose sums stay oneDNN's own, bit for bit.
+bool splitsReduction(int team, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA, bool transB);
+// C [m, n] (float32) = sum over the team's k-slices of slice(k0, k1, out): each member computes
+// its slice's product alone (oneDNN single-threaded inside the region) into C (member 0) or a
+// private partial, then the partials are added into C, the team split over C's elements: the
+// float sums in another order than one product's. slice(k0, k1, out) writes out [m, n] = the
+// product over rows [k0, k1) of A [k, m] and B [k, n] (k0 a multiple of 64), 0 or a status.
+// Returns 0 or a nonzero status a slice returned.
+int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::function<int(int64_t, int64_t, float*)>& slice);
 
 // AdamW on n parameters (Loshchilov & Hutter, 2019), the device optimizer's math:
 // g' = g * gradScale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;

@@ -16,6 +16,7 @@ import { causalSelfAttention } from '../model/layers.js';
 import { randomArray } from '../testing/backend-compare.js';
 import { LayerwiseError } from '../util/errors.js';
 import { initBackend } from './index.js';
+import { roundTensor } from './low-precision.js';
 import { deviceBytes } from './memory.js';
 import { bf16Support } from './names.js';
 import type { NativeBackend } from './native.js';
@@ -654,6 +655,34 @@ test("fromBf16: a bf16-only tensor holds 2 bytes per element, is the products' b
   y.dispose();
   assert.equal(deviceBytes(), start, 'every byte counted is freed');
   for (const a of [x, ref, yRef]) a.dispose();
+});
+
+test('the bf16 rounding of a tensor held as bf16 is that tensor: the same values and data, no new bytes, freed once both go', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const w = randomArray(4096, 21);
+  const bf = new Uint16Array(w.length);
+  nativeAddon()!.toBf16(w, bf);
+  const start = deviceBytes();
+  const t = backend().activationFromBf16(bf.slice(), [64, 64]);
+  const r = roundTensor(t);
+  assert.equal(r.dataId, t.dataId, 'the rounding shares the held data');
+  assert.equal(deviceBytes() - start, 2 * w.length, 'no new bytes');
+  t.dispose();
+  assert.deepEqual(
+    await r.data(),
+    rounded(w),
+    'the rounded values, readable after x is freed',
+  );
+  r.dispose();
+  assert.equal(deviceBytes(), start, 'every byte counted is freed');
+  // a float32 input is rounded into bf16 values of its own
+  const f = tf.tensor2d(w, [64, 64]);
+  const g = roundTensor(f);
+  assert.notEqual(g.dataId, f.dataId);
+  assert.deepEqual(await g.data(), rounded(w));
+  tf.dispose([f, g]);
 });
 
 test('a recorded forward keeps its saved activations as bf16: half their bytes until the backward, the same gradients as tf.grads', {

@@ -567,6 +567,65 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
   }
 });
 
+test('a weight gradient A^T B with a small output and a long k (split over k at 2 threads) equals the float64 product, fp32 and bf16, at 1 and 2 threads', {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const before = lib.threads();
+  // k not a multiple of the slices' 64-row blocks, n not a multiple of 16
+  const [m, n, k] = [256, 89, 4133];
+  const a = randomArray(k * m, 3), // A stored [k, m]
+    b = randomArray(k * n, 4);
+  const [ab, bb] = [new Uint16Array(k * m), new Uint16Array(k * n)];
+  lib.toBf16(a, ab);
+  lib.toBf16(b, bb);
+  const reference = (x: Float32Array, y: Float32Array) => {
+    const c = new Float64Array(m * n);
+    for (let r = 0; r < k; r++)
+      for (let i = 0; i < m; i++) {
+        const xi = x[r * m + i]!;
+        for (let j = 0; j < n; j++) c[i * n + j] += xi * y[r * n + j]!;
+      }
+    return c;
+  };
+  const [af, bf] = [new Float32Array(k * m), new Float32Array(k * n)];
+  lib.fromBf16(ab, af);
+  lib.fromBf16(bb, bf);
+  const exact = { fp32: reference(a, b), bf16: reference(af, bf) };
+  try {
+    for (const threads of [1, 2]) {
+      lib.setThreads(threads);
+      const cpu0 = lib.teamCpuSeconds();
+      const c32 = new Float32Array(m * n),
+        c16 = new Float32Array(m * n);
+      for (let i = 0; i < 5; i++) {
+        lib.matmul(a, b, c32, 1, 0, 0, m, n, k, true, false);
+        lib.matmulBf16(ab, bb, c16, 1, 0, 0, m, n, k, true, false);
+      }
+      const cpu1 = lib.teamCpuSeconds();
+      if (threads === 2)
+        assert.ok(
+          cpu1[1]! > cpu0[1]!,
+          'the second team member computed no slice',
+        );
+      for (const [what, c] of [
+        ['fp32', c32],
+        ['bf16', c16],
+      ] as const)
+        for (let i = 0; i < m * n; i++) {
+          const want = exact[what][i]!;
+          // float32 sums of k products of normal values (|C| about sqrt(k) = 64): a lost or doubled slice is off by tens
+          assert.ok(
+            Math.abs(c[i]! - want) <= 2e-6 * k,
+            `${what} C[${i}] at ${threads} threads: ${c[i]}, float64 product ${want}`,
+          );
+        }
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+});
+
 test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
   skip,
 }, () => {

@@ -44,6 +44,8 @@ export interface KernelsBenchOptions {
 /** A kernel's totals: wall ms, calls, and (with `--cpu`) CPU ms of this thread and of the other members together. */
 interface KernelTotals {
   ms: number;
+  /** Wall ms in each measured step (by round; a step without a call has none). */
+  byStep: number[];
   calls: number;
   cpuSelf: number;
   cpuOthers: number;
@@ -53,6 +55,8 @@ interface KernelTotals {
 interface KernelTimer {
   /** Where timed calls go now; null while not timing (the warm-up steps). */
   current: Map<string, KernelTotals> | null;
+  /** The measured round now (index into KernelTotals.byStep). */
+  round: number;
   /** Whether each call is also timed on the team's CPU clocks. */
   cpu: boolean;
 }
@@ -61,6 +65,11 @@ interface KernelTimer {
 interface KernelRow {
   kernel: string;
   ms_per_step: number;
+  /**
+   * Median over the measured steps of the kernel's ms in a step: unlike the mean, not moved by
+   * one step that another process slowed (a rare kernel's few calls suffer most from that).
+   */
+  median_ms_per_step: number;
   calls_per_step: number;
   /** With `--cpu`: CPU ms per step of this thread and of each other member (their mean). */
   cpu_ms?: { this_thread: number; per_other_thread: number | null };
@@ -71,6 +80,8 @@ export interface ThreadsRun {
   /** OpenMP team size (null: the backend's default, not set). */
   threads: number | null;
   step_ms: number;
+  /** Median step time over the measured steps (ms). */
+  step_median_ms: number;
   kernel_ms: number;
   /** step_ms - kernel_ms: the JS between kernels (dispatch, tape, tidy, buffer pool). */
   outside_ms: number;
@@ -155,7 +166,7 @@ function wrapKernels(
   byShapes: boolean,
   cpu: boolean,
 ): KernelTimer {
-  const timer: KernelTimer = { current: null, cpu };
+  const timer: KernelTimer = { current: null, round: 0, cpu };
   for (const k of tf.getKernelsForBackend(backend)) {
     const f = k.kernelFunc;
     tf.unregisterKernel(k.kernelName, backend);
@@ -176,11 +187,13 @@ function wrapKernels(
           : k.kernelName;
         const e = times.get(key) ?? {
           ms: 0,
+          byStep: [],
           calls: 0,
           cpuSelf: 0,
           cpuOthers: 0,
         };
         e.ms += ms;
+        e.byStep[timer.round] = (e.byStep[timer.round] ?? 0) + ms;
         e.calls++;
         c1.forEach((s, m) => {
           if (m === 0) e.cpuSelf += 1000 * (s - c0[0]!);
@@ -224,7 +237,7 @@ async function trainSteps(
   const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
   const counts = o.threads ?? [null];
   const times = counts.map(() => new Map<string, KernelTotals>());
-  const stepMs = counts.map(() => 0);
+  const stepMs = counts.map(() => [] as number[]);
   const cpu = counts.map(() => [] as number[]);
   let tokens = 0;
   const step = () => {
@@ -247,10 +260,11 @@ async function trainSteps(
       counts.forEach((t, i) => {
         setTeam(t);
         timer.current = times[i]!;
+        timer.round = s;
         const c0 = teamCpu(o.backend);
         const t0 = performance.now();
         step();
-        stepMs[i]! += performance.now() - t0;
+        stepMs[i]!.push(performance.now() - t0);
         timer.current = null;
         addCpu(cpu[i]!, c0, teamCpu(o.backend));
       });
@@ -309,11 +323,20 @@ function cpuSplit(
   };
 }
 
-/** One count's totals over `steps` steps as means per step, kernels slowest first. */
+/** The median of `values` (the mean of the middle two for an even count), a step without a value counted as 0 ms. */
+function median(values: number[], count: number): number {
+  const v = Array.from({ length: count }, (_, i) => values[i] ?? 0).sort(
+    (a, b) => a - b,
+  );
+  const h = Math.floor(count / 2);
+  return count % 2 === 1 ? v[h]! : (v[h - 1]! + v[h]!) / 2;
+}
+
+/** One count's totals over `steps` steps as means (and medians) per step, kernels slowest first. */
 function threadsRun(
   threads: number | null,
   times: Map<string, KernelTotals>,
-  stepMs: number,
+  stepMs: number[],
   cpuMs: number[],
   steps: number,
   tokens: number,
@@ -324,6 +347,7 @@ function threadsRun(
     .map(([kernel, e]) => ({
       kernel,
       ms_per_step: e.ms / steps,
+      median_ms_per_step: median(e.byStep, steps),
       calls_per_step: e.calls / steps,
       ...(cpu
         ? {
@@ -336,11 +360,12 @@ function threadsRun(
         : {}),
     }))
     .sort((a, b) => b.ms_per_step - a.ms_per_step);
-  const step_ms = stepMs / steps;
+  const step_ms = stepMs.reduce((a, v) => a + v, 0) / steps;
   const kernel_ms = rows.reduce((a, r) => a + r.ms_per_step, 0);
   return {
     threads,
     step_ms,
+    step_median_ms: median(stepMs, steps),
     kernel_ms,
     outside_ms: step_ms - kernel_ms,
     ...cpuSplit(cpuMs, steps),
@@ -364,12 +389,19 @@ function kernelsMarkdown(
   const perStep = run.step_ms;
   return [
     `# kernels benchmark\n`,
-    `${settingLine(o, model)}, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
+    `${settingLine(o, model)}, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (median ${run.step_median_ms.toFixed(0)}) (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
     markdownTable({
-      columns: ['kernel', 'ms per step', 'share of the step', 'calls per step'],
+      columns: [
+        'kernel',
+        'ms per step',
+        'median ms per step',
+        'share of the step',
+        'calls per step',
+      ],
       rows: run.rows.map((r) => [
         r.kernel,
         r.ms_per_step.toFixed(1),
+        r.median_ms_per_step.toFixed(1),
         `${((100 * r.ms_per_step) / perStep).toFixed(1)}%`,
         r.calls_per_step,
       ]),
@@ -406,17 +438,16 @@ function threadsMarkdown(
     b: number | null | undefined,
   ) =>
     a == null || b == null || a <= 0 || b <= 0 ? '-' : `${(a / b).toFixed(2)}x`;
-  const line = (
-    name: string,
-    pick: (r: ThreadsRun) => number | null | undefined,
-  ) => [
+  type Pick = (r: ThreadsRun) => number | null | undefined;
+  // mean and median ms at each count, and their speedups over the first count
+  const line = (name: string, pick: Pick, pickMedian: Pick = () => null) => [
     name,
     ...runs.map((r) => ms(pick(r))),
     ...runs.slice(1).map((r) => speedup(pick(base), pick(r))),
+    ...runs.map((r) => ms(pickMedian(r))),
+    ...runs.slice(1).map((r) => speedup(pickMedian(base), pickMedian(r))),
   ];
-  const byName = runs.map(
-    (r) => new Map(r.rows.map((k) => [k.kernel, k.ms_per_step])),
-  );
+  const byName = runs.map((r) => new Map(r.rows.map((k) => [k.kernel, k])));
   const calls = new Map(base.rows.map((k) => [k.kernel, k.calls_per_step]));
   const cpuColumns = o.cpu
     ? runs.slice(1).map((r) => `CPU speedup at ${r.threads}`)
@@ -429,18 +460,28 @@ function threadsMarkdown(
   ];
   return [
     `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
-    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
+    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms, and medians over the steps (of the step's time and of each kernel's in a step: unlike means, not moved by a few steps that another process slowed) (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
     `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.\n`,
     markdownTable({
       columns: [
         'kernel',
         ...runs.map((r) => `ms at ${r.threads}`),
         ...runs.slice(1).map((r) => `speedup at ${r.threads}`),
+        ...runs.map((r) => `median at ${r.threads}`),
+        ...runs.slice(1).map((r) => `median speedup at ${r.threads}`),
         ...cpuColumns,
         'calls per step',
       ],
       rows: [
-        [...line('**step**', (r) => r.step_ms), ...pad, ''],
+        [
+          ...line(
+            '**step**',
+            (r) => r.step_ms,
+            (r) => r.step_median_ms,
+          ),
+          ...pad,
+          '',
+        ],
         [...line('**in kernels**', (r) => r.kernel_ms), ...pad, ''],
         [...line('**outside kernels**', (r) => r.outside_ms), ...pad, ''],
         [
@@ -457,7 +498,11 @@ function threadsMarkdown(
           '',
         ],
         ...names.map((n) => [
-          ...line(n, (_r) => byName[runs.indexOf(_r)]!.get(n)),
+          ...line(
+            n,
+            (r) => byName[runs.indexOf(r)]!.get(n)?.ms_per_step,
+            (r) => byName[runs.indexOf(r)]!.get(n)?.median_ms_per_step,
+          ),
           ...(o.cpu ? cpuSpeedups(runs, n) : []),
           calls.get(n) ?? '-',
         ]),
