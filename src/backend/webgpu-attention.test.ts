@@ -149,6 +149,14 @@ test('webgpu WGSL flash attention equals the cpu composed attention, keeps nothi
   const want: Float32Array[][] = [];
   for (const c of cases) want.push(await runP(c));
   await initBackend('webgpu');
+  // bad input: a clear error naming what qkv must be
+  const odd = tf.zeros([1, 4, 10]);
+  assert.throws(
+    () =>
+      tf.engine().runKernel(FLASH_ATTENTION_KERNEL, { qkv: odd }, { heads: 2 }),
+    /qkv must be float32 \[B, T, 3 \* heads \* dh\], got float32 \[1,4,10\] with heads 2/,
+  );
+  odd.dispose();
   const queue = gpuQueue()!;
   for (const [i, c] of cases.entries()) {
     const [b, t, h, dh] = c.shape;

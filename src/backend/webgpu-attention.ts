@@ -84,7 +84,10 @@ function dims(qkv: tf.TensorInfo, heads: number): Dims {
 /** Workgroups of one role: a 64-row block of each (batch, head). */
 const blocks = ({ b, t, h }: Dims) => Math.ceil(t / ROWS_PER_WORKGROUP) * b * h;
 
-/** The shader's key in the pipeline cache is its code; the code depends on dh and f16 only. */
+/**
+ * The WGSL of a kernel for head width dh (f16: the f16-arithmetic variant), made once: the
+ * pipeline cache (webgpu-multi.ts) is keyed by the code itself.
+ */
 const shaders = new Map<string, string>();
 function shader(kind: 'forward' | 'grad', dh: number, f16: boolean): string {
   const key = `${kind}_${dh}_${f16}`;
