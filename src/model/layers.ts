@@ -211,10 +211,14 @@ export function causalSelfAttention(
     return {
       value: ctx!,
       gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
-        const [q, k, c] = saved as [tf.Tensor, tf.Tensor, tf.Tensor?];
+        const [qkvSaved, kept, ctxSaved] = saved as [
+          tf.Tensor,
+          tf.Tensor,
+          tf.Tensor?,
+        ];
         const inputs: tf.NamedTensorMap = flash
-          ? { dy: dy as tf.Tensor, qkv: q, ctx: c!, lse: k }
-          : { dy: dy as tf.Tensor, qkv: q, p: k };
+          ? { dy: dy as tf.Tensor, qkv: qkvSaved, ctx: ctxSaved!, lse: kept }
+          : { dy: dy as tf.Tensor, qkv: qkvSaved, p: kept };
         return [tf.engine().runKernel(grad, inputs, { heads }) as tf.Tensor];
       },
     };
