@@ -3,7 +3,8 @@
  * as one op (model/layers.ts); the native backend registers its own C++ kernels
  * (backend/native.ts), webgpu its own WGSL kernels (backend/webgpu-kernels.ts,
  * backend/webgpu-attention.ts, backend/webgpu-matmul-gelu.ts), every other backend the composed form of stock ops
- * (backend/composed-kernels.ts), under the same names. The optimizer's fused updates (ADAMW_KERNEL,
+ * (backend/composed-kernels.ts), under the same names (but for the flash attention pair, which
+ * only webgpu registers). The optimizer's fused updates (ADAMW_KERNEL,
  * SGD_KERNEL) are native's and webgpu's: optim/optimizer.ts composes the update where they are
  * missing.
  */
@@ -71,6 +72,22 @@ export const CAUSAL_SOFTMAX_GRAD_KERNEL = 'LayerwiseCausalSoftmaxGrad';
 export const CAUSAL_ATTENTION_KERNEL = 'LayerwiseCausalAttention';
 /** Its gradient: inputs {dy [B, T, D], qkv, p}, attrs {heads}; output dqkv [B, T, 3D]. */
 export const CAUSAL_ATTENTION_GRAD_KERNEL = 'LayerwiseCausalAttentionGrad';
+/**
+ * Causal multi-head self-attention as {@link CAUSAL_ATTENTION_KERNEL}, flash-style (Dao et al.
+ * 2022, FlashAttention; Dao 2023, FlashAttention-2): nothing of size T x T is kept or written.
+ * Inputs {qkv} [B, T, 3D] float32 laid out [B, T, 3, H, dh], attrs {heads}; outputs [ctx [B, T, D]
+ * (heads side by side), lse [B, H, T] float32 (each query row's log-sum-exp of its scaled causal
+ * scores, log sum_{j <= t} exp(q_t . k_j / sqrt(dh)), which lets the gradient recompute P)].
+ * Registered only where it pays (webgpu, backend/webgpu-attention.ts: device memory); where a
+ * backend has none, model/layers.ts causalSelfAttention runs the P pair above.
+ */
+export const FLASH_ATTENTION_KERNEL = 'LayerwiseFlashAttention';
+/**
+ * Its gradient: inputs {dy [B, T, D], qkv, ctx, lse} (the forward's outputs), attrs {heads};
+ * output dqkv [B, T, 3D]: P recomputed block by block as exp(scale q k^T - lse), and
+ * rowsum(dP P) as rowsum(dy ctx) (FlashAttention-2's D).
+ */
+export const FLASH_ATTENTION_GRAD_KERNEL = 'LayerwiseFlashAttentionGrad';
 /**
  * Mean softmax cross-entropy (model/layers.ts softmaxCrossEntropy): inputs {logits [N, C]
  * float32, labels [N] int32}; outputs [loss (scalar, nats), probs [N, C] (kept for the gradient)].

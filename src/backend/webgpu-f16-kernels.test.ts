@@ -4,7 +4,7 @@
  * compute their sigmoid factor and slope in WGSL's f16 (backend/wgsl/elementwise.ts), layer
  * norm's forward its normalisation (f32 sums; wgsl/multi.ts), the softmax cross-entropy and the
  * causal softmax their exps (and their gradients probs - onehot and y * scale; wgsl/rows.ts,
- * elementwise.ts), and causal attention takes f16 product operands and f16 exps
+ * elementwise.ts), and flash attention takes f16 product operands and f16 exps
  * (wgsl-attention/), storage staying float32. Checked against the cpu backend's f16 numerics
  * (its f32 kernels on inputs rounded to f16 by webgpu-f16.ts's rounding where the kernel rounds
  * its input) within bounds derived from f16's precision (its unit roundoff, one ulp per WGSL
@@ -28,6 +28,8 @@ import {
   CAUSAL_ATTENTION_KERNEL,
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
+  FLASH_ATTENTION_GRAD_KERNEL,
+  FLASH_ATTENTION_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
   LAYER_NORM_KERNEL,
@@ -409,11 +411,10 @@ test('webgpu f16: the causal softmax takes its exps, and its gradient y * scale,
 /** Attention's sizes [B, T, H, dh]: T past one 64-row block, two heads. */
 const ATT: [number, number, number, number] = [2, 70, 2, 16];
 
-/** [ctx, p, dqkv] of causal attention on the current backend; the gradient of the given `p`. */
+/** [ctx, p, dqkv] of the P attention pair (the cpu reference) on the current backend. */
 async function attentionOn(
   qkv: Float32Array,
   dy: Float32Array,
-  p?: Float32Array,
 ): Promise<Float32Array[]> {
   const [b, t, h, dh] = ATT;
   const q = tf.tensor(qkv, [b, t, 3 * h * dh]);
@@ -426,15 +427,40 @@ async function attentionOn(
     ) as tf.Tensor[];
   const dqkv = run(
     CAUSAL_ATTENTION_GRAD_KERNEL,
-    {
-      dy: tf.tensor(dy, [b, t, h * dh]),
-      qkv: q,
-      p: p ? tf.tensor(p, [b, h, t, t]) : probs!,
-    },
+    { dy: tf.tensor(dy, [b, t, h * dh]), qkv: q, p: probs! },
     { heads: h },
   );
   return Promise.all(
     [ctx!, probs!, dqkv].map((v) => v.data() as Promise<Float32Array>),
+  );
+}
+
+/**
+ * [ctx, lse, dqkv] of the flash attention pair on the current backend; the gradient of the
+ * given forward outputs `fwd` (ctx, lse: cpu's) where given, so that it is compared alone.
+ */
+async function flashOn(
+  qkv: Float32Array,
+  dy: Float32Array,
+  fwd?: [Float32Array, Float32Array],
+): Promise<Float32Array[]> {
+  const [b, t, h, dh] = ATT;
+  const q = tf.tensor(qkv, [b, t, 3 * h * dh]);
+  const [ctx, lse] = tf
+    .engine()
+    .runKernel(FLASH_ATTENTION_KERNEL, { qkv: q }, { heads: h }) as tf.Tensor[];
+  const dqkv = run(
+    FLASH_ATTENTION_GRAD_KERNEL,
+    {
+      dy: tf.tensor(dy, [b, t, h * dh]),
+      qkv: q,
+      ctx: fwd ? tf.tensor(fwd[0], ctx!.shape) : ctx!,
+      lse: fwd ? tf.tensor(fwd[1], lse!.shape) : lse!,
+    },
+    { heads: h },
+  );
+  return Promise.all(
+    [ctx!, lse!, dqkv].map((v) => v.data() as Promise<Float32Array>),
   );
 }
 
@@ -444,62 +470,84 @@ async function attentionOn(
  */
 const ATT_SLACK = 1e-4;
 
-/** Bounds of the f16 attention's P and ctx against cpu's on the f16-rounded qkv (f64). */
-function attentionForwardBounds(
+/** Attention's inputs, f16-rounded (q16: qkv, dy16: dy), read by position (f64 math). */
+function attentionReader(q16: Float32Array, dy16: Float32Array) {
+  const [, t, h, dh] = ATT;
+  return {
+    at: (bi: number, ti: number, part: number, hi: number, d: number) =>
+      q16[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]!,
+    g: (bi: number, ti: number, hi: number, d: number) =>
+      dy16[((bi * t + ti) * h + hi) * dh + d]!,
+    /** Row i's scaled scores s_j, j <= i, of (bi, hi). */
+    scores(bi: number, hi: number, i: number): number[] {
+      const s: number[] = [];
+      for (let j = 0; j <= i; j++) {
+        let dot = 0;
+        for (let d = 0; d < dh; d++)
+          dot += this.at(bi, i, 0, hi, d) * this.at(bi, j, 1, hi, d);
+        s.push(dot / Math.sqrt(dh));
+      }
+      return s;
+    },
+  };
+}
+
+/**
+ * Bounds of the flash forward's lse and ctx against the exact lse and cpu's ctx on the
+ * f16-rounded qkv (f64), and that lse [B, H, T]. Each term's f16 exp is taken against the
+ * running max of its key block and rescaled in f32 to the row's max: the rescaling keeps its
+ * relative error and, its argument being nearer 0, shrinks WGSL's 3 + 2|a| ulps, but an ulp
+ * scaled is within two ulps of the scaled value: twice expErr of the term's final argument.
+ * The row's sum S is then within delta = sum 2 expErr / S, relative; lse = m + log S within
+ * delta / (1 - delta); ctx = sum_j exp_j v_j / S within sum_j (2 expErr_j / S + p_j delta) /
+ * (1 - delta) |v_j| (the products' weights are f16 values already: no rounding).
+ */
+function flashForwardBounds(
   q16: Float32Array,
-  p: Float32Array,
-  rp: Float32Array,
-): { pTol: Float64Array; ctxTol: Float64Array } {
+  dy16: Float32Array,
+): { lse: Float64Array; lseTol: Float64Array; ctxTol: Float64Array } {
   const [b, t, h, dh] = ATT;
-  const at = (bi: number, ti: number, part: number, hi: number, d: number) =>
-    q16[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]!;
-  const pTol = new Float64Array(p.length);
+  const r = attentionReader(q16, dy16);
+  const lse = new Float64Array(b * h * t);
+  const lseTol = new Float64Array(b * h * t);
   const ctxTol = new Float64Array(b * t * h * dh).fill(ATT_SLACK);
   for (let bi = 0; bi < b; bi++)
     for (let hi = 0; hi < h; hi++)
       for (let i = 0; i < t; i++) {
-        const s: number[] = [];
-        for (let j = 0; j <= i; j++) {
-          let dot = 0;
-          for (let d = 0; d < dh; d++)
-            dot += at(bi, i, 0, hi, d) * at(bi, j, 1, hi, d);
-          s.push(dot / Math.sqrt(dh));
-        }
+        const s = r.scores(bi, hi, i);
         const top = Math.max(...s);
-        const { sum, delta } = rowBound(s.map((v) => v - top));
-        const base = ((bi * h + hi) * t + i) * t;
+        const a = s.map((v) => v - top);
+        const sum = a.reduce((acc, v) => acc + Math.exp(v), 0);
+        const delta = a.reduce((acc, v) => acc + 2 * expErr(v), 0) / sum;
+        lse[(bi * h + hi) * t + i] = top + Math.log(sum);
+        lseTol[(bi * h + hi) * t + i] = delta / (1 - delta) + ATT_SLACK;
         for (let j = 0; j <= i; j++) {
-          // each term's f16 exp (its rescalings by f32 exps only shrink its error), over S
-          const tol =
-            (expErr(s[j]! - top) / sum + rp[base + j]! * delta) / (1 - delta) +
-            ATT_SLACK;
-          pTol[base + j] = tol;
-          // ctx = sum roundH(p) vh: P's bound and its rounding, times |v|
-          const w = tol + ulp16(p[base + j]!);
+          const pj = Math.exp(a[j]!) / sum;
+          const w = ((2 * expErr(a[j]!)) / sum + pj * delta) / (1 - delta);
           for (let d = 0; d < dh; d++)
             ctxTol[((bi * t + i) * h + hi) * dh + d]! +=
-              w * Math.abs(at(bi, j, 2, hi, d));
+              w * Math.abs(r.at(bi, j, 2, hi, d));
         }
       }
-  return { pTol, ctxTol };
+  return { lse, lseTol, ctxTol };
 }
 
 /**
- * The f16 attention gradient's bound against cpu's on f16-rounded dy and qkv, of the same P
- * (f64): dS = scale P (dP - delta) is the same f32 math on the same operands, so the kernel
- * differs by its rounding of the products' weights to f16: dv = sum roundH(P) dctx, dq =
- * sum roundH(dS) k, dk = sum roundH(dS) q, one ulp of each weight times |the other operand|.
+ * The f16 flash gradient's bound against cpu's P-form gradient on f16-rounded dy and qkv (f64),
+ * the flash kernel given cpu's ctx and the exact lse: the kernel recomputes P as an f16 exp of
+ * s - lse (within pErr = expErr(s - lse), and 1e-5 p for the f32 argument), and D = sum dy ctx
+ * is cpu's rowsum(dP P) within f32's slack. So dv = sum P dy within sum pErr |dy|; dS =
+ * scale P (dP - D) within scale (pErr |dP - D| + p |D - D'|) and its rounding to f16 (one ulp),
+ * times |k| (dq) or |q| (dk).
  */
-function attentionGradBounds(
+function flashGradBounds(
   q16: Float32Array,
   dy16: Float32Array,
   rp: Float32Array,
+  lse: Float64Array,
 ): Float64Array {
   const [b, t, h, dh] = ATT;
-  const at = (bi: number, ti: number, part: number, hi: number, d: number) =>
-    q16[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]!;
-  const g = (bi: number, ti: number, hi: number, d: number) =>
-    dy16[((bi * t + ti) * h + hi) * dh + d]!;
+  const r = attentionReader(q16, dy16);
   const tol = new Float64Array(q16.length).fill(ATT_SLACK);
   const add = (
     bi: number,
@@ -511,34 +559,73 @@ function attentionGradBounds(
   ) => {
     tol[(((bi * t + ti) * 3 + part) * h + hi) * dh + d]! += v;
   };
+  const scale = 1 / Math.sqrt(dh);
   for (let bi = 0; bi < b; bi++)
     for (let hi = 0; hi < h; hi++)
       for (let i = 0; i < t; i++) {
         const base = ((bi * h + hi) * t + i) * t;
+        const s = r.scores(bi, hi, i);
         const dp: number[] = [];
         let delta = 0;
+        let deltaAbs = 0;
         for (let j = 0; j <= i; j++) {
           let v = 0;
-          for (let d = 0; d < dh; d++)
-            v += g(bi, i, hi, d) * at(bi, j, 2, hi, d);
+          let va = 0;
+          for (let d = 0; d < dh; d++) {
+            v += r.g(bi, i, hi, d) * r.at(bi, j, 2, hi, d);
+            va += Math.abs(r.g(bi, i, hi, d) * r.at(bi, j, 2, hi, d));
+          }
           dp.push(v);
           delta += rp[base + j]! * v;
+          deltaAbs += rp[base + j]! * va;
         }
+        const dErr = F32_SLACK * deltaAbs;
         for (let j = 0; j <= i; j++) {
           const pij = rp[base + j]!;
-          const ds = (pij * (dp[j]! - delta)) / Math.sqrt(dh);
-          const uds = ulp16(ds) + F32_SLACK * Math.abs(ds);
+          const a = s[j]! - lse[(bi * h + hi) * t + i]!;
+          const pErr = expErr(Math.min(a, 0)) + 1e-5 * pij;
+          const ds = scale * pij * (dp[j]! - delta);
+          const dsErr =
+            scale * (pErr * Math.abs(dp[j]! - delta) + pij * dErr) +
+            ulp16(ds) +
+            F32_SLACK * Math.abs(ds);
           for (let d = 0; d < dh; d++) {
-            add(bi, i, 0, hi, d, uds * Math.abs(at(bi, j, 1, hi, d)));
-            add(bi, j, 1, hi, d, uds * Math.abs(at(bi, i, 0, hi, d)));
-            add(bi, j, 2, hi, d, ulp16(pij) * Math.abs(g(bi, i, hi, d)));
+            add(bi, i, 0, hi, d, dsErr * Math.abs(r.at(bi, j, 1, hi, d)));
+            add(bi, j, 1, hi, d, dsErr * Math.abs(r.at(bi, i, 0, hi, d)));
+            add(
+              bi,
+              j,
+              2,
+              hi,
+              d,
+              (pErr + ulp16(pij)) * Math.abs(r.g(bi, i, hi, d)),
+            );
           }
         }
       }
   return tol;
 }
 
-test('webgpu f16: causal attention and its gradient take f16 operands and f16 exps, equal the cpu backend on f16-rounded inputs within f16 bounds, and overflow past f16 as the f16 matmuls do', {
+/** Asserts |a - r| <= tol elementwise; the worst |a - r| / tol. */
+function checkWithin(
+  name: string,
+  a: Float32Array,
+  r: ArrayLike<number>,
+  tol: Float64Array,
+): string {
+  let worst = 0;
+  for (let i = 0; i < a.length; i++) {
+    const e = Math.abs(a[i]! - r[i]!);
+    assert.ok(
+      e <= tol[i]!,
+      `${name}[${i}]: ${a[i]} vs ${r[i]} (bound ${tol[i]})`,
+    );
+    if (e > 0) worst = Math.max(worst, e / tol[i]!);
+  }
+  return worst.toFixed(3);
+}
+
+test('webgpu f16: flash attention and its gradient take f16 operands and f16 exps, equal the cpu backend on f16-rounded inputs within f16 bounds, and overflow past f16 as the f16 matmuls do', {
   skip: why,
 }, async () => {
   await initBackend('webgpu', { precision: 'f16' });
@@ -550,47 +637,31 @@ test('webgpu f16: causal attention and its gradient take f16 operands and f16 ex
   const q16 = (await roundF16(tf.tensor1d(qkv)).data()) as Float32Array;
   const dy16 = (await roundF16(tf.tensor1d(dy)).data()) as Float32Array;
   await tf.setBackend('cpu');
-  const [rctx, rp] = await attentionOn(q16, dy16);
-  const [, , rdqkv] = await attentionOn(q16, dy16, rp);
+  const [rctx, rp, rdqkv] = await attentionOn(q16, dy16);
+  const { lse: rlse, lseTol, ctxTol } = flashForwardBounds(q16, dy16);
+  const given: [Float32Array, Float32Array] = [rctx!, Float32Array.from(rlse)];
   await tf.setBackend('webgpu');
-  const [ctx, p] = await attentionOn(qkv, dy);
-  const [, , dqkv] = await attentionOn(qkv, dy, rp);
+  const [ctx, lse] = await flashOn(qkv, dy);
+  const [, , dqkv] = await flashOn(qkv, dy, given);
   useF16Arithmetic(false);
-  const [ctx32, p32, dqkv32] = await attentionOn(qkv, dy, rp);
+  const [ctx32, lse32] = await flashOn(qkv, dy);
+  const [, , dqkv32] = await flashOn(qkv, dy, given);
   useF16Arithmetic(true);
-  const { pTol, ctxTol } = attentionForwardBounds(q16, p!, rp!);
-  const dTol = attentionGradBounds(q16, dy16, rp!);
-  const check = (
-    name: string,
-    a: Float32Array,
-    r: Float32Array,
-    tol: Float64Array,
-  ) => {
-    let worst = 0;
-    for (let i = 0; i < a.length; i++) {
-      const e = Math.abs(a[i]! - r[i]!);
-      assert.ok(
-        e <= tol[i]!,
-        `${name}[${i}]: ${a[i]} vs ${r[i]} (bound ${tol[i]})`,
-      );
-      if (e > 0) worst = Math.max(worst, e / tol[i]!);
-    }
-    return worst.toFixed(3);
-  };
+  const dTol = flashGradBounds(q16, dy16, rp!, rlse);
   console.log(
-    `f16 attention: worst |error| / bound p ${check('p', p!, rp!, pTol)}, ctx ${check('ctx', ctx!, rctx!, ctxTol)}, dqkv ${check('dqkv', dqkv!, rdqkv!, dTol)}`,
+    `f16 flash attention: worst |error| / bound lse ${checkWithin('lse', lse!, rlse, lseTol)}, ctx ${checkWithin('ctx', ctx!, rctx!, ctxTol)}, dqkv ${checkWithin('dqkv', dqkv!, rdqkv!, dTol)}`,
   );
   // the f16 programs ran: their results are not the f32 kernels'
-  assert.ok(differing(p!, p32!) > p!.length / 8, 'p in f16');
+  assert.ok(differing(lse!, lse32!) > lse!.length / 8, 'lse in f16');
   assert.ok(differing(ctx!, ctx32!) > ctx!.length / 4, 'ctx in f16');
   assert.ok(differing(dqkv!, dqkv32!) > dqkv!.length / 4, 'dqkv in f16');
   // a loss-scaled dctx past f16's range is an f16 operand's overflow: the gradient is not finite
   // (what the loss scaler tests), where the f32 kernel's stays finite
   const big = dy.slice();
   big[0] = 1e5;
-  const [, , over] = await attentionOn(qkv, big, rp);
+  const [, , over] = await flashOn(qkv, big, given);
   useF16Arithmetic(false);
-  const [, , over32] = await attentionOn(qkv, big, rp);
+  const [, , over32] = await flashOn(qkv, big, given);
   useF16Arithmetic(true);
   assert.ok(
     over!.some((v) => !Number.isFinite(v)),

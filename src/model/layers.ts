@@ -10,6 +10,8 @@ import {
   CAUSAL_SOFTMAX_KERNEL,
   checkDenseGelu,
   DENSE_GELU_KERNEL,
+  FLASH_ATTENTION_GRAD_KERNEL,
+  FLASH_ATTENTION_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
   LAYER_NORM_GRAD_KERNEL,
@@ -202,9 +204,11 @@ export function maskedSoftmax(scores: tf.Tensor, scale: number): tf.Tensor {
 /**
  * Causal multi-head self-attention (Vaswani et al., 2017). x: [B, T, D]; wqkv: [D, 3D],
  * bqkv: [3D]; wo: [D, D], bo: [D]. Returns [B, T, D]. softmax(q k^T / sqrt(dh) + causal mask) v
- * is one op over CAUSAL_ATTENTION_KERNEL / CAUSAL_ATTENTION_GRAD_KERNEL, reading q, k and v from
- * the projection laid out [B, T, 3, H, dh] and keeping only the probabilities [B, H, T, T] for
- * the gradient (native reads them in place; the composed form transposes).
+ * is one op reading q, k and v from the projection laid out [B, T, 3, H, dh]: over
+ * FLASH_ATTENTION_KERNEL / FLASH_ATTENTION_GRAD_KERNEL where the active backend registers them
+ * (webgpu: ctx and each row's log-sum-exp [B, H, T] kept for the gradient, nothing T x T), else
+ * over CAUSAL_ATTENTION_KERNEL / CAUSAL_ATTENTION_GRAD_KERNEL, which keep the probabilities
+ * [B, H, T, T] for the gradient (native reads them in place; the composed form transposes).
  */
 export function causalSelfAttention(
   x: tf.Tensor,
@@ -215,22 +219,30 @@ export function causalSelfAttention(
   bo: tf.Tensor,
 ): tf.Tensor {
   const qkv = dense(x, wqkv, bqkv); // [B, T, 3D]
+  const flash =
+    tf.getKernel(FLASH_ATTENTION_KERNEL, tf.getBackend()) !== undefined;
+  const [forward, grad] = flash
+    ? [FLASH_ATTENTION_KERNEL, FLASH_ATTENTION_GRAD_KERNEL]
+    : [CAUSAL_ATTENTION_KERNEL, CAUSAL_ATTENTION_GRAD_KERNEL];
   const op = customGrad((qkv: tf.Tensor, save: tf.GradSaveFunc) => {
-    const [ctx, p] = tf
+    const [ctx, kept] = tf
       .engine()
-      .runKernel(CAUSAL_ATTENTION_KERNEL, { qkv }, { heads }) as tf.Tensor[];
-    save([qkv, p!]);
+      .runKernel(forward, { qkv }, { heads }) as tf.Tensor[];
+    // flash: the gradient reads ctx and lse; the P form: P
+    save(flash ? [qkv, kept!, ctx!] : [qkv, kept!]);
     return {
       value: ctx!,
-      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => [
-        tf
-          .engine()
-          .runKernel(
-            CAUSAL_ATTENTION_GRAD_KERNEL,
-            { dy: dy as tf.Tensor, qkv: saved[0]!, p: saved[1]! },
-            { heads },
-          ) as tf.Tensor,
-      ],
+      gradFunc: (dy: tf.Tensor | tf.Tensor[], saved: tf.Tensor[]) => {
+        const [qkvSaved, kept, ctxSaved] = saved as [
+          tf.Tensor,
+          tf.Tensor,
+          tf.Tensor?,
+        ];
+        const inputs: tf.NamedTensorMap = flash
+          ? { dy: dy as tf.Tensor, qkv: qkvSaved, ctx: ctxSaved!, lse: kept }
+          : { dy: dy as tf.Tensor, qkv: qkvSaved, p: kept };
+        return [tf.engine().runKernel(grad, inputs, { heads }) as tf.Tensor];
+      },
     };
   });
   return dense(op(qkv), wo, bo);

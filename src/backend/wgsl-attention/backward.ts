@@ -1,143 +1,200 @@
 /**
- * WGSL of causal attention's gradient on the webgpu backend (backend/webgpu-attention.ts):
+ * WGSL of flash-style causal attention's gradient on the webgpu backend
+ * (backend/webgpu-attention.ts; FlashAttention-2, Dao 2023, section 3.1.2 / algorithm 2):
  * inputs dy [B, T, D] (the context's gradient, heads side by side), qkv [B, T, 3D] laid out
- * [B, T, 3, H, dh] and the forward's P [B, H, T, T]. Two programs: {@link scoreGradShader}
- * writes dS = scale P (dP - rowsum(dP P)) with dP = dctx v^T, by rows, the values v held in
- * workgroup memory block by block as the forward holds its keys; {@link qkvGradShader} writes
- * dqkv [B, T, 3D]: dq = dS k, dk = dS^T q, dv = P^T dctx, by rows in the same way.
+ * [B, T, 3, H, dh], and the forward's ctx [B, T, D] and lse [B, H, T]; output dqkv [B, T, 3D].
+ * Nothing of size T x T: P = exp(scale q k^T - lse) is recomputed block by block, and
+ * rowsum(dP P) is D = rowsum(dy ctx) (the same number: ctx = P v, dP = dy v^T).
+ *
+ * One dispatch, deterministic, no atomics: the first nBlk * B * H workgroups own 64 query rows
+ * each and write dq = dS k over keys j <= t (the keys and values held in workgroup memory block
+ * by block); the rest own 64 key rows each and write dk = dS^T q and dv = P^T dy over queries
+ * i >= t (the queries, dy rows, lse and D held block by block; D computed as the block is
+ * loaded). dS = scale P (dP - D) with dP = dy v^T.
  *
  * `f16` (`--precision f16` where the device has shader-f16): every product's operands are
- * rounded to f16 (`roundF16`: dctx, v, dS, k, q, P; +-Infinity beyond f16's range, so that a
- * loss-scaled gradient past it reaches the loss scaler as the composed form's f16 matmuls make
- * it do), the products formed exactly in f32 and summed in f32, the numerics of f16 products
- * with f32 accumulation. dS = scale P (dP - delta) itself stays f32: dP and delta are
- * loss-scaled (up to 2^24 times the gradient), and an f16 overflow there is not defined in WGSL
- * at run time; there is no exp in the gradient.
+ * rounded to f16 (`R`: q, k, v, dy, and the weights P and dS; +-Infinity beyond f16's range, so
+ * that a loss-scaled gradient past it reaches the loss scaler as the f16 matmuls make it do),
+ * the products formed exactly in f32 and summed in f32; P's exp is f16's (`expH`, as the
+ * forward's). dS = scale P (dP - D) and D = sum R(dy) ctx stay f32: dP and D are loss-scaled (up
+ * to 2^24 times the gradient), and an f16 overflow there is not defined in WGSL at run time.
  */
-import { rowHead } from './forward.js';
+import {
+  attentionPrelude,
+  ROWS_PER_WORKGROUP,
+  rowsPerBlock,
+} from './forward.js';
 
-/** dS [B, H, T, T] by rows; inputs: dy, qkv, probs. */
-export function scoreGradShader(dh: number, f16 = false): string {
-  return `${rowHead(dh, f16)}
-    fn main(index : i32) {
-      var r = rows(index);
-      if (r.li == 0) {
-        blockEnd = r.end;
-      }
-      let end = workgroupUniformLoad(&blockEnd);
-      let D = uniforms.nH * DH;
-      var g : array<f32, DH>;
-      let gBase = (r.b * uniforms.nT + r.row) * D + r.h * DH;
+/** The gradient's bindings, the dq role and the block loads. */
+function gradHead(dh: number, f16: boolean): string {
+  const tk = rowsPerBlock(dh);
+  return `${attentionPrelude(dh, f16, 5)}
+    @group(0) @binding(0) var<storage, read> dy : array<f32>;
+    @group(0) @binding(1) var<storage, read> qkv : array<f32>;
+    @group(0) @binding(2) var<storage, read> ctx : array<f32>;
+    @group(0) @binding(3) var<storage, read> lse : array<f32>;
+    @group(0) @binding(4) var<storage, read_write> dqkv : array<f32>;
+    var<workgroup> at : array<f32, ${tk * dh}>;
+    var<workgroup> bt : array<f32, ${tk * dh}>;
+    var<workgroup> lseT : array<f32, ${tk}>;
+    var<workgroup> dT : array<f32, ${tk}>;
+
+    /** dy's element d of row t in (b, h). */
+    fn dyAt(r : Rows, t : i32, d : i32) -> f32 {
+      return dy[(r.b * uniforms.nT + t) * uniforms.nH * DH + r.h * DH + d];
+    }
+
+    /** D = sum R(dy) ctx of row t in (b, h), f32. */
+    fn rowD(r : Rows, t : i32) -> f32 {
+      let base = (r.b * uniforms.nT + t) * uniforms.nH * DH + r.h * DH;
+      var s = 0.0;
       for (var d = 0; d < DH; d++) {
-        g[d] = ${f16 ? 'roundF16(dy[gBase + d])' : 'dy[gBase + d]'};
+        s += R(dy[base + d]) * ctx[base + d];
       }
-      let pBase = (r.bh * uniforms.nT + r.row) * uniforms.nT;
-      var delta = 0.0;
-      for (var j0 = 0; j0 < end; j0 += TK) {
-        loadTile(r, j0, 2);
-        workgroupBarrier();
-        for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
-          var dp = 0.0;
-          for (var d = 0; d < DH; d++) {
-            dp += g[d] * tile[jj * DH + d];
-          }
-          delta += probs[pBase + j0 + jj] * dp;
+      return s;
+    }
+
+    fn writeRow(r : Rows, part : i32, v : ptr<function, array<f32, DH>>) {
+      let D = uniforms.nH * DH;
+      let out = ((r.b * uniforms.nT + r.row) * 3 + part) * D + r.h * DH;
+      for (var d = 0; d < DH; d++) {
+        dqkv[out + d] = (*v)[d];
+      }
+    }
+
+    /** Keys and values j0.. into at, bt. */
+    fn loadKeys(r : Rows, j0 : i32, li : i32) {
+      for (var e = li; e < TK * DH; e += WG) {
+        let j = j0 + e / DH;
+        var kv = 0.0;
+        var vv = 0.0;
+        if (j < uniforms.nT) {
+          kv = qkvAt(r, j, 1, e % DH);
+          vv = qkvAt(r, j, 2, e % DH);
         }
-        workgroupBarrier();
+        at[e] = R(kv);
+        bt[e] = R(vv);
       }
+    }
+
+    /** Queries and dy rows i0.. into at, bt, their lse and D into lseT, dT. */
+    fn loadQueries(r : Rows, i0 : i32, li : i32) {
+      for (var e = li; e < TK * DH; e += WG) {
+        let i = i0 + e / DH;
+        var qv = 0.0;
+        var gv = 0.0;
+        if (i < uniforms.nT) {
+          qv = qkvAt(r, i, 0, e % DH);
+          gv = dyAt(r, i, e % DH);
+        }
+        at[e] = R(qv);
+        bt[e] = R(gv);
+      }
+      if (li < TK) {
+        let i = i0 + li;
+        var ls = 0.0;
+        var dd = 0.0;
+        if (i < uniforms.nT) {
+          ls = lse[r.bh * uniforms.nT + i];
+          dd = rowD(r, i);
+        }
+        lseT[li] = ls;
+        dT[li] = dd;
+      }
+    }
+
+    /** dq of the invocation's query row; i0 = r.i0, uniform. */
+    fn queryRole(r : Rows, i0 : i32, li : i32) {
+      var q : array<f32, DH>;
+      var g : array<f32, DH>;
+      for (var d = 0; d < DH; d++) {
+        q[d] = R(qkvAt(r, r.row, 0, d));
+        g[d] = R(dyAt(r, r.row, d));
+      }
+      let ls = lse[r.bh * uniforms.nT + r.row];
+      let dd = rowD(r, r.row);
+      var acc : array<f32, DH>;
+      let end = min(uniforms.nT, i0 + WG);
       for (var j0 = 0; j0 < end; j0 += TK) {
-        loadTile(r, j0, 2);
+        loadKeys(r, j0, li);
         workgroupBarrier();
         for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
+          var s = 0.0;
           var dp = 0.0;
           for (var d = 0; d < DH; d++) {
-            dp += g[d] * tile[jj * DH + d];
+            s += q[d] * at[jj * DH + d];
+            dp += g[d] * bt[jj * DH + d];
           }
-          if (r.valid) {
-            let p = probs[pBase + j0 + jj];
-            result[pBase + j0 + jj] = uniforms.scale * p * (dp - delta);
+          let p = EXP(s * uniforms.scale - ls);
+          let w = R(uniforms.scale * p * (dp - dd));
+          for (var d = 0; d < DH; d++) {
+            acc[d] += w * at[jj * DH + d];
           }
         }
         workgroupBarrier();
       }
       if (r.valid) {
-        for (var j = r.row + 1; j < uniforms.nT; j++) {
-          result[pBase + j] = 0.0;
-        }
+        writeRow(r, 0, &acc);
       }
     }
   `;
 }
 
-/**
- * dqkv [B, T, 3D] laid out [B, T, 3, H, dh]; inputs: ds, probs, qkv, dy. By rows, three sets of
- * workgroups (the dispatch's z: part 0 dq, 1 dk, 2 dv): each invocation keeps its row t of
- * dq = dS k (keys j <= t), dk = dS^T q or dv = P^T dctx (queries i >= t), the other operand
- * held in workgroup memory block by block.
- */
-export function qkvGradShader(dh: number, f16 = false): string {
-  return `${rowHead(dh, f16)}
-    var<workgroup> blockStart : i32;
-
-    fn loadDyTile(r : Rows, j0 : i32) {
-      for (var e = r.li; e < TK * DH; e += WG) {
-        let j = j0 + e / DH;
-        var val = 0.0;
-        if (j < uniforms.nT) {
-          val = dy[(r.b * uniforms.nT + j) * uniforms.nH * DH + r.h * DH + e % DH];
-        }
-        tile[e] = ${f16 ? 'roundF16(val)' : 'val'};
+/** The gradient's shader: bindings dy, qkv, ctx, lse (read), dqkv (written), uniforms. */
+export function gradShader(dh: number, f16 = false): string {
+  return `${gradHead(dh, f16)}
+    /** dk and dv of the invocation's key row; j0 = r.i0, uniform. */
+    fn keyRole(r : Rows, j0 : i32, li : i32) {
+      var k : array<f32, DH>;
+      var v : array<f32, DH>;
+      for (var d = 0; d < DH; d++) {
+        k[d] = R(qkvAt(r, r.row, 1, d));
+        v[d] = R(qkvAt(r, r.row, 2, d));
       }
-    }
-
-    fn weight(r : Rows, part : i32, j : i32) -> f32 {
-      let nT = uniforms.nT;
-      if (part == 0) {
-        return ds[(r.bh * nT + r.row) * nT + j];
-      }
-      if (part == 1) {
-        return ds[(r.bh * nT + j) * nT + r.row];
-      }
-      return probs[(r.bh * nT + j) * nT + r.row];
-    }
-
-    fn main(index : i32) {
-      let perPart = uniforms.nBlk * uniforms.nBH * WG;
-      let part = min(index / perPart, 2);
-      var r = rows(index % perPart);
-      if (r.li == 0) {
-        blockStart = select(0, r.i0, part > 0);
-        blockEnd = select(r.end, uniforms.nT, part > 0);
-      }
-      let start = workgroupUniformLoad(&blockStart);
-      let end = workgroupUniformLoad(&blockEnd);
-      var acc : array<f32, DH>;
-      for (var j0 = start; j0 < end; j0 += TK) {
-        if (part == 2) {
-          loadDyTile(r, j0);
-        } else {
-          loadTile(r, j0, 1 - part);
-        }
+      var dk : array<f32, DH>;
+      var dv : array<f32, DH>;
+      for (var i0 = j0; i0 < uniforms.nT; i0 += TK) {
+        loadQueries(r, i0, li);
         workgroupBarrier();
-        var lo = max(0, r.row - j0);
-        var hi = min(TK, end - j0);
-        if (part == 0) {
-          lo = 0;
-          hi = min(TK, r.row - j0 + 1);
-        }
-        for (var jj = lo; jj < hi; jj++) {
-          let w = ${f16 ? 'roundF16(weight(r, part, j0 + jj))' : 'weight(r, part, j0 + jj)'};
+        for (var ii = max(0, r.row - i0); ii < min(TK, uniforms.nT - i0); ii++) {
+          var s = 0.0;
+          var dp = 0.0;
           for (var d = 0; d < DH; d++) {
-            acc[d] += w * tile[jj * DH + d];
+            s += at[ii * DH + d] * k[d];
+            dp += bt[ii * DH + d] * v[d];
+          }
+          let p = EXP(s * uniforms.scale - lseT[ii]);
+          let w = R(uniforms.scale * p * (dp - dT[ii]));
+          let pw = R(p);
+          for (var d = 0; d < DH; d++) {
+            dk[d] += w * at[ii * DH + d];
+            dv[d] += pw * bt[ii * DH + d];
           }
         }
         workgroupBarrier();
       }
-      if (r.valid && index / perPart < 3) {
-        let out = ((r.b * uniforms.nT + r.row) * 3 + part) * uniforms.nH * DH + r.h * DH;
-        for (var d = 0; d < DH; d++) {
-          result[out + d] = acc[d];
-        }
+      if (r.valid) {
+        writeRow(r, 1, &dk);
+        writeRow(r, 2, &dv);
+      }
+    }
+
+    @compute @workgroup_size(${ROWS_PER_WORKGROUP})
+    fn main(@builtin(workgroup_id) wid : vec3<u32>,
+            @builtin(num_workgroups) groups : vec3<u32>,
+            @builtin(local_invocation_index) lid : u32) {
+      let perRole = uniforms.nBlk * uniforms.nBH;
+      let wg = i32(wid.x + wid.y * groups.x);
+      if (wg >= 2 * perRole) {
+        return;
+      }
+      let li = i32(lid);
+      let own = wg % perRole;
+      let i0 = (own % uniforms.nBlk) * WG;
+      if (wg < perRole) {
+        queryRole(rowsOf(own, li), i0, li);
+      } else {
+        keyRole(rowsOf(own, li), i0, li);
       }
     }
   `;
