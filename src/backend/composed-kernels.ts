@@ -23,8 +23,6 @@ import {
   CAUSAL_SOFTMAX_GRAD_KERNEL,
   CAUSAL_SOFTMAX_KERNEL,
   checkDenseGelu,
-  DENSE_GELU_GRAD_KERNEL,
-  DENSE_GELU_KERNEL,
   GELU_GRAD_KERNEL,
   GELU_KERNEL,
   LAYER_NORM_GRAD_KERNEL,
@@ -85,10 +83,11 @@ function splitHeads(qkv: tf.Tensor, heads: number): tf.Tensor[] {
 }
 
 /**
- * DENSE_GELU_KERNEL composed of the kernels the MLP ran before the op existed, so each backend's
- * numbers stay bit for bit: `_FusedMatMul` on [1, rows, Din] x [1, Din, Dout] + b (the shapes of
- * model/layers.ts dense), then GELU_KERNEL. Returns [y, h] (x's leading axes, then Dout). Also
- * webgpu's fallback for the inputs its one-dispatch kernel leaves (backend/webgpu-matmul-gelu.ts).
+ * DENSE_GELU_KERNEL composed of the kernels the MLP ran before the op existed (bit for bit):
+ * webgpu's fallback for the inputs its one-dispatch kernel leaves (backend/webgpu-matmul-gelu.ts);
+ * not registered for other backends, where model/layers.ts denseGelu runs dense then gelu.
+ * `_FusedMatMul` on [1, rows, Din] x [1, Din, Dout] + b (the shapes of
+ * model/layers.ts dense), then GELU_KERNEL. Returns [y, h] (x's leading axes, then Dout).
  * @throws Error from kernel-names.ts checkDenseGelu for mismatched shapes.
  */
 export function composedDenseGelu({ x, w, b }: Inputs): tf.Tensor[] {
@@ -114,7 +113,7 @@ export function composedDenseGelu({ x, w, b }: Inputs): tf.Tensor[] {
 /**
  * DENSE_GELU_GRAD_KERNEL composed of the kernels the gradients of gelu and of dense's bias ran:
  * GELU_GRAD_KERNEL, then `Sum` of dh viewed [1, rows, Dout] over axes 0 and 1 (backend/matmul-
- * grad.ts's bias gradient on the product's shape). Returns [dh, db]. Also webgpu's fallback.
+ * grad.ts's bias gradient on the product's shape). Returns [dh, db]. webgpu's fallback only.
  */
 export function composedDenseGeluGrad({ h, dy }: Inputs): tf.Tensor[] {
   const dout = h!.shape[h!.rank - 1]!;
@@ -128,8 +127,6 @@ export function composedDenseGeluGrad({ h, dy }: Inputs): tf.Tensor[] {
 
 /** The composed form of each kernel, by kernel name. */
 const COMPOSED: Record<string, ComposedKernel> = {
-  [DENSE_GELU_KERNEL]: composedDenseGelu,
-  [DENSE_GELU_GRAD_KERNEL]: composedDenseGeluGrad,
   [GELU_KERNEL]: ({ x }) => {
     const s = tf.sigmoid(
       tf.mul(x!, tf.add(tf.mul(tf.square(x!), GELU_C2), GELU_C1)),
