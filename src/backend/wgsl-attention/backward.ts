@@ -21,6 +21,7 @@
  */
 import {
   attentionPrelude,
+  keyBlockLoader,
   ROWS_PER_WORKGROUP,
   rowsPerBlock,
 } from './forward.js';
@@ -34,8 +35,7 @@ function gradHead(dh: number, f16: boolean): string {
     @group(0) @binding(2) var<storage, read> ctx : array<f32>;
     @group(0) @binding(3) var<storage, read> lse : array<f32>;
     @group(0) @binding(4) var<storage, read_write> dqkv : array<f32>;
-    var<workgroup> at : array<f32, ${tk * dh}>;
-    var<workgroup> bt : array<f32, ${tk * dh}>;
+    ${keyBlockLoader(dh)}
     var<workgroup> lseT : array<f32, ${tk}>;
     var<workgroup> dT : array<f32, ${tk}>;
 
@@ -59,21 +59,6 @@ function gradHead(dh: number, f16: boolean): string {
       let out = ((r.b * uniforms.nT + r.row) * 3 + part) * D + r.h * DH;
       for (var d = 0; d < DH; d++) {
         dqkv[out + d] = (*v)[d];
-      }
-    }
-
-    /** Keys and values j0.. into at, bt. */
-    fn loadKeys(r : Rows, j0 : i32, li : i32) {
-      for (var e = li; e < TK * DH; e += WG) {
-        let j = j0 + e / DH;
-        var kv = 0.0;
-        var vv = 0.0;
-        if (j < uniforms.nT) {
-          kv = qkvAt(r, j, 1, e % DH);
-          vv = qkvAt(r, j, 2, e % DH);
-        }
-        at[e] = R(kv);
-        bt[e] = R(vv);
       }
     }
 

@@ -96,6 +96,33 @@ export function attentionPrelude(
 }
 
 /**
+ * A key block in workgroup memory, shared by the forward and the gradient: `at` and `bt`
+ * (TK rows of DH floats each) and `loadKeys(r, j0, li)`, which fills them with the keys and the
+ * values of rows j0.. of (b, h), rounded by `R` (zeros past T), the workgroup's WG invocations
+ * striding over the elements.
+ */
+export function keyBlockLoader(dh: number): string {
+  return `var<workgroup> at : array<f32, ${rowsPerBlock(dh) * dh}>;
+    var<workgroup> bt : array<f32, ${rowsPerBlock(dh) * dh}>;
+
+    /** Keys and values j0.. into at, bt. */
+    fn loadKeys(r : Rows, j0 : i32, li : i32) {
+      for (var e = li; e < TK * DH; e += WG) {
+        let j = j0 + e / DH;
+        var kv = 0.0;
+        var vv = 0.0;
+        if (j < uniforms.nT) {
+          kv = qkvAt(r, j, 1, e % DH);
+          vv = qkvAt(r, j, 2, e % DH);
+        }
+        at[e] = R(kv);
+        bt[e] = R(vv);
+      }
+    }
+`;
+}
+
+/**
  * The forward, bindings: qkv (read), ctx, lse (written), uniforms. Per key block: the block's
  * scores s = scale q . k (kept in a private array of TK), the new max mNew, the running sum and
  * context rescaled once by exp(m - mNew), then l += exp(s - mNew) and ctx += exp(s - mNew) v;
@@ -115,23 +142,7 @@ export function forwardShader(dh: number, f16 = false): string {
     @group(0) @binding(0) var<storage, read> qkv : array<f32>;
     @group(0) @binding(1) var<storage, read_write> ctx : array<f32>;
     @group(0) @binding(2) var<storage, read_write> lse : array<f32>;
-    var<workgroup> kt : array<f32, ${rowsPerBlock(dh) * dh}>;
-    var<workgroup> vt : array<f32, ${rowsPerBlock(dh) * dh}>;
-
-    fn loadKeys(r : Rows, j0 : i32, li : i32) {
-      for (var e = li; e < TK * DH; e += WG) {
-        let j = j0 + e / DH;
-        var kv = 0.0;
-        var vv = 0.0;
-        if (j < uniforms.nT) {
-          kv = qkvAt(r, j, 1, e % DH);
-          vv = qkvAt(r, j, 2, e % DH);
-        }
-        kt[e] = R(kv);
-        vt[e] = R(vv);
-      }
-    }
-
+    ${keyBlockLoader(dh)}
     @compute @workgroup_size(${ROWS_PER_WORKGROUP})
     fn main(@builtin(workgroup_id) wid : vec3<u32>,
             @builtin(num_workgroups) groups : vec3<u32>,
@@ -160,7 +171,7 @@ export function forwardShader(dh: number, f16 = false): string {
         for (var jj = 0; jj < n; jj++) {
           var s = 0.0;
           for (var d = 0; d < DH; d++) {
-            s += q[d] * kt[jj * DH + d];
+            s += q[d] * at[jj * DH + d];
           }
           ${f16 ? 's = s * uniforms.scale;' : ''}
           sc[jj] = s;
@@ -176,7 +187,7 @@ export function forwardShader(dh: number, f16 = false): string {
             let e = EXP(sc[jj] - mNew);
             l += e;
             for (var d = 0; d < DH; d++) {
-              acc[d] += e * vt[jj * DH + d];
+              acc[d] += e * bt[jj * DH + d];
             }
           }
           m = mNew;
