@@ -159,6 +159,8 @@ export async function initBackend(
     (await import('./webgpu-gather.js')).registerWebGpuGather();
     // the products (BatchMatMul, _FusedMatMul) as tiled WGSL of ours (backend/webgpu-matmul.ts)
     (await import('./webgpu-matmul.js')).registerWebGPUMatMul();
+    // the MLP's product + bias + GELU in one dispatch (backend/webgpu-matmul-gelu.ts)
+    (await import('./webgpu-matmul-gelu.js')).registerWebGPUDenseGelu();
   }
   if (backend === 'native') {
     check(

@@ -148,8 +148,8 @@ function denseGeluGrad(args: KernelArgs): tf.TensorInfo[] {
 
 /**
  * Registers DENSE_GELU_KERNEL's and DENSE_GELU_GRAD_KERNEL's one-dispatch forms for 'webgpu' in
- * this thread, over the composed forms backend/index.ts registered. Called by webgpu-matmul.ts
- * registerWebGPUMatMul.
+ * this thread (the only backend that has the op: elsewhere model/layers.ts denseGelu runs dense
+ * then gelu). Called by backend/index.ts initBackend after webgpu-matmul.ts registerWebGPUMatMul.
  */
 export function registerWebGPUDenseGelu(): void {
   for (const [kernelName, kernelFunc] of [

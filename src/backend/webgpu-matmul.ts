@@ -21,7 +21,8 @@
  *
  * - the Transformer MLP's product + bias + GELU (kernel-names.ts DENSE_GELU_KERNEL) is this
  *   program with an epilogue writing both h and GELU(h), in one dispatch:
- *   backend/webgpu-matmul-gelu.ts, registered with these by {@link registerWebGPUMatMul}.
+ *   backend/webgpu-matmul-gelu.ts, registered after these by backend/index.ts initBackend (it
+ *   imports this module's productOperands, so this module does not import it).
  *
  * Subgroups: lavapipe's adapter lists 'subgroups', but TF.js 4.22 requests its device without
  * the feature, and a register-and-workgroup-memory tiling needs none; a subgroup variant
@@ -35,7 +36,6 @@ import type { NumberFormat } from './precision.js';
 import { tf, wrapStockKernel } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
-import { registerWebGPUDenseGelu } from './webgpu-matmul-gelu.js';
 import {
   MATMUL_ACTIVATIONS,
   MATMUL_UNIFORMS,
@@ -261,8 +261,7 @@ let registered = false;
 /**
  * Registers the products of this module for 'webgpu' in this thread, over TF.js's stock
  * kernels (kept for the shapes this module leaves to them), their bias gradient's column
- * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes) and the MLP's product + bias +
- * GELU in one dispatch (backend/webgpu-matmul-gelu.ts, over its composed form). Once per thread, after the webgpu
+ * sum (backend/webgpu-matmul-bias.ts: `Sum` over leading axes). Once per thread, after the webgpu
  * backend package is loaded (its stock kernels must be registered) and before
  * backend/webgpu-f16.ts's registerF16Products.
  * @throws Error when the stock kernels are missing (the webgpu package is not loaded).
@@ -275,7 +274,6 @@ export function registerWebGPUMatMul(): void {
   ] as const)
     wrapStockKernel(name, 'webgpu', (stock) => (args) => impl(args, stock));
   registerWebGPUColumnSum();
-  registerWebGPUDenseGelu();
   registered = true;
 }
 
