@@ -50,7 +50,7 @@ interface DeviceLike {
   createComputePipeline(d: unknown): PipelineLike;
   createComputePipelineAsync(d: unknown): Promise<PipelineLike>;
   queue: {
-    writeBuffer(b: BufferLike, offset: number, data: ArrayBuffer): void;
+    writeBuffer(b: BufferLike, offset: number, data: Uint8Array): void;
   };
 }
 
@@ -76,7 +76,7 @@ export function cutDispatchHostWork(backend: object): void {
   installed.add(backend);
   const b = backend as BackendLike;
   memoizeLayouts(b.device);
-  b.makeUniforms = constantUniforms(b.device);
+  b.makeUniforms = keptProgramUniforms(b.device);
 }
 
 /** Makes every pipeline the device creates from now on answer getBindGroupLayout(i) with one object per index. */
@@ -104,7 +104,7 @@ function memoizeLayouts(device: DeviceLike): void {
  * instead of a pooled buffer written for this dispatch.
  * @throws Error on a field of more than 6 components (as TF.js).
  */
-function constantUniforms(device: DeviceLike): BackendLike['makeUniforms'] {
+function keptProgramUniforms(device: DeviceLike): BackendLike['makeUniforms'] {
   const buffers = new Map<string, BufferLike>();
   return (uniforms) => {
     const offsets: number[] = [];
@@ -132,15 +132,44 @@ function constantUniforms(device: DeviceLike): BackendLike['makeUniforms'] {
       const view = u.type === 'int32' ? i32 : u.type === 'uint32' ? u32 : f32;
       view.set(u.data, offsets[k]! / 4);
     });
-    let key = '';
-    for (let k = 0; k < u32.length; k++) key += `${u32[k]},`;
-    let buffer = buffers.get(key);
-    if (!buffer) {
-      if (buffers.size >= HOST_CACHE_ENTRIES) buffers.clear();
-      buffer = device.createBuffer({ size, usage: COPY_DST | UNIFORM });
-      device.queue.writeBuffer(buffer, 0, bytes);
-      buffers.set(key, buffer);
-    }
+    const buffer = keptUniformBuffer(
+      device,
+      buffers,
+      bytes,
+      size,
+      HOST_CACHE_ENTRIES,
+    );
     return { offset: 0, size, buffer };
   };
+}
+
+/**
+ * The uniform buffer of `size` bytes holding `words` (u32 or f32 bit patterns; byteLength a
+ * multiple of 4, at most `size`), made and written once and kept in `cache` by the words, so
+ * that every later call with the same values reuses it (calls recorded before one submit may
+ * share it, where a rewritten buffer would give them all the last call's values). The cache is
+ * emptied when it holds `limit` buffers. Used for TF.js's program uniforms here and for
+ * layerwise's own dispatches (webgpu-multi.ts constantUniforms).
+ */
+export function keptUniformBuffer<B>(
+  device: {
+    createBuffer(d: { size: number; usage: number }): B;
+    queue: { writeBuffer(b: B, offset: number, data: Uint8Array): void };
+  },
+  cache: Map<string, B>,
+  words: ArrayBuffer,
+  size: number,
+  limit = Number.POSITIVE_INFINITY,
+): B {
+  const u32 = new Uint32Array(words);
+  let key = '';
+  for (let k = 0; k < u32.length; k++) key += `${u32[k]},`;
+  let buffer = cache.get(key);
+  if (!buffer) {
+    if (cache.size >= limit) cache.clear();
+    buffer = device.createBuffer({ size, usage: COPY_DST | UNIFORM });
+    device.queue.writeBuffer(buffer, 0, new Uint8Array(words));
+    cache.set(key, buffer);
+  }
+  return buffer;
 }

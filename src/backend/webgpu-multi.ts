@@ -29,6 +29,7 @@ import { consecutiveRuns } from '../util/runs.js';
 import { gpuQueue } from './gpu-queue.js';
 import { adamwMultiCount, multiOrder } from './kernel-names.js';
 import type { tf } from './tfjs.js';
+import { keptUniformBuffer } from './webgpu-host.js';
 import {
   ADAMW_MULTI_WGSL,
   LAYER_NORM_FUSED_F16_WGSL,
@@ -169,26 +170,16 @@ export function stateOf(b: RawBackend): MultiState {
 
 /**
  * A uniform buffer holding `words` (u32 or f32 bit patterns, as `view` writes them), made and
- * written once and reused by every call with the same values: calls recorded before one submit
- * can share it, where a rewritten buffer would give them all the last call's values.
+ * written once and reused by every call with the same values (webgpu-host.ts keptUniformBuffer,
+ * kept in this backend's state; size rounded up to 16 bytes).
  */
 export function constantUniforms(
   b: RawBackend,
   s: MultiState,
   words: ArrayBuffer,
 ): GpuBuffer {
-  const bytes = new Uint8Array(words);
-  const key = bytes.join(',');
-  let buffer = s.constants.get(key);
-  if (!buffer) {
-    buffer = b.device.createBuffer({
-      size: Math.max(16, Math.ceil(bytes.byteLength / 16) * 16),
-      usage: USAGE.UNIFORM | USAGE.COPY_DST,
-    });
-    b.device.queue.writeBuffer(buffer, 0, bytes);
-    s.constants.set(key, buffer);
-  }
-  return buffer;
+  const size = Math.max(16, Math.ceil(words.byteLength / 16) * 16);
+  return keptUniformBuffer(b.device, s.constants, words, size);
 }
 
 /** The alignment of a binding's offset, in float32 elements. */
