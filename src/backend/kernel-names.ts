@@ -2,11 +2,11 @@
  * Kernels layerwise adds to TF.js (not stock kernels). The model calls each forward/gradient pair
  * as one op (model/layers.ts); the native backend registers its own C++ kernels
  * (backend/native.ts), webgpu its own WGSL kernels (backend/webgpu-kernels.ts,
- * backend/webgpu-attention.ts, backend/webgpu-matmul-gelu.ts), every other backend the composed form of stock ops
- * (backend/composed-kernels.ts), under the same names (but for the flash attention pair, which
- * only webgpu registers). The optimizer's fused updates (ADAMW_KERNEL,
- * SGD_KERNEL) are native's and webgpu's: optim/optimizer.ts composes the update where they are
- * missing.
+ * backend/webgpu-attention.ts, backend/webgpu-matmul-gelu.ts), every other backend the
+ * composed form of stock ops (backend/composed-kernels.ts), under the same names (but for the
+ * flash attention and dense + GELU pairs, which only webgpu registers: model/layers.ts runs
+ * another op where they are missing). The optimizer's fused updates (ADAMW_KERNEL, SGD_KERNEL)
+ * are native's and webgpu's: optim/optimizer.ts composes the update where they are missing.
  */
 
 /** GELU, tanh approximation (model/layers.ts gelu): inputs {x}. */
@@ -16,16 +16,17 @@ export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
 /**
  * The MLP's first product with its bias and GELU as one op (model/layers.ts denseGelu): inputs
  * {x [..., Din], w [Din, Dout], b [Dout]} (float32); outputs [y = GELU(h), h = x w + b] (both
- * [..., Dout]; h kept for the gradient, backend/matmul-grad.ts). Composed as `_FusedMatMul` then
- * GELU_KERNEL (backend/composed-kernels.ts); webgpu's is one dispatch
- * (backend/webgpu-matmul-gelu.ts). Check the inputs with {@link checkDenseGelu}.
+ * [..., Dout]; h kept for the gradient, backend/matmul-grad.ts). Registered only for webgpu, one
+ * dispatch (backend/webgpu-matmul-gelu.ts; its fallback for the inputs it leaves is
+ * backend/composed-kernels.ts composedDenseGelu: `_FusedMatMul` then GELU_KERNEL); elsewhere
+ * denseGelu runs dense then gelu. Check the inputs with {@link checkDenseGelu}.
  */
 export const DENSE_GELU_KERNEL = 'LayerwiseDenseGelu';
 
 /**
  * DENSE_GELU_KERNEL's gradient before the products (backend/matmul-grad.ts): inputs {h, dy}
  * ([..., Dout] each); outputs [dh = dy GELU'(h) (h's shape), db [Dout] = dh summed over the
- * leading axes]. Composed as GELU_GRAD_KERNEL then `Sum`; webgpu's is one dispatch.
+ * leading axes]. webgpu's is one dispatch (its fallback: GELU_GRAD_KERNEL then `Sum`).
  */
 export const DENSE_GELU_GRAD_KERNEL = 'LayerwiseDenseGeluGrad';
 
