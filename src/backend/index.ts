@@ -13,7 +13,8 @@ import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { check, LayerwiseError } from '../util/errors.js';
 import { registerComposedKernels } from './composed-kernels.js';
-import { registerMatMulGrad } from './matmul-grad.js';
+import { UNREAD_OUTPUT_GRADIENTS } from './kernel-names.js';
+import { registerMatMulGrad, unreadGradient } from './matmul-grad.js';
 import {
   BACKENDS,
   type BackendName,
@@ -190,6 +191,10 @@ export async function initBackend(
     (await import('./webgpu-host.js')).cutDispatchHostWork(tf.backend());
   if (backend === 'native')
     (tf.backend() as NativeBackend).precision = precision;
+  // a kernel whose gradient leaves an output's gradient unread (kernel-names.ts
+  // UNREAD_OUTPUT_GRADIENTS) gets the tape's placeholder: made now, before any backward counts tensors
+  if ([...UNREAD_OUTPUT_GRADIENTS.keys()].some((k) => tf.getKernel(k, backend)))
+    unreadGradient();
   if (policyOf(precision).compute === 'float16') {
     // f16 products need an adapter with shader-f16 (Mesa's lavapipe has it; Dawn's OpenGL backend does not)
     const gpu = (globalThis as { navigator?: { gpu?: GPUWithAdapters } })

@@ -24,6 +24,17 @@ export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
 export const DENSE_GELU_KERNEL = 'LayerwiseDenseGelu';
 
 /**
+ * Outputs (indices, by kernel) whose own gradient the kernel's gradient function never reads.
+ * For an output the backward did not reach, tfjs-core's tape node makes zeros on the host
+ * (`makeZerosTypedArray`) and uploads them; the tape (pipeline/tape.ts dysOf) passes a kept
+ * scalar placeholder there instead. DENSE_GELU_KERNEL's h is its internal output: on an H200
+ * its zeros were 8.4 ms of host time in a 45 ms charlm-small step (4 x [4096, 1024] floats;
+ * 8 x [8192, 4096] for d_model 1024), the largest item of the step's host profile.
+ */
+export const UNREAD_OUTPUT_GRADIENTS: ReadonlyMap<string, readonly number[]> =
+  new Map([[DENSE_GELU_KERNEL, [1]]]);
+
+/**
  * DENSE_GELU_KERNEL's gradient before the products (backend/matmul-grad.ts): inputs {h, dy}
  * ([..., Dout] each); outputs [dh = dy GELU'(h) (h's shape), db [Dout] = dh summed over the
  * leading axes]. webgpu's is one dispatch (its fallback: GELU_GRAD_KERNEL then `Sum`).

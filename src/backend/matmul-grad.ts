@@ -113,7 +113,8 @@ function fusedGradFunc(
  * saved h and the kept dy (the input part's db unused: where dense then gelu made dh once and
  * db only in the weight part). h is the op's internal output (layers.ts frees its handle, so no
  * op reads it): its own gradient, zeros the engine makes for an output the backward did not
- * reach, is not read but freed at once.
+ * reach, is not read: the tape passes a placeholder (backend/kernel-names.ts
+ * UNREAD_OUTPUT_GRADIENTS), tf.grads the engine's zeros, freed at once.
  */
 function denseGeluGradFunc(
   dy: tf.Tensor | tf.Tensor[],
@@ -122,8 +123,9 @@ function denseGeluGradFunc(
   const dys = Array.isArray(dy) ? dy : [dy];
   const [x, w, b, h] = saved as [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor];
   const [rows, din, dout] = checkDenseGelu(x, w, b);
-  // [rows, Dout] floats, as large as dh: freed now rather than with the backward's scope
-  dys[1]?.dispose();
+  // h's own gradient is never read: the tape's kept scalar placeholder (pipeline/tape.ts dysOf),
+  // or under tf.grads the engine's zeros, [rows, Dout] floats freed now rather than with its scope
+  if (dys[1] && dys[1].rank > 0) dys[1].dispose();
   const [dh, db] = tf
     .engine()
     .runKernel(DENSE_GELU_GRAD_KERNEL, { h, dy: dys[0]! }) as tf.Tensor[];
@@ -137,6 +139,20 @@ function denseGeluGradFunc(
     w: () => tf.tidy(() => tf.reshape(g.b!(), w.shape)),
     b: () => db!,
   };
+}
+
+let placeholder: tf.Tensor | undefined;
+
+/**
+ * A kept float32 scalar that stands for an output gradient the gradient function never reads
+ * (kernel-names.ts UNREAD_OUTPUT_GRADIENTS; pipeline/tape.ts dysOf passes it). One per thread,
+ * made by initBackend for a backend that registers such a kernel (so that it is not a new
+ * tensor in the first backward), again if an engine reset disposed it.
+ */
+export function unreadGradient(): tf.Tensor {
+  if (!placeholder || placeholder.isDisposed)
+    placeholder = tf.keep(tf.scalar(0));
+  return placeholder;
 }
 
 /**

@@ -9,7 +9,6 @@ import { REMAT_MODES, SCHEDULE_KINDS } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
 import { benchBalance } from './balance.js';
 import { benchGpipe } from './gpipe.js';
-import { benchLocal } from './local.js';
 
 /**
  * `--threads 1,2`: the comma-separated OpenMP team sizes. Throws commander's
@@ -441,6 +440,8 @@ program
   .option('--out <dir>', 'results folder', 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
+    // vega (local.ts's plot) is a devDependency: a production install (a device bundle) lacks it
+    const { benchLocal } = await import('./local.js');
     await benchLocal(o, (s) => console.log(s));
   });
 

@@ -13,7 +13,9 @@
  * This relies on the tape's fields (`inputs`, `outputs`, `gradient`, `saved`), internal to
  * tfjs-core 4.x (pinned 4.22); rematerialize.test.ts and tape.test.ts pin the behaviour.
  */
+import { UNREAD_OUTPUT_GRADIENTS } from '../backend/kernel-names.js';
 import { keepSavedAtComputePrecision } from '../backend/low-precision.js';
+import { unreadGradient } from '../backend/matmul-grad.js';
 import { tf } from '../backend/tfjs.js';
 
 /** The engine's tape fields (tfjs-core engine.ts, internal to 4.x): recording on and off, and the nodes recorded. */
@@ -64,12 +66,21 @@ export function accumulate(
   dx.dispose();
 }
 
-/** A node's output gradients so far, in output order (null for an output none reached). */
+/**
+ * A node's output gradients so far, in output order: null for an output none reached (the
+ * engine then makes zeros), except, when some output was reached, the outputs whose gradient the kernel's gradient never reads
+ * (backend/kernel-names.ts UNREAD_OUTPUT_GRADIENTS), which get a kept scalar placeholder so
+ * that no zeros of the output's size are made on the host and uploaded.
+ */
 export function dysOf(
   node: TapeNode,
   grads: Map<number, tf.Tensor>,
 ): (tf.Tensor | null)[] {
-  return node.outputs.map((o) => grads.get(o.id) ?? null);
+  const dys = node.outputs.map((o) => grads.get(o.id) ?? null);
+  const unread = UNREAD_OUTPUT_GRADIENTS.get(node.kernelName);
+  // a node none reached stays all null (its gradient is not run)
+  if (!unread || dys.every((d) => d === null)) return dys;
+  return dys.map((d, i) => d ?? (unread.includes(i) ? unreadGradient() : null));
 }
 
 /** Runs `node`'s gradient for the inputs `names` (in one tidy scope): their gradients, in order. */
