@@ -10,6 +10,7 @@ import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { modelParamCount } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
+import { threadsPerDevice } from '../strategies/spec.js';
 import { median } from '../util/stats.js';
 import {
   type BenchRun,
@@ -167,14 +168,10 @@ async function measure(
 
 /**
  * Kernel threads per device: only the native backend runs its kernels on a team of threads
- * (`cfg.threads`, else the cores divided among the `devices`, at least 1); wasm and cpu use one.
+ * (`cfg.threads`, else strategies/spec.ts threadsPerDevice); wasm and cpu use one.
  */
 function threadsOf(cfg: TrainConfig, devices: number, cores: number): number {
-  return cfg.backend !== 'native'
-    ? 1
-    : cfg.threads > 0
-      ? cfg.threads
-      : Math.max(1, Math.floor(cores / devices));
+  return cfg.backend !== 'native' ? 1 : threadsPerDevice(cfg, devices, cores);
 }
 
 /** A row's strategy column: e.g. `single`, `local K=2`, `gpipe K=2 M=8`. */

@@ -1,14 +1,16 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
+import { threadsPerDevice } from '../strategies/spec.js';
 import { coresGrid, parseCoresOptions, threadsForDevices } from './cores.js';
 
-test('threadsForDevices keeps what fits K x threads <= cores and adds cores / K', () => {
+test("threadsForDevices keeps what fits K x threads <= cores and adds K's default", () => {
+  // the default: 16 cores less 2 for the host's threads, over K
   assert.deepEqual(
     threadsForDevices([1, 2, 4, 8, 16], 1, 16),
-    [1, 2, 4, 8, 16],
+    [1, 2, 4, 8, 14, 16],
   );
-  assert.deepEqual(threadsForDevices([1, 2, 4, 8, 16], 3, 16), [1, 2, 4, 5]);
-  assert.deepEqual(threadsForDevices([1, 2, 4, 8, 16], 4, 16), [1, 2, 4]);
+  assert.deepEqual(threadsForDevices([1, 2, 4, 8, 16], 3, 16), [1, 2, 4]);
+  assert.deepEqual(threadsForDevices([1, 2, 4, 8, 16], 4, 16), [1, 2, 3, 4]);
   assert.deepEqual(threadsForDevices([4], 2, 2), [1]);
 });
 
@@ -36,11 +38,11 @@ test('coresGrid on 16 cores and 6 blocks: what runs first, what does not fit', (
     `${c.kind}/${c.devices}x${c.threads}`;
   // the bars' rows come first: single and PyTorch at 16 threads, zbv K=3 on 3 x 5
   assert.deepEqual(configs.slice(0, 5).map(key), [
-    'single/1x16',
+    'single/1x14',
     'pytorch/1x16',
-    'single-bf16/1x16',
+    'single-bf16/1x14',
     'pytorch-bf16/1x16',
-    'zbv/3x5',
+    'zbv/3x4',
   ]);
   // V-shaped schedules need 2K stages: no K=4 on 6 blocks
   assert.ok(!configs.some((c) => c.kind === 'zbv' && c.devices === 4));
@@ -56,7 +58,9 @@ test('coresGrid on 16 cores and 6 blocks: what runs first, what does not fit', (
   // every configuration once
   assert.equal(new Set(configs.map(key)).size, configs.length);
   // after the defaults, more threads in all first
-  const rest = configs.filter((c) => c.threads !== Math.floor(16 / c.devices));
+  const rest = configs.filter(
+    (c) => c.threads !== threadsPerDevice({ threads: 0 }, c.devices, 16),
+  );
   const totals = rest.map((c) => c.devices * c.threads);
   assert.deepEqual(
     totals,

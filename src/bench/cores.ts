@@ -23,6 +23,7 @@ import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { modelParamCount } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
+import { threadsPerDevice } from '../strategies/spec.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { median } from '../util/stats.js';
 import {
@@ -52,7 +53,7 @@ export interface CoresBenchOptions {
   batchSize: number;
   /** Timed steps per configuration, after one warm-up step. */
   steps: number;
-  /** Kernel threads per device to try (each K also gets its default, cores / K). */
+  /** Kernel threads per device to try (each K also gets its default, strategies/spec.ts threadsPerDevice). */
   threads: number[];
   /** Devices K of the pipelines and local parallelism. */
   stages: number[];
@@ -149,20 +150,26 @@ interface Row {
   vs_single?: number;
   /** single rows: tokens/s over PyTorch's at the same threads and precision. */
   vs_pytorch?: number;
+  /** single rows: tokens/s over PyTorch's of the same precision on all the cores (issue 37's bar, at layerwise's default threads). */
+  vs_pytorch_all?: number;
 }
 
 const V_SHAPED: ReadonlySet<string> = new Set(['zbv', 'dualpipev']);
 const isSingle = (k: CoreConfig['kind']) => k.startsWith('single');
 const isPyTorch = (k: CoreConfig['kind']) => k.startsWith('pytorch');
 
-/** Threads per device for K devices on `cores` cores: the listed ones that fit, and cores / K. */
+/** K devices' default threads on `cores` cores (strategies/spec.ts threadsPerDevice: the cores less the host's, over K). */
+const autoThreads = (devices: number, cores: number) =>
+  threadsPerDevice({ threads: 0 }, devices, cores);
+
+/** Threads per device for K devices on `cores` cores: the listed ones that fit, and the default ({@link autoThreads}). */
 export function threadsForDevices(
   listed: readonly number[],
   devices: number,
   cores: number,
 ): number[] {
   const fit = listed.filter((t) => devices * t <= cores);
-  const auto = Math.max(1, Math.floor(cores / devices));
+  const auto = autoThreads(devices, cores);
   return [...new Set([...fit, auto])].sort((a, b) => a - b);
 }
 
@@ -217,7 +224,9 @@ export function coresGrid(
     }
   }
   const rank = (c: CoreConfig) => {
-    const auto = c.threads === Math.max(1, Math.floor(cores / c.devices));
+    // PyTorch with all the cores: the bar's reference
+    if (isPyTorch(c.kind)) return c.threads === cores ? 0 : 2;
+    const auto = c.threads === autoThreads(c.devices, cores);
     if (auto && (c.devices === 1 || (c.kind === 'zbv' && c.devices === 3)))
       return 0;
     return auto ? 1 : 2;
@@ -489,8 +498,9 @@ function measurePyTorch(run: CoresRun, c: CoreConfig): Row {
 }
 
 /**
- * Fills vs_single (over layerwise single of the same precision with all `cores` threads) and,
- * on single rows, vs_pytorch (over PyTorch at the same threads and precision), where measured.
+ * Fills vs_single (over layerwise single of the same precision at its default threads,
+ * {@link autoThreads}) and, on single rows, vs_pytorch (over PyTorch at the same threads and
+ * precision) and vs_pytorch_all (over PyTorch of the same precision on all `cores`), where measured.
  */
 function withRatios(rows: Row[], cores: number): void {
   const find = (kind: string, threads: number) =>
@@ -499,15 +509,15 @@ function withRatios(rows: Row[], cores: number): void {
     if (r.engine === 'pytorch') continue;
     const single = find(
       r.precision === 'bf16' ? 'single-bf16' : 'single',
-      cores,
+      autoThreads(1, cores),
     );
     if (single) r.vs_single = r.tokens_per_s / single.tokens_per_s;
     if (r.devices === 1) {
-      const torch = find(
-        r.precision === 'bf16' ? 'pytorch-bf16' : 'pytorch',
-        r.threads_per_device,
-      );
+      const torchKind = r.precision === 'bf16' ? 'pytorch-bf16' : 'pytorch';
+      const torch = find(torchKind, r.threads_per_device);
       if (torch) r.vs_pytorch = r.tokens_per_s / torch.tokens_per_s;
+      const all = find(torchKind, cores);
+      if (all) r.vs_pytorch_all = r.tokens_per_s / all.tokens_per_s;
     }
   }
 }
@@ -532,7 +542,7 @@ function coresMarkdown(
   return [
     `# cores benchmark\n`,
     `${machine.cpu}, ${machine.cores} cores, Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
-    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines M=${o.microBatches} without re-materialization, local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision on all ${machine.cores} cores; vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision.\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines M=${o.microBatches} without re-materialization, local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [
         'kind',
@@ -544,6 +554,7 @@ function coresMarkdown(
         's/step',
         'vs single',
         'vs PyTorch',
+        'vs PyTorch all',
       ],
       rows: sorted.map((r) => [
         r.kind,
@@ -555,6 +566,7 @@ function coresMarkdown(
         r.step_s.toFixed(3),
         r.engine === 'pytorch' ? '-' : x(r.vs_single),
         x(r.vs_pytorch),
+        x(r.vs_pytorch_all),
       ]),
     }),
     skipped.length

@@ -457,7 +457,7 @@ program
   .option('--steps <n>', 'timed steps per configuration', (v) => Number(v), 3)
   .option(
     '--threads <list>',
-    'threads per device (and cores / K)',
+    "threads per device (and each K's default)",
     '1,2,4,8,16',
   )
   .option('--stages <list>', 'devices K of the pipelines and local', '2,3,4')

@@ -19,10 +19,23 @@ import { type DeviceOptions, parseDevices } from '../runtime/devices.js';
 import type { Strategy } from './strategy.js';
 
 /**
+ * Cores left to the host's own threads when `--threads` is not given: the JS thread of each
+ * device between its kernels, V8's garbage collector, the coordinator. 0 below 8 cores (each
+ * kernel thread counts there), else one in 8 (2 of 16). Measured on the 16-core host of an
+ * H200 machine (charlm-small single, bench/results/cores-16-threads-*.md): 14 kernel threads
+ * ran fp32 30,445 and bf16 43,974 tokens/s where 16 ran 21,515 and 34,677 (OpenMP's spinning
+ * workers and the JS thread's helpers fighting over the last cores); K=3 pipelines ran faster at
+ * 4 threads a device than at 5, K=2 at 4 than at 8 (bench/results/cores.md).
+ */
+export function hostCores(cores: number): number {
+  return cores >= 8 ? Math.ceil(cores / 8) : 0;
+}
+
+/**
  * Kernel threads of each of `devices` devices on one machine of `cores` cores (default: the
- * CPUs this process may use, os.availableParallelism): `--threads`, or the cores divided among
- * the devices, at least 1 (so K devices on C cores get C/K each and do not contend; the native
- * backend's OpenMP team of each device is that size).
+ * CPUs this process may use, os.availableParallelism): `--threads`, or the cores less
+ * {@link hostCores} divided among the devices, at least 1 (so K devices on C cores get about
+ * C/K each and do not contend; the native backend's OpenMP team of each device is that size).
  */
 export function threadsPerDevice(
   cfg: Pick<TrainConfig, 'threads'>,
@@ -31,7 +44,10 @@ export function threadsPerDevice(
 ): number {
   return cfg.threads > 0
     ? cfg.threads
-    : Math.max(1, Math.floor(cores / Math.max(1, devices)));
+    : Math.max(
+        1,
+        Math.floor((cores - hostCores(cores)) / Math.max(1, devices)),
+      );
 }
 
 /**
@@ -88,7 +104,7 @@ export function deviceThreads(
 
 /**
  * The CLI's set-up line on kernel threads, for a run with a native device: e.g. `kernel threads
- * per device: 8 (the 16 cores divided among 2 devices; --threads sets them)`; undefined without one.
+ * per device: 7 (the 16 cores less 2 for the host's threads divided among 2 devices; --threads sets them)`; undefined without one.
  * @throws LayerwiseError for a malformed --devices (as parseDevices).
  */
 export function threadsLine(
@@ -103,10 +119,11 @@ export function threadsLine(
   const each = native.map((d) => d.threads);
   const n = devicesOfRun(cfg, oneDevice);
   const list = new Set(each).size === 1 ? String(each[0]) : each.join(', ');
+  const host = hostCores(cores);
   const why =
     cfg.threads > 0
       ? '--threads'
-      : `the ${cores} cores divided among ${n} device${n > 1 ? 's' : ''}; --threads sets them`;
+      : `the ${cores} cores${host ? ` less ${host} for the host's threads` : ''} divided among ${n} device${n > 1 ? 's' : ''}; --threads sets them`;
   return `kernel threads per device: ${list} (${why})`;
 }
 

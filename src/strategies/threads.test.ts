@@ -15,10 +15,17 @@ const run = {
   devices: undefined as string | undefined,
 };
 
-test('threadsPerDevice: --threads, else the cores divided among the devices, at least 1', () => {
-  assert.equal(threadsPerDevice({ threads: 0 }, 4, 16), 4);
-  assert.equal(threadsPerDevice({ threads: 0 }, 3, 16), 5);
-  assert.equal(threadsPerDevice({ threads: 0 }, 1, 16), 16);
+test("threadsPerDevice: --threads, else the cores less the host's divided among the devices, at least 1", () => {
+  // 16 cores: 2 left to the host's threads, 14 divided
+  assert.equal(threadsPerDevice({ threads: 0 }, 4, 16), 3);
+  assert.equal(threadsPerDevice({ threads: 0 }, 3, 16), 4);
+  assert.equal(threadsPerDevice({ threads: 0 }, 2, 16), 7);
+  assert.equal(threadsPerDevice({ threads: 0 }, 1, 16), 14);
+  assert.equal(threadsPerDevice({ threads: 0 }, 1, 8), 7);
+  // under 8 cores every core runs kernels
+  assert.equal(threadsPerDevice({ threads: 0 }, 1, 4), 4);
+  assert.equal(threadsPerDevice({ threads: 0 }, 1, 2), 2);
+  assert.equal(threadsPerDevice({ threads: 0 }, 2, 2), 1);
   assert.equal(threadsPerDevice({ threads: 0 }, 4, 2), 1);
   assert.equal(threadsPerDevice({ threads: 3 }, 4, 16), 3);
 });
@@ -31,15 +38,15 @@ test('devicesOfRun counts every replica; single has one device per replica', () 
 });
 
 test('deviceThreads: the default for threads and processes alike, a device its own threads=, 1 off native', () => {
-  assert.deepEqual(deviceThreads(run, false, 16), [4, 4, 4, 4]);
-  assert.deepEqual(deviceThreads(run, true, 16), [16]);
+  assert.deepEqual(deviceThreads(run, false, 16), [3, 3, 3, 3]);
+  assert.deepEqual(deviceThreads(run, true, 16), [14]);
   assert.deepEqual(
     deviceThreads({ ...run, stages: 2, replicas: 2 }, false, 16),
-    [4, 4, 4, 4],
+    [3, 3, 3, 3],
   );
   assert.deepEqual(
     deviceThreads({ ...run, devices: 'process' }, false, 16),
-    [4, 4, 4, 4],
+    [3, 3, 3, 3],
   );
   assert.deepEqual(
     deviceThreads(
@@ -51,7 +58,7 @@ test('deviceThreads: the default for threads and processes alike, a device its o
       false,
       16,
     ),
-    [5, 8, 1],
+    [4, 8, 1],
   );
   assert.deepEqual(
     deviceThreads({ ...run, backend: 'wasm' }, false, 16),
@@ -62,7 +69,7 @@ test('deviceThreads: the default for threads and processes alike, a device its o
 test('threadsLine says the count and where it comes from, only for native runs', () => {
   assert.equal(
     threadsLine({ ...run, stages: 2 }, false, 16),
-    'kernel threads per device: 8 (the 16 cores divided among 2 devices; --threads sets them)',
+    "kernel threads per device: 7 (the 16 cores less 2 for the host's threads divided among 2 devices; --threads sets them)",
   );
   assert.equal(
     threadsLine({ ...run, threads: 2 }, false, 16),
@@ -81,6 +88,6 @@ test('threadsLine says the count and where it comes from, only for native runs',
       false,
       16,
     ),
-    'kernel threads per device: 8 (the 16 cores divided among 2 devices; --threads sets them)',
+    "kernel threads per device: 7 (the 16 cores less 2 for the host's threads divided among 2 devices; --threads sets them)",
   );
 });
