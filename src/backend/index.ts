@@ -29,6 +29,7 @@ import {
   registerNativeBackend,
 } from './native.js';
 import { policyOf } from './precision.js';
+import { shareSavedTensors } from './saved-tensors.js';
 import { registerWasmKernels } from './wasm-kernels.js';
 import { registerWasmLayoutKernels } from './wasm-layout.js';
 import { registerWasmMatMul } from './wasm-matmul.js';
@@ -141,6 +142,8 @@ export async function initBackend(
     `threads must be a positive integer, got ${threads}`,
   );
   registerExtensions();
+  // saved tensors share their data without an Identity kernel and tape node each (saved-tensors.ts)
+  shareSavedTensors();
   if (backend === 'wasm' && threads !== undefined)
     wasmBackend.setThreadsCount(threads);
   if (backend === 'tensorflow' && threads !== undefined)
