@@ -9,8 +9,9 @@
  * - on webgpu it is one dispatch of ours (backend/webgpu-matmul-gelu.ts) writing y and h, and
  *   so is its gradient's DENSE_GELU_GRAD_KERNEL (dh and db); outputs and gradients equal the cpu
  *   backend's within 1e-4 of their scale, for sizes that are not multiples of the 64 x 64 tile
- *   and leading axes of any rank; its split backward (pipeline/split-backward.ts) equals
- *   tf.grads with one product in each part;
+ *   and leading axes of any rank, and so in the 128 x 128 tiling (forced, on sizes past it);
+ *   outputs of at least 256 large tiles take that tiling; its split backward
+ *   (pipeline/split-backward.ts) equals tf.grads with one product in each part;
  * - under an f16 policy on webgpu, y, h, dh and db equal what the unfused kernels give under
  *   the same policy (f16 operands, GELU and its slope in f16 arithmetic) to f32 rounding, and
  *   differ from the f32 results (the rounding happened);
@@ -36,6 +37,8 @@ import { nativeAddon, nativeUnavailable } from './native.js';
 import { policyOf } from './precision.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
+import { forceProductTiling } from './webgpu-matmul.js';
+import { denseGeluTiles } from './webgpu-matmul-gelu.js';
 
 let why: string | false = false;
 try {
@@ -263,6 +266,53 @@ test('webgpu: denseGelu is one dispatch and equals the cpu backend, forward and 
     }
     tf.dispose([x!, w!, b!, y!, h!, ref, dy, dh!, db!, dhRef, dbRef]);
   }
+});
+
+test('webgpu: denseGelu in the 128 x 128 tiling (forced) equals the cpu backend, forward and gradient; large outputs take that tiling', {
+  skip: why,
+}, async () => {
+  const cases: typeof CASES = [
+    ...CASES,
+    [
+      [2, 150, 33],
+      [33, 260],
+    ],
+  ];
+  try {
+    for (const c of cases) {
+      await initBackend('cpu');
+      const cpu = fused(c);
+      const want = await values(cpu);
+      tf.dispose(cpu);
+      await initBackend('webgpu');
+      forceProductTiling('t128');
+      const gpu = fused(c);
+      (await values(gpu)).forEach((v, i) => {
+        const { worst } = scaledDifference(v, want[i]!);
+        assert.ok(
+          worst <= 1e-4,
+          `${c[0]} x ${c[1]}: output ${i} differs by ${worst}`,
+        );
+      });
+      tf.dispose(gpu);
+      const rows = tf.util.sizeFromShape(c[0].slice(0, -1));
+      const { tiling, tiles } = denseGeluTiles(rows, c[1][1]);
+      assert.equal(tiling.name, 't128');
+      assert.equal(tiles, Math.ceil(rows / 128) * Math.ceil(c[1][1] / 128));
+      forceProductTiling(undefined);
+    }
+  } finally {
+    forceProductTiling(undefined);
+  }
+  // chosen by size: the 8 x d1024 model's MLP (8,192 rows, 4,096 columns), and a small one
+  assert.deepEqual(
+    [denseGeluTiles(8192, 4096).tiling.name, denseGeluTiles(8192, 4096).tiles],
+    ['t128', 2048],
+  );
+  assert.deepEqual(
+    [denseGeluTiles(1024, 1024).tiling.name, denseGeluTiles(1024, 1024).tiles],
+    ['t64', 256],
+  );
 });
 
 test('webgpu: the split backward (input part, then weight part) of denseGelu equals tf.grads, running no product twice', {

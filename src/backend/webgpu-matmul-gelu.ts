@@ -27,7 +27,7 @@ import {
 } from './kernel-names.js';
 import { tf } from './tfjs.js';
 import { f16Arithmetic } from './webgpu-kernels.js';
-import { productOperands } from './webgpu-matmul.js';
+import { productOperands, productTiling } from './webgpu-matmul.js';
 import {
   bufferOf,
   constantUniforms,
@@ -41,7 +41,7 @@ import {
   GRAD_COLUMNS,
   geluGradColumnSumWgsl,
 } from './wgsl/dense-gelu.js';
-import { TILE_M, TILE_N } from './wgsl/matmul.js';
+import type { MatMulTiling } from './wgsl/matmul.js';
 
 /** WebGPU's default maxComputeWorkgroupsPerDimension: the tiles are numbered over x and y. */
 const MAX_WORKGROUPS = 65535;
@@ -53,17 +53,32 @@ function moduleOf(
   kind: 'forward' | 'grad',
   operands: 'float32' | 'float16',
   geluF16: boolean,
+  tiling?: MatMulTiling,
 ): string {
-  const key = `${kind}_${operands}_${geluF16}`;
+  const key = `${kind}_${operands}_${geluF16}_${tiling?.name}`;
   let code = modules.get(key);
   if (code === undefined) {
     code =
       kind === 'forward'
-        ? denseGeluWgsl(operands, geluF16)
+        ? denseGeluWgsl(operands, geluF16, tiling!)
         : geluGradColumnSumWgsl(geluF16);
     modules.set(key, code);
   }
   return code;
+}
+
+/**
+ * The tiling of the dense + GELU product of an [m, k] x [k, n] product (backend/webgpu-matmul.ts
+ * productTiling: the large tile for large outputs), its output tiles along N and in all (the
+ * dispatch's workgroups).
+ */
+export function denseGeluTiles(
+  m: number,
+  n: number,
+): { tiling: MatMulTiling; tilesN: number; tiles: number } {
+  const tiling = productTiling(m, n, 1);
+  const tilesN = Math.ceil(n / tiling.tileN);
+  return { tiling, tilesN, tiles: tilesN * Math.ceil(m / tiling.tileM) };
 }
 
 /** The uniforms of wgsl/dense-gelu.ts DENSE_GELU_UNIFORMS for an [m, k] x [k, n] product. */
@@ -72,8 +87,7 @@ export function denseGeluUniforms(
   k: number,
   n: number,
 ): ArrayBuffer {
-  const tilesN = Math.ceil(n / TILE_N);
-  const tiles = tilesN * Math.ceil(m / TILE_M);
+  const { tilesN, tiles } = denseGeluTiles(m, n);
   const u = new ArrayBuffer(13 * 4);
   // M, N, K; batches of A, B and the bias; the bias's strides per batch, row and column
   new Int32Array(u, 0, 9).set([m, n, k, 1, 1, 1, 0, 0, 1]);
@@ -88,7 +102,7 @@ type KernelArgs = Parameters<tf.KernelConfig['kernelFunc']>[0];
 function denseGelu(args: KernelArgs): tf.TensorInfo[] {
   const { x, w, b } = args.inputs as Record<string, tf.TensorInfo>;
   const [m, k, n] = checkDenseGelu(x!, w!, b!);
-  const tiles = Math.ceil(n / TILE_N) * Math.ceil(m / TILE_M);
+  const { tiling, tiles } = denseGeluTiles(m, n);
   if (
     [x!, w!, b!].some((t) => t.dtype !== 'float32') ||
     m * n === 0 ||
@@ -108,6 +122,7 @@ function denseGelu(args: KernelArgs): tf.TensorInfo[] {
     'forward',
     productOperands(),
     f16Arithmetic(args.backend),
+    tiling,
   );
   dispatch(raw, s, code, [...inputs, yBuffer, hBuffer, uniforms], tiles);
   return [y, h];

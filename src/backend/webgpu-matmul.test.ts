@@ -2,11 +2,13 @@
  * layerwise's products on webgpu (backend/webgpu-matmul.ts): BatchMatMul and _FusedMatMul, and
  * the gradients of both (matmul-grad.ts: products again, and sums over broadcast axes), give
  * the cpu backend's results within 1e-4 of their scale for 2-D, batched and broadcast-batch
- * operands, both transposes, sizes that are not multiples of the 64 x 64 x 16 tile, every bias
- * layout the kernel takes and its fused activations, each product (and each column sum of a
- * bias's or a broadcast operand's gradient, backend/webgpu-matmul-bias.ts) in one program of
- * ours; what they leave to TF.js's stock kernels (prelu, other sums) still gives the cpu's
- * results. Under an f16 policy the products equal the cpu product of the f16-rounded operands.
+ * operands, both transposes, sizes that are not multiples of the tiles, every bias layout the
+ * kernel takes and its fused activations, each product (and each column sum of a bias's or a
+ * broadcast operand's gradient, backend/webgpu-matmul-bias.ts) in one program of ours, in every
+ * tiling (wgsl/matmul.ts TILINGS, forced); products with at least 256 large tiles take the
+ * 128 x 128 tiling, the others the 64 x 64 one (by program key); what they leave to TF.js's
+ * stock kernels (prelu, other sums) still gives the cpu's results. Under an f16 policy the
+ * products equal the cpu product of the f16-rounded operands, in both tilings.
  * Skipped, saying why, where no WebGPU adapter can be made.
  */
 
@@ -18,8 +20,15 @@ import { initBackend } from './index.js';
 import { policyOf } from './precision.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
-import { planProduct, suffixBatches } from './webgpu-matmul.js';
+import {
+  forceProductTiling,
+  LARGE_TILE_MIN_WORKGROUPS,
+  planProduct,
+  productTiling,
+  suffixBatches,
+} from './webgpu-matmul.js';
 import { columnSumPlan } from './webgpu-matmul-bias.js';
+import { checkTiling, TILINGS } from './wgsl/matmul.js';
 
 let why: string | false = false;
 try {
@@ -83,7 +92,7 @@ function outputs(c: Case): tf.Tensor[] {
   return [y, ...grads(bias ? [a, b, bias] : [a, b])];
 }
 
-/** Runs `c` on the current backend: outputs' shapes and values, and how many programs of ours ran. */
+/** Runs `c` on the current backend: outputs' shapes and values, how many programs of ours ran and their keys. */
 async function results(c: Case) {
   seed = 1;
   const b = tf.backend() as unknown as {
@@ -91,10 +100,12 @@ async function results(c: Case) {
   };
   const own = b.runWebGPUProgram;
   let ours = 0;
+  const keys: string[] = [];
   if (own)
     b.runWebGPUProgram = (...args: unknown[]) => {
-      if ((args[0] as { shaderKey: string }).shaderKey.startsWith('lw_'))
-        ours++;
+      const key = (args[0] as { shaderKey: string }).shaderKey;
+      if (key.startsWith('lw_')) ours++;
+      keys.push(key);
       return own.apply(b, args);
     };
   try {
@@ -102,7 +113,7 @@ async function results(c: Case) {
     const values = await Promise.all(outs.map((t) => t.data()));
     const shapes = outs.map((t) => t.shape);
     tf.dispose(outs);
-    return { values, shapes, ours };
+    return { values, shapes, ours, keys };
   } finally {
     if (own) b.runWebGPUProgram = own;
   }
@@ -146,7 +157,74 @@ async function compare(c: Case, expectOurs?: number) {
   });
   if (expectOurs !== undefined)
     assert.equal(gpu.ours, expectOurs, `${name(c)}: programs of ours`);
+  return gpu.keys;
 }
+
+/** Cases past the 128 x 128 tile: several tiles along M and N, edges in M, N and K (not multiples of 8 or 16). */
+const LARGE_EDGES: Case[] = [
+  { a: [200, 37], b: [37, 300] },
+  { a: [37, 200], b: [300, 37], ta: true, tb: true },
+  { a: [37, 129], b: [37, 257], ta: true },
+  { a: [2, 130, 19], b: [19, 259], bias: [259], activation: 'relu' },
+  { a: [1, 129, 9], b: [3, 9, 140], sums: 1 },
+  { a: [2, 140, 24], b: [2, 131, 24], tb: true, bias: [2, 140, 131] },
+  { a: [150, 40], b: [40, 133], bias: [150, 1], activation: 'leakyrelu' },
+];
+
+test('every tiling, forced, equals the cpu backend on every covered case and edges past its tile, forward and gradient', {
+  skip: why,
+}, async () => {
+  try {
+    for (const [tiling, t] of Object.entries(TILINGS)) {
+      checkTiling(t);
+      forceProductTiling(tiling);
+      for (const c of [...COVERED, ...LARGE_EDGES]) {
+        const keys = await compare(c, programsOf(c));
+        const products = keys.filter((k) => k.startsWith('lw_matmul_'));
+        assert.ok(
+          products.length > 0 &&
+            products.every((k) => k.startsWith(`lw_matmul_${tiling}_`)),
+          `${name(c)}: programs ${products} are not all ${tiling}'s`,
+        );
+      }
+    }
+  } finally {
+    forceProductTiling(undefined);
+  }
+});
+
+test(`products of at least ${LARGE_TILE_MIN_WORKGROUPS} 128 x 128 tiles take the large tiling (by program key), smaller ones the 64 x 64 one`, {
+  skip: why,
+}, async () => {
+  // the 8 x d1024 model's products (batch 32 x context 256 = 8,192 rows)
+  assert.equal(productTiling(8192, 4096, 1).name, 't128');
+  assert.equal(productTiling(8192, 1024, 1).name, 't128');
+  assert.equal(productTiling(1024, 4096, 1).name, 't128'); // 256 tiles
+  assert.equal(productTiling(1024, 1024, 1).name, 't64'); // 64 tiles
+  assert.equal(productTiling(1024, 1000, 1).name, 't64');
+  assert.equal(productTiling(129, 129, 64).name, 't128'); // 2 x 2 x 64
+  assert.equal(productTiling(128, 128, 255).name, 't64');
+  // run: 2 x 2 tiles of 128 a batch, 64 batches (256 workgroups) vs 63 (252)
+  for (const [batch, want] of [
+    [64, 't128'],
+    [63, 't64'],
+  ] as const) {
+    const c: Case = {
+      a: [batch, 130, 8],
+      b: [batch, 8, 129],
+      forwardOnly: true,
+    };
+    const keys = await compare(c, 1);
+    const product = keys.find((k) => k.startsWith('lw_matmul_'));
+    assert.ok(
+      product?.startsWith(`lw_matmul_${want}_`),
+      `${name(c)}: ${product}, not ${want}`,
+    );
+  }
+  assert.throws(() => forceProductTiling('t256'), /t64, t128/);
+  forceProductTiling('auto');
+  assert.equal(productTiling(1024, 1024, 1).name, 't64');
+});
 
 test('webgpu products equal the cpu backend, forward and gradient, one program of ours each', {
   skip: why,
@@ -250,47 +328,58 @@ test('webgpu Sum over leading axes is one column-sum program of ours and equals 
 let whyF16: string | false = false;
 if (!why) whyF16 = await noShaderF16();
 
-test('webgpu products under an f16 policy equal the cpu product of f16-rounded operands, in one program', {
+test('webgpu products under an f16 policy equal the cpu product of f16-rounded operands, in one program, in both tilings', {
   skip: why || whyF16,
 }, async () => {
-  const c: Case = { a: [2, 70, 33], b: [33, 65], bias: [65] };
+  const c: Case = { a: [2, 150, 33], b: [33, 135], bias: [135] };
   await initBackend('webgpu', { precision: 'f16' });
   const { roundF16 } = await import('./webgpu-f16.js');
   const { setProductOperands } = await import('./webgpu-matmul.js');
   try {
-    const gpu = await results(c);
-    assert.equal(
-      gpu.ours,
-      5,
-      'forward (twice: tf.grads runs it), dA, dB and the bias sum: one program each',
-    );
-    seed = 1;
-    const [a, b, bias] = [rand(c.a), rand(c.b), rand(c.bias!)];
-    const [a16, b16] = await Promise.all([
-      roundF16(a).data(),
-      roundF16(b).data(),
-    ]);
-    await initBackend('cpu');
-    const want = await tf
-      .add(
-        tf.matMul(tf.tensor(a16, c.a), tf.tensor(b16, c.b)),
-        tf.tensor(await bias.data(), c.bias),
-      )
-      .data();
-    const { worst } = scaledDifference(gpu.values[0]!, want);
-    assert.ok(worst <= 1e-5, `f16 product differs by ${worst}`);
-    // and it is not the float32 product: the rounding happened
-    const f32 = await tf
-      .add(
-        tf.matMul(
-          tf.tensor(await a.data(), c.a),
-          tf.tensor(await b.data(), c.b),
-        ),
-        tf.tensor(await bias.data(), c.bias),
-      )
-      .data();
-    assert.ok(scaledDifference(gpu.values[0]!, f32).worst > 1e-5);
+    for (const tiling of ['t64', 't128']) {
+      await initBackend('webgpu', { precision: 'f16' });
+      forceProductTiling(tiling);
+      const gpu = await results(c);
+      assert.equal(
+        gpu.ours,
+        5,
+        'forward (twice: tf.grads runs it), dA, dB and the bias sum: one program each',
+      );
+      assert.ok(
+        gpu.keys.some((k) => k.startsWith(`lw_matmul_${tiling}_`)),
+        `${tiling}: ${gpu.keys}`,
+      );
+      seed = 1;
+      const [a, b, bias] = [rand(c.a), rand(c.b), rand(c.bias!)];
+      const [a16, b16] = await Promise.all([
+        roundF16(a).data(),
+        roundF16(b).data(),
+      ]);
+      const [av, bv, biasv] = await Promise.all([
+        a.data(),
+        b.data(),
+        bias.data(),
+      ]);
+      await initBackend('cpu');
+      const want = await tf
+        .add(
+          tf.matMul(tf.tensor(a16, c.a), tf.tensor(b16, c.b)),
+          tf.tensor(biasv, c.bias),
+        )
+        .data();
+      const { worst } = scaledDifference(gpu.values[0]!, want);
+      assert.ok(worst <= 1e-5, `${tiling}: f16 product differs by ${worst}`);
+      // and it is not the float32 product: the rounding happened
+      const f32 = await tf
+        .add(
+          tf.matMul(tf.tensor(av, c.a), tf.tensor(bv, c.b)),
+          tf.tensor(biasv, c.bias),
+        )
+        .data();
+      assert.ok(scaledDifference(gpu.values[0]!, f32).worst > 1e-5);
+    }
   } finally {
+    forceProductTiling(undefined);
     setProductOperands(policyOf('fp32').compute);
   }
 });

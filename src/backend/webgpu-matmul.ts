@@ -1,8 +1,9 @@
 /**
  * layerwise's own matrix products on the webgpu backend (issue 36 item 1): `BatchMatMul` and
- * `_FusedMatMul` as one tiled WGSL program (backend/wgsl/matmul.ts: workgroup-memory tiles,
- * 4 x 4 outputs per invocation), in place of TF.js's stock kernels, with the same inputs,
- * attributes and results (float32 accumulation; the cpu backend's numbers to rounding):
+ * `_FusedMatMul` as one tiled WGSL program (backend/wgsl/matmul.ts: workgroup-memory tiles of
+ * 64 x 64 outputs, 4 x 4 an invocation; 128 x 128, 8 x 8 an invocation, for the large products:
+ * {@link productTiling}), in place of TF.js's stock kernels, with the same inputs, attributes
+ * and results (float32 accumulation; the cpu backend's numbers to rounding):
  *
  * - `transposeA` / `transposeB` read the operand in its stored layout (no transpose dispatch);
  * - batch axes: A and B may each be broadcast over the output's leading batch axes (the
@@ -37,23 +38,74 @@ import { tf, wrapStockKernel } from './tfjs.js';
 import type { WebGPUBackendish } from './webgpu-kernels.js';
 import { registerWebGPUColumnSum } from './webgpu-matmul-bias.js';
 import {
+  checkTiling,
+  LARGE_TILING,
   MATMUL_ACTIVATIONS,
   MATMUL_UNIFORMS,
   type MatMulActivation,
+  type MatMulTiling,
   type MatMulVariant,
   matMulWgsl,
-  TILE_M,
-  TILE_N,
-  WG_X,
-  WG_Y,
+  SMALL_TILING,
+  TILINGS,
 } from './wgsl/matmul.js';
 
 /** WebGPU's default maxComputeWorkgroupsPerDimension: the dispatch is (N tiles, M tiles, batch). */
 const MAX_WORKGROUPS = 65535;
 
+/**
+ * The fewest workgroups of {@link LARGE_TILING} for which a product takes it: 256, so that one
+ * wave of them covers every SM of a big GPU (an H200's 132 SMs take 2 each: 256 invocations of
+ * about 128 registers fill half an SM's 64 K) where the 64 x 64 tile would leave SMs idle or
+ * spread over few waves. Smaller products keep {@link SMALL_TILING} (four times the workgroups).
+ * [8192, 1024] x [1024, 4096] has 2,048 large tiles, [8192, 4096] x [4096, 1024] and
+ * [1024, 8192] x [8192, 4096] 512 and 256; [1024, 8192] x [8192, 1024] (64) stays small.
+ */
+export const LARGE_TILE_MIN_WORKGROUPS = 256;
+
+/** The tiling forced on every product ({@link forceProductTiling}), else undefined (chosen by size). */
+let forced: MatMulTiling | undefined;
+
+/**
+ * Forces the tiling of this thread's products and dense + GELU products (wgsl/matmul.ts
+ * TILINGS by name), or lets {@link productTiling} choose by size again (undefined or 'auto'):
+ * for tests, benches and A/B runs. The environment's LAYERWISE_MATMUL_TILING sets it at
+ * {@link registerWebGPUMatMul}.
+ * @throws Error naming the tilings when `name` is none of them.
+ */
+export function forceProductTiling(name: string | undefined): void {
+  if (name === undefined || name === 'auto') {
+    forced = undefined;
+    return;
+  }
+  const t = TILINGS[name];
+  if (!t)
+    throw new Error(
+      `matmul tiling ${name}: use auto or one of ${Object.keys(TILINGS).join(', ')}`,
+    );
+  checkTiling(t);
+  forced = t;
+}
+
+/**
+ * The tiling of an [m, n] output with `batch` batches: the forced one ({@link
+ * forceProductTiling}), else {@link LARGE_TILING} when its workgroups number at least
+ * {@link LARGE_TILE_MIN_WORKGROUPS}, else {@link SMALL_TILING}.
+ */
+export function productTiling(
+  m: number,
+  n: number,
+  batch: number,
+): MatMulTiling {
+  if (forced) return forced;
+  const t = LARGE_TILING;
+  const groups = Math.ceil(m / t.tileM) * Math.ceil(n / t.tileN) * batch;
+  return groups >= LARGE_TILE_MIN_WORKGROUPS ? t : SMALL_TILING;
+}
+
 /** One product program: output [batch * M * N], one workgroup per output tile of one batch. */
 class MatMulProgram implements WebGPUProgram {
-  readonly workgroupSize: [number, number, number] = [WG_X, WG_Y, 1];
+  readonly workgroupSize: [number, number, number];
   readonly uniforms = MATMUL_UNIFORMS;
   readonly dispatchLayout = { x: [0] };
   readonly dispatch: [number, number, number];
@@ -62,16 +114,22 @@ class MatMulProgram implements WebGPUProgram {
   readonly variableNames: string[];
   constructor(
     private readonly variant: MatMulVariant,
+    private readonly tiling: MatMulTiling,
     { batch, m, n }: Pick<ProductPlan, 'batch' | 'm' | 'n'>,
   ) {
     this.outputShape = [batch * m * n];
-    this.dispatch = [Math.ceil(n / TILE_N), Math.ceil(m / TILE_M), batch];
+    this.workgroupSize = [tiling.wgX, tiling.wgY, 1];
+    this.dispatch = [
+      Math.ceil(n / tiling.tileN),
+      Math.ceil(m / tiling.tileM),
+      batch,
+    ];
     this.variableNames = variant.bias ? ['A', 'B', 'Bias'] : ['A', 'B'];
     const { transposeA: ta, transposeB: tb, bias, activation } = variant;
-    this.shaderKey = `lw_matmul_${+ta}${+tb}_${bias ? 'bias' : 'nobias'}_${activation}_${variant.operands}`;
+    this.shaderKey = `lw_matmul_${tiling.name}_${+ta}${+tb}_${bias ? 'bias' : 'nobias'}_${activation}_${variant.operands}`;
   }
   getUserCode(): string {
-    return matMulWgsl(this.variant);
+    return matMulWgsl(this.variant, this.tiling);
   }
 }
 
@@ -133,7 +191,12 @@ export function planProduct(
   const batch = tf.util.sizeFromShape(outer);
   if (batchA === undefined || batchB === undefined) return undefined;
   if (m * n * batch === 0) return undefined;
-  const grid = [Math.ceil(n / TILE_N), Math.ceil(m / TILE_M), batch];
+  // the small tile's grid: the largest of every tiling's
+  const grid = [
+    Math.ceil(n / SMALL_TILING.tileN),
+    Math.ceil(m / SMALL_TILING.tileM),
+    batch,
+  ];
   if (grid.some((g) => g > MAX_WORKGROUPS)) return undefined;
   return { m, n, k, batch, batchA, batchB, outShape: [...outer, m, n] };
 }
@@ -186,7 +249,8 @@ function runProduct(
   biasUniforms: [number, number, number, number],
   alpha: number,
 ): tf.TensorInfo {
-  const program = new MatMulProgram(variant, plan);
+  const tiling = productTiling(plan.m, plan.n, plan.batch);
+  const program = new MatMulProgram(variant, tiling, plan);
   const flat = inputs.map((t) => ({
     ...t,
     shape: [tf.util.sizeFromShape(t.shape)],
@@ -268,6 +332,7 @@ let registered = false;
  */
 export function registerWebGPUMatMul(): void {
   if (registered) return;
+  forceProductTiling(process.env.LAYERWISE_MATMUL_TILING);
   for (const [name, impl] of [
     ['BatchMatMul', batchMatMul],
     ['_FusedMatMul', fusedMatMul],

@@ -9,6 +9,8 @@ test('a bench given a bad flag value exits 2 with one line naming it, no stack t
   for (const [args, names] of [
     [['cores', '--kinds', 'nope'], "--kinds: unknown 'nope'"],
     [['gpu', '--configs', 'bogus'], "--configs: no configuration 'bogus'"],
+    [['matmul-tiles', '--tilings', 't64,t999'], "--tilings: unknown 't999'"],
+    [['matmul-tiles', '--shapes', '8x8'], "--shapes: '8x8' is not MxKxN"],
     [
       ['webgpu-host', '--calls', 'many'],
       '--calls: must be an integer >= 1, got NaN',

@@ -248,6 +248,39 @@ program
   });
 
 program
+  .command('matmul-tiles')
+  .description(
+    "layerwise's webgpu product in each tiling (wgsl/matmul.ts TILINGS, forced) on the 8 x d1024 model's products: TFLOP/s, and which the size rule picks",
+  )
+  .option(
+    '--shapes <list>',
+    'products MxKxN[:tA][:tB], comma-separated (default: the 8 x d1024 model at 8,192 rows)',
+  )
+  .option(
+    '--tilings <list>',
+    'tilings to compare, comma-separated',
+    't64,t128,t128x64,t64p',
+  )
+  .option('--reps <n>', 'products per timing', (v) => Number(v), 10)
+  .option('--rounds <n>', 'timings per tiling, alternated', (v) => Number(v), 5)
+  .option('--out <dir>', 'results folder', 'bench/results')
+  .action(async (o) => {
+    const { benchMatMulTiles, MODEL_SHAPES } = await import(
+      './matmul-tiles.js'
+    );
+    await benchMatMulTiles(
+      {
+        shapes: o.shapes ? String(o.shapes).split(',') : MODEL_SHAPES,
+        tilings: String(o.tilings).split(','),
+        reps: o.reps,
+        rounds: o.rounds,
+        out: o.out,
+      },
+      (s) => console.log(s),
+    );
+  });
+
+program
   .command('gpu')
   .description(
     "issue 36's GPU table: layerwise webgpu, plain TF.js webgpu and PyTorch CUDA, charlm-small and 8 x d1024, batch 32; l2l and gpipe K=2 of the large model (each run its own process, all within --budget-seconds: a 5-minute device session)",

@@ -10,15 +10,16 @@
  * uniforms), and an entry point that sets the workgroup and invocation ids the product's code
  * reads (TF.js's prelude declares them as private variables the same way). The output tiles are
  * numbered flat over the dispatch's x and y (a dispatch holds at most 65,535 workgroups along
- * each), tile t covering rows 64 (t / tilesN) and columns 64 (t mod tilesN).
+ * each), tile t covering rows tileM (t / tilesN) and columns tileN (t mod tilesN) of the
+ * tiling's (wgsl/matmul.ts {@link MatMulTiling}: the large products' 128 x 128 tile, or the
+ * 64 x 64 one, as backend/webgpu-matmul.ts productTiling chooses).
  */
 import { geluFunctionWgsl, geluSlopeFunctionWgsl } from './elementwise.js';
 import {
   MATMUL_UNIFORMS,
+  type MatMulTiling,
   type MatMulVariant,
   matMulWgsl,
-  WG_X,
-  WG_Y,
 } from './matmul.js';
 
 /**
@@ -36,12 +37,14 @@ const EPILOGUE = `let v = x + Bias[c];
 /**
  * The module of one variant: `operands` as the products' ('float16': rounded to f16 as the tiles
  * are loaded), `geluF16` GELU's sigmoid factor in f16 arithmetic (LayerwiseGelu's f16 variant;
- * the device needs shader-f16). Bindings: 0 A [M, K], 1 B [K, N], 2 Bias [N], 3 Y [M, N],
- * 4 H [M, N], 5 the uniforms ({@link DENSE_GELU_UNIFORMS}).
+ * the device needs shader-f16), `tiling` the product's tiles. Bindings: 0 A [M, K], 1 B [K, N],
+ * 2 Bias [N], 3 Y [M, N], 4 H [M, N], 5 the uniforms ({@link DENSE_GELU_UNIFORMS}).
+ * @throws Error when `tiling` breaks wgsl/matmul.ts checkTiling's rules.
  */
 export function denseGeluWgsl(
   operands: MatMulVariant['operands'],
   geluF16: boolean,
+  tiling: MatMulTiling,
 ): string {
   const variant: MatMulVariant = {
     transposeA: false,
@@ -62,8 +65,8 @@ var<private> localId : vec3<u32>;
 var<private> localIndex : u32;
 var<private> workgroupId : vec3<u32>;
 ${geluFunctionWgsl(geluF16)}
-${matMulWgsl(variant, EPILOGUE, 'product')}
-@compute @workgroup_size(${WG_X}, ${WG_Y}, 1)
+${matMulWgsl(variant, tiling, EPILOGUE, 'product')}
+@compute @workgroup_size(${tiling.wgX}, ${tiling.wgY}, 1)
 fn main(@builtin(local_invocation_id) lid : vec3<u32>,
         @builtin(local_invocation_index) lindex : u32,
         @builtin(workgroup_id) wid : vec3<u32>,
