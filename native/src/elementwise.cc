@@ -151,8 +151,18 @@ void binaryLoop(F f, const float* a, const float* b, float* out, const std::vect
   const int64_t inner = outShape[rank - 1];
   const int64_t rows = size / inner;
   const int64_t ia = sa[rank - 1], ib = sb[rank - 1];
+  // fewer rows than the team can share (a [2, 1M] + [1M]): rows in pieces of whole 64-byte lines,
+  // at least 4096 elements, each (row, piece) an item; splitting rows only left threads idle
+  const int team = teamHere();
+  int64_t piece = inner;
+  if (rows < 2 * team && size > kParallel) {
+    const int64_t split = (2 * team + rows - 1) / rows;
+    piece = std::max<int64_t>(4096, ((inner + split - 1) / split + 15) / 16 * 16);
+  }
+  const int64_t pieces = (inner + piece - 1) / piece;
 #pragma omp parallel for schedule(static) if (size > kParallel)
-  for (int64_t r = 0; r < rows; r++) {
+  for (int64_t item = 0; item < rows * pieces; item++) {
+    const int64_t r = item / pieces, i0 = (item % pieces) * piece, i1 = std::min(inner, i0 + piece);
     int64_t rest = r, offA = 0, offB = 0;
     for (int d = rank - 2; d >= 0; d--) {
       const int64_t c = rest % outShape[d];
@@ -165,15 +175,15 @@ void binaryLoop(F f, const float* a, const float* b, float* out, const std::vect
     const float* pb = b + offB;
     if (ia == 1 && ib == 1) {
 #pragma omp simd
-      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[i], pb[i]);
+      for (int64_t i = i0; i < i1; i++) o[i] = f(pa[i], pb[i]);
     } else if (ia == 1) {
 #pragma omp simd
-      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[i], pb[0]);
+      for (int64_t i = i0; i < i1; i++) o[i] = f(pa[i], pb[0]);
     } else if (ib == 1) {
 #pragma omp simd
-      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[0], pb[i]);
+      for (int64_t i = i0; i < i1; i++) o[i] = f(pa[0], pb[i]);
     } else {
-      for (int64_t i = 0; i < inner; i++) o[i] = f(pa[0], pb[0]);
+      for (int64_t i = i0; i < i1; i++) o[i] = f(pa[0], pb[0]);
     }
   }
 }
@@ -340,19 +350,28 @@ void layerNormOver(const X* x, const float* g, const float* b, Y* y, Y* xhat, fl
 template <typename D, typename XH>
 void layerNormGradOver(const D* dy, const XH* xhat, const float* rstd, const float* g, float* dx, float* dg, float* db, int64_t rows,
                        int64_t cols) {
-  // dx per row; dg and db as per-thread partial sums over rows, added at the end
-  std::vector<double> sumG(cols, 0.0), sumB(cols, 0.0);
-#pragma omp parallel if (rows * cols > kParallel && rows > 1)
+  // dx per row (rows split over the team); dg and db as each member's partial sums over its rows,
+  // in double, in a vector of its own (4 KiB at 256 columns: from its thread's malloc arena, in
+  // its cache), then added in member order with whole lines of columns split over the team. They
+  // were added one member at a time in a critical section (in whatever order members came:
+  // sums that changed from run to run), then copied out by the calling thread alone. (The
+  // partials as rows of one scratch kept by the calling thread made the kernel 1.3-1.7x slower
+  // at 2 threads, for reasons not found; the members' own vectors match the critical version.)
+  const bool parallel = rows * cols > kParallel && rows > 1;
+  const int64_t stride = lineStride<double>(cols);
+  std::vector<double*> parts(parallel ? teamHere() : 1);
+#pragma omp parallel if (parallel)
   {
-    std::vector<double> pg(cols, 0.0), pb(cols, 0.0);
+    std::vector<double> mine(2 * stride, 0.0);
+    double* pgr = mine.data();
+    double* pbr = pgr + stride;
+    parts[myMember()] = pgr;
     std::vector<float> dyBuf(kFloat<D> ? 0 : cols), xhBuf(kFloat<XH> ? 0 : cols);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       const float* d = load(dy + r * cols, cols, dyBuf.data());
       const float* xh = load(xhat + r * cols, cols, xhBuf.data());
       double m1 = 0, m2 = 0;
-      double* pgr = pg.data();
-      double* pbr = pb.data();
 #pragma omp simd reduction(+ : m1, m2)
       for (int64_t i = 0; i < cols; i++) {
         const float dxh = d[i] * g[i];
@@ -368,15 +387,23 @@ void layerNormGradOver(const D* dy, const XH* xhat, const float* rstd, const flo
 #pragma omp simd
       for (int64_t i = 0; i < cols; i++) o[i] = (d[i] * g[i] - a - xh[i] * c) * rs;
     }
-#pragma omp critical
-    for (int64_t i = 0; i < cols; i++) {
-      sumG[i] += pg[i];
-      sumB[i] += pb[i];
+    // (the loop's barrier: every partial is complete) each member adds its lines of columns
+    // over the members in order: at one thread, member 0's sums as they are
+    int members = 1;
+#ifdef _OPENMP
+    members = omp_get_num_threads();
+#endif
+    const auto [c0, c1] = myAlignedShare(cols, 64 / sizeof(double));
+    for (int64_t i = c0; i < c1; i++) {
+      double sg = parts[0][i], sb = parts[0][stride + i];
+      for (int p = 1; p < members; p++) {
+        sg += parts[p][i];
+        sb += parts[p][stride + i];
+      }
+      dg[i] = static_cast<float>(sg);
+      db[i] = static_cast<float>(sb);
     }
-  }
-  for (int64_t i = 0; i < cols; i++) {
-    dg[i] = static_cast<float>(sumG[i]);
-    db[i] = static_cast<float>(sumB[i]);
+#pragma omp barrier
   }
 }
 
@@ -402,25 +429,64 @@ void layerNormGrad(const Bf16Operand& dy, const Bf16Operand& xhat, const float* 
   visit(dy, [&](auto ds) { visit(xhat, [&](auto xs) { layerNormGradOver(ds, xs, rstd, g, dx, dg, db, rows, cols); }); });
 }
 
-void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
-#pragma omp parallel for schedule(static) if (outer * inner > kParallel && outer > 1)
-  for (int64_t r = 0; r < outer; r++) {
-    const float* row = x + r * inner;
-    if (op == ReduceOp::Sum || op == ReduceOp::Mean) {
-      double s = 0;
+namespace {
+
+// Elements per piece of a row reduce() splits (rows fewer than the team's threads): 64 KiB of
+// floats, summed in double on one thread, the pieces' sums then added in order
+constexpr int64_t kReducePiece = int64_t{1} << 14;
+
+// op over row[0, n) on the calling thread: the sum in double (Sum, Mean: not divided here), or the
+// max / min as a float (a NaN wins)
+inline double reduceRow(ReduceOp op, const float* row, int64_t n) {
+  if (op == ReduceOp::Sum || op == ReduceOp::Mean) {
+    double s = 0;
 #pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < inner; i++) s += row[i];
-      out[r] = static_cast<float>(op == ReduceOp::Mean ? s / static_cast<double>(inner) : s);
-    } else {
-      float m = inner > 0 ? row[0] : (op == ReduceOp::Max ? -INFINITY : INFINITY);
-      if (op == ReduceOp::Max) {
-        for (int64_t i = 1; i < inner; i++) if (row[i] > m || std::isnan(row[i])) m = row[i];
-      } else {
-        for (int64_t i = 1; i < inner; i++) if (row[i] < m || std::isnan(row[i])) m = row[i];
-      }
-      out[r] = m;
-    }
+    for (int64_t i = 0; i < n; i++) s += row[i];
+    return s;
   }
+  float m = n > 0 ? row[0] : (op == ReduceOp::Max ? -INFINITY : INFINITY);
+  if (op == ReduceOp::Max) {
+    for (int64_t i = 1; i < n; i++) if (row[i] > m || std::isnan(row[i])) m = row[i];
+  } else {
+    for (int64_t i = 1; i < n; i++) if (row[i] < m || std::isnan(row[i])) m = row[i];
+  }
+  return m;
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inner) {
+  const bool sum = op == ReduceOp::Sum || op == ReduceOp::Mean;
+  const auto finish = [&](double v) { return static_cast<float>(op == ReduceOp::Mean ? v / static_cast<double>(inner) : v); };
+  const int team = teamHere();
+  const int64_t pieces = (inner + kReducePiece - 1) / kReducePiece;  // per row
+  if (team > 1 && outer < 2 * team && pieces > 1 && outer * inner > kParallel) {
+    // fewer rows than the team can share (a loss's mean, a whole gradient's sum: one row): each
+    // row in fixed pieces over the team, each piece's sum (max, min) kept, then combined in
+    // order. The rows were split over the team, so one row ran on one thread. At one thread the
+    // rows below, as before (their bits unchanged); the pieces' sums at any team of 2 or more.
+    thread_local ScratchOf<double> scratch;
+    double* part = scratch.get(outer * pieces);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < outer * pieces; j++) {
+      const int64_t r = j / pieces, from = (j % pieces) * kReducePiece;
+      part[j] = reduceRow(op, x + r * inner + from, std::min(kReducePiece, inner - from));
+    }
+    for (int64_t r = 0; r < outer; r++) {
+      const double* p = part + r * pieces;
+      double v = p[0];
+      for (int64_t j = 1; j < pieces; j++) {
+        if (sum)
+          v += p[j];
+        else if (op == ReduceOp::Max ? (p[j] > v || std::isnan(p[j])) : (p[j] < v || std::isnan(p[j])))
+          v = p[j];
+      }
+      out[r] = finish(v);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (outer * inner > kParallel && outer > 1)
+  for (int64_t r = 0; r < outer; r++) out[r] = finish(reduceRow(op, x + r * inner, inner));
 }
 
 namespace {
@@ -438,14 +504,18 @@ constexpr int64_t kRowBlock = 128;
 template <typename X>
 void sumColumnsByBlocks(bool mean, const X* x, float* out, int64_t outer, int64_t inner) {
   const int64_t blocks = (outer + kRowBlock - 1) / kRowBlock;
+  const int64_t stride = lineStride<double>(inner);  // each block's partial row in whole 64-byte lines
+  // kept from call to call (256 KiB at [4096, 1024]: allocated per call, malloc may map it afresh
+  // and the team fault its pages in every call);
   // not zeroed here: each block's partial row starts as its first row, on the thread that sums it
-  std::unique_ptr<double[]> part(new double[static_cast<size_t>(blocks * inner)]);
+  thread_local ScratchOf<double> scratch;
+  double* part = scratch.get(blocks * stride);
 #pragma omp parallel
   {
     std::vector<float> buf(kFloat<X> ? 0 : inner);
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; blk++) {
-      double* acc = part.get() + blk * inner;
+      double* acc = part + blk * stride;
       const int64_t first = blk * kRowBlock, end = std::min(outer, (blk + 1) * kRowBlock);
       const float* row = load(x + first * inner, inner, buf.data());
 #pragma omp simd
@@ -456,16 +526,26 @@ void sumColumnsByBlocks(bool mean, const X* x, float* out, int64_t outer, int64_
         for (int64_t c = 0; c < inner; c++) acc[c] += row[c];
       }
     }
-    // the partials added in block order, columns split over the team (after the loop's barrier):
-    // the same sums at any team size, and no serial pass
-    const auto [c0, c1] = myShare(inner);
-    double* sum = part.get();  // block 0's row, this thread's columns
-    for (int64_t blk = 1; blk < blocks; blk++) {
-      const double* p = part.get() + blk * inner;
+    // the partials added in block order, whole lines of columns split over the team (after the
+    // loop's barrier): the same sums at any team size, and no serial pass. Each member adds its
+    // columns in a small local row (in L1) and writes each output once: adding into block 0's
+    // row in place had members write lines their neighbours also wrote (false sharing), on
+    // every block, where a member's share was not whole lines (89 columns over 16 threads)
+    const auto [c0, c1] = myAlignedShare(inner, 64 / sizeof(double));
+    constexpr int64_t kCols = 256;
+    alignas(64) double sum[kCols];
+    for (int64_t from = c0; from < c1; from += kCols) {
+      const int64_t w = std::min(kCols, c1 - from);
+      const double* p0 = part + from;
 #pragma omp simd
-      for (int64_t c = c0; c < c1; c++) sum[c] += p[c];
+      for (int64_t c = 0; c < w; c++) sum[c] = p0[c];
+      for (int64_t blk = 1; blk < blocks; blk++) {
+        const double* p = part + blk * stride + from;
+#pragma omp simd
+        for (int64_t c = 0; c < w; c++) sum[c] += p[c];
+      }
+      for (int64_t c = 0; c < w; c++) out[from + c] = static_cast<float>(mean ? sum[c] / static_cast<double>(outer) : sum[c]);
     }
-    for (int64_t c = c0; c < c1; c++) out[c] = static_cast<float>(mean ? sum[c] / static_cast<double>(outer) : sum[c]);
   }
 }
 
@@ -481,7 +561,9 @@ void reduceOuterOver(ReduceOp op, const X* x, float* out, int64_t outer, int64_t
   }
 #pragma omp parallel if (outer * inner > kParallel)
   {
-    const auto [c0, c1] = myShare(inner);
+    // whole 64-byte lines of each row per member: a member's columns sharing a line with its
+    // neighbour's had both read (and the prefetcher fetch) the same lines of every row
+    const auto [c0, c1] = myAlignedShare(inner, 64 / sizeof(float));
     if (c1 > c0) {
       const int64_t w = c1 - c0;
       std::vector<double> acc(w);
@@ -662,11 +744,62 @@ void softmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int6
 
 void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments) {
   std::memset(out, 0, sizeof(float) * segments * inner);
-  // columns are independent: each thread adds its share of every row, so no two threads write one element
-#pragma omp parallel if (n * inner > kParallel && inner >= 64)
-  {
-    const auto [c0, c1] = myShare(inner);
+  const int team = teamHere();
+  if (team == 1 || n * inner <= kParallel) {
+    // one thread: every row added in order
     for (int64_t r = 0; r < n; r++) {
+      const int32_t s = ids[r];
+      if (s < 0 || s >= segments) continue;
+      const float* src = data + r * inner;
+      float* dst = out + s * inner;
+#pragma omp simd
+      for (int64_t c = 0; c < inner; c++) dst[c] += src[c];
+    }
+    return;
+  }
+  const int64_t stride = lineStride<float>(segments * inner);
+  if (static_cast<int64_t>(team) * segments <= n) {
+    // few segments beside the rows (an embedding's gradient: 4096 tokens into 89 characters):
+    // the rows split over the team, each member adding its rows in order into a partial output
+    // of its own (member 0 into out), then the partials added into out in member order, the
+    // elements split over the team. The columns split over the team had each member read its
+    // part of every row, and the prefetcher the rest: 2.6x slower at 2 threads than at 1.
+    thread_local ScratchOf<float> scratch;
+    float* part = scratch.get(stride * (team - 1));
+#pragma omp parallel
+    {
+      const int t = myMember();
+      float* mine = t == 0 ? out : part + stride * (t - 1);
+      if (t > 0) std::fill(mine, mine + segments * inner, 0.f);
+      const auto [r0, r1] = myShare(n);
+      for (int64_t r = r0; r < r1; r++) {
+        const int32_t s = ids[r];
+        if (s < 0 || s >= segments) continue;
+        const float* src = data + r * inner;
+        float* dst = mine + s * inner;
+#pragma omp simd
+        for (int64_t c = 0; c < inner; c++) dst[c] += src[c];
+      }
+#pragma omp barrier
+      int members = 1;
+#ifdef _OPENMP
+      members = omp_get_num_threads();
+#endif
+      const auto [e0, e1] = myAlignedShare(segments * inner, 64 / sizeof(float));
+      for (int p = 1; p < members; p++) {
+        const float* q = part + stride * (p - 1);
+#pragma omp simd
+        for (int64_t e = e0; e < e1; e++) out[e] += q[e];
+      }
+    }
+    return;
+  }
+  // many segments (a partial output per member would outweigh the rows): columns are independent,
+  // each member adds its whole 64-byte lines of every row, so no two members write one element
+#pragma omp parallel
+  {
+    const auto [c0, c1] = myAlignedShare(inner, 64 / sizeof(float));
+    for (int64_t r = 0; r < n && c1 > c0; r++) {
       const int32_t s = ids[r];
       if (s < 0 || s >= segments) continue;
       const float* src = data + r * inner;

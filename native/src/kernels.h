@@ -1,5 +1,6 @@
 // layerwise native kernels: declarations shared by the N-API glue (addon.cc) and the kernels.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -47,6 +48,51 @@ inline std::pair<int64_t, int64_t> myShare(int64_t total) {
 #endif
   const int64_t t = myMember();
   return {total * t / team, total * (t + 1) / team};
+}
+
+// This thread's share [lo, hi) of `total` items as myShare, its ends at multiples of `align` items
+// (the last share ends at total): split by whole 64-byte lines (align 16 floats or 8 doubles),
+// no two members write one line of a line-aligned array. Members past the lines get [total, total).
+inline std::pair<int64_t, int64_t> myAlignedShare(int64_t total, int64_t align) {
+  const auto [u0, u1] = myShare((total + align - 1) / align);
+  return {std::min(total, u0 * align), std::min(total, u1 * align)};
+}
+
+// The number of threads a parallel region started here would have (omp_get_max_threads, 1
+// inside a region, as nested regions are off): what a kernel sizes per-member scratch by.
+inline int teamHere() {
+#ifdef _OPENMP
+  return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// A scratch array of at least n elements of T, its start 64-byte aligned, kept by the calling
+// thread across calls (grown, never shrunk): an array of partial sums allocated on every call
+// (hundreds of KiB: malloc may map it afresh, and the team then faults its pages in, every call)
+// is allocated once. Each kernel keeps its own (a `thread_local ScratchOf<T>`), so a kernel
+// calling another does not reuse its caller's.
+template <typename T>
+class ScratchOf {
+ public:
+  T* get(int64_t n) {
+    const size_t want = static_cast<size_t>(n) + 64 / sizeof(T);
+    if (store_.size() < want) store_.resize(want);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(store_.data());
+    return reinterpret_cast<T*>((p + 63) & ~uintptr_t{63});
+  }
+
+ private:
+  std::vector<T> store_;
+};
+
+// n rounded up to a multiple of the elements of T in a 64-byte line: the stride of per-member
+// partial rows, so that two members' rows never share a line.
+template <typename T>
+constexpr int64_t lineStride(int64_t n) {
+  constexpr int64_t per = 64 / static_cast<int64_t>(sizeof(T));
+  return (n + per - 1) / per * per;
 }
 
 // Orders this thread's streaming stores before its later stores (sfence).

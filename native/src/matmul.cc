@@ -32,10 +32,10 @@ bool splitsReduction(int team, int64_t batch, int64_t m, int64_t n, int64_t k, b
 
 int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::function<int(int64_t, int64_t, float*)>& slice) {
   const int team = omp_get_max_threads();
-  thread_local std::vector<float> partials;  // members 1.. team-1's [m, n] partial sums
-  const int64_t mn = m * n;
-  if (static_cast<int64_t>(partials.size()) < (team - 1) * mn) partials.resize(static_cast<size_t>((team - 1) * mn));
-  float* part = partials.data();
+  // members 1.. team-1's [m, n] partial sums, each in whole 64-byte lines of a kept scratch
+  thread_local ScratchOf<float> partials;
+  const int64_t mn = m * n, stride = lineStride<float>(mn);
+  float* part = partials.get((team - 1) * stride);
   int status = 0;
 #pragma omp parallel num_threads(team)
   {
@@ -43,7 +43,7 @@ int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::functio
     constexpr int64_t kAlign = 64;  // slices of whole 64-row blocks of A and B
     const int64_t blocks = (k + kAlign - 1) / kAlign;
     const int64_t k0 = std::min(k, blocks * t / nt * kAlign), k1 = std::min(k, blocks * (t + 1) / nt * kAlign);
-    float* out = t == 0 ? c : part + (t - 1) * mn;
+    float* out = t == 0 ? c : part + (t - 1) * stride;
     omp_set_num_threads(1);  // this member's product runs on it alone, built for one thread
     const int s = k1 > k0 ? slice(k0, k1, out) : (std::fill(out, out + mn, 0.f), 0);
     omp_set_num_threads(team);
@@ -52,9 +52,11 @@ int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::functio
       status = s;
     }
 #pragma omp barrier
-    const auto [lo, hi] = myShare(mn);
+    // the partials added into C in member order, C split over the team in pieces of 16 floats
+    const auto [lo, hi] = myAlignedShare(mn, 16);
     for (int p = 1; p < nt; p++) {
-      const float* q = part + (p - 1) * mn;
+      const float* q = part + (p - 1) * stride;
+#pragma omp simd
       for (int64_t i = lo; i < hi; i++) c[i] += q[i];
     }
   }

@@ -567,7 +567,7 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
   }
 });
 
-test('a weight gradient A^T B with a small output and a long k (split over k at 2 threads) equals the float64 product, fp32 and bf16, at 1 and 2 threads', {
+test('a weight gradient A^T B with a small output and a long k (split over k at 2 or more threads) equals the float64 product, fp32 and bf16, at 1, 2 and 4 threads', {
   skip,
 }, () => {
   const lib = nativeAddon()!;
@@ -593,7 +593,7 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
   lib.fromBf16(bb, bf);
   const exact = { fp32: reference(a, b), bf16: reference(af, bf) };
   try {
-    for (const threads of [1, 2]) {
+    for (const threads of [1, 2, 4]) {
       lib.setThreads(threads);
       const cpu0 = lib.teamCpuSeconds();
       const c32 = new Float32Array(m * n),
@@ -621,6 +621,144 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
           );
         }
     }
+  } finally {
+    lib.setThreads(before);
+  }
+});
+
+test('native kernels split over a team of 4 (more members than this machine may have cores) give their 1-thread results: layer norm gradient, column and row sums, segment sums, broadcast binary ops, GELU gradient', {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const before = lib.threads();
+  // sizes that are not multiples of 4 threads, 16 floats or 64-row blocks
+  const [rows, cols] = [1003, 100];
+  const dy = randomArray(rows * cols, 11),
+    xhat = randomArray(rows * cols, 12),
+    g = randomArray(cols, 13);
+  const rstd = Float32Array.from(randomArray(rows, 14), (v) => 1 + Math.abs(v));
+  const [dyBf, xhatBf] = [
+    new Uint16Array(rows * cols),
+    new Uint16Array(rows * cols),
+  ];
+  lib.toBf16(dy, dyBf);
+  lib.toBf16(xhat, xhatBf);
+  const wide = randomArray(2 * 50_001, 15),
+    row = randomArray(50_001, 16);
+  const ids = Int32Array.from(
+    { length: 5000 },
+    (_, i) => ((i * 7919) % 40) - 1,
+  ); // -1 and 38: outside [0, 37), skipped
+  const segData = randomArray(5000 * cols, 17);
+  const run = () => {
+    const out: Record<string, Float32Array> = {};
+    for (const [what, d, x] of [
+      ['f32', dy, xhat],
+      ['bf16', dyBf, xhatBf],
+    ] as const) {
+      const [dx, dg, db] = [
+        new Float32Array(rows * cols),
+        new Float32Array(cols),
+        new Float32Array(cols),
+      ];
+      lib.layerNormGradAny(d, x, rstd, g, dx, dg, db, rows, cols);
+      Object.assign(out, {
+        [`layerNormGrad ${what} dx`]: dx,
+        [`layerNormGrad ${what} dg`]: dg,
+        [`layerNormGrad ${what} db`]: db,
+      });
+    }
+    const colSums = (
+      op: number,
+      x: Float32Array | Uint16Array,
+      outer: number,
+      inner: number,
+    ) => {
+      const o = new Float32Array(inner);
+      lib.reduceOuter(op, x, o, outer, inner);
+      return o;
+    };
+    out['column sums by row blocks'] = colSums(0, dy, rows, cols);
+    out['column sums by row blocks, bf16'] = colSums(0, dyBf, rows, cols);
+    out['column sums of 100 rows (columns split)'] = colSums(0, dy, 100, 1003);
+    out['column max of 100 rows (columns split)'] = colSums(2, dy, 100, 1003);
+    const rowOps = (op: number, outer: number) => {
+      const o = new Float32Array(outer);
+      lib.reduce(op, wide, o, outer, wide.length / outer);
+      return o;
+    };
+    out['sum of one long row'] = rowOps(0, 1);
+    out['means of 2 long rows'] = rowOps(1, 2);
+    out['max of 2 long rows'] = rowOps(2, 2);
+    out['min of one long row'] = rowOps(3, 1);
+    for (const segments of [37, 4000]) {
+      // 37: rows split over the team into partial outputs; 4000: columns split
+      const o = new Float32Array(segments * cols);
+      lib.segmentSum(
+        segData,
+        ids.map((s) => (segments === 37 ? s : s * 100 + 7)),
+        o,
+        5000,
+        cols,
+        segments,
+      );
+      out[`segment sums into ${segments}`] = o;
+    }
+    const sum = new Float32Array(wide.length);
+    lib.binary(0, wide, [2, 50_001], row, [50_001], sum, [2, 50_001]);
+    out['[2, 50001] + [50001]'] = sum;
+    const big = randomArray(70_001, 18);
+    const gg = new Float32Array(big.length);
+    lib.geluGrad(big, wide.subarray(0, big.length), gg);
+    out['GELU gradient'] = gg;
+    return out;
+  };
+  try {
+    lib.setThreads(1);
+    const one = run();
+    lib.setThreads(4);
+    const four = run();
+    const again = run();
+    // the same reference the 1-thread kernels are tested against elsewhere: [2, 50001] + [50001] by hand
+    for (let i = 0; i < wide.length; i++)
+      assert.equal(
+        one['[2, 50001] + [50001]']![i],
+        Math.fround(wide[i]! + row[i % 50_001]!),
+        `sum[${i}]`,
+      );
+    for (const [what, want] of Object.entries(one)) {
+      const got = four[what]!;
+      assert.deepEqual(
+        again[what],
+        got,
+        `${what}: two runs at 4 threads differ`,
+      );
+      // sums in another order (member partials, pieces of a row) round differently; the rest is exact
+      const reordered = / dg| db|sum of one|means|segment sums into 37/.test(
+        what,
+      );
+      for (let i = 0; i < want.length; i++)
+        if (reordered)
+          assert.ok(
+            Math.abs(got[i]! - want[i]!) <= 1e-5 * (1 + Math.abs(want[i]!)),
+            `${what}[${i}]: ${got[i]} at 4 threads, ${want[i]} at 1`,
+          );
+        else assert.equal(got[i], want[i], `${what}[${i}] at 4 threads`);
+    }
+    // segment sums against float64: a lost or doubled member partial is off by whole rows
+    const seg = one['segment sums into 37']!;
+    const exact = new Float64Array(37 * cols);
+    ids.forEach((s, r) => {
+      if (s >= 0 && s < 37)
+        for (let c = 0; c < cols; c++)
+          exact[s * cols + c] += segData[r * cols + c]!;
+    });
+    for (const o of [seg, four['segment sums into 37']!])
+      for (let i = 0; i < exact.length; i++)
+        assert.ok(
+          Math.abs(o[i]! - exact[i]!) <= 1e-4 * (1 + Math.abs(exact[i]!)),
+          `segment sum ${i}`,
+        );
   } finally {
     lib.setThreads(before);
   }
@@ -697,7 +835,7 @@ test('native AdamW over many parameters in one call (adamwMulti) equals adamw on
   const decayed = 3;
   const before = lib.threads();
   try {
-    for (const threads of [1, 2]) {
+    for (const threads of [1, 2, 4]) {
       lib.setThreads(threads);
       for (const step of [1, 5]) {
         const ins = sizes.map((n, j) => [
