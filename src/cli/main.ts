@@ -239,7 +239,7 @@ program
   )
   .option(
     '--threads <n>',
-    "threads of each device's kernels (native backend); default: the cores divided among the devices",
+    "threads of each device's kernels (native backend); default: the cores divided among the devices, less one in 8 for the host's threads from 8 cores up",
     int,
   )
   .option(

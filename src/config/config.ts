@@ -124,7 +124,7 @@ export interface TrainConfig {
   precision: Precision;
   /** Where the precision policy scales the loss (f16): the initial dynamic loss scale (optim/loss-scale.ts; default 2^16, halved at each overflow, doubled after 2000 steps without). */
   lossScale: number;
-  /** Threads of each device's kernels (native backend: its OpenMP team); 0 = the cores divided among the devices. */
+  /** Threads of each device's kernels (native backend: its OpenMP team); 0 = the cores, less one in 8 for the host's threads from 8 cores up (strategies/spec.ts hostCores), divided among the devices. */
   threads: number;
   out: string;
   /** Evaluate the validation loss every this many steps (and at the end); 0 = only at the end. */
