@@ -125,7 +125,7 @@ function denseGeluGradFunc(
   const [rows, din, dout] = checkDenseGelu(x, w, b);
   // h's own gradient is never read: the tape's kept scalar placeholder (pipeline/tape.ts dysOf),
   // or under tf.grads the engine's zeros, [rows, Dout] floats freed now rather than with its scope
-  if (dys[1] && dys[1].rank > 0) dys[1].dispose();
+  if (dys[1] && !isUnreadGradient(dys[1])) dys[1].dispose();
   const [dh, db] = tf
     .engine()
     .runKernel(DENSE_GELU_GRAD_KERNEL, { h, dy: dys[0]! }) as tf.Tensor[];
@@ -153,6 +153,11 @@ export function unreadGradient(): tf.Tensor {
   if (!placeholder || placeholder.isDisposed)
     placeholder = tf.keep(tf.scalar(0));
   return placeholder;
+}
+
+/** Whether `t` is {@link unreadGradient}'s placeholder (kept: never to be disposed by a gradient). */
+function isUnreadGradient(t: tf.Tensor): boolean {
+  return t === placeholder;
 }
 
 /**

@@ -81,13 +81,13 @@ export function denseGeluTiles(
   return { tiling, tilesN, tiles: tilesN * Math.ceil(m / tiling.tileM) };
 }
 
-/** The uniforms of wgsl/dense-gelu.ts DENSE_GELU_UNIFORMS for an [m, k] x [k, n] product. */
-export function denseGeluUniforms(
+/** The uniforms of wgsl/dense-gelu.ts DENSE_GELU_UNIFORMS for an [m, k] x [k, n] product and its tiles ({@link denseGeluTiles}, computed once by the caller). */
+function denseGeluUniforms(
   m: number,
   k: number,
   n: number,
+  { tilesN, tiles }: ReturnType<typeof denseGeluTiles>,
 ): ArrayBuffer {
-  const { tilesN, tiles } = denseGeluTiles(m, n);
   const u = new ArrayBuffer(13 * 4);
   // M, N, K; batches of A, B and the bias; the bias's strides per batch, row and column
   new Int32Array(u, 0, 9).set([m, n, k, 1, 1, 1, 0, 0, 1]);
@@ -102,7 +102,8 @@ type KernelArgs = Parameters<tf.KernelConfig['kernelFunc']>[0];
 function denseGelu(args: KernelArgs): tf.TensorInfo[] {
   const { x, w, b } = args.inputs as Record<string, tf.TensorInfo>;
   const [m, k, n] = checkDenseGelu(x!, w!, b!);
-  const { tiling, tiles } = denseGeluTiles(m, n);
+  const tiled = denseGeluTiles(m, n);
+  const { tiling, tiles } = tiled;
   if (
     [x!, w!, b!].some((t) => t.dtype !== 'float32') ||
     m * n === 0 ||
@@ -117,7 +118,7 @@ function denseGelu(args: KernelArgs): tf.TensorInfo[] {
   const [y, yBuffer] = newOutput(raw, shape);
   const [h, hBuffer] = newOutput(raw, shape);
   const inputs = [x!, w!, b!].map((t) => bufferOf(raw, t));
-  const uniforms = constantUniforms(raw, s, denseGeluUniforms(m, k, n));
+  const uniforms = constantUniforms(raw, s, denseGeluUniforms(m, k, n, tiled));
   const code = moduleOf(
     'forward',
     productOperands(),

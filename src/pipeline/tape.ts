@@ -68,9 +68,10 @@ export function accumulate(
 
 /**
  * A node's output gradients so far, in output order: null for an output none reached (the
- * engine then makes zeros), except, when some output was reached, the outputs whose gradient the kernel's gradient never reads
- * (backend/kernel-names.ts UNREAD_OUTPUT_GRADIENTS), which get a kept scalar placeholder so
- * that no zeros of the output's size are made on the host and uploaded.
+ * engine then makes zeros), except, when some output was reached, the outputs whose gradient
+ * the kernel's gradient never reads (backend/kernel-names.ts UNREAD_OUTPUT_GRADIENTS), which
+ * get a kept scalar placeholder, so that no zeros of the output's size are made on the host
+ * and uploaded.
  */
 export function dysOf(
   node: TapeNode,
