@@ -389,10 +389,7 @@ void layerNormGradOver(const D* dy, const XH* xhat, const float* rstd, const flo
     }
     // (the loop's barrier: every partial is complete) each member adds its lines of columns
     // over the members in order: at one thread, member 0's sums as they are
-    int members = 1;
-#ifdef _OPENMP
-    members = omp_get_num_threads();
-#endif
+    const int members = myTeam();
     const auto [c0, c1] = myAlignedShare(cols, 64 / sizeof(double));
     for (int64_t i = c0; i < c1; i++) {
       double sg = parts[0][i], sb = parts[0][stride + i];
@@ -435,6 +432,12 @@ namespace {
 // floats, summed in double on one thread, the pieces' sums then added in order
 constexpr int64_t kReducePiece = int64_t{1} << 14;
 
+// Max or Min of m and x, where a NaN x wins (so a NaN anywhere in a row is its max and min)
+template <typename T>
+inline T extremum(ReduceOp op, T m, T x) {
+  return (op == ReduceOp::Max ? x > m : x < m) || std::isnan(x) ? x : m;
+}
+
 // op over row[0, n) on the calling thread: the sum in double (Sum, Mean: not divided here), or the
 // max / min as a float (a NaN wins)
 inline double reduceRow(ReduceOp op, const float* row, int64_t n) {
@@ -446,9 +449,9 @@ inline double reduceRow(ReduceOp op, const float* row, int64_t n) {
   }
   float m = n > 0 ? row[0] : (op == ReduceOp::Max ? -INFINITY : INFINITY);
   if (op == ReduceOp::Max) {
-    for (int64_t i = 1; i < n; i++) if (row[i] > m || std::isnan(row[i])) m = row[i];
+    for (int64_t i = 1; i < n; i++) m = extremum(ReduceOp::Max, m, row[i]);
   } else {
-    for (int64_t i = 1; i < n; i++) if (row[i] < m || std::isnan(row[i])) m = row[i];
+    for (int64_t i = 1; i < n; i++) m = extremum(ReduceOp::Min, m, row[i]);
   }
   return m;
 }
@@ -475,12 +478,7 @@ void reduce(ReduceOp op, const float* x, float* out, int64_t outer, int64_t inne
     for (int64_t r = 0; r < outer; r++) {
       const double* p = part + r * pieces;
       double v = p[0];
-      for (int64_t j = 1; j < pieces; j++) {
-        if (sum)
-          v += p[j];
-        else if (op == ReduceOp::Max ? (p[j] > v || std::isnan(p[j])) : (p[j] < v || std::isnan(p[j])))
-          v = p[j];
-      }
+      for (int64_t j = 1; j < pieces; j++) v = sum ? v + p[j] : extremum(op, v, p[j]);
       out[r] = finish(v);
     }
     return;
@@ -742,19 +740,30 @@ void softmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int6
   visit(y, [&](auto ys) { softmaxGradOver(ys, dy, dx, rows, cols, scale); });
 }
 
+namespace {
+
+// Rows [r0, r1) of data [n, inner], each added over columns [c0, c1) into its segment's row of
+// out [segments, inner] (rows with an id outside [0, segments) skipped), in row order.
+inline void addRowsToSegments(const float* data, const int32_t* ids, float* out, int64_t r0, int64_t r1, int64_t inner,
+                              int64_t segments, int64_t c0, int64_t c1) {
+  for (int64_t r = r0; r < r1; r++) {
+    const int32_t s = ids[r];
+    if (s < 0 || s >= segments) continue;
+    const float* src = data + r * inner;
+    float* dst = out + s * inner;
+#pragma omp simd
+    for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
+  }
+}
+
+}  // namespace
+
 void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments) {
   std::memset(out, 0, sizeof(float) * segments * inner);
   const int team = teamHere();
   if (team == 1 || n * inner <= kParallel) {
     // one thread: every row added in order
-    for (int64_t r = 0; r < n; r++) {
-      const int32_t s = ids[r];
-      if (s < 0 || s >= segments) continue;
-      const float* src = data + r * inner;
-      float* dst = out + s * inner;
-#pragma omp simd
-      for (int64_t c = 0; c < inner; c++) dst[c] += src[c];
-    }
+    addRowsToSegments(data, ids, out, 0, n, inner, segments, 0, inner);
     return;
   }
   const int64_t stride = lineStride<float>(segments * inner);
@@ -772,19 +781,9 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
       float* mine = t == 0 ? out : part + stride * (t - 1);
       if (t > 0) std::fill(mine, mine + segments * inner, 0.f);
       const auto [r0, r1] = myShare(n);
-      for (int64_t r = r0; r < r1; r++) {
-        const int32_t s = ids[r];
-        if (s < 0 || s >= segments) continue;
-        const float* src = data + r * inner;
-        float* dst = mine + s * inner;
-#pragma omp simd
-        for (int64_t c = 0; c < inner; c++) dst[c] += src[c];
-      }
+      addRowsToSegments(data, ids, mine, r0, r1, inner, segments, 0, inner);
 #pragma omp barrier
-      int members = 1;
-#ifdef _OPENMP
-      members = omp_get_num_threads();
-#endif
+      const int members = myTeam();
       const auto [e0, e1] = myAlignedShare(segments * inner, 64 / sizeof(float));
       for (int p = 1; p < members; p++) {
         const float* q = part + stride * (p - 1);
@@ -799,14 +798,7 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
 #pragma omp parallel
   {
     const auto [c0, c1] = myAlignedShare(inner, 64 / sizeof(float));
-    for (int64_t r = 0; r < n && c1 > c0; r++) {
-      const int32_t s = ids[r];
-      if (s < 0 || s >= segments) continue;
-      const float* src = data + r * inner;
-      float* dst = out + s * inner;
-#pragma omp simd
-      for (int64_t c = c0; c < c1; c++) dst[c] += src[c];
-    }
+    if (c1 > c0) addRowsToSegments(data, ids, out, 0, n, inner, segments, c0, c1);
   }
 }
 

@@ -39,13 +39,19 @@ inline int myMember() {
 #endif
 }
 
+// The size of this thread's OpenMP team (1 outside a parallel region).
+inline int myTeam() {
+#ifdef _OPENMP
+  return omp_get_num_threads();
+#else
+  return 1;
+#endif
+}
+
 // This thread's even share [lo, hi) of `total` items split over its team, inside a parallel
 // region (all of them outside one): contiguous, in member order, sizes differing by at most 1.
 inline std::pair<int64_t, int64_t> myShare(int64_t total) {
-  int team = 1;
-#ifdef _OPENMP
-  team = omp_get_num_threads();
-#endif
+  const int team = myTeam();
   const int64_t t = myMember();
   return {total * t / team, total * (t + 1) / team};
 }
