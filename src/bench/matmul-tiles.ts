@@ -16,6 +16,7 @@ import { installDawn } from '../backend/webgpu.js';
 import { forceProductTiling, productTiling } from '../backend/webgpu-matmul.js';
 import { TILINGS } from '../backend/wgsl/matmul.js';
 import { LayerwiseError } from '../util/errors.js';
+import { median, scaledDifference } from '../util/stats.js';
 import { inRotatedRounds, markdownTable, writeBenchResults } from './report.js';
 
 /** One product: C [m, n] = op(A) op(B) with inner size k; `tA` / `tB` the operand stored transposed. */
@@ -74,21 +75,6 @@ export interface MatMulTilesOptions {
   out: string;
 }
 
-/** The largest |got - want| over the largest |want| (at least 1): the tests' scaled difference. */
-function worstScaled(got: Float32Array, want: Float32Array): number {
-  let scale = 1;
-  for (const w of want) scale = Math.max(scale, Math.abs(w));
-  let worst = 0;
-  for (let j = 0; j < got.length; j++) {
-    const d = Math.abs(got[j]! - want[j]!) / scale;
-    if (!(d <= worst)) worst = d;
-  }
-  return worst;
-}
-
-const median = (v: number[]) =>
-  [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!;
-
 /** Seconds per product over `reps` products, to the read of one element of the last. */
 async function time(
   a: tf.Tensor,
@@ -142,7 +128,8 @@ async function measureShape(
     };
     const want = await product('t64');
     const worst: number[] = [];
-    for (const t of o.tilings) worst.push(worstScaled(await product(t), want));
+    for (const t of o.tilings)
+      worst.push(scaledDifference(await product(t), want).worst);
     const ms = await inRotatedRounds(o.tilings.length, o.rounds, (i) => {
       forceProductTiling(o.tilings[i]);
       return time(a, b, s, o.reps).then((sec) => 1000 * sec);

@@ -7,6 +7,7 @@ import assert from 'node:assert/strict';
 import { initBackend } from '../backend/index.js';
 import { tf } from '../backend/tfjs.js';
 import { Rng } from '../util/rng.js';
+import { scaledDifference } from '../util/stats.js';
 
 /** n standard-normal float32 values from `seed`. */
 export function randomArray(n: number, seed: number): Float32Array {
@@ -32,25 +33,8 @@ export async function onBackend(
   });
 }
 
-/**
- * The largest |got - want| relative to want's scale (max(1, max |want|)); NaN-safe: a NaN
- * difference makes it NaN, which no tolerance accepts.
- */
-export function scaledDifference(
-  got: ArrayLike<number>,
-  want: ArrayLike<number>,
-): { worst: number; scale: number } {
-  // a loop, not Math.max(...want): arrays of millions overflow the call stack when spread
-  let scale = 1;
-  for (let j = 0; j < want.length; j++)
-    scale = Math.max(scale, Math.abs(want[j]!));
-  let worst = 0;
-  for (let j = 0; j < got.length; j++) {
-    const d = Math.abs(got[j]! - want[j]!) / scale;
-    if (!(d <= worst)) worst = d;
-  }
-  return { worst, scale };
-}
+// the tests' measure of a difference, shared with the benches (util/stats.ts)
+export { scaledDifference };
 
 /**
  * Asserts that `f` on `backend` gives the cpu backend's outputs (shapes equal, values within
