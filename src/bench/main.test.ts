@@ -1,5 +1,8 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
@@ -22,5 +25,27 @@ test('a bench given a bad flag value exits 2 with one line naming it, no stack t
     assert.equal(r.status, 2, `${args.join(' ')}: ${r.stderr}`);
     assert.match(r.stderr, new RegExp(`^bench: ${names}`));
     assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+  }
+});
+
+test('a bench whose --out is a file (or under one) stops before running, naming the file', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'bench-out-'));
+  const file = join(dir, 'results');
+  writeFileSync(file, 'not a folder');
+  try {
+    for (const out of [file, join(file, 'sub')]) {
+      const r = spawnSync(
+        process.execPath,
+        [bench, 'kernels', '--steps', '1', '--out', out],
+        { encoding: 'utf8' },
+      );
+      assert.notEqual(r.status, 0, r.stderr);
+      assert.match(r.stderr, /is a file, not a folder/);
+      assert.ok(r.stderr.includes(file), r.stderr);
+      assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+      assert.equal(readFileSync(file, 'utf8'), 'not a folder');
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });

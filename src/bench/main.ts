@@ -2,6 +2,8 @@
  * `npm run bench -- <name> [options]`: benchmarks that write JSON and a Markdown table to
  * bench/results/. Timings live here, never in tests.
  */
+import { statSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
 import { Command, InvalidArgumentError } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { defaultBackend } from '../backend/names.js';
@@ -23,6 +25,27 @@ function threadCounts(v: string): number[] {
       );
     return n;
   });
+}
+
+/**
+ * `--out <dir>`: the results folder, made if missing. Throws commander's InvalidArgumentError
+ * (printed as the option's error, exit 1, before any run starts) when the path or the nearest
+ * part of it that exists is a file, where the results could not be written after the runs.
+ */
+function resultsFolder(v: string): string {
+  for (let p = resolve(v); ; p = dirname(p)) {
+    let isFolder: boolean;
+    try {
+      isFolder = statSync(p).isDirectory();
+    } catch {
+      if (dirname(p) === p) return v; // nothing of it exists: made when written
+      continue;
+    }
+    if (isFolder) return v;
+    throw new InvalidArgumentError(
+      `'${p}' is a file, not a folder: give a folder for the results (it is made if missing)`,
+    );
+  }
 }
 
 const program = new Command();
@@ -63,7 +86,7 @@ program
     (v) => Number(v),
     1,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend, { precision: o.precision }); // validates the name and precision before workers start
     const list = <T extends string>(
@@ -110,7 +133,7 @@ program
     (v) => Number(v),
     1,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchBackends } = await import('./backends.js');
     await benchBackends(o, (s) => console.log(s));
@@ -140,7 +163,7 @@ program
     (v) => Number(v),
     4,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchTransport } = await import('./transport.js');
     await benchTransport(
@@ -173,7 +196,7 @@ program
     (v) => Number(v),
     3,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchWebGPU } = await import('./webgpu.js');
     await benchWebGPU(
@@ -202,7 +225,7 @@ program
     60,
   )
   .option('--warmup <n>', 'training steps not measured', (v) => Number(v), 5)
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchWebGPUHost } = await import('./webgpu-host.js');
     await benchWebGPUHost(
@@ -241,7 +264,7 @@ program
     (v) => Number(v),
     5,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchDenseGelu } = await import('./dense-gelu.js');
     await benchDenseGelu(o, (s) => console.log(s));
@@ -263,7 +286,7 @@ program
   )
   .option('--reps <n>', 'products per timing', (v) => Number(v), 10)
   .option('--rounds <n>', 'timings per tiling, alternated', (v) => Number(v), 5)
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchMatMulTiles, MODEL_SHAPES } = await import(
       './matmul-tiles.js'
@@ -315,7 +338,7 @@ program
   )
   .option('--python <cmd>', 'Python for the PyTorch rows', 'python3')
   .option('--name <name>', 'results file name (<name>.json, <name>.md)', 'gpu')
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchGpu } = await import('./gpu.js');
     await benchGpu(
@@ -345,7 +368,7 @@ program
     "native only: also time each kernel on the OpenMP team's CPU clocks (a team wake-up around each call)",
     false,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchKernels } = await import('./kernels.js');
     await benchKernels(o, (s) => console.log(s));
@@ -364,7 +387,7 @@ program
   )
   .option('--reps <n>', 'repetitions per variant', (v) => Number(v), 10)
   .option('--threads <n>', 'OpenMP threads', (v) => Number(v))
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchBf16Matmul } = await import('./bf16-matmul.js');
     await benchBf16Matmul(o, (s) => console.log(s));
@@ -391,7 +414,7 @@ program
     (v) => Number(v),
     0,
   )
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchPrecision } = await import('./precision.js');
     await benchPrecision(o, (s) => console.log(s));
@@ -421,7 +444,7 @@ program
     4,
   )
   .option('--backend <name>', 'backend', 'wasm')
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
     await benchBalance(
@@ -470,7 +493,7 @@ program
   )
   .option('--lr <x>', 'learning rate', (v) => Number(v), 2e-3)
   .option('--backend <name>', 'backend', defaultBackend())
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
     // vega (local.ts's plot) is a devDependency: a production install (a device bundle) lacks it
@@ -524,7 +547,7 @@ program
   )
   .option('--note <text>', 'a line for the results file about the run')
   .option('--name <name>', 'results file name', 'cores')
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchCores, parseCoresOptions } = await import('./cores.js');
     await benchCores(parseCoresOptions(o), (s) => console.log(s));
@@ -557,7 +580,7 @@ program
     1,
   )
   .option('--backend <name>', 'backend', defaultBackend())
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchLayerDrop } = await import('./layer-drop.js');
     await benchLayerDrop(o, (s) => console.log(s));
@@ -583,7 +606,7 @@ program
     3,
   )
   .option('--backend <name>', 'backend', defaultBackend())
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchL2LPipeline } = await import('./l2l-pipeline.js');
     await benchL2LPipeline(
@@ -624,7 +647,7 @@ program
   .option('--steps <n>', 'measured steps per run', (v) => Number(v), 3)
   .option('--quick', 'skip the charlm-small throughput rows')
   .option('--backend <name>', 'backend', 'wasm')
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
     const { benchL2L } = await import('./l2l.js');
@@ -665,7 +688,7 @@ program
   )
   .option('--lr <x>', 'learning rate', (v) => Number(v), 1e-5)
   .option('--backend <name>', 'backend', 'wasm')
-  .option('--out <dir>', 'results folder', 'bench/results')
+  .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchL2LMax } = await import('./l2l-max.js');
     await benchL2LMax(o, (s) => console.log(s));
