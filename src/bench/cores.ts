@@ -5,7 +5,7 @@
  * `--threads` 1, 2, 4, 8, 16 per device where K x threads fits the cores (and each K's
  * default, the cores divided among K), and PyTorch's CPU training of the same model
  * (bench/pytorch/charlm.py) where `python3 -c 'import torch'` works. Writes cores.json and
- * cores.md naming the CPU.
+ * cores.md naming the CPU and its physical cores (util/cpu.ts).
  *
  * Every configuration runs in this process as the other benches do (createStrategy: its devices
  * are worker threads or, with `devices: 'process'`, pinned device processes), one warm-up step,
@@ -24,6 +24,7 @@ import { makeBatcher } from '../data/batcher.js';
 import { modelParamCount } from '../model/model.js';
 import { createStrategy } from '../strategies/index.js';
 import { threadsPerDevice } from '../strategies/spec.js';
+import { cpuTopology, describeTopology } from '../util/cpu.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { median } from '../util/stats.js';
 import {
@@ -330,9 +331,25 @@ function label(c: { kind: string; devices: number; threads: number | '-' }) {
   return `${c.kind} K=${c.devices} x ${c.threads} thread(s)`;
 }
 
-/** The CPU's model name and the cores this process may use. */
-function machineOf(cores: number): { cpu: string; cores: number } {
-  return { cpu: cpus()[0]?.model.trim() ?? 'unknown', cores };
+/** The CPU's model name, the cores this process may use, and the physical cores under them (util/cpu.ts). */
+function machineOf(cores: number): Machine {
+  const t = cpuTopology();
+  return {
+    cpu: cpus()[0]?.model.trim() ?? 'unknown',
+    cores,
+    physical_cores: t?.physicalCores ?? null,
+    threads_per_core: t?.threadsPerCore ?? null,
+    topology: describeTopology(t),
+  };
+}
+
+/** cores.json's `machine`: the CPU, the cores this process may use, and sysfs's topology (null where unknown). */
+interface Machine {
+  cpu: string;
+  cores: number;
+  physical_cores: number | null;
+  threads_per_core: number | null;
+  topology: string;
 }
 
 /** Measures `c`; a configuration that fails (bad flags, a device that dies) becomes a skipped entry naming why. */
@@ -525,7 +542,7 @@ function withRatios(rows: Row[], cores: number): void {
 /** cores.md: the machine and setting, the rows (fastest kinds first as run), then what was skipped. */
 function coresMarkdown(
   run: CoresRun,
-  machine: { cpu: string; cores: number },
+  machine: Machine,
   torch: { ok: boolean; version?: string; why?: string },
   rows: Row[],
   skipped: Skipped[],
@@ -541,7 +558,7 @@ function coresMarkdown(
   );
   return [
     `# cores benchmark\n`,
-    `${machine.cpu}, ${machine.cores} cores, Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
+    `${machine.cpu}, ${machine.cores} cores (${machine.topology}), Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
     `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines M=${o.microBatches} without re-materialization, local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [

@@ -18,6 +18,7 @@ import { optimizerConfigOf, resolveConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { type Model, modelParamCount } from '../model/model.js';
 import { Stage } from '../pipeline/stage.js';
+import { cpuTopology, describeTopology } from '../util/cpu.js';
 import { check } from '../util/errors.js';
 import { loadBenchModel, markdownTable, reportBenchResults } from './report.js';
 
@@ -142,6 +143,7 @@ export async function benchKernels(
       bench: 'kernels',
       options: o,
       cpus: availableParallelism(),
+      cpu_topology: cpuTopology() ?? null,
       load_average_1min: loadavg()[0],
       step_ms: first.step_ms,
       kernel_ms: first.kernel_ms,
@@ -376,7 +378,7 @@ function threadsRun(
 
 /** The setting line both tables start with. */
 function settingLine(o: KernelsBenchOptions, model: Model): string {
-  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
+  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs (${describeTopology(cpuTopology())}) whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
 }
 
 /** kernels.md at one thread count: the setting and step time (ms per step, in kernels), then one row per kernel. */
