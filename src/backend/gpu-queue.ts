@@ -19,6 +19,7 @@
  *   synchronously).
  */
 import { readFileSync } from 'node:fs';
+import type { GpuCounts } from './gpu-counts.js';
 import { tf } from './tfjs.js';
 
 /** The slice of WebGPU's GPUCommandEncoder the pass timer uses. */
@@ -84,36 +85,6 @@ export interface GpuSubmit {
    * the last read. `done` arrives a host turn or more after the GPU finished; this does not.
    */
   idleBy: number | null;
-}
-
-/**
- * How much a device has asked of its GPU so far: compute dispatches (programs run, TF.js's and
- * layerwise's kernels alike, layerwise's own pipelines included; buffer-to-buffer copies are not
- * dispatches), queue submits, readbacks (reads of a buffer back to the host,
- * each a round trip) and buffer-to-buffer copies recorded on TF.js's command encoders (each a
- * command and host work: TF.js's uploads through a staging buffer and its reads' copies to one,
- * layerwise's multi-tensor kernels' copies, the pass timer's). Cumulative counts; a step's are
- * the difference of two readings.
- */
-export interface GpuCounts {
-  dispatches: number;
-  submits: number;
-  readbacks: number;
-  copies: number;
-  /**
-   * CPU time of the device's thread, ms ({@link threadCpuMs}), while no read was waiting for the
-   * GPU: the host's side of the step (its JS, TF.js's engine and kernels, Dawn's encoding and
-   * submits made on that thread; not the GPU's work, not other threads). Absent where the
-   * thread's CPU time cannot be read (not Linux, a browser).
-   */
-  hostMs?: number;
-  /**
-   * CPU time of the device's thread, ms, while a read waited for the GPU (`pollMs`): Dawn's Node
-   * bindings poll for finished GPU work from event-loop turns, keeping the thread busy most of
-   * the wait (75% of it measured here), besides the read's own copy out of the mapped buffer.
-   * Absent with hostMs.
-   */
-  pollMs?: number;
 }
 
 let schedstat = true;

@@ -1,5 +1,6 @@
 import type { MessagePort } from 'node:worker_threads';
-import type { GpuBusy, GpuCounts } from '../backend/gpu-queue.js';
+import type { GpuCounts } from '../backend/gpu-counts.js';
+import type { GpuBusy } from '../backend/gpu-queue.js';
 import type { Precision } from '../backend/names.js';
 import type { HostTensor } from '../data/microbatch.js';
 /** Messages between the main thread and a stage worker, and between neighbouring stages. */

@@ -8,7 +8,8 @@
  * `grad:<stage>`), so each stage has its own FIFO on a link several stages share.
  */
 
-import { type GpuCounts, gpuQueue } from '../backend/gpu-queue.js';
+import { type GpuCounts, gpuCountsSince } from '../backend/gpu-counts.js';
+import { gpuQueue } from '../backend/gpu-queue.js';
 import {
   backendHeapBytes,
   initBackend,
@@ -422,18 +423,7 @@ class StageHost {
     this.pendingBusy = q.timesPasses
       ? { busySeconds, stepSeconds: (performance.now() - t0) / 1000 }
       : null;
-    const gpu = {
-      dispatches: after.dispatches - before.dispatches,
-      submits: after.submits - before.submits,
-      readbacks: after.readbacks - before.readbacks,
-      copies: after.copies - before.copies,
-      ...(after.hostMs !== undefined && before.hostMs !== undefined
-        ? {
-            hostMs: after.hostMs - before.hostMs,
-            pollMs: (after.pollMs ?? 0) - (before.pollMs ?? 0),
-          }
-        : {}),
-    };
+    const gpu = gpuCountsSince(before, after);
     const busy = prev ? await prev.busySeconds : null;
     return busy === null || !prev
       ? { gpu }

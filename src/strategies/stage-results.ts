@@ -3,7 +3,8 @@
  * results, and of a step's mini-batch: a mini-batch cut into the micro-batches a step carries, a step's report from its
  * stages' results, the evaluation over validation batches, and a submitted step.
  */
-import type { GpuBusy, GpuCounts } from '../backend/gpu-queue.js';
+import { type GpuCounts, sumGpuCounts } from '../backend/gpu-counts.js';
+import type { GpuBusy } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
 import { waitingMs } from '../pipeline/executor.js';
@@ -135,18 +136,9 @@ function gpuCountsOf(results: readonly StageStepResult[]): {
 } {
   const counted = results.filter((r) => r.gpu !== undefined);
   if (counted.length === 0) return {};
-  const sum = (k: keyof GpuCounts) =>
-    counted.reduce((s, r) => s + (r.gpu![k] ?? 0), 0);
   const timed = results.filter((r) => r.gpuBusy !== undefined);
-  const host = counted.every((r) => r.gpu!.hostMs !== undefined);
   return {
-    gpu: {
-      dispatches: sum('dispatches'),
-      submits: sum('submits'),
-      readbacks: sum('readbacks'),
-      copies: sum('copies'),
-      ...(host ? { hostMs: sum('hostMs'), pollMs: sum('pollMs') } : {}),
-    },
+    gpu: sumGpuCounts(counted.map((r) => r.gpu!)),
     ...(timed.length > 0
       ? {
           gpuBusy: {

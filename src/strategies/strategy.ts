@@ -5,7 +5,8 @@
  * strategy resumes under another.
  */
 
-import type { GpuBusy, GpuCounts } from '../backend/gpu-queue.js';
+import type { GpuCounts } from '../backend/gpu-counts.js';
+import type { GpuBusy } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import type { HostParams } from '../model/init.js';
 import type { LossScaleState } from '../optim/loss-scale.js';

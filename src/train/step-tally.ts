@@ -4,6 +4,7 @@
  * training loop (train/loop.ts) that the trainer (train/trainer.ts) and the browser page
  * (web/run.ts) share, so both write the same fields with the same definitions.
  */
+import { type GpuCounts, sumGpuCounts } from '../backend/gpu-counts.js';
 import type { Evaluation, StepReport } from '../strategies/strategy.js';
 import type { StepMetrics, Summary } from './metrics.js';
 
@@ -59,18 +60,9 @@ export class StepTally {
   private readonly h2d: number[];
   private readonly d2h: number[];
   private movedSteps = 0;
-  /** webgpu: the counted steps' GPU counts, summed, and how many steps reported them. */
-  private readonly gpu = {
-    dispatches: 0,
-    submits: 0,
-    readbacks: 0,
-    copies: 0,
-    steps: 0,
-    /** The devices' thread CPU ms, summed, and how many steps gave it. */
-    hostMs: 0,
-    pollMs: 0,
-    hostSteps: 0,
-  };
+  /** webgpu: the counted steps' GPU counts, summed (host ms only where every step gave it), and how many steps reported them. */
+  private gpu: GpuCounts | undefined;
+  private gpuSteps = 0;
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
   private readonly busy = { busySeconds: 0, stepSeconds: 0 };
   private measured = 0;
@@ -114,16 +106,8 @@ export class StepTally {
       r.bubble.forEach((b, i) => (this.bubbleSum[i]! += b));
       this.measured++;
       if (r.gpu) {
-        this.gpu.dispatches += r.gpu.dispatches;
-        this.gpu.submits += r.gpu.submits;
-        this.gpu.readbacks += r.gpu.readbacks;
-        this.gpu.copies += r.gpu.copies;
-        this.gpu.steps++;
-        if (r.gpu.hostMs !== undefined) {
-          this.gpu.hostMs += r.gpu.hostMs;
-          this.gpu.pollMs += r.gpu.pollMs ?? 0;
-          this.gpu.hostSteps++;
-        }
+        this.gpu = sumGpuCounts(this.gpu ? [this.gpu, r.gpu] : [r.gpu]);
+        this.gpuSteps++;
       }
       if (r.gpuBusy) {
         this.busy.busySeconds += r.gpuBusy.busySeconds;
@@ -215,17 +199,18 @@ export class StepTally {
   /** summary.json's webgpu counts per step (none where no step reported any). */
   private gpuFields(): Partial<MeasuredFields> {
     const g = this.gpu;
-    if (g.steps === 0) return {};
+    const steps = this.gpuSteps;
+    if (g === undefined || steps === 0) return {};
     return {
-      dispatches_per_step: g.dispatches / g.steps,
-      submits_per_step: g.submits / g.steps,
-      readbacks_per_step: g.readbacks / g.steps,
-      copies_per_step: g.copies / g.steps,
-      ...(g.hostSteps === g.steps && g.dispatches > 0
+      dispatches_per_step: g.dispatches / steps,
+      submits_per_step: g.submits / steps,
+      readbacks_per_step: g.readbacks / steps,
+      copies_per_step: g.copies / steps,
+      ...(g.hostMs !== undefined && g.dispatches > 0
         ? {
-            host_ms_per_step: g.hostMs / g.steps,
+            host_ms_per_step: g.hostMs / steps,
             host_us_per_dispatch: (1000 * g.hostMs) / g.dispatches,
-            poll_ms_per_step: g.pollMs / g.steps,
+            poll_ms_per_step: (g.pollMs ?? 0) / steps,
           }
         : {}),
       ...(this.busy.stepSeconds > 0

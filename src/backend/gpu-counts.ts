@@ -1,0 +1,73 @@
+/**
+ * What a webgpu device has asked of its GPU ({@link GpuCounts}, counted by backend/gpu-queue.ts)
+ * and the two ways counts combine: a step's counts as the difference of two readings
+ * ({@link gpuCountsSince}, runtime/stage-host.ts) and several devices' or steps' counts summed
+ * ({@link sumGpuCounts}, strategies/stage-results.ts and train/step-tally.ts). Declared once
+ * here, without TF.js, so that the coordinator's side imports no backend.
+ */
+
+/**
+ * How much a device has asked of its GPU so far: compute dispatches (programs run, TF.js's and
+ * layerwise's kernels alike, layerwise's own pipelines included; buffer-to-buffer copies are not
+ * dispatches), queue submits, readbacks (reads of a buffer back to the host,
+ * each a round trip) and buffer-to-buffer copies recorded on TF.js's command encoders (each a
+ * command and host work: TF.js's uploads through a staging buffer and its reads' copies to one,
+ * layerwise's multi-tensor kernels' copies, the pass timer's). Cumulative counts; a step's are
+ * the difference of two readings.
+ */
+export interface GpuCounts {
+  dispatches: number;
+  submits: number;
+  readbacks: number;
+  copies: number;
+  /**
+   * CPU time of the device's thread, ms ({@link threadCpuMs}), while no read was waiting for the
+   * GPU: the host's side of the step (its JS, TF.js's engine and kernels, Dawn's encoding and
+   * submits made on that thread; not the GPU's work, not other threads). Absent where the
+   * thread's CPU time cannot be read (not Linux, a browser).
+   */
+  hostMs?: number;
+  /**
+   * CPU time of the device's thread, ms, while a read waited for the GPU (`pollMs`): Dawn's Node
+   * bindings poll for finished GPU work from event-loop turns, keeping the thread busy most of
+   * the wait (75% of it measured here), besides the read's own copy out of the mapped buffer.
+   * Absent with hostMs.
+   */
+  pollMs?: number;
+}
+
+/** The counted events of {@link GpuCounts}: what a difference or a sum goes over. */
+const COUNTED = ['dispatches', 'submits', 'readbacks', 'copies'] as const;
+
+/**
+ * The counts between two readings of one device (`after` - `before`): a step's. hostMs and
+ * pollMs where both readings have them.
+ */
+export function gpuCountsSince(before: GpuCounts, after: GpuCounts): GpuCounts {
+  const d = Object.fromEntries(
+    COUNTED.map((k) => [k, after[k] - before[k]]),
+  ) as Pick<GpuCounts, (typeof COUNTED)[number]>;
+  return after.hostMs !== undefined && before.hostMs !== undefined
+    ? {
+        ...d,
+        hostMs: after.hostMs - before.hostMs,
+        pollMs: (after.pollMs ?? 0) - (before.pollMs ?? 0),
+      }
+    : d;
+}
+
+/**
+ * The counts summed (devices of one step, or steps): zeros for none. hostMs and pollMs only
+ * where every one has hostMs (a total that left a device or a step out would mislead).
+ */
+export function sumGpuCounts(counts: readonly GpuCounts[]): GpuCounts {
+  const sum = (k: keyof GpuCounts) =>
+    counts.reduce((s, c) => s + (c[k] ?? 0), 0);
+  const total = Object.fromEntries(COUNTED.map((k) => [k, sum(k)])) as Pick<
+    GpuCounts,
+    (typeof COUNTED)[number]
+  >;
+  return counts.every((c) => c.hostMs !== undefined)
+    ? { ...total, hostMs: sum('hostMs'), pollMs: sum('pollMs') }
+    : total;
+}
