@@ -8,7 +8,14 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { Worker } from 'node:worker_threads';
-import { gpuQueue, makeResident, threadCpuMs } from './gpu-queue.js';
+import { LayerwiseError } from '../util/errors.js';
+import {
+  gpuQueue,
+  makeResident,
+  setSubmitBatch,
+  TFJS_SUBMIT_BATCH,
+  threadCpuMs,
+} from './gpu-queue.js';
 import { initBackend } from './index.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
@@ -168,4 +175,49 @@ test('on webgpu the queue counts carry the thread CPU time, growing with the hos
   );
   assert.ok(host < poll + 2, `host ${host} ms during a read: little`);
   tf.dispose([x, y]);
+});
+
+test('LAYERWISE_WEBGPU_SUBMIT_BATCH: a bad value is refused naming the variable, a good one sets how many dispatches TF.js batches per submit', {
+  skip: why,
+}, async () => {
+  await initBackend('webgpu');
+  for (const bad of ['0', '-3', '2.5', 'many'])
+    assert.throws(
+      () => setSubmitBatch(bad),
+      (e: Error) =>
+        e instanceof LayerwiseError &&
+        e.message.includes('LAYERWISE_WEBGPU_SUBMIT_BATCH') &&
+        e.message.includes(`'${bad}'`),
+    );
+  const q = gpuQueue()!;
+  const x = tf.tensor(
+    Float32Array.from({ length: 64 }, (_, i) => i),
+    [8, 8],
+  );
+  makeResident([x]);
+  /** Submits while 40 element-wise kernels are queued and read once. */
+  const submitsFor = async (batch: string) => {
+    setSubmitBatch(batch);
+    const before = q.counts().submits;
+    let y = x;
+    for (let i = 0; i < 40; i++) {
+      const next = tf.relu(tf.add(y, 1));
+      if (y !== x) y.dispose();
+      y = next;
+    }
+    await y.data();
+    y.dispose();
+    return q.counts().submits - before;
+  };
+  try {
+    const few = await submitsFor('1000');
+    const many = await submitsFor('4');
+    assert.ok(
+      many >= few + 15,
+      `80 dispatches: ${many} submits at 4 a submit, ${few} at 1000 a submit`,
+    );
+  } finally {
+    setSubmitBatch(String(TFJS_SUBMIT_BATCH));
+    x.dispose();
+  }
 });

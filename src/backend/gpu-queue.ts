@@ -19,6 +19,7 @@
  *   synchronously).
  */
 import { readFileSync } from 'node:fs';
+import { LayerwiseError } from '../util/errors.js';
 import type { GpuCounts } from './gpu-counts.js';
 import { tf } from './tfjs.js';
 
@@ -416,6 +417,29 @@ export class GpuQueue {
 }
 
 const queues = new WeakMap<object, GpuQueue>();
+
+/** TF.js 4.22's default dispatches per submit (WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE). */
+export const TFJS_SUBMIT_BATCH = 15;
+
+/**
+ * `LAYERWISE_WEBGPU_SUBMIT_BATCH=n`: TF.js submits its command encoder every n dispatches
+ * (`WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE`, default {@link TFJS_SUBMIT_BATCH}) and at every read.
+ * Fewer submits cost the host less (each `queue.submit` took about 220 us on an H200, 11 a
+ * charlm-small step) but start the GPU's work later; which wins depends on how host-bound the
+ * step is, so it is a setting to measure on a GPU, not a default changed blind. Undefined or
+ * empty keeps TF.js's value. Called by initBackend('webgpu') once the webgpu package has
+ * registered its flags.
+ * @throws LayerwiseError when `value` is not a positive integer, naming the variable.
+ */
+export function setSubmitBatch(value: string | undefined): void {
+  if (value === undefined || value === '') return;
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1)
+    throw new LayerwiseError(
+      `LAYERWISE_WEBGPU_SUBMIT_BATCH must be a positive integer (dispatches per submit; TF.js's default is ${TFJS_SUBMIT_BATCH}), got '${value}'`,
+    );
+  tf.env().set('WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE', n);
+}
 
 /** This thread's backend's GPU queue: one per webgpu backend instance; null on other backends. */
 export function gpuQueue(): GpuQueue | null {

@@ -13,6 +13,7 @@ import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { check, LayerwiseError } from '../util/errors.js';
 import { registerComposedKernels } from './composed-kernels.js';
+import { setSubmitBatch } from './gpu-queue.js';
 import { UNREAD_OUTPUT_GRADIENTS } from './kernel-names.js';
 import { registerMatMulGrad, unreadGradient } from './matmul-grad.js';
 import {
@@ -154,6 +155,9 @@ export async function initBackend(
   if (dawn) requestShaderF16(policyOf(precision).compute === 'float16');
   if (backend === 'tensorflow' || backend === 'webgpu')
     await loadOptional(backend);
+  // dispatches per submit where LAYERWISE_WEBGPU_SUBMIT_BATCH sets it (backend/gpu-queue.ts)
+  if (backend === 'webgpu')
+    setSubmitBatch(process.env.LAYERWISE_WEBGPU_SUBMIT_BATCH);
   // LAYERWISE_WEBGPU_KERNELS=tfjs keeps TF.js's own webgpu kernels and the composed forms: the
   // "plain TF.js webgpu" of `npm run bench -- gpu`
   if (backend === 'webgpu' && process.env.LAYERWISE_WEBGPU_KERNELS !== 'tfjs') {
