@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One prepared call per part for a GPU machine of 16 cores without Node (issues 36 and 37): each
+# part fits one 600 s command and writes everything under $OUT (default: bench/results/device).
+#
+# Here, before the device call:
+#   npm ci && npm run build && ../shared/tools/device-bundle
+# Then on the device machine, from the checkout's root, with .device-bundle carried:
+#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 420 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 480 s
+# (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
+#
+# gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
+#      importable); the same with the 64 x 64 product tiling forced and with 60 dispatches a
+#      submit (charlm-small and the d1024 model, layerwise only); `bench matmul-tiles`.
+# cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
+#      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
+#      and bf16.
+set -u
+part=${1:-}
+if [ "$part" != gpu ] && [ "$part" != cpu ]; then
+  echo "device-session: give the part to run, gpu or cpu (see this file's header)" >&2
+  exit 2
+fi
+here=$(pwd)
+out=${OUT:-$here/bench/results/device}
+lw=${LAYERWISE_ROOT:-/tmp/lw}
+mkdir -p "$out"
+if [ ! -f "$lw/dist/bench/main.js" ]; then
+  echo "device-session: no $lw/dist/bench/main.js: source .device-bundle/setup.sh first (see this file's header)" >&2
+  exit 2
+fi
+bench() { node "$lw/dist/bench/main.js" "$@" --out "$out"; }
+{ lscpu; echo; nproc; } >"$out/lscpu.txt" 2>&1
+case "$part" in
+  gpu)
+    nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+    bench gpu --budget-seconds 230
+    LAYERWISE_MATMUL_TILING=t64 bench gpu --configs small/layerwise,large/layerwise --name gpu-t64 --budget-seconds 70
+    LAYERWISE_WEBGPU_SUBMIT_BATCH=60 bench gpu --configs small/layerwise,large/layerwise --name gpu-submit60 --budget-seconds 70
+    timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
+    ;;
+  cpu)
+    bench cores --pytorch-script "$here/bench/pytorch/charlm.py" --budget-s 230
+    for p in fp32 bf16; do
+      bench kernels --threads 4,8,14,16 --steps 5 --precision "$p"
+    done
+    ;;
+esac
+ls -l "$out"
