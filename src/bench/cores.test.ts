@@ -26,6 +26,7 @@ const all = {
     'dualpipev',
     'local',
   ] as const,
+  microBatches: [4, 8],
 };
 
 test('coresGrid on 16 cores and 6 blocks: what runs first, what does not fit', () => {
@@ -34,16 +35,39 @@ test('coresGrid on 16 cores and 6 blocks: what runs first, what does not fit', (
     16,
     6,
   );
-  const key = (c: { kind: string; devices: number; threads: number | '-' }) =>
-    `${c.kind}/${c.devices}x${c.threads}`;
-  // the bars' rows come first: single and PyTorch at 16 threads, zbv K=3 on 3 x 5
-  assert.deepEqual(configs.slice(0, 5).map(key), [
+  const key = (c: {
+    kind: string;
+    devices: number;
+    threads: number | '-';
+    microBatches?: number;
+  }) =>
+    `${c.kind}/${c.devices}x${c.threads}${c.microBatches ? `/M${c.microBatches}` : ''}`;
+  // the bars' rows come first: single at its default and PyTorch at 16 threads, zbv K=3 on
+  // 3 x 4 at each M
+  assert.deepEqual(configs.slice(0, 6).map(key), [
     'single/1x14',
     'pytorch/1x16',
     'single-bf16/1x14',
     'pytorch-bf16/1x16',
-    'zbv/3x4',
+    'zbv/3x4/M4',
+    'zbv/3x4/M8',
   ]);
+  // a pipeline schedule runs at every M, single and local once without one
+  for (const kind of ['1f1b', 'zb-h1', 'zbv', 'dualpipev'])
+    assert.deepEqual(
+      [
+        ...new Set(
+          configs.filter((c) => c.kind === kind).map((c) => c.microBatches),
+        ),
+      ].sort(),
+      [4, 8],
+      kind,
+    );
+  assert.ok(
+    configs
+      .filter((c) => c.kind === 'local' || c.kind.startsWith('single'))
+      .every((c) => c.microBatches === undefined),
+  );
   // V-shaped schedules need 2K stages: no K=4 on 6 blocks
   assert.ok(!configs.some((c) => c.kind === 'zbv' && c.devices === 4));
   assert.ok(
@@ -70,7 +94,12 @@ test('coresGrid on 16 cores and 6 blocks: what runs first, what does not fit', (
 
 test('coresGrid lists PyTorch rows as skipped, with the reason, where it is not importable', () => {
   const { configs, skipped } = coresGrid(
-    { threads: [1, 2], stages: [2], kinds: ['single', 'zbv'] },
+    {
+      threads: [1, 2],
+      stages: [2],
+      kinds: ['single', 'zbv'],
+      microBatches: [4],
+    },
     2,
     6,
     'PyTorch not importable',
@@ -95,12 +124,18 @@ test('parseCoresOptions names a bad list entry, kind or device kind', () => {
     threads: '1,2',
     stages: '2',
     kinds: 'single',
+    microBatches: '4,8',
     devices: 'thread',
     steps: 3,
     budgetS: 240,
     batchSize: 32,
   };
   assert.deepEqual(parseCoresOptions(raw).threads, [1, 2]);
+  assert.deepEqual(parseCoresOptions(raw).microBatches, [4, 8]);
+  assert.throws(
+    () => parseCoresOptions({ ...raw, microBatches: '4,x' }),
+    /--micro-batches: 'x' is not a positive integer/,
+  );
   assert.throws(
     () => parseCoresOptions({ ...raw, threads: '1,0' }),
     /--threads: '0' is not a positive integer/,

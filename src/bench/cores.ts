@@ -59,8 +59,12 @@ export interface CoresBenchOptions {
   /** Devices K of the pipelines and local parallelism. */
   stages: number[];
   kinds: CoreKind[];
-  /** Micro-batches of the pipeline schedules (dualpipev needs at least 2K). */
-  microBatches: number;
+  /**
+   * Micro-batch counts M of the pipeline schedules, each a row (dualpipev needs at least 2K):
+   * fewer and larger micro-batches keep the kernels efficient (on 2 cores zbv K=2 ran 8,881
+   * tokens/s at M=4 against 7,756 at M=8), more shrink the bubble.
+   */
+  microBatches: number[];
   /** Local updates per mini-batch of local parallelism. */
   localMicroBatches: number;
   /** Where the devices run: worker threads of this process, or device processes (pinned, runtime/pinning.ts). */
@@ -114,18 +118,23 @@ export function parseCoresOptions(
       `--${f === 'budgetS' ? 'budget-s' : f === 'batchSize' ? 'batch-size' : f} must be positive, got ${raw[f]}`,
     );
   return {
-    ...(raw as Omit<CoresBenchOptions, 'threads' | 'stages' | 'kinds'>),
+    ...(raw as Omit<
+      CoresBenchOptions,
+      'threads' | 'stages' | 'kinds' | 'microBatches'
+    >),
     threads: ints('threads', raw.threads),
     stages: ints('stages', raw.stages),
+    microBatches: ints('micro-batches', raw.microBatches),
     kinds,
   };
 }
 
-/** One configuration: a kind on `devices` devices with `threads` kernel threads each. */
+/** One configuration: a kind on `devices` devices with `threads` kernel threads each (a pipeline schedule: over `microBatches` micro-batches). */
 export interface CoreConfig {
   kind: CoreKind | 'pytorch' | 'pytorch-bf16';
   devices: number;
   threads: number;
+  microBatches?: number;
 }
 
 /** A configuration not run, and why. */
@@ -133,6 +142,7 @@ export interface Skipped {
   kind: string;
   devices: number;
   threads: number | '-';
+  microBatches?: number;
   reason: string;
 }
 
@@ -145,6 +155,8 @@ interface Row {
   stages: number;
   threads_per_device: number;
   threads_total: number;
+  /** A pipeline schedule's micro-batches M; null for single, local and PyTorch. */
+  micro_batches: number | null;
   tokens_per_s: number;
   step_s: number;
   /** tokens/s over single's (same precision) with all the cores; PyTorch rows: undefined. */
@@ -156,6 +168,13 @@ interface Row {
 }
 
 const V_SHAPED: ReadonlySet<string> = new Set(['zbv', 'dualpipev']);
+/** The kinds that are pipeline schedules over micro-batches (one row per `--micro-batches` entry). */
+const SCHEDULED: ReadonlySet<string> = new Set([
+  '1f1b',
+  'zb-h1',
+  'zbv',
+  'dualpipev',
+]);
 const isSingle = (k: CoreConfig['kind']) => k.startsWith('single');
 const isPyTorch = (k: CoreConfig['kind']) => k.startsWith('pytorch');
 
@@ -183,7 +202,7 @@ export function threadsForDevices(
  * does not run (its rows are then listed as skipped with it), undefined where it runs.
  */
 export function coresGrid(
-  o: Pick<CoresBenchOptions, 'threads' | 'stages' | 'kinds'>,
+  o: Pick<CoresBenchOptions, 'threads' | 'stages' | 'kinds' | 'microBatches'>,
   cores: number,
   blocks: number,
   pytorchMissing?: string,
@@ -203,8 +222,16 @@ export function coresGrid(
         threads: t,
         reason: `${k} x ${t} threads > ${cores} cores`,
       });
+    // a pipeline schedule at each M; single, local and PyTorch once
+    const ms = SCHEDULED.has(kind) ? o.microBatches : [undefined];
     for (const t of threadsForDevices(o.threads, k, cores))
-      configs.push({ kind, devices: k, threads: t });
+      for (const m of ms)
+        configs.push({
+          kind,
+          devices: k,
+          threads: t,
+          ...(m === undefined ? {} : { microBatches: m }),
+        });
   };
   for (const kind of o.kinds) {
     if (isSingle(kind)) {
@@ -326,9 +353,14 @@ function coresResults(
   ];
 }
 
-/** `single-bf16 K=1 x 16 threads`. */
-function label(c: { kind: string; devices: number; threads: number | '-' }) {
-  return `${c.kind} K=${c.devices} x ${c.threads} thread(s)`;
+/** `single-bf16 K=1 x 16 thread(s)`, `zbv K=3 x 4 thread(s) M=4`. */
+function label(c: {
+  kind: string;
+  devices: number;
+  threads: number | '-';
+  microBatches?: number;
+}) {
+  return `${c.kind} K=${c.devices} x ${c.threads} thread(s)${c.microBatches === undefined ? '' : ` M=${c.microBatches}`}`;
 }
 
 /** The CPU's model name, the cores this process may use, and the physical cores under them (util/cpu.ts). */
@@ -391,7 +423,7 @@ function configOf(run: CoresRun, c: CoreConfig): TrainConfig {
         ? 1
         : strategy === 'local'
           ? o.localMicroBatches
-          : o.microBatches,
+          : c.microBatches,
     remat: 'never',
     ...(strategy === 'gpipe'
       ? { schedule: kind as TrainConfig['schedule'] }
@@ -431,6 +463,7 @@ async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
       stages: c.devices * (V_SHAPED.has(c.kind) ? 2 : 1),
       threads_per_device: c.threads,
       threads_total: c.devices * c.threads,
+      micro_batches: c.microBatches ?? null,
       tokens_per_s: tokens / secs,
       step_s: secs,
     };
@@ -509,6 +542,7 @@ function measurePyTorch(run: CoresRun, c: CoreConfig): Row {
     stages: 1,
     threads_per_device: c.threads,
     threads_total: c.threads,
+    micro_batches: null,
     tokens_per_s: out.tokens_per_s,
     step_s: median(out.step_s),
   };
@@ -554,12 +588,13 @@ function coresMarkdown(
     (a, b) =>
       a.devices - b.devices ||
       a.kind.localeCompare(b.kind) ||
-      a.threads_per_device - b.threads_per_device,
+      a.threads_per_device - b.threads_per_device ||
+      (a.micro_batches ?? 0) - (b.micro_batches ?? 0),
   );
   return [
     `# cores benchmark\n`,
     `${machine.cpu}, ${machine.cores} cores (${machine.topology}), Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
-    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines M=${o.microBatches} without re-materialization, local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [
         'kind',
@@ -567,6 +602,7 @@ function coresMarkdown(
         'stages',
         'threads per device',
         'threads in all',
+        'M',
         'tokens/s',
         's/step',
         'vs single',
@@ -579,6 +615,7 @@ function coresMarkdown(
         r.stages,
         r.threads_per_device,
         r.threads_total,
+        r.micro_batches ?? '-',
         r.tokens_per_s.toFixed(0),
         r.step_s.toFixed(3),
         r.engine === 'pytorch' ? '-' : x(r.vs_single),

@@ -522,7 +522,11 @@ program
     'single, single-bf16, 1f1b, zb-h1, zbv, dualpipev, local',
     'single,single-bf16,1f1b,zb-h1,zbv,dualpipev,local',
   )
-  .option('--micro-batches <n>', 'pipeline micro-batches', (v) => Number(v), 8)
+  .option(
+    '--micro-batches <list>',
+    'micro-batch counts of the pipeline schedules, a row each',
+    '4,8',
+  )
   .option(
     '--local-micro-batches <n>',
     'local updates per mini-batch',
