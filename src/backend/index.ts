@@ -160,16 +160,8 @@ export async function initBackend(
     setSubmitBatch(process.env.LAYERWISE_WEBGPU_SUBMIT_BATCH);
   // LAYERWISE_WEBGPU_KERNELS=tfjs keeps TF.js's own webgpu kernels and the composed forms: the
   // "plain TF.js webgpu" of `npm run bench -- gpu`
-  if (backend === 'webgpu' && process.env.LAYERWISE_WEBGPU_KERNELS !== 'tfjs') {
-    // layerwise's own WGSL kernels over the composed forms (backend/webgpu-kernels.ts)
-    (await import('./webgpu-kernels.js')).registerWebGPUKernels();
-    (await import('./webgpu-attention.js')).registerWebGpuAttention();
-    (await import('./webgpu-gather.js')).registerWebGpuGather();
-    // the products (BatchMatMul, _FusedMatMul) as tiled WGSL of ours (backend/webgpu-matmul.ts)
-    (await import('./webgpu-matmul.js')).registerWebGPUMatMul();
-    // the MLP's product + bias + GELU in one dispatch (backend/webgpu-matmul-gelu.ts)
-    (await import('./webgpu-matmul-gelu.js')).registerWebGPUDenseGelu();
-  }
+  if (backend === 'webgpu' && process.env.LAYERWISE_WEBGPU_KERNELS !== 'tfjs')
+    await registerOwnWebGPUKernels();
   if (backend === 'native') {
     check(
       registerNativeBackend(),
@@ -214,6 +206,18 @@ export async function initBackend(
     const { registerF16Products } = await import('./webgpu-f16.js');
     registerF16Products(policyOf(precision));
   }
+}
+
+/** layerwise's WGSL kernels over TF.js's stock ones and the composed forms, for 'webgpu' in this thread. */
+async function registerOwnWebGPUKernels(): Promise<void> {
+  // the fused ops over the composed forms (backend/webgpu-kernels.ts)
+  (await import('./webgpu-kernels.js')).registerWebGPUKernels();
+  (await import('./webgpu-attention.js')).registerWebGpuAttention();
+  (await import('./webgpu-gather.js')).registerWebGpuGather();
+  // the products (BatchMatMul, _FusedMatMul) as tiled WGSL of ours (backend/webgpu-matmul.ts)
+  (await import('./webgpu-matmul.js')).registerWebGPUMatMul();
+  // the MLP's product + bias + GELU in one dispatch (backend/webgpu-matmul-gelu.ts)
+  (await import('./webgpu-matmul-gelu.js')).registerWebGPUDenseGelu();
 }
 
 interface GPUWithAdapters {
