@@ -4,25 +4,15 @@ import { test } from 'node:test';
 import { Worker } from 'node:worker_threads';
 import { nativeAddon } from '../backend/native-addon.js';
 import { threadsPerDevice } from '../strategies/spec.js';
-import { LayerwiseError } from '../util/errors.js';
 import {
   allowedCpus,
   bySiblings,
   devicePlacement,
   ompPinning,
-  parseCpuList,
   placeDevices,
   processPinning,
   threadPinning,
 } from './pinning.js';
-
-test('parseCpuList reads ranges and single CPUs in order, and names a bad part', () => {
-  assert.deepEqual(parseCpuList('0-3,8,10-11\n'), [0, 1, 2, 3, 8, 10, 11]);
-  assert.deepEqual(parseCpuList('5'), [5]);
-  assert.deepEqual(parseCpuList('2,0-1'), [0, 1, 2]);
-  assert.throws(() => parseCpuList('3-1'), /'3-1' is not N or N-M/);
-  assert.throws(() => parseCpuList('0-3,x'), LayerwiseError);
-});
 
 test('allowedCpus is the CPUs of /proc/self/status on Linux, as many as Node sees', async () => {
   const cpus = allowedCpus();

@@ -34,6 +34,7 @@
  * pinned: they run wherever the OS finds room.
  */
 import { readFileSync } from 'node:fs';
+import { cpuSiblings, parseCpuList } from '../util/cpu.js';
 import { check } from '../util/errors.js';
 
 /** Environment variables that set OpenMP thread affinity; any of them set means no pinning of ours. */
@@ -43,26 +44,6 @@ export const AFFINITY_VARIABLES = [
   'GOMP_CPU_AFFINITY',
   'KMP_AFFINITY',
 ] as const;
-
-/**
- * Parses a Linux CPU list (`0-3,8,10-11`, as in /proc/self/status Cpus_allowed_list or
- * cpuset files) into ascending CPU numbers.
- * @throws LayerwiseError naming the part that is not `N` or `N-M` (N <= M).
- */
-export function parseCpuList(text: string): number[] {
-  const cpus = new Set<number>();
-  for (const part of text.trim().split(',')) {
-    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim());
-    check(
-      m !== null && (m[2] === undefined || Number(m[2]) >= Number(m[1])),
-      `CPU list '${text.trim()}': '${part}' is not N or N-M with N <= M`,
-    );
-    const from = Number(m![1]);
-    const to = m![2] === undefined ? from : Number(m![2]);
-    for (let c = from; c <= to; c++) cpus.add(c);
-  }
-  return [...cpus].sort((a, b) => a - b);
-}
 
 /**
  * The CPUs this process may run on: Linux's `Cpus_allowed_list` of /proc/self/status (which
@@ -77,7 +58,7 @@ export function allowedCpus(): number[] | undefined {
     return undefined;
   }
   const m = /^Cpus_allowed_list:\s*(\S+)/m.exec(status);
-  return m ? bySiblings(parseCpuList(m[1]!), linuxSiblings) : undefined;
+  return m ? bySiblings(parseCpuList(m[1]!), (c) => cpuSiblings(c)) : undefined;
 }
 
 /**
@@ -105,20 +86,6 @@ export function bySiblings(
     }
   }
   return out;
-}
-
-/** Linux: CPU c's SMT siblings from /sys (itself alone where the file is missing or unreadable). */
-export function linuxSiblings(cpu: number): number[] {
-  try {
-    return parseCpuList(
-      readFileSync(
-        `/sys/devices/system/cpu/cpu${cpu}/topology/thread_siblings_list`,
-        'utf8',
-      ),
-    );
-  } catch {
-    return [cpu];
-  }
 }
 
 /**

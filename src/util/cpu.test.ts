@@ -3,32 +3,46 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { cpuTopology, describeTopology } from './cpu.js';
+import {
+  cpuSiblings,
+  cpuTopology,
+  describeTopology,
+  parseCpuList,
+} from './cpu.js';
+import { LayerwiseError } from './errors.js';
 
-/** A fake sysfs cpu folder: cpuN -> [package, core]. */
-function fakeSysfs(cpus: [number, number][]): string {
+test('parseCpuList reads ranges and single CPUs in order, and names a bad part', () => {
+  assert.deepEqual(parseCpuList('0-3,8,10-11\n'), [0, 1, 2, 3, 8, 10, 11]);
+  assert.deepEqual(parseCpuList('5'), [5]);
+  assert.deepEqual(parseCpuList('2,0-1'), [0, 1, 2]);
+  assert.throws(() => parseCpuList('3-1'), /'3-1' is not N or N-M/);
+  assert.throws(() => parseCpuList('0-3,x'), LayerwiseError);
+});
+
+/** A fake sysfs cpu folder: cpuN -> its thread_siblings_list. */
+function fakeSysfs(siblings: string[]): string {
   const root = mkdtempSync(join(tmpdir(), 'cpu-topology-'));
-  cpus.forEach(([pkg, core], i) => {
+  siblings.forEach((list, i) => {
     const dir = join(root, `cpu${i}`, 'topology');
     mkdirSync(dir, { recursive: true });
-    writeFileSync(join(dir, 'physical_package_id'), `${pkg}\n`);
-    writeFileSync(join(dir, 'core_id'), `${core}\n`);
+    writeFileSync(join(dir, 'thread_siblings_list'), `${list}\n`);
   });
   mkdirSync(join(root, 'cpufreq')); // not a cpuN folder: ignored
+  mkdirSync(join(root, `cpu${siblings.length}`)); // offline: no topology, not counted
   return root;
 }
 
-test('cpuTopology counts (package, core) pairs: SMT pairs share a core, the same core id on two packages does not', () => {
-  // 2 packages x 2 cores x 2 threads: 8 logical CPUs on 4 cores
+test('cpuTopology counts sibling groups as physical cores; cpuSiblings reads one CPU', () => {
+  // 4 cores x 2 threads numbered as Linux often does: siblings c and c + 4
   const root = fakeSysfs([
-    [0, 0],
-    [0, 1],
-    [1, 0],
-    [1, 1],
-    [0, 0],
-    [0, 1],
-    [1, 0],
-    [1, 1],
+    '0,4',
+    '1,5',
+    '2,6',
+    '3,7',
+    '0,4',
+    '1,5',
+    '2,6',
+    '3,7',
   ]);
   try {
     assert.deepEqual(cpuTopology(root), {
@@ -40,13 +54,12 @@ test('cpuTopology counts (package, core) pairs: SMT pairs share a core, the same
       describeTopology(cpuTopology(root)),
       '4 physical cores, 2 threads each',
     );
+    assert.deepEqual(cpuSiblings(5, root), [1, 5]);
+    assert.deepEqual(cpuSiblings(8, root), [8], 'no topology: itself alone');
   } finally {
     rmSync(root, { recursive: true, force: true });
   }
-  const flat = fakeSysfs([
-    [0, 0],
-    [0, 1],
-  ]);
+  const flat = fakeSysfs(['0', '1']);
   try {
     assert.deepEqual(cpuTopology(flat), {
       logical: 2,

@@ -1,29 +1,70 @@
 /**
- * The machine's CPU topology from Linux's sysfs: how many logical CPUs share each physical core
- * (simultaneous multithreading, "hyper-threads"). A bench that compares thread counts names it,
- * since 16 logical CPUs on 8 cores and on 16 cores scale differently past 8 threads.
+ * The machine's CPUs as Linux describes them: CPU lists (`0-3,8`) and which logical CPUs are
+ * hardware threads of one physical core (simultaneous multithreading, "hyper-threads"), from
+ * sysfs. runtime/pinning.ts places devices on whole cores with them; a bench that compares
+ * thread counts names the topology, since 16 logical CPUs on 8 cores and on 16 cores scale
+ * differently past 8 threads.
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { check } from './errors.js';
+
+/** Linux's per-CPU sysfs folder. */
+const SYS_CPU = '/sys/devices/system/cpu';
+
+/**
+ * Parses a Linux CPU list (`0-3,8,10-11`, as in /proc/self/status Cpus_allowed_list, cpuset
+ * files or topology/thread_siblings_list) into ascending CPU numbers.
+ * @throws LayerwiseError naming the part that is not `N` or `N-M` (N <= M).
+ */
+export function parseCpuList(text: string): number[] {
+  const cpus = new Set<number>();
+  for (const part of text.trim().split(',')) {
+    const m = /^(\d+)(?:-(\d+))?$/.exec(part.trim());
+    check(
+      m !== null && (m[2] === undefined || Number(m[2]) >= Number(m[1])),
+      `CPU list '${text.trim()}': '${part}' is not N or N-M with N <= M`,
+    );
+    const from = Number(m![1]);
+    const to = m![2] === undefined ? from : Number(m![2]);
+    for (let c = from; c <= to; c++) cpus.add(c);
+  }
+  return [...cpus].sort((a, b) => a - b);
+}
+
+/**
+ * CPU `cpu`'s SMT siblings, itself included (`topology/thread_siblings_list` under `root`,
+ * default /sys/devices/system/cpu); itself alone where the file is missing or unreadable.
+ */
+export function cpuSiblings(cpu: number, root = SYS_CPU): number[] {
+  try {
+    return parseCpuList(
+      readFileSync(
+        join(root, `cpu${cpu}`, 'topology', 'thread_siblings_list'),
+        'utf8',
+      ),
+    );
+  } catch {
+    return [cpu];
+  }
+}
 
 /** Physical cores and the logical CPUs on them, as the kernel lists them. */
 export interface CpuTopology {
-  /** Logical CPUs the kernel lists (online or not; os.availableParallelism may be fewer). */
+  /** Logical CPUs with a topology (online ones; os.availableParallelism may be fewer). */
   logical: number;
-  /** Distinct (package, core) pairs: physical cores. */
+  /** Physical cores: distinct sibling groups. */
   physicalCores: number;
   /** logical / physicalCores, rounded: 2 with SMT on, 1 without. */
   threadsPerCore: number;
 }
 
 /**
- * Reads `topology/physical_package_id` and `topology/core_id` of every `cpuN` under `root`
- * (default /sys/devices/system/cpu). Returns undefined where they cannot be read (not Linux, a
- * container without sysfs), never throws.
+ * Groups every `cpuN` under `root` (default /sys/devices/system/cpu) with a
+ * `topology/thread_siblings_list` by its siblings. Returns undefined where none can be read
+ * (not Linux, a container without sysfs); never throws.
  */
-export function cpuTopology(
-  root = '/sys/devices/system/cpu',
-): CpuTopology | undefined {
+export function cpuTopology(root = SYS_CPU): CpuTopology | undefined {
   let names: string[];
   try {
     names = readdirSync(root).filter((n) => /^cpu\d+$/.test(n));
@@ -33,13 +74,12 @@ export function cpuTopology(
   const cores = new Set<string>();
   let logical = 0;
   for (const n of names) {
+    const file = join(root, n, 'topology', 'thread_siblings_list');
     try {
-      const read = (f: string) =>
-        readFileSync(join(root, n, 'topology', f), 'utf8').trim();
-      cores.add(`${read('physical_package_id')}:${read('core_id')}`);
+      cores.add(parseCpuList(readFileSync(file, 'utf8')).join(','));
       logical++;
     } catch {
-      // an offline CPU without topology files: not counted
+      // an offline CPU has no topology files: not counted
     }
   }
   if (logical === 0) return undefined;
