@@ -69,17 +69,32 @@ void adamwSpan(const AdamWConstants& c, float decay, const AdamWTensor& t, int64
   }
 }
 
-// Calls span(j, from, to) for every piece [from, to) of tensor j that falls in this thread's even
-// share of the elements of all tensors laid end to end (start: each tensor's first index, then the total)
+// Calls span(j, from, to) for every piece [from, to) of tensor j in [lo, hi) of all tensors laid
+// end to end (start: each tensor's first index, then the total)
 template <typename Span>
-void forMyPieces(const std::vector<int64_t>& start, Span span) {
-  const auto [lo, hi] = myShare(start.back());
+void forPiecesOf(const std::vector<int64_t>& start, int64_t lo, int64_t hi, Span span) {
   size_t j = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), lo) - start.begin()) - 1;
   for (; j + 1 < start.size() && start[j] < hi; j++) {
     const int64_t from = std::max(lo, start[j]) - start[j], to = std::min(hi, start[j + 1]) - start[j];
     if (from < to) span(j, from, to);
   }
 }
+
+// Calls span(j, from, to) for every piece [from, to) of tensor j that falls in this thread's even
+// share of the elements of all tensors laid end to end (start: each tensor's first index, then the total)
+template <typename Span>
+void forMyPieces(const std::vector<int64_t>& start, Span span) {
+  const auto [lo, hi] = myShare(start.back());
+  forPiecesOf(start, lo, hi, span);
+}
+
+// Elements per chunk that a team member takes at a time in adamwMulti (128 KiB of each of p, g,
+// m, v): handed out in turn rather than as fixed halves, so that a member whose tensors are
+// colder in cache (the update reads gradients the backward wrote in reverse layer order, and
+// parameters and moments last touched a step ago) or that the OS paused does not hold the team
+// at the barrier: on 2 cores a static split ran the update 1.5x faster at 2 threads than at 1
+// inside a training step, against 2.0x for the same pass on its own.
+constexpr int64_t kAdamWChunk = int64_t{1} << 15;
 
 // Each tensor's first index in all of them laid end to end, then their total
 template <typename T, typename Size>
@@ -104,11 +119,14 @@ void adamwMulti(const std::vector<AdamWTensor>& tensors, int64_t decayed, double
   const AdamWConstants c = adamwConstants(lr, beta1, beta2, epsilon, step, gradScale);
   const float decays[2] = {adamwDecay(lr, 0), adamwDecay(lr, weightDecay)};
   const std::vector<int64_t> start = startsOf(tensors, [](const AdamWTensor& t) { return t.n; });
-#pragma omp parallel if (start.back() >= kParallelUpdate)
+  const int64_t total = start.back(), chunks = (total + kAdamWChunk - 1) / kAdamWChunk;
+#pragma omp parallel if (total >= kParallelUpdate)
   {
-    forMyPieces(start, [&](size_t j, int64_t from, int64_t to) {
-      adamwSpan(c, decays[static_cast<int64_t>(j) < decayed ? 1 : 0], tensors[j], from, to);
-    });
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t k = 0; k < chunks; k++)
+      forPiecesOf(start, k * kAdamWChunk, std::min(total, (k + 1) * kAdamWChunk), [&](size_t j, int64_t from, int64_t to) {
+        adamwSpan(c, decays[static_cast<int64_t>(j) < decayed ? 1 : 0], tensors[j], from, to);
+      });
     streamFence();
   }
 }
