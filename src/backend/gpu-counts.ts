@@ -3,7 +3,7 @@
  * and the two ways counts combine: a step's counts as the difference of two readings
  * ({@link gpuCountsSince}, runtime/stage-host.ts) and several devices' or steps' counts summed
  * ({@link sumGpuCounts}, strategies/stage-results.ts and train/step-tally.ts). Declared once
- * here, without TF.js, so that the coordinator's side imports no backend.
+ * here, without TF.js: the coordinator's side and the browser page import it.
  */
 
 /**
@@ -21,7 +21,7 @@ export interface GpuCounts {
   readbacks: number;
   copies: number;
   /**
-   * CPU time of the device's thread, ms ({@link threadCpuMs}), while no read was waiting for the
+   * CPU time of the device's thread, ms (gpu-queue.ts threadCpuMs), while no read was waiting for the
    * GPU: the host's side of the step (its JS, TF.js's engine and kernels, Dawn's encoding and
    * submits made on that thread; not the GPU's work, not other threads). Absent where the
    * thread's CPU time cannot be read (not Linux, a browser).
