@@ -6,6 +6,8 @@ export const existsSync = (_p: string): boolean => false;
 export const statSync = unavailable(m, 'statSync');
 export const accessSync = unavailable(m, 'accessSync');
 export const readFileSync = unavailable(m, 'readFileSync');
+export const openSync = unavailable(m, 'openSync');
+export const readSync = unavailable(m, 'readSync');
 export const writeFileSync = unavailable(m, 'writeFileSync');
 export const utimesSync = unavailable(m, 'utimesSync');
 export const readdirSync = unavailable(m, 'readdirSync');
