@@ -10,8 +10,8 @@
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
-#      importable); the same with the 64 x 64 product tiling forced and with 60 dispatches a
-#      submit (charlm-small and the d1024 model, layerwise only); `bench matmul-tiles`.
+#      importable); the d1024 model with the 64 x 64 product tiling forced, and charlm-small with
+#      60 dispatches a submit (layerwise only); `bench matmul-tiles`.
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
 #      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
 #      and bf16.
@@ -34,9 +34,11 @@ bench() { node "$lw/dist/bench/main.js" "$@" --out "$out"; }
 case "$part" in
   gpu)
     nvidia-smi >"$out/nvidia-smi.txt" 2>&1
-    bench gpu --budget-seconds 230
-    LAYERWISE_MATMUL_TILING=t64 bench gpu --configs small/layerwise,large/layerwise --name gpu-t64 --budget-seconds 70
-    LAYERWISE_WEBGPU_SUBMIT_BATCH=60 bench gpu --configs small/layerwise,large/layerwise --name gpu-submit60 --budget-seconds 70
+    bench gpu --budget-seconds 220
+    # A/Bs, one configuration each (a run may take its --config-seconds past a budget): the
+    # 64 x 64 tiling where the large tiling applies, fewer submits where the host is the limit
+    LAYERWISE_MATMUL_TILING=t64 bench gpu --configs large/layerwise --config-seconds 60 --name gpu-t64
+    LAYERWISE_WEBGPU_SUBMIT_BATCH=60 bench gpu --configs small/layerwise --config-seconds 45 --name gpu-submit60
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
     ;;
   cpu)
