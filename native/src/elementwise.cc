@@ -783,13 +783,7 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
       const auto [r0, r1] = myShare(n);
       addRowsToSegments(data, ids, mine, r0, r1, inner, segments, 0, inner);
 #pragma omp barrier
-      const int members = myTeam();
-      const auto [e0, e1] = myAlignedShare(segments * inner, 64 / sizeof(float));
-      for (int p = 1; p < members; p++) {
-        const float* q = part + stride * (p - 1);
-#pragma omp simd
-        for (int64_t e = e0; e < e1; e++) out[e] += q[e];
-      }
+      addMemberPartials(out, part, stride, segments * inner);
     }
     return;
   }

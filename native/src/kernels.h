@@ -64,6 +64,20 @@ inline std::pair<int64_t, int64_t> myAlignedShare(int64_t total, int64_t align) 
   return {std::min(total, u0 * align), std::min(total, u1 * align)};
 }
 
+// Inside a parallel region, after a barrier (every partial complete): adds the team's members
+// 1.. team-1 partial arrays of n floats (member p's at part + (p - 1) * stride) into out, which
+// holds member 0's, in member order, out's whole 64-byte lines split over the team. The same sums
+// at any schedule; at one member, out as it is.
+inline void addMemberPartials(float* out, const float* part, int64_t stride, int64_t n) {
+  const int members = myTeam();
+  const auto [lo, hi] = myAlignedShare(n, 64 / sizeof(float));
+  for (int p = 1; p < members; p++) {
+    const float* q = part + (p - 1) * stride;
+#pragma omp simd
+    for (int64_t i = lo; i < hi; i++) out[i] += q[i];
+  }
+}
+
 // The number of threads a parallel region started here would have (omp_get_max_threads, 1
 // inside a region, as nested regions are off): what a kernel sizes per-member scratch by.
 inline int teamHere() {

@@ -52,13 +52,7 @@ int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::functio
       status = s;
     }
 #pragma omp barrier
-    // the partials added into C in member order, C split over the team in pieces of 16 floats
-    const auto [lo, hi] = myAlignedShare(mn, 16);
-    for (int p = 1; p < nt; p++) {
-      const float* q = part + (p - 1) * stride;
-#pragma omp simd
-      for (int64_t i = lo; i < hi; i++) c[i] += q[i];
-    }
+    addMemberPartials(c, part, stride, mn);  // into C in member order, C split over the team
   }
   return status;
 }
