@@ -3,7 +3,8 @@
  * item 4): native single (fp32, bf16), the pipeline schedules (1f1b, zb-h1, zbv, dualpipev)
  * and local parallelism at K = 2, 3, 4 devices where the model has the blocks, each with
  * `--threads` 1, 2, 4, 8, 16 per device where K x threads fits the cores (and each K's
- * default, the cores divided among K), and PyTorch's CPU training of the same model
+ * default, strategies/spec.ts threadsPerDevice: the cores less the host's, divided among K), the
+ * schedules at each of `--micro-batches` (4 and 8), and PyTorch's CPU training of the same model
  * (bench/pytorch/charlm.py) where `python3 -c 'import torch'` works. Writes cores.json and
  * cores.md naming the CPU and its physical cores (util/cpu.ts).
  *
