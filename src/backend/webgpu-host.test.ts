@@ -2,14 +2,15 @@
  * backend/webgpu-host.ts: the uniform cache packs exactly the bytes TF.js's own makeUniforms
  * writes (same size, same words, for fields of 1 to 6 components of each type, in orders that
  * exercise WGSL's alignment rules), writes each distinct contents once and hands the same buffer
- * back for the same contents; a pipeline answers getBindGroupLayout with one object per index.
- * No GPU needed: the device and TF.js's backend are stand-ins that record what is written.
+ * back for the same contents; a pipeline answers getBindGroupLayout with one object per index;
+ * bind groups are kept by layout and bound buffer ranges. No GPU needed: the device and TF.js's
+ * backend are stand-ins that record what is written (webgpu.test.ts runs the caches on a GPU).
  */
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { WebGPUBackend } from '@tensorflow/tfjs-backend-webgpu';
-import { cutDispatchHostWork } from './webgpu-host.js';
+import { bindGroupCountsOf, cutDispatchHostWork } from './webgpu-host.js';
 
 type Uniform = { type: 'int32' | 'uint32' | 'float32'; data: number[] };
 
@@ -27,6 +28,10 @@ function fakeDevice() {
         return { size: d.size, id: made };
       },
       createComputePipeline: (_d: unknown) => pipeline(),
+      createBindGroup: (d: { layout: object; entries: unknown[] }) => ({
+        ...d,
+        made: ++made,
+      }),
       createComputePipelineAsync: async (_d: unknown) => pipeline(),
       queue: {
         writeBuffer: (
@@ -155,4 +160,49 @@ test('a pipeline made after the install answers getBindGroupLayout with one obje
   const q = await f.device.createComputePipelineAsync({});
   assert.equal(q.getBindGroupLayout(0), q.getBindGroupLayout(0));
   assert.notEqual(q.getBindGroupLayout(0), p.getBindGroupLayout(0));
+});
+
+test('bind groups are kept by layout and bound buffer ranges; other resources are made each time', () => {
+  const f = fakeDevice();
+  const backend = { device: f.device, makeUniforms: () => undefined };
+  cutDispatchHostWork(backend);
+  const layout = f.device.createComputePipeline({}).getBindGroupLayout(0);
+  const other = f.device.createComputePipeline({}).getBindGroupLayout(0);
+  const [a, b] = [
+    f.device.createBuffer({ size: 64 }),
+    f.device.createBuffer({ size: 64 }),
+  ];
+  const group = (l: object, entries: Array<[object, number?, number?]>) =>
+    f.device.createBindGroup({
+      layout: l,
+      entries: entries.map(([buffer, offset, size], binding) => ({
+        binding,
+        resource: { buffer, offset, size },
+      })),
+    });
+  const g = group(layout, [[a, 0, 64], [b]]);
+  assert.equal(
+    group(layout, [[a, 0, 64], [b]]),
+    g,
+    'the same layout and ranges',
+  );
+  assert.deepEqual(bindGroupCountsOf(f.device), { made: 1, found: 1 });
+  const others = [
+    group(other, [[a, 0, 64], [b]]),
+    group(layout, [[b, 0, 64], [b]]),
+    group(layout, [[a, 16, 48], [b]]),
+    group(layout, [[a, 0, 32], [b]]),
+    group(layout, [[a, 0, 64], [a]]),
+    group(layout, [[a, 0, 64]]),
+  ];
+  assert.equal(
+    new Set([g, ...others]).size,
+    7,
+    'another layout, buffer, offset, size or count',
+  );
+  const view = { binding: 0, resource: { label: 'a texture view' } };
+  const t1 = f.device.createBindGroup({ layout, entries: [view] });
+  const t2 = f.device.createBindGroup({ layout, entries: [view] });
+  assert.notEqual(t1, t2, 'not a buffer: made each time');
+  assert.deepEqual(bindGroupCountsOf(f.device), { made: 7, found: 1 });
 });

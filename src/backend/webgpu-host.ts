@@ -13,18 +13,21 @@
  * - a program's uniforms live in a buffer kept by its contents (the packed bytes), written once
  *   and never rewritten (what layerwise's own multi-tensor kernels already do: webgpu-multi.ts
  *   `constantUniforms`): one key built and looked up instead of a pool round trip and a write;
- * - a pipeline's bind-group layout is asked of Dawn once.
- * The uniform cache is bounded ({@link HOST_CACHE_ENTRIES}): when full it is emptied (a buffer
- * still bound by recorded or submitted work stays alive in Dawn until that work has run). The
- * numbers computed are unchanged (the same programs read the same values); the
+ * - a pipeline's bind-group layout is asked of Dawn once;
+ * - TF.js's buffer pool hands out, of the free buffers of the asked size and usage, the one made
+ *   first (it handed out the one freed last: which one that was changed from step to step), so
+ *   that a step's programs get the same buffers as the step before; and bind groups are kept by
+ *   their layout and bound buffer ranges. On lavapipe a charlm-small step's 186 `createBindGroup`
+ *   calls (130 TF.js dispatches and layerwise's multi-tensor kernels) all found theirs from the
+ *   third step on, where with TF.js's own pool order about a quarter did; each one made costs
+ *   Dawn 19-23 us of host time there (measured in a loop of small programs).
+ * The caches are bounded ({@link HOST_CACHE_ENTRIES}): when full they are emptied (a buffer or
+ * bind group still used by recorded or submitted work stays alive in Dawn until that work has
+ * run). The numbers computed are unchanged (the same programs read the same values); the
  * webgpu-against-cpu tests check that.
- *
- * Not done: reusing bind groups. Kept by pipeline and bound buffers, only about a quarter of a
- * charlm-small step's dispatches found theirs (TF.js's pool hands a program other buffers from
- * step to step), and the cache cost more than the `createBindGroup` calls it saved.
  */
 
-/** The most uniform buffers the cache keeps before it is emptied. */
+/** The most uniform buffers, or bind groups, a cache keeps before it is emptied. */
 export const HOST_CACHE_ENTRIES = 4096;
 
 const UNIFORM = 0x40;
@@ -44,9 +47,16 @@ interface PipelineLike {
   getBindGroupLayout(index: number): object;
 }
 
+/** One entry of a bind group's descriptor: a buffer range, or another resource (kept as it is). */
+interface BindGroupEntryLike {
+  binding: number;
+  resource: { buffer?: object; offset?: number; size?: number } | object;
+}
+
 /** The parts of Dawn's GPUDevice used here. */
 interface DeviceLike {
   createBuffer(d: { size: number; usage: number }): BufferLike;
+  createBindGroup(d: { layout: object; entries: BindGroupEntryLike[] }): object;
   createComputePipeline(d: unknown): PipelineLike;
   createComputePipelineAsync(d: unknown): Promise<PipelineLike>;
   queue: {
@@ -57,6 +67,8 @@ interface DeviceLike {
 /** The parts of tfjs-backend-webgpu 4.22's WebGPUBackend used here. */
 interface BackendLike {
   device: DeviceLike;
+  /** TF.js's buffer pool (backend_webgpu.ts BufferManager); absent on stand-ins. */
+  bufferManager?: BufferPoolLike;
   makeUniforms(u: ProgramUniform[]): {
     offset: number;
     size: number;
@@ -64,12 +76,21 @@ interface BackendLike {
   };
 }
 
+/** The parts of tfjs-backend-webgpu 4.22's BufferManager used here. */
+interface BufferPoolLike {
+  /** Free buffers by `${size}_${usage}`; acquireBuffer pops the last. */
+  freeBuffers: Map<string, BufferLike[]>;
+  acquireBuffer(size: number, usage: number, ...rest: unknown[]): BufferLike;
+  releaseBuffer(buffer: BufferLike, reuse?: boolean): void;
+}
+
 const installed = new WeakSet<object>();
 
 /**
- * Installs the uniform cache and the layouts' memo on a webgpu backend (once per backend; see
- * the module's comment). Call before its first program runs (pipelines made earlier keep asking
- * Dawn for their layouts).
+ * Installs the uniform cache, the layouts' memo, the pool's first-made order and the bind-group
+ * cache on a webgpu backend (once per backend; see the module's comment). Call before its first
+ * program runs (pipelines made earlier keep asking Dawn for their layouts, and their bind groups
+ * are made each time).
  */
 export function cutDispatchHostWork(backend: object): void {
   if (installed.has(backend)) return;
@@ -77,6 +98,101 @@ export function cutDispatchHostWork(backend: object): void {
   const b = backend as BackendLike;
   memoizeLayouts(b.device);
   b.makeUniforms = keptProgramUniforms(b.device);
+  if (b.bufferManager) firstMadeFirst(b.bufferManager);
+  keepBindGroups(b.device);
+}
+
+/** Bind groups made and found by a device's cache since {@link cutDispatchHostWork}. */
+export interface BindGroupCounts {
+  made: number;
+  found: number;
+}
+
+const bindGroupCounts = new WeakMap<object, BindGroupCounts>();
+
+/** The device's bind-group counts (zeros where no cache is installed); a copy. */
+export function bindGroupCountsOf(device: object): BindGroupCounts {
+  return { ...(bindGroupCounts.get(device) ?? { made: 0, found: 0 }) };
+}
+
+/** A number per object, in the order first seen (WeakMap: the objects stay collectable). */
+function objectIds(): (x: object) => number {
+  const ids = new WeakMap<object, number>();
+  let next = 0;
+  return (x) => {
+    let id = ids.get(x);
+    if (id === undefined) {
+      id = ++next;
+      ids.set(x, id);
+    }
+    return id;
+  };
+}
+
+/**
+ * Makes the pool hand out, of its free buffers of a size and usage, the one it made first: each
+ * free list is kept in descending order of making, so that acquireBuffer's pop takes the oldest.
+ * A step that asks for the same buffers in the same order as the step before then gets the same
+ * ones, whatever order the step before freed them in.
+ */
+function firstMadeFirst(pool: BufferPoolLike): void {
+  const idOf = objectIds();
+  const acquire = pool.acquireBuffer.bind(pool);
+  pool.acquireBuffer = (size, usage, ...rest) => {
+    const buffer = acquire(size, usage, ...rest);
+    idOf(buffer);
+    return buffer;
+  };
+  const release = pool.releaseBuffer.bind(pool);
+  pool.releaseBuffer = (buffer, reuse = true) => {
+    release(buffer, reuse);
+    if (!reuse) return;
+    const free = pool.freeBuffers.get(
+      `${buffer.size}_${(buffer as { usage?: number }).usage}`,
+    );
+    if (free?.at(-1) !== buffer) return; // not pushed (a pool being torn down)
+    const id = idOf(buffer);
+    let i = free.length - 1;
+    for (; i > 0 && idOf(free[i - 1]!) < id; i--) free[i] = free[i - 1]!;
+    free[i] = buffer;
+  };
+}
+
+/**
+ * Keeps the device's bind groups by layout and bound buffer ranges: createBindGroup with the
+ * same layout object and, binding by binding, the same buffers at the same offsets and sizes
+ * returns the group made the first time (a bind group holds references, not contents: the
+ * buffers' values when the dispatch runs are read). Descriptors binding anything but buffers are
+ * made each time. Emptied at {@link HOST_CACHE_ENTRIES} groups.
+ */
+function keepBindGroups(device: DeviceLike): void {
+  const idOf = objectIds();
+  const kept = new Map<string, object>();
+  const counts: BindGroupCounts = { made: 0, found: 0 };
+  bindGroupCounts.set(device, counts);
+  const create = device.createBindGroup.bind(device);
+  device.createBindGroup = (d) => {
+    let key = `${idOf(d.layout)}`;
+    for (const e of d.entries) {
+      const r = e.resource as {
+        buffer?: object;
+        offset?: number;
+        size?: number;
+      };
+      if (!r.buffer) return create(d);
+      key += `|${e.binding}:${idOf(r.buffer)}:${r.offset ?? 0}:${r.size ?? ''}`;
+    }
+    let group = kept.get(key);
+    if (group) {
+      counts.found++;
+      return group;
+    }
+    if (kept.size >= HOST_CACHE_ENTRIES) kept.clear();
+    group = create(d);
+    counts.made++;
+    kept.set(key, group);
+    return group;
+  };
 }
 
 /** Makes every pipeline the device creates from now on answer getBindGroupLayout(i) with one object per index. */

@@ -2,7 +2,8 @@
  * The webgpu backend in Node (Dawn's bindings; in CI a software GPU: Mesa through Dawn's OpenGL
  * backend): every block of every preset, and the loss, give the same outputs and gradients
  * (with respect to the parameters and the input) as the cpu backend, read asynchronously as
- * webgpu requires. Skipped, saying why, where no WebGPU adapter can be made.
+ * webgpu requires; a repeated step makes no bind group after its first steps (webgpu-host.ts).
+ * Skipped, saying why, where no WebGPU adapter can be made.
  */
 
 import assert from 'node:assert/strict';
@@ -16,6 +17,7 @@ import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
 import { tf } from './tfjs.js';
 import { installDawn } from './webgpu.js';
+import { bindGroupCountsOf } from './webgpu-host.js';
 
 let why: string | false = false;
 try {
@@ -258,4 +260,71 @@ test("the main job's command trains on webgpu from the CLI and its loss falls", 
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
+});
+
+/** `steps` steps of gradient descent on a two-layer perceptron on the current backend: the bind groups each step made, and the final weights. */
+async function descend(
+  steps: number,
+): Promise<{ made: number[]; weights: Float32Array[] }> {
+  const device = (tf.backend() as unknown as { device?: object }).device;
+  const x = tf.tensor2d(
+    Array.from({ length: 8 * 16 }, (_, i) => Math.sin(i)),
+    [8, 16],
+  );
+  const y = tf.tensor2d(
+    Array.from({ length: 8 * 4 }, (_, i) => Math.cos(i)),
+    [8, 4],
+  );
+  let w: tf.Tensor[] = [
+    tf.tensor2d(
+      Array.from({ length: 16 * 32 }, (_, i) => 0.1 * Math.sin(3 * i)),
+      [16, 32],
+    ),
+    tf.tensor2d(
+      Array.from({ length: 32 * 4 }, (_, i) => 0.1 * Math.cos(5 * i)),
+      [32, 4],
+    ),
+  ];
+  const loss = (w1: tf.Tensor, w2: tf.Tensor) =>
+    tf.mean(tf.square(tf.sub(tf.matMul(tf.relu(tf.matMul(x, w1)), w2), y)));
+  const made: number[] = [];
+  for (let s = 0; s < steps; s++) {
+    const before = device ? bindGroupCountsOf(device).made : 0;
+    const next = tf.tidy(() => {
+      const g = tf.grads(loss)(w);
+      return w.map((p, i) => tf.sub(p, tf.mul(g[i]!, 0.05)));
+    });
+    await next[0]!.data(); // a step's read, as training's loss
+    for (const p of w) p.dispose();
+    w = next;
+    made.push(device ? bindGroupCountsOf(device).made - before : 0);
+  }
+  const weights = (await Promise.all(w.map((p) => p.data()))) as Float32Array[];
+  tf.dispose([x, y, ...w]);
+  return { made, weights };
+}
+
+test('on webgpu a repeated step makes no bind group after its first steps, and trains as on cpu', {
+  skip: why,
+}, async () => {
+  await initBackend('cpu');
+  const cpu = await descend(6);
+  await initBackend('webgpu');
+  const gpu = await descend(6);
+  await initBackend('cpu');
+  assert.ok(
+    gpu.made[0]! > 0,
+    `the first step makes its bind groups (${gpu.made})`,
+  );
+  assert.deepEqual(
+    gpu.made.slice(3),
+    [0, 0, 0],
+    `bind groups made per step: ${gpu.made}`,
+  );
+  gpu.weights.forEach((w, i) => {
+    const worst = Math.max(
+      ...w.map((v, k) => Math.abs(v - cpu.weights[i]![k]!)),
+    );
+    assert.ok(worst <= 1e-5, `weight ${i} differs from cpu by ${worst}`);
+  });
 });
