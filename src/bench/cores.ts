@@ -9,7 +9,7 @@
  * cores.md naming the CPU and its physical cores (util/cpu.ts).
  *
  * Every configuration runs in this process as the other benches do (createStrategy: its devices
- * are worker threads or, with `devices: 'process'`, pinned device processes), one warm-up step,
+ * are worker threads or, with `devices: 'process'`, pinned device processes), `warmup` warm-up steps (default 1),
  * then the median of `steps` timed steps. A time budget keeps the default under 5 minutes on a
  * 16-core machine: configurations run in order of importance (the whole machine's single and
  * PyTorch rows and zbv K=3 first, then every kind at its default threads, then the rest, more
@@ -53,8 +53,13 @@ export type CoreKind = (typeof CORE_KINDS)[number];
 export interface CoresBenchOptions {
   preset: string;
   batchSize: number;
-  /** Timed steps per configuration, after one warm-up step. */
+  /** Timed steps per configuration. */
   steps: number;
+  /**
+   * Untimed warm-up steps per configuration first (default 1; each configuration's devices are
+   * new, their JS not yet optimized by V8: see bench/kernels.ts `warmup`).
+   */
+  warmup?: number;
   /** Kernel threads per device to try (each K also gets its default, strategies/spec.ts threadsPerDevice). */
   threads: number[];
   /** Devices K of the pipelines and local parallelism. */
@@ -435,7 +440,7 @@ function configOf(run: CoresRun, c: CoreConfig): TrainConfig {
   } as Parameters<typeof resolveConfig>[0]);
 }
 
-/** One warm-up step, then `o.steps` timed steps of the configuration; closes its devices. */
+/** `o.warmup` (default 1) warm-up steps, then `o.steps` timed steps of the configuration; closes its devices. */
 async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
   const { o, bench } = run;
   const cfg = configOf(run, c);
@@ -454,6 +459,7 @@ async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
       (_r, b) => {
         tokens = b.tokens;
       },
+      o.warmup ?? 1,
     );
     const secs = median(times);
     return {
@@ -595,7 +601,7 @@ function coresMarkdown(
   return [
     `# cores benchmark\n`,
     `${machine.cpu}, ${machine.cores} cores (${machine.topology}), Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
-    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after one warm-up step. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${(o.warmup ?? 1) === 1 ? 'one warm-up step' : `${o.warmup} warm-up steps`}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [
         'kind',

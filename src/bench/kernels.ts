@@ -28,8 +28,15 @@ export interface KernelsBenchOptions {
   backend: string;
   /** Compute precision of the products (native only for bf16). */
   precision?: Precision;
-  /** Measured steps at each thread count (after one warm-up step at each). */
+  /** Measured steps at each thread count. */
   steps: number;
+  /**
+   * Untimed warm-up steps at each thread count first (default 1). V8 goes on optimizing the
+   * step's JS on its background threads for tens of steps (charlm-small bf16: about 110 TurboFan
+   * compiles from step 5 to 20, 56 more to step 80): at 1 thread they run on the idle core, at 2
+   * they share the team's.
+   */
+  warmup?: number;
   /** Split rows by input shapes. */
   shapes: boolean;
   /** OpenMP team sizes to measure at, in this order (native only); undefined: the backend's default. */
@@ -215,8 +222,8 @@ function setTeam(threads: number | null): void {
 }
 
 /**
- * Trains `o.preset` on one plain-backprop Stage in this thread: one warm-up step with the timer
- * off at each thread count, then `o.steps` rounds of one timed step at each count (forward,
+ * Trains `o.preset` on one plain-backprop Stage in this thread: `o.warmup` (default 1) warm-up
+ * rounds of one step with the timer off at each thread count, then `o.steps` rounds of one timed step at each count (forward,
  * backward, optimizer step at lr 1e-4). Returns the model, each count's means per step and the
  * tokens of one step. Disposes the stage.
  */
@@ -254,10 +261,11 @@ async function trainSteps(
     tokens = b.tokens;
   };
   try {
-    for (const t of counts) {
-      setTeam(t);
-      step();
-    }
+    for (let w = 0; w < (o.warmup ?? 1); w++)
+      for (const t of counts) {
+        setTeam(t);
+        step();
+      }
     for (let s = 0; s < o.steps; s++)
       counts.forEach((t, i) => {
         setTeam(t);
@@ -376,6 +384,16 @@ function threadsRun(
   };
 }
 
+/** "one warm-up step", "30 warm-up steps", "no warm-up step". */
+function warmups(o: KernelsBenchOptions): string {
+  const n = o.warmup ?? 1;
+  return n === 0
+    ? 'no warm-up step'
+    : n === 1
+      ? 'one warm-up step'
+      : `${n} warm-up steps`;
+}
+
 /** The setting line both tables start with. */
 function settingLine(o: KernelsBenchOptions, model: Model): string {
   return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs (${describeTopology(cpuTopology())}) whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
@@ -391,7 +409,7 @@ function kernelsMarkdown(
   const perStep = run.step_ms;
   return [
     `# kernels benchmark\n`,
-    `${settingLine(o, model)}, mean of ${o.steps} steps after one warm-up step: ${perStep.toFixed(0)} ms per step (median ${run.step_median_ms.toFixed(0)}) (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
+    `${settingLine(o, model)}, mean of ${o.steps} steps after ${warmups(o)}: ${perStep.toFixed(0)} ms per step (median ${run.step_median_ms.toFixed(0)}) (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
     markdownTable({
       columns: [
         'kernel',
@@ -462,7 +480,7 @@ function threadsMarkdown(
   ];
   return [
     `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
-    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after one warm-up step at each; means per step in ms, and medians over the steps (of the step's time and of each kernel's in a step: unlike means, not moved by a few steps that another process slowed) (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
+    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after ${warmups(o)} at each; means per step in ms, and medians over the steps (of the step's time and of each kernel's in a step: unlike means, not moved by a few steps that another process slowed) (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
     `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.\n`,
     markdownTable({
       columns: [

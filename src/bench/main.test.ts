@@ -49,3 +49,21 @@ test('a bench whose --out is a file (or under one) stops before running, naming 
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('--warmup takes a whole number, 0 or more: anything else stops the bench naming the value', () => {
+  for (const [command, value] of [
+    ['kernels', '-1'],
+    ['kernels', 'some'],
+    ['cores', '1.5'],
+  ]) {
+    const r = spawnSync(
+      process.execPath,
+      [bench, command!, `--warmup=${value}`, '--steps', '1'],
+      { encoding: 'utf8' },
+    );
+    assert.notEqual(r.status, 0, `${command} --warmup ${value}: ${r.stderr}`);
+    assert.match(r.stderr, /--warmup <n>/);
+    assert.ok(r.stderr.includes(`got '${value}'`), r.stderr);
+    assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+  }
+});

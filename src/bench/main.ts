@@ -28,6 +28,19 @@ function threadCounts(v: string): number[] {
 }
 
 /**
+ * A count option that may be 0 (`--warmup`): throws commander's InvalidArgumentError naming the
+ * value when it is not a non-negative integer.
+ */
+function count(v: string): number {
+  const n = Number(v.trim());
+  if (v.trim() === '' || !Number.isInteger(n) || n < 0)
+    throw new InvalidArgumentError(
+      `takes a whole number, 0 or more, got '${v}'`,
+    );
+  return n;
+}
+
+/**
  * `--out <dir>`: the results folder, made if missing. Throws commander's InvalidArgumentError
  * (printed as the option's error, exit 1, before any run starts) when the path or the nearest
  * part of it that exists is a file, where the results could not be written after the runs.
@@ -357,6 +370,12 @@ program
   .option('--backend <name>', 'backend', 'native')
   .option('--precision <p>', 'compute precision: fp32 or bf16', 'fp32')
   .option('--steps <n>', 'measured steps', (v) => Number(v), 3)
+  .option(
+    '--warmup <n>',
+    "untimed steps at each thread count before the measured ones (V8 still optimizes the step's JS for tens of steps)",
+    count,
+    1,
+  )
   .option('--shapes', 'split the rows by input shapes', false)
   .option(
     '--threads <list>',
@@ -511,6 +530,12 @@ program
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
   .option('--steps <n>', 'timed steps per configuration', (v) => Number(v), 3)
+  .option(
+    '--warmup <n>',
+    "untimed steps per configuration before the timed ones (V8 still optimizes the step's JS for tens of steps)",
+    count,
+    1,
+  )
   .option(
     '--threads <list>',
     "threads per device (and each K's default)",

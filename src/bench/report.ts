@@ -86,18 +86,20 @@ export async function loadBenchModel(base: TrainConfig): Promise<BenchModel> {
 }
 
 /**
- * One warm-up step (kernels, XNNPACK packing) on `next()`'s batch, then `steps` timed steps,
- * all at learning rate 1e-4. Returns each timed step's wall seconds, in order: the time of
- * `trainStep` alone, not of making its batch. `onStep` hears each timed step's report and batch
- * (after its time is taken). Rejects as the strategy's `trainStep` does.
+ * `warmup` (default 1) untimed warm-up steps (kernels, XNNPACK packing, V8 optimizing the JS) on
+ * `next()`'s batches, then `steps` timed steps, all at learning rate 1e-4. Returns each timed
+ * step's wall seconds, in order: the time of `trainStep` alone, not of making its batch. `onStep`
+ * hears each timed step's report and batch (after its time is taken). Rejects as the strategy's
+ * `trainStep` does.
  */
 export async function timeTrainSteps(
   s: Pick<Strategy, 'trainStep'>,
   next: () => Batch,
   steps: number,
   onStep: (r: StepReport, b: Batch) => void,
+  warmup = 1,
 ): Promise<number[]> {
-  await s.trainStep(next(), 1e-4);
+  for (let w = 0; w < warmup; w++) await s.trainStep(next(), 1e-4);
   const times: number[] = [];
   for (let i = 0; i < steps; i++) {
     const b = next();
