@@ -32,7 +32,7 @@ export interface KernelsBenchOptions {
   steps: number;
   /**
    * Untimed warm-up steps at each thread count first (default 1). V8 goes on optimizing the
-   * step's JS on its background threads for tens of steps (charlm-small bf16: about 110 TurboFan
+   * step's JS on its background threads for tens of steps (charlm-small bf16: about 58 TurboFan
    * compiles from step 5 to 20, 56 more to step 80): at 1 thread they run on the idle core, at 2
    * they share the team's.
    */
@@ -223,8 +223,8 @@ function setTeam(threads: number | null): void {
 
 /**
  * Trains `o.preset` on one plain-backprop Stage in this thread: `o.warmup` (default 1) warm-up
- * rounds of one step with the timer off at each thread count, then `o.steps` rounds of one timed step at each count (forward,
- * backward, optimizer step at lr 1e-4). Returns the model, each count's means per step and the
+ * rounds of one step with the timer off at each thread count, then `o.steps` rounds of one timed
+ * step at each count (forward, backward, optimizer step at lr 1e-4). Returns the model, each count's means per step and the
  * tokens of one step. Disposes the stage.
  */
 async function trainSteps(
