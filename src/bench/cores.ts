@@ -9,11 +9,11 @@
  * cores.md naming the CPU and its physical cores (util/cpu.ts).
  *
  * Every configuration runs in this process as the other benches do (createStrategy: its devices
- * are worker threads or, with `devices: 'process'`, pinned device processes), `warmup` warm-up steps (default 1),
- * then the median of `steps` timed steps. A time budget keeps the default under 5 minutes on a
- * 16-core machine: configurations run in order of importance (the whole machine's single and
- * PyTorch rows and zbv K=3 first, then every kind at its default threads, then the rest, more
- * threads first), and those not started once the budget is spent are listed as skipped.
+ * are worker threads or, with `devices: 'process'`, pinned device processes), `warmup` warm-up
+ * steps (default 1), then the median of `steps` timed steps. A time budget keeps the default under
+ * 5 minutes on a 16-core machine: configurations run in order of importance (the whole machine's
+ * single and PyTorch rows and zbv K=3 first, then every kind at its default threads, then the
+ * rest, more threads first), and those not started once the budget is spent are listed as skipped.
  */
 import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
