@@ -328,3 +328,59 @@ test('on webgpu a repeated step makes no bind group after its first steps, and t
     assert.ok(worst <= 1e-5, `weight ${i} differs from cpu by ${worst}`);
   });
 });
+
+test("a step's recorded GPU commands replay without TF.js as valid commands, every dispatch of the step in them", {
+  skip: why,
+}, async () => {
+  const { recordCommands, replayCommands } = await import(
+    '../bench/webgpu-replay.js'
+  );
+  const { gpuQueue } = await import('./gpu-queue.js');
+  await initBackend('webgpu');
+  const q = gpuQueue()!;
+  const device = (tf.backend() as unknown as { device: GPUDevice }).device;
+  const x = tf.tensor2d(
+    Array.from({ length: 8 * 16 }, (_, i) => Math.sin(i)),
+    [8, 16],
+  );
+  let w: tf.Tensor = tf.tensor2d(
+    Array.from({ length: 16 * 4 }, (_, i) => Math.cos(i)),
+    [16, 4],
+  );
+  const step = () => {
+    const next = tf.tidy(() => {
+      const [g] = tf.grads((v: tf.Tensor) =>
+        tf.mean(tf.square(tf.matMul(x, v))),
+      )([w]);
+      return tf.sub(w, tf.mul(g!, 0.1));
+    });
+    w.dispose();
+    w = next;
+  };
+  step();
+  await w.data();
+  const before = q.counts();
+  const ops = recordCommands(device, () => {
+    step();
+    q.flush();
+  });
+  const dispatches = q.counts().dispatches - before.dispatches;
+  await w.data();
+  assert.ok(dispatches > 0);
+  assert.equal(
+    ops.filter((o) => o.op === 'dispatch').length,
+    dispatches,
+    'every dispatch recorded',
+  );
+  assert.ok(
+    ops.some((o) => o.op === 'submit'),
+    'the submit recorded',
+  );
+  device.pushErrorScope('validation');
+  replayCommands(device, ops);
+  replayCommands(device, ops);
+  const error = await device.popErrorScope();
+  assert.equal(error, null, `Dawn's validation: ${error?.message}`);
+  tf.dispose([x, w]);
+  await initBackend('cpu');
+});

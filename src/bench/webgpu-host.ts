@@ -9,7 +9,10 @@
  * - per training step, charlm-small single on webgpu with the GPU's share made small (batch 1,
  *   context 8, d_model 16, 2 heads): the device thread's host ms (CPU outside reads that wait for
  *   the GPU), its polling ms (CPU while they wait) and the step's wall ms, medians over `steps`
- *   steps after `warmup`.
+ *   steps after `warmup`;
+ * - the same step on a Stage in this thread, host ms through TF.js against the host ms of
+ *   encoding and submitting its recorded commands again (bench/webgpu-replay.ts): the floor a
+ *   step captured once and re-issued would stand on.
  * Writes webgpu-host.json and webgpu-host.md.
  */
 import { gpuQueue, threadCpuMs } from '../backend/gpu-queue.js';
@@ -83,6 +86,9 @@ async function dispatchCosts(
   return rows;
 }
 
+/** charlm-small's shape in the step measurements: the GPU's share made small. */
+const STEP_SHAPE = { dModel: 16, heads: 2, context: 8 };
+
 /** Per-step medians of the tiny charlm-small single run (see the module's comment). */
 async function stepCosts(o: WebGPUHostBenchOptions) {
   const { resolveConfig, modelConfigFor } = await import('../config/config.js');
@@ -91,7 +97,7 @@ async function stepCosts(o: WebGPUHostBenchOptions) {
   const { buildModel } = await import('../model/model.js');
   const { initParams } = await import('../model/init.js');
   const { createStrategy } = await import('../strategies/index.js');
-  const shape = { dModel: 16, heads: 2, context: 8 };
+  const shape = STEP_SHAPE;
   const cfg = resolveConfig({
     preset: 'charlm-small',
     backend: 'webgpu',
@@ -125,6 +131,53 @@ async function stepCosts(o: WebGPUHostBenchOptions) {
     };
   } finally {
     await s.close();
+  }
+}
+
+/** The in-thread step through TF.js and replayed (see bench/webgpu-replay.ts). */
+async function replayedStep(o: WebGPUHostBenchOptions) {
+  const { resolveConfig, optimizerConfigOf } = await import(
+    '../config/config.js'
+  );
+  const { makeBatcher } = await import('../data/batcher.js');
+  const { Stage } = await import('../pipeline/stage.js');
+  const { loadBenchModel } = await import('./report.js');
+  const { replayCosts } = await import('./webgpu-replay.js');
+  const cfg = resolveConfig({
+    preset: 'charlm-small',
+    backend: 'webgpu',
+    batchSize: 1,
+    ...STEP_SHAPE,
+  });
+  const { ds, model, params } = await loadBenchModel(cfg);
+  const stage = new Stage(
+    model,
+    { from: 0, to: model.blocks.length },
+    params,
+    optimizerConfigOf(cfg),
+  );
+  const batcher = makeBatcher(ds, {
+    batchSize: 1,
+    context: STEP_SHAPE.context,
+    seed: 1,
+  });
+  try {
+    return await replayCosts(
+      () => {
+        const b = batcher.next();
+        stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
+          keep: true,
+          grad: true,
+          labels: tf.tensor(b.y, b.yShape, 'int32'),
+        });
+        stage.backward(0, null, 1);
+        stage.step(1e-4, 1);
+      },
+      o.warmup,
+      Math.max(3, o.steps),
+    );
+  } finally {
+    stage.dispose();
   }
 }
 
@@ -169,6 +222,11 @@ export async function benchWebGPUHost(
     log(
       `charlm-small step: host ${step.host_ms.toFixed(2)} ms, polling ${step.poll_ms.toFixed(2)} ms, wall ${step.step_ms.toFixed(2)} ms`,
     );
+  const replay = o.steps > 0 ? await replayedStep(o) : undefined;
+  if (replay)
+    log(
+      `the same step in this thread: host ${replay.host_ms_tfjs.toFixed(2)} ms through TF.js, ${replay.host_ms_replay.toFixed(2)} ms replayed (${replay.ops.dispatch} dispatches, ${replay.ops.copy} copies, ${replay.ops.submit} submits)${replay.replay_error ? `; the replay's error: ${replay.replay_error}` : ''}`,
+    );
   const md =
     `# The host's side of webgpu\n\nAdapter: ${adapter.description} (${adapter.featureLevel} feature level). Thread CPU time (Linux /proc/thread-self/schedstat); the machine may be shared.\n\n` +
     `## Host us per kernel call (${o.calls} calls a round, median of ${o.rounds} rounds; 8 x 16 operands on the GPU)\n\n` +
@@ -195,11 +253,33 @@ export async function benchWebGPUHost(
             ],
           },
         )}`
+      : '') +
+    (replay
+      ? `\n## The same step on a Stage in this thread: through TF.js, and its recorded commands replayed (medians of ${Math.max(3, o.steps)} each)\n\nThe replay encodes and submits the step's recorded compute passes, pipelines, bind groups, dispatches, copies and submits again, with no TF.js, tape or layerwise JS (bench/webgpu-replay.ts): the host's floor for a step captured once and re-issued.${replay.replay_error ? ` Dawn reported during the replays: ${replay.replay_error}` : ''}\n\n${markdownTable(
+          {
+            columns: [
+              'dispatches',
+              'copies',
+              'submits',
+              'host ms through TF.js',
+              'host ms replayed',
+            ],
+            rows: [
+              [
+                replay.ops.dispatch,
+                replay.ops.copy,
+                replay.ops.submit,
+                replay.host_ms_tfjs.toFixed(2),
+                replay.host_ms_replay.toFixed(2),
+              ],
+            ],
+          },
+        )}`
       : '');
   const files = await writeBenchResults(
     o.out,
     'webgpu-host',
-    { adapter, options: o, kernels, step },
+    { adapter, options: o, kernels, step, replay },
     md,
   );
   log(`wrote ${files.join(', ')}`);
