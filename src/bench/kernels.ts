@@ -14,13 +14,11 @@ import { availableParallelism, loadavg } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, type Precision } from '../backend/index.js';
 import { nativeAddon } from '../backend/native-addon.js';
-import { optimizerConfigOf, resolveConfig } from '../config/config.js';
-import { makeBatcher } from '../data/batcher.js';
+import { resolveConfig } from '../config/config.js';
 import { type Model, modelParamCount } from '../model/model.js';
-import { Stage } from '../pipeline/stage.js';
 import { cpuTopology, describeTopology } from '../util/cpu.js';
 import { check } from '../util/errors.js';
-import { loadBenchModel, markdownTable, reportBenchResults } from './report.js';
+import { inThreadStage, markdownTable, reportBenchResults } from './report.js';
 
 export interface KernelsBenchOptions {
   preset: string;
@@ -236,29 +234,14 @@ async function trainSteps(
     batchSize: o.batchSize,
     backend: o.backend,
   });
-  const { ds, model, params, context } = await loadBenchModel(cfg);
-  const stage = new Stage(
-    model,
-    { from: 0, to: model.blocks.length },
-    params,
-    optimizerConfigOf(cfg),
-  );
-  const batcher = makeBatcher(ds, { batchSize: o.batchSize, context, seed: 1 });
+  const { model, step: trainStep, dispose } = await inThreadStage(cfg);
   const counts = o.threads ?? [null];
   const times = counts.map(() => new Map<string, KernelTotals>());
   const stepMs = counts.map(() => [] as number[]);
   const cpu = counts.map(() => [] as number[]);
   let tokens = 0;
   const step = () => {
-    const b = batcher.next();
-    stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
-      keep: true,
-      grad: true,
-      labels: tf.tensor(b.y, b.yShape, 'int32'),
-    });
-    stage.backward(0, null, 1);
-    stage.step(1e-4, 1);
-    tokens = b.tokens;
+    tokens = trainStep().tokens;
   };
   try {
     for (let w = 0; w < (o.warmup ?? 1); w++)
@@ -280,7 +263,7 @@ async function trainSteps(
       });
   } finally {
     timer.current = null;
-    stage.dispose();
+    dispose();
   }
   const runs = counts.map((t, i) =>
     threadsRun(

@@ -3,11 +3,17 @@
  * their output (results as JSON and as a Markdown table, written atomically under bench/results/).
  */
 import { join } from 'node:path';
-import { modelConfigFor, type TrainConfig } from '../config/config.js';
-import type { Batch } from '../data/batcher.js';
+import { tf } from '../backend/tfjs.js';
+import {
+  modelConfigFor,
+  optimizerConfigOf,
+  type TrainConfig,
+} from '../config/config.js';
+import { type Batch, makeBatcher } from '../data/batcher.js';
 import { type Dataset, loadDataset } from '../data/index.js';
 import { type HostParams, initParams } from '../model/init.js';
 import { buildModel, type Model } from '../model/model.js';
+import { Stage } from '../pipeline/stage.js';
 import type { StepReport, Strategy } from '../strategies/strategy.js';
 import type { StepMetrics } from '../train/metrics.js';
 import { writeFileAtomic } from '../util/fsx.js';
@@ -83,6 +89,51 @@ export async function loadBenchModel(base: TrainConfig): Promise<BenchModel> {
   const context =
     model.config.arch === 'charlm' ? model.config.context : undefined;
   return { ds, model, params, context };
+}
+
+/** A plain-backprop Stage over the whole of a bench's model, on this thread's backend. */
+export interface InThreadStage {
+  model: Model;
+  /**
+   * One synchronous training step at learning rate 1e-4 on the next batch (batches seeded 1):
+   * forward with the labels, backward, optimizer step. Returns the batch.
+   */
+  step(): Batch;
+  dispose(): void;
+}
+
+/**
+ * {@link loadBenchModel}'s model for `cfg` on one Stage in this thread (no devices, no messages),
+ * for benches that look inside a step (kernels, webgpu-host).
+ */
+export async function inThreadStage(cfg: TrainConfig): Promise<InThreadStage> {
+  const { ds, model, params, context } = await loadBenchModel(cfg);
+  const stage = new Stage(
+    model,
+    { from: 0, to: model.blocks.length },
+    params,
+    optimizerConfigOf(cfg),
+  );
+  const batcher = makeBatcher(ds, {
+    batchSize: cfg.batchSize,
+    context,
+    seed: 1,
+  });
+  return {
+    model,
+    step: () => {
+      const b = batcher.next();
+      stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
+        keep: true,
+        grad: true,
+        labels: tf.tensor(b.y, b.yShape, 'int32'),
+      });
+      stage.backward(0, null, 1);
+      stage.step(1e-4, 1);
+      return b;
+    },
+    dispose: () => stage.dispose(),
+  };
 }
 
 /**

@@ -136,42 +136,21 @@ async function stepCosts(o: WebGPUHostBenchOptions) {
 
 /** The in-thread step through TF.js and replayed (see bench/webgpu-replay.ts). */
 async function replayedStep(o: WebGPUHostBenchOptions) {
-  const { resolveConfig, optimizerConfigOf } = await import(
-    '../config/config.js'
-  );
-  const { makeBatcher } = await import('../data/batcher.js');
-  const { Stage } = await import('../pipeline/stage.js');
-  const { loadBenchModel } = await import('./report.js');
+  const { resolveConfig } = await import('../config/config.js');
+  const { inThreadStage } = await import('./report.js');
   const { replayCosts } = await import('./webgpu-replay.js');
-  const cfg = resolveConfig({
-    preset: 'charlm-small',
-    backend: 'webgpu',
-    batchSize: 1,
-    ...STEP_SHAPE,
-  });
-  const { ds, model, params } = await loadBenchModel(cfg);
-  const stage = new Stage(
-    model,
-    { from: 0, to: model.blocks.length },
-    params,
-    optimizerConfigOf(cfg),
+  const stage = await inThreadStage(
+    resolveConfig({
+      preset: 'charlm-small',
+      backend: 'webgpu',
+      batchSize: 1,
+      ...STEP_SHAPE,
+    }),
   );
-  const batcher = makeBatcher(ds, {
-    batchSize: 1,
-    context: STEP_SHAPE.context,
-    seed: 1,
-  });
   try {
     return await replayCosts(
       () => {
-        const b = batcher.next();
-        stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {
-          keep: true,
-          grad: true,
-          labels: tf.tensor(b.y, b.yShape, 'int32'),
-        });
-        stage.backward(0, null, 1);
-        stage.step(1e-4, 1);
+        stage.step();
       },
       o.warmup,
       Math.max(3, o.steps),
