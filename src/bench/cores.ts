@@ -34,6 +34,7 @@ import {
   markdownTable,
   reportBenchResults,
   timeTrainSteps,
+  warmUpSteps,
   writeBenchResults,
 } from './report.js';
 
@@ -601,7 +602,7 @@ function coresMarkdown(
   return [
     `# cores benchmark\n`,
     `${machine.cpu}, ${machine.cores} cores (${machine.topology}), Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
-    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${(o.warmup ?? 1) === 1 ? 'one warm-up step' : `${o.warmup} warm-up steps`}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${warmUpSteps(o.warmup ?? 1)}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [
         'kind',

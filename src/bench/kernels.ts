@@ -18,7 +18,12 @@ import { resolveConfig } from '../config/config.js';
 import { type Model, modelParamCount } from '../model/model.js';
 import { cpuTopology, describeTopology } from '../util/cpu.js';
 import { check } from '../util/errors.js';
-import { inThreadStage, markdownTable, reportBenchResults } from './report.js';
+import {
+  inThreadStage,
+  markdownTable,
+  reportBenchResults,
+  warmUpSteps,
+} from './report.js';
 
 export interface KernelsBenchOptions {
   preset: string;
@@ -222,8 +227,8 @@ function setTeam(threads: number | null): void {
 /**
  * Trains `o.preset` on one plain-backprop Stage in this thread: `o.warmup` (default 1) warm-up
  * rounds of one step with the timer off at each thread count, then `o.steps` rounds of one timed
- * step at each count (forward, backward, optimizer step at lr 1e-4). Returns the model, each count's means per step and the
- * tokens of one step. Disposes the stage.
+ * step at each count (forward, backward, optimizer step at lr 1e-4). Returns the model, each
+ * count's means per step and the tokens of one step. Disposes the stage.
  */
 async function trainSteps(
   o: KernelsBenchOptions,
@@ -367,16 +372,6 @@ function threadsRun(
   };
 }
 
-/** "one warm-up step", "30 warm-up steps", "no warm-up step". */
-function warmups(o: KernelsBenchOptions): string {
-  const n = o.warmup ?? 1;
-  return n === 0
-    ? 'no warm-up step'
-    : n === 1
-      ? 'one warm-up step'
-      : `${n} warm-up steps`;
-}
-
 /** The setting line both tables start with. */
 function settingLine(o: KernelsBenchOptions, model: Model): string {
   return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs (${describeTopology(cpuTopology())}) whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
@@ -392,7 +387,7 @@ function kernelsMarkdown(
   const perStep = run.step_ms;
   return [
     `# kernels benchmark\n`,
-    `${settingLine(o, model)}, mean of ${o.steps} steps after ${warmups(o)}: ${perStep.toFixed(0)} ms per step (median ${run.step_median_ms.toFixed(0)}) (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
+    `${settingLine(o, model)}, mean of ${o.steps} steps after ${warmUpSteps(o.warmup ?? 1)}: ${perStep.toFixed(0)} ms per step (median ${run.step_median_ms.toFixed(0)}) (${((tokens / perStep) * 1000).toFixed(0)} tokens/s), ${run.kernel_ms.toFixed(0)} ms of it in kernels (each kernel's time includes allocating its output), ${run.outside_ms.toFixed(0)} ms outside them.\n`,
     markdownTable({
       columns: [
         'kernel',
@@ -463,7 +458,7 @@ function threadsMarkdown(
   ];
   return [
     `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
-    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after ${warmups(o)} at each; means per step in ms, and medians over the steps (of the step's time and of each kernel's in a step: unlike means, not moved by a few steps that another process slowed) (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
+    `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after ${warmUpSteps(o.warmup ?? 1)} at each; means per step in ms, and medians over the steps (of the step's time and of each kernel's in a step: unlike means, not moved by a few steps that another process slowed) (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
     `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.\n`,
     markdownTable({
       columns: [

@@ -136,6 +136,15 @@ export async function inThreadStage(cfg: TrainConfig): Promise<InThreadStage> {
   };
 }
 
+/** How a bench's setting line names `n` warm-up steps: "no warm-up step", "one warm-up step", "30 warm-up steps". */
+export function warmUpSteps(n: number): string {
+  return n === 0
+    ? 'no warm-up step'
+    : n === 1
+      ? 'one warm-up step'
+      : `${n} warm-up steps`;
+}
+
 /**
  * `warmup` (default 1) untimed warm-up steps (kernels, XNNPACK packing, V8 optimizing the JS) on
  * `next()`'s batches, then `steps` timed steps, all at learning rate 1e-4. Returns each timed

@@ -9,6 +9,7 @@
  */
 import { gpuQueue } from '../backend/gpu-queue.js';
 import { tf } from '../backend/tfjs.js';
+import { median } from '../util/stats.js';
 
 /** The parts of Dawn's objects recorded or replayed here. */
 interface Pass {
@@ -30,10 +31,7 @@ interface Encoder {
 }
 interface Device {
   createCommandEncoder(d?: object): Encoder;
-  queue: {
-    submit(buffers: object[]): void;
-    onSubmittedWorkDone(): Promise<void>;
-  };
+  queue: { submit(buffers: object[]): void };
   pushErrorScope(filter: 'validation'): void;
   popErrorScope(): Promise<{ message: string } | null>;
 }
@@ -196,12 +194,10 @@ export async function replayCosts(
   const device = (tf.backend() as unknown as { device: Device }).device;
   // the GPU done with everything submitted (Dawn's Node bindings deliver it in a polled turn)
   const caughtUp = async () => {
-    q.flush();
     let finished = false;
-    void device.queue.onSubmittedWorkDone().then(() => {
+    void q.submit().done.then(() => {
       finished = true;
     });
-    device.queue.submit([]);
     while (!finished) await q.poll();
   };
   const timed = async (f: () => void) => {
@@ -212,7 +208,7 @@ export async function replayCosts(
       out.push(performance.now() - t0);
       await caughtUp();
     }
-    return out.sort((a, b) => a - b)[Math.floor(out.length / 2)]!;
+    return median(out);
   };
   for (let i = 0; i < warmup; i++) {
     step();

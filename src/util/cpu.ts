@@ -33,17 +33,22 @@ export function parseCpuList(text: string): number[] {
 }
 
 /**
+ * `<root>/<cpu>/topology/thread_siblings_list` parsed (`cpu` a folder name such as `cpu3`).
+ * @throws where the file is missing or unreadable (an offline CPU has none), or not a CPU list.
+ */
+function readSiblings(root: string, cpu: string): number[] {
+  return parseCpuList(
+    readFileSync(join(root, cpu, 'topology', 'thread_siblings_list'), 'utf8'),
+  );
+}
+
+/**
  * CPU `cpu`'s SMT siblings, itself included (`topology/thread_siblings_list` under `root`,
  * default /sys/devices/system/cpu); itself alone where the file is missing or unreadable.
  */
 export function cpuSiblings(cpu: number, root = SYS_CPU): number[] {
   try {
-    return parseCpuList(
-      readFileSync(
-        join(root, `cpu${cpu}`, 'topology', 'thread_siblings_list'),
-        'utf8',
-      ),
-    );
+    return readSiblings(root, `cpu${cpu}`);
   } catch {
     return [cpu];
   }
@@ -74,9 +79,8 @@ export function cpuTopology(root = SYS_CPU): CpuTopology | undefined {
   const cores = new Set<string>();
   let logical = 0;
   for (const n of names) {
-    const file = join(root, n, 'topology', 'thread_siblings_list');
     try {
-      cores.add(parseCpuList(readFileSync(file, 'utf8')).join(','));
+      cores.add(readSiblings(root, n).join(','));
       logical++;
     } catch {
       // an offline CPU has no topology files: not counted
