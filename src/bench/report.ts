@@ -130,6 +130,9 @@ export async function inThreadStage(cfg: TrainConfig): Promise<InThreadStage> {
       });
       stage.backward(0, null, 1);
       stage.step(1e-4, 1);
+      // the loss the step left to read at its end, unread: a bench has no use for it, and kept
+      // it would hold a tensor (and its buffer) a step
+      stage.discard();
       return b;
     },
     dispose: () => stage.dispose(),
