@@ -105,3 +105,80 @@ test('AdamW with flat moments on webgpu equals the composed update on cpu, throu
   const n = Object.keys(SHAPES).length;
   assert.equal(gpu.copies, 2 * n, `copies in a steady step: ${gpu.copies}`);
 });
+
+/**
+ * Two AdamW steps over w [7, 9] and b [70] with a clone of b kept from before the second. Returns
+ * the values of w, b and the clone after it, and (webgpu) whether w, b and the flat moments kept
+ * their data (dataId) through it.
+ */
+async function inPlaceSteps() {
+  const opt = new DeviceOptimizer(defaultOptimizerConfig('adamw'));
+  const params = new Map(
+    [
+      ['w', [7, 9]],
+      ['b', [70]],
+    ].map(([k, s], i) => [
+      k as string,
+      tf.variable(
+        tf.tensor(
+          randomArray(tf.util.sizeFromShape(s as number[]), i + 1),
+          s as number[],
+        ),
+      ),
+    ]),
+  );
+  const grads = (step: number) =>
+    new Map(
+      [...params].map(([k, p], i) => [
+        k,
+        tf.tensor(randomArray(p.size, 20 + 2 * step + i), p.shape),
+      ]),
+    );
+  const flat = () =>
+    (opt as unknown as { flat: Array<{ m: tf.Variable; v: tf.Variable }> })
+      .flat;
+  const g1 = grads(1);
+  opt.apply(params, g1, 0.05, 1);
+  const kept = tf.clone(params.get('b')!); // shares b's data where the backend can
+  const before = [
+    params.get('w')!,
+    params.get('b')!,
+    ...(flat()[0] ? [flat()[0]!.m, flat()[0]!.v] : []),
+  ].map((t) => t.dataId);
+  const g2 = grads(2);
+  opt.apply(params, g2, 0.05, 1);
+  const after = [
+    params.get('w')!,
+    params.get('b')!,
+    ...(flat()[0] ? [flat()[0]!.m, flat()[0]!.v] : []),
+  ].map((t) => t.dataId);
+  const values = (await Promise.all(
+    [params.get('w')!, params.get('b')!, kept].map((t) => t.data()),
+  )) as Float32Array[];
+  const same = after.map((id, i) => id === before[i]);
+  tf.dispose([...g1.values(), ...g2.values(), kept, ...params.values()]);
+  opt.dispose();
+  return { values, same };
+}
+
+test('AdamW on webgpu updates a parameter and the moments in place where nothing else holds them, and writes a new tensor where a kept tensor shares a parameter, which keeps its old values', {
+  skip: why,
+}, async () => {
+  await initBackend('cpu');
+  const cpu = await inPlaceSteps();
+  await initBackend('webgpu');
+  const gpu = await inPlaceSteps();
+  await initBackend('cpu');
+  gpu.values.forEach((v, i) => {
+    const { worst } = scaledDifference(v, cpu.values[i]!);
+    assert.ok(
+      worst <= 1e-6,
+      `array ${i} (w, b, the clone) differs from cpu by ${worst}`,
+    );
+  });
+  assert.deepEqual(
+    gpu.same,
+    [true, false, true, true],
+    'w, b, m, v kept their data: w and the moments updated in place, b (shared with the clone) not',
+  );
+});

@@ -13,9 +13,18 @@
  * cannot be a view into a larger buffer). So the parameters and gradients are copied back to
  * back into two scratch buffers of this backend (copyBufferToBuffer: copies, not dispatches),
  * one WGSL pipeline of its own (backend/wgsl/multi.ts) runs on them, and the updated parameters
- * are copied out into new output tensors (TF.js's kernels are functional: the inputs stay as
- * they were). AdamW's moments need no copies: the optimizer keeps each of them, for all of a
- * stage's parameters, in one flat tensor, read and written out of place. Copies are skipped
+ * are copied back out. AdamW's moments need no copies: the optimizer keeps each of them, for all
+ * of a stage's parameters, in one flat tensor that the kernel binds directly.
+ *
+ * AdamW updates in place: the outputs are the inputs' own data (as Reshape's output is), so the
+ * optimizer's variables keep their GPU buffers from step to step. That saves the device a new
+ * copy of every parameter and both moments at the update (3 x 4 bytes a parameter at the step's
+ * end) and makes a step bind exactly the buffers of the step before (a step's commands repeat
+ * with period 1, not 2: what capturing a step needs). TF.js's kernels are otherwise functional,
+ * so an input is updated in place only where nothing else holds its values (TF.js's refCount of
+ * its data is 1: the variable alone); where a kept tensor shares them (a clone, a reshape), that
+ * input is written to a new output instead and the kept tensor sees the old values, as before.
+ * Copies are skipped
  * where a scratch buffer already holds the tensor at its place ({@link MultiState.held}): the
  * parameters AdamW copied out last step (still in the P scratch) and the gradients the sums of
  * squares just copied (both lay the tensors out in kernel-names.ts's multiOrder). So a steady step of
@@ -114,6 +123,9 @@ export interface RawBackend {
   uploadToGPU(dataId: object): void;
   makeTensorInfo(shape: number[], dtype: tf.DataType): tf.TensorInfo;
   disposeData(dataId: object): void;
+  /** How many tensors hold `dataId`'s values (the variable alone: 1). */
+  refCount(dataId: object): number;
+  incRef(dataId: object): void;
 }
 
 /** Which scratch buffer: the parameters (AdamW's P) or the gradients (AdamW's G, the sums' X). */
@@ -128,8 +140,8 @@ export interface MultiState {
   /**
    * Per scratch buffer, the tensors (by dataId) whose values it holds and at which element
    * offset: written where a copy or AdamW's update puts them, so a later call finding a tensor
-   * at the offset it wants skips the copy (a TF.js tensor's values never change; a dataId is
-   * never reused).
+   * at the offset it wants skips the copy (a dataId is never reused, and a tensor's values
+   * change only by AdamW's update in place, which leaves them in the P scratch too).
    */
   held: Array<Map<object, number>>;
   uniforms: GpuBuffer;
@@ -452,9 +464,10 @@ function adamwUniforms(
  * v]: n parameters, their gradients (each of its parameter's shape), and the first and second
  * moments of all n as two flat tensors, parameter after parameter in the inputs' order; outputs
  * n + 2 tensors [p'_0.., m', v'], the update of optim/optimizer.ts's AdamW (the first `decayed`
- * parameters decayed). One dispatch per chunk of parameters whose elements fit one storage
- * binding; parameters and gradients go through the scratch buffers (copies skipped where they
- * are there already), the moments are bound directly.
+ * parameters decayed). Each output is its input's own data, updated in place, where nothing but
+ * the input holds that data, else a new tensor (see the module's comment). One dispatch per chunk
+ * of parameters whose elements fit one storage binding; parameters and gradients go through the
+ * scratch buffers (copies skipped where they are there already), the moments are bound directly.
  * @throws Error where the inputs are not laid out so (kernel-names.ts adamwMultiCount).
  */
 export function adamwMulti(
@@ -466,10 +479,21 @@ export function adamwMulti(
   const s = stateOf(b);
   const n = adamwMultiCount(inputs);
   const sizes = inputs.slice(0, n).map(sizeOf);
-  const [m, v] = [inputs[2 * n]!, inputs[2 * n + 1]!];
-  const [mOut, mOutBuffer] = newOutput(b, m.shape);
-  const [vOut, vOutBuffer] = newOutput(b, v.shape);
-  const moments = [m, v].map((t) => bufferOf(b, t));
+  const [[mOut, mBuffer], [vOut, vBuffer]] = [
+    inputs[2 * n]!,
+    inputs[2 * n + 1]!,
+  ].map((t) => {
+    const [out, buffer] = updatedInPlace(b, t);
+    if (out.dataId !== t.dataId && sizeOf(t) > 0)
+      encoder(b).copyBufferToBuffer(
+        bufferOf(b, t),
+        0,
+        buffer,
+        0,
+        sizeOf(t) * BYTES,
+      );
+    return [out, buffer] as const;
+  }) as [[tf.TensorInfo, GpuBuffer], [tf.TensorInfo, GpuBuffer]];
   const outs: tf.TensorInfo[] = new Array(n);
   let start = 0; // the chunk's first element in the flat moments
   for (const [first, end] of chunksOf(sizes, maxElements(b))) {
@@ -501,7 +525,8 @@ export function adamwMulti(
         [
           s.scratch[P]!,
           s.scratch[G]!,
-          ...[...moments, mOutBuffer, vOutBuffer].map(range),
+          range(mBuffer),
+          range(vBuffer),
           s.uniforms,
         ],
         Math.ceil(total / MULTI_THREADS),
@@ -519,20 +544,36 @@ export function adamwMulti(
 }
 
 /**
- * Copies the updated parameters of a chunk (the P scratch) out into new tensors shaped as
- * `shapes`, and records that the scratch holds them.
+ * The output that holds `t`'s update, with its buffer: `t`'s own data (one more reference to it)
+ * where nothing but `t` holds that data (TF.js's refCount 1), else a new float32 tensor of `t`'s
+ * shape (the holders keep the old values).
+ */
+function updatedInPlace(
+  b: RawBackend,
+  t: tf.TensorInfo,
+): [tf.TensorInfo, GpuBuffer] {
+  if (b.refCount(t.dataId) !== 1) return newOutput(b, t.shape);
+  const buffer = bufferOf(b, t);
+  b.incRef(t.dataId);
+  return [{ dataId: t.dataId, shape: t.shape, dtype: t.dtype }, buffer];
+}
+
+/**
+ * Copies the updated parameters of a chunk (the P scratch) out into `params` themselves (or new
+ * tensors where something else holds a parameter's data: {@link updatedInPlace}), and records
+ * that the scratch holds them.
  */
 function copyOut(
   b: RawBackend,
   s: MultiState,
-  shapes: readonly tf.TensorInfo[],
+  params: readonly tf.TensorInfo[],
   sizes: readonly number[],
 ): tf.TensorInfo[] {
   const enc = encoder(b);
   const held = new Map<object, number>();
   let offset = 0;
-  const outs = shapes.map((t, j) => {
-    const [info, buffer] = newOutput(b, t.shape);
+  const outs = params.map((t, j) => {
+    const [info, buffer] = updatedInPlace(b, t);
     if (sizes[j]! > 0)
       enc.copyBufferToBuffer(
         s.scratch[P]!,

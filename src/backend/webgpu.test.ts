@@ -384,3 +384,72 @@ test("a step's recorded GPU commands replay without TF.js as valid commands, eve
   tf.dispose([x, w]);
   await initBackend('cpu');
 });
+
+test("a training step's GPU commands repeat those of the step before: the same pipelines, bind groups, dispatches and copies, only the batch's uploads coming from new staging buffers", {
+  skip: why,
+}, async () => {
+  const { recordCommands, sameCommand } = await import(
+    '../bench/webgpu-replay.js'
+  );
+  const { inThreadStage } = await import('../bench/report.js');
+  await import('../strategies/index.js');
+  const { resolveConfig } = await import('../config/config.js');
+  const { gpuQueue } = await import('./gpu-queue.js');
+  await initBackend('webgpu');
+  const q = gpuQueue()!;
+  const device = (tf.backend() as unknown as { device: GPUDevice }).device;
+  const caughtUp = async () => {
+    let done = false;
+    void q.submit().done.then(() => {
+      done = true;
+    });
+    while (!done) await q.poll();
+  };
+  const stage = await inThreadStage(
+    resolveConfig({
+      preset: 'charlm-small',
+      backend: 'webgpu',
+      batchSize: 1,
+      dModel: 16,
+      heads: 2,
+      context: 8,
+    }),
+  );
+  try {
+    const recorded = async () => {
+      const ops = recordCommands(device, () => {
+        stage.step();
+        q.flush();
+      });
+      await caughtUp();
+      return ops;
+    };
+    for (let i = 0; i < 2; i++) await recorded(); // the pool and the caches filled
+    const [a, b] = [await recorded(), await recorded()];
+    assert.equal(b.length, a.length, 'as many commands');
+    assert.ok(a.filter((o) => o.op === 'dispatch').length > 50);
+    const differing = a.flatMap((o, i) =>
+      sameCommand(o, b[i]!) ? [] : [[o, b[i]!] as const],
+    );
+    const MAP_WRITE = 0x02;
+    // the batch's tokens, labels and the loss seed: each written into a new mapped staging buffer
+    // and copied from it into the same tensor buffer as the step before
+    assert.ok(
+      differing.length > 0 && differing.length <= 4,
+      `${differing.length} commands differ`,
+    );
+    for (const [o, p] of differing) {
+      assert.ok(o.op === 'copy' && p.op === 'copy', `a ${o.op} differs`);
+      const [src, srcOffset, dst, dstOffset, size] = o.args;
+      const q2 = p.args;
+      assert.ok(src.usage & MAP_WRITE && q2[0].usage & MAP_WRITE, 'an upload');
+      assert.deepEqual(
+        [srcOffset, dst, dstOffset, size],
+        [q2[1], q2[2], q2[3], q2[4]],
+      );
+    }
+  } finally {
+    stage.dispose();
+    await initBackend('cpu');
+  }
+});

@@ -113,6 +113,36 @@ export function recordCommands(device: object, run: () => void): RecordedOp[] {
   return ops;
 }
 
+/**
+ * Whether two recorded commands are the same command on the same objects (pipeline, bind group,
+ * buffers: by identity) with the same numbers: what a step must repeat of the step before for
+ * its recording to stand for it.
+ */
+export function sameCommand(o: RecordedOp, p: RecordedOp): boolean {
+  if (o.op !== p.op) return false;
+  switch (o.op) {
+    case 'pipeline':
+      return o.pipeline === (p as typeof o).pipeline;
+    case 'bind': {
+      const q = p as typeof o;
+      return (
+        o.index === q.index &&
+        o.group === q.group &&
+        o.rest.length === q.rest.length &&
+        o.rest.every((x, k) => x === q.rest[k])
+      );
+    }
+    case 'dispatch': {
+      const q = p as typeof o;
+      return o.x === q.x && o.y === q.y && o.z === q.z;
+    }
+    case 'copy':
+      return o.args.every((x, k) => x === (p as typeof o).args[k]);
+    default:
+      return true;
+  }
+}
+
 /** Encodes and submits `ops` again on `device` (see {@link recordCommands} for the copies left out). */
 export function replayCommands(
   device: object,

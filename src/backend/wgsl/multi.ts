@@ -18,8 +18,8 @@ export const MAX_WORKGROUPS_PER_DIMENSION = 65535;
  * AdamW over elements [0, n) of two scratch buffers P, G (the parameters and gradients of many
  * tensors back to back) and of the moments' flat buffers from element `base` on (the optimizer
  * keeps each moment of all of a stage's parameters in one buffer, in the same order): P is
- * updated in place, the moments are read from Min, Vin and written to Mout, Vout (new tensors:
- * TF.js's kernels are functional; out of place, so no copies). The math of
+ * updated in place, and so are the moments M, V (the optimizer's own flat tensors, which nothing
+ * else holds: backend/webgpu-multi.ts adamwMulti copies them first where something does). The math of
  * {@link ./elementwise.ts adamwWgsl}, operation for operation (optim/optimizer.ts's composed
  * form). Elements below `decayEnd` (the decayed tensors, laid out first) get the decoupled weight
  * decay `weightDecay`; the rest none. One thread per element, workgroups flat over x and y.
@@ -33,11 +33,9 @@ struct Uniforms {
 };
 @group(0) @binding(0) var<storage, read_write> P : array<f32>;
 @group(0) @binding(1) var<storage, read> G : array<f32>;
-@group(0) @binding(2) var<storage, read> Min : array<f32>;
-@group(0) @binding(3) var<storage, read> Vin : array<f32>;
-@group(0) @binding(4) var<storage, read_write> Mout : array<f32>;
-@group(0) @binding(5) var<storage, read_write> Vout : array<f32>;
-@group(0) @binding(6) var<uniform> u : Uniforms;
+@group(0) @binding(2) var<storage, read_write> M : array<f32>;
+@group(0) @binding(3) var<storage, read_write> V : array<f32>;
+@group(0) @binding(4) var<uniform> u : Uniforms;
 
 @compute @workgroup_size(${MULTI_THREADS})
 fn main(@builtin(global_invocation_id) gid : vec3<u32>,
@@ -48,16 +46,16 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>,
   }
   let j = u.base + i;
   let g = G[i] * u.scale;
-  let m = Min[j] * u.beta1 + g * u.oneMinusBeta1;
-  let v = Vin[j] * u.beta2 + (g * g) * u.oneMinusBeta2;
+  let m = M[j] * u.beta1 + g * u.oneMinusBeta1;
+  let v = V[j] * u.beta2 + (g * g) * u.oneMinusBeta2;
   var upd = (m / u.bc1) / (sqrt(v / u.bc2) + u.epsilon);
   let p = P[i];
   if (i < u.decayEnd && u.weightDecay > 0.0) {
     upd = upd + p * u.weightDecay;
   }
   P[i] = p - upd * u.lr;
-  Mout[j] = m;
-  Vout[j] = v;
+  M[j] = m;
+  V[j] = v;
 }
 `;
 
