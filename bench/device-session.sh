@@ -5,13 +5,14 @@
 # Here, before the device call:
 #   npm ci && npm run build && ../shared/tools/device-bundle
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
-#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 420 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 460 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 480 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
 #      importable); the d1024 model with the 64 x 64 product tiling forced, and charlm-small with
-#      60 dispatches a submit (layerwise only); `bench matmul-tiles`.
+#      60 dispatches a submit (layerwise only); `bench matmul-tiles`; a traced charlm-small run
+#      (`--trace`: each action's host and GPU spans, the gaps between steps).
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
 #      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
 #      and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens of steps).
@@ -40,6 +41,11 @@ case "$part" in
     LAYERWISE_MATMUL_TILING=t64 bench gpu --configs large/layerwise --config-seconds 60 --name gpu-t64
     LAYERWISE_WEBGPU_SUBMIT_BATCH=60 bench gpu --configs small/layerwise --config-seconds 45 --name gpu-submit60
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
+    # where a charlm-small step's time goes on the GPU machine: each action's host and GPU spans
+    # and the gaps between steps (summary.json beside it: host ms and GPU busy per step)
+    timeout 60 node "$lw/dist/cli/main.js" train --preset charlm-small --strategy single \
+      --backend webgpu --batch-size 32 --steps 22 --eval-every 0 --eval-batches 1 \
+      --out "$out/small-trace" --trace "$out/small-trace/trace.json" >"$out/small-trace.txt" 2>&1
     ;;
   cpu)
     bench cores --pytorch-script "$here/bench/pytorch/charlm.py" --budget-s 230
