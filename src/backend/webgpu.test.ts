@@ -453,3 +453,99 @@ test("a training step's GPU commands repeat those of the step before: the same p
     await initBackend('cpu');
   }
 });
+
+test("a training step's recorded GPU commands, replayed with the next batches' uploads and AdamW's next step counts, train as TF.js's steps do", {
+  skip: why,
+}, async () => {
+  const { recordCommands, replayCommands } = await import(
+    '../bench/webgpu-replay.js'
+  );
+  const { inThreadStage } = await import('../bench/report.js');
+  await import('../strategies/index.js');
+  const { resolveConfig, optimizerConfigOf } = await import(
+    '../config/config.js'
+  );
+  const { gpuQueue } = await import('./gpu-queue.js');
+  await initBackend('webgpu');
+  const q = gpuQueue()!;
+  const device = (tf.backend() as unknown as { device: GPUDevice }).device;
+  const cfg = resolveConfig({
+    preset: 'charlm-small',
+    backend: 'webgpu',
+    batchSize: 1,
+    dModel: 16,
+    heads: 2,
+    context: 8,
+  });
+  const STEPS = 6;
+  const RECORDED = 3; // steps 0-2 through TF.js, 3 recorded, 4 and 5 replayed
+  // through TF.js: every step's batch and the parameters after the last
+  const a = await inThreadStage(cfg);
+  const batches = Array.from({ length: STEPS }, () => a.step());
+  const want = await a.stage.getParams();
+  a.dispose();
+  const b = await inThreadStage(cfg);
+  try {
+    for (let i = 0; i < RECORDED; i++) b.step();
+    const ops = recordCommands(device, () => {
+      b.step();
+      q.flush();
+    });
+    // which upload is the tokens and which the labels: by the recorded batch's bytes
+    const bytesOf = (v: ArrayLike<number>, dtype: string) =>
+      new Uint8Array(
+        (dtype === 'int32' ? Int32Array.from(v) : Float32Array.from(v)).buffer,
+      );
+    const recorded = batches[RECORDED]!;
+    const uploads = ops.flatMap((o) =>
+      o.op === 'copy' && o.data ? [o.data] : [],
+    );
+    const sameBytes = (x: Uint8Array, y: Uint8Array) =>
+      x.byteLength === y.byteLength && x.every((v, k) => v === y[k]);
+    const role = uploads.map((d) =>
+      sameBytes(d, bytesOf(recorded.x, b.model.inputDtype))
+        ? 'x'
+        : sameBytes(d, bytesOf(recorded.y, 'int32'))
+          ? 'y'
+          : 'other',
+    );
+    assert.deepEqual(
+      role.filter((r) => r !== 'other').sort(),
+      ['x', 'y'],
+      `the batch's tokens and labels among the uploads (${role})`,
+    );
+    const writes = ops.filter((o) => o.op === 'write');
+    assert.equal(writes.length, 1, "one writeBuffer a step: AdamW's uniforms");
+    const { beta1, beta2 } = optimizerConfigOf(cfg);
+    for (let k = RECORDED + 1; k < STEPS; k++)
+      replayCommands(device, ops, {
+        upload: (i, bytes) =>
+          role[i] === 'x'
+            ? bytesOf(batches[k]!.x, b.model.inputDtype)
+            : role[i] === 'y'
+              ? bytesOf(batches[k]!.y, 'int32')
+              : bytes,
+        // wgsl/multi.ts ADAMW_MULTI_WGSL's uniforms: bc1, bc2 (1 - beta^t) at bytes 44 and 48
+        write: (_, bytes) => {
+          const u = bytes.slice();
+          new Float32Array(u.buffer, 44, 2).set([
+            1 - beta1 ** (k + 1),
+            1 - beta2 ** (k + 1),
+          ]);
+          return u;
+        },
+      });
+    const got = await b.stage.getParams();
+    assert.deepEqual([...got.keys()], [...want.keys()]);
+    for (const [name, w] of want) {
+      const { worst } = scaledDifference(got.get(name)!, w);
+      assert.ok(
+        worst <= 1e-6,
+        `${name} differs from TF.js's steps by ${worst}`,
+      );
+    }
+  } finally {
+    b.dispose();
+    await initBackend('cpu');
+  }
+});

@@ -94,6 +94,8 @@ export async function loadBenchModel(base: TrainConfig): Promise<BenchModel> {
 /** A plain-backprop Stage over the whole of a bench's model, on this thread's backend. */
 export interface InThreadStage {
   model: Model;
+  /** The stage it trains (its parameters: `stage.getParams()`). */
+  stage: Stage;
   /**
    * One synchronous training step at learning rate 1e-4 on the next batch (batches seeded 1):
    * forward with the labels, backward, optimizer step. Returns the batch.
@@ -121,6 +123,7 @@ export async function inThreadStage(cfg: TrainConfig): Promise<InThreadStage> {
   });
   return {
     model,
+    stage,
     step: () => {
       const b = batcher.next();
       stage.forward(0, tf.tensor(b.x, b.xShape, model.inputDtype), {

@@ -3,9 +3,15 @@
  * as Dawn receives them (compute passes, pipelines, bind groups, dispatches, buffer copies,
  * submits), then encoded and submitted again with no TF.js, no tape and no layerwise JS. What that
  * replay costs the host is what a step would cost if its commands were captured once and
- * re-issued (as CUDA graphs do), against what the same step costs through TF.js. The replay
- * re-runs the step on the buffers it used, so it is a measurement only: the stage's values are
- * spoiled afterwards. Used by `npm run bench -- webgpu-host`.
+ * re-issued (as CUDA graphs do), against what the same step costs through TF.js. Used by
+ * `npm run bench -- webgpu-host`, where the replay re-runs the step on the buffers it used, its
+ * uploads and `writeBuffer`s left out: a measurement only, the stage's values spoiled afterwards.
+ *
+ * Given each step's own values ({@link ReplayInputs}: the batch's uploads, AdamW's uniforms with
+ * the next step count), the replay trains: since AdamW updates in place (backend/webgpu-multi.ts),
+ * a step binds the buffers of the step before, and replayed steps give the parameters TF.js's
+ * steps give (backend/webgpu.test.ts, a single stage without clipping). That is the core of a
+ * captured step; what it still needs is in the ReplayInputs comment.
  */
 import { gpuQueue } from '../backend/gpu-queue.js';
 import { tf } from '../backend/tfjs.js';
@@ -29,9 +35,22 @@ interface Encoder {
   ): void;
   finish(): object;
 }
+interface Buffer {
+  usage: number;
+  getMappedRange(offset?: number, size?: number): ArrayBuffer;
+  unmap(): void;
+}
 interface Device {
   createCommandEncoder(d?: object): Encoder;
-  queue: { submit(buffers: object[]): void };
+  createBuffer(d: {
+    size: number;
+    usage: number;
+    mappedAtCreation?: boolean;
+  }): Buffer;
+  queue: {
+    submit(buffers: object[]): void;
+    writeBuffer(b: object, offset: number, data: ArrayBufferView): void;
+  };
   pushErrorScope(filter: 'validation'): void;
   popErrorScope(): Promise<{ message: string } | null>;
 }
@@ -46,23 +65,55 @@ export type RecordedOp =
   | {
       op: 'copy';
       args: Parameters<Encoder['copyBufferToBuffer']>;
+      /** An upload's bytes: what the mapped staging buffer it copies from held. */
+      data?: Uint8Array;
     }
+  | { op: 'write'; buffer: object; offset: number; data: Uint8Array }
   | { op: 'submit' };
 
 const MAP_READ = 0x01;
 const MAP_WRITE = 0x02;
+const COPY_SRC = 0x04;
 
 /**
  * Records the commands `device` receives while `run` runs (`run` must submit all it records; the
- * op list starts at the first command encoder made after the call). Copies from or to mappable
- * buffers are recorded but not replayed (uploads' staging buffers are destroyed once used, reads'
- * are mapped). Restores the device's methods before returning.
+ * op list starts at the first command encoder made after the call), and the queue's
+ * `writeBuffer`s among them. An upload (a copy from a staging buffer mapped at its creation)
+ * keeps the staging buffer's bytes. Restores the device's methods before returning.
  */
 export function recordCommands(device: object, run: () => void): RecordedOp[] {
   const d = device as Device;
   const ops: RecordedOp[] = [];
   const create = d.createCommandEncoder;
   const submit = d.queue.submit;
+  const write = d.queue.writeBuffer;
+  const createBuffer = d.createBuffer;
+  // the bytes each staging buffer mapped at creation held when it was unmapped
+  const staged = new WeakMap<object, Uint8Array>();
+  d.createBuffer = (desc) => {
+    const b = createBuffer.call(d, desc);
+    if (desc.mappedAtCreation) {
+      const ranges: ArrayBuffer[] = [];
+      const range = b.getMappedRange.bind(b);
+      const unmap = b.unmap.bind(b);
+      b.getMappedRange = (offset?: number, size?: number) => {
+        const r = range(offset, size);
+        ranges.push(r);
+        return r;
+      };
+      b.unmap = () => {
+        if (ranges.length === 1)
+          staged.set(b, new Uint8Array(ranges[0]!).slice());
+        unmap();
+      };
+    }
+    return b;
+  };
+  d.queue.writeBuffer = (buffer, offset, data) => {
+    const bytes = new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+    ops.push({ op: 'write', buffer, offset, data: bytes.slice() });
+    write.call(d.queue, buffer, offset, data);
+  };
   d.createCommandEncoder = (desc?: object) => {
     const e = create.call(d, desc);
     const begin = e.beginComputePass.bind(e);
@@ -95,7 +146,8 @@ export function recordCommands(device: object, run: () => void): RecordedOp[] {
     };
     const copy = e.copyBufferToBuffer.bind(e);
     e.copyBufferToBuffer = (...args) => {
-      ops.push({ op: 'copy', args });
+      const data = staged.get(args[0]);
+      ops.push(data ? { op: 'copy', args, data } : { op: 'copy', args });
       copy(...args);
     };
     return e;
@@ -109,8 +161,27 @@ export function recordCommands(device: object, run: () => void): RecordedOp[] {
   } finally {
     d.createCommandEncoder = create;
     d.queue.submit = submit;
+    d.queue.writeBuffer = write;
+    d.createBuffer = createBuffer;
   }
   return ops;
+}
+
+/**
+ * What a replay writes where the recording wrote a step's own values: by default none (a
+ * measurement: uploads and `writeBuffer`s left out, the buffers keep what they hold).
+ *
+ * A captured step in training would also need: the reads (the loss, the gradient norm when
+ * clipping, whose scale goes into AdamW's uniforms mid-step: the replay split there), the
+ * optimizer's step count and the stage's JS state advanced as TF.js's step would, the
+ * recording's transient buffers kept out of TF.js's pool while it stands, and a new recording
+ * where the step changes (shapes, LayerDrop's choice, the schedule's actions).
+ */
+export interface ReplayInputs {
+  /** The bytes of the recording's upload number `i` (0-based, in order): the step's batch, and its scalars. */
+  upload(i: number, recorded: Uint8Array): Uint8Array;
+  /** The bytes of the recording's `writeBuffer` number `i`: e.g. AdamW's uniforms, its step count in them. */
+  write(i: number, recorded: Uint8Array): Uint8Array;
 }
 
 /**
@@ -138,17 +209,42 @@ export function sameCommand(o: RecordedOp, p: RecordedOp): boolean {
     }
     case 'copy':
       return o.args.every((x, k) => x === (p as typeof o).args[k]);
+    case 'write': {
+      // the bytes are the step's own (a batch, a step count): the place must be the same
+      const q = p as typeof o;
+      return (
+        o.buffer === q.buffer &&
+        o.offset === q.offset &&
+        o.data.byteLength === q.data.byteLength
+      );
+    }
     default:
       return true;
   }
 }
 
-/** Encodes and submits `ops` again on `device` (see {@link recordCommands} for the copies left out). */
+/**
+ * Encodes and submits `ops` again on `device`. Reads' copies (to mappable buffers) are left out.
+ * Without `inputs`, so are the uploads and `writeBuffer`s; with it, each upload is copied, in its
+ * place, from a new staging buffer holding `inputs.upload`'s bytes (as TF.js uploads), and each
+ * `writeBuffer` writes `inputs.write`'s.
+ * @throws Error where an input's bytes are not as many as the recording's.
+ */
 export function replayCommands(
   device: object,
   ops: readonly RecordedOp[],
+  inputs?: ReplayInputs,
 ): void {
   const d = device as Device;
+  let uploads = 0;
+  let writes = 0;
+  const sized = (data: Uint8Array, recorded: Uint8Array, what: string) => {
+    if (data.byteLength !== recorded.byteLength)
+      throw new Error(
+        `replayCommands: ${what} has ${data.byteLength} bytes where the recording has ${recorded.byteLength}`,
+      );
+    return data;
+  };
   let e = d.createCommandEncoder();
   let pass: Pass | null = null;
   const close = () => {
@@ -174,10 +270,32 @@ export function replayCommands(
         close();
         break;
       case 'copy': {
-        const [src, , dst] = o.args;
-        if (src.usage & MAP_WRITE || dst.usage & MAP_READ) break;
+        const [src, , dst, dstOffset, size] = o.args;
+        if (dst.usage & MAP_READ) break;
+        if (src.usage & MAP_WRITE) {
+          if (!inputs || !o.data) break;
+          const i = uploads++;
+          const data = sized(inputs.upload(i, o.data), o.data, `upload ${i}`);
+          const staging = d.createBuffer({
+            size: data.byteLength,
+            usage: MAP_WRITE | COPY_SRC,
+            mappedAtCreation: true,
+          });
+          new Uint8Array(staging.getMappedRange()).set(data);
+          staging.unmap();
+          close();
+          e.copyBufferToBuffer(staging, 0, dst, dstOffset, size);
+          break;
+        }
         close();
         e.copyBufferToBuffer(...o.args);
+        break;
+      }
+      case 'write': {
+        if (!inputs) break;
+        const i = writes++;
+        const data = sized(inputs.write(i, o.data), o.data, `write ${i}`);
+        d.queue.writeBuffer(o.buffer, o.offset, data);
         break;
       }
       case 'submit':
@@ -254,9 +372,16 @@ export async function replayCosts(
   const hostReplay = await timed(() => replayCommands(device, ops));
   const error = await device.popErrorScope();
   const counts = Object.fromEntries(
-    ['begin', 'pipeline', 'bind', 'dispatch', 'end', 'copy', 'submit'].map(
-      (k) => [k, ops.filter((o) => o.op === k).length],
-    ),
+    [
+      'begin',
+      'pipeline',
+      'bind',
+      'dispatch',
+      'end',
+      'copy',
+      'write',
+      'submit',
+    ].map((k) => [k, ops.filter((o) => o.op === k).length]),
   ) as ReplayCosts['ops'];
   return {
     ops: counts,
