@@ -21,6 +21,13 @@ export interface GpuCounts {
   readbacks: number;
   copies: number;
   /**
+   * Steps whose forward and backward the device replayed from a captured step
+   * (pipeline/captured-step.ts, LAYERWISE_WEBGPU_CAPTURE=1) instead of running TF.js's programs;
+   * their dispatches, copies and submits are counted above as the replay made them. Absent where
+   * the counts come from elsewhere (the browser page's).
+   */
+  replays?: number;
+  /**
    * CPU time of the device's thread, ms (gpu-queue.ts threadCpuMs), while no read was waiting for the
    * GPU: the host's side of the step (its JS, TF.js's engine and kernels, Dawn's encoding and
    * submits made on that thread; not the GPU's work, not other threads). Absent where the
@@ -46,7 +53,9 @@ const COUNTED = ['dispatches', 'submits', 'readbacks', 'copies'] as const;
 export function gpuCountsSince(before: GpuCounts, after: GpuCounts): GpuCounts {
   const d = Object.fromEntries(
     COUNTED.map((k) => [k, after[k] - before[k]]),
-  ) as Pick<GpuCounts, (typeof COUNTED)[number]>;
+  ) as Pick<GpuCounts, (typeof COUNTED)[number]> & { replays?: number };
+  if (after.replays !== undefined)
+    d.replays = after.replays - (before.replays ?? 0);
   return after.hostMs !== undefined && before.hostMs !== undefined
     ? {
         ...d,
@@ -66,7 +75,9 @@ export function sumGpuCounts(counts: readonly GpuCounts[]): GpuCounts {
   const total = Object.fromEntries(COUNTED.map((k) => [k, sum(k)])) as Pick<
     GpuCounts,
     (typeof COUNTED)[number]
-  >;
+  > & { replays?: number };
+  if (counts.some((c) => c.replays !== undefined))
+    total.replays = sum('replays');
   return counts.every((c) => c.hostMs !== undefined)
     ? { ...total, hostMs: sum('hostMs'), pollMs: sum('pollMs') }
     : total;

@@ -253,6 +253,7 @@ export class GpuQueue {
   private dispatches = 0;
   private readbacks = 0;
   private copies = 0;
+  private replays = 0;
   /** Timestamps on every compute pass, where the device has 'timestamp-query' (TF.js asks for it where the adapter has it). */
   private readonly timer: PassTimer | null;
   /** Reads in flight, the thread's CPU ms when the first of them began, and the CPU ms spent with reads in flight so far. */
@@ -334,6 +335,7 @@ export class GpuQueue {
       submits: this.submits,
       readbacks: this.readbacks,
       copies: this.copies,
+      replays: this.replays,
       ...(cpu === undefined ? {} : { hostMs: cpu - pollMs, pollMs }),
     };
   }
@@ -341,6 +343,25 @@ export class GpuQueue {
   /** Counts `n` dispatches recorded outside TF.js's programs (layerwise's own pipelines, backend/webgpu-multi.ts). */
   countDispatches(n: number): void {
     this.dispatches += n;
+  }
+
+  /**
+   * Counts a replayed recording (backend/webgpu-commands.ts replayCommands, with its uploads):
+   * one replay, and what it submitted outside TF.js: its dispatches, copies (reads' left out, as
+   * the replay leaves them out) and submits (one per recorded submit, and the last).
+   */
+  countReplayed(
+    ops: ReadonlyArray<{ op: string; args?: ReadonlyArray<unknown> }>,
+  ): void {
+    for (const o of ops)
+      if (o.op === 'dispatch') this.dispatches++;
+      else if (o.op === 'submit') this.submits++;
+      else if (o.op === 'copy') {
+        const dst = o.args?.[2] as { usage: number } | undefined;
+        if (!dst || !(dst.usage & 0x01)) this.copies++; // MAP_READ: a read's, left out
+      }
+    this.submits++;
+    this.replays++;
   }
 
   /** Whether {@link endStep} measures the GPU's busy time (the device has timestamp queries). */

@@ -137,6 +137,45 @@ function objectIds(): (x: object) => number {
  */
 function firstMadeFirst(pool: BufferPoolLike): void {
   const idOf = objectIds();
+  // the held buffers (holdBuffers): each one in the pool's free lists is taken out of them, and
+  // each one released later is too, until unholdBuffers puts them all back
+  const watched = new Set<object>();
+  const taken = new Set<BufferLike>();
+  const listOf = (buffer: BufferLike) => {
+    const key = `${buffer.size}_${(buffer as { usage?: number }).usage}`;
+    let free = pool.freeBuffers.get(key);
+    if (!free) pool.freeBuffers.set(key, (free = []));
+    return free;
+  };
+  /** Puts `buffer` into its free list in the order of making (the list is in that order). */
+  const insert = (free: BufferLike[], buffer: BufferLike) => {
+    const id = idOf(buffer);
+    free.push(buffer);
+    let i = free.length - 1;
+    for (; i > 0 && idOf(free[i - 1]!) < id; i--) free[i] = free[i - 1]!;
+    free[i] = buffer;
+  };
+  const counted = pool as unknown as { numFreeBuffers?: number };
+  holds.set(pool, {
+    hold(buffers) {
+      for (const b of buffers) watched.add(b);
+      for (const free of pool.freeBuffers.values())
+        for (let i = free.length - 1; i >= 0; i--)
+          if (watched.has(free[i]!)) {
+            taken.add(free[i]!);
+            free.splice(i, 1);
+            if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers--;
+          }
+    },
+    unhold() {
+      watched.clear();
+      for (const b of taken) {
+        insert(listOf(b), b);
+        if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers++;
+      }
+      taken.clear();
+    },
+  });
   const acquire = pool.acquireBuffer.bind(pool);
   pool.acquireBuffer = (size, usage, ...rest) => {
     const buffer = acquire(size, usage, ...rest);
@@ -151,11 +190,45 @@ function firstMadeFirst(pool: BufferPoolLike): void {
       `${buffer.size}_${(buffer as { usage?: number }).usage}`,
     );
     if (free?.at(-1) !== buffer) return; // not pushed (a pool being torn down)
-    const id = idOf(buffer);
-    let i = free.length - 1;
-    for (; i > 0 && idOf(free[i - 1]!) < id; i--) free[i] = free[i - 1]!;
-    free[i] = buffer;
+    free.pop();
+    if (watched.has(buffer)) {
+      taken.add(buffer);
+      if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers--;
+      return;
+    }
+    insert(free, buffer);
   };
+}
+
+/** A pool's hold on some of its buffers ({@link holdBuffers}). */
+interface PoolHold {
+  hold(buffers: Iterable<object>): void;
+  unhold(): void;
+}
+const holds = new WeakMap<object, PoolHold>();
+
+/**
+ * Keeps `buffers` out of the hands of TF.js's buffer pool on `backend` (with
+ * {@link cutDispatchHostWork} installed): the free ones are taken out of its free lists, and any
+ * of them released later (a tensor disposed) is too, so the pool hands none of them out until
+ * {@link unholdBuffers}. For a captured step (pipeline/captured-step.ts), whose replays write
+ * into the buffers its recording used. Returns false where the backend has no such pool.
+ */
+export function holdBuffers(
+  backend: object,
+  buffers: Iterable<object>,
+): boolean {
+  const pool = (backend as BackendLike).bufferManager;
+  const h = pool && holds.get(pool);
+  if (!h) return false;
+  h.hold(buffers);
+  return true;
+}
+
+/** Gives every buffer {@link holdBuffers} kept out back to the pool's free lists. */
+export function unholdBuffers(backend: object): void {
+  const pool = (backend as BackendLike).bufferManager;
+  if (pool) holds.get(pool)?.unhold();
 }
 
 /**
@@ -171,6 +244,17 @@ function keepBindGroups(device: DeviceLike): void {
   const counts: BindGroupCounts = { made: 0, found: 0 };
   bindGroupCounts.set(device, counts);
   const create = device.createBindGroup.bind(device);
+  const made = (d: Parameters<DeviceLike['createBindGroup']>[0]) => {
+    const group = create(d);
+    bound.set(
+      group,
+      d.entries.flatMap((e) => {
+        const r = e.resource as { buffer?: object };
+        return r.buffer ? [r.buffer] : [];
+      }),
+    );
+    return group;
+  };
   device.createBindGroup = (d) => {
     let key = `${idOf(d.layout)}`;
     for (const e of d.entries) {
@@ -179,7 +263,7 @@ function keepBindGroups(device: DeviceLike): void {
         offset?: number;
         size?: number;
       };
-      if (!r.buffer) return create(d);
+      if (!r.buffer) return made(d);
       key += `|${e.binding}:${idOf(r.buffer)}:${r.offset ?? 0}:${r.size ?? ''}`;
     }
     let group = kept.get(key);
@@ -188,11 +272,24 @@ function keepBindGroups(device: DeviceLike): void {
       return group;
     }
     if (kept.size >= HOST_CACHE_ENTRIES) kept.clear();
-    group = create(d);
+    group = made(d);
     counts.made++;
     kept.set(key, group);
     return group;
   };
+}
+
+/** The buffers each bind group made through {@link keepBindGroups} binds. */
+const bound = new WeakMap<object, readonly object[]>();
+
+/**
+ * The buffers bind group `group` binds, where it was made on a device with the bind-group cache
+ * ({@link cutDispatchHostWork}); undefined for others.
+ */
+export function buffersOfBindGroup(
+  group: object,
+): readonly object[] | undefined {
+  return bound.get(group);
 }
 
 /** Makes every pipeline the device creates from now on answer getBindGroupLayout(i) with one object per index. */

@@ -192,6 +192,52 @@ test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, 
   }
 });
 
+test('single on webgpu with captured steps (LAYERWISE_WEBGPU_CAPTURE=1) replays its forward and backward once two steps matched, and trains bit for bit as without them (clipping, a changing learning rate)', {
+  skip: why,
+}, async () => {
+  const { maxParamDiff } = await import('../testing/assert-close.js');
+  const { CAPTURE_ENV } = await import('../pipeline/captured-step.js');
+  const run = () =>
+    trainTinyLm(
+      { backend: 'webgpu', strategy: 'single', clipNorm: 0.5 },
+      {
+        shape: { layers: 2, dModel: 16, heads: 2, context: 8 },
+        batchSize: 4,
+        lrs: [3e-3, 2.5e-3, 2e-3, 1.5e-3, 1e-3, 8e-4, 6e-4, 4e-4],
+      },
+    );
+  const plain = await run();
+  const before = process.env[CAPTURE_ENV];
+  process.env[CAPTURE_ENV] = '1'; // the device worker reads it when it starts
+  let captured: Awaited<ReturnType<typeof run>>;
+  try {
+    captured = await run();
+  } finally {
+    if (before === undefined) delete process.env[CAPTURE_ENV];
+    else process.env[CAPTURE_ENV] = before;
+  }
+  const replays = captured.reports.map((r) => r.gpu?.replays ?? 0);
+  assert.deepEqual(
+    replays.slice(0, 3),
+    [0, 0, 0],
+    'the first steps run through TF.js (recorded, compared)',
+  );
+  assert.ok(
+    replays.slice(3).every((n) => n === 1),
+    `every later step replayed: ${replays}`,
+  );
+  assert.deepEqual(
+    captured.losses,
+    plain.losses,
+    'the same losses, bit for bit',
+  );
+  assert.equal(maxParamDiff(captured.params, plain.params), 0);
+  assert.ok(
+    plain.reports.every((r) => (r.gpu?.replays ?? 0) === 0),
+    'none replayed without the variable',
+  );
+});
+
 test("the main job's command trains on webgpu from the CLI and its loss falls", {
   skip: why,
 }, async () => {
@@ -333,7 +379,7 @@ test("a step's recorded GPU commands replay without TF.js as valid commands, eve
   skip: why,
 }, async () => {
   const { recordCommands, replayCommands } = await import(
-    '../bench/webgpu-replay.js'
+    './webgpu-commands.js'
   );
   const { gpuQueue } = await import('./gpu-queue.js');
   await initBackend('webgpu');
@@ -388,9 +434,7 @@ test("a step's recorded GPU commands replay without TF.js as valid commands, eve
 test("a training step's GPU commands repeat those of the step before: the same pipelines, bind groups, dispatches and copies, only the batch's uploads coming from new staging buffers", {
   skip: why,
 }, async () => {
-  const { recordCommands, sameCommand } = await import(
-    '../bench/webgpu-replay.js'
-  );
+  const { recordCommands, sameCommand } = await import('./webgpu-commands.js');
   const { inThreadStage } = await import('../bench/report.js');
   await import('../strategies/index.js');
   const { resolveConfig } = await import('../config/config.js');
@@ -458,7 +502,7 @@ test("a training step's recorded GPU commands, replayed with the next batches' u
   skip: why,
 }, async () => {
   const { recordCommands, replayCommands } = await import(
-    '../bench/webgpu-replay.js'
+    './webgpu-commands.js'
   );
   const { inThreadStage } = await import('../bench/report.js');
   await import('../strategies/index.js');

@@ -14,6 +14,7 @@ import {
   type NoiseContext,
   withNoise,
 } from '../model/noise.js';
+import { StepCapture } from './captured-step.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers } from './executor.js';
 import {
@@ -56,10 +57,17 @@ export class Stage extends TrainableStage {
   /** Milliseconds the last {@link backward} spent re-computing its forward (0 if kept). */
   lastRecomputeMs = 0;
 
+  /** The captured forward and backward on webgpu (LAYERWISE_WEBGPU_CAPTURE=1), for a stage holding the whole model. */
+  private readonly capture: StepCapture | null = StepCapture.wanted()
+    ? new StepCapture({ paramVars: this.params.vars })
+    : null;
+
   readonly handlers: Handlers = {
     forward: (a, io) => {
       const x = io.takeInput(a.mb);
       const labels = this.isLast ? io.takeLabels(a.mb) : undefined;
+      const captured = this.capture && a.grad && labels ? this.capture : null;
+      if (captured?.beforeForward(a.mb, io, a.keep, x, labels!)) return; // replayed in the backward
       const noise = microBatchNoise(io.noise, a.mb, x.shape[0]!);
       if (io.diagnose) this.diagnoseForward(a.mb, x, labels, io.dropped, noise);
       const y = this.forward(a.mb, x, {
@@ -69,19 +77,32 @@ export class Stage extends TrainableStage {
         dropped: io.dropped,
         noise,
       });
+      const loss = this.mbs.get(a.mb)?.recorded?.y;
+      if (captured && loss) captured.afterForward(x, labels!, loss);
       if (y) io.putOutput(a.mb, y);
     },
     backward: (a, io) => {
+      const replayed = this.capture?.replayBackward();
+      if (replayed) {
+        this.grads.add(
+          [...replayed.grads.keys()],
+          [...replayed.grads.values()],
+        );
+        this.reads.scalar(replayed.loss, (v) => this.losses.set(a.mb, v));
+        return;
+      }
       const dx = this.backward(
         a.mb,
         this.isLast ? null : io.takeOutputGrad(a.mb),
         io.lossSeed,
         io.diagnose,
       );
+      this.capture?.afterBackward(this.grads.asMap(), io.lossSeed);
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
     },
     backward_input: (a, io) => {
+      this.capture?.drop(); // a split backward is not captured
       const dx = this.backwardInput(
         a.mb,
         this.isLast ? null : io.takeOutputGrad(a.mb),
@@ -323,8 +344,19 @@ export class Stage extends TrainableStage {
     this.reset();
   }
 
+  /** Steps whose forward and backward were replayed from a capture (0 without LAYERWISE_WEBGPU_CAPTURE=1). */
+  get replayedSteps(): number {
+    return this.capture?.replayed ?? 0;
+  }
+
+  override dispose(): void {
+    this.capture?.dispose();
+    super.dispose();
+  }
+
   /** Drops accumulated gradients and any per-micro-batch state. */
   reset(): void {
+    this.capture?.resetStep();
     this.grads.clear();
     for (const st of this.mbs.values()) {
       if (st.pending) {

@@ -42,6 +42,7 @@ export type MeasuredFields = Pick<
   | 'submits_per_step'
   | 'readbacks_per_step'
   | 'copies_per_step'
+  | 'replayed_steps'
   | 'host_ms_per_step'
   | 'host_us_per_dispatch'
   | 'poll_ms_per_step'
@@ -206,6 +207,7 @@ export class StepTally {
       submits_per_step: g.submits / steps,
       readbacks_per_step: g.readbacks / steps,
       copies_per_step: g.copies / steps,
+      ...(g.replays ? { replayed_steps: g.replays } : {}),
       ...(g.hostMs !== undefined && g.dispatches > 0
         ? {
             host_ms_per_step: g.hostMs / steps,

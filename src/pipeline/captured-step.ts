@@ -1,0 +1,395 @@
+/**
+ * A captured step on webgpu (issue 36; as CUDA graphs capture a stream): a backprop stage that
+ * holds the whole model, training one micro-batch a step (single-device training), records the
+ * GPU commands of its forward and backward through TF.js, and once two steps in a row recorded
+ * the same commands on the same buffers, re-issues that recording in later steps instead of
+ * running TF.js's programs: the step's tokens and labels written into the buffers the recording
+ * uploaded them to, everything else as recorded. The optimizer step, the gradient norm and the
+ * reads still run through TF.js, on the gradients and loss the replay leaves (tensors made on
+ * the recording's buffers without copies). On a GPU the step is bound by the host's ~200 us a
+ * TF.js program (bench/results/gpu.md); a replayed forward and backward cost about a tenth of
+ * that (bench/webgpu-replay.ts).
+ *
+ * Why it is exact: a TF.js program reads nothing but its bound buffers and uniforms, and with
+ * AdamW in place (backend/webgpu-multi.ts), the pool's first-made order and the kept bind groups
+ * and uniforms (backend/webgpu-host.ts) a step binds exactly the buffers of the step before:
+ * the two recordings compared show it, command by command. The buffers the recording uses are
+ * kept out of TF.js's pool while the capture stands (webgpu-host.ts holdBuffers), so nothing
+ * else is handed them between replays. The capture is dropped and recorded anew when a step
+ * differs: the parameters' buffers (a checkpoint restored), the batch's shapes, the loss seed
+ * (f16's loss scale), LayerDrop, a diagnosing step, or several micro-batches. A model that draws
+ * noise (Dropout) never gets one: its steps' uniforms or uploads differ, so no two recordings
+ * match (training steps always carry the step's noise context, whether the model draws any).
+ *
+ * Opt-in while it is new: LAYERWISE_WEBGPU_CAPTURE=1. Not counted: the GPU's busy time of the
+ * replayed passes (timestamp queries are on TF.js's passes only).
+ */
+import { gpuQueue } from '../backend/gpu-queue.js';
+import { tf } from '../backend/tfjs.js';
+import {
+  type RecordedOp,
+  type Recording,
+  replayCommands,
+  sameCommand,
+  startRecording,
+} from '../backend/webgpu-commands.js';
+import {
+  buffersOfBindGroup,
+  holdBuffers,
+  unholdBuffers,
+} from '../backend/webgpu-host.js';
+import type { StepIO } from './executor.js';
+
+/** The environment variable that turns captured steps on (value 1). */
+export const CAPTURE_ENV = 'LAYERWISE_WEBGPU_CAPTURE';
+
+/** The parts of tfjs-backend-webgpu 4.22's WebGPUBackend used here. */
+interface Backend {
+  device: object;
+  tensorMap: {
+    get(
+      dataId: object,
+    ): { resource?: unknown; values?: ArrayBufferView | null } | undefined;
+  };
+}
+
+const MAP_READ = 0x01;
+const MAP_WRITE = 0x02;
+
+/** What a recorded forward and backward did, by buffer. */
+interface Captured {
+  ops: RecordedOp[];
+  /** Upload i's bytes: the step's tokens, its labels, or the recording's (the loss seed). */
+  roles: Array<'x' | 'labels' | 'recorded'>;
+  x: { shape: number[]; dtype: string };
+  labels: { shape: number[]; dtype: string };
+  lossSeed: number;
+  /** The parameters' buffers, in the stage's key order. */
+  params: object[];
+  /** The gradients' buffers and shapes by key, and the loss's buffer. */
+  grads: Map<string, { buffer: object; shape: number[] }>;
+  loss: object;
+}
+
+/** What the stage hands the capture: its parameters, and where a step's forward keeps its loss. */
+export interface CaptureHost {
+  readonly paramVars: ReadonlyMap<string, tf.Variable>;
+}
+
+/**
+ * The capture of one stage's forward and backward (see the module's comment). The stage calls
+ * it around its forward and backward handlers; each method says what the stage does next.
+ */
+export class StepCapture {
+  /** The recording in progress (between a forward and its backward). */
+  private recording: {
+    rec: Recording;
+    x: tf.Tensor;
+    labels: tf.Tensor;
+    xBuffer?: unknown;
+    labelsBuffer?: unknown;
+    loss?: unknown;
+  } | null = null;
+  /** The last step's recording, to compare the next with. */
+  private last: Captured | null = null;
+  /** The capture replayed, its buffers held. */
+  private ready: Captured | null = null;
+  /** A replayed step's batch, between its forward and backward. */
+  private pending: { x: Uint8Array; labels: Uint8Array } | null = null;
+  /** The replays' staging buffers, one per upload (backend/webgpu-commands.ts replayCommands). */
+  private staging: object[] = [];
+  /** Steps replayed so far (for tests and the bench). */
+  replayed = 0;
+
+  constructor(private readonly host: CaptureHost) {}
+
+  /** Whether captured steps are on: LAYERWISE_WEBGPU_CAPTURE=1 and this thread's backend webgpu. */
+  static wanted(): boolean {
+    const env = (globalThis as { process?: { env?: Record<string, string> } })
+      .process?.env;
+    return env?.[CAPTURE_ENV] === '1' && gpuQueue() !== null;
+  }
+
+  private get backend(): Backend {
+    return tf.backend() as unknown as Backend;
+  }
+
+  /** Whether a training forward of micro-batch `mb` with `io` is a step this capture covers. */
+  private covers(mb: number, io: StepIO, keep: boolean): boolean {
+    return (
+      keep && mb === 0 && io.m === 1 && io.dropped.size === 0 && !io.diagnose
+    );
+  }
+
+  private bufferOf(t: tf.Tensor): unknown {
+    return this.backend.tensorMap.get(t.dataId)?.resource;
+  }
+
+  private paramBuffers(): unknown[] {
+    return [...this.host.paramVars.values()].map((v) => this.bufferOf(v));
+  }
+
+  /**
+   * The training forward of a stage holding the whole model, before it runs: true where this
+   * step is replayed (x and labels taken: disposed, their values kept for the backward; the stage
+   * skips its forward), false where the stage runs its forward (recorded where the step is one
+   * the capture covers: call {@link afterForward} once it ran).
+   */
+  beforeForward(
+    mb: number,
+    io: StepIO,
+    keep: boolean,
+    x: tf.Tensor,
+    labels: tf.Tensor,
+  ): boolean {
+    if (!this.covers(mb, io, keep)) {
+      this.drop();
+      return false;
+    }
+    const c = this.ready;
+    if (c) {
+      const xs = this.backend.tensorMap.get(x.dataId)?.values;
+      const ls = this.backend.tensorMap.get(labels.dataId)?.values;
+      const params = this.paramBuffers();
+      if (
+        xs &&
+        ls &&
+        io.lossSeed === c.lossSeed &&
+        sameShape(x, c.x) &&
+        sameShape(labels, c.labels) &&
+        params.every((b, i) => b === c.params[i])
+      ) {
+        this.pending = { x: bytesOf(xs), labels: bytesOf(ls) };
+        x.dispose();
+        labels.dispose();
+        return true;
+      }
+      this.drop();
+    }
+    // record this step's forward and backward: TF.js's queued commands submitted first, so that
+    // the recording starts with a new command encoder
+    gpuQueue()!.flush();
+    this.recording = {
+      rec: startRecording(this.backend.device),
+      x,
+      labels,
+    };
+    return false;
+  }
+
+  /** After a recorded forward: `loss` the forward's loss tensor (read at the step's end). */
+  afterForward(x: tf.Tensor, labels: tf.Tensor, loss: tf.Tensor): void {
+    const r = this.recording;
+    if (!r) return;
+    r.xBuffer = this.bufferOf(x);
+    r.labelsBuffer = this.bufferOf(labels);
+    r.loss = this.bufferOf(loss);
+  }
+
+  /**
+   * The backward of micro-batch 0: where its forward was replayed, replays the recording with
+   * the step's batch and returns the gradients by key (tensors on the recording's buffers, not
+   * copied: the stage accumulates and the optimizer reads them as any) and the loss tensor (to
+   * read at the step's end); null where the stage runs its backward.
+   */
+  replayBackward(): {
+    grads: Map<string, tf.Tensor>;
+    loss: tf.Tensor;
+  } | null {
+    const c = this.ready;
+    const p = this.pending;
+    if (!c || !p) return null;
+    this.pending = null;
+    const q = gpuQueue()!;
+    q.flush(); // what TF.js queued goes first
+    replayCommands(
+      this.backend.device,
+      c.ops,
+      {
+        upload: (i, recorded) =>
+          c.roles[i] === 'x'
+            ? p.x
+            : c.roles[i] === 'labels'
+              ? p.labels
+              : recorded,
+        write: (_, recorded) => recorded,
+      },
+      this.staging,
+    );
+    q.countReplayed(c.ops);
+    this.replayed++;
+    const onBuffer = (buffer: object, shape: number[]) =>
+      tf.tensor(
+        { buffer: buffer as GPUBuffer, zeroCopy: true },
+        shape,
+        'float32',
+      );
+    return {
+      grads: new Map(
+        [...c.grads].map(([k, g]) => [k, onBuffer(g.buffer, g.shape)]),
+      ),
+      loss: onBuffer(c.loss, []),
+    };
+  }
+
+  /**
+   * After a recorded backward: `grads` the stage's accumulated gradients by key, `lossSeed` the
+   * step's. Ends the recording; where it repeats the last step's, the capture is ready (its
+   * buffers held) and the next step is replayed.
+   */
+  afterBackward(grads: ReadonlyMap<string, tf.Tensor>, lossSeed: number): void {
+    const r = this.recording;
+    if (!r) return;
+    this.recording = null;
+    gpuQueue()!.flush(); // the backward's last commands into the recording
+    const ops = r.rec.stop();
+    const c = this.captured(r, ops, grads, lossSeed);
+    if (!c) {
+      this.last = null;
+      return;
+    }
+    if (this.last && sameCapture(this.last, c)) {
+      const buffers = usedBuffers(c);
+      if (buffers && holdBuffers(this.backend, buffers)) {
+        this.ready = c;
+        this.last = null;
+        return;
+      }
+    }
+    this.last = c;
+  }
+
+  /** What a recording shows, or null where it cannot be replayed (a read, a write, a buffer not known). */
+  private captured(
+    r: NonNullable<StepCapture['recording']>,
+    ops: RecordedOp[],
+    grads: ReadonlyMap<string, tf.Tensor>,
+    lossSeed: number,
+  ): Captured | null {
+    if (!r.xBuffer || !r.labelsBuffer || !r.loss) return null;
+    const roles: Captured['roles'] = [];
+    for (const o of ops) {
+      if (o.op === 'write') return null; // a step's own values written: not known here
+      if (o.op !== 'copy') continue;
+      const [src, , dst] = o.args;
+      if (dst.usage & MAP_READ) return null; // a read inside the step
+      if (src.usage & MAP_WRITE) {
+        if (!o.data) return null;
+        roles.push(
+          dst === r.xBuffer
+            ? 'x'
+            : dst === r.labelsBuffer
+              ? 'labels'
+              : 'recorded',
+        );
+      }
+    }
+    if (!roles.includes('x') || !roles.includes('labels')) return null;
+    const byKey = new Map<string, { buffer: object; shape: number[] }>();
+    for (const [k, g] of grads) {
+      const buffer = this.bufferOf(g);
+      if (!buffer || g.dtype !== 'float32') return null;
+      byKey.set(k, { buffer: buffer as object, shape: [...g.shape] });
+    }
+    const params = this.paramBuffers();
+    if (params.some((b) => !b)) return null;
+    return {
+      ops,
+      roles,
+      x: { shape: [...r.x.shape], dtype: r.x.dtype },
+      labels: { shape: [...r.labels.shape], dtype: r.labels.dtype },
+      lossSeed,
+      params: params as object[],
+      grads: byKey,
+      loss: r.loss as object,
+    };
+  }
+
+  /** Drops a replayed step's batch (a failed step); the capture stays. */
+  resetStep(): void {
+    this.pending = null;
+    if (this.recording) {
+      this.recording.rec.stop();
+      this.recording = null;
+    }
+  }
+
+  /** Drops the capture (its buffers back to the pool) and any recording: the next covered step records anew. */
+  drop(): void {
+    this.resetStep();
+    this.last = null;
+    if (this.ready) {
+      this.ready = null;
+      unholdBuffers(this.backend);
+    }
+  }
+
+  /** Drops the capture and frees the replays' staging buffers. */
+  dispose(): void {
+    this.drop();
+    for (const b of this.staging) (b as { destroy(): void }).destroy();
+    this.staging = [];
+  }
+}
+
+const sameShape = (t: tf.Tensor, s: { shape: number[]; dtype: string }) =>
+  t.dtype === s.dtype &&
+  t.shape.length === s.shape.length &&
+  t.shape.every((n, i) => n === s.shape[i]);
+
+const bytesOf = (v: ArrayBufferView) =>
+  new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
+
+/** Whether two recordings are the same step: the same commands on the same buffers, uploads to the same places (the batch's bytes aside). */
+function sameCapture(a: Captured, b: Captured): boolean {
+  if (
+    a.ops.length !== b.ops.length ||
+    a.lossSeed !== b.lossSeed ||
+    a.loss !== b.loss ||
+    a.roles.join() !== b.roles.join() ||
+    a.params.length !== b.params.length ||
+    a.params.some((p, i) => p !== b.params[i]) ||
+    a.grads.size !== b.grads.size
+  )
+    return false;
+  for (const [k, g] of a.grads) {
+    const h = b.grads.get(k);
+    if (!h || h.buffer !== g.buffer || h.shape.join() !== g.shape.join())
+      return false;
+  }
+  let upload = 0;
+  return a.ops.every((o, i) => {
+    const p = b.ops[i]!;
+    if (o.op === 'copy' && o.data) {
+      if (p.op !== 'copy' || !p.data) return false;
+      const role = a.roles[upload++];
+      const same = o.args.slice(1).every((x, k) => x === p.args[k + 1]);
+      return (
+        same &&
+        (role !== 'recorded' ||
+          (o.data.byteLength === p.data.byteLength &&
+            o.data.every((v, k) => v === p.data![k])))
+      );
+    }
+    return sameCommand(o, p);
+  });
+}
+
+/** Every buffer a recording binds or copies (uploads' staging buffers aside), or null where a bind group's are not known. */
+function usedBuffers(c: Captured): Set<object> | null {
+  const out = new Set<object>();
+  for (const o of c.ops) {
+    if (o.op === 'bind') {
+      const bs = buffersOfBindGroup(o.group);
+      if (!bs) return null;
+      for (const b of bs) out.add(b);
+    } else if (o.op === 'copy') {
+      const [src, , dst] = o.args;
+      if (!(src.usage & MAP_WRITE)) out.add(src);
+      out.add(dst);
+    }
+  }
+  for (const g of c.grads.values()) out.add(g.buffer);
+  out.add(c.loss);
+  return out;
+}
