@@ -9,10 +9,10 @@
  * - per training step, charlm-small single on webgpu with the GPU's share made small (batch 1,
  *   context 8, d_model 16, 2 heads): the device thread's host ms (CPU outside reads that wait for
  *   the GPU), its polling ms (CPU while they wait) and the step's wall ms, medians over `steps`
- *   steps after `warmup`;
+ *   steps after `warmup`, through TF.js and with the captured step (pipeline/captured-step.ts);
  * - the same step on a Stage in this thread, host ms through TF.js against the host ms of
  *   encoding and submitting its recorded commands again (bench/webgpu-replay.ts): the floor a
- *   step captured once and re-issued would stand on.
+ *   step captured once and re-issued stands on.
  * Writes webgpu-host.json and webgpu-host.md.
  */
 import { gpuQueue, threadCpuMs } from '../backend/gpu-queue.js';
@@ -89,8 +89,12 @@ async function dispatchCosts(
 /** charlm-small's shape in the step measurements: the GPU's share made small. */
 const STEP_SHAPE = { dModel: 16, heads: 2, context: 8 };
 
-/** Per-step medians of the tiny charlm-small single run (see the module's comment). */
-async function stepCosts(o: WebGPUHostBenchOptions) {
+/**
+ * Per-step medians of the tiny charlm-small single run (see the module's comment); `captured`:
+ * with the captured step on (pipeline/captured-step.ts: the environment variable set while the
+ * device starts).
+ */
+async function stepCosts(o: WebGPUHostBenchOptions, captured = false) {
   const { resolveConfig, modelConfigFor } = await import('../config/config.js');
   const { loadDataset } = await import('../data/index.js');
   const { makeBatcher } = await import('../data/batcher.js');
@@ -106,13 +110,24 @@ async function stepCosts(o: WebGPUHostBenchOptions) {
   });
   const ds = await loadDataset(cfg.data);
   const model = buildModel(modelConfigFor(cfg, ds));
-  const s = await createStrategy(cfg, model, initParams(model.blocks, 1));
+  const { CAPTURE_ENV } = await import('../pipeline/captured-step.js');
+  const before = process.env[CAPTURE_ENV];
+  if (captured) process.env[CAPTURE_ENV] = '1';
+  else delete process.env[CAPTURE_ENV];
+  let s: Awaited<ReturnType<typeof createStrategy>>;
+  try {
+    s = await createStrategy(cfg, model, initParams(model.blocks, 1));
+  } finally {
+    if (before === undefined) delete process.env[CAPTURE_ENV];
+    else process.env[CAPTURE_ENV] = before;
+  }
   try {
     const batcher = makeBatcher(ds, { batchSize: 1, context: 8, seed: 1 });
     const host: number[] = [];
     const poll: number[] = [];
     const wall: number[] = [];
     let dispatches = 0;
+    let replayed = 0;
     for (let i = 0; i < o.warmup + o.steps; i++) {
       const t = performance.now();
       const r = await s.trainStep(batcher.next(), 1e-4);
@@ -121,9 +136,13 @@ async function stepCosts(o: WebGPUHostBenchOptions) {
       host.push(r.gpu?.hostMs ?? Number.NaN);
       poll.push(r.gpu?.pollMs ?? Number.NaN);
       dispatches = r.gpu?.dispatches ?? 0;
+      replayed += r.gpu?.replays ?? 0;
     }
     return {
       shape,
+      captured,
+      /** Timed steps whose forward and backward were replayed. */
+      replayed_steps: replayed,
       dispatches_per_step: dispatches,
       host_ms: median(host),
       poll_ms: median(poll),
@@ -197,10 +216,12 @@ export async function benchWebGPUHost(
   const kernels = await dispatchCosts(o);
   for (const k of kernels) log(`${k.kernel}: ${k.host_us.toFixed(1)} us`);
   const step = o.steps > 0 ? await stepCosts(o) : undefined;
-  if (step)
-    log(
-      `charlm-small step: host ${step.host_ms.toFixed(2)} ms, polling ${step.poll_ms.toFixed(2)} ms, wall ${step.step_ms.toFixed(2)} ms`,
-    );
+  const capturedStep = o.steps > 0 ? await stepCosts(o, true) : undefined;
+  for (const c of [step, capturedStep])
+    if (c)
+      log(
+        `charlm-small step${c.captured ? `, captured (${c.replayed_steps} of ${o.steps} replayed)` : ''}: host ${c.host_ms.toFixed(2)} ms, polling ${c.poll_ms.toFixed(2)} ms, wall ${c.step_ms.toFixed(2)} ms`,
+      );
   const replay = o.steps > 0 ? await replayedStep(o) : undefined;
   if (replay)
     log(
@@ -213,23 +234,25 @@ export async function benchWebGPUHost(
       columns: ['kernel', 'dispatches', 'host us per call'],
       rows: kernels.map((k) => [k.kernel, k.dispatches, k.host_us.toFixed(1)]),
     }) +
-    (step
-      ? `\n## charlm-small single, batch 1, context 8, d_model 16, 2 heads (medians of ${o.steps} steps after ${o.warmup})\n\n${markdownTable(
+    (step && capturedStep
+      ? `\n## charlm-small single, batch 1, context 8, d_model 16, 2 heads (medians of ${o.steps} steps after ${o.warmup})\n\nThrough TF.js, and with the captured step (\`LAYERWISE_WEBGPU_CAPTURE=1\`, pipeline/captured-step.ts: forward and backward re-issued from a recording once two steps matched).\n\n${markdownTable(
           {
             columns: [
+              'run',
+              'replayed steps',
               'dispatches per step',
               'host ms',
               'polling ms',
               'step ms (wall)',
             ],
-            rows: [
-              [
-                step.dispatches_per_step,
-                step.host_ms.toFixed(2),
-                step.poll_ms.toFixed(2),
-                step.step_ms.toFixed(2),
-              ],
-            ],
+            rows: [step, capturedStep].map((c) => [
+              c.captured ? 'captured step' : 'through TF.js',
+              c.replayed_steps,
+              c.dispatches_per_step,
+              c.host_ms.toFixed(2),
+              c.poll_ms.toFixed(2),
+              c.step_ms.toFixed(2),
+            ]),
           },
         )}`
       : '') +
@@ -258,7 +281,7 @@ export async function benchWebGPUHost(
   const files = await writeBenchResults(
     o.out,
     'webgpu-host',
-    { adapter, options: o, kernels, step, replay },
+    { adapter, options: o, kernels, step, captured_step: capturedStep, replay },
     md,
   );
   log(`wrote ${files.join(', ')}`);
