@@ -107,9 +107,10 @@ test('AdamW with flat moments on webgpu equals the composed update on cpu, throu
 });
 
 /**
- * Two AdamW steps over w [7, 9] and b [70] with a clone of b kept from before the second. Returns
- * the values of w, b and the clone after it, and (webgpu) whether w, b and the flat moments kept
- * their data (dataId) through it.
+ * Two AdamW steps over w [7, 9] and b [70] with a clone of b kept from before the second, the
+ * parameters and the optimizer's state read between them (as a checkpoint reads them). Returns
+ * the values of w, b, the clone and the moments after the second, and (webgpu) whether w, b and
+ * the flat moments kept their data (dataId) through it.
  */
 async function inPlaceSteps() {
   const opt = new DeviceOptimizer(defaultOptimizerConfig('adamw'));
@@ -139,6 +140,9 @@ async function inPlaceSteps() {
       .flat;
   const g1 = grads(1);
   opt.apply(params, g1, 0.05, 1);
+  // read between the updates, as a checkpoint does: TF.js keeps what it read on the host
+  await Promise.all([...params.values()].map((p) => p.data()));
+  await opt.getState();
   const kept = tf.clone(params.get('b')!); // shares b's data where the backend can
   const before = [
     params.get('w')!,
@@ -152,9 +156,12 @@ async function inPlaceSteps() {
     params.get('b')!,
     ...(flat()[0] ? [flat()[0]!.m, flat()[0]!.v] : []),
   ].map((t) => t.dataId);
+  const state = await opt.getState();
   const values = (await Promise.all(
     [params.get('w')!, params.get('b')!, kept].map((t) => t.data()),
   )) as Float32Array[];
+  for (const slots of Object.values(state.slots))
+    values.push(...Object.values(slots));
   const same = after.map((id, i) => id === before[i]);
   tf.dispose([...g1.values(), ...g2.values(), kept, ...params.values()]);
   opt.dispose();
@@ -173,7 +180,7 @@ test('AdamW on webgpu updates a parameter and the moments in place where nothing
     const { worst } = scaledDifference(v, cpu.values[i]!);
     assert.ok(
       worst <= 1e-6,
-      `array ${i} (w, b, the clone) differs from cpu by ${worst}`,
+      `array ${i} (w, b, the clone, the moments) differs from cpu by ${worst}`,
     );
   });
   assert.deepEqual(

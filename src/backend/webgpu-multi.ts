@@ -116,7 +116,9 @@ export interface RawBackend {
   /** TF.js's open compute pass on commandEncoder (null between passes). */
   computePassEncoder: GpuPass | null;
   commandQueueOwnedIds: WeakSet<object>;
-  tensorMap: { get(dataId: object): { resource?: unknown } };
+  tensorMap: {
+    get(dataId: object): { resource?: unknown; values?: unknown };
+  };
   ensureCommandEncoderReady(): void;
   endComputePassEncoder(): void;
   submitQueue(): void;
@@ -554,6 +556,9 @@ function updatedInPlace(
 ): [tf.TensorInfo, GpuBuffer] {
   if (b.refCount(t.dataId) !== 1) return newOutput(b, t.shape);
   const buffer = bufferOf(b, t);
+  // a read caches the values on the host (backend_webgpu.ts convertAndCacheOnCPU) and later
+  // reads return that copy: the update makes it stale
+  b.tensorMap.get(t.dataId).values = null;
   b.incRef(t.dataId);
   return [{ dataId: t.dataId, shape: t.shape, dtype: t.dtype }, buffer];
 }
