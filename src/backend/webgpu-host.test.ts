@@ -3,14 +3,20 @@
  * writes (same size, same words, for fields of 1 to 6 components of each type, in orders that
  * exercise WGSL's alignment rules), writes each distinct contents once and hands the same buffer
  * back for the same contents; a pipeline answers getBindGroupLayout with one object per index;
- * bind groups are kept by layout and bound buffer ranges. No GPU needed: the device and TF.js's
+ * bind groups are kept by layout and bound buffer ranges; buffers held for a captured step are
+ * not handed out by the pool until given back. No GPU needed: the device and TF.js's
  * backend are stand-ins that record what is written (webgpu.test.ts runs the caches on a GPU).
  */
 
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { WebGPUBackend } from '@tensorflow/tfjs-backend-webgpu';
-import { bindGroupCountsOf, cutDispatchHostWork } from './webgpu-host.js';
+import {
+  bindGroupCountsOf,
+  cutDispatchHostWork,
+  holdBuffers,
+  unholdBuffers,
+} from './webgpu-host.js';
 
 type Uniform = { type: 'int32' | 'uint32' | 'float32'; data: number[] };
 
@@ -205,4 +211,56 @@ test('bind groups are kept by layout and bound buffer ranges; other resources ar
   const t2 = f.device.createBindGroup({ layout, entries: [view] });
   assert.notEqual(t1, t2, 'not a buffer: made each time');
   assert.deepEqual(bindGroupCountsOf(f.device), { made: 7, found: 1 });
+});
+
+/** A stand-in for TF.js 4.22's BufferManager (buffer_manager.ts): free lists by size and usage, pop the last. */
+function fakePool(device: { createBuffer(d: { size: number }): object }) {
+  const key = (size: number, usage: number) => `${size}_${usage}`;
+  return {
+    freeBuffers: new Map<string, object[]>(),
+    numFreeBuffers: 0,
+    acquireBuffer(size: number, usage: number) {
+      const free = this.freeBuffers.get(key(size, usage)) ?? [];
+      this.freeBuffers.set(key(size, usage), free);
+      if (free.length > 0) {
+        this.numFreeBuffers--;
+        return free.pop()!;
+      }
+      return Object.assign(device.createBuffer({ size }), { usage });
+    },
+    releaseBuffer(b: { size: number; usage: number }, reuse = true) {
+      if (!reuse) return;
+      this.freeBuffers.get(key(b.size, b.usage))!.push(b);
+      this.numFreeBuffers++;
+    },
+  };
+}
+
+test('buffers held for a captured step are not handed out by the pool, free when held or released later, until their owner gives them back; one owner at a time', () => {
+  const f = fakeDevice();
+  const pool = fakePool(f.device);
+  const backend = {
+    device: f.device,
+    bufferManager: pool,
+    makeUniforms: () => undefined,
+  };
+  cutDispatchHostWork(backend);
+  const take = () =>
+    pool.acquireBuffer(64, 140) as { size: number; usage: number };
+  const [a, b] = [take(), take()];
+  pool.releaseBuffer(a);
+  const owner = {};
+  assert.ok(holdBuffers(backend, owner, [a, b]));
+  assert.equal(pool.numFreeBuffers, 0, 'a, free, taken out of the free list');
+  const c = take();
+  assert.ok(c !== a && c !== b, 'a new buffer, not a held one');
+  pool.releaseBuffer(b); // released while held: kept out too
+  pool.releaseBuffer(c);
+  assert.equal(take(), c, 'the free one that is not held');
+  assert.ok(!holdBuffers(backend, {}, [c]), 'another owner holds nothing');
+  unholdBuffers(backend, {});
+  assert.ok(![a, b].includes(take()), 'given back only by their owner');
+  unholdBuffers(backend, owner);
+  assert.equal(pool.numFreeBuffers, 2);
+  assert.deepEqual([take(), take()], [a, b], 'back, the first made first');
 });

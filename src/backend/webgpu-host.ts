@@ -156,8 +156,11 @@ function firstMadeFirst(pool: BufferPoolLike): void {
     free[i] = buffer;
   };
   const counted = pool as unknown as { numFreeBuffers?: number };
+  let holder: object | null = null;
   holds.set(pool, {
-    hold(buffers) {
+    hold(owner, buffers) {
+      if (holder !== null && holder !== owner) return false;
+      holder = owner;
       for (const b of buffers) watched.add(b);
       for (const free of pool.freeBuffers.values())
         for (let i = free.length - 1; i >= 0; i--)
@@ -166,8 +169,11 @@ function firstMadeFirst(pool: BufferPoolLike): void {
             free.splice(i, 1);
             if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers--;
           }
+      return true;
     },
-    unhold() {
+    unhold(owner) {
+      if (owner !== holder) return;
+      holder = null;
       watched.clear();
       for (const b of taken) {
         insert(listOf(b), b);
@@ -202,8 +208,9 @@ function firstMadeFirst(pool: BufferPoolLike): void {
 
 /** A pool's hold on some of its buffers ({@link holdBuffers}). */
 interface PoolHold {
-  hold(buffers: Iterable<object>): void;
-  unhold(): void;
+  /** False, holding nothing, where another owner holds buffers. */
+  hold(owner: object, buffers: Iterable<object>): boolean;
+  unhold(owner: object): void;
 }
 const holds = new WeakMap<object, PoolHold>();
 
@@ -212,23 +219,24 @@ const holds = new WeakMap<object, PoolHold>();
  * {@link cutDispatchHostWork} installed): the free ones are taken out of its free lists, and any
  * of them released later (a tensor disposed) is too, so the pool hands none of them out until
  * {@link unholdBuffers}. For a captured step (pipeline/captured-step.ts), whose replays write
- * into the buffers its recording used. Returns false where the backend has no such pool.
+ * into the buffers its recording used. One owner at a time (a later call by the same owner adds
+ * to its buffers). Returns false, holding nothing, where the backend has no such pool or another
+ * owner holds buffers of it.
  */
 export function holdBuffers(
   backend: object,
+  owner: object,
   buffers: Iterable<object>,
 ): boolean {
   const pool = (backend as BackendLike).bufferManager;
   const h = pool && holds.get(pool);
-  if (!h) return false;
-  h.hold(buffers);
-  return true;
+  return h ? h.hold(owner, buffers) : false;
 }
 
-/** Gives every buffer {@link holdBuffers} kept out back to the pool's free lists. */
-export function unholdBuffers(backend: object): void {
+/** Gives every buffer `owner` holds ({@link holdBuffers}) back to the pool's free lists. */
+export function unholdBuffers(backend: object, owner: object): void {
   const pool = (backend as BackendLike).bufferManager;
-  if (pool) holds.get(pool)?.unhold();
+  if (pool) holds.get(pool)?.unhold(owner);
 }
 
 /**

@@ -15,11 +15,13 @@
  * and uniforms (backend/webgpu-host.ts) a step binds exactly the buffers of the step before:
  * the two recordings compared show it, command by command. The buffers the recording uses are
  * kept out of TF.js's pool while the capture stands (webgpu-host.ts holdBuffers), so nothing
- * else is handed them between replays. The capture is dropped and recorded anew when a step
- * differs: the parameters' buffers (a checkpoint restored), the batch's shapes, the loss seed
- * (f16's loss scale), LayerDrop, a diagnosing step, or several micro-batches. A model that draws
- * noise (Dropout) never gets one: its steps' uniforms or uploads differ, so no two recordings
- * match (training steps always carry the step's noise context, whether the model draws any).
+ * else is handed them between replays. The only values a replay writes are the step's own
+ * uploads: its tokens, its labels and its loss seed (a new loss scale needs no new recording);
+ * a recording that uploads anything else (Dropout's masks, a small op TF.js ran on the CPU), reads
+ * or writes a buffer is not captured. The capture is dropped and recorded anew when a step
+ * differs: the parameters' buffers (a checkpoint restored), the batch's shapes, LayerDrop, a
+ * diagnosing step, several micro-batches; or when a replay fails. A model drawing noise on the
+ * GPU has uniforms that change every step, so no two of its recordings match.
  *
  * Opt-in while it is new: LAYERWISE_WEBGPU_CAPTURE=1. Not counted: the GPU's busy time of the
  * replayed passes (timestamp queries are on TF.js's passes only).
@@ -59,11 +61,12 @@ const MAP_WRITE = 0x02;
 /** What a recorded forward and backward did, by buffer. */
 interface Captured {
   ops: RecordedOp[];
-  /** Upload i's bytes: the step's tokens, its labels, or the recording's (the loss seed). */
-  roles: Array<'x' | 'labels' | 'recorded'>;
+  /** Upload i's bytes: the step's tokens, its labels, or its loss seed (a float32 scalar). */
+  roles: Array<'x' | 'labels' | 'seed'>;
+  /** The bytes of the tokens' and the labels' uploads. */
+  bytes: { x: number; labels: number };
   x: { shape: number[]; dtype: string };
   labels: { shape: number[]; dtype: string };
-  lossSeed: number;
   /** The parameters' buffers, in the stage's key order. */
   params: object[];
   /** The gradients' buffers and shapes by key, and the loss's buffer. */
@@ -94,8 +97,12 @@ export class StepCapture {
   private last: Captured | null = null;
   /** The capture replayed, its buffers held. */
   private ready: Captured | null = null;
-  /** A replayed step's batch, between its forward and backward. */
-  private pending: { x: Uint8Array; labels: Uint8Array } | null = null;
+  /** A replayed step's batch and loss seed, between its forward and backward. */
+  private pending: {
+    x: Uint8Array;
+    labels: Uint8Array;
+    seed: Uint8Array;
+  } | null = null;
   /** The replays' staging buffers, one per upload (backend/webgpu-commands.ts replayCommands). */
   private staging: object[] = [];
   /** Steps replayed so far (for tests and the bench). */
@@ -154,12 +161,17 @@ export class StepCapture {
       if (
         xs &&
         ls &&
-        io.lossSeed === c.lossSeed &&
         sameShape(x, c.x) &&
         sameShape(labels, c.labels) &&
+        xs.byteLength === c.bytes.x &&
+        ls.byteLength === c.bytes.labels &&
         params.every((b, i) => b === c.params[i])
       ) {
-        this.pending = { x: bytesOf(xs), labels: bytesOf(ls) };
+        this.pending = {
+          x: bytesOf(xs),
+          labels: bytesOf(ls),
+          seed: bytesOf(new Float32Array([io.lossSeed])),
+        };
         x.dispose();
         labels.dispose();
         return true;
@@ -202,20 +214,17 @@ export class StepCapture {
     this.pending = null;
     const q = gpuQueue()!;
     q.flush(); // what TF.js queued goes first
-    replayCommands(
-      this.backend.device,
-      c.ops,
-      {
-        upload: (i, recorded) =>
-          c.roles[i] === 'x'
-            ? p.x
-            : c.roles[i] === 'labels'
-              ? p.labels
-              : recorded,
-        write: (_, recorded) => recorded,
-      },
-      this.staging,
-    );
+    try {
+      replayCommands(
+        this.backend.device,
+        c.ops,
+        { upload: (i) => p[c.roles[i]!], write: (_, recorded) => recorded },
+        this.staging,
+      );
+    } catch (e) {
+      this.drop(); // the next step runs through TF.js, and records anew
+      throw e;
+    }
     q.countReplayed(c.ops);
     this.replayed++;
     const onBuffer = (buffer: object, shape: number[]) =>
@@ -243,14 +252,19 @@ export class StepCapture {
     this.recording = null;
     gpuQueue()!.flush(); // the backward's last commands into the recording
     const ops = r.rec.stop();
-    const c = this.captured(r, ops, grads, lossSeed);
+    const c = this.captured(
+      r,
+      ops,
+      grads,
+      bytesOf(new Float32Array([lossSeed])),
+    );
     if (!c) {
       this.last = null;
       return;
     }
     if (this.last && sameCapture(this.last, c)) {
       const buffers = usedBuffers(c);
-      if (buffers && holdBuffers(this.backend, buffers)) {
+      if (buffers && holdBuffers(this.backend, this, buffers)) {
         this.ready = c;
         this.last = null;
         return;
@@ -259,32 +273,41 @@ export class StepCapture {
     this.last = c;
   }
 
-  /** What a recording shows, or null where it cannot be replayed (a read, a write, a buffer not known). */
+  /**
+   * What a recording shows, or null where it cannot be replayed: a read or a `writeBuffer` inside
+   * it, a buffer not known, or an upload that is not the batch's tokens, its labels or its loss
+   * seed (`seed`: the seed's float32 bytes). Any other upload would be a value the host computed
+   * for this step (Dropout's masks, a small op TF.js ran on the CPU), which a replay cannot know.
+   */
   private captured(
     r: NonNullable<StepCapture['recording']>,
     ops: RecordedOp[],
     grads: ReadonlyMap<string, tf.Tensor>,
-    lossSeed: number,
+    seed: Uint8Array,
   ): Captured | null {
     if (!r.xBuffer || !r.labelsBuffer || !r.loss) return null;
     const roles: Captured['roles'] = [];
+    const bytes = { x: -1, labels: -1 };
     for (const o of ops) {
       if (o.op === 'write') return null; // a step's own values written: not known here
       if (o.op !== 'copy') continue;
       const [src, , dst] = o.args;
       if (dst.usage & MAP_READ) return null; // a read inside the step
-      if (src.usage & MAP_WRITE) {
-        if (!o.data) return null;
-        roles.push(
-          dst === r.xBuffer
-            ? 'x'
-            : dst === r.labelsBuffer
-              ? 'labels'
-              : 'recorded',
-        );
-      }
+      if (!(src.usage & MAP_WRITE)) continue;
+      if (!o.data) return null;
+      const role =
+        dst === r.xBuffer
+          ? 'x'
+          : dst === r.labelsBuffer
+            ? 'labels'
+            : sameBytes(o.data, seed)
+              ? 'seed'
+              : null;
+      if (!role || roles.includes(role)) return null;
+      roles.push(role);
+      if (role !== 'seed') bytes[role] = o.data.byteLength;
     }
-    if (!roles.includes('x') || !roles.includes('labels')) return null;
+    if (bytes.x < 0 || bytes.labels < 0) return null;
     const byKey = new Map<string, { buffer: object; shape: number[] }>();
     for (const [k, g] of grads) {
       const buffer = this.bufferOf(g);
@@ -296,9 +319,9 @@ export class StepCapture {
     return {
       ops,
       roles,
+      bytes,
       x: { shape: [...r.x.shape], dtype: r.x.dtype },
       labels: { shape: [...r.labels.shape], dtype: r.labels.dtype },
-      lossSeed,
       params: params as object[],
       grads: byKey,
       loss: r.loss as object,
@@ -314,21 +337,25 @@ export class StepCapture {
     }
   }
 
-  /** Drops the capture (its buffers back to the pool) and any recording: the next covered step records anew. */
+  /**
+   * Drops the capture (its buffers back to the pool, its staging buffers freed: a new capture's
+   * uploads may differ) and any recording: the next covered step records anew.
+   */
   drop(): void {
     this.resetStep();
     this.last = null;
     if (this.ready) {
       this.ready = null;
-      unholdBuffers(this.backend);
+      unholdBuffers(this.backend, this);
     }
-  }
-
-  /** Drops the capture and frees the replays' staging buffers. */
-  dispose(): void {
-    this.drop();
+    // a destroyed buffer lives on in Dawn until the submitted work that uses it has run
     for (const b of this.staging) (b as { destroy(): void }).destroy();
     this.staging = [];
+  }
+
+  /** Drops the capture and frees its staging buffers. */
+  dispose(): void {
+    this.drop();
   }
 }
 
@@ -340,11 +367,13 @@ const sameShape = (t: tf.Tensor, s: { shape: number[]; dtype: string }) =>
 const bytesOf = (v: ArrayBufferView) =>
   new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
 
+const sameBytes = (a: Uint8Array, b: Uint8Array) =>
+  a.byteLength === b.byteLength && a.every((v, k) => v === b[k]);
+
 /** Whether two recordings are the same step: the same commands on the same buffers, uploads to the same places (the batch's bytes aside). */
 function sameCapture(a: Captured, b: Captured): boolean {
   if (
     a.ops.length !== b.ops.length ||
-    a.lossSeed !== b.lossSeed ||
     a.loss !== b.loss ||
     a.roles.join() !== b.roles.join() ||
     a.params.length !== b.params.length ||
@@ -357,20 +386,15 @@ function sameCapture(a: Captured, b: Captured): boolean {
     if (!h || h.buffer !== g.buffer || h.shape.join() !== g.shape.join())
       return false;
   }
-  let upload = 0;
   return a.ops.every((o, i) => {
     const p = b.ops[i]!;
-    if (o.op === 'copy' && o.data) {
-      if (p.op !== 'copy' || !p.data) return false;
-      const role = a.roles[upload++];
-      const same = o.args.slice(1).every((x, k) => x === p.args[k + 1]);
+    if (o.op === 'copy' && o.data)
+      // an upload (each one the batch's or the seed: captured() checked): the same place
       return (
-        same &&
-        (role !== 'recorded' ||
-          (o.data.byteLength === p.data.byteLength &&
-            o.data.every((v, k) => v === p.data![k])))
+        p.op === 'copy' &&
+        p.data !== undefined &&
+        o.args.slice(1).every((x, k) => x === p.args[k + 1])
       );
-    }
     return sameCommand(o, p);
   });
 }

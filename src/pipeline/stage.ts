@@ -58,9 +58,10 @@ export class Stage extends TrainableStage {
   lastRecomputeMs = 0;
 
   /** The captured forward and backward on webgpu (LAYERWISE_WEBGPU_CAPTURE=1), for a stage holding the whole model. */
-  private readonly capture: StepCapture | null = StepCapture.wanted()
-    ? new StepCapture({ paramVars: this.params.vars })
-    : null;
+  private readonly capture: StepCapture | null =
+    StepCapture.wanted() && this.isFirst && this.isLast
+      ? new StepCapture({ paramVars: this.params.vars })
+      : null;
 
   readonly handlers: Handlers = {
     forward: (a, io) => {
