@@ -364,6 +364,14 @@ export class GpuQueue {
     this.replays++;
   }
 
+  /**
+   * Times the compute passes later recorded on `encoder` as TF.js's are timed (with timestamp
+   * queries; no-op without): for an encoder made outside TF.js (a replayed recording's).
+   */
+  timePasses(encoder: object): void {
+    this.timer?.patch(encoder as EncoderLike);
+  }
+
   /** Whether {@link endStep} measures the GPU's busy time (the device has timestamp queries). */
   get timesPasses(): boolean {
     return this.timer !== null;

@@ -239,22 +239,65 @@ export function sameCommand(o: RecordedOp, p: RecordedOp): boolean {
 }
 
 /**
+ * The staging buffer upload i copies `data` from: `staging[i]` (made there the first time),
+ * written with `queue.writeBuffer`, or, without `staging`, a new one mapped at creation.
+ */
+function stagingOf(
+  d: Device,
+  data: Uint8Array,
+  i: number,
+  staging: object[] | undefined,
+): object {
+  if (staging) {
+    const b = (staging[i] ??= d.createBuffer({
+      size: data.byteLength,
+      usage: COPY_SRC | COPY_DST,
+    }));
+    d.queue.writeBuffer(b, 0, data);
+    return b;
+  }
+  const b = d.createBuffer({
+    size: data.byteLength,
+    usage: MAP_WRITE | COPY_SRC,
+    mappedAtCreation: true,
+  });
+  new Uint8Array(b.getMappedRange()).set(data);
+  b.unmap();
+  return b;
+}
+
+/** How {@link replayCommands} replays. */
+export interface ReplayOptions {
+  /** A step's own values for the uploads and writes; absent: both left out (a measurement). */
+  inputs?: ReplayInputs;
+  /**
+   * Staging buffers kept by the caller from replay to replay: upload i's is `staging[i]`, made
+   * there the first time. Absent: a new one mapped at creation per upload, as TF.js uploads.
+   */
+  staging?: object[];
+  /** Called with each command encoder the replay makes, before it records anything (a pass timer's hook). */
+  onEncoder?: (encoder: object) => void;
+}
+
+/**
  * Encodes and submits `ops` again on `device`. Reads' copies (to mappable buffers) are left out.
  * Without `inputs`, so are the uploads and `writeBuffer`s; with it, each upload is copied, in its
  * place, from a staging buffer holding `inputs.upload`'s bytes, and each `writeBuffer` writes
- * `inputs.write`'s. The staging buffers are new ones mapped at creation (as TF.js uploads), or,
- * given `staging` (kept by the caller from replay to replay), upload i's is `staging[i]`, made
- * there the first time and written with `queue.writeBuffer` (which the queue runs before this
- * replay's commands and after all submitted before).
+ * `inputs.write`'s. A kept staging buffer is written with `queue.writeBuffer`, which the queue
+ * runs before this replay's commands and after all submitted before.
  * @throws Error where an input's bytes are not as many as the recording's.
  */
 export function replayCommands(
   device: object,
   ops: readonly RecordedOp[],
-  inputs?: ReplayInputs,
-  staging?: object[],
+  { inputs, staging, onEncoder }: ReplayOptions = {},
 ): void {
   const d = device as Device;
+  const encoder = () => {
+    const e = d.createCommandEncoder();
+    onEncoder?.(e);
+    return e;
+  };
   let uploads = 0;
   let writes = 0;
   const sized = (data: Uint8Array, recorded: Uint8Array, what: string) => {
@@ -264,7 +307,7 @@ export function replayCommands(
       );
     return data;
   };
-  let e = d.createCommandEncoder();
+  let e = encoder();
   let pass: Pass | null = null;
   const close = () => {
     pass?.end();
@@ -295,23 +338,7 @@ export function replayCommands(
           if (!inputs || !o.data) break;
           const i = uploads++;
           const data = sized(inputs.upload(i, o.data), o.data, `upload ${i}`);
-          let from: object;
-          if (staging) {
-            from = staging[i] ??= d.createBuffer({
-              size: data.byteLength,
-              usage: COPY_SRC | COPY_DST,
-            });
-            d.queue.writeBuffer(from, 0, data);
-          } else {
-            const b = d.createBuffer({
-              size: data.byteLength,
-              usage: MAP_WRITE | COPY_SRC,
-              mappedAtCreation: true,
-            });
-            new Uint8Array(b.getMappedRange()).set(data);
-            b.unmap();
-            from = b;
-          }
+          const from = stagingOf(d, data, i, staging);
           close();
           e.copyBufferToBuffer(
             from as { usage: number },
@@ -336,7 +363,7 @@ export function replayCommands(
       case 'submit':
         close();
         d.queue.submit([e.finish()]);
-        e = d.createCommandEncoder();
+        e = encoder();
         break;
     }
   close();

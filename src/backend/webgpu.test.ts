@@ -573,20 +573,22 @@ test("a training step's recorded GPU commands, replayed with the next batches' u
     const { beta1, beta2 } = optimizerConfigOf(cfg);
     for (let k = RECORDED + 1; k < STEPS; k++)
       replayCommands(device, ops, {
-        upload: (i, bytes) =>
-          role[i] === 'x'
-            ? bytesOf(batches[k]!.x, b.model.inputDtype)
-            : role[i] === 'y'
-              ? bytesOf(batches[k]!.y, 'int32')
-              : bytes,
-        // wgsl/multi.ts ADAMW_MULTI_WGSL's uniforms: bc1, bc2 (1 - beta^t) at bytes 44 and 48
-        write: (_, bytes) => {
-          const u = bytes.slice();
-          new Float32Array(u.buffer, 44, 2).set([
-            1 - beta1 ** (k + 1),
-            1 - beta2 ** (k + 1),
-          ]);
-          return u;
+        inputs: {
+          upload: (i, bytes) =>
+            role[i] === 'x'
+              ? bytesOf(batches[k]!.x, b.model.inputDtype)
+              : role[i] === 'y'
+                ? bytesOf(batches[k]!.y, 'int32')
+                : bytes,
+          // wgsl/multi.ts ADAMW_MULTI_WGSL's uniforms: bc1, bc2 (1 - beta^t) at bytes 44 and 48
+          write: (_, bytes) => {
+            const u = bytes.slice();
+            new Float32Array(u.buffer, 44, 2).set([
+              1 - beta1 ** (k + 1),
+              1 - beta2 ** (k + 1),
+            ]);
+            return u;
+          },
         },
       });
     const got = await b.stage.getParams();

@@ -23,8 +23,7 @@
  * diagnosing step, several micro-batches; or when a replay fails. A model drawing noise on the
  * GPU has uniforms that change every step, so no two of its recordings match.
  *
- * Opt-in while it is new: LAYERWISE_WEBGPU_CAPTURE=1. Not counted: the GPU's busy time of the
- * replayed passes (timestamp queries are on TF.js's passes only).
+ * Opt-in while it is new: LAYERWISE_WEBGPU_CAPTURE=1.
  */
 import { gpuQueue } from '../backend/gpu-queue.js';
 import { tf } from '../backend/tfjs.js';
@@ -215,12 +214,14 @@ export class StepCapture {
     const q = gpuQueue()!;
     q.flush(); // what TF.js queued goes first
     try {
-      replayCommands(
-        this.backend.device,
-        c.ops,
-        { upload: (i) => p[c.roles[i]!], write: (_, recorded) => recorded },
-        this.staging,
-      );
+      replayCommands(this.backend.device, c.ops, {
+        inputs: {
+          upload: (i) => p[c.roles[i]!],
+          write: (_, recorded) => recorded,
+        },
+        staging: this.staging,
+        onEncoder: (e) => q.timePasses(e), // the GPU's busy time counts the replay's passes
+      });
     } catch (e) {
       this.drop(); // the next step runs through TF.js, and records anew
       throw e;
