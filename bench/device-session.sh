@@ -12,8 +12,8 @@
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
 #      importable); the d1024 model with the 64 x 64 product tiling forced, and charlm-small with
 #      60 dispatches a submit and with the captured step (layerwise only); `bench matmul-tiles`;
-#      a traced charlm-small run (`--trace`: each action's host and GPU spans, the gaps between
-#      steps).
+#      a traced charlm-small run with the captured step (`--trace`: each action's host and GPU
+#      spans, the gaps between steps).
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
 #      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
 #      and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens of steps).
@@ -45,9 +45,9 @@ case "$part" in
     # through TF.js, from the fourth step on
     LAYERWISE_WEBGPU_CAPTURE=1 bench gpu --configs small/layerwise --config-seconds 45 --name gpu-capture
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
-    # where a charlm-small step's time goes on the GPU machine: each action's host and GPU spans
-    # and the gaps between steps (summary.json beside it: host ms and GPU busy per step)
-    timeout 60 node "$lw/dist/cli/main.js" train --preset charlm-small --strategy single \
+    # where a captured charlm-small step's time goes on the GPU machine: each action's host and
+    # GPU spans and the gaps between steps (summary.json beside it: host ms and GPU busy per step)
+    LAYERWISE_WEBGPU_CAPTURE=1 timeout 60 node "$lw/dist/cli/main.js" train --preset charlm-small --strategy single \
       --backend webgpu --batch-size 32 --steps 22 --eval-every 0 --eval-batches 1 \
       --out "$out/small-trace" --trace "$out/small-trace/trace.json" >"$out/small-trace.txt" 2>&1
     ;;
