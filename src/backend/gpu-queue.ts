@@ -449,6 +449,19 @@ export class GpuQueue {
     return new Promise((resolve) => setImmediate(resolve));
   }
 
+  /**
+   * Submits what is queued and resolves once the GPU has finished everything submitted so far,
+   * polling the event loop meanwhile ({@link poll}): the GPU caught up, for a bench or a test
+   * that times or records one step at a time.
+   */
+  async caughtUp(): Promise<void> {
+    let finished = false;
+    void this.submit().done.then(() => {
+      finished = true;
+    });
+    while (!finished) await this.poll();
+  }
+
   /** Whether the tensor's values are in a GPU buffer (not only on the host, waiting for first use). */
   isResident(t: tf.Tensor): boolean {
     return this.backend.tensorMap.get(t.dataId)?.resource != null;

@@ -441,41 +441,45 @@ test("a step's recorded GPU commands replay without TF.js as valid commands, eve
   await initBackend('cpu');
 });
 
-test("a training step's GPU commands repeat those of the step before: the same pipelines, bind groups, dispatches and copies, only the batch's uploads coming from new staging buffers", {
-  skip: why,
-}, async () => {
-  const { recordCommands, sameCommand } = await import('./webgpu-commands.js');
+/**
+ * This thread's webgpu device and queue, and a d16 charlm-small Stage trained in this thread
+ * (bench/report.ts inThreadStage): for the tests that record a step's commands.
+ */
+async function tinyStage() {
   const { inThreadStage } = await import('../bench/report.js');
   await import('../strategies/index.js');
   const { resolveConfig } = await import('../config/config.js');
   const { gpuQueue } = await import('./gpu-queue.js');
   await initBackend('webgpu');
-  const q = gpuQueue()!;
-  const device = (tf.backend() as unknown as { device: GPUDevice }).device;
-  const caughtUp = async () => {
-    let done = false;
-    void q.submit().done.then(() => {
-      done = true;
-    });
-    while (!done) await q.poll();
+  const cfg = resolveConfig({
+    preset: 'charlm-small',
+    backend: 'webgpu',
+    batchSize: 1,
+    dModel: 16,
+    heads: 2,
+    context: 8,
+  });
+  return {
+    cfg,
+    q: gpuQueue()!,
+    device: (tf.backend() as unknown as { device: GPUDevice }).device,
+    stage: () => inThreadStage(cfg),
   };
-  const stage = await inThreadStage(
-    resolveConfig({
-      preset: 'charlm-small',
-      backend: 'webgpu',
-      batchSize: 1,
-      dModel: 16,
-      heads: 2,
-      context: 8,
-    }),
-  );
+}
+
+test("a training step's GPU commands repeat those of the step before: the same pipelines, bind groups, dispatches and copies, only the batch's uploads coming from new staging buffers", {
+  skip: why,
+}, async () => {
+  const { recordCommands, sameCommand } = await import('./webgpu-commands.js');
+  const { q, device, stage: make } = await tinyStage();
+  const stage = await make();
   try {
     const recorded = async () => {
       const ops = recordCommands(device, () => {
         stage.step();
         q.flush();
       });
-      await caughtUp();
+      await q.caughtUp();
       return ops;
     };
     for (let i = 0; i < 2; i++) await recorded(); // the pool and the caches filled
@@ -514,31 +518,16 @@ test("a training step's recorded GPU commands, replayed with the next batches' u
   const { recordCommands, replayCommands } = await import(
     './webgpu-commands.js'
   );
-  const { inThreadStage } = await import('../bench/report.js');
-  await import('../strategies/index.js');
-  const { resolveConfig, optimizerConfigOf } = await import(
-    '../config/config.js'
-  );
-  const { gpuQueue } = await import('./gpu-queue.js');
-  await initBackend('webgpu');
-  const q = gpuQueue()!;
-  const device = (tf.backend() as unknown as { device: GPUDevice }).device;
-  const cfg = resolveConfig({
-    preset: 'charlm-small',
-    backend: 'webgpu',
-    batchSize: 1,
-    dModel: 16,
-    heads: 2,
-    context: 8,
-  });
+  const { optimizerConfigOf } = await import('../config/config.js');
+  const { cfg, q, device, stage: make } = await tinyStage();
   const STEPS = 6;
   const RECORDED = 3; // steps 0-2 through TF.js, 3 recorded, 4 and 5 replayed
   // through TF.js: every step's batch and the parameters after the last
-  const a = await inThreadStage(cfg);
+  const a = await make();
   const batches = Array.from({ length: STEPS }, () => a.step());
   const want = await a.stage.getParams();
   a.dispose();
-  const b = await inThreadStage(cfg);
+  const b = await make();
   try {
     for (let i = 0; i < RECORDED; i++) b.step();
     const ops = recordCommands(device, () => {

@@ -49,14 +49,7 @@ export async function replayCosts(
   if (!q)
     throw new Error('replayCosts: needs the webgpu backend on this thread');
   const device = (tf.backend() as unknown as { device: Device }).device;
-  // the GPU done with everything submitted (Dawn's Node bindings deliver it in a polled turn)
-  const caughtUp = async () => {
-    let finished = false;
-    void q.submit().done.then(() => {
-      finished = true;
-    });
-    while (!finished) await q.poll();
-  };
+  const caughtUp = () => q.caughtUp();
   const timed = async (f: () => void) => {
     const out: number[] = [];
     for (let i = 0; i < steps; i++) {
