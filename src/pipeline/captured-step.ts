@@ -73,7 +73,7 @@ interface Captured {
   loss: object;
 }
 
-/** What the stage hands the capture: its parameters, and where a step's forward keeps its loss. */
+/** What the stage hands the capture: its parameters' variables (whose buffers a replay must find unchanged). */
 export interface CaptureHost {
   readonly paramVars: ReadonlyMap<string, tf.Variable>;
 }
@@ -104,8 +104,6 @@ export class StepCapture {
   } | null = null;
   /** The replays' staging buffers, one per upload (backend/webgpu-commands.ts replayCommands). */
   private staging: object[] = [];
-  /** Steps replayed so far (for tests and the bench). */
-  replayed = 0;
 
   constructor(private readonly host: CaptureHost) {}
 
@@ -226,8 +224,7 @@ export class StepCapture {
       this.drop(); // the next step runs through TF.js, and records anew
       throw e;
     }
-    q.countReplayed(c.ops);
-    this.replayed++;
+    q.countReplayed(c.ops); // GpuCounts.replays: summary.json's replayed_steps
     const onBuffer = (buffer: object, shape: number[]) =>
       tf.tensor(
         { buffer: buffer as GPUBuffer, zeroCopy: true },

@@ -345,11 +345,6 @@ export class Stage extends TrainableStage {
     this.reset();
   }
 
-  /** Steps whose forward and backward were replayed from a capture (0 without LAYERWISE_WEBGPU_CAPTURE=1). */
-  get replayedSteps(): number {
-    return this.capture?.replayed ?? 0;
-  }
-
   override dispose(): void {
     this.capture?.dispose();
     super.dispose();
