@@ -346,21 +346,17 @@ export class GpuQueue {
   }
 
   /**
-   * Counts a replayed recording (backend/webgpu-commands.ts replayCommands, with its uploads):
-   * one replay, and what it submitted outside TF.js: its dispatches, copies (reads' left out, as
-   * the replay leaves them out) and submits (one per recorded submit, and the last).
+   * Counts one replayed recording and what it submitted outside TF.js (`c`: what
+   * backend/webgpu-commands.ts replayCommands returned).
    */
-  countReplayed(
-    ops: ReadonlyArray<{ op: string; args?: ReadonlyArray<unknown> }>,
-  ): void {
-    for (const o of ops)
-      if (o.op === 'dispatch') this.dispatches++;
-      else if (o.op === 'submit') this.submits++;
-      else if (o.op === 'copy') {
-        const dst = o.args?.[2] as { usage: number } | undefined;
-        if (!dst || !(dst.usage & 0x01)) this.copies++; // MAP_READ: a read's, left out
-      }
-    this.submits++;
+  countReplayed(c: {
+    dispatches: number;
+    copies: number;
+    submits: number;
+  }): void {
+    this.dispatches += c.dispatches;
+    this.copies += c.copies;
+    this.submits += c.submits;
     this.replays++;
   }
 

@@ -66,6 +66,14 @@ const MAP_WRITE = 0x02;
 const COPY_SRC = 0x04;
 const COPY_DST = 0x08;
 
+/** Whether `o` is an upload: a copy from a staging buffer the host wrote (mappable for writing). */
+export const isUpload = (o: RecordedOp): boolean =>
+  o.op === 'copy' && (o.args[0].usage & MAP_WRITE) !== 0;
+
+/** Whether `o` is a read's copy: into a buffer the host maps to read. */
+export const isRead = (o: RecordedOp): boolean =>
+  o.op === 'copy' && (o.args[2].usage & MAP_READ) !== 0;
+
 /**
  * Records the commands `device` receives while `run` runs (`run` must submit all it records; the
  * op list starts at the first command encoder made after the call), and the queue's
@@ -184,13 +192,8 @@ export function startRecording(device: object): Recording {
 
 /**
  * What a replay writes where the recording wrote a step's own values: by default none (a
- * measurement: uploads and `writeBuffer`s left out, the buffers keep what they hold).
- *
- * A captured step in training would also need: the reads (the loss, the gradient norm when
- * clipping, whose scale goes into AdamW's uniforms mid-step: the replay split there), the
- * optimizer's step count and the stage's JS state advanced as TF.js's step would, the
- * recording's transient buffers kept out of TF.js's pool while it stands, and a new recording
- * where the step changes (shapes, LayerDrop's choice, the schedule's actions).
+ * measurement: uploads and `writeBuffer`s left out, the buffers keep what they hold). The
+ * captured step (pipeline/captured-step.ts) gives the batch's tokens and labels and the loss seed.
  */
 export interface ReplayInputs {
   /** The bytes of the recording's upload number `i` (0-based, in order): the step's batch, and its scalars. */
@@ -266,6 +269,13 @@ function stagingOf(
   return b;
 }
 
+/** What a replay submitted: its compute dispatches, buffer copies and queue submits. */
+export interface ReplayedCounts {
+  dispatches: number;
+  copies: number;
+  submits: number;
+}
+
 /** How {@link replayCommands} replays. */
 export interface ReplayOptions {
   /** A step's own values for the uploads and writes; absent: both left out (a measurement). */
@@ -284,15 +294,16 @@ export interface ReplayOptions {
  * Without `inputs`, so are the uploads and `writeBuffer`s; with it, each upload is copied, in its
  * place, from a staging buffer holding `inputs.upload`'s bytes, and each `writeBuffer` writes
  * `inputs.write`'s. A kept staging buffer is written with `queue.writeBuffer`, which the queue
- * runs before this replay's commands and after all submitted before.
+ * runs before this replay's commands and after all submitted before. Returns what it submitted.
  * @throws Error where an input's bytes are not as many as the recording's.
  */
 export function replayCommands(
   device: object,
   ops: readonly RecordedOp[],
   { inputs, staging, onEncoder }: ReplayOptions = {},
-): void {
+): ReplayedCounts {
   const d = device as Device;
+  const counts: ReplayedCounts = { dispatches: 0, copies: 0, submits: 0 };
   const encoder = () => {
     const e = d.createCommandEncoder();
     onEncoder?.(e);
@@ -327,14 +338,15 @@ export function replayCommands(
         break;
       case 'dispatch':
         pass!.dispatchWorkgroups(o.x, o.y, o.z);
+        counts.dispatches++;
         break;
       case 'end':
         close();
         break;
       case 'copy': {
-        const [src, , dst, dstOffset, size] = o.args;
-        if (dst.usage & MAP_READ) break;
-        if (src.usage & MAP_WRITE) {
+        const [, , dst, dstOffset, size] = o.args;
+        if (isRead(o)) break;
+        if (isUpload(o)) {
           if (!inputs || !o.data) break;
           const i = uploads++;
           const data = sized(inputs.upload(i, o.data), o.data, `upload ${i}`);
@@ -347,10 +359,12 @@ export function replayCommands(
             dstOffset,
             size,
           );
+          counts.copies++;
           break;
         }
         close();
         e.copyBufferToBuffer(...o.args);
+        counts.copies++;
         break;
       }
       case 'write': {
@@ -363,9 +377,12 @@ export function replayCommands(
       case 'submit':
         close();
         d.queue.submit([e.finish()]);
+        counts.submits++;
         e = encoder();
         break;
     }
   close();
   d.queue.submit([e.finish()]);
+  counts.submits++;
+  return counts;
 }

@@ -141,8 +141,11 @@ function firstMadeFirst(pool: BufferPoolLike): void {
   // each one released later is too, until unholdBuffers puts them all back
   const watched = new Set<object>();
   const taken = new Set<BufferLike>();
+  // the pool's free-list key of a buffer (buffer_manager.ts getBufferKey)
+  const keyOf = (buffer: BufferLike) =>
+    `${buffer.size}_${(buffer as { usage?: number }).usage}`;
   const listOf = (buffer: BufferLike) => {
-    const key = `${buffer.size}_${(buffer as { usage?: number }).usage}`;
+    const key = keyOf(buffer);
     let free = pool.freeBuffers.get(key);
     if (!free) pool.freeBuffers.set(key, (free = []));
     return free;
@@ -192,9 +195,7 @@ function firstMadeFirst(pool: BufferPoolLike): void {
   pool.releaseBuffer = (buffer, reuse = true) => {
     release(buffer, reuse);
     if (!reuse) return;
-    const free = pool.freeBuffers.get(
-      `${buffer.size}_${(buffer as { usage?: number }).usage}`,
-    );
+    const free = pool.freeBuffers.get(keyOf(buffer));
     if (free?.at(-1) !== buffer) return; // not pushed (a pool being torn down)
     free.pop();
     if (watched.has(buffer)) {

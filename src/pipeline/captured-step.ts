@@ -28,6 +28,8 @@
 import { gpuQueue } from '../backend/gpu-queue.js';
 import { tf } from '../backend/tfjs.js';
 import {
+  isRead,
+  isUpload,
   type RecordedOp,
   type Recording,
   replayCommands,
@@ -53,9 +55,6 @@ interface Backend {
     ): { resource?: unknown; values?: ArrayBufferView | null } | undefined;
   };
 }
-
-const MAP_READ = 0x01;
-const MAP_WRITE = 0x02;
 
 /** What a recorded forward and backward did, by buffer. */
 interface Captured {
@@ -211,8 +210,9 @@ export class StepCapture {
     this.pending = null;
     const q = gpuQueue()!;
     q.flush(); // what TF.js queued goes first
+    let replayed: ReturnType<typeof replayCommands>;
     try {
-      replayCommands(this.backend.device, c.ops, {
+      replayed = replayCommands(this.backend.device, c.ops, {
         inputs: {
           upload: (i) => p[c.roles[i]!],
           write: (_, recorded) => recorded,
@@ -224,7 +224,7 @@ export class StepCapture {
       this.drop(); // the next step runs through TF.js, and records anew
       throw e;
     }
-    q.countReplayed(c.ops); // GpuCounts.replays: summary.json's replayed_steps
+    q.countReplayed(replayed); // GpuCounts.replays: summary.json's replayed_steps
     const onBuffer = (buffer: object, shape: number[]) =>
       tf.tensor(
         { buffer: buffer as GPUBuffer, zeroCopy: true },
@@ -289,10 +289,10 @@ export class StepCapture {
     for (const o of ops) {
       if (o.op === 'write') return null; // a step's own values written: not known here
       if (o.op !== 'copy') continue;
-      const [src, , dst] = o.args;
-      if (dst.usage & MAP_READ) return null; // a read inside the step
-      if (!(src.usage & MAP_WRITE)) continue;
+      if (isRead(o)) return null; // a read inside the step
+      if (!isUpload(o)) continue;
       if (!o.data) return null;
+      const dst = o.args[2];
       const role =
         dst === r.xBuffer
           ? 'x'
@@ -407,7 +407,7 @@ function usedBuffers(c: Captured): Set<object> | null {
       for (const b of bs) out.add(b);
     } else if (o.op === 'copy') {
       const [src, , dst] = o.args;
-      if (!(src.usage & MAP_WRITE)) out.add(src);
+      if (!isUpload(o)) out.add(src);
       out.add(dst);
     }
   }
