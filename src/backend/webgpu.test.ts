@@ -196,7 +196,7 @@ test('single on webgpu with captured steps (LAYERWISE_WEBGPU_CAPTURE=1) replays 
   skip: why,
 }, async () => {
   const { maxParamDiff } = await import('../testing/assert-close.js');
-  const { CAPTURE_ENV } = await import('../pipeline/captured-step.js');
+  const { withCapture } = await import('../bench/webgpu-replay.js');
   const run = (o: Record<string, unknown> = { strategy: 'single' }) =>
     trainTinyLm(
       { backend: 'webgpu', clipNorm: 0.5, ...o },
@@ -208,19 +208,10 @@ test('single on webgpu with captured steps (LAYERWISE_WEBGPU_CAPTURE=1) replays 
     );
   // a pipeline's stages with one micro-batch: none holds the whole model, none captures
   const pipeline = { strategy: 'gpipe', stages: 2, microBatches: 1 };
-  const plain = await run();
-  const plainPipeline = await run(pipeline);
-  const before = process.env[CAPTURE_ENV];
-  process.env[CAPTURE_ENV] = '1'; // the device worker reads it when it starts
-  let captured: Awaited<ReturnType<typeof run>>;
-  let capturedPipeline: Awaited<ReturnType<typeof run>>;
-  try {
-    captured = await run();
-    capturedPipeline = await run(pipeline);
-  } finally {
-    if (before === undefined) delete process.env[CAPTURE_ENV];
-    else process.env[CAPTURE_ENV] = before;
-  }
+  const plain = await withCapture(false, () => run());
+  const plainPipeline = await withCapture(false, () => run(pipeline));
+  const captured = await withCapture(true, () => run());
+  const capturedPipeline = await withCapture(true, () => run(pipeline));
   assert.ok(
     capturedPipeline.reports.every((r) => (r.gpu?.replays ?? 0) === 0),
     'no stage of gpipe K=2 replayed',

@@ -110,17 +110,10 @@ async function stepCosts(o: WebGPUHostBenchOptions, captured = false) {
   });
   const ds = await loadDataset(cfg.data);
   const model = buildModel(modelConfigFor(cfg, ds));
-  const { CAPTURE_ENV } = await import('../pipeline/captured-step.js');
-  const before = process.env[CAPTURE_ENV];
-  if (captured) process.env[CAPTURE_ENV] = '1';
-  else delete process.env[CAPTURE_ENV];
-  let s: Awaited<ReturnType<typeof createStrategy>>;
-  try {
-    s = await createStrategy(cfg, model, initParams(model.blocks, 1));
-  } finally {
-    if (before === undefined) delete process.env[CAPTURE_ENV];
-    else process.env[CAPTURE_ENV] = before;
-  }
+  const { withCapture } = await import('./webgpu-replay.js');
+  const s = await withCapture(captured, () =>
+    createStrategy(cfg, model, initParams(model.blocks, 1)),
+  );
   try {
     const batcher = makeBatcher(ds, { batchSize: 1, context: 8, seed: 1 });
     const host: number[] = [];

@@ -15,7 +15,29 @@ import {
   recordCommands,
   replayCommands,
 } from '../backend/webgpu-commands.js';
+import { CAPTURE_ENV } from '../pipeline/captured-step.js';
 import { median } from '../util/stats.js';
+
+/**
+ * Runs `f` with LAYERWISE_WEBGPU_CAPTURE (pipeline/captured-step.ts CAPTURE_ENV) set to 1 (`on`)
+ * or unset, and restores it after (also when `f` throws): the devices `f` starts capture or not
+ * (a worker thread copies the environment when it starts). For the benches and tests that
+ * compare the two in one process.
+ */
+export async function withCapture<T>(
+  on: boolean,
+  f: () => Promise<T>,
+): Promise<T> {
+  const before = process.env[CAPTURE_ENV];
+  if (on) process.env[CAPTURE_ENV] = '1';
+  else delete process.env[CAPTURE_ENV];
+  try {
+    return await f();
+  } finally {
+    if (before === undefined) delete process.env[CAPTURE_ENV];
+    else process.env[CAPTURE_ENV] = before;
+  }
+}
 
 /** What {@link replayCosts} measured. */
 export interface ReplayCosts {
