@@ -78,8 +78,10 @@ export class Stage extends TrainableStage {
         dropped: io.dropped,
         noise,
       });
-      const loss = this.mbs.get(a.mb)?.recorded?.y;
-      if (captured && loss) captured.afterForward(x, labels!, loss);
+      if (captured) {
+        const loss = this.mbs.get(a.mb)?.recorded?.y;
+        if (loss) captured.afterForward(x, labels!, loss);
+      }
       if (y) io.putOutput(a.mb, y);
     },
     backward: (a, io) => {
