@@ -9,7 +9,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -117,7 +117,7 @@ constexpr int64_t lineStride(int64_t n) {
 
 // Orders this thread's streaming stores before its later stores (sfence).
 inline void streamFence() {
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
   _mm_sfence();
 #endif
 }
