@@ -21,11 +21,19 @@
  * or writes a buffer is not captured. The capture is dropped and recorded anew when a step
  * differs: the parameters' buffers (a checkpoint restored), the batch's shapes, LayerDrop, a
  * diagnosing step, several micro-batches; or when a replay fails. A model drawing noise on the
- * GPU has uniforms that change every step, so no two of its recordings match.
+ * GPU has uniforms that change every step, so no two of its recordings match. A replayed step
+ * counts the bytes its recording reached above the step's start as device bytes for the replay's
+ * span (backend/memory.ts), so its peak and the `--device-memory` budget read as a recorded
+ * step's.
  *
  * Opt-in while it is new: LAYERWISE_WEBGPU_CAPTURE=1.
  */
 import { gpuQueue } from '../backend/gpu-queue.js';
+import {
+  countPrivateBytes,
+  deviceBytes,
+  peakBytes,
+} from '../backend/memory.js';
 import { tf } from '../backend/tfjs.js';
 import {
   isRead,
@@ -70,6 +78,12 @@ interface Captured {
   /** The gradients' buffers and shapes by key, and the loss's buffer. */
   grads: Map<string, { buffer: object; shape: number[] }>;
   loss: object;
+  /**
+   * Bytes above the device's level at the recording's start that the recorded step reached at
+   * its peak (its activations and gradients, bytes): a replay holds the same in the held
+   * buffers, outside any tensor, and counts them for its span (backend/memory.ts).
+   */
+  transientBytes: number;
 }
 
 /** What the stage hands the capture: its parameters' variables (whose buffers a replay must find unchanged). */
@@ -90,6 +104,8 @@ export class StepCapture {
     xBuffer?: unknown;
     labelsBuffer?: unknown;
     loss?: unknown;
+    /** The device's bytes at the recording's start (backend/memory.ts deviceBytes). */
+    base: number;
   } | null = null;
   /** The last step's recording, to compare the next with. */
   private last: Captured | null = null;
@@ -181,6 +197,7 @@ export class StepCapture {
       rec: startRecording(this.backend.device),
       x,
       labels,
+      base: deviceBytes(),
     };
     return false;
   }
@@ -210,6 +227,11 @@ export class StepCapture {
     this.pending = null;
     const q = gpuQueue()!;
     q.flush(); // what TF.js queued goes first
+    // the device holds the recorded step's activations and gradients in the held buffers while
+    // the replay runs: counted as the recorded step counted its tensors (its peak, checked
+    // against --device-memory), then given back before the gradients become tensors again
+    countPrivateBytes(c.transientBytes);
+    countPrivateBytes(-c.transientBytes);
     let replayed: ReturnType<typeof replayCommands>;
     try {
       replayed = replayCommands(this.backend.device, c.ops, {
@@ -323,6 +345,8 @@ export class StepCapture {
       params: params as object[],
       grads: byKey,
       loss: r.loss as object,
+      // the step's peak (from its start, backend/memory.ts resetPeakBytes) above the level here
+      transientBytes: Math.max(0, peakBytes() - r.base),
     };
   }
 
