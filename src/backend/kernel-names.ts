@@ -126,8 +126,8 @@ export const SGD_KERNEL = 'LayerwiseSgd';
  * ADAMW_KERNEL's. The optimizer passes the parameters in {@link multiOrder}. A backend may
  * register it with `elementsPerCall` (a number, on the kernel config): the optimizer then
  * updates at most that many parameter elements a call, each call with its own flat moments and
- * its outputs assigned before the next (native: 2^20, so that a call's outputs reuse the buffers
- * the previous call freed, still in the caches).
+ * its outputs assigned before the next (native: 2^22, which bounds the outputs a call holds beside
+ * its inputs).
  */
 export const ADAMW_MULTI_KERNEL = 'LayerwiseAdamWMulti';
 

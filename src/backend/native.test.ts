@@ -31,6 +31,7 @@ import {
 } from '../testing/backend-compare.js';
 import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
+import { ADAMW_MULTI_KERNEL } from './kernel-names.js';
 import {
   ROUND_BF16_KERNEL,
   roundTensor,
@@ -990,9 +991,15 @@ test('native output buffers are reused across steps, never while a tensor view o
   tf.dispose([a, other, part]);
 });
 
-test('the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6 (AdamW in several calls of at most 2^20 elements, decayed parameters in two of them)', {
+test("the fused device AdamW and SGD updates on native equal the composed ones on cpu within 1e-6 (AdamW in several calls of at most the kernel's elementsPerCall, decayed parameters in two of them)", {
   skip,
 }, async () => {
+  await initBackend('native');
+  const per = (
+    tf.getKernel(ADAMW_MULTI_KERNEL, 'native') as { elementsPerCall?: number }
+  ).elementsPerCall!;
+  assert.ok(per > 0, 'native registers AdamW with elementsPerCall');
+  const rows = Math.ceil(per / 1000) + 100; // w2 alone over one call's elements
   const configs: OptimizerConfig[] = [
     { ...defaultOptimizerConfig('adamw'), weightDecay: 0.1 },
     { ...defaultOptimizerConfig('sgd'), weightDecay: 0.01 },
@@ -1004,10 +1011,10 @@ test('the fused device AdamW and SGD updates on native equal the composed ones o
       const params = new Map([
         ['w', tf.variable(tf.tensor(randomArray(300 * 70, 1), [300, 70]))],
         ['b', tf.variable(tf.tensor(randomArray(70, 2)))],
-        // over 2^20 elements: native's AdamW runs [w], [w2], [b] as three calls
+        // over elementsPerCall elements: native's AdamW runs [w], [w2], [b] as three calls
         [
           'w2',
-          tf.variable(tf.tensor(randomArray(1100 * 1000, 3), [1100, 1000])),
+          tf.variable(tf.tensor(randomArray(rows * 1000, 3), [rows, 1000])),
         ],
       ]);
       const opt = new DeviceOptimizer(config);

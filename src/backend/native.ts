@@ -1685,14 +1685,16 @@ const NATIVE_KERNELS: Record<string, tf.KernelFunc> = {
 
 /**
  * Options registered with a kernel's config, read by its callers. AdamW over many parameters
- * (kernel-names.ts ADAMW_MULTI_KERNEL): at most 2^20 elements a call, the optimizer assigning
- * each call's outputs before the next, so that the next call's outputs are the buffers just freed
- * (still in the caches) rather than ones freed a step ago: charlm-small's update (3.24M
- * parameters) took 6.7-7.4 ms of CPU at 1 thread in 4 calls, 10.9-11.3 ms in one, 8.5 ms per
- * parameter (`npm run bench -- kernels --cpu`, shared machine).
+ * (kernel-names.ts ADAMW_MULTI_KERNEL): at most 2^22 elements a call (the optimizer assigning
+ * each call's outputs before the next), which bounds the new p, m and v a call holds beside the
+ * old ones to 48 MiB. It was 2^20, so that a call's outputs were the buffers the call before had
+ * just freed, still in the caches; the kernel now writes its outputs with streaming stores
+ * (native/src/adamw.cc), which skip the caches, and one region over charlm-small's 3.24M
+ * parameters took 5.1-5.3 ms at 1 thread and 2.8-3.1 ms at 2 where four took 6.0 and 3.5 (fp32;
+ * bf16 6.4 and 3.4-3.8 against 6.9 and 4.1: `npm run bench -- kernels --threads 1,2`).
  */
 const NATIVE_KERNEL_OPTIONS: Record<string, { elementsPerCall?: number }> = {
-  [ADAMW_MULTI_KERNEL]: { elementsPerCall: 2 ** 20 },
+  [ADAMW_MULTI_KERNEL]: { elementsPerCall: 2 ** 22 },
 };
 
 let registered = false;

@@ -1,7 +1,7 @@
 /**
  * The multi-tensor AdamW (kernel-names.ts ADAMW_MULTI_KERNEL) on the native backend, through
  * DeviceOptimizer: the optimizer keeps AdamW's moments flat, in parts of at most the kernel's
- * `elementsPerCall` elements (native: 2^20), and must give the parameters the per-parameter
+ * `elementsPerCall` elements (native: 2^22), and must give the parameters the per-parameter
  * fused kernel (ADAMW_KERNEL) gives, bit for bit, across parts whose decayed prefix is cut, and
  * across a getState/setState round trip (checkpoints). Skipped where the addon is not built.
  */
@@ -18,13 +18,16 @@ const skip = nativeAddon()
   ? false
   : `native backend unavailable: ${nativeUnavailable()}`;
 
-/** big alone is over 2^20 elements: two parts, the first all decayed, the second a prefix. */
-const SHAPES: Record<string, number[]> = {
+/**
+ * The parameters' shapes: big alone over `perCall` elements (the kernel's elementsPerCall), the
+ * rest under it together: two parts, the first all decayed, the second a prefix.
+ */
+const shapesFor = (perCall: number): Record<string, number[]> => ({
   b: [1000],
-  big: [1100, 1000],
+  big: [Math.ceil(perCall / 1000) + 100, 1000],
   w: [300, 1000],
   k: [3, 500],
-};
+});
 
 const fill = (rng: Rng, shape: number[]) =>
   tf.tensor(
@@ -34,15 +37,15 @@ const fill = (rng: Rng, shape: number[]) =>
     shape,
   );
 
-/** Parameters (seeded), and gradients for `steps` steps (seeded), on the current backend. */
-function problem(steps: number) {
+/** Parameters (seeded) of `shapes`, and gradients for `steps` steps (seeded), on the current backend. */
+function problem(shapes: Record<string, number[]>, steps: number) {
   const rng = new Rng(5);
   const params = new Map(
-    Object.entries(SHAPES).map(([n, s]) => [n, tf.variable(fill(rng, s))]),
+    Object.entries(shapes).map(([n, s]) => [n, tf.variable(fill(rng, s))]),
   );
   const grads = Array.from(
     { length: steps },
-    () => new Map(Object.entries(SHAPES).map(([n, s]) => [n, fill(rng, s)])),
+    () => new Map(Object.entries(shapes).map(([n, s]) => [n, fill(rng, s)])),
   );
   return { params, grads };
 }
@@ -58,9 +61,10 @@ test('native AdamW in flat parts of at most elementsPerCall equals the per-param
     | undefined;
   assert.ok(kernel, 'native registers the multi-tensor AdamW');
   const perCall = kernel.elementsPerCall!;
-  assert.ok(1100 * 1000 > perCall && 300 * 1000 + 2500 < perCall);
+  assert.ok(300 * 1000 + 2500 < perCall, 'w, k and b fit one call');
+  const shapes = shapesFor(perCall);
   // multi-tensor, with a checkpoint round trip after step 2
-  const a = problem(4);
+  const a = problem(shapes, 4);
   let opt = new DeviceOptimizer(config);
   for (let t = 0; t < 4; t++) {
     if (t === 2) {
@@ -73,14 +77,14 @@ test('native AdamW in flat parts of at most elementsPerCall equals the per-param
   }
   // per parameter: the multi-tensor kernel unregistered for the run
   tf.unregisterKernel(ADAMW_MULTI_KERNEL, 'native');
-  const b = problem(4);
+  const b = problem(shapes, 4);
   const ref = new DeviceOptimizer(config);
   try {
     for (let t = 0; t < 4; t++) ref.apply(b.params, b.grads[t]!, 0.01, 0.5);
   } finally {
     tf.registerKernel(kernel);
   }
-  for (const name of Object.keys(SHAPES))
+  for (const name of Object.keys(shapes))
     assert.deepEqual(
       a.params.get(name)!.dataSync(),
       b.params.get(name)!.dataSync(),
@@ -88,7 +92,7 @@ test('native AdamW in flat parts of at most elementsPerCall equals the per-param
     );
   const [sa, sb] = [await opt.getState(), await ref.getState()];
   assert.deepEqual(Object.keys(sa.slots).sort(), Object.keys(sb.slots).sort());
-  for (const name of Object.keys(SHAPES))
+  for (const name of Object.keys(shapes))
     for (const k of ['m', 'v'])
       assert.deepEqual(sa.slots[name]![k], sb.slots[name]![k], `${name}.${k}`);
   for (const x of [opt, ref]) x.dispose();

@@ -193,7 +193,7 @@ export class DeviceOptimizer {
    * AdamW over every parameter that has a gradient in one kernel call, where the backend
    * registers ADAMW_MULTI_KERNEL (webgpu: one dispatch for the stage instead of three a
    * parameter; native: one OpenMP region over many instead of one a parameter), or in calls of
-   * at most the kernel's `elementsPerCall` elements (kernel-names.ts; native 2^20), each call
+   * at most the kernel's `elementsPerCall` elements (kernel-names.ts; native 2^22), each call
    * with its own {@link FlatMoments} and its outputs assigned before the next. The parameters
    * go in the gradients' order, in kernel-names.ts multiOrder (the decayed ones first: the kernel
    * decays a prefix; and as the stage's sums of squares laid the gradients out). Returns false,
