@@ -5,13 +5,13 @@
 # Here, before the device call:
 #   npm ci && npm run build && ../shared/tools/device-bundle
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
-#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 510 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 550 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 480 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
-#      importable); the d1024 model with the 64 x 64 product tiling forced, and charlm-small with
-#      60 dispatches a submit and with the captured step (layerwise only); `bench matmul-tiles`;
+#      importable); the d1024 model with the 64 x 64 product tiling forced, and both models with
+#      the captured step (layerwise only); `bench matmul-tiles`;
 #      a traced charlm-small run with the captured step (`--trace`: each action's host and GPU
 #      spans, the gaps between steps).
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
@@ -37,13 +37,14 @@ case "$part" in
   gpu)
     nvidia-smi >"$out/nvidia-smi.txt" 2>&1
     bench gpu --budget-seconds 220
-    # A/Bs, one configuration each (a run may take its --config-seconds past a budget): the
-    # 64 x 64 tiling where the large tiling applies, fewer submits where the host is the limit
+    # A/Bs (a run may take its --config-seconds past a budget): the 64 x 64 tiling where the
+    # large tiling applies
     LAYERWISE_MATMUL_TILING=t64 bench gpu --configs large/layerwise --config-seconds 60 --name gpu-t64
-    LAYERWISE_WEBGPU_SUBMIT_BATCH=60 bench gpu --configs small/layerwise --config-seconds 45 --name gpu-submit60
     # the captured step (pipeline/captured-step.ts): forward and backward re-issued, not run
-    # through TF.js, from the fourth step on
-    LAYERWISE_WEBGPU_CAPTURE=1 bench gpu --configs small/layerwise --config-seconds 45 --name gpu-capture
+    # through TF.js, from the fourth step on; both models (the large one's capture forms too:
+    # 1 x d1024, 16 heads, context 256 replayed from step 4 on lavapipe). It replaced the
+    # 60-dispatches-a-submit A/B, which a replay makes moot (it submits as recorded)
+    LAYERWISE_WEBGPU_CAPTURE=1 bench gpu --configs small/layerwise,large/layerwise --config-seconds 45 --name gpu-capture
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
     # where a captured charlm-small step's time goes on the GPU machine: each action's host and
     # GPU spans and the gaps between steps (summary.json beside it: host ms and GPU busy per step)
