@@ -188,23 +188,45 @@ export async function initBackend(
   // the host's work per dispatch: uniforms and bind groups kept across steps (backend/webgpu-host.ts)
   if (backend === 'webgpu' && process.env.LAYERWISE_WEBGPU_KERNELS !== 'tfjs')
     (await import('./webgpu-host.js')).cutDispatchHostWork(tf.backend());
-  if (backend === 'native')
-    (tf.backend() as NativeBackend).precision = precision;
   // a kernel whose gradient leaves an output's gradient unread (kernel-names.ts
   // UNREAD_OUTPUT_GRADIENTS) gets the tape's placeholder: made now, before any backward counts tensors
   if ([...UNREAD_OUTPUT_GRADIENTS.keys()].some((k) => tf.getKernel(k, backend)))
     unreadGradient();
-  if (policyOf(precision).compute === 'float16') {
-    // f16 products need an adapter with shader-f16 (Mesa's lavapipe has it; Dawn's OpenGL backend does not)
+  await holdAtPrecision(backend, precision, dawn?.description);
+}
+
+/**
+ * Gives this thread's initialised `backend` the run's precision policy: the policy it holds
+ * tensors in (native, webgpu: backend/low-precision.ts devicePolicy; set at each
+ * initialisation, so that a later fp32 run in the thread keeps no f16 run's), webgpu's f16
+ * copies of saved activations where the policy stores them so, and f16 products where it
+ * computes in f16 (which need an adapter with shader-f16: Mesa's lavapipe has it, Dawn's
+ * OpenGL backend not; `adapterName` for the error).
+ * @throws LayerwiseError naming the fix where f16 products have no shader-f16.
+ */
+async function holdAtPrecision(
+  backend: string,
+  precision: Precision,
+  adapterName: string | undefined,
+): Promise<void> {
+  const policy = policyOf(precision);
+  if (backend === 'native')
+    (tf.backend() as NativeBackend).precision = precision;
+  if (backend === 'webgpu') {
+    (tf.backend() as { precision?: Precision }).precision = precision;
+    if (policy.storage.saved === 'float16')
+      (await import('./webgpu-f16.js')).installF16Saved(tf.backend());
+  }
+  if (policy.compute === 'float16') {
     const gpu = (globalThis as { navigator?: { gpu?: GPUWithAdapters } })
       .navigator?.gpu;
     const adapter = await gpu?.requestAdapter();
     check(
       adapter?.features?.has('shader-f16') === true,
-      `--precision f16 needs a webgpu adapter with the shader-f16 feature; this one (${dawn?.description ?? 'unknown'}) has none: use --precision fp32, or a GPU (or Mesa's lavapipe) that has it`,
+      `--precision f16 needs a webgpu adapter with the shader-f16 feature; this one (${adapterName ?? 'unknown'}) has none: use --precision fp32, or a GPU (or Mesa's lavapipe) that has it`,
     );
     const { registerF16Products } = await import('./webgpu-f16.js');
-    registerF16Products(policyOf(precision));
+    registerF16Products(policy);
   }
 }
 

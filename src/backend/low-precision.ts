@@ -74,6 +74,59 @@ const HOLDERS: Partial<
   },
 };
 
+/**
+ * A backend that keeps the activations a recorded forward saves for its backward in its
+ * policy's 2-byte `saved` format (backend/precision.ts): `narrowSaved` makes a saved
+ * tensor's 2-byte copy (null where it keeps the tensor as it is); `widenSaved`, where the
+ * backend's kernels cannot read such a copy as it is, gives the float32 tensor an op's gradient
+ * reads (null for a tensor that is no such copy).
+ */
+interface SavedHolder {
+  narrowSaved(t: tf.Tensor): tf.Tensor | null;
+  widenSaved?(t: tf.Tensor): tf.Tensor | null;
+  /**
+   * The copy for `t`, a saved tensor on the data `copy` was made from (a reshape of it, say):
+   * a clone of `copy` standing for t's shape. tf.clone where absent (a copy of t's shape already).
+   */
+  sharedSaved?(copy: tf.Tensor, t: tf.Tensor): tf.Tensor;
+}
+
+/** The webgpu backend's f16 copies of saved activations (backend/webgpu-f16.ts installF16Saved). */
+interface F16SavedBackend {
+  f16Saved(t: tf.Tensor): tf.Tensor | null;
+  widenF16Saved(t: tf.Tensor): tf.Tensor | null;
+  sharedF16Saved(copy: tf.Tensor, t: tf.Tensor): tf.Tensor;
+}
+
+/**
+ * Per 2-byte format, the {@link SavedHolder} a backend offers for saved activations: the native
+ * backend at bf16 (its kernels read bf16 copies as they are), webgpu at f16 (its copies are
+ * widened for each op's gradient).
+ */
+const SAVED_HOLDERS: Partial<
+  Record<NumberFormat, (b: object) => SavedHolder | null>
+> = {
+  bfloat16: (b) => HOLDERS.bfloat16?.(b) ?? null,
+  float16: (b) => {
+    const w = b as Partial<F16SavedBackend>;
+    if (typeof w.f16Saved !== 'function') return null;
+    const f = w as F16SavedBackend;
+    return {
+      narrowSaved: (t) => f.f16Saved(t),
+      widenSaved: (t) => f.widenF16Saved(t),
+      sharedSaved: (copy, t) => f.sharedF16Saved(copy, t),
+    };
+  },
+};
+
+/** This thread's backend's holder of its policy's 2-byte `saved` storage, or null (saved activations stay float32). */
+function savedHolder(): SavedHolder | null {
+  const b = tf.backend();
+  const p = namedPolicy(b);
+  if (!isNarrow(p, 'saved')) return null;
+  return SAVED_HOLDERS[p.storage.saved]?.(b) ?? null;
+}
+
 /** The policy a backend names (its `precision`), fp32's for a backend naming none. */
 function namedPolicy(b: object): PrecisionPolicy {
   return (
@@ -269,21 +322,23 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
 }
 
 /**
- * Where this thread's backend holds its policy's 2-byte storage (a {@link NarrowHolder}: the
- * native backend at bf16), replaces the activations a recorded forward saved for
- * its backward (`tape`: tfjs tape nodes, pipeline/tape.ts) by 2-byte-only copies of them
- * (NativeBackend.bf16Saved: 2 bytes per element instead of 4, the float32 values freed unless
- * something else holds them), as autocast keeps them (issue 23 item 4): the products' operands
- * (their gradients read them only as bf16 operands anyway: the same gradients), GELU's input,
- * attention's qkv and probabilities, layer norm's xhat (their gradients read bf16 inputs as
- * they are). Kept float32: parameters, statistics the backend marks so (layer
- * norm's rstd), and data a tensor outside the tape holds too (the stage's input). Elsewhere
- * does nothing.
+ * Where this thread's policy stores saved activations in 2 bytes and its backend holds that
+ * format (a {@link SavedHolder}: the native backend at bf16, webgpu at f16), replaces the
+ * activations a recorded forward saved for its backward (`tape`: tfjs tape nodes,
+ * pipeline/tape.ts) by 2-byte-only copies of them (NativeBackend.bf16Saved,
+ * backend/webgpu-f16.ts f16Saved: 2 bytes per element instead of 4, the float32 values freed
+ * unless something else holds them), as autocast keeps them (issue 23 item 4): the products'
+ * operands (their gradients read them only as bf16 or f16 operands anyway: the same
+ * gradients), GELU's input, attention's qkv and probabilities, layer norm's xhat (native's
+ * gradients read bf16 inputs as they are; webgpu's copies are widened first,
+ * {@link widenSavedForGradient}). Kept float32: parameters, statistics the backend marks so
+ * (layer norm's rstd), and data a tensor outside the tape holds too (the stage's input).
+ * Elsewhere does nothing.
  */
 export function keepSavedAtComputePrecision(
   tape: ReadonlyArray<{ saved?: tf.Tensor[] }>,
 ): void {
-  const h = holder();
+  const h = savedHolder();
   if (!h) return;
   const heldElsewhere = new Set<tf.DataId>();
   const savedRefs = new Map<tf.DataId, number>();
@@ -307,11 +362,31 @@ export function keepSavedAtComputePrecision(
       if (copy === undefined) {
         copy = h.narrowSaved(t);
         copies.set(t.dataId, copy);
-      } else if (copy !== null) copy = tf.clone(copy);
+      } else if (copy !== null)
+        copy = h.sharedSaved ? h.sharedSaved(copy, t) : tf.clone(copy);
       if (copy === null) return; // a parameter, or bf16 already
       // kept: made inside a recording's tidy scope, it must outlive that scope as saved tensors do
       saved[i] = tf.keep(copy); // in place: the node's gradient closure holds this array
       t.dispose();
     });
   }
+}
+
+/**
+ * Before an op's gradient runs (pipeline/tape.ts gradientsOf): where this thread's backend
+ * cannot read its 2-byte copies of saved activations as they are (webgpu's f16,
+ * {@link keepSavedAtComputePrecision}), replaces each such copy in `saved` (in place: the
+ * node's gradient closure holds the array) by its float32 widening, and frees the copy; the
+ * widened tensors are freed with the node's saved tensors. Elsewhere does nothing.
+ */
+export function widenSavedForGradient(saved: tf.Tensor[] | undefined): void {
+  const widen = saved?.length ? savedHolder()?.widenSaved : undefined;
+  if (!widen || !saved) return;
+  saved.forEach((t, i) => {
+    if (!(t instanceof tf.Tensor)) return; // a shape kept in place of a tensor
+    const wide = widen(t);
+    if (wide === null) return;
+    saved[i] = tf.keep(wide);
+    t.dispose();
+  });
 }

@@ -50,9 +50,9 @@ export function checkPrecision(precision: string, backend: string): void {
   );
 }
 
-/** What f16 runs as: f16-rounded product operands on webgpu (backend/webgpu-f16.ts), with dynamic loss scaling. */
+/** What f16 runs as: f16-rounded product operands on webgpu (backend/webgpu-f16.ts), activations saved for the backward as f16, with dynamic loss scaling. */
 export const F16_NOTE =
-  "f16 products on webgpu: operands rounded to f16 by a shader, float32 accumulation and storage (TF.js's webgpu kernels are float32: f16 numerics, not f16 speed); dynamic loss scaling from 2^16";
+  "f16 products on webgpu: operands rounded to f16 by a shader, float32 accumulation; activations saved for the backward stored as f16, everything else float32 (TF.js's webgpu kernels are float32: f16 numerics, not f16 speed); dynamic loss scaling from 2^16";
 
 /** The line a run with `precision` prints and saves about what it runs on. */
 export function precisionNote(precision: string): string {

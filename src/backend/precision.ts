@@ -17,10 +17,12 @@ export type NumberFormat = 'float32' | 'bfloat16' | 'float16';
 /**
  * The roles a tensor plays, each with its storage format: `params`, the copies of the
  * parameters that products read (beside the float32 masters; shipped instead of them by the
- * L2L relay); `activations`, block boundaries and the activations a recorded forward saves;
- * `stash`, the L2L relay's stashed layer inputs; `wire`, what stages send each other.
+ * L2L relay); `activations`, block boundaries; `saved`, the activations a recorded forward
+ * saves for its backward, which stay on the device (backend/low-precision.ts
+ * keepSavedAtComputePrecision); `stash`, the L2L relay's stashed layer inputs; `wire`, what
+ * stages send each other.
  */
-export type TensorRole = 'params' | 'activations' | 'stash' | 'wire';
+export type TensorRole = 'params' | 'activations' | 'saved' | 'stash' | 'wire';
 
 /** Plain-JavaScript rounding of float32 values into a 2-byte format (RangeError on a length mismatch). */
 export type Narrowing = (src: Float32Array, dst: Uint16Array) => void;
@@ -44,6 +46,7 @@ const FP32: PrecisionPolicy = {
   storage: {
     params: 'float32',
     activations: 'float32',
+    saved: 'float32',
     stash: 'float32',
     wire: 'float32',
   },
@@ -58,6 +61,7 @@ const BF16: PrecisionPolicy = {
   storage: {
     params: 'bfloat16',
     activations: 'bfloat16',
+    saved: 'bfloat16',
     stash: 'bfloat16',
     wire: 'bfloat16',
   },
@@ -65,11 +69,16 @@ const BF16: PrecisionPolicy = {
   lossScaling: false,
 };
 
-/** f16 on webgpu: f16 numerics of the products in float32 storage (backend/webgpu-f16.ts), loss scaled. */
+/**
+ * f16 on webgpu: f16 numerics of the products (backend/webgpu-f16.ts), the activations a
+ * recorded forward saves for its backward stored as f16 on the device (2 bytes an element,
+ * widened for their op's gradient), everything that leaves the device or crosses a block in
+ * float32; loss scaled.
+ */
 const F16: PrecisionPolicy = {
   name: 'f16',
   compute: 'float16',
-  storage: FP32.storage,
+  storage: { ...FP32.storage, saved: 'float16' },
   master: 'float32',
   lossScaling: true,
 };
@@ -179,7 +188,8 @@ export function paramCopyFormat(policy: PrecisionPolicy): NumberFormat {
 }
 
 /**
- * The one policy that stores some role in a 2-byte format (bf16 today): the policy of a caller
+ * The one policy that stores some host-visible role ({@link ROLES}) in a 2-byte format (bf16
+ * today; f16 stores only `saved` so): the policy of a caller
  * that asks for 2-byte values without naming its precision (the parameter server's copies
  * where strategies/l2l.ts passes no precision; 2-byte values reaching a thread whose backend
  * holds none, backend/low-precision.ts). RangeError once several policies do (then the caller
@@ -196,6 +206,10 @@ export function onlyNarrowPolicy(): PrecisionPolicy {
   return narrow[0]!;
 }
 
+/**
+ * The roles whose values leave the device or wait on the host (`saved` stays on the device, in
+ * its backend's own representation): those {@link onlyNarrowPolicy} asks about.
+ */
 const ROLES: readonly TensorRole[] = ['params', 'activations', 'stash', 'wire'];
 
 /** The policy named `name`, or undefined where `name` names none (a backend without a precision). */

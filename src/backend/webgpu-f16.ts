@@ -59,8 +59,169 @@ interface WebGPUBackendish {
     p: WebGPUProgram,
     inputs: tf.TensorInfo[],
     dtype: tf.DataType,
+    uniforms?: Array<{ type: string; data: number[] }>,
   ): tf.TensorInfo;
   disposeData(id: object): void;
+}
+
+/**
+ * WGSL: the IEEE binary16 bits of `v`, a float32 value that f16 represents exactly (what
+ * roundF16 returns: infinities and NaN included), and the float32 value of binary16 bits `h`
+ * (exact). Plain u32 arithmetic, so that no f16 type (shader-f16) and no pack2x16float (whose
+ * result past f16's range WGSL leaves indeterminate) is needed.
+ */
+const F16_BITS_WGSL = `
+  fn f16Bits(v : f32) -> u32 {
+    let b = bitcast<u32>(v);
+    let sign = (b >> 16u) & 0x8000u;
+    let mag = b & 0x7fffffffu;
+    if (mag > 0x7f800000u) {
+      return sign | 0x7e00u;
+    }
+    if (mag == 0x7f800000u) {
+      return sign | 0x7c00u;
+    }
+    if (mag < 0x38800000u) {
+      return sign | u32(abs(v) * 16777216.0);
+    }
+    return sign | (((mag >> 23u) - 112u) << 10u) | ((mag >> 13u) & 0x3ffu);
+  }
+  fn f16Value(h : u32) -> f32 {
+    let sign = (h & 0x8000u) << 16u;
+    let e = (h >> 10u) & 0x1fu;
+    let m = h & 0x3ffu;
+    if (e == 0u) {
+      return select(1.0, -1.0, sign != 0u) * (f32(m) / 16777216.0);
+    }
+    if (e == 31u) {
+      return bitcast<f32>(sign | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+  }
+`;
+
+/** A flat program over `outputShape`, 64 invocations a workgroup. */
+abstract class FlatProgram implements WebGPUProgram {
+  abstract readonly variableNames: string[];
+  abstract readonly shaderKey: string;
+  readonly size = true;
+  readonly workgroupSize: [number, number, number] = [64, 1, 1];
+  readonly dispatchLayout: { x: number[] };
+  readonly dispatch: [number, number, number];
+  constructor(readonly outputShape: number[]) {
+    this.dispatchLayout = webgpu_util.flatDispatchLayout(outputShape);
+    this.dispatch = webgpu_util.computeDispatch(
+      this.dispatchLayout,
+      outputShape,
+      this.workgroupSize,
+    );
+  }
+  abstract getUserCode(): string;
+}
+
+/**
+ * Packs n float32 values (input A) into ceil(n / 2) int32 words, each two of them rounded to f16
+ * (as {@link RoundF16Program}: nearest even, subnormals, infinite past f16's range), element 2i
+ * in the low half of word i.
+ */
+class PackF16Program extends FlatProgram {
+  readonly variableNames = ['A'];
+  readonly shaderKey = 'layerwise_pack_f16';
+  readonly uniforms = 'n : i32,';
+  constructor(n: number) {
+    super([Math.ceil(n / 2)]);
+  }
+  getUserCode(): string {
+    return `
+      ${ROUND_F16_WGSL}
+      ${F16_BITS_WGSL}
+      fn main(index : i32) {
+        if (index < uniforms.size) {
+          let i = 2 * index;
+          let lo = f16Bits(roundF16(A[i]));
+          var hi = 0u;
+          if (i + 1 < uniforms.n) {
+            hi = f16Bits(roundF16(A[i + 1]));
+          }
+          setOutputAtIndexI32(index, bitcast<i32>(lo | (hi << 16u)));
+        }
+      }
+    `;
+  }
+}
+
+/** The float32 values (exact) of the f16 values {@link PackF16Program} packed (input A), in `shape`. */
+class UnpackF16Program extends FlatProgram {
+  readonly variableNames = ['A'];
+  readonly shaderKey = 'layerwise_unpack_f16';
+  getUserCode(): string {
+    return `
+      ${F16_BITS_WGSL}
+      fn main(index : i32) {
+        if (index < uniforms.size) {
+          let word = bitcast<u32>(A[index / 2]);
+          let h = select(word & 0xffffu, word >> 16u, index % 2 == 1);
+          setOutputAtIndex(index, f16Value(h));
+        }
+      }
+    `;
+  }
+}
+
+/**
+ * The float32 shape each packed f16 copy ({@link packF16}) stands for, by the copy's tensor
+ * (not its data: copies of one activation seen in two shapes, a reshape's, share the data).
+ */
+const packedShapes = new WeakMap<tf.Tensor, number[]>();
+
+/**
+ * `t` (float32) packed as f16 on this thread's webgpu backend: an int32 tensor of
+ * ceil(size / 2) words, 2 bytes an element (see {@link PackF16Program}); {@link unpackF16}
+ * gives the float32 tensor back. For tests and {@link installF16Saved}.
+ */
+export function packF16(t: tf.Tensor): tf.Tensor {
+  const b = tf.backend() as unknown as WebGPUBackendish;
+  const info = b.runWebGPUProgram(new PackF16Program(t.size), [t], 'int32', [
+    { type: 'int32', data: [t.size] },
+  ]);
+  const packed = tf.engine().makeTensorFromTensorInfo(info);
+  packedShapes.set(packed, [...t.shape]);
+  return packed;
+}
+
+/** The float32 tensor a {@link packF16} copy stands for (a new tensor), or null for any other tensor. */
+export function unpackF16(t: tf.Tensor): tf.Tensor | null {
+  const shape = packedShapes.get(t);
+  if (shape === undefined) return null;
+  const b = tf.backend() as unknown as WebGPUBackendish;
+  const info = b.runWebGPUProgram(new UnpackF16Program(shape), [t], 'float32');
+  return tf.engine().makeTensorFromTensorInfo(info);
+}
+
+/**
+ * Gives this thread's webgpu `backend` the f16 copies of saved activations that a policy whose
+ * `saved` storage is float16 asks for (backend/low-precision.ts SAVED_HOLDERS): `f16Saved(t)`,
+ * t packed as f16 ({@link packF16}: half the bytes while the activation waits for the
+ * backward), or null where t stays float32 (a statistic: rank below 2, or a last axis of 1,
+ * such as layer norm's rstd); `widenF16Saved(t)`, the float32 tensor an op's gradient reads,
+ * made just before it runs. The products' saved operands lose nothing (their gradients round
+ * them to f16 as they load them); the other saved activations (GELU's input, layer norm's
+ * xhat, attention's inputs and probabilities) are rounded to f16 as autocast keeps them.
+ */
+export function installF16Saved(backend: object): void {
+  Object.assign(backend, {
+    f16Saved: (t: tf.Tensor): tf.Tensor | null =>
+      t.dtype === 'float32' && t.rank >= 2 && t.shape[t.rank - 1]! > 1
+        ? packF16(t)
+        : null,
+    widenF16Saved: (t: tf.Tensor): tf.Tensor | null => unpackF16(t),
+    // another saved tensor on the packed data (a reshape of it): the same words, its shape
+    sharedF16Saved: (copy: tf.Tensor, t: tf.Tensor): tf.Tensor => {
+      const c = tf.clone(copy);
+      packedShapes.set(c, [...t.shape]);
+      return c;
+    },
+  });
 }
 
 /** The products whose operands {@link registerF16Products} rounds. */

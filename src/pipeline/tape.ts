@@ -14,7 +14,10 @@
  * tfjs-core 4.x (pinned 4.22); rematerialize.test.ts and tape.test.ts pin the behaviour.
  */
 import { UNREAD_OUTPUT_GRADIENTS } from '../backend/kernel-names.js';
-import { keepSavedAtComputePrecision } from '../backend/low-precision.js';
+import {
+  keepSavedAtComputePrecision,
+  widenSavedForGradient,
+} from '../backend/low-precision.js';
 import { unreadGradient } from '../backend/matmul-grad.js';
 import { tf } from '../backend/tfjs.js';
 
@@ -95,6 +98,9 @@ export function gradientsOf(
     throw new Error(
       `Cannot compute gradient: gradient function not found for ${node.kernelName}.`,
     );
+  // 2-byte copies of saved activations that the backend's kernels cannot read (webgpu's f16)
+  // widened for this gradient; freed with the node's saved tensors (release)
+  widenSavedForGradient(node.saved);
   return tf.tidy(() => {
     const g = gradient(dys);
     return names.map((name) => {
