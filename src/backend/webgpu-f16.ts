@@ -5,64 +5,36 @@
  * loss, gradient sums, master weights, optimizer state) stays float32. layerwise's own products
  * (backend/webgpu-matmul.ts) round the operands as their tiles are loaded, in their one
  * dispatch; TF.js 4.22's stock kernels (LAYERWISE_WEBGPU_KERNELS=tfjs) are float32 only, so
- * there the operands are rounded by a shader of ours first ({@link RoundF16Program}:
+ * there the operands are rounded by a shader of ours first ({@link ROUND_F16_PROGRAM_WGSL}:
  * nearest-even on the bits, f16's subnormals, values past f16's range made infinite so that
- * loss scaling sees the overflow). f16 numerics, float32 storage (documented as such in
- * README). The adapter must
+ * loss scaling sees the overflow). f16 numerics in float32 storage (documented as such in
+ * README), except the activations saved for the backward, which wait packed as f16
+ * ({@link installF16Saved}). The adapter must
  * have `shader-f16` (backend/index.ts checks); the device is made with it (backend/webgpu.ts
  * requestShaderF16) and GELU and its gradient then compute in f16 arithmetic
  * (backend/webgpu-kernels.ts useF16Arithmetic).
  */
-import {
-  type WebGPUProgram,
-  webgpu_util,
-} from '@tensorflow/tfjs-backend-webgpu';
 import type { PrecisionPolicy } from './precision.js';
 import { tf, wrapStockKernel } from './tfjs.js';
-import { useF16Arithmetic } from './webgpu-kernels.js';
+import {
+  LayerwiseProgram,
+  run,
+  type Uniform,
+  useF16Arithmetic,
+  type WebGPUBackendish,
+} from './webgpu-kernels.js';
 import { ownsWebGPUProducts, setProductOperands } from './webgpu-matmul.js';
 import { ROUND_F16_WGSL } from './wgsl/matmul.js';
 
 /** Rounds every element of a float32 tensor to the nearest f16 value and back (overflow: +-Infinity). */
-class RoundF16Program implements WebGPUProgram {
-  readonly variableNames = ['A'];
-  readonly size = true;
-  readonly workgroupSize: [number, number, number] = [64, 1, 1];
-  readonly shaderKey = 'layerwise_round_f16';
-  readonly outputShape: number[];
-  readonly dispatchLayout: { x: number[] };
-  readonly dispatch: [number, number, number];
-  constructor(shape: number[]) {
-    this.outputShape = shape;
-    this.dispatchLayout = webgpu_util.flatDispatchLayout(shape);
-    this.dispatch = webgpu_util.computeDispatch(
-      this.dispatchLayout,
-      shape,
-      this.workgroupSize,
-    );
+const ROUND_F16_PROGRAM_WGSL = `
+  ${ROUND_F16_WGSL}
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      setOutputAtIndex(index, roundF16(A[index]));
+    }
   }
-  getUserCode(): string {
-    // the rounding is wgsl/matmul.ts's, which layerwise's own products apply as they load
-    return `
-      ${ROUND_F16_WGSL}
-      fn main(index : i32) {
-        if (index < uniforms.size) {
-          setOutputAtIndex(index, roundF16(getAByOutputIndex(index)));
-        }
-      }
-    `;
-  }
-}
-
-interface WebGPUBackendish {
-  runWebGPUProgram(
-    p: WebGPUProgram,
-    inputs: tf.TensorInfo[],
-    dtype: tf.DataType,
-    uniforms?: Array<{ type: string; data: number[] }>,
-  ): tf.TensorInfo;
-  disposeData(id: object): void;
-}
+`;
 
 /**
  * WGSL: the IEEE binary16 bits of `v`, a float32 value that f16 represents exactly (what
@@ -100,73 +72,56 @@ const F16_BITS_WGSL = `
   }
 `;
 
-/** A flat program over `outputShape`, 64 invocations a workgroup. */
-abstract class FlatProgram implements WebGPUProgram {
-  abstract readonly variableNames: string[];
-  abstract readonly shaderKey: string;
-  readonly size = true;
-  readonly workgroupSize: [number, number, number] = [64, 1, 1];
-  readonly dispatchLayout: { x: number[] };
-  readonly dispatch: [number, number, number];
-  constructor(readonly outputShape: number[]) {
-    this.dispatchLayout = webgpu_util.flatDispatchLayout(outputShape);
-    this.dispatch = webgpu_util.computeDispatch(
-      this.dispatchLayout,
-      outputShape,
-      this.workgroupSize,
-    );
-  }
-  abstract getUserCode(): string;
-}
-
 /**
  * Packs n float32 values (input A) into ceil(n / 2) int32 words, each two of them rounded to f16
- * (as {@link RoundF16Program}: nearest even, subnormals, infinite past f16's range), element 2i
- * in the low half of word i.
+ * (as {@link ROUND_F16_PROGRAM_WGSL}: nearest even, subnormals, infinite past f16's range),
+ * element 2i in the low half of word i.
  */
-class PackF16Program extends FlatProgram {
-  readonly variableNames = ['A'];
-  readonly shaderKey = 'layerwise_pack_f16';
-  readonly uniforms = 'n : i32,';
-  constructor(n: number) {
-    super([Math.ceil(n / 2)]);
-  }
-  getUserCode(): string {
-    return `
-      ${ROUND_F16_WGSL}
-      ${F16_BITS_WGSL}
-      fn main(index : i32) {
-        if (index < uniforms.size) {
-          let i = 2 * index;
-          let lo = f16Bits(roundF16(A[i]));
-          var hi = 0u;
-          if (i + 1 < uniforms.n) {
-            hi = f16Bits(roundF16(A[i + 1]));
-          }
-          setOutputAtIndexI32(index, bitcast<i32>(lo | (hi << 16u)));
-        }
+const PACK_F16_WGSL = `
+  ${ROUND_F16_WGSL}
+  ${F16_BITS_WGSL}
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      let i = 2 * index;
+      let lo = f16Bits(roundF16(A[i]));
+      var hi = 0u;
+      if (i + 1 < uniforms.n) {
+        hi = f16Bits(roundF16(A[i + 1]));
       }
-    `;
+      setOutputAtIndexI32(index, bitcast<i32>(lo | (hi << 16u)));
+    }
   }
+`;
+
+/** The float32 values (exact) of the f16 values {@link PACK_F16_WGSL} packed (input A). */
+const UNPACK_F16_WGSL = `
+  ${F16_BITS_WGSL}
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      let word = bitcast<u32>(A[index / 2]);
+      let h = select(word & 0xffffu, word >> 16u, index % 2 == 1);
+      setOutputAtIndex(index, f16Value(h));
+    }
+  }
+`;
+
+/** Runs one of this file's programs (`key`, `code`) on `x` (input A) into an output of `shape` and `dtype`. */
+function runOn(
+  backend: unknown,
+  key: string,
+  code: string,
+  x: tf.TensorInfo,
+  shape: number[],
+  dtype: tf.DataType = 'float32',
+  uniforms: readonly Uniform[] = [],
+): tf.TensorInfo {
+  const program = new LayerwiseProgram(key, ['A'], shape, code, uniforms);
+  return run(backend, program, [x], uniforms, shape, dtype);
 }
 
-/** The float32 values (exact) of the f16 values {@link PackF16Program} packed (input A), in `shape`. */
-class UnpackF16Program extends FlatProgram {
-  readonly variableNames = ['A'];
-  readonly shaderKey = 'layerwise_unpack_f16';
-  getUserCode(): string {
-    return `
-      ${F16_BITS_WGSL}
-      fn main(index : i32) {
-        if (index < uniforms.size) {
-          let word = bitcast<u32>(A[index / 2]);
-          let h = select(word & 0xffffu, word >> 16u, index % 2 == 1);
-          setOutputAtIndex(index, f16Value(h));
-        }
-      }
-    `;
-  }
-}
+/** `x` rounded to f16 and back, a new TensorInfo of x's shape on `backend`. */
+const roundedF16 = (backend: unknown, x: tf.TensorInfo) =>
+  runOn(backend, 'layerwise_round_f16', ROUND_F16_PROGRAM_WGSL, x, x.shape);
 
 /**
  * The float32 shape each packed f16 copy ({@link packF16}) stands for, by the copy's tensor
@@ -176,14 +131,20 @@ const packedShapes = new WeakMap<tf.Tensor, number[]>();
 
 /**
  * `t` (float32) packed as f16 on this thread's webgpu backend: an int32 tensor of
- * ceil(size / 2) words, 2 bytes an element (see {@link PackF16Program}); {@link unpackF16}
+ * ceil(size / 2) words, 2 bytes an element (see {@link PACK_F16_WGSL}); {@link unpackF16}
  * gives the float32 tensor back. For tests and {@link installF16Saved}.
  */
 export function packF16(t: tf.Tensor): tf.Tensor {
-  const b = tf.backend() as unknown as WebGPUBackendish;
-  const info = b.runWebGPUProgram(new PackF16Program(t.size), [t], 'int32', [
-    { type: 'int32', data: [t.size] },
-  ]);
+  const words = [Math.ceil(t.size / 2)];
+  const info = runOn(
+    tf.backend(),
+    'layerwise_pack_f16',
+    PACK_F16_WGSL,
+    t,
+    words,
+    'int32',
+    [['n', 'i32', t.size]],
+  );
   const packed = tf.engine().makeTensorFromTensorInfo(info);
   packedShapes.set(packed, [...t.shape]);
   return packed;
@@ -193,8 +154,13 @@ export function packF16(t: tf.Tensor): tf.Tensor {
 export function unpackF16(t: tf.Tensor): tf.Tensor | null {
   const shape = packedShapes.get(t);
   if (shape === undefined) return null;
-  const b = tf.backend() as unknown as WebGPUBackendish;
-  const info = b.runWebGPUProgram(new UnpackF16Program(shape), [t], 'float32');
+  const info = runOn(
+    tf.backend(),
+    'layerwise_unpack_f16',
+    UNPACK_F16_WGSL,
+    t,
+    shape,
+  );
   return tf.engine().makeTensorFromTensorInfo(info);
 }
 
@@ -253,10 +219,8 @@ export function registerF16Products(policy: PrecisionPolicy): void {
   for (const name of PRODUCTS)
     wrapStockKernel(name, 'webgpu', (stock) => ({ inputs, backend, attrs }) => {
       const b = backend as unknown as WebGPUBackendish;
-      const round = (t: tf.TensorInfo) =>
-        b.runWebGPUProgram(new RoundF16Program(t.shape), [t], 'float32');
-      const a16 = round(inputs.a as tf.TensorInfo);
-      const b16 = round(inputs.b as tf.TensorInfo);
+      const a16 = roundedF16(b, inputs.a as tf.TensorInfo);
+      const b16 = roundedF16(b, inputs.b as tf.TensorInfo);
       try {
         return stock({
           inputs: { ...inputs, a: a16, b: b16 },
@@ -272,7 +236,5 @@ export function registerF16Products(policy: PrecisionPolicy): void {
 
 /** Rounds `t` to f16 on this thread's webgpu backend (a new tensor; for tests). */
 export function roundF16(t: tf.Tensor): tf.Tensor {
-  const b = tf.backend() as unknown as WebGPUBackendish;
-  const info = b.runWebGPUProgram(new RoundF16Program(t.shape), [t], 'float32');
-  return tf.engine().makeTensorFromTensorInfo(info);
+  return tf.engine().makeTensorFromTensorInfo(roundedF16(tf.backend(), t));
 }

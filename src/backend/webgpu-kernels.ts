@@ -82,10 +82,10 @@ const F16_MAX = 65504;
 const ELEMENT_THREADS = 64;
 
 /** One uniform: a name, its WGSL type and value (in the order the program declares them). */
-type Uniform = [name: string, type: 'i32' | 'f32', value: number];
+export type Uniform = [name: string, type: 'i32' | 'f32', value: number];
 
-/** One WGSL program over flat [n] or [rows, cols] views of its inputs (backend/wgsl/). */
-class LayerwiseProgram implements WebGPUProgram {
+/** One WGSL program over flat [n] or [rows, cols] views of its inputs (backend/wgsl/, webgpu-f16.ts). */
+export class LayerwiseProgram implements WebGPUProgram {
   readonly dispatchLayout: { x: number[] };
   readonly dispatch: [number, number, number];
   readonly workgroupSize: [number, number, number];
@@ -144,18 +144,22 @@ const view = (t: tf.TensorInfo, shape: number[]): tf.TensorInfo => ({
   dtype: t.dtype,
 });
 
-/** Runs `program` on `inputs` (already viewed flat or as rows) and gives the output `shape`. */
-function run(
+/**
+ * Runs `program` on `inputs` (already viewed flat or as rows) and gives the output `shape`, of
+ * `dtype` (the float32 {@link STORAGE} unless asked: webgpu-f16.ts's packed f16 words are int32).
+ */
+export function run(
   backend: unknown,
   program: LayerwiseProgram,
   inputs: tf.TensorInfo[],
   uniforms: readonly Uniform[],
   shape: number[],
+  dtype: tf.DataType = STORAGE,
 ): tf.TensorInfo {
   const out = (backend as WebGPUBackendish).runWebGPUProgram(
     program,
     inputs,
-    STORAGE,
+    dtype,
     uniforms.map(([, type, value]) => ({
       type: type === 'i32' ? 'int32' : 'float32',
       data: [value],
