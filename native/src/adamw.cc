@@ -158,8 +158,9 @@ void forMyPieces(const std::vector<int64_t>& start, Span span) {
 // colder in cache (the update reads gradients the backward wrote in reverse layer order, and
 // parameters and moments last touched a step ago) or that the OS paused does not hold the team
 // at the barrier. On 2 cores, inside charlm-small's training step, that took the update at 2
-// threads from 4.40 to 4.14 ms a step (fp32). Inside the step the addon's calls now take 5.7 ms
-// at 1 thread and 3.3 ms at 2 (1.74x), where the same pass on its own, caches flushed, runs
+// threads from 4.40 to 4.14 ms a step (fp32). With the stores of adamwSpan and one call a step
+// (backend/native.ts elementsPerCall), the update takes 5.1-5.3 ms at 1 thread and 2.8-3.1 ms
+// at 2 inside the step (bench kernels), where the same pass on its own, caches flushed, runs
 // 1.84x (outputs aligned) to 1.93x (m and v misaligned to p, as the flat moments' views mostly
 // are in a step).
 constexpr int64_t kAdamWChunk = int64_t{1} << 15;

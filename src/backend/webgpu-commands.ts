@@ -85,7 +85,7 @@ export function recordCommands(device: object, run: () => void): RecordedOp[] {
   try {
     run();
   } finally {
-    recording.ops = recording.stop();
+    recording.stop();
   }
   return recording.ops;
 }

@@ -159,6 +159,10 @@ function firstMadeFirst(pool: BufferPoolLike): void {
     free[i] = buffer;
   };
   const counted = pool as unknown as { numFreeBuffers?: number };
+  /** Moves TF.js's count of free buffers (where the pool keeps one) by `d`. */
+  const countFree = (d: number) => {
+    if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers += d;
+  };
   let holder: object | null = null;
   holds.set(pool, {
     hold(owner, buffers) {
@@ -170,7 +174,7 @@ function firstMadeFirst(pool: BufferPoolLike): void {
           if (watched.has(free[i]!)) {
             taken.add(free[i]!);
             free.splice(i, 1);
-            if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers--;
+            countFree(-1);
           }
       return true;
     },
@@ -180,7 +184,7 @@ function firstMadeFirst(pool: BufferPoolLike): void {
       watched.clear();
       for (const b of taken) {
         insert(listOf(b), b);
-        if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers++;
+        countFree(1);
       }
       taken.clear();
     },
@@ -200,7 +204,7 @@ function firstMadeFirst(pool: BufferPoolLike): void {
     free.pop();
     if (watched.has(buffer)) {
       taken.add(buffer);
-      if (counted.numFreeBuffers !== undefined) counted.numFreeBuffers--;
+      countFree(-1);
       return;
     }
     insert(free, buffer);
