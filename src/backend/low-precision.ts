@@ -39,8 +39,8 @@ interface NarrowHolder {
   round: Narrowing;
   /** The backend's widening loop from `format`. */
   widen: Widening;
-  /** A saved activation's 2-byte-only copy, or null where it keeps t (see {@link keepSavedAtComputePrecision}). */
-  narrowSaved(t: tf.Tensor): tf.Tensor | null;
+  /** Each saved activation's 2-byte-only copy, or null where it keeps the tensor (see {@link keepSavedAtComputePrecision}). */
+  narrowSaved(ts: readonly tf.Tensor[]): (tf.Tensor | null)[];
 }
 
 /** The native backend's bfloat16 methods (backend/native.ts NativeBackend). */
@@ -69,21 +69,24 @@ const HOLDERS: Partial<
       activationFromNarrow: (d, shape) => n.activationFromBf16(d, shape),
       round: (src, dst) => n.roundToBf16(src, dst),
       widen: (src, dst) => n.widenFromBf16(src, dst),
-      narrowSaved: (t) => n.bf16Saved(t),
+      narrowSaved: (ts) => ts.map((t) => n.bf16Saved(t)),
     };
   },
 };
 
 /**
  * A backend that keeps the activations a recorded forward saves for its backward in its
- * policy's 2-byte `saved` format (backend/precision.ts): `narrowSaved` makes a saved
- * tensor's 2-byte copy (null where it keeps the tensor as it is); `widenSaved`, where the
- * backend's kernels cannot read such a copy as it is, gives the float32 tensor an op's gradient
- * reads (null for a tensor that is no such copy).
+ * policy's 2-byte `saved` format (backend/precision.ts): `narrowSaved` makes saved tensors'
+ * 2-byte copies (null where it keeps a tensor as it is); `widenSaved`, where the backend's
+ * kernels cannot read such copies as they are, gives the float32 tensors the ops' gradients read
+ * (null for a tensor that is no such copy); each for `group` tensors at a time (one dispatch on
+ * webgpu).
  */
 interface SavedHolder {
-  narrowSaved(t: tf.Tensor): tf.Tensor | null;
-  widenSaved?(t: tf.Tensor): tf.Tensor | null;
+  narrowSaved(ts: readonly tf.Tensor[]): (tf.Tensor | null)[];
+  widenSaved?(ts: readonly tf.Tensor[]): (tf.Tensor | null)[];
+  /** How many tensors one narrowSaved or widenSaved call converts together (1 if absent). */
+  group?: number;
   /**
    * The copy for `t`, a saved tensor on the data `copy` was made from (a reshape of it, say):
    * a clone of `copy` standing for t's shape. tf.clone where absent (a copy of t's shape already).
@@ -93,8 +96,9 @@ interface SavedHolder {
 
 /** The webgpu backend's f16 copies of saved activations (backend/webgpu-f16.ts installF16Saved). */
 interface F16SavedBackend {
-  f16Saved(t: tf.Tensor): tf.Tensor | null;
-  widenF16Saved(t: tf.Tensor): tf.Tensor | null;
+  f16Saved(ts: readonly tf.Tensor[]): (tf.Tensor | null)[];
+  widenF16Saved(ts: readonly tf.Tensor[]): (tf.Tensor | null)[];
+  f16SavedGroup: number;
   sharedF16Saved(copy: tf.Tensor, t: tf.Tensor): tf.Tensor;
 }
 
@@ -112,8 +116,9 @@ const SAVED_HOLDERS: Partial<
     if (typeof w.f16Saved !== 'function') return null;
     const f = w as F16SavedBackend;
     return {
-      narrowSaved: (t) => f.f16Saved(t),
-      widenSaved: (t) => f.widenF16Saved(t),
+      narrowSaved: (ts) => f.f16Saved(ts),
+      widenSaved: (ts) => f.widenF16Saved(ts),
+      group: f.f16SavedGroup,
       sharedSaved: (copy, t) => f.sharedF16Saved(copy, t),
     };
   },
@@ -332,8 +337,10 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
  * gradients), GELU's input, attention's qkv and probabilities, layer norm's xhat (native's
  * gradients read bf16 inputs as they are; webgpu's copies are widened first,
  * {@link widenSavedForGradient}). Kept float32: parameters, statistics the backend marks so
- * (layer norm's rstd), and data a tensor outside the tape holds too (the stage's input).
- * Elsewhere does nothing.
+ * (layer norm's rstd, attention's lse), and data a tensor outside the tape holds too (the
+ * stage's input). The holder converts its `group` tensors at a time (webgpu: 4 a dispatch), and
+ * where copies are widened for the gradients, the backward widens them in groups of as many, in
+ * the order it reaches them. Elsewhere does nothing.
  */
 export function keepSavedAtComputePrecision(
   tape: ReadonlyArray<{ saved?: tf.Tensor[] }>,
@@ -351,25 +358,78 @@ export function keepSavedAtComputePrecision(
   const backend = tf.backend();
   for (const [id, n] of savedRefs)
     if (backend.refCount(id) > n) heldElsewhere.add(id);
+  // one tensor per data, in tape order, converted `group` at a time as the walk below reaches
+  // them (so that the float32 originals are freed as before, a few copies early at most)
+  const firsts = new Map<tf.DataId, tf.Tensor>();
+  for (const node of tape)
+    for (const t of node.saved ?? [])
+      if (
+        t instanceof tf.Tensor &&
+        !heldElsewhere.has(t.dataId) &&
+        t.dtype === 'float32' &&
+        !firsts.has(t.dataId)
+      )
+        firsts.set(t.dataId, t);
+  const order = [...firsts.values()];
+  const size = h.group ?? 1;
   const copies = new Map<tf.DataId, tf.Tensor | null>();
+  const copyOf = (t: tf.Tensor): tf.Tensor | null => {
+    if (!firsts.has(t.dataId)) return null; // kept: held elsewhere, bf16 already
+    if (!copies.has(t.dataId)) {
+      const from = copies.size; // the tensors before it were converted: it is next in order
+      const group = order.slice(from, from + size);
+      h.narrowSaved(group).forEach((c, j) => copies.set(group[j]!.dataId, c));
+    }
+    return copies.get(t.dataId)!;
+  };
+  const slots: SavedSlot[][] = [];
+  const given = new Set<tf.DataId>(); // data whose copy a slot took: later slots get their own
   for (const node of tape) {
     const saved = node.saved;
-    if (!saved) continue;
-    saved.forEach((t, i) => {
+    const mine: SavedSlot[] = [];
+    slots.push(mine);
+    saved?.forEach((t, i) => {
       if (!(t instanceof tf.Tensor)) return;
-      if (heldElsewhere.has(t.dataId) || t.dtype !== 'float32') return;
-      let copy = copies.get(t.dataId);
-      if (copy === undefined) {
-        copy = h.narrowSaved(t);
-        copies.set(t.dataId, copy);
-      } else if (copy !== null)
+      let copy = copyOf(t);
+      if (copy === null) return; // kept: a parameter, a statistic, bf16 already, held elsewhere
+      if (given.has(t.dataId))
         copy = h.sharedSaved ? h.sharedSaved(copy, t) : tf.clone(copy);
-      if (copy === null) return; // a parameter, or bf16 already
+      given.add(t.dataId);
       // kept: made inside a recording's tidy scope, it must outlive that scope as saved tensors do
       saved[i] = tf.keep(copy); // in place: the node's gradient closure holds this array
+      mine.push({ saved, i, copy: saved[i]! });
       t.dispose();
     });
   }
+  if (h.widenSaved) groupForWidening(slots, size);
+}
+
+/** A saved tensor's 2-byte copy and where it sits: `saved[i]` of a tape node. */
+interface SavedSlot {
+  saved: tf.Tensor[];
+  i: number;
+  copy: tf.Tensor;
+}
+
+/** The copies widened together with each copy ({@link widenSavedForGradient}), and whether they were. */
+const wideningGroups = new WeakMap<
+  tf.Tensor,
+  { slots: SavedSlot[]; done: boolean }
+>();
+
+/**
+ * Groups the copies of a recorded forward (`slots`, by tape node in forward order) in the order
+ * the backward reaches them (nodes last to first), `size` copies a group: the first of a group
+ * an op's gradient needs widens the whole group, so `size` copies cost one conversion.
+ */
+function groupForWidening(slots: SavedSlot[][], size: number): void {
+  let group = { slots: [] as SavedSlot[], done: false };
+  for (let n = slots.length - 1; n >= 0; n--)
+    for (const slot of slots[n]!) {
+      if (group.slots.length === size) group = { slots: [], done: false };
+      group.slots.push(slot);
+      wideningGroups.set(slot.copy, group);
+    }
 }
 
 /**
@@ -377,16 +437,27 @@ export function keepSavedAtComputePrecision(
  * cannot read its 2-byte copies of saved activations as they are (webgpu's f16,
  * {@link keepSavedAtComputePrecision}), replaces each such copy in `saved` (in place: the
  * node's gradient closure holds the array) by its float32 widening, and frees the copy; the
- * widened tensors are freed with the node's saved tensors. Elsewhere does nothing.
+ * widened tensors are freed with the node's saved tensors. A copy's whole widening group is
+ * widened at once, in the saved arrays of the ops the backward reaches next, so that their
+ * gradients find theirs made. Elsewhere does nothing.
  */
 export function widenSavedForGradient(saved: tf.Tensor[] | undefined): void {
   const widen = saved?.length ? savedHolder()?.widenSaved : undefined;
   if (!widen || !saved) return;
-  saved.forEach((t, i) => {
-    if (!(t instanceof tf.Tensor)) return; // a shape kept in place of a tensor
-    const wide = widen(t);
-    if (wide === null) return;
-    saved[i] = tf.keep(wide);
-    t.dispose();
-  });
+  for (const t of saved) {
+    const group = t instanceof tf.Tensor ? wideningGroups.get(t) : undefined;
+    if (!group || group.done) continue;
+    group.done = true;
+    // the group's copies still waiting (a node released unrun has disposed its own)
+    const live = group.slots.filter(
+      (s) => !s.copy.isDisposed && s.saved[s.i] === s.copy,
+    );
+    const wide = widen(live.map((s) => s.copy));
+    live.forEach((s, j) => {
+      const w = wide[j];
+      if (w == null) return;
+      s.saved[s.i] = tf.keep(w);
+      s.copy.dispose();
+    });
+  }
 }

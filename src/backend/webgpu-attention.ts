@@ -44,6 +44,7 @@ import {
   bufferOf,
   constantUniforms,
   dispatch,
+  keepFloat32Saved,
   newOutput,
   type RawBackend,
   stateOf,
@@ -106,6 +107,7 @@ const attention: tf.KernelFunc = ({ inputs, backend, attrs }) => {
   const d = dims(qkv, attrs!.heads as number);
   const [ctx, ctxBuffer] = newOutput(raw, [d.b, d.t, d.h * d.dh]);
   const [lse, lseBuffer] = newOutput(raw, [d.b, d.h, d.t]);
+  keepFloat32Saved(lse); // saved for the gradient: f32 in f16 runs too (see the file's comment)
   if (blocks(d) > 0 && d.dh > 0) {
     const s = stateOf(raw);
     const u = constantUniforms(raw, s, attentionUniforms(d.b, d.t, d.h, d.dh));

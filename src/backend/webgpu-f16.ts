@@ -24,6 +24,15 @@ import {
   type WebGPUBackendish,
 } from './webgpu-kernels.js';
 import { ownsWebGPUProducts, setProductOperands } from './webgpu-matmul.js';
+import {
+  bufferOf,
+  constantUniforms,
+  dispatch,
+  keptFloat32,
+  newOutput,
+  type RawBackend,
+  stateOf,
+} from './webgpu-multi.js';
 import { ROUND_F16_WGSL } from './wgsl/matmul.js';
 
 /** Rounds every element of a float32 tensor to the nearest f16 value and back (overflow: +-Infinity). */
@@ -164,23 +173,218 @@ export function unpackF16(t: tf.Tensor): tf.Tensor | null {
   return tf.engine().makeTensorFromTensorInfo(info);
 }
 
+/** Tensors one {@link packF16Many} / {@link unpackF16Many} dispatch converts: 4 in, 4 out, WebGPU's default 8 storage buffers a stage. */
+export const F16_GROUP = 4;
+
+/** Threads per workgroup of the grouped packing and widening. */
+const GROUP_THREADS = 64;
+
+/**
+ * WGSL module packing `count` float32 tensors (bindings 0..count-1) into their f16 words
+ * (bindings count..2 count-1) as {@link PACK_F16_WGSL} packs one: word w of tensor j holds its
+ * elements 2w and 2w + 1 (u.n[j] elements). One invocation per word of the longest tensor,
+ * workgroups flat over x and y. roundF16's infinity comes from the uniforms (WGSL rejects an
+ * infinite constant).
+ */
+function packManyWgsl(count: number): string {
+  const j = [...Array(count).keys()];
+  return `
+struct U { n : vec4<u32>, INFINITY : f32 };
+${j.map((i) => `@group(0) @binding(${i}) var<storage, read> x${i} : array<f32>;`).join('\n')}
+${j.map((i) => `@group(0) @binding(${count + i}) var<storage, read_write> y${i} : array<u32>;`).join('\n')}
+@group(0) @binding(${2 * count}) var<uniform> uniforms : U;
+${ROUND_F16_WGSL}
+${F16_BITS_WGSL}
+fn word(a : f32) -> u32 {
+  return f16Bits(roundF16(a));
+}
+@compute @workgroup_size(${GROUP_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>,
+        @builtin(local_invocation_id) lid : vec3<u32>) {
+  let w = (wid.y * groups.x + wid.x) * ${GROUP_THREADS}u + lid.x;
+  let i = 2u * w;
+${j
+  .map(
+    (k) => `  if (i < uniforms.n[${k}]) {
+    var hi = 0u;
+    if (i + 1u < uniforms.n[${k}]) {
+      hi = word(x${k}[i + 1u]);
+    }
+    y${k}[w] = word(x${k}[i]) | (hi << 16u);
+  }`,
+  )
+  .join('\n')}
+}
+`;
+}
+
+/** WGSL module widening `count` packed tensors (bindings 0..count-1, u.n[j] elements each) into float32 (bindings count..2 count-1), exactly, as {@link UNPACK_F16_WGSL}. */
+function unpackManyWgsl(count: number): string {
+  const j = [...Array(count).keys()];
+  return `
+struct U { n : vec4<u32>, INFINITY : f32 };
+${j.map((i) => `@group(0) @binding(${i}) var<storage, read> x${i} : array<u32>;`).join('\n')}
+${j.map((i) => `@group(0) @binding(${count + i}) var<storage, read_write> y${i} : array<f32>;`).join('\n')}
+@group(0) @binding(${2 * count}) var<uniform> uniforms : U;
+${F16_BITS_WGSL}
+@compute @workgroup_size(${GROUP_THREADS})
+fn main(@builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>,
+        @builtin(local_invocation_id) lid : vec3<u32>) {
+  let w = (wid.y * groups.x + wid.x) * ${GROUP_THREADS}u + lid.x;
+  let i = 2u * w;
+${j
+  .map(
+    (k) => `  if (i < uniforms.n[${k}]) {
+    let v = x${k}[w];
+    y${k}[i] = f16Value(v & 0xffffu);
+    if (i + 1u < uniforms.n[${k}]) {
+      y${k}[i + 1u] = f16Value(v >> 16u);
+    }
+  }`,
+  )
+  .join('\n')}
+}
+`;
+}
+
+/** Each module's WGSL by kind and count, made once (webgpu-multi.ts caches pipelines by code). */
+const groupCode = new Map<string, string>();
+function groupWgsl(kind: 'pack' | 'unpack', count: number): string {
+  const key = `${kind}${count}`;
+  let code = groupCode.get(key);
+  if (code === undefined) {
+    code = kind === 'pack' ? packManyWgsl(count) : unpackManyWgsl(count);
+    groupCode.set(key, code);
+  }
+  return code;
+}
+
+/**
+ * One dispatch converting `xs` (at most {@link F16_GROUP}, each of `sizes[j]` > 0 elements)
+ * into new tensors of `shapes` and `dtype`: the pack or the widening of each. The uniforms are
+ * kept by contents (the same sizes every step: no upload, as a captured step needs).
+ */
+function convertGroup(
+  kind: 'pack' | 'unpack',
+  xs: readonly tf.TensorInfo[],
+  sizes: readonly number[],
+  shapes: readonly number[][],
+  dtype: tf.DataType,
+): tf.TensorInfo[] {
+  const b = tf.backend() as unknown as RawBackend;
+  const s = stateOf(b);
+  const outs = shapes.map((shape) => newOutput(b, [...shape], dtype));
+  const u = new ArrayBuffer(32);
+  new Uint32Array(u, 0, 4).set(sizes);
+  new Float32Array(u, 16, 1).set([Infinity]);
+  const words = Math.max(...sizes.map((n) => Math.ceil(n / 2)));
+  dispatch(
+    b,
+    s,
+    groupWgsl(kind, xs.length),
+    [
+      ...xs.map((x) => bufferOf(b, x)),
+      ...outs.map(([, buffer]) => buffer),
+      constantUniforms(b, s, u),
+    ],
+    Math.ceil(words / GROUP_THREADS),
+  );
+  return outs.map(([info]) => info);
+}
+
+/** Runs `convert` on `xs` in groups of {@link F16_GROUP}, in order. */
+function inGroups<T>(
+  xs: readonly T[],
+  convert: (group: T[]) => tf.Tensor[],
+): tf.Tensor[] {
+  const out: tf.Tensor[] = [];
+  for (let i = 0; i < xs.length; i += F16_GROUP)
+    out.push(...convert(xs.slice(i, i + F16_GROUP)));
+  return out;
+}
+
+/**
+ * `ts` (float32, each of at least one element) packed as f16 on this thread's webgpu backend,
+ * as {@link packF16} packs each (the same words), one dispatch per {@link F16_GROUP} tensors.
+ */
+export function packF16Many(ts: readonly tf.Tensor[]): tf.Tensor[] {
+  return inGroups(ts, (group) =>
+    convertGroup(
+      'pack',
+      group,
+      group.map((t) => t.size),
+      group.map((t) => [Math.ceil(t.size / 2)]),
+      'int32',
+    ).map((info, j) => {
+      const packed = tf.engine().makeTensorFromTensorInfo(info);
+      packedShapes.set(packed, [...group[j]!.shape]);
+      return packed;
+    }),
+  );
+}
+
+/**
+ * The float32 tensors (new) that `ts`, copies {@link packF16} or {@link packF16Many} made, stand
+ * for, as {@link unpackF16} widens each, one dispatch per {@link F16_GROUP} tensors.
+ * @throws Error for a tensor that is no such copy.
+ */
+export function unpackF16Many(ts: readonly tf.Tensor[]): tf.Tensor[] {
+  const shapes = ts.map((t) => {
+    const shape = packedShapes.get(t);
+    if (shape === undefined)
+      throw new Error(
+        `unpackF16Many: tensor ${t.id} [${t.shape}] is not a packed f16 copy; widen only what packF16 or packF16Many made`,
+      );
+    return shape;
+  });
+  let at = 0;
+  return inGroups(ts, (group) => {
+    const gs = shapes.slice(at, (at += group.length));
+    return convertGroup(
+      'unpack',
+      group,
+      gs.map((shape) => shape.reduce((a, c) => a * c, 1)),
+      gs,
+      'float32',
+    ).map((info) => tf.engine().makeTensorFromTensorInfo(info));
+  });
+}
+
+/** Whether a saved activation waits packed as f16: float32, not a statistic (rank below 2, a last axis of 1, or marked: webgpu-multi.ts keepFloat32Saved), not empty. */
+const packable = (t: tf.Tensor): boolean =>
+  t.dtype === 'float32' &&
+  t.rank >= 2 &&
+  t.shape[t.rank - 1]! > 1 &&
+  t.size > 0 &&
+  !keptFloat32(t.dataId);
+
 /**
  * Gives this thread's webgpu `backend` the f16 copies of saved activations that a policy whose
- * `saved` storage is float16 asks for (backend/low-precision.ts SAVED_HOLDERS): `f16Saved(t)`,
- * t packed as f16 ({@link packF16}: half the bytes while the activation waits for the
- * backward), or null where t stays float32 (a statistic: rank below 2, or a last axis of 1,
- * such as layer norm's rstd); `widenF16Saved(t)`, the float32 tensor an op's gradient reads,
- * made just before it runs. The products' saved operands lose nothing (their gradients round
- * them to f16 as they load them); the other saved activations (GELU's input, layer norm's
- * xhat, attention's inputs and probabilities) are rounded to f16 as autocast keeps them.
+ * `saved` storage is float16 asks for (backend/low-precision.ts SAVED_HOLDERS), each method
+ * over a recorded forward's tensors at once, a dispatch per {@link F16_GROUP} of them:
+ * `f16Saved(ts)`, each packed as f16 ({@link packF16Many}: half the bytes while the activation
+ * waits for the backward), or null where it stays float32 (a statistic: rank below 2, a last
+ * axis of 1, such as layer norm's rstd, or marked by its kernel, attention's lse);
+ * `widenF16Saved(ts)`, the float32 tensors the ops' gradients read, made just before they run.
+ * The products' saved operands lose nothing (their gradients round them to f16 as they load
+ * them); the other saved activations (GELU's input, layer norm's xhat, attention's inputs and
+ * output) are rounded to f16 as autocast keeps them.
  */
 export function installF16Saved(backend: object): void {
   Object.assign(backend, {
-    f16Saved: (t: tf.Tensor): tf.Tensor | null =>
-      t.dtype === 'float32' && t.rank >= 2 && t.shape[t.rank - 1]! > 1
-        ? packF16(t)
-        : null,
-    widenF16Saved: (t: tf.Tensor): tf.Tensor | null => unpackF16(t),
+    f16Saved: (ts: readonly tf.Tensor[]): (tf.Tensor | null)[] => {
+      const packed = packF16Many(ts.filter(packable));
+      let next = 0;
+      return ts.map((t) => (packable(t) ? packed[next++]! : null));
+    },
+    widenF16Saved: (ts: readonly tf.Tensor[]): (tf.Tensor | null)[] => {
+      const wide = unpackF16Many(ts.filter((t) => packedShapes.has(t)));
+      let next = 0;
+      return ts.map((t) => (packedShapes.has(t) ? wide[next++]! : null));
+    },
+    f16SavedGroup: F16_GROUP,
     // another saved tensor on the packed data (a reshape of it): the same words, its shape
     sharedF16Saved: (copy: tf.Tensor, t: tf.Tensor): tf.Tensor => {
       const c = tf.clone(copy);

@@ -13,6 +13,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import type { tf as TF } from '../backend/tfjs.js';
 import {
   initialLossScale,
   LOSS_SCALE_DEFAULTS,
@@ -138,6 +139,67 @@ test('webgpu f16: an activation saved for the backward waits packed as f16 (2 by
   assert.equal(unpackF16(x), null, 'a tensor packF16 did not make');
 });
 
+test('webgpu f16: saved activations pack and widen 4 to a dispatch, the same words and values as one at a time; attention keeps its lse float32', {
+  skip: noF16,
+}, async () => {
+  const { initBackend } = await import('../backend/index.js');
+  const { tf } = await import('../backend/tfjs.js');
+  await initBackend('webgpu', { precision: 'f16' });
+  const { packF16, packF16Many, unpackF16, unpackF16Many, F16_GROUP } =
+    await import('../backend/webgpu-f16.js');
+  const { gpuQueue } = await import('../backend/gpu-queue.js');
+  const { FLASH_ATTENTION_KERNEL } = await import('../backend/kernel-names.js');
+  // six tensors (two groups), odd and even sizes, one spanning several workgroups
+  const sizes = [1, 7, 64, 1001, 130, 4099];
+  const xs = sizes.map((n, j) =>
+    tf.tensor(
+      Float32Array.from(
+        { length: n },
+        (_, i) => Math.sin((i + 1) * (j + 3.7)) * 10 ** ((i % 14) - 9),
+      ),
+      [n],
+    ),
+  );
+  const words = async (t: TF.Tensor) =>
+    new Uint32Array((await t.data()).slice().buffer);
+  const dispatches = () => gpuQueue()!.counts().dispatches;
+  let before = dispatches();
+  const many = packF16Many(xs);
+  assert.equal(dispatches() - before, Math.ceil(xs.length / F16_GROUP));
+  for (const [j, x] of xs.entries()) {
+    assert.deepEqual(many[j]!.shape, [Math.ceil(sizes[j]! / 2)]);
+    assert.deepEqual(
+      await words(many[j]!),
+      await words(packF16(x)),
+      `tensor ${j}`,
+    );
+  }
+  before = dispatches();
+  const wide = unpackF16Many(many);
+  assert.equal(dispatches() - before, Math.ceil(xs.length / F16_GROUP));
+  for (const [j, w] of wide.entries()) {
+    assert.deepEqual(w.shape, xs[j]!.shape);
+    assert.deepEqual(
+      await words(w),
+      await words(unpackF16(many[j]!)!),
+      `tensor ${j}`,
+    );
+  }
+  assert.throws(() => unpackF16Many([xs[0]!]), /not a packed f16 copy/);
+  // attention's outputs as its recorded forward saves them: ctx packed, lse (a statistic) not
+  const qkv = tf.randomNormal([2, 8, 3 * 16]);
+  const [ctx, lse] = tf
+    .engine()
+    .runKernel(FLASH_ATTENTION_KERNEL, { qkv }, { heads: 2 }) as TF.Tensor[];
+  const saved = (
+    tf.backend() as unknown as {
+      f16Saved(ts: TF.Tensor[]): (TF.Tensor | null)[];
+    }
+  ).f16Saved([ctx!, lse!]);
+  assert.equal(saved[0]?.dtype, 'int32', 'ctx waits packed');
+  assert.equal(saved[1], null, 'lse stays float32');
+});
+
 test('webgpu f16: a step keeps its saved activations as f16, so it holds fewer bytes than fp32; gpipe K=2 trains as single f16 does', {
   skip: noF16,
   timeout: 480_000,
@@ -171,6 +233,13 @@ test('webgpu f16: a step keeps its saved activations as f16, so it holds fewer b
       Math.abs(l - fp32.losses[i]!) < 5e-3,
       `step ${i}: f16 loss ${l} vs fp32 ${fp32.losses[i]}`,
     ),
+  );
+  // packing after the forward and widening in the backward, 4 tensors a dispatch each way: a
+  // few more dispatches than fp32's step (one a tensor each way made it 1.6x fp32's)
+  const dispatches = (r: typeof f16) => r.reports.at(-1)!.gpu!.dispatches;
+  assert.ok(
+    dispatches(f16) <= 1.3 * dispatches(fp32),
+    `f16 step ${dispatches(f16)} dispatches against fp32's ${dispatches(fp32)}`,
   );
   // the same ops save the same activations, packed alike (a stage's input, which the stage
   // holds, would stay float32: no op here saves a block's input itself)
