@@ -10,7 +10,7 @@
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
-#      importable); the d1024 model with the 64 x 64 product tiling forced, and both models with
+#      importable); both models' GPU ms by kernel (summary.json gpu_kernels), and both with
 #      the captured step (layerwise only); `bench matmul-tiles`;
 #      a traced charlm-small run with the captured step (`--trace`: each action's host and GPU
 #      spans, the gaps between steps).
@@ -37,9 +37,16 @@ case "$part" in
   gpu)
     nvidia-smi >"$out/nvidia-smi.txt" 2>&1
     bench gpu --budget-seconds 220
-    # A/Bs (a run may take its --config-seconds past a budget): the 64 x 64 tiling where the
-    # large tiling applies
-    LAYERWISE_MATMUL_TILING=t64 bench gpu --configs large/layerwise --config-seconds 60 --name gpu-t64
+    # where each model's GPU time goes, by kernel (LAYERWISE_WEBGPU_KERNEL_TIMES=1: every
+    # dispatch in a timed pass of its own; summary.json gpu_kernels), in place of last session's
+    # whole-model A/B of the 64 x 64 tiling (matmul-tiles below times every tiling per product)
+    for m in small large; do
+      if [ $m = small ]; then shape='--preset charlm-small'; else shape='--preset charlm-small --layers 8 --d-model 1024 --heads 16 --context 256'; fi
+      # shellcheck disable=SC2086
+      LAYERWISE_WEBGPU_KERNEL_TIMES=1 timeout 50 node "$lw/dist/cli/main.js" train $shape --strategy single \
+        --backend webgpu --batch-size 32 --steps 6 --eval-every 0 --eval-batches 1 \
+        --out "$out/kernel-times-$m" >"$out/kernel-times-$m.txt" 2>&1
+    done
     # the captured step (pipeline/captured-step.ts): forward and backward re-issued, not run
     # through TF.js, from the fourth step on; both models (the large one's capture forms too:
     # 1 x d1024, 16 heads, context 256 replayed from step 4 on lavapipe). It replaced the

@@ -82,3 +82,25 @@ export function sumGpuCounts(counts: readonly GpuCounts[]): GpuCounts {
     ? { ...total, hostMs: sum('hostMs'), pollMs: sum('pollMs') }
     : total;
 }
+
+/** One kernel's GPU time over a step (or steps, summed): seconds in its passes and their count (backend/gpu-queue.ts, LAYERWISE_WEBGPU_KERNEL_TIMES). */
+export interface KernelTime {
+  seconds: number;
+  dispatches: number;
+}
+
+/** Kernel times of several devices or steps summed by kernel (undefined where none has any). */
+export function sumKernelTimes(
+  all: ReadonlyArray<Record<string, KernelTime> | undefined>,
+): Record<string, KernelTime> | undefined {
+  const given = all.filter((k) => k !== undefined);
+  if (given.length === 0) return undefined;
+  const out: Record<string, KernelTime> = {};
+  for (const k of given)
+    for (const [name, t] of Object.entries(k)) {
+      const o = (out[name] ??= { seconds: 0, dispatches: 0 });
+      o.seconds += t.seconds;
+      o.dispatches += t.dispatches;
+    }
+  return out;
+}

@@ -20,7 +20,7 @@
  */
 import { openSync, readSync } from 'node:fs';
 import { LayerwiseError } from '../util/errors.js';
-import type { GpuCounts } from './gpu-counts.js';
+import type { GpuCounts, KernelTime } from './gpu-counts.js';
 import { tf } from './tfjs.js';
 
 /** The slice of WebGPU's GPUCommandEncoder the pass timer uses. */
@@ -128,7 +128,27 @@ export function threadCpuMs(): number | undefined {
 export interface GpuBusy {
   busySeconds: number;
   stepSeconds: number;
+  /**
+   * With {@link KERNEL_TIMES_ENV}: the busy seconds by kernel (each dispatch timed in a pass of
+   * its own), with how many dispatches each label had.
+   */
+  kernels?: Record<string, KernelTime>;
 }
+
+/** What {@link GpuQueue.endStep} resolves with: the step's seconds in compute passes and, with {@link KERNEL_TIMES_ENV}, by kernel. */
+export interface PassTimes {
+  seconds: number;
+  kernels?: Record<string, KernelTime>;
+}
+
+/**
+ * `LAYERWISE_WEBGPU_KERNEL_TIMES=1` (where the device has timestamp queries): every dispatch
+ * runs in a compute pass of its own, timed, and summary.json's `gpu_kernels` gives the GPU ms
+ * per step by kernel (TF.js's program or layerwise's pipeline, with its output shape). A pass per
+ * dispatch costs the host a begin and an end each and the GPU a barrier between dispatches, so
+ * a run with it is for finding where the GPU's time goes, not for its tokens/s.
+ */
+export const KERNEL_TIMES_ENV = 'LAYERWISE_WEBGPU_KERNEL_TIMES';
 
 /** GPUBufferUsage and GPUMapMode flags (globals only where Dawn installed them). */
 const MAP_READ = 0x01;
@@ -153,6 +173,9 @@ class PassTimer {
   private next = 0;
   private armed = false;
   private overflow = false;
+  /** The kernel the next passes belong to (set by {@link GpuQueue.kernel}), and each timed pass's kernel this step, by pass. */
+  label: string | null = null;
+  private labels: string[] = [];
 
   constructor(private readonly backend: WebGPUBackendLike) {
     const d = backend.device;
@@ -177,6 +200,7 @@ class PassTimer {
       }
       const i = this.next;
       this.next += 2;
+      this.labels[i / 2] = this.label ?? UNLABELLED;
       return begin({
         ...d,
         timestampWrites: {
@@ -193,16 +217,19 @@ class PassTimer {
     this.next = 0;
     this.overflow = false;
     this.armed = true;
+    this.labels = [];
   }
 
   /**
    * Ends the step: queues the resolve and copy of its timestamps (one submit) and resolves with
-   * the seconds its passes took, once the GPU has run them; null where nothing was timed, the
-   * passes overflowed the query set, or the device was lost.
+   * the seconds its passes took (and, `byKernel`, by each pass's label), once the GPU has run
+   * them; null where nothing was timed, the passes overflowed the query set, or the device was
+   * lost.
    */
-  end(): Promise<number | null> {
+  end(byKernel: boolean): Promise<PassTimes | null> {
     this.armed = false;
     const n = this.next;
+    const labels = this.labels;
     if (n === 0 || this.overflow) return Promise.resolve(null);
     const b = this.backend;
     b.ensureCommandEncoderReady();
@@ -232,11 +259,18 @@ class PassTimer {
       () => {
         const t = new BigUint64Array(staging.getMappedRange(), 0, n);
         let ns = 0;
-        for (let i = 0; i < n; i += 2)
-          if (t[i + 1]! > t[i]!) ns += Number(t[i + 1]! - t[i]!);
+        const kernels: Record<string, KernelTime> = {};
+        for (let i = 0; i < n; i += 2) {
+          const d = t[i + 1]! > t[i]! ? Number(t[i + 1]! - t[i]!) : 0;
+          ns += d;
+          if (!byKernel) continue;
+          const k = (kernels[labels[i / 2]!] ??= { seconds: 0, dispatches: 0 });
+          k.seconds += d / 1e9;
+          k.dispatches++;
+        }
         staging.unmap();
         this.free.push(staging);
-        return ns / 1e9;
+        return { seconds: ns / 1e9, ...(byKernel ? { kernels } : {}) };
       },
       () => null,
     );
@@ -261,10 +295,16 @@ export class GpuQueue {
   private readingSince = 0;
   private pollMs = 0;
 
+  /** Whether each dispatch is timed in a pass of its own ({@link KERNEL_TIMES_ENV}). */
+  readonly timesKernels: boolean;
+
   constructor(private readonly backend: WebGPUBackendLike) {
     this.timer = backend.device.features.has('timestamp-query')
       ? new PassTimer(backend)
       : null;
+    this.timesKernels =
+      this.timer !== null &&
+      globalThis.process?.env?.[KERNEL_TIMES_ENV] === '1';
     const submit = backend.submitQueue.bind(backend);
     backend.submitQueue = () => {
       const t = performance.now();
@@ -292,7 +332,8 @@ export class GpuQueue {
     const run = backend.runWebGPUProgram.bind(backend);
     backend.runWebGPUProgram = (...args: unknown[]) => {
       this.dispatches++;
-      return run(...args);
+      if (!this.timesKernels) return run(...args);
+      return this.kernel(programLabel(args[0]), () => run(...args));
     };
     this.hookEncoders();
   }
@@ -340,6 +381,23 @@ export class GpuQueue {
     };
   }
 
+  /**
+   * Records `record`'s dispatch under `label`: with {@link KERNEL_TIMES_ENV}, in a compute pass
+   * of its own (the open pass ended before and after), whose time counts for `label`; otherwise
+   * just calls it. Returns what `record` returns.
+   */
+  kernel<T>(label: string, record: () => T): T {
+    if (!this.timesKernels || !this.timer) return record();
+    this.backend.endComputePassEncoder();
+    this.timer.label = label;
+    try {
+      return record();
+    } finally {
+      this.backend.endComputePassEncoder();
+      this.timer.label = null;
+    }
+  }
+
   /** Counts `n` dispatches recorded outside TF.js's programs (layerwise's own pipelines, backend/webgpu-multi.ts). */
   countDispatches(n: number): void {
     this.dispatches += n;
@@ -380,11 +438,13 @@ export class GpuQueue {
 
   /**
    * Ends the step's timing: resolves, once the GPU has run the step's work, with the seconds the
-   * GPU spent in its compute passes (null without timestamp queries or when the step could not
-   * be timed). Queues a copy of the timestamps and submits it; does not wait.
+   * GPU spent in its compute passes, by kernel with {@link KERNEL_TIMES_ENV} (null without
+   * timestamp queries or when the step could not be timed). Queues a copy of the timestamps and submits it; does not wait.
    */
-  endStep(): Promise<number | null> {
-    return this.timer ? this.timer.end() : Promise.resolve(null);
+  endStep(): Promise<PassTimes | null> {
+    return this.timer
+      ? this.timer.end(this.timesKernels)
+      : Promise.resolve(null);
   }
 
   /** Starts a new action: forgets the previous one's submits. */
@@ -462,6 +522,30 @@ export class GpuQueue {
   isResident(t: tf.Tensor): boolean {
     return this.backend.tensorMap.get(t.dataId)?.resource != null;
   }
+}
+
+/** The label of passes begun outside {@link GpuQueue.kernel} (a replayed recording's, a copy's). */
+const UNLABELLED = '(other passes)';
+
+/**
+ * A TF.js program's label for kernel times: its own `label` where it has one (layerwise's
+ * products: batch x M x N x K), else layerwise's programs by their shader key, TF.js's by class
+ * (and op, where it has one), each with its output shape.
+ */
+function programLabel(program: unknown): string {
+  const p = program as {
+    label?: unknown;
+    shaderKey?: string;
+    op?: unknown;
+    outputShape?: number[];
+    constructor?: { name?: string };
+  };
+  if (typeof p.label === 'string') return p.label;
+  const name =
+    typeof p.shaderKey === 'string' && p.shaderKey.startsWith('lw_')
+      ? p.shaderKey
+      : `${p.constructor?.name ?? 'program'}${p.op === undefined ? '' : `:${String(p.op)}`}`;
+  return `${name} [${p.outputShape ?? []}]`;
 }
 
 const queues = new WeakMap<object, GpuQueue>();

@@ -113,7 +113,14 @@ const attention: tf.KernelFunc = ({ inputs, backend, attrs }) => {
     const u = constantUniforms(raw, s, attentionUniforms(d.b, d.t, d.h, d.dh));
     const code = shader('forward', d.dh, f16Arithmetic(backend));
     const buffers = [bufferOf(raw, qkv), ctxBuffer, lseBuffer, u];
-    dispatch(raw, s, code, buffers, blocks(d));
+    dispatch(
+      raw,
+      s,
+      code,
+      buffers,
+      blocks(d),
+      `lw_flash_attention [${qkv.shape}]`,
+    );
   }
   return [ctx, lse];
 };
@@ -129,7 +136,8 @@ const attentionGrad: tf.KernelFunc = ({ inputs, backend, attrs }) => {
     const u = constantUniforms(raw, s, attentionUniforms(d.b, d.t, d.h, d.dh));
     const code = shader('grad', d.dh, f16Arithmetic(backend));
     const reads = [dy!, qkv!, ctx!, lse!].map((x) => bufferOf(raw, x));
-    dispatch(raw, s, code, [...reads, dqkvBuffer, u], 2 * blocks(d));
+    const label = `lw_flash_attention_grad [${qkv!.shape}]`;
+    dispatch(raw, s, code, [...reads, dqkvBuffer, u], 2 * blocks(d), label);
   }
   return dqkv;
 };

@@ -290,6 +290,7 @@ function convertGroup(
       constantUniforms(b, s, u),
     ],
     Math.ceil(words / GROUP_THREADS),
+    `lw_${kind}_f16_group [${xs.length}]`,
   );
   return outs.map(([info]) => info);
 }

@@ -83,6 +83,7 @@ export const gatherRows: Ours = ({ x, indices }, attrs, b) => {
         uniforms(b, [rows, cols, n]),
       ],
       groups(n * cols, GATHER_THREADS),
+      `lw_gather [${out.shape}]`,
     );
   return out;
 };
@@ -127,6 +128,7 @@ export const segmentSum: Ours = ({ x, segmentIds }, attrs, b) => {
     SEGMENT_LINKS_WGSL,
     [ids, headBuffer, nextBuffer, u],
     groups(segments, LINK_THREADS),
+    `lw_segment_links [${segments}]`,
   );
   dispatch(
     b,
@@ -134,6 +136,7 @@ export const segmentSum: Ours = ({ x, segmentIds }, attrs, b) => {
     SEGMENT_SUM_WGSL,
     [bufferOf(b, x!), headBuffer, nextBuffer, outBuffer, u],
     groups(segments * cols, GATHER_THREADS),
+    `lw_segment_sum [${segments}, ${cols}]`,
   );
   b.disposeData(head.dataId);
   b.disposeData(next.dataId);

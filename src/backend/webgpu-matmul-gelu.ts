@@ -125,7 +125,8 @@ function denseGelu(args: KernelArgs): tf.TensorInfo[] {
     f16Arithmetic(args.backend),
     tiling,
   );
-  dispatch(raw, s, code, [...inputs, yBuffer, hBuffer, uniforms], tiles);
+  const label = `lw_dense_gelu [${h.shape}]`;
+  dispatch(raw, s, code, [...inputs, yBuffer, hBuffer, uniforms], tiles, label);
   return [y, h];
 }
 
@@ -158,7 +159,15 @@ function denseGeluGrad(args: KernelArgs): tf.TensorInfo[] {
   const code = moduleOf('grad', 'float32', f16Arithmetic(args.backend));
   const buffers = [h!, dy!].map((t) => bufferOf(raw, t));
   const uniforms = constantUniforms(raw, s, u);
-  dispatch(raw, s, code, [...buffers, dhBuffer, dbBuffer, uniforms], groups);
+  const label = `lw_dense_gelu_grad [${dh.shape}]`;
+  dispatch(
+    raw,
+    s,
+    code,
+    [...buffers, dhBuffer, dbBuffer, uniforms],
+    groups,
+    label,
+  );
   return [dh, db];
 }
 

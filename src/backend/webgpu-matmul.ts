@@ -112,10 +112,12 @@ class MatMulProgram implements WebGPUProgram {
   readonly outputShape: number[];
   readonly shaderKey: string;
   readonly variableNames: string[];
+  /** The product in kernel times (gpu-queue.ts): its shader key and sizes, batch x M x N x K. */
+  readonly label: string;
   constructor(
     private readonly variant: MatMulVariant,
     private readonly tiling: MatMulTiling,
-    { batch, m, n }: Pick<ProductPlan, 'batch' | 'm' | 'n'>,
+    { batch, m, n, k }: Pick<ProductPlan, 'batch' | 'm' | 'n' | 'k'>,
   ) {
     this.outputShape = [batch * m * n];
     this.workgroupSize = [tiling.wgX, tiling.wgY, 1];
@@ -127,6 +129,7 @@ class MatMulProgram implements WebGPUProgram {
     this.variableNames = variant.bias ? ['A', 'B', 'Bias'] : ['A', 'B'];
     const { transposeA: ta, transposeB: tb, bias, activation } = variant;
     this.shaderKey = `lw_matmul_${tiling.name}_${+ta}${+tb}_${bias ? 'bias' : 'nobias'}_${activation}_${variant.operands}`;
+    this.label = `${this.shaderKey} [${batch}x${m}x${n}x${k}]`;
   }
   getUserCode(): string {
     return matMulWgsl(this.variant, this.tiling);

@@ -309,8 +309,28 @@ function computePass(b: RawBackend): GpuPass {
   return b.computePassEncoder;
 }
 
-/** Records one dispatch of `code` with `buffers` bound in order as group 0, over `workgroups` workgroups, in TF.js's compute pass. */
+/**
+ * Records one dispatch of `code` with `buffers` bound in order as group 0, over `workgroups`
+ * workgroups, in TF.js's compute pass; `label` names it in kernel times (gpu-queue.ts
+ * KERNEL_TIMES_ENV: the kernel and its output shape).
+ */
 export function dispatch(
+  b: RawBackend,
+  s: MultiState,
+  code: string,
+  buffers: GpuBinding[],
+  workgroups: number,
+  label: string,
+): void {
+  const q = gpuQueue();
+  if (q?.timesKernels)
+    q.kernel(label, () => record(b, s, code, buffers, workgroups));
+  else record(b, s, code, buffers, workgroups);
+  q?.countDispatches(1);
+}
+
+/** {@link dispatch}'s commands. */
+function record(
   b: RawBackend,
   s: MultiState,
   code: string,
@@ -330,7 +350,6 @@ export function dispatch(
   pass.setBindGroup(0, group);
   const x = Math.min(workgroups, MAX_WORKGROUPS_PER_DIMENSION);
   pass.dispatchWorkgroups(x, Math.ceil(workgroups / x), 1);
-  gpuQueue()?.countDispatches(1);
 }
 
 /** Elements of `t`. */
@@ -431,6 +450,7 @@ export function sumSquaresMulti(
       SUM_SQUARES_MULTI_WGSL,
       [s.scratch[G]!, s.table, outBuffer],
       count,
+      `lw_sum_squares_multi [${count}]`,
     );
     submit(b); // the table is rewritten by the next chunk or call
   }
@@ -550,6 +570,7 @@ export function adamwMulti(
           s.uniforms,
         ],
         Math.ceil(total / MULTI_THREADS),
+        `lw_adamw_multi [${total}]`,
       );
     }
     copyOut(b, s, inputs.slice(first, end), sizes.slice(first, end)).forEach(
@@ -656,6 +677,7 @@ export function layerNormFused(
       f16 ? LAYER_NORM_FUSED_F16_WGSL : LAYER_NORM_FUSED_WGSL,
       [...inputs, yBuffer, xhatBuffer, rstdBuffer, u],
       rows,
+      `lw_layer_norm${f16 ? '_f16' : ''} [${x.shape}]`,
     );
   }
   return [y, xhat, rstd];
@@ -683,6 +705,7 @@ export function layerNormParamGrads(
       LAYER_NORM_PARAM_GRADS_WGSL,
       [bufferOf(b, dy), bufferOf(b, xhat), dgBuffer, dbBuffer, u],
       cols,
+      `lw_layer_norm_param_grads [${dy.shape}]`,
     );
   }
   return [dg, db];

@@ -9,7 +9,7 @@
  */
 
 import { type GpuCounts, gpuCountsSince } from '../backend/gpu-counts.js';
-import { gpuQueue } from '../backend/gpu-queue.js';
+import { gpuQueue, type PassTimes } from '../backend/gpu-queue.js';
 import {
   backendHeapBytes,
   initBackend,
@@ -403,7 +403,7 @@ class StageHost {
 
   /** webgpu with timestamp queries: the GPU time of the last step, until the next step reports it. */
   private pendingBusy: {
-    busySeconds: Promise<number | null>;
+    busySeconds: Promise<PassTimes | null>;
     stepSeconds: number;
   } | null = null;
 
@@ -427,7 +427,14 @@ class StageHost {
     const busy = prev ? await prev.busySeconds : null;
     return busy === null || !prev
       ? { gpu }
-      : { gpu, gpuBusy: { busySeconds: busy, stepSeconds: prev.stepSeconds } };
+      : {
+          gpu,
+          gpuBusy: {
+            busySeconds: busy.seconds,
+            stepSeconds: prev.stepSeconds,
+            ...(busy.kernels ? { kernels: busy.kernels } : {}),
+          },
+        };
   }
 
   /** getParams: every program's parameters (host copies). Throws where a program keeps none on its device. */

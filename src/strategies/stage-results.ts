@@ -3,7 +3,12 @@
  * results, and of a step's mini-batch: a mini-batch cut into the micro-batches a step carries, a step's report from its
  * stages' results, the evaluation over validation batches, and a submitted step.
  */
-import { type GpuCounts, sumGpuCounts } from '../backend/gpu-counts.js';
+import {
+  type GpuCounts,
+  type KernelTime,
+  sumGpuCounts,
+  sumKernelTimes,
+} from '../backend/gpu-counts.js';
 import type { GpuBusy } from '../backend/gpu-queue.js';
 import type { Batch } from '../data/batcher.js';
 import { type HostTensor, splitMicroBatches } from '../data/microbatch.js';
@@ -129,6 +134,14 @@ export function submission(
   return { accepted: a, done };
 }
 
+/** `{ kernels }` summed over devices where some device timed its kernels, else nothing. */
+function kernelsOf(
+  all: ReadonlyArray<Record<string, KernelTime> | undefined>,
+): { kernels?: Record<string, KernelTime> } {
+  const kernels = sumKernelTimes(all);
+  return kernels ? { kernels } : {};
+}
+
 /** The devices' GPU counts of a step (their host CPU ms where every device gave it), and their GPU busy and wall seconds where timestamp queries gave them, summed (webgpu; nothing where no device reported any). */
 function gpuCountsOf(results: readonly StageStepResult[]): {
   gpu?: GpuCounts;
@@ -144,6 +157,7 @@ function gpuCountsOf(results: readonly StageStepResult[]): {
           gpuBusy: {
             busySeconds: timed.reduce((s, r) => s + r.gpuBusy!.busySeconds, 0),
             stepSeconds: timed.reduce((s, r) => s + r.gpuBusy!.stepSeconds, 0),
+            ...kernelsOf(timed.map((r) => r.gpuBusy!.kernels)),
           },
         }
       : {}),

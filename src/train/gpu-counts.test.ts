@@ -8,10 +8,15 @@
  */
 
 import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { test } from 'node:test';
 import { installDawn } from '../backend/webgpu.js';
 import type { StepReport } from '../strategies/strategy.js';
+import { runCli } from '../testing/cli.js';
 import { trainTinyLm } from '../testing/fixtures.js';
+import type { Summary } from './metrics.js';
 import { StepTally } from './step-tally.js';
 
 let why: string | false = false;
@@ -95,13 +100,29 @@ test('the tally gives summary.json the mean GPU counts per counted step, and non
   assert.equal(s.host_ms_per_step, 6); // (4 + 8) / 2
   assert.equal(s.host_us_per_dispatch, 40); // 12 ms over 300 dispatches
   assert.equal(s.poll_ms_per_step, 2); // (1 + 3) / 2
-  assert.ok(Math.abs(s.gpu_busy! - 0.75) < 1e-12, `gpu_busy ${s.gpu_busy}`); // (0.05 + 0.25) / (0.1 + 0.3)
+  // a report carries the previous step's busy time: step 2's is step 1's, which is not counted
+  assert.ok(
+    Math.abs(s.gpu_busy! - 0.25 / 0.3) < 1e-12,
+    `gpu_busy ${s.gpu_busy}`,
+  );
   const untimed = new StepTally(1, true);
   untimed.step(
     report({ dispatches: 100, submits: 10, readbacks: 2, copies: 30 }),
     facts(1, true),
   );
   assert.equal(untimed.summaryFields().gpu_busy, undefined);
+  // counted from the start (a resumed run's steps): step 2's busy time is step 1's, counted
+  const counted = new StepTally(1, true);
+  const busy = { busySeconds: 0.05, stepSeconds: 0.1 };
+  counted.step(
+    report({ dispatches: 1, submits: 1, readbacks: 2, copies: 2 }),
+    facts(1, true),
+  );
+  counted.step(
+    report({ dispatches: 1, submits: 1, readbacks: 2, copies: 2 }, busy),
+    facts(2, true),
+  );
+  assert.equal(counted.summaryFields().gpu_busy, 0.5);
   // a step without the thread's CPU time (not Linux): no host time, rather than a low one
   assert.equal(untimed.summaryFields().host_ms_per_step, undefined);
   const host = new StepTally(1, true);
@@ -140,4 +161,53 @@ test('on webgpu a single step reports its dispatches and submits, and reads back
   }
   const cpu = await run('cpu');
   assert.ok(cpu.reports.every((r) => r.gpu === undefined));
+});
+
+test('LAYERWISE_WEBGPU_KERNEL_TIMES=1: summary.json gives the GPU ms per step of every dispatch by kernel, slowest first, and the kernels account for every dispatch of the step', {
+  skip: why,
+  timeout: 240_000,
+}, () => {
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-kernel-times-'));
+  try {
+    const out = join(dir, 'run');
+    const r = runCli(
+      [
+        'train',
+        ...['--preset', 'charlm-tiny', '--strategy', 'single'],
+        ...['--backend', 'webgpu', '--context', '16', '--batch-size', '4'],
+        ...['--steps', '4', '--eval-every', '0', '--eval-batches', '1'],
+        ...['--out', out],
+      ],
+      { LAYERWISE_WEBGPU_KERNEL_TIMES: '1' },
+      200_000,
+    );
+    assert.equal(r.code, 0, r.err);
+    const s = JSON.parse(
+      readFileSync(join(out, 'summary.json'), 'utf8'),
+    ) as Summary;
+    const k = s.gpu_kernels;
+    assert.ok(k && k.length > 5, `gpu_kernels ${JSON.stringify(k)}`);
+    const sum = (f: (x: NonNullable<typeof k>[number]) => number) =>
+      k.reduce((a, x) => a + f(x), 0);
+    // each dispatch in a timed pass of its own, labelled: as many as the step counted
+    assert.equal(
+      sum((x) => x.dispatches_per_step),
+      s.dispatches_per_step,
+    );
+    for (const name of ['lw_matmul', 'lw_flash_attention', 'lw_adamw_multi'])
+      assert.ok(
+        k.some((x) => x.kernel.startsWith(name) && x.ms_per_step > 0),
+        `${name} timed: ${k.map((x) => x.kernel).join(', ')}`,
+      );
+    assert.ok(
+      k.every((x, i) => i === 0 || x.ms_per_step <= k[i - 1]!.ms_per_step),
+      'slowest first',
+    );
+    assert.ok(
+      !k.some((x) => x.kernel === '(other passes)'),
+      'every pass labelled',
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

@@ -118,6 +118,16 @@ export interface Summary {
   /** webgpu with timestamp queries: the GPUs' busy seconds over the devices' step seconds (0-1; each device's step reports its previous step's). */
   gpu_busy?: number;
   /**
+   * webgpu with LAYERWISE_WEBGPU_KERNEL_TIMES=1 (backend/gpu-queue.ts KERNEL_TIMES_ENV): the
+   * GPU's ms per step by kernel (program or pipeline, with its output shape; all devices
+   * together, mean over the timed steps), slowest first, with dispatches per step.
+   */
+  gpu_kernels?: Array<{
+    kernel: string;
+    ms_per_step: number;
+    dispatches_per_step: number;
+  }>;
+  /**
    * The run's bubble per stage, the one definition layerwise reports (also printed at the end
    * as "idle (bubble)"): the mean of the stage's per-step `bubble` of metrics.jsonl (time it
    * waited for other stages / its step time) over the steps throughput counts (all but a

@@ -4,7 +4,12 @@
  * training loop (train/loop.ts) that the trainer (train/trainer.ts) and the browser page
  * (web/run.ts) share, so both write the same fields with the same definitions.
  */
-import { type GpuCounts, sumGpuCounts } from '../backend/gpu-counts.js';
+import {
+  type GpuCounts,
+  type KernelTime,
+  sumGpuCounts,
+  sumKernelTimes,
+} from '../backend/gpu-counts.js';
 import type { Evaluation, StepReport } from '../strategies/strategy.js';
 import type { StepMetrics, Summary } from './metrics.js';
 
@@ -47,6 +52,7 @@ export type MeasuredFields = Pick<
   | 'host_us_per_dispatch'
   | 'poll_ms_per_step'
   | 'gpu_busy'
+  | 'gpu_kernels'
 >;
 
 /**
@@ -66,6 +72,11 @@ export class StepTally {
   private gpuSteps = 0;
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
   private readonly busy = { busySeconds: 0, stepSeconds: 0 };
+  /** With kernel times: the timed steps' GPU seconds by kernel, summed, and how many steps. */
+  private kernels: Record<string, KernelTime> | undefined;
+  private kernelSteps = 0;
+  /** Whether the step before the one being folded in was counted (its busy time comes with the next report). */
+  private previousCounted = false;
   private measured = 0;
   private targets = 0;
   private trainSeconds = 0;
@@ -110,11 +121,17 @@ export class StepTally {
         this.gpu = sumGpuCounts(this.gpu ? [this.gpu, r.gpu] : [r.gpu]);
         this.gpuSteps++;
       }
-      if (r.gpuBusy) {
+      // a report carries its previous step's busy time: counted where that step was
+      if (r.gpuBusy && this.previousCounted) {
         this.busy.busySeconds += r.gpuBusy.busySeconds;
         this.busy.stepSeconds += r.gpuBusy.stepSeconds;
+        if (r.gpuBusy.kernels) {
+          this.kernels = sumKernelTimes([this.kernels, r.gpuBusy.kernels]);
+          this.kernelSteps++;
+        }
       }
     }
+    this.previousCounted = f.counted;
     r.peakBytes.forEach((b, i) => (this.peak[i] = Math.max(this.peak[i]!, b)));
     const moved = r.hostToDeviceBytes && r.deviceToHostBytes;
     if (moved) {
@@ -217,6 +234,17 @@ export class StepTally {
         : {}),
       ...(this.busy.stepSeconds > 0
         ? { gpu_busy: this.busy.busySeconds / this.busy.stepSeconds }
+        : {}),
+      ...(this.kernels && this.kernelSteps > 0
+        ? {
+            gpu_kernels: Object.entries(this.kernels)
+              .map(([kernel, t]) => ({
+                kernel,
+                ms_per_step: (1000 * t.seconds) / this.kernelSteps,
+                dispatches_per_step: t.dispatches / this.kernelSteps,
+              }))
+              .sort((a, b) => b.ms_per_step - a.ms_per_step),
+          }
         : {}),
     };
   }
