@@ -146,7 +146,9 @@ export interface PassTimes {
  * runs in a compute pass of its own, timed, and summary.json's `gpu_kernels` gives the GPU ms
  * per step by kernel (TF.js's program or layerwise's pipeline, with its output shape). A pass per
  * dispatch costs the host a begin and an end each and the GPU a barrier between dispatches, so
- * a run with it is for finding where the GPU's time goes, not for its tokens/s.
+ * a run with it is for finding where the GPU's time goes, not for its tokens/s. A captured step's
+ * replayed passes (pipeline/captured-step.ts) are timed as '(other passes)': run it without
+ * LAYERWISE_WEBGPU_CAPTURE (the kernels' GPU time is the same either way).
  */
 export const KERNEL_TIMES_ENV = 'LAYERWISE_WEBGPU_KERNEL_TIMES';
 
