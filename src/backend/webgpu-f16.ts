@@ -141,7 +141,8 @@ const packedShapes = new WeakMap<tf.Tensor, number[]>();
 /**
  * `t` (float32) packed as f16 on this thread's webgpu backend: an int32 tensor of
  * ceil(size / 2) words, 2 bytes an element (see {@link PACK_F16_WGSL}); {@link unpackF16}
- * gives the float32 tensor back. For tests and {@link installF16Saved}.
+ * gives the float32 tensor back. One tensor a TF.js program: the reference that
+ * {@link packF16Many} (4 tensors a dispatch, what saved activations use) is tested against.
  */
 export function packF16(t: tf.Tensor): tf.Tensor {
   const words = [Math.ceil(t.size / 2)];
