@@ -181,32 +181,51 @@ export const F16_GROUP = 4;
 const GROUP_THREADS = 64;
 
 /**
- * WGSL module packing `count` float32 tensors (bindings 0..count-1) into their f16 words
- * (bindings count..2 count-1) as {@link PACK_F16_WGSL} packs one: word w of tensor j holds its
- * elements 2w and 2w + 1 (u.n[j] elements). One invocation per word of the longest tensor,
- * workgroups flat over x and y. roundF16's infinity comes from the uniforms (WGSL rejects an
- * infinite constant).
+ * A WGSL module converting `count` tensors (bindings 0..count-1, of `from` elements) into as
+ * many outputs (bindings count..2 count-1, of `to` elements): `functions` declared, then
+ * `body(k)` run for tensor k by the invocation of word w (i = 2 w its first element; u.n[k] the
+ * tensor's elements). One invocation per word of the longest tensor, workgroups flat over x and
+ * y. roundF16's infinity comes from the uniforms (WGSL rejects an infinite constant).
  */
-function packManyWgsl(count: number): string {
+function groupModule(
+  count: number,
+  from: 'f32' | 'u32',
+  to: 'f32' | 'u32',
+  functions: string,
+  body: (k: number) => string,
+): string {
   const j = [...Array(count).keys()];
   return `
 struct U { n : vec4<u32>, INFINITY : f32 };
-${j.map((i) => `@group(0) @binding(${i}) var<storage, read> x${i} : array<f32>;`).join('\n')}
-${j.map((i) => `@group(0) @binding(${count + i}) var<storage, read_write> y${i} : array<u32>;`).join('\n')}
+${j.map((i) => `@group(0) @binding(${i}) var<storage, read> x${i} : array<${from}>;`).join('\n')}
+${j.map((i) => `@group(0) @binding(${count + i}) var<storage, read_write> y${i} : array<${to}>;`).join('\n')}
 @group(0) @binding(${2 * count}) var<uniform> uniforms : U;
-${ROUND_F16_WGSL}
-${F16_BITS_WGSL}
-fn word(a : f32) -> u32 {
-  return f16Bits(roundF16(a));
-}
+${functions}
 @compute @workgroup_size(${GROUP_THREADS})
 fn main(@builtin(workgroup_id) wid : vec3<u32>,
         @builtin(num_workgroups) groups : vec3<u32>,
         @builtin(local_invocation_id) lid : vec3<u32>) {
   let w = (wid.y * groups.x + wid.x) * ${GROUP_THREADS}u + lid.x;
   let i = 2u * w;
-${j
-  .map(
+${j.map(body).join('\n')}
+}
+`;
+}
+
+/**
+ * Packing `count` float32 tensors into their f16 words as {@link PACK_F16_WGSL} packs one: word
+ * w of tensor k holds its elements 2w and 2w + 1.
+ */
+const packManyWgsl = (count: number): string =>
+  groupModule(
+    count,
+    'f32',
+    'u32',
+    `${ROUND_F16_WGSL}
+${F16_BITS_WGSL}
+fn word(a : f32) -> u32 {
+  return f16Bits(roundF16(a));
+}`,
     (k) => `  if (i < uniforms.n[${k}]) {
     var hi = 0u;
     if (i + 1u < uniforms.n[${k}]) {
@@ -214,29 +233,15 @@ ${j
     }
     y${k}[w] = word(x${k}[i]) | (hi << 16u);
   }`,
-  )
-  .join('\n')}
-}
-`;
-}
+  );
 
-/** WGSL module widening `count` packed tensors (bindings 0..count-1, u.n[j] elements each) into float32 (bindings count..2 count-1), exactly, as {@link UNPACK_F16_WGSL}. */
-function unpackManyWgsl(count: number): string {
-  const j = [...Array(count).keys()];
-  return `
-struct U { n : vec4<u32>, INFINITY : f32 };
-${j.map((i) => `@group(0) @binding(${i}) var<storage, read> x${i} : array<u32>;`).join('\n')}
-${j.map((i) => `@group(0) @binding(${count + i}) var<storage, read_write> y${i} : array<f32>;`).join('\n')}
-@group(0) @binding(${2 * count}) var<uniform> uniforms : U;
-${F16_BITS_WGSL}
-@compute @workgroup_size(${GROUP_THREADS})
-fn main(@builtin(workgroup_id) wid : vec3<u32>,
-        @builtin(num_workgroups) groups : vec3<u32>,
-        @builtin(local_invocation_id) lid : vec3<u32>) {
-  let w = (wid.y * groups.x + wid.x) * ${GROUP_THREADS}u + lid.x;
-  let i = 2u * w;
-${j
-  .map(
+/** Widening `count` packed tensors into float32, exactly, as {@link UNPACK_F16_WGSL} widens one. */
+const unpackManyWgsl = (count: number): string =>
+  groupModule(
+    count,
+    'u32',
+    'f32',
+    F16_BITS_WGSL,
     (k) => `  if (i < uniforms.n[${k}]) {
     let v = x${k}[w];
     y${k}[i] = f16Value(v & 0xffffu);
@@ -244,11 +249,7 @@ ${j
       y${k}[i + 1u] = f16Value(v >> 16u);
     }
   }`,
-  )
-  .join('\n')}
-}
-`;
-}
+  );
 
 /** Each module's WGSL by kind and count, made once (webgpu-multi.ts caches pipelines by code). */
 const groupCode = new Map<string, string>();
