@@ -386,7 +386,8 @@ export class GpuQueue {
   /**
    * Records `record`'s dispatch under `label`: with {@link KERNEL_TIMES_ENV}, in a compute pass
    * of its own (the open pass ended before and after), whose time counts for `label`; otherwise
-   * just calls it. Returns what `record` returns.
+   * just calls it. Returns what `record` returns. TF.js's programs come through here from the
+   * `runWebGPUProgram` hook, layerwise's pipelines from webgpu-multi.ts `dispatch`.
    */
   kernel<T>(label: string, record: () => T): T {
     if (!this.timesKernels || !this.timer) return record();
@@ -441,7 +442,8 @@ export class GpuQueue {
   /**
    * Ends the step's timing: resolves, once the GPU has run the step's work, with the seconds the
    * GPU spent in its compute passes, by kernel with {@link KERNEL_TIMES_ENV} (null without
-   * timestamp queries or when the step could not be timed). Queues a copy of the timestamps and submits it; does not wait.
+   * timestamp queries or when the step could not be timed). Queues a copy of the timestamps and
+   * submits it; does not wait.
    */
   endStep(): Promise<PassTimes | null> {
     return this.timer

@@ -403,7 +403,7 @@ class StageHost {
 
   /** webgpu with timestamp queries: the GPU time of the last step, until the next step reports it. */
   private pendingBusy: {
-    busySeconds: Promise<PassTimes | null>;
+    times: Promise<PassTimes | null>;
     stepSeconds: number;
   } | null = null;
 
@@ -417,14 +417,14 @@ class StageHost {
     t0: number,
   ): Promise<Pick<StageStepResult, 'gpu' | 'gpuBusy'>> {
     const q = gpuQueue()!;
-    const busySeconds = q.endStep();
+    const times = q.endStep();
     const after = q.counts();
     const prev = this.pendingBusy;
     this.pendingBusy = q.timesPasses
-      ? { busySeconds, stepSeconds: (performance.now() - t0) / 1000 }
+      ? { times, stepSeconds: (performance.now() - t0) / 1000 }
       : null;
     const gpu = gpuCountsSince(before, after);
-    const busy = prev ? await prev.busySeconds : null;
+    const busy = prev ? await prev.times : null;
     return busy === null || !prev
       ? { gpu }
       : {
