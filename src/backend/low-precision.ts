@@ -326,6 +326,20 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
   return round(x);
 }
 
+/** Data of kernel outputs that stay float32 when saved for a backward (see {@link keepFloat32Saved}). */
+const statistics = new WeakSet<tf.DataId>();
+
+/**
+ * Marks a kernel's output as a statistic that stays float32 when a recorded forward saves it
+ * for the backward, whatever the policy's `saved` format ({@link keepSavedAtComputePrecision}):
+ * layer norm's rstd on native, attention's log-sum-exp on webgpu (its f16 rounding would move
+ * every recomputed probability by up to 0.4%). Any backend's kernels; returns `out`.
+ */
+export function keepFloat32Saved<T extends tf.TensorInfo>(out: T): T {
+  statistics.add(out.dataId);
+  return out;
+}
+
 /**
  * Where this thread's policy stores saved activations in 2 bytes and its backend holds that
  * format (a {@link SavedHolder}: the native backend at bf16, webgpu at f16), replaces the
@@ -336,8 +350,8 @@ export function roundActivation(x: tf.Tensor): tf.Tensor {
  * operands (their gradients read them only as bf16 or f16 operands anyway: the same
  * gradients), GELU's input, attention's qkv and probabilities, layer norm's xhat (native's
  * gradients read bf16 inputs as they are; webgpu's copies are widened first,
- * {@link widenSavedForGradient}). Kept float32: parameters, statistics the backend marks so
- * (layer norm's rstd, attention's lse), and data a tensor outside the tape holds too (the
+ * {@link widenSavedForGradient}). Kept float32: parameters, statistics a kernel marks so
+ * ({@link keepFloat32Saved}), and data a tensor outside the tape holds too (the
  * stage's input). The holder converts its `group` tensors at a time (webgpu: 4 a dispatch), and
  * where copies are widened for the gradients, the backward widens them in groups of as many, in
  * the order it reaches them. Elsewhere does nothing.
@@ -366,6 +380,7 @@ export function keepSavedAtComputePrecision(
       if (
         t instanceof tf.Tensor &&
         !heldElsewhere.has(t.dataId) &&
+        !statistics.has(t.dataId) &&
         t.dtype === 'float32' &&
         !firsts.has(t.dataId)
       )

@@ -45,7 +45,7 @@ import {
   SOFTMAX_CROSS_ENTROPY_KERNEL,
   SUM_SQUARES_KERNEL,
 } from './kernel-names.js';
-import { ROUND_BF16_KERNEL } from './low-precision.js';
+import { keepFloat32Saved, ROUND_BF16_KERNEL } from './low-precision.js';
 import { countPrivateBytes } from './memory.js';
 import type { Precision } from './names.js';
 import { nativeAddon } from './native-addon.js';
@@ -243,16 +243,11 @@ export class NativeBackend extends MathBackendCPU {
    * A bf16-only copy ({@link activationFromBf16}) of `t`, an activation saved for a backward
    * (backend/low-precision.ts keepSavedAtComputePrecision): its bf16 values, its shadow taken
    * over where a product made one, else converted now. Null for a parameter (its bf16 copy is
-   * cached per version), a statistic kept in float32 ({@link keepFloat32}) or a tensor already
-   * held as bf16.
+   * cached per version) or a tensor already held as bf16 (statistics marked by
+   * low-precision.ts keepFloat32Saved never come here).
    */
   bf16Saved(t: tf.Tensor): tf.Tensor | null {
-    if (
-      this.bf16Params.has(t.dataId) ||
-      this.statistics.has(t.dataId) ||
-      isParameterData(t.dataId)
-    )
-      return null;
+    if (this.bf16Params.has(t.dataId) || isParameterData(t.dataId)) return null;
     let bf = this.shadows.get(t.dataId);
     if (bf !== undefined) {
       // taken over: counted from now on as the new tensor's bytes
@@ -264,15 +259,6 @@ export class NativeBackend extends MathBackendCPU {
       nativeAddon()!.toBf16(f32, bf);
     }
     return this.activationFromBf16(bf, t.shape);
-  }
-
-  /** Outputs the recipe keeps in float32 even when saved for a backward (layer norm's rstd): {@link bf16Saved} leaves them. */
-  private readonly statistics = new WeakSet<tf.DataId>();
-
-  /** Marks a kernel's output as a statistic kept in float32 (see {@link bf16Saved}). */
-  keepFloat32(out: tf.TensorInfo): tf.TensorInfo {
-    this.statistics.add(out.dataId);
-    return out;
   }
 
   /** Parameters uploaded as bf16 values ({@link fromBf16}), by data id. */
@@ -1207,7 +1193,7 @@ function layerNormKernel(args: KernelArgs): tf.TensorInfo[] {
   return [
     y,
     xhat,
-    backend.keepFloat32(
+    keepFloat32Saved(
       backend.makeTensorInfo([...x.shape.slice(0, -1), 1], 'float32', rstd),
     ),
   ];

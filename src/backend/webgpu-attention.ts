@@ -38,13 +38,13 @@ import {
   FLASH_ATTENTION_GRAD_KERNEL,
   FLASH_ATTENTION_KERNEL,
 } from './kernel-names.js';
+import { keepFloat32Saved } from './low-precision.js';
 import { tf } from './tfjs.js';
 import { f16Arithmetic } from './webgpu-kernels.js';
 import {
   bufferOf,
   constantUniforms,
   dispatch,
-  keepFloat32Saved,
   newOutput,
   type RawBackend,
   stateOf,

@@ -28,7 +28,6 @@ import {
   bufferOf,
   constantUniforms,
   dispatch,
-  keptFloat32,
   newOutput,
   type RawBackend,
   stateOf,
@@ -355,13 +354,12 @@ export function unpackF16Many(ts: readonly tf.Tensor[]): tf.Tensor[] {
   });
 }
 
-/** Whether a saved activation waits packed as f16: float32, not a statistic (rank below 2, a last axis of 1, or marked: webgpu-multi.ts keepFloat32Saved), not empty. */
+/** Whether a saved activation waits packed as f16: float32, not a statistic (rank below 2, a last axis of 1; marked ones, low-precision.ts keepFloat32Saved, never come here), not empty. */
 const packable = (t: tf.Tensor): boolean =>
   t.dtype === 'float32' &&
   t.rank >= 2 &&
   t.shape[t.rank - 1]! > 1 &&
-  t.size > 0 &&
-  !keptFloat32(t.dataId);
+  t.size > 0;
 
 /**
  * Gives this thread's webgpu `backend` the f16 copies of saved activations that a policy whose

@@ -265,23 +265,6 @@ export function newOutput(
   return [info, bufferOf(b, info)];
 }
 
-/** Data of kernel outputs that stay float32 when saved for a backward (see {@link keepFloat32Saved}). */
-const statistics = new WeakSet<object>();
-
-/**
- * Marks a kernel's output as a statistic that stays float32 when a recorded forward saves it
- * for the backward, whatever the policy's `saved` format (attention's log-sum-exp: its f16
- * rounding would move every recomputed probability by up to 0.4%). Returns `out`. As the native
- * backend's keepFloat32.
- */
-export function keepFloat32Saved(out: tf.TensorInfo): tf.TensorInfo {
-  statistics.add(out.dataId);
-  return out;
-}
-
-/** Whether `dataId`'s values were marked by {@link keepFloat32Saved}. */
-export const keptFloat32 = (dataId: object): boolean => statistics.has(dataId);
-
 /** TF.js's command encoder, outside any compute pass (to record copies or a pass of ours). */
 function encoder(b: RawBackend): NonNullable<RawBackend['commandEncoder']> {
   b.ensureCommandEncoderReady();
