@@ -19,7 +19,6 @@ import { tf, wrapStockKernel } from './tfjs.js';
 import {
   LayerwiseProgram,
   run,
-  type Uniform,
   useF16Arithmetic,
   type WebGPUBackendish,
 } from './webgpu-kernels.js';
@@ -80,56 +79,18 @@ const F16_BITS_WGSL = `
   }
 `;
 
-/**
- * Packs n float32 values (input A) into ceil(n / 2) int32 words, each two of them rounded to f16
- * (as {@link ROUND_F16_PROGRAM_WGSL}: nearest even, subnormals, infinite past f16's range),
- * element 2i in the low half of word i.
- */
-const PACK_F16_WGSL = `
-  ${ROUND_F16_WGSL}
-  ${F16_BITS_WGSL}
-  fn main(index : i32) {
-    if (index < uniforms.size) {
-      let i = 2 * index;
-      let lo = f16Bits(roundF16(A[i]));
-      var hi = 0u;
-      if (i + 1 < uniforms.n) {
-        hi = f16Bits(roundF16(A[i + 1]));
-      }
-      setOutputAtIndexI32(index, bitcast<i32>(lo | (hi << 16u)));
-    }
-  }
-`;
-
-/** The float32 values (exact) of the f16 values {@link PACK_F16_WGSL} packed (input A). */
-const UNPACK_F16_WGSL = `
-  ${F16_BITS_WGSL}
-  fn main(index : i32) {
-    if (index < uniforms.size) {
-      let word = bitcast<u32>(A[index / 2]);
-      let h = select(word & 0xffffu, word >> 16u, index % 2 == 1);
-      setOutputAtIndex(index, f16Value(h));
-    }
-  }
-`;
-
-/** Runs one of this file's programs (`key`, `code`) on `x` (input A) into an output of `shape` and `dtype`. */
-function runOn(
-  backend: unknown,
-  key: string,
-  code: string,
-  x: tf.TensorInfo,
-  shape: number[],
-  dtype: tf.DataType = 'float32',
-  uniforms: readonly Uniform[] = [],
-): tf.TensorInfo {
-  const program = new LayerwiseProgram(key, ['A'], shape, code, uniforms);
-  return run(backend, program, [x], uniforms, shape, dtype);
-}
-
 /** `x` rounded to f16 and back, a new TensorInfo of x's shape on `backend`. */
-const roundedF16 = (backend: unknown, x: tf.TensorInfo) =>
-  runOn(backend, 'layerwise_round_f16', ROUND_F16_PROGRAM_WGSL, x, x.shape);
+function roundedF16(backend: unknown, x: tf.TensorInfo): tf.TensorInfo {
+  const key = 'layerwise_round_f16';
+  const program = new LayerwiseProgram(
+    key,
+    ['A'],
+    x.shape,
+    ROUND_F16_PROGRAM_WGSL,
+    [],
+  );
+  return run(backend, program, [x], [], x.shape);
+}
 
 /**
  * The float32 shape each packed f16 copy ({@link packF16}) stands for, by the copy's tensor
@@ -138,39 +99,18 @@ const roundedF16 = (backend: unknown, x: tf.TensorInfo) =>
 const packedShapes = new WeakMap<tf.Tensor, number[]>();
 
 /**
- * `t` (float32) packed as f16 on this thread's webgpu backend: an int32 tensor of
- * ceil(size / 2) words, 2 bytes an element (see {@link PACK_F16_WGSL}); {@link unpackF16}
- * gives the float32 tensor back. One tensor a TF.js program: the reference that
- * {@link packF16Many} (4 tensors a dispatch, what saved activations use) is tested against.
+ * `t` (float32, at least one element) packed as f16 on this thread's webgpu backend: an int32
+ * tensor of ceil(size / 2) words, 2 bytes an element, element 2i in the low half of word i, each
+ * rounded as {@link roundF16} rounds (nearest even, subnormals, infinite past f16's range);
+ * {@link unpackF16} gives the float32 tensor back. {@link packF16Many} of one tensor.
  */
 export function packF16(t: tf.Tensor): tf.Tensor {
-  const words = [Math.ceil(t.size / 2)];
-  const info = runOn(
-    tf.backend(),
-    'layerwise_pack_f16',
-    PACK_F16_WGSL,
-    t,
-    words,
-    'int32',
-    [['n', 'i32', t.size]],
-  );
-  const packed = tf.engine().makeTensorFromTensorInfo(info);
-  packedShapes.set(packed, [...t.shape]);
-  return packed;
+  return packF16Many([t])[0]!;
 }
 
-/** The float32 tensor a {@link packF16} copy stands for (a new tensor), or null for any other tensor. */
+/** The float32 tensor a {@link packF16} copy stands for (a new tensor, exact), or null for any other tensor. */
 export function unpackF16(t: tf.Tensor): tf.Tensor | null {
-  const shape = packedShapes.get(t);
-  if (shape === undefined) return null;
-  const info = runOn(
-    tf.backend(),
-    'layerwise_unpack_f16',
-    UNPACK_F16_WGSL,
-    t,
-    shape,
-  );
-  return tf.engine().makeTensorFromTensorInfo(info);
+  return packedShapes.has(t) ? unpackF16Many([t])[0]! : null;
 }
 
 /** Tensors one {@link packF16Many} / {@link unpackF16Many} dispatch converts: 4 in, 4 out, WebGPU's default 8 storage buffers a stage. */
@@ -212,8 +152,8 @@ ${j.map(body).join('\n')}
 }
 
 /**
- * Packing `count` float32 tensors into their f16 words as {@link PACK_F16_WGSL} packs one: word
- * w of tensor k holds its elements 2w and 2w + 1.
+ * Packing `count` float32 tensors into their f16 words: word w of tensor k holds its elements 2w
+ * (low half) and 2w + 1, each rounded by roundF16 (a last odd element's high half is 0).
  */
 const packManyWgsl = (count: number): string =>
   groupModule(
@@ -234,7 +174,7 @@ fn word(a : f32) -> u32 {
   }`,
   );
 
-/** Widening `count` packed tensors into float32, exactly, as {@link UNPACK_F16_WGSL} widens one. */
+/** Widening `count` packed tensors into float32, exactly. */
 const unpackManyWgsl = (count: number): string =>
   groupModule(
     count,
@@ -309,7 +249,7 @@ function inGroups<T>(
 
 /**
  * `ts` (float32, each of at least one element) packed as f16 on this thread's webgpu backend,
- * as {@link packF16} packs each (the same words), one dispatch per {@link F16_GROUP} tensors.
+ * each as {@link packF16} describes, one dispatch per {@link F16_GROUP} tensors.
  */
 export function packF16Many(ts: readonly tf.Tensor[]): tf.Tensor[] {
   return inGroups(ts, (group) =>
@@ -328,8 +268,8 @@ export function packF16Many(ts: readonly tf.Tensor[]): tf.Tensor[] {
 }
 
 /**
- * The float32 tensors (new) that `ts`, copies {@link packF16} or {@link packF16Many} made, stand
- * for, as {@link unpackF16} widens each, one dispatch per {@link F16_GROUP} tensors.
+ * The float32 tensors (new, exact) that `ts`, copies {@link packF16} or {@link packF16Many}
+ * made, stand for, one dispatch per {@link F16_GROUP} tensors.
  * @throws Error for a tensor that is no such copy.
  */
 export function unpackF16Many(ts: readonly tf.Tensor[]): tf.Tensor[] {

@@ -82,7 +82,7 @@ const F16_MAX = 65504;
 const ELEMENT_THREADS = 64;
 
 /** One uniform: a name, its WGSL type and value (in the order the program declares them). */
-export type Uniform = [name: string, type: 'i32' | 'f32', value: number];
+type Uniform = [name: string, type: 'i32' | 'f32', value: number];
 
 /** One WGSL program over flat [n] or [rows, cols] views of its inputs (backend/wgsl/, webgpu-f16.ts). */
 export class LayerwiseProgram implements WebGPUProgram {
@@ -144,22 +144,18 @@ const view = (t: tf.TensorInfo, shape: number[]): tf.TensorInfo => ({
   dtype: t.dtype,
 });
 
-/**
- * Runs `program` on `inputs` (already viewed flat or as rows) and gives the output `shape`, of
- * `dtype` (the float32 {@link STORAGE} unless asked: webgpu-f16.ts's packed f16 words are int32).
- */
+/** Runs `program` on `inputs` (already viewed flat or as rows) and gives the output `shape`. */
 export function run(
   backend: unknown,
   program: LayerwiseProgram,
   inputs: tf.TensorInfo[],
   uniforms: readonly Uniform[],
   shape: number[],
-  dtype: tf.DataType = STORAGE,
 ): tf.TensorInfo {
   const out = (backend as WebGPUBackendish).runWebGPUProgram(
     program,
     inputs,
-    dtype,
+    STORAGE,
     uniforms.map(([, type, value]) => ({
       type: type === 'i32' ? 'int32' : 'float32',
       data: [value],
