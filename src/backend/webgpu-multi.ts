@@ -306,9 +306,9 @@ export function dispatch(
   label: string,
 ): void {
   const q = gpuQueue();
-  if (q?.timesKernels)
-    q.kernel(label, () => record(b, s, code, buffers, workgroups));
-  else record(b, s, code, buffers, workgroups);
+  const commands = () => record(b, s, code, buffers, workgroups);
+  if (q) q.kernel(label, commands);
+  else commands();
   q?.countDispatches(1);
 }
 
