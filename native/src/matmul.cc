@@ -2,7 +2,8 @@
 // attention's per-head products) are spread over the OpenMP team, one sgemm per thread (nested
 // regions are off, so each runs single-threaded); few large ones run one after another, each
 // parallel inside oneDNN, except a weight gradient with a small output (splitsReduction), whose
-// long reduction is split over the team instead (splitReduction; also bf16.cc's products).
+// long reduction is split over the team instead (splitReduction; also bf16.cc's products), and
+// an input gradient dy W^T, whose shared weight is transposed first (transposesWeight).
 #include "kernels.h"
 #include "signals.h"
 #include <dnnl.h>
@@ -23,6 +24,38 @@ namespace {
 // 1.7-1.8x and 1.4-1.6x on the threads' CPU clocks (bf16; fp32 1.9x both, oneDNN 1.9x and 1.7x).
 // Larger outputs ([256, 768] and up) scale 1.9x on oneDNN's own split (1.8x split over k).
 constexpr int64_t kSplitReductionOutput = int64_t{1} << 16;
+
+// op(b) = b^T, b a shared [n, k] weight (a dense layer's input gradient, dy W^T): oneDNN 2.6.3's
+// sgemm runs 'N','T' at 2 threads no faster than 'N','N' at 1 where n <= k. In charlm-small's
+// step (`bench kernels --shapes --threads 1,2`), [4096, 1024] x [256, 1024]^T took 51 -> 40 ms a
+// step (1.28x) and [4096, 768] x [256, 768]^T 37 -> 26 ms (1.42x); with b transposed first and
+// 'N','N', 49 -> 26 ms (1.91x) and 34 -> 19 ms (1.83x). Where n > k the two layouts run alike
+// ([4096, 256] x [1024, 256]^T 5.5 ms either way). The transpose is a pass over n k floats, so
+// only where the product is at least kTransposeRows rows long and b holds kTransposeMin to
+// kTransposeMax floats ([4096, 89] x [256, 89]^T's 23 K floats went 0.53 -> 0.70 ms: the
+// transpose's OpenMP region costs more than it saves). bf16.cc's primitive runs either layout
+// at one speed.
+constexpr int64_t kTransposeRows = 512;
+constexpr int64_t kTransposeMin = int64_t{1} << 16;
+constexpr int64_t kTransposeMax = int64_t{1} << 22;
+
+bool transposesWeight(int64_t batch, int64_t bStride, int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
+  return transB && !transA && (batch == 1 || bStride == 0) && n <= k && m >= kTransposeRows &&
+         n * k >= kTransposeMin && n * k <= kTransposeMax;
+}
+
+// out [k, n] = b^T for b [n, k] row-major, in 32 x 32 blocks over the team.
+void transposeInto(const float* b, int64_t n, int64_t k, float* out) {
+  constexpr int64_t kBlock = 32;
+  const int64_t blocksN = (n + kBlock - 1) / kBlock, blocksK = (k + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < blocksN * blocksK; blk++) {
+    const int64_t j0 = (blk / blocksK) * kBlock, k0 = (blk % blocksK) * kBlock;
+    const int64_t j1 = std::min(n, j0 + kBlock), k1 = std::min(k, k0 + kBlock);
+    for (int64_t kk = k0; kk < k1; kk++)
+      for (int64_t j = j0; j < j1; j++) out[kk * n + j] = b[j * k + kk];
+  }
+}
 
 }  // namespace
 
@@ -74,6 +107,16 @@ int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStr
     return splitReduction(m, n, k, c, [&](int64_t k0, int64_t k1, float* out) {
       return static_cast<int>(dnnl_sgemm('T', 'N', m, n, k1 - k0, 1.f, a + k0 * m, m, b + k0 * n, n, 0.f, out, n));
     });
+  if (transposesWeight(batch, bStride, m, n, k, transA, transB)) {
+    thread_local ScratchOf<float> transposed;
+    float* bt = transposed.get(n * k);
+    transposeInto(b, n, k, bt);
+    for (int64_t i = 0; i < batch; i++) {
+      int s = dnnl_sgemm('N', 'N', m, n, k, 1.f, a + i * aStride, k, bt, n, 0.f, c + i * m * n, n);
+      if (s != dnnl_success) return s;
+    }
+    return 0;
+  }
   if (batch >= 2 * team && team > 1) {
     int status = 0;
 #pragma omp parallel for schedule(static)

@@ -627,6 +627,51 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
   }
 });
 
+test("a dense layer's input gradient dy W^T (a long product, W a shared [n, k] weight with n <= k, which matmul.cc transposes first) gives the product on W^T transposed by hand bit for bit, and the float64 product, alone and over a broadcast batch, at 1 and 2 threads", {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const before = lib.threads();
+  // m past the 512 rows, n k = 256 x 300 past the 2^16 floats, none a multiple of 16 but n
+  const [m, n, k, batch] = [517, 256, 300, 2];
+  const a = randomArray(batch * m * k, 5),
+    w = randomArray(n * k, 6); // W stored [n, k]
+  const wt = new Float32Array(k * n);
+  for (let j = 0; j < n; j++)
+    for (let r = 0; r < k; r++) wt[r * n + j] = w[j * k + r]!;
+  try {
+    for (const threads of [1, 2]) {
+      lib.setThreads(threads);
+      for (const [b, aStride] of [
+        [1, 0],
+        [batch, m * k],
+      ] as const) {
+        const viaT = new Float32Array(b * m * n),
+          byHand = new Float32Array(b * m * n);
+        lib.matmul(a, w, viaT, b, aStride, 0, m, n, k, false, true);
+        lib.matmul(a, wt, byHand, b, aStride, 0, m, n, k, false, false);
+        assert.deepEqual(viaT, byHand, `batch ${b} at ${threads} threads`);
+        for (const i of [0, 1, m * n - 1, b * m * n - 1]) {
+          const [p, row, col] = [
+            Math.floor(i / (m * n)),
+            Math.floor(i / n) % m,
+            i % n,
+          ];
+          let want = 0;
+          for (let r = 0; r < k; r++)
+            want += a[p * aStride + row * k + r]! * w[col * k + r]!;
+          assert.ok(
+            Math.abs(viaT[i]! - want) <= 2e-6 * k,
+            `C[${i}] batch ${b} at ${threads} threads: ${viaT[i]}, float64 product ${want}`,
+          );
+        }
+      }
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+});
+
 test('native kernels split over a team of 4 (more members than this machine may have cores) give their 1-thread results: layer norm gradient, column and row sums, segment sums, broadcast binary ops, GELU gradient', {
   skip,
 }, () => {
