@@ -16,7 +16,8 @@
 #      spans, the gaps between steps).
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
 #      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
-#      and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens of steps).
+#      (by input shapes) and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens
+#      of steps).
 set -u
 part=${1:-}
 if [ "$part" != gpu ] && [ "$part" != cpu ]; then
@@ -61,9 +62,11 @@ case "$part" in
     ;;
   cpu)
     bench cores --pytorch-script "$here/bench/pytorch/charlm.py" --budget-s 230
-    for p in fp32 bf16; do
-      bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision "$p"
-    done
+    # fp32 by input shapes: which products scale (a dense layer's dy W^T now runs on W
+    # transposed first, native/src/matmul.cc transposesWeight; its weight gradients' k split,
+    # splitsReduction, was tuned at 2 threads)
+    bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision fp32 --shapes
+    bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision bf16
     ;;
 esac
 ls -l "$out"
