@@ -5,15 +5,15 @@
 # Here, before the device call:
 #   npm ci && npm run build && ../shared/tools/device-bundle
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
-#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 550 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 480 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
 #      importable); both models' GPU ms by kernel (summary.json gpu_kernels), and both with
 #      the captured step (layerwise only); `bench matmul-tiles`;
-#      a traced charlm-small run with the captured step (`--trace`: each action's host and GPU
-#      spans, the gaps between steps).
+#      traced runs of both models with the captured step (`--trace`: each action's host and
+#      GPU spans, the gaps between steps).
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
 #      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
 #      (by input shapes) and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens
@@ -41,10 +41,12 @@ case "$part" in
     # where each model's GPU time goes, by kernel (LAYERWISE_WEBGPU_KERNEL_TIMES=1: every
     # dispatch in a timed pass of its own; summary.json gpu_kernels), in place of last session's
     # whole-model A/B of the 64 x 64 tiling (matmul-tiles below times every tiling per product)
+    small='--preset charlm-small'
+    large='--preset charlm-small --layers 8 --d-model 1024 --heads 16 --context 256'
     for m in small large; do
-      if [ $m = small ]; then shape='--preset charlm-small'; else shape='--preset charlm-small --layers 8 --d-model 1024 --heads 16 --context 256'; fi
+      if [ $m = small ]; then shape=$small; limit=40; else shape=$large; limit=50; fi
       # shellcheck disable=SC2086
-      LAYERWISE_WEBGPU_KERNEL_TIMES=1 timeout 50 node "$lw/dist/cli/main.js" train $shape --strategy single \
+      LAYERWISE_WEBGPU_KERNEL_TIMES=1 timeout $limit node "$lw/dist/cli/main.js" train $shape --strategy single \
         --backend webgpu --batch-size 32 --steps 6 --eval-every 0 --eval-batches 1 \
         --out "$out/kernel-times-$m" >"$out/kernel-times-$m.txt" 2>&1
     done
@@ -54,11 +56,17 @@ case "$part" in
     # 60-dispatches-a-submit A/B, which a replay makes moot (it submits as recorded)
     LAYERWISE_WEBGPU_CAPTURE=1 bench gpu --configs small/layerwise,large/layerwise --config-seconds 45 --name gpu-capture
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
-    # where a captured charlm-small step's time goes on the GPU machine: each action's host and
-    # GPU spans and the gaps between steps (summary.json beside it: host ms and GPU busy per step)
-    LAYERWISE_WEBGPU_CAPTURE=1 timeout 60 node "$lw/dist/cli/main.js" train --preset charlm-small --strategy single \
-      --backend webgpu --batch-size 32 --steps 22 --eval-every 0 --eval-batches 1 \
-      --out "$out/small-trace" --trace "$out/small-trace/trace.json" >"$out/small-trace.txt" 2>&1
+    # where a captured step's time goes on the GPU machine: each action's host and GPU spans
+    # and the gaps between steps (summary.json beside it: host ms and GPU busy per step); the
+    # large model was 70% busy uncaptured (bench/results/gpu.md): are its idle 30% the two reads
+    # a step (the loss, the gradient norm) or the host?
+    for m in small large; do
+      if [ $m = small ]; then shape=$small; steps=22; limit=50; else shape=$large; steps=8; limit=45; fi
+      # shellcheck disable=SC2086
+      LAYERWISE_WEBGPU_CAPTURE=1 timeout $limit node "$lw/dist/cli/main.js" train $shape --strategy single \
+        --backend webgpu --batch-size 32 --steps $steps --eval-every 0 --eval-batches 1 \
+        --out "$out/$m-trace" --trace "$out/$m-trace/trace.json" >"$out/$m-trace.txt" 2>&1
+    done
     ;;
   cpu)
     bench cores --pytorch-script "$here/bench/pytorch/charlm.py" --budget-s 230
