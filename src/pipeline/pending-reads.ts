@@ -28,18 +28,41 @@ export class PendingReads {
     this.read(t, (v) => set(Number(v[0])));
   }
 
-  /** Reads everything pending, in the order it was asked for. */
+  /**
+   * Reads everything pending and hands each its values, in the order they were asked for. The
+   * float32 tensors are read as one: flattened and concatenated on the device, one readback
+   * (a GPU round trip each: a step's losses and its gradient norm were two, one after the
+   * other), each handed its own slice (a subarray of one array, the same values as its own
+   * read); other dtypes are read alongside, each on its own.
+   */
   async flush(): Promise<void> {
     const items = this.items;
     this.items = [];
+    const floats = items.filter((i) => i.t.dtype === 'float32');
+    const joined =
+      floats.length > 1
+        ? tf.tidy(() => tf.concat(floats.map((i) => tf.reshape(i.t, [-1]))))
+        : null;
     try {
-      const values = await Promise.all(
-        items.map(
+      const alone = items.filter((i) => !joined || i.t.dtype !== 'float32');
+      const [all, ...values] = await Promise.all([
+        joined?.data() as Promise<Float32Array> | undefined,
+        ...alone.map(
           (i) => i.t.data() as Promise<Float32Array | Int32Array | Uint8Array>,
         ),
-      );
-      items.forEach((it, k) => it.use(values[k]!));
+      ]);
+      const own = new Map(alone.map((it, k) => [it, values[k]!]));
+      let at = 0;
+      for (const it of items) {
+        const v = own.get(it);
+        if (v !== undefined) it.use(v);
+        else {
+          it.use(all!.subarray(at, at + it.t.size));
+          at += it.t.size;
+        }
+      }
     } finally {
+      joined?.dispose();
       for (const it of items) it.t.dispose();
     }
   }

@@ -44,3 +44,21 @@ test('finite gradients whose float32 squares overflow give a finite sum of squar
   assert.ok(Number.isNaN(await nan.sumSquares()));
   nan.clear();
 });
+
+test('squaredSums then totalSquares give sumSquares; totalSquares refuses a count of sums that is not one a gradient', async () => {
+  const acc = holding([[3, 4], [1e20], [2]]);
+  const sums = acc.squaredSums()!;
+  const values = (await sums.data()) as Float32Array;
+  sums.dispose();
+  assert.deepEqual(Array.from(values.slice(0, 1)), [25]);
+  assert.equal(values[1], Infinity, "1e20's float32 square overflows");
+  const total = await acc.totalSquares(values);
+  assert.equal(total, await acc.sumSquares());
+  assert.equal(total, 25 + Math.fround(1e20) ** 2 + 4);
+  await assert.rejects(
+    acc.totalSquares(values.subarray(0, 2)),
+    /2 sums of squares for 3 gradients/,
+  );
+  acc.clear();
+  assert.equal(new GradAccumulator().squaredSums(), null);
+});

@@ -219,35 +219,60 @@ export class GradAccumulator {
   }
 
   /**
-   * Sum of squares of every accumulated element (a stage's share of the global norm); each sum
-   * read asynchronously, added in double. A float32 sum of squares that overflows while every
-   * element is finite (|g| above 1.8e19: an absurd learning rate's step) is recomputed scaled by
-   * the largest |g| (sum((g / m)^2) m^2, in double), so only a non-finite element makes the
-   * result non-finite (Infinity, or NaN for a NaN element).
+   * Sum of squares of every accumulated element (a stage's share of the global norm): the sums
+   * of {@link squaredSums} read, then {@link totalSquares}.
    */
   async sumSquares(): Promise<number> {
-    const grads = [...this.grads.values()];
-    // one read of every gradient's sum (a readback is a round trip on a GPU), the same float32
-    // sums as reading each on its own; one kernel for all (backend/kernel-names.ts
-    // SUM_SQUARES_KERNEL: on webgpu one dispatch, not a square and a sum a gradient)
-    const sums =
-      grads.length > 0
-        ? (tf
-            .engine()
-            .runKernel(
-              SUM_SQUARES_KERNEL,
-              grads as unknown as tf.NamedTensorMap,
-            ) as tf.Tensor)
-        : null;
-    let values: number[];
+    const sums = this.squaredSums();
+    let values: Float32Array;
     try {
-      values = sums ? Array.from(await sums.data()) : [];
+      values = sums
+        ? ((await sums.data()) as Float32Array)
+        : new Float32Array();
     } finally {
       sums?.dispose();
     }
+    return this.totalSquares(values);
+  }
+
+  /**
+   * Each accumulated gradient's float32 sum of squares, as one float32 tensor [gradients] in
+   * key order, or null without gradients: one kernel for all (backend/kernel-names.ts
+   * SUM_SQUARES_KERNEL: on webgpu one dispatch, not a square and a sum a gradient), to read in
+   * one readback (a round trip on a GPU), alone or with the step's other reads
+   * (pipeline/pending-reads.ts). The caller disposes it.
+   */
+  squaredSums(): tf.Tensor | null {
+    const grads = [...this.grads.values()];
+    return grads.length > 0
+      ? (tf
+          .engine()
+          .runKernel(
+            SUM_SQUARES_KERNEL,
+            grads as unknown as tf.NamedTensorMap,
+          ) as tf.Tensor)
+      : null;
+  }
+
+  /**
+   * The stage's sum of squares from {@link squaredSums}'s values, added in double. A float32
+   * sum of squares that overflowed while every element is finite (|g| above 1.8e19: an absurd
+   * learning rate's step) is recomputed scaled by the largest |g| (sum((g / m)^2) m^2, in
+   * double), so only a non-finite element makes the result non-finite (Infinity, or NaN for a
+   * NaN element).
+   * @throws Error when `sums` does not hold one value a gradient.
+   */
+  async totalSquares(sums: ArrayLike<number>): Promise<number> {
+    const grads = [...this.grads.values()];
+    if (sums.length !== grads.length)
+      throw new Error(
+        `${sums.length} sums of squares for ${grads.length} gradients`,
+      );
     let total = 0;
-    for (const [i, v] of values.entries())
+    for (let i = 0; i < sums.length; i++) {
+      const v = sums[i]!;
       total += v === Infinity ? await scaledSumSquares(grads[i]!) : v;
+    }
     return total;
   }
 

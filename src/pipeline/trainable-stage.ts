@@ -72,12 +72,19 @@ export abstract class TrainableStage implements StageProgram {
     this.faultGroups.clear();
   }
 
-  /** Sum of squares of the accumulated gradients (this stage's share of the global norm). */
+  /**
+   * Sum of squares of the accumulated gradients (this stage's share of the global norm), read
+   * in one readback with this step's losses so far (and whatever else is pending): on a GPU
+   * one round trip, where the losses and then the sums were two, one after the other.
+   */
   async gradSquaredNorm(): Promise<number> {
-    await this.reads.flush(); // this step's losses so far
+    const pending = this.grads.squaredSums();
+    let sums: ArrayLike<number> = [];
+    if (pending) this.reads.read(pending, (v) => (sums = v));
+    await this.reads.flush();
     // a non-finite loss makes the step a numeric fault even if its gradients happen to be finite
     for (const l of this.losses.values()) if (!Number.isFinite(l)) return NaN;
-    return this.grads.sumSquares();
+    return this.grads.totalSquares(sums);
   }
 
   /** The accumulated gradients' values, by key in sorted order (for the replicas' all-reduce). */
