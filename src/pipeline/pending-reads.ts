@@ -39,11 +39,12 @@ export class PendingReads {
     const items = this.items;
     this.items = [];
     const floats = items.filter((i) => i.t.dtype === 'float32');
-    const joined =
-      floats.length > 1
-        ? tf.tidy(() => tf.concat(floats.map((i) => tf.reshape(i.t, [-1]))))
-        : null;
+    let joined: tf.Tensor | null = null;
     try {
+      if (floats.length > 1)
+        joined = tf.tidy(() =>
+          tf.concat(floats.map((i) => tf.reshape(i.t, [-1]))),
+        );
       const alone = items.filter((i) => !joined || i.t.dtype !== 'float32');
       const [all, ...values] = await Promise.all([
         joined?.data() as Promise<Float32Array> | undefined,
