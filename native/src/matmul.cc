@@ -93,9 +93,7 @@ int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::functio
 int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStride, int64_t bStride,
            int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
   const char ta = transA ? 'T' : 'N';
-  const char tb = transB ? 'T' : 'N';
   const int64_t lda = transA ? m : k;
-  const int64_t ldb = transB ? k : n;
   if (m == 0 || n == 0) return 0;
   if (k == 0) {
     for (int64_t i = 0; i < batch * m * n; i++) c[i] = 0.f;
@@ -107,16 +105,17 @@ int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStr
     return splitReduction(m, n, k, c, [&](int64_t k0, int64_t k1, float* out) {
       return static_cast<int>(dnnl_sgemm('T', 'N', m, n, k1 - k0, 1.f, a + k0 * m, m, b + k0 * n, n, 0.f, out, n));
     });
-  if (transposesWeight(batch, bStride, m, n, k, transA, transB)) {
-    thread_local ScratchOf<float> transposed;
-    float* bt = transposed.get(n * k);
+  // a shared weight used transposed is transposed first where that is faster (transposesWeight):
+  // the products below then read it as stored 'N'
+  const bool transposed = transposesWeight(batch, bStride, m, n, k, transA, transB);
+  if (transposed) {
+    thread_local ScratchOf<float> scratch;
+    float* bt = scratch.get(n * k);
     transposeInto(b, n, k, bt);
-    for (int64_t i = 0; i < batch; i++) {
-      int s = dnnl_sgemm('N', 'N', m, n, k, 1.f, a + i * aStride, k, bt, n, 0.f, c + i * m * n, n);
-      if (s != dnnl_success) return s;
-    }
-    return 0;
+    b = bt;
   }
+  const char tb = transB && !transposed ? 'T' : 'N';
+  const int64_t ldb = tb == 'T' ? k : n;
   if (batch >= 2 * team && team > 1) {
     int status = 0;
 #pragma omp parallel for schedule(static)
