@@ -45,18 +45,22 @@ export class PendingReads {
         joined = tf.tidy(() =>
           tf.concat(floats.map((i) => tf.reshape(i.t, [-1]))),
         );
-      const alone = items.filter((i) => !joined || i.t.dtype !== 'float32');
+      const inJoined = (i: (typeof items)[number]) =>
+        joined !== null && i.t.dtype === 'float32';
       const [all, ...values] = await Promise.all([
         joined?.data() as Promise<Float32Array> | undefined,
-        ...alone.map(
-          (i) => i.t.data() as Promise<Float32Array | Int32Array | Uint8Array>,
-        ),
+        ...items
+          .filter((i) => !inJoined(i))
+          .map(
+            (i) =>
+              i.t.data() as Promise<Float32Array | Int32Array | Uint8Array>,
+          ),
       ]);
-      const own = new Map(alone.map((it, k) => [it, values[k]!]));
+      // the joined values in the floats' order, the others' reads in theirs
       let at = 0;
+      let next = 0;
       for (const it of items) {
-        const v = own.get(it);
-        if (v !== undefined) it.use(v);
+        if (!inJoined(it)) it.use(values[next++]!);
         else {
           it.use(all!.subarray(at, at + it.t.size));
           at += it.t.size;
