@@ -4,9 +4,17 @@
  * A GPU device (webgpu in Node) cannot read synchronously at all, and on any device one read
  * per step instead of one per micro-batch keeps the device from stalling mid-schedule.
  */
+import { gpuQueue } from '../backend/gpu-queue.js';
 import { tf } from '../backend/tfjs.js';
 
 export class PendingReads {
+  /**
+   * @param join whether {@link flush} reads the float32 tensors as one (default: where the
+   * backend at the flush reads back from a device, webgpu: one round trip instead of one each;
+   * a host backend's values are on the host already, and a join would only copy them).
+   */
+  constructor(private readonly join?: boolean) {}
+
   private items: Array<{
     t: tf.Tensor;
     use: (values: Float32Array | Int32Array | Uint8Array) => void;
@@ -29,11 +37,12 @@ export class PendingReads {
   }
 
   /**
-   * Reads everything pending and hands each its values, in the order they were asked for. The
-   * float32 tensors are read as one: flattened and concatenated on the device, one readback
-   * (a GPU round trip each: a step's losses and its gradient norm were two, one after the
-   * other), each handed its own slice (a subarray of one array, the same values as its own
-   * read); other dtypes are read alongside, each on its own.
+   * Reads everything pending and hands each its values, in the order they were asked for. With
+   * `join`, the float32 tensors are read as one: flattened and concatenated on the device, one
+   * readback (a GPU round trip each: a step's losses and its gradient norm were two, one after
+   * the other; a relay layer's gradients one each), each handed its own slice (a subarray of
+   * one array: copy it to keep or transfer it apart from the others); other dtypes are read
+   * alongside, each on its own.
    */
   async flush(): Promise<void> {
     const items = this.items;
@@ -41,7 +50,7 @@ export class PendingReads {
     const floats = items.filter((i) => i.t.dtype === 'float32');
     let joined: tf.Tensor | null = null;
     try {
-      if (floats.length > 1)
+      if ((this.join ?? gpuQueue() !== null) && floats.length > 1)
         joined = tf.tidy(() =>
           tf.concat(floats.map((i) => tf.reshape(i.t, [-1]))),
         );

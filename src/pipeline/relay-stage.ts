@@ -494,23 +494,33 @@ export class RelayStage implements StageProgram {
 
   /**
    * Downloads layer l's accumulated gradient (float32, host copies that can be transferred)
-   * and its sum of squares; frees the device copies.
+   * and its sum of squares; frees the device copies. The sums of squares and every gradient go
+   * in one read ({@link PendingReads}: on a GPU one round trip a layer, not one a tensor).
    */
   async takeLayerGrads(l: number): Promise<LayerGrads> {
     // the server needs the norm only for global clipping
-    const sumSquares =
+    const sums =
       this.optimizer.clipNorm > 0 && this.deviceNorm
-        ? await this.grads.sumSquares()
-        : 0;
+        ? this.grads.squaredSums()
+        : null;
+    const reads = new PendingReads();
+    let squares: ArrayLike<number> = [];
+    if (sums) reads.read(sums, (v) => (squares = v));
     const grads: Record<string, Float32Array> = {};
     const copy = !copiesOnCreation(); // wasm's reads are already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
       const g = this.grads.get(key);
       if (!g) continue;
-      const v = (await g.data()) as Float32Array;
-      grads[key] = copy ? v.slice() : v;
-      countTransfer('d2h', v.byteLength);
+      reads.read(tf.clone(g), (v) => {
+        // a slice of a joined read shares its buffer with the others: copied, each transferable
+        const f = v as Float32Array;
+        grads[key] =
+          copy || f.byteLength !== f.buffer.byteLength ? f.slice() : f;
+        countTransfer('d2h', v.byteLength);
+      });
     }
+    await reads.flush();
+    const sumSquares = sums ? await this.grads.totalSquares(squares) : 0;
     this.grads.clear();
     return { layer: l, grads, sumSquares };
   }

@@ -12,6 +12,7 @@ import { paramKey, sizeOf } from '../model/block.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
+import { PendingReads } from './pending-reads.js';
 import { compactRecording } from './tape.js';
 
 /**
@@ -184,11 +185,21 @@ export class GradAccumulator {
     return [...this.grads.keys()].sort();
   }
 
-  /** Host copies of the sums, by key in sorted order (read asynchronously, all at once). */
+  /**
+   * Host copies of the sums, by key in sorted order (read asynchronously, all at once: on a GPU
+   * in one readback, {@link PendingReads}).
+   */
   async values(): Promise<Float32Array[]> {
     const keys = this.sortedKeys();
-    const vs = await Promise.all(keys.map((k) => this.grads.get(k)!.data()));
-    return vs.map((v) => Float32Array.from(v as Float32Array));
+    const out: Float32Array[] = [];
+    const reads = new PendingReads();
+    keys.forEach((k, i) =>
+      reads.read(tf.clone(this.grads.get(k)!), (v) => {
+        out[i] = (v as Float32Array).slice();
+      }),
+    );
+    await reads.flush();
+    return out;
   }
 
   /** Replaces each sum (keys in sorted order, as {@link values} gave them) by the given values. Throws for a count or size mismatch. */

@@ -167,6 +167,54 @@ test('on webgpu a single step reports its dispatches and submits, and reads back
   assert.ok(cpu.reports.every((r) => r.gpu === undefined));
 });
 
+test("on webgpu an l2l step reads each layer's gradients and sum of squares in one read, and its losses in one", {
+  skip: why,
+}, async () => {
+  const layers = 2;
+  const gpu = await trainTinyLm(
+    {
+      backend: 'webgpu',
+      strategy: 'l2l',
+      microBatches: 2,
+      stash: 'device',
+      clipNorm: 1,
+    },
+    {
+      shape: { layers, dModel: 16, heads: 2, context: 8 },
+      batchSize: 4,
+      lrs: [3e-3, 2e-3],
+    },
+  );
+  // the relay's layers: the embedding, the blocks and the head; one read a layer and the losses'
+  const reads = layers + 2 + 1;
+  for (const r of gpu.reports)
+    assert.equal(
+      r.gpu?.readbacks,
+      reads,
+      'one readback a layer (its gradients and their sums of squares) and one for the losses',
+    );
+});
+
+test("on webgpu the replicas' all-reduce reads each replica's gradients in one read: two a replica a step, with the loss and norm's", {
+  skip: why,
+}, async () => {
+  const replicas = 2;
+  const single = await run('webgpu');
+  const r = await run('webgpu', { replicas });
+  r.losses.forEach((l, i) =>
+    assert.ok(
+      Math.abs(l - single.losses[i]!) <= 1e-5,
+      `step ${i}: ${l} with ${replicas} replicas, ${single.losses[i]} single`,
+    ),
+  );
+  for (const x of r.reports)
+    assert.equal(
+      x.gpu?.readbacks,
+      2 * replicas,
+      "each replica's losses and norm in one read, its gradients in another",
+    );
+});
+
 test('LAYERWISE_WEBGPU_KERNEL_TIMES=1: summary.json gives the GPU ms per step of every dispatch by kernel, slowest first, and the kernels account for every dispatch of the step', {
   skip: why,
   timeout: 240_000,
