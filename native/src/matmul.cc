@@ -17,13 +17,24 @@ namespace layerwise {
 
 namespace {
 
-// A weight gradient's output up to this many elements is computed by splitReduction at 2+
-// threads. oneDNN splits such a product's small output over the team and each thread packs the
-// whole of its long A (charlm-small's [4096, 256]^T [4096, 256]: 30% more CPU time at 2 threads
-// than at 1, 1.4-1.5x; [4096, 256]^T [4096, 89] 1.1-1.2x). Split over k instead they took
-// 1.7-1.8x and 1.4-1.6x on the threads' CPU clocks (bf16; fp32 1.9x both, oneDNN 1.9x and 1.7x).
-// Larger outputs ([256, 768] and up) scale 1.9x on oneDNN's own split (1.8x split over k).
-constexpr int64_t kSplitReductionOutput = int64_t{1} << 16;
+// A weight gradient's output up to this many elements (4 MiB of floats: a scratch of that much
+// per member but the first, kept) is computed by splitReduction at 2+ threads. oneDNN splits such
+// a product's output over the team and each thread packs the whole of its long A (charlm-small's
+// [4096, 256]^T [4096, 256]: 30% more CPU time at 2 threads than at 1, 1.4-1.5x; [4096, 256]^T
+// [4096, 89] 1.1-1.2x); split over k instead they took 1.7-1.8x and 1.4-1.6x on the threads' CPU
+// clocks (bf16; fp32 1.9x both, oneDNN 1.9x and 1.7x). Up to 2^16 elements on a Zen 4, where
+// oneDNN's own split of larger outputs scaled 1.9x. On a Zen 5 (2 cores of different CCDs,
+// 240 ns a one-way cache-line transfer) it does not: alternated in one process, median of 36
+// calls at 2 threads, oneDNN's split -> split over k, ms:
+//   fp32 [4096, 256]^T [4096, 1024]: 7.33 / 7.63 -> 6.31 / 6.16 (1 thread 12.3 / 11.6);
+//   fp32 [4096, 256]^T [4096, 768] 4.85 / 4.94 -> 4.59 / 4.60; [4096, 1024]^T [4096, 256] alike;
+//   bf16 [4096, 256]^T [4096, 1024] 4.84 / 4.63 -> 3.88 / 3.68; [4096, 1024]^T [4096, 256]
+//   4.43 / 4.32 -> 3.88 / 3.71; [4096, 256]^T [4096, 768] 3.51 / 3.55 -> 2.79 / 2.88;
+//   [8192, 1024]^T [8192, 1024] fp32 49.4 -> 48.0, bf16 34.0 -> 30.9; [8192, 512]^T [8192, 2048]
+//   fp32 56.9 -> 52.0, bf16 33.1 -> 30.7.
+// Split over k was never the slower of the two, so outputs up to 2^20 elements take it. Larger
+// teams cut a small output into smaller blocks still, each of which reads the whole of k.
+constexpr int64_t kSplitReductionOutput = int64_t{1} << 20;
 
 // op(b) = b^T, b a shared [n, k] weight (a dense layer's input gradient, dy W^T): oneDNN 2.6.3's
 // sgemm runs 'N','T' at 2 threads no faster than 'N','N' at 1 where n <= k. In charlm-small's

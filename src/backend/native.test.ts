@@ -571,10 +571,19 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
 test('a weight gradient A^T B with a small output and a long k (split over k at 2 or more threads) equals the float64 product, fp32 and bf16, at 1, 2 and 4 threads', {
   skip,
 }, () => {
+  // k not a multiple of the slices' 64-row blocks, n not a multiple of 16; outputs below and
+  // above 2^16 elements (the split's bound before it was raised to 2^20)
+  for (const [m, n, k] of [
+    [256, 89, 4133],
+    [160, 520, 2100],
+  ] as const)
+    checkSplitReduction(m, n, k);
+});
+
+/** {@link matmul} and matmulBf16 of A^T B, A [k, m], B [k, n], at 1, 2 and 4 threads against the float64 product. */
+function checkSplitReduction(m: number, n: number, k: number): void {
   const lib = nativeAddon()!;
   const before = lib.threads();
-  // k not a multiple of the slices' 64-row blocks, n not a multiple of 16
-  const [m, n, k] = [256, 89, 4133];
   const a = randomArray(k * m, 3), // A stored [k, m]
     b = randomArray(k * n, 4);
   const [ab, bb] = [new Uint16Array(k * m), new Uint16Array(k * n)];
@@ -599,9 +608,10 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
       const cpu0 = lib.teamCpuSeconds();
       const c32 = new Float32Array(m * n),
         c16 = new Float32Array(m * n);
+      let impl = '';
       for (let i = 0; i < 5; i++) {
         lib.matmul(a, b, c32, 1, 0, 0, m, n, k, true, false);
-        lib.matmulBf16(ab, bb, c16, 1, 0, 0, m, n, k, true, false);
+        impl = lib.matmulBf16(ab, bb, c16, 1, 0, 0, m, n, k, true, false);
       }
       const cpu1 = lib.teamCpuSeconds();
       if (threads === 2)
@@ -609,6 +619,9 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
           cpu1[1]! > cpu0[1]!,
           'the second team member computed no slice',
         );
+      // bf16 names the path it took (fp32's takes the same test, splitsReduction)
+      if (threads > 1 && !impl.startsWith('emulated'))
+        assert.match(impl, /^split over k/, `[${m}, ${n}] at ${threads}`);
       for (const [what, c] of [
         ['fp32', c32],
         ['bf16', c16],
@@ -625,7 +638,7 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
   } finally {
     lib.setThreads(before);
   }
-});
+}
 
 test("a dense layer's input gradient dy W^T (a long product, W a shared [n, k] weight with n <= k, which matmul.cc transposes first) gives the product on W^T transposed by hand bit for bit, and the float64 product, alone and over a broadcast batch, at 1 and 2 threads", {
   skip,
