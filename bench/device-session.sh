@@ -6,7 +6,7 @@
 #   npm ci && npm run build && ../shared/tools/device-bundle
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
 #   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
-#   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 480 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 540 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
@@ -17,7 +17,8 @@
 # cpu: `bench cores` (single fp32/bf16 at the default threads against PyTorch on all cores,
 #      zbv K=3, the rest as the budget allows); `bench kernels` at 4, 8, 14, 16 threads in fp32
 #      (by input shapes) and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens
-#      of steps).
+#      of steps); bf16 at 16 threads by shapes with the split over k's old bound and the new
+#      (split-bound-65536/, split-bound-1048576/: their weight-gradient rows).
 set -u
 part=${1:-}
 if [ "$part" != gpu ] && [ "$part" != cpu ]; then
@@ -75,6 +76,12 @@ case "$part" in
     # splitsReduction, was tuned at 2 threads)
     bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision fp32 --shapes
     bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision bf16
+    # the weight gradients' split over k up to 2^20 output elements (raised from 2^16 on a Zen 5
+    # at 2 threads) against the old bound at 16 threads, by shapes: keep whichever is faster here
+    for bound in 65536 1048576; do
+      LAYERWISE_SPLIT_REDUCTION_MAX=$bound node "$lw/dist/bench/main.js" kernels --threads 16 --steps 5 \
+        --warmup 20 --precision bf16 --shapes --out "$out/split-bound-$bound"
+    done
     ;;
 esac
 ls -l "$out"

@@ -10,6 +10,8 @@
 #include <omp.h>
 #include <xmmintrin.h>
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <vector>
 
@@ -35,6 +37,25 @@ namespace {
 // Split over k was never the slower of the two, so outputs up to 2^20 elements take it. Larger
 // teams cut a small output into smaller blocks still, each of which reads the whole of k.
 constexpr int64_t kSplitReductionOutput = int64_t{1} << 20;
+
+// kSplitReductionOutput, or LAYERWISE_SPLIT_REDUCTION_MAX (elements, a non-negative integer; 0:
+// never split) where set, read once: for A/B runs of the bound on other machines
+// (bench/device-session.sh cpu). A malformed value is reported on stderr and the default kept.
+int64_t splitReductionMax() {
+  static const int64_t bound = [] {
+    const char* e = std::getenv("LAYERWISE_SPLIT_REDUCTION_MAX");
+    if (e == nullptr || *e == '\0') return kSplitReductionOutput;
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (*end != '\0' || v < 0) {
+      std::fprintf(stderr, "layerwise: LAYERWISE_SPLIT_REDUCTION_MAX=%s is not a non-negative integer; using %lld\n", e,
+                   static_cast<long long>(kSplitReductionOutput));
+      return kSplitReductionOutput;
+    }
+    return static_cast<int64_t>(v);
+  }();
+  return bound;
+}
 
 // op(b) = b^T, b a shared [n, k] weight (a dense layer's input gradient, dy W^T): oneDNN 2.6.3's
 // sgemm runs 'N','T' at 2 threads no faster than 'N','N' at 1 where n <= k. In charlm-small's
@@ -71,7 +92,7 @@ void transposeInto(const float* b, int64_t n, int64_t k, float* out) {
 }  // namespace
 
 bool splitsReduction(int team, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
-  return team > 1 && batch == 1 && transA && !transB && m * n <= kSplitReductionOutput && k >= 4 * std::max(m, n);
+  return team > 1 && batch == 1 && transA && !transB && m * n <= splitReductionMax() && k >= 4 * std::max(m, n);
 }
 
 int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::function<int(int64_t, int64_t, float*)>& slice) {

@@ -7,7 +7,7 @@
  */
 
 import assert from 'node:assert/strict';
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawnSync } from 'node:child_process';
 import { dirname } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -639,6 +639,54 @@ function checkSplitReduction(m: number, n: number, k: number): void {
     lib.setThreads(before);
   }
 }
+
+test('LAYERWISE_SPLIT_REDUCTION_MAX moves the bound of the split over k (0: never), and a malformed value is reported and the default kept', {
+  skip,
+}, (t) => {
+  // a fresh process each: the addon reads the variable once. bf16 names the path it took
+  const script = `
+    const { nativeAddon } = await import('./native-addon.js');
+    const lib = nativeAddon();
+    lib.setThreads(2);
+    const [m, n, k] = [160, 520, 2100];
+    const impl = lib.matmulBf16(new Uint16Array(k * m).fill(0x3f80), new Uint16Array(k * n).fill(0x3f80),
+      new Float32Array(m * n), 1, 0, 0, m, n, k, true, false);
+    console.log(JSON.stringify({ impl }));`;
+  const run = (value: string) => {
+    const r = spawnSync(
+      process.execPath,
+      ['--input-type=module', '-e', script],
+      {
+        cwd: dirname(fileURLToPath(import.meta.url)),
+        encoding: 'utf8',
+        env: { ...process.env, LAYERWISE_SPLIT_REDUCTION_MAX: value },
+      },
+    );
+    assert.equal(r.status, 0, r.stderr);
+    const { impl } = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as {
+      impl: string;
+    };
+    return { impl, stderr: r.stderr };
+  };
+  const split = run('');
+  if (split.impl.startsWith('emulated')) {
+    t.skip('no bf16 products on this CPU: no name tells the paths apart');
+    return;
+  }
+  assert.match(split.impl, /^split over k/, 'the default bound (2^20)');
+  assert.doesNotMatch(run('0').impl, /^split over k/, 'bound 0: never split');
+  assert.doesNotMatch(
+    run(String(160 * 520 - 1)).impl,
+    /^split over k/,
+    'an output one element above the bound',
+  );
+  const bad = run('lots');
+  assert.match(bad.impl, /^split over k/, 'the default kept');
+  assert.match(
+    bad.stderr,
+    /LAYERWISE_SPLIT_REDUCTION_MAX=lots is not a non-negative integer/,
+  );
+});
 
 test("a dense layer's input gradient dy W^T (a long product, W a shared [n, k] weight with n <= k, which matmul.cc transposes first) gives the product on W^T transposed by hand bit for bit, and the float64 product, alone and over a broadcast batch, at 1 and 2 threads", {
   skip,
