@@ -498,14 +498,12 @@ export class RelayStage implements StageProgram {
    * in one read ({@link PendingReads}: on a GPU one round trip a layer, not one a tensor).
    */
   async takeLayerGrads(l: number): Promise<LayerGrads> {
-    // the server needs the norm only for global clipping
-    const sums =
-      this.optimizer.clipNorm > 0 && this.deviceNorm
-        ? this.grads.squaredSums()
-        : null;
     const reads = new PendingReads();
-    let squares: ArrayLike<number> = [];
-    if (sums) reads.read(sums, (v) => (squares = v));
+    // the server needs the norm only for global clipping
+    const total =
+      this.optimizer.clipNorm > 0 && this.deviceNorm
+        ? this.grads.squaresInto(reads)
+        : null;
     const grads: Record<string, Float32Array> = {};
     const copy = !copiesOnCreation(); // wasm's reads are already a fresh copy of the heap
     for (const [, key] of this.layerKeys(l)) {
@@ -520,7 +518,7 @@ export class RelayStage implements StageProgram {
       });
     }
     await reads.flush();
-    const sumSquares = sums ? await this.grads.totalSquares(squares) : 0;
+    const sumSquares = total ? await total() : 0;
     this.grads.clear();
     return { layer: l, grads, sumSquares };
   }

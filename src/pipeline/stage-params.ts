@@ -234,16 +234,22 @@ export class GradAccumulator {
    * of {@link squaredSums} read, then {@link totalSquares}.
    */
   async sumSquares(): Promise<number> {
+    const reads = new PendingReads();
+    const total = this.squaresInto(reads);
+    await reads.flush();
+    return total();
+  }
+
+  /**
+   * Puts the sums of {@link squaredSums} on `reads` (to go with the other values read there,
+   * in one readback on a GPU) and returns what gives the sum of squares ({@link totalSquares})
+   * once `reads` is flushed: 0 without gradients. The gradients must not change in between.
+   */
+  squaresInto(reads: PendingReads): () => Promise<number> {
     const sums = this.squaredSums();
-    let values: Float32Array;
-    try {
-      values = sums
-        ? ((await sums.data()) as Float32Array)
-        : new Float32Array();
-    } finally {
-      sums?.dispose();
-    }
-    return this.totalSquares(values);
+    let values: ArrayLike<number> = [];
+    if (sums) reads.read(sums, (v) => (values = v));
+    return () => this.totalSquares(values);
   }
 
   /**

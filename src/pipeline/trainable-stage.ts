@@ -78,13 +78,11 @@ export abstract class TrainableStage implements StageProgram {
    * one round trip, where the losses and then the sums were two, one after the other.
    */
   async gradSquaredNorm(): Promise<number> {
-    const pending = this.grads.squaredSums();
-    let sums: ArrayLike<number> = [];
-    if (pending) this.reads.read(pending, (v) => (sums = v));
+    const total = this.grads.squaresInto(this.reads);
     await this.reads.flush();
     // a non-finite loss makes the step a numeric fault even if its gradients happen to be finite
     for (const l of this.losses.values()) if (!Number.isFinite(l)) return NaN;
-    return this.grads.totalSquares(sums);
+    return total();
   }
 
   /** The accumulated gradients' values, by key in sorted order (for the replicas' all-reduce). */
