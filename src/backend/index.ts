@@ -13,6 +13,7 @@ import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { check, LayerwiseError } from '../util/errors.js';
 import { registerComposedKernels } from './composed-kernels.js';
+import { registerDenseKernel } from './dense.js';
 import { setSubmitBatch } from './gpu-queue.js';
 import { UNREAD_OUTPUT_GRADIENTS } from './kernel-names.js';
 import { registerMatMulGrad, unreadGradient } from './matmul-grad.js';
@@ -55,7 +56,11 @@ function registerExtensions(): void {
   // layerwise's own ops (kernel-names.ts) composed of stock ops on every backend but native,
   // which registers its own kernels (and copies the cpu backend's for any it lacks)
   for (const name of BACKENDS)
-    if (name !== 'native') registerComposedKernels(name);
+    if (name !== 'native') {
+      registerComposedKernels(name);
+      // a dense layer as one op over the backend's own product (native copies cpu's)
+      registerDenseKernel(name);
+    }
   registered = true;
 }
 

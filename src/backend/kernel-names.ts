@@ -5,7 +5,8 @@
  * backend/webgpu-attention.ts, backend/webgpu-matmul-gelu.ts), every other backend the
  * composed form of stock ops (backend/composed-kernels.ts), under the same names (but for the
  * flash attention and dense + GELU pairs, which only webgpu registers: model/layers.ts runs
- * another op where they are missing). The optimizer's fused updates (ADAMW_KERNEL, SGD_KERNEL)
+ * another op where they are missing; and DENSE_KERNEL, every backend's own product on views,
+ * backend/dense.ts). The optimizer's fused updates (ADAMW_KERNEL, SGD_KERNEL)
  * are native's and webgpu's: optim/optimizer.ts composes the update where they are missing.
  */
 
@@ -13,6 +14,16 @@
 export const GELU_KERNEL = 'LayerwiseGelu';
 /** GELU's gradient: inputs {x, dy}, output dy * GELU'(x). */
 export const GELU_GRAD_KERNEL = 'LayerwiseGeluGrad';
+/**
+ * A dense layer's product with its bias as one op (model/layers.ts dense): inputs {x [..., Din],
+ * w [Din, Dout], b [Dout]} (float32); output y = x w + b ([..., Dout]). Every backend runs it as
+ * its own `_FusedMatMul` on x viewed [1, rows, Din] and w viewed [1, Din, Dout]
+ * (backend/dense.ts), the shapes dense gave that kernel through three Reshape ops; its gradient
+ * runs the same products and bias sum on views (backend/matmul-grad.ts). Check the inputs with
+ * {@link checkDenseGelu} (naming this kernel).
+ */
+export const DENSE_KERNEL = 'LayerwiseDense';
+
 /**
  * The MLP's first product with its bias and GELU as one op (model/layers.ts denseGelu): inputs
  * {x [..., Din], w [Din, Dout], b [Dout]} (float32); outputs [y = GELU(h), h = x w + b] (both
@@ -42,26 +53,26 @@ export const UNREAD_OUTPUT_GRADIENTS: ReadonlyMap<string, readonly number[]> =
 export const DENSE_GELU_GRAD_KERNEL = 'LayerwiseDenseGeluGrad';
 
 /**
- * [rows, Din, Dout] of DENSE_GELU_KERNEL's inputs (shapes only): rows = the product of x's leading axes.
- * @throws Error naming the mismatch (w not 2-D, b not [Dout], x's last axis not Din).
+ * [rows, Din, Dout] of DENSE_GELU_KERNEL's (or, with `kernel`, DENSE_KERNEL's) inputs (shapes
+ * only): rows = the product of x's leading axes.
+ * @throws Error naming `kernel` and the mismatch (w not 2-D, b not [Dout], x's last axis not Din).
  */
 export function checkDenseGelu(
   x: { readonly shape: readonly number[] },
   w: { readonly shape: readonly number[] },
   b: { readonly shape: readonly number[] },
+  kernel: string = DENSE_GELU_KERNEL,
 ): [number, number, number] {
   const [din, dout] = w.shape as [number, number];
   if (w.shape.length !== 2)
-    throw new Error(
-      `${DENSE_GELU_KERNEL}: w must be [Din, Dout], got [${w.shape}]`,
-    );
+    throw new Error(`${kernel}: w must be [Din, Dout], got [${w.shape}]`);
   if (b.shape.length !== 1 || b.shape[0] !== dout)
     throw new Error(
-      `${DENSE_GELU_KERNEL}: b must be [${dout}] (w's columns), got [${b.shape}]`,
+      `${kernel}: b must be [${dout}] (w's columns), got [${b.shape}]`,
     );
   if (x.shape.length < 1 || x.shape[x.shape.length - 1] !== din)
     throw new Error(
-      `${DENSE_GELU_KERNEL}: x [${x.shape}] must end in Din = ${din} (w's rows)`,
+      `${kernel}: x [${x.shape}] must end in Din = ${din} (w's rows)`,
     );
   const rows = x.shape.slice(0, -1).reduce((a, c) => a * c, 1);
   return [rows, din, dout];

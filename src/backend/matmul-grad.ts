@@ -9,10 +9,12 @@
  * single 2-D product instead of B products and a sum.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { kernelOnViews, view } from './dense.js';
 import {
   checkDenseGelu,
   DENSE_GELU_GRAD_KERNEL,
   DENSE_GELU_KERNEL,
+  DENSE_KERNEL,
 } from './kernel-names.js';
 
 /**
@@ -102,6 +104,43 @@ function fusedGradFunc(
 }
 
 /**
+ * Gradient of DENSE_KERNEL (backend/dense.ts: y = x w + b, the backend's `_FusedMatMul` on x as
+ * [1, rows, Din] and w as [1, Din, Dout]), from the saved x, w, b: each input's gradient a lazy
+ * closure (a split backward asks for dx in its input part, dw and db in its weight part), each
+ * one kernel run on views of dy [1, rows, Dout], x and w (backend/dense.ts kernelOnViews), the
+ * runs the reshaped product's gradient made ({@link fusedGradFunc}: dx = dy w^T and dw = x^T dy
+ * as `BatchMatMul`, db = `Sum` of dy over axes 0 and 1), now without the Reshape ops around them.
+ */
+function denseGradFunc(
+  dy: tf.Tensor | tf.Tensor[],
+  saved: tf.Tensor[],
+): Record<string, () => tf.Tensor> {
+  const [x, w, b] = saved as [tf.Tensor, tf.Tensor, tf.Tensor];
+  const [rows, din, dout] = checkDenseGelu(x, w, b, DENSE_KERNEL);
+  const dy3 = view(dy as tf.Tensor, [1, rows, dout]);
+  return {
+    x: () =>
+      kernelOnViews(
+        'BatchMatMul',
+        { a: dy3, b: view(w, [1, din, dout]) },
+        { transposeA: false, transposeB: true },
+        x.shape,
+      ),
+    w: () =>
+      kernelOnViews(
+        'BatchMatMul',
+        { a: view(x, [1, rows, din]), b: dy3 },
+        { transposeA: true, transposeB: false },
+        w.shape,
+      ),
+    b: () =>
+      kernelOnViews('Sum', { x: dy3 }, { axis: [0, 1], keepDims: false }, [
+        dout,
+      ]),
+  };
+}
+
+/**
  * Gradient of DENSE_GELU_KERNEL (model/layers.ts denseGelu: y = GELU(h), h = x w + b), from the
  * saved x, w, b and h: DENSE_GELU_GRAD_KERNEL makes dh = GELU'(h) dy and db (dh's column sums)
  * when the gradient is asked for (one dispatch on webgpu; elsewhere GELU's gradient kernel and
@@ -162,7 +201,8 @@ function isUnreadGradient(t: tf.Tensor): boolean {
 
 /**
  * Register the broadcasting `BatchMatMul` gradient in place of the stock one, the
- * `_FusedMatMul` kernel's ({@link fusedGradFunc}) and DENSE_GELU_KERNEL's
+ * `_FusedMatMul` kernel's ({@link fusedGradFunc}), DENSE_KERNEL's ({@link denseGradFunc}) and
+ * DENSE_GELU_KERNEL's
  * ({@link denseGeluGradFunc}). Gradients are global to the tfjs-core instance (all backends).
  * Call once per thread.
  */
@@ -176,6 +216,11 @@ export function registerMatMulGrad(): void {
     kernelName: '_FusedMatMul',
     inputsToSave: ['a', 'b', 'bias'],
     gradFunc: fusedGradFunc,
+  });
+  tf.registerGradient({
+    kernelName: DENSE_KERNEL,
+    inputsToSave: ['x', 'w', 'b'],
+    gradFunc: denseGradFunc,
   });
   tf.registerGradient({
     kernelName: DENSE_GELU_KERNEL,

@@ -70,6 +70,8 @@ interface KernelTimer {
   round: number;
   /** Whether each call is also timed on the team's CPU clocks. */
   cpu: boolean;
+  /** Kernel runs in progress: one inside another is timed as part of the outer one only. */
+  depth: number;
 }
 
 /** One table row: a kernel's mean milliseconds and calls per measured step. */
@@ -178,7 +180,7 @@ function wrapKernels(
   byShapes: boolean,
   cpu: boolean,
 ): KernelTimer {
-  const timer: KernelTimer = { current: null, round: 0, cpu };
+  const timer: KernelTimer = { current: null, round: 0, cpu, depth: 0 };
   for (const k of tf.getKernelsForBackend(backend)) {
     const f = k.kernelFunc;
     tf.unregisterKernel(k.kernelName, backend);
@@ -186,10 +188,17 @@ function wrapKernels(
       ...k,
       kernelFunc: (args) => {
         const times = timer.current;
-        if (!times) return f(args);
+        // a kernel run inside another (DENSE_KERNEL's product) is in the outer one's time
+        if (!times || timer.depth > 0) return f(args);
         const c0 = timer.cpu ? teamCpu(backend) : [];
         const t0 = performance.now();
-        const r = f(args);
+        timer.depth++;
+        let r: ReturnType<typeof f>;
+        try {
+          r = f(args);
+        } finally {
+          timer.depth--;
+        }
         const ms = performance.now() - t0;
         const c1 = timer.cpu ? teamCpu(backend) : [];
         const key = byShapes

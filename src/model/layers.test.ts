@@ -248,45 +248,115 @@ test('causal self-attention: wasm values and gradients match cpu', async () => {
   wasm.forEach((g, j) => close(g, cpu[j]!, `attention ${j}`, 1e-4));
 });
 
-test("dense on [B, T, Din] with a bias: the stock composition's values and gradients, in one reshape each way (3 Reshape runs forward, 3 backward)", async () => {
+/** Counts the engine's kernel runs by name while `f` runs. */
+function kernelRuns<T>(f: () => T): { result: T; runs: Map<string, number> } {
+  const engine = tf.engine();
+  const run = engine.runKernel.bind(engine);
+  const runs = new Map<string, number>();
+  engine.runKernel = ((name: string, ...rest: unknown[]) => {
+    runs.set(name, (runs.get(name) ?? 0) + 1);
+    return (run as (...a: unknown[]) => unknown)(name, ...rest);
+  }) as typeof engine.runKernel;
+  try {
+    return { result: f(), runs };
+  } finally {
+    engine.runKernel = run;
+  }
+}
+
+/** dense with a bias as it ran before DENSE_KERNEL: `_FusedMatMul` on [1, rows, Din] x [1, Din, Dout] through Reshape ops. */
+function reshapedDense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
+  const [din, dout] = w.shape as [number, number];
+  const y = tf.engine().runKernel(
+    '_FusedMatMul',
+    {
+      a: tf.reshape(x, [1, x.size / din, din]),
+      b: tf.reshape(w, [1, din, dout]),
+      bias: b,
+    } as unknown as tf.NamedTensorMap,
+    {
+      transposeA: false,
+      transposeB: false,
+      activation: 'linear',
+      leakyreluAlpha: 0.2,
+    },
+  ) as tf.Tensor;
+  return tf.reshape(y, [...x.shape.slice(0, -1), dout]);
+}
+
+test("dense on [B, T, Din] with a bias: the stock composition's values and gradients, as one kernel run forward and none of Reshape either way", async () => {
   await initBackend('cpu');
   const x = tf.tensor3d(values(2 * 3 * 5, 1), [2, 3, 5]);
   const w = tf.tensor2d(values(5 * 4, 2), [5, 4]);
   const b = tf.tensor1d(values(4, 3));
   const dy = tf.tensor3d(values(2 * 3 * 4, 4), [2, 3, 4]);
-  const reshapes = () => {
-    const engine = tf.engine();
-    const run = engine.runKernel.bind(engine);
-    let n = 0;
-    engine.runKernel = ((name: string, ...rest: unknown[]) => {
-      if (name === 'Reshape') n++;
-      return (run as (...a: unknown[]) => unknown)(name, ...rest);
-    }) as typeof engine.runKernel;
-    return {
-      count: () => n,
-      restore: () => {
-        engine.runKernel = run;
-      },
-    };
-  };
-  const counter = reshapes();
-  let got: tf.Tensor[];
-  try {
-    got = tf.grads((x, w, b) => dense(x!, w!, b!))([x, w, b], dy);
-  } finally {
-    counter.restore();
-  }
+  const { result: got, runs } = kernelRuns(() =>
+    tf.grads((x, w, b) => dense(x!, w!, b!))([x, w, b], dy),
+  );
   const stock = (x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) =>
     tf.add(tf.reshape(tf.matMul(tf.reshape(x, [6, 5]), w), [2, 3, 4]), b);
   const want = tf.grads((x, w, b) => stock(x!, w!, b!))([x, w, b], dy);
-  got.forEach((g, i) =>
-    assertClose(g.dataSync(), want[i]!.dataSync(), `gradient ${i}`, 1e-5),
-  );
+  got.forEach((g, i) => {
+    assert.deepEqual(g.shape, [x, w, b][i]!.shape);
+    assertClose(g.dataSync(), want[i]!.dataSync(), `gradient ${i}`, 1e-5);
+  });
   assertClose(
     dense(x, w, b).dataSync(),
     stock(x, w, b).dataSync(),
     'dense',
     1e-5,
   );
-  assert.equal(counter.count(), 6);
+  // the forward's one op; its gradient's products and sum run on views, not through the engine
+  assert.deepEqual([...runs], [['LayerwiseDense', 1]]);
 });
+
+for (const backend of ['cpu', 'native']) {
+  test(`dense with a bias (${backend}): bit for bit the reshaped _FusedMatMul's output and gradients, on one tape node`, async (t) => {
+    try {
+      await initBackend(backend);
+    } catch {
+      t.skip(`no ${backend} backend here`);
+      return;
+    }
+    const x = tf.tensor3d(values(4 * 8 * 24, 5), [4, 8, 24]);
+    const w = tf.tensor2d(values(24 * 40, 6, 0.2), [24, 40]);
+    const b = tf.tensor1d(values(40, 7));
+    const dy = tf.tensor3d(values(4 * 8 * 40, 8), [4, 8, 40]);
+    const f = (op: (x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) => tf.Tensor) =>
+      tf.grads((x, w, b) => op(x!, w!, b!))([x, w, b], dy);
+    const [got, want] = [f(dense), f(reshapedDense)];
+    got.forEach((g, i) =>
+      assert.deepEqual(g.dataSync(), want[i]!.dataSync(), `gradient ${i}`),
+    );
+    assert.deepEqual(
+      dense(x, w, b).dataSync(),
+      reshapedDense(x, w, b).dataSync(),
+    );
+    const engine = tf.engine() as unknown as {
+      startTape(): void;
+      endTape(): void;
+      state: { activeTape: { kernelName: string; saved?: tf.Tensor[] }[] };
+    };
+    engine.startTape();
+    const tape = engine.state.activeTape;
+    try {
+      tf.dispose(dense(x, w, b));
+    } finally {
+      engine.endTape();
+    }
+    // where the reshaped product recorded Reshape, Reshape, _FusedMatMul, Reshape
+    assert.deepEqual(
+      tape.map((n) => n.kernelName),
+      ['LayerwiseDense'],
+    );
+    tf.dispose([
+      x,
+      w,
+      b,
+      dy,
+      ...got,
+      ...want,
+      ...tape.flatMap((n) => n.saved ?? []),
+    ]);
+  });
+}

@@ -3,6 +3,7 @@
  * (context), D = model width, H = heads, V = vocabulary, C = classes.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { hasDenseKernel } from '../backend/dense.js';
 import {
   CAUSAL_ATTENTION_GRAD_KERNEL,
   CAUSAL_ATTENTION_KERNEL,
@@ -10,6 +11,7 @@ import {
   CAUSAL_SOFTMAX_KERNEL,
   checkDenseGelu,
   DENSE_GELU_KERNEL,
+  DENSE_KERNEL,
   FLASH_ATTENTION_GRAD_KERNEL,
   FLASH_ATTENTION_KERNEL,
   GELU_GRAD_KERNEL,
@@ -48,9 +50,15 @@ function customGrad<A extends tf.Tensor[]>(
   return (...args: A) => g(...args);
 }
 
-/** y = x W + b over the last axis. x: [..., Din], w: [Din, Dout], b: [Dout] -> [..., Dout]. */
+/**
+ * y = x W + b over the last axis. x: [..., Din], w: [Din, Dout], b: [Dout] -> [..., Dout]. With
+ * a bias, one op (DENSE_KERNEL, backend/dense.ts: the backend's `_FusedMatMul` on views of x and
+ * w, so no Reshape ops on the tape) where initBackend registered it, else {@link fusedDense}.
+ */
 export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
   // fused: the backend adds the bias in the product's output (the native device in place)
+  if (b && hasDenseKernel())
+    return tf.engine().runKernel(DENSE_KERNEL, { x, w, b }) as tf.Tensor;
   if (b) return fusedDense(x, w, b);
   const din = x.shape[x.shape.length - 1];
   const lead = x.shape.slice(0, -1);
@@ -64,7 +72,7 @@ export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
 
 /**
  * x W + b as one `_FusedMatMul` kernel, x: [..., Din], w: [Din, Dout], b: [Dout] -> [...,
- * Dout]. Not `tf.fused.matMul`: that op wraps the kernel in a tf.customGrad, whose gradient
+ * Dout], where DENSE_KERNEL is not registered (TF.js used without initBackend). Not `tf.fused.matMul`: that op wraps the kernel in a tf.customGrad, whose gradient
  * computes dx, dW and db at once; the kernel run directly takes the gradient registered for it
  * (backend/matmul-grad.ts), one lazy closure per input, so a zero-bubble schedule's split
  * backward (pipeline/split-backward.ts) computes dx in its input part and dW, db in its weight
