@@ -12,6 +12,7 @@ import '@tensorflow/tfjs';
 import '@tensorflow/tfjs-backend-cpu';
 import * as wasmBackend from '@tensorflow/tfjs-backend-wasm';
 import { check, LayerwiseError } from '../util/errors.js';
+import { registerAddGrad } from './add-grad.js';
 import { registerComposedKernels } from './composed-kernels.js';
 import { registerDenseKernel } from './dense.js';
 import { setSubmitBatch } from './gpu-queue.js';
@@ -53,6 +54,7 @@ function registerExtensions(): void {
   registerWasmLayoutKernels();
   registerWasmMatMul();
   registerMatMulGrad();
+  registerAddGrad();
   // layerwise's own ops (kernel-names.ts) composed of stock ops on every backend but native,
   // which registers its own kernels (and copies the cpu backend's for any it lacks)
   for (const name of BACKENDS)
