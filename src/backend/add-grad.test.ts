@@ -1,23 +1,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as tf from '@tensorflow/tfjs-core';
+import { engineRuns } from '../testing/engine-runs.js';
 import { initBackend } from './index.js';
-
-/** Reshape ops the engine runs while `f` runs. */
-function reshapeOps<T>(f: () => T): { result: T; reshapes: number } {
-  const engine = tf.engine();
-  const run = engine.runKernel.bind(engine);
-  let reshapes = 0;
-  engine.runKernel = ((name: string, ...rest: unknown[]) => {
-    if (name === 'Reshape') reshapes++;
-    return (run as (...a: unknown[]) => unknown)(name, ...rest);
-  }) as typeof engine.runKernel;
-  try {
-    return { result: f(), reshapes };
-  } finally {
-    engine.runKernel = run;
-  }
-}
 
 for (const backend of ['cpu', 'native']) {
   test(`Add's gradient (${backend}): dy under each input's shape, summed where it was broadcast, with no Reshape op where it was not`, async (t) => {
@@ -31,10 +16,10 @@ for (const backend of ['cpu', 'native']) {
     const a = tf.zeros([2, 3, 4]);
     const dy = tf.tensor3d(dyValues, [2, 3, 4]);
     // a residual connection: both inputs [2, 3, 4]
-    const { result: same, reshapes } = reshapeOps(() =>
+    const { result: same, runs } = engineRuns(() =>
       tf.grads((x, y) => tf.add(x!, y!))([a, tf.ones([2, 3, 4])], dy),
     );
-    assert.equal(reshapes, 0);
+    assert.equal(runs.get('Reshape'), undefined);
     dy.dispose(); // each gradient holds dy's data itself
     for (const g of same) {
       assert.deepEqual(g.shape, [2, 3, 4]);

@@ -4,9 +4,11 @@ import * as tf from '@tensorflow/tfjs-core';
 import { causalMask } from '../backend/composed-kernels.js';
 import { initBackend } from '../backend/index.js';
 import { assertClose } from '../testing/assert-close.js';
+import { engineRuns } from '../testing/engine-runs.js';
 import {
   causalSelfAttention,
   dense,
+  fusedDense,
   gelu,
   layerNorm,
   maskedSoftmax,
@@ -248,49 +250,13 @@ test('causal self-attention: wasm values and gradients match cpu', async () => {
   wasm.forEach((g, j) => close(g, cpu[j]!, `attention ${j}`, 1e-4));
 });
 
-/** Counts the engine's kernel runs by name while `f` runs. */
-function kernelRuns<T>(f: () => T): { result: T; runs: Map<string, number> } {
-  const engine = tf.engine();
-  const run = engine.runKernel.bind(engine);
-  const runs = new Map<string, number>();
-  engine.runKernel = ((name: string, ...rest: unknown[]) => {
-    runs.set(name, (runs.get(name) ?? 0) + 1);
-    return (run as (...a: unknown[]) => unknown)(name, ...rest);
-  }) as typeof engine.runKernel;
-  try {
-    return { result: f(), runs };
-  } finally {
-    engine.runKernel = run;
-  }
-}
-
-/** dense with a bias as it ran before DENSE_KERNEL: `_FusedMatMul` on [1, rows, Din] x [1, Din, Dout] through Reshape ops. */
-function reshapedDense(x: tf.Tensor, w: tf.Tensor, b: tf.Tensor): tf.Tensor {
-  const [din, dout] = w.shape as [number, number];
-  const y = tf.engine().runKernel(
-    '_FusedMatMul',
-    {
-      a: tf.reshape(x, [1, x.size / din, din]),
-      b: tf.reshape(w, [1, din, dout]),
-      bias: b,
-    } as unknown as tf.NamedTensorMap,
-    {
-      transposeA: false,
-      transposeB: false,
-      activation: 'linear',
-      leakyreluAlpha: 0.2,
-    },
-  ) as tf.Tensor;
-  return tf.reshape(y, [...x.shape.slice(0, -1), dout]);
-}
-
 test("dense on [B, T, Din] with a bias: the stock composition's values and gradients, as one kernel run forward and none of Reshape either way", async () => {
   await initBackend('cpu');
   const x = tf.tensor3d(values(2 * 3 * 5, 1), [2, 3, 5]);
   const w = tf.tensor2d(values(5 * 4, 2), [5, 4]);
   const b = tf.tensor1d(values(4, 3));
   const dy = tf.tensor3d(values(2 * 3 * 4, 4), [2, 3, 4]);
-  const { result: got, runs } = kernelRuns(() =>
+  const { result: got, runs } = engineRuns(() =>
     tf.grads((x, w, b) => dense(x!, w!, b!))([x, w, b], dy),
   );
   const stock = (x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) =>
@@ -324,14 +290,11 @@ for (const backend of ['cpu', 'native']) {
     const dy = tf.tensor3d(values(4 * 8 * 40, 8), [4, 8, 40]);
     const f = (op: (x: tf.Tensor, w: tf.Tensor, b: tf.Tensor) => tf.Tensor) =>
       tf.grads((x, w, b) => op(x!, w!, b!))([x, w, b], dy);
-    const [got, want] = [f(dense), f(reshapedDense)];
+    const [got, want] = [f(dense), f(fusedDense)];
     got.forEach((g, i) =>
       assert.deepEqual(g.dataSync(), want[i]!.dataSync(), `gradient ${i}`),
     );
-    assert.deepEqual(
-      dense(x, w, b).dataSync(),
-      reshapedDense(x, w, b).dataSync(),
-    );
+    assert.deepEqual(dense(x, w, b).dataSync(), fusedDense(x, w, b).dataSync());
     const engine = tf.engine() as unknown as {
       startTape(): void;
       endTape(): void;
