@@ -23,8 +23,10 @@ export function view(t: tf.TensorInfo, shape: number[]): tf.TensorInfo {
 /**
  * Runs the current backend's kernel `kernelName` on `inputs` (tensors or {@link view}s) and
  * returns its single output as a tensor of `shape` (the output's size): one kernel run, no
- * Reshape op and no tape node, for use where no tape records (a gradient function). Outputs a
- * kernel returns as tensors (a composed kernel's) are reshaped by the op.
+ * Reshape op and no tape node, for use where no tape records (a gradient function). The engine
+ * does not run it, so `tf.profile` does not list it; kernel wrappers (the kernels bench) and the
+ * webgpu counters do. Outputs a kernel returns as tensors (a composed kernel's) are reshaped by
+ * the op.
  * @throws Error where the backend has no such kernel.
  */
 export function kernelOnViews(
