@@ -1,43 +1,27 @@
 /**
  * The fused products' bias gradient on webgpu: `Sum` over leading axes (dy [..., N] summed to
- * the bias's [N], backend/matmul-grad.ts) as one program of ours, column sums
- * (wgsl/matmul.ts {@link COLUMN_SUM_WGSL}), where TF.js's stock Sum over non-trailing axes is a
- * transpose then a reduction (two dispatches). Every other Sum (trailing or scattered axes, a
- * full reduction, non-float32 input, few long columns, more than 4,194,240 columns) runs the
- * stock kernel: one invocation per column walks its rows, which suits the bias's many short
- * columns, not a few long ones.
+ * the bias's [N], backend/matmul-grad.ts) as one dispatch of ours, column sums (wgsl/matmul.ts
+ * {@link COLUMN_SUM_WGSL}: each column's rows split among 32 threads), where TF.js's stock Sum
+ * over non-trailing axes is a transpose then a reduction (two dispatches). Every other Sum
+ * (trailing or scattered axes, a full reduction, non-float32 input, few long columns) runs the
+ * stock kernel, which suits a few long columns better.
  *
- * Imports only types from `@tensorflow/tfjs-backend-webgpu`, so it loads before the backend.
+ * Imports no value from `@tensorflow/tfjs-backend-webgpu`, so it loads before the backend.
  */
-import type { WebGPUProgram } from '@tensorflow/tfjs-backend-webgpu';
 import { tf, wrapStockKernel } from './tfjs.js';
-import type { WebGPUBackendish } from './webgpu-kernels.js';
-import { COLUMN_SUM_WGSL, COLUMN_THREADS } from './wgsl/matmul.js';
+import {
+  bufferOf,
+  constantUniforms,
+  dispatch,
+  newOutput,
+  type RawBackend,
+  stateOf,
+} from './webgpu-multi.js';
+import { COLUMN_SUM_COLUMNS, COLUMN_SUM_WGSL } from './wgsl/matmul.js';
 
 /** Most rows a column may have below {@link MIN_COLUMNS} columns (else the stock reduction runs). */
 const MAX_ROWS_FEW_COLUMNS = 4096;
 const MIN_COLUMNS = 64;
-/** WebGPU's default maxComputeWorkgroupsPerDimension (the dispatch is one-dimensional). */
-const MAX_WORKGROUPS = 65535;
-
-/** Column sums: output [cols], one invocation per column. */
-class ColumnSumProgram implements WebGPUProgram {
-  readonly variableNames = ['X'];
-  readonly workgroupSize: [number, number, number] = [COLUMN_THREADS, 1, 1];
-  readonly uniforms = 'rows : i32,';
-  readonly size = true;
-  readonly shaderKey = 'lw_column_sum';
-  readonly dispatchLayout = { x: [0] };
-  readonly dispatch: [number, number, number];
-  readonly outputShape: number[];
-  constructor(cols: number) {
-    this.outputShape = [cols];
-    this.dispatch = [Math.ceil(cols / COLUMN_THREADS), 1, 1];
-  }
-  getUserCode(): string {
-    return COLUMN_SUM_WGSL;
-  }
-}
 
 /**
  * The [rows, cols] view and output shape of `Sum(x, axis, keepDims)` when it reduces a leading
@@ -55,7 +39,6 @@ export function columnSumPlan(
   const rows = tf.util.sizeFromShape(shape.slice(0, r));
   const cols = tf.util.sizeFromShape(shape.slice(r));
   if (cols === 0 || rows === 0) return undefined;
-  if (Math.ceil(cols / COLUMN_THREADS) > MAX_WORKGROUPS) return undefined;
   if (cols < MIN_COLUMNS && rows > MAX_ROWS_FEW_COLUMNS) return undefined;
   const outShape = keepDims
     ? [...new Array<number>(r).fill(1), ...shape.slice(r)]
@@ -80,12 +63,22 @@ export function registerWebGPUColumnSum(): void {
         ? columnSumPlan(x.shape, attrs.axis, attrs.keepDims === true)
         : undefined;
     if (!plan) return stock(args);
-    const out = (args.backend as unknown as WebGPUBackendish).runWebGPUProgram(
-      new ColumnSumProgram(plan.cols),
-      [{ ...x, shape: [plan.rows * plan.cols] }],
-      'float32',
-      [{ type: 'int32', data: [plan.rows] }],
+    const raw = args.backend as unknown as RawBackend;
+    const groups = Math.ceil(plan.cols / COLUMN_SUM_COLUMNS);
+    const [out, outBuffer] = newOutput(raw, plan.outShape);
+    const uniforms = new Uint32Array([plan.rows, plan.cols, groups]).buffer;
+    dispatch(
+      raw,
+      stateOf(raw),
+      COLUMN_SUM_WGSL,
+      [
+        bufferOf(raw, x),
+        outBuffer,
+        constantUniforms(raw, stateOf(raw), uniforms),
+      ],
+      groups,
+      `lw_column_sum [${plan.cols}]`,
     );
-    return { dataId: out.dataId, shape: plan.outShape, dtype: out.dtype };
+    return out;
   });
 }

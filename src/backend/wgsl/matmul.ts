@@ -345,23 +345,61 @@ export function matMulWgsl(
 `;
 }
 
-/** Columns per workgroup of {@link COLUMN_SUM_WGSL}. */
-export const COLUMN_THREADS = 64;
+/** Columns per workgroup of {@link COLUMN_SUM_WGSL}, and the threads (row phases) each column takes. */
+export const COLUMN_SUM_COLUMNS = 8;
+export const COLUMN_SUM_PHASES = 32;
 
 /**
- * Column sums of X viewed [rows, size] (one invocation per column, rows in order, consecutive
- * invocations on consecutive columns): a fused product's bias gradient, dy summed over every
- * axis but the last ones (backend/matmul-grad.ts), in one dispatch where TF.js's stock Sum
- * transposes first.
+ * Column sums of X viewed [rows, cols] into Y [cols]: a fused product's bias gradient, dy summed
+ * over every axis but the last ones (backend/matmul-grad.ts), in one dispatch where TF.js's stock
+ * Sum transposes first. A workgroup takes {@link COLUMN_SUM_COLUMNS} adjacent columns (adjacent
+ * threads on adjacent elements: 32 bytes of a row) with {@link COLUMN_SUM_PHASES} threads each;
+ * thread p of a column walks rows p, p + phases, ..., four rows a round into four sums, so
+ * four loads are in flight where one sum would wait on each load in turn. The phases' sums
+ * (f32) are added in workgroup memory, in phase order. Workgroups are numbered flat over the
+ * dispatch's x and y. Bindings: 0 X, 1 Y, 2 the uniforms {rows, cols, groups}.
+ *
+ * Its forerunner (one thread per column walking every row) took 3.2 ms for an [8192, 1024]
+ * bias gradient on an H100, a quarter of the 8 x d1024 model's GPU time: 16 workgroups, each
+ * load waited on in turn.
  */
 export const COLUMN_SUM_WGSL = `
-  fn main(index : i32) {
-    if (index < uniforms.size) {
-      var s = 0.0;
-      for (var r = 0; r < uniforms.rows; r++) {
-        s += X[r * uniforms.size + index];
-      }
-      setOutputAtIndex(index, s);
+struct Uniforms { rows : u32, cols : u32, groups : u32, };
+@group(0) @binding(0) var<storage, read> X : array<f32>;
+@group(0) @binding(1) var<storage, read_write> Y : array<f32>;
+@group(0) @binding(2) var<uniform> u : Uniforms;
+var<workgroup> partial : array<f32, ${COLUMN_SUM_COLUMNS * COLUMN_SUM_PHASES}>;
+@compute @workgroup_size(${COLUMN_SUM_COLUMNS}, ${COLUMN_SUM_PHASES}, 1)
+fn main(@builtin(local_invocation_id) lid : vec3<u32>,
+        @builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>) {
+  let group = wid.x + wid.y * groups.x;
+  if (group >= u.groups) {
+    return;
+  }
+  let col = group * ${COLUMN_SUM_COLUMNS}u + lid.x;
+  var s = vec4<f32>(0.0);
+  if (col < u.cols) {
+    let stride = ${COLUMN_SUM_PHASES}u * u.cols;
+    var i = lid.y * u.cols + col;
+    var r = lid.y;
+    for (; r + ${3 * COLUMN_SUM_PHASES}u < u.rows; r += ${4 * COLUMN_SUM_PHASES}u) {
+      s += vec4<f32>(X[i], X[i + stride], X[i + 2u * stride], X[i + 3u * stride]);
+      i += 4u * stride;
+    }
+    for (; r < u.rows; r += ${COLUMN_SUM_PHASES}u) {
+      s.x += X[i];
+      i += stride;
     }
   }
+  partial[lid.y * ${COLUMN_SUM_COLUMNS}u + lid.x] = (s.x + s.y) + (s.z + s.w);
+  workgroupBarrier();
+  if (lid.y == 0u && col < u.cols) {
+    var total = 0.0;
+    for (var p = 0u; p < ${COLUMN_SUM_PHASES}u; p++) {
+      total += partial[p * ${COLUMN_SUM_COLUMNS}u + lid.x];
+    }
+    Y[col] = total;
+  }
+}
 `;
