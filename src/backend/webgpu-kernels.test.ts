@@ -304,8 +304,19 @@ test('the fused AdamW and SGD updates on webgpu equal the composed updates on cp
 test('the per-tensor sums of squares on webgpu equal the cpu composed form, in one dispatch', {
   skip: why,
 }, async () => {
-  // element counts around a workgroup (256), one long tensor, odd shapes
-  const shapes = [[1], [255], [257], [3, 7], [70000], [64, 33], [2, 2, 2]];
+  // element counts around a workgroup (256) and a round of eight loads a thread (2,048), one
+  // long tensor, odd shapes
+  const shapes = [
+    [1],
+    [255],
+    [257],
+    [3, 7],
+    [70000],
+    [64, 33],
+    [2, 2, 2],
+    [2047],
+    [2049],
+  ];
   const sums = async () => {
     seed = 1;
     const xs = shapes.map((s) => tf.mul(rand(s), 3));

@@ -63,8 +63,11 @@ fn main(@builtin(global_invocation_id) gid : vec3<u32>,
  * Sum of squares of each of many tensors laid out back to back in X: Table holds [count,
  * offset 0, offset 1, ..., offset count, output index 0, ..., output index count-1] (element
  * offsets into X, the last one the end); workgroup t sums tensor t's squares (its threads
- * striding over the tensor, then a tree reduction in workgroup memory) into Out[its output
- * index]. float32 throughout, as the composed form's sum(square(g)).
+ * striding over the tensor, eight elements a round into eight sums so that eight loads are in
+ * flight, then a tree reduction in workgroup memory) into Out[its output index]. float32
+ * throughout, as the composed form's sum(square(g)). One load in flight a round took 6.7 ms a
+ * step for the 8 x d1024 model's 101 M gradients on an H100 (a 4 M-element tensor is 16 K
+ * rounds of one workgroup's threads).
  */
 export const SUM_SQUARES_MULTI_WGSL = `
 @group(0) @binding(0) var<storage, read> X : array<f32>;
@@ -77,15 +80,25 @@ fn main(@builtin(workgroup_id) wid : vec3<u32>,
         @builtin(local_invocation_index) tid : u32) {
   let t = wid.x;
   let count = Table[0];
-  var s = 0.0;
+  var s = vec4<f32>(0.0);
+  var z = vec4<f32>(0.0);
   if (t < count) {
     let end = Table[t + 2u];
-    for (var i = Table[t + 1u] + tid; i < end; i += ${MULTI_THREADS}u) {
+    let T = ${MULTI_THREADS}u;
+    var i = Table[t + 1u] + tid;
+    for (; i + 7u * T < end; i += 8u * T) {
+      let a = vec4<f32>(X[i], X[i + T], X[i + 2u * T], X[i + 3u * T]);
+      let b = vec4<f32>(X[i + 4u * T], X[i + 5u * T], X[i + 6u * T], X[i + 7u * T]);
+      s += a * a;
+      z += b * b;
+    }
+    for (; i < end; i += T) {
       let x = X[i];
-      s += x * x;
+      s.x += x * x;
     }
   }
-  red[tid] = s;
+  let w = s + z;
+  red[tid] = (w.x + w.y) + (w.z + w.w);
   workgroupBarrier();
   for (var k = ${MULTI_THREADS / 2}u; k > 0u; k = k >> 1u) {
     if (tid < k) {
