@@ -22,7 +22,7 @@ export interface GpuCounts {
   copies: number;
   /**
    * Steps whose forward and backward the device replayed from a captured step
-   * (pipeline/captured-step.ts, LAYERWISE_WEBGPU_CAPTURE=1) instead of running TF.js's programs;
+   * (pipeline/captured-step.ts; on unless LAYERWISE_WEBGPU_CAPTURE=0) instead of running TF.js's programs;
    * their dispatches, copies and submits are counted above as the replay made them. Absent where
    * the counts come from elsewhere (the browser page's).
    */

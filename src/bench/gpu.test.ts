@@ -21,12 +21,13 @@ import {
   selectConfigs,
 } from './gpu.js';
 
-test("the full bench is issue 36's table: both models on layerwise, plain TF.js and three PyTorch runs; l2l and gpipe K=2 of the large model only", () => {
+test("the full bench is issue 36's table: both models on layerwise (captured and not), plain TF.js and three PyTorch runs; l2l and gpipe K=2 of the large model only", () => {
   const all = gpuConfigs(GPU_MODELS.full);
   const names = all.map((c) => c.name);
   for (const m of ['small', 'large'])
     for (const r of [
       'layerwise',
+      'uncaptured',
       'tfjs',
       'pytorch-fp32',
       'pytorch-sdpa',
@@ -35,11 +36,18 @@ test("the full bench is issue 36's table: both models on layerwise, plain TF.js 
       assert.ok(names.includes(`${m}/${r}`), `${m}/${r} missing`);
   assert.ok(names.includes('large/l2l') && names.includes('large/gpipe-k2'));
   assert.ok(!names.includes('small/l2l'));
-  // plain TF.js differs from layerwise only by the switch that leaves out the WGSL kernels
+  // plain TF.js differs from layerwise only by the switches that leave out the WGSL kernels and
+  // the captured step; the uncaptured row by the latter alone
   const lw = all.find((c) => c.name === 'large/layerwise')!;
   const plain = all.find((c) => c.name === 'large/tfjs')!;
+  const uncaptured = all.find((c) => c.name === 'large/uncaptured')!;
   assert.deepEqual(plain.args, lw.args);
-  assert.deepEqual(plain.env, { LAYERWISE_WEBGPU_KERNELS: 'tfjs' });
+  assert.deepEqual(uncaptured.args, lw.args);
+  assert.deepEqual(plain.env, {
+    LAYERWISE_WEBGPU_KERNELS: 'tfjs',
+    LAYERWISE_WEBGPU_CAPTURE: '0',
+  });
+  assert.deepEqual(uncaptured.env, { LAYERWISE_WEBGPU_CAPTURE: '0' });
   assert.equal(lw.env, undefined);
   assert.deepEqual(lw.model.cli.slice(2), [
     '--layers',
@@ -57,7 +65,7 @@ test("the full bench is issue 36's table: both models on layerwise, plain TF.js 
 test('--configs takes whole names and model prefixes, and names the valid ones for a wrong entry', () => {
   const all = gpuConfigs(GPU_MODELS.full);
   const picked = selectConfigs(all, ['small', 'large/l2l']).map((c) => c.name);
-  assert.equal(picked.length, 6);
+  assert.equal(picked.length, 7);
   assert.ok(picked.every((n) => n.startsWith('small/') || n === 'large/l2l'));
   assert.equal(selectConfigs(all, undefined).length, all.length);
   assert.throws(

@@ -5,9 +5,11 @@
  * 256), batch 32; for the large model also the L2L relay and GPipe K=2 on the one GPU. Each
  * layerwise configuration is its own `layerwise train` child process (a fresh GPU device and
  * shader cache), read back from its metrics.jsonl (tokens/s of the steps after the warm-up
- * ones) and summary.json (the webgpu dispatch, submit and readback counts per step); "plain
- * TF.js" is the same run with LAYERWISE_WEBGPU_KERNELS=tfjs (backend/index.ts: TF.js's own
- * kernels and layerwise's composed forms, none of its WGSL kernels). PyTorch rows come from
+ * ones) and summary.json (the webgpu dispatch, submit and readback counts per step); "not
+ * captured" is the same run with LAYERWISE_WEBGPU_CAPTURE=0 (every step through TF.js, no
+ * replayed step: pipeline/captured-step.ts), "plain TF.js" with LAYERWISE_WEBGPU_KERNELS=tfjs
+ * (backend/index.ts: TF.js's own kernels and layerwise's composed forms, none of its WGSL
+ * kernels) and not captured, TF.js as it is. PyTorch rows come from
  * bench/pytorch/charlm.py (the same model, batch, context and AdamW step) where
  * `python3 -c 'import torch'` works and torch sees CUDA, else one row says why not. Writes
  * `<out>/<name>.json` and `.md` naming the adapter (vendor, architecture, description).
@@ -145,8 +147,12 @@ export function gpuConfigs(models: GpuModel[]): GpuConfig[] {
     });
     return [
       c('layerwise', 'layerwise webgpu', 'layerwise', single),
+      c('uncaptured', 'layerwise webgpu, not captured', 'layerwise', single, {
+        LAYERWISE_WEBGPU_CAPTURE: '0',
+      }),
       c('tfjs', 'plain TF.js webgpu', 'layerwise', single, {
         LAYERWISE_WEBGPU_KERNELS: 'tfjs',
+        LAYERWISE_WEBGPU_CAPTURE: '0',
       }),
       c('pytorch-fp32', 'PyTorch CUDA fp32', 'pytorch', []),
       c('pytorch-sdpa', 'PyTorch CUDA SDPA', 'pytorch', ['--sdpa']),

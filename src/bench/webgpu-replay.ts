@@ -20,7 +20,7 @@ import { median } from '../util/stats.js';
 
 /**
  * Runs `f` with LAYERWISE_WEBGPU_CAPTURE (pipeline/captured-step.ts CAPTURE_ENV) set to 1 (`on`)
- * or unset, and restores it after (also when `f` throws): the devices `f` starts capture or not
+ * or 0, and restores it after (also when `f` throws): the devices `f` starts capture or not
  * (a worker thread copies the environment when it starts). For the benches and tests that
  * compare the two in one process.
  */
@@ -29,8 +29,7 @@ export async function withCapture<T>(
   f: () => Promise<T>,
 ): Promise<T> {
   const before = process.env[CAPTURE_ENV];
-  if (on) process.env[CAPTURE_ENV] = '1';
-  else delete process.env[CAPTURE_ENV];
+  process.env[CAPTURE_ENV] = on ? '1' : '0';
   try {
     return await f();
   } finally {

@@ -26,9 +26,12 @@
  * span (backend/memory.ts), so its peak and the `--device-memory` budget read as a recorded
  * step's.
  *
- * Opt-in while it is new: LAYERWISE_WEBGPU_CAPTURE=1.
+ * On by default on webgpu since an H100 run showed it (bench/results/gpu.md, 2026-11-28): the
+ * same losses, charlm-small 111,428 -> 137,381 tokens/s and 23.7 -> 7.1 ms of host a step;
+ * LAYERWISE_WEBGPU_CAPTURE=0 turns it off. Off in kernel-times runs
+ * (LAYERWISE_WEBGPU_KERNEL_TIMES=1: a replay's passes carry no kernel names).
  */
-import { gpuQueue } from '../backend/gpu-queue.js';
+import { gpuQueue, KERNEL_TIMES_ENV } from '../backend/gpu-queue.js';
 import {
   countPrivateBytes,
   deviceBytes,
@@ -51,7 +54,7 @@ import {
 } from '../backend/webgpu-host.js';
 import type { StepIO } from './executor.js';
 
-/** The environment variable that turns captured steps on (value 1). */
+/** The environment variable that turns captured steps off (value 0); on where unset. */
 export const CAPTURE_ENV = 'LAYERWISE_WEBGPU_CAPTURE';
 
 /** The parts of tfjs-backend-webgpu 4.22's WebGPUBackend used here. */
@@ -122,11 +125,19 @@ export class StepCapture {
 
   constructor(private readonly host: CaptureHost) {}
 
-  /** Whether captured steps are on: LAYERWISE_WEBGPU_CAPTURE=1 and this thread's backend webgpu. */
+  /**
+   * Whether captured steps are on: this thread's backend is webgpu, LAYERWISE_WEBGPU_CAPTURE is
+   * not 0, and kernels are not being timed (LAYERWISE_WEBGPU_KERNEL_TIMES=1). A browser page,
+   * which has no environment, captures.
+   */
   static wanted(): boolean {
     const env = (globalThis as { process?: { env?: Record<string, string> } })
       .process?.env;
-    return env?.[CAPTURE_ENV] === '1' && gpuQueue() !== null;
+    return (
+      env?.[CAPTURE_ENV] !== '0' &&
+      env?.[KERNEL_TIMES_ENV] !== '1' &&
+      gpuQueue() !== null
+    );
   }
 
   private get backend(): Backend {

@@ -57,7 +57,7 @@ export class Stage extends TrainableStage {
   /** Milliseconds the last {@link backward} spent re-computing its forward (0 if kept). */
   lastRecomputeMs = 0;
 
-  /** The captured forward and backward on webgpu (LAYERWISE_WEBGPU_CAPTURE=1), for a stage holding the whole model. */
+  /** The captured forward and backward on webgpu (on unless LAYERWISE_WEBGPU_CAPTURE=0), for a stage holding the whole model. */
   private readonly capture: StepCapture | null =
     StepCapture.wanted() && this.isFirst && this.isLast
       ? new StepCapture({ paramVars: this.params.vars })
