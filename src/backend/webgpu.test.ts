@@ -16,7 +16,7 @@ import { trainTinyLm } from '../testing/fixtures.js';
 import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
 import { tf } from './tfjs.js';
-import { installDawn } from './webgpu.js';
+import { dawnFlags, installDawn } from './webgpu.js';
 import { bindGroupCountsOf } from './webgpu-host.js';
 
 let why: string | false = false;
@@ -162,6 +162,19 @@ const train3 = (backend: string, o: Record<string, unknown>) =>
     },
   );
 
+test("LAYERWISE_DAWN_FLAGS: comma-separated key=value flags, a word without '=' continuing the flag before it (Dawn's toggle lists)", () => {
+  assert.deepEqual(dawnFlags('backend=vulkan'), ['backend=vulkan']);
+  assert.deepEqual(
+    dawnFlags('backend=vulkan,enable-dawn-features=a,b,,adapter=x'),
+    ['backend=vulkan', 'enable-dawn-features=a,b', 'adapter=x'],
+  );
+  assert.deepEqual(dawnFlags(''), []);
+  assert.throws(
+    () => dawnFlags('a,backend=vulkan'),
+    /'a' is not a key=value flag/,
+  );
+});
+
 test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, float32 tolerance)', {
   skip: why,
 }, async () => {
@@ -192,7 +205,7 @@ test('on webgpu, single, gpipe K=2, local K=2 and l2l train as on cpu (3 steps, 
   }
 });
 
-test('single on webgpu with captured steps (LAYERWISE_WEBGPU_CAPTURE=1) replays its forward and backward once two steps matched, and trains bit for bit as without them (clipping, a changing learning rate); gpipe K=2 with one micro-batch captures nothing', {
+test('single on webgpu with captured steps (the default; LAYERWISE_WEBGPU_CAPTURE=0 turns them off) replays its forward and backward once two steps matched, and trains bit for bit as without them (clipping, a changing learning rate); gpipe K=2 with one micro-batch captures nothing', {
   skip: why,
 }, async () => {
   const { maxParamDiff } = await import('../testing/assert-close.js');

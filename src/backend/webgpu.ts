@@ -40,7 +40,9 @@ configureWebGPUEnvironment();
  * Installs Dawn's WebGPU as this thread's `navigator.gpu` (and the GPU* globals), choosing the
  * first adapter that works: Dawn's default backend at the core feature level, then OpenGL and
  * OpenGL ES at the compatibility level (a software GPU). LAYERWISE_DAWN_FLAGS (comma-separated
- * Dawn toggles, e.g. `backend=vulkan`) overrides the choice. Idempotent per thread.
+ * Dawn flags, e.g. `backend=vulkan`; a word without '=' continues the flag before it, so
+ * `enable-dawn-features=disable_robustness,skip_validation` is one flag: {@link dawnFlags})
+ * overrides the choice. Idempotent per thread.
  * @throws LayerwiseError when the package does not load or no adapter is found, saying what to install.
  */
 export async function installDawn(): Promise<DawnAdapter> {
@@ -61,8 +63,8 @@ export async function installDawn(): Promise<DawnAdapter> {
   const tries: Array<[string[], 'core' | 'compatibility']> =
     given !== undefined
       ? [
-          [given.split(',').filter(Boolean), 'core'],
-          [given.split(',').filter(Boolean), 'compatibility'],
+          [dawnFlags(given), 'core'],
+          [dawnFlags(given), 'compatibility'],
         ]
       : [
           [[], 'core'],
@@ -92,6 +94,25 @@ export async function installDawn(): Promise<DawnAdapter> {
     "backend 'webgpu' found no GPU adapter: no GPU driver (Vulkan, Metal, D3D12) and no OpenGL through EGL; " +
       'on Debian/Ubuntu without a GPU, apt-get install libegl1 libegl-mesa0 libgl1-mesa-dri for a software GPU',
   );
+}
+
+/**
+ * Dawn's `create` flags of LAYERWISE_DAWN_FLAGS: split at commas, a word without '=' joined to
+ * the flag before it (Dawn's toggle lists are comma-separated themselves):
+ * `backend=vulkan,enable-dawn-features=a,b` is ['backend=vulkan', 'enable-dawn-features=a,b'].
+ * @throws LayerwiseError when the first word has no '=' (Dawn takes only key=value flags).
+ */
+export function dawnFlags(given: string): string[] {
+  const flags: string[] = [];
+  for (const word of given.split(',').filter(Boolean)) {
+    if (word.includes('=')) flags.push(word);
+    else if (flags.length > 0) flags[flags.length - 1] += `,${word}`;
+    else
+      throw new LayerwiseError(
+        `LAYERWISE_DAWN_FLAGS: '${word}' is not a key=value flag (e.g. backend=vulkan or enable-dawn-features=disable_robustness)`,
+      );
+  }
+  return flags;
 }
 
 /** The slice of Dawn's GPU object used here. */
