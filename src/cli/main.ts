@@ -149,7 +149,7 @@ program
   )
   .option(
     '--devices <list>',
-    "device of each stage: thread (default) | process[:ENV=VALUE+...] | HOST:PORT of a `layerwise worker` | browser[:backend=wasm|webgpu] (a browser tab that opens the URL printed), comma-separated (LAYERWISE_TOKEN: the workers' token)",
+    "device of each stage: thread[:threads=N] (default) | process[:ENV=VALUE+...] | HOST:PORT of a `layerwise worker` | browser[:backend=wasm|webgpu] (a browser tab that opens the URL printed), comma-separated (LAYERWISE_TOKEN: the workers' token)",
   )
   .option(
     '--strategy <name>',

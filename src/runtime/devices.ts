@@ -37,7 +37,7 @@ export interface DeviceOptions {
 
 /** One device of a run. */
 export type DeviceSpec =
-  | { kind: 'thread' }
+  | ({ kind: 'thread' } & DeviceOptions)
   | ({ kind: 'process'; env: Record<string, string> } & DeviceOptions)
   | ({ kind: 'host'; address: string } & DeviceOptions)
   | ({ kind: 'browser' } & DeviceOptions);
@@ -81,8 +81,10 @@ function parseSettings(
 
 /**
  * Parses `--devices` for `stages` devices times `replicas` (data parallelism: replica after
- * replica): a comma-separated list of `thread`, `process[:ENV=V+...]`, `HOST:PORT` or
- * `browser[:backend=...]`, one per device (a single entry is repeated for every device).
+ * replica): a comma-separated list of `thread[:threads=N+backend=...]`, `process[:ENV=V+...]`,
+ * `HOST:PORT` or `browser[:backend=...]`, one per device (a single entry is repeated for every
+ * device). A device's own `threads=` sets its kernel threads, e.g. more for a device whose
+ * stages hold more of the model (a V-shape's first device holds the embedding and the head).
  * @throws LayerwiseError naming the entry that is none of these, or a count that is not stages x replicas.
  */
 export function parseDevices(
@@ -103,7 +105,14 @@ export function parseDevices(
       : `--devices lists ${list.length} devices but the run has ${k} stages; give one per stage (or one for all)`,
   );
   return list.map((d): DeviceSpec => {
-    if (d === 'thread') return { kind: 'thread' };
+    if (d === 'thread' || d.startsWith('thread:')) {
+      const { env: _env, ...o } = parseSettings(
+        d,
+        d === 'thread' ? '' : d.slice('thread:'.length),
+        false,
+      );
+      return { kind: 'thread', ...o };
+    }
     if (d === 'browser' || d.startsWith('browser:')) {
       const { env: _env, ...o } = parseSettings(
         d,
@@ -208,9 +217,7 @@ function pinningInput(
   specs: readonly DeviceSpec[],
   threads: number | undefined,
 ): PinningInput {
-  const each = specs.map((s) =>
-    s.kind === 'thread' ? threads : (s.threads ?? threads),
-  );
+  const each = specs.map((s) => s.threads ?? threads);
   const known = each.every((t) => t !== undefined);
   return {
     devices: specs.map((s, i) => ({

@@ -448,6 +448,35 @@ test('--devices parses each device kind with its own backend, threads and enviro
       { kind: 'host', address: '10.0.0.3:7070', backend: 'native', threads: 8 },
     ],
   );
+  // worker threads with their own kernel threads (a V-shape's light first device)
+  assert.deepEqual(
+    parseDevices('thread:threads=1,thread,thread:threads=7', 3),
+    [
+      { kind: 'thread', threads: 1 },
+      { kind: 'thread' },
+      { kind: 'thread', threads: 7 },
+    ],
+  );
+  const { deviceThreads } = await import('./spec.js');
+  assert.deepEqual(
+    deviceThreads(
+      {
+        threads: 0,
+        backend: 'native',
+        stages: 3,
+        replicas: 1,
+        devices: 'thread:threads=1,thread,thread:threads=7',
+      },
+      false,
+      16,
+    ),
+    [1, 4, 7],
+    'own threads, else the 14 kernel cores of 16 divided among 3',
+  );
+  assert.throws(
+    () => parseDevices('thread:FOO=1', 1),
+    /'FOO' is not backend, threads$/,
+  );
   assert.throws(
     () => parseDevices('process,process,process', 2),
     /lists 3 devices but the run has 2 stages/,

@@ -15,7 +15,7 @@ import type { PlanRequest, StrategyPlan } from '../cost/strategy-plan.js';
 import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
-import { type DeviceOptions, parseDevices } from '../runtime/devices.js';
+import { parseDevices } from '../runtime/devices.js';
 import type { Strategy } from './strategy.js';
 
 /**
@@ -80,8 +80,7 @@ function deviceKernels(
   const run = threadsPerDevice(cfg, n, cores);
   const specs = parseDevices(cfg.devices, n / cfg.replicas, cfg.replicas);
   return specs.map((d) => {
-    const own: DeviceOptions = d.kind === 'thread' ? {} : d;
-    return { backend: own.backend ?? cfg.backend, threads: own.threads ?? run };
+    return { backend: d.backend ?? cfg.backend, threads: d.threads ?? run };
   });
 }
 
@@ -124,7 +123,10 @@ export function threadsLine(
     cfg.threads > 0
       ? '--threads'
       : `the ${cores} cores${host ? ` less ${host} for the host's threads` : ''} divided among ${n} device${n > 1 ? 's' : ''}; --threads sets them`;
-  return `kernel threads per device: ${list} (${why})`;
+  const own = cfg.devices?.includes('threads=')
+    ? "a device's threads= in --devices, else "
+    : '';
+  return `kernel threads per device: ${list} (${own}${why})`;
 }
 
 /**
