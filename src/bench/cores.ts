@@ -23,8 +23,8 @@ import { nativeAddon, nativeUnavailable } from '../backend/native.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { modelParamCount } from '../model/model.js';
-import { createStrategy } from '../strategies/index.js';
-import { threadsPerDevice } from '../strategies/spec.js';
+import { createStrategy, planStages, specOf } from '../strategies/index.js';
+import { deviceThreads, threadsPerDevice } from '../strategies/spec.js';
 import { cpuTopology, describeTopology } from '../util/cpu.js';
 import { check, LayerwiseError } from '../util/errors.js';
 import { median } from '../util/stats.js';
@@ -161,6 +161,8 @@ interface Row {
   devices: number;
   stages: number;
   threads_per_device: number;
+  /** Kernel threads of each device where the run split them unevenly (by load, at K's default threads). */
+  threads_split?: number[];
   threads_total: number;
   /** A pipeline schedule's micro-batches M; null for single, local and PyTorch. */
   micro_batches: number | null;
@@ -436,7 +438,12 @@ function configOf(run: CoresRun, c: CoreConfig): TrainConfig {
       ? { schedule: kind as TrainConfig['schedule'] }
       : {}),
     precision: kind === 'single-bf16' ? 'bf16' : 'fp32',
-    threads: c.threads,
+    // K devices at their default: threads 0, so that the run splits them as it would by default
+    // (by each device's share of the FLOPs where the loads differ: strategies/spec.ts runThreads)
+    threads:
+      c.devices > 1 && c.threads === autoThreads(c.devices, run.cores)
+        ? 0
+        : c.threads,
     ...(o.devices === 'process' ? { devices: 'process' } : {}),
   } as Parameters<typeof resolveConfig>[0]);
 }
@@ -463,6 +470,17 @@ async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
       o.warmup ?? 1,
     );
     const secs = median(times);
+    const split = deviceThreads(
+      cfg,
+      cfg.strategy === 'single',
+      run.cores,
+      specOf(cfg.strategy).deviceLoads?.(
+        cfg,
+        bench.model,
+        planStages(cfg, bench.model),
+      ),
+    );
+    const uneven = new Set(split).size > 1;
     return {
       kind: c.kind,
       engine: 'layerwise',
@@ -470,7 +488,10 @@ async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
       devices: c.devices,
       stages: c.devices * (V_SHAPED.has(c.kind) ? 2 : 1),
       threads_per_device: c.threads,
-      threads_total: c.devices * c.threads,
+      ...(uneven ? { threads_split: split } : {}),
+      threads_total: uneven
+        ? split.reduce((a, b) => a + b, 0)
+        : c.devices * c.threads,
       micro_batches: c.microBatches ?? null,
       tokens_per_s: tokens / secs,
       step_s: secs,
@@ -621,7 +642,7 @@ function coresMarkdown(
         r.kind,
         r.devices,
         r.stages,
-        r.threads_per_device,
+        r.threads_split?.join('/') ?? r.threads_per_device,
         r.threads_total,
         r.micro_batches ?? '-',
         r.tokens_per_s.toFixed(0),

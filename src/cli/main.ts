@@ -58,7 +58,13 @@ function hooks(): TrainHooks {
         console.log(`note: ${note}`);
       const setup = specOf(config.strategy).describeRun?.(config, bytes);
       if (setup) console.log(setup);
-      const threads = threadsLine(config, specOf(config.strategy).oneDevice);
+      const spec = specOf(config.strategy);
+      const threads = threadsLine(
+        config,
+        spec.oneDevice,
+        undefined,
+        spec.deviceLoads?.(config, model, ranges),
+      );
       if (threads) console.log(threads);
       if (budget?.budget !== undefined) {
         console.log(

@@ -30,12 +30,15 @@ import {
   plannedAs,
   type StrategyPlan,
 } from '../cost/strategy-plan.js';
+import type { Model } from '../model/model.js';
 import {
   balanceByCost,
   balanceByStageCost,
+  type StageRange,
   stageRanges,
 } from '../partition/balance.js';
-import { parseDevices } from '../runtime/devices.js';
+import { blockFlops } from '../partition/stages.js';
+import { type DeviceSpec, parseDevices } from '../runtime/devices.js';
 import { type LoadedSchedule, loadScheduleCsv } from '../schedule/csv.js';
 import {
   type ComputeSchedule,
@@ -57,7 +60,41 @@ import {
   PipelineStrategy,
   runOptionsOf,
 } from './pipeline.js';
-import { type StrategySpec, threadsPerDevice } from './spec.js';
+import { runThreads, type StrategySpec, threadsPerDevice } from './spec.js';
+
+/**
+ * Each device's share of a step's FLOPs (partition/stages.ts blockFlops at the micro-batch, its
+ * stages' blocks summed over the schedule's placement): the stages are balanced by FLOPs, but a
+ * V-shape puts the first and the last stage on device 0 (charlm-small's zbv K=3: the embedding
+ * and the head, about 2% of a decoder block's FLOPs, where the other two devices hold two
+ * decoder blocks each), and a schedule file may place stages as it likes.
+ */
+export function gpipeDeviceLoads(
+  cfg: TrainConfig,
+  model: Model,
+  ranges: readonly StageRange[],
+): number[] {
+  const { placement } = gpipeComputeSchedule(cfg, cfg.stages);
+  const flops = blockFlops(model, microBatchSize(cfg));
+  const loads = new Array<number>(Math.max(...placement) + 1).fill(0);
+  ranges.forEach((r, s) => {
+    const d = placement[s] ?? s;
+    for (let b = r.from; b < r.to; b++) loads[d]! += flops[b]!;
+  });
+  return loads;
+}
+
+/** `specs` with each device's `threads` set from `threads` (one per device) where it gives none of its own. */
+function withThreads(
+  specs: DeviceSpec[],
+  threads: readonly number[],
+): DeviceSpec[] {
+  return specs.map((d, i) =>
+    d.kind === 'thread' || d.kind === 'process'
+      ? { ...d, threads: d.threads ?? threads[i] }
+      : d,
+  );
+}
 
 /** A compute-only schedule with the device of each of its stages (a schedule file's, or a generator's). */
 export interface PlacedSchedule {
@@ -173,6 +210,7 @@ export const gpipe: StrategySpec = {
     cfg.scheduleFile !== undefined
       ? readScheduleFile(cfg, cfg.stages).placement.length
       : stageCount(cfg),
+  deviceLoads: (cfg, model, ranges) => gpipeDeviceLoads(cfg, model, ranges),
   create: (cfg, model, params, ranges) => {
     const placed = gpipeComputeSchedule(cfg, cfg.stages);
     if (placed.placement.length !== ranges.length)
@@ -187,7 +225,10 @@ export const gpipe: StrategySpec = {
         kind: backpropPipeline(cfg.microBatches, cfg.stages, cfg.remat, placed),
         placement: placed.placement,
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
-        devices: parseDevices(cfg.devices, cfg.stages, cfg.replicas),
+        devices: withThreads(
+          parseDevices(cfg.devices, cfg.stages, cfg.replicas),
+          runThreads(cfg, false, gpipeDeviceLoads(cfg, model, ranges)),
+        ),
         replicas: cfg.replicas,
         lossScaling: lossScalingOf(cfg),
         oomAdvice: gpipe.outOfMemoryAdvice(cfg),

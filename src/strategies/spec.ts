@@ -16,6 +16,7 @@ import type { HostParams } from '../model/init.js';
 import type { Model } from '../model/model.js';
 import type { StageRange } from '../partition/balance.js';
 import { parseDevices } from '../runtime/devices.js';
+import { LayerwiseError } from '../util/errors.js';
 import type { Strategy } from './strategy.js';
 
 /**
@@ -51,6 +52,41 @@ export function threadsPerDevice(
 }
 
 /**
+ * Splits `total` kernel threads among devices in proportion to `loads` (each device's share of
+ * a step's work, e.g. its stages' FLOPs), at least one each: each device gets the whole part of
+ * its share, and the threads left go to the largest remainders (ties: the lower device). All get
+ * one where `total` is below the device count. E.g. 14 threads over a V-shape's K=3 devices of
+ * loads [0.1, 2, 2] (the first holds the embedding and the head): [1, 7, 6].
+ * @throws LayerwiseError for no loads, or a load that is negative or not finite.
+ */
+export function splitThreads(
+  total: number,
+  loads: readonly number[],
+): number[] {
+  if (loads.length === 0 || loads.some((l) => !(l >= 0 && Number.isFinite(l))))
+    throw new LayerwiseError(
+      `splitting threads: loads must be finite and non-negative, one per device, got [${loads.join(', ')}]`,
+    );
+  const n = loads.length;
+  if (total <= n) return loads.map(() => 1);
+  const sum = loads.reduce((a, b) => a + b, 0);
+  const share = loads.map((l) => (sum > 0 ? (total * l) / sum : total / n));
+  const out = share.map((x) => Math.max(1, Math.floor(x)));
+  let left = total - out.reduce((a, b) => a + b, 0);
+  const order = share
+    .map((x, i) => ({ i, r: x - Math.floor(x) }))
+    .sort((a, b) => b.r - a.r || a.i - b.i);
+  for (let k = 0; left > 0; k = (k + 1) % n, left--) out[order[k]!.i]!++;
+  // devices raised to 1 can overshoot: take back from the largest
+  while (left < 0) {
+    const big = out.indexOf(Math.max(...out));
+    out[big]!--;
+    left++;
+  }
+  return out;
+}
+
+/**
  * The devices a run has (all replicas): `replicas` for a one-device strategy (single), else
  * `--stages` (at least 1) times `replicas`.
  */
@@ -68,20 +104,51 @@ type ThreadsConfig = Pick<
 >;
 
 /**
+ * Kernel threads of each device of a run, all replicas, before a device's own `threads=`:
+ * `--threads`; else, given each device's load within a replica (`loads`: {@link
+ * StrategySpec.deviceLoads}) that are not all equal, the cores less {@link hostCores} divided
+ * among the replicas and split by load ({@link splitThreads}: a V-shape's first device, holding
+ * the embedding and the head, gets few); else {@link threadsPerDevice} over {@link devicesOfRun}.
+ */
+export function runThreads(
+  cfg: Pick<TrainConfig, 'threads' | 'stages' | 'replicas'>,
+  oneDevice: boolean,
+  loads?: readonly number[],
+  cores = availableParallelism(),
+): number[] {
+  const n = devicesOfRun(cfg, oneDevice);
+  const uniform = threadsPerDevice(cfg, n, cores);
+  if (
+    cfg.threads > 0 ||
+    !loads ||
+    loads.length * cfg.replicas !== n ||
+    loads.every((l) => l === loads[0])
+  )
+    return Array.from({ length: n }, () => uniform);
+  const each = splitThreads(
+    Math.max(1, Math.floor((cores - hostCores(cores)) / cfg.replicas)),
+    loads,
+  );
+  return Array.from({ length: n }, (_, i) => each[i % loads.length]!);
+}
+
+/**
  * Each device's backend and kernel threads: its own `backend=`/`threads=` in `--devices`, else
- * the run's backend and {@link threadsPerDevice} over {@link devicesOfRun}.
+ * the run's backend and {@link runThreads}.
  */
 function deviceKernels(
   cfg: ThreadsConfig,
   oneDevice: boolean,
   cores: number,
+  loads?: readonly number[],
 ): Array<{ backend: string; threads: number }> {
   const n = devicesOfRun(cfg, oneDevice);
-  const run = threadsPerDevice(cfg, n, cores);
+  const run = runThreads(cfg, oneDevice, loads, cores);
   const specs = parseDevices(cfg.devices, n / cfg.replicas, cfg.replicas);
-  return specs.map((d) => {
-    return { backend: d.backend ?? cfg.backend, threads: d.threads ?? run };
-  });
+  return specs.map((d, i) => ({
+    backend: d.backend ?? cfg.backend,
+    threads: d.threads ?? run[i]!,
+  }));
 }
 
 /**
@@ -95,8 +162,9 @@ export function deviceThreads(
   cfg: ThreadsConfig,
   oneDevice: boolean,
   cores = availableParallelism(),
+  loads?: readonly number[],
 ): number[] {
-  return deviceKernels(cfg, oneDevice, cores).map((d) =>
+  return deviceKernels(cfg, oneDevice, cores, loads).map((d) =>
     d.backend === 'native' ? d.threads : 1,
   );
 }
@@ -110,8 +178,9 @@ export function threadsLine(
   cfg: ThreadsConfig,
   oneDevice: boolean,
   cores = availableParallelism(),
+  loads?: readonly number[],
 ): string | undefined {
-  const native = deviceKernels(cfg, oneDevice, cores).filter(
+  const native = deviceKernels(cfg, oneDevice, cores, loads).filter(
     (d) => d.backend === 'native',
   );
   if (native.length === 0) return undefined;
@@ -122,7 +191,7 @@ export function threadsLine(
   const why =
     cfg.threads > 0
       ? '--threads'
-      : `the ${cores} cores${host ? ` less ${host} for the host's threads` : ''} divided among ${n} device${n > 1 ? 's' : ''}; --threads sets them`;
+      : `the ${cores} cores${host ? ` less ${host} for the host's threads` : ''} divided among ${n} device${n > 1 ? 's' : ''}${new Set(each).size > 1 && !cfg.devices?.includes('threads=') ? " by each device's share of the model's FLOPs" : ''}; --threads sets them`;
   const own = cfg.devices?.includes('threads=')
     ? "a device's threads= in --devices, else "
     : '';
@@ -190,4 +259,11 @@ export interface StrategySpec extends StrategyFlags {
   outOfMemoryAdvice(cfg: Pick<TrainConfig, 'stash'>): string;
   /** The CLI's line describing the run's set-up after the stage list, if any (`bytes`: the model's fp32 parameter bytes). */
   describeRun?(cfg: TrainConfig, bytes: number): string;
+  /**
+   * Each device's share of a step's work within one replica (its stages' FLOPs, partition/stages.ts
+   * blockFlops), where the devices' loads differ by design (a V-shape's first device holds the
+   * embedding and the head): {@link runThreads} splits the kernel threads by it. Absent: an
+   * equal split.
+   */
+  deviceLoads?(cfg: TrainConfig, model: Model, ranges: StageRange[]): number[];
 }

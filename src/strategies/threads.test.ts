@@ -91,3 +91,80 @@ test('threadsLine says the count and where it comes from, only for native runs',
     "kernel threads per device: 7 (the 16 cores less 2 for the host's threads divided among 2 devices; --threads sets them)",
   );
 });
+
+test('splitThreads: by load, at least 1 each, the rest to the largest remainders; all 1 below one a device', async () => {
+  const { splitThreads } = await import('./spec.js');
+  assert.deepEqual(splitThreads(14, [0.1, 2, 2]), [1, 7, 6]);
+  assert.deepEqual(splitThreads(14, [1, 1]), [7, 7]);
+  assert.deepEqual(splitThreads(12, [1, 2, 3]), [2, 4, 6]);
+  assert.deepEqual(splitThreads(3, [0, 0, 5]), [1, 1, 1]);
+  assert.deepEqual(splitThreads(2, [1, 1, 1]), [1, 1, 1]);
+  // devices raised to 1 take from the largest
+  assert.deepEqual(splitThreads(5, [0, 0, 0, 10]), [1, 1, 1, 2]);
+  assert.deepEqual(splitThreads(6, [0, 0]), [3, 3], 'no load: equal');
+  for (const [total, loads] of [
+    [16, [3, 1, 1, 9]],
+    [7, [0.5, 0.25, 0.25]],
+    [31, [1, 2, 3, 4, 5]],
+  ] as Array<[number, number[]]>) {
+    const got = splitThreads(total, loads);
+    assert.equal(
+      got.reduce((a, b) => a + b, 0),
+      total,
+      `${loads}: every thread given`,
+    );
+    assert.ok(got.every((t) => t >= 1));
+  }
+  assert.throws(() => splitThreads(4, []), /one per device/);
+  assert.throws(() => splitThreads(4, [1, -1]), /non-negative/);
+});
+
+test("a V-shape's first device holds the embedding and the head: by default its threads go to the others, in the run and its summary line", async () => {
+  const { resolveConfig } = await import('../config/config.js');
+  const { buildModel } = await import('../model/model.js');
+  const { specOf, planStages } = await import('./index.js');
+  const { runThreads } = await import('./spec.js');
+  const cfg = resolveConfig({
+    preset: 'charlm-small',
+    strategy: 'gpipe',
+    schedule: 'zbv',
+    stages: 3,
+    microBatches: 8,
+    backend: 'native',
+  } as Parameters<typeof resolveConfig>[0]);
+  // charlm-small's shape: 4 decoder blocks of d 256, context 128
+  const model = buildModel({
+    arch: 'charlm',
+    vocab: 89,
+    context: 128,
+    dModel: 256,
+    heads: 4,
+    layers: 4,
+  });
+  const ranges = planStages(cfg, model);
+  assert.equal(ranges.length, 6, 'zbv K=3: 6 stages of one block each');
+  const loads = specOf('gpipe').deviceLoads!(cfg, model, ranges);
+  assert.equal(loads.length, 3);
+  assert.ok(
+    loads[0]! < 0.1 * loads[1]! &&
+      Math.abs(loads[1]! - loads[2]!) < 1e-6 * loads[1]!,
+    `loads ${loads}`,
+  );
+  assert.deepEqual(runThreads(cfg, false, loads, 16), [1, 7, 6]);
+  assert.deepEqual(deviceThreads(cfg, false, 16, loads), [1, 7, 6]);
+  assert.match(
+    threadsLine(cfg, false, 16, loads) ?? '',
+    /^kernel threads per device: 1, 7, 6 \(the 16 cores less 2 for the host's threads divided among 3 devices by each device's share of the model's FLOPs; --threads sets them\)$/,
+  );
+  // --threads, or devices of equal loads (1F1B's balanced stages): the even split
+  assert.deepEqual(
+    runThreads({ ...cfg, threads: 4 }, false, loads, 16),
+    [4, 4, 4],
+  );
+  assert.deepEqual(runThreads(cfg, false, [5, 5, 5], 16), [4, 4, 4]);
+  // replicas: each replica's devices split its share of the cores
+  assert.deepEqual(
+    runThreads({ ...cfg, replicas: 2 }, false, loads, 16),
+    [1, 3, 3, 1, 3, 3],
+  );
+});

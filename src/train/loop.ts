@@ -189,7 +189,12 @@ export class TrainingLoop {
   summary(): Summary {
     const { cfg, ranges, budget } = this.s;
     return {
-      ...runShape(cfg, ranges, modelParamCount(this.s.model)),
+      ...runShape(
+        cfg,
+        ranges,
+        modelParamCount(this.s.model),
+        specOf(cfg.strategy).deviceLoads?.(cfg, this.s.model, ranges),
+      ),
       steps: this.reached,
       initial_loss: this.initialLoss ?? Number.NaN,
       final_loss: this.last?.loss ?? Number.NaN,
@@ -342,6 +347,7 @@ export function runShape(
   cfg: TrainConfig,
   ranges: StageRange[],
   params: number,
+  loads?: readonly number[],
 ): Pick<
   Summary,
   | 'strategy'
@@ -383,6 +389,6 @@ export function runShape(
     schedule: scheduleName(cfg),
     balance: ranges.map((r) => r.to - r.from),
     batch_size: cfg.batchSize,
-    threads_per_device: deviceThreads(cfg, spec.oneDevice),
+    threads_per_device: deviceThreads(cfg, spec.oneDevice, undefined, loads),
   };
 }
