@@ -32,9 +32,13 @@ try {
 
 type Shape = [b: number, t: number, h: number, dh: number];
 
-/** [B, T, H, dh]: T below, past and not a multiple of the 64-row block and of the key blocks. */
+/**
+ * [B, T, H, dh]: T below, past and not a multiple of the 64-row block and of the key blocks; dh
+ * a multiple of 4 (rows read as vec4s) and not (read as floats: wgsl-attention/forward.ts rowWidth).
+ */
 const SHAPES: Shape[] = [
   [2, 5, 2, 8],
+  [1, 70, 2, 6],
   [1, 70, 3, 16],
   [2, 9, 2, 32],
   [1, 67, 1, 64],

@@ -22,8 +22,11 @@
 import {
   attentionPrelude,
   keyBlockLoader,
+  loadChunk,
   ROWS_PER_WORKGROUP,
   rowsPerBlock,
+  rowWidth,
+  storeChunk,
 } from './forward.js';
 
 /** The gradient's bindings, the dq role and the block loads. */
@@ -39,41 +42,42 @@ function gradHead(dh: number, f16: boolean): string {
     var<workgroup> lseT : array<f32, ${tk}>;
     var<workgroup> dT : array<f32, ${tk}>;
 
-    /** dy's element d of row t in (b, h). */
-    fn dyAt(r : Rows, t : i32, d : i32) -> f32 {
-      return dy[(r.b * uniforms.nT + t) * uniforms.nH * DH + r.h * DH + d];
+    /** dy's chunk c of row t in (b, h). */
+    fn dyAt(r : Rows, t : i32, c : i32) -> V {
+      return ${loadChunk(dh, 'dy', `(r.b * uniforms.nT + t) * uniforms.nH * DH + r.h * DH + c * ${rowWidth(dh)}`)};
     }
 
     /** D = sum R(dy) ctx of row t in (b, h), f32. */
     fn rowD(r : Rows, t : i32) -> f32 {
       let base = (r.b * uniforms.nT + t) * uniforms.nH * DH + r.h * DH;
       var s = 0.0;
-      for (var d = 0; d < DH; d++) {
-        s += R(dy[base + d]) * ctx[base + d];
+      for (var c = 0; c < DV; c++) {
+        let o = base + c * ${rowWidth(dh)};
+        s += DOT(RV(${loadChunk(dh, 'dy', 'o')}), ${loadChunk(dh, 'ctx', 'o')});
       }
       return s;
     }
 
-    fn writeRow(r : Rows, part : i32, v : ptr<function, array<f32, DH>>) {
+    fn writeRow(r : Rows, part : i32, v : ptr<function, array<V, DV>>) {
       let D = uniforms.nH * DH;
       let out = ((r.b * uniforms.nT + r.row) * 3 + part) * D + r.h * DH;
-      for (var d = 0; d < DH; d++) {
-        dqkv[out + d] = (*v)[d];
+      for (var c = 0; c < DV; c++) {
+        ${storeChunk(dh, 'dqkv', `out + c * ${rowWidth(dh)}`, '(*v)[c]')}
       }
     }
 
-    /** Queries and dy rows i0.. into at, bt, their lse and D into lseT, dT. */
+    /** Queries and dy rows i0.. into at, bt (TK rows of DV chunks), their lse and D into lseT, dT. */
     fn loadQueries(r : Rows, i0 : i32, li : i32) {
-      for (var e = li; e < TK * DH; e += WG) {
-        let i = i0 + e / DH;
-        var qv = 0.0;
-        var gv = 0.0;
+      for (var e = li; e < TK * DV; e += WG) {
+        let i = i0 + e / DV;
+        var qv = V(0.0);
+        var gv = V(0.0);
         if (i < uniforms.nT) {
-          qv = qkvAt(r, i, 0, e % DH);
-          gv = dyAt(r, i, e % DH);
+          qv = qkvAt(r, i, 0, e % DV);
+          gv = dyAt(r, i, e % DV);
         }
-        at[e] = R(qv);
-        bt[e] = R(gv);
+        at[e] = RV(qv);
+        bt[e] = RV(gv);
       }
       if (li < TK) {
         let i = i0 + li;
@@ -90,15 +94,15 @@ function gradHead(dh: number, f16: boolean): string {
 
     /** dq of the invocation's query row; i0 = r.i0, uniform. */
     fn queryRole(r : Rows, i0 : i32, li : i32) {
-      var q : array<f32, DH>;
-      var g : array<f32, DH>;
-      for (var d = 0; d < DH; d++) {
-        q[d] = R(qkvAt(r, r.row, 0, d));
-        g[d] = R(dyAt(r, r.row, d));
+      var q : array<V, DV>;
+      var g : array<V, DV>;
+      for (var c = 0; c < DV; c++) {
+        q[c] = RV(qkvAt(r, r.row, 0, c));
+        g[c] = RV(dyAt(r, r.row, c));
       }
       let ls = lse[r.bh * uniforms.nT + r.row];
       let dd = rowD(r, r.row);
-      var acc : array<f32, DH>;
+      var acc : array<V, DV>;
       let end = min(uniforms.nT, i0 + WG);
       for (var j0 = 0; j0 < end; j0 += TK) {
         loadKeys(r, j0, li);
@@ -106,14 +110,14 @@ function gradHead(dh: number, f16: boolean): string {
         for (var jj = 0; jj < min(TK, r.row - j0 + 1); jj++) {
           var s = 0.0;
           var dp = 0.0;
-          for (var d = 0; d < DH; d++) {
-            s += q[d] * at[jj * DH + d];
-            dp += g[d] * bt[jj * DH + d];
+          for (var c = 0; c < DV; c++) {
+            s += DOT(q[c], at[jj * DV + c]);
+            dp += DOT(g[c], bt[jj * DV + c]);
           }
           let p = EXP(s * uniforms.scale - ls);
           let w = R(uniforms.scale * p * (dp - dd));
-          for (var d = 0; d < DH; d++) {
-            acc[d] += w * at[jj * DH + d];
+          for (var c = 0; c < DV; c++) {
+            acc[c] += w * at[jj * DV + c];
           }
         }
         workgroupBarrier();
@@ -130,30 +134,30 @@ export function gradShader(dh: number, f16 = false): string {
   return `${gradHead(dh, f16)}
     /** dk and dv of the invocation's key row; j0 = r.i0, uniform. */
     fn keyRole(r : Rows, j0 : i32, li : i32) {
-      var k : array<f32, DH>;
-      var v : array<f32, DH>;
-      for (var d = 0; d < DH; d++) {
-        k[d] = R(qkvAt(r, r.row, 1, d));
-        v[d] = R(qkvAt(r, r.row, 2, d));
+      var k : array<V, DV>;
+      var v : array<V, DV>;
+      for (var c = 0; c < DV; c++) {
+        k[c] = RV(qkvAt(r, r.row, 1, c));
+        v[c] = RV(qkvAt(r, r.row, 2, c));
       }
-      var dk : array<f32, DH>;
-      var dv : array<f32, DH>;
+      var dk : array<V, DV>;
+      var dv : array<V, DV>;
       for (var i0 = j0; i0 < uniforms.nT; i0 += TK) {
         loadQueries(r, i0, li);
         workgroupBarrier();
         for (var ii = max(0, r.row - i0); ii < min(TK, uniforms.nT - i0); ii++) {
           var s = 0.0;
           var dp = 0.0;
-          for (var d = 0; d < DH; d++) {
-            s += at[ii * DH + d] * k[d];
-            dp += bt[ii * DH + d] * v[d];
+          for (var c = 0; c < DV; c++) {
+            s += DOT(at[ii * DV + c], k[c]);
+            dp += DOT(bt[ii * DV + c], v[c]);
           }
           let p = EXP(s * uniforms.scale - lseT[ii]);
           let w = R(uniforms.scale * p * (dp - dT[ii]));
           let pw = R(p);
-          for (var d = 0; d < DH; d++) {
-            dk[d] += w * at[ii * DH + d];
-            dv[d] += pw * bt[ii * DH + d];
+          for (var c = 0; c < DV; c++) {
+            dk[c] += w * at[ii * DV + c];
+            dv[c] += pw * bt[ii * DV + c];
           }
         }
         workgroupBarrier();

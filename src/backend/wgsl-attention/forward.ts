@@ -50,13 +50,44 @@ export function attentionUniforms(
 }
 
 /**
+ * Floats of a row the shaders hold as one value: 4 (`vec4<f32>`) where dh is a multiple of 4, so
+ * that a row of keys in workgroup memory is read 4 floats a load (4 FMAs a load where a float a
+ * load gave 1; on an H100 the scalar form ran 3-4 TFLOP/s), else 1.
+ */
+export function rowWidth(dh: number): 1 | 4 {
+  return dh % 4 === 0 ? 4 : 1;
+}
+
+/** WGSL reading chunk `at` (a float index) of the f32 array `array` as a `V` ({@link rowWidth} floats). */
+export function loadChunk(dh: number, array: string, at: string): string {
+  return rowWidth(dh) === 4
+    ? `V(${array}[${at}], ${array}[${at} + 1], ${array}[${at} + 2], ${array}[${at} + 3])`
+    : `${array}[${at}]`;
+}
+
+/** WGSL statements storing the `V` value `value` as floats `at`.. of the f32 array `array`. */
+export function storeChunk(
+  dh: number,
+  array: string,
+  at: string,
+  value: string,
+): string {
+  return rowWidth(dh) === 4
+    ? `{ let w = ${value}; let o = ${at}; ${array}[o] = w.x; ${array}[o + 1] = w.y; ${array}[o + 2] = w.z; ${array}[o + 3] = w.w; }`
+    : `${array}[${at}] = ${value};`;
+}
+
+/**
  * The common head of the attention shaders: the uniforms (binding `uniformBinding`), DH, TK (rows
- * of a block, {@link rowsPerBlock}), `R(x)` (an operand of a product: x, or x rounded to f16 with
- * `f16`), `EXP(a)` (exp of a <= 0: f32, or f16's expH with `f16`), and `Rows`, a workgroup's
+ * of a block, {@link rowsPerBlock}), `V` (a row's chunk of {@link rowWidth} floats: vec4<f32> or
+ * f32) and DV (chunks a row), `R(x)` (an operand of a product: x, or x rounded to f16 with
+ * `f16`) and `RV` (R of each float of a chunk), `DOT(a, b)` (a chunk's dot product, summed in
+ * f32), `EXP(a)` (exp of a <= 0: f32, or f16's expH with `f16`), and `Rows`, a workgroup's
  * (batch, head) and first row (`i0`) and an invocation's row (clamped to T - 1 for the
  * invocations past T, which compute and write nothing: `valid`). WGSL's uniformity analysis
  * takes a struct as one value, and `Rows` depends on the invocation: loop bounds around barriers
- * are computed from the workgroup index instead.
+ * are computed from the workgroup index instead. `qkvAt(r, t, part, c)` reads chunk c of a row
+ * of q, k or v (the module binds `qkv`).
  */
 export function attentionPrelude(
   dh: number,
@@ -69,8 +100,12 @@ export function attentionPrelude(
     const DH = ${dh};
     const TK = ${rowsPerBlock(dh)};
     const WG = ${ROWS_PER_WORKGROUP};
+    const DV = ${dh / rowWidth(dh)};
+    alias V = ${rowWidth(dh) === 4 ? 'vec4<f32>' : 'f32'};
 
     fn R(x : f32) -> f32 { return ${f16 ? 'roundF16(x)' : 'x'}; }
+    fn RV(x : V) -> V { return ${rowWidth(dh) === 4 ? 'V(R(x.x), R(x.y), R(x.z), R(x.w))' : 'R(x)'}; }
+    fn DOT(a : V, b : V) -> f32 { return ${rowWidth(dh) === 4 ? 'dot(a, b)' : 'a * b'}; }
     fn EXP(a : f32) -> f32 { return ${f16 ? 'expH(a)' : 'exp(a)'}; }
 
     struct Rows { b : i32, h : i32, bh : i32, i0 : i32, row : i32, valid : bool };
@@ -87,10 +122,10 @@ export function attentionPrelude(
       return r;
     }
 
-    /** qkv's element d of part (0 q, 1 k, 2 v) of row t in (b, h). */
-    fn qkvAt(r : Rows, t : i32, part : i32, d : i32) -> f32 {
+    /** qkv's chunk c of part (0 q, 1 k, 2 v) of row t in (b, h). */
+    fn qkvAt(r : Rows, t : i32, part : i32, c : i32) -> V {
       let D = uniforms.nH * DH;
-      return qkv[((r.b * uniforms.nT + t) * 3 + part) * D + r.h * DH + d];
+      return ${loadChunk(dh, 'qkv', `((r.b * uniforms.nT + t) * 3 + part) * D + r.h * DH + c * ${rowWidth(dh)}`)};
     }
   `;
 }
@@ -102,21 +137,22 @@ export function attentionPrelude(
  * striding over the elements.
  */
 export function keyBlockLoader(dh: number): string {
-  return `var<workgroup> at : array<f32, ${rowsPerBlock(dh) * dh}>;
-    var<workgroup> bt : array<f32, ${rowsPerBlock(dh) * dh}>;
+  const chunks = (rowsPerBlock(dh) * dh) / rowWidth(dh);
+  return `var<workgroup> at : array<V, ${chunks}>;
+    var<workgroup> bt : array<V, ${chunks}>;
 
-    /** Keys and values j0.. into at, bt. */
+    /** Keys and values j0.. into at, bt (TK rows of DV chunks). */
     fn loadKeys(r : Rows, j0 : i32, li : i32) {
-      for (var e = li; e < TK * DH; e += WG) {
-        let j = j0 + e / DH;
-        var kv = 0.0;
-        var vv = 0.0;
+      for (var e = li; e < TK * DV; e += WG) {
+        let j = j0 + e / DV;
+        var kv = V(0.0);
+        var vv = V(0.0);
         if (j < uniforms.nT) {
-          kv = qkvAt(r, j, 1, e % DH);
-          vv = qkvAt(r, j, 2, e % DH);
+          kv = qkvAt(r, j, 1, e % DV);
+          vv = qkvAt(r, j, 2, e % DV);
         }
-        at[e] = R(kv);
-        bt[e] = R(vv);
+        at[e] = RV(kv);
+        bt[e] = RV(vv);
       }
     }
 `;
@@ -155,11 +191,11 @@ export function forwardShader(dh: number, f16 = false): string {
       let r = rowsOf(wg, li);
       // the block bound from wg alone: uniform, as the barriers need (r depends on li)
       let end = min(uniforms.nT, (wg % uniforms.nBlk) * WG + WG);
-      var q : array<f32, DH>;
-      for (var d = 0; d < DH; d++) {
-        q[d] = ${f16 ? 'R(qkvAt(r, r.row, 0, d))' : 'qkvAt(r, r.row, 0, d) * uniforms.scale'};
+      var q : array<V, DV>;
+      for (var c = 0; c < DV; c++) {
+        q[c] = ${f16 ? 'RV(qkvAt(r, r.row, 0, c))' : 'qkvAt(r, r.row, 0, c) * uniforms.scale'};
       }
-      var acc : array<f32, DH>;
+      var acc : array<V, DV>;
       var sc : array<f32, TK>;
       var m = -3.402823e+38;
       var l = 0.0;
@@ -170,8 +206,8 @@ export function forwardShader(dh: number, f16 = false): string {
         var mNew = m;
         for (var jj = 0; jj < n; jj++) {
           var s = 0.0;
-          for (var d = 0; d < DH; d++) {
-            s += q[d] * at[jj * DH + d];
+          for (var c = 0; c < DV; c++) {
+            s += DOT(q[c], at[jj * DV + c]);
           }
           ${f16 ? 's = s * uniforms.scale;' : ''}
           sc[jj] = s;
@@ -180,14 +216,14 @@ export function forwardShader(dh: number, f16 = false): string {
         if (n > 0) {
           let corr = exp(m - mNew);
           l = l * corr;
-          for (var d = 0; d < DH; d++) {
-            acc[d] = acc[d] * corr;
+          for (var c = 0; c < DV; c++) {
+            acc[c] = acc[c] * corr;
           }
           for (var jj = 0; jj < n; jj++) {
             let e = EXP(sc[jj] - mNew);
             l += e;
-            for (var d = 0; d < DH; d++) {
-              acc[d] += e * bt[jj * DH + d];
+            for (var c = 0; c < DV; c++) {
+              acc[c] += e * bt[jj * DV + c];
             }
           }
           m = mNew;
@@ -196,8 +232,8 @@ export function forwardShader(dh: number, f16 = false): string {
       }
       if (r.valid) {
         let out = (r.b * uniforms.nT + r.row) * uniforms.nH * DH + r.h * DH;
-        for (var d = 0; d < DH; d++) {
-          ctx[out + d] = acc[d] / l;
+        for (var c = 0; c < DV; c++) {
+          ${storeChunk(dh, 'ctx', `out + c * ${rowWidth(dh)}`, 'acc[c] / l')}
         }
         lse[r.bh * uniforms.nT + r.row] = m + log(l);
       }
