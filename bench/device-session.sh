@@ -7,6 +7,7 @@
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
 #   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 540 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 200 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
@@ -19,10 +20,14 @@
 #      (by input shapes) and bf16, after 20 warm-up rounds (V8 optimizes the step's JS for tens
 #      of steps); bf16 at 16 threads by shapes with the split over k's old bound and the new
 #      (split-bound-65536/, split-bound-1048576/: their weight-gradient rows).
+# bars: only the issues' bars, so that a 15-minute lease holds it and a second call: both
+#      models on webgpu (captured, and charlm-small not captured) with PyTorch beside them
+#      (gpu.md), and single fp32/bf16 at 16 and the default threads with PyTorch, zbv K=3 at its
+#      default threads (cores.md).
 set -u
 part=${1:-}
-if [ "$part" != gpu ] && [ "$part" != cpu ]; then
-  echo "device-session: give the part to run, gpu or cpu (see this file's header)" >&2
+if [ "$part" != gpu ] && [ "$part" != cpu ] && [ "$part" != bars ]; then
+  echo "device-session: give the part to run, gpu, cpu or bars (see this file's header)" >&2
   exit 2
 fi
 here=$(pwd)
@@ -51,20 +56,22 @@ case "$part" in
         --backend webgpu --batch-size 32 --steps 6 --eval-every 0 --eval-batches 1 \
         --out "$out/kernel-times-$m" >"$out/kernel-times-$m.txt" 2>&1
     done
-    # the captured step (pipeline/captured-step.ts): forward and backward re-issued, not run
-    # through TF.js, from the fourth step on; both models (the large one's capture forms too:
-    # 1 x d1024, 16 heads, context 256 replayed from step 4 on lavapipe). It replaced the
-    # 60-dispatches-a-submit A/B, which a replay makes moot (it submits as recorded)
-    LAYERWISE_WEBGPU_CAPTURE=1 bench gpu --configs small/layerwise,large/layerwise --config-seconds 45 --name gpu-capture
+    # Dawn without its shaders' index clamps (robustness): on an H100 charlm-small ran 210,396 ->
+    # 249,869 tokens/s and the 8 x d1024 model 32,165 -> 38,361 with it off; and with the clamps
+    # kept only where an index may be out of range (integer range analysis)
+    for f in disable_robustness enable_integer_range_analysis_in_robustness; do
+      LAYERWISE_DAWN_FLAGS=enable-dawn-features=$f bench gpu --configs small/layerwise,large/layerwise \
+        --config-seconds 45 --name "gpu-$f"
+    done
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
-    # where a captured step's time goes on the GPU machine: each action's host and GPU spans
+    # where a captured step's time goes on the GPU machine (captured by default): each action's host and GPU spans
     # and the gaps between steps (summary.json beside it: host ms and GPU busy per step); the
     # large model was 70% busy uncaptured (bench/results/gpu.md): are its idle 30% the two reads
     # a step (the loss, the gradient norm) or the host?
     for m in small large; do
       if [ $m = small ]; then shape=$small; steps=22; limit=50; else shape=$large; steps=8; limit=45; fi
       # shellcheck disable=SC2086
-      LAYERWISE_WEBGPU_CAPTURE=1 timeout $limit node "$lw/dist/cli/main.js" train $shape --strategy single \
+      timeout $limit node "$lw/dist/cli/main.js" train $shape --strategy single \
         --backend webgpu --batch-size 32 --steps $steps --eval-every 0 --eval-batches 1 \
         --out "$out/$m-trace" --trace "$out/$m-trace/trace.json" >"$out/$m-trace.txt" 2>&1
     done
@@ -82,6 +89,12 @@ case "$part" in
       LAYERWISE_SPLIT_REDUCTION_MAX=$bound node "$lw/dist/bench/main.js" kernels --threads 16 --steps 5 \
         --warmup 20 --precision bf16 --shapes --out "$out/split-bound-$bound"
     done
+    ;;
+  bars)
+    nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+    bench gpu --budget-seconds 150 --configs small/layerwise,small/uncaptured,small/pytorch-fp32,small/pytorch-sdpa,large/layerwise,large/pytorch-fp32,large/pytorch-sdpa,large/pytorch-sdpa-bf16
+    bench cores --pytorch-script "$here/bench/pytorch/charlm.py" --kinds single,single-bf16,zbv --stages 3 \
+      --threads 16 --micro-batches 8 --warmup 10 --budget-s 90
     ;;
 esac
 ls -l "$out"
