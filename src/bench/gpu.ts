@@ -31,6 +31,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import type { StepMetrics, Summary } from '../train/metrics.js';
+import { buildCommit } from '../util/build-info.js';
 import { LayerwiseError } from '../util/errors.js';
 import { markdownTable, writeBenchResults } from './report.js';
 
@@ -579,14 +580,6 @@ function earlierRuns(dir: string, name: string): string[] {
   }
 }
 
-/** The commit this build came from, or 'unknown' outside a git checkout. */
-function commitOf(): string {
-  const r = spawnSync('git', ['rev-parse', '--short', 'HEAD'], {
-    encoding: 'utf8',
-  });
-  return r.status === 0 ? r.stdout.trim() : 'unknown';
-}
-
 /**
  * Runs the selected configurations one after another (each in its own child process), then
  * writes `<out>/<name>.json` (adapter, options, rows) and `<out>/<name>.md`. Never fails on
@@ -641,7 +634,7 @@ export async function benchGpu(
   const wallS = (performance.now() - t0) / 1000;
   const meta = {
     date: new Date().toISOString().slice(0, 10),
-    commit: commitOf(),
+    commit: buildCommit(),
     wallS,
     // as typed: bench/main.ts's argv after the script ([node, main.js, 'gpu', ...flags])
     command: `npm run bench -- ${process.argv.slice(2).join(' ')}`,
