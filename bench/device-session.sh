@@ -66,7 +66,7 @@ case "$part" in
     timeout 40 node "$lw/dist/bench/main.js" matmul-tiles --out "$out"
     # where a captured step's time goes on the GPU machine (captured by default): each action's host and GPU spans
     # and the gaps between steps (summary.json beside it: host ms and GPU busy per step); the
-    # large model was 70% busy uncaptured (bench/results/gpu.md): are its idle 30% the two reads
+    # large model was 70% busy uncaptured (bench/results/gpu-h200-2026-11-26.md): are its idle 30% the two reads
     # a step (the loss, the gradient norm) or the host?
     for m in small large; do
       if [ $m = small ]; then shape=$small; steps=22; limit=50; else shape=$large; steps=8; limit=45; fi

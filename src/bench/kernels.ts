@@ -383,7 +383,9 @@ function threadsRun(
 
 /** The setting line both tables start with. */
 function settingLine(o: KernelsBenchOptions, model: Model): string {
-  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${availableParallelism()} CPUs (${describeTopology(cpuTopology())}) whose 1-minute load average was ${loadavg()[0]!.toFixed(1)} at the end (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)`;
+  const cpus = availableParallelism();
+  const load = loadavg()[0]!;
+  return `Model ${o.preset} (${modelParamCount(model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, backend ${o.backend}, precision ${o.precision ?? 'fp32'}, single-device training in one thread, on ${cpus} CPUs (${describeTopology(cpuTopology())}) whose 1-minute load average was ${load.toFixed(1)} at the end${load > cpus ? ' (above the CPU count, other processes shared them and wall times are longer than on idle CPUs)' : ''}`;
 }
 
 /** kernels.md at one thread count: the setting and step time (ms per step, in kernels), then one row per kernel. */

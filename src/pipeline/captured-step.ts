@@ -7,7 +7,7 @@
  * uploaded them to, everything else as recorded. The optimizer step, the gradient norm and the
  * reads still run through TF.js, on the gradients and loss the replay leaves (tensors made on
  * the recording's buffers without copies). On a GPU the step is bound by the host's ~200 us a
- * TF.js program (bench/results/gpu.md); a replayed forward and backward cost about a tenth of
+ * TF.js program (bench/results/gpu-h200-2026-11-26.md); a replayed forward and backward cost about a tenth of
  * that (bench/webgpu-replay.ts).
  *
  * Why it is exact: a TF.js program reads nothing but its bound buffers and uniforms, and with
@@ -26,8 +26,10 @@
  * span (backend/memory.ts), so its peak and the `--device-memory` budget read as a recorded
  * step's.
  *
- * On by default on webgpu since an H100 run showed it (bench/results/gpu.md, 2026-11-28): the
- * same losses, charlm-small 111,428 -> 137,381 tokens/s and 23.7 -> 7.1 ms of host a step;
+ * On by default on webgpu since H100 runs showed it (2026-11-28): the same losses, charlm-small
+ * 111,428 -> 137,381 tokens/s and 23.7 -> 7.1 ms of host a step
+ * (bench/results/gpu-h100-2026-11-28-before*.md), 155,050 -> 210,396 after the column sums'
+ * rewrite (bench/results/gpu.md);
  * LAYERWISE_WEBGPU_CAPTURE=0 turns it off. Off in kernel-times runs
  * (LAYERWISE_WEBGPU_KERNEL_TIMES=1: a replay's passes carry no kernel names).
  */
