@@ -16,6 +16,7 @@
  */
 import { geluFunctionWgsl, geluSlopeFunctionWgsl } from './elementwise.js';
 import {
+  columnPhasesMain,
   MATMUL_UNIFORMS,
   type MatMulTiling,
   type MatMulVariant,
@@ -98,7 +99,6 @@ export const GRAD_ROW_PHASES = 16;
  * loss-scaled). Bindings: 0 H, 1 Dy, 2 Dh, 3 Db, 4 the uniforms {rows, cols, groups}.
  */
 export function geluGradColumnSumWgsl(geluF16: boolean): string {
-  const threads = GRAD_COLUMNS * GRAD_ROW_PHASES;
   return `${geluF16 ? 'enable f16;' : ''}
 struct Uniforms { rows : u32, cols : u32, groups : u32, };
 @group(0) @binding(0) var<storage, read> H : array<f32>;
@@ -106,36 +106,17 @@ struct Uniforms { rows : u32, cols : u32, groups : u32, };
 @group(0) @binding(2) var<storage, read_write> Dh : array<f32>;
 @group(0) @binding(3) var<storage, read_write> Db : array<f32>;
 @group(0) @binding(4) var<uniform> u : Uniforms;
-var<workgroup> partial : array<f32, ${threads}>;
 ${geluFunctionWgsl(geluF16)}
 ${geluSlopeFunctionWgsl(geluF16)}
-@compute @workgroup_size(${GRAD_COLUMNS}, ${GRAD_ROW_PHASES}, 1)
-fn main(@builtin(local_invocation_id) lid : vec3<u32>,
-        @builtin(workgroup_id) wid : vec3<u32>,
-        @builtin(num_workgroups) groups : vec3<u32>) {
-  let group = wid.x + wid.y * groups.x;
-  if (group >= u.groups) {
-    return;
-  }
-  let col = group * ${GRAD_COLUMNS}u + lid.x;
-  var s = 0.0;
-  if (col < u.cols) {
-    for (var r = lid.y; r < u.rows; r += ${GRAD_ROW_PHASES}u) {
+${columnPhasesMain(
+  GRAD_COLUMNS,
+  GRAD_ROW_PHASES,
+  `for (var r = lid.y; r < u.rows; r += ${GRAD_ROW_PHASES}u) {
       let i = r * u.cols + col;
       let g = Dy[i] * geluSlope(H[i]);
       Dh[i] = g;
       s += g;
-    }
-  }
-  partial[lid.y * ${GRAD_COLUMNS}u + lid.x] = s;
-  workgroupBarrier();
-  if (lid.y == 0u && col < u.cols) {
-    var total = 0.0;
-    for (var p = 0u; p < ${GRAD_ROW_PHASES}u; p++) {
-      total += partial[p * ${GRAD_COLUMNS}u + lid.x];
-    }
-    Db[col] = total;
-  }
-}
-`;
+    }`,
+  'Db',
+)}`;
 }

@@ -345,6 +345,49 @@ export function matMulWgsl(
 `;
 }
 
+/**
+ * The entry point of a column reduction over X viewed [u.rows, u.cols] (uniforms `u` with rows,
+ * cols and groups, the workgroups of the dispatch; module-scope declarations are the caller's):
+ * a workgroup takes `columns` adjacent columns (adjacent threads on adjacent elements) with
+ * `phases` threads each, workgroups numbered flat over the dispatch's x and y. `body` runs for
+ * an invocation whose column `col` (u32) is below u.cols and sets its partial sum `s` (f32, 0
+ * before) from rows lid.y, lid.y + phases, ...; the phases' sums are added in workgroup memory,
+ * in phase order, into `out[col]`. Shared by the column sums ({@link COLUMN_SUM_WGSL}) and GELU's
+ * gradient with the bias's (wgsl/dense-gelu.ts).
+ */
+export function columnPhasesMain(
+  columns: number,
+  phases: number,
+  body: string,
+  out: string,
+): string {
+  return `var<workgroup> partial : array<f32, ${columns * phases}>;
+@compute @workgroup_size(${columns}, ${phases}, 1)
+fn main(@builtin(local_invocation_id) lid : vec3<u32>,
+        @builtin(workgroup_id) wid : vec3<u32>,
+        @builtin(num_workgroups) groups : vec3<u32>) {
+  let group = wid.x + wid.y * groups.x;
+  if (group >= u.groups) {
+    return;
+  }
+  let col = group * ${columns}u + lid.x;
+  var s = 0.0;
+  if (col < u.cols) {
+    ${body}
+  }
+  partial[lid.y * ${columns}u + lid.x] = s;
+  workgroupBarrier();
+  if (lid.y == 0u && col < u.cols) {
+    var total = 0.0;
+    for (var p = 0u; p < ${phases}u; p++) {
+      total += partial[p * ${columns}u + lid.x];
+    }
+    ${out}[col] = total;
+  }
+}
+`;
+}
+
 /** Columns per workgroup of {@link COLUMN_SUM_WGSL}, and the threads (row phases) each column takes. */
 export const COLUMN_SUM_COLUMNS = 8;
 export const COLUMN_SUM_PHASES = 32;
@@ -368,38 +411,21 @@ struct Uniforms { rows : u32, cols : u32, groups : u32, };
 @group(0) @binding(0) var<storage, read> X : array<f32>;
 @group(0) @binding(1) var<storage, read_write> Y : array<f32>;
 @group(0) @binding(2) var<uniform> u : Uniforms;
-var<workgroup> partial : array<f32, ${COLUMN_SUM_COLUMNS * COLUMN_SUM_PHASES}>;
-@compute @workgroup_size(${COLUMN_SUM_COLUMNS}, ${COLUMN_SUM_PHASES}, 1)
-fn main(@builtin(local_invocation_id) lid : vec3<u32>,
-        @builtin(workgroup_id) wid : vec3<u32>,
-        @builtin(num_workgroups) groups : vec3<u32>) {
-  let group = wid.x + wid.y * groups.x;
-  if (group >= u.groups) {
-    return;
-  }
-  let col = group * ${COLUMN_SUM_COLUMNS}u + lid.x;
-  var s = vec4<f32>(0.0);
-  if (col < u.cols) {
+${columnPhasesMain(
+  COLUMN_SUM_COLUMNS,
+  COLUMN_SUM_PHASES,
+  `var v = vec4<f32>(0.0);
     let stride = ${COLUMN_SUM_PHASES}u * u.cols;
     var i = lid.y * u.cols + col;
     var r = lid.y;
     for (; r + ${3 * COLUMN_SUM_PHASES}u < u.rows; r += ${4 * COLUMN_SUM_PHASES}u) {
-      s += vec4<f32>(X[i], X[i + stride], X[i + 2u * stride], X[i + 3u * stride]);
+      v += vec4<f32>(X[i], X[i + stride], X[i + 2u * stride], X[i + 3u * stride]);
       i += 4u * stride;
     }
     for (; r < u.rows; r += ${COLUMN_SUM_PHASES}u) {
-      s.x += X[i];
+      v.x += X[i];
       i += stride;
     }
-  }
-  partial[lid.y * ${COLUMN_SUM_COLUMNS}u + lid.x] = (s.x + s.y) + (s.z + s.w);
-  workgroupBarrier();
-  if (lid.y == 0u && col < u.cols) {
-    var total = 0.0;
-    for (var p = 0u; p < ${COLUMN_SUM_PHASES}u; p++) {
-      total += partial[p * ${COLUMN_SUM_COLUMNS}u + lid.x];
-    }
-    Y[col] = total;
-  }
-}
-`;
+    s = (v.x + v.y) + (v.z + v.w);`,
+  'Y',
+)}`;
