@@ -17,6 +17,7 @@
  * kernel's is [rows, 1]); each backend's gradient kernel reads its own forward's outputs.
  */
 import * as tf from '@tensorflow/tfjs-core';
+import { fusedDense } from './dense.js';
 import {
   CAUSAL_ATTENTION_GRAD_KERNEL,
   CAUSAL_ATTENTION_KERNEL,
@@ -91,22 +92,8 @@ function splitHeads(qkv: tf.Tensor, heads: number): tf.Tensor[] {
  * @throws Error from kernel-names.ts checkDenseGelu for mismatched shapes.
  */
 export function composedDenseGelu({ x, w, b }: Inputs): tf.Tensor[] {
-  const [rows, din, dout] = checkDenseGelu(x!, w!, b!);
-  const product = tf.engine().runKernel(
-    '_FusedMatMul',
-    {
-      a: tf.reshape(x!, [1, rows, din]),
-      b: tf.reshape(w!, [1, din, dout]),
-      bias: b!,
-    } as unknown as tf.NamedTensorMap,
-    {
-      transposeA: false,
-      transposeB: false,
-      activation: 'linear',
-      leakyreluAlpha: 0.2,
-    },
-  ) as tf.Tensor;
-  const h = tf.reshape(product, [...x!.shape.slice(0, -1), dout]);
+  checkDenseGelu(x!, w!, b!);
+  const h = fusedDense(x!, w!, b!);
   return [tf.engine().runKernel(GELU_KERNEL, { x: h }) as tf.Tensor, h];
 }
 

@@ -21,6 +21,29 @@ export function view(t: tf.TensorInfo, shape: number[]): tf.TensorInfo {
 }
 
 /**
+ * Runs the current backend's kernel `kernelName` on `inputs` directly, outside the engine (no
+ * tape node, not in `tf.profile`), and returns its single output: a TensorInfo, or a tensor
+ * where the kernel is composed of ops.
+ * @throws Error where the backend has no such kernel.
+ */
+function runKernelDirectly(
+  kernelName: string,
+  inputs: Record<string, tf.TensorInfo>,
+  attrs: tf.NamedAttrMap,
+  backend: unknown = tf.backend(),
+): tf.TensorInfo {
+  const backendName = tf.getBackend();
+  const kernel = tf.getKernel(kernelName, backendName);
+  if (!kernel)
+    throw new Error(`backend ${backendName} has no ${kernelName} kernel`);
+  return kernel.kernelFunc({
+    inputs: inputs as tf.NamedTensorInfoMap,
+    attrs,
+    backend: backend as tf.KernelBackend,
+  }) as tf.TensorInfo;
+}
+
+/**
  * Runs the current backend's kernel `kernelName` on `inputs` (tensors or {@link view}s) and
  * returns its single output as a tensor of `shape` (the output's size): one kernel run, no
  * Reshape op and no tape node, for use where no tape records (a gradient function). The engine
@@ -35,15 +58,7 @@ export function kernelOnViews(
   attrs: tf.NamedAttrMap,
   shape: number[],
 ): tf.Tensor {
-  const backendName = tf.getBackend();
-  const kernel = tf.getKernel(kernelName, backendName);
-  if (!kernel)
-    throw new Error(`backend ${backendName} has no ${kernelName} kernel`);
-  const out = kernel.kernelFunc({
-    inputs: inputs as tf.NamedTensorInfoMap,
-    attrs,
-    backend: tf.backend(),
-  }) as tf.TensorInfo;
+  const out = runKernelDirectly(kernelName, inputs, attrs);
   if (out instanceof tf.Tensor) return reshaped(out, shape);
   return tf.engine().makeTensorFromTensorInfo({ ...out, shape });
 }
@@ -70,21 +85,18 @@ function denseKernel({
 }): tf.TensorInfo {
   const { x, w, b } = inputs as Record<'x' | 'w' | 'b', tf.TensorInfo>;
   const [rows, din, dout] = checkDenseGelu(x, w, b, DENSE_KERNEL);
-  const backendName = tf.getBackend();
-  const fused = tf.getKernel('_FusedMatMul', backendName);
-  if (!fused)
-    throw new Error(`backend ${backendName} has no _FusedMatMul kernel`);
   const shape = [...x.shape.slice(0, -1), dout];
-  const out = fused.kernelFunc({
-    inputs: { a: view(x, [1, rows, din]), b: view(w, [1, din, dout]), bias: b },
-    attrs: {
+  const out = runKernelDirectly(
+    '_FusedMatMul',
+    { a: view(x, [1, rows, din]), b: view(w, [1, din, dout]), bias: b! },
+    {
       transposeA: false,
       transposeB: false,
       activation: 'linear',
       leakyreluAlpha: 0.2,
     },
-    backend: backend as tf.KernelBackend,
-  }) as tf.TensorInfo;
+    backend,
+  );
   if (out instanceof tf.Tensor) return reshaped(out, shape);
   return { ...out, shape };
 }
@@ -103,11 +115,58 @@ export function registerDenseKernel(backendName: string): void {
   });
 }
 
-/** Whether the current backend runs DENSE_KERNEL (it is registered and the backend has `_FusedMatMul`). */
+/**
+ * x W + b as one `_FusedMatMul` kernel, x: [..., Din], w: [Din, Dout], b: [Dout] -> [...,
+ * Dout], where DENSE_KERNEL is not registered (TF.js used without initBackend; and the
+ * reference DENSE_KERNEL equals bit for bit, model/layers.test.ts; and the MLP's composed dense +
+ * GELU, composed-kernels.ts). Not `tf.fused.matMul`: that op
+ * wraps the kernel in a tf.customGrad, whose gradient computes dx, dW and db at once; the
+ * kernel run directly takes the gradient registered for it (backend/matmul-grad.ts), one lazy
+ * closure per input, so a zero-bubble schedule's split
+ * backward (pipeline/split-backward.ts) computes dx in its input part and dW, db in its weight
+ * part. Same kernels, same numbers. x goes to the kernel's [1, N, Din] in one reshape and the
+ * product comes back in one (not through [N, Din] and [N, Dout]): each reshape in a recorded
+ * forward is three kernel runs (it, the clone the tape saves of its input, its gradient), which
+ * were most of a step's kernel runs.
+ */
+export function fusedDense(
+  x: tf.Tensor,
+  w: tf.Tensor,
+  b: tf.Tensor,
+): tf.Tensor {
+  const din = x.shape[x.shape.length - 1] as number;
+  const dout = w.shape[1] as number;
+  const a3 = tf.reshape(x, [1, x.size / din, din]);
+  const b3 = tf.reshape(w, [1, din, dout]);
+  const y = tf
+    .engine()
+    .runKernel(
+      '_FusedMatMul',
+      { a: a3, b: b3, bias: b } as unknown as tf.NamedTensorMap,
+      {
+        transposeA: false,
+        transposeB: false,
+        activation: 'linear',
+        leakyreluAlpha: 0.2,
+      },
+    ) as tf.Tensor;
+  return tf.reshape(y, [...x.shape.slice(0, -1), dout]);
+}
+
+/** Backends found to run DENSE_KERNEL (kernels are registered once and stay: a yes is kept). */
+const denseBackends = new Set<string>();
+
+/**
+ * Whether the current backend runs DENSE_KERNEL (it is registered and the backend has
+ * `_FusedMatMul`): two kernel-registry lookups the first time a backend answers yes, one set
+ * lookup after (model/layers.ts asks at every dense layer).
+ */
 export function hasDenseKernel(): boolean {
   const backendName = tf.getBackend();
-  return (
+  if (denseBackends.has(backendName)) return true;
+  const yes =
     tf.getKernel(DENSE_KERNEL, backendName) !== undefined &&
-    tf.getKernel('_FusedMatMul', backendName) !== undefined
-  );
+    tf.getKernel('_FusedMatMul', backendName) !== undefined;
+  if (yes) denseBackends.add(backendName);
+  return yes;
 }

@@ -2,13 +2,13 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import * as tf from '@tensorflow/tfjs-core';
 import { causalMask } from '../backend/composed-kernels.js';
+import { fusedDense } from '../backend/dense.js';
 import { initBackend } from '../backend/index.js';
 import { assertClose } from '../testing/assert-close.js';
 import { engineRuns } from '../testing/engine-runs.js';
 import {
   causalSelfAttention,
   dense,
-  fusedDense,
   gelu,
   layerNorm,
   maskedSoftmax,

@@ -3,7 +3,7 @@
  * (context), D = model width, H = heads, V = vocabulary, C = classes.
  */
 import * as tf from '@tensorflow/tfjs-core';
-import { hasDenseKernel } from '../backend/dense.js';
+import { fusedDense, hasDenseKernel } from '../backend/dense.js';
 import {
   CAUSAL_ATTENTION_GRAD_KERNEL,
   CAUSAL_ATTENTION_KERNEL,
@@ -68,43 +68,6 @@ export function dense(x: tf.Tensor, w: tf.Tensor, b?: tf.Tensor): tf.Tensor {
       : (tf.reshape(x, [-1, din]) as tf.Tensor2D);
   const y = tf.matMul(x2, w as tf.Tensor2D);
   return x.rank === 2 ? y : tf.reshape(y, [...lead, w.shape[1] as number]);
-}
-
-/**
- * x W + b as one `_FusedMatMul` kernel, x: [..., Din], w: [Din, Dout], b: [Dout] -> [...,
- * Dout], where DENSE_KERNEL is not registered (TF.js used without initBackend; and the
- * reference DENSE_KERNEL equals bit for bit, layers.test.ts). Not `tf.fused.matMul`: that op
- * wraps the kernel in a tf.customGrad, whose gradient computes dx, dW and db at once; the
- * kernel run directly takes the gradient registered for it (backend/matmul-grad.ts), one lazy
- * closure per input, so a zero-bubble schedule's split
- * backward (pipeline/split-backward.ts) computes dx in its input part and dW, db in its weight
- * part. Same kernels, same numbers. x goes to the kernel's [1, N, Din] in one reshape and the
- * product comes back in one (not through [N, Din] and [N, Dout]): each reshape in a recorded
- * forward is three kernel runs (it, the clone the tape saves of its input, its gradient), which
- * were most of a step's kernel runs.
- */
-export function fusedDense(
-  x: tf.Tensor,
-  w: tf.Tensor,
-  b: tf.Tensor,
-): tf.Tensor {
-  const din = x.shape[x.shape.length - 1] as number;
-  const dout = w.shape[1] as number;
-  const a3 = tf.reshape(x, [1, x.size / din, din]);
-  const b3 = tf.reshape(w, [1, din, dout]);
-  const y = tf
-    .engine()
-    .runKernel(
-      '_FusedMatMul',
-      { a: a3, b: b3, bias: b } as unknown as tf.NamedTensorMap,
-      {
-        transposeA: false,
-        transposeB: false,
-        activation: 'linear',
-        leakyreluAlpha: 0.2,
-      },
-    ) as tf.Tensor;
-  return tf.reshape(y, [...x.shape.slice(0, -1), dout]);
 }
 
 /**
