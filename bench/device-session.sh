@@ -89,6 +89,12 @@ case "$part" in
       LAYERWISE_SPLIT_REDUCTION_MAX=$bound node "$lw/dist/bench/main.js" kernels --threads 16 --steps 5 \
         --warmup 20 --precision bf16 --shapes --out "$out/split-bound-$bound"
     done
+    # long products split over rows (native/src/matmul.cc splitRows, 256 rows a member; tuned at
+    # 2 threads) against oneDNN's own split (0: never) at 16 threads
+    for min in 0 256; do
+      LAYERWISE_SPLIT_ROWS_MIN=$min node "$lw/dist/bench/main.js" kernels --threads 16 --steps 5 \
+        --warmup 20 --precision fp32 --shapes --out "$out/split-rows-$min"
+    done
     ;;
   bars)
     nvidia-smi >"$out/nvidia-smi.txt" 2>&1

@@ -289,6 +289,20 @@ int bf16Product(const Bf16Operand& a, const Bf16Operand& b, float* c, uint16_t* 
       if (impl != nullptr) *impl = "split over k on the team, one single-threaded oneDNN matmul per slice";
       return s;
     }
+    // one long product at 2+ threads: each member multiplies its block of rows (matmul.cc splitRows)
+    if (nativeBf16() && !transA && splitsRows(omp_get_max_threads(), batch, m, n)) {
+      const int s = splitRows(m, [&](int64_t m0, int64_t m1) {
+        try {
+          product(context(), av + m0 * k, bv, c == nullptr ? nullptr : c + m0 * n, 1, 1, 1, m1 - m0, n, k, false, transB,
+                  cBf == nullptr ? nullptr : cBf + m0 * n, bias);
+        } catch (const dnnl::error& e) {
+          return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+        }
+        return 0;
+      });
+      if (impl != nullptr) *impl = "split over rows on the team, one single-threaded oneDNN matmul per block";
+      return s;
+    }
     product(ctx, av, bv, c, batchA, batchB, batch, m, n, k, transA, transB, cBf, bias);
     if (impl != nullptr)
       *impl = nativeBf16() ? ctx.impls[Bf16Context::Key{omp_get_max_threads(), batchA, batchB, batch, m, n, k, transA, transB, cBf != nullptr, bias != nullptr}]

@@ -141,6 +141,17 @@ bool splitsReduction(int team, int64_t batch, int64_t m, int64_t n, int64_t k, b
 // Returns 0 or a nonzero status a slice returned.
 int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::function<int(int64_t, int64_t, float*)>& slice);
 
+// Whether a team of `team` threads computes a product of `m` rows (one matrix, m >= n, at least
+// 256 rows a member, or LAYERWISE_SPLIT_ROWS_MIN: 0 never) by blocks of rows (splitRows): never
+// at one thread.
+bool splitsRows(int team, int64_t batch, int64_t m, int64_t n);
+// C = op(A) op(B) by contiguous blocks of whole 64-row blocks of op(A) over the team, where the
+// element-wise kernels' static schedules put their shares: slice(m0, m1) multiplies rows [m0,
+// m1) on the calling member alone (oneDNN single-threaded inside the region). Each C element is
+// one product's sum, as oneDNN's single-threaded kernel adds it. Returns 0 or a nonzero status a
+// slice returned.
+int splitRows(int64_t m, const std::function<int(int64_t, int64_t)>& slice);
+
 // AdamW on n parameters (Loshchilov & Hutter, 2019), the device optimizer's math:
 // g' = g * gradScale; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
 // p = p * (1 - lr wd) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).

@@ -2,8 +2,9 @@
 // attention's per-head products) are spread over the OpenMP team, one sgemm per thread (nested
 // regions are off, so each runs single-threaded); few large ones run one after another, each
 // parallel inside oneDNN, except a weight gradient with a small output (splitsReduction), whose
-// long reduction is split over the team instead (splitReduction; also bf16.cc's products), and
-// an input gradient dy W^T, whose shared weight is transposed first (transposesWeight).
+// long reduction is split over the team instead (splitReduction; also bf16.cc's products), a
+// long product, whose rows are split over the team (splitRows; also bf16.cc's), and an input
+// gradient dy W^T, whose shared weight is transposed first (transposesWeight).
 #include "kernels.h"
 #include "signals.h"
 #include <dnnl.h>
@@ -38,22 +39,24 @@ namespace {
 // teams cut a small output into smaller blocks still, each of which reads the whole of k.
 constexpr int64_t kSplitReductionOutput = int64_t{1} << 20;
 
-// kSplitReductionOutput, or LAYERWISE_SPLIT_REDUCTION_MAX (elements, a non-negative integer; 0:
-// never split) where set, read once: for A/B runs of the bound on other machines
-// (bench/device-session.sh cpu). A malformed value is reported on stderr and the default kept.
+// The environment variable `name` as a non-negative integer, else `fallback` (unset or empty; a
+// malformed value is reported on stderr and `fallback` kept): the bounds below for A/B runs on
+// other machines (bench/device-session.sh cpu).
+int64_t envCount(const char* name, int64_t fallback) {
+  const char* e = std::getenv(name);
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(e, &end, 10);
+  if (*end != '\0' || v < 0) {
+    std::fprintf(stderr, "layerwise: %s=%s is not a non-negative integer; using %lld\n", name, e, static_cast<long long>(fallback));
+    return fallback;
+  }
+  return static_cast<int64_t>(v);
+}
+
+// kSplitReductionOutput, or LAYERWISE_SPLIT_REDUCTION_MAX (elements; 0: never split), read once
 int64_t splitReductionMax() {
-  static const int64_t bound = [] {
-    const char* e = std::getenv("LAYERWISE_SPLIT_REDUCTION_MAX");
-    if (e == nullptr || *e == '\0') return kSplitReductionOutput;
-    char* end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    if (*end != '\0' || v < 0) {
-      std::fprintf(stderr, "layerwise: LAYERWISE_SPLIT_REDUCTION_MAX=%s is not a non-negative integer; using %lld\n", e,
-                   static_cast<long long>(kSplitReductionOutput));
-      return kSplitReductionOutput;
-    }
-    return static_cast<int64_t>(v);
-  }();
+  static const int64_t bound = envCount("LAYERWISE_SPLIT_REDUCTION_MAX", kSplitReductionOutput);
   return bound;
 }
 
@@ -89,6 +92,27 @@ void transposeInto(const float* b, int64_t n, int64_t k, float* out) {
   }
 }
 
+// A product of at least kRowsSplitMin rows per member, and no wider than long (m >= n), at 2+
+// threads: each member multiplies its own contiguous block of whole 64-row blocks of op(A) on
+// one thread (splitRows), instead of oneDNN's own split. The blocks fall where the element-wise
+// kernels' static schedules put their halves, so each member reads the rows it wrote last (on a
+// Zen 5 whose 2 cores sit on different CCDs, 240 ns a one-way cache-line transfer). Alone, median of 40
+// calls at 1 thread -> oneDNN at 2 -> split rows at 2, ms: [4096, 256] x [256, 1024] 10.60 ->
+// 5.54 (1.91x) -> 5.33 (1.99x); [4096, 256] x [256, 768] 7.87 -> 4.18 (1.88x) -> 3.95 (1.99x);
+// [4096, 1024] x [1024, 256] 12.55 -> 6.24 (2.01x) -> 6.05 (2.08x); [4096, 256] x [1024, 256]^T
+// 10.51 -> 5.46 -> 5.27. In charlm-small's step (`bench kernels --threads 1,2`, two runs each,
+// speedup at 2 threads, oneDNN's split -> split rows): fp32 LayerwiseDense 1.75-1.81x ->
+// 1.91-1.94x; bf16 LayerwiseDense 1.56-1.65x -> 1.92-2.00x, BatchMatMul 1.62-1.79x -> 1.70-1.97x,
+// the whole step 1.55-1.71x -> 1.71-1.93x. Each member packs the whole of op(B) (at most a few
+// MiB here). Not yet measured at 16 threads: LAYERWISE_SPLIT_ROWS_MIN (rows a member; 0: never
+// split) sets the bound for A/B runs, read once.
+constexpr int64_t kRowsSplitMin = 256;
+
+int64_t splitRowsMin() {
+  static const int64_t bound = envCount("LAYERWISE_SPLIT_ROWS_MIN", kRowsSplitMin);
+  return bound;
+}
+
 }  // namespace
 
 bool splitsReduction(int team, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
@@ -122,6 +146,33 @@ int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::functio
   return status;
 }
 
+bool splitsRows(int team, int64_t batch, int64_t m, int64_t n) {
+  const int64_t min = splitRowsMin();
+  return team > 1 && batch == 1 && min > 0 && m >= min * team && m >= n;
+}
+
+// C [m, n] = op(A) op(B) by blocks of rows over the team (see kRowsSplitMin); `slice(m0, m1)`
+// multiplies rows m0 to m1 on the calling member alone. Returns 0 or the first failing status.
+int splitRows(int64_t m, const std::function<int(int64_t, int64_t)>& slice) {
+  const int team = omp_get_max_threads();
+  int status = 0;
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    constexpr int64_t kAlign = 64;
+    const int64_t blocks = (m + kAlign - 1) / kAlign;
+    const int64_t m0 = std::min(m, blocks * t / nt * kAlign), m1 = std::min(m, blocks * (t + 1) / nt * kAlign);
+    omp_set_num_threads(1);  // this member's product runs on it alone
+    const int s = m1 > m0 ? slice(m0, m1) : 0;
+    omp_set_num_threads(team);
+    if (s != 0) {
+#pragma omp atomic write
+      status = s;
+    }
+  }
+  return status;
+}
+
 int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStride, int64_t bStride,
            int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
   const char ta = transA ? 'T' : 'N';
@@ -148,6 +199,10 @@ int matmul(const float* a, const float* b, float* c, int64_t batch, int64_t aStr
   }
   const char tb = transB && !transposed ? 'T' : 'N';
   const int64_t ldb = tb == 'T' ? k : n;
+  if (splitsRows(team, batch, m, n))
+    return splitRows(m, [&](int64_t m0, int64_t m1) {
+      return static_cast<int>(dnnl_sgemm(ta, tb, m1 - m0, n, k, 1.f, a + (transA ? m0 : m0 * k), lda, b, ldb, 0.f, c + m0 * n, n));
+    });
   if (batch >= 2 * team && team > 1) {
     int status = 0;
 #pragma omp parallel for schedule(static)

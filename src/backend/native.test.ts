@@ -640,34 +640,125 @@ function checkSplitReduction(m: number, n: number, k: number): void {
   }
 }
 
-test('LAYERWISE_SPLIT_REDUCTION_MAX moves the bound of the split over k (0: never), and a malformed value is reported and the default kept', {
+test('a long product (split over rows at 2 or more threads) equals the float64 product, fp32 and bf16, with op(B) as stored or transposed and a bf16 output with its bias, at 1, 2, 3 and 4 threads', {
   skip,
-}, (t) => {
-  // a fresh process each: the addon reads the variable once. bf16 names the path it took
+}, () => {
+  // rows not a multiple of the 64-row blocks; fp32 n <= k (B transposed first) and n > k
+  for (const [m, n, k] of [
+    [1100, 200, 300],
+    [1100, 330, 70],
+  ] as const)
+    for (const transB of [false, true]) checkSplitRows(m, n, k, transB);
+});
+
+/** matmul, matmulBf16 and matmulBf16To (with a bias) of op(A) op(B), A [m, k], at 1 to 4 threads against the float64 product. */
+function checkSplitRows(
+  m: number,
+  n: number,
+  k: number,
+  transB: boolean,
+): void {
+  const lib = nativeAddon()!;
+  const before = lib.threads();
+  const a = randomArray(m * k, 5),
+    b = randomArray(k * n, 6), // [k, n], or [n, k] when transB
+    bias = randomArray(n, 7);
+  const [ab, bb] = [new Uint16Array(m * k), new Uint16Array(k * n)];
+  lib.toBf16(a, ab);
+  lib.toBf16(b, bb);
+  const [af, bf] = [new Float32Array(m * k), new Float32Array(k * n)];
+  lib.fromBf16(ab, af);
+  lib.fromBf16(bb, bf);
+  const reference = (x: Float32Array, y: Float32Array) => {
+    const c = new Float64Array(m * n);
+    for (let i = 0; i < m; i++)
+      for (let r = 0; r < k; r++) {
+        const xi = x[i * k + r]!;
+        for (let j = 0; j < n; j++)
+          c[i * n + j] += xi * y[transB ? j * k + r : r * n + j]!;
+      }
+    return c;
+  };
+  const exact = { fp32: reference(a, b), bf16: reference(af, bf) };
+  const where = `[${m}, ${k}] x [${k}, ${n}]${transB ? ' (B stored transposed)' : ''}`;
+  try {
+    for (const threads of [1, 2, 3, 4]) {
+      lib.setThreads(threads);
+      const c32 = new Float32Array(m * n),
+        c16 = new Float32Array(m * n),
+        cTo = new Uint16Array(m * n);
+      lib.matmul(a, b, c32, 1, 0, 0, m, n, k, false, transB);
+      const impl = lib.matmulBf16(ab, bb, c16, 1, 0, 0, m, n, k, false, transB);
+      lib.matmulBf16To(ab, bb, cTo, bias, 1, 0, 0, m, n, k, false, transB);
+      if (threads > 1 && !impl.startsWith('emulated'))
+        assert.match(impl, /^split over rows/, `${where} at ${threads}`);
+      const cToF = new Float32Array(m * n);
+      lib.fromBf16(cTo, cToF);
+      for (let i = 0; i < m * n; i++) {
+        // float32 sums of k products of values in [-1, 1): a lost, doubled or shifted block of rows is off by far more
+        const tol = 2e-6 * k;
+        const at = `C[${Math.floor(i / n)}, ${i % n}] of ${where} at ${threads} threads`;
+        assert.ok(
+          Math.abs(c32[i]! - exact.fp32[i]!) <= tol,
+          `fp32 ${at}: ${c32[i]}, float64 ${exact.fp32[i]}`,
+        );
+        assert.ok(
+          Math.abs(c16[i]! - exact.bf16[i]!) <= tol,
+          `bf16 ${at}: ${c16[i]}, float64 ${exact.bf16[i]}`,
+        );
+        const want = exact.bf16[i]! + bias[i % n]!;
+        // rounded once to bf16: within half of its last place (2^-8 relative), plus the sums' error
+        assert.ok(
+          Math.abs(cToF[i]! - want) <= Math.abs(want) / 256 + tol,
+          `bf16 output with bias ${at}: ${cToF[i]}, float64 ${want}`,
+        );
+      }
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+}
+
+/**
+ * The path matmulBf16 names for op(A) B of A [m, k] (stored [k, m] when transA) and B [k, n] at 2
+ * threads, in a fresh process (the addon reads its variables once) with `variable` set to
+ * `value`; and that process's stderr.
+ */
+function bf16PathWith(
+  variable: string,
+  value: string,
+  [m, n, k]: readonly [number, number, number],
+  transA: boolean,
+): { impl: string; stderr: string } {
   const script = `
     const { nativeAddon } = await import('./native-addon.js');
     const lib = nativeAddon();
     lib.setThreads(2);
-    const [m, n, k] = [160, 520, 2100];
-    const impl = lib.matmulBf16(new Uint16Array(k * m).fill(0x3f80), new Uint16Array(k * n).fill(0x3f80),
-      new Float32Array(m * n), 1, 0, 0, m, n, k, true, false);
+    const impl = lib.matmulBf16(new Uint16Array(${k * m}).fill(0x3f80), new Uint16Array(${k * n}).fill(0x3f80),
+      new Float32Array(${m * n}), 1, 0, 0, ${m}, ${n}, ${k}, ${transA}, false);
     console.log(JSON.stringify({ impl }));`;
-  const run = (value: string) => {
-    const r = spawnSync(
-      process.execPath,
-      ['--input-type=module', '-e', script],
-      {
-        cwd: dirname(fileURLToPath(import.meta.url)),
-        encoding: 'utf8',
-        env: { ...process.env, LAYERWISE_SPLIT_REDUCTION_MAX: value },
-      },
-    );
-    assert.equal(r.status, 0, r.stderr);
-    const { impl } = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as {
-      impl: string;
-    };
-    return { impl, stderr: r.stderr };
+  const r = spawnSync(process.execPath, ['--input-type=module', '-e', script], {
+    cwd: dirname(fileURLToPath(import.meta.url)),
+    encoding: 'utf8',
+    env: { ...process.env, [variable]: value },
+  });
+  assert.equal(r.status, 0, r.stderr);
+  const { impl } = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as {
+    impl: string;
   };
+  return { impl, stderr: r.stderr };
+}
+
+test('LAYERWISE_SPLIT_REDUCTION_MAX moves the bound of the split over k (0: never), and a malformed value is reported and the default kept', {
+  skip,
+}, (t) => {
+  const run = (value: string) =>
+    bf16PathWith(
+      'LAYERWISE_SPLIT_REDUCTION_MAX',
+      value,
+      [160, 520, 2100],
+      true,
+    );
   const split = run('');
   if (split.impl.startsWith('emulated')) {
     t.skip('no bf16 products on this CPU: no name tells the paths apart');
@@ -685,6 +776,36 @@ test('LAYERWISE_SPLIT_REDUCTION_MAX moves the bound of the split over k (0: neve
   assert.match(
     bad.stderr,
     /LAYERWISE_SPLIT_REDUCTION_MAX=lots is not a non-negative integer/,
+  );
+});
+
+test('LAYERWISE_SPLIT_ROWS_MIN moves the rows a team member needs for the split over rows (0: never), and a malformed value is reported and the default kept', {
+  skip,
+}, (t) => {
+  const run = (value: string) =>
+    bf16PathWith('LAYERWISE_SPLIT_ROWS_MIN', value, [600, 100, 50], false);
+  const split = run('');
+  if (split.impl.startsWith('emulated')) {
+    t.skip('no bf16 products on this CPU: no name tells the paths apart');
+    return;
+  }
+  assert.match(
+    split.impl,
+    /^split over rows/,
+    'the default: 256 rows a member',
+  );
+  assert.doesNotMatch(run('0').impl, /^split over rows/, '0: never split');
+  assert.doesNotMatch(
+    run('301').impl,
+    /^split over rows/,
+    '300 rows a member, one short',
+  );
+  assert.match(run('300').impl, /^split over rows/, '300 rows a member');
+  const bad = run('-3');
+  assert.match(bad.impl, /^split over rows/, 'the default kept');
+  assert.match(
+    bad.stderr,
+    /LAYERWISE_SPLIT_ROWS_MIN=-3 is not a non-negative integer/,
   );
 });
 
