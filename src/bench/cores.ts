@@ -23,7 +23,7 @@ import { nativeAddon, nativeUnavailable } from '../backend/native.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { makeBatcher } from '../data/batcher.js';
 import { modelParamCount } from '../model/model.js';
-import { createStrategy, planStages, specOf } from '../strategies/index.js';
+import { createStrategy, resolveStages, specOf } from '../strategies/index.js';
 import { deviceThreads, threadsPerDevice } from '../strategies/spec.js';
 import { cpuTopology, describeTopology } from '../util/cpu.js';
 import { check, LayerwiseError } from '../util/errors.js';
@@ -452,7 +452,8 @@ function configOf(run: CoresRun, c: CoreConfig): TrainConfig {
 async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
   const { o, bench } = run;
   const cfg = configOf(run, c);
-  const s = await createStrategy(cfg, bench.model, bench.params);
+  const ranges = await resolveStages(cfg, bench.model);
+  const s = await createStrategy(cfg, bench.model, bench.params, ranges);
   try {
     const batcher = makeBatcher(bench.ds, {
       batchSize: o.batchSize,
@@ -474,11 +475,7 @@ async function measureLayerwise(run: CoresRun, c: CoreConfig): Promise<Row> {
       cfg,
       cfg.strategy === 'single',
       run.cores,
-      specOf(cfg.strategy).deviceLoads?.(
-        cfg,
-        bench.model,
-        planStages(cfg, bench.model),
-      ),
+      specOf(cfg.strategy).deviceLoads?.(cfg, bench.model, ranges),
     );
     const uneven = new Set(split).size > 1;
     return {

@@ -67,14 +67,16 @@ import { runThreads, type StrategySpec, threadsPerDevice } from './spec.js';
  * stages' blocks summed over the schedule's placement): the stages are balanced by FLOPs, but a
  * V-shape puts the first and the last stage on device 0 (charlm-small's zbv K=3: the embedding
  * and the head, about 2% of a decoder block's FLOPs, where the other two devices hold two
- * decoder blocks each), and a schedule file may place stages as it likes.
+ * decoder blocks each), and a schedule file may place stages as it likes. `placement` (the
+ * device of each stage) defaults to the run's schedule's; a caller that has it passes it, so
+ * that a schedule file is not read again.
  */
 export function gpipeDeviceLoads(
   cfg: TrainConfig,
   model: Model,
   ranges: readonly StageRange[],
+  placement = gpipeComputeSchedule(cfg, cfg.stages).placement,
 ): number[] {
-  const { placement } = gpipeComputeSchedule(cfg, cfg.stages);
   const flops = blockFlops(model, microBatchSize(cfg));
   const loads = new Array<number>(Math.max(...placement) + 1).fill(0);
   ranges.forEach((r, s) => {
@@ -227,7 +229,11 @@ export const gpipe: StrategySpec = {
         threads: threadsPerDevice(cfg, cfg.stages * cfg.replicas),
         devices: withThreads(
           parseDevices(cfg.devices, cfg.stages, cfg.replicas),
-          runThreads(cfg, false, gpipeDeviceLoads(cfg, model, ranges)),
+          runThreads(
+            cfg,
+            false,
+            gpipeDeviceLoads(cfg, model, ranges, placed.placement),
+          ),
         ),
         replicas: cfg.replicas,
         lossScaling: lossScalingOf(cfg),

@@ -188,13 +188,12 @@ export function threadsLine(
   const n = devicesOfRun(cfg, oneDevice);
   const list = new Set(each).size === 1 ? String(each[0]) : each.join(', ');
   const host = hostCores(cores);
+  const ownThreads = cfg.devices?.includes('threads=') ?? false;
   const why =
     cfg.threads > 0
       ? '--threads'
-      : `the ${cores} cores${host ? ` less ${host} for the host's threads` : ''} divided among ${n} device${n > 1 ? 's' : ''}${new Set(each).size > 1 && !cfg.devices?.includes('threads=') ? " by each device's share of the model's FLOPs" : ''}; --threads sets them`;
-  const own = cfg.devices?.includes('threads=')
-    ? "a device's threads= in --devices, else "
-    : '';
+      : `the ${cores} cores${host ? ` less ${host} for the host's threads` : ''} divided among ${n} device${n > 1 ? 's' : ''}${new Set(each).size > 1 && !ownThreads ? " by each device's share of the model's FLOPs" : ''}; --threads sets them`;
+  const own = ownThreads ? "a device's threads= in --devices, else " : '';
   return `kernel threads per device: ${list} (${own}${why})`;
 }
 
