@@ -1,7 +1,16 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { threadsPerDevice } from '../strategies/spec.js';
-import { coresGrid, parseCoresOptions, threadsForDevices } from './cores.js';
+import {
+  type CoreConfig,
+  type CoresBenchOptions,
+  coresGrid,
+  measureRounds,
+  parseCoresOptions,
+  type Row,
+  type Skipped,
+  threadsForDevices,
+} from './cores.js';
 
 test("threadsForDevices keeps what fits K x threads <= cores and adds K's default", () => {
   // the default: 16 cores less 2 for the host's threads, over K
@@ -147,5 +156,108 @@ test('parseCoresOptions names a bad list entry, kind or device kind', () => {
   assert.throws(
     () => parseCoresOptions({ ...raw, devices: 'host' }),
     /neither thread nor process/,
+  );
+  assert.equal(parseCoresOptions(raw).rounds, undefined);
+  assert.equal(parseCoresOptions({ ...raw, rounds: '5' }).rounds, 5);
+  for (const bad of ['0', 'x', '2.5'])
+    assert.throws(
+      () => parseCoresOptions({ ...raw, rounds: bad }),
+      new RegExp(
+        `--rounds: '${bad.replace('.', '\\.')}' is not a positive integer`,
+      ),
+    );
+});
+
+/** A measured row of `c` at `tokens` tokens/s. */
+function rowOf(c: CoreConfig, tokens: number): Row {
+  return {
+    kind: c.kind,
+    engine: 'layerwise',
+    precision: 'fp32',
+    devices: c.devices,
+    stages: c.devices,
+    threads_per_device: c.threads,
+    threads_total: c.devices * c.threads,
+    micro_batches: null,
+    tokens_per_s: tokens,
+    step_s: 1 / tokens,
+  };
+}
+
+test('measureRounds runs each configuration once a round in a rotated order, keeps the median round, runs a failed one no more, and saves after each measurement', async () => {
+  const configs: CoreConfig[] = [1, 2, 4].map((threads) => ({
+    kind: 'single',
+    devices: 1,
+    threads,
+  }));
+  // each configuration's tokens/s by round: the median of 3 is the middle value
+  const speeds: Record<number, number[]> = {
+    1: [100, 300, 200],
+    2: [500, 400, 600],
+    4: [0, 0, 0], // fails
+  };
+  const calls: number[] = [];
+  const saves: Array<{ rows: number; skipped: number }> = [];
+  const gridSkipped: Skipped[] = [
+    { kind: 'pytorch', devices: 1, threads: 1, reason: 'PyTorch not run' },
+  ];
+  const { rows, skipped } = await measureRounds(
+    { o: { rounds: 3, budgetS: 600 } as CoresBenchOptions },
+    configs,
+    gridSkipped,
+    async (r, s) => {
+      saves.push({ rows: r.length, skipped: s.length });
+    },
+    async (c) => {
+      const round = calls.filter((t) => t === c.threads).length;
+      calls.push(c.threads);
+      return c.threads === 4
+        ? { ...c, reason: 'failed: out of memory' }
+        : rowOf(c, speeds[c.threads]![round]!);
+    },
+  );
+  // round 0 in the grid's order, round 1 from the second, round 2 from the third; 4 runs once
+  assert.deepEqual(calls, [1, 2, 4, 2, 1, 1, 2]);
+  assert.deepEqual(
+    rows.map((r) => [
+      r.threads_per_device,
+      r.tokens_per_s,
+      r.rounds_tokens_per_s,
+    ]),
+    [
+      [1, 200, [100, 300, 200]],
+      [2, 500, [500, 400, 600]],
+    ],
+  );
+  assert.deepEqual(
+    skipped.map((s) => s.reason),
+    ['PyTorch not run', 'failed: out of memory'],
+  );
+  assert.equal(saves.length, calls.length, 'a save after each measurement');
+  // after the first measurement: one row, the two not yet run listed as skipped beside the grid's
+  assert.deepEqual(saves[0], { rows: 1, skipped: 3 });
+});
+
+test('measureRounds starts nothing once the budget is spent and lists what did not run; one round keeps the plain row', async () => {
+  const configs: CoreConfig[] = [1, 2].map((threads) => ({
+    kind: 'single',
+    devices: 1,
+    threads,
+  }));
+  const { rows, skipped } = await measureRounds(
+    { o: { budgetS: 0.05 } as CoresBenchOptions },
+    configs,
+    [],
+    async () => {},
+    async (c) => {
+      await new Promise((r) => setTimeout(r, 120));
+      return rowOf(c, 1000);
+    },
+  );
+  assert.equal(rows.length, 1);
+  assert.equal(rows[0]!.rounds_tokens_per_s, undefined);
+  assert.deepEqual(
+    skipped.map((s) => [s.threads, s.reason]),
+    [[2, 'time budget of 0.05 s spent']],
   );
 });

@@ -76,6 +76,12 @@ export interface CoresBenchOptions {
   localMicroBatches: number;
   /** Where the devices run: worker threads of this process, or device processes (pinned, runtime/pinning.ts). */
   devices: 'thread' | 'process';
+  /**
+   * Times each configuration is measured (default 1), in rounds over the grid in a rotated order
+   * ({@link measureRounds}): on a shared machine whose speed drifts by a fifth within minutes,
+   * a speedup between two rows measured minutes apart is the drift's as much as the threads'.
+   */
+  rounds?: number;
   /** Seconds after which no further configuration starts. */
   budgetS: number;
   /** The Python that runs bench/pytorch/charlm.py; '' skips PyTorch. */
@@ -124,6 +130,10 @@ export function parseCoresOptions(
       Number(raw[f]) > 0,
       `--${f === 'budgetS' ? 'budget-s' : f === 'batchSize' ? 'batch-size' : f} must be positive, got ${raw[f]}`,
     );
+  check(
+    raw.rounds === undefined || /^[1-9]\d*$/.test(String(raw.rounds)),
+    `--rounds: '${raw.rounds}' is not a positive integer (e.g. --rounds 5)`,
+  );
   return {
     ...(raw as Omit<
       CoresBenchOptions,
@@ -133,6 +143,7 @@ export function parseCoresOptions(
     stages: ints('stages', raw.stages),
     microBatches: ints('micro-batches', raw.microBatches),
     kinds,
+    ...(raw.rounds === undefined ? {} : { rounds: Number(raw.rounds) }),
   };
 }
 
@@ -154,7 +165,7 @@ export interface Skipped {
 }
 
 /** One measured configuration. */
-interface Row {
+export interface Row {
   kind: string;
   engine: 'layerwise' | 'pytorch';
   precision: 'fp32' | 'bf16';
@@ -168,6 +179,8 @@ interface Row {
   micro_batches: number | null;
   tokens_per_s: number;
   step_s: number;
+  /** With --rounds above 1: each round's tokens/s, in round order (the row is the median round's). */
+  rounds_tokens_per_s?: number[];
   /** tokens/s over single's (same precision) with all the cores; PyTorch rows: undefined. */
   vs_single?: number;
   /** single rows: tokens/s over PyTorch's at the same threads and precision. */
@@ -308,28 +321,18 @@ export async function benchCores(
     bench.model.blocks.length,
     torch.ok ? undefined : `PyTorch ${torch.why}`,
   );
-  const rows: Row[] = [];
-  const skipped = [...grid.skipped];
-  const t0 = performance.now();
-  for (const [i, c] of grid.configs.entries()) {
-    const spent = (performance.now() - t0) / 1000;
-    if (spent > o.budgetS) {
-      skipped.push({ ...c, reason: `time budget of ${o.budgetS} s spent` });
-      continue;
-    }
-    const r = await measureOrSkip(run, c);
-    if ('reason' in r) skipped.push(r);
-    else rows.push(r);
-    // what is measured so far stays on disk if the run is cut short (a device session's limit)
-    const pending = grid.configs
-      .slice(i + 1)
-      .map((p) => ({ ...p, reason: 'not run: the bench stopped before it' }));
-    await writeBenchResults(
-      o.out,
-      o.name,
-      ...coresResults(run, torch, rows, [...skipped, ...pending]),
-    );
-  }
+  const { rows, skipped } = await measureRounds(
+    run,
+    grid.configs,
+    grid.skipped,
+    async (rows, skipped) => {
+      await writeBenchResults(
+        o.out,
+        o.name,
+        ...coresResults(run, torch, rows, skipped),
+      );
+    },
+  );
   for (const s of skipped) log(`skipped ${label(s)}: ${s.reason}`);
   await reportBenchResults(
     o.out,
@@ -337,6 +340,67 @@ export async function benchCores(
     ...coresResults(run, torch, rows, skipped),
     log,
   );
+}
+
+/**
+ * Measures each of `configs` `run.o.rounds` times (default 1): round r runs them from the r-th
+ * on, wrapping round (round 0 in the grid's order of importance), so that a drift of the
+ * machine's speed spreads over all of them; a configuration that fails is not run again. After
+ * each measurement `save` gets the rows so far and the skipped ones (those not yet run listed as
+ * such), so that what is measured stays on disk if the run is cut short (a device session's
+ * limit). Once `o.budgetS` is spent no measurement starts. Each row is the one of its median
+ * round (by tokens/s; the lower middle one of an even count), with every round's tokens/s.
+ */
+export async function measureRounds(
+  run: Pick<CoresRun, 'o'>,
+  configs: readonly CoreConfig[],
+  gridSkipped: readonly Skipped[],
+  save: (rows: Row[], skipped: Skipped[]) => Promise<void>,
+  measure: (c: CoreConfig) => Promise<Row | Skipped> = (c) =>
+    measureOrSkip(run as CoresRun, c),
+): Promise<{ rows: Row[]; skipped: Skipped[] }> {
+  const { o } = run;
+  const rounds = o.rounds ?? 1;
+  const measured: Row[][] = configs.map(() => []);
+  const failed = new Map<number, Skipped>();
+  const t0 = performance.now();
+  const results = (pending: (i: number) => string | undefined) => {
+    const skipped: Skipped[] = [...gridSkipped];
+    const rows: Row[] = [];
+    configs.forEach((c, i) => {
+      const f = failed.get(i);
+      const why = pending(i);
+      if (measured[i]!.length > 0) rows.push(medianRound(measured[i]!));
+      else if (f) skipped.push(f);
+      else if (why) skipped.push({ ...c, reason: why });
+    });
+    return { rows, skipped };
+  };
+  for (let round = 0; round < rounds; round++)
+    for (let j = 0; j < configs.length; j++) {
+      const i = (j + round) % configs.length;
+      if (failed.has(i) || (performance.now() - t0) / 1000 > o.budgetS)
+        continue;
+      const r = await measure(configs[i]!);
+      if ('reason' in r) failed.set(i, r);
+      else measured[i]!.push(r);
+      const so = results((k) =>
+        measured[k]!.length === 0
+          ? 'not run: the bench stopped before it'
+          : undefined,
+      );
+      await save(so.rows, so.skipped);
+    }
+  return results(() => `time budget of ${o.budgetS} s spent`);
+}
+
+/** The row of the median round by tokens/s (the lower middle one of an even count), with each round's tokens/s where there are several. */
+function medianRound(rounds: Row[]): Row {
+  const sorted = [...rounds].sort((a, b) => a.tokens_per_s - b.tokens_per_s);
+  const mid = sorted[Math.floor((sorted.length - 1) / 2)]!;
+  return rounds.length === 1
+    ? mid
+    : { ...mid, rounds_tokens_per_s: rounds.map((r) => r.tokens_per_s) };
 }
 
 /** cores.json's object and cores.md's text for the rows so far (their ratios filled in). */
@@ -608,6 +672,7 @@ function coresMarkdown(
   skipped: Skipped[],
 ): string {
   const { o, bench } = run;
+  const rounds = o.rounds ?? 1;
   const x = (v: number | undefined) =>
     v === undefined ? '-' : `${v.toFixed(2)}x`;
   const sorted = [...rows].sort(
@@ -620,7 +685,7 @@ function coresMarkdown(
   return [
     `# cores benchmark\n`,
     `${machine.cpu}, ${machine.cores} cores (${machine.topology}), Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
-    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${warmUpSteps(o.warmup ?? 1)}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${warmUpSteps(o.warmup ?? 1)}${rounds > 1 ? `; each configuration measured in ${rounds} rounds over the grid, each round in a rotated order (a drift of the machine's speed spreads over all of them), the row the round with the median tokens/s (by round: each round's)` : ''}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [
         'kind',
@@ -634,6 +699,7 @@ function coresMarkdown(
         'vs single',
         'vs PyTorch',
         'vs PyTorch all',
+        ...(rounds > 1 ? ['tokens/s by round'] : []),
       ],
       rows: sorted.map((r) => [
         r.kind,
@@ -647,6 +713,9 @@ function coresMarkdown(
         r.engine === 'pytorch' ? '-' : x(r.vs_single),
         x(r.vs_pytorch),
         x(r.vs_pytorch_all),
+        ...(rounds > 1
+          ? [r.rounds_tokens_per_s?.map((t) => t.toFixed(0)).join(', ') ?? '-']
+          : []),
       ]),
     }),
     skipped.length

@@ -560,6 +560,10 @@ program
   )
   .option('--devices <kind>', 'thread or process (pinned)', 'thread')
   .option(
+    '--rounds <n>',
+    "measure each configuration n times, in rounds over them in a rotated order; each row is its median round's (a shared machine's drift spreads over all rows)",
+  )
+  .option(
     '--budget-s <s>',
     'start no configuration after this many seconds',
     (v) => Number(v),
