@@ -215,6 +215,43 @@ test("on webgpu the replicas' all-reduce reads each replica's gradients in one r
     );
 });
 
+test("a charlm-small single step on webgpu (its blocks and ops, at d 32) takes at most 200 dispatches and 2 readbacks, in summary.json (issue 36's count; TF.js's own kernels took about 1,470)", {
+  skip: why,
+  timeout: 240_000,
+}, () => {
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-step-counts-'));
+  try {
+    const out = join(dir, 'run');
+    const r = runCli(
+      [
+        'train',
+        ...['--preset', 'charlm-small', '--strategy', 'single'],
+        ...['--backend', 'webgpu', '--d-model', '32', '--heads', '4'],
+        ...['--context', '16', '--batch-size', '4', '--steps', '3'],
+        ...['--eval-every', '0', '--eval-batches', '1', '--out', out],
+      ],
+      {},
+      200_000,
+    );
+    assert.equal(r.code, 0, r.err);
+    const s = JSON.parse(
+      readFileSync(join(out, 'summary.json'), 'utf8'),
+    ) as Summary;
+    const d = s.dispatches_per_step;
+    // a step's work: the blocks' products, attention, norms, the loss and the update
+    assert.ok(
+      d !== undefined && d >= 60 && d <= 200,
+      `dispatches per step ${d}`,
+    );
+    assert.ok(
+      s.readbacks_per_step !== undefined && s.readbacks_per_step <= 2,
+      `readbacks per step ${s.readbacks_per_step}`,
+    );
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('LAYERWISE_WEBGPU_KERNEL_TIMES=1: summary.json gives the GPU ms per step of every dispatch by kernel, slowest first, and the kernels account for every dispatch of the step', {
   skip: why,
   timeout: 240_000,
