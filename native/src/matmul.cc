@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <functional>
+#include <utility>
 #include <vector>
 
 namespace layerwise {
@@ -113,6 +115,26 @@ int64_t splitRowsMin() {
   return bound;
 }
 
+// Member t of nt's share [from, to) of n elements, in whole 64-element blocks (the last one
+// short), so that members' slices start on 64-row boundaries of a matrix.
+std::pair<int64_t, int64_t> memberBlocks(int64_t n, int t, int nt) {
+  constexpr int64_t kAlign = 64;
+  const int64_t blocks = (n + kAlign - 1) / kAlign;
+  return {std::min(n, blocks * t / nt * kAlign), std::min(n, blocks * (t + 1) / nt * kAlign)};
+}
+
+// Inside a parallel region of `team`: runs `fn` on the calling member alone (its oneDNN calls
+// built for one thread) and records a non-zero status it returns in `status`.
+void runAlone(int team, int& status, const std::function<int()>& fn) {
+  omp_set_num_threads(1);
+  const int s = fn();
+  omp_set_num_threads(team);
+  if (s != 0) {
+#pragma omp atomic write
+    status = s;
+  }
+}
+
 }  // namespace
 
 bool splitsReduction(int team, int64_t batch, int64_t m, int64_t n, int64_t k, bool transA, bool transB) {
@@ -128,18 +150,10 @@ int splitReduction(int64_t m, int64_t n, int64_t k, float* c, const std::functio
   int status = 0;
 #pragma omp parallel num_threads(team)
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    constexpr int64_t kAlign = 64;  // slices of whole 64-row blocks of A and B
-    const int64_t blocks = (k + kAlign - 1) / kAlign;
-    const int64_t k0 = std::min(k, blocks * t / nt * kAlign), k1 = std::min(k, blocks * (t + 1) / nt * kAlign);
+    const int t = omp_get_thread_num();
+    const auto [k0, k1] = memberBlocks(k, t, omp_get_num_threads());  // whole 64-row blocks of A and B
     float* out = t == 0 ? c : part + (t - 1) * stride;
-    omp_set_num_threads(1);  // this member's product runs on it alone, built for one thread
-    const int s = k1 > k0 ? slice(k0, k1, out) : (std::fill(out, out + mn, 0.f), 0);
-    omp_set_num_threads(team);
-    if (s != 0) {
-#pragma omp atomic write
-      status = s;
-    }
+    runAlone(team, status, [&] { return k1 > k0 ? slice(k0, k1, out) : (std::fill(out, out + mn, 0.f), 0); });
 #pragma omp barrier
     addMemberPartials(c, part, stride, mn);  // into C in member order, C split over the team
   }
@@ -158,17 +172,8 @@ int splitRows(int64_t m, const std::function<int(int64_t, int64_t)>& slice) {
   int status = 0;
 #pragma omp parallel num_threads(team)
   {
-    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-    constexpr int64_t kAlign = 64;
-    const int64_t blocks = (m + kAlign - 1) / kAlign;
-    const int64_t m0 = std::min(m, blocks * t / nt * kAlign), m1 = std::min(m, blocks * (t + 1) / nt * kAlign);
-    omp_set_num_threads(1);  // this member's product runs on it alone
-    const int s = m1 > m0 ? slice(m0, m1) : 0;
-    omp_set_num_threads(team);
-    if (s != 0) {
-#pragma omp atomic write
-      status = s;
-    }
+    const auto [m0, m1] = memberBlocks(m, omp_get_thread_num(), omp_get_num_threads());
+    runAlone(team, status, [&] { return m1 > m0 ? slice(m0, m1) : 0; });
   }
   return status;
 }
