@@ -332,6 +332,7 @@ export async function benchCores(
         ...coresResults(run, torch, rows, skipped),
       );
     },
+    (c) => measureOrSkip(run, c),
   );
   for (const s of skipped) log(`skipped ${label(s)}: ${s.reason}`);
   await reportBenchResults(
@@ -350,14 +351,14 @@ export async function benchCores(
  * such), so that what is measured stays on disk if the run is cut short (a device session's
  * limit). Once `o.budgetS` is spent no measurement starts. Each row is the one of its median
  * round (by tokens/s; the lower middle one of an even count), with every round's tokens/s.
+ * `measure` runs one configuration (benchCores: {@link measureOrSkip}; tests: a fake).
  */
 export async function measureRounds(
   run: Pick<CoresRun, 'o'>,
   configs: readonly CoreConfig[],
   gridSkipped: readonly Skipped[],
   save: (rows: Row[], skipped: Skipped[]) => Promise<void>,
-  measure: (c: CoreConfig) => Promise<Row | Skipped> = (c) =>
-    measureOrSkip(run as CoresRun, c),
+  measure: (c: CoreConfig) => Promise<Row | Skipped>,
 ): Promise<{ rows: Row[]; skipped: Skipped[] }> {
   const { o } = run;
   const rounds = o.rounds ?? 1;
