@@ -215,88 +215,80 @@ test("on webgpu the replicas' all-reduce reads each replica's gradients in one r
     );
 });
 
-test("a charlm-small single step on webgpu (its blocks and ops, at d 32) takes at most 200 dispatches and 2 readbacks, in summary.json (issue 36's count; TF.js's own kernels took about 1,470)", {
-  skip: why,
-  timeout: 240_000,
-}, () => {
-  const dir = mkdtempSync(join(tmpdir(), 'layerwise-step-counts-'));
+/** Trains single on webgpu with `args` (after `train --strategy single --backend webgpu`) in a temporary folder and returns its summary.json. */
+function trainSummary(
+  args: string[],
+  env: Record<string, string> = {},
+): Summary {
+  const dir = mkdtempSync(join(tmpdir(), 'layerwise-gpu-summary-'));
   try {
     const out = join(dir, 'run');
     const r = runCli(
       [
-        'train',
-        ...['--preset', 'charlm-small', '--strategy', 'single'],
-        ...['--backend', 'webgpu', '--d-model', '32', '--heads', '4'],
-        ...['--context', '16', '--batch-size', '4', '--steps', '3'],
+        ...['train', '--strategy', 'single', '--backend', 'webgpu'],
         ...['--eval-every', '0', '--eval-batches', '1', '--out', out],
+        ...args,
       ],
-      {},
+      env,
       200_000,
     );
     assert.equal(r.code, 0, r.err);
-    const s = JSON.parse(
+    return JSON.parse(
       readFileSync(join(out, 'summary.json'), 'utf8'),
     ) as Summary;
-    const d = s.dispatches_per_step;
-    // a step's work: the blocks' products, attention, norms, the loss and the update
-    assert.ok(
-      d !== undefined && d >= 60 && d <= 200,
-      `dispatches per step ${d}`,
-    );
-    assert.ok(
-      s.readbacks_per_step !== undefined && s.readbacks_per_step <= 2,
-      `readbacks per step ${s.readbacks_per_step}`,
-    );
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+test("a charlm-small single step on webgpu (its blocks and ops, at d 32) takes at most 200 dispatches and 2 readbacks, in summary.json (issue 36's count; TF.js's own kernels took about 1,470)", {
+  skip: why,
+  timeout: 240_000,
+}, () => {
+  const s = trainSummary([
+    ...['--preset', 'charlm-small', '--d-model', '32', '--heads', '4'],
+    ...['--context', '16', '--batch-size', '4', '--steps', '3'],
+  ]);
+  const d = s.dispatches_per_step;
+  // a step's work: the blocks' products, attention, norms, the loss and the update
+  assert.ok(d !== undefined && d >= 60 && d <= 200, `dispatches per step ${d}`);
+  assert.ok(
+    s.readbacks_per_step !== undefined && s.readbacks_per_step <= 2,
+    `readbacks per step ${s.readbacks_per_step}`,
+  );
 });
 
 test('LAYERWISE_WEBGPU_KERNEL_TIMES=1: summary.json gives the GPU ms per step of every dispatch by kernel, slowest first, and the kernels account for every dispatch of the step', {
   skip: why,
   timeout: 240_000,
 }, () => {
-  const dir = mkdtempSync(join(tmpdir(), 'layerwise-kernel-times-'));
-  try {
-    const out = join(dir, 'run');
-    const r = runCli(
-      [
-        'train',
-        ...['--preset', 'charlm-tiny', '--strategy', 'single'],
-        ...['--backend', 'webgpu', '--context', '16', '--batch-size', '4'],
-        ...['--steps', '4', '--eval-every', '0', '--eval-batches', '1'],
-        ...['--out', out],
-      ],
-      { LAYERWISE_WEBGPU_KERNEL_TIMES: '1' },
-      200_000,
-    );
-    assert.equal(r.code, 0, r.err);
-    const s = JSON.parse(
-      readFileSync(join(out, 'summary.json'), 'utf8'),
-    ) as Summary;
-    const k = s.gpu_kernels;
-    assert.ok(k && k.length > 5, `gpu_kernels ${JSON.stringify(k)}`);
-    const sum = (f: (x: NonNullable<typeof k>[number]) => number) =>
-      k.reduce((a, x) => a + f(x), 0);
-    // each dispatch in a timed pass of its own, labelled: as many as the step counted
-    assert.equal(
-      sum((x) => x.dispatches_per_step),
-      s.dispatches_per_step,
-    );
-    for (const name of ['lw_matmul', 'lw_flash_attention', 'lw_adamw_multi'])
-      assert.ok(
-        k.some((x) => x.kernel.startsWith(name) && x.ms_per_step > 0),
-        `${name} timed: ${k.map((x) => x.kernel).join(', ')}`,
-      );
+  const s = trainSummary(
+    [
+      ...['--preset', 'charlm-tiny', '--context', '16', '--batch-size', '4'],
+      ...['--steps', '4'],
+    ],
+    { LAYERWISE_WEBGPU_KERNEL_TIMES: '1' },
+  );
+  const k = s.gpu_kernels;
+  assert.ok(k && k.length > 5, `gpu_kernels ${JSON.stringify(k)}`);
+  const sum = (f: (x: NonNullable<typeof k>[number]) => number) =>
+    k.reduce((a, x) => a + f(x), 0);
+  // each dispatch in a timed pass of its own, labelled: as many as the step counted
+  assert.equal(
+    sum((x) => x.dispatches_per_step),
+    s.dispatches_per_step,
+  );
+  for (const name of ['lw_matmul', 'lw_flash_attention', 'lw_adamw_multi'])
     assert.ok(
-      k.every((x, i) => i === 0 || x.ms_per_step <= k[i - 1]!.ms_per_step),
-      'slowest first',
+      k.some((x) => x.kernel.startsWith(name) && x.ms_per_step > 0),
+      `${name} timed: ${k.map((x) => x.kernel).join(', ')}`,
     );
-    assert.ok(
-      !k.some((x) => x.kernel === '(other passes)'),
-      'every pass labelled',
-    );
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  assert.ok(
+    k.every((x, i) => i === 0 || x.ms_per_step <= k[i - 1]!.ms_per_step),
+    'slowest first',
+  );
+  assert.ok(
+    !k.some((x) => x.kernel === '(other passes)'),
+    'every pass labelled',
+  );
 });
