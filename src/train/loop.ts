@@ -99,6 +99,8 @@ interface InFlight {
   /** The step's share of the training wall time, seconds (see {@link TrainingLoop.run}). */
   seconds: number;
   done: Promise<StepReport>;
+  /** Whether `done` has settled (the step finished or failed), so recording it does not wait. */
+  settled: boolean;
 }
 
 /**
@@ -140,26 +142,36 @@ export class TrainingLoop {
    * Trains from the start step to --steps (or until {@link LoopIO.stopRequested}): steps are
    * submitted as soon as the strategy accepts the next one (local parallelism's first stage is
    * free once it has done its part; pipelines accept when the step is done), with at most
-   * --queue-depth (default: one per device) unfinished. Evaluations and saves wait for every
-   * step before them, so they see exactly the state after their step. A step's seconds run from
-   * the previous step's acceptance to its own, so waiting for a slower later stage (a full
-   * queue) counts; evaluation and saves do not. Throws {@link NumericFaultError} (a
-   * LayerwiseError) at the step whose loss is not finite, and what the strategy or the I/O throws.
+   * --queue-depth (default: one per device) unfinished. A step already done is recorded (its
+   * metrics line, the hooks) after the next one is submitted, while that one runs: the
+   * recording is off the devices' path (a pipeline's devices would otherwise wait for it, about
+   * a millisecond a step). Evaluations and saves wait for every step before them, so they see
+   * exactly the state after their step. A step's seconds run from the previous step's
+   * acceptance to its own, so waiting for a slower later stage (a full queue) counts;
+   * evaluation and saves do not. Throws {@link NumericFaultError} (a LayerwiseError) at the
+   * step whose loss is not finite (the next step, already submitted, updates nothing that is
+   * saved: the run ends there), and what the strategy or the I/O throws.
    */
   async run(): Promise<LoopEnd> {
     const { cfg, strategy } = this.s;
     const inFlight: InFlight[] = [];
     const depth = cfg.queueDepth > 0 ? cfg.queueDepth : strategy.devices;
     let stopped = false;
+    let next: InFlight | undefined;
     try {
       let mark = performance.now();
       for (let step = this.start; step < cfg.steps; step++) {
-        while (inFlight.length >= depth) await this.finish(inFlight.shift()!);
+        while (inFlight.filter((g) => !g.settled).length >= depth)
+          await this.finish(inFlight.shift()!);
         if (this.io.stopRequested?.()) {
           stopped = true;
           break;
         }
-        const f = await this.submit(step);
+        const sub = this.submit(step);
+        next = sub.f;
+        while (inFlight[0]?.settled) await this.finish(inFlight.shift()!);
+        const f = await this.accept(sub);
+        next = undefined;
         inFlight.push(f);
         const now = performance.now();
         f.seconds = (now - mark) / 1000;
@@ -180,7 +192,8 @@ export class TrainingLoop {
         );
     } finally {
       // a failure leaves later steps' promises behind: they reject with the same stage error
-      for (const f of inFlight) f.done.catch(() => undefined);
+      for (const f of next ? [...inFlight, next] : inFlight)
+        f.done.catch(() => undefined);
     }
     return { steps: this.reached, stopped };
   }
@@ -211,8 +224,8 @@ export class TrainingLoop {
     };
   }
 
-  /** Submits step `step` (0-based) and waits until the strategy accepts the next one. */
-  private async submit(step: number): Promise<InFlight> {
+  /** Submits step `step` (0-based) to the strategy: the step in flight, and when the strategy accepts the next one. */
+  private submit(step: number): { f: InFlight; accepted: Promise<void> } {
     const { cfg, model, batcher, strategy } = this.s;
     const batch = batcher.next();
     const lr = learningRate(step, {
@@ -229,21 +242,34 @@ export class TrainingLoop {
     };
     const dropped = droppedBlocks(layerDrop, step, model.blocks.length);
     const sub = strategy.submit(batch, lr, dropped, step); // step: 0-based, seeds dropout
-    const f = {
+    const f: InFlight = {
       step,
       lr,
       tokens: batch.tokens,
       dropped,
       seconds: Number.NaN,
       done: sub.done,
+      settled: false,
     };
+    const settle = () => {
+      f.settled = true;
+    };
+    sub.done.then(settle, settle);
+    return { f, accepted: sub.accepted };
+  }
+
+  /** Waits until the strategy accepts the step after `sub` (its failure: the step's error, with the step). */
+  private async accept(sub: {
+    f: InFlight;
+    accepted: Promise<void>;
+  }): Promise<InFlight> {
     try {
       await sub.accepted;
     } catch (e) {
-      f.done.catch(() => undefined); // rejects with the same error
-      throw this.withStep(e, step + 1);
+      sub.f.done.catch(() => undefined); // rejects with the same error
+      throw this.withStep(e, sub.f.step + 1);
     }
-    return f;
+    return sub.f;
   }
 
   /** Whether every step in flight must finish after step `done` (counted from 1): an evaluation or a save follows it. */
