@@ -7,7 +7,7 @@
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
 #   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 540 s
-#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 200 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 250 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
@@ -23,7 +23,7 @@
 # bars: only the issues' bars, so that a 15-minute lease holds it and a second call: both
 #      models on webgpu (captured, and charlm-small not captured) with PyTorch beside them
 #      (gpu.md), and single fp32/bf16 at 16 and the default threads with PyTorch, zbv K=3 at its
-#      default threads (cores.md).
+#      default threads (cores.md), and zbv K=3 at M=4 beside its M=8 (cores-zbv-m4.md).
 set -u
 part=${1:-}
 if [ "$part" != gpu ] && [ "$part" != cpu ] && [ "$part" != bars ]; then
@@ -101,6 +101,10 @@ case "$part" in
     bench gpu --budget-seconds 150 --configs small/layerwise,small/uncaptured,small/pytorch-fp32,small/pytorch-sdpa,large/layerwise,large/pytorch-fp32,large/pytorch-sdpa,large/pytorch-sdpa-bf16
     bench cores --pytorch-script "$here/bench/pytorch/charlm.py" --kinds single,single-bf16,zbv --stages 3 \
       --threads 16 --micro-batches 8 --warmup 10 --budget-s 90
+    # zbv K=3 with fewer, larger micro-batches (issue 37: at M=8 each device's 512-row products
+    # and element-wise passes are too small for its 5 threads; M=4 gives 1,024 rows)
+    bench cores --python '' --kinds zbv --stages 3 --threads 16 --micro-batches 4 --warmup 10 \
+      --budget-s 45 --name cores-zbv-m4
     ;;
 esac
 ls -l "$out"
