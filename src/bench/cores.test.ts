@@ -6,6 +6,7 @@ import {
   type CoresBenchOptions,
   coresGrid,
   measureRounds,
+  overOneThread,
   parseCoresOptions,
   type Row,
   type Skipped,
@@ -259,5 +260,24 @@ test('measureRounds starts nothing once the budget is spent and lists what did n
   assert.deepEqual(
     skipped.map((s) => [s.threads, s.reason]),
     [[2, 'time budget of 0.05 s spent']],
+  );
+});
+
+test('overOneThread pairs the rounds: the median of round-by-round ratios, which a drift between rounds does not move; the first rounds where one row was cut short; the plain ratio without rounds', () => {
+  // the machine ran 20% faster in round 2 and 17% slower in round 3; the rounds' ratios are
+  // 1.8x, 1.8x and 1.9x; each row's tokens/s is its own median round's
+  const one = { tokens_per_s: 6000, rounds_tokens_per_s: [6000, 7200, 5000] };
+  const two = {
+    tokens_per_s: 10800,
+    rounds_tokens_per_s: [10800, 12960, 9500],
+  };
+  assert.equal(overOneThread(two, one).toFixed(3), '1.800');
+  // a row cut short by the budget after 2 rounds pairs those two: (2.0 + 1.8) / 2, where its
+  // median round over the other row's would read 12,000 / 6,000 = 2.0x
+  const short = { tokens_per_s: 12000, rounds_tokens_per_s: [12000, 12960] };
+  assert.equal(overOneThread(short, one).toFixed(3), '1.900');
+  assert.equal(
+    overOneThread({ tokens_per_s: 9000 }, { tokens_per_s: 5000 }),
+    1.8,
   );
 });

@@ -183,6 +183,11 @@ export interface Row {
   rounds_tokens_per_s?: number[];
   /** tokens/s over single's (same precision) with all the cores; PyTorch rows: undefined. */
   vs_single?: number;
+  /**
+   * One-device rows above one thread: tokens/s over the same kind's at one thread (issue 37's
+   * 2-core bar), from the rounds where both ran (see {@link overOneThread}).
+   */
+  vs_one_thread?: number;
   /** single rows: tokens/s over PyTorch's at the same threads and precision. */
   vs_pytorch?: number;
   /** single rows: tokens/s over PyTorch's of the same precision on all the cores (issue 37's bar, at layerwise's default threads). */
@@ -648,6 +653,9 @@ function withRatios(rows: Row[], cores: number): void {
   const find = (kind: string, threads: number) =>
     rows.find((r) => r.kind === kind && r.threads_per_device === threads);
   for (const r of rows) {
+    const one = find(r.kind, 1);
+    if (r.devices === 1 && r.threads_per_device > 1 && one)
+      r.vs_one_thread = overOneThread(r, one);
     if (r.engine === 'pytorch') continue;
     const single = find(
       r.precision === 'bf16' ? 'single-bf16' : 'single',
@@ -662,6 +670,23 @@ function withRatios(rows: Row[], cores: number): void {
       if (all) r.vs_pytorch_all = r.tokens_per_s / all.tokens_per_s;
     }
   }
+}
+
+/**
+ * A one-device row's tokens/s over the same kind's at one thread (`one`): with rounds, the median
+ * of each round's ratio (round i of both, run minutes apart in the same pass over the grid, so
+ * that the machine's drift between passes, 16% here, cancels; a row cut short by the budget
+ * pairs its first rounds), else the rows' ratio.
+ */
+export function overOneThread(
+  r: Pick<Row, 'tokens_per_s' | 'rounds_tokens_per_s'>,
+  one: Pick<Row, 'tokens_per_s' | 'rounds_tokens_per_s'>,
+): number {
+  const a = r.rounds_tokens_per_s;
+  const b = one.rounds_tokens_per_s;
+  if (!a || !b) return r.tokens_per_s / one.tokens_per_s;
+  const n = Math.min(a.length, b.length);
+  return median(a.slice(0, n).map((t, i) => t / b[i]!));
 }
 
 /** cores.md: the machine and setting, the rows (fastest kinds first as run), then what was skipped. */
@@ -686,7 +711,7 @@ function coresMarkdown(
   return [
     `# cores benchmark\n`,
     `${machine.cpu}, ${machine.cores} cores (${machine.topology}), Node ${process.versions.node}; PyTorch ${torch.ok ? torch.version : torch.why}.${o.note ? ` ${o.note}` : ''}\n`,
-    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${warmUpSteps(o.warmup ?? 1)}${rounds > 1 ? `; each configuration measured in ${rounds} rounds over the grid, each round in a rotated order (a drift of the machine's speed spreads over all of them), the row the round with the median tokens/s (by round: each round's)` : ''}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
+    `Model ${o.preset} (${bench.model.blocks.length} blocks, ${modelParamCount(bench.model).toLocaleString('en-US')} parameters), mini-batch ${o.batchSize}, native backend, devices: ${o.devices}${o.devices === 'process' ? ' (pinned where they fit)' : ''}; pipelines without re-materialization at M = ${o.microBatches.join(', ')} micro-batches (column M), local ${o.localMicroBatches} updates per mini-batch; median of ${o.steps} timed steps after ${warmUpSteps(o.warmup ?? 1)}${rounds > 1 ? `; each configuration measured in ${rounds} rounds over the grid, each round in a rotated order (a drift of the machine's speed spreads over all of them), the row the round with the median tokens/s (by round: each round's)` : ''}. vs single: over layerwise single of the same precision at its default ${autoThreads(1, machine.cores)} threads (the ${machine.cores} cores less the host's); vs 1 thread: over the same kind at one thread${rounds > 1 ? " (the median of the rounds' ratios)" : ''}; vs PyTorch: over PyTorch (charlm.py, SDPA) at the same threads and precision; vs PyTorch all: over PyTorch of the same precision on all ${machine.cores} cores.\n`,
     markdownTable({
       columns: [
         'kind',
@@ -698,6 +723,7 @@ function coresMarkdown(
         'tokens/s',
         's/step',
         'vs single',
+        'vs 1 thread',
         'vs PyTorch',
         'vs PyTorch all',
         ...(rounds > 1 ? ['tokens/s by round'] : []),
@@ -712,6 +738,7 @@ function coresMarkdown(
         r.tokens_per_s.toFixed(0),
         r.step_s.toFixed(3),
         r.engine === 'pytorch' ? '-' : x(r.vs_single),
+        x(r.vs_one_thread),
         x(r.vs_pytorch),
         x(r.vs_pytorch_all),
         ...(rounds > 1
