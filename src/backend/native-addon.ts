@@ -441,3 +441,60 @@ export function nativeUnavailable(): string {
   nativeAddon();
   return unavailable;
 }
+
+/** One call of a native addon function: its name and its arguments (arrays by reference). */
+export interface AddonCall {
+  name: string;
+  args: unknown[];
+}
+
+/** The addon's functions that set or read its OpenMP team rather than compute: never recorded. */
+const TEAM_FUNCTIONS: ReadonlySet<string> = new Set([
+  'setThreads',
+  'threads',
+  'teamCpuSeconds',
+  'pinTeam',
+  'teamAffinity',
+  'bf16Info',
+]);
+
+/**
+ * Runs `run` with every computing function of this thread's addon recorded as it is called (the
+ * team's own, {@link TEAM_FUNCTIONS}, are not) and returns the calls in order; the addon is as
+ * before once it returns or throws. Arrays are recorded by reference, so replaying the calls
+ * ({@link replayAddonCalls}) runs the same kernels on the same buffers, whatever those hold by
+ * then: the kernels bench's replayed step (bench/kernels.ts), a training step's kernels without
+ * TF.js between them.
+ * @throws Error where the addon is not loaded ({@link nativeUnavailable} says why), and what
+ * `run` throws.
+ */
+export function recordAddonCalls(run: () => void): AddonCall[] {
+  const lib = nativeAddon() as unknown as Record<string, unknown> | null;
+  if (!lib) throw new Error(`no native addon: ${nativeUnavailable()}`);
+  const calls: AddonCall[] = [];
+  const originals = new Map<string, (...args: unknown[]) => unknown>();
+  for (const [name, f] of Object.entries(lib)) {
+    if (typeof f !== 'function' || TEAM_FUNCTIONS.has(name)) continue;
+    const fn = f as (...args: unknown[]) => unknown;
+    originals.set(name, fn);
+    lib[name] = (...args: unknown[]) => {
+      calls.push({ name, args });
+      return fn.apply(lib, args);
+    };
+  }
+  try {
+    run();
+  } finally {
+    for (const [name, fn] of originals) lib[name] = fn;
+  }
+  return calls;
+}
+
+/** Calls each of `calls` ({@link recordAddonCalls}) again, in order, on this thread's addon. */
+export function replayAddonCalls(calls: readonly AddonCall[]): void {
+  const lib = nativeAddon() as unknown as Record<
+    string,
+    (...args: unknown[]) => unknown
+  >;
+  for (const c of calls) lib[c.name]!.apply(lib, c.args);
+}

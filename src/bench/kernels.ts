@@ -13,7 +13,12 @@
 import { availableParallelism, loadavg } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { initBackend, type Precision } from '../backend/index.js';
-import { nativeAddon } from '../backend/native-addon.js';
+import {
+  type AddonCall,
+  nativeAddon,
+  recordAddonCalls,
+  replayAddonCalls,
+} from '../backend/native-addon.js';
 import { resolveConfig } from '../config/config.js';
 import { type Model, modelParamCount } from '../model/model.js';
 import { cpuTopology, describeTopology } from '../util/cpu.js';
@@ -49,7 +54,26 @@ export interface KernelsBenchOptions {
    * clock around each call, a team wake-up each, which lengthen the step outside kernels.
    */
   cpu?: boolean;
+  /**
+   * Native only: after the measured steps, record one step's addon calls and time them replayed
+   * alone at each thread count ({@link ReplayRun}): the step without TF.js between its kernels.
+   */
+  replay?: boolean;
   out: string;
+}
+
+/**
+ * A recorded step's native addon calls replayed alone (no TF.js, no JS between them) at one
+ * thread count, `o.steps` times in rounds alternating the counts after two untimed replays at
+ * each: what the step's kernels take with the framework's work gone, the ceiling of a captured
+ * step (as webgpu's, pipeline/captured-step.ts) on this machine.
+ */
+export interface ReplayRun {
+  threads: number | null;
+  /** Median ms of a replayed step. */
+  step_median_ms: number;
+  /** The TF.js step's median over the replay's (this count's run): the framework's share. */
+  step_over_replay: number;
 }
 
 /** A kernel's totals: wall ms, calls, and (with `--cpu`) CPU ms of this thread and of the other members together. */
@@ -120,6 +144,8 @@ interface Steps {
   model: Model;
   runs: ThreadsRun[];
   tokens: number;
+  /** With --replay: the addon calls in a recorded step, and each count's replay. */
+  replay?: { calls: number; runs: ReplayRun[] };
 }
 
 /** Times every kernel of `o.backend` over `o.steps` training steps (at each of `o.threads`); writes kernels-<backend>[-bf16].{json,md}. */
@@ -136,8 +162,12 @@ export async function benchKernels(
     !o.cpu || o.backend === 'native',
     `--cpu reads the native addon's OpenMP clocks, got --backend ${o.backend}; leave --cpu out`,
   );
+  check(
+    !o.replay || o.backend === 'native',
+    `--replay replays the native addon's calls, got --backend ${o.backend}; leave --replay out`,
+  );
   const timer = wrapKernels(o.backend, o.shapes, o.cpu === true);
-  const { model, runs, tokens } = await trainSteps(o, timer);
+  const { model, runs, tokens, replay } = await trainSteps(o, timer);
   for (const r of runs) {
     log(
       `${o.backend} ${o.precision ?? 'fp32'}${r.threads === null ? '' : ` threads ${r.threads}`}: ${r.step_ms.toFixed(1)} ms per step (${r.tokens_per_s.toFixed(0)} tokens/s), ${r.kernel_ms.toFixed(1)} ms in kernels, ${r.outside_ms.toFixed(1)} ms outside`,
@@ -147,6 +177,7 @@ export async function benchKernels(
         `  ${k.kernel.padEnd(32)} ${k.ms_per_step.toFixed(2).padStart(8)} ms  ${k.calls_per_step} calls`,
       );
   }
+  if (replay) log(replayLine(replay).trim());
   const first = runs[0]!;
   await reportBenchResults(
     o.out,
@@ -157,15 +188,19 @@ export async function benchKernels(
       cpus: availableParallelism(),
       cpu_topology: cpuTopology() ?? null,
       load_average_1min: loadavg()[0],
+      // libgomp's idle policy, which decides what the serial share below can see
+      omp_wait_policy: process.env.OMP_WAIT_POLICY ?? null,
+      gomp_spincount: process.env.GOMP_SPINCOUNT ?? null,
       step_ms: first.step_ms,
       kernel_ms: first.kernel_ms,
       tokens,
       rows: first.rows,
       runs,
+      ...(replay ? { replay } : {}),
     },
-    runs.length > 1
+    (runs.length > 1
       ? threadsMarkdown(o, model, runs)
-      : kernelsMarkdown(o, model, first, tokens),
+      : kernelsMarkdown(o, model, first, tokens)) + replayLine(replay),
     log,
   );
 }
@@ -257,6 +292,7 @@ async function trainSteps(
   const step = () => {
     tokens = trainStep().tokens;
   };
+  let replayed: { calls: number; ms: number[] } | undefined;
   try {
     for (let w = 0; w < (o.warmup ?? 1); w++)
       for (const t of counts) {
@@ -275,6 +311,8 @@ async function trainSteps(
         timer.current = null;
         addCpu(cpu[i]!, c0, teamCpu(o.backend));
       });
+    // last: the replays write into the stage's buffers (its parameters too)
+    if (o.replay) replayed = replaySteps(o.steps, counts, step);
   } finally {
     timer.current = null;
     dispose();
@@ -290,7 +328,60 @@ async function trainSteps(
       o.cpu === true,
     ),
   );
-  return { model, runs, tokens };
+  const replay = replayed && {
+    calls: replayed.calls,
+    runs: counts.map((t, i) => ({
+      threads: t,
+      step_median_ms: replayed.ms[i]!,
+      step_over_replay: runs[i]!.step_median_ms / replayed.ms[i]!,
+    })),
+  };
+  return { model, runs, tokens, ...(replay ? { replay } : {}) };
+}
+
+/**
+ * Records one training step's native addon calls (at the last of `counts`) and times them
+ * replayed alone at each count: two untimed replays at each, then `steps` rounds of one at each
+ * count in turn. Returns the calls in the step and each count's median ms ({@link ReplayRun}).
+ */
+function replaySteps(
+  steps: number,
+  counts: readonly (number | null)[],
+  step: () => void,
+): { calls: number; ms: number[] } {
+  setTeam(counts[counts.length - 1]!);
+  const calls: AddonCall[] = recordAddonCalls(step);
+  for (const t of counts) {
+    setTeam(t);
+    replayAddonCalls(calls);
+    replayAddonCalls(calls);
+  }
+  const times = counts.map(() => [] as number[]);
+  for (let s = 0; s < steps; s++)
+    counts.forEach((t, i) => {
+      setTeam(t);
+      const t0 = performance.now();
+      replayAddonCalls(calls);
+      times[i]!.push(performance.now() - t0);
+    });
+  return { calls: calls.length, ms: times.map((x) => median(x, x.length)) };
+}
+
+/** The markdown line of a replayed step (--replay), or '' without one. */
+function replayLine(replay: Steps['replay']): string {
+  if (!replay) return '';
+  const at = replay.runs
+    .map(
+      (r) =>
+        `${r.step_median_ms.toFixed(1)} ms${r.threads === null ? '' : ` at ${r.threads}`} (the step through TF.js ${r.step_over_replay.toFixed(2)}x that)`,
+    )
+    .join(', ');
+  const [a, b] = replay.runs;
+  const speedup =
+    a && b
+      ? `; speedup ${(a.step_median_ms / b.step_median_ms).toFixed(2)}x`
+      : '';
+  return `Replayed step (--replay: one step's ${replay.calls} native addon calls recorded, then run again alone, no TF.js or other JS between them, the ceiling of a captured step; medians): ${at}${speedup}.\n`;
 }
 
 /** CPU seconds of each member of the native addon's team on this thread (empty on another backend). */
@@ -328,6 +419,30 @@ function cpuSplit(
     },
     serial_share: others.length > 0 && work > 0 ? (self - other) / work : null,
   };
+}
+
+/**
+ * What the serial share can see under libgomp's idle policy in `env`: where an idle team member
+ * spins before it sleeps (GOMP_SPINCOUNT above 0; without it, OMP_WAIT_POLICY other than passive), its spinning is on
+ * its CPU clock as if it were work, so the share reads low (0.3% for a bf16 step at 2 threads on
+ * 2 cores whose other member, sampled by perf, waited in libgomp 13-15% of the time); with
+ * GOMP_SPINCOUNT=0 idle members sleep and the clocks count work only. '' where they sleep.
+ */
+export function spinNote(env: Record<string, string | undefined>): string {
+  // libgomp (env.c): GOMP_SPINCOUNT, where set, decides; else active spins for minutes,
+  // passive not at all, and no policy 300,000 rounds
+  const policy = env.OMP_WAIT_POLICY?.toLowerCase();
+  const count = env.GOMP_SPINCOUNT;
+  const sleeps =
+    count !== undefined ? Number(count) === 0 : policy === 'passive';
+  if (sleeps) return '';
+  const how =
+    count !== undefined
+      ? `GOMP_SPINCOUNT=${count}`
+      : policy === 'active'
+        ? 'OMP_WAIT_POLICY=active'
+        : "libgomp's default spin";
+  return ` A lower bound: an idle member spins before it sleeps (${how}), and its spinning counts on its clock as work; run with GOMP_SPINCOUNT=0 (idle members sleep; the step is then slower, every kernel waking them) to read the serial share itself.`;
 }
 
 /** The median of `values` (the mean of the middle two for an even count), a step without a value counted as 0 ms. */
@@ -470,7 +585,7 @@ function threadsMarkdown(
   return [
     `# kernels benchmark at ${runs.map((r) => r.threads).join(', ')} threads\n`,
     `${settingLine(o, model)}, the OpenMP team set to each count in turn, ${o.steps} rounds of one step at each count after ${warmUpSteps(o.warmup ?? 1)} at each; means per step in ms, and medians over the steps (of the step's time and of each kernel's in a step: unlike means, not moved by a few steps that another process slowed) (each kernel's time includes allocating its output; outside kernels: TF.js's dispatch, tape, tidy and the buffer pool). Speedup: the time at the first count (${base.threads}) over the time at the count. CPU: ms per step on the threads' own CPU clocks (not lengthened by other processes on a shared machine); this thread runs the JS and every serial part, so its CPU speedup is what the step's would be on otherwise idle cores, or less (time this thread waits for the others is not on its clock).\n`,
-    `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.\n`,
+    `Serial share of the step from the CPU clocks (Amdahl's s; this thread runs s W + (1 - s) W / T, each other thread (1 - s) W / T): ${runs.map((r) => `${r.serial_share === null ? '-' : `${(100 * r.serial_share).toFixed(1)}%`} at ${r.threads}`).join(', ')}.${spinNote(process.env)}\n`,
     markdownTable({
       columns: [
         'kernel',

@@ -387,6 +387,11 @@ program
     "native only: also time each kernel on the OpenMP team's CPU clocks (a team wake-up around each call)",
     false,
   )
+  .option(
+    '--replay',
+    "native only: then record one step's addon calls and time them replayed alone at each thread count (the step without TF.js)",
+    false,
+  )
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchKernels } = await import('./kernels.js');
