@@ -81,8 +81,10 @@ case "$part" in
     # fp32 by input shapes: which products scale (a dense layer's dy W^T now runs on W
     # transposed first, native/src/matmul.cc transposesWeight; its weight gradients' k split,
     # splitsReduction, was tuned at 2 threads)
-    bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision fp32 --shapes
-    bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision bf16
+    # --replay: the same step's addon calls alone at each count, the ceiling of a captured
+    # native step (on 2 cores the TF.js step took 1.09-1.38x the replay's time at 2 threads)
+    bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision fp32 --shapes --replay
+    bench kernels --threads 4,8,14,16 --steps 5 --warmup 20 --precision bf16 --replay
     # the weight gradients' split over k up to 2^20 output elements (raised from 2^16 on a Zen 5
     # at 2 threads) against the old bound at 16 threads, by shapes: keep whichever is faster here
     for bound in 65536 1048576; do
