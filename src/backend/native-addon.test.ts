@@ -37,6 +37,10 @@ test('recordAddonCalls records the computing calls in order (not the team settin
     ['binary', 'gelu'],
   );
   assert.equal(calls[1]!.args[1], out, 'arrays by reference');
+  assert.ok(
+    calls.every((c) => Number.isFinite(c.ms) && c.ms >= 0),
+    'each call with its wall ms',
+  );
   assert.equal(lib.binary, binary, 'the addon restored');
   const want = Float32Array.from(out);
   assert.ok(want.some((v) => v !== 0));

@@ -446,6 +446,8 @@ export function nativeUnavailable(): string {
 export interface AddonCall {
   name: string;
   args: unknown[];
+  /** Wall ms the call took when recorded. */
+  ms: number;
 }
 
 /** The addon's functions that set or read its OpenMP team rather than compute: never recorded. */
@@ -460,7 +462,9 @@ const TEAM_FUNCTIONS: ReadonlySet<string> = new Set([
 
 /**
  * Runs `run` with every computing function of this thread's addon recorded as it is called (the
- * team's own, {@link TEAM_FUNCTIONS}, are not) and returns the calls in order; the addon is as
+ * team's own, {@link TEAM_FUNCTIONS}, are not), each with its wall time, and returns the calls in
+ * order (a call is listed once it returns: one inside another, none in this addon, would precede
+ * it); the addon is as
  * before once it returns or throws. Arrays are recorded by reference, so replaying the calls
  * ({@link replayAddonCalls}) runs the same kernels on the same buffers, whatever those hold by
  * then: the kernels bench's replayed step (bench/kernels.ts), a training step's kernels without
@@ -478,8 +482,10 @@ export function recordAddonCalls(run: () => void): AddonCall[] {
     const fn = f as (...args: unknown[]) => unknown;
     originals.set(name, fn);
     lib[name] = (...args: unknown[]) => {
-      calls.push({ name, args });
-      return fn.apply(lib, args);
+      const t0 = performance.now();
+      const result = fn.apply(lib, args);
+      calls.push({ name, args, ms: performance.now() - t0 });
+      return result;
     };
   }
   try {

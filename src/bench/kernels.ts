@@ -55,8 +55,9 @@ export interface KernelsBenchOptions {
    */
   cpu?: boolean;
   /**
-   * Native only: after the measured steps, record one step's addon calls and time them replayed
-   * alone at each thread count ({@link ReplayRun}): the step without TF.js between its kernels.
+   * Native only: time the measured steps' native addon calls too, then record one step's calls
+   * and time them replayed alone at each thread count ({@link ReplayRun}): the step without
+   * TF.js between its kernels, and whether the kernels run slower inside the TF.js step.
    */
   replay?: boolean;
   out: string;
@@ -74,6 +75,16 @@ export interface ReplayRun {
   step_median_ms: number;
   /** The TF.js step's median over the replay's (this count's run): the framework's share. */
   step_over_replay: number;
+  /**
+   * Median ms a measured TF.js step spent inside the same addon calls: above step_median_ms
+   * where the kernels themselves run slower between TF.js's ops than back to back.
+   */
+  tfjs_addon_median_ms: number;
+}
+
+/** The wall ms of recorded addon calls, summed. */
+function callsMs(calls: readonly AddonCall[]): number {
+  return calls.reduce((a, c) => a + c.ms, 0);
 }
 
 /** A kernel's totals: wall ms, calls, and (with `--cpu`) CPU ms of this thread and of the other members together. */
@@ -293,6 +304,8 @@ async function trainSteps(
     tokens = trainStep().tokens;
   };
   let replayed: { calls: number; ms: number[] } | undefined;
+  // with --replay: ms a measured step spent inside addon calls, per count
+  const addonMs = counts.map(() => [] as number[]);
   try {
     for (let w = 0; w < (o.warmup ?? 1); w++)
       for (const t of counts) {
@@ -306,7 +319,8 @@ async function trainSteps(
         timer.round = s;
         const c0 = teamCpu(o.backend);
         const t0 = performance.now();
-        step();
+        if (o.replay) addonMs[i]!.push(callsMs(recordAddonCalls(step)));
+        else step();
         stepMs[i]!.push(performance.now() - t0);
         timer.current = null;
         addCpu(cpu[i]!, c0, teamCpu(o.backend));
@@ -334,6 +348,7 @@ async function trainSteps(
       threads: t,
       step_median_ms: replayed.ms[i]!,
       step_over_replay: runs[i]!.step_median_ms / replayed.ms[i]!,
+      tfjs_addon_median_ms: median(addonMs[i]!, addonMs[i]!.length),
     })),
   };
   return { model, runs, tokens, ...(replay ? { replay } : {}) };
@@ -373,7 +388,7 @@ function replayLine(replay: Steps['replay']): string {
   const at = replay.runs
     .map(
       (r) =>
-        `${r.step_median_ms.toFixed(1)} ms${r.threads === null ? '' : ` at ${r.threads}`} (the step through TF.js ${r.step_over_replay.toFixed(2)}x that)`,
+        `${r.step_median_ms.toFixed(1)} ms${r.threads === null ? '' : ` at ${r.threads}`} (the step through TF.js ${r.step_over_replay.toFixed(2)}x that, ${r.tfjs_addon_median_ms.toFixed(1)} ms of it inside the same calls)`,
     )
     .join(', ');
   const [a, b] = replay.runs;
