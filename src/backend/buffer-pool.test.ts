@@ -55,3 +55,26 @@ test('the free list keeps at most its capacity; small arrays are not pooled; tak
   pool.clear();
   assert.equal(pool.pooledBytes, 0);
 });
+
+test('free buffers are handed out first-made first, whatever order they were freed in: a step that asks as the step before gets its arrays; claimed ones never come back', () => {
+  const pool = new BufferPool(1 << 20, 0);
+  const made = [pool.take(100), pool.take(100), pool.take(100), pool.take(8)];
+  const [a, b, c, small] = made;
+  for (const x of made) pool.hold(x);
+  for (const x of [c, small, a, b]) pool.release(x);
+  assert.deepEqual(
+    [pool.take(100), pool.take(100), pool.take(100)],
+    [a, b, c],
+    'a, b, c in the order they were made',
+  );
+  assert.equal(pool.take(8), small, 'small arrays pooled too (minBytes 0)');
+  for (const x of [b, a]) {
+    pool.hold(x);
+    pool.release(x);
+  }
+  pool.claim(new Set([a!.buffer]));
+  assert.equal(pool.take(100), b, 'a claimed off the free list');
+  pool.hold(a);
+  pool.release(a);
+  assert.equal(pool.pooledBytes, 0, 'nor put back when released');
+});

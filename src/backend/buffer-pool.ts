@@ -1,3 +1,5 @@
+import { FreeList } from './free-list.js';
+
 /**
  * A pool of float32 output buffers for a host-memory backend (the native device).
  *
@@ -15,19 +17,21 @@
  * returns subarrays) or when it escapes to a caller (`dataSync`, `data`: {@link disown}).
  * Arrays the pool did not hand out (user data, cpu-kernel outputs) are never touched.
  *
+ * Free buffers are handed out in the order they were made ({@link FreeList}), so a step that
+ * asks for the same lengths as the step before gets the same arrays.
+ *
  * The free list is bounded ({@link capacityBytes}); beyond it, freed buffers go to the garbage
  * collector as before. Arrays smaller than {@link minBytes} are not pooled (allocating them is
  * cheap).
  */
 export class BufferPool {
-  /** Free buffers by length (float32 elements). */
-  private readonly free = new Map<number, Float32Array[]>();
+  /** Free buffers by length (float32 elements), the first made handed out first ({@link FreeList}). */
+  private readonly free: FreeList<Float32Array>;
   /** Owned arrays by their ArrayBuffer, with how many tensors hold each. Weak: an array a kernel took but never stored is simply collected. */
   private readonly owned = new WeakMap<
     ArrayBufferLike,
     { array: Float32Array; holders: number }
   >();
-  private freeBytes = 0;
   /** Buffers handed out from the free list / freshly allocated (for tests and benchmarks). */
   readonly stats = { reused: 0, allocated: 0 };
 
@@ -38,7 +42,9 @@ export class BufferPool {
   constructor(
     readonly capacityBytes = 512 * 2 ** 20,
     readonly minBytes = 64 * 1024,
-  ) {}
+  ) {
+    this.free = new FreeList(capacityBytes);
+  }
 
   /**
    * A float32 array of `length` elements for a kernel's output. Its contents are undefined
@@ -57,13 +63,12 @@ export class BufferPool {
 
   private get(length: number, zeroed: boolean): Float32Array {
     if (length * 4 < this.minBytes) return new Float32Array(length);
-    let array = this.free.get(length)?.pop();
+    let array = this.free.take(length);
     if (array) {
-      this.freeBytes -= array.byteLength;
       this.stats.reused++;
       if (zeroed) array.fill(0);
     } else {
-      array = new Float32Array(length);
+      array = this.free.madeNow(new Float32Array(length));
       this.stats.allocated++;
     }
     this.owned.set(array.buffer, { array, holders: 0 });
@@ -86,11 +91,7 @@ export class BufferPool {
     if (!entry || entry.array !== values) return;
     if (--entry.holders > 0) return;
     this.owned.delete(values.buffer);
-    if (this.freeBytes + values.byteLength > this.capacityBytes) return;
-    let list = this.free.get(entry.array.length);
-    if (!list) this.free.set(entry.array.length, (list = []));
-    list.push(entry.array);
-    this.freeBytes += values.byteLength;
+    this.free.give(entry.array);
   }
 
   /** `values` escaped to a caller who may keep it: it is never reused. */
@@ -98,14 +99,23 @@ export class BufferPool {
     if (ArrayBuffer.isView(values)) this.owned.delete(values.buffer);
   }
 
+  /**
+   * Takes every array whose memory is one of `buffers` out of the pool for good: off the free
+   * list, and never put back when its tensors are disposed (a captured step's arrays,
+   * pipeline/native-capture.ts, which its replays write).
+   */
+  claim(buffers: ReadonlySet<ArrayBufferLike>): void {
+    for (const b of buffers) this.owned.delete(b);
+    this.free.claim(buffers);
+  }
+
   /** Bytes held in the free list. */
   get pooledBytes(): number {
-    return this.freeBytes;
+    return this.free.bytes;
   }
 
   /** Drops every free buffer (the garbage collector frees them). */
   clear(): void {
     this.free.clear();
-    this.freeBytes = 0;
   }
 }

@@ -28,6 +28,7 @@ import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import * as tf from '@tensorflow/tfjs-core';
 import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
+import { FreeList } from './free-list.js';
 import {
   ADAMW_KERNEL,
   ADAMW_MULTI_KERNEL,
@@ -69,8 +70,12 @@ export {
  * hand out to callers, so a buffer is reused only when nothing can see it.
  */
 export class NativeBackend extends MathBackendCPU {
-  /** Output buffers of the native kernels, reused across steps. */
-  readonly pool = new BufferPool();
+  /**
+   * Output buffers of the native kernels, reused across steps: of any size (a step is then
+   * handed the very arrays of the step before, which a captured step needs,
+   * pipeline/native-capture.ts).
+   */
+  readonly pool = new BufferPool(undefined, 0);
   private internalRead = false;
   /**
    * The compute precision of the products (BatchMatMul, _FusedMatMul, causal attention,
@@ -103,10 +108,12 @@ export class NativeBackend extends MathBackendCPU {
   /**
    * bf16 copies of parameters (the data of registered tf.Variables), by data id: converted the
    * first time a product reads that data, reused by every later product (each micro-batch's
-   * forward and backward) until the data is freed. A parameter update gives the variable new
-   * data (Variable.assign), hence a new id and a new conversion: one per parameter version. Data
-   * never changes under an id (kernels write only their own new outputs), so an entry is stale
-   * only once its id is freed, when {@link disposeData} and {@link move} drop it.
+   * forward and backward) until the data is freed or updated. AdamW updates a parameter's data in
+   * place where nothing else holds it ({@link adamwMultiKernel}) and rewrites its copy in the
+   * same pass (or drops it, {@link dropParameterCopy}); any other update gives the variable new
+   * data (Variable.assign), hence a new id and a new conversion: one per parameter version. Other
+   * kernels write only their own new outputs, so an entry is otherwise stale only once its id is
+   * freed, when {@link disposeData} and {@link move} drop it.
    */
   private readonly bf16Params = new Map<tf.DataId, Uint16Array>();
   /** Parameter conversions to bf16 so far (each a new parameter version, or one freed and read again). */
@@ -120,8 +127,7 @@ export class NativeBackend extends MathBackendCPU {
    */
   private readonly shadows = new Map<tf.DataId, Uint16Array>();
   /** Free bf16 buffers by length (elements), reused so a conversion does not zero-fill a new one. */
-  private readonly bf16Free = new Map<number, Uint16Array[]>();
-  private bf16FreeBytes = 0;
+  private readonly bf16Free = new FreeList<Uint16Array>(BF16_FREE_BYTES);
 
   constructor() {
     super();
@@ -205,6 +211,16 @@ export class NativeBackend extends MathBackendCPU {
    */
   keepParameterCopy(t: tf.TensorInfo, bf: Uint16Array): void {
     this.bf16Params.set(t.dataId, bf);
+  }
+
+  /** The bf16 copy t's data has (a parameter's, {@link bf16Operand}), or null: for AdamW's update in place to rewrite. */
+  parameterCopyOf(t: tf.TensorInfo): Uint16Array | null {
+    return this.bf16Params.get(t.dataId) ?? null;
+  }
+
+  /** Drops the bf16 copy of t's data, if any: its values were updated in place without it. */
+  dropParameterCopy(t: tf.TensorInfo): void {
+    this.dropBf16Param(t.dataId);
   }
 
   private dropBf16Param(dataId: tf.DataId): void {
@@ -418,26 +434,33 @@ export class NativeBackend extends MathBackendCPU {
 
   /** A bf16 buffer of `length` elements, contents undefined: a free one, else a new one. */
   private takeBf16(length: number): Uint16Array {
-    const bf = this.bf16Free.get(length)?.pop();
-    if (bf === undefined) return new Uint16Array(length);
-    this.bf16FreeBytes -= bf.byteLength;
-    return bf;
+    return (
+      this.bf16Free.take(length) ??
+      this.bf16Free.madeNow(new Uint16Array(length))
+    );
   }
 
-  /** Returns a bf16 buffer nothing reads any more (a whole, unshared one; up to BF16_FREE_BYTES kept). */
+  /** Returns a bf16 buffer nothing reads any more (a whole, unshared one, of any size, so that a step is handed the arrays of the step before; up to BF16_FREE_BYTES kept). */
   private giveBf16(bf: Uint16Array): void {
     if (
-      bf.byteLength < 64 * 1024 ||
       bf.byteOffset !== 0 ||
       bf.byteLength !== bf.buffer.byteLength ||
-      !(bf.buffer instanceof ArrayBuffer) ||
-      this.bf16FreeBytes + bf.byteLength > BF16_FREE_BYTES
+      !(bf.buffer instanceof ArrayBuffer)
     )
       return;
-    let list = this.bf16Free.get(bf.length);
-    if (!list) this.bf16Free.set(bf.length, (list = []));
-    list.push(bf);
-    this.bf16FreeBytes += bf.byteLength;
+    this.bf16Free.give(bf);
+  }
+
+  /**
+   * Takes `arrays` (typed arrays, by their memory) out of this backend's pools for good: a
+   * captured step's (pipeline/native-capture.ts), which its replays write, so no kernel is handed
+   * them again.
+   */
+  claimArrays(arrays: Iterable<ArrayBufferView>): void {
+    const buffers = new Set<ArrayBufferLike>();
+    for (const a of arrays) buffers.add(a.buffer);
+    this.pool.claim(buffers);
+    this.bf16Free.claim(buffers);
   }
 
   /** Bytes held in bf16 parameter copies (behind the tensors: counted by backend/memory.ts, not by tf.memory()). */
@@ -447,10 +470,17 @@ export class NativeBackend extends MathBackendCPU {
     return n;
   }
 
-  /** The stored values, which the caller may keep: their buffer leaves the pool for good. */
+  /**
+   * A tensor's values for a reader outside the kernels: its own array (disowned by the pool), or a
+   * copy of a variable's (a parameter or an optimizer moment), which AdamW may update in place
+   * after the read ({@link adamwMultiKernel}).
+   */
   override readSync(dataId: tf.DataId): tf.backend_util.BackendValues {
     const values = super.readSync(dataId);
-    if (!this.internalRead) this.pool.disown(values);
+    if (this.internalRead) return values;
+    if (isParameterData(dataId) && ArrayBuffer.isView(values))
+      return (values as Float32Array).slice();
+    this.pool.disown(values);
     return values;
   }
 
@@ -471,7 +501,6 @@ export class NativeBackend extends MathBackendCPU {
     for (const id of [...this.bf16Params.keys()]) this.dropBf16Param(id);
     for (const id of [...this.shadows.keys()]) this.dropShadow(id);
     this.bf16Free.clear();
-    this.bf16FreeBytes = 0;
     super.dispose();
   }
 }
@@ -1513,10 +1542,15 @@ function adamwKernel(args: KernelArgs): tf.TensorInfo[] {
 /**
  * LayerwiseAdamWMulti (kernel-names.ts ADAMW_MULTI_KERNEL): inputs [p_0..p_n-1, g_0..g_n-1, m,
  * v] float32 (g_i of p_i's shape; m and v flat [total], p_0's elements first); outputs
- * [p'_0..p'_n-1, m', v'] from the pool, as {@link adamwKernel} on each (the same bits) in one
- * addon call, the flat moments handed to it as per-parameter views: one OpenMP region over all
- * of a stage's parameters instead of one per parameter. Throws where the inputs are not so laid
- * out (kernel-names.ts adamwMultiCount).
+ * [p'_0..p'_n-1, m', v'], as {@link adamwKernel} on each (the same bits) in one addon call, the
+ * flat moments handed to it as per-parameter views: one OpenMP region over all of a stage's
+ * parameters instead of one per parameter. Each output is its input's own data, updated in place
+ * (with its bf16 copy, where products read one), where nothing but the input holds that data
+ * (TF.js's refCount 1: the variable alone), else a new array from the pool (a kept clone sees the
+ * old values), as webgpu's (backend/webgpu-multi.ts): a step then reads its parameters and
+ * moments from the arrays of the step before, which a captured step needs
+ * (pipeline/native-capture.ts), and the update needs no new arrays. Throws where the inputs are
+ * not so laid out (kernel-names.ts adamwMultiCount).
  */
 function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
   const inputs = Object.values(args.inputs) as tf.TensorInfo[];
@@ -1530,15 +1564,25 @@ function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
     let at = 0;
     return ps.map((p) => flat.subarray(at, (at += p.length)));
   };
-  const total = ps.reduce((sum, p) => sum + p.length, 0);
-  const [mOut, vOut] = [backend.alloc(total), backend.alloc(total)];
-  const pOut = ps.map((p) => backend.alloc(p.length));
-  // bf16 products: each new matrix's bf16 copy made in the same pass (products read matrices)
+  // each output is its input's own data where nothing else holds it (updated in place), else new
+  const place = [...inputs.slice(0, n), inputs[2 * n]!, inputs[2 * n + 1]!].map(
+    (t) => backend.refCount(t.dataId) === 1,
+  );
+  const outOf = (i: number, input: Float32Array) =>
+    place[i] ? input : backend.alloc(input.length);
+  const pOut = ps.map((p, i) => outOf(i, p));
+  const [mOut, vOut] = [
+    outOf(n, arrays[2 * n]!),
+    outOf(n + 1, arrays[2 * n + 1]!),
+  ];
+  // bf16 products: each new matrix's bf16 copy made in the same pass (products read matrices),
+  // into the copy it has where it is updated in place
   const copies = inputs
     .slice(0, n)
     .map((p, i) =>
       backend.computesNarrow() && p.shape.length >= 2
-        ? backend.parameterCopyBuffer(arrays[i]!.length)
+        ? ((place[i] ? backend.parameterCopyOf(p) : null) ??
+          backend.parameterCopyBuffer(arrays[i]!.length))
         : null,
     );
   nativeAddon()!.adamwMulti(
@@ -1559,17 +1603,20 @@ function adamwMultiKernel(args: KernelArgs): tf.TensorInfo[] {
     a.scale!,
     copies,
   );
-  const infos = pOut.map((out, i) =>
-    backend.makeTensorInfo(inputs[i]!.shape, 'float32', out),
+  const outputs = [...pOut, mOut, vOut];
+  const infos = [...inputs.slice(0, n), inputs[2 * n]!, inputs[2 * n + 1]!].map(
+    (t, i) => {
+      if (!place[i])
+        return backend.makeTensorInfo(t.shape, 'float32', outputs[i]!);
+      backend.incRef(t.dataId); // the output is the input's data, as Reshape's
+      return { dataId: t.dataId, shape: t.shape, dtype: t.dtype };
+    },
   );
   copies.forEach((bf, i) => {
     if (bf !== null) backend.keepParameterCopy(infos[i]!, bf);
+    else if (place[i]) backend.dropParameterCopy(infos[i]!);
   });
-  return [
-    ...infos,
-    backend.makeTensorInfo([total], 'float32', mOut),
-    backend.makeTensorInfo([total], 'float32', vOut),
-  ];
+  return infos;
 }
 
 /**

@@ -101,3 +101,68 @@ test('native AdamW in flat parts of at most elementsPerCall equals the per-param
     for (const g of p.grads) for (const t of g.values()) t.dispose();
   }
 });
+
+test('native AdamW updates a parameter and its moments in place where nothing else holds them (its bf16 copy too), and out of place where a clone does; a read before the update keeps its values', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const shapes = { w: [64, 32], b: [32] };
+  const a = problem(shapes, 2);
+  const opt = new DeviceOptimizer(config);
+  try {
+    opt.apply(a.params, a.grads[0]!, 0.01, 1); // moments made
+    const w = a.params.get('w')!;
+    const b = a.params.get('b')!;
+    // a product reads w: its bf16 copy is made now and kept for its data
+    tf.tidy(() => tf.matMul(tf.ones([2, 64]), w).dataSync());
+    const backend = tf.backend() as unknown as {
+      data: { get(id: object): { values: Float32Array } };
+      parameterCopyOf(t: tf.TensorInfo): Uint16Array | null;
+    };
+    const copy = backend.parameterCopyOf(w);
+    assert.ok(copy, 'w has a bf16 copy');
+    const [wId, wValues] = [w.dataId, backend.data.get(w.dataId).values];
+    const read = w.dataSync(); // a reader's values: a copy, not the array AdamW updates
+    const before = Float32Array.from(read);
+    const held = tf.clone(b); // shares b's data: b is updated out of place
+    const bId = b.dataId;
+    const heldBefore = held.dataSync().slice();
+    opt.apply(a.params, a.grads[1]!, 0.01, 1);
+    assert.equal(w.dataId, wId, 'w keeps its data');
+    assert.equal(backend.data.get(w.dataId).values, wValues, 'and its array');
+    assert.notDeepEqual(backend.data.get(w.dataId).values, before, 'updated');
+    assert.equal(
+      backend.parameterCopyOf(w),
+      copy,
+      'its bf16 copy rewritten in place',
+    );
+    const widened = new Float32Array(
+      Uint32Array.from(copy!, (h) => h << 16).buffer,
+    );
+    const now = w.dataSync();
+    assert.ok(
+      widened.every(
+        (v, i) => Math.abs(v - now[i]!) <= Math.abs(now[i]!) * 2 ** -8,
+      ),
+      'the copy holds the updated values rounded to bf16',
+    );
+    assert.ok(
+      widened.some(
+        (v, i) => Math.abs(v - before[i]!) > Math.abs(before[i]!) * 2 ** -8,
+      ),
+      'not the old ones',
+    );
+    assert.deepEqual(read, before, 'a read before the update keeps its values');
+    assert.notEqual(b.dataId, bId, 'b, shared with a clone, gets new data');
+    assert.deepEqual(
+      held.dataSync(),
+      heldBefore,
+      'the clone keeps the old values',
+    );
+    held.dispose();
+  } finally {
+    opt.dispose();
+    for (const v of a.params.values()) v.dispose();
+    for (const g of a.grads) for (const t of g.values()) t.dispose();
+  }
+});
