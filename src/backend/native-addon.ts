@@ -448,6 +448,8 @@ export interface AddonCall {
   args: unknown[];
   /** Wall ms the call took when recorded. */
   ms: number;
+  /** What the call returned (a softmax cross-entropy's loss; most return nothing). */
+  result?: unknown;
 }
 
 /** The addon's functions that set or read its OpenMP team rather than compute: never recorded. */
@@ -473,8 +475,33 @@ const TEAM_FUNCTIONS: ReadonlySet<string> = new Set([
  * `run` throws.
  */
 export function recordAddonCalls(run: () => void): AddonCall[] {
+  const recording = startAddonRecording();
+  try {
+    run();
+  } finally {
+    recording.stop();
+  }
+  return recording.calls;
+}
+
+/** A recording of this thread's addon calls in progress ({@link startAddonRecording}). */
+export interface AddonRecording {
+  /** The calls so far, in order. */
+  readonly calls: AddonCall[];
+  /** Ends the recording (the addon as before); a second call does nothing. */
+  stop(): void;
+}
+
+/**
+ * Starts recording every computing function of this thread's addon as {@link recordAddonCalls}
+ * does, until `stop()`: for a recording that spans more than one function's run (a training
+ * step's forward and backward, pipeline/native-capture.ts). Recordings do not nest.
+ * @throws Error where the addon is not loaded, or a recording is in progress.
+ */
+export function startAddonRecording(): AddonRecording {
   const lib = nativeAddon() as unknown as Record<string, unknown> | null;
   if (!lib) throw new Error(`no native addon: ${nativeUnavailable()}`);
+  if (recordingNow) throw new Error('an addon recording is in progress');
   const calls: AddonCall[] = [];
   const originals = new Map<string, (...args: unknown[]) => unknown>();
   for (const [name, f] of Object.entries(lib)) {
@@ -484,23 +511,29 @@ export function recordAddonCalls(run: () => void): AddonCall[] {
     lib[name] = (...args: unknown[]) => {
       const t0 = performance.now();
       const result = fn.apply(lib, args);
-      calls.push({ name, args, ms: performance.now() - t0 });
+      calls.push({ name, args, ms: performance.now() - t0, result });
       return result;
     };
   }
-  try {
-    run();
-  } finally {
-    for (const [name, fn] of originals) lib[name] = fn;
-  }
-  return calls;
+  recordingNow = true;
+  return {
+    calls,
+    stop() {
+      if (originals.size === 0) return;
+      for (const [name, fn] of originals) lib[name] = fn;
+      originals.clear();
+      recordingNow = false;
+    },
+  };
 }
 
-/** Calls each of `calls` ({@link recordAddonCalls}) again, in order, on this thread's addon. */
-export function replayAddonCalls(calls: readonly AddonCall[]): void {
+let recordingNow = false;
+
+/** Calls each of `calls` ({@link recordAddonCalls}) again, in order, on this thread's addon; returns what each returned. */
+export function replayAddonCalls(calls: readonly AddonCall[]): unknown[] {
   const lib = nativeAddon() as unknown as Record<
     string,
     (...args: unknown[]) => unknown
   >;
-  for (const c of calls) lib[c.name]!.apply(lib, c.args);
+  return calls.map((c) => lib[c.name]!.apply(lib, c.args));
 }
