@@ -17,6 +17,7 @@ import {
 import { StepCapture } from './captured-step.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers } from './executor.js';
+import { NativeStepCapture } from './native-capture.js';
 import {
   backwardRecompute,
   backwardRecorded,
@@ -57,11 +58,19 @@ export class Stage extends TrainableStage {
   /** Milliseconds the last {@link backward} spent re-computing its forward (0 if kept). */
   lastRecomputeMs = 0;
 
-  /** The captured forward and backward on webgpu (on unless LAYERWISE_WEBGPU_CAPTURE=0), for a stage holding the whole model. */
-  private readonly capture: StepCapture | null =
-    StepCapture.wanted() && this.isFirst && this.isLast
+  /**
+   * The captured forward and backward, for a stage holding the whole model: on webgpu (on unless
+   * LAYERWISE_WEBGPU_CAPTURE=0) and on native (on unless LAYERWISE_NATIVE_CAPTURE=0).
+   */
+  private readonly capture: StepCapture | NativeStepCapture | null = !(
+    this.isFirst && this.isLast
+  )
+    ? null
+    : StepCapture.wanted()
       ? new StepCapture({ paramVars: this.params.vars })
-      : null;
+      : NativeStepCapture.wanted()
+        ? new NativeStepCapture({ paramVars: this.params.vars })
+        : null;
 
   readonly handlers: Handlers = {
     forward: (a, io) => {

@@ -42,6 +42,7 @@ import {
   type StageLinks,
   type StageProgram,
 } from '../pipeline/executor.js';
+import { nativeReplays } from '../pipeline/native-capture.js';
 import { loadStageKind } from '../pipeline/stage-kind.js';
 import { linkSide } from '../schedule/schedule.js';
 import { type Channel, type Message, ownedBuffers } from './channel.js';
@@ -365,6 +366,7 @@ class StageHost {
     const startedAt = performance.timeOrigin + t0;
     startStep(all);
     const gpuBefore = gpuQueue()?.counts(); // webgpu: what the step asks of the GPU
+    const replaysBefore = nativeReplays(); // native: captured steps replayed
     gpuQueue()?.beginStep();
     const inputs = a.inputs?.map(fromWire);
     const labels = a.labels?.map(fromWire);
@@ -398,6 +400,8 @@ class StageHost {
     }
     const result = stepResult(all, trace, t0, startedAt);
     if (gpuBefore) Object.assign(result, await this.gpuReport(gpuBefore, t0));
+    const replayed = nativeReplays() - replaysBefore;
+    if (replayed > 0) result.replayed = replayed;
     return result;
   }
 

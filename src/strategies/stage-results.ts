@@ -63,6 +63,7 @@ export function stepReport(
       : {}),
     stageSeconds: results.map((r) => r.ms / 1000),
     ...gpuCountsOf(results),
+    ...replayedOf(results),
     bubble: results.map((r) => (r.ms > 0 ? waitingMs(r.trace) / r.ms : 0)),
     traces: results.map((r) => r.trace),
     startedAt: results.map((r) => r.startedAt),
@@ -140,6 +141,14 @@ function kernelsOf(
 ): { kernels?: Record<string, KernelTime> } {
   const kernels = sumKernelTimes(all);
   return kernels ? { kernels } : {};
+}
+
+/** `{ replayed }`: the devices' replayed forward-and-backwards summed (native), or nothing where none was. */
+function replayedOf(results: readonly StageStepResult[]): {
+  replayed?: number;
+} {
+  const n = results.reduce((s, r) => s + (r.replayed ?? 0), 0);
+  return n > 0 ? { replayed: n } : {};
 }
 
 /** The devices' GPU counts of a step (their host CPU ms where every device gave it), and their GPU busy and wall seconds where timestamp queries gave them, summed (webgpu; nothing where no device reported any). */

@@ -34,6 +34,8 @@ export interface StepReport {
   gpu?: GpuCounts;
   /** webgpu with timestamp queries: the GPUs' busy seconds and the devices' wall seconds of their previous step, summed over devices (backend/gpu-queue.ts). */
   gpuBusy?: GpuBusy;
+  /** native: forward-and-backwards replayed from captured steps, all devices together (pipeline/native-capture.ts); absent where none was. */
+  replayed?: number;
   /** Per stage: fraction of the step spent waiting for other stages (the measured bubble). */
   bubble: number[];
   /** Per stage: the executed actions (ms since the stage began the step). */

@@ -69,6 +69,8 @@ export class StepTally {
   private movedSteps = 0;
   /** webgpu: the counted steps' GPU counts, summed (host ms only where every step gave it), and how many steps reported them. */
   private gpu: GpuCounts | undefined;
+  /** native: the counted steps' replayed forward-and-backwards (pipeline/native-capture.ts). */
+  private replayed = 0;
   private gpuSteps = 0;
   /** webgpu with timestamp queries: the counted steps' GPU busy seconds and device wall seconds, summed. */
   private readonly busy = { busySeconds: 0, stepSeconds: 0 };
@@ -117,6 +119,7 @@ export class StepTally {
       this.trainSeconds += f.seconds;
       r.bubble.forEach((b, i) => (this.bubbleSum[i]! += b));
       this.measured++;
+      this.replayed += r.replayed ?? 0;
       if (r.gpu) {
         this.gpu = sumGpuCounts(this.gpu ? [this.gpu, r.gpu] : [r.gpu]);
         this.gpuSteps++;
@@ -211,6 +214,7 @@ export class StepTally {
         ? { wasm_heap_bytes: [...this.heap] }
         : {}),
       ...this.gpuFields(),
+      ...(this.replayed > 0 ? { replayed_steps: this.replayed } : {}),
     };
   }
 
