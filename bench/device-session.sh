@@ -107,6 +107,10 @@ case "$part" in
     # and element-wise passes are too small for its 5 threads; M=4 gives 1,024 rows)
     bench cores --python '' --kinds zbv --stages 3 --threads 16 --micro-batches 4 --warmup 10 \
       --budget-s 45 --name cores-zbv-m4
+    # single without the native captured step (pipeline/native-capture.ts, on by default), beside
+    # the captured rows above: what the step's JS between kernels costs at 16 threads
+    LAYERWISE_NATIVE_CAPTURE=0 bench cores --python '' --kinds single,single-bf16 --threads 16 \
+      --warmup 10 --budget-s 45 --name cores-uncaptured
     ;;
 esac
 ls -l "$out"
