@@ -56,6 +56,17 @@ import {
 } from '../backend/webgpu-host.js';
 import type { StepIO } from './executor.js';
 
+/**
+ * Whether a training forward of micro-batch `mb` with `io` (its activations kept where `keep`) is
+ * a step a captured step covers (webgpu's and native's, pipeline/native-capture.ts): the only
+ * micro-batch of a step that skips no block and diagnoses nothing.
+ */
+export function capturesStep(mb: number, io: StepIO, keep: boolean): boolean {
+  return (
+    keep && mb === 0 && io.m === 1 && io.dropped.size === 0 && !io.diagnose
+  );
+}
+
 /** The environment variable that turns captured steps off (value 0); on where unset. */
 export const CAPTURE_ENV = 'LAYERWISE_WEBGPU_CAPTURE';
 
@@ -147,12 +158,6 @@ export class StepCapture {
   }
 
   /** Whether a training forward of micro-batch `mb` with `io` is a step this capture covers. */
-  private covers(mb: number, io: StepIO, keep: boolean): boolean {
-    return (
-      keep && mb === 0 && io.m === 1 && io.dropped.size === 0 && !io.diagnose
-    );
-  }
-
   private bufferOf(t: tf.Tensor): unknown {
     return this.backend.tensorMap.get(t.dataId)?.resource;
   }
@@ -174,7 +179,7 @@ export class StepCapture {
     x: tf.Tensor,
     labels: tf.Tensor,
   ): boolean {
-    if (!this.covers(mb, io, keep)) {
+    if (!capturesStep(mb, io, keep)) {
       this.drop();
       return false;
     }

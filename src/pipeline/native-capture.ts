@@ -43,6 +43,7 @@ import {
   startAddonRecording,
 } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
+import { capturesStep } from './captured-step.js';
 import type { StepIO } from './executor.js';
 
 /** Forward-and-backwards this thread replayed from captured steps so far (the stage host reports each step's). */
@@ -150,17 +151,6 @@ export class NativeStepCapture {
     return tf.backend() as unknown as Backend;
   }
 
-  private covers(mb: number, io: StepIO, keep: boolean): boolean {
-    return (
-      keep &&
-      mb === 0 &&
-      io.m === 1 &&
-      io.dropped.size === 0 &&
-      !io.diagnose &&
-      !this.refused
-    );
-  }
-
   private valuesOf(t: tf.TensorInfo): unknown {
     return this.backend.data.get(t.dataId)?.values;
   }
@@ -212,7 +202,7 @@ export class NativeStepCapture {
     x: tf.Tensor,
     labels: tf.Tensor,
   ): boolean {
-    if (!this.covers(mb, io, keep)) {
+    if (this.refused || !capturesStep(mb, io, keep)) {
       this.drop();
       return false;
     }
