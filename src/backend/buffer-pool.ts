@@ -21,8 +21,7 @@ import { FreeList } from './free-list.js';
  * asks for the same lengths as the step before gets the same arrays.
  *
  * The free list is bounded ({@link capacityBytes}); beyond it, freed buffers go to the garbage
- * collector as before. Arrays smaller than {@link minBytes} are not pooled (allocating them is
- * cheap).
+ * collector as before. Arrays smaller than {@link minBytes} (default 0: none) are not pooled.
  */
 export class BufferPool {
   /** Free buffers by length (float32 elements), the first made handed out first ({@link FreeList}). */
@@ -41,7 +40,7 @@ export class BufferPool {
    */
   constructor(
     readonly capacityBytes = 512 * 2 ** 20,
-    readonly minBytes = 64 * 1024,
+    readonly minBytes = 0,
   ) {
     this.free = new FreeList(capacityBytes);
   }

@@ -75,7 +75,7 @@ export class NativeBackend extends MathBackendCPU {
    * handed the very arrays of the step before, which a captured step needs,
    * pipeline/native-capture.ts).
    */
-  readonly pool = new BufferPool(undefined, 0);
+  readonly pool = new BufferPool();
   private internalRead = false;
   /**
    * The compute precision of the products (BatchMatMul, _FusedMatMul, causal attention,

@@ -12,7 +12,7 @@ import { paramKey } from '../model/block.js';
 import { initParams } from '../model/init.js';
 import { buildModel, type ModelConfig } from '../model/model.js';
 import { scaledDifference } from '../testing/backend-compare.js';
-import { trainTinyLm } from '../testing/fixtures.js';
+import { assertPeaksAsRecorded, trainTinyLm } from '../testing/fixtures.js';
 import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
 import { tf } from './tfjs.js';
@@ -249,13 +249,7 @@ test('single on webgpu with captured steps (the default; LAYERWISE_WEBGPU_CAPTUR
   // a replayed step counts the bytes its recording held (activations, gradients) for its span:
   // its peak is a recorded step's, less the batch's tokens and labels (4 x 8 int32 each), which a
   // replay takes as host values. Without the count it read half (88,424 against 177,212 B).
-  const peak = (r: (typeof captured.reports)[number]) => r.peakBytes[0]!;
-  const recorded = peak(captured.reports[2]!);
-  for (const r of captured.reports.slice(3))
-    assert.ok(
-      peak(r) <= recorded && peak(r) >= recorded - 2 * 4 * 8 * 4,
-      `replayed step's peak ${peak(r)} B against the recorded step's ${recorded} B`,
-    );
+  assertPeaksAsRecorded(captured.reports, 2 * 4 * 8 * 4);
   assert.ok(
     plain.reports.every((r) => (r.gpu?.replays ?? 0) === 0),
     'none replayed without the variable',

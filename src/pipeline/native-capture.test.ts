@@ -11,7 +11,7 @@ import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
 import { softmaxCrossEntropy } from '../model/layers.js';
 import { maxParamDiff } from '../testing/assert-close.js';
-import { trainTinyLm } from '../testing/fixtures.js';
+import { assertPeaksAsRecorded, trainTinyLm } from '../testing/fixtures.js';
 import type { StepIO } from './executor.js';
 import {
   NATIVE_CAPTURE_ENV,
@@ -81,13 +81,7 @@ for (const precision of ['fp32', 'bf16'] as const)
     assert.deepEqual(capturedPipeline.losses, plainPipeline.losses);
     // a replayed step counts the bytes its recording held for its span: its peak is a recorded
     // step's (the batch's tokens and labels, 4 x 8 int32 each, aside)
-    const peak = (r: (typeof captured.reports)[number]) => r.peakBytes[0]!;
-    const recorded = peak(captured.reports[2]!);
-    for (const r of captured.reports.slice(3))
-      assert.ok(
-        peak(r) <= recorded && peak(r) >= recorded - 2 * 4 * 8 * 4,
-        `replayed step's peak ${peak(r)} B against the recorded step's ${recorded} B`,
-      );
+    assertPeaksAsRecorded(captured.reports, 2 * 4 * 8 * 4);
   });
 
 /**

@@ -2,6 +2,7 @@
  * Test helpers: small, seeded data shared by the tests (never used by the library itself).
  */
 
+import assert from 'node:assert/strict';
 import { tf } from '../backend/tfjs.js';
 import { resolveConfig, type TrainConfig } from '../config/config.js';
 import { type Batch, makeBatcher } from '../data/batcher.js';
@@ -159,6 +160,25 @@ export async function trainTinyLm(
   } finally {
     await s.close();
   }
+}
+
+/**
+ * Asserts that device 0's peak bytes in every step from the fourth on are the third step's (a
+ * recorded step's) less at most `batchBytes` (the batch a replay takes as host values): a
+ * captured step's replays count the bytes its recording held (pipeline/captured-step.ts,
+ * pipeline/native-capture.ts).
+ */
+export function assertPeaksAsRecorded(
+  reports: readonly StepReport[],
+  batchBytes: number,
+): void {
+  const peak = (r: StepReport) => r.peakBytes[0]!;
+  const recorded = peak(reports[2]!);
+  for (const r of reports.slice(3))
+    assert.ok(
+      peak(r) <= recorded && peak(r) >= recorded - batchBytes,
+      `replayed step's peak ${peak(r)} B against the recorded step's ${recorded} B`,
+    );
 }
 
 const presetData = new Map<string, Promise<Dataset>>();
