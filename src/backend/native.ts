@@ -484,6 +484,22 @@ export class NativeBackend extends MathBackendCPU {
     return values;
   }
 
+  /**
+   * A copy of a tensor's values (a new typed array, float32 or int32), read without disowning
+   * its array: the array goes back to the pool when the tensor is disposed, so a stage that
+   * sends an activation each micro-batch (runtime/serialize.ts toWire) gets the same arrays every
+   * step rather than new ones (which a captured step, pipeline/native-capture.ts, needs, and
+   * which would otherwise be fresh pages each micro-batch).
+   */
+  copyValues(dataId: tf.DataId): Float32Array | Int32Array {
+    this.internalRead = true;
+    try {
+      return (this.readSync(dataId) as Float32Array | Int32Array).slice();
+    } finally {
+      this.internalRead = false;
+    }
+  }
+
   /** Kernels read their inputs through this for the duration of the kernel only: no need to disown. */
   override bufferSync<R extends tf.Rank, D extends tf.DataType>(
     t: tf.TensorInfo,

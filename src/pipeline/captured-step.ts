@@ -58,8 +58,8 @@ import type { StepIO } from './executor.js';
 
 /**
  * Whether a training forward of micro-batch `mb` with `io` (its activations kept where `keep`) is
- * a step a captured step covers (webgpu's and native's, pipeline/native-capture.ts): the only
- * micro-batch of a step that skips no block and diagnoses nothing.
+ * a step webgpu's captured step covers: the only micro-batch of a step that skips no block and
+ * diagnoses nothing.
  */
 export function capturesStep(mb: number, io: StepIO, keep: boolean): boolean {
   return (

@@ -39,31 +39,12 @@ async function withCaptureEnv<T>(
 }
 
 for (const precision of ['fp32', 'bf16'] as const)
-  test(`single on native (${precision}) with captured steps (the default) replays its forward and backward from its fourth or fifth step and trains bit for bit as without them; gpipe K=2 with one micro-batch captures nothing`, {
+  test(`single on native (${precision}) with captured steps (the default) replays its forward and backward from its fourth or fifth step and trains bit for bit as without them`, {
     skip,
   }, async () => {
-    const run = (o: Record<string, unknown> = { strategy: 'single' }) =>
-      trainTinyLm(
-        { backend: 'native', precision, clipNorm: 0.5, ...o },
-        {
-          shape: { layers: 2, dModel: 16, heads: 2, context: 8 },
-          batchSize: 4,
-          lrs: [3e-3, 2.5e-3, 2e-3, 1.5e-3, 1e-3, 8e-4, 6e-4, 4e-4],
-        },
-      );
-    const pipeline = { strategy: 'gpipe', stages: 2, microBatches: 1 };
-    const plain = await withCaptureEnv('0', () => run());
-    const captured = await withCaptureEnv('1', () => run());
-    const capturedPipeline = await withCaptureEnv('1', () => run(pipeline));
-    const plainPipeline = await withCaptureEnv('0', () => run(pipeline));
-    // two steps recorded alike (bf16's first also converts the parameters: not alike), the next
-    // tried against TF.js, then every step replayed
-    const replays = captured.reports.map((r) => r.replayed ?? 0);
-    const first = replays.indexOf(1);
-    assert.ok(
-      first >= 3 && first <= 4 && replays.slice(first).every((n) => n === 1),
-      `replayed from the fourth or fifth step on: ${replays}`,
-    );
+    const plain = await withCaptureEnv('0', () => runTiny(precision));
+    const captured = await withCaptureEnv('1', () => runTiny(precision));
+    assertReplayedFrom(captured.reports, 1);
     assert.deepEqual(
       captured.losses,
       plain.losses,
@@ -74,15 +55,67 @@ for (const precision of ['fp32', 'bf16'] as const)
       plain.reports.every((r) => r.replayed === undefined),
       'none replayed with LAYERWISE_NATIVE_CAPTURE=0',
     );
-    assert.ok(
-      capturedPipeline.reports.every((r) => r.replayed === undefined),
-      'no stage of gpipe K=2 holds the whole model: none replayed',
-    );
-    assert.deepEqual(capturedPipeline.losses, plainPipeline.losses);
     // a replayed step counts the bytes its recording held for its span: its peak is a recorded
     // step's (the batch's tokens and labels, 4 x 8 int32 each, aside)
     assertPeaksAsRecorded(captured.reports, 2 * 4 * 8 * 4);
   });
+
+for (const [schedule, checkpoint] of [
+  ['1f1b', 'except_last'],
+  ['zbv', 'never'],
+  ['gpipe', 'always'],
+] as const)
+  test(`gpipe K=2 M=2 on native with the ${schedule} schedule (re-materialization ${checkpoint}): each stage replays its step's actions from the fourth or fifth step, bit for bit as without captured steps`, {
+    skip,
+  }, async () => {
+    const o = {
+      strategy: 'gpipe',
+      stages: 2,
+      microBatches: 2,
+      schedule,
+      checkpoint,
+    };
+    const plain = await withCaptureEnv('0', () => runTiny('fp32', o));
+    const captured = await withCaptureEnv('1', () => runTiny('fp32', o));
+    // every stage counts its replayed steps (zbv: 2 stages a device, 4 in all)
+    assertReplayedFrom(captured.reports, schedule === 'zbv' ? 4 : 2);
+    assert.deepEqual(captured.losses, plain.losses, 'the same losses');
+    assert.equal(maxParamDiff(captured.params, plain.params), 0);
+  });
+
+/** charlm-like tiny run on native over 8 steps with `o`'s strategy. */
+function runTiny(
+  precision: 'fp32' | 'bf16',
+  o: Record<string, unknown> = { strategy: 'single' },
+) {
+  return trainTinyLm(
+    { backend: 'native', precision, clipNorm: 0.5, ...o },
+    {
+      shape: { layers: 2, dModel: 16, heads: 2, context: 8 },
+      batchSize: 4,
+      lrs: [3e-3, 2.5e-3, 2e-3, 1.5e-3, 1e-3, 8e-4, 6e-4, 4e-4],
+    },
+  );
+}
+
+/**
+ * Two steps recorded alike (bf16's first also converts the parameters: not alike), the next
+ * tried against TF.js, then every step replayed, by all `stages`.
+ */
+function assertReplayedFrom(
+  reports: ReadonlyArray<{ replayed?: number }>,
+  stages: number,
+): void {
+  const replays = reports.map((r) => r.replayed ?? 0);
+  const first = replays.indexOf(stages);
+  assert.ok(
+    first >= 3 &&
+      first <= 4 &&
+      replays.slice(0, first).every((n) => n === 0) &&
+      replays.slice(first).every((n) => n === stages),
+    `replayed by ${stages} stage(s) from the fourth or fifth step on: ${replays}`,
+  );
+}
 
 /**
  * One step of a small classifier on native: rows of a kept table E gathered by x, times W, the
@@ -131,13 +164,17 @@ function runSteps(
   for (let k = 0; k < n; k++) {
     const { x, labels } = batchOf(k);
     let out: { loss: tf.Tensor; grad: tf.Tensor };
-    if (capture?.beforeForward(0, io, true, x, labels)) {
-      const r = capture.replayBackward()!;
-      out = { loss: r.loss, grad: r.grads.get('w')! };
+    const act = { op: 'forward', mb: 0, keep: true };
+    // the forward and backward as one action: the classifier step is one tape
+    const r = capture?.replay(act, io, { x, labels });
+    if (r) {
+      capture!.endStep();
+      out = { loss: r.loss!, grad: r.grads!.get('w')! };
     } else {
+      capture?.begin(act, io, { x, labels });
       out = classifierStep(e, w, x, labels, stacked);
-      capture?.afterForward(x, labels, out.loss);
-      capture?.afterBackward(new Map([['w', out.grad]]), io.lossSeed);
+      capture?.end({ loss: out.loss }, new Map([['w', out.grad]]));
+      capture?.endStep();
       x.dispose();
       labels.dispose();
     }

@@ -1,30 +1,35 @@
 /**
  * A captured step on the native CPU device (issue 37; as webgpu's, pipeline/captured-step.ts,
- * and CUDA graphs): a backprop stage that holds the whole model, training one micro-batch a step,
- * records the native addon's calls of its forward and backward through TF.js, and once two steps
- * in a row made the same calls on the same arrays, and a replay of them has reproduced a third
- * step bit for bit, runs later steps' forward and backward as that list of calls alone: no
- * TF.js, no tape, no JS between the kernels. The step's tokens and labels are copied into the
- * arrays the recording read them from; the gradients are handed on as tensors on the recording's
- * arrays (not copied) and the loss is what the recorded loss call returns. The optimizer step,
- * the gradient norm and the reads still run through TF.js.
+ * and CUDA graphs): any backprop stage (single device, a pipeline's stage, a replica's) records
+ * the native addon's calls of each compute action of its training step (forward, backward,
+ * backward_input, backward_weight, for every micro-batch, in the schedule's order) through
+ * TF.js, and once two steps in a row made the same calls on the same arrays, and a trial replay
+ * of them has reproduced a third step bit for bit, runs later steps' actions as those lists of
+ * calls alone: no TF.js, no tape, no JS between the kernels. Each action's inputs (tokens and
+ * labels, a received activation or gradient) are copied into the arrays the recording read them
+ * from; its outputs (an activation or gradient to send) are handed on as copies, a loss as what
+ * the recorded loss call returns, and after the step's last action the accumulated gradients as
+ * tensors on the recording's arrays (not copied). The optimizer step, the gradient norm, the
+ * all-reduce and the sends still run through TF.js and the executor.
  *
  * Why it is exact: an addon call reads nothing but its arguments. With AdamW in place
- * (backend/native.ts adamwMultiKernel) and the pools handing out the first-made free buffer
- * (backend/free-list.ts), a step calls the addon on exactly the arrays of the step before:
- * the two recordings compared show it, call by call (arrays by identity, other arguments by
- * value, the tokens and labels by their place). What the step's JS computes outside the addon
- * (a kernel of TF.js's cpu backend, a zero fill, a constant) is not in the list; where a call
- * reads such a value, the third step shows it: before that step runs through TF.js it is
- * replayed with its batch, and the capture stands only where the replay's gradients and loss
- * equal TF.js's bit for bit (else it is never tried again by this stage). The arrays the
- * recording uses are then claimed from the pools (NativeBackend.claimArrays), so nothing else is
- * handed them between replays. The capture is dropped and recorded anew when a step differs:
- * the parameters' arrays or their bf16 copies (a checkpoint restored), the batch's shapes, the
- * loss seed (a new loss scale), the team's thread count, LayerDrop, a diagnosing step, several
- * micro-batches; or when a replay fails. A replayed step counts the bytes its recording reached
- * above the step's start as device bytes for the replay's span (backend/memory.ts), so its peak
- * and the `--device-memory` budget read as a recorded step's.
+ * (backend/native.ts adamwMultiKernel), the pools handing out the first-made free buffer
+ * (backend/free-list.ts) and a sent tensor's array going back to the pool (runtime/serialize.ts
+ * copyOfValues), a step calls the addon on exactly the arrays of the step before: the two
+ * recordings compared show it, call by call (arrays by identity, other arguments by value, each
+ * action's inputs by their place). What the step's JS computes outside the addon (a kernel of
+ * TF.js's cpu backend, a zero fill, a constant, Dropout's noise) is not in the lists; where a
+ * call reads such a value, the third step shows it: before each of its actions runs through
+ * TF.js, the recorded action is replayed on that action's inputs, and every array it wrote is put
+ * back afterwards; the capture stands only where every replayed action's outputs and loss, and
+ * the step's gradients, equal TF.js's bit for bit (else it is never tried again by this stage).
+ * The arrays the recording uses are then claimed from the pools (NativeBackend.claimArrays), so
+ * nothing else is handed them between replays. The capture is dropped and recorded anew when a
+ * step differs at its first action: the parameters' arrays or their bf16 copies (a checkpoint
+ * restored), the inputs' shapes, the micro-batches, the loss seed (a new loss scale), the team's
+ * thread count, LayerDrop, a diagnosing step; or when a replay fails. A replayed step counts the
+ * bytes its recording reached above the step's start as device bytes at its first action
+ * (backend/memory.ts), so its peak and the `--device-memory` budget read as a recorded step's.
  *
  * On by default where the backend is native; LAYERWISE_NATIVE_CAPTURE=0 turns it off (the
  * kernels bench turns it off: it times TF.js's kernels).
@@ -43,7 +48,6 @@ import {
   startAddonRecording,
 } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
-import { capturesStep } from './captured-step.js';
 import type { StepIO } from './executor.js';
 
 /** Forward-and-backwards this thread replayed from captured steps so far (the stage host reports each step's). */
@@ -76,64 +80,139 @@ export interface NativeCaptureHost {
   readonly paramVars: ReadonlyMap<string, tf.Variable>;
 }
 
-/** One recorded forward and backward. */
+/** A compute action of a stage's training step, as the capture keys its segments. */
+export interface CaptureAction {
+  /** forward, backward, backward_input or backward_weight. */
+  op: string;
+  mb: number;
+  /** Whether the forward kept its activations (no re-materialization). */
+  keep: boolean;
+}
+
+/** What an action takes from the step (disposed by the capture where it replays the action). */
+export interface ActionInputs {
+  /** The stage's input: [B/M, T] int32 tokens, or float32 activations. */
+  x?: tf.Tensor;
+  /** The labels (last stage). */
+  labels?: tf.Tensor;
+  /** The gradient of the stage's output (not the last stage). */
+  dy?: tf.Tensor;
+}
+
+/** What an action gives the step. */
+export interface ActionOutputs {
+  /** The output to send on (a forward of a stage that is not the last). */
+  y?: tf.Tensor | null;
+  /** The input's gradient to send back (a backward of a stage that is not the first). */
+  dx?: tf.Tensor | null;
+  /** The micro-batch's loss (a forward of the last stage): a float32 scalar. */
+  loss?: tf.Tensor | null;
+}
+
+/** A replayed action's results, for the stage to hand on as it would TF.js's. */
+export interface ReplayedAction {
+  y?: tf.Tensor;
+  dx?: tf.Tensor;
+  loss?: tf.Tensor;
+  /** After the step's last action: the accumulated gradients by key (tensors on the capture's arrays). */
+  grads?: Map<string, tf.Tensor>;
+}
+
+type InputName = keyof ActionInputs;
+type OutputName = 'y' | 'dx';
+
+/** One action's part of a recorded step. */
+interface Segment {
+  op: string;
+  mb: number;
+  keep: boolean;
+  /** Its calls: [from, to) of the step's. */
+  from: number;
+  to: number;
+  /** The arrays it read its inputs from (copied into on a replay), by name. */
+  inputs: Array<{
+    name: InputName;
+    values: Float32Array | Int32Array;
+    shape: number[];
+  }>;
+  /** The arrays its outputs were on (copied out on a replay). */
+  outputs: Array<{ name: OutputName; values: Float32Array; shape: number[] }>;
+  /** The call (of the step's) whose result is its loss; -1: none. */
+  lossCall: number;
+}
+
+/** One recorded step of a stage: its compute actions' addon calls. */
 interface Captured {
   calls: AddonCall[];
-  /** The arrays the recording read the tokens and the labels from (int32). */
-  x: Int32Array;
-  labels: Int32Array;
-  xShape: number[];
-  labelsShape: number[];
-  /** The call whose result is the loss. */
-  lossCall: number;
-  /** The gradients' arrays and shapes by key. */
+  segments: Segment[];
+  /** The accumulated gradients' arrays and shapes by key, after the last action. */
   grads: Map<string, { values: Float32Array; shape: number[] }>;
   /** The parameters' arrays and their bf16 copies (null: none), in the stage's key order. */
   params: unknown[];
   copies: Array<Uint16Array | null>;
   seed: number;
+  m: number;
   threads: number;
-  /** Bytes above the device's level at the recording's start that the recorded step reached (bytes). */
+  /** Bytes above the device's level at the step's first action that the recorded step reached (bytes). */
   transientBytes: number;
 }
 
-/** A replay's gradients (copies) and loss, for the check against TF.js's. */
+/** A step being recorded. */
+interface Recording {
+  calls: AddonCall[];
+  segments: Segment[];
+  grads: Map<string, { values: Float32Array; shape: number[] }>;
+  /** Whether some action could not be recorded (an input or output not on a plain array): never a capture. */
+  broken: boolean;
+  base: number;
+  seed: number;
+  m: number;
+  /** The action being recorded. */
+  open: {
+    rec: AddonRecording;
+    segment: Segment;
+  } | null;
+}
+
+/** A replay of {@link Trial.captured}'s actions, each before TF.js runs it, to compare results. */
 interface Trial {
   captured: Captured;
-  grads: Map<string, Float32Array>;
-  loss: number;
+  /** Whether every action so far gave TF.js's results bit for bit. */
+  ok: boolean;
+  /** The current action's replayed outputs (copies) and loss. */
+  outputs: Map<OutputName, Float32Array>;
+  loss: number | null;
+  /** After the last action: the replayed gradients (copies). */
+  grads: Map<string, Float32Array> | null;
+  /** Actions compared so far. */
+  done: number;
+  /** The recording's input arrays to this step's, of the actions so far. */
+  sub: Map<unknown, unknown>;
 }
 
 /**
- * The capture of one stage's forward and backward on native (see the module's comment). The
- * stage calls it around its forward and backward handlers, as webgpu's StepCapture.
+ * The capture of one stage's training step on native (see the module's comment). The stage
+ * calls it around each compute action of a training step ({@link replay}, else {@link begin}
+ * and {@link end}), and at the step's end ({@link endStep}).
  */
 export class NativeStepCapture {
-  private recording: {
-    rec: AddonRecording;
-    /** The batch's values, shapes as recorded (the tensors are disposed by the backward's end). */
-    x: unknown;
-    labels: unknown;
-    xShape: number[];
-    labelsShape: number[];
-    loss?: number;
-    base: number;
-  } | null = null;
+  private recording: Recording | null = null;
   /** The last step's recording, to compare the next with. */
   private last: Captured | null = null;
   /** Whether the step before the last recorded the same as {@link last}: the next step tries it. */
   private matched = false;
   /** Recordings in a row that did not make a capture: at {@link MAX_MISSES} this stage stops recording. */
   private misses = 0;
-  /** A capture being checked: replayed before this step ran through TF.js. */
+  /** A capture being checked, action by action, in this step. */
   private trial: Trial | null = null;
   /** The capture replayed. */
   private ready: Captured | null = null;
+  /** Whether this step is replayed (decided at its first action). */
+  private replaying = false;
+  /** Actions of this step so far. */
+  private cursor = 0;
   /** Whether a replay of this stage once differed from TF.js, or its steps did not repeat: never captured again. */
   private refused = false;
-  /** Whether this step's forward was replayed (the backward hands on the replay's results). */
-  private pending: { grads: Map<string, tf.Tensor>; loss: tf.Tensor } | null =
-    null;
   constructor(private readonly host: NativeCaptureHost) {}
 
   /** Whether native captured steps are on: this thread's backend is native (its addon loaded) and LAYERWISE_NATIVE_CAPTURE is not 0. */
@@ -166,148 +245,307 @@ export class NativeStepCapture {
     };
   }
 
-  /** Whether `c` replays this step: the same parameters' arrays, batch shapes, seed and team. */
-  private fits(
-    c: Captured,
-    io: StepIO,
-    x: tf.Tensor,
-    labels: tf.Tensor,
-  ): boolean {
+  /** Whether `c` replays a step starting with `io`: the same parameters' arrays, seed, micro-batches and team, no block skipped, no diagnosis. */
+  private fitsStep(c: Captured, io: StepIO): boolean {
     const { params, copies } = this.paramState();
-    const xs = this.valuesOf(x);
-    const ls = this.valuesOf(labels);
     return (
-      xs instanceof Int32Array &&
-      ls instanceof Int32Array &&
-      sameList(x.shape, c.xShape) &&
-      sameList(labels.shape, c.labelsShape) &&
       io.lossSeed === c.seed &&
+      io.m === c.m &&
       nativeAddon()!.threads() === c.threads &&
       sameList(params, c.params) &&
       sameList(copies, c.copies)
     );
   }
 
+  /** Whether segment `s` is action `a` with these inputs (names, dtypes and shapes). */
+  private fitsAction(
+    s: Segment | undefined,
+    a: CaptureAction,
+    inputs: ActionInputs,
+  ): s is Segment {
+    if (!s || s.op !== a.op || s.mb !== a.mb || s.keep !== a.keep) return false;
+    const given = inputNames(inputs);
+    if (given.length !== s.inputs.length) return false;
+    return s.inputs.every((r, i) => {
+      const t = inputs[r.name];
+      const v = t ? this.valuesOf(t) : undefined;
+      return (
+        given[i] === r.name &&
+        v?.constructor === r.values.constructor &&
+        sameList(t!.shape, r.shape)
+      );
+    });
+  }
+
   /**
-   * The training forward of a stage holding the whole model, before it runs: true where this
-   * step is replayed (x and labels taken: their values copied into the recording's arrays and
-   * the tensors disposed; the stage skips its forward and the backward hands on the replay's
-   * results), false where the stage runs its forward (recorded where the step is one the
-   * capture covers: call {@link afterForward} once it ran).
+   * A compute action of a training step, before it runs: where this step is replayed, copies
+   * its inputs into the recording's arrays (disposing them), replays its calls and returns its
+   * results (the stage hands them on and skips the action); else null (the stage runs it through
+   * TF.js, between {@link begin} and {@link end}).
+   * @throws Error where a replayed step's action is not the recording's (a schedule that changed
+   * within a step): the step fails, and the capture is dropped.
    */
-  beforeForward(
-    mb: number,
+  replay(
+    a: CaptureAction,
     io: StepIO,
-    keep: boolean,
-    x: tf.Tensor,
-    labels: tf.Tensor,
-  ): boolean {
-    if (this.refused || !capturesStep(mb, io, keep)) {
-      this.drop();
-      return false;
+    inputs: ActionInputs,
+  ): ReplayedAction | null {
+    if (this.cursor === 0) {
+      this.replaying = false;
+      const c = this.ready;
+      if (this.refused || !coverable(io) || (c && !this.fitsStep(c, io))) {
+        this.drop();
+      } else if (c && this.fitsAction(c.segments[0], a, inputs)) {
+        this.replaying = true;
+        // the device holds the recorded step's activations while the replay runs: counted as
+        // the recorded step counted its tensors (its peak, checked against --device-memory)
+        countPrivateBytes(c.transientBytes);
+        countPrivateBytes(-c.transientBytes);
+      } else if (c) this.drop();
     }
-    const c = this.ready;
-    if (c) {
-      if (this.fits(c, io, x, labels)) {
-        this.pending = this.replay(c, x, labels);
-        x.dispose();
-        labels.dispose();
-        replaysHere++;
-        return true;
-      }
+    if (!this.replaying) return null;
+    const c = this.ready!;
+    const s = c.segments[this.cursor];
+    if (!this.fitsAction(s, a, inputs)) {
       this.drop();
+      throw new Error(
+        `a captured step's action ${this.cursor} is ${a.op} of micro-batch ${a.mb}, not the recording's; ` +
+          `set ${NATIVE_CAPTURE_ENV}=0 to train without captured steps`,
+      );
     }
-    // two steps recorded the same: replay that before this step runs through TF.js, to compare
-    if (this.last && this.matched && this.fits(this.last, io, x, labels))
-      this.trial = this.tryReplay(this.last, x, labels);
-    this.recording = {
-      rec: startAddonRecording(),
-      x: this.valuesOf(x),
-      labels: this.valuesOf(labels),
-      xShape: [...x.shape],
-      labelsShape: [...labels.shape],
-      base: deviceBytes(),
-    };
-    return false;
-  }
-
-  /** Replays `c` with x and labels: the gradients as tensors on its arrays and the loss. */
-  private replay(
-    c: Captured,
-    x: tf.Tensor,
-    labels: tf.Tensor,
-  ): { grads: Map<string, tf.Tensor>; loss: tf.Tensor } {
-    const loss = this.run(c, x, labels);
-    return {
-      grads: new Map(
+    const loss = this.runSegment(c, s, inputs);
+    for (const t of Object.values(inputs)) t?.dispose();
+    this.cursor++;
+    const out: ReplayedAction = {};
+    for (const o of s.outputs)
+      out[o.name] = tf.tensor(o.values.slice(), o.shape);
+    if (loss !== null) out.loss = tf.scalar(loss);
+    if (this.cursor === c.segments.length) {
+      out.grads = new Map(
         [...c.grads].map(([k, g]) => [k, tf.tensor(g.values, g.shape)]),
-      ),
-      loss: tf.scalar(loss),
-    };
+      );
+      replaysHere++;
+    }
+    return out;
   }
 
-  /** Copies the batch into c's arrays and runs c's calls; returns the loss. */
-  private run(c: Captured, x: tf.Tensor, labels: tf.Tensor): number {
-    c.x.set(this.valuesOf(x) as Int32Array);
-    c.labels.set(this.valuesOf(labels) as Int32Array);
-    // the device holds the recorded step's activations while the replay runs: counted as the
-    // recorded step counted its tensors (its peak, checked against --device-memory)
-    countPrivateBytes(c.transientBytes);
-    countPrivateBytes(-c.transientBytes);
+  /**
+   * Runs segment s's calls with `inputs`; returns its loss (null: none). A replay copies the
+   * inputs into the recording's arrays; a trial (`sub`: the recording's input arrays to this
+   * step's, of the actions so far) runs the calls on this step's input arrays instead, writing
+   * nothing TF.js's run of the step might still read.
+   */
+  private runSegment(
+    c: Captured,
+    s: Segment,
+    inputs: ActionInputs,
+    sub?: Map<unknown, unknown>,
+  ): number | null {
+    let calls = c.calls.slice(s.from, s.to);
+    if (sub) {
+      for (const r of s.inputs)
+        sub.set(r.values, this.valuesOf(inputs[r.name]!));
+      calls = substituted(calls, sub);
+    } else
+      for (const r of s.inputs)
+        r.values.set(this.valuesOf(inputs[r.name]!) as Float32Array);
     let results: unknown[];
     try {
-      results = replayAddonCalls(c.calls);
+      results = replayAddonCalls(calls);
     } catch (e) {
       this.drop(); // the next step runs through TF.js, and records anew
       throw e;
     }
-    return results[c.lossCall] as number;
+    return s.lossCall < 0 ? null : (results[s.lossCall - s.from] as number);
   }
 
-  /** Replays `c` with this step's batch before TF.js runs it, keeping copies of what it gave. */
-  private tryReplay(c: Captured, x: tf.Tensor, labels: tf.Tensor): Trial {
-    const loss = this.run(c, x, labels);
-    return {
-      captured: c,
-      grads: new Map([...c.grads].map(([k, g]) => [k, g.values.slice()])),
-      loss,
+  /**
+   * A compute action about to run through TF.js in a training step: records its addon calls
+   * (until {@link end}); where a capture is being tried, first replays the recorded action with
+   * these inputs, keeping what it gave for {@link end} to compare, and puts back every array it
+   * wrote (so TF.js's run is as if it had not happened).
+   */
+  begin(a: CaptureAction, io: StepIO, inputs: ActionInputs): void {
+    if (this.refused || this.replaying) return;
+    if (this.cursor === 0) {
+      this.recording = null;
+      this.trial = null;
+      if (!coverable(io)) return;
+      if (this.last && this.matched && this.fitsStep(this.last, io))
+        this.trial = {
+          captured: this.last,
+          ok: true,
+          outputs: new Map(),
+          loss: null,
+          grads: null,
+          done: 0,
+          sub: new Map(),
+        };
+      this.recording = {
+        calls: [],
+        segments: [],
+        grads: new Map(),
+        broken: false,
+        base: deviceBytes(),
+        seed: io.lossSeed,
+        m: io.m,
+        open: null,
+      };
+    }
+    this.cursor++;
+    const r = this.recording;
+    if (!r) return;
+    this.tryAction(a, inputs);
+    const segment: Segment = {
+      op: a.op,
+      mb: a.mb,
+      keep: a.keep,
+      from: r.calls.length,
+      to: r.calls.length,
+      inputs: [],
+      outputs: [],
+      lossCall: -1,
     };
+    for (const name of inputNames(inputs)) {
+      const t = inputs[name]!;
+      const values = this.valuesOf(t);
+      if (values instanceof Float32Array || values instanceof Int32Array)
+        segment.inputs.push({ name, values, shape: [...t.shape] });
+      else r.broken = true;
+    }
+    r.open = { rec: startAddonRecording(), segment };
   }
 
-  /** After a recorded forward: `loss` the forward's loss tensor. */
-  afterForward(_x: tf.Tensor, _labels: tf.Tensor, loss: tf.Tensor): void {
-    const r = this.recording;
-    if (!r) return;
-    const v = this.valuesOf(loss);
-    if (v instanceof Float32Array && v.length === 1) r.loss = v[0];
+  /** The trial's replay of action `a` (its next), before TF.js runs it: results kept, arrays put back. */
+  private tryAction(a: CaptureAction, inputs: ActionInputs): void {
+    const t = this.trial;
+    if (!t?.ok) return;
+    const c = t.captured;
+    const s = c.segments[t.done];
+    if (!this.fitsAction(s, a, inputs)) {
+      t.ok = false;
+      return;
+    }
+    for (const r of s.inputs)
+      t.sub.set(r.values, this.valuesOf(inputs[r.name]!));
+    const saved = this.snapshot(c, s, t.sub);
+    try {
+      const loss = this.runSegment(c, s, inputs, t.sub);
+      t.loss = loss;
+      t.outputs = new Map(s.outputs.map((o) => [o.name, o.values.slice()]));
+      if (t.done === c.segments.length - 1)
+        t.grads = new Map([...c.grads].map(([k, g]) => [k, g.values.slice()]));
+    } finally {
+      for (const [a, copy] of saved) a.set(copy);
+    }
+  }
+
+  /** Copies of every array segment s's calls take (with `sub`'s arrays for the recording's) but the parameters' (and their bf16 copies'). */
+  private snapshot(
+    c: Captured,
+    s: Segment,
+    sub: Map<unknown, unknown>,
+  ): Map<TypedArray, TypedArray> {
+    const fixed = new Set<unknown>([...c.params, ...c.copies]);
+    const out = new Map<TypedArray, TypedArray>();
+    for (const a of arraysOfCalls(
+      substituted(c.calls.slice(s.from, s.to), sub),
+    ))
+      if (!fixed.has(a) && !out.has(a)) out.set(a, a.slice());
+    return out;
   }
 
   /**
-   * The backward of micro-batch 0: where its forward was replayed, the gradients by key (tensors
-   * on the recording's arrays: the stage accumulates and the optimizer reads them as any) and the
-   * loss tensor; null where the stage runs its backward.
+   * After an action ran through TF.js: its outputs, and the stage's accumulated gradients now.
+   * Ends the action's recording; where a capture is being tried, compares its replay's results
+   * with these.
    */
-  replayBackward(): { grads: Map<string, tf.Tensor>; loss: tf.Tensor } | null {
-    const p = this.pending;
-    this.pending = null;
-    return p;
+  end(outputs: ActionOutputs, grads: ReadonlyMap<string, tf.Tensor>): void {
+    const r = this.recording;
+    if (!r?.open) return;
+    const { rec, segment } = r.open;
+    r.open = null;
+    rec.stop();
+    for (const call of rec.calls) r.calls.push(call);
+    segment.to = r.calls.length;
+    for (const name of ['y', 'dx'] as const) {
+      const t = outputs[name];
+      if (!t) continue;
+      const values = this.valuesOf(t);
+      if (values instanceof Float32Array && !this.backend.anyBf16Only(t))
+        segment.outputs.push({ name, values, shape: [...t.shape] });
+      else r.broken = true;
+    }
+    let loss: number | null = null;
+    if (outputs.loss) {
+      const v = this.valuesOf(outputs.loss);
+      if (!(v instanceof Float32Array) || v.length !== 1) r.broken = true;
+      else {
+        loss = v[0]!;
+        // the last call that returned the loss (a double the kernel rounds to float32)
+        let k = segment.to - 1;
+        while (k >= segment.from && !isLoss(r.calls[k]!.result, loss)) k--;
+        if (k < segment.from) r.broken = true;
+        segment.lossCall = k;
+      }
+    }
+    r.segments.push(segment);
+    r.grads = new Map();
+    for (const [k, g] of grads) {
+      const values = this.valuesOf(g);
+      if (values instanceof Float32Array && !this.backend.anyBf16Only(g))
+        r.grads.set(k, { values, shape: [...g.shape] });
+      else r.broken = true;
+    }
+    this.compareAction(segment, outputs, loss, r.grads);
+  }
+
+  /** Whether the trial's replay of this action gave TF.js's outputs, loss and (after the last) gradients bit for bit. */
+  private compareAction(
+    s: Segment,
+    outputs: ActionOutputs,
+    loss: number | null,
+    grads: Map<string, { values: Float32Array }>,
+  ): void {
+    const t = this.trial;
+    if (!t?.ok) return;
+    t.done++;
+    const same =
+      s.outputs.length === t.outputs.size &&
+      s.outputs.every((o) => {
+        const tried = t.outputs.get(o.name);
+        return tried !== undefined && sameBits(tried, o.values);
+      }) &&
+      (loss === null
+        ? t.loss === null
+        : t.loss !== null && Object.is(Math.fround(t.loss), loss)) &&
+      (t.grads === null ||
+        (t.grads.size === grads.size &&
+          [...grads].every(([k, g]) => {
+            const tried = t.grads!.get(k);
+            return tried !== undefined && sameBits(tried, g.values);
+          })));
+    if (!same) t.ok = false;
+    void outputs;
   }
 
   /**
-   * After a recorded backward: `grads` the stage's accumulated gradients by key. Ends the
-   * recording; where it repeats the last step's and this step's trial replay gave TF.js's
-   * results, the capture is ready and the next step is replayed.
+   * The step's compute actions are done (before its optimizer step): ends its recording. Where
+   * it repeats the last step's and this step's trial replays gave TF.js's results, the capture is
+   * ready and the next step is replayed.
    */
-  afterBackward(grads: ReadonlyMap<string, tf.Tensor>, lossSeed: number): void {
+  endStep(): void {
     const r = this.recording;
-    if (!r) return;
-    this.recording = null;
-    r.rec.stop();
-    const c = this.captured(r, r.rec.calls, grads, lossSeed);
     const trial = this.trial;
+    const replayed = this.replaying;
+    this.recording = null;
     this.trial = null;
+    this.cursor = 0;
+    this.replaying = false;
+    if (replayed || !r || this.refused) return;
+    const c = this.captured(r);
     if (c && trial && sameCapture(trial.captured, c)) {
-      if (!sameResults(trial, c)) {
+      if (!trial.ok || trial.done !== c.segments.length) {
         this.refuse(); // a value the calls read came from outside them
         return;
       }
@@ -333,52 +571,28 @@ export class NativeStepCapture {
     this.refused = true;
   }
 
-  /** What a recording shows, or null where it cannot be replayed (no loss call, a gradient not from the pool's float32 arrays). */
-  private captured(
-    r: NonNullable<NativeStepCapture['recording']>,
-    calls: AddonCall[],
-    grads: ReadonlyMap<string, tf.Tensor>,
-    seed: number,
-  ): Captured | null {
-    const { x, labels } = r;
-    if (!(x instanceof Int32Array) || !(labels instanceof Int32Array))
-      return null;
-    // the last call that returned the loss (a double the kernel rounds to float32)
-    const isLoss = (v: unknown) =>
-      typeof v === 'number' && Math.fround(v) === r.loss;
-    let lossCall = calls.length - 1;
-    while (lossCall >= 0 && !isLoss(calls[lossCall]!.result)) lossCall--;
-    if (lossCall < 0 || typeof r.loss !== 'number') return null;
-    const byKey = new Map<string, { values: Float32Array; shape: number[] }>();
-    for (const [k, g] of grads) {
-      const values = this.valuesOf(g);
-      if (!(values instanceof Float32Array) || this.backend.anyBf16Only(g))
-        return null;
-      byKey.set(k, { values, shape: [...g.shape] });
-    }
+  /** What a recorded step shows, or null where it cannot be replayed. */
+  private captured(r: Recording): Captured | null {
+    if (r.broken || r.open || r.segments.length === 0) return null;
     return {
-      calls,
-      x,
-      labels,
-      xShape: r.xShape,
-      labelsShape: r.labelsShape,
-      lossCall,
-      grads: byKey,
+      calls: r.calls,
+      segments: r.segments,
+      grads: r.grads,
       ...this.paramState(),
-      seed,
+      seed: r.seed,
+      m: r.m,
       threads: nativeAddon()!.threads(),
       transientBytes: Math.max(0, peakBytes() - r.base),
     };
   }
 
-  /** Drops a replayed step's results (a failed step); the capture stays. */
+  /** Drops a step's recording, trial or replay (a failed step); the capture stays. */
   resetStep(): void {
-    this.pending = null;
     this.trial = null;
-    if (this.recording) {
-      this.recording.rec.stop();
-      this.recording = null;
-    }
+    this.cursor = 0;
+    this.replaying = false;
+    if (this.recording?.open) this.recording.open.rec.stop();
+    this.recording = null;
   }
 
   /** Drops the capture and any recording: the next covered step records anew. */
@@ -395,6 +609,22 @@ export class NativeStepCapture {
   }
 }
 
+type TypedArray = Float32Array | Int32Array | Uint16Array | Uint8Array;
+
+/** Whether a step with `io` may be captured: it skips no block and diagnoses nothing. */
+function coverable(io: StepIO): boolean {
+  return io.dropped.size === 0 && !io.diagnose;
+}
+
+/** The names of the inputs given, in a fixed order. */
+function inputNames(inputs: ActionInputs): InputName[] {
+  return (['x', 'labels', 'dy'] as const).filter((n) => inputs[n]);
+}
+
+/** Whether a call's result is `loss` (a double the kernel rounds to float32). */
+const isLoss = (v: unknown, loss: number) =>
+  typeof v === 'number' && Math.fround(v) === loss;
+
 const sameList = (a: readonly unknown[], b: readonly unknown[]) =>
   a.length === b.length && a.every((v, i) => v === b[i]);
 
@@ -409,18 +639,47 @@ function sameArg(a: unknown, b: unknown): boolean {
   return a === b || (Number.isNaN(a) && Number.isNaN(b));
 }
 
-/** Whether two recordings are the same step: the same calls on the same arrays, the batch's arrays in the same places. */
+/** Whether two segments are the same action: op, micro-batch, calls' span, loss call, inputs' names and shapes, outputs' arrays. */
+function sameSegment(a: Segment, b: Segment): boolean {
+  return (
+    a.op === b.op &&
+    a.mb === b.mb &&
+    a.keep === b.keep &&
+    a.from === b.from &&
+    a.to === b.to &&
+    a.lossCall === b.lossCall &&
+    a.inputs.length === b.inputs.length &&
+    a.inputs.every(
+      (r, i) =>
+        r.name === b.inputs[i]!.name &&
+        r.values.constructor === b.inputs[i]!.values.constructor &&
+        sameList(r.shape, b.inputs[i]!.shape),
+    ) &&
+    a.outputs.length === b.outputs.length &&
+    a.outputs.every(
+      (o, i) =>
+        o.name === b.outputs[i]!.name &&
+        o.values === b.outputs[i]!.values &&
+        sameList(o.shape, b.outputs[i]!.shape),
+    )
+  );
+}
+
+/**
+ * Whether two recordings are the same step: the same actions making the same calls on the same
+ * arrays, each action's inputs' arrays in the same places.
+ */
 function sameCapture(a: Captured, b: Captured): boolean {
   if (
     a.calls.length !== b.calls.length ||
-    a.lossCall !== b.lossCall ||
+    a.segments.length !== b.segments.length ||
     a.seed !== b.seed ||
+    a.m !== b.m ||
     a.threads !== b.threads ||
     !sameList(a.params, b.params) ||
     !sameList(a.copies, b.copies) ||
-    !sameList(a.xShape, b.xShape) ||
-    !sameList(a.labelsShape, b.labelsShape) ||
-    a.grads.size !== b.grads.size
+    a.grads.size !== b.grads.size ||
+    !a.segments.every((s, i) => sameSegment(s, b.segments[i]!))
   )
     return false;
   for (const [k, g] of a.grads) {
@@ -428,26 +687,31 @@ function sameCapture(a: Captured, b: Captured): boolean {
     if (!h || h.values !== g.values || !sameList(h.shape, g.shape))
       return false;
   }
-  const place = (c: Captured, v: unknown) =>
-    v === c.x ? 'x' : v === c.labels ? 'labels' : v;
+  const places = (c: Captured) => {
+    const m = new Map<unknown, string>();
+    c.segments.forEach((s, i) => {
+      for (const r of s.inputs)
+        if (!m.has(r.values)) m.set(r.values, `${i}:${r.name}`);
+    });
+    return m;
+  };
+  const pa = places(a);
+  const pb = places(b);
+  const place = (p: Map<unknown, string>, v: unknown) => p.get(v) ?? v;
+  const samePlaced = (x: unknown, y: unknown): boolean =>
+    Array.isArray(x)
+      ? Array.isArray(y) &&
+        x.length === y.length &&
+        x.every((v, i) => samePlaced(v, y[i]))
+      : sameArg(place(pa, x), place(pb, y));
   return a.calls.every((c, i) => {
     const d = b.calls[i]!;
     return (
       c.name === d.name &&
       c.args.length === d.args.length &&
-      c.args.every((v, k) => sameArg(place(a, v), place(b, d.args[k])))
+      c.args.every((v, k) => samePlaced(v, d.args[k]))
     );
   });
-}
-
-/** Whether a trial replay gave the recorded step's gradients and loss, bit for bit. */
-function sameResults(t: Trial, c: Captured): boolean {
-  if (!Object.is(t.loss, c.calls[c.lossCall]!.result)) return false;
-  for (const [k, g] of c.grads) {
-    const tried = t.grads.get(k);
-    if (!tried || !sameBits(tried, g.values)) return false;
-  }
-  return true;
 }
 
 function sameBits(a: Float32Array, b: Float32Array): boolean {
@@ -458,14 +722,35 @@ function sameBits(a: Float32Array, b: Float32Array): boolean {
   return true;
 }
 
-/** Every typed array a capture's calls take (lists' items too), and its gradients'. */
-function arraysOf(c: Captured): Set<ArrayBufferView> {
-  const out = new Set<ArrayBufferView>();
+/** `calls` with every array that is a key of `sub` (lists' items too) replaced by its value. */
+function substituted(
+  calls: readonly AddonCall[],
+  sub: ReadonlyMap<unknown, unknown>,
+): AddonCall[] {
+  const map = (v: unknown): unknown =>
+    Array.isArray(v) ? v.map(map) : sub.has(v) ? sub.get(v) : v;
+  return calls.map((c) => ({ ...c, args: c.args.map(map) }));
+}
+
+/** Every typed array that `calls` take (lists' items too), each once. */
+function arraysOfCalls(calls: readonly AddonCall[]): Set<TypedArray> {
+  const out = new Set<TypedArray>();
   const add = (v: unknown) => {
-    if (ArrayBuffer.isView(v)) out.add(v);
+    if (ArrayBuffer.isView(v) && !(v instanceof DataView))
+      out.add(v as TypedArray);
     else if (Array.isArray(v)) v.forEach(add);
   };
-  for (const call of c.calls) call.args.forEach(add);
+  for (const call of calls) call.args.forEach(add);
+  return out;
+}
+
+/** Every typed array a capture's calls take, its inputs' and outputs', and its gradients'. */
+function arraysOf(c: Captured): Set<ArrayBufferView> {
+  const out = new Set<ArrayBufferView>(arraysOfCalls(c.calls));
+  for (const s of c.segments) {
+    for (const r of s.inputs) out.add(r.values);
+    for (const o of s.outputs) out.add(o.values);
+  }
   for (const g of c.grads.values()) out.add(g.values);
   return out;
 }

@@ -16,8 +16,8 @@ import {
 } from '../model/noise.js';
 import { StepCapture } from './captured-step.js';
 import { recordEvaluation } from './evaluation.js';
-import type { Handlers } from './executor.js';
-import { NativeStepCapture } from './native-capture.js';
+import type { Handlers, StepIO } from './executor.js';
+import { NativeStepCapture, type ReplayedAction } from './native-capture.js';
 import {
   backwardRecompute,
   backwardRecorded,
@@ -59,27 +59,37 @@ export class Stage extends TrainableStage {
   lastRecomputeMs = 0;
 
   /**
-   * The captured forward and backward, for a stage holding the whole model: on webgpu (on unless
-   * LAYERWISE_WEBGPU_CAPTURE=0) and on native (on unless LAYERWISE_NATIVE_CAPTURE=0).
+   * The captured forward and backward on webgpu, for a stage holding the whole model (on unless
+   * LAYERWISE_WEBGPU_CAPTURE=0).
    */
-  private readonly capture: StepCapture | NativeStepCapture | null = !(
-    this.isFirst && this.isLast
-  )
-    ? null
-    : StepCapture.wanted()
+  private readonly gpuCapture: StepCapture | null =
+    this.isFirst && this.isLast && StepCapture.wanted()
       ? new StepCapture({ paramVars: this.params.vars })
-      : NativeStepCapture.wanted()
-        ? new NativeStepCapture({ paramVars: this.params.vars })
-        : null;
+      : null;
+  /** The captured training step on native, for any stage (on unless LAYERWISE_NATIVE_CAPTURE=0). */
+  private readonly nativeCapture: NativeStepCapture | null =
+    !this.gpuCapture && NativeStepCapture.wanted()
+      ? new NativeStepCapture({ paramVars: this.params.vars })
+      : null;
+  /** The last training forward's loss tensor (last stage), for the native capture's recording. */
+  private lastLoss: tf.Tensor | null = null;
 
   readonly handlers: Handlers = {
     forward: (a, io) => {
       const x = io.takeInput(a.mb);
       const labels = this.isLast ? io.takeLabels(a.mb) : undefined;
-      const captured = this.capture && a.grad && labels ? this.capture : null;
+      const native = a.grad ? this.nativeCapture : null;
+      const act = { op: 'forward', mb: a.mb, keep: a.keep };
+      const inputs = { x, labels };
+      const replayed = native?.replay(act, io, inputs);
+      if (replayed) return this.handOn(a.mb, io, replayed);
+      const captured =
+        this.gpuCapture && a.grad && labels ? this.gpuCapture : null;
       if (captured?.beforeForward(a.mb, io, a.keep, x, labels!)) return; // replayed in the backward
+      native?.begin(act, io, inputs);
       const noise = microBatchNoise(io.noise, a.mb, x.shape[0]!);
       if (io.diagnose) this.diagnoseForward(a.mb, x, labels, io.dropped, noise);
+      this.lastLoss = null;
       const y = this.forward(a.mb, x, {
         keep: a.keep,
         grad: a.grad,
@@ -91,41 +101,65 @@ export class Stage extends TrainableStage {
         const loss = this.mbs.get(a.mb)?.recorded?.y;
         if (loss) captured.afterForward(x, labels!, loss);
       }
+      native?.end({ y, loss: this.lastLoss }, this.grads.asMap());
       if (y) io.putOutput(a.mb, y);
     },
     backward: (a, io) => {
-      const replayed = this.capture?.replayBackward();
-      if (replayed) {
+      const gpuReplayed = this.gpuCapture?.replayBackward();
+      if (gpuReplayed) {
         this.grads.add(
-          [...replayed.grads.keys()],
-          [...replayed.grads.values()],
+          [...gpuReplayed.grads.keys()],
+          [...gpuReplayed.grads.values()],
         );
-        this.reads.scalar(replayed.loss, (v) => this.losses.set(a.mb, v));
+        this.reads.scalar(gpuReplayed.loss, (v) => this.losses.set(a.mb, v));
         return;
       }
-      const dx = this.backward(
-        a.mb,
-        this.isLast ? null : io.takeOutputGrad(a.mb),
-        io.lossSeed,
-        io.diagnose,
-      );
-      this.capture?.afterBackward(this.grads.asMap(), io.lossSeed);
+      const dy = this.isLast ? null : io.takeOutputGrad(a.mb);
+      const act = { op: 'backward', mb: a.mb, keep: false };
+      const inputs = dy ? { dy } : {};
+      const replayed = this.nativeCapture?.replay(act, io, inputs);
+      if (replayed) return this.handOn(a.mb, io, replayed);
+      this.nativeCapture?.begin(act, io, inputs);
+      const dx = this.backward(a.mb, dy, io.lossSeed, io.diagnose);
+      this.gpuCapture?.afterBackward(this.grads.asMap(), io.lossSeed);
+      this.nativeCapture?.end({ dx }, this.grads.asMap());
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
     },
     backward_input: (a, io) => {
-      this.capture?.drop(); // a split backward is not captured
-      const dx = this.backwardInput(
-        a.mb,
-        this.isLast ? null : io.takeOutputGrad(a.mb),
-        io.lossSeed,
-      );
+      this.gpuCapture?.drop(); // a split backward is not captured on webgpu
+      const dy = this.isLast ? null : io.takeOutputGrad(a.mb);
+      const act = { op: 'backward_input', mb: a.mb, keep: false };
+      const inputs = dy ? { dy } : {};
+      const replayed = this.nativeCapture?.replay(act, io, inputs);
+      if (replayed) return this.handOn(a.mb, io, replayed);
+      this.nativeCapture?.begin(act, io, inputs);
+      const dx = this.backwardInput(a.mb, dy, io.lossSeed);
+      this.nativeCapture?.end({ dx }, this.grads.asMap());
       if (dx) io.putInputGrad(a.mb, dx);
       io.phase('recompute', this.lastRecomputeMs);
     },
-    backward_weight: (a, io) => this.backwardWeight(a.mb, io.diagnose),
-    optimizer_step: (_a, io) => this.step(io.lr, io.diagnose ? NaN : io.scale), // a diagnosis updates nothing
+    backward_weight: (a, io) => {
+      const act = { op: 'backward_weight', mb: a.mb, keep: false };
+      const replayed = this.nativeCapture?.replay(act, io, {});
+      if (replayed) return this.handOn(a.mb, io, replayed);
+      this.nativeCapture?.begin(act, io, {});
+      this.backwardWeight(a.mb, io.diagnose);
+      this.nativeCapture?.end({}, this.grads.asMap());
+    },
+    optimizer_step: (_a, io) => {
+      this.nativeCapture?.endStep();
+      this.step(io.lr, io.diagnose ? NaN : io.scale); // a diagnosis updates nothing
+    },
   };
+
+  /** Hands on a replayed action's results as the action's own: its output or input gradient, its loss, the step's gradients. */
+  private handOn(mb: number, io: StepIO, r: ReplayedAction): void {
+    if (r.y) io.putOutput(mb, r.y);
+    if (r.dx) io.putInputGrad(mb, r.dx);
+    if (r.loss) this.reads.scalar(r.loss, (v) => this.losses.set(mb, v));
+    if (r.grads) this.grads.add([...r.grads.keys()], [...r.grads.values()]);
+  }
 
   /**
    * Stage function for autodiff: (params..., x) -> output, or the scalar loss on the last
@@ -229,6 +263,7 @@ export class Stage extends TrainableStage {
 
   private finish(mb: number, y: tf.Tensor, dispose = true): tf.Tensor | null {
     if (!this.isLast) return y;
+    this.lastLoss = y;
     // read at the step's end; a kept y (the recorded forward's) is read through a clone
     this.reads.scalar(dispose ? y : tf.clone(y), (v) => this.losses.set(mb, v));
     return null;
@@ -357,13 +392,15 @@ export class Stage extends TrainableStage {
   }
 
   override dispose(): void {
-    this.capture?.dispose();
+    this.gpuCapture?.dispose();
+    this.nativeCapture?.dispose();
     super.dispose();
   }
 
   /** Drops accumulated gradients and any per-micro-batch state. */
   reset(): void {
-    this.capture?.resetStep();
+    this.gpuCapture?.resetStep();
+    this.nativeCapture?.resetStep();
     this.grads.clear();
     for (const st of this.mbs.values()) {
       if (st.pending) {

@@ -13,7 +13,7 @@ import type { HostTensor } from '../data/microbatch.js';
  */
 export async function toWire(t: tf.Tensor): Promise<HostTensor> {
   try {
-    const data = ((await t.data()) as Float32Array | Int32Array).slice();
+    const data = await copyOfValues(t);
     return {
       shape: t.shape.slice(),
       dtype: t.dtype as 'float32' | 'int32',
@@ -22,6 +22,21 @@ export async function toWire(t: tf.Tensor): Promise<HostTensor> {
   } finally {
     t.dispose();
   }
+}
+
+/**
+ * A fresh copy of t's values (float32 or int32; t stays its owner's). On the native backend the
+ * copy is made without disowning t's array (backend/native.ts copyValues), so that the array
+ * returns to the pool when t is disposed; elsewhere through an asynchronous read.
+ */
+export async function copyOfValues(
+  t: tf.Tensor,
+): Promise<Float32Array | Int32Array> {
+  const b = tf.backend() as {
+    copyValues?: (id: tf.DataId) => Float32Array | Int32Array;
+  };
+  if (typeof b.copyValues === 'function') return b.copyValues(t.dataId);
+  return ((await t.data()) as Float32Array | Int32Array).slice();
 }
 
 /** Creates a device tensor from a wire tensor. */

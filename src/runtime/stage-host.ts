@@ -52,7 +52,7 @@ import type {
   StageStep,
   StageStepResult,
 } from './protocol.js';
-import { fromWire, toWire, transferables } from './serialize.js';
+import { copyOfValues, fromWire, toWire, transferables } from './serialize.js';
 
 /** Which link of a device: to the neighbour stages, or in the ring of its replicas. */
 export type LinkSide = 'prev' | 'next' | 'replica-prev' | 'replica-next';
@@ -89,7 +89,7 @@ async function sendTensor(
     const shape = t.shape.slice();
     let data: Uint16Array;
     try {
-      data = narrowValues((await t.data()) as Float32Array);
+      data = narrowValues((await copyOfValues(t)) as Float32Array);
     } finally {
       t.dispose();
     }
