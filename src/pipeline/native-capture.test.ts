@@ -1,8 +1,9 @@
 /**
- * The native captured step (pipeline/native-capture.ts): a single-device run replays its forward
- * and backward once two steps recorded the same addon calls and a trial replay reproduced a
- * third, and trains bit for bit as without it; a step whose kernels read a value computed in JS
- * between the calls is never replayed.
+ * The native captured step (pipeline/native-capture.ts): a single-device run, and each stage of
+ * a K=2 pipeline (1F1B, GPipe, ZBV with its split backward), replays its step's actions once two
+ * steps recorded the same addon calls and a trial replay reproduced a third, and trains bit for
+ * bit as without it; a step whose kernels read a value computed in JS between the calls is never
+ * replayed.
  */
 import assert from 'node:assert/strict';
 import { test } from 'node:test';

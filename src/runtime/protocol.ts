@@ -111,7 +111,7 @@ export interface StageStepResult {
   faults?: NumericFault[];
   /** webgpu: what the step asked of the GPU (compute dispatches, queue submits, readbacks to the host, buffer copies). */
   gpu?: GpuCounts;
-  /** native: forward-and-backwards of this step replayed from a captured step (pipeline/native-capture.ts); absent where none was. */
+  /** native: stage steps of this device replayed from a captured step (pipeline/native-capture.ts), one a stage; absent where none was. */
   replayed?: number;
   /** webgpu with timestamp queries: the previous step's GPU busy seconds and wall seconds on this device (backend/gpu-queue.ts). */
   gpuBusy?: GpuBusy;

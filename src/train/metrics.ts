@@ -100,7 +100,7 @@ export interface Summary {
   readbacks_per_step?: number;
   /** webgpu: buffer-to-buffer copies recorded per training step, all devices together (uploads, reads' staging copies, the multi-tensor kernels'; as above). */
   copies_per_step?: number;
-  /** webgpu and native (captured steps are on unless LAYERWISE_WEBGPU_CAPTURE=0 / LAYERWISE_NATIVE_CAPTURE=0): counted steps whose forward and backward were replayed from a captured step (pipeline/captured-step.ts, pipeline/native-capture.ts), all devices together; absent where none was. */
+  /** webgpu and native (captured steps are on unless LAYERWISE_WEBGPU_CAPTURE=0 / LAYERWISE_NATIVE_CAPTURE=0): counted steps whose forward and backward were replayed from a captured step (pipeline/captured-step.ts, pipeline/native-capture.ts), each stage's (native: a pipeline of K stages counts K a step), all devices together; absent where none was. */
   replayed_steps?: number;
   /**
    * webgpu: the host's side of a training step, ms: CPU time of the devices' threads during the
