@@ -61,12 +61,14 @@ for (const precision of ['fp32', 'bf16'] as const)
     assertPeaksAsRecorded(captured.reports, 2 * 4 * 8 * 4);
   });
 
-for (const [schedule, checkpoint] of [
-  ['1f1b', 'except_last'],
-  ['zbv', 'never'],
-  ['gpipe', 'always'],
+for (const [schedule, checkpoint, precision] of [
+  ['1f1b', 'except_last', 'fp32'],
+  ['zbv', 'never', 'fp32'],
+  ['gpipe', 'always', 'fp32'],
+  // bf16: the stages hand on block outputs held as bf16 values (backend/native.ts bf16Output)
+  ['zbv', 'except_last', 'bf16'],
 ] as const)
-  test(`gpipe K=2 M=2 on native with the ${schedule} schedule (re-materialization ${checkpoint}): each stage replays its step's actions from the fourth or fifth step, bit for bit as without captured steps`, {
+  test(`gpipe K=2 M=2 on native (${precision}) with the ${schedule} schedule (re-materialization ${checkpoint}): each stage replays its step's actions from the fourth or fifth step, bit for bit as without captured steps`, {
     skip,
   }, async () => {
     const o = {
@@ -76,8 +78,8 @@ for (const [schedule, checkpoint] of [
       schedule,
       checkpoint,
     };
-    const plain = await withCaptureEnv('0', () => runTiny('fp32', o));
-    const captured = await withCaptureEnv('1', () => runTiny('fp32', o));
+    const plain = await withCaptureEnv('0', () => runTiny(precision, o));
+    const captured = await withCaptureEnv('1', () => runTiny(precision, o));
     // every stage counts its replayed steps (zbv: 2 stages a device, 4 in all)
     assertReplayedFrom(captured.reports, schedule === 'zbv' ? 4 : 2);
     assert.deepEqual(captured.losses, plain.losses, 'the same losses');

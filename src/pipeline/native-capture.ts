@@ -72,6 +72,8 @@ interface Backend {
   data: { get(dataId: object): { values?: unknown } | undefined };
   parameterCopyOf(t: tf.TensorInfo): Uint16Array | null;
   anyBf16Only(...ts: tf.TensorInfo[]): boolean;
+  bf16OnlyValues(t: tf.TensorInfo): Uint16Array | undefined;
+  bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo;
   claimArrays(arrays: Iterable<ArrayBufferView>): void;
 }
 
@@ -132,11 +134,17 @@ interface Segment {
   /** The arrays it read its inputs from (copied into on a replay), by name. */
   inputs: Array<{
     name: InputName;
-    values: Float32Array | Int32Array;
+    /** bf16 values (Uint16Array) where the tensor was bf16-only data (backend/native.ts bf16Output). */
+    values: Float32Array | Int32Array | Uint16Array;
     shape: number[];
   }>;
   /** The arrays its outputs were on (copied out on a replay). */
-  outputs: Array<{ name: OutputName; values: Float32Array; shape: number[] }>;
+  outputs: Array<{
+    name: OutputName;
+    /** bf16 values where the output was bf16-only data. */
+    values: Float32Array | Uint16Array;
+    shape: number[];
+  }>;
   /** The call (of the step's) whose result is its loss; -1: none. */
   lossCall: number;
 }
@@ -180,7 +188,7 @@ interface Trial {
   /** Whether every action so far gave TF.js's results bit for bit. */
   ok: boolean;
   /** The current action's replayed outputs (copies) and loss. */
-  outputs: Map<OutputName, Float32Array>;
+  outputs: Map<OutputName, Float32Array | Uint16Array>;
   loss: number | null;
   /** After the last action: the replayed gradients (copies). */
   grads: Map<string, Float32Array> | null;
@@ -234,6 +242,33 @@ export class NativeStepCapture {
     return this.backend.data.get(t.dataId)?.values;
   }
 
+  /**
+   * The array an action's input or output is on: a bf16-only tensor's bf16 values (its float32
+   * values not made: reading them would widen them outside the recorded calls), else its values.
+   */
+  private dataOf(t: tf.TensorInfo): unknown {
+    return this.backend.bf16OnlyValues(t) ?? this.valuesOf(t);
+  }
+
+  /** A tensor of `shape` on a copy of `values`: float32, or bf16-only where `values` are bf16. */
+  private tensorOfCopy(
+    values: Float32Array | Uint16Array,
+    shape: number[],
+  ): tf.Tensor {
+    if (values instanceof Float32Array) return tf.tensor(values.slice(), shape);
+    const bf = values.slice();
+    countPrivateBytes(bf.byteLength); // bf16Output takes over bytes counted as a shadow's
+    const info = this.backend.bf16Output(bf, shape);
+    return tf
+      .engine()
+      .makeTensorFromDataId(
+        info.dataId,
+        shape,
+        'float32',
+        this.backend as unknown as tf.KernelBackend,
+      );
+  }
+
   private paramState(): {
     params: unknown[];
     copies: Array<Uint16Array | null>;
@@ -268,7 +303,7 @@ export class NativeStepCapture {
     if (given.length !== s.inputs.length) return false;
     return s.inputs.every((r, i) => {
       const t = inputs[r.name];
-      const v = t ? this.valuesOf(t) : undefined;
+      const v = t ? this.dataOf(t) : undefined;
       return (
         given[i] === r.name &&
         v?.constructor === r.values.constructor &&
@@ -318,7 +353,7 @@ export class NativeStepCapture {
     this.cursor++;
     const out: ReplayedAction = {};
     for (const o of s.outputs)
-      out[o.name] = tf.tensor(o.values.slice(), o.shape);
+      out[o.name] = this.tensorOfCopy(o.values, o.shape);
     if (loss !== null) out.loss = tf.scalar(loss);
     if (this.cursor === c.segments.length) {
       out.grads = new Map(
@@ -343,12 +378,11 @@ export class NativeStepCapture {
   ): number | null {
     let calls = c.calls.slice(s.from, s.to);
     if (sub) {
-      for (const r of s.inputs)
-        sub.set(r.values, this.valuesOf(inputs[r.name]!));
+      for (const r of s.inputs) sub.set(r.values, this.dataOf(inputs[r.name]!));
       calls = substituted(calls, sub);
     } else
       for (const r of s.inputs)
-        r.values.set(this.valuesOf(inputs[r.name]!) as Float32Array);
+        r.values.set(this.dataOf(inputs[r.name]!) as Float32Array);
     let results: unknown[];
     try {
       results = replayAddonCalls(calls);
@@ -408,8 +442,12 @@ export class NativeStepCapture {
     };
     for (const name of inputNames(inputs)) {
       const t = inputs[name]!;
-      const values = this.valuesOf(t);
-      if (values instanceof Float32Array || values instanceof Int32Array)
+      const values = this.dataOf(t);
+      if (
+        values instanceof Float32Array ||
+        values instanceof Int32Array ||
+        values instanceof Uint16Array
+      )
         segment.inputs.push({ name, values, shape: [...t.shape] });
       else r.broken = true;
     }
@@ -426,8 +464,7 @@ export class NativeStepCapture {
       t.ok = false;
       return;
     }
-    for (const r of s.inputs)
-      t.sub.set(r.values, this.valuesOf(inputs[r.name]!));
+    for (const r of s.inputs) t.sub.set(r.values, this.dataOf(inputs[r.name]!));
     const saved = this.snapshot(c, s, t.sub);
     try {
       const loss = this.runSegment(c, s, inputs, t.sub);
@@ -471,8 +508,8 @@ export class NativeStepCapture {
     for (const name of ['y', 'dx'] as const) {
       const t = outputs[name];
       if (!t) continue;
-      const values = this.valuesOf(t);
-      if (values instanceof Float32Array && !this.backend.anyBf16Only(t))
+      const values = this.dataOf(t);
+      if (values instanceof Float32Array || values instanceof Uint16Array)
         segment.outputs.push({ name, values, shape: [...t.shape] });
       else r.broken = true;
     }
@@ -492,8 +529,8 @@ export class NativeStepCapture {
     r.segments.push(segment);
     r.grads = new Map();
     for (const [k, g] of grads) {
-      const values = this.valuesOf(g);
-      if (values instanceof Float32Array && !this.backend.anyBf16Only(g))
+      const values = this.backend.anyBf16Only(g) ? null : this.valuesOf(g);
+      if (values instanceof Float32Array)
         r.grads.set(k, { values, shape: [...g.shape] });
       else r.broken = true;
     }
@@ -714,8 +751,13 @@ function sameCapture(a: Captured, b: Captured): boolean {
   });
 }
 
-function sameBits(a: Float32Array, b: Float32Array): boolean {
-  if (a.length !== b.length) return false;
+/** Whether two arrays hold the same bits: float32 (as 32-bit words), or bf16 (16-bit). */
+function sameBits(
+  a: Float32Array | Uint16Array,
+  b: Float32Array | Uint16Array,
+): boolean {
+  if (a.length !== b.length || a.constructor !== b.constructor) return false;
+  if (a instanceof Uint16Array) return a.every((v, i) => v === b[i]);
   const x = new Uint32Array(a.buffer, a.byteOffset, a.length);
   const y = new Uint32Array(b.buffer, b.byteOffset, b.length);
   for (let i = 0; i < x.length; i++) if (x[i] !== y[i]) return false;
