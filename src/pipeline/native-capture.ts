@@ -292,11 +292,16 @@ export class NativeStepCapture {
     );
   }
 
-  /** Whether segment `s` is action `a` with these inputs (names, dtypes and shapes). */
+  /**
+   * Whether segment `s` is action `a` with these inputs (names, shapes and arrays' kinds; with
+   * `anyFloat`, a float input may be float32 where the recording's was bf16 or back: a replay
+   * converts it, exactly, as block boundaries hold bf16 values).
+   */
   private fitsAction(
     s: Segment | undefined,
     a: CaptureAction,
     inputs: ActionInputs,
+    anyFloat = false,
   ): s is Segment {
     if (!s || s.op !== a.op || s.mb !== a.mb || s.keep !== a.keep) return false;
     const given = inputNames(inputs);
@@ -304,9 +309,12 @@ export class NativeStepCapture {
     return s.inputs.every((r, i) => {
       const t = inputs[r.name];
       const v = t ? this.dataOf(t) : undefined;
+      const float = (x: unknown) =>
+        x instanceof Float32Array || x instanceof Uint16Array;
       return (
         given[i] === r.name &&
-        v?.constructor === r.values.constructor &&
+        (v?.constructor === r.values.constructor ||
+          (anyFloat && float(v) && float(r.values))) &&
         sameList(t!.shape, r.shape)
       );
     });
@@ -341,7 +349,7 @@ export class NativeStepCapture {
     if (!this.replaying) return null;
     const c = this.ready!;
     const s = c.segments[this.cursor];
-    if (!this.fitsAction(s, a, inputs)) {
+    if (!this.fitsAction(s, a, inputs, true)) {
       this.drop();
       throw new Error(
         `a captured step's action ${this.cursor} is ${a.op} of micro-batch ${a.mb}, not the recording's; ` +
@@ -382,7 +390,7 @@ export class NativeStepCapture {
       calls = substituted(calls, sub);
     } else
       for (const r of s.inputs)
-        r.values.set(this.dataOf(inputs[r.name]!) as Float32Array);
+        copyInto(r.values, this.dataOf(inputs[r.name]!));
     let results: unknown[];
     try {
       results = replayAddonCalls(calls);
@@ -647,6 +655,19 @@ export class NativeStepCapture {
 }
 
 type TypedArray = Float32Array | Int32Array | Uint16Array | Uint8Array;
+
+/**
+ * Copies an input's values into a recording's array of the same length: as they are where both
+ * are of a kind, else converted between float32 and bf16 by the addon (exact for block
+ * boundaries' values, which are bf16 values).
+ */
+function copyInto(to: TypedArray, from: unknown): void {
+  if (from instanceof Float32Array && to instanceof Uint16Array)
+    nativeAddon()!.toBf16(from, to);
+  else if (from instanceof Uint16Array && to instanceof Float32Array)
+    nativeAddon()!.fromBf16(from, to);
+  else to.set(from as Float32Array);
+}
 
 /** Whether a step with `io` may be captured: it skips no block and diagnoses nothing. */
 function coverable(io: StepIO): boolean {
