@@ -114,30 +114,17 @@ export class Stage extends TrainableStage {
         this.reads.scalar(gpuReplayed.loss, (v) => this.losses.set(a.mb, v));
         return;
       }
-      const dy = this.isLast ? null : io.takeOutputGrad(a.mb);
-      const act = { op: 'backward', mb: a.mb, keep: false };
-      const inputs = dy ? { dy } : {};
-      const replayed = this.nativeCapture?.replay(act, io, inputs);
-      if (replayed) return this.handOn(a.mb, io, replayed);
-      this.nativeCapture?.begin(act, io, inputs);
-      const dx = this.backward(a.mb, dy, io.lossSeed, io.diagnose);
-      this.gpuCapture?.afterBackward(this.grads.asMap(), io.lossSeed);
-      this.nativeCapture?.end({ dx }, this.grads.asMap());
-      if (dx) io.putInputGrad(a.mb, dx);
-      io.phase('recompute', this.lastRecomputeMs);
+      this.backwardAction('backward', a.mb, io, (dy) => {
+        const dx = this.backward(a.mb, dy, io.lossSeed, io.diagnose);
+        this.gpuCapture?.afterBackward(this.grads.asMap(), io.lossSeed);
+        return dx;
+      });
     },
     backward_input: (a, io) => {
       this.gpuCapture?.drop(); // a split backward is not captured on webgpu
-      const dy = this.isLast ? null : io.takeOutputGrad(a.mb);
-      const act = { op: 'backward_input', mb: a.mb, keep: false };
-      const inputs = dy ? { dy } : {};
-      const replayed = this.nativeCapture?.replay(act, io, inputs);
-      if (replayed) return this.handOn(a.mb, io, replayed);
-      this.nativeCapture?.begin(act, io, inputs);
-      const dx = this.backwardInput(a.mb, dy, io.lossSeed);
-      this.nativeCapture?.end({ dx }, this.grads.asMap());
-      if (dx) io.putInputGrad(a.mb, dx);
-      io.phase('recompute', this.lastRecomputeMs);
+      this.backwardAction('backward_input', a.mb, io, (dy) =>
+        this.backwardInput(a.mb, dy, io.lossSeed),
+      );
     },
     backward_weight: (a, io) => {
       const act = { op: 'backward_weight', mb: a.mb, keep: false };
@@ -152,6 +139,33 @@ export class Stage extends TrainableStage {
       this.step(io.lr, io.diagnose ? NaN : io.scale); // a diagnosis updates nothing
     },
   };
+
+  /**
+   * A backward or its input part (I) of micro-batch mb: takes the output's gradient (not on the
+   * last stage), replays the action where the native capture covers this step, else runs `run`
+   * (the stage's backward, giving the input's gradient or null) through TF.js, recorded; sends
+   * the input's gradient back.
+   */
+  private backwardAction(
+    op: 'backward' | 'backward_input',
+    mb: number,
+    io: StepIO,
+    run: (dy: tf.Tensor | null) => tf.Tensor | null,
+  ): void {
+    const dy = this.isLast ? null : io.takeOutputGrad(mb);
+    const act = { op, mb, keep: false };
+    const inputs = dy ? { dy } : {};
+    const replayed = this.nativeCapture?.replay(act, io, inputs);
+    if (replayed) {
+      this.handOn(mb, io, replayed);
+      return;
+    }
+    this.nativeCapture?.begin(act, io, inputs);
+    const dx = run(dy);
+    this.nativeCapture?.end({ dx }, this.grads.asMap());
+    if (dx) io.putInputGrad(mb, dx);
+    io.phase('recompute', this.lastRecomputeMs);
+  }
 
   /** Hands on a replayed action's results as the action's own: its output or input gradient, its loss, the step's gradients. */
   private handOn(mb: number, io: StepIO, r: ReplayedAction): void {
