@@ -309,12 +309,10 @@ export class NativeStepCapture {
     return s.inputs.every((r, i) => {
       const t = inputs[r.name];
       const v = t ? this.dataOf(t) : undefined;
-      const float = (x: unknown) =>
-        x instanceof Float32Array || x instanceof Uint16Array;
       return (
         given[i] === r.name &&
         (v?.constructor === r.values.constructor ||
-          (anyFloat && float(v) && float(r.values))) &&
+          (anyFloat && isFloat(v) && isFloat(r.values))) &&
         sameList(t!.shape, r.shape)
       );
     });
@@ -375,8 +373,8 @@ export class NativeStepCapture {
   /**
    * Runs segment s's calls with `inputs`; returns its loss (null: none). A replay copies the
    * inputs into the recording's arrays; a trial (`sub`: the recording's input arrays to this
-   * step's, of the actions so far) runs the calls on this step's input arrays instead, writing
-   * nothing TF.js's run of the step might still read.
+   * step's, of the actions so far and this one's) runs the calls on this step's input arrays
+   * instead, writing nothing TF.js's run of the step might still read.
    */
   private runSegment(
     c: Captured,
@@ -385,10 +383,8 @@ export class NativeStepCapture {
     sub?: Map<unknown, unknown>,
   ): number | null {
     let calls = c.calls.slice(s.from, s.to);
-    if (sub) {
-      for (const r of s.inputs) sub.set(r.values, this.dataOf(inputs[r.name]!));
-      calls = substituted(calls, sub);
-    } else
+    if (sub) calls = substituted(calls, sub);
+    else
       for (const r of s.inputs)
         copyInto(r.values, this.dataOf(inputs[r.name]!));
     let results: unknown[];
@@ -542,13 +538,12 @@ export class NativeStepCapture {
         r.grads.set(k, { values, shape: [...g.shape] });
       else r.broken = true;
     }
-    this.compareAction(segment, outputs, loss, r.grads);
+    this.compareAction(segment, loss, r.grads);
   }
 
   /** Whether the trial's replay of this action gave TF.js's outputs, loss and (after the last) gradients bit for bit. */
   private compareAction(
     s: Segment,
-    outputs: ActionOutputs,
     loss: number | null,
     grads: Map<string, { values: Float32Array }>,
   ): void {
@@ -571,7 +566,6 @@ export class NativeStepCapture {
             return tried !== undefined && sameBits(tried, g.values);
           })));
     if (!same) t.ok = false;
-    void outputs;
   }
 
   /**
@@ -668,6 +662,10 @@ function copyInto(to: TypedArray, from: unknown): void {
     nativeAddon()!.fromBf16(from, to);
   else to.set(from as Float32Array);
 }
+
+/** Whether `x` holds float values: float32, or bf16 (Uint16Array). */
+const isFloat = (x: unknown) =>
+  x instanceof Float32Array || x instanceof Uint16Array;
 
 /** Whether a step with `io` may be captured: it skips no block and diagnoses nothing. */
 function coverable(io: StepIO): boolean {

@@ -17,7 +17,13 @@ import {
 import { StepCapture } from './captured-step.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers, StepIO } from './executor.js';
-import { NativeStepCapture, type ReplayedAction } from './native-capture.js';
+import {
+  type ActionInputs,
+  type ActionOutputs,
+  type CaptureAction,
+  NativeStepCapture,
+  type ReplayedAction,
+} from './native-capture.js';
 import {
   backwardRecompute,
   backwardRecorded,
@@ -78,31 +84,33 @@ export class Stage extends TrainableStage {
     forward: (a, io) => {
       const x = io.takeInput(a.mb);
       const labels = this.isLast ? io.takeLabels(a.mb) : undefined;
-      const native = a.grad ? this.nativeCapture : null;
-      const act = { op: 'forward', mb: a.mb, keep: a.keep };
-      const inputs = { x, labels };
-      const replayed = native?.replay(act, io, inputs);
-      if (replayed) return this.handOn(a.mb, io, replayed);
+      // (a stage has webgpu's capture or native's, never both)
       const captured =
         this.gpuCapture && a.grad && labels ? this.gpuCapture : null;
       if (captured?.beforeForward(a.mb, io, a.keep, x, labels!)) return; // replayed in the backward
-      native?.begin(act, io, inputs);
-      const noise = microBatchNoise(io.noise, a.mb, x.shape[0]!);
-      if (io.diagnose) this.diagnoseForward(a.mb, x, labels, io.dropped, noise);
-      this.lastLoss = null;
-      const y = this.forward(a.mb, x, {
-        keep: a.keep,
-        grad: a.grad,
-        labels,
-        dropped: io.dropped,
-        noise,
-      });
-      if (captured) {
-        const loss = this.mbs.get(a.mb)?.recorded?.y;
-        if (loss) captured.afterForward(x, labels!, loss);
-      }
-      native?.end({ y, loss: this.lastLoss }, this.grads.asMap());
-      if (y) io.putOutput(a.mb, y);
+      const run = (): ActionOutputs => {
+        const noise = microBatchNoise(io.noise, a.mb, x.shape[0]!);
+        if (io.diagnose)
+          this.diagnoseForward(a.mb, x, labels, io.dropped, noise);
+        this.lastLoss = null;
+        const y = this.forward(a.mb, x, {
+          keep: a.keep,
+          grad: a.grad,
+          labels,
+          dropped: io.dropped,
+          noise,
+        });
+        if (captured) {
+          const loss = this.mbs.get(a.mb)?.recorded?.y;
+          if (loss) captured.afterForward(x, labels!, loss);
+        }
+        return { y, loss: this.lastLoss };
+      };
+      const act = { op: 'forward', mb: a.mb, keep: a.keep };
+      const out = a.grad
+        ? this.viaNativeCapture(act, io, { x, labels }, run)
+        : run(); // evaluation: never captured
+      if (out?.y) io.putOutput(a.mb, out.y);
     },
     backward: (a, io) => {
       const gpuReplayed = this.gpuCapture?.replayBackward();
@@ -128,11 +136,10 @@ export class Stage extends TrainableStage {
     },
     backward_weight: (a, io) => {
       const act = { op: 'backward_weight', mb: a.mb, keep: false };
-      const replayed = this.nativeCapture?.replay(act, io, {});
-      if (replayed) return this.handOn(a.mb, io, replayed);
-      this.nativeCapture?.begin(act, io, {});
-      this.backwardWeight(a.mb, io.diagnose);
-      this.nativeCapture?.end({}, this.grads.asMap());
+      this.viaNativeCapture(act, io, {}, () => {
+        this.backwardWeight(a.mb, io.diagnose);
+        return {};
+      });
     },
     optimizer_step: (_a, io) => {
       this.nativeCapture?.endStep();
@@ -154,17 +161,36 @@ export class Stage extends TrainableStage {
   ): void {
     const dy = this.isLast ? null : io.takeOutputGrad(mb);
     const act = { op, mb, keep: false };
-    const inputs = dy ? { dy } : {};
-    const replayed = this.nativeCapture?.replay(act, io, inputs);
-    if (replayed) {
-      this.handOn(mb, io, replayed);
-      return;
-    }
-    this.nativeCapture?.begin(act, io, inputs);
-    const dx = run(dy);
-    this.nativeCapture?.end({ dx }, this.grads.asMap());
-    if (dx) io.putInputGrad(mb, dx);
+    const out = this.viaNativeCapture(act, io, dy ? { dy } : {}, () => ({
+      dx: run(dy),
+    }));
+    if (!out) return; // replayed, its results handed on
+    if (out.dx) io.putInputGrad(mb, out.dx);
     io.phase('recompute', this.lastRecomputeMs);
+  }
+
+  /**
+   * A compute action of a training step through the native capture (where the stage has one):
+   * replayed where the capture covers this step (its results handed on: returns null), else
+   * `run` through TF.js (its addon calls recorded where the capture records), returning its
+   * outputs for the handler to hand on.
+   */
+  private viaNativeCapture(
+    act: CaptureAction,
+    io: StepIO,
+    inputs: ActionInputs,
+    run: () => ActionOutputs,
+  ): ActionOutputs | null {
+    const capture = this.nativeCapture;
+    const replayed = capture?.replay(act, io, inputs);
+    if (replayed) {
+      this.handOn(act.mb, io, replayed);
+      return null;
+    }
+    capture?.begin(act, io, inputs);
+    const out = run();
+    capture?.end(out, this.grads.asMap());
+    return out;
   }
 
   /** Hands on a replayed action's results as the action's own: its output or input gradient, its loss, the step's gradients. */
