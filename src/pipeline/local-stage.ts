@@ -25,6 +25,7 @@ import { clipScale, type OptimizerConfig } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers } from './executor.js';
+import { NativeStepCapture } from './native-capture.js';
 import {
   backwardRecompute,
   backwardRecorded,
@@ -60,22 +61,34 @@ export class LocalStage extends TrainableStage {
     noise?: NoiseContext;
   }> = [];
   private readonly clipNorm: number;
+  /**
+   * The captured local update on native (on unless LAYERWISE_NATIVE_CAPTURE=0), for a stage
+   * without an overlapped tail: that tail's backward comes whenever the next stage's gradient
+   * does, at no fixed place in the stage's steps.
+   */
+  protected readonly nativeCapture: NativeStepCapture | null;
 
   readonly handlers: Handlers = {
     local_update: (a, io) => {
       const x = io.takeInput(a.mb);
-      const { out, dx } = this.update(
-        a.mb,
-        x,
-        io.takeLabels(a.mb),
-        microBatchNoise(io.noise, a.mb, x.shape[0]!),
-      );
-      if (out) io.putOutput(a.mb, out);
-      if (dx) io.putInputGrad(a.mb, dx);
+      const labels = io.takeLabels(a.mb);
+      // a local step is one update: the capture keys it as its step's only action
+      const act = { op: 'local_update', mb: 0, keep: true };
+      const run = () => {
+        const noise = microBatchNoise(io.noise, a.mb, x.shape[0]!);
+        const { out, dx, loss } = this.update(a.mb, x, labels, noise);
+        return { y: out, dx, loss };
+      };
+      const out = this.viaNativeCapture(act, io, { x, labels }, run, a.mb);
+      if (out?.y) io.putOutput(a.mb, out.y);
+      if (out?.dx) io.putInputGrad(a.mb, out.dx);
     },
     overlap_backward: (a, io) =>
       this.overlapBackward(a.mb, io.takeOutputGrad(a.mb)),
-    local_step: (_a, io) => this.localStep(io.lr),
+    local_step: (_a, io) => {
+      this.nativeCapture?.endStep();
+      return this.localStep(io.lr);
+    },
     forward: (a, io) => {
       if (a.grad)
         throw new Error(
@@ -105,6 +118,10 @@ export class LocalStage extends TrainableStage {
         `overlap ${tail} must be smaller than stage ${role.stage}'s ${range.to - range.from} blocks`,
       );
     }
+    this.nativeCapture =
+      tail === 0 && NativeStepCapture.wanted()
+        ? new NativeStepCapture({ paramVars: this.params.vars })
+        : null;
     this.head = this.isLast ? null : auxHead(model, role.stage, range.to);
     for (const spec of this.head?.params ?? []) {
       const key = auxKey(role.stage, spec.name);
@@ -130,8 +147,9 @@ export class LocalStage extends TrainableStage {
    * One local update's forward and backward for micro-batch `mb`: x is the stage input
    * ([b, ...], owned from now on), labels [b, T] or [b]. Accumulates the gradients of the local
    * loss for this stage's parameters (blocks and head), records the loss in {@link losses}, and
-   * returns the output to send on (null on the last stage) and the input gradient (when the
-   * previous stage overlaps, else null). `noise`: where the micro-batch sits, for its Dropout
+   * returns the output to send on (null on the last stage), the input gradient (when the
+   * previous stage overlaps, else null) and the loss (a float32 scalar, read at the step's end).
+   * `noise`: where the micro-batch sits, for its Dropout
    * noise (model/noise.ts); absent: none.
    */
   update(
@@ -139,7 +157,7 @@ export class LocalStage extends TrainableStage {
     x: tf.Tensor,
     labels: tf.Tensor,
     noise?: NoiseContext,
-  ): { out: tf.Tensor | null; dx: tf.Tensor | null } {
+  ): { out: tf.Tensor | null; dx: tf.Tensor | null; loss: tf.Tensor } {
     const keys = this.params.keys();
     const params = this.params.list(keys);
     const wantX = this.role.sendsInputGrad;
@@ -185,7 +203,7 @@ export class LocalStage extends TrainableStage {
     this.reads.scalar(value, (v) => this.losses.set(mb, v));
     this.grads.add(keys, grads);
     if (tailIn) this.tailStash.push({ mb, input: tailIn, noise });
-    return { out, dx: wantX ? grads[keys.length] : null };
+    return { out, dx: wantX ? grads[keys.length]! : null, loss: value };
   }
 
   /**
@@ -272,6 +290,7 @@ export class LocalStage extends TrainableStage {
    * overlap gradients may still arrive from the next stage.
    */
   reset(): void {
+    this.nativeCapture?.resetStep();
     this.grads.clear();
   }
 

@@ -1,6 +1,7 @@
 /**
  * The native captured step (pipeline/native-capture.ts): a single-device run, and each stage of
- * a K=2 pipeline (1F1B, GPipe, ZBV with its split backward), replays its step's actions once two
+ * a K=2 pipeline (1F1B, GPipe, ZBV with its split backward) or of local parallelism (greedy, and
+ * the last stage under --overlap 1), replays its step's actions once two
  * steps recorded the same addon calls and a trial replay reproduced a third, and trains bit for
  * bit as without it; a step whose kernels read a value computed in JS between the calls is never
  * replayed.
@@ -82,6 +83,33 @@ for (const [schedule, checkpoint, precision] of [
     const captured = await withCaptureEnv('1', () => runTiny(precision, o));
     // every stage counts its replayed steps (zbv: 2 stages a device, 4 in all)
     assertReplayedFrom(captured.reports, schedule === 'zbv' ? 4 : 2);
+    assert.deepEqual(captured.losses, plain.losses, 'the same losses');
+    assert.equal(maxParamDiff(captured.params, plain.params), 0);
+  });
+
+for (const overlap of [0, 1])
+  test(`local K=2 M=2 on native (${overlap ? 'overlap 1, deterministic' : 'greedy'}) with captured steps: each stage without an overlapped tail replays its local updates from the third step, bit for bit as without captured steps`, {
+    skip,
+  }, async () => {
+    const o = {
+      strategy: 'local',
+      stages: 2,
+      microBatches: 2,
+      overlap,
+      deterministic: overlap > 0,
+    };
+    const plain = await withCaptureEnv('0', () => runTiny('fp32', o));
+    const captured = await withCaptureEnv('1', () => runTiny('fp32', o));
+    // a local step is one update: 2 a step for each capturing stage (with overlap 1, stage 0's
+    // tail is trained by stage 1's gradient, whenever it comes: only stage 1 captures); the
+    // first update records, the second matches it, the third is tried, the fourth replays
+    const each = overlap ? 2 : 4;
+    const replays = captured.reports.map((r) => r.replayed ?? 0);
+    assert.deepEqual(
+      replays,
+      [0, each / 2, ...Array(replays.length - 2).fill(each)],
+      'replayed local updates by step',
+    );
     assert.deepEqual(captured.losses, plain.losses, 'the same losses');
     assert.equal(maxParamDiff(captured.params, plain.params), 0);
   });

@@ -1,8 +1,10 @@
 /**
  * A captured step on the native CPU device (issue 37; as webgpu's, pipeline/captured-step.ts,
- * and CUDA graphs): any backprop stage (single device, a pipeline's stage, a replica's) records
+ * and CUDA graphs): any backprop stage (single device, a pipeline's stage, a replica's), and a
+ * local-parallelism stage without an overlapped tail (its step one local update), records
  * the native addon's calls of each compute action of its training step (forward, backward,
- * backward_input, backward_weight, for every micro-batch, in the schedule's order) through
+ * backward_input, backward_weight, for every micro-batch, in the schedule's order; or
+ * local_update) through
  * TF.js, and once two steps in a row made the same calls on the same arrays, and a trial replay
  * of them has reproduced a third step bit for bit, runs later steps' actions as those lists of
  * calls alone: no TF.js, no tape, no JS between the kernels. Each action's inputs (tokens and
@@ -84,7 +86,7 @@ export interface NativeCaptureHost {
 
 /** A compute action of a stage's training step, as the capture keys its segments. */
 export interface CaptureAction {
-  /** forward, backward, backward_input or backward_weight. */
+  /** forward, backward, backward_input or backward_weight; local_update (a local stage's step). */
   op: string;
   mb: number;
   /** Whether the forward kept its activations (no re-materialization). */

@@ -17,13 +17,7 @@ import {
 import { StepCapture } from './captured-step.js';
 import { recordEvaluation } from './evaluation.js';
 import type { Handlers, StepIO } from './executor.js';
-import {
-  type ActionInputs,
-  type ActionOutputs,
-  type CaptureAction,
-  NativeStepCapture,
-  type ReplayedAction,
-} from './native-capture.js';
+import { type ActionOutputs, NativeStepCapture } from './native-capture.js';
 import {
   backwardRecompute,
   backwardRecorded,
@@ -73,7 +67,7 @@ export class Stage extends TrainableStage {
       ? new StepCapture({ paramVars: this.params.vars })
       : null;
   /** The captured training step on native, for any stage (on unless LAYERWISE_NATIVE_CAPTURE=0). */
-  private readonly nativeCapture: NativeStepCapture | null =
+  protected readonly nativeCapture: NativeStepCapture | null =
     !this.gpuCapture && NativeStepCapture.wanted()
       ? new NativeStepCapture({ paramVars: this.params.vars })
       : null;
@@ -167,38 +161,6 @@ export class Stage extends TrainableStage {
     if (!out) return; // replayed, its results handed on
     if (out.dx) io.putInputGrad(mb, out.dx);
     io.phase('recompute', this.lastRecomputeMs);
-  }
-
-  /**
-   * A compute action of a training step through the native capture (where the stage has one):
-   * replayed where the capture covers this step (its results handed on: returns null), else
-   * `run` through TF.js (its addon calls recorded where the capture records), returning its
-   * outputs for the handler to hand on.
-   */
-  private viaNativeCapture(
-    act: CaptureAction,
-    io: StepIO,
-    inputs: ActionInputs,
-    run: () => ActionOutputs,
-  ): ActionOutputs | null {
-    const capture = this.nativeCapture;
-    const replayed = capture?.replay(act, io, inputs);
-    if (replayed) {
-      this.handOn(act.mb, io, replayed);
-      return null;
-    }
-    capture?.begin(act, io, inputs);
-    const out = run();
-    capture?.end(out, this.grads.asMap());
-    return out;
-  }
-
-  /** Hands on a replayed action's results as the action's own: its output or input gradient, its loss, the step's gradients. */
-  private handOn(mb: number, io: StepIO, r: ReplayedAction): void {
-    if (r.y) io.putOutput(mb, r.y);
-    if (r.dx) io.putInputGrad(mb, r.dx);
-    if (r.loss) this.reads.scalar(r.loss, (v) => this.losses.set(mb, v));
-    if (r.grads) this.grads.add([...r.grads.keys()], [...r.grads.values()]);
   }
 
   /**
@@ -433,7 +395,6 @@ export class Stage extends TrainableStage {
 
   override dispose(): void {
     this.gpuCapture?.dispose();
-    this.nativeCapture?.dispose();
     super.dispose();
   }
 

@@ -16,7 +16,19 @@ import {
   type OptimizerState,
 } from '../optim/optimizer.js';
 import type { StageRange } from '../partition/balance.js';
-import type { Handlers, NumericFault, StageProgram } from './executor.js';
+import type {
+  Handlers,
+  NumericFault,
+  StageProgram,
+  StepIO,
+} from './executor.js';
+import type {
+  ActionInputs,
+  ActionOutputs,
+  CaptureAction,
+  NativeStepCapture,
+  ReplayedAction,
+} from './native-capture.js';
 import { PendingReads } from './pending-reads.js';
 import { GradAccumulator, StageParams } from './stage-params.js';
 
@@ -59,6 +71,42 @@ export abstract class TrainableStage implements StageProgram {
 
   /** Device values the step reads at its end (losses, metrics, diagnosis), see {@link flush}. */
   protected readonly reads = new PendingReads();
+
+  /** The captured training step on native (pipeline/native-capture.ts), where this stage kind and run have one. */
+  protected abstract readonly nativeCapture: NativeStepCapture | null;
+
+  /**
+   * A compute action of a training step through the native capture (where the stage has one):
+   * replayed where the capture covers this step (its results handed on as micro-batch `mb`'s:
+   * returns null), else `run` through TF.js (its addon calls recorded where the capture
+   * records), returning its outputs for the handler to hand on.
+   */
+  protected viaNativeCapture(
+    act: CaptureAction,
+    io: StepIO,
+    inputs: ActionInputs,
+    run: () => ActionOutputs,
+    mb = act.mb,
+  ): ActionOutputs | null {
+    const capture = this.nativeCapture;
+    const replayed = capture?.replay(act, io, inputs);
+    if (replayed) {
+      this.handOn(mb, io, replayed);
+      return null;
+    }
+    capture?.begin(act, io, inputs);
+    const out = run();
+    capture?.end(out, this.grads.asMap());
+    return out;
+  }
+
+  /** Hands on a replayed action's results as the action's own: its output or input gradient, its loss, the step's gradients. */
+  private handOn(mb: number, io: StepIO, r: ReplayedAction): void {
+    if (r.y) io.putOutput(mb, r.y);
+    if (r.dx) io.putInputGrad(mb, r.dx);
+    if (r.loss) this.reads.scalar(r.loss, (v) => this.losses.set(mb, v));
+    if (r.grads) this.grads.add([...r.grads.keys()], [...r.grads.values()]);
+  }
 
   /** Reads what the step left pending on the device into {@link losses}, {@link metrics} and {@link faults}. */
   async flush(): Promise<void> {
@@ -215,6 +263,7 @@ export abstract class TrainableStage implements StageProgram {
 
   dispose(): void {
     this.reset();
+    this.nativeCapture?.dispose();
     this.optimizer.dispose();
     this.params.dispose();
   }
