@@ -77,6 +77,7 @@ interface Backend {
   bf16OnlyValues(t: tf.TensorInfo): Uint16Array | undefined;
   bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo;
   claimArrays(arrays: Iterable<ArrayBufferView>): void;
+  alloc(length: number): Float32Array;
 }
 
 /** What the stage hands the capture: its parameters' variables (whose arrays a replay must find unchanged). */
@@ -252,12 +253,20 @@ export class NativeStepCapture {
     return this.backend.bf16OnlyValues(t) ?? this.valuesOf(t);
   }
 
-  /** A tensor of `shape` on a copy of `values`: float32, or bf16-only where `values` are bf16. */
+  /**
+   * A tensor of `shape` on a copy of `values`: float32 (on an array from the backend's pool, back
+   * to it when the tensor goes: a sent activation is copied out and disposed every micro-batch,
+   * and new arrays each time would be garbage to collect), or bf16-only where `values` are bf16.
+   */
   private tensorOfCopy(
     values: Float32Array | Uint16Array,
     shape: number[],
   ): tf.Tensor {
-    if (values instanceof Float32Array) return tf.tensor(values.slice(), shape);
+    if (values instanceof Float32Array) {
+      const copy = this.backend.alloc(values.length);
+      copy.set(values);
+      return tf.tensor(copy, shape);
+    }
     const bf = values.slice();
     countPrivateBytes(bf.byteLength); // bf16Output takes over bytes counted as a shadow's
     const info = this.backend.bf16Output(bf, shape);
