@@ -79,12 +79,9 @@ for (const [schedule, checkpoint, precision] of [
       schedule,
       checkpoint,
     };
-    const plain = await withCaptureEnv('0', () => runTiny(precision, o));
-    const captured = await withCaptureEnv('1', () => runTiny(precision, o));
+    const reports = await capturedAsPlain(precision, o);
     // every stage counts its replayed steps (zbv: 2 stages a device, 4 in all)
-    assertReplayedFrom(captured.reports, schedule === 'zbv' ? 4 : 2);
-    assert.deepEqual(captured.losses, plain.losses, 'the same losses');
-    assert.equal(maxParamDiff(captured.params, plain.params), 0);
+    assertReplayedFrom(reports, schedule === 'zbv' ? 4 : 2);
   });
 
 for (const overlap of [0, 1])
@@ -98,21 +95,33 @@ for (const overlap of [0, 1])
       overlap,
       deterministic: overlap > 0,
     };
-    const plain = await withCaptureEnv('0', () => runTiny('fp32', o));
-    const captured = await withCaptureEnv('1', () => runTiny('fp32', o));
+    const reports = await capturedAsPlain('fp32', o);
     // a local step is one update: 2 a step for each capturing stage (with overlap 1, stage 0's
     // tail is trained by stage 1's gradient, whenever it comes: only stage 1 captures); the
     // first update records, the second matches it, the third is tried, the fourth replays
     const each = overlap ? 2 : 4;
-    const replays = captured.reports.map((r) => r.replayed ?? 0);
+    const replays = reports.map((r) => r.replayed ?? 0);
     assert.deepEqual(
       replays,
       [0, each / 2, ...Array(replays.length - 2).fill(each)],
       'replayed local updates by step',
     );
-    assert.deepEqual(captured.losses, plain.losses, 'the same losses');
-    assert.equal(maxParamDiff(captured.params, plain.params), 0);
   });
+
+/**
+ * Trains `o` (runTiny) on native without captured steps, then with them; asserts the same losses
+ * and parameters, bit for bit, and returns the captured run's step reports.
+ */
+async function capturedAsPlain(
+  precision: 'fp32' | 'bf16',
+  o: Record<string, unknown>,
+) {
+  const plain = await withCaptureEnv('0', () => runTiny(precision, o));
+  const captured = await withCaptureEnv('1', () => runTiny(precision, o));
+  assert.deepEqual(captured.losses, plain.losses, 'the same losses');
+  assert.equal(maxParamDiff(captured.params, plain.params), 0);
+  return captured.reports;
+}
 
 /** charlm-like tiny run on native over 8 steps with `o`'s strategy. */
 function runTiny(
