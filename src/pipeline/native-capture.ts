@@ -78,6 +78,7 @@ interface Backend {
   bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo;
   claimArrays(arrays: Iterable<ArrayBufferView>): void;
   alloc(length: number): Float32Array;
+  shadowBuffer(length: number): Uint16Array | undefined;
 }
 
 /** What the stage hands the capture: its parameters' variables (whose arrays a replay must find unchanged). */
@@ -256,7 +257,8 @@ export class NativeStepCapture {
   /**
    * A tensor of `shape` on a copy of `values`: float32 (on an array from the backend's pool, back
    * to it when the tensor goes: a sent activation is copied out and disposed every micro-batch,
-   * and new arrays each time would be garbage to collect), or bf16-only where `values` are bf16.
+   * and new arrays each time would be garbage to collect), or bf16-only where `values` are bf16
+   * (alike, from the backend's free bf16 buffers).
    */
   private tensorOfCopy(
     values: Float32Array | Uint16Array,
@@ -267,8 +269,14 @@ export class NativeStepCapture {
       copy.set(values);
       return tf.tensor(copy, shape);
     }
-    const bf = values.slice();
-    countPrivateBytes(bf.byteLength); // bf16Output takes over bytes counted as a shadow's
+    // a free bf16 buffer (counted as a shadow's bytes, which bf16Output takes over, and given
+    // back when the tensor goes), else a copy counted so
+    let bf = this.backend.shadowBuffer(values.length);
+    if (bf) bf.set(values);
+    else {
+      bf = values.slice();
+      countPrivateBytes(bf.byteLength);
+    }
     const info = this.backend.bf16Output(bf, shape);
     return tf
       .engine()
