@@ -7,7 +7,7 @@
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
 #   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 540 s
-#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 250 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 280 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
@@ -23,7 +23,8 @@
 # bars: only the issues' bars, so that a 15-minute lease holds it and a second call: both
 #      models on webgpu (captured, and charlm-small not captured) with PyTorch beside them
 #      (gpu.md), and single fp32/bf16 at 16 and the default threads with PyTorch, zbv K=3 at its
-#      default threads (cores.md), and zbv K=3 at M=4 beside its M=8 (cores-zbv-m4.md).
+#      default threads (cores.md), zbv K=3 at M=4 beside its M=8 (cores-zbv-m4.md), and single
+#      and zbv K=3 without the native captured step (cores-uncaptured.md).
 set -u
 part=${1:-}
 if [ "$part" != gpu ] && [ "$part" != cpu ] && [ "$part" != bars ]; then
@@ -107,10 +108,12 @@ case "$part" in
     # and element-wise passes are too small for its 5 threads; M=4 gives 1,024 rows)
     bench cores --python '' --kinds zbv --stages 3 --threads 16 --micro-batches 4 --warmup 10 \
       --budget-s 45 --name cores-zbv-m4
-    # single without the native captured step (pipeline/native-capture.ts, on by default), beside
-    # the captured rows above: what the step's JS between kernels costs at 16 threads
-    LAYERWISE_NATIVE_CAPTURE=0 bench cores --python '' --kinds single,single-bf16 --threads 16 \
-      --warmup 10 --budget-s 45 --name cores-uncaptured
+    # single and zbv K=3 without the native captured step (pipeline/native-capture.ts, on by
+    # default; pipeline stages capture since 0915616), beside the captured rows above: what the
+    # step's JS between kernels costs at 16 threads (on 2 cores, 1 thread a device, zbv K=3 gained
+    # 3% from it, zbv K=2 25%: bench/results/cores-2-cores-local-zbv3*.md)
+    LAYERWISE_NATIVE_CAPTURE=0 bench cores --python '' --kinds single,single-bf16,zbv --stages 3 \
+      --threads 16 --micro-batches 8 --warmup 10 --budget-s 70 --name cores-uncaptured
     ;;
 esac
 ls -l "$out"
