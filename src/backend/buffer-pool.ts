@@ -93,6 +93,28 @@ export class BufferPool {
     this.free.give(entry.array);
   }
 
+  /**
+   * Takes `array`, which the pool did not hand out (a message's array from another thread:
+   * backend/wire-buffers.ts), as if it had: once the tensors that {@link hold} it let go, it is
+   * free to hand out. Only an array that spans its whole memory is taken (a view into a larger
+   * buffer may share it with other arrays); returns whether it was.
+   */
+  adopt(array: Float32Array): boolean {
+    if (array.byteOffset !== 0 || array.byteLength !== array.buffer.byteLength)
+      return false;
+    if (array.length * 4 < this.minBytes) return false;
+    if (!this.owned.has(array.buffer))
+      this.owned.set(array.buffer, { array, holders: 0 });
+    return true;
+  }
+
+  /** Puts `array`, which no tensor and no caller can see any more, straight on the free list (it must span its whole memory, as {@link adopt}'s). */
+  recycle(array: Float32Array): void {
+    if (!this.adopt(array)) return;
+    this.owned.delete(array.buffer);
+    this.free.give(array);
+  }
+
   /** `values` escaped to a caller who may keep it: it is never reused. */
   disown(values: unknown): void {
     if (ArrayBuffer.isView(values)) this.owned.delete(values.buffer);

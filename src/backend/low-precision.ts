@@ -193,18 +193,28 @@ function widening(format: NumberFormat): Widening {
   return h?.format === format ? h.widen : wideningFrom(format);
 }
 
-/** `v` rounded to the 2-byte storage format of this thread's policy (a new array; see {@link storesNarrow}). */
-export function narrowValues(v: Float32Array): Uint16Array {
-  const d = new Uint16Array(v.length);
-  narrowing(narrowFormat())(v, d);
-  return d;
+/**
+ * `v` rounded to the 2-byte storage format of this thread's policy (see {@link storesNarrow}),
+ * into `out` (of v's length; a new array where not given), which is returned.
+ */
+export function narrowValues(
+  v: Float32Array,
+  out: Uint16Array = new Uint16Array(v.length),
+): Uint16Array {
+  narrowing(narrowFormat())(v, out);
+  return out;
 }
 
-/** 2-byte values (of this thread's policy's storage format) widened to float32 (exact; a new array). */
-export function widenValues(d: Uint16Array): Float32Array {
-  const f32 = new Float32Array(d.length);
-  widening(narrowFormat())(d, f32);
-  return f32;
+/**
+ * 2-byte values (of this thread's policy's storage format) widened to float32 (exact), into
+ * `out` (of d's length; a new array where not given), which is returned.
+ */
+export function widenValues(
+  d: Uint16Array,
+  out: Float32Array = new Float32Array(d.length),
+): Float32Array {
+  widening(narrowFormat())(d, out);
+  return out;
 }
 
 /** A float32 tensor in the 2-byte wire format, as it crosses between stages. */

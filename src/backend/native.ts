@@ -56,6 +56,7 @@ import {
   type PrecisionPolicy,
   policyOf,
 } from './precision.js';
+import { WireBuffers } from './wire-buffers.js';
 
 export {
   type NativeAddon,
@@ -76,6 +77,8 @@ export class NativeBackend extends MathBackendCPU {
    * pipeline/native-capture.ts).
    */
   readonly pool = new BufferPool();
+  /** The arrays that carry this device's activations and gradients to and from other stages, recycled ({@link WireBuffers}). */
+  readonly wire = new WireBuffers();
   private internalRead = false;
   /**
    * The compute precision of the products (BatchMatMul, _FusedMatMul, causal attention,
@@ -147,6 +150,7 @@ export class NativeBackend extends MathBackendCPU {
   ): tf.DataId {
     const id = super.write(values, shape, dtype);
     this.pool.hold(values);
+    this.wire.hold(values);
     return id;
   }
 
@@ -159,6 +163,7 @@ export class NativeBackend extends MathBackendCPU {
   ): void {
     super.move(dataId, values, shape, dtype, refCount);
     this.pool.hold(values);
+    this.wire.hold(values);
     this.dropBf16Param(dataId); // new values under this id
     this.dropShadow(dataId);
   }
@@ -170,6 +175,7 @@ export class NativeBackend extends MathBackendCPU {
       const lazy = this.bf16Only.get(dataId);
       // a bf16-only tensor's float32 values (if made) are its own, never the pool's
       if (lazy === undefined) this.pool.release(entry.values);
+      this.wire.release(entry.values);
       this.dropBf16Param(dataId);
       this.dropShadow(dataId);
     }
@@ -458,9 +464,21 @@ export class NativeBackend extends MathBackendCPU {
    */
   claimArrays(arrays: Iterable<ArrayBufferView>): void {
     const buffers = new Set<ArrayBufferLike>();
-    for (const a of arrays) buffers.add(a.buffer);
+    for (const a of arrays) {
+      buffers.add(a.buffer);
+      this.wire.disown(a);
+    }
     this.pool.claim(buffers);
     this.bf16Free.claim(buffers);
+  }
+
+  /**
+   * An array a captured step's recording reads as an action's input (pipeline/native-capture.ts):
+   * a received message's array is then never recycled to carry a send ({@link WireBuffers}),
+   * which would transfer it away before the capture claims it.
+   */
+  keepRecordedInput(array: ArrayBufferView): void {
+    this.wire.disown(array);
   }
 
   /** Bytes held in bf16 parameter copies (behind the tensors: counted by backend/memory.ts, not by tf.memory()). */
@@ -481,20 +499,26 @@ export class NativeBackend extends MathBackendCPU {
     if (isParameterData(dataId) && ArrayBuffer.isView(values))
       return (values as Float32Array).slice();
     this.pool.disown(values);
+    this.wire.disown(values);
     return values;
   }
 
   /**
-   * A copy of a tensor's values (a new typed array, float32 or int32), read without disowning
-   * its array: the array goes back to the pool when the tensor is disposed, so a stage that
-   * sends an activation each micro-batch (runtime/serialize.ts toWire) gets the same arrays every
-   * step rather than new ones (which a captured step, pipeline/native-capture.ts, needs, and
-   * which would otherwise be fresh pages each micro-batch).
+   * A copy of a tensor's values (float32 or int32), read without disowning its array: the array
+   * goes back to the pool when the tensor is disposed, so a stage that sends an activation each
+   * micro-batch (runtime/serialize.ts toWire) gets the same arrays every step rather than new
+   * ones (which a captured step, pipeline/native-capture.ts, needs, and which would otherwise be
+   * fresh pages each micro-batch). A float32 copy is one of {@link wire}'s arrays (a received
+   * message's, free again), for the caller to transfer away; an int32 copy a new array.
    */
   copyValues(dataId: tf.DataId): Float32Array | Int32Array {
     this.internalRead = true;
     try {
-      return (this.readSync(dataId) as Float32Array | Int32Array).slice();
+      const values = this.readSync(dataId) as Float32Array | Int32Array;
+      if (!(values instanceof Float32Array)) return values.slice();
+      const copy = this.wire.takeF32(values.length);
+      copy.set(values);
+      return copy;
     } finally {
       this.internalRead = false;
     }
@@ -514,6 +538,7 @@ export class NativeBackend extends MathBackendCPU {
 
   override dispose(): void {
     this.pool.clear();
+    this.wire.clear();
     for (const id of [...this.bf16Params.keys()]) this.dropBf16Param(id);
     for (const id of [...this.shadows.keys()]) this.dropShadow(id);
     this.bf16Free.clear();

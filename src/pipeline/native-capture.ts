@@ -77,6 +77,7 @@ interface Backend {
   bf16OnlyValues(t: tf.TensorInfo): Uint16Array | undefined;
   bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo;
   claimArrays(arrays: Iterable<ArrayBufferView>): void;
+  keepRecordedInput(array: ArrayBufferView): void;
   alloc(length: number): Float32Array;
   shadowBuffer(length: number): Uint16Array | undefined;
 }
@@ -470,9 +471,10 @@ export class NativeStepCapture {
         values instanceof Float32Array ||
         values instanceof Int32Array ||
         values instanceof Uint16Array
-      )
+      ) {
         segment.inputs.push({ name, values, shape: [...t.shape] });
-      else r.broken = true;
+        this.backend.keepRecordedInput(values);
+      } else r.broken = true;
     }
     r.open = { rec: startAddonRecording(), segment };
   }

@@ -4,6 +4,7 @@
  * transfer list.
  */
 import { tf } from '../backend/tfjs.js';
+import type { WireBuffers } from '../backend/wire-buffers.js';
 import type { HostTensor } from '../data/microbatch.js';
 
 /**
@@ -25,9 +26,11 @@ export async function toWire(t: tf.Tensor): Promise<HostTensor> {
 }
 
 /**
- * A fresh copy of t's values (float32 or int32; t stays its owner's). On the native backend the
- * copy is made without disowning t's array (backend/native.ts copyValues), so that the array
- * returns to the pool when t is disposed; elsewhere through an asynchronous read.
+ * A copy of t's values (float32 or int32; t stays its owner's) that no one else sees, for the
+ * caller to send (transfer) away. On the native backend the copy is made without disowning t's
+ * array (backend/native.ts copyValues), so that the array returns to the pool when t is
+ * disposed, and a float32 copy is one of the backend's message arrays ({@link wireBuffers});
+ * elsewhere a new array, through an asynchronous read.
  */
 export async function copyOfValues(
   t: tf.Tensor,
@@ -42,6 +45,26 @@ export async function copyOfValues(
 /** Creates a device tensor from a wire tensor. */
 export function fromWire(w: HostTensor): tf.Tensor {
   return tf.tensor(w.data, w.shape, w.dtype);
+}
+
+/**
+ * This thread's recycler of the arrays that carry tensors between stages (the native backend's,
+ * backend/wire-buffers.ts), or undefined where the backend has none.
+ */
+export function wireBuffers(): WireBuffers | undefined {
+  return (tf.backend() as { wire?: WireBuffers }).wire;
+}
+
+/**
+ * Creates a device tensor from a wire tensor that another stage sent and this thread alone
+ * holds (its array came through a channel): where the backend recycles message arrays
+ * ({@link wireBuffers}), a float32 array is free to carry one of this thread's sends once the
+ * tensor is disposed. Not for arrays a caller may keep (a step's inputs from the coordinator:
+ * {@link fromWire}).
+ */
+export function fromReceivedWire(w: HostTensor): tf.Tensor {
+  if (w.data instanceof Float32Array) wireBuffers()?.adopt(w.data);
+  return fromWire(w);
 }
 
 /** The transfer list for wire tensors (their buffers). */

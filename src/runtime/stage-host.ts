@@ -52,7 +52,14 @@ import type {
   StageStep,
   StageStepResult,
 } from './protocol.js';
-import { copyOfValues, fromWire, toWire, transferables } from './serialize.js';
+import {
+  copyOfValues,
+  fromReceivedWire,
+  fromWire,
+  toWire,
+  transferables,
+  wireBuffers,
+} from './serialize.js';
 
 /** Which link of a device: to the neighbour stages, or in the ring of its replicas. */
 export type LinkSide = 'prev' | 'next' | 'replica-prev' | 'replica-next';
@@ -87,9 +94,12 @@ async function sendTensor(
   if (!ch) throw new Error(`stage has no neighbour to send ${type} to`);
   if (t.dtype === 'float32' && storesNarrow('wire')) {
     const shape = t.shape.slice();
+    const wire = wireBuffers();
     let data: Uint16Array;
     try {
-      data = narrowValues((await copyOfValues(t)) as Float32Array);
+      const f32 = (await copyOfValues(t)) as Float32Array;
+      data = narrowValues(f32, wire?.takeU16(f32.length));
+      wire?.recycle(f32);
     } finally {
       t.dispose();
     }
@@ -104,16 +114,26 @@ async function sendTensor(
   ch.send({ type, mb, tensor: w }, transferables([w]));
 }
 
-/** A received activation or gradient as a device tensor; counted as host-to-device bytes. */
+/**
+ * A received activation or gradient as a device tensor; counted as host-to-device bytes. Its
+ * arrays are this thread's alone, so the backend may recycle them for sends (serialize.ts
+ * fromReceivedWire).
+ */
 function tensorOf(m: TensorMessage): tf.Tensor {
   const narrow = narrowWireOf(m);
   if (narrow) {
     countTransfer('h2d', narrow.data.byteLength);
-    const f32 = widenValues(narrow.data);
-    return fromWire({ shape: narrow.shape, dtype: 'float32', data: f32 });
+    const wire = wireBuffers();
+    const f32 = widenValues(narrow.data, wire?.takeF32(narrow.data.length));
+    wire?.recycle(narrow.data);
+    return fromReceivedWire({
+      shape: narrow.shape,
+      dtype: 'float32',
+      data: f32,
+    });
   }
   countTransfer('h2d', m.tensor!.data.byteLength);
-  return fromWire(m.tensor!);
+  return fromReceivedWire(m.tensor!);
 }
 
 /** The next message `type` (an activation or gradient) from neighbour `ch`, as a device tensor with its micro-batch. */
