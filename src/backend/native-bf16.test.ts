@@ -21,6 +21,7 @@ import { deviceBytes } from './memory.js';
 import { bf16Support } from './names.js';
 import type { NativeBackend } from './native.js';
 import { nativeAddon, nativeUnavailable } from './native.js';
+import { recordAddonCalls } from './native-addon.js';
 import { tf } from './tfjs.js';
 
 const skip = !nativeAddon()
@@ -655,6 +656,34 @@ test("fromBf16: a bf16-only tensor holds 2 bytes per element, is the products' b
   y.dispose();
   assert.equal(deviceBytes(), start, 'every byte counted is freed');
   for (const a of [x, ref, yRef]) a.dispose();
+});
+
+test('disposing a bf16-only tensor never read as float32 widens nothing (no addon call, no bytes)', {
+  skip,
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const n = 4096;
+  const bf = new Uint16Array(n);
+  nativeAddon()!.toBf16(new Float32Array(randomArray(n, 9)), bf);
+  const x = tf.tensor2d(randomArray(8 * 64, 10), [8, 64]);
+  const w = backend().fromBf16(bf, [64, 64]);
+  const y = tf.matMul(x, w); // a bf16 output (held as its bf16 values only)
+  const start = deviceBytes();
+  const calls = recordAddonCalls(() => {
+    w.dispose();
+    y.dispose();
+  });
+  assert.deepEqual(
+    calls.map((c) => c.name),
+    [],
+    'disposal calls no kernel',
+  );
+  assert.equal(
+    start - deviceBytes(),
+    2 * 64 * 64 + 2 * 8 * 64,
+    'their 2 bytes per element freed',
+  );
+  x.dispose();
 });
 
 test('the bf16 rounding of a tensor held as bf16 is that tensor: the same values and data, no new bytes, freed once both go', {

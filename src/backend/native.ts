@@ -173,9 +173,12 @@ export class NativeBackend extends MathBackendCPU {
     const done = super.disposeData(dataId, force);
     if (entry !== undefined && !this.data.has(dataId)) {
       const lazy = this.bf16Only.get(dataId);
-      // a bf16-only tensor's float32 values (if made) are its own, never the pool's
-      if (lazy === undefined) this.pool.release(entry.values);
-      this.wire.release(entry.values);
+      // a bf16-only tensor's float32 values (if made) are its own, never the pool's (and reading
+      // `values` would widen them)
+      if (lazy === undefined) {
+        this.pool.release(entry.values);
+        this.wire.release(entry.values);
+      }
       this.dropBf16Param(dataId);
       this.dropShadow(dataId);
     }
