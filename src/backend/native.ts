@@ -131,6 +131,8 @@ export class NativeBackend extends MathBackendCPU {
   private readonly shadows = new Map<tf.DataId, Uint16Array>();
   /** Free bf16 buffers by length (elements), reused so a conversion does not zero-fill a new one. */
   private readonly bf16Free = new FreeList<Uint16Array>(BF16_FREE_BYTES);
+  /** bf16 buffers a captured step claimed ({@link claimArrays}): never put back on {@link bf16Free}, even when a tensor that held one at the claim goes. */
+  private readonly claimedBf16 = new WeakSet<ArrayBufferLike>();
 
   constructor() {
     super();
@@ -454,7 +456,8 @@ export class NativeBackend extends MathBackendCPU {
     if (
       bf.byteOffset !== 0 ||
       bf.byteLength !== bf.buffer.byteLength ||
-      !(bf.buffer instanceof ArrayBuffer)
+      !(bf.buffer instanceof ArrayBuffer) ||
+      this.claimedBf16.has(bf.buffer)
     )
       return;
     this.bf16Free.give(bf);
@@ -463,13 +466,15 @@ export class NativeBackend extends MathBackendCPU {
   /**
    * Takes `arrays` (typed arrays, by their memory) out of this backend's pools for good: a
    * captured step's (pipeline/native-capture.ts), which its replays write, so no kernel is handed
-   * them again.
+   * them again; one a tensor still holds (the step's outputs, sent after it) does not come back
+   * when the tensor goes (float32: the pool no longer owns it; bf16: {@link claimedBf16}).
    */
   claimArrays(arrays: Iterable<ArrayBufferView>): void {
     const buffers = new Set<ArrayBufferLike>();
     for (const a of arrays) {
       buffers.add(a.buffer);
       this.wire.disown(a);
+      if (a instanceof Uint16Array) this.claimedBf16.add(a.buffer);
     }
     this.pool.claim(buffers);
     this.bf16Free.claim(buffers);

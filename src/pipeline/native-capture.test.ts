@@ -9,6 +9,7 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import { initBackend } from '../backend/index.js';
+import { bf16Support } from '../backend/names.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
 import { softmaxCrossEntropy } from '../model/layers.js';
@@ -262,6 +263,151 @@ test('a native capture replays only what its trial replay reproduced bit for bit
     }
   } finally {
     e.dispose();
+    w.dispose();
+  }
+});
+
+/**
+ * Two actions a step: a product of a float32 input (its output handed on), then a classifier
+ * whose input `x1` is held as bf16 values (`asBf16`) or as a float32 tensor of the same values
+ * (bf16 values: exact either way); losses and W's gradients of steps 0..n-1, through `capture`
+ * (null: TF.js alone), with `asBf16(k)` choosing step k's kind, and which steps were replayed.
+ */
+function twoActionSteps(
+  w0: tf.Variable,
+  w: tf.Variable,
+  n: number,
+  asBf16: (k: number) => boolean,
+  capture: NativeStepCapture | null,
+): { losses: number[]; grads: Float32Array[]; replayed: boolean[] } {
+  const io = {
+    m: 2,
+    dropped: new Set<number>(),
+    diagnose: false,
+    lossSeed: 1,
+  } as unknown as StepIO;
+  const backend = tf.backend() as unknown as {
+    shadowBuffer(length: number): Uint16Array;
+    bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo;
+  };
+  const losses: number[] = [];
+  const grads: Float32Array[] = [];
+  const replayed: boolean[] = [];
+  for (let k = 0; k < n; k++) {
+    const before = nativeReplays();
+    const x0 = tf.tensor2d(randomValues(64 * 8, 10 + k), [64, 8]);
+    const x1values = randomValues(64 * 8, 50 + k);
+    let x1: tf.Tensor;
+    if (asBf16(k)) {
+      // as a kernel's bf16 output (a block boundary): a free buffer of the backend's, held as is
+      const bf = backend.shadowBuffer(64 * 8);
+      nativeAddon()!.toBf16(x1values, bf);
+      x1 = tf
+        .engine()
+        .makeTensorFromTensorInfo(backend.bf16Output(bf, [64, 8]));
+    } else {
+      const bf = new Uint16Array(64 * 8);
+      nativeAddon()!.toBf16(x1values, bf);
+      x1 = tf.tensor2d(widened(bf), [64, 8]);
+    }
+    const labels = tf.tensor1d(
+      Int32Array.from({ length: 64 }, (_, i) => (i + k) % 5),
+      'int32',
+    );
+    const first = { op: 'forward', mb: 0, keep: true };
+    const second = { op: 'forward', mb: 1, keep: true };
+    let loss: tf.Tensor;
+    let grad: tf.Tensor;
+    const r0 = capture?.replay(first, io, { x: x0 });
+    if (r0) {
+      r0.y!.dispose();
+      const r1 = capture!.replay(second, io, { x: x1, labels })!;
+      capture!.endStep();
+      loss = r1.loss!;
+      grad = r1.grads!.get('w')!;
+    } else {
+      capture?.begin(first, io, { x: x0 });
+      const y0 = tf.matMul(x0, w0);
+      capture?.end({ y: y0 }, new Map());
+      y0.dispose();
+      capture?.begin(second, io, { x: x1, labels });
+      const { value, grads: g } = tf.variableGrads(
+        () => softmaxCrossEntropy(tf.matMul(x1, w), labels),
+        [w],
+      );
+      capture?.end({ loss: value }, new Map([['w', g.w!]]));
+      capture?.endStep();
+      loss = value;
+      grad = g.w!;
+      tf.dispose([x0, x1, labels]);
+    }
+    losses.push(loss.dataSync()[0]!);
+    const copy = tf.mul(grad, 1); // read through a copy (a read array leaves the pool)
+    grads.push(copy.dataSync() as Float32Array);
+    tf.dispose([copy, loss, grad]);
+    replayed.push(nativeReplays() > before);
+  }
+  return { losses, grads, replayed };
+}
+
+/** n deterministic values in [-1, 1) from `seed`. */
+const randomValues = (n: number, seed: number) =>
+  Float32Array.from({ length: n }, (_, i) => Math.sin(seed * 97.3 + i * 1.7));
+
+/** bf16 values widened to float32 (exact). */
+function widened(bf: Uint16Array): Float32Array {
+  const out = new Float32Array(bf.length);
+  nativeAddon()!.fromBf16(bf, out);
+  return out;
+}
+
+test('bf16: a replayed later action whose input comes as float32 where the recording had it as bf16 values (or back) converts it exactly: the losses and gradients of TF.js, bit for bit', {
+  skip:
+    skip ||
+    (!bf16Support().nativeBf16 &&
+      `this CPU has no avx512_bf16 or AMX (${bf16Support().note})`),
+}, async () => {
+  await initBackend('native', { precision: 'bf16' });
+  const w0 = tf.variable(
+    tf.randomNormal([8, 6], 0, 0.5, 'float32', 5),
+    true,
+    'w0',
+  );
+  const w = tf.variable(
+    tf.randomNormal([8, 5], 0, 0.5, 'float32', 6),
+    true,
+    'w',
+  );
+  try {
+    for (const recordedAsBf16 of [true, false]) {
+      // steps 0-7 record, try and replay the capture with one kind, steps 8-11 replay with the other
+      const asBf16 = (k: number) => k < 8 === recordedAsBf16;
+      const reference = twoActionSteps(w0, w, 12, asBf16, null);
+      const capture = new NativeStepCapture({
+        paramVars: new Map([
+          ['w0', w0],
+          ['w', w],
+        ]),
+      });
+      const captured = twoActionSteps(w0, w, 12, asBf16, capture);
+      capture.dispose();
+      const what = recordedAsBf16 ? 'bf16 -> float32' : 'float32 -> bf16';
+      assert.deepEqual(
+        captured.replayed.slice(7),
+        [true, true, true, true, true],
+        `${what}: replayed before the change of kind and after it`,
+      );
+      assert.deepEqual(captured.losses, reference.losses, what);
+      captured.grads.forEach((g, k) =>
+        assert.deepEqual(
+          g,
+          reference.grads[k],
+          `${what}: step ${k}'s gradient`,
+        ),
+      );
+    }
+  } finally {
+    w0.dispose();
     w.dispose();
   }
 });
