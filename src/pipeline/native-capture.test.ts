@@ -193,12 +193,7 @@ function runSteps(
   stacked: boolean,
   capture: NativeStepCapture | null,
 ): { losses: number[]; grads: Float32Array[]; replayed: number } {
-  const io = {
-    m: 1,
-    dropped: new Set<number>(),
-    diagnose: false,
-    lossSeed: 1,
-  } as unknown as StepIO;
+  const io = stepIO(1);
   const losses: number[] = [];
   const grads: Float32Array[] = [];
   const before = nativeReplays();
@@ -236,19 +231,12 @@ test('a native capture replays only what its trial replay reproduced bit for bit
 }, async () => {
   await initBackend('native');
   const e = tf.randomNormal([16, 8], 0, 1, 'float32', 3);
-  const w = tf.variable(
-    tf.randomNormal([8, 5], 0, 0.5, 'float32', 4),
-    true,
-    'w',
-  );
+  const w = weight([8, 5], 4, 'w');
   try {
     for (const stacked of [false, true]) {
-      const reference = runSteps(e, w, 7, stacked, null);
-      const capture = new NativeStepCapture({
-        paramVars: new Map([['w', w]]),
-      });
-      const captured = runSteps(e, w, 7, stacked, capture);
-      capture.dispose();
+      const captured = asTfjsGives({ w }, (capture) =>
+        runSteps(e, w, 7, stacked, capture),
+      );
       assert.equal(
         captured.replayed,
         stacked ? 0 : 4,
@@ -256,16 +244,47 @@ test('a native capture replays only what its trial replay reproduced bit for bit
           ? 'the stacked rows are copied in JS: the trial differs, never replayed'
           : 'steps 0-1 recorded, step 2 tried, steps 3-6 replayed',
       );
-      assert.deepEqual(captured.losses, reference.losses);
-      captured.grads.forEach((g, k) =>
-        assert.deepEqual(g, reference.grads[k], `step ${k}'s gradient`),
-      );
     }
   } finally {
     e.dispose();
     w.dispose();
   }
 });
+
+/** What the capture reads of a training step of `m` micro-batches: no block skipped, no diagnosis, loss seed 1. */
+const stepIO = (m: number) =>
+  ({
+    m,
+    dropped: new Set<number>(),
+    diagnose: false,
+    lossSeed: 1,
+  }) as unknown as StepIO;
+
+/** A trainable [rows, cols] float32 variable `name` of N(0, 0.5^2) values drawn with `seed`. */
+const weight = (shape: [number, number], seed: number, name: string) =>
+  tf.variable(tf.randomNormal(shape, 0, 0.5, 'float32', seed), true, name);
+
+/**
+ * Runs `steps` through TF.js alone (capture null), then through a new capture of `params`;
+ * asserts the same losses and gradients, bit for bit, and returns the captured run's results.
+ */
+function asTfjsGives<R extends { losses: number[]; grads: Float32Array[] }>(
+  params: Record<string, tf.Variable>,
+  steps: (capture: NativeStepCapture | null) => R,
+  what = '',
+): R {
+  const reference = steps(null);
+  const capture = new NativeStepCapture({
+    paramVars: new Map(Object.entries(params)),
+  });
+  const captured = steps(capture);
+  capture.dispose();
+  assert.deepEqual(captured.losses, reference.losses, what);
+  captured.grads.forEach((g, k) =>
+    assert.deepEqual(g, reference.grads[k], `${what} step ${k}'s gradient`),
+  );
+  return captured;
+}
 
 /**
  * Two actions a step: a product of a float32 input (its output handed on), then a classifier
@@ -280,12 +299,7 @@ function twoActionSteps(
   asBf16: (k: number) => boolean,
   capture: NativeStepCapture | null,
 ): { losses: number[]; grads: Float32Array[]; replayed: boolean[] } {
-  const io = {
-    m: 2,
-    dropped: new Set<number>(),
-    diagnose: false,
-    lossSeed: 1,
-  } as unknown as StepIO;
+  const io = stepIO(2);
   const backend = tf.backend() as unknown as {
     shadowBuffer(length: number): Uint16Array;
     bf16Output(bf: Uint16Array, shape: number[]): tf.TensorInfo;
@@ -368,42 +382,22 @@ test('bf16: a replayed later action whose input comes as float32 where the recor
       `this CPU has no avx512_bf16 or AMX (${bf16Support().note})`),
 }, async () => {
   await initBackend('native', { precision: 'bf16' });
-  const w0 = tf.variable(
-    tf.randomNormal([8, 6], 0, 0.5, 'float32', 5),
-    true,
-    'w0',
-  );
-  const w = tf.variable(
-    tf.randomNormal([8, 5], 0, 0.5, 'float32', 6),
-    true,
-    'w',
-  );
+  const w0 = weight([8, 6], 5, 'w0');
+  const w = weight([8, 5], 6, 'w');
   try {
     for (const recordedAsBf16 of [true, false]) {
       // steps 0-7 record, try and replay the capture with one kind, steps 8-11 replay with the other
       const asBf16 = (k: number) => k < 8 === recordedAsBf16;
-      const reference = twoActionSteps(w0, w, 12, asBf16, null);
-      const capture = new NativeStepCapture({
-        paramVars: new Map([
-          ['w0', w0],
-          ['w', w],
-        ]),
-      });
-      const captured = twoActionSteps(w0, w, 12, asBf16, capture);
-      capture.dispose();
       const what = recordedAsBf16 ? 'bf16 -> float32' : 'float32 -> bf16';
+      const captured = asTfjsGives(
+        { w0, w },
+        (capture) => twoActionSteps(w0, w, 12, asBf16, capture),
+        what,
+      );
       assert.deepEqual(
         captured.replayed.slice(7),
         [true, true, true, true, true],
         `${what}: replayed before the change of kind and after it`,
-      );
-      assert.deepEqual(captured.losses, reference.losses, what);
-      captured.grads.forEach((g, k) =>
-        assert.deepEqual(
-          g,
-          reference.grads[k],
-          `${what}: step ${k}'s gradient`,
-        ),
       );
     }
   } finally {
