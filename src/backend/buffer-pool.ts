@@ -1,3 +1,4 @@
+import { coversOwnBuffer } from '../util/buffers.js';
 import { FreeList } from './free-list.js';
 
 /**
@@ -96,23 +97,26 @@ export class BufferPool {
   /**
    * Takes `array`, which the pool did not hand out (a message's array from another thread:
    * backend/wire-buffers.ts), as if it had: once the tensors that {@link hold} it let go, it is
-   * free to hand out. Only an array that spans its whole memory is taken (a view into a larger
-   * buffer may share it with other arrays); returns whether it was.
+   * free to hand out. Only an array that covers its own whole memory is taken
+   * (util/buffers.ts coversOwnBuffer); returns whether it was.
    */
   adopt(array: Float32Array): boolean {
-    if (array.byteOffset !== 0 || array.byteLength !== array.buffer.byteLength)
-      return false;
-    if (array.length * 4 < this.minBytes) return false;
+    if (!this.canReuse(array)) return false;
     if (!this.owned.has(array.buffer))
       this.owned.set(array.buffer, { array, holders: 0 });
     return true;
   }
 
-  /** Puts `array`, which no tensor and no caller can see any more, straight on the free list (it must span its whole memory, as {@link adopt}'s). */
+  /** Puts `array`, which no tensor and no caller can see any more, straight on the free list (if it is one the pool could hand out: {@link canReuse}). */
   recycle(array: Float32Array): void {
-    if (!this.adopt(array)) return;
+    if (!this.canReuse(array)) return;
     this.owned.delete(array.buffer);
     this.free.give(array);
+  }
+
+  /** Whether `array`, made elsewhere, could be handed out: it covers its own whole memory (util/buffers.ts) and is not below {@link minBytes}. */
+  private canReuse(array: Float32Array): boolean {
+    return coversOwnBuffer(array) && array.length * 4 >= this.minBytes;
   }
 
   /** `values` escaped to a caller who may keep it: it is never reused. */

@@ -26,6 +26,7 @@
 
 import { MathBackendCPU } from '@tensorflow/tfjs-backend-cpu';
 import * as tf from '@tensorflow/tfjs-core';
+import { coversOwnBuffer } from '../util/buffers.js';
 import { broadcastIndex } from './broadcast.js';
 import { BufferPool } from './buffer-pool.js';
 import { FreeList } from './free-list.js';
@@ -453,14 +454,8 @@ export class NativeBackend extends MathBackendCPU {
 
   /** Returns a bf16 buffer nothing reads any more (a whole, unshared one, of any size, so that a step is handed the arrays of the step before; up to BF16_FREE_BYTES kept). */
   private giveBf16(bf: Uint16Array): void {
-    if (
-      bf.byteOffset !== 0 ||
-      bf.byteLength !== bf.buffer.byteLength ||
-      !(bf.buffer instanceof ArrayBuffer) ||
-      this.claimedBf16.has(bf.buffer)
-    )
-      return;
-    this.bf16Free.give(bf);
+    if (coversOwnBuffer(bf) && !this.claimedBf16.has(bf.buffer))
+      this.bf16Free.give(bf);
   }
 
   /**

@@ -1,3 +1,4 @@
+import { coversOwnBuffer } from '../util/buffers.js';
 import { BufferPool } from './buffer-pool.js';
 import { FreeList } from './free-list.js';
 
@@ -68,11 +69,7 @@ export class WireBuffers {
   /** An array no tensor and no caller can see any more (a received 2-byte message once widened, a send's float32 copy once narrowed): free for a send now. */
   recycle(array: Float32Array | Uint16Array): void {
     if (array instanceof Float32Array) this.f32.recycle(array);
-    else if (
-      array.byteOffset === 0 &&
-      array.byteLength === array.buffer.byteLength
-    )
-      this.u16.give(array);
+    else if (coversOwnBuffer(array)) this.u16.give(array);
   }
 
   /** Records that a tensor stores `values` (the backend's write and move). */

@@ -4,6 +4,7 @@
  * MessagePort) and turns incoming messages into per-type FIFO queues that can be awaited.
  */
 import type { TransferListItem } from 'node:worker_threads';
+import { coversOwnBuffer } from '../util/buffers.js';
 
 /** Messages are plain objects with a `type` tag. */
 export interface Message {
@@ -95,12 +96,7 @@ export function ownedBuffers(v: unknown): ArrayBuffer[] {
   const walk = (x: unknown, depth: number): void => {
     if (depth > 6 || x === null || typeof x !== 'object') return;
     if (ArrayBuffer.isView(x)) {
-      if (
-        x.byteOffset === 0 &&
-        x.byteLength === x.buffer.byteLength &&
-        x.buffer instanceof ArrayBuffer
-      )
-        out.add(x.buffer);
+      if (coversOwnBuffer(x)) out.add(x.buffer as ArrayBuffer);
       return;
     }
     for (const y of Object.values(x)) walk(y, depth + 1);
