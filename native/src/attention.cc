@@ -15,14 +15,10 @@
 
 namespace layerwise {
 
-namespace {
-// spread (batch, head) pairs over the team when there are enough of them; otherwise run them
-// one after another and let each sgemm use the whole team
 bool spreadPairs(int64_t pairs) {
   const int team = omp_get_max_threads();
   return team > 1 && pairs >= 2 * team;
 }
-}  // namespace
 
 int causalAttention(const float* qkv, float* ctx, float* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
   const SignalGuard guard;  // sgemm: JIT GEMM kernels (signals.h)

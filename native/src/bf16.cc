@@ -9,6 +9,7 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <unordered_map>
 #include <string>
@@ -70,6 +71,13 @@ void convertChunk(const float* src, uint16_t* dst, int64_t n) {
 // and team size and reused. oneDNN fixes a primitive's thread count (its work split) when it is
 // built, from omp_get_max_threads(): one built before setThreads(2) ran on one thread ever after
 // (the kernels bench at --threads 1,2: bf16 products 0.97x, attention 0.4x at 2 threads).
+// One (batch, head) pair's product on bf16 views, built once: the primitive and its operands'
+// memory objects, whose data handles each call points at the pair's views.
+struct PairProduct {
+  dnnl::matmul mm;
+  dnnl::memory a, b, c;
+};
+
 struct Bf16Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -78,8 +86,8 @@ struct Bf16Context {
   std::map<Key, dnnl::matmul> primitives;
   std::map<Key, std::string> impls;
   std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
-  // attention's strided products (stridedProduct), by their operands' dims, strides and type
-  std::map<std::vector<int64_t>, dnnl::matmul> strided;
+  // attention's per-(batch, head) products (PairProduct), by shape, row strides and team size
+  std::map<std::vector<int64_t>, struct PairProduct> pairs;
 };
 
 Bf16Context& context() {
@@ -121,53 +129,81 @@ T* grow(std::vector<T>& v, int64_t n) {
   return v.data();
 }
 
-// A 4-D view [B, H, rows, cols] into a buffer: its dims and element strides. Attention's
-// per-(batch, head) operands are such views: q, k and v read in place from qkv [B, T, 3, H, dh]
-// (row stride 3 H dh), the context and its gradient in place in [B, T, H, dh], and the
-// scores / probabilities dense [B, H, T, T] (transposed: the last two strides swapped).
-struct View {
-  dnnl::memory::dims dims, strides;
-};
-
-View headsOf(int64_t B, int64_t H, int64_t T, int64_t dh, int64_t rowStride, bool transposed = false) {
-  return transposed ? View{{B, H, dh, T}, {T * rowStride, dh, 1, rowStride}} : View{{B, H, T, dh}, {T * rowStride, dh, rowStride, 1}};
-}
-
-View squareOf(int64_t B, int64_t H, int64_t T, bool transposed = false) {
-  return View{{B, H, T, T}, {H * T * T, T * T, transposed ? 1 : T, transposed ? T : 1}};
-}
-
-// c = a b per (batch, head) on views (float32 c): oneDNN's matmul on bf16 a and b where the CPU
-// has bf16 products, else (emulated) its f32 matmul on a and b widened (aw, bw: the same views
-// into float32 copies of the buffers). Built once per views and type. Throws dnnl::error.
-void stridedProduct(Bf16Context& ctx, const View& a, const uint16_t* ab, const float* aw, const View& b, const uint16_t* bb,
-                    const float* bw, const View& c, float* cp) {
-  const bool bf = nativeBf16();
-  using dt = dnnl::memory::data_type;
-  const dt in = bf ? dt::bf16 : dt::f32;
-  std::vector<int64_t> key{bf ? 1 : 0, omp_get_max_threads()};  // built for this team size (Bf16Context)
-  for (const View* v : {&a, &b, &c}) {
-    key.insert(key.end(), v->dims.begin(), v->dims.end());
-    key.insert(key.end(), v->strides.begin(), v->strides.end());
+// c [m, n] (float32, row stride ldc) = op(a) op(b) for one (batch, head) pair of attention, a
+// and b read in place (row strides lda, ldb; transposed: read as stored [k, m] / [n, k]), on
+// the calling thread's team (one thread inside the pairs' parallel region): oneDNN's bf16 matmul
+// where the CPU has bf16 products; else (emulated) sgemm on aw and bw, the same views into the
+// operands widened to float32. Throws dnnl::error.
+void pairProduct(Bf16Context& ctx, const uint16_t* a, const float* aw, int64_t lda, bool transA, const uint16_t* b, const float* bw,
+                 int64_t ldb, bool transB, float* c, int64_t ldc, int64_t m, int64_t n, int64_t k) {
+  if (!nativeBf16()) {
+    const int s = dnnl_sgemm(transA ? 'T' : 'N', transB ? 'T' : 'N', m, n, k, 1.f, aw, lda, bw, ldb, 0.f, c, ldc);
+    if (s != dnnl_success) throw dnnl::error(static_cast<dnnl_status_t>(s), "sgemm on widened bf16 operands");
+    return;
   }
-  const dnnl::memory::desc ad(a.dims, in, a.strides), bd(b.dims, in, b.strides), cd(c.dims, dt::f32, c.strides);
-  auto it = ctx.strided.find(key);
-  if (it == ctx.strided.end()) it = ctx.strided.emplace(key, dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), ctx.engine))).first;
-  void* ap = bf ? static_cast<void*>(const_cast<uint16_t*>(ab)) : static_cast<void*>(const_cast<float*>(aw));
-  void* bp = bf ? static_cast<void*>(const_cast<uint16_t*>(bb)) : static_cast<void*>(const_cast<float*>(bw));
-  it->second.execute(ctx.stream, {{DNNL_ARG_SRC, dnnl::memory(ad, ctx.engine, ap)},
-                                  {DNNL_ARG_WEIGHTS, dnnl::memory(bd, ctx.engine, bp)},
-                                  {DNNL_ARG_DST, dnnl::memory(cd, ctx.engine, cp)}});
+  using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  const std::vector<int64_t> key{omp_get_max_threads(), m, n, k, lda, ldb, ldc, transA, transB};
+  auto it = ctx.pairs.find(key);
+  if (it == ctx.pairs.end()) {
+    const dnnl::memory::desc ad(dims{m, k}, dt::bf16, transA ? dims{1, lda} : dims{lda, 1});
+    const dnnl::memory::desc bd(dims{k, n}, dt::bf16, transB ? dims{1, ldb} : dims{ldb, 1});
+    const dnnl::memory::desc cd(dims{m, n}, dt::f32, dims{ldc, 1});
+    dnnl::matmul mm(dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), ctx.engine));
+    it = ctx.pairs.emplace(key, PairProduct{mm, dnnl::memory(ad, ctx.engine, nullptr), dnnl::memory(bd, ctx.engine, nullptr),
+                                            dnnl::memory(cd, ctx.engine, nullptr)}).first;
+  }
+  PairProduct& pp = it->second;
+  pp.a.set_data_handle(const_cast<uint16_t*>(a));
+  pp.b.set_data_handle(const_cast<uint16_t*>(b));
+  pp.c.set_data_handle(c);
+  pp.mm.execute(ctx.stream, {{DNNL_ARG_SRC, pp.a}, {DNNL_ARG_WEIGHTS, pp.b}, {DNNL_ARG_DST, pp.c}});
   ctx.stream.wait();
 }
 
-// Per-thread scratch of the attention kernels: bf16 copies of float32 inputs (qkv, dctx, P) and
-// the dscores, float32 scores / dP [B, H, T, T], a float32 [B, T, 3, H, dh] or [B, T, H, dh]
-// output, and (emulated) float32 widenings of the products' bf16 operands.
-struct AttentionScratch {
-  std::vector<uint16_t> qkv, dctx, square;
-  std::vector<float> scores, out, wideQkv, wideDctx, wideSquare;
+// rows [T, dh] of float32 (row stride dh) rounded to bf16 into a view with row stride ld
+void roundRows(const float* src, uint16_t* dst, int64_t rows, int64_t dh, int64_t ld) {
+  for (int64_t r = 0; r < rows; r++) toBf16Serial(src + r * dh, dst + r * ld, dh);
+}
+
+// A member's scratch in the attention kernels: one pair's float32 scores / dP [T, T] and
+// [T, dh] output, its bf16 dscores, and (emulated) float32 widenings of its bf16 P or dscores
+struct PairScratch {
+  std::vector<float> scores, out, wide;
+  std::vector<uint16_t> square;
 };
+
+// Whole-call scratch: bf16 copies of float32 inputs (qkv, dctx, P) and (emulated) float32
+// widenings of the products' bf16 operands
+struct AttentionScratch {
+  std::vector<uint16_t> qkv, dctx, p;
+  std::vector<float> wideQkv, wideDctx;
+};
+
+// Runs pair(bh, scratch) for bh in [0, pairs): spread over the team (spreadPairs), each member
+// with its oneDNN products built for one thread (as matmul.cc runAlone), or in order on the
+// calling thread. Returns 0 or the first dnnl::error's status.
+int forEachPair(int64_t pairs, const std::function<void(int64_t, PairScratch&)>& pair) {
+  const bool spread = spreadPairs(pairs);
+  const int team = omp_get_max_threads();
+  int status = 0;
+#pragma omp parallel if (spread)
+  {
+    thread_local PairScratch scratch;
+    if (spread) omp_set_num_threads(1);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < pairs; bh++) {
+      try {
+        pair(bh, scratch);
+      } catch (const dnnl::error& e) {
+#pragma omp atomic write
+        status = e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+      }
+    }
+    if (spread) omp_set_num_threads(team);
+  }
+  return status;
+}
 
 // An input's bf16 values: as held, or converted into scratch (grown to n elements)
 const uint16_t* bf16Of(const Bf16Operand& x, int64_t n, std::vector<uint16_t>& scratch) {
@@ -335,57 +371,57 @@ int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const 
 int causalAttentionBf16(const Bf16Operand& qkv, uint16_t* ctx, uint16_t* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
-  Bf16Context& c = context();
   thread_local AttentionScratch w;
-  const int64_t B = batch, H = heads, T = t, D = H * dh, L = 3 * D;
-  try {
-    const uint16_t* x = bf16Of(qkv, B * T * L, w.qkv);  // q, k, v read in place through their views
-    const float* xw = emulated(x, B * T * L, w.wideQkv);
-    float* scores = grow(w.scores, B * H * T * T);
-    stridedProduct(c, headsOf(B, H, T, dh, L), x, xw, headsOf(B, H, T, dh, L, true), x + D, at(xw, D), squareOf(B, H, T),
-                   scores);                           // scores = q k^T [B, H, T, T]
-    causalSoftmaxToBf16(scores, p, B * H, T, scale);  // P, float32 row by row, rounded while in L1
-    // ctx = P v, written in place into [B, T, H, dh] (float32), then rounded
-    float* y = grow(w.out, B * T * D);
-    const float* pw = emulated(p, B * H * T * T, w.wideSquare);
-    stridedProduct(c, squareOf(B, H, T), p, pw, headsOf(B, H, T, dh, L), x + 2 * D, at(xw, 2 * D), headsOf(B, H, T, dh, D), y);
-    toBf16(y, ctx, B * T * D);
-  } catch (const dnnl::error& e) {
-    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
-  }
-  return 0;
+  const int64_t H = heads, T = t, D = H * dh, L = 3 * D;
+  const uint16_t* x = bf16Of(qkv, batch * T * L, w.qkv);  // q, k, v read in place through their views
+  const float* xw = emulated(x, batch * T * L, w.wideQkv);
+  return forEachPair(batch * H, [&](int64_t bh, PairScratch& s) {
+    Bf16Context& c = context();
+    const int64_t off = bh / H * T * L + bh % H * dh;  // q's [T, dh] view in qkv; k's D on, v's 2 D on
+    uint16_t* pb = p + bh * T * T;
+    float* scores = grow(s.scores, T * T);
+    pairProduct(c, x + off, at(xw, off), L, false, x + off + D, at(xw, off + D), L, true, scores, T, T, T, dh);  // q k^T
+    causalSoftmaxToBf16(scores, pb, 1, T, scale);  // P, float32 row by row, rounded while in L1
+    const float* pw = emulated(pb, T * T, s.wide);
+    float* y = grow(s.out, T * dh);
+    pairProduct(c, pb, pw, T, false, x + off + 2 * D, at(xw, off + 2 * D), L, false, y, dh, T, dh, T);  // ctx = P v
+    roundRows(y, ctx + bh / H * T * D + bh % H * dh, T, dh, D);  // into its head's columns of [B, T, D]
+  });
 }
 
 int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, uint16_t* dqkv, int64_t batch, int64_t t,
                             int64_t heads, int64_t dh, float scale) {
   if (batch * t * heads * dh == 0) return 0;
   const SignalGuard guard;  // oneDNN's JIT kernels (signals.h)
-  Bf16Context& c = context();
   thread_local AttentionScratch w;
-  const int64_t B = batch, H = heads, T = t, D = H * dh, L = 3 * D, S = B * H * T * T;
-  try {
-    const uint16_t* x = bf16Of(qkv, B * T * L, w.qkv);
-    const float* xw = emulated(x, B * T * L, w.wideQkv);
-    const uint16_t* dc = bf16Of(dctx, B * T * D, w.dctx);
-    const float* dcw = emulated(dc, B * T * D, w.wideDctx);
-    const uint16_t* pb = bf16Of(p, S, w.square);  // P as bf16: held so, or converted
-    float* g = grow(w.out, B * T * L);  // dq, dk, dv written in place into [B, T, 3, H, dh] (float32), then rounded
-    float* ds = grow(w.scores, S);
-    const View heads = headsOf(B, H, T, dh, L), headsT = headsOf(B, H, T, dh, L, true), ctxHeads = headsOf(B, H, T, dh, D);
-    const float* pw = emulated(pb, S, w.wideSquare);
-    stridedProduct(c, squareOf(B, H, T, true), pb, pw, ctxHeads, dc, dcw, heads, g + 2 * D);  // dv = P^T dctx
-    stridedProduct(c, ctxHeads, dc, dcw, headsT, x + 2 * D, at(xw, 2 * D), squareOf(B, H, T), ds);  // dP = dctx v^T
-    // dscores as bf16 into the square scratch (P's copy there, if converted, is done with), row by row
-    uint16_t* sq = grow(w.square, S);
-    softmaxGradToBf16(p, ds, sq, B * H * T, T, scale);
-    const float* sw = emulated(sq, S, w.wideSquare);
-    stridedProduct(c, squareOf(B, H, T), sq, sw, heads, x + D, at(xw, D), heads, g);           // dq = dscores k
-    stridedProduct(c, squareOf(B, H, T, true), sq, sw, heads, x, xw, heads, g + D);            // dk = dscores^T q
-    toBf16(g, dqkv, B * T * L);
-  } catch (const dnnl::error& e) {
-    return e.status == dnnl_success ? -1 : static_cast<int>(e.status);
-  }
-  return 0;
+  const int64_t H = heads, T = t, D = H * dh, L = 3 * D;
+  const uint16_t* x = bf16Of(qkv, batch * T * L, w.qkv);
+  const float* xw = emulated(x, batch * T * L, w.wideQkv);
+  const uint16_t* dc = bf16Of(dctx, batch * T * D, w.dctx);
+  const float* dcw = emulated(dc, batch * T * D, w.wideDctx);
+  const uint16_t* pAll = bf16Of(p, batch * H * T * T, w.p);  // P as bf16: held so, or converted
+  return forEachPair(batch * H, [&](int64_t bh, PairScratch& s) {
+    Bf16Context& c = context();
+    const int64_t off = bh / H * T * L + bh % H * dh, ctxOff = bh / H * T * D + bh % H * dh;
+    const uint16_t* pb = pAll + bh * T * T;
+    const Bf16Operand pPair{p.f32 == nullptr ? nullptr : p.f32 + bh * T * T, p.f32 == nullptr ? pb : nullptr};
+    float* y = grow(s.out, T * dh);
+    // dv = P^T dctx
+    const float* pw = emulated(pb, T * T, s.wide);
+    pairProduct(c, pb, pw, T, true, dc + ctxOff, at(dcw, ctxOff), D, false, y, dh, T, dh, T);
+    roundRows(y, dqkv + off + 2 * D, T, dh, L);
+    // dP = dctx v^T; dscores = scale P (dP - rowsum(dP P)) rounded to bf16 row by row
+    float* dp = grow(s.scores, T * T);
+    pairProduct(c, dc + ctxOff, at(dcw, ctxOff), D, false, x + off + 2 * D, at(xw, off + 2 * D), L, true, dp, T, T, T, dh);
+    uint16_t* sq = grow(s.square, T * T);
+    softmaxGradToBf16(pPair, dp, sq, T, T, scale);
+    const float* sw = emulated(sq, T * T, s.wide);
+    // dq = dscores k; dk = dscores^T q
+    pairProduct(c, sq, sw, T, false, x + off + D, at(xw, off + D), L, false, y, dh, T, dh, T);
+    roundRows(y, dqkv + off, T, dh, L);
+    pairProduct(c, sq, sw, T, true, x + off, at(xw, off), L, false, y, dh, T, dh, T);
+    roundRows(y, dqkv + off + D, T, dh, L);
+  });
 }
 
 std::string cpuIsa() {

@@ -263,6 +263,10 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
 // out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner] (indices checked by the caller).
 void gather(const float* x, const int32_t* indices, float* out, int64_t outer, int64_t axisSize, int64_t inner, int64_t count);
 
+// Whether attention spreads its `pairs` (batch, head) pairs over the OpenMP team (at least two
+// a member), each member's products single-threaded; otherwise the pairs run one after another,
+// each product on the whole team.
+bool spreadPairs(int64_t pairs);
 // Causal multi-head self-attention (Vaswani et al., 2017) fused, reading q, k, v in place from
 // qkv [B, T, 3, H, dh]: P[b, h] = causalSoftmax(scale q k^T) [T, T] (kept for the gradient, in p
 // [B, H, T, T]) and ctx[b, :, h, :] = P v, ctx [B, T, H, dh]. Returns 0 or oneDNN's status.
@@ -330,13 +334,15 @@ int matmulBf16To(const Bf16Operand& a, const Bf16Operand& b, uint16_t* c, const 
                  int64_t m, int64_t n, int64_t k, bool transA, bool transB);
 
 // causalAttention / causalAttentionGrad above with their products on bf16 operands (qkv, dctx
-// and P converted once per call where held as float32; float32 accumulation), each product one
-// oneDNN matmul over all (batch, head) pairs reading q, k, v, dctx in place through strided
-// views and writing its float32 output in place in ctx's / dqkv's layout (no head-splitting
-// copies); the softmax and its gradient in float32, row by row, P and dscores rounded to bf16 as
-// each row is done. Writes ctx, P and dqkv only as their bf16 roundings (the bf16 run's
-// attention: products read them). On a CPU without bf16 products, the same on oneDNN's f32
-// matmul over the bf16 operands widened. Returns 0 or oneDNN's status.
+// and P converted once per call where held as float32; float32 accumulation). As the float32
+// kernels, (batch, head) pairs are spread over the team, each pair's products single-threaded
+// oneDNN matmuls reading q, k, v, dctx in place through their row strides (no head-splitting
+// copies), its [T, T] scores and [T, dh] outputs float32 in the member's scratch (in its
+// cache), each output row rounded into ctx's / dqkv's layout; the softmax and its gradient in
+// float32, row by row, P and dscores rounded to bf16 as each row is done. Writes ctx, P and
+// dqkv only as their bf16 roundings (the bf16 run's attention: products read them). On a CPU
+// without bf16 products, the same on sgemm over the bf16 operands widened. Returns 0 or
+// oneDNN's status.
 int causalAttentionBf16(const Bf16Operand& qkv, uint16_t* ctx, uint16_t* p, int64_t batch, int64_t t, int64_t heads, int64_t dh, float scale);
 int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, const Bf16Operand& p, uint16_t* dqkv, int64_t batch, int64_t t,
                             int64_t heads, int64_t dh, float scale);

@@ -577,7 +577,7 @@ test('without bf16 instructions (oneDNN held to AVX2), bf16 runs emulated, gives
   assert.equal(info.nativeBf16, false);
   assert.match(info.note, /emulated/);
   assert.ok(e < 1e-4, `emulated bf16 vs fp32 of rounded operands: ${e}`);
-  // attention's strided products, emulated there, against this process's (bf16 products where
+  // attention's per-head products, emulated there, against this process's (bf16 products where
   // the CPU has them): the same up to summation order, so within a bf16 rounding of the outputs
   // (equal here, on avx512_core_bf16)
   const there = (JSON.parse(line) as { attention: number[][] }).attention;
