@@ -792,3 +792,41 @@ test('softmaxCrossEntropy reads bf16 logits as held: the loss and probabilities 
     lib.setThreads(before);
   }
 });
+
+test('bf16 attention gives the same bits at 1 and 2 threads, its (batch, head) pairs spread over the team or run one after another', {
+  skip,
+}, () => {
+  const lib = nativeAddon()!;
+  const [T, dh] = [19, 12]; // neither a multiple of 16
+  const before = lib.threads();
+  try {
+    // 2 pairs: fewer than two a member at 2 threads, so each pair's products use the whole team;
+    // 12 pairs: spread, each member's products single-threaded
+    for (const [B, H] of [
+      [1, 2],
+      [3, 4],
+    ] as const) {
+      const qkv = new Uint16Array(B * T * 3 * H * dh);
+      lib.toBf16(randomArray(qkv.length, 51), qkv);
+      const dctx = new Uint16Array(B * T * H * dh);
+      lib.toBf16(randomArray(dctx.length, 52), dctx);
+      const at = (team: number) => {
+        lib.setThreads(team);
+        const ctx = new Uint16Array(dctx.length);
+        const p = new Uint16Array(B * H * T * T);
+        const dqkv = new Uint16Array(qkv.length);
+        lib.causalAttentionToBf16(qkv, p, B, T, H, dh, 0.3, ctx);
+        lib.causalAttentionGradToBf16(dctx, qkv, p, B, T, H, dh, 0.3, dqkv);
+        return { ctx, p, dqkv };
+      };
+      const one = at(1);
+      assert.ok(
+        one.dqkv.some((v) => v !== 0),
+        `B ${B}, H ${H}: the gradient is not all zeros`,
+      );
+      assert.deepEqual(at(2), one, `B ${B}, H ${H}: 2 threads against 1`);
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+});
