@@ -66,11 +66,6 @@ void convertChunk(const float* src, uint16_t* dst, int64_t n) {
   for (; i < n; i++) dst[i] = bf16Scalar(src[i]);
 }
 
-// oneDNN's engine and stream of this thread (each device's worker thread has its own), and the
-// matmul primitives built so far, by shape and team size: a primitive is built once per shape
-// and team size and reused. oneDNN fixes a primitive's thread count (its work split) when it is
-// built, from omp_get_max_threads(): one built before setThreads(2) ran on one thread ever after
-// (the kernels bench at --threads 1,2: bf16 products 0.97x, attention 0.4x at 2 threads).
 // One (batch, head) pair's product on bf16 views, built once: the primitive and its operands'
 // memory objects, whose data handles each call points at the pair's views.
 struct PairProduct {
@@ -78,6 +73,11 @@ struct PairProduct {
   dnnl::memory a, b, c;
 };
 
+// oneDNN's engine and stream of this thread (each device's worker thread has its own), and the
+// matmul primitives built so far, by shape and team size: a primitive is built once per shape
+// and team size and reused. oneDNN fixes a primitive's thread count (its work split) when it is
+// built, from omp_get_max_threads(): one built before setThreads(2) ran on one thread ever after
+// (the kernels bench at --threads 1,2: bf16 products 0.97x, attention 0.4x at 2 threads).
 struct Bf16Context {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
@@ -87,7 +87,7 @@ struct Bf16Context {
   std::map<Key, std::string> impls;
   std::vector<uint16_t> scratchA, scratchB;  // converted float32 operands
   // attention's per-(batch, head) products (PairProduct), by shape, row strides and team size
-  std::map<std::vector<int64_t>, struct PairProduct> pairs;
+  std::map<std::vector<int64_t>, PairProduct> pairs;
 };
 
 Bf16Context& context() {
@@ -182,7 +182,7 @@ struct AttentionScratch {
 
 // Runs pair(bh, scratch) for bh in [0, pairs): spread over the team (spreadPairs), each member
 // with its oneDNN products built for one thread (as matmul.cc runAlone), or in order on the
-// calling thread. Returns 0 or the first dnnl::error's status.
+// calling thread. Returns 0, or a failing product's oneDNN status (-1 for any other failure).
 int forEachPair(int64_t pairs, const std::function<void(int64_t, PairScratch&)>& pair) {
   const bool spread = spreadPairs(pairs);
   const int team = omp_get_max_threads();
@@ -198,6 +198,9 @@ int forEachPair(int64_t pairs, const std::function<void(int64_t, PairScratch&)>&
       } catch (const dnnl::error& e) {
 #pragma omp atomic write
         status = e.status == dnnl_success ? -1 : static_cast<int>(e.status);
+      } catch (...) {  // (no exception may leave a parallel region) a failed scratch allocation
+#pragma omp atomic write
+        status = -1;
       }
     }
     if (spread) omp_set_num_threads(team);
