@@ -31,11 +31,18 @@ int causalAttention(const float* qkv, float* ctx, float* p, int64_t batch, int64
     const float* k = q + d;
     const float* v = q + 2 * d;
     float* s = p + bh * t * t;
-    // scores = q k^T [T, T]; then the causal softmax of scale * scores in place
-    int st = dnnl_sgemm('N', 'T', t, t, dh, 1.f, q, ld, k, ld, 0.f, s, t);
+    float* c = ctx + b * t * d + h * dh;  // its head's columns of [B, T, D]
+    int st = dnnl_success;
+    // scores = q k^T [T, T], each block of query rows against the keys it sees; then the causal
+    // softmax of scale * scores in place (it reads no masked score, and writes them 0)
+    forCausalBlocks(t, [&](int64_t r0, int64_t r1) {
+      if (st == dnnl_success) st = dnnl_sgemm('N', 'T', r1 - r0, r1, dh, 1.f, q + r0 * ld, ld, k, ld, 0.f, s + r0 * t, t);
+    });
     causalSoftmax(s, s, 1, t, scale);
-    // context = P v [T, dh], into its head's columns of [B, T, D]
-    if (st == dnnl_success) st = dnnl_sgemm('N', 'N', t, dh, t, 1.f, s, t, v, ld, 0.f, ctx + b * t * d + h * dh, d);
+    // context = P v [T, dh]
+    forCausalBlocks(t, [&](int64_t r0, int64_t r1) {
+      if (st == dnnl_success) st = dnnl_sgemm('N', 'N', r1 - r0, dh, r1, 1.f, s + r0 * t, t, v, ld, 0.f, c + r0 * d, d);
+    });
     if (st != dnnl_success) {
 #pragma omp atomic write
       status = st;
@@ -63,14 +70,25 @@ int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, flo
       float* dq = dqkv + b * t * ld + h * dh;
       float* dk = dq + d;
       float* dv = dq + 2 * d;
-      // dv = P^T dctx; dP = dctx v^T; dscores = scale P (dP - rowsum(dP P)); dq = dscores k; dk = dscores^T q
-      int st = dnnl_sgemm('T', 'N', t, dh, t, 1.f, pb, t, dc, d, 0.f, dv, ld);
-      if (st == dnnl_success) st = dnnl_sgemm('N', 'T', t, t, dh, 1.f, dc, d, v, ld, 0.f, ds.data(), t);
-      if (st == dnnl_success) {
-        softmaxGrad(pb, ds.data(), ds.data(), t, t, scale);
-        st = dnnl_sgemm('N', 'N', t, dh, t, 1.f, ds.data(), t, k, ld, 0.f, dq, ld);
-      }
-      if (st == dnnl_success) st = dnnl_sgemm('T', 'N', t, dh, t, 1.f, ds.data(), t, q, ld, 0.f, dk, ld);
+      float* g = ds.data();
+      int st = dnnl_success;
+      // dv = P^T dctx (keys [j0, j1) are seen by queries [j0, T) only); dP = dctx v^T, its
+      // masked columns 0 (the softmax gradient reads every column, each times P's 0 there)
+      forCausalBlocks(t, [&](int64_t j0, int64_t j1) {
+        if (st == dnnl_success) st = dnnl_sgemm('T', 'N', j1 - j0, dh, t - j0, 1.f, pb + j0 * t + j0, t, dc + j0 * d, d, 0.f, dv + j0 * ld, ld);
+      });
+      forCausalBlocks(t, [&](int64_t r0, int64_t r1) {
+        if (st == dnnl_success) st = dnnl_sgemm('N', 'T', r1 - r0, r1, dh, 1.f, dc + r0 * d, d, v, ld, 0.f, g + r0 * t, t);
+        for (int64_t r = r0; r < r1; r++) std::fill(g + r * t + r1, g + (r + 1) * t, 0.f);
+      });
+      // dscores = scale P (dP - rowsum(dP P)); dq = dscores k; dk = dscores^T q
+      if (st == dnnl_success) softmaxGrad(pb, g, g, t, t, scale);
+      forCausalBlocks(t, [&](int64_t r0, int64_t r1) {
+        if (st == dnnl_success) st = dnnl_sgemm('N', 'N', r1 - r0, dh, r1, 1.f, g + r0 * t, t, k, ld, 0.f, dq + r0 * ld, ld);
+      });
+      forCausalBlocks(t, [&](int64_t j0, int64_t j1) {
+        if (st == dnnl_success) st = dnnl_sgemm('T', 'N', j1 - j0, dh, t - j0, 1.f, g + j0 * t + j0, t, q + j0 * ld, ld, 0.f, dk + j0 * ld, ld);
+      });
       if (st != dnnl_success) {
 #pragma omp atomic write
         status = st;

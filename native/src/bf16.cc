@@ -382,12 +382,17 @@ int causalAttentionBf16(const Bf16Operand& qkv, uint16_t* ctx, uint16_t* p, int6
     Bf16Context& c = context();
     const int64_t off = bh / H * T * L + bh % H * dh;  // q's [T, dh] view in qkv; k's D on, v's 2 D on
     uint16_t* pb = p + bh * T * T;
+    // scores = q k^T, by blocks of queries against the keys they see (forCausalBlocks)
     float* scores = grow(s.scores, T * T);
-    pairProduct(c, x + off, at(xw, off), L, false, x + off + D, at(xw, off + D), L, true, scores, T, T, T, dh);  // q k^T
-    causalSoftmaxToBf16(scores, pb, 1, T, scale);  // P, float32 row by row, rounded while in L1
+    forCausalBlocks(T, [&](int64_t r0, int64_t r1) {
+      pairProduct(c, x + off + r0 * L, at(xw, off + r0 * L), L, false, x + off + D, at(xw, off + D), L, true, scores + r0 * T, T, r1 - r0, r1, dh);
+    });
+    causalSoftmaxToBf16(scores, pb, 1, T, scale);  // P, float32 row by row (masked scores unread), rounded while in L1
     const float* pw = emulated(pb, T * T, s.wide);
     float* y = grow(s.out, T * dh);
-    pairProduct(c, pb, pw, T, false, x + off + 2 * D, at(xw, off + 2 * D), L, false, y, dh, T, dh, T);  // ctx = P v
+    forCausalBlocks(T, [&](int64_t r0, int64_t r1) {  // ctx = P v
+      pairProduct(c, pb + r0 * T, at(pw, r0 * T), T, false, x + off + 2 * D, at(xw, off + 2 * D), L, false, y + r0 * dh, dh, r1 - r0, dh, r1);
+    });
     roundRows(y, ctx + bh / H * T * D + bh % H * dh, T, dh, D);  // into its head's columns of [B, T, D]
   });
 }
@@ -409,20 +414,33 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
     const uint16_t* pb = pAll + bh * T * T;
     const Bf16Operand pPair{p.f32 == nullptr ? nullptr : p.f32 + bh * T * T, p.f32 == nullptr ? pb : nullptr};
     float* y = grow(s.out, T * dh);
-    // dv = P^T dctx
+    // dv = P^T dctx (keys [j0, j1) are seen by queries [j0, T) only)
     const float* pw = emulated(pb, T * T, s.wide);
-    pairProduct(c, pb, pw, T, true, dc + ctxOff, at(dcw, ctxOff), D, false, y, dh, T, dh, T);
+    forCausalBlocks(T, [&](int64_t j0, int64_t j1) {
+      pairProduct(c, pb + j0 * T + j0, at(pw, j0 * T + j0), T, true, dc + ctxOff + j0 * D, at(dcw, ctxOff + j0 * D), D, false, y + j0 * dh,
+                  dh, j1 - j0, dh, T - j0);
+    });
     roundRows(y, dqkv + off + 2 * D, T, dh, L);
-    // dP = dctx v^T; dscores = scale P (dP - rowsum(dP P)) rounded to bf16 row by row
+    // dP = dctx v^T, its masked columns 0 (the softmax gradient reads every column, each times
+    // P's 0 there); dscores = scale P (dP - rowsum(dP P)) rounded to bf16 row by row
     float* dp = grow(s.scores, T * T);
-    pairProduct(c, dc + ctxOff, at(dcw, ctxOff), D, false, x + off + 2 * D, at(xw, off + 2 * D), L, true, dp, T, T, T, dh);
+    forCausalBlocks(T, [&](int64_t r0, int64_t r1) {
+      pairProduct(c, dc + ctxOff + r0 * D, at(dcw, ctxOff + r0 * D), D, false, x + off + 2 * D, at(xw, off + 2 * D), L, true, dp + r0 * T, T,
+                  r1 - r0, r1, dh);
+      for (int64_t r = r0; r < r1; r++) std::fill(dp + r * T + r1, dp + (r + 1) * T, 0.f);
+    });
     uint16_t* sq = grow(s.square, T * T);
     softmaxGradToBf16(pPair, dp, sq, T, T, scale);
     const float* sw = emulated(sq, T * T, s.wide);
     // dq = dscores k; dk = dscores^T q
-    pairProduct(c, sq, sw, T, false, x + off + D, at(xw, off + D), L, false, y, dh, T, dh, T);
+    forCausalBlocks(T, [&](int64_t r0, int64_t r1) {
+      pairProduct(c, sq + r0 * T, at(sw, r0 * T), T, false, x + off + D, at(xw, off + D), L, false, y + r0 * dh, dh, r1 - r0, dh, r1);
+    });
     roundRows(y, dqkv + off, T, dh, L);
-    pairProduct(c, sq, sw, T, true, x + off, at(xw, off), L, false, y, dh, T, dh, T);
+    forCausalBlocks(T, [&](int64_t j0, int64_t j1) {
+      pairProduct(c, sq + j0 * T + j0, at(sw, j0 * T + j0), T, true, x + off + j0 * L, at(xw, off + j0 * L), L, false, y + j0 * dh, dh, j1 - j0,
+                  dh, T - j0);
+    });
     roundRows(y, dqkv + off + D, T, dh, L);
   });
 }

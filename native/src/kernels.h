@@ -263,6 +263,17 @@ void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, in
 // out[o, j, :] = x[o, indices[j], :] for x [outer, axisSize, inner] (indices checked by the caller).
 void gather(const float* x, const int32_t* indices, float* out, int64_t outer, int64_t axisSize, int64_t inner, int64_t count);
 
+// Causal attention's products by blocks of kCausalRows rows: queries [r0, r1) see keys [0, r1)
+// only, and keys [r0, r1) are seen by queries [r0, T) only, so a product over a pair's [T, T]
+// scores or probabilities skips what the causal mask makes 0 but the blocks on the diagonal:
+// at T = 128, a quarter of attention's products (more the longer T). Each block is one product,
+// so smaller blocks skip more in more calls.
+constexpr int64_t kCausalRows = 64;
+// f(r0, r1) for each block of rows [r0, r1) of [0, t), in order
+template <typename F>
+void forCausalBlocks(int64_t t, F f) {
+  for (int64_t r0 = 0; r0 < t; r0 += kCausalRows) f(r0, std::min(t, r0 + kCausalRows));
+}
 // Whether attention spreads its `pairs` (batch, head) pairs over the OpenMP team (at least two
 // a member), each member's products single-threaded; otherwise the pairs run one after another,
 // each product on the whole team.

@@ -173,40 +173,45 @@ test("the bf16-only kernels write what rounding the float32 kernels' outputs giv
   // attention: inputs given as float32 or as bf16 give the same bits (the products read bf16
   // either way); against the float32 kernels on the same (bf16-exact) inputs, the outputs are
   // within what rounding P and the score gradients to bf16 moves them
-  const [B, T, H, dh] = [2, 16, 2, 8];
-  const qkv = held(randomArray(B * T * 3 * H * dh, 37));
-  const dctx = held(randomArray(B * T * H * dh, 38));
-  const runs = [qkv.f32, qkv.bf].map((q, i) => {
-    const [ctxBf, pBf] = [
-      new Uint16Array(B * T * H * dh),
-      new Uint16Array(B * H * T * T),
-    ];
-    lib.causalAttentionToBf16(q, pBf, B, T, H, dh, 0.35, ctxBf);
-    const dqkvBf = new Uint16Array(q.length);
-    const d = i === 0 ? dctx.f32 : dctx.bf;
-    const pIn = i === 0 ? widened(pBf) : pBf;
-    lib.causalAttentionGradToBf16(d, q, pIn, B, T, H, dh, 0.35, dqkvBf);
-    return { ctxBf, pBf, dqkvBf };
-  });
-  assert.deepEqual(runs[0], runs[1], 'attention: float32 or bf16 inputs');
-  const ctx = new Float32Array(B * T * H * dh);
-  const p = new Float32Array(B * H * T * T);
-  lib.causalAttention(qkv.f32, ctx, p, B, T, H, dh, 0.35);
-  const dqkv = new Float32Array(qkv.f32.length);
-  lib.causalAttentionGrad(dctx.f32, qkv.f32, p, dqkv, B, T, H, dh, 0.35);
-  const { ctxBf, pBf, dqkvBf } = runs[1]!;
-  for (const [got, want, what, tol] of [
-    [ctxBf, ctx, 'ctx', 2 ** -7],
-    [pBf, p, 'P', 2 ** -8],
-    [dqkvBf, dqkv, 'dqkv', 2 ** -6],
+  // (T 150: the causal products by blocks of 64 rows, the last one partial)
+  for (const [B, T, H, dh] of [
+    [2, 16, 2, 8],
+    [1, 150, 2, 8],
   ] as const) {
-    const scale = Math.max(...want.map(Math.abs));
-    const have = widened(got);
-    const worst = Math.max(...want.map((v, j) => Math.abs(v - have[j]!)));
-    assert.ok(
-      worst <= tol * scale,
-      `causal attention (bf16) ${what}: ${worst} of ${scale}`,
-    );
+    const qkv = held(randomArray(B * T * 3 * H * dh, 37));
+    const dctx = held(randomArray(B * T * H * dh, 38));
+    const runs = [qkv.f32, qkv.bf].map((q, i) => {
+      const [ctxBf, pBf] = [
+        new Uint16Array(B * T * H * dh),
+        new Uint16Array(B * H * T * T),
+      ];
+      lib.causalAttentionToBf16(q, pBf, B, T, H, dh, 0.35, ctxBf);
+      const dqkvBf = new Uint16Array(q.length);
+      const d = i === 0 ? dctx.f32 : dctx.bf;
+      const pIn = i === 0 ? widened(pBf) : pBf;
+      lib.causalAttentionGradToBf16(d, q, pIn, B, T, H, dh, 0.35, dqkvBf);
+      return { ctxBf, pBf, dqkvBf };
+    });
+    assert.deepEqual(runs[0], runs[1], 'attention: float32 or bf16 inputs');
+    const ctx = new Float32Array(B * T * H * dh);
+    const p = new Float32Array(B * H * T * T);
+    lib.causalAttention(qkv.f32, ctx, p, B, T, H, dh, 0.35);
+    const dqkv = new Float32Array(qkv.f32.length);
+    lib.causalAttentionGrad(dctx.f32, qkv.f32, p, dqkv, B, T, H, dh, 0.35);
+    const { ctxBf, pBf, dqkvBf } = runs[1]!;
+    for (const [got, want, what, tol] of [
+      [ctxBf, ctx, 'ctx', 2 ** -7],
+      [pBf, p, 'P', 2 ** -8],
+      [dqkvBf, dqkv, 'dqkv', 2 ** -6],
+    ] as const) {
+      const scale = Math.max(...want.map(Math.abs));
+      const have = widened(got);
+      const worst = Math.max(...want.map((v, j) => Math.abs(v - have[j]!)));
+      assert.ok(
+        worst <= tol * scale,
+        `causal attention (bf16) ${what}: ${worst} of ${scale}`,
+      );
+    }
   }
   // a product with its bias, written as bf16: the float32 product plus the bias, rounded
   const [m, k, nn] = [37, 70, 45];
@@ -797,14 +802,16 @@ test('bf16 attention gives the same bits at 1 and 2 threads, its (batch, head) p
   skip,
 }, () => {
   const lib = nativeAddon()!;
-  const [T, dh] = [19, 12]; // neither a multiple of 16
+  const dh = 12;
   const before = lib.threads();
   try {
     // 2 pairs: fewer than two a member at 2 threads, so each pair's products use the whole team;
-    // 12 pairs: spread, each member's products single-threaded
-    for (const [B, H] of [
-      [1, 2],
-      [3, 4],
+    // 12 pairs: spread, each member's products single-threaded; T 19 (not a multiple of 16),
+    // and 150 (the causal products by blocks of 64 rows)
+    for (const [B, H, T] of [
+      [1, 2, 19],
+      [3, 4, 19],
+      [1, 2, 150],
     ] as const) {
       const qkv = new Uint16Array(B * T * 3 * H * dh);
       lib.toBf16(randomArray(qkv.length, 51), qkv);
