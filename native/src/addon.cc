@@ -353,11 +353,11 @@ Napi::Value CausalSoftmax(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// softmaxGrad(y, dy, dx, rows, cols, scale)
-Napi::Value SoftmaxGrad(const Napi::CallbackInfo& info) {
-  const int64_t rows = I64(info, 3), cols = I64(info, 4);
-  for (size_t i : {0, 1, 2}) Need(info, i, rows * cols, "y, dy and dx");
-  softmaxGrad(F32(info, 0, "y"), F32(info, 1, "dy"), F32(info, 2, "dx"), rows, cols, static_cast<float>(F64(info, 5)));
+// causalSoftmaxGrad(y, dy, dx, batch, t, scale)
+Napi::Value CausalSoftmaxGrad(const Napi::CallbackInfo& info) {
+  const int64_t batch = I64(info, 3), t = I64(info, 4);
+  for (size_t i : {0, 1, 2}) Need(info, i, batch * t * t, "y, dy and dx");
+  causalSoftmaxGrad(F32(info, 0, "y"), F32(info, 1, "dy"), F32(info, 2, "dx"), batch, t, static_cast<float>(F64(info, 5)));
   return info.Env().Undefined();
 }
 
@@ -608,7 +608,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("transpose", Napi::Function::New(env, Transpose));
   exports.Set("softmax", Napi::Function::New(env, Softmax));
   exports.Set("causalSoftmax", Napi::Function::New(env, CausalSoftmax));
-  exports.Set("softmaxGrad", Napi::Function::New(env, SoftmaxGrad));
+  exports.Set("causalSoftmaxGrad", Napi::Function::New(env, CausalSoftmaxGrad));
   exports.Set("segmentSum", Napi::Function::New(env, SegmentSum));
   exports.Set("gather", Napi::Function::New(env, Gather));
   exports.Set("causalAttention", Napi::Function::New(env, CausalAttention));

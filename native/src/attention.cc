@@ -72,17 +72,16 @@ int causalAttentionGrad(const float* dctx, const float* qkv, const float* p, flo
       float* dv = dq + 2 * d;
       float* g = ds.data();
       int st = dnnl_success;
-      // dv = P^T dctx (keys [j0, j1) are seen by queries [j0, T) only); dP = dctx v^T, its
-      // masked columns 0 (the softmax gradient reads every column, each times P's 0 there)
+      // dv = P^T dctx (keys [j0, j1) are seen by queries [j0, T) only); dP = dctx v^T over the
+      // columns each block of queries sees (the causal softmax gradient reads no other)
       forCausalBlocks(t, [&](int64_t j0, int64_t j1) {
         if (st == dnnl_success) st = dnnl_sgemm('T', 'N', j1 - j0, dh, t - j0, 1.f, pb + j0 * t + j0, t, dc + j0 * d, d, 0.f, dv + j0 * ld, ld);
       });
       forCausalBlocks(t, [&](int64_t r0, int64_t r1) {
         if (st == dnnl_success) st = dnnl_sgemm('N', 'T', r1 - r0, r1, dh, 1.f, dc + r0 * d, d, v, ld, 0.f, g + r0 * t, t);
-        for (int64_t r = r0; r < r1; r++) std::fill(g + r * t + r1, g + (r + 1) * t, 0.f);
       });
-      // dscores = scale P (dP - rowsum(dP P)); dq = dscores k; dk = dscores^T q
-      if (st == dnnl_success) softmaxGrad(pb, g, g, t, t, scale);
+      // dscores = scale P (dP - rowsum(dP P)), 0 where masked; dq = dscores k; dk = dscores^T q
+      if (st == dnnl_success) causalSoftmaxGrad(pb, g, g, 1, t, scale);
       forCausalBlocks(t, [&](int64_t r0, int64_t r1) {
         if (st == dnnl_success) st = dnnl_sgemm('N', 'N', r1 - r0, dh, r1, 1.f, g + r0 * t, t, k, ld, 0.f, dq + r0 * ld, ld);
       });

@@ -421,16 +421,15 @@ int causalAttentionGradBf16(const Bf16Operand& dctx, const Bf16Operand& qkv, con
                   dh, j1 - j0, dh, T - j0);
     });
     roundRows(y, dqkv + off + 2 * D, T, dh, L);
-    // dP = dctx v^T, its masked columns 0 (the softmax gradient reads every column, each times
-    // P's 0 there); dscores = scale P (dP - rowsum(dP P)) rounded to bf16 row by row
+    // dP = dctx v^T over the columns each block of queries sees (the causal softmax gradient
+    // reads no other); dscores = scale P (dP - rowsum(dP P)), 0 where masked, rounded to bf16 row by row
     float* dp = grow(s.scores, T * T);
     forCausalBlocks(T, [&](int64_t r0, int64_t r1) {
       pairProduct(c, dc + ctxOff + r0 * D, at(dcw, ctxOff + r0 * D), D, false, x + off + 2 * D, at(xw, off + 2 * D), L, true, dp + r0 * T, T,
                   r1 - r0, r1, dh);
-      for (int64_t r = r0; r < r1; r++) std::fill(dp + r * T + r1, dp + (r + 1) * T, 0.f);
     });
     uint16_t* sq = grow(s.square, T * T);
-    softmaxGradToBf16(pPair, dp, sq, T, T, scale);
+    causalSoftmaxGradToBf16(pPair, dp, sq, 1, T, scale);
     const float* sw = emulated(sq, T * T, s.wide);
     // dq = dscores k; dk = dscores^T q
     forCausalBlocks(T, [&](int64_t r0, int64_t r1) {

@@ -684,18 +684,21 @@ inline void causalSoftmaxRow(const float* in, float* o, int64_t i, int64_t t, fl
   for (int64_t j = i + 1; j < t; j++) o[j] = 0.f;
 }
 
-// One row of the softmax gradient: o = scale y (dy - sum(dy y)); o may be dy.
-inline void softmaxGradRow(const float* yr, const float* dr, float* o, int64_t cols, float scale) {
+// Row i of the causal softmax's gradient: o[0..i] = scale y (dy - sum(dy y)) over columns 0..i,
+// o[i+1..t) = 0 (y is 0 there, so the full row's formula gives 0 too; dy there is not read, so a
+// caller need not compute it); o may be dy.
+inline void causalSoftmaxGradRow(const float* yr, const float* dr, float* o, int64_t i, int64_t t, float scale) {
   double dot = 0;
 #pragma omp simd reduction(+ : dot)
-  for (int64_t j = 0; j < cols; j++) dot += static_cast<double>(dr[j]) * yr[j];
+  for (int64_t j = 0; j <= i; j++) dot += static_cast<double>(dr[j]) * yr[j];
   const float d = static_cast<float>(dot);
 #pragma omp simd
-  for (int64_t j = 0; j < cols; j++) o[j] = scale * yr[j] * (dr[j] - d);
+  for (int64_t j = 0; j <= i; j++) o[j] = scale * yr[j] * (dr[j] - d);
+  for (int64_t j = i + 1; j < t; j++) o[j] = 0.f;
 }
 
-// The causal softmax into out (float or bf16), and the softmax gradient of y (float or bf16) into
-// dx (float or bf16), a row at a time: a bf16 row computed in a thread's float32 row (in L1), then
+// The causal softmax into out (float or bf16), and its gradient from y (float or bf16) into dx
+// (float or bf16), a row at a time: a bf16 row computed in a thread's float32 row (in L1), then
 // rounded. dx may be dy (float) or y's memory (bf16: each row is read before it is written).
 template <typename Out>
 void causalSoftmaxOver(const float* x, Out* out, int64_t batch, int64_t t, float scale) {
@@ -712,16 +715,17 @@ void causalSoftmaxOver(const float* x, Out* out, int64_t batch, int64_t t, float
 }
 
 template <typename Y, typename Out>
-void softmaxGradOver(const Y* y, const float* dy, Out* dx, int64_t rows, int64_t cols, float scale) {
-#pragma omp parallel if (rows * cols > kParallel && rows > 1)
+void causalSoftmaxGradOver(const Y* y, const float* dy, Out* dx, int64_t batch, int64_t t, float scale) {
+#pragma omp parallel if (batch * t * t > kParallel && batch * t > 1)
   {
-    std::vector<float> wide(kFloat<Y> ? 0 : static_cast<size_t>(cols)), row(kFloat<Out> ? 0 : static_cast<size_t>(cols));
+    std::vector<float> wide(kFloat<Y> ? 0 : static_cast<size_t>(t)), row(kFloat<Out> ? 0 : static_cast<size_t>(t));
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; r++) {
-      const float* yr = load(y + r * cols, cols, wide.data());
-      float* o = target(dx + r * cols, row.data());
-      softmaxGradRow(yr, dy + r * cols, o, cols, scale);
-      store(o, dx + r * cols, cols);
+    for (int64_t r = 0; r < batch * t; r++) {
+      const int64_t i = r % t;
+      const float* yr = load(y + r * t, i + 1, wide.data());  // columns 0..i: the rest are not read
+      float* o = target(dx + r * t, row.data());
+      causalSoftmaxGradRow(yr, dy + r * t, o, i, t, scale);
+      store(o, dx + r * t, t);
     }
   }
 }
@@ -732,12 +736,12 @@ void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float s
 
 void causalSoftmaxToBf16(const float* x, uint16_t* out, int64_t batch, int64_t t, float scale) { causalSoftmaxOver(x, out, batch, t, scale); }
 
-void softmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, float scale) {
-  softmaxGradOver(y, dy, dx, rows, cols, scale);
+void causalSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t batch, int64_t t, float scale) {
+  causalSoftmaxGradOver(y, dy, dx, batch, t, scale);
 }
 
-void softmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int64_t rows, int64_t cols, float scale) {
-  visit(y, [&](auto ys) { softmaxGradOver(ys, dy, dx, rows, cols, scale); });
+void causalSoftmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int64_t batch, int64_t t, float scale) {
+  visit(y, [&](auto ys) { causalSoftmaxGradOver(ys, dy, dx, batch, t, scale); });
 }
 
 namespace {

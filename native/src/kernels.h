@@ -248,14 +248,15 @@ void transpose(const float* x, float* out, const std::vector<int64_t>& shape, co
 void softmax(const float* x, float* out, int64_t rows, int64_t cols);
 
 // Causal softmax of scale * x over the last axis of x [batch, t, t]: row i sees columns 0..i, the
-// rest get 0 (model/layers.ts maskedSoftmax); its gradient dx = scale y (dy - sum(dy y)) per row.
+// rest get 0 (model/layers.ts maskedSoftmax); its gradient dx = scale y (dy - sum(dy y)) per row,
+// over columns 0..i, and 0 beyond (neither reads a masked column of x, y or dy).
 void causalSoftmax(const float* x, float* out, int64_t batch, int64_t t, float scale);
-void softmaxGrad(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols, float scale);
+void causalSoftmaxGrad(const float* y, const float* dy, float* dx, int64_t batch, int64_t t, float scale);
 // The same written only as bf16 roundings, row by row while each row is in L1 (the bf16
-// attention's P and dscores, both product operands); softmaxGradToBf16's y float32 or bf16. dx
-// may be the memory y.bf16 is in (each row is read before it is written).
+// attention's P and dscores, both product operands); causalSoftmaxGradToBf16's y float32 or bf16.
+// dx may be the memory y.bf16 is in (each row is read before it is written).
 void causalSoftmaxToBf16(const float* x, uint16_t* out, int64_t batch, int64_t t, float scale);
-void softmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int64_t rows, int64_t cols, float scale);
+void causalSoftmaxGradToBf16(const Bf16Operand& y, const float* dy, uint16_t* dx, int64_t batch, int64_t t, float scale);
 
 // out[s, :] = sum of data[r, :] over rows r with ids[r] == s (ids outside [0, segments) skipped).
 void segmentSum(const float* data, const int32_t* ids, float* out, int64_t n, int64_t inner, int64_t segments);

@@ -252,13 +252,16 @@ export interface NativeAddon {
     t: number,
     scale: number,
   ): void;
-  /** dx = scale * y * (dy - sum(dy * y)) per row of [rows, cols]. */
-  softmaxGrad(
+  /**
+   * The causal softmax's gradient over [batch, t, t]: row i's dx = scale * y * (dy - sum(dy * y))
+   * over columns 0..i, and 0 beyond (dy's masked columns are not read).
+   */
+  causalSoftmaxGrad(
     y: Float32Array,
     dy: Float32Array,
     dx: Float32Array,
-    rows: number,
-    cols: number,
+    batch: number,
+    t: number,
     scale: number,
   ): void;
   /**

@@ -1327,15 +1327,15 @@ function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
 function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   const { y, dy } = args.inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const cols = y.shape[y.shape.length - 1]!;
+  const t = y.shape[y.shape.length - 1]!;
   const out = backend.alloc(tf.util.sizeFromShape(y.shape));
   if (out.length > 0)
-    nativeAddon()!.softmaxGrad(
+    nativeAddon()!.causalSoftmaxGrad(
       values(backend, y),
       values(backend, dy),
       out,
-      out.length / cols,
-      cols,
+      out.length / (t * t),
+      t,
       (args.attrs as Attrs).scale as number,
     );
   return backend.makeTensorInfo(y.shape, 'float32', out);
