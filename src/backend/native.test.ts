@@ -572,6 +572,58 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
   }
 });
 
+test("the causal softmax's gradient reads no masked column of dy (NaN there leaves dx as with 0 there) and writes 0 in them, at 1 and 2 threads", {
+  skip,
+}, () => {
+  // the fused attention gradients (native/src/attention.cc, bf16.cc) leave dP's masked columns
+  // unwritten scratch and rely on this; T 150 past one team member's rows at 2 threads
+  const lib = nativeAddon()!;
+  const before = lib.threads();
+  const [batch, t, scale] = [3, 150, 0.37];
+  const n = batch * t * t;
+  const y = new Float32Array(n);
+  lib.causalSoftmax(randomArray(n, 5), y, batch, t, scale);
+  const dy = randomArray(n, 6);
+  const dyZero = dy.slice(),
+    dyNaN = dy.slice();
+  for (let r = 0; r < batch * t; r++)
+    for (let j = (r % t) + 1; j < t; j++) {
+      dyZero[r * t + j] = 0;
+      dyNaN[r * t + j] = Number.NaN;
+    }
+  const grad = (d: Float32Array, threads: number) => {
+    lib.setThreads(threads);
+    const dx = new Float32Array(n).fill(7); // no stale value may survive
+    lib.causalSoftmaxGrad(y, d, dx, batch, t, scale);
+    return dx;
+  };
+  try {
+    const reference = grad(dyZero, 1);
+    for (const threads of [1, 2]) {
+      const dx = grad(dyNaN, threads);
+      assert.deepEqual(dx, reference, `at ${threads} thread(s)`);
+    }
+    for (let r = 0; r < batch * t; r++)
+      for (let j = (r % t) + 1; j < t; j++)
+        assert.equal(reference[r * t + j], 0, `row ${r} column ${j} is masked`);
+    // and the unmasked entries are the softmax gradient scale y (dy - sum(dy y)) of each row
+    for (const r of [0, t - 1, t + 70, batch * t - 1]) {
+      const i = r % t;
+      let dot = 0;
+      for (let j = 0; j <= i; j++) dot += dy[r * t + j]! * y[r * t + j]!;
+      for (let j = 0; j <= i; j++) {
+        const want = scale * y[r * t + j]! * (dy[r * t + j]! - dot);
+        assert.ok(
+          Math.abs(reference[r * t + j]! - want) <= 1e-5 * (1 + Math.abs(want)),
+          `row ${r} column ${j}: ${reference[r * t + j]} against ${want}`,
+        );
+      }
+    }
+  } finally {
+    lib.setThreads(before);
+  }
+});
+
 test('a weight gradient A^T B with a small output and a long k (split over k at 2 or more threads) equals the float64 product, fp32 and bf16, at 1, 2 and 4 threads', {
   skip,
 }, () => {
