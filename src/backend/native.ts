@@ -1328,6 +1328,11 @@ function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   const { y, dy } = args.inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
   const t = y.shape[y.shape.length - 1]!;
+  tf.util.assert(
+    y.shape.length >= 2 && y.shape[y.shape.length - 2] === t,
+    () =>
+      `${CAUSAL_SOFTMAX_GRAD_KERNEL}: probabilities ${y.shape} must be [..., T, T]`,
+  );
   const out = backend.alloc(tf.util.sizeFromShape(y.shape));
   if (out.length > 0)
     nativeAddon()!.causalSoftmaxGrad(
