@@ -1304,14 +1304,23 @@ function layerNormGradKernel(args: KernelArgs): tf.TensorInfo[] {
   ];
 }
 
-function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
-  const { x } = args.inputs as { x: tf.TensorInfo };
-  const backend = args.backend as NativeBackend;
+/**
+ * T of a causal softmax's scores or probabilities `x` [..., T, T] (the addon reads them as
+ * [batch, T, T]). Throws naming `kernel` and `what` where the last two axes differ.
+ */
+function causalRows(x: tf.TensorInfo, kernel: string, what: string): number {
   const t = x.shape[x.shape.length - 1]!;
   tf.util.assert(
     x.shape.length >= 2 && x.shape[x.shape.length - 2] === t,
-    () => `${CAUSAL_SOFTMAX_KERNEL}: scores ${x.shape} must be [..., T, T]`,
+    () => `${kernel}: ${what} ${x.shape} must be [..., T, T]`,
   );
+  return t;
+}
+
+function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
+  const { x } = args.inputs as { x: tf.TensorInfo };
+  const backend = args.backend as NativeBackend;
+  const t = causalRows(x, CAUSAL_SOFTMAX_KERNEL, 'scores');
   const out = backend.alloc(tf.util.sizeFromShape(x.shape));
   if (out.length > 0)
     nativeAddon()!.causalSoftmax(
@@ -1327,12 +1336,7 @@ function causalSoftmaxKernel(args: KernelArgs): tf.TensorInfo {
 function causalSoftmaxGradKernel(args: KernelArgs): tf.TensorInfo {
   const { y, dy } = args.inputs as { y: tf.TensorInfo; dy: tf.TensorInfo };
   const backend = args.backend as NativeBackend;
-  const t = y.shape[y.shape.length - 1]!;
-  tf.util.assert(
-    y.shape.length >= 2 && y.shape[y.shape.length - 2] === t,
-    () =>
-      `${CAUSAL_SOFTMAX_GRAD_KERNEL}: probabilities ${y.shape} must be [..., T, T]`,
-  );
+  const t = causalRows(y, CAUSAL_SOFTMAX_GRAD_KERNEL, 'probabilities');
   const out = backend.alloc(tf.util.sizeFromShape(y.shape));
   if (out.length > 0)
     nativeAddon()!.causalSoftmaxGrad(
