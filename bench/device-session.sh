@@ -24,7 +24,8 @@
 #      models on webgpu (captured, and charlm-small not captured) with PyTorch beside them
 #      (gpu.md), and single fp32/bf16 at 16 and the default threads with PyTorch, zbv K=3 at its
 #      default threads (cores.md), zbv K=3 at M=4 beside its M=8 (cores-zbv-m4.md), and single
-#      and zbv K=3 without the native captured step (cores-uncaptured.md).
+#      and zbv K=3 without the native captured step (cores-uncaptured.md), and the kernels at a
+#      zbv device's micro-batch and threads (microbatch-4/, microbatch-32/).
 set -u
 part=${1:-}
 if [ "$part" != gpu ] && [ "$part" != cpu ] && [ "$part" != bars ]; then
@@ -114,6 +115,14 @@ case "$part" in
     # 3% from it, zbv K=2 25%: bench/results/cores-2-cores-local-zbv3*.md)
     LAYERWISE_NATIVE_CAPTURE=0 bench cores --python '' --kinds single,single-bf16,zbv --stages 3 \
       --threads 16 --micro-batches 8 --warmup 10 --budget-s 70 --name cores-uncaptured
+    # which kernels stop scaling at a zbv device's micro-batch (batch 32 / M 8 = 4 sequences, 512
+    # rows) on its 7 threads, against the whole batch on 7: each kernel's speedup from 1 to 7
+    # threads by input shapes (on 2 cores, 1 -> 2 threads, every kernel over 1 ms scaled 1.66-1.97x
+    # at batch 4, medians: bench/results/kernels-native-microbatch-2-cores.md)
+    for b in 4 32; do
+      timeout 60 node "$lw/dist/bench/main.js" kernels --batch-size $b --threads 1,7 --steps 5 --warmup 20 \
+        --shapes --out "$out/microbatch-$b"
+    done
     ;;
 esac
 ls -l "$out"
