@@ -14,6 +14,7 @@ import { spawnSync } from 'node:child_process';
 import { test } from 'node:test';
 import { causalSelfAttention } from '../model/layers.js';
 import { randomArray } from '../testing/backend-compare.js';
+import { withThreadsRestored } from '../testing/native-threads.js';
 import { LayerwiseError } from '../util/errors.js';
 import { initBackend } from './index.js';
 import { roundTensor } from './low-precision.js';
@@ -779,8 +780,7 @@ test('softmaxCrossEntropy reads bf16 logits as held: the loss and probabilities 
   const labels = Int32Array.from({ length: rows }, (_, r) =>
     r === 7 ? -1 : (r * 37) % classes,
   );
-  const before = lib.threads();
-  try {
+  withThreadsRestored(lib, () => {
     for (const team of [1, 2]) {
       lib.setThreads(team);
       const [want, got] = [
@@ -793,9 +793,7 @@ test('softmaxCrossEntropy reads bf16 logits as held: the loss and probabilities 
       assert.equal(lossBf, lossF32, `loss at ${team} threads`);
       assert.deepEqual(got, want, `probabilities at ${team} threads`);
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 });
 
 test('bf16 attention gives the same bits at 1 and 2 threads, its (batch, head) pairs spread over the team or run one after another', {
@@ -803,8 +801,7 @@ test('bf16 attention gives the same bits at 1 and 2 threads, its (batch, head) p
 }, () => {
   const lib = nativeAddon()!;
   const dh = 12;
-  const before = lib.threads();
-  try {
+  withThreadsRestored(lib, () => {
     // 2 pairs: fewer than two a member at 2 threads, so each pair's products use the whole team;
     // 12 pairs: spread, each member's products single-threaded; T 19 (not a multiple of 16),
     // and 150 (the causal products by blocks of 64 rows)
@@ -833,7 +830,5 @@ test('bf16 attention gives the same bits at 1 and 2 threads, its (batch, head) p
       );
       assert.deepEqual(at(2), one, `B ${B}, H ${H}: 2 threads against 1`);
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 });

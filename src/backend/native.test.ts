@@ -29,6 +29,7 @@ import {
   randomArray,
   assertSameAsCpu as sameAsCpu,
 } from '../testing/backend-compare.js';
+import { withThreadsRestored } from '../testing/native-threads.js';
 import { Rng } from '../util/rng.js';
 import { initBackend } from './index.js';
 import { ADAMW_MULTI_KERNEL } from './kernel-names.js';
@@ -532,7 +533,6 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
   skip,
 }, () => {
   const lib = nativeAddon()!;
-  const before = lib.threads();
   const [m, n, k] = [512, 256, 384];
   const a = randomArray(m * k, 1),
     b = randomArray(k * n, 2);
@@ -541,7 +541,7 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
     lib.matmulBf16(a, b, c, 1, 0, 0, m, n, k, false, false);
     return c;
   };
-  try {
+  withThreadsRestored(lib, () => {
     lib.setThreads(1);
     const one = product(); // builds the product's primitive for one thread
     lib.setThreads(2);
@@ -567,9 +567,7 @@ test("a bf16 product built on one thread uses the whole team after setThreads(2)
       return out;
     };
     assert.deepEqual(sums(2), sums(1));
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 });
 
 test("the causal softmax's gradient reads no masked column of dy (NaN there leaves dx as with 0 there) and writes 0 in them, at 1 and 2 threads", {
@@ -578,7 +576,6 @@ test("the causal softmax's gradient reads no masked column of dy (NaN there leav
   // the fused attention gradients (native/src/attention.cc, bf16.cc) leave dP's masked columns
   // unwritten scratch and rely on this; T 150 past one team member's rows at 2 threads
   const lib = nativeAddon()!;
-  const before = lib.threads();
   const [batch, t, scale] = [3, 150, 0.37];
   const n = batch * t * t;
   const y = new Float32Array(n);
@@ -597,7 +594,7 @@ test("the causal softmax's gradient reads no masked column of dy (NaN there leav
     lib.causalSoftmaxGrad(y, d, dx, batch, t, scale);
     return dx;
   };
-  try {
+  withThreadsRestored(lib, () => {
     const reference = grad(dyZero, 1);
     for (const threads of [1, 2]) {
       const dx = grad(dyNaN, threads);
@@ -619,9 +616,7 @@ test("the causal softmax's gradient reads no masked column of dy (NaN there leav
         );
       }
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 });
 
 test('a weight gradient A^T B with a small output and a long k (split over k at 2 or more threads) equals the float64 product, fp32 and bf16, at 1, 2 and 4 threads', {
@@ -639,7 +634,6 @@ test('a weight gradient A^T B with a small output and a long k (split over k at 
 /** {@link matmul} and matmulBf16 of A^T B, A [k, m], B [k, n], at 1, 2 and 4 threads against the float64 product. */
 function checkSplitReduction(m: number, n: number, k: number): void {
   const lib = nativeAddon()!;
-  const before = lib.threads();
   const a = randomArray(k * m, 3), // A stored [k, m]
     b = randomArray(k * n, 4);
   const [ab, bb] = [new Uint16Array(k * m), new Uint16Array(k * n)];
@@ -658,7 +652,7 @@ function checkSplitReduction(m: number, n: number, k: number): void {
   lib.fromBf16(ab, af);
   lib.fromBf16(bb, bf);
   const exact = { fp32: reference(a, b), bf16: reference(af, bf) };
-  try {
+  withThreadsRestored(lib, () => {
     for (const threads of [1, 2, 4]) {
       lib.setThreads(threads);
       const cpu0 = lib.teamCpuSeconds();
@@ -691,9 +685,7 @@ function checkSplitReduction(m: number, n: number, k: number): void {
           );
         }
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 }
 
 test('a long product (split over rows at 2 or more threads) equals the float64 product, fp32 and bf16, with op(B) as stored or transposed and a bf16 output with its bias, at 1, 2, 3 and 4 threads', {
@@ -715,7 +707,6 @@ function checkSplitRows(
   transB: boolean,
 ): void {
   const lib = nativeAddon()!;
-  const before = lib.threads();
   const a = randomArray(m * k, 5),
     b = randomArray(k * n, 6), // [k, n], or [n, k] when transB
     bias = randomArray(n, 7);
@@ -737,7 +728,7 @@ function checkSplitRows(
   };
   const exact = { fp32: reference(a, b), bf16: reference(af, bf) };
   const where = `[${m}, ${k}] x [${k}, ${n}]${transB ? ' (B stored transposed)' : ''}`;
-  try {
+  withThreadsRestored(lib, () => {
     for (const threads of [1, 2, 3, 4]) {
       lib.setThreads(threads);
       const c32 = new Float32Array(m * n),
@@ -770,9 +761,7 @@ function checkSplitRows(
         );
       }
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 }
 
 /**
@@ -869,7 +858,6 @@ test("a dense layer's input gradient dy W^T (a long product, W a shared [n, k] w
   skip,
 }, () => {
   const lib = nativeAddon()!;
-  const before = lib.threads();
   // m past the 512 rows, n k = 256 x 300 past the 2^16 floats, none a multiple of 16 but n
   const [m, n, k, batch] = [517, 256, 300, 2];
   const a = randomArray(batch * m * k, 5),
@@ -877,7 +865,7 @@ test("a dense layer's input gradient dy W^T (a long product, W a shared [n, k] w
   const wt = new Float32Array(k * n);
   for (let j = 0; j < n; j++)
     for (let r = 0; r < k; r++) wt[r * n + j] = w[j * k + r]!;
-  try {
+  withThreadsRestored(lib, () => {
     for (const threads of [1, 2]) {
       lib.setThreads(threads);
       for (const [b, aStride] of [
@@ -905,16 +893,13 @@ test("a dense layer's input gradient dy W^T (a long product, W a shared [n, k] w
         }
       }
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 });
 
 test('native kernels split over a team of 4 (more members than this machine may have cores) give their 1-thread results: layer norm gradient, column and row sums, segment sums, broadcast binary ops, GELU gradient', {
   skip,
 }, () => {
   const lib = nativeAddon()!;
-  const before = lib.threads();
   // sizes that are not multiples of 4 threads, 16 floats or 64-row blocks
   const [rows, cols] = [1003, 100];
   const dy = randomArray(rows * cols, 11),
@@ -997,7 +982,7 @@ test('native kernels split over a team of 4 (more members than this machine may 
     out['GELU gradient'] = gg;
     return out;
   };
-  try {
+  withThreadsRestored(lib, () => {
     lib.setThreads(1);
     const one = run();
     lib.setThreads(4);
@@ -1043,9 +1028,7 @@ test('native kernels split over a team of 4 (more members than this machine may 
           Math.abs(o[i]! - exact[i]!) <= 1e-4 * (1 + Math.abs(exact[i]!)),
           `segment sum ${i}`,
         );
-  } finally {
-    lib.setThreads(before);
-  }
+  });
 });
 
 test('native host AdamW and SGD equal the JS host optimizer within 1e-6', {
@@ -1116,8 +1099,7 @@ test('native AdamW over many parameters in one call (adamwMulti) equals adamw on
   const lib = nativeAddon()!;
   // pieces that straddle the threads' even split, sizes below and above the vector width
   const sizes = [70, 40_001, 1, 30_001, 5, 65_536, 17];
-  const before = lib.threads();
-  try {
+  await withThreadsRestored(lib, async () => {
     for (const threads of [1, 2, 4]) {
       lib.setThreads(threads);
       for (const step of [1, 5]) {
@@ -1207,9 +1189,7 @@ test('native AdamW over many parameters in one call (adamwMulti) equals adamw on
         ),
       );
     }
-  } finally {
-    lib.setThreads(before);
-  }
+  });
   const one = [new Float32Array(4)];
   assert.throws(
     () =>
