@@ -1,6 +1,12 @@
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readFileSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -15,8 +21,8 @@ test('a bench given a bad flag value exits 2 with one line naming it, no stack t
     [['matmul-tiles', '--tilings', 't64,t999'], "--tilings: unknown 't999'"],
     [['matmul-tiles', '--shapes', '8x8'], "--shapes: '8x8' is not MxKxN"],
     [
-      ['webgpu-host', '--calls', 'many'],
-      '--calls: must be an integer >= 1, got NaN',
+      ['param-server', '--params', '100'],
+      '--params must be a positive multiple of 8192',
     ],
   ] as const) {
     const r = spawnSync(process.execPath, [bench, ...args], {
@@ -65,5 +71,44 @@ test('--warmup takes a whole number, 0 or more: anything else stops the bench na
     assert.match(r.stderr, /--warmup <n>/);
     assert.ok(r.stderr.includes(`got '${value}'`), r.stderr);
     assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+  }
+});
+
+test("a bench's numeric flag given what it cannot run exits 2 naming the flag and the value, before anything is written", () => {
+  const dir = mkdtempSync(join(tmpdir(), 'bench-flags-'));
+  const out = join(dir, 'results');
+  try {
+    for (const [command, flag, value] of [
+      ['kernels', '--steps', 'abc'], // was NaN steps, a results file of NaN and exit 0
+      ['kernels', '--steps', '1e3'],
+      ['kernels', '--batch-size', '0'],
+      ['kernels', '--threads', '1,x'],
+      ['cores', '--budget-s', '-5'],
+      ['gpu', '--warmup', '1.5'],
+      ['layer-drop', '--p', '1'],
+      ['l2l-max', '--clip-norm', '-1'],
+      ['webgpu-host', '--calls', 'many'],
+      ['param-server', '--steps', '2.5'],
+    ] as const) {
+      const r = spawnSync(
+        process.execPath,
+        [bench, command, flag, value, '--out', out],
+        { encoding: 'utf8' },
+      );
+      const what = `${command} ${flag} ${value}`;
+      assert.equal(r.status, 2, `${what}: ${r.stderr}`);
+      assert.ok(
+        r.stderr.includes(`'${flag} <`),
+        `${what} names the flag: ${r.stderr}`,
+      );
+      assert.ok(
+        r.stderr.includes(`got '${value.split(',').pop()}'`),
+        `${what} names the value: ${r.stderr}`,
+      );
+      assert.doesNotMatch(r.stderr, /\n\s+at /, 'no stack trace');
+      assert.equal(existsSync(out), false, `${what} wrote nothing`);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });

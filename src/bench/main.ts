@@ -2,64 +2,22 @@
  * `npm run bench -- <name> [options]`: benchmarks that write JSON and a Markdown table to
  * bench/results/. Timings live here, never in tests.
  */
-import { statSync } from 'node:fs';
-import { dirname, resolve } from 'node:path';
-import { Command, InvalidArgumentError } from 'commander';
+import { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { defaultBackend } from '../backend/names.js';
+import {
+  nonNegativeNumber,
+  positiveInteger,
+  positiveIntegers,
+  positiveNumber,
+  probability,
+  resultsFolder,
+  wholeNumber,
+} from '../cli/flags.js';
 import { REMAT_MODES, SCHEDULE_KINDS } from '../schedule/schedule.js';
 import { LayerwiseError } from '../util/errors.js';
 import { benchBalance } from './balance.js';
 import { benchGpipe } from './gpipe.js';
-
-/**
- * `--threads 1,2`: the comma-separated OpenMP team sizes. Throws commander's
- * InvalidArgumentError (printed as the option's error) naming the item that is not a positive integer.
- */
-function threadCounts(v: string): number[] {
-  return v.split(',').map((item) => {
-    const n = Number(item.trim());
-    if (!Number.isInteger(n) || n < 1)
-      throw new InvalidArgumentError(
-        `takes positive integers separated by commas (e.g. 1,2), got '${item}'`,
-      );
-    return n;
-  });
-}
-
-/**
- * A count option that may be 0 (`--warmup`): throws commander's InvalidArgumentError naming the
- * value when it is not a non-negative integer.
- */
-function count(v: string): number {
-  const n = Number(v.trim());
-  if (v.trim() === '' || !Number.isInteger(n) || n < 0)
-    throw new InvalidArgumentError(
-      `takes a whole number, 0 or more, got '${v}'`,
-    );
-  return n;
-}
-
-/**
- * `--out <dir>`: the results folder, made if missing. Throws commander's InvalidArgumentError
- * (printed as the option's error, exit 1, before any run starts) when the path or the nearest
- * part of it that exists is a file, where the results could not be written after the runs.
- */
-function resultsFolder(v: string): string {
-  for (let p = resolve(v); ; p = dirname(p)) {
-    let isFolder: boolean;
-    try {
-      isFolder = statSync(p).isDirectory();
-    } catch {
-      if (dirname(p) === p) return v; // nothing of it exists: made when written
-      continue;
-    }
-    if (isFolder) return v;
-    throw new InvalidArgumentError(
-      `'${p}' is a file, not a folder: give a folder for the results (it is made if missing)`,
-    );
-  }
-}
 
 const program = new Command();
 program.name('bench');
@@ -67,15 +25,10 @@ program
   .command('gpipe')
   .description('single vs gpipe throughput, bubble and peak device memory')
   .option('--preset <name>', 'model preset', 'charlm-small')
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option(
-    '--steps <n>',
-    'measured steps per configuration',
-    (v) => Number(v),
-    4,
-  )
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
+  .option('--steps <n>', 'measured steps per configuration', positiveInteger, 4)
   .option('--micro-batches <list>', 'micro-batch counts', '1,2,4,8')
-  .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
+  .option('--stages <K>', 'pipeline stages', positiveInteger, 2)
   .option(
     '--schedules <list>',
     `schedules to compare (${SCHEDULE_KINDS.join(', ')})`,
@@ -96,7 +49,7 @@ program
   .option(
     '--rounds <n>',
     'every configuration once per round, rotated (medians reported)',
-    (v) => Number(v),
+    positiveInteger,
     1,
   )
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
@@ -133,17 +86,12 @@ program
     'single-device tokens/s on wasm, cpu and native; native pipelines with one thread per stage',
   )
   .option('--preset <name>', 'model preset', 'charlm-small')
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option(
-    '--steps <n>',
-    'measured steps per configuration',
-    (v) => Number(v),
-    4,
-  )
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
+  .option('--steps <n>', 'measured steps per configuration', positiveInteger, 4)
   .option(
     '--cpu-steps <n>',
     'measured steps on the (slow) cpu backend',
-    (v) => Number(v),
+    positiveInteger,
     1,
   )
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
@@ -157,23 +105,23 @@ program
   .description(
     'channel throughput (MB/s) and round-trip latency on loopback for threads, processes (gRPC) and a raw TCP socket; gpipe K=2 over threads vs processes',
   )
-  .option('--mib <n>', 'MiB per throughput message', (v) => Number(v), 4)
+  .option('--mib <n>', 'MiB per throughput message', positiveNumber, 4)
   .option(
     '--messages <n>',
     'throughput messages per transport',
-    (v) => Number(v),
+    positiveInteger,
     64,
   )
   .option(
     '--round-trips <n>',
     'round trips for the latency',
-    (v) => Number(v),
+    positiveInteger,
     200,
   )
   .option(
     '--steps <n>',
     'measured gpipe steps per device kind',
-    (v) => Number(v),
+    positiveInteger,
     4,
   )
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
@@ -197,7 +145,7 @@ program
     'matmul GFLOP/s on webgpu (Dawn: the GPU, else a software GPU) beside native and wasm',
   )
   .option('--sizes <list>', 'matrix sizes n', '256,512,1024')
-  .option('--reps <n>', 'products per size', (v) => Number(v), 10)
+  .option('--reps <n>', 'products per size', positiveInteger, 10)
   .option(
     '--preset <name>',
     'preset whose training tokens/s is measured',
@@ -206,7 +154,7 @@ program
   .option(
     '--steps <n>',
     'measured training steps (0: matmul only)',
-    (v) => Number(v),
+    wholeNumber,
     3,
   )
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
@@ -229,15 +177,10 @@ program
   .description(
     "the host's side of webgpu: host us per dispatching kernel call, and host, polling and wall ms per step of a charlm-small single with the GPU's share made small (thread CPU time, Linux)",
   )
-  .option('--calls <n>', 'kernel calls per round', (v) => Number(v), 2000)
-  .option('--rounds <n>', 'rounds (median)', (v) => Number(v), 5)
-  .option(
-    '--steps <n>',
-    'measured training steps (0: none)',
-    (v) => Number(v),
-    60,
-  )
-  .option('--warmup <n>', 'training steps not measured', (v) => Number(v), 5)
+  .option('--calls <n>', 'kernel calls per round', positiveInteger, 2000)
+  .option('--rounds <n>', 'rounds (median)', positiveInteger, 5)
+  .option('--steps <n>', 'measured training steps (0: none)', wholeNumber, 60)
+  .option('--warmup <n>', 'training steps not measured', wholeNumber, 5)
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchWebGPUHost } = await import('./webgpu-host.js');
@@ -261,22 +204,17 @@ program
   .option(
     '--rows <n>',
     'activation rows (batch x context)',
-    (v) => Number(v),
+    positiveInteger,
     1024,
   )
   .option(
     '--d <n>',
     'model width (the product is d x 4d)',
-    (v) => Number(v),
+    positiveInteger,
     256,
   )
-  .option('--reps <n>', 'calls per timing', (v) => Number(v), 5)
-  .option(
-    '--rounds <n>',
-    'timings per variant, alternated',
-    (v) => Number(v),
-    5,
-  )
+  .option('--reps <n>', 'calls per timing', positiveInteger, 5)
+  .option('--rounds <n>', 'timings per variant, alternated', positiveInteger, 5)
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchDenseGelu } = await import('./dense-gelu.js');
@@ -297,8 +235,8 @@ program
     'tilings to compare, comma-separated',
     't64,t128,t128x64,t64p',
   )
-  .option('--reps <n>', 'products per timing', (v) => Number(v), 10)
-  .option('--rounds <n>', 'timings per tiling, alternated', (v) => Number(v), 5)
+  .option('--reps <n>', 'products per timing', positiveInteger, 10)
+  .option('--rounds <n>', 'timings per tiling, alternated', positiveInteger, 5)
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchMatMulTiles, MODEL_SHAPES } = await import(
@@ -325,12 +263,12 @@ program
   .option(
     '--steps <n>',
     "measured steps of every configuration (default: the model's)",
-    (v) => Number(v),
+    positiveInteger,
   )
   .option(
     '--warmup <n>',
     'steps left out of tokens/s (shader compilation)',
-    (v) => Number(v),
+    wholeNumber,
     2,
   )
   .option(
@@ -340,13 +278,13 @@ program
   .option(
     '--config-seconds <s>',
     'wall-clock limit of one configuration',
-    (v) => Number(v),
+    positiveNumber,
     75,
   )
   .option(
     '--budget-seconds <s>',
     'wall-clock budget of the whole bench',
-    (v) => Number(v),
+    positiveNumber,
     270,
   )
   .option('--python <cmd>', 'Python for the PyTorch rows', 'python3')
@@ -366,21 +304,21 @@ program
     "where a training step's time goes, per kernel, on one backend (single device, in this thread)",
   )
   .option('--preset <name>', 'model preset', 'charlm-small')
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
   .option('--backend <name>', 'backend', 'native')
   .option('--precision <p>', 'compute precision: fp32 or bf16', 'fp32')
-  .option('--steps <n>', 'measured steps', (v) => Number(v), 3)
+  .option('--steps <n>', 'measured steps', positiveInteger, 3)
   .option(
     '--warmup <n>',
     "untimed steps at each thread count before the measured ones (V8 still optimizes the step's JS for tens of steps)",
-    count,
+    wholeNumber,
     1,
   )
   .option('--shapes', 'split the rows by input shapes', false)
   .option(
     '--threads <list>',
     'native only: OpenMP team sizes to measure at, comma-separated (e.g. 1,2)',
-    threadCounts,
+    positiveIntegers,
   )
   .option(
     '--cpu',
@@ -406,11 +344,11 @@ program
   .option(
     '--rows <n>',
     'activation rows (batch x context)',
-    (v) => Number(v),
+    positiveInteger,
     4096,
   )
-  .option('--reps <n>', 'repetitions per variant', (v) => Number(v), 10)
-  .option('--threads <n>', 'OpenMP threads', (v) => Number(v))
+  .option('--reps <n>', 'repetitions per variant', positiveInteger, 10)
+  .option('--threads <n>', 'OpenMP threads', positiveInteger)
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchBf16Matmul } = await import('./bf16-matmul.js');
@@ -423,19 +361,14 @@ program
     'fp32 vs bf16 mixed precision on native: single and gpipe tokens/s in one run (bars: bf16 1.5x single, 1.4x gpipe K=2); optional convergence check',
   )
   .option('--preset <name>', 'model preset', 'charlm-small')
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option(
-    '--steps <n>',
-    'measured steps per configuration',
-    (v) => Number(v),
-    6,
-  )
-  .option('--stages <K>', 'gpipe stages', (v) => Number(v), 2)
-  .option('--micro-batches <M>', 'gpipe micro-batches', (v) => Number(v), 4)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
+  .option('--steps <n>', 'measured steps per configuration', positiveInteger, 6)
+  .option('--stages <K>', 'gpipe stages', positiveInteger, 2)
+  .option('--micro-batches <M>', 'gpipe micro-batches', positiveInteger, 4)
   .option(
     '--convergence <steps>',
     'also train charlm-tiny this many steps at each precision and compare validation losses (0: skip)',
-    (v) => Number(v),
+    wholeNumber,
     0,
   )
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
@@ -449,24 +382,19 @@ program
   .description(
     'gpipe throughput with --balance time vs the default (by parameters) on a model with uneven blocks; bubble vs (K-1)/(M+K-1)',
   )
-  .option('--layers <n>', 'decoder layers', (v) => Number(v), 4)
-  .option('--d-model <n>', 'model width', (v) => Number(v), 64)
-  .option('--context <n>', 'context length', (v) => Number(v), 32)
+  .option('--layers <n>', 'decoder layers', positiveInteger, 4)
+  .option('--d-model <n>', 'model width', positiveInteger, 64)
+  .option('--context <n>', 'context length', positiveInteger, 32)
   .option(
     '--vocab <n>',
     'vocabulary size (the wide head)',
-    (v) => Number(v),
+    positiveInteger,
     4096,
   )
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option('--stages <K>', 'pipeline stages', (v) => Number(v), 2)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
+  .option('--stages <K>', 'pipeline stages', positiveInteger, 2)
   .option('--micro-batches <list>', 'micro-batch counts', '4,8')
-  .option(
-    '--steps <n>',
-    'measured steps per configuration',
-    (v) => Number(v),
-    4,
-  )
+  .option('--steps <n>', 'measured steps per configuration', positiveInteger, 4)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
@@ -483,39 +411,39 @@ program
     'validation loss vs wall-clock for single, gpipe and local parallelism, and local throughput vs single',
   )
   .option('--preset <name>', 'model preset', 'charlm-small')
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
   .option(
     '--seconds <s>',
     'training seconds per strategy and round',
-    (v) => Number(v),
+    positiveNumber,
     60,
   )
   .option(
     '--rounds <n>',
     'rounds, each running every strategy once in a rotated order (figures are medians)',
-    (v) => Number(v),
+    positiveInteger,
     3,
   )
   .option(
     '--eval-seconds <s>',
     'evaluate every this many training seconds',
-    (v) => Number(v),
+    positiveNumber,
     15,
   )
-  .option('--eval-batches <n>', 'validation batches', (v) => Number(v), 4)
+  .option('--eval-batches <n>', 'validation batches', positiveInteger, 4)
   .option(
     '--gpipe-micro-batches <n>',
     'gpipe micro-batches',
-    (v) => Number(v),
+    positiveInteger,
     8,
   )
   .option(
     '--local-micro-batches <n>',
     'local updates per mini-batch',
-    (v) => Number(v),
+    positiveInteger,
     2,
   )
-  .option('--lr <x>', 'learning rate', (v) => Number(v), 2e-3)
+  .option('--lr <x>', 'learning rate', positiveNumber, 2e-3)
   .option('--backend <name>', 'backend', defaultBackend())
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
@@ -533,12 +461,12 @@ program
     'tokens/s against kernel threads on one machine: native single fp32/bf16, the schedules and local at K = 2, 3, 4, PyTorch beside them where importable',
   )
   .option('--preset <name>', 'model preset', 'charlm-small')
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option('--steps <n>', 'timed steps per configuration', (v) => Number(v), 3)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
+  .option('--steps <n>', 'timed steps per configuration', positiveInteger, 3)
   .option(
     '--warmup <n>',
     "untimed steps per configuration before the timed ones (V8 still optimizes the step's JS for tens of steps)",
-    count,
+    wholeNumber,
     1,
   )
   .option(
@@ -560,7 +488,7 @@ program
   .option(
     '--local-micro-batches <n>',
     'local updates per mini-batch',
-    (v) => Number(v),
+    positiveInteger,
     2,
   )
   .option('--devices <kind>', 'thread or process (pinned)', 'thread')
@@ -571,7 +499,7 @@ program
   .option(
     '--budget-s <s>',
     'start no configuration after this many seconds',
-    (v) => Number(v),
+    positiveNumber,
     240,
   )
   .option(
@@ -596,25 +524,20 @@ program
   .description(
     'l2l with --layer-drop P against 0: host-to-device bytes per step, step time, tokens/s',
   )
-  .option(
-    '--layers <n>',
-    'decoder blocks of charlm-small',
-    (v) => Number(v),
-    12,
-  )
-  .option('--p <x>', 'drop probability compared with 0', (v) => Number(v), 0.5)
+  .option('--layers <n>', 'decoder blocks of charlm-small', positiveInteger, 12)
+  .option('--p <x>', 'drop probability compared with 0', probability, 0.5)
   .option(
     '--steps <n>',
     'steps per run (the first left out)',
-    (v) => Number(v),
+    positiveInteger,
     8,
   )
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
-  .option('--micro-batches <n>', 'l2l micro-batches', (v) => Number(v), 4)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
+  .option('--micro-batches <n>', 'l2l micro-batches', positiveInteger, 4)
   .option(
     '--stages <n>',
     'l2l devices (more than 1: the pipelined relay)',
-    (v) => Number(v),
+    positiveInteger,
     1,
   )
   .option('--backend <name>', 'backend', defaultBackend())
@@ -634,13 +557,13 @@ program
     'blocks per model of the sweep (charlm-small)',
     '6,12,24,48',
   )
-  .option('--stages <n>', 'devices K', (v) => Number(v), 2)
-  .option('--micro-batches <n>', 'micro-batches', (v) => Number(v), 4)
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 32)
+  .option('--stages <n>', 'devices K', positiveInteger, 2)
+  .option('--micro-batches <n>', 'micro-batches', positiveInteger, 4)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
   .option(
     '--steps <n>',
     'steps per run (the first left out)',
-    (v) => Number(v),
+    positiveInteger,
     3,
   )
   .option('--backend <name>', 'backend', defaultBackend())
@@ -663,18 +586,18 @@ program
     'blocks per model of the depth sweep',
     '6,12,24,48',
   )
-  .option('--d-model <n>', 'model width of the sweep', (v) => Number(v), 128)
-  .option('--context <n>', 'context length of the sweep', (v) => Number(v), 64)
+  .option('--d-model <n>', 'model width of the sweep', positiveInteger, 128)
+  .option('--context <n>', 'context length of the sweep', positiveInteger, 64)
   .option(
     '--batch-size <n>',
     'mini-batch size of the sweep',
-    (v) => Number(v),
+    positiveInteger,
     16,
   )
   .option(
     '--micro-batches <n>',
     'l2l micro-batches in the sweep',
-    (v) => Number(v),
+    positiveInteger,
     2,
   )
   .option(
@@ -682,7 +605,7 @@ program
     'device budget of the largest-model comparison',
     '768MiB',
   )
-  .option('--steps <n>', 'measured steps per run', (v) => Number(v), 3)
+  .option('--steps <n>', 'measured steps per run', positiveInteger, 3)
   .option('--quick', 'skip the charlm-small throughput rows')
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
@@ -705,32 +628,40 @@ program
   .description(
     'a few full l2l training steps of one large character Transformer (default 1.1 billion parameters, 4.4 GB fp32) on Moby-Dick',
   )
-  .option('--layers <n>', 'decoder layers', (v) => Number(v), 22)
-  .option('--d-model <n>', 'model width', (v) => Number(v), 2048)
-  .option('--heads <n>', 'attention heads', (v) => Number(v), 16)
-  .option('--context <n>', 'context length', (v) => Number(v), 32)
-  .option('--batch-size <n>', 'mini-batch size', (v) => Number(v), 2)
-  .option('--micro-batches <n>', 'micro-batches', (v) => Number(v), 1)
-  .option('--steps <n>', 'training steps', (v) => Number(v), 2)
+  .option('--layers <n>', 'decoder layers', positiveInteger, 22)
+  .option('--d-model <n>', 'model width', positiveInteger, 2048)
+  .option('--heads <n>', 'attention heads', positiveInteger, 16)
+  .option('--context <n>', 'context length', positiveInteger, 32)
+  .option('--batch-size <n>', 'mini-batch size', positiveInteger, 2)
+  .option('--micro-batches <n>', 'micro-batches', positiveInteger, 1)
+  .option('--steps <n>', 'training steps', positiveInteger, 2)
   .option(
     '--clip-norm <x>',
     'global gradient clipping (0: off; on holds a whole step of gradients in host memory)',
-    (v) => Number(v),
+    nonNegativeNumber,
     0,
   )
   .option(
     '--server-threads <n>',
     "parameter server's optimizer threads",
-    (v) => Number(v),
+    positiveInteger,
     1,
   )
-  .option('--lr <x>', 'learning rate', (v) => Number(v), 1e-5)
+  .option('--lr <x>', 'learning rate', positiveNumber, 1e-5)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchL2LMax } = await import('./l2l-max.js');
     await benchL2LMax(o, (s) => console.log(s));
   });
+
+// a bad command line (commander has printed its one line: a flag's value, an unknown flag) exits
+// with status 2, as bad input found later does below and as `layerwise` does
+for (const c of [program, ...program.commands]) {
+  c.exitOverride((err) => {
+    process.exit(err.exitCode === 0 ? 0 : 2);
+  });
+}
 
 try {
   await program.parseAsync(process.argv);

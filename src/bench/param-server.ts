@@ -10,6 +10,7 @@ import type { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { nativeAddon, nativeUnavailable } from '../backend/native-addon.js';
 import { tf } from '../backend/tfjs.js';
+import { positiveInteger, resultsFolder } from '../cli/flags.js';
 import type { HostParams } from '../model/init.js';
 import {
   DeviceOptimizer,
@@ -21,6 +22,7 @@ import {
   nativeHostUpdate,
 } from '../param-server/host-optimizer.js';
 import { ParameterServer } from '../param-server/server.js';
+import { check } from '../util/errors.js';
 import { Rng } from '../util/rng.js';
 import { median } from '../util/stats.js';
 import { markdownTable, reportBenchResults } from './report.js';
@@ -50,7 +52,7 @@ const TENSOR_COLS = 1024;
  * each optimizer runs one warm-up step (slot creation) and `steps` (default 5) measured steps,
  * and reports the median. Leaves the calling thread's TF.js backend set to wasm.
  * Memory: about 4 x 4 bytes per parameter on the host, and about 6 x 4 on the wasm heap.
- * Throws if params is not a positive multiple of 8 x 1024.
+ * Throws a LayerwiseError if params is not a positive multiple of 8 x 1024.
  */
 export async function benchServerUpdateRate(
   opts: { params?: number; steps?: number; log?: (s: string) => void } = {},
@@ -105,21 +107,16 @@ type RecordRow = (
 
 /**
  * The bench's tensors for `total` parameters in 8 tensors, and its optimizer. Throws a
- * RangeError if `total` is not a positive multiple of 8 x {@link TENSOR_COLS}.
+ * LayerwiseError if `total` is not a positive multiple of 8 x {@link TENSOR_COLS}.
  */
 function updateBench(total: number, steps: number): UpdateBench {
   const nTensors = 8;
-  if (
-    !(
-      Number.isInteger(total) &&
+  check(
+    Number.isInteger(total) &&
       total > 0 &&
-      total % (nTensors * TENSOR_COLS) === 0
-    )
-  ) {
-    throw new RangeError(
-      `params must be a positive multiple of ${nTensors * TENSOR_COLS}, got ${total}`,
-    );
-  }
+      total % (nTensors * TENSOR_COLS) === 0,
+    `--params must be a positive multiple of ${nTensors * TENSOR_COLS} (${nTensors} tensors of ${TENSOR_COLS} columns), got ${total}`,
+  );
   const per = total / nTensors;
   const shape = [per / TENSOR_COLS, TENSOR_COLS];
   const keys = Array.from(
@@ -354,11 +351,11 @@ export function registerParamServerBench(program: Command): void {
     .option(
       '--params <n>',
       'parameters (a multiple of 8192)',
-      (v) => Number(v),
+      positiveInteger,
       16 * 2 ** 20,
     )
-    .option('--steps <n>', 'measured steps per optimizer', (v) => Number(v), 5)
-    .option('--out <dir>', 'results folder', 'bench/results')
+    .option('--steps <n>', 'measured steps per optimizer', positiveInteger, 5)
+    .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
     .action(async (o) => {
       await benchEps(o, (s) => console.log(s));
     });

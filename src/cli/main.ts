@@ -5,7 +5,7 @@ import cliProgress from 'cli-progress';
  * `presets` to list models. User errors print one line and exit with status 2 (so does a device
  * over its --device-memory budget); a failing stage or any other error exits with status 1.
  */
-import { Command, InvalidArgumentError } from 'commander';
+import { Command } from 'commander';
 import { BACKENDS, defaultBackend, precisionNote } from '../backend/names.js';
 import { LOSSES } from '../model/loss-names.js';
 import { PRESETS } from '../model/presets.js';
@@ -17,19 +17,8 @@ import { sampleText } from '../train/sample.js';
 import type { TrainHooks } from '../train/trainer.js';
 import { LayerwiseError } from '../util/errors.js';
 import { formatSize } from '../util/size.js';
+import { integer, number } from './flags.js';
 import { reportError } from './report-error.js';
-
-function int(v: string): number {
-  if (!/^-?\d+$/.test(v.trim()))
-    throw new InvalidArgumentError('must be an integer');
-  return Number(v);
-}
-function num(v: string): number {
-  const x = Number(v);
-  if (v.trim() === '' || !Number.isFinite(x))
-    throw new InvalidArgumentError('must be a number');
-  return x;
-}
 
 function hooks(): TrainHooks {
   const tty = process.stderr.isTTY;
@@ -168,7 +157,7 @@ program
   .option(
     '--server-threads <n>',
     "l2l: worker threads of the parameter server's optimizer",
-    int,
+    integer,
   )
   .option(
     '--device-memory <size>',
@@ -177,29 +166,29 @@ program
   .option(
     '--overlap <n>',
     "local: blocks at the end of each stage also trained by the next stage's loss",
-    int,
+    integer,
   )
   .option(
     '--queue-depth <n>',
     'local: mini-batches in flight between the first and last stage (default: one per stage)',
-    int,
+    integer,
   )
   .option(
     '--deterministic',
     'local: fixed interleaving of overlap updates (reproducible) instead of free-running',
   )
-  .option('--stages <K>', 'pipeline stages (devices)', int)
-  .option('--micro-batches <M>', 'micro-batches per mini-batch', int)
+  .option('--stages <K>', 'pipeline stages (devices)', integer)
+  .option('--micro-batches <M>', 'micro-batches per mini-batch', integer)
   .option(
     '--replicas <R>',
     'data-parallel replicas: R copies of the devices (R*K), each on 1/R of every mini-batch, gradients summed by a ring all-reduce (l2l: by the parameter server); single, gpipe, l2l',
-    int,
+    integer,
   )
-  .option('--batch-size <N>', 'mini-batch size (examples)', int)
+  .option('--batch-size <N>', 'mini-batch size (examples)', integer)
   .option(
     '--loss-scale <S>',
     '--precision f16: the initial dynamic loss scale (default 65536; halved at each overflow, whose step is skipped, doubled after 2000 steps without)',
-    num,
+    number,
   )
   .option(
     '--checkpoint <mode>',
@@ -212,7 +201,7 @@ program
   .option(
     '--virtual-stages <V>',
     'stages per device of --schedule interleaved-1f1b (default 2)',
-    int,
+    integer,
   )
   .option(
     '--schedule-file <F.csv>',
@@ -222,18 +211,18 @@ program
     '--balance <list|kind>',
     "blocks per stage, e.g. 2,3,3, or flops (default: by the blocks' FLOP counts) | params (parameter count) | time | memory (profiled on --backend)",
   )
-  .option('--steps <n>', 'optimizer steps', int)
-  .option('--lr <x>', 'peak learning rate', num)
-  .option('--warmup <n>', 'linear warm-up steps', int)
+  .option('--steps <n>', 'optimizer steps', integer)
+  .option('--lr <x>', 'peak learning rate', number)
+  .option('--warmup <n>', 'linear warm-up steps', integer)
   .option('--decay <kind>', 'constant | cosine')
   .option('--optimizer <kind>', 'adamw | sgd')
-  .option('--weight-decay <x>', 'weight decay', num)
-  .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', num)
-  .option('--seed <n>', 'seed for initialisation and data order', int)
+  .option('--weight-decay <x>', 'weight decay', number)
+  .option('--clip-norm <x>', 'clip the global gradient norm (0: off)', number)
+  .option('--seed <n>', 'seed for initialisation and data order', integer)
   .option(
     '--layer-drop <P>',
     'LayerDrop: each step skips each block but the first and last with probability P (single, gpipe, l2l; evaluation runs every block)',
-    num,
+    number,
   )
   .option(
     '--layer-drop-schedule <kind>',
@@ -246,26 +235,30 @@ program
   .option(
     '--threads <n>',
     "threads of each device's kernels (native backend); default: the cores divided among the devices, less one in 8 for the host's threads from 8 cores up",
-    int,
+    integer,
   )
   .option(
     '--precision <p>',
     'fp32 (default) | bf16: mixed precision on --backend native (products on bfloat16 operands with fp32 accumulation; weights, optimizer state, norms, softmax and loss fp32) | f16: on --backend webgpu with shader-f16 (products on f16-rounded operands, dynamic loss scaling; single and gpipe)',
   )
-  .option('--layers <n>', 'override the preset: layers', int)
-  .option('--d-model <n>', 'override the preset: model width', int)
-  .option('--heads <n>', 'override the preset: attention heads', int)
-  .option('--context <n>', 'override the preset: context length (tokens)', int)
+  .option('--layers <n>', 'override the preset: layers', integer)
+  .option('--d-model <n>', 'override the preset: model width', integer)
+  .option('--heads <n>', 'override the preset: attention heads', integer)
+  .option(
+    '--context <n>',
+    'override the preset: context length (tokens)',
+    integer,
+  )
   .option(
     '--eval-every <n>',
     'validation every n steps (0: at the end only)',
-    int,
+    integer,
   )
-  .option('--eval-batches <n>', 'validation batches per evaluation', int)
+  .option('--eval-batches <n>', 'validation batches per evaluation', integer)
   .option(
     '--save-every <n>',
     'checkpoint every n steps (0: at the end only)',
-    int,
+    integer,
   )
   .option(
     '--trace <file>',
@@ -283,7 +276,7 @@ program
   .option(
     '--max-restarts <n>',
     'when a device is lost (process killed, host unreachable), restart the devices and resume from the last checkpoint, at most n times',
-    int,
+    integer,
     0,
   )
   .action(async (o) => {
@@ -362,9 +355,9 @@ program
   .description('generate text from a trained character model')
   .requiredOption('--checkpoint <dir>', 'run folder (or its checkpoint folder)')
   .option('--prompt <text>', 'text to continue', '\n')
-  .option('--length <n>', 'characters to generate', int, 300)
-  .option('--temperature <x>', 'sampling temperature', num, 0.8)
-  .option('--seed <n>', 'sampling seed', int, 1)
+  .option('--length <n>', 'characters to generate', integer, 300)
+  .option('--temperature <x>', 'sampling temperature', number, 0.8)
+  .option('--seed <n>', 'sampling seed', integer, 1)
   .option('--backend <name>', BACKENDS.join(' | '), defaultBackend())
   .action(async (o) => {
     process.stdout.write(`${await sampleText(o)}\n`);
@@ -432,17 +425,17 @@ program
   .option(
     '--stages <K>',
     "devices available (pipeline stages); default: train's",
-    int,
+    integer,
   )
   .option(
     '--batch-size <N>',
     "mini-batch size (examples); default: train's",
-    int,
+    integer,
   )
   .option(
     '--micro-batches <M>',
     'micro-batches (default: search the divisors of N)',
-    int,
+    integer,
   )
   .option('--backend <name>', BACKENDS.join(' | '))
   .option(
@@ -451,10 +444,14 @@ program
   )
   .option('--optimizer <kind>', 'adamw | sgd')
   .option('--data <name|path>', "data set (default: the preset's)")
-  .option('--layers <n>', 'override the preset: layers', int)
-  .option('--d-model <n>', 'override the preset: model width', int)
-  .option('--heads <n>', 'override the preset: attention heads', int)
-  .option('--context <n>', 'override the preset: context length (tokens)', int)
+  .option('--layers <n>', 'override the preset: layers', integer)
+  .option('--d-model <n>', 'override the preset: model width', integer)
+  .option('--heads <n>', 'override the preset: attention heads', integer)
+  .option(
+    '--context <n>',
+    'override the preset: context length (tokens)',
+    integer,
+  )
   .option('--json', 'print the plan as JSON')
   .action(async (o) => {
     const { runPlan } = await import('./plan.js');
@@ -469,12 +466,12 @@ program
     "print a schedule's per-device grid (PyTorch pipelining's notation), its simulated bubble and peak activations per device",
   )
   .requiredOption('--schedule <kind>', SCHEDULE_KINDS.join(' | '))
-  .requiredOption('--stages <K>', 'pipeline stages (devices)', int)
-  .requiredOption('--micro-batches <M>', 'micro-batches', int)
+  .requiredOption('--stages <K>', 'pipeline stages (devices)', integer)
+  .requiredOption('--micro-batches <M>', 'micro-batches', integer)
   .option(
     '--virtual-stages <V>',
     'stages per device of interleaved-1f1b',
-    int,
+    integer,
     2,
   )
   .option('--format <text|csv>', "text, or csv as PyTorch's _dump_csv", 'text')
