@@ -116,8 +116,8 @@ case "$part" in
     LAYERWISE_NATIVE_CAPTURE=0 bench cores --python '' --kinds single,single-bf16,zbv --stages 3 \
       --threads 16 --micro-batches 8 --warmup 10 --budget-s 70 --name cores-uncaptured
     # which kernels stop scaling at a zbv device's micro-batch (batch 32 / M 8 = 4 sequences, 512
-    # rows) on its 7 threads, against the whole batch on 7: each kernel's speedup from 1 to 7
-    # threads by input shapes (on 2 cores, 1 -> 2 threads, every kernel over 1 ms scaled 1.66-1.97x
+    # rows) on 7 threads (the default split of 16 cores gives zbv K=3 1 / 7 / 6), against the
+    # whole batch on 7: each kernel's speedup from 1 to 7 threads by input shapes (on 2 cores, 1 -> 2 threads, every kernel over 1 ms scaled 1.66-1.97x
     # at batch 4, medians: bench/results/kernels-native-microbatch-2-cores.md)
     for b in 4 32; do
       timeout 60 node "$lw/dist/bench/main.js" kernels --batch-size $b --threads 1,7 --steps 5 --warmup 20 \
