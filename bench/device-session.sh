@@ -7,7 +7,7 @@
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
 #   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 540 s
-#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 280 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 320 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
