@@ -83,6 +83,10 @@ test("a bench's numeric flag given what it cannot run exits 2 naming the flag an
       ['kernels', '--steps', '1e3'],
       ['kernels', '--batch-size', '0'],
       ['kernels', '--threads', '1,x'],
+      ['gpipe', '--micro-batches', '1,x'], // was 'micro-batch size ... got NaN'
+      ['l2l-pipeline', '--blocks', '4,x'], // was a stack trace
+      ['l2l', '--blocks', 'x'], // was '--layers must be an integer >= 1, got NaN'
+      ['webgpu', '--sizes', '256,0'], // was a stack trace
       ['cores', '--budget-s', '-5'],
       ['gpu', '--warmup', '1.5'],
       ['layer-drop', '--p', '1'],

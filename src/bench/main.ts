@@ -27,7 +27,12 @@ program
   .option('--preset <name>', 'model preset', 'charlm-small')
   .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
   .option('--steps <n>', 'measured steps per configuration', positiveInteger, 4)
-  .option('--micro-batches <list>', 'micro-batch counts', '1,2,4,8')
+  .option(
+    '--micro-batches <list>',
+    'micro-batch counts',
+    positiveIntegers,
+    [1, 2, 4, 8],
+  )
   .option('--stages <K>', 'pipeline stages', positiveInteger, 2)
   .option(
     '--schedules <list>',
@@ -72,7 +77,6 @@ program
     await benchGpipe(
       {
         ...o,
-        microBatches: String(o.microBatches).split(',').map(Number),
         schedules: list(o.schedules, SCHEDULE_KINDS, 'schedules'),
         remats: list(o.checkpoint, REMAT_MODES, 'checkpoint'),
       },
@@ -144,7 +148,12 @@ program
   .description(
     'matmul GFLOP/s on webgpu (Dawn: the GPU, else a software GPU) beside native and wasm',
   )
-  .option('--sizes <list>', 'matrix sizes n', '256,512,1024')
+  .option(
+    '--sizes <list>',
+    'matrix sizes n',
+    positiveIntegers,
+    [256, 512, 1024],
+  )
   .option('--reps <n>', 'products per size', positiveInteger, 10)
   .option(
     '--preset <name>',
@@ -162,7 +171,7 @@ program
     const { benchWebGPU } = await import('./webgpu.js');
     await benchWebGPU(
       {
-        sizes: String(o.sizes).split(',').map(Number),
+        sizes: o.sizes,
         reps: o.reps,
         preset: o.preset,
         steps: o.steps,
@@ -393,16 +402,18 @@ program
   )
   .option('--batch-size <n>', 'mini-batch size', positiveInteger, 32)
   .option('--stages <K>', 'pipeline stages', positiveInteger, 2)
-  .option('--micro-batches <list>', 'micro-batch counts', '4,8')
+  .option(
+    '--micro-batches <list>',
+    'micro-batch counts',
+    positiveIntegers,
+    [4, 8],
+  )
   .option('--steps <n>', 'measured steps per configuration', positiveInteger, 4)
   .option('--backend <name>', 'backend', 'wasm')
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     await initBackend(o.backend);
-    await benchBalance(
-      { ...o, microBatches: String(o.microBatches).split(',').map(Number) },
-      (s) => console.log(s),
-    );
+    await benchBalance(o, (s) => console.log(s));
   });
 
 program
@@ -555,7 +566,8 @@ program
   .option(
     '--blocks <list>',
     'blocks per model of the sweep (charlm-small)',
-    '6,12,24,48',
+    positiveIntegers,
+    [6, 12, 24, 48],
   )
   .option('--stages <n>', 'devices K', positiveInteger, 2)
   .option('--micro-batches <n>', 'micro-batches', positiveInteger, 4)
@@ -570,10 +582,7 @@ program
   .option('--out <dir>', 'results folder', resultsFolder, 'bench/results')
   .action(async (o) => {
     const { benchL2LPipeline } = await import('./l2l-pipeline.js');
-    await benchL2LPipeline(
-      { ...o, blocks: String(o.blocks).split(',').map(Number) },
-      (s) => console.log(s),
-    );
+    await benchL2LPipeline(o, (s) => console.log(s));
   });
 
 program
@@ -584,7 +593,8 @@ program
   .option(
     '--blocks <list>',
     'blocks per model of the depth sweep',
-    '6,12,24,48',
+    positiveIntegers,
+    [6, 12, 24, 48],
   )
   .option('--d-model <n>', 'model width of the sweep', positiveInteger, 128)
   .option('--context <n>', 'context length of the sweep', positiveInteger, 64)
@@ -616,7 +626,6 @@ program
     await benchL2L(
       {
         ...o,
-        blocks: String(o.blocks).split(',').map(Number),
         budget: parseSize(o.budget, '--budget'),
       },
       (s) => console.log(s),
