@@ -7,7 +7,7 @@
 # Then on the device machine, from the checkout's root, with .device-bundle carried:
 #   source .device-bundle/setup.sh && bash bench/device-session.sh gpu   # about 560 s
 #   source .device-bundle/setup.sh && bash bench/device-session.sh cpu   # about 540 s
-#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 320 s
+#   source .device-bundle/setup.sh && bash bench/device-session.sh bars  # about 400 s
 # (setup.sh unpacks Node, dist/ and the native addon into /tmp/lw and puts Node on PATH.)
 #
 # gpu: the machine's CPU and GPU; `bench gpu` (issue 36's table, PyTorch beside it where
@@ -24,8 +24,9 @@
 #      models on webgpu (captured, and charlm-small not captured) with PyTorch beside them
 #      (gpu.md), and single fp32/bf16 at 16 and the default threads with PyTorch, zbv K=3 at its
 #      default threads (cores.md), zbv K=3 at M=4 beside its M=8 (cores-zbv-m4.md), and single
-#      and zbv K=3 without the native captured step (cores-uncaptured.md), and the kernels at a
-#      zbv device's micro-batch and threads (microbatch-4/, microbatch-32/).
+#      and zbv K=3 without the native captured step (cores-uncaptured.md), the kernels at a zbv
+#      device's micro-batch and threads (microbatch-4/, microbatch-32/), and zbv K=3 trained with
+#      three splits of the threads among its devices (zbv3-threads-*/summary.json).
 set -u
 part=${1:-}
 if [ "$part" != gpu ] && [ "$part" != cpu ] && [ "$part" != bars ]; then
@@ -117,11 +118,23 @@ case "$part" in
       --threads 16 --micro-batches 8 --warmup 10 --budget-s 70 --name cores-uncaptured
     # which kernels stop scaling at a zbv device's micro-batch (batch 32 / M 8 = 4 sequences, 512
     # rows) on 7 threads (the default split of 16 cores gives zbv K=3 1 / 7 / 6), against the
-    # whole batch on 7: each kernel's speedup from 1 to 7 threads by input shapes (on 2 cores, 1 -> 2 threads, every kernel over 1 ms scaled 1.66-1.97x
-    # at batch 4, medians: bench/results/kernels-native-microbatch-2-cores.md)
+    # whole batch on 7: each kernel's speedup from 1 to 7 threads by input shapes (on 2 cores,
+    # 1 -> 2 threads, every kernel over 1 ms scaled 1.66-1.97x at batch 4, medians:
+    # bench/results/kernels-native-microbatch-2-cores.md)
     for b in 4 32; do
       timeout 60 node "$lw/dist/bench/main.js" kernels --batch-size $b --threads 1,7 --steps 5 --warmup 20 \
         --shapes --out "$out/microbatch-$b"
+    done
+    # zbv K=3's kernel threads per device: the default split by FLOPs (16 cores: 1 / 7 / 6, whose
+    # two busy devices have equal loads, so the one with 6 sets the pace), 1 / 6 / 6 (the same
+    # pace, one core more for the host) and 1 / 7 / 7 (the host's second core to the busy
+    # devices: 14,659 tokens/s on an H100 host before the captured step, with re-materialization)
+    for split in default 1,6,6 1,7,7; do
+      devs=()
+      [ "$split" = default ] || devs=(--devices "$(echo "$split" | sed -E 's/([0-9]+)/thread:threads=\1/g')")
+      timeout 90 node "$lw/dist/cli/main.js" train --preset charlm-small --backend native --batch-size 32 \
+        --steps 14 --eval-every 0 --eval-batches 1 --strategy gpipe --schedule zbv --stages 3 --micro-batches 8 \
+        --checkpoint never ${devs[@]+"${devs[@]}"} --out "$out/zbv3-threads-$split" >"$out/zbv3-threads-$split.txt" 2>&1
     done
     ;;
 esac
