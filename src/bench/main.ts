@@ -6,6 +6,7 @@ import { Command } from 'commander';
 import { initBackend } from '../backend/index.js';
 import { defaultBackend } from '../backend/names.js';
 import {
+  exitTwoOnBadCommandLine,
   nonNegativeNumber,
   positiveInteger,
   positiveIntegers,
@@ -664,13 +665,7 @@ program
     await benchL2LMax(o, (s) => console.log(s));
   });
 
-// a bad command line (commander has printed its one line: a flag's value, an unknown flag) exits
-// with status 2, as bad input found later does below and as `layerwise` does
-for (const c of [program, ...program.commands]) {
-  c.exitOverride((err) => {
-    process.exit(err.exitCode === 0 ? 0 : 2);
-  });
-}
+exitTwoOnBadCommandLine(program); // as bad input found later does below, and as `layerwise`
 
 try {
   await program.parseAsync(process.argv);

@@ -9,7 +9,7 @@
  */
 import { statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { InvalidArgumentError } from 'commander';
+import { type Command, InvalidArgumentError } from 'commander';
 
 const INTEGER = /^[-+]?\d+$/;
 
@@ -70,12 +70,13 @@ export const probability = (v: string): number =>
  */
 export function positiveIntegers(v: string): number[] {
   return v.split(',').map((item) => {
-    const s = item.trim();
-    if (!INTEGER.test(s) || Number(s) < 1)
+    try {
+      return positiveInteger(item);
+    } catch {
       throw new InvalidArgumentError(
         `must be whole numbers, 1 or more, separated by commas (e.g. 1,2), got '${item}'`,
       );
-    return Number(s);
+    }
   });
 }
 
@@ -97,5 +98,18 @@ export function resultsFolder(v: string): string {
     throw new InvalidArgumentError(
       `'${p}' is a file, not a folder: give a folder for the results (it is made if missing)`,
     );
+  }
+}
+
+/**
+ * Makes a bad command line (a flag's value, an unknown flag or command: commander has printed
+ * its one line) exit with status 2 in `program` and each of its commands, as bad input found
+ * later does; `--help` still exits 0. Call it once every command is registered.
+ */
+export function exitTwoOnBadCommandLine(program: Command): void {
+  for (const c of [program, ...program.commands]) {
+    c.exitOverride((err) => {
+      process.exit(err.exitCode === 0 ? 0 : 2);
+    });
   }
 }

@@ -17,7 +17,7 @@ import { sampleText } from '../train/sample.js';
 import type { TrainHooks } from '../train/trainer.js';
 import { LayerwiseError } from '../util/errors.js';
 import { formatSize } from '../util/size.js';
-import { integer, number } from './flags.js';
+import { exitTwoOnBadCommandLine, integer, number } from './flags.js';
 import { reportError } from './report-error.js';
 
 function hooks(): TrainHooks {
@@ -490,12 +490,7 @@ program
       );
   });
 
-// a bad command line (commander has printed its one line) exits with status 2, in every subcommand
-for (const c of [program, ...program.commands]) {
-  c.exitOverride((err) => {
-    process.exit(err.exitCode === 0 ? 0 : 2);
-  });
-}
+exitTwoOnBadCommandLine(program);
 
 // every failure goes through one path: one line, never a bare stack (see report-error.ts)
 process.on('uncaughtException', (e) => process.exit(reportError(e, { debug })));
